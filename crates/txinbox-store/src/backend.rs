@@ -1,0 +1,155 @@
+//! What each database backend provides. Implemented for [`sqlx::Postgres`] and [`sqlx::Sqlite`] (each behind
+//! its feature); the trait is sealed.
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use txinbox::{Identity, OutboxMessage};
+
+use crate::error::StoreError;
+
+/// The inbox row to insert.
+#[derive(Debug)]
+pub struct MarkerRow<'a> {
+    /// The identity (consumer, source, message id and metadata).
+    pub identity: &'a Identity,
+    /// Fingerprint of the payload.
+    pub payload_hash: &'a str,
+    /// When the delivery was received.
+    pub received_at: DateTime<Utc>,
+    /// When the marker was written (the transaction commits right after the handler).
+    pub processed_at: DateTime<Utc>,
+    /// When retention may delete the row.
+    pub retention_until: DateTime<Utc>,
+    /// The broker's delivery count.
+    pub delivery_count: u32,
+}
+
+/// The result of the conditional marker insert.
+#[derive(Debug, PartialEq, Eq)]
+pub enum MarkerInsert {
+    /// The marker is ours: go on with the handler.
+    Inserted,
+    /// A unique constraint refused the insert; `None` when the conflicting row could not be read (it was
+    /// deleted in between).
+    Conflict(Option<ExistingMarker>),
+}
+
+/// The row that holds the identity or the business key.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExistingMarker {
+    /// True when the conflict is on (consumer, source, message_id); false when on the business key.
+    pub same_identity: bool,
+    /// The holder's message id.
+    pub message_id: String,
+    /// The holder's payload hash.
+    pub payload_hash: String,
+    /// When the holder was processed.
+    pub processed_at: DateTime<Utc>,
+}
+
+/// Evidence of a payload collision or a business duplicate, kept for an operator.
+#[derive(Debug)]
+pub struct Rejection<'a> {
+    /// The rejected delivery's identity.
+    pub identity: &'a Identity,
+    /// `payload_collision` or `business_duplicate`.
+    pub kind: &'static str,
+    /// The rejected delivery's payload hash.
+    pub payload_hash: &'a str,
+    /// The stored hash (collision) or the holder's message id (business duplicate).
+    pub conflicts_with: &'a str,
+    /// Free detail.
+    pub detail: &'a str,
+    /// When.
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// An outbox row waiting to be relayed.
+#[derive(Debug, Clone)]
+pub struct PendingOutbox {
+    /// Row id.
+    pub id: i64,
+    /// The message.
+    pub message: OutboxMessage,
+    /// Relay attempts so far.
+    pub attempts: i32,
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+#[cfg(feature = "postgres")]
+impl sealed::Sealed for sqlx::Postgres {}
+#[cfg(feature = "sqlite")]
+impl sealed::Sealed for sqlx::Sqlite {}
+
+/// A database the inbox runs on.
+pub trait Backend: sqlx::Database + sealed::Sealed {
+    /// `postgres` or `sqlite`.
+    const NAME: &'static str;
+
+    /// Applies the store's migrations (idempotent; safe when several processes start at once).
+    fn migrate(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Inserts the marker unless a unique constraint refuses it; on conflict reads the holder.
+    fn insert_marker(
+        conn: &mut Self::Connection,
+        row: &MarkerRow<'_>,
+    ) -> impl Future<Output = Result<MarkerInsert, sqlx::Error>> + Send;
+
+    /// Stores the handler's result reference on the marker (same transaction).
+    fn set_result_reference(
+        conn: &mut Self::Connection,
+        identity: &Identity,
+        reference: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Writes an outbox row (same transaction).
+    fn insert_outbox(
+        conn: &mut Self::Connection,
+        msg: &OutboxMessage,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Records a rejection (own transaction).
+    fn record_rejection(
+        pool: &sqlx::Pool<Self>,
+        r: &Rejection<'_>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Deletes up to `limit` markers whose retention ended before `now`; returns how many.
+    fn purge_expired(
+        pool: &sqlx::Pool<Self>,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Counts the markers of `consumer`.
+    fn count_markers(
+        pool: &sqlx::Pool<Self>,
+        consumer: &str,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Up to `limit` outbox rows not yet relayed, oldest first.
+    fn pending_outbox(
+        pool: &sqlx::Pool<Self>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<PendingOutbox>, sqlx::Error>> + Send;
+
+    /// Marks an outbox row relayed, or records a failed attempt.
+    fn finish_outbox(
+        pool: &sqlx::Pool<Self>,
+        id: i64,
+        now: DateTime<Utc>,
+        error: Option<&str>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// Migrations shipped with this build: (version, name, PostgreSQL SQL, SQLite SQL).
+pub(crate) const MIGRATIONS: &[(i64, &str, &str, &str)] = &[(
+    1,
+    "inbox",
+    include_str!("../migrations/postgres/0001_inbox.sql"),
+    include_str!("../migrations/sqlite/0001_inbox.sql"),
+)];

@@ -1,0 +1,63 @@
+//! Store errors.
+
+/// An error from the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database returned an error.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("migration {version} failed: {source}")]
+    Migration {
+        /// The migration version.
+        version: i64,
+        /// The cause.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The database has migrations newer than this build knows.
+    #[error("database schema version {found} is newer than this build's {known}")]
+    SchemaTooNew {
+        /// Version in the database.
+        found: i64,
+        /// Latest version this build knows.
+        known: i64,
+    },
+    /// Bad configuration (consumer name, URL, ...).
+    #[error("invalid configuration: {0}")]
+    Config(#[source] txinbox::BadInput),
+    /// A store URL is neither `sqlite:` nor `postgres://`, or names a backend not compiled in.
+    #[error("unsupported store URL scheme {scheme:?} (expected sqlite: or postgres://)")]
+    UnsupportedUrl {
+        /// The scheme found (never the whole URL, which may hold a password).
+        scheme: String,
+    },
+}
+
+impl StoreError {
+    /// Whether a retry may succeed (connection trouble, serialization failure, deadlock, busy database).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Database(e) => is_transient(e),
+            _ => false,
+        }
+    }
+}
+
+/// Whether a sqlx error is transient: I/O, pool timeout, serialization failure, deadlock, lock timeout,
+/// SQLite busy/locked.
+pub fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            // PostgreSQL: serialization_failure, deadlock_detected, lock_not_available, admin shutdown,
+            // cannot_connect_now, too_many_connections.
+            Some("40001" | "40P01" | "55P03" | "57P01" | "57P03" | "53300")
+            // SQLite: SQLITE_BUSY (5), SQLITE_LOCKED (6) and their extended codes.
+            | Some("5" | "6" | "261" | "517" | "262")
+        ),
+        _ => false,
+    }
+}

@@ -1,0 +1,534 @@
+//! An in-memory broker with real at-least-once semantics, for tests, the lab and demos.
+//!
+//! It behaves like an SQS FIFO queue: a received message is invisible for the visibility timeout and comes
+//! back when the timeout expires or when it is released; every receive raises its receive count; a message
+//! received more than `max_receive_count` times moves to the dead-letter list; messages of one group are
+//! handed out one at a time; a settle can be made to fail or to lose its response. Time can be advanced by
+//! hand ([`MemoryQueue::advance`]) so tests of expiry are deterministic.
+//!
+//! Not a production broker: it lives in one process and keeps nothing on disk.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use tokio::sync::Notify;
+
+use crate::broker::{DeadLetter, Delivery, Lease, Receiver};
+use crate::error::BrokerError;
+use crate::message::ReceivedMessage;
+
+/// A message to send.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OutgoingMessage {
+    /// Body.
+    pub body: Vec<u8>,
+    /// Attributes (lower-case names).
+    pub attributes: BTreeMap<String, String>,
+    /// Producer-set id (like SQS `MessageDeduplicationId`).
+    pub producer_id: Option<String>,
+    /// Group (like SQS `MessageGroupId`).
+    pub group_id: Option<String>,
+}
+
+impl OutgoingMessage {
+    /// A message with `body` and nothing else.
+    pub fn new(body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            body: body.into(),
+            ..Self::default()
+        }
+    }
+    /// Sets the producer id.
+    pub fn producer_id(mut self, id: impl Into<String>) -> Self {
+        self.producer_id = Some(id.into());
+        self
+    }
+    /// Sets the group.
+    pub fn group(mut self, g: impl Into<String>) -> Self {
+        self.group_id = Some(g.into());
+        self
+    }
+    /// Adds an attribute (the name is lower-cased).
+    pub fn attribute(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.attributes.insert(k.into().to_lowercase(), v.into());
+        self
+    }
+    /// Sets CloudEvents identity attributes (`ce-id`, `ce-source`, `ce-type`, `ce-specversion`).
+    pub fn cloudevent(self, source: &str, id: &str, event_type: &str) -> Self {
+        self.attribute(crate::identity::ce::SPECVERSION, "1.0")
+            .attribute(crate::identity::ce::SOURCE, source)
+            .attribute(crate::identity::ce::ID, id)
+            .attribute(crate::identity::ce::TYPE, event_type)
+    }
+}
+
+/// Queue settings.
+#[derive(Clone, Debug)]
+pub struct QueueOptions {
+    /// How long a received message stays invisible (default 30 s).
+    pub visibility_timeout: Duration,
+    /// Receives after which a message moves to the dead-letter list (default 5; `None`: never).
+    pub max_receive_count: Option<u32>,
+    /// How long a receive waits for a message (default 0: return at once).
+    pub wait: Duration,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        Self {
+            visibility_timeout: Duration::from_secs(30),
+            max_receive_count: Some(5),
+            wait: Duration::ZERO,
+        }
+    }
+}
+
+/// A fault injected into the next ack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SettleFault {
+    /// The ack fails and does nothing.
+    Fail,
+    /// The ack takes effect but its response is lost: the caller sees an error.
+    DropResponse,
+}
+
+/// Counts of a queue's messages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueState {
+    /// Messages that can be received now.
+    pub visible: usize,
+    /// Messages received and not settled whose visibility has not expired.
+    pub in_flight: usize,
+    /// Messages waiting for a future visibility (released with a delay) are counted here too.
+    pub delayed: usize,
+    /// Dead-lettered messages.
+    pub dead_lettered: usize,
+}
+
+impl std::fmt::Display for QueueState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "visible={} in_flight={} dlq={}",
+            self.visible + self.delayed,
+            self.in_flight,
+            self.dead_lettered
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Stored {
+    seq: u64,
+    msg: OutgoingMessage,
+    enqueued_at: DateTime<Utc>,
+    receive_count: u32,
+    invisible_until: Option<DateTime<Utc>>,
+    /// Set while received; `None` when released.
+    receipt: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    offset: chrono::Duration,
+    next_seq: u64,
+    next_receipt: u64,
+    messages: VecDeque<Stored>,
+    dead: Vec<(OutgoingMessage, DeadLetter)>,
+    faults: VecDeque<SettleFault>,
+}
+
+impl State {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now() + self.offset
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    opts: QueueOptions,
+    state: Mutex<State>,
+    notify: Notify,
+}
+
+/// A handle to one in-memory queue. Clones share the queue.
+#[derive(Clone, Debug)]
+pub struct MemoryQueue {
+    inner: Arc<Inner>,
+}
+
+impl Default for MemoryQueue {
+    fn default() -> Self {
+        Self::new(QueueOptions::default())
+    }
+}
+
+fn to_chrono(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+impl MemoryQueue {
+    /// A new empty queue.
+    pub fn new(opts: QueueOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                opts,
+                state: Mutex::new(State::default()),
+                notify: Notify::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends a message.
+    pub fn send(&self, msg: OutgoingMessage) {
+        let mut s = self.lock();
+        s.next_seq += 1;
+        let stored = Stored {
+            seq: s.next_seq,
+            msg,
+            enqueued_at: s.now(),
+            receive_count: 0,
+            invisible_until: None,
+            receipt: None,
+        };
+        s.messages.push_back(stored);
+        drop(s);
+        self.inner.notify.notify_waiters();
+    }
+
+    /// Moves the queue's clock forward (visibility expiry, delays).
+    pub fn advance(&self, d: Duration) {
+        let mut s = self.lock();
+        s.offset += to_chrono(d);
+        drop(s);
+        self.inner.notify.notify_waiters();
+    }
+
+    /// The queue's current time (wall clock plus what [`MemoryQueue::advance`] added).
+    pub fn now(&self) -> DateTime<Utc> {
+        self.lock().now()
+    }
+
+    /// Makes the next ack fail in the given way.
+    pub fn inject_ack_fault(&self, fault: SettleFault) {
+        self.lock().faults.push_back(fault);
+    }
+
+    /// Counts of the queue's messages.
+    pub fn state(&self) -> QueueState {
+        let s = self.lock();
+        let now = s.now();
+        let mut st = QueueState {
+            dead_lettered: s.dead.len(),
+            ..QueueState::default()
+        };
+        for m in &s.messages {
+            match (m.invisible_until, m.receipt) {
+                (Some(t), Some(_)) if t > now => st.in_flight += 1,
+                (Some(t), None) if t > now => st.delayed += 1,
+                _ => st.visible += 1,
+            }
+        }
+        st
+    }
+
+    /// The dead-lettered messages with their reasons.
+    pub fn dead_letters(&self) -> Vec<(OutgoingMessage, DeadLetter)> {
+        self.lock().dead.clone()
+    }
+
+    /// Moves up to `max` dead-lettered messages back to the queue, identity attributes intact, receive count
+    /// reset. Returns how many moved.
+    pub fn redrive(&self, max: usize) -> usize {
+        let mut s = self.lock();
+        let n = max.min(s.dead.len());
+        let moved: Vec<_> = s.dead.drain(..n).collect();
+        for (msg, _) in moved {
+            s.next_seq += 1;
+            let stored = Stored {
+                seq: s.next_seq,
+                msg,
+                enqueued_at: s.now(),
+                receive_count: 0,
+                invisible_until: None,
+                receipt: None,
+            };
+            s.messages.push_back(stored);
+        }
+        drop(s);
+        metrics::counter!(crate::metrics::REDRIVEN, "consumer" => "memory").increment(n as u64);
+        self.inner.notify.notify_waiters();
+        n
+    }
+
+    /// Receives up to `max` messages now, without waiting.
+    pub fn receive_now(&self, max: usize) -> Vec<MemoryDelivery> {
+        let mut s = self.lock();
+        let now = s.now();
+        let vt = to_chrono(self.inner.opts.visibility_timeout);
+        let mut out = Vec::new();
+        let mut busy_groups: HashSet<String> = s
+            .messages
+            .iter()
+            .filter(|m| m.receipt.is_some() && m.invisible_until.is_some_and(|t| t > now))
+            .filter_map(|m| m.msg.group_id.clone())
+            .collect();
+        let mut i = 0;
+        while i < s.messages.len() && out.len() < max {
+            let visible = s.messages[i].invisible_until.is_none_or(|t| t <= now);
+            let group = s.messages[i].msg.group_id.clone();
+            if !visible || group.as_ref().is_some_and(|g| busy_groups.contains(g)) {
+                if let Some(g) = group {
+                    busy_groups.insert(g);
+                }
+                i += 1;
+                continue;
+            }
+            if let Some(max_rc) = self.inner.opts.max_receive_count {
+                if s.messages[i].receive_count >= max_rc {
+                    if let Some(m) = s.messages.remove(i) {
+                        let why = DeadLetter::new(
+                            "max_receive_count_exceeded",
+                            format!("received {} times", m.receive_count),
+                        );
+                        s.dead.push((m.msg, why));
+                    }
+                    continue;
+                }
+            }
+            s.next_receipt += 1;
+            let receipt = s.next_receipt;
+            let m = &mut s.messages[i];
+            m.receive_count += 1;
+            m.receipt = Some(receipt);
+            m.invisible_until = Some(now + vt);
+            if let Some(g) = &m.msg.group_id {
+                busy_groups.insert(g.clone());
+            }
+            let mut rm = ReceivedMessage::new(m.msg.body.clone());
+            rm.attributes = m.msg.attributes.clone();
+            rm.producer_id = m.msg.producer_id.clone();
+            rm.broker_id = Some(format!("mem-{}", m.seq));
+            rm.delivery_count = m.receive_count;
+            rm.enqueued_at = Some(m.enqueued_at);
+            rm.received_at = now;
+            rm.group_id = m.msg.group_id.clone();
+            out.push(MemoryDelivery {
+                queue: self.clone(),
+                seq: m.seq,
+                receipt,
+                message: rm,
+                expires: Arc::new(Mutex::new(now + vt)),
+            });
+            i += 1;
+        }
+        out
+    }
+
+    /// A [`Receiver`] on this queue that waits up to the queue's `wait` for messages.
+    pub fn receiver(&self) -> MemoryReceiver {
+        MemoryReceiver { queue: self.clone() }
+    }
+
+    /// Runs `f` on the received message identified by `seq`/`receipt` if the receipt is still current and
+    /// unexpired; otherwise the lock is lost.
+    fn with_current<T>(
+        &self,
+        seq: u64,
+        receipt: u64,
+        f: impl FnOnce(&mut State, usize, DateTime<Utc>) -> T,
+    ) -> Result<T, BrokerError> {
+        let mut s = self.lock();
+        let now = s.now();
+        let idx = s.messages.iter().position(|m| m.seq == seq);
+        match idx {
+            Some(i)
+                if s.messages[i].receipt == Some(receipt)
+                    && s.messages[i].invisible_until.is_some_and(|t| t > now) =>
+            {
+                Ok(f(&mut s, i, now))
+            }
+            _ => Err(BrokerError::LockLost {
+                detail: format!("receipt {receipt} for message {seq} is no longer current"),
+            }),
+        }
+    }
+}
+
+/// A receiver on a [`MemoryQueue`].
+#[derive(Clone, Debug)]
+pub struct MemoryReceiver {
+    queue: MemoryQueue,
+}
+
+impl Receiver for MemoryReceiver {
+    type Delivery = MemoryDelivery;
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<MemoryDelivery>, BrokerError> {
+        let deadline = tokio::time::Instant::now() + self.queue.inner.opts.wait;
+        loop {
+            let notified = self.queue.inner.notify.notified();
+            let got = self.queue.receive_now(max);
+            if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(got);
+            }
+            // Wake on a send, or poll again shortly (visibility expiry has no event).
+            let _ = tokio::time::timeout(Duration::from_millis(20), notified).await;
+        }
+    }
+}
+
+/// One received copy of a message on a [`MemoryQueue`].
+#[derive(Debug)]
+pub struct MemoryDelivery {
+    queue: MemoryQueue,
+    seq: u64,
+    receipt: u64,
+    message: ReceivedMessage,
+    expires: Arc<Mutex<DateTime<Utc>>>,
+}
+
+impl MemoryDelivery {
+    /// The queue this delivery came from.
+    pub fn queue(&self) -> &MemoryQueue {
+        &self.queue
+    }
+}
+
+impl Delivery for MemoryDelivery {
+    fn message(&self) -> &ReceivedMessage {
+        &self.message
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        let fault = self.queue.lock().faults.pop_front();
+        if fault == Some(SettleFault::Fail) {
+            return Err(BrokerError::Unknown {
+                source: "injected ack failure".into(),
+            });
+        }
+        self.queue.with_current(self.seq, self.receipt, |s, i, _| {
+            s.messages.remove(i);
+        })?;
+        if fault == Some(SettleFault::DropResponse) {
+            return Err(BrokerError::Unknown {
+                source: "injected: ack applied, response lost".into(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn release(self, delay: Duration) -> Result<(), BrokerError> {
+        self.queue.with_current(self.seq, self.receipt, |s, i, now| {
+            let m = &mut s.messages[i];
+            m.receipt = None;
+            m.invisible_until = Some(now + to_chrono(delay));
+        })?;
+        self.queue.inner.notify.notify_waiters();
+        Ok(())
+    }
+
+    async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
+        self.queue.with_current(self.seq, self.receipt, |s, i, _| {
+            if let Some(m) = s.messages.remove(i) {
+                s.dead.push((m.msg, why));
+            }
+        })
+    }
+
+    fn lease(&self) -> Option<Arc<dyn Lease>> {
+        Some(Arc::new(MemoryLease {
+            queue: self.queue.clone(),
+            seq: self.seq,
+            receipt: self.receipt,
+            expires: self.expires.clone(),
+        }))
+    }
+}
+
+struct MemoryLease {
+    queue: MemoryQueue,
+    seq: u64,
+    receipt: u64,
+    expires: Arc<Mutex<DateTime<Utc>>>,
+}
+
+impl Lease for MemoryLease {
+    fn expires_at(&self) -> Option<DateTime<Utc>> {
+        Some(*self.expires.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn renew(&self, by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+        Box::pin(async move {
+            let until = self.queue.with_current(self.seq, self.receipt, |s, i, now| {
+                let until = now + to_chrono(by);
+                s.messages[i].invisible_until = Some(until);
+                until
+            })?;
+            *self.expires.lock().unwrap_or_else(|p| p.into_inner()) = until;
+            Ok(until)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn redelivers_after_expiry_and_dead_letters_after_max() {
+        let q = MemoryQueue::new(QueueOptions {
+            max_receive_count: Some(2),
+            ..QueueOptions::default()
+        });
+        q.send(OutgoingMessage::new("a").producer_id("1"));
+        let d = q.receive_now(10);
+        assert_eq!(d.len(), 1);
+        assert!(q.receive_now(10).is_empty(), "invisible while locked");
+        drop(d);
+        q.advance(Duration::from_secs(31));
+        let d = q.receive_now(10);
+        assert_eq!(d[0].message().delivery_count, 2);
+        drop(d);
+        q.advance(Duration::from_secs(31));
+        assert!(q.receive_now(10).is_empty());
+        assert_eq!(q.state().dead_lettered, 1);
+        assert_eq!(q.redrive(10), 1);
+        let d = q.receive_now(10).pop().unwrap();
+        assert_eq!(d.message().producer_id.as_deref(), Some("1"));
+        d.ack().await.unwrap();
+        assert_eq!(q.state(), QueueState::default());
+    }
+
+    #[tokio::test]
+    async fn stale_receipt_is_lock_lost_and_faults_apply() {
+        let q = MemoryQueue::default();
+        q.send(OutgoingMessage::new("a"));
+        let first = q.receive_now(1).pop().unwrap();
+        q.advance(Duration::from_secs(31));
+        let second = q.receive_now(1).pop().unwrap();
+        assert!(matches!(first.ack().await, Err(BrokerError::LockLost { .. })));
+        q.inject_ack_fault(SettleFault::DropResponse);
+        assert!(matches!(second.ack().await, Err(BrokerError::Unknown { .. })));
+        assert_eq!(q.state(), QueueState::default(), "dropped response: ack applied");
+    }
+
+    #[tokio::test]
+    async fn one_group_at_a_time() {
+        let q = MemoryQueue::default();
+        q.send(OutgoingMessage::new("1").group("g"));
+        q.send(OutgoingMessage::new("2").group("g"));
+        q.send(OutgoingMessage::new("3").group("h"));
+        let got = q.receive_now(10);
+        let bodies: Vec<_> = got.iter().map(|d| d.message().body.clone()).collect();
+        assert_eq!(bodies, vec![b"1".to_vec(), b"3".to_vec()]);
+    }
+}

@@ -1,0 +1,76 @@
+//! Metric names, emitted through the [`metrics`] facade. Every series carries a `consumer` label.
+//!
+//! Install any `metrics` recorder (Prometheus exporter, StatsD, ...) to collect them; call [`describe`] once
+//! to register their descriptions.
+
+/// Deliveries received by the inbox.
+pub const RECEIVED: &str = "txinbox_received_total";
+/// Deliveries applied (marker and effect committed).
+pub const APPLIED: &str = "txinbox_applied_total";
+/// Applied deliveries that were redeliveries (delivery count > 1): a previous attempt failed or was lost.
+pub const APPLIED_AFTER_REDELIVERY: &str = "txinbox_applied_after_redelivery_total";
+/// Duplicates recognised (same identity, same payload).
+pub const DUPLICATES: &str = "txinbox_duplicates_total";
+/// Payload collisions (same identity, another payload).
+pub const PAYLOAD_COLLISIONS: &str = "txinbox_payload_collisions_total";
+/// Business-key duplicates (another identity, same business action).
+pub const BUSINESS_DUPLICATES: &str = "txinbox_business_duplicates_total";
+/// Conflicts on the unique key with a delivery that committed while this one was in flight.
+pub const CONCURRENT_CONFLICTS: &str = "txinbox_concurrent_conflicts_total";
+/// Retries (rolled back and released for redelivery), by `reason`.
+pub const RETRIES: &str = "txinbox_retries_total";
+/// Dead-letters, by `reason`.
+pub const DEAD_LETTERS: &str = "txinbox_dead_letters_total";
+/// Seconds from receive to COMMIT (histogram).
+pub const RECEIVE_TO_COMMIT: &str = "txinbox_receive_to_commit_seconds";
+/// Settles (ack/release/dead-letter) that failed, by `op`.
+pub const SETTLE_FAILURES: &str = "txinbox_settle_failures_total";
+/// Leases (locks, visibility) lost while a handler ran.
+pub const LEASE_LOST: &str = "txinbox_lease_lost_total";
+/// Lease renewals that succeeded.
+pub const LEASE_RENEWALS: &str = "txinbox_lease_renewals_total";
+/// Deliveries refused because their age exceeds the inbox retention (their marker may have been purged).
+pub const RETENTION_EXPIRED: &str = "txinbox_retention_expired_total";
+/// Failures caused by an unsupported contract version.
+pub const CONTRACT_VERSION_FAILURES: &str = "txinbox_contract_version_failures_total";
+/// Deliveries with no usable identity.
+pub const UNKNOWN_IDENTITY: &str = "txinbox_unknown_identity_total";
+/// Identities that fell back to the broker-assigned id.
+pub const IDENTITY_BROKER_FALLBACK: &str = "txinbox_identity_broker_fallback_total";
+/// Inbox rows deleted by retention.
+pub const RETENTION_PURGED: &str = "txinbox_retention_purged_total";
+/// Inbox rows present after the last retention run (gauge).
+pub const INBOX_ROWS: &str = "txinbox_inbox_rows";
+/// Messages redriven from a dead-letter queue.
+pub const REDRIVEN: &str = "txinbox_redriven_total";
+/// Deliveries interrupted by the shutdown deadline before COMMIT.
+pub const INTERRUPTED: &str = "txinbox_interrupted_total";
+/// Outbox messages relayed.
+pub const OUTBOX_RELAYED: &str = "txinbox_outbox_relayed_total";
+
+/// Registers descriptions for every metric with the installed recorder.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(RECEIVED, "Deliveries received by the inbox");
+    describe_counter!(APPLIED, "Deliveries applied");
+    describe_counter!(APPLIED_AFTER_REDELIVERY, "Applied deliveries that were redeliveries");
+    describe_counter!(DUPLICATES, "Duplicates recognised");
+    describe_counter!(PAYLOAD_COLLISIONS, "Same id with another payload");
+    describe_counter!(BUSINESS_DUPLICATES, "Another id with the same business key");
+    describe_counter!(CONCURRENT_CONFLICTS, "Conflicts with a concurrent delivery");
+    describe_counter!(RETRIES, "Deliveries released for retry");
+    describe_counter!(DEAD_LETTERS, "Deliveries dead-lettered");
+    describe_histogram!(RECEIVE_TO_COMMIT, Unit::Seconds, "Receive to COMMIT latency");
+    describe_counter!(SETTLE_FAILURES, "Settles that failed");
+    describe_counter!(LEASE_LOST, "Leases lost while a handler ran");
+    describe_counter!(LEASE_RENEWALS, "Lease renewals");
+    describe_counter!(RETENTION_EXPIRED, "Deliveries older than the inbox retention");
+    describe_counter!(CONTRACT_VERSION_FAILURES, "Unsupported contract versions");
+    describe_counter!(UNKNOWN_IDENTITY, "Deliveries without a usable identity");
+    describe_counter!(IDENTITY_BROKER_FALLBACK, "Identities from the broker-assigned id");
+    describe_counter!(RETENTION_PURGED, "Inbox rows purged by retention");
+    describe_gauge!(INBOX_ROWS, "Inbox rows after the last retention run");
+    describe_counter!(REDRIVEN, "Messages redriven from a DLQ");
+    describe_counter!(INTERRUPTED, "Deliveries interrupted by shutdown before COMMIT");
+    describe_counter!(OUTBOX_RELAYED, "Outbox messages relayed");
+}

@@ -1,0 +1,235 @@
+//! The worker runtime: receive with bounded concurrency, keep leases alive, process through the inbox, and
+//! shut down gracefully.
+//!
+//! Shutdown: when the shutdown future resolves the worker stops receiving and lets in-flight deliveries finish
+//! (commit, then settle) for up to [`WorkerOptions::shutdown_timeout`]. Past that deadline it signals the
+//! processors to stop: a delivery that has not committed rolls back and is released; one that has committed
+//! always goes on to settle. The worker never stops between COMMIT and settle.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::{Delivery, Receiver};
+use crate::lease::{keep_alive, LeaseOptions};
+use crate::outcome::Outcome;
+
+/// Processes one delivery to a known outcome, settling it. Implemented by the store's inbox.
+pub trait Processor<D: Delivery>: Send + Sync + 'static {
+    /// The consumer name (metric label).
+    fn consumer(&self) -> &str;
+
+    /// Process and settle `delivery`. When `stop` is cancelled before COMMIT, roll back, release the delivery
+    /// and return [`Outcome::Interrupted`]; after COMMIT, ignore it and settle.
+    fn process(&self, delivery: D, stop: CancellationToken) -> impl Future<Output = Outcome> + Send;
+}
+
+/// Worker settings.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Deliveries processed at once (default 8).
+    pub concurrency: usize,
+    /// Most deliveries asked for in one receive (default 10, the SQS maximum).
+    pub batch_size: usize,
+    /// How long in-flight deliveries may run after shutdown begins (default 30 s).
+    pub shutdown_timeout: Duration,
+    /// Lease renewal settings.
+    pub lease: LeaseOptions,
+    /// Pause after a failed receive (default 1 s).
+    pub receive_error_backoff: Duration,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        Self {
+            concurrency: 8,
+            batch_size: 10,
+            shutdown_timeout: Duration::from_secs(30),
+            lease: LeaseOptions::default(),
+            receive_error_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+impl WorkerOptions {
+    /// Sets the concurrency (at least 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+    /// Sets the receive batch size (at least 1).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.max(1);
+        self
+    }
+    /// Sets the shutdown timeout.
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.shutdown_timeout = d;
+        self
+    }
+    /// Sets the lease options.
+    pub fn lease(mut self, lease: LeaseOptions) -> Self {
+        self.lease = lease;
+        self
+    }
+    /// Sets the pause after a failed receive.
+    pub fn receive_error_backoff(mut self, d: Duration) -> Self {
+        self.receive_error_backoff = d;
+        self
+    }
+}
+
+/// What a worker did, by outcome label.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Count per outcome label (`applied`, `duplicate`, ...).
+    pub outcomes: BTreeMap<&'static str, u64>,
+    /// Failed receives.
+    pub receive_errors: u64,
+    /// Leases lost while a handler ran.
+    pub leases_lost: u64,
+}
+
+impl WorkerReport {
+    /// Count for one outcome label.
+    pub fn count(&self, label: &str) -> u64 {
+        self.outcomes.get(label).copied().unwrap_or(0)
+    }
+    /// Total deliveries processed.
+    pub fn total(&self) -> u64 {
+        self.outcomes.values().sum()
+    }
+}
+
+/// A worker: one receiver, one processor.
+pub struct Worker<R, P> {
+    receiver: R,
+    processor: Arc<P>,
+    opts: WorkerOptions,
+}
+
+impl<R, P> Worker<R, P>
+where
+    R: Receiver,
+    P: Processor<R::Delivery>,
+{
+    /// A worker with default options.
+    pub fn new(receiver: R, processor: P) -> Self {
+        Self {
+            receiver,
+            processor: Arc::new(processor),
+            opts: WorkerOptions::default(),
+        }
+    }
+
+    /// Replaces the options.
+    pub fn options(mut self, opts: WorkerOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// Runs until `shutdown` resolves, then drains as described in the module docs.
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()> + Send) -> WorkerReport {
+        let sem = Arc::new(Semaphore::new(self.opts.concurrency));
+        let tracker = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let report = Arc::new(Mutex::new(WorkerReport::default()));
+        let consumer = self.processor.consumer().to_owned();
+        tokio::pin!(shutdown);
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                p = sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            let mut permits = vec![first];
+            while permits.len() < self.opts.batch_size {
+                match sem.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let received = tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                r = self.receiver.receive(permits.len()) => r,
+            };
+            match received {
+                Ok(deliveries) => {
+                    for delivery in deliveries {
+                        let permit = permits.pop();
+                        let processor = self.processor.clone();
+                        let stop = stop.clone();
+                        let report = report.clone();
+                        let lease_opts = self.opts.lease.clone();
+                        let consumer = consumer.clone();
+                        tracker.spawn(async move {
+                            let guard = delivery
+                                .lease()
+                                .map(|l| keep_alive(l, lease_opts, consumer));
+                            let outcome = processor.process(delivery, stop).await;
+                            let lost = guard.as_ref().is_some_and(|g| g.lost());
+                            drop(guard);
+                            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                            *r.outcomes.entry(outcome.label()).or_default() += 1;
+                            r.leases_lost += u64::from(lost);
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(consumer, error = %e, "receive failed");
+                    report.lock().unwrap_or_else(|p| p.into_inner()).receive_errors += 1;
+                    tokio::select! {
+                        _ = &mut shutdown => break,
+                        _ = tokio::time::sleep(self.opts.receive_error_backoff) => {}
+                    }
+                }
+            }
+        }
+        tracing::info!(consumer, in_flight = tracker.len(), "worker stopping: no more receives");
+        tracker.close();
+        if tokio::time::timeout(self.opts.shutdown_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                consumer,
+                in_flight = tracker.len(),
+                "shutdown deadline reached: uncommitted deliveries roll back and are released"
+            );
+            stop.cancel();
+            tracker.wait().await;
+        }
+        let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        r
+    }
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM: pass it to [`Worker::run_until`].
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
