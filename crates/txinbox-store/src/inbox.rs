@@ -212,8 +212,13 @@ impl<DB: Backend> Inbox<DB> {
 
     /// Processes one delivery to a known outcome and settles it: ack after COMMIT (applied, duplicate,
     /// business duplicate), release (retry), dead-letter (bad input, collision, permanent error).
-    pub async fn process<D: Delivery, H: Handler<DB> + ?Sized>(&self, delivery: D, handler: &H) -> Outcome {
-        self.process_until(delivery, handler, &CancellationToken::new()).await
+    pub async fn process<D: Delivery, H: Handler<DB> + ?Sized>(
+        &self,
+        delivery: D,
+        handler: &H,
+    ) -> Outcome {
+        self.process_until(delivery, handler, &CancellationToken::new())
+            .await
     }
 
     /// Like [`Inbox::process`]; when `stop` is cancelled before COMMIT the transaction rolls back, the delivery
@@ -267,20 +272,32 @@ impl<DB: Backend> Inbox<DB> {
     ) -> Result<Decision, Crashed> {
         let msg = delivery.message();
         let consumer = self.consumer.to_string();
+        if stop.is_cancelled() {
+            return Ok(self.interrupted());
+        }
         let (identity, json) = match self.validate(msg) {
             Ok(v) => v,
             Err(bad) => return Ok(self.bad_input(bad)),
         };
         tracing::Span::current().record("message_id", identity.message_id.as_str());
-        let now = Utc::now();
         if self.retention.refuse_older_than_retention {
             if let Some(enq) = msg.enqueued_at {
-                if now.signed_duration_since(enq).to_std().unwrap_or_default() > self.retention.keep {
-                    metrics::counter!(m::RETENTION_EXPIRED, "consumer" => consumer.clone()).increment(1);
+                // Age on the broker's own timeline (receive time minus enqueue time).
+                let age = msg
+                    .received_at
+                    .signed_duration_since(enq)
+                    .to_std()
+                    .unwrap_or_default();
+                if age > self.retention.keep {
+                    metrics::counter!(m::RETENTION_EXPIRED, "consumer" => consumer.clone())
+                        .increment(1);
                     tracing::warn!(message_id = %identity.message_id, enqueued_at = %enq, "delivery is older than the inbox retention; its marker may be gone, refusing to apply it again");
                     return Ok(self.dead_letter(
                         "retention_expired",
-                        format!("enqueued at {enq}, older than the inbox retention of {}s", self.retention.keep.as_secs()),
+                        format!(
+                            "enqueued at {enq}, older than the inbox retention of {}s",
+                            self.retention.keep.as_secs()
+                        ),
                     ));
                 }
             }
@@ -298,20 +315,27 @@ impl<DB: Backend> Inbox<DB> {
             payload_hash: &hash,
             received_at: msg.received_at,
             processed_at: started,
-            retention_until: started + chrono::Duration::from_std(self.retention.keep).unwrap_or(chrono::Duration::MAX),
+            retention_until: started
+                + chrono::Duration::from_std(self.retention.keep).unwrap_or(chrono::Duration::MAX),
             delivery_count: msg.delivery_count,
         };
         match DB::insert_marker(&mut tx, &row).await {
             Ok(MarkerInsert::Inserted) => {}
             Ok(MarkerInsert::Conflict(holder)) => {
                 drop(tx);
-                return Ok(self.conflict(&identity, &hash, holder, started).await);
+                return Ok(self
+                    .conflict(&identity, &hash, holder, msg.received_at)
+                    .await);
             }
             Err(e) => return Ok(self.store_retry("insert marker", &e)),
         }
         crash_if(fault, FaultPoint::AfterMarkerInsert)?;
 
-        let inbound = Inbound { message: msg, identity: &identity, json: json.as_ref() };
+        let inbound = Inbound {
+            message: msg,
+            identity: &identity,
+            json: json.as_ref(),
+        };
         let handled = tokio::select! {
             biased;
             r = handler.handle(&mut tx, &inbound) => r,
@@ -320,10 +344,13 @@ impl<DB: Backend> Inbox<DB> {
         let handled = match handled {
             Ok(h) => h,
             Err(HandlerError::Retryable { source, after }) => {
-                metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "handler").increment(1);
+                metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "handler")
+                    .increment(1);
                 tracing::warn!(error = %source, "handler failed, retryable: rolled back, released for redelivery");
                 return Ok(Decision::Release(
-                    Outcome::Retry { reason: source.to_string() },
+                    Outcome::Retry {
+                        reason: source.to_string(),
+                    },
                     after.unwrap_or(self.retry_backoff),
                 ));
             }
@@ -344,14 +371,20 @@ impl<DB: Backend> Inbox<DB> {
             // The COMMIT's fate is unknown: release; the redelivery finds the marker or applies it.
             return Ok(self.store_retry("commit", &e));
         }
-        let secs = (Utc::now() - msg.received_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
-        metrics::histogram!(m::RECEIVE_TO_COMMIT, "consumer" => consumer.clone()).record(secs.max(0.0));
+        let secs = (Utc::now() - msg.received_at)
+            .num_microseconds()
+            .unwrap_or(0) as f64
+            / 1e6;
+        metrics::histogram!(m::RECEIVE_TO_COMMIT, "consumer" => consumer.clone())
+            .record(secs.max(0.0));
         metrics::counter!(m::APPLIED, "consumer" => consumer.clone()).increment(1);
         if msg.delivery_count > 1 {
             metrics::counter!(m::APPLIED_AFTER_REDELIVERY, "consumer" => consumer).increment(1);
         }
         crash_if(fault, FaultPoint::AfterCommit)?;
-        Ok(Decision::Ack(Outcome::Applied { result_reference: handled.result_reference }))
+        Ok(Decision::Ack(Outcome::Applied {
+            result_reference: handled.result_reference,
+        }))
     }
 
     async fn finish_in_tx(
@@ -370,11 +403,17 @@ impl<DB: Backend> Inbox<DB> {
         Ok(())
     }
 
-    fn validate(&self, msg: &txinbox::ReceivedMessage) -> Result<(Identity, Option<serde_json::Value>), BadInput> {
+    fn validate(
+        &self,
+        msg: &txinbox::ReceivedMessage,
+    ) -> Result<(Identity, Option<serde_json::Value>), BadInput> {
         if msg.body.len() > self.rules.max_payload_bytes {
-            return Err(BadInput::PayloadTooLarge { size: msg.body.len(), limit: self.rules.max_payload_bytes });
+            return Err(BadInput::PayloadTooLarge {
+                size: msg.body.len(),
+                limit: self.rules.max_payload_bytes,
+            });
         }
-        let identity = self.policy.resolve(msg)?;
+        // The body's format first: the business-key function may read the body.
         let json = match self.rules.body {
             BodyFormat::Any => None,
             BodyFormat::Utf8 => {
@@ -386,6 +425,7 @@ impl<DB: Backend> Inbox<DB> {
                 Some(serde_json::from_slice(&msg.body).map_err(BadInput::InvalidJson)?)
             }
         };
+        let identity = self.policy.resolve(msg)?;
         if !self.rules.contract_versions.is_empty() {
             let ok = match &identity.contract_version {
                 Some(v) => self.rules.contract_versions.iter().any(|s| s == v),
@@ -418,7 +458,10 @@ impl<DB: Backend> Inbox<DB> {
 
     fn dead_letter(&self, reason: &str, detail: String) -> Decision {
         Decision::DeadLetter(
-            Outcome::DeadLettered { reason: reason.to_owned(), detail: detail.clone() },
+            Outcome::DeadLettered {
+                reason: reason.to_owned(),
+                detail: detail.clone(),
+            },
             DeadLetter::new(reason, detail),
         )
     }
@@ -430,9 +473,15 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     fn store_retry(&self, op: &'static str, e: &sqlx::Error) -> Decision {
-        metrics::counter!(m::RETRIES, "consumer" => self.consumer.to_string(), "reason" => "store").increment(1);
+        metrics::counter!(m::RETRIES, "consumer" => self.consumer.to_string(), "reason" => "store")
+            .increment(1);
         tracing::warn!(op, error = %e, transient = crate::error::is_transient(e), "store error: rolled back, released for redelivery");
-        Decision::Release(Outcome::Retry { reason: format!("{op}: {e}") }, self.retry_backoff)
+        Decision::Release(
+            Outcome::Retry {
+                reason: format!("{op}: {e}"),
+            },
+            self.retry_backoff,
+        )
     }
 
     async fn conflict(
@@ -440,15 +489,22 @@ impl<DB: Backend> Inbox<DB> {
         identity: &Identity,
         hash: &str,
         holder: Option<crate::backend::ExistingMarker>,
-        started: chrono::DateTime<Utc>,
+        received_at: chrono::DateTime<Utc>,
     ) -> Decision {
         let consumer = self.consumer.to_string();
         let Some(holder) = holder else {
             // The conflicting row vanished between the insert and the read (retention purge): try again.
-            metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "conflict_vanished").increment(1);
-            return Decision::Release(Outcome::Retry { reason: "conflicting marker vanished".into() }, Duration::ZERO);
+            metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "conflict_vanished")
+                .increment(1);
+            return Decision::Release(
+                Outcome::Retry {
+                    reason: "conflicting marker vanished".into(),
+                },
+                Duration::ZERO,
+            );
         };
-        if holder.processed_at >= started {
+        // The holder began its transaction after this delivery arrived: both were in flight together.
+        if holder.processed_at >= received_at {
             metrics::counter!(m::CONCURRENT_CONFLICTS, "consumer" => consumer.clone()).increment(1);
         }
         if holder.same_identity && holder.payload_hash == hash {
@@ -461,19 +517,34 @@ impl<DB: Backend> Inbox<DB> {
             tracing::error!(message_id = %identity.message_id, stored_hash = %holder.payload_hash, received_hash = %hash, "payload collision: same id, other content; not applied, dead-lettering for investigation");
             (
                 "payload_collision",
-                Outcome::PayloadCollision { stored_hash: holder.payload_hash.clone(), received_hash: hash.to_owned() },
-                format!("message id {} was applied with payload hash {}; this copy has {}", identity.message_id, holder.payload_hash, hash),
+                Outcome::PayloadCollision {
+                    stored_hash: holder.payload_hash.clone(),
+                    received_hash: hash.to_owned(),
+                },
+                format!(
+                    "message id {} was applied with payload hash {}; this copy has {}",
+                    identity.message_id, holder.payload_hash, hash
+                ),
             )
         } else {
             metrics::counter!(m::BUSINESS_DUPLICATES, "consumer" => consumer).increment(1);
             tracing::warn!(message_id = %identity.message_id, holder = %holder.message_id, business_key = ?identity.business_key, "business duplicate: another message applied this business key; no effect");
             (
                 "business_duplicate",
-                Outcome::BusinessDuplicate { holder_message_id: holder.message_id.clone() },
-                format!("business key {:?} already applied by message {}", identity.business_key, holder.message_id),
+                Outcome::BusinessDuplicate {
+                    holder_message_id: holder.message_id.clone(),
+                },
+                format!(
+                    "business key {:?} already applied by message {}",
+                    identity.business_key, holder.message_id
+                ),
             )
         };
-        let conflicts_with = if holder.same_identity { &holder.payload_hash } else { &holder.message_id };
+        let conflicts_with = if holder.same_identity {
+            &holder.payload_hash
+        } else {
+            &holder.message_id
+        };
         let rej = Rejection {
             identity,
             kind,
@@ -518,16 +589,27 @@ impl<DB: Backend> Inbox<DB> {
     /// Deletes markers whose retention ended, in batches of `batch`; returns how many were deleted and sets
     /// the `txinbox_inbox_rows` gauge for this consumer.
     pub async fn purge_expired(&self, batch: i64) -> Result<u64, crate::StoreError> {
+        self.purge_expired_at(Utc::now(), batch).await
+    }
+
+    /// Like [`Inbox::purge_expired`] with an explicit clock: deletes markers whose retention ended before
+    /// `now`.
+    pub async fn purge_expired_at(
+        &self,
+        now: chrono::DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, crate::StoreError> {
         let mut total = 0;
         loop {
-            let n = DB::purge_expired(&self.pool, Utc::now(), batch.max(1)).await?;
+            let n = DB::purge_expired(&self.pool, now, batch.max(1)).await?;
             total += n;
             if n < batch.max(1) as u64 {
                 break;
             }
         }
         let rows = DB::count_markers(&self.pool, &self.consumer).await?;
-        metrics::counter!(m::RETENTION_PURGED, "consumer" => self.consumer.to_string()).increment(total);
+        metrics::counter!(m::RETENTION_PURGED, "consumer" => self.consumer.to_string())
+            .increment(total);
         metrics::gauge!(m::INBOX_ROWS, "consumer" => self.consumer.to_string()).set(rows as f64);
         Ok(total)
     }
@@ -564,7 +646,11 @@ impl<DB: Backend, D: Delivery, H: Handler<DB>> Processor<D> for InboxProcessor<D
         self.inbox.consumer()
     }
 
-    fn process(&self, delivery: D, stop: CancellationToken) -> impl std::future::Future<Output = Outcome> + Send {
+    fn process(
+        &self,
+        delivery: D,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = Outcome> + Send {
         let inbox = self.inbox.clone();
         let handler = self.handler.clone();
         async move { inbox.process_until(delivery, &*handler, &stop).await }.boxed()

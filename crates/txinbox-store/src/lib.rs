@@ -45,7 +45,10 @@ pub mod inspect {
     use crate::backend::Backend;
 
     /// Counts inbox rows of `consumer`.
-    pub async fn inbox_rows<DB: Backend>(pool: &sqlx::Pool<DB>, consumer: &str) -> Result<i64, sqlx::Error> {
+    pub async fn inbox_rows<DB: Backend>(
+        pool: &sqlx::Pool<DB>,
+        consumer: &str,
+    ) -> Result<i64, sqlx::Error> {
         DB::count_markers(pool, consumer).await
     }
 }

@@ -4,7 +4,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 use txinbox::{Identity, OutboxMessage};
 
-use crate::backend::{Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox, Rejection, MIGRATIONS};
+use crate::backend::{
+    Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox, Rejection, MIGRATIONS,
+};
 use crate::error::StoreError;
 
 /// The conditional insert. Without a conflict target, `ON CONFLICT DO NOTHING` covers both the primary key and
@@ -25,13 +27,17 @@ impl Backend for Postgres {
             .await?;
         sqlx::Executor::execute(&mut *tx, "CREATE TABLE IF NOT EXISTS txinbox_schema_version (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
             .await?;
-        let current: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM txinbox_schema_version")
-            .fetch_one(&mut *tx)
-            .await?;
+        let current: Option<i64> =
+            sqlx::query_scalar("SELECT max(version) FROM txinbox_schema_version")
+                .fetch_one(&mut *tx)
+                .await?;
         let current = current.unwrap_or(0);
         let known = MIGRATIONS.last().map_or(0, |m| m.0);
         if current > known {
-            return Err(StoreError::SchemaTooNew { found: current, known });
+            return Err(StoreError::SchemaTooNew {
+                found: current,
+                known,
+            });
         }
         for &(version, name, pg, _) in MIGRATIONS {
             if version <= current {
@@ -50,7 +56,10 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn insert_marker(conn: &mut PgConnection, row: &MarkerRow<'_>) -> Result<MarkerInsert, sqlx::Error> {
+    async fn insert_marker(
+        conn: &mut PgConnection,
+        row: &MarkerRow<'_>,
+    ) -> Result<MarkerInsert, sqlx::Error> {
         let id = row.identity;
         let done = sqlx::query(INSERT_MARKER)
             .bind(id.consumer.as_str())
@@ -89,7 +98,11 @@ impl Backend for Postgres {
         }))
     }
 
-    async fn set_result_reference(conn: &mut PgConnection, id: &Identity, reference: &str) -> Result<(), sqlx::Error> {
+    async fn set_result_reference(
+        conn: &mut PgConnection,
+        id: &Identity,
+        reference: &str,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE txinbox_inbox SET result_reference = $4 WHERE consumer_name = $1 AND source = $2 AND message_id = $3")
             .bind(id.consumer.as_str())
             .bind(&id.source)
@@ -100,7 +113,11 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn insert_outbox(conn: &mut PgConnection, m: &OutboxMessage, now: DateTime<Utc>) -> Result<(), sqlx::Error> {
+    async fn insert_outbox(
+        conn: &mut PgConnection,
+        m: &OutboxMessage,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
         let attrs = serde_json::to_string(&m.attributes).unwrap_or_else(|_| "{}".into());
         sqlx::query("INSERT INTO txinbox_outbox (destination, source, message_id, event_type, group_id, body, attributes, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
             .bind(&m.destination)
@@ -132,7 +149,11 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn purge_expired(pool: &PgPool, now: DateTime<Utc>, limit: i64) -> Result<u64, sqlx::Error> {
+    async fn purge_expired(
+        pool: &PgPool,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query("DELETE FROM txinbox_inbox WHERE ctid IN (SELECT ctid FROM txinbox_inbox WHERE retention_until < $1 LIMIT $2)")
             .bind(now)
             .bind(limit)
@@ -173,7 +194,12 @@ impl Backend for Postgres {
             .collect()
     }
 
-    async fn finish_outbox(pool: &PgPool, id: i64, now: DateTime<Utc>, error: Option<&str>) -> Result<(), sqlx::Error> {
+    async fn finish_outbox(
+        pool: &PgPool,
+        id: i64,
+        now: DateTime<Utc>,
+        error: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
         let q = match error {
             None => sqlx::query("UPDATE txinbox_outbox SET relayed_at = $2, attempts = attempts + 1, last_error = NULL WHERE id = $1").bind(id).bind(now),
             Some(e) => sqlx::query("UPDATE txinbox_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1").bind(id).bind(e.to_owned()),

@@ -4,7 +4,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use txinbox::{Identity, OutboxMessage};
 
-use crate::backend::{Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox, Rejection, MIGRATIONS};
+use crate::backend::{
+    Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox, Rejection, MIGRATIONS,
+};
 use crate::error::StoreError;
 
 /// The conditional insert; `ON CONFLICT DO NOTHING` covers the primary key and the business-key index.
@@ -61,7 +63,10 @@ impl Backend for Sqlite {
         result
     }
 
-    async fn insert_marker(conn: &mut SqliteConnection, row: &MarkerRow<'_>) -> Result<MarkerInsert, sqlx::Error> {
+    async fn insert_marker(
+        conn: &mut SqliteConnection,
+        row: &MarkerRow<'_>,
+    ) -> Result<MarkerInsert, sqlx::Error> {
         let id = row.identity;
         let done = sqlx::query(INSERT_MARKER)
             .bind(id.consumer.as_str())
@@ -103,7 +108,11 @@ impl Backend for Sqlite {
         }))
     }
 
-    async fn set_result_reference(conn: &mut SqliteConnection, id: &Identity, reference: &str) -> Result<(), sqlx::Error> {
+    async fn set_result_reference(
+        conn: &mut SqliteConnection,
+        id: &Identity,
+        reference: &str,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE txinbox_inbox SET result_reference = ?4 WHERE consumer_name = ?1 AND source = ?2 AND message_id = ?3")
             .bind(id.consumer.as_str())
             .bind(&id.source)
@@ -114,7 +123,11 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    async fn insert_outbox(conn: &mut SqliteConnection, m: &OutboxMessage, now: DateTime<Utc>) -> Result<(), sqlx::Error> {
+    async fn insert_outbox(
+        conn: &mut SqliteConnection,
+        m: &OutboxMessage,
+        now: DateTime<Utc>,
+    ) -> Result<(), sqlx::Error> {
         let attrs = serde_json::to_string(&m.attributes).unwrap_or_else(|_| "{}".into());
         sqlx::query("INSERT INTO txinbox_outbox (destination, source, message_id, event_type, group_id, body, attributes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
             .bind(&m.destination)
@@ -146,7 +159,11 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    async fn purge_expired(pool: &SqlitePool, now: DateTime<Utc>, limit: i64) -> Result<u64, sqlx::Error> {
+    async fn purge_expired(
+        pool: &SqlitePool,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query("DELETE FROM txinbox_inbox WHERE rowid IN (SELECT rowid FROM txinbox_inbox WHERE retention_until < ?1 LIMIT ?2)")
             .bind(ts(now))
             .bind(limit)
@@ -162,7 +179,10 @@ impl Backend for Sqlite {
             .await
     }
 
-    async fn pending_outbox(pool: &SqlitePool, limit: i64) -> Result<Vec<PendingOutbox>, sqlx::Error> {
+    async fn pending_outbox(
+        pool: &SqlitePool,
+        limit: i64,
+    ) -> Result<Vec<PendingOutbox>, sqlx::Error> {
         let rows = sqlx::query("SELECT id, destination, source, message_id, event_type, group_id, body, attributes, attempts FROM txinbox_outbox WHERE relayed_at IS NULL ORDER BY id LIMIT ?1")
             .bind(limit)
             .fetch_all(pool)
@@ -187,7 +207,12 @@ impl Backend for Sqlite {
             .collect()
     }
 
-    async fn finish_outbox(pool: &SqlitePool, id: i64, now: DateTime<Utc>, error: Option<&str>) -> Result<(), sqlx::Error> {
+    async fn finish_outbox(
+        pool: &SqlitePool,
+        id: i64,
+        now: DateTime<Utc>,
+        error: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
         let q = match error {
             None => sqlx::query("UPDATE txinbox_outbox SET relayed_at = ?2, attempts = attempts + 1, last_error = NULL WHERE id = ?1").bind(id).bind(ts(now)),
             Some(e) => sqlx::query("UPDATE txinbox_outbox SET attempts = attempts + 1, last_error = ?2 WHERE id = ?1").bind(id).bind(e.to_owned()),

@@ -42,12 +42,24 @@ impl Store<sqlx::Sqlite> {
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true);
         let memory = url.contains(":memory:") || url.contains("mode=memory");
-        let opts = if memory { opts } else { opts.journal_mode(SqliteJournalMode::Wal) };
+        let opts = if memory {
+            opts
+        } else {
+            opts.journal_mode(SqliteJournalMode::Wal)
+        };
         let pool = SqlitePoolOptions::new()
             .max_connections(if memory { 1 } else { 8 })
             // An in-memory database dies with its last connection: keep it.
-            .idle_timeout(if memory { None } else { Some(Duration::from_secs(600)) })
-            .max_lifetime(if memory { None } else { Some(Duration::from_secs(1800)) })
+            .idle_timeout(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(600))
+            })
+            .max_lifetime(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(1800))
+            })
             .connect_with(opts)
             .await?;
         Self::from_pool(pool).await
@@ -71,20 +83,33 @@ impl Store<sqlx::Postgres> {
 
     /// Connects with every connection's `search_path` set to `schema` (created if missing) and migrates
     /// there. Tests use it to give each test its own schema.
-    pub async fn connect_in_schema(url: &str, schema: &str, max_connections: u32) -> Result<Self, StoreError> {
+    pub async fn connect_in_schema(
+        url: &str,
+        schema: &str,
+        max_connections: u32,
+    ) -> Result<Self, StoreError> {
         use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
         use sqlx::Connection;
         use std::str::FromStr;
-        if schema.is_empty() || !schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(StoreError::Config(txinbox::BadInput::InvalidIdentityField {
-                field: "schema",
-                reason: "must be non-empty ASCII letters, digits and underscores",
-            }));
+        if schema.is_empty()
+            || !schema
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(StoreError::Config(
+                txinbox::BadInput::InvalidIdentityField {
+                    field: "schema",
+                    reason: "must be non-empty ASCII letters, digits and underscores",
+                },
+            ));
         }
         let opts = PgConnectOptions::from_str(url)?;
         let mut conn = sqlx::PgConnection::connect_with(&opts).await?;
-        sqlx::Executor::execute(&mut conn, format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str())
-            .await?;
+        sqlx::Executor::execute(
+            &mut conn,
+            format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str(),
+        )
+        .await?;
         conn.close().await?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))

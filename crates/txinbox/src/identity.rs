@@ -219,7 +219,15 @@ impl IdentityPolicy {
                     ev.business_key,
                 )
             } else if let Some(id) = msg.producer_id.clone() {
-                (String::new(), id, IdOrigin::ProducerId, None, None, None, None)
+                (
+                    String::new(),
+                    id,
+                    IdOrigin::ProducerId,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
             } else if let (true, Some(id)) = (self.allow_broker_id, msg.broker_id.clone()) {
                 metrics::counter!(crate::metrics::IDENTITY_BROKER_FALLBACK, "consumer" => self.consumer.to_string())
                     .increment(1);
@@ -228,7 +236,15 @@ impl IdentityPolicy {
                     broker_id = %id,
                     "identity falls back to the broker-assigned id; a redrive will give this message a new id"
                 );
-                (String::new(), id, IdOrigin::BrokerId, None, None, None, None)
+                (
+                    String::new(),
+                    id,
+                    IdOrigin::BrokerId,
+                    None,
+                    None,
+                    None,
+                    None,
+                )
             } else {
                 return Err(BadInput::NoIdentity {
                     detail: "no ce-id attribute, no CloudEvents body and no producer id",
@@ -313,7 +329,8 @@ mod tests {
         let mut m = ReceivedMessage::new(b"{}".to_vec());
         m.attributes.insert("ce-id".into(), "evt-1".into());
         m.attributes.insert("ce-source".into(), "crm".into());
-        m.attributes.insert("ce-type".into(), "meeting.ended".into());
+        m.attributes
+            .insert("ce-type".into(), "meeting.ended".into());
         m.producer_id = Some("dedup-9".into());
         let id = policy().resolve(&m).unwrap();
         assert_eq!(
@@ -329,7 +346,10 @@ mod tests {
             br#"{"specversion":"1.0","id":"e2","source":"s","type":"t","data":{}}"#.to_vec(),
         );
         let id = policy().resolve(&m).unwrap();
-        assert_eq!((id.message_id.as_str(), id.origin), ("e2", IdOrigin::CloudEventsBody));
+        assert_eq!(
+            (id.message_id.as_str(), id.origin),
+            ("e2", IdOrigin::CloudEventsBody)
+        );
 
         let mut m = ReceivedMessage::new(b"x".to_vec());
         m.producer_id = Some("p1".into());
@@ -337,7 +357,10 @@ mod tests {
 
         let mut m = ReceivedMessage::new(b"x".to_vec());
         m.broker_id = Some("b1".into());
-        assert!(matches!(policy().resolve(&m), Err(BadInput::NoIdentity { .. })));
+        assert!(matches!(
+            policy().resolve(&m),
+            Err(BadInput::NoIdentity { .. })
+        ));
         let id = policy().allow_broker_id(true).resolve(&m).unwrap();
         assert_eq!(id.origin, IdOrigin::BrokerId);
     }
@@ -348,11 +371,17 @@ mod tests {
         m.producer_id = Some("bad\nid".into());
         assert!(matches!(
             policy().resolve(&m),
-            Err(BadInput::InvalidIdentityField { field: "message_id", .. })
+            Err(BadInput::InvalidIdentityField {
+                field: "message_id",
+                ..
+            })
         ));
         let mut m = ReceivedMessage::new(b"x".to_vec());
         m.attributes.insert("ce-id".into(), "e".into());
-        assert!(matches!(policy().resolve(&m), Err(BadInput::NoIdentity { .. })));
+        assert!(matches!(
+            policy().resolve(&m),
+            Err(BadInput::NoIdentity { .. })
+        ));
     }
 
     #[test]

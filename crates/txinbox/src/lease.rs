@@ -97,7 +97,10 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
                 _ = tokio::time::sleep(opts.interval) => {}
             }
             if started.elapsed() + opts.interval > opts.max_total {
-                tracing::warn!(consumer, "lease keeper reached its maximum; the lease will expire");
+                tracing::warn!(
+                    consumer,
+                    "lease keeper reached its maximum; the lease will expire"
+                );
                 return;
             }
             let renewed = tokio::select! {

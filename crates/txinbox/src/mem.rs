@@ -335,7 +335,9 @@ impl MemoryQueue {
 
     /// A [`Receiver`] on this queue that waits up to the queue's `wait` for messages.
     pub fn receiver(&self) -> MemoryReceiver {
-        MemoryReceiver { queue: self.clone() }
+        MemoryReceiver {
+            queue: self.clone(),
+        }
     }
 
     /// Runs `f` on the received message identified by `seq`/`receipt` if the receipt is still current and
@@ -427,11 +429,12 @@ impl Delivery for MemoryDelivery {
     }
 
     async fn release(self, delay: Duration) -> Result<(), BrokerError> {
-        self.queue.with_current(self.seq, self.receipt, |s, i, now| {
-            let m = &mut s.messages[i];
-            m.receipt = None;
-            m.invisible_until = Some(now + to_chrono(delay));
-        })?;
+        self.queue
+            .with_current(self.seq, self.receipt, |s, i, now| {
+                let m = &mut s.messages[i];
+                m.receipt = None;
+                m.invisible_until = Some(now + to_chrono(delay));
+            })?;
         self.queue.inner.notify.notify_waiters();
         Ok(())
     }
@@ -468,11 +471,13 @@ impl Lease for MemoryLease {
 
     fn renew(&self, by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
         Box::pin(async move {
-            let until = self.queue.with_current(self.seq, self.receipt, |s, i, now| {
-                let until = now + to_chrono(by);
-                s.messages[i].invisible_until = Some(until);
-                until
-            })?;
+            let until = self
+                .queue
+                .with_current(self.seq, self.receipt, |s, i, now| {
+                    let until = now + to_chrono(by);
+                    s.messages[i].invisible_until = Some(until);
+                    until
+                })?;
             *self.expires.lock().unwrap_or_else(|p| p.into_inner()) = until;
             Ok(until)
         })
@@ -515,10 +520,20 @@ mod tests {
         let first = q.receive_now(1).pop().unwrap();
         q.advance(Duration::from_secs(31));
         let second = q.receive_now(1).pop().unwrap();
-        assert!(matches!(first.ack().await, Err(BrokerError::LockLost { .. })));
+        assert!(matches!(
+            first.ack().await,
+            Err(BrokerError::LockLost { .. })
+        ));
         q.inject_ack_fault(SettleFault::DropResponse);
-        assert!(matches!(second.ack().await, Err(BrokerError::Unknown { .. })));
-        assert_eq!(q.state(), QueueState::default(), "dropped response: ack applied");
+        assert!(matches!(
+            second.ack().await,
+            Err(BrokerError::Unknown { .. })
+        ));
+        assert_eq!(
+            q.state(),
+            QueueState::default(),
+            "dropped response: ack applied"
+        );
     }
 
     #[tokio::test]

@@ -53,24 +53,40 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(RECEIVED, "Deliveries received by the inbox");
     describe_counter!(APPLIED, "Deliveries applied");
-    describe_counter!(APPLIED_AFTER_REDELIVERY, "Applied deliveries that were redeliveries");
+    describe_counter!(
+        APPLIED_AFTER_REDELIVERY,
+        "Applied deliveries that were redeliveries"
+    );
     describe_counter!(DUPLICATES, "Duplicates recognised");
     describe_counter!(PAYLOAD_COLLISIONS, "Same id with another payload");
     describe_counter!(BUSINESS_DUPLICATES, "Another id with the same business key");
     describe_counter!(CONCURRENT_CONFLICTS, "Conflicts with a concurrent delivery");
     describe_counter!(RETRIES, "Deliveries released for retry");
     describe_counter!(DEAD_LETTERS, "Deliveries dead-lettered");
-    describe_histogram!(RECEIVE_TO_COMMIT, Unit::Seconds, "Receive to COMMIT latency");
+    describe_histogram!(
+        RECEIVE_TO_COMMIT,
+        Unit::Seconds,
+        "Receive to COMMIT latency"
+    );
     describe_counter!(SETTLE_FAILURES, "Settles that failed");
     describe_counter!(LEASE_LOST, "Leases lost while a handler ran");
     describe_counter!(LEASE_RENEWALS, "Lease renewals");
-    describe_counter!(RETENTION_EXPIRED, "Deliveries older than the inbox retention");
+    describe_counter!(
+        RETENTION_EXPIRED,
+        "Deliveries older than the inbox retention"
+    );
     describe_counter!(CONTRACT_VERSION_FAILURES, "Unsupported contract versions");
     describe_counter!(UNKNOWN_IDENTITY, "Deliveries without a usable identity");
-    describe_counter!(IDENTITY_BROKER_FALLBACK, "Identities from the broker-assigned id");
+    describe_counter!(
+        IDENTITY_BROKER_FALLBACK,
+        "Identities from the broker-assigned id"
+    );
     describe_counter!(RETENTION_PURGED, "Inbox rows purged by retention");
     describe_gauge!(INBOX_ROWS, "Inbox rows after the last retention run");
     describe_counter!(REDRIVEN, "Messages redriven from a DLQ");
-    describe_counter!(INTERRUPTED, "Deliveries interrupted by shutdown before COMMIT");
+    describe_counter!(
+        INTERRUPTED,
+        "Deliveries interrupted by shutdown before COMMIT"
+    );
     describe_counter!(OUTBOX_RELAYED, "Outbox messages relayed");
 }

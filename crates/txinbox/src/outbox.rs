@@ -48,7 +48,8 @@ pub trait Publisher: Send + Sync {
 
 impl Publisher for crate::mem::MemoryQueue {
     async fn publish(&self, msg: &OutboxMessage) -> Result<(), BrokerError> {
-        let mut out = crate::mem::OutgoingMessage::new(msg.body.clone()).producer_id(&msg.message_id);
+        let mut out =
+            crate::mem::OutgoingMessage::new(msg.body.clone()).producer_id(&msg.message_id);
         out.attributes = msg.wire_attributes();
         out.group_id = msg.group_id.clone();
         self.send(out);

@@ -26,7 +26,8 @@ pub trait Processor<D: Delivery>: Send + Sync + 'static {
 
     /// Process and settle `delivery`. When `stop` is cancelled before COMMIT, roll back, release the delivery
     /// and return [`Outcome::Interrupted`]; after COMMIT, ignore it and settle.
-    fn process(&self, delivery: D, stop: CancellationToken) -> impl Future<Output = Outcome> + Send;
+    fn process(&self, delivery: D, stop: CancellationToken)
+        -> impl Future<Output = Outcome> + Send;
 }
 
 /// Worker settings.
@@ -184,7 +185,10 @@ where
                 }
                 Err(e) => {
                     tracing::warn!(consumer, error = %e, "receive failed");
-                    report.lock().unwrap_or_else(|p| p.into_inner()).receive_errors += 1;
+                    report
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .receive_errors += 1;
                     tokio::select! {
                         _ = &mut shutdown => break,
                         _ = tokio::time::sleep(self.opts.receive_error_backoff) => {}
@@ -192,7 +196,11 @@ where
                 }
             }
         }
-        tracing::info!(consumer, in_flight = tracker.len(), "worker stopping: no more receives");
+        tracing::info!(
+            consumer,
+            in_flight = tracker.len(),
+            "worker stopping: no more receives"
+        );
         tracker.close();
         if tokio::time::timeout(self.opts.shutdown_timeout, tracker.wait())
             .await

@@ -1,0 +1,296 @@
+//! The seed's lab: synthetic deliveries of the CRM follow-up event through the in-memory broker into the
+//! inbox, with the counts computed from what happened.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+use txinbox::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox::{ConsumerName, FingerprintSpec, IdentityPolicy, Worker, WorkerOptions};
+use txinbox_store::{handler_fn, BodyFormat, Handled, Inbox, InputRules, Store};
+
+use crate::labdb::LabDb;
+
+/// The lab consumer's name.
+pub const CONSUMER: &str = "crm-followup";
+/// The CloudEvents source of the lab's events.
+pub const SOURCE: &str = "urn:txinbox:lab:crm";
+
+/// An error running the lab.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LabError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] txinbox_store::StoreError),
+    /// A query failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Bad arguments.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// The business key of the follow-up agent: `criar_tarefa_followup:<opportunity>:<meeting>`.
+pub fn followup_business_key(m: &txinbox::ReceivedMessage) -> Result<Option<String>, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&m.body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("missing {k}"))
+    };
+    Ok(Some(format!(
+        "criar_tarefa_followup:{}:{}",
+        field("opportunity")?,
+        field("meeting")?
+    )))
+}
+
+/// The inbox the lab uses: consumer `crm-followup`, JSON bodies, the follow-up business key, `sent_at`
+/// excluded from the fingerprint (a volatile transport field).
+pub fn lab_inbox<DB: LabDb>(pool: sqlx::Pool<DB>) -> Inbox<DB> {
+    let consumer = ConsumerName::new(CONSUMER).unwrap_or_else(|_| unreachable_name());
+    Inbox::new(
+        pool,
+        IdentityPolicy::new(consumer).business_key(followup_business_key),
+    )
+    .fingerprint(FingerprintSpec::new().exclude("/sent_at"))
+    .input_rules(InputRules::default().body(BodyFormat::Json))
+    .retry_backoff(Duration::ZERO)
+}
+
+fn unreachable_name() -> ConsumerName {
+    // CONSUMER is a valid literal; this path cannot be taken, but a panic is not our way.
+    ConsumerName::new("crm").unwrap_or_else(|_| unreachable_name())
+}
+
+/// The `i`-th logical message of the lab (one meeting of one opportunity ended; create a follow-up task).
+pub fn lab_message(i: usize) -> OutgoingMessage {
+    let body = serde_json::json!({
+        "opportunity": format!("oportunidade_{}", 2481 + i),
+        "meeting": format!("reuniao_{}", 184 + i),
+        "action": "criar_tarefa_followup",
+        "sent_at": chrono::Utc::now().to_rfc3339(),
+    });
+    OutgoingMessage::new(body.to_string()).cloudevent(
+        SOURCE,
+        &format!("evt-{}", 482 + i),
+        "crm.meeting.ended",
+    )
+}
+
+/// The lab's counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LabReport {
+    /// Deliveries processed.
+    pub deliveries: u64,
+    /// Deliveries applied.
+    pub accepted: u64,
+    /// Deliveries recognised as duplicates.
+    pub duplicates: u64,
+    /// Inbox rows at the end.
+    pub inbox_rows: i64,
+    /// Business effects (rows in the business table) at the end.
+    pub business_effects: i64,
+}
+
+impl fmt::Display for LabReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "deliveries={}", self.deliveries)?;
+        writeln!(f, "accepted={}", self.accepted)?;
+        writeln!(f, "duplicates={}", self.duplicates)?;
+        writeln!(f, "inbox_rows={}", self.inbox_rows)?;
+        write!(f, "business_effects={}", self.business_effects)
+    }
+}
+
+/// Sends `messages` logical messages `copies` times each through the in-memory broker and runs a worker
+/// until every delivery is processed.
+pub async fn run_lab<DB: LabDb>(
+    pool: sqlx::Pool<DB>,
+    messages: usize,
+    copies: usize,
+) -> Result<LabReport, LabError> {
+    if messages == 0 || copies == 0 {
+        return Err(LabError::Usage(
+            "--messages and --copies must be at least 1".into(),
+        ));
+    }
+    DB::create_tables(&pool).await?;
+    let queue = MemoryQueue::new(QueueOptions {
+        wait: Duration::from_millis(50),
+        ..QueueOptions::default()
+    });
+    for _ in 0..copies {
+        for i in 0..messages {
+            queue.send(lab_message(i));
+        }
+    }
+    let expected = (messages * copies) as u64;
+    let inbox = lab_inbox(pool.clone());
+    let processor = inbox.bind(handler_fn::<DB, _>(|tx, msg| DB::insert_task(tx, msg)));
+    let q = queue.clone();
+    let drained = async move {
+        loop {
+            let s = q.state();
+            if s.visible + s.in_flight + s.delayed == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let report = Worker::new(queue.receiver(), processor)
+        .options(WorkerOptions::default().concurrency(4))
+        .run_until(drained)
+        .await;
+    let rows = txinbox_store::inspect::inbox_rows(&pool, CONSUMER).await?;
+    let effects = DB::count_tasks(&pool).await?;
+    let deliveries = report.total();
+    if deliveries != expected {
+        tracing::warn!(deliveries, expected, "not every delivery was processed");
+    }
+    Ok(LabReport {
+        deliveries,
+        accepted: report.count("applied"),
+        duplicates: report.count("duplicate"),
+        inbox_rows: rows,
+        business_effects: effects,
+    })
+}
+
+/// A store the lab can open: SQLite (`sqlite:` URL, fresh in-memory database by default) or PostgreSQL
+/// (`postgres://` URL; each run gets its own schema, dropped afterwards).
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// A `sqlite:` URL.
+    Sqlite(String),
+    /// A `postgres://` URL.
+    Postgres(String),
+}
+
+impl Target {
+    /// Parses a store URL, naming only the scheme in errors (the URL may hold a password).
+    pub fn parse(url: &str) -> Result<Self, LabError> {
+        if url.starts_with("sqlite:") {
+            Ok(Target::Sqlite(url.to_owned()))
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Target::Postgres(url.to_owned()))
+        } else {
+            let scheme = url.split(':').next().unwrap_or_default().to_owned();
+            Err(LabError::Store(txinbox_store::StoreError::UnsupportedUrl {
+                scheme,
+            }))
+        }
+    }
+}
+
+/// A fresh, migrated database for one run; dropped (schema or file removed) by [`Fresh::cleanup`].
+pub struct Fresh<DB: LabDb> {
+    /// The store.
+    pub store: Store<DB>,
+    cleanup: Option<Cleanup>,
+}
+
+enum Cleanup {
+    PgSchema { url: String, schema: String },
+    File(std::path::PathBuf),
+}
+
+impl<DB: LabDb> Fresh<DB> {
+    /// Closes the pool and removes what was created for the run.
+    pub async fn cleanup(self) {
+        self.store.close().await;
+        match self.cleanup {
+            Some(Cleanup::PgSchema { url, schema }) => {
+                use sqlx::Connection;
+                if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                    let _ = sqlx::Executor::execute(
+                        &mut c,
+                        format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str(),
+                    )
+                    .await;
+                    let _ = c.close().await;
+                }
+            }
+            Some(Cleanup::File(p)) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+/// Opens a fresh SQLite database: in memory for `sqlite::memory:`, else a new file beside the one named.
+pub async fn fresh_sqlite(url: &str) -> Result<Fresh<sqlx::Sqlite>, LabError> {
+    if url.contains(":memory:") || url.contains("mode=memory") {
+        return Ok(Fresh {
+            store: Store::<sqlx::Sqlite>::connect("sqlite::memory:").await?,
+            cleanup: None,
+        });
+    }
+    let path = std::path::PathBuf::from(
+        url.trim_start_matches("sqlite://")
+            .trim_start_matches("sqlite:"),
+    );
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| p.to_path_buf())
+        .unwrap_or_else(|| ".".into());
+    let file = dir.join(format!("txinbox-lab-{}.db", uuid::Uuid::new_v4().simple()));
+    let store = Store::<sqlx::Sqlite>::connect(&format!("sqlite:{}", file.display())).await?;
+    Ok(Fresh {
+        store,
+        cleanup: Some(Cleanup::File(file)),
+    })
+}
+
+/// Opens a fresh PostgreSQL schema.
+pub async fn fresh_postgres(
+    url: &str,
+    max_connections: u32,
+) -> Result<Fresh<sqlx::Postgres>, LabError> {
+    let schema = format!("txinbox_lab_{}", uuid::Uuid::new_v4().simple());
+    let store = Store::<sqlx::Postgres>::connect_in_schema(url, &schema, max_connections).await?;
+    Ok(Fresh {
+        store,
+        cleanup: Some(Cleanup::PgSchema {
+            url: url.to_owned(),
+            schema,
+        }),
+    })
+}
+
+/// Runs `f` on a fresh database of `target`, then cleans up.
+pub async fn with_fresh<T>(
+    target: &Target,
+    f_sqlite: impl FnOnce(sqlx::Pool<sqlx::Sqlite>) -> LocalBoxFuture<'static, Result<T, LabError>>,
+    f_pg: impl FnOnce(sqlx::Pool<sqlx::Postgres>) -> LocalBoxFuture<'static, Result<T, LabError>>,
+) -> Result<T, LabError> {
+    match target {
+        Target::Sqlite(url) => {
+            let fresh = fresh_sqlite(url).await?;
+            let r = f_sqlite(fresh.store.pool().clone()).await;
+            fresh.cleanup().await;
+            r
+        }
+        Target::Postgres(url) => {
+            let fresh = fresh_postgres(url, 16).await?;
+            let r = f_pg(fresh.store.pool().clone()).await;
+            fresh.cleanup().await;
+            r
+        }
+    }
+}
+
+/// A handler that turns the lab message into a task: the same for both backends.
+pub fn task_handler<DB: LabDb>() -> impl txinbox_store::Handler<DB> {
+    handler_fn::<DB, _>(|tx, msg| DB::insert_task(tx, msg))
+}
+
+/// The result type of the lab's handler.
+pub type HandlerResult = Result<Handled, txinbox::HandlerError>;

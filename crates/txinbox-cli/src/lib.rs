@@ -1,0 +1,10 @@
+//! The `txinbox` command and the library behind it: the seed's lab ([`lab`]), the failure windows
+//! ([`windows`]) and the benchmark ([`bench`]). The project README follows (its examples compile as doctests).
+#![doc = include_str!("../../../README.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod bench;
+pub mod lab;
+pub mod labdb;
+pub mod windows;

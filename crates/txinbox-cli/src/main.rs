@@ -1,0 +1,145 @@
+//! `txinbox`: the lab, the failure windows, the benchmark and operator tools.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use txinbox_cli::lab::{run_lab, with_fresh, Target};
+use txinbox_cli::{bench, windows};
+
+#[derive(Parser)]
+#[command(
+    name = "txinbox",
+    version,
+    about = "Transactional inbox for SQS and Service Bus consumers"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The seed's lab: N logical messages delivered K times each through the in-memory broker into the inbox.
+    Lab {
+        /// Logical messages.
+        #[arg(long, default_value_t = 2)]
+        messages: usize,
+        /// Copies delivered of each message.
+        #[arg(long, default_value_t = 2)]
+        copies: usize,
+        /// Store URL: `sqlite::memory:` (default), `sqlite:path.db` or `postgres://...` (a fresh schema per run).
+        #[arg(long, env = "TXINBOX_STORE_URL", default_value = "sqlite::memory:")]
+        store: String,
+        /// Run the seed's failure windows instead, one row each; exits non-zero if any fails.
+        #[arg(long)]
+        windows: bool,
+    },
+    /// Benchmark: the same handler bare, with the inbox, and on a duplicate-heavy stream, plus pgbench on the
+    /// inbox's own SQL, at each concurrency.
+    Bench(bench::BenchArgs),
+    /// Check Terraform for settings that break the inbox's guarantees (DLQ, deduplication, visibility, lock,
+    /// retention). Exits 1 on a violation, 2 on an error.
+    CheckInfra {
+        /// The Terraform folder (its *.tf files are read, not its subfolders).
+        dir: std::path::PathBuf,
+        /// Worker settings (TOML: [inbox], [sqs], [servicebus]); defaults are the adapters' defaults.
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TXINBOX_LOG")
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Lab {
+            messages,
+            copies,
+            store,
+            windows,
+        } => {
+            let target = match Target::parse(&store) {
+                Ok(t) => t,
+                Err(e) => return fail(&e),
+            };
+            // Current-thread runtime: the windows capture metrics with a thread-local recorder.
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return fail(&e),
+            };
+            if windows {
+                match rt.block_on(windows::run_all(&target)) {
+                    Ok(rows) => {
+                        let mut ok = true;
+                        for r in &rows {
+                            println!("{r}");
+                            ok &= r.ok();
+                        }
+                        if ok {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::FAILURE
+                        }
+                    }
+                    Err(e) => fail(&e),
+                }
+            } else {
+                let r = rt.block_on(with_fresh(
+                    &target,
+                    move |pool| Box::pin(run_lab(pool, messages, copies)),
+                    move |pool| Box::pin(run_lab(pool, messages, copies)),
+                ));
+                match r {
+                    Ok(report) => {
+                        println!("{report}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(&e),
+                }
+            }
+        }
+        Command::CheckInfra { dir, config } => check_infra(&dir, config.as_deref()),
+        Command::Bench(args) => {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return fail(&e),
+            };
+            match rt.block_on(bench::run(args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&e),
+            }
+        }
+    }
+}
+
+fn check_infra(dir: &std::path::Path, config: Option<&std::path::Path>) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match txinbox_infra::run_cli(dir, config, &mut out) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &dyn std::error::Error) -> ExitCode {
+    let mut msg = format!("error: {e}");
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(&format!("\n  caused by: {s}"));
+        src = s.source();
+    }
+    eprintln!("{msg}");
+    ExitCode::from(2)
+}

@@ -1,0 +1,624 @@
+//! The seed's failure windows, reproduced with the in-memory broker against a real store.
+//!
+//! Each window runs on a fresh database and checks, against expected values written here, the inbox rows,
+//! the business effects, the broker state, the outcomes and the metrics the window must leave. The
+//! external-call window (an external API call done and its answer lost) is not here: it needs the outbox
+//! relay against a real external peer and comes with its own issue.
+//!
+//! Metrics are captured with a thread-local recorder, so run the windows on a current-thread runtime.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::sync::Semaphore;
+use txinbox::mem::{MemoryQueue, QueueOptions, QueueState};
+use txinbox::{
+    metrics as m, CancellationToken, Delivery, HandlerError, RetentionPolicy, Worker, WorkerOptions,
+};
+use txinbox_store::{FaultPoint, Handled, Handler, Inbound};
+
+use crate::lab::{lab_inbox, lab_message, task_handler, with_fresh, LabError, Target, CONSUMER};
+use crate::labdb::LabDb;
+
+/// A failure window of the seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// Crash after receive, before BEGIN.
+    BeforeTransaction,
+    /// Crash after the marker insert, before the business change.
+    AfterInsertBeforeChange,
+    /// Crash after the business change, before COMMIT.
+    AfterChangeBeforeCommit,
+    /// Crash after COMMIT, before the settle.
+    AfterCommitBeforeSettle,
+    /// The lock is lost while the handler runs; the broker redelivers to another worker.
+    LockLostDuringWork,
+    /// Two copies delivered at once.
+    TwoConcurrentDeliveries,
+    /// Poisoned to the DLQ by max receive count after a lost settle, then redriven.
+    AfterDlqRedrive,
+    /// The same id with another payload.
+    SameIdOtherPayload,
+    /// Another id asking for the same business action.
+    OtherIdSameBusinessAction,
+    /// Redelivered after the marker's retention expired.
+    AfterRetentionExpired,
+    /// The worker is shut down with deliveries in flight.
+    ShutdownMidFlight,
+}
+
+impl Window {
+    /// Every window, in the seed's order.
+    pub const ALL: [Window; 11] = [
+        Window::BeforeTransaction,
+        Window::AfterInsertBeforeChange,
+        Window::AfterChangeBeforeCommit,
+        Window::AfterCommitBeforeSettle,
+        Window::LockLostDuringWork,
+        Window::TwoConcurrentDeliveries,
+        Window::AfterDlqRedrive,
+        Window::SameIdOtherPayload,
+        Window::OtherIdSameBusinessAction,
+        Window::AfterRetentionExpired,
+        Window::ShutdownMidFlight,
+    ];
+
+    /// The window's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::BeforeTransaction => "before_transaction",
+            Window::AfterInsertBeforeChange => "after_insert_before_change",
+            Window::AfterChangeBeforeCommit => "after_change_before_commit",
+            Window::AfterCommitBeforeSettle => "after_commit_before_settle",
+            Window::LockLostDuringWork => "lock_lost_during_work",
+            Window::TwoConcurrentDeliveries => "two_concurrent_deliveries",
+            Window::AfterDlqRedrive => "after_dlq_redrive",
+            Window::SameIdOtherPayload => "same_id_other_payload",
+            Window::OtherIdSameBusinessAction => "other_id_same_business_action",
+            Window::AfterRetentionExpired => "after_retention_expired",
+            Window::ShutdownMidFlight => "shutdown_mid_flight",
+        }
+    }
+}
+
+/// What one window left behind.
+#[derive(Clone, Debug)]
+pub struct WindowRow {
+    /// The window.
+    pub window: Window,
+    /// Inbox rows at the end.
+    pub inbox_rows: i64,
+    /// Business effects at the end.
+    pub business_effects: i64,
+    /// Broker state at the end.
+    pub broker: QueueState,
+    /// The outcomes in order (`crashed > duplicate`, ...).
+    pub outcome: String,
+    /// Non-zero txinbox counters recorded during the window, by metric name.
+    pub signals: BTreeMap<String, u64>,
+    /// Rejection evidence rows recorded (payload collisions + business duplicates).
+    pub rejections: i64,
+    /// Each expectation that did not hold.
+    pub failures: Vec<String>,
+}
+
+impl WindowRow {
+    /// Whether every expectation held.
+    pub fn ok(&self) -> bool {
+        self.failures.is_empty()
+    }
+    /// A counter's value (0 when absent).
+    pub fn signal(&self, name: &str) -> u64 {
+        self.signals.get(name).copied().unwrap_or(0)
+    }
+}
+
+impl fmt::Display for WindowRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let signals: Vec<String> = self
+            .signals
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "{}={v}",
+                    k.trim_start_matches("txinbox_").trim_end_matches("_total")
+                )
+            })
+            .collect();
+        write!(
+            f,
+            "{:<31} inbox_rows={:<2} business_effects={:<2} broker[{}] outcome={} signals[{}] {}",
+            self.window.name(),
+            self.inbox_rows,
+            self.business_effects,
+            self.broker,
+            self.outcome,
+            signals.join(" "),
+            if self.ok() {
+                "ok".to_owned()
+            } else {
+                format!("FAIL ({})", self.failures.join("; "))
+            }
+        )
+    }
+}
+
+/// Runs every window on fresh databases of `target`.
+pub async fn run_all(target: &Target) -> Result<Vec<WindowRow>, LabError> {
+    let mut rows = Vec::new();
+    for w in Window::ALL {
+        rows.push(run_on(target, w).await?);
+    }
+    Ok(rows)
+}
+
+/// Runs one window on a fresh database of `target`.
+pub async fn run_on(target: &Target, w: Window) -> Result<WindowRow, LabError> {
+    with_fresh(
+        target,
+        move |pool| Box::pin(run_window::<sqlx::Sqlite>(pool, w)),
+        move |pool| Box::pin(run_window::<sqlx::Postgres>(pool, w)),
+    )
+    .await
+}
+
+struct Checks {
+    failures: Vec<String>,
+}
+
+impl Checks {
+    fn eq<T: PartialEq + fmt::Debug>(&mut self, what: &str, actual: T, expected: T) {
+        if actual != expected {
+            self.failures
+                .push(format!("{what}: got {actual:?}, expected {expected:?}"));
+        }
+    }
+}
+
+fn counters(snap: &Snapshotter) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (key, _, _, value) in snap.snapshot().into_vec() {
+        if let DebugValue::Counter(n) = value {
+            let name = key.key().name().to_owned();
+            if name.starts_with("txinbox_") && n > 0 {
+                *out.entry(name).or_default() += n;
+            }
+        }
+    }
+    out
+}
+
+fn queue(max_receive_count: Option<u32>) -> MemoryQueue {
+    MemoryQueue::new(QueueOptions {
+        visibility_timeout: Duration::from_secs(30),
+        max_receive_count,
+        wait: Duration::from_millis(20),
+    })
+}
+
+const PAST_VISIBILITY: Duration = Duration::from_secs(31);
+
+/// A handler that announces it has started (the marker is inserted) and waits for a permit before applying.
+#[derive(Clone)]
+struct Gated {
+    entered: Arc<Semaphore>,
+    gate: Arc<Semaphore>,
+}
+
+impl Gated {
+    fn new() -> Self {
+        Self {
+            entered: Arc::new(Semaphore::new(0)),
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+    async fn wait_entered(&self, n: u32) {
+        if let Ok(p) = self.entered.acquire_many(n).await {
+            p.forget();
+        }
+    }
+    fn open(&self, n: usize) {
+        self.gate.add_permits(n);
+    }
+}
+
+impl<DB: LabDb> Handler<DB> for Gated {
+    fn handle<'a>(
+        &'a self,
+        tx: &'a mut DB::Connection,
+        msg: &'a Inbound<'a>,
+    ) -> BoxFuture<'a, Result<Handled, HandlerError>> {
+        Box::pin(async move {
+            self.entered.add_permits(1);
+            if let Ok(p) = self.gate.acquire().await {
+                p.forget();
+            }
+            DB::insert_task(tx, msg).await
+        })
+    }
+}
+
+fn one<D>(mut v: Vec<D>, what: &str) -> Result<D, LabError> {
+    v.pop()
+        .ok_or_else(|| LabError::Usage(format!("expected a delivery: {what}")))
+}
+
+/// Runs window `w` on `pool` (fresh and migrated) and checks its expectations.
+pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<WindowRow, LabError> {
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    DB::create_tables(&pool).await?;
+    let inbox = lab_inbox(pool.clone());
+    let h = task_handler::<DB>();
+    let none = CancellationToken::new();
+    let mut c = Checks {
+        failures: Vec::new(),
+    };
+    let rows =
+        |p: sqlx::Pool<DB>| async move { txinbox_store::inspect::inbox_rows(&p, CONSUMER).await };
+
+    let (q, outcome, expect) = match w {
+        Window::BeforeTransaction
+        | Window::AfterInsertBeforeChange
+        | Window::AfterChangeBeforeCommit
+        | Window::AfterCommitBeforeSettle => {
+            let (point, mid, second) = match w {
+                Window::BeforeTransaction => (FaultPoint::BeforeTransaction, 0, "applied"),
+                Window::AfterInsertBeforeChange => (FaultPoint::AfterMarkerInsert, 0, "applied"),
+                Window::AfterChangeBeforeCommit => (FaultPoint::AfterBusinessChange, 0, "applied"),
+                _ => (FaultPoint::AfterCommit, 1, "duplicate"),
+            };
+            let q = queue(Some(5));
+            q.send(lab_message(0));
+            let d = one(q.receive_now(1), "first delivery")?;
+            let crashed = inbox.process_with_fault(d, &h, &none, Some(point)).await;
+            c.eq("first attempt crashed", crashed.is_err(), true);
+            // What the crash left: a rolled-back transaction leaves nothing; a commit leaves marker and effect.
+            c.eq("inbox rows after the crash", rows(pool.clone()).await?, mid);
+            c.eq(
+                "effects after the crash",
+                DB::count_tasks(&pool).await?,
+                mid,
+            );
+            c.eq("message still held by the broker", q.state().in_flight, 1);
+            q.advance(PAST_VISIBILITY);
+            let d = one(q.receive_now(1), "redelivery")?;
+            c.eq("redelivery count", d.message().delivery_count, 2);
+            let o = inbox.process(d, &h).await;
+            c.eq("redelivery outcome", o.label(), second);
+            let mut expect = vec![(m::APPLIED, 1)];
+            if point == FaultPoint::AfterCommit {
+                expect.push((m::DUPLICATES, 1));
+            } else {
+                expect.push((m::APPLIED_AFTER_REDELIVERY, 1));
+            }
+            (
+                q,
+                format!("crashed({point:?}) > {}", o.label()),
+                (1, 1, QueueState::default(), 0, expect),
+            )
+        }
+        Window::LockLostDuringWork => {
+            let q = queue(Some(5));
+            q.send(lab_message(0));
+            let a = one(q.receive_now(1), "first delivery")?;
+            let lease = a
+                .lease()
+                .ok_or_else(|| LabError::Usage("memory deliveries have leases".into()))?;
+            let gated = Gated::new();
+            let (i2, g2) = (inbox.clone(), gated.clone());
+            let ta = tokio::spawn(async move { i2.process(a, &g2 as &dyn Handler<DB>).await });
+            gated.wait_entered(1).await;
+            // The lease keeper renews every 5 ms; the broker's clock jumps past the lock: the next renewal fails.
+            let keeper = txinbox::lease::keep_alive(
+                lease,
+                txinbox::LeaseOptions::default()
+                    .interval(Duration::from_millis(5))
+                    .extend_by(Duration::from_secs(30)),
+                CONSUMER.into(),
+            );
+            q.advance(Duration::from_secs(120));
+            while !keeper.lost() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let b = one(q.receive_now(1), "redelivery to a second worker")?;
+            let (i3, g3) = (inbox.clone(), gated.clone());
+            let tb = tokio::spawn(async move { i3.process(b, &g3 as &dyn Handler<DB>).await });
+            gated.open(2);
+            let oa = ta.await.map_err(|e| LabError::Usage(e.to_string()))?;
+            let ob = tb.await.map_err(|e| LabError::Usage(e.to_string()))?;
+            c.eq("first worker", oa.label(), "applied");
+            c.eq("second worker", ob.label(), "duplicate");
+            (
+                q,
+                format!("{} (lock lost, ack refused) | {}", oa.label(), ob.label()),
+                (
+                    1,
+                    1,
+                    QueueState::default(),
+                    0,
+                    vec![
+                        (m::APPLIED, 1),
+                        (m::DUPLICATES, 1),
+                        (m::LEASE_LOST, 1),
+                        (m::SETTLE_FAILURES, 1),
+                    ],
+                ),
+            )
+        }
+        Window::TwoConcurrentDeliveries => {
+            let q = queue(Some(5));
+            q.send(lab_message(0));
+            q.send(lab_message(0));
+            let mut both = q.receive_now(2);
+            let b = one(both.split_off(1), "second copy")?;
+            let a = one(both, "first copy")?;
+            let gated = Gated::new();
+            let (i2, g2) = (inbox.clone(), gated.clone());
+            let ta = tokio::spawn(async move { i2.process(a, &g2 as &dyn Handler<DB>).await });
+            gated.wait_entered(1).await;
+            let (i3, g3) = (inbox.clone(), gated.clone());
+            let tb = tokio::spawn(async move { i3.process(b, &g3 as &dyn Handler<DB>).await });
+            // Give the second copy time to reach the marker insert and block on the first's key.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            gated.open(2);
+            let oa = ta.await.map_err(|e| LabError::Usage(e.to_string()))?;
+            let ob = tb.await.map_err(|e| LabError::Usage(e.to_string()))?;
+            c.eq("first copy", oa.label(), "applied");
+            c.eq("second copy", ob.label(), "duplicate");
+            (
+                q,
+                format!("{} | {}", oa.label(), ob.label()),
+                (
+                    1,
+                    1,
+                    QueueState::default(),
+                    0,
+                    vec![
+                        (m::APPLIED, 1),
+                        (m::DUPLICATES, 1),
+                        (m::CONCURRENT_CONFLICTS, 1),
+                    ],
+                ),
+            )
+        }
+        Window::AfterDlqRedrive => {
+            let q = queue(Some(1));
+            q.send(lab_message(0));
+            let d = one(q.receive_now(1), "first delivery")?;
+            let crashed = inbox
+                .process_with_fault(d, &h, &none, Some(FaultPoint::AfterCommit))
+                .await;
+            c.eq("first attempt crashed after commit", crashed.is_err(), true);
+            q.advance(PAST_VISIBILITY);
+            c.eq(
+                "no redelivery: max receive count reached",
+                q.receive_now(1).len(),
+                0,
+            );
+            c.eq("dead-lettered by the broker", q.state().dead_lettered, 1);
+            c.eq("redriven", q.redrive(10), 1);
+            let d = one(q.receive_now(1), "redriven copy")?;
+            let o = inbox.process(d, &h).await;
+            c.eq("redriven copy", o.label(), "duplicate");
+            (
+                q,
+                format!(
+                    "crashed(AfterCommit) > dlq(max_receive_count) > redrive > {}",
+                    o.label()
+                ),
+                (
+                    1,
+                    1,
+                    QueueState::default(),
+                    0,
+                    vec![(m::APPLIED, 1), (m::DUPLICATES, 1), (m::REDRIVEN, 1)],
+                ),
+            )
+        }
+        Window::SameIdOtherPayload => {
+            let q = queue(Some(5));
+            q.send(lab_message(0).attribute("x-note", "quantidade 10"));
+            let mut altered = lab_message(0);
+            let mut body: serde_json::Value =
+                serde_json::from_slice(&altered.body).unwrap_or_default();
+            body["quantity"] = serde_json::json!(12);
+            altered.body = body.to_string().into_bytes();
+            q.send(altered);
+            let a = one(q.receive_now(1), "first")?;
+            let oa = inbox.process(a, &h).await;
+            let b = one(q.receive_now(1), "second")?;
+            let ob = inbox.process(b, &h).await;
+            c.eq("first", oa.label(), "applied");
+            c.eq("second", ob.label(), "payload_collision");
+            let dl = q.dead_letters();
+            c.eq(
+                "dead-letter reason",
+                dl.first().map(|(_, why)| why.reason.clone()),
+                Some("payload_collision".to_owned()),
+            );
+            c.eq(
+                "dead-letter keeps the identity",
+                dl.first()
+                    .and_then(|(msg, _)| msg.attributes.get("ce-id").cloned()),
+                Some("evt-482".to_owned()),
+            );
+            (
+                q,
+                format!("{} | {} > dlq", oa.label(), ob.label()),
+                (
+                    1,
+                    1,
+                    QueueState {
+                        dead_lettered: 1,
+                        ..QueueState::default()
+                    },
+                    1,
+                    vec![
+                        (m::APPLIED, 1),
+                        (m::PAYLOAD_COLLISIONS, 1),
+                        (m::DEAD_LETTERS, 1),
+                    ],
+                ),
+            )
+        }
+        Window::OtherIdSameBusinessAction => {
+            let q = queue(Some(5));
+            q.send(lab_message(0));
+            q.send(lab_message(0).attribute("ce-id", "evt-republished-after-timeout"));
+            let a = one(q.receive_now(1), "first")?;
+            let oa = inbox.process(a, &h).await;
+            let b = one(q.receive_now(1), "second")?;
+            let ob = inbox.process(b, &h).await;
+            c.eq("first", oa.label(), "applied");
+            c.eq("second", ob.label(), "business_duplicate");
+            (
+                q,
+                format!("{} | {}", oa.label(), ob.label()),
+                (
+                    1,
+                    1,
+                    QueueState::default(),
+                    1,
+                    vec![(m::APPLIED, 1), (m::BUSINESS_DUPLICATES, 1)],
+                ),
+            )
+        }
+        Window::AfterRetentionExpired => {
+            let keep = Duration::from_secs(3600);
+            let inbox = inbox
+                .clone()
+                .retention(RetentionPolicy::default().keep(keep));
+            let q = queue(Some(5));
+            q.send(lab_message(0));
+            let d = one(q.receive_now(1), "first")?;
+            let crashed = inbox
+                .process_with_fault(d, &h, &none, Some(FaultPoint::AfterCommit))
+                .await;
+            c.eq("first attempt crashed after commit", crashed.is_err(), true);
+            // Two hours later: the marker's retention ended and the purge ran; then the message comes back.
+            let later = chrono::Utc::now() + chrono::Duration::hours(2);
+            let purged = inbox.purge_expired_at(later, 100).await?;
+            c.eq("markers purged", purged, 1);
+            q.advance(Duration::from_secs(7200));
+            let d = one(q.receive_now(1), "late redelivery")?;
+            let o = inbox.process(d, &h).await;
+            c.eq("late redelivery refused", o.label(), "dead_lettered");
+            (
+                q,
+                format!("crashed(AfterCommit) > purge > {o}"),
+                (
+                    0,
+                    1,
+                    QueueState {
+                        dead_lettered: 1,
+                        ..QueueState::default()
+                    },
+                    0,
+                    vec![
+                        (m::APPLIED, 1),
+                        (m::RETENTION_PURGED, 1),
+                        (m::RETENTION_EXPIRED, 1),
+                        (m::DEAD_LETTERS, 1),
+                    ],
+                ),
+            )
+        }
+        Window::ShutdownMidFlight => {
+            let q = queue(Some(5));
+            for i in 0..3 {
+                q.send(lab_message(i));
+            }
+            // Phase 1: shutdown while deliveries are in the handler; the deadline is generous: all commit and ack.
+            let gated = Gated::new();
+            let g = gated.clone();
+            let graceful = Worker::new(q.receiver(), inbox.clone().bind(gated.clone()))
+                .options(
+                    WorkerOptions::default()
+                        .concurrency(3)
+                        .shutdown_timeout(Duration::from_secs(30)),
+                )
+                .run_until(async move {
+                    g.wait_entered(1).await;
+                    g.open(16);
+                })
+                .await;
+            c.eq("graceful: applied", graceful.count("applied"), 3);
+            c.eq("graceful: queue drained", q.state(), QueueState::default());
+            // Phase 2: the deadline passes while the handler hangs: roll back and release, never lose.
+            for i in 3..5 {
+                q.send(lab_message(i));
+            }
+            let stuck = Gated::new();
+            let s = stuck.clone();
+            let forced = Worker::new(q.receiver(), inbox.clone().bind(stuck.clone()))
+                .options(
+                    WorkerOptions::default()
+                        .concurrency(2)
+                        .shutdown_timeout(Duration::from_millis(50)),
+                )
+                .run_until(async move { s.wait_entered(1).await })
+                .await;
+            c.eq("deadline: interrupted", forced.count("interrupted"), 2);
+            c.eq("deadline: released, nothing lost", q.state().visible, 2);
+            c.eq("deadline: nothing committed", rows(pool.clone()).await?, 3);
+            // Phase 3: the next worker takes over.
+            let q2 = q.clone();
+            let restart = Worker::new(q.receiver(), inbox.clone().bind(task_handler::<DB>()))
+                .run_until(async move {
+                    while q2.state() != QueueState::default() {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await;
+            stuck.open(16);
+            c.eq("restart: applied", restart.count("applied"), 2);
+            (
+                q,
+                format!(
+                    "graceful: applied x{} | deadline: interrupted x{} > restart: applied x{}",
+                    graceful.count("applied"),
+                    forced.count("interrupted"),
+                    restart.count("applied")
+                ),
+                (
+                    5,
+                    5,
+                    QueueState::default(),
+                    0,
+                    vec![(m::APPLIED, 5), (m::INTERRUPTED, 2)],
+                ),
+            )
+        }
+    };
+
+    let (exp_rows, exp_effects, exp_broker, exp_rejections, exp_signals) = expect;
+    let inbox_rows = rows(pool.clone()).await?;
+    let business_effects = DB::count_tasks(&pool).await?;
+    let broker = q.state();
+    let rejections = DB::count_rejections(&pool, "payload_collision").await?
+        + DB::count_rejections(&pool, "business_duplicate").await?;
+    c.eq("inbox rows", inbox_rows, exp_rows);
+    c.eq("business effects", business_effects, exp_effects);
+    c.eq("broker", broker, exp_broker);
+    c.eq("rejection evidence rows", rejections, exp_rejections);
+    let signals = counters(&snap);
+    for (name, n) in exp_signals {
+        c.eq(name, signals.get(name).copied().unwrap_or(0), n);
+    }
+    Ok(WindowRow {
+        window: w,
+        inbox_rows,
+        business_effects,
+        broker,
+        outcome,
+        signals,
+        rejections,
+        failures: c.failures,
+    })
+}

@@ -1,0 +1,135 @@
+//! The `txinbox` binary: the lab's exact output, its arguments, and its errors.
+
+use std::process::Command;
+
+fn txinbox(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args(args)
+        .env_remove("TXINBOX_STORE_URL")
+        .output()
+        .expect("run txinbox");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn pg_url() -> String {
+    std::env::var("TXINBOX_TEST_PG_URL")
+        .unwrap_or_else(|_| panic!("TXINBOX_TEST_PG_URL is not set: run `bash scripts/test.sh`"))
+}
+
+#[test]
+fn lab_prints_the_seeds_lines() {
+    let (code, out, err) = txinbox(&["lab"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "deliveries=4\naccepted=2\nduplicates=2\ninbox_rows=2\nbusiness_effects=2\n"
+    );
+}
+
+#[test]
+fn lab_scales_with_messages_and_copies() {
+    let (code, out, err) = txinbox(&["lab", "--messages", "7", "--copies", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "deliveries=21\naccepted=7\nduplicates=14\ninbox_rows=7\nbusiness_effects=7\n"
+    );
+}
+
+#[test]
+fn lab_runs_on_a_sqlite_file_and_cleans_up() {
+    let dir = std::env::temp_dir().join(format!("txinbox-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite:{}", dir.join("lab.db").display());
+    let (code, out, err) = txinbox(&["lab", "--messages", "3", "--copies", "2", "--store", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "deliveries=6\naccepted=3\nduplicates=3\ninbox_rows=3\nbusiness_effects=3\n"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "the lab's database files are removed"
+    );
+    std::fs::remove_dir(&dir).unwrap();
+}
+
+#[test]
+fn lab_runs_on_postgres() {
+    let (code, out, err) = txinbox(&[
+        "lab",
+        "--messages",
+        "5",
+        "--copies",
+        "2",
+        "--store",
+        &pg_url(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "deliveries=10\naccepted=5\nduplicates=5\ninbox_rows=5\nbusiness_effects=5\n"
+    );
+}
+
+#[test]
+fn windows_print_one_ok_row_each() {
+    let (code, out, err) = txinbox(&["lab", "--windows"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 11, "{out}");
+    for r in rows {
+        assert!(r.ends_with(" ok"), "{r}");
+        assert!(
+            r.contains("inbox_rows=")
+                && r.contains("business_effects=")
+                && r.contains("broker[")
+                && r.contains("outcome="),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_are_clear_errors_and_urls_keep_their_secrets() {
+    let (code, _, err) = txinbox(&["lab", "--store", "mysql://root:s3cret@localhost/db"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("unsupported store URL scheme \"mysql\""),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "the password leaked: {err}");
+
+    let (code, _, err) = txinbox(&["lab", "--messages", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("at least 1"), "{err}");
+
+    let (code, _, err) = txinbox(&[
+        "lab",
+        "--store",
+        "postgres://postgres:hunter2@127.0.0.1:1/nope",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("hunter2"), "the password leaked: {err}");
+
+    let (code, _, err) = txinbox(&["bench", "--store", "sqlite::memory:"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("postgres://"), "{err}");
+}
+
+#[test]
+fn check_infra_passes_the_samples_and_fails_a_missing_folder() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../infra");
+    for dir in ["aws-sqs-fifo", "azure-servicebus"] {
+        let (code, out, err) = txinbox(&["check-infra", &format!("{root}/{dir}")]);
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains("ok, no violation"), "{out}");
+    }
+    let (code, _, err) = txinbox(&["check-infra", "/definitely/not/here"]);
+    assert_eq!(code, 2, "{err}");
+}

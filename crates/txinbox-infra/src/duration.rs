@@ -1,0 +1,98 @@
+//! ISO 8601 durations as Azure Service Bus uses them (`PT1M`, `P14D`, ...).
+
+/// Parses an ISO 8601 duration (`PnYnMnWnDTnHnMnS`) into whole seconds,
+/// rounding a fractional second up. A year counts as 365 days and a month as
+/// 30 days (Service Bus values are given in days or smaller units in practice).
+/// Returns `None` for anything that is not such a duration.
+pub(crate) fn parse_iso8601_seconds(text: &str) -> Option<u64> {
+    let rest = text.trim().strip_prefix('P')?;
+    if rest.is_empty() {
+        return None;
+    }
+    let (date, time) = match rest.split_once('T') {
+        Some((_, "")) => return None,
+        Some((d, t)) => (d, Some(t)),
+        None => (rest, None),
+    };
+    let mut total = 0f64;
+    total += components(
+        date,
+        &[
+            ('Y', 365.0 * 86400.0),
+            ('M', 30.0 * 86400.0),
+            ('W', 7.0 * 86400.0),
+            ('D', 86400.0),
+        ],
+    )?;
+    if let Some(time) = time {
+        total += components(time, &[('H', 3600.0), ('M', 60.0), ('S', 1.0)])?;
+    }
+    if !total.is_finite() || total > u64::MAX as f64 {
+        return None;
+    }
+    Some(total.ceil() as u64)
+}
+
+/// Sums `<number><unit>` pairs whose units appear in `units`' order.
+fn components(mut text: &str, units: &[(char, f64)]) -> Option<f64> {
+    let mut total = 0f64;
+    let mut next_unit = 0;
+    while !text.is_empty() {
+        let end = text.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ','))?;
+        let number: f64 = text[..end].replace(',', ".").parse().ok()?;
+        let unit = text[end..].chars().next()?;
+        let index = units[next_unit..].iter().position(|(u, _)| *u == unit)? + next_unit;
+        total += number * units[index].1;
+        next_unit = index + 1;
+        text = &text[end + unit.len_utf8()..];
+    }
+    Some(total)
+}
+
+/// Formats seconds for messages: `60 s`, `10 min`, `14 d`.
+pub(crate) fn human(seconds: u64) -> String {
+    if seconds >= 86400 && seconds % 86400 == 0 {
+        format!("{seconds} s = {} d", seconds / 86400)
+    } else if seconds >= 60 && seconds % 60 == 0 {
+        format!("{seconds} s = {} min", seconds / 60)
+    } else {
+        format!("{seconds} s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_iso8601_seconds as p;
+
+    #[test]
+    fn parses_service_bus_durations() {
+        assert_eq!(p("PT1M"), Some(60));
+        assert_eq!(p("PT30S"), Some(30));
+        assert_eq!(p("PT10M"), Some(600));
+        assert_eq!(p("P14D"), Some(14 * 86400));
+        assert_eq!(p("P1DT2H3M4.5S"), Some(86400 + 7200 + 180 + 5));
+        assert_eq!(p("P1W"), Some(7 * 86400));
+        assert_eq!(p("P1M"), Some(30 * 86400));
+        assert_eq!(
+            p("P10675199DT2H48M5.4775807S"),
+            Some(10675199 * 86400 + 2 * 3600 + 48 * 60 + 6)
+        );
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in [
+            "",
+            "P",
+            "PT",
+            "1M",
+            "PT1X",
+            "P1H",
+            "PT1S1M",
+            "10 minutes",
+            "PTM",
+        ] {
+            assert_eq!(p(bad), None, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Checks the Terraform of SQS FIFO and Azure Service Bus queues against the
+//! txinbox worker's settings, and reports every setting that breaks one of
+//! the inbox's guarantees (which no general-purpose scanner checks).
+//!
+//! This is the library behind `txinbox check-infra DIR [--config FILE]`.
+//!
+//! ```
+//! use std::path::Path;
+//! use txinbox_infra::{check_dir, WorkerSettings};
+//!
+//! let dir = std::env::temp_dir().join(format!("txinbox-infra-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! std::fs::write(
+//!     dir.join("main.tf"),
+//!     r#"resource "aws_sqs_queue" "main" {
+//!   name                       = "orders.fifo"
+//!   fifo_queue                 = true
+//!   visibility_timeout_seconds = 30
+//! }
+//! "#,
+//! )
+//! .unwrap();
+//!
+//! let report = check_dir(&dir, &WorkerSettings::default()).unwrap();
+//! let rules: Vec<&str> = report.violations.iter().map(|v| v.rule.as_str()).collect();
+//! // No dead-letter queue, and 30 s < 2 x the 20 s heartbeat.
+//! assert_eq!(rules, ["sqs-fifo-missing-redrive", "sqs-visibility-timeout-too-short"]);
+//! assert_eq!(report.violations[1].line, 4);
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! ```
+//!
+//! # What is read
+//!
+//! Every `*.tf` file directly in the directory (one Terraform module; no
+//! recursion, `*.tf.json` is not read), then `terraform.tfvars` and
+//! `*.auto.tfvars` in name order, as Terraform loads them. `var.x` resolves to
+//! the variable's value from those files or else its `default`; `local.x` to
+//! the local's value; `aws_sqs_queue.NAME.arn`/`.id`/`.url` to a placeholder
+//! naming the queue, so redrive policies can be followed; `jsonencode` is
+//! evaluated. A value that cannot be resolved statically (a variable without
+//! default, another function, another resource's attribute) is reported as a
+//! violation of the rule that needs it, because the guarantee cannot be
+//! verified.
+//!
+//! Lines come from the byte spans that hcl-rs's parser (`hcl::edit`) records
+//! for every block and attribute: a violation points at the offending
+//! attribute's line (where it uses `var.x`, the message also names the file
+//! and line of the variable's value), or at the resource block's first line
+//! when the attribute is missing.
+//!
+//! # Rules
+//!
+//! | id | fires when |
+//! | --- | --- |
+//! | `sqs-fifo-missing-redrive` | an `aws_sqs_queue` with `fifo_queue = true` that is not itself a dead-letter queue has no `redrive_policy` (on the queue or in an `aws_sqs_queue_redrive_policy`), or the policy has no `deadLetterTargetArn` or no `maxReceiveCount >= 1`, or names a queue of this module that is not FIFO. A queue is a dead-letter queue when a redrive policy names it or it has a redrive allow policy. |
+//! | `sqs-content-based-deduplication` | a FIFO queue has `content_based_deduplication = true` while `sqs.producers_send_deduplication_id` is true (the default). Unset means false. |
+//! | `sqs-visibility-timeout-too-short` | a queue that is not a dead-letter queue has `visibility_timeout_seconds < 2 × sqs.heartbeat_interval_seconds`; unset means SQS's 30 s. |
+//! | `sqs-retention-exceeds-inbox` | a queue or dead-letter queue has `message_retention_seconds > inbox.retention_seconds`; unset means SQS's 4 days. |
+//! | `servicebus-duplicate-detection-off` | an `azurerm_servicebus_queue` has `requires_duplicate_detection` unset or false. |
+//! | `servicebus-duplicate-window-default` | duplicate detection is on but `duplicate_detection_history_time_window` is unset ("left to the default") or not an ISO 8601 duration. |
+//! | `servicebus-lock-duration-too-short` | `lock_duration < 2 × servicebus.lock_renewal_interval_seconds`; unset means Service Bus's `PT1M`. |
+//! | `servicebus-no-dead-lettering-on-expiry` | `dead_lettering_on_message_expiration` is unset or false. |
+//! | `servicebus-ttl-exceeds-inbox` | `default_message_ttl` is unset (Service Bus keeps messages practically forever) or longer than `inbox.retention_seconds`. |
+//!
+//! ISO 8601 durations count a year as 365 days and a month as 30 days.
+
+mod duration;
+mod error;
+mod report;
+mod rules;
+mod settings;
+mod terraform;
+
+use std::io::Write;
+use std::path::Path;
+
+pub use error::CheckError;
+pub use report::{Report, RuleId, Violation};
+pub use settings::{InboxSettings, ServiceBusSettings, SqsSettings, WorkerSettings};
+
+/// Checks the Terraform in `dir` against `settings`.
+///
+/// # Errors
+///
+/// [`CheckError::Io`] when the directory or a file cannot be read,
+/// [`CheckError::Parse`] (with the file) when a file is not valid HCL,
+/// [`CheckError::NoTerraformFiles`] when `dir` has no `*.tf` file and
+/// [`CheckError::NoQueues`] when it declares no queue. Violations are not
+/// errors: they are in the [`Report`].
+pub fn check_dir(dir: &Path, settings: &WorkerSettings) -> Result<Report, CheckError> {
+    let module = terraform::Module::load(dir)?;
+    let sqs_queues = module
+        .resources
+        .iter()
+        .filter(|r| r.kind == "aws_sqs_queue")
+        .count();
+    let servicebus_queues = module
+        .resources
+        .iter()
+        .filter(|r| r.kind == "azurerm_servicebus_queue")
+        .count();
+    if sqs_queues + servicebus_queues == 0 {
+        return Err(CheckError::NoQueues {
+            dir: dir.to_path_buf(),
+        });
+    }
+    let violations = rules::check(&module, settings);
+    Ok(Report {
+        files: module.files.iter().map(|f| f.path.clone()).collect(),
+        sqs_queues,
+        servicebus_queues,
+        violations,
+    })
+}
+
+/// What `txinbox check-infra DIR [--config FILE]` does: loads the settings
+/// (defaults, overridden by the TOML file when given), checks `dir`, writes
+/// one line per violation (`FILE:LINE: [RULE] RESOURCE: MESSAGE`) and a
+/// summary to `out`, and returns `Ok(true)` when there is no violation.
+///
+/// The CLI should exit 0 on `Ok(true)`, 1 on `Ok(false)` and 2 on `Err`
+/// (printing the error with its sources).
+///
+/// # Errors
+///
+/// Those of [`WorkerSettings::from_toml_file`] and [`check_dir`], and
+/// [`CheckError::Output`] when `out` cannot be written.
+pub fn run_cli(
+    dir: &Path,
+    config: Option<&Path>,
+    out: &mut impl Write,
+) -> Result<bool, CheckError> {
+    let settings = match config {
+        Some(path) => WorkerSettings::from_toml_file(path)?,
+        None => WorkerSettings::default(),
+    };
+    let report = check_dir(dir, &settings)?;
+    write_report(&report, dir, out).map_err(CheckError::Output)?;
+    Ok(report.is_clean())
+}
+
+fn write_report(report: &Report, dir: &Path, out: &mut impl Write) -> std::io::Result<()> {
+    for violation in &report.violations {
+        writeln!(out, "{violation}")?;
+    }
+    let n = report.violations.len();
+    writeln!(
+        out,
+        "check-infra: {} in {} ({} file{}, {} SQS queue{}, {} Service Bus queue{})",
+        if n == 0 {
+            "ok, no violation".to_owned()
+        } else {
+            format!("{n} violation{}", if n == 1 { "" } else { "s" })
+        },
+        dir.display(),
+        report.files.len(),
+        plural(report.files.len()),
+        report.sqs_queues,
+        plural(report.sqs_queues),
+        report.servicebus_queues,
+        plural(report.servicebus_queues),
+    )
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}

@@ -1,0 +1,132 @@
+//! Rules, violations and the report.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// A rule the queue configuration must satisfy for the inbox's guarantees to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum RuleId {
+    /// `sqs-fifo-missing-redrive`: a FIFO queue (that is not itself a
+    /// dead-letter queue) needs a redrive policy naming a FIFO dead-letter
+    /// queue and a `maxReceiveCount`.
+    SqsFifoMissingRedrive,
+    /// `sqs-content-based-deduplication`: content-based deduplication is on
+    /// although the producers send explicit deduplication ids.
+    SqsContentBasedDeduplication,
+    /// `sqs-visibility-timeout-too-short`: the visibility timeout is shorter
+    /// than 2 × the worker's heartbeat interval.
+    SqsVisibilityTimeoutTooShort,
+    /// `sqs-retention-exceeds-inbox`: a queue or dead-letter queue keeps
+    /// messages longer than the inbox keeps its markers.
+    SqsRetentionExceedsInbox,
+    /// `servicebus-duplicate-detection-off`: a Service Bus queue without
+    /// duplicate detection.
+    ServiceBusDuplicateDetectionOff,
+    /// `servicebus-duplicate-window-default`: duplicate detection is on but its
+    /// window is not set explicitly (or is not a valid ISO 8601 duration).
+    ServiceBusDuplicateWindowDefault,
+    /// `servicebus-lock-duration-too-short`: the lock duration is shorter than
+    /// 2 × the worker's lock renewal interval.
+    ServiceBusLockDurationTooShort,
+    /// `servicebus-no-dead-lettering-on-expiry`: expired messages are dropped
+    /// instead of dead-lettered.
+    ServiceBusNoDeadLetteringOnExpiry,
+    /// `servicebus-ttl-exceeds-inbox`: the default message time to live is
+    /// unset (Service Bus then keeps messages practically forever) or longer
+    /// than the inbox retention.
+    ServiceBusTtlExceedsInbox,
+}
+
+impl RuleId {
+    /// Every rule, in the order the checker reports them.
+    pub const ALL: [RuleId; 9] = [
+        RuleId::SqsFifoMissingRedrive,
+        RuleId::SqsContentBasedDeduplication,
+        RuleId::SqsVisibilityTimeoutTooShort,
+        RuleId::SqsRetentionExceedsInbox,
+        RuleId::ServiceBusDuplicateDetectionOff,
+        RuleId::ServiceBusDuplicateWindowDefault,
+        RuleId::ServiceBusLockDurationTooShort,
+        RuleId::ServiceBusNoDeadLetteringOnExpiry,
+        RuleId::ServiceBusTtlExceedsInbox,
+    ];
+
+    /// The rule's stable id, as printed in reports.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RuleId::SqsFifoMissingRedrive => "sqs-fifo-missing-redrive",
+            RuleId::SqsContentBasedDeduplication => "sqs-content-based-deduplication",
+            RuleId::SqsVisibilityTimeoutTooShort => "sqs-visibility-timeout-too-short",
+            RuleId::SqsRetentionExceedsInbox => "sqs-retention-exceeds-inbox",
+            RuleId::ServiceBusDuplicateDetectionOff => "servicebus-duplicate-detection-off",
+            RuleId::ServiceBusDuplicateWindowDefault => "servicebus-duplicate-window-default",
+            RuleId::ServiceBusLockDurationTooShort => "servicebus-lock-duration-too-short",
+            RuleId::ServiceBusNoDeadLetteringOnExpiry => "servicebus-no-dead-lettering-on-expiry",
+            RuleId::ServiceBusTtlExceedsInbox => "servicebus-ttl-exceeds-inbox",
+        }
+    }
+}
+
+impl fmt::Display for RuleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One setting that breaks a guarantee, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Violation {
+    /// The rule that is broken.
+    pub rule: RuleId,
+    /// The `.tf` file (the checked directory joined with the file name).
+    pub file: PathBuf,
+    /// 1-based line: the offending attribute's line, or the resource block's
+    /// first line when the attribute is missing.
+    pub line: usize,
+    /// The resource address, e.g. `aws_sqs_queue.main`.
+    pub resource: String,
+    /// What is wrong and why it breaks the inbox's guarantee.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}: [{}] {}: {}",
+            self.file.display(),
+            self.line,
+            self.rule,
+            self.resource,
+            self.message
+        )
+    }
+}
+
+/// The result of checking one directory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Report {
+    /// The `.tf` files read, sorted by name.
+    pub files: Vec<PathBuf>,
+    /// How many `aws_sqs_queue` resources were checked.
+    pub sqs_queues: usize,
+    /// How many `azurerm_servicebus_queue` resources were checked.
+    pub servicebus_queues: usize,
+    /// Every violation, in file and line order.
+    pub violations: Vec<Violation>,
+}
+
+impl Report {
+    /// True when no rule is broken.
+    pub fn is_clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The violations of one rule.
+    pub fn of_rule(&self, rule: RuleId) -> impl Iterator<Item = &Violation> {
+        self.violations.iter().filter(move |v| v.rule == rule)
+    }
+}

@@ -1,0 +1,508 @@
+//! The rules. See [`RuleId`] for what each one checks; the semantics of
+//! unset attributes follow the providers' defaults (documented per rule in
+//! the crate docs).
+
+use std::collections::BTreeSet;
+
+use hcl::Value;
+
+use crate::duration::{human, parse_iso8601_seconds};
+use crate::terraform::{referenced_queue, Module, Resolved, Resource};
+use crate::{RuleId, Violation, WorkerSettings};
+
+/// SQS's visibility timeout when `visibility_timeout_seconds` is unset.
+const SQS_DEFAULT_VISIBILITY: u64 = 30;
+/// SQS's retention when `message_retention_seconds` is unset.
+const SQS_DEFAULT_RETENTION: u64 = 345_600;
+/// Service Bus's lock duration when `lock_duration` is unset.
+const SB_DEFAULT_LOCK: u64 = 60;
+
+fn as_bool(value: &Value) -> Option<bool> {
+    match value {
+        Value::Bool(b) => Some(*b),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_u64(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+                .map(|f| f as u64)
+        }),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn show(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
+struct Checker<'a> {
+    module: &'a Module,
+    settings: &'a WorkerSettings,
+    out: Vec<Violation>,
+}
+
+impl Checker<'_> {
+    fn report(
+        &mut self,
+        rule: RuleId,
+        resource: &Resource,
+        file: usize,
+        line: usize,
+        message: String,
+    ) {
+        self.out.push(Violation {
+            rule,
+            file: self.module.files[file].path.clone(),
+            line,
+            resource: resource.address(),
+            message,
+        });
+    }
+
+    /// Reports on the resource's attribute line, or its block line.
+    fn at(&mut self, rule: RuleId, resource: &Resource, line: Option<usize>, message: String) {
+        let line = line.unwrap_or(resource.at.line);
+        self.report(rule, resource, resource.at.file, line, message);
+    }
+
+    fn unknown(&mut self, rule: RuleId, resource: &Resource, key: &str, line: usize, why: &str) {
+        self.at(
+            rule,
+            resource,
+            Some(line),
+            format!("{key} cannot be resolved statically ({why}); set it to a literal or a variable with a default so the guarantee can be checked"),
+        );
+    }
+}
+
+/// A redrive policy: on the queue or in an `aws_sqs_queue_redrive_policy`.
+struct Redrive<'a> {
+    holder: &'a Resource,
+    resolved: Resolved,
+}
+
+/// What a readable redrive policy says.
+struct RedriveTarget {
+    dlq: Option<String>,
+    max_receive_count: Option<u64>,
+    has_target: bool,
+}
+
+fn read_redrive(value: &Value) -> Result<RedriveTarget, String> {
+    let Value::String(text) = value else {
+        return Err(format!(
+            "redrive_policy is {}, not a JSON string",
+            show(value)
+        ));
+    };
+    let json: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| format!("redrive_policy is not valid JSON ({e})"))?;
+    let target = json
+        .get("deadLetterTargetArn")
+        .and_then(|v| v.as_str())
+        .filter(|s| !s.is_empty());
+    let max = json.get("maxReceiveCount").and_then(|v| match v {
+        serde_json::Value::Number(n) => n.as_u64(),
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    });
+    Ok(RedriveTarget {
+        dlq: target.and_then(referenced_queue).map(str::to_owned),
+        max_receive_count: max,
+        has_target: target.is_some(),
+    })
+}
+
+/// Runs every rule on a loaded module.
+pub(crate) fn check(module: &Module, settings: &WorkerSettings) -> Vec<Violation> {
+    let mut checker = Checker {
+        module,
+        settings,
+        out: Vec::new(),
+    };
+    check_sqs(&mut checker);
+    for queue in module
+        .resources
+        .iter()
+        .filter(|r| r.kind == "azurerm_servicebus_queue")
+    {
+        check_servicebus_queue(&mut checker, queue);
+    }
+    let mut out = checker.out;
+    out.sort_by(|a, b| (&a.file, a.line, a.rule).cmp(&(&b.file, b.line, b.rule)));
+    out
+}
+
+fn queue_of(module: &Module, resource: &Resource) -> Option<String> {
+    match module.resolve(resource, "queue_url") {
+        Resolved::Known {
+            value: Value::String(s),
+            ..
+        } => referenced_queue(&s).map(str::to_owned),
+        _ => None,
+    }
+}
+
+fn check_sqs(c: &mut Checker<'_>) {
+    let module = c.module;
+    let queues: Vec<&Resource> = module
+        .resources
+        .iter()
+        .filter(|r| r.kind == "aws_sqs_queue")
+        .collect();
+
+    // Redrive policies per source queue, and the queues that are DLQs.
+    let mut redrives: Vec<(String, Redrive<'_>)> = Vec::new();
+    let mut dlqs = BTreeSet::new();
+    for queue in &queues {
+        if queue.attrs.contains_key("redrive_allow_policy") {
+            dlqs.insert(queue.name.clone());
+        }
+        let resolved = module.resolve(queue, "redrive_policy");
+        if !matches!(resolved, Resolved::Missing) {
+            redrives.push((
+                queue.name.clone(),
+                Redrive {
+                    holder: queue,
+                    resolved,
+                },
+            ));
+        }
+    }
+    for resource in &module.resources {
+        match resource.kind.as_str() {
+            "aws_sqs_queue_redrive_policy" => {
+                if let Some(name) = queue_of(module, resource) {
+                    let resolved = module.resolve(resource, "redrive_policy");
+                    redrives.push((
+                        name,
+                        Redrive {
+                            holder: resource,
+                            resolved,
+                        },
+                    ));
+                }
+            }
+            "aws_sqs_queue_redrive_allow_policy" => {
+                if let Some(name) = queue_of(module, resource) {
+                    dlqs.insert(name);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (_, redrive) in &redrives {
+        if let Resolved::Known { value, .. } = &redrive.resolved {
+            if let Ok(RedriveTarget { dlq: Some(dlq), .. }) = read_redrive(value) {
+                dlqs.insert(dlq);
+            }
+        }
+    }
+
+    let is_fifo = |queue: &Resource| match module.resolve(queue, "fifo_queue") {
+        Resolved::Missing => false,
+        Resolved::Known { value, .. } => as_bool(&value).unwrap_or(true),
+        // Unknown: check it as a FIFO queue rather than miss a violation.
+        Resolved::Unknown { .. } => true,
+    };
+
+    for queue in &queues {
+        let fifo = is_fifo(queue);
+        let is_dlq = dlqs.contains(&queue.name);
+        if fifo && !is_dlq {
+            check_redrive(
+                c,
+                queue,
+                redrives
+                    .iter()
+                    .filter(|(n, _)| *n == queue.name)
+                    .map(|(_, r)| r),
+                &queues,
+                &is_fifo,
+            );
+        }
+        if fifo && c.settings.sqs.producers_send_deduplication_id {
+            check_content_dedup(c, queue);
+        }
+        if !is_dlq {
+            check_visibility(c, queue);
+        }
+        check_retention(c, queue, is_dlq);
+    }
+}
+
+fn check_redrive<'a>(
+    c: &mut Checker<'_>,
+    queue: &Resource,
+    mut policies: impl Iterator<Item = &'a Redrive<'a>>,
+    queues: &[&Resource],
+    is_fifo: &dyn Fn(&Resource) -> bool,
+) {
+    const RULE: RuleId = RuleId::SqsFifoMissingRedrive;
+    let Some(redrive) = policies.next() else {
+        c.at(
+            RULE,
+            queue,
+            None,
+            "FIFO queue has no redrive_policy (nor an aws_sqs_queue_redrive_policy): a message whose handler always fails is received again and again until retention drops it, blocking its message group, instead of moving to a dead-letter queue after maxReceiveCount receives".to_owned(),
+        );
+        return;
+    };
+    let holder = redrive.holder;
+    let (value, line) = match &redrive.resolved {
+        Resolved::Known { value, line, .. } => (value, *line),
+        Resolved::Unknown { line, why } => {
+            c.report(RULE, holder, holder.at.file, *line, format!("redrive_policy cannot be resolved statically ({why}), so the dead-letter queue cannot be checked"));
+            return;
+        }
+        Resolved::Missing => return,
+    };
+    let mut problem = |message: String| c.report(RULE, holder, holder.at.file, line, message);
+    match read_redrive(value) {
+        Err(why) => problem(why),
+        Ok(target) if !target.has_target => {
+            problem("redrive_policy has no deadLetterTargetArn: failed messages never reach a dead-letter queue".to_owned());
+        }
+        Ok(target) => {
+            match target.max_receive_count {
+                Some(n) if n >= 1 => {}
+                _ => problem("redrive_policy has no maxReceiveCount of at least 1: SQS cannot move a failing message to the dead-letter queue".to_owned()),
+            }
+            if let Some(dlq) = target.dlq {
+                if let Some(dlq_queue) = queues.iter().find(|q| q.name == dlq) {
+                    if !is_fifo(dlq_queue) {
+                        problem(format!("dead-letter queue aws_sqs_queue.{dlq} is not a FIFO queue; the dead-letter queue of a FIFO queue must be FIFO"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check_content_dedup(c: &mut Checker<'_>, queue: &Resource) {
+    const RULE: RuleId = RuleId::SqsContentBasedDeduplication;
+    const KEY: &str = "content_based_deduplication";
+    match c.module.resolve(queue, KEY) {
+        Resolved::Missing => {}
+        Resolved::Unknown { line, why } => c.unknown(RULE, queue, KEY, line, &why),
+        Resolved::Known {
+            value,
+            line,
+            origin,
+        } => {
+            if as_bool(&value) != Some(false) {
+                c.at(RULE, queue, Some(line), format!(
+                    "content_based_deduplication = {}{origin} but producers send an explicit MessageDeduplicationId (sqs.producers_send_deduplication_id): a send without the id is deduplicated by a hash of its body, so two distinct messages with the same body within 5 minutes are silently dropped and the inbox no longer keys on the producer's id; set it to false",
+                    show(&value)
+                ));
+            }
+        }
+    }
+}
+
+fn check_visibility(c: &mut Checker<'_>, queue: &Resource) {
+    const RULE: RuleId = RuleId::SqsVisibilityTimeoutTooShort;
+    const KEY: &str = "visibility_timeout_seconds";
+    let heartbeat = c.settings.sqs.heartbeat_interval_seconds;
+    let minimum = heartbeat.saturating_mul(2);
+    let (seconds, line, shown) = match c.module.resolve(queue, KEY) {
+        Resolved::Missing => (
+            SQS_DEFAULT_VISIBILITY,
+            None,
+            format!("{KEY} is not set (SQS default {SQS_DEFAULT_VISIBILITY} s)"),
+        ),
+        Resolved::Unknown { line, why } => return c.unknown(RULE, queue, KEY, line, &why),
+        Resolved::Known {
+            value,
+            line,
+            origin,
+        } => match as_u64(&value) {
+            Some(s) => (s, Some(line), format!("{KEY} = {s}{origin}")),
+            None => {
+                return c.at(
+                    RULE,
+                    queue,
+                    Some(line),
+                    format!(
+                        "{KEY} = {}{origin} is not a whole number of seconds",
+                        show(&value)
+                    ),
+                );
+            }
+        },
+    };
+    if seconds < minimum {
+        c.at(RULE, queue, line, format!(
+            "{shown} is shorter than 2 x the worker's heartbeat interval (2 x {heartbeat} s = {minimum} s): a message can become visible to another consumer before the heartbeat extends it, so two handlers run it at once"
+        ));
+    }
+}
+
+fn check_retention(c: &mut Checker<'_>, queue: &Resource, is_dlq: bool) {
+    const RULE: RuleId = RuleId::SqsRetentionExceedsInbox;
+    const KEY: &str = "message_retention_seconds";
+    let inbox = c.settings.inbox.retention_seconds;
+    let which = if is_dlq { "dead-letter queue" } else { "queue" };
+    let (seconds, line, shown) = match c.module.resolve(queue, KEY) {
+        Resolved::Missing => (
+            SQS_DEFAULT_RETENTION,
+            None,
+            format!("{KEY} is not set (SQS default {SQS_DEFAULT_RETENTION} s)"),
+        ),
+        Resolved::Unknown { line, why } => return c.unknown(RULE, queue, KEY, line, &why),
+        Resolved::Known {
+            value,
+            line,
+            origin,
+        } => match as_u64(&value) {
+            Some(s) => (s, Some(line), format!("{KEY} = {s}{origin}")),
+            None => {
+                return c.at(
+                    RULE,
+                    queue,
+                    Some(line),
+                    format!(
+                        "{KEY} = {}{origin} is not a whole number of seconds",
+                        show(&value)
+                    ),
+                );
+            }
+        },
+    };
+    if seconds > inbox {
+        c.at(RULE, queue, line, format!(
+            "{shown}: the {which} keeps messages longer than the inbox keeps processed markers (inbox.retention_seconds = {}); a message redelivered{} after the inbox forgot its id would be processed again as new",
+            human(inbox),
+            if is_dlq { " (redriven from the dead-letter queue)" } else { "" }
+        ));
+    }
+}
+
+/// A duration in seconds, its line, and how to show it.
+type Found = (u64, usize, String);
+/// The line and message of a duration that cannot be used.
+type Unusable = (usize, String);
+
+/// Reads an ISO 8601 duration attribute: `Ok(Some((seconds, line, shown)))`,
+/// `Ok(None)` when missing, `Err((line, message))` when unusable.
+fn duration(module: &Module, queue: &Resource, key: &str) -> Result<Option<Found>, Unusable> {
+    match module.resolve(queue, key) {
+        Resolved::Missing => Ok(None),
+        Resolved::Unknown { line, why } => Err((line, format!("{key} cannot be resolved statically ({why}); set it to a literal or a variable with a default so the guarantee can be checked"))),
+        Resolved::Known { value, line, origin } => {
+            let parsed = match &value {
+                Value::String(s) => parse_iso8601_seconds(s),
+                _ => None,
+            };
+            match parsed {
+                Some(seconds) => Ok(Some((seconds, line, format!("{key} = {}{origin}", show(&value))))),
+                None => Err((line, format!("{key} = {}{origin} is not an ISO 8601 duration such as \"PT1M\"", show(&value)))),
+            }
+        }
+    }
+}
+
+fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
+    let module = c.module;
+    let settings = c.settings;
+
+    // Duplicate detection, and its window.
+    const DD: &str = "requires_duplicate_detection";
+    match module.resolve(queue, DD) {
+        Resolved::Missing => c.at(RuleId::ServiceBusDuplicateDetectionOff, queue, None, format!(
+            "{DD} is not set (Service Bus default: false): the broker does not drop a producer's resend of the same MessageId, so every retry reaches the worker; set it to true (it cannot be changed after the queue is created)"
+        )),
+        Resolved::Unknown { line, why } => c.unknown(RuleId::ServiceBusDuplicateDetectionOff, queue, DD, line, &why),
+        Resolved::Known { value, line, origin } => {
+            if as_bool(&value) == Some(true) {
+                const WINDOW: &str = "duplicate_detection_history_time_window";
+                match duration(module, queue, WINDOW) {
+                    Ok(Some(_)) => {}
+                    Ok(None) => c.at(RuleId::ServiceBusDuplicateWindowDefault, queue, None, format!(
+                        "{DD} = true but {WINDOW} is left to the provider's default: set the window explicitly (the worker expects PT{}S) so that it is reviewed and cannot change with the provider",
+                        settings.servicebus.duplicate_detection_window_seconds
+                    )),
+                    Err((line, message)) => c.at(RuleId::ServiceBusDuplicateWindowDefault, queue, Some(line), message),
+                }
+            } else {
+                c.at(RuleId::ServiceBusDuplicateDetectionOff, queue, Some(line), format!(
+                    "{DD} = {}{origin}: the broker does not drop a producer's resend of the same MessageId, so every retry reaches the worker; set it to true (it cannot be changed after the queue is created)",
+                    show(&value)
+                ));
+            }
+        }
+    }
+
+    // Lock duration against the renewal interval.
+    const LOCK: &str = "lock_duration";
+    let renewal = settings.servicebus.lock_renewal_interval_seconds;
+    let minimum = renewal.saturating_mul(2);
+    let lock = match duration(module, queue, LOCK) {
+        Ok(Some(found)) => Some(found),
+        Ok(None) => Some((
+            SB_DEFAULT_LOCK,
+            queue.at.line,
+            format!("{LOCK} is not set (Service Bus default PT1M)"),
+        )),
+        Err((line, message)) => {
+            c.at(
+                RuleId::ServiceBusLockDurationTooShort,
+                queue,
+                Some(line),
+                message,
+            );
+            None
+        }
+    };
+    if let Some((seconds, line, shown)) = lock {
+        if seconds < minimum {
+            c.at(RuleId::ServiceBusLockDurationTooShort, queue, Some(line), format!(
+                "{shown} is {}, shorter than 2 x the worker's lock renewal interval (2 x {renewal} s = {minimum} s): the lock can expire before it is renewed and the message is delivered to another receiver while the handler still runs",
+                human(seconds)
+            ));
+        }
+    }
+
+    // Dead-lettering on expiry.
+    const DLX: &str = "dead_lettering_on_message_expiration";
+    match module.resolve(queue, DLX) {
+        Resolved::Missing => c.at(RuleId::ServiceBusNoDeadLetteringOnExpiry, queue, None, format!(
+            "{DLX} is not set (Service Bus default: false): a message that expires before the worker completes it is dropped silently instead of kept in the dead-letter queue"
+        )),
+        Resolved::Unknown { line, why } => c.unknown(RuleId::ServiceBusNoDeadLetteringOnExpiry, queue, DLX, line, &why),
+        Resolved::Known { value, line, origin } => {
+            if as_bool(&value) != Some(true) {
+                c.at(RuleId::ServiceBusNoDeadLetteringOnExpiry, queue, Some(line), format!(
+                    "{DLX} = {}{origin}: a message that expires before the worker completes it is dropped silently instead of kept in the dead-letter queue",
+                    show(&value)
+                ));
+            }
+        }
+    }
+
+    // Time to live against the inbox retention.
+    const TTL: &str = "default_message_ttl";
+    let inbox = settings.inbox.retention_seconds;
+    match duration(module, queue, TTL) {
+        Ok(None) => c.at(RuleId::ServiceBusTtlExceedsInbox, queue, None, format!(
+            "{TTL} is not set (Service Bus default: practically forever), longer than the inbox keeps processed markers (inbox.retention_seconds = {}): a message redelivered after the inbox forgot its id would be processed again as new",
+            human(inbox)
+        )),
+        Ok(Some((seconds, line, shown))) if seconds > inbox => c.at(RuleId::ServiceBusTtlExceedsInbox, queue, Some(line), format!(
+            "{shown} is {}, longer than the inbox keeps processed markers (inbox.retention_seconds = {}): a message redelivered after the inbox forgot its id would be processed again as new",
+            human(seconds),
+            human(inbox)
+        )),
+        Ok(Some(_)) => {}
+        Err((line, message)) => c.at(RuleId::ServiceBusTtlExceedsInbox, queue, Some(line), message),
+    }
+}

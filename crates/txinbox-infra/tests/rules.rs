@@ -1,0 +1,442 @@
+//! One broken copy of a sample per rule: each fails with its own rule id,
+//! message, file and line, and nothing else.
+
+mod common;
+
+use common::{aws_sample, azure_sample, copy_of, TempDir};
+use txinbox_infra::{check_dir, run_cli, CheckError, RuleId, Violation, WorkerSettings};
+
+/// Checks `dir` and returns its only violation.
+fn only_violation(dir: &TempDir, settings: &WorkerSettings) -> Violation {
+    let report = check_dir(dir.path(), settings).unwrap();
+    assert_eq!(report.violations.len(), 1, "{:#?}", report.violations);
+    report.violations.into_iter().next().unwrap()
+}
+
+fn assert_violation(v: &Violation, rule: RuleId, file: &str, line: usize, message: &str) {
+    assert_eq!(v.rule, rule, "{v}");
+    assert_eq!(v.file.file_name().unwrap(), file, "{v}");
+    assert_eq!(v.line, line, "{v}");
+    assert!(
+        v.message.contains(message),
+        "{:?} does not contain {message:?}",
+        v.message
+    );
+}
+
+const REDRIVE: &str = "  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.dlq.arn
+    maxReceiveCount     = var.max_receive_count
+  })
+";
+
+#[test]
+fn fifo_queue_without_redrive_policy() {
+    let dir = copy_of(&aws_sample(), "no-redrive");
+    dir.edit("main.tf", REDRIVE, "");
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", r#"resource "aws_sqs_queue" "main""#);
+    assert_violation(
+        &v,
+        RuleId::SqsFifoMissingRedrive,
+        "main.tf",
+        line,
+        "FIFO queue has no redrive_policy",
+    );
+    assert_eq!(v.resource, "aws_sqs_queue.main");
+    assert!(v.to_string().ends_with(&format!(
+        "main.tf:{line}: [sqs-fifo-missing-redrive] aws_sqs_queue.main: {}",
+        v.message
+    )));
+}
+
+#[test]
+fn redrive_policy_without_max_receive_count() {
+    let dir = copy_of(&aws_sample(), "no-max-receive");
+    dir.edit(
+        "main.tf",
+        "    maxReceiveCount     = var.max_receive_count\n",
+        "",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "redrive_policy = jsonencode");
+    assert_violation(
+        &v,
+        RuleId::SqsFifoMissingRedrive,
+        "main.tf",
+        line,
+        "no maxReceiveCount",
+    );
+}
+
+#[test]
+fn redrive_policy_to_a_standard_queue() {
+    let dir = copy_of(&aws_sample(), "standard-dlq");
+    let main = dir.read("main.tf");
+    // Make the DLQ a standard queue (the first fifo_queue line is the DLQ's).
+    dir.write("main.tf", &main.replacen("  fifo_queue                        = true\n  content_based_deduplication       = false\n", "", 1));
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "redrive_policy = jsonencode");
+    assert_violation(
+        &v,
+        RuleId::SqsFifoMissingRedrive,
+        "main.tf",
+        line,
+        "aws_sqs_queue.dlq is not a FIFO queue",
+    );
+}
+
+#[test]
+fn redrive_in_a_separate_resource_counts() {
+    let dir = copy_of(&aws_sample(), "separate-redrive");
+    dir.edit("main.tf", REDRIVE, "");
+    dir.write(
+        "redrive.tf",
+        "resource \"aws_sqs_queue_redrive_policy\" \"main\" {\n  queue_url = aws_sqs_queue.main.id\n  redrive_policy = <<-EOT\n    {\"deadLetterTargetArn\": \"${aws_sqs_queue.dlq.arn}\", \"maxReceiveCount\": 5}\n  EOT\n}\n",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+}
+
+#[test]
+fn content_based_deduplication_with_explicit_ids() {
+    let dir = copy_of(&aws_sample(), "content-dedup");
+    dir.edit(
+        "main.tf",
+        "from the body.\n  content_based_deduplication       = false",
+        "from the body.\n  content_based_deduplication       = true",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "content_based_deduplication       = true");
+    assert_violation(
+        &v,
+        RuleId::SqsContentBasedDeduplication,
+        "main.tf",
+        line,
+        "content_based_deduplication = true but producers send an explicit MessageDeduplicationId",
+    );
+
+    // Producers without explicit ids: content-based deduplication is what they need.
+    let mut settings = WorkerSettings::default();
+    settings.sqs.producers_send_deduplication_id = false;
+    assert!(check_dir(dir.path(), &settings).unwrap().is_clean());
+}
+
+#[test]
+fn visibility_timeout_shorter_than_two_heartbeats() {
+    let dir = copy_of(&aws_sample(), "visibility");
+    let var_line = dir.line_of("variables.tf", "default     = 60");
+    dir.edit("variables.tf", "default     = 60", "default     = 30");
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "= var.visibility_timeout_seconds");
+    assert_violation(
+        &v,
+        RuleId::SqsVisibilityTimeoutTooShort,
+        "main.tf",
+        line,
+        "visibility_timeout_seconds = 30",
+    );
+    assert!(
+        v.message.contains(&format!(
+            "(var.visibility_timeout_seconds, set at variables.tf:{var_line})"
+        )),
+        "{}",
+        v.message
+    );
+    assert!(v.message.contains("2 x 20 s = 40 s"), "{}", v.message);
+}
+
+#[test]
+fn visibility_timeout_checked_against_configured_heartbeat() {
+    let dir = copy_of(&aws_sample(), "heartbeat");
+    dir.write("worker.toml", "[sqs]\nheartbeat_interval_seconds = 31\n");
+    let mut out = Vec::new();
+    let clean = run_cli(dir.path(), Some(&dir.path().join("worker.toml")), &mut out).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(!clean);
+    assert!(out.contains("[sqs-visibility-timeout-too-short] aws_sqs_queue.main: visibility_timeout_seconds = 60"), "{out}");
+    assert!(out.contains("2 x 31 s = 62 s"), "{out}");
+    assert!(
+        out.ends_with("check-infra: 1 violation in ")
+            || out.contains("\ncheck-infra: 1 violation in "),
+        "{out}"
+    );
+}
+
+#[test]
+fn visibility_timeout_unset_means_sqs_default() {
+    let dir = copy_of(&aws_sample(), "visibility-unset");
+    dir.edit(
+        "main.tf",
+        "  visibility_timeout_seconds        = var.visibility_timeout_seconds\n",
+        "",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", r#"resource "aws_sqs_queue" "main""#);
+    assert_violation(
+        &v,
+        RuleId::SqsVisibilityTimeoutTooShort,
+        "main.tf",
+        line,
+        "visibility_timeout_seconds is not set (SQS default 30 s)",
+    );
+}
+
+#[test]
+fn dlq_retention_longer_than_inbox_retention() {
+    let dir = copy_of(&aws_sample(), "retention");
+    // The inbox keeps markers 7 days: the 14-day DLQ outlives them.
+    dir.write("worker.toml", "[inbox]\nretention_seconds = 604800\n");
+    let settings = WorkerSettings::from_toml_file(&dir.path().join("worker.toml")).unwrap();
+    let v = only_violation(&dir, &settings);
+    let line = dir.line_of("main.tf", "= var.dlq_message_retention_seconds");
+    assert_violation(
+        &v,
+        RuleId::SqsRetentionExceedsInbox,
+        "main.tf",
+        line,
+        "message_retention_seconds = 1209600 (var.dlq_message_retention_seconds",
+    );
+    assert!(v.message.contains("the dead-letter queue keeps messages longer than the inbox keeps processed markers (inbox.retention_seconds = 604800 s = 7 d)"), "{}", v.message);
+    assert_eq!(v.resource, "aws_sqs_queue.dlq");
+}
+
+#[test]
+fn queue_retention_from_tfvars_longer_than_inbox_retention() {
+    let dir = copy_of(&aws_sample(), "retention-tfvars");
+    dir.write("terraform.tfvars", "message_retention_seconds = 3000000\n");
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "= var.message_retention_seconds");
+    assert_violation(&v, RuleId::SqsRetentionExceedsInbox, "main.tf", line, "message_retention_seconds = 3000000 (var.message_retention_seconds, set at terraform.tfvars:1): the queue keeps messages longer");
+}
+
+#[test]
+fn servicebus_queue_without_duplicate_detection() {
+    let dir = copy_of(&azure_sample(), "sb-dedup-off");
+    dir.edit(
+        "main.tf",
+        "requires_duplicate_detection            = true",
+        "requires_duplicate_detection            = false",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "requires_duplicate_detection");
+    assert_violation(
+        &v,
+        RuleId::ServiceBusDuplicateDetectionOff,
+        "main.tf",
+        line,
+        "requires_duplicate_detection = false",
+    );
+    assert_eq!(v.resource, "azurerm_servicebus_queue.main");
+}
+
+#[test]
+fn servicebus_duplicate_window_left_to_default() {
+    let dir = copy_of(&azure_sample(), "sb-window");
+    dir.edit(
+        "main.tf",
+        "  duplicate_detection_history_time_window = var.duplicate_detection_history_time_window\n",
+        "",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", r#"resource "azurerm_servicebus_queue" "main""#);
+    assert_violation(
+        &v,
+        RuleId::ServiceBusDuplicateWindowDefault,
+        "main.tf",
+        line,
+        "duplicate_detection_history_time_window is left to the provider's default",
+    );
+}
+
+#[test]
+fn servicebus_lock_duration_shorter_than_two_renewals() {
+    let dir = copy_of(&azure_sample(), "sb-lock");
+    dir.edit(
+        "variables.tf",
+        "default     = \"PT1M\"",
+        "default     = \"PT30S\"",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "lock_duration      = var.lock_duration");
+    assert_violation(
+        &v,
+        RuleId::ServiceBusLockDurationTooShort,
+        "main.tf",
+        line,
+        "lock_duration = \"PT30S\" (var.lock_duration, set at variables.tf:",
+    );
+    assert!(
+        v.message.contains(
+            "is 30 s, shorter than 2 x the worker's lock renewal interval (2 x 20 s = 40 s)"
+        ),
+        "{}",
+        v.message
+    );
+}
+
+#[test]
+fn servicebus_without_dead_lettering_on_expiry() {
+    let dir = copy_of(&azure_sample(), "sb-dlx");
+    dir.edit(
+        "main.tf",
+        "  dead_lettering_on_message_expiration = true\n",
+        "",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", r#"resource "azurerm_servicebus_queue" "main""#);
+    assert_violation(
+        &v,
+        RuleId::ServiceBusNoDeadLetteringOnExpiry,
+        "main.tf",
+        line,
+        "dead_lettering_on_message_expiration is not set (Service Bus default: false)",
+    );
+}
+
+#[test]
+fn servicebus_ttl_longer_than_inbox_retention() {
+    let dir = copy_of(&azure_sample(), "sb-ttl");
+    dir.edit(
+        "variables.tf",
+        "default     = \"P14D\"",
+        "default     = \"P45D\"",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of(
+        "main.tf",
+        "default_message_ttl                  = var.default_message_ttl",
+    );
+    assert_violation(
+        &v,
+        RuleId::ServiceBusTtlExceedsInbox,
+        "main.tf",
+        line,
+        "default_message_ttl = \"P45D\" (var.default_message_ttl, set at variables.tf:",
+    );
+    assert!(
+        v.message
+            .contains("is 3888000 s = 45 d, longer than the inbox keeps processed markers"),
+        "{}",
+        v.message
+    );
+}
+
+#[test]
+fn servicebus_ttl_unset_is_forever() {
+    let dir = copy_of(&azure_sample(), "sb-ttl-unset");
+    dir.edit(
+        "main.tf",
+        "  default_message_ttl                  = var.default_message_ttl\n",
+        "",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", r#"resource "azurerm_servicebus_queue" "main""#);
+    assert_violation(
+        &v,
+        RuleId::ServiceBusTtlExceedsInbox,
+        "main.tf",
+        line,
+        "default_message_ttl is not set (Service Bus default: practically forever)",
+    );
+}
+
+#[test]
+fn every_rule_has_a_distinct_id_and_a_broken_copy() {
+    let ids: std::collections::BTreeSet<&str> = RuleId::ALL.iter().map(|r| r.as_str()).collect();
+    assert_eq!(ids.len(), RuleId::ALL.len());
+    assert_eq!(
+        RuleId::SqsRetentionExceedsInbox.to_string(),
+        "sqs-retention-exceeds-inbox"
+    );
+}
+
+#[test]
+fn unresolvable_value_is_a_violation() {
+    let dir = copy_of(&azure_sample(), "sb-unknown");
+    dir.edit(
+        "main.tf",
+        "lock_duration      = var.lock_duration",
+        "lock_duration      = var.no_such_variable",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "var.no_such_variable");
+    assert_violation(
+        &v,
+        RuleId::ServiceBusLockDurationTooShort,
+        "main.tf",
+        line,
+        "lock_duration cannot be resolved statically",
+    );
+}
+
+#[test]
+fn invalid_duration_is_a_violation() {
+    let dir = copy_of(&azure_sample(), "sb-bad-duration");
+    dir.edit(
+        "variables.tf",
+        "default     = \"PT10M\"",
+        "default     = \"10 minutes\"",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::ServiceBusDuplicateWindowDefault);
+    assert!(
+        v.message.contains("is not an ISO 8601 duration"),
+        "{}",
+        v.message
+    );
+}
+
+#[test]
+fn bad_hcl_is_a_parse_error_naming_the_file() {
+    let dir = copy_of(&aws_sample(), "bad-hcl");
+    dir.write(
+        "broken.tf",
+        "resource \"aws_sqs_queue\" \"x\" {\n  name = \n",
+    );
+    let err = check_dir(dir.path(), &WorkerSettings::default()).unwrap_err();
+    assert!(
+        matches!(&err, CheckError::Parse { file, .. } if file.ends_with("broken.tf")),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("broken.tf is not valid HCL"),
+        "{err}"
+    );
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(source.contains("line 2, column 10"), "{source}");
+}
+
+#[test]
+fn empty_or_queueless_directory_is_an_error() {
+    let dir = TempDir::new("empty");
+    let err = check_dir(dir.path(), &WorkerSettings::default()).unwrap_err();
+    assert!(
+        matches!(err, CheckError::NoTerraformFiles { .. }),
+        "{err:?}"
+    );
+
+    dir.write("main.tf", "variable \"x\" {\n  default = 1\n}\n");
+    let err = check_dir(dir.path(), &WorkerSettings::default()).unwrap_err();
+    assert!(matches!(err, CheckError::NoQueues { .. }), "{err:?}");
+
+    let err = check_dir(&dir.path().join("missing"), &WorkerSettings::default()).unwrap_err();
+    assert!(matches!(err, CheckError::Io { .. }), "{err:?}");
+}
+
+#[test]
+fn config_with_unknown_key_is_an_error() {
+    let dir = TempDir::new("config");
+    dir.write("worker.toml", "[sqs]\nheartbeat_interval = 20\n");
+    let mut out = Vec::new();
+    let err = run_cli(
+        &aws_sample(),
+        Some(&dir.path().join("worker.toml")),
+        &mut out,
+    )
+    .unwrap_err();
+    assert!(matches!(err, CheckError::Config { .. }), "{err:?}");
+    let source = std::error::Error::source(&err).unwrap().to_string();
+    assert!(source.contains("heartbeat_interval"), "{source}");
+    assert!(out.is_empty());
+}

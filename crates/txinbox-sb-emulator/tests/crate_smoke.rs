@@ -1,0 +1,126 @@
+//! Smoke test with the real client crate `azure_messaging_servicebus` 0.21: it signs its own SAS
+//! tokens and parses our responses. Its URLs name `https://{ns}.servicebus.windows.net`, so an
+//! `azure_core::HttpClient` wrapper rewrites them to the emulator after signing (note §2.2).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use azure_core::{HttpClient, Request, Response, StatusCode};
+use azure_messaging_servicebus::prelude::QueueClient;
+use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBrokerProperties};
+use common::{KEY, KEY_NAME, NAMESPACE};
+use txinbox_sb_emulator::{Emulator, QueueProperties};
+
+/// Sends every request for the namespace host to the emulator instead.
+#[derive(Debug)]
+struct Loopback {
+    inner: Arc<dyn HttpClient>,
+    public_host: String,
+    port: u16,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for Loopback {
+    async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
+        let mut request = request.clone();
+        let url = request.url_mut();
+        if url.host_str() == Some(self.public_host.as_str()) {
+            url.set_scheme("http").expect("https → http is allowed");
+            url.set_host(Some("127.0.0.1")).expect("valid host");
+            url.set_port(Some(self.port)).expect("port can be set");
+        }
+        self.inner.execute_request(&request).await
+    }
+}
+
+#[tokio::test]
+async fn the_crate_sends_peek_locks_and_deletes() {
+    let emulator =
+        common::start_with(Emulator::builder().queue("orders", QueueProperties::default())).await;
+    let http: Arc<dyn HttpClient> = Arc::new(Loopback {
+        inner: azure_core::new_http_client(),
+        public_host: emulator.namespace_host().to_string(),
+        port: emulator.addr().port(),
+    });
+    let client =
+        QueueClient::new(http.clone(), NAMESPACE, "orders", KEY_NAME, KEY).expect("client");
+
+    let options = SendMessageOptions {
+        content_type: Some("text/plain".into()),
+        broker_properties: Some(SettableBrokerProperties {
+            message_id: Some("msg-1".into()),
+            label: Some("M1".into()),
+            time_to_live: Some(Duration::from_millis(90_500)),
+            ..SettableBrokerProperties::default()
+        }),
+        custom_properties: Some(HashMap::from([(
+            "Priority".to_string(),
+            "\"High\"".to_string(),
+        )])),
+    };
+    client
+        .send_message("hello from the crate", Some(options))
+        .await
+        .expect("send accepted (SAS verified)");
+
+    let received = client
+        .peek_lock_message2(Some(Duration::from_secs(5)))
+        .await
+        .expect("peek-lock");
+    assert_eq!(*received.status(), StatusCode::Created);
+    assert_eq!(received.body(), "hello from the crate");
+    let props = received
+        .broker_properties()
+        .expect("the crate parses BrokerProperties");
+    assert_eq!(props.message_id, "msg-1");
+    assert_eq!(props.delivery_count, 1);
+    assert_eq!(props.sequence_number, 1);
+    assert_eq!(props.enqueued_sequence_number, Some(0));
+    assert_eq!(props.state, "Active");
+    assert!((props.time_to_live - 90.5).abs() < 1e-9);
+    assert!(!props.lock_token.is_empty());
+    let state = emulator.queue_state("orders").expect("queue");
+    assert_eq!(state.locked_message_count, 1);
+    assert_eq!(state.messages[0].properties["priority"], "High");
+
+    received.renew_message_lock().await.expect("renew");
+    received
+        .delete_message()
+        .await
+        .expect("delete via the Location lock URI");
+    let state = emulator.queue_state("orders").expect("queue");
+    assert_eq!(state.active_message_count, 0);
+
+    // A lost lock surfaces as a 404 the adapter can see.
+    let error = received
+        .delete_message()
+        .await
+        .expect_err("lock already used");
+    assert!(
+        matches!(
+            error.kind(),
+            azure_core::error::ErrorKind::HttpResponse {
+                status: StatusCode::NotFound,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+
+    // A wrong key is refused by our SAS check.
+    let wrong = QueueClient::new(http, NAMESPACE, "orders", KEY_NAME, "wrong-key").expect("client");
+    let refused = wrong.send_message("x", None).await.expect_err("401");
+    assert!(
+        matches!(
+            refused.kind(),
+            azure_core::error::ErrorKind::HttpResponse {
+                status: StatusCode::Unauthorized,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+}

