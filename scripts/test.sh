@@ -83,6 +83,8 @@ say "cargo fmt --check"
 cargo fmt --all -- --check
 say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+say "cargo doc -D warnings"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 # --- the tests -----------------------------------------------------------------------------------------------
 say "cargo test (every crate, every test)"

@@ -1,0 +1,44 @@
+//! A settle that fails or whose answer is lost after COMMIT: the outcome stays applied, the failure is counted,
+//! and whatever the broker redelivers is absorbed.
+
+use std::time::Duration;
+
+use txinbox::mem::{MemoryQueue, QueueState, SettleFault};
+use txinbox::Outcome;
+use txinbox_cli::lab::{lab_inbox, lab_message, task_handler, CONSUMER};
+use txinbox_cli::labdb::LabDb;
+use txinbox_e2e::{sqlite_store, Metrics};
+
+#[tokio::test]
+async fn failed_and_lost_acks_after_commit_are_absorbed() {
+    let (metrics, _guard) = Metrics::install();
+    let store = sqlite_store().await;
+    let pool = store.pool().clone();
+    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
+    let inbox = lab_inbox(pool.clone());
+    let h = task_handler::<sqlx::Sqlite>();
+    let q = MemoryQueue::default();
+    q.send(lab_message(0));
+    q.send(lab_message(1));
+
+    // The ack fails outright: the message stays with the broker and comes back.
+    q.inject_ack_fault(SettleFault::Fail);
+    let d = q.receive_now(1).pop().unwrap();
+    assert!(matches!(inbox.process(d, &h).await, Outcome::Applied { .. }));
+    // The ack takes effect but its answer is lost: nothing comes back.
+    q.inject_ack_fault(SettleFault::DropResponse);
+    let d = q.receive_now(1).pop().unwrap();
+    assert!(matches!(inbox.process(d, &h).await, Outcome::Applied { .. }));
+    assert_eq!(metrics.counter("txinbox_settle_failures_total", Some(("op", "ack"))), 2);
+    assert_eq!(q.state().in_flight, 1, "only the failed ack left its message behind");
+
+    q.advance(Duration::from_secs(31));
+    let again = q.receive_now(10);
+    assert_eq!(again.len(), 1);
+    for d in again {
+        assert_eq!(inbox.process(d, &h).await, Outcome::Duplicate);
+    }
+    assert_eq!(q.state(), QueueState::default());
+    assert_eq!(txinbox_store::inspect::inbox_rows(&pool, CONSUMER).await.unwrap(), 2);
+    assert_eq!(<sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(), 2);
+}
