@@ -70,13 +70,11 @@ eval "$exports"
 started_moto=1
 [[ -n ${TXINBOX_SQS_ENDPOINT:-} ]] || die "moto started but exported no TXINBOX_SQS_ENDPOINT"
 say "moto ready at $TXINBOX_SQS_ENDPOINT"
-if [[ -f scripts/sb-emulator.sh ]]; then
-  exports=$(bash scripts/sb-emulator.sh start) || die "the Service Bus emulator could not be started (see above)"
-  eval "$exports"
-  started_sb=1
-  [[ -n ${TXINBOX_SB_EMULATOR_URL:-} ]] || die "the emulator started but exported no TXINBOX_SB_EMULATOR_URL"
-  say "Service Bus emulator ready at $TXINBOX_SB_EMULATOR_URL"
-fi
+exports=$(bash scripts/sb-emulator.sh start) || die "the Service Bus emulator could not be started (see above)"
+eval "$exports"
+started_sb=1
+[[ -n ${TXINBOX_SB_EMULATOR_URL:-} ]] || die "the emulator started but exported no TXINBOX_SB_EMULATOR_URL"
+say "Service Bus emulator ready at $TXINBOX_SB_EMULATOR_URL"
 
 # --- lints ---------------------------------------------------------------------------------------------------
 say "cargo fmt --check"

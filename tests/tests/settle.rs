@@ -24,13 +24,26 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
     // The ack fails outright: the message stays with the broker and comes back.
     q.inject_ack_fault(SettleFault::Fail);
     let d = q.receive_now(1).pop().unwrap();
-    assert!(matches!(inbox.process(d, &h).await, Outcome::Applied { .. }));
+    assert!(matches!(
+        inbox.process(d, &h).await,
+        Outcome::Applied { .. }
+    ));
     // The ack takes effect but its answer is lost: nothing comes back.
     q.inject_ack_fault(SettleFault::DropResponse);
     let d = q.receive_now(1).pop().unwrap();
-    assert!(matches!(inbox.process(d, &h).await, Outcome::Applied { .. }));
-    assert_eq!(metrics.counter("txinbox_settle_failures_total", Some(("op", "ack"))), 2);
-    assert_eq!(q.state().in_flight, 1, "only the failed ack left its message behind");
+    assert!(matches!(
+        inbox.process(d, &h).await,
+        Outcome::Applied { .. }
+    ));
+    assert_eq!(
+        metrics.counter("txinbox_settle_failures_total", Some(("op", "ack"))),
+        2
+    );
+    assert_eq!(
+        q.state().in_flight,
+        1,
+        "only the failed ack left its message behind"
+    );
 
     q.advance(Duration::from_secs(31));
     let again = q.receive_now(10);
@@ -39,6 +52,14 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
         assert_eq!(inbox.process(d, &h).await, Outcome::Duplicate);
     }
     assert_eq!(q.state(), QueueState::default());
-    assert_eq!(txinbox_store::inspect::inbox_rows(&pool, CONSUMER).await.unwrap(), 2);
-    assert_eq!(<sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(), 2);
+    assert_eq!(
+        txinbox_store::inspect::inbox_rows(&pool, CONSUMER)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        2
+    );
 }

@@ -37,6 +37,16 @@ enum Command {
     /// Benchmark: the same handler bare, with the inbox, and on a duplicate-heavy stream, plus pgbench on the
     /// inbox's own SQL, at each concurrency.
     Bench(bench::BenchArgs),
+    /// Amazon SQS operator tools.
+    Sqs {
+        #[command(subcommand)]
+        command: SqsCommand,
+    },
+    /// Azure Service Bus operator tools.
+    Servicebus {
+        #[command(subcommand)]
+        command: ServiceBusCommand,
+    },
     /// Check Terraform for settings that break the inbox's guarantees (DLQ, deduplication, visibility, lock,
     /// retention). Exits 1 on a violation, 2 on an error.
     CheckInfra {
@@ -46,6 +56,117 @@ enum Command {
         #[arg(long)]
         config: Option<std::path::PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+enum SqsCommand {
+    /// Move messages from a dead-letter queue back to a queue with their identity intact (CloudEvents
+    /// attributes, FIFO group and deduplication ids), deleting each from the DLQ only after its send
+    /// succeeded. Credentials and endpoint come from the standard AWS chain (AWS_ENDPOINT_URL_SQS for an
+    /// emulator).
+    Redrive {
+        /// The dead-letter queue URL.
+        #[arg(long)]
+        from: String,
+        /// The queue URL to move the messages to.
+        #[arg(long)]
+        to: String,
+        /// Move at most this many messages.
+        #[arg(long)]
+        max: Option<usize>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ServiceBusCommand {
+    /// Resubmit dead-lettered messages to a queue with their MessageId and properties intact, completing each
+    /// in the source only after its send succeeded. The namespace comes from SERVICEBUS_CONNECTION_STRING
+    /// (SAS) or SERVICEBUS_NAMESPACE (Azure AD), plus SERVICEBUS_ENDPOINT for an emulator.
+    Redrive {
+        /// The target queue; the source defaults to its `$DeadLetterQueue`.
+        #[arg(long)]
+        queue: String,
+        /// Another source (for example a poison queue the adapter forwards to).
+        #[arg(long)]
+        from: Option<String>,
+        /// Move at most this many messages.
+        #[arg(long)]
+        max: Option<usize>,
+        /// The target's duplicate-detection window in seconds: messages still inside it are deferred, because
+        /// the broker would drop them silently (0 when the target has no duplicate detection).
+        #[arg(long, default_value_t = 600)]
+        dedup_window_secs: u64,
+        /// How long to wait for more messages before stopping.
+        #[arg(long, default_value_t = 2)]
+        wait_secs: u64,
+    },
+}
+
+fn servicebus(command: ServiceBusCommand) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e),
+    };
+    match command {
+        ServiceBusCommand::Redrive {
+            queue,
+            from,
+            max,
+            dedup_window_secs,
+            wait_secs,
+        } => rt.block_on(async {
+            let client =
+                match txinbox_servicebus::ServiceBusConfig::from_env().and_then(|c| c.connect()) {
+                    Ok(c) => c,
+                    Err(e) => return fail(&e),
+                };
+            let from = from.unwrap_or_else(|| txinbox_servicebus::dead_letter_queue_path(&queue));
+            let opts = txinbox_servicebus::RedriveOptions::default()
+                .max(max)
+                .wait(std::time::Duration::from_secs(wait_secs))
+                .duplicate_detection_window(std::time::Duration::from_secs(dedup_window_secs));
+            match txinbox_servicebus::redrive(&client, &from, &queue, &opts, &mut std::io::stderr())
+                .await
+            {
+                Ok(r) => {
+                    println!(
+                        "moved={} deferred={} complete_failed={}",
+                        r.moved, r.deferred, r.complete_failed
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }),
+    }
+}
+
+fn sqs(command: SqsCommand) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e),
+    };
+    match command {
+        SqsCommand::Redrive { from, to, max } => rt.block_on(async {
+            let client = txinbox_sqs::client_from_env().await;
+            match txinbox_sqs::redrive(&client, &from, &to, max, &mut std::io::stderr()).await {
+                Ok(r) => {
+                    println!(
+                        "moved={} new_dedup_id={} deferred={} initially_visible={}",
+                        r.moved, r.new_dedup_id, r.deferred, r.initially_visible
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }),
+    }
 }
 
 fn main() -> ExitCode {
@@ -107,6 +228,8 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Sqs { command } => sqs(command),
+        Command::Servicebus { command } => servicebus(command),
         Command::CheckInfra { dir, config } => check_infra(&dir, config.as_deref()),
         Command::Bench(args) => {
             let rt = match tokio::runtime::Builder::new_multi_thread()

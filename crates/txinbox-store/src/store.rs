@@ -6,9 +6,18 @@ use crate::backend::Backend;
 use crate::error::StoreError;
 
 /// A migrated connection pool for the inbox.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Store<DB: Backend> {
     pool: sqlx::Pool<DB>,
+}
+
+// Manual: a derive would require `DB: Clone`, which the database marker types are not.
+impl<DB: Backend> Clone for Store<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+        }
+    }
 }
 
 impl<DB: Backend> Store<DB> {

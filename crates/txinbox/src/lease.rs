@@ -70,6 +70,10 @@ impl LeaseGuard {
     pub fn renewals(&self) -> u32 {
         self.state.renewals.load(Ordering::SeqCst)
     }
+    /// A token that stops the keeper when cancelled (without marking the lease lost).
+    pub fn stopper(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
     /// Stops renewing.
     pub fn stop(&self) {
         self.cancel.cancel();
@@ -83,7 +87,8 @@ impl Drop for LeaseGuard {
 }
 
 /// Starts renewing `lease` every `opts.interval` until the guard is stopped or dropped, a renewal fails, or
-/// `opts.max_total` is reached. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; the
+/// `opts.max_total` is reached. A transient failure ([`crate::BrokerError::is_retryable`]) is retried on the
+/// next tick while the lease has not expired. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; the
 /// delivery's outcome stays correct because the inbox absorbs the redelivery that may follow.
 pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -> LeaseGuard {
     let cancel = CancellationToken::new();
@@ -118,6 +123,13 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
                     if c.is_cancelled() {
                         return;
                     }
+                    // A transient failure (throttling, a lost answer) is retried on the next tick while the
+                    // lease may still be ours; a lost lock, or a lease that has run out, ends the keeper.
+                    let still_held = lease.expires_at().is_none_or(|t| t > chrono::Utc::now());
+                    if e.is_retryable() && still_held {
+                        tracing::warn!(consumer, error = %e, "lease renewal failed transiently; retrying on the next tick");
+                        continue;
+                    }
                     s.lost.store(true, Ordering::SeqCst);
                     metrics::counter!(crate::metrics::LEASE_LOST, "consumer" => consumer.clone())
                         .increment(1);
@@ -128,4 +140,68 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
         }
     });
     LeaseGuard { cancel, state }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::BrokerError;
+    use chrono::{DateTime, Utc};
+    use futures::future::BoxFuture;
+    use std::sync::Mutex;
+
+    /// Answers renewals from a script: Ok, a transient error, or a lost lock.
+    struct Scripted(Mutex<Vec<Result<(), bool>>>);
+
+    impl Lease for Scripted {
+        fn expires_at(&self) -> Option<DateTime<Utc>> {
+            Some(Utc::now() + chrono::Duration::seconds(60))
+        }
+        fn renew(&self, _: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+            let next = self.0.lock().unwrap().pop().unwrap_or(Ok(()));
+            Box::pin(async move {
+                match next {
+                    Ok(()) => Ok(Utc::now()),
+                    Err(true) => Err(BrokerError::Throttled {
+                        detail: "429".into(),
+                        source: None,
+                    }),
+                    Err(false) => Err(BrokerError::LockLost {
+                        detail: "404".into(),
+                    }),
+                }
+            })
+        }
+    }
+
+    fn fast() -> LeaseOptions {
+        LeaseOptions::default().interval(Duration::from_millis(2))
+    }
+
+    #[tokio::test]
+    async fn transient_failures_are_retried_and_a_lost_lock_ends_the_keeper() {
+        // Popped from the end: ok, throttled, ok, lost.
+        let lease = Arc::new(Scripted(Mutex::new(vec![
+            Err(false),
+            Ok(()),
+            Err(true),
+            Ok(()),
+        ])));
+        let g = keep_alive(lease, fast(), "t".into());
+        while !g.lost() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(g.renewals(), 2);
+    }
+
+    #[tokio::test]
+    async fn stopping_is_not_a_lost_lease() {
+        let lease = Arc::new(Scripted(Mutex::new(vec![])));
+        let g = keep_alive(lease, fast(), "t".into());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        g.stopper().cancel();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!g.lost());
+        assert!(g.renewals() > 0);
+    }
 }

@@ -62,7 +62,7 @@ pub use message::ReceivedMessage;
 pub use outbox::{OutboxMessage, Publisher};
 pub use outcome::Outcome;
 pub use retention::RetentionPolicy;
-pub use worker::{shutdown_signal, Processor, Worker, WorkerOptions, WorkerReport};
+pub use worker::{shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport};
 
 /// Re-exported so processors and adapters agree on the type.
 pub use tokio_util::sync::CancellationToken;

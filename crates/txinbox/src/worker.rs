@@ -19,6 +19,42 @@ use crate::broker::{Delivery, Receiver};
 use crate::lease::{keep_alive, LeaseOptions};
 use crate::outcome::Outcome;
 
+/// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
+/// begins, so a renewal racing with the settle is never mistaken for a lost lock.
+pub struct LeasedDelivery<D> {
+    inner: D,
+    stop_lease: Option<CancellationToken>,
+}
+
+impl<D> LeasedDelivery<D> {
+    fn stop(&self) {
+        if let Some(t) = &self.stop_lease {
+            t.cancel();
+        }
+    }
+}
+
+impl<D: Delivery> Delivery for LeasedDelivery<D> {
+    fn message(&self) -> &crate::ReceivedMessage {
+        self.inner.message()
+    }
+    async fn ack(self) -> Result<(), crate::BrokerError> {
+        self.stop();
+        self.inner.ack().await
+    }
+    async fn release(self, delay: Duration) -> Result<(), crate::BrokerError> {
+        self.stop();
+        self.inner.release(delay).await
+    }
+    async fn dead_letter(self, why: crate::DeadLetter) -> Result<(), crate::BrokerError> {
+        self.stop();
+        self.inner.dead_letter(why).await
+    }
+    fn lease(&self) -> Option<Arc<dyn crate::Lease>> {
+        self.inner.lease()
+    }
+}
+
 /// Processes one delivery to a known outcome, settling it. Implemented by the store's inbox.
 pub trait Processor<D: Delivery>: Send + Sync + 'static {
     /// The consumer name (metric label).
@@ -117,7 +153,7 @@ pub struct Worker<R, P> {
 impl<R, P> Worker<R, P>
 where
     R: Receiver,
-    P: Processor<R::Delivery>,
+    P: Processor<LeasedDelivery<R::Delivery>>,
 {
     /// A worker with default options.
     pub fn new(receiver: R, processor: P) -> Self {
@@ -173,6 +209,10 @@ where
                             let guard = delivery
                                 .lease()
                                 .map(|l| keep_alive(l, lease_opts, consumer));
+                            let delivery = LeasedDelivery {
+                                inner: delivery,
+                                stop_lease: guard.as_ref().map(|g| g.stopper()),
+                            };
                             let outcome = processor.process(delivery, stop).await;
                             let lost = guard.as_ref().is_some_and(|g| g.lost());
                             drop(guard);

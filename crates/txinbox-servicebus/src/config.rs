@@ -1,0 +1,466 @@
+//! Connection configuration: a SAS connection string or an Azure AD token credential, an optional endpoint
+//! override (the emulator, sovereign clouds), request timeouts, and the HTTP client the crate runs on.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use azure_core::auth::{Secret, TokenCredential};
+use azure_core::{HttpClient, Url};
+use azure_messaging_servicebus::prelude::QueueClient;
+
+use crate::error::ServiceBusError;
+use crate::transport::{Auth, Transport};
+
+/// The Azure AD scope of Service Bus's data plane (note §1.6).
+pub const SERVICE_BUS_SCOPE: &str = "https://servicebus.azure.net/.default";
+
+/// Environment variable with a SAS connection string ([`ServiceBusConfig::from_env`]).
+pub const ENV_CONNECTION_STRING: &str = "SERVICEBUS_CONNECTION_STRING";
+/// Environment variable with a namespace name for Azure AD ([`ServiceBusConfig::from_env`]).
+pub const ENV_NAMESPACE: &str = "SERVICEBUS_NAMESPACE";
+/// Environment variable with an endpoint override, e.g. the emulator's URL ([`ServiceBusConfig::from_env`]).
+pub const ENV_ENDPOINT: &str = "SERVICEBUS_ENDPOINT";
+
+/// The DNS suffix the crate builds every URL with.
+pub const PUBLIC_SUFFIX: &str = "servicebus.windows.net";
+
+/// How requests are authorized.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Credential {
+    /// A shared access rule: the crate signs every request with a one-hour SAS (note §2.3).
+    SharedAccessKey {
+        /// Rule name (e.g. `RootManageSharedAccessKey`).
+        key_name: String,
+        /// The rule's key.
+        key: Secret,
+    },
+    /// An Azure AD credential (managed identity, workload identity, service principal, CLI...): its bearer
+    /// token for [`SERVICE_BUS_SCOPE`] replaces the crate's SAS header on every request.
+    Token(Arc<dyn TokenCredential>),
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::SharedAccessKey { key_name, .. } => f
+                .debug_struct("SharedAccessKey")
+                .field("key_name", key_name)
+                .field("key", &"<redacted>")
+                .finish(),
+            Credential::Token(_) => f.write_str("Token(<credential>)"),
+        }
+    }
+}
+
+/// How to reach a Service Bus namespace.
+///
+/// ```
+/// use std::time::Duration;
+/// use txinbox_servicebus::ServiceBusConfig;
+///
+/// let config = ServiceBusConfig::from_connection_string(
+///     "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey=c2VjcmV0",
+/// )?
+/// .request_timeout(Duration::from_secs(15));
+/// assert_eq!(config.namespace(), "contoso");
+/// assert!(!format!("{config:?}").contains("c2VjcmV0"), "the key is never printed");
+/// # Ok::<(), txinbox_servicebus::ServiceBusError>(())
+/// ```
+#[derive(Clone)]
+pub struct ServiceBusConfig {
+    namespace: String,
+    endpoint: Option<Url>,
+    entity_path: Option<String>,
+    credential: Credential,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    receive_grace: Duration,
+    http_client: Option<Arc<dyn HttpClient>>,
+}
+
+impl fmt::Debug for ServiceBusConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceBusConfig")
+            .field("namespace", &self.namespace)
+            .field("endpoint", &self.endpoint.as_ref().map(Url::as_str))
+            .field("entity_path", &self.entity_path)
+            .field("credential", &self.credential)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("http_client", &self.http_client.is_some())
+            .finish()
+    }
+}
+
+impl ServiceBusConfig {
+    /// A namespace (the `contoso` of `contoso.servicebus.windows.net`) with a credential.
+    pub fn new(namespace: impl Into<String>, credential: Credential) -> Self {
+        Self {
+            namespace: namespace.into(),
+            endpoint: None,
+            entity_path: None,
+            credential,
+            request_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            receive_grace: Duration::from_secs(10),
+            http_client: None,
+        }
+    }
+
+    /// A namespace with a shared access rule.
+    pub fn shared_access_key(
+        namespace: impl Into<String>,
+        key_name: impl Into<String>,
+        key: impl Into<String>,
+    ) -> Self {
+        Self::new(
+            namespace,
+            Credential::SharedAccessKey {
+                key_name: key_name.into(),
+                key: Secret::new(key.into()),
+            },
+        )
+    }
+
+    /// A namespace with an Azure AD token credential (any `azure_core` 0.21 `TokenCredential`, e.g. from
+    /// `azure_identity` 0.21).
+    pub fn token_credential(
+        namespace: impl Into<String>,
+        credential: Arc<dyn TokenCredential>,
+    ) -> Self {
+        Self::new(namespace, Credential::Token(credential))
+    }
+
+    /// A namespace with `azure_identity`'s `DefaultAzureCredential` (environment, workload identity, managed
+    /// identity, Azure CLI, in that order). The identity needs the *Azure Service Bus Data Receiver* role (and
+    /// *Data Sender* to forward dead letters or publish).
+    #[cfg(feature = "azure-identity")]
+    pub fn default_azure_credential(namespace: impl Into<String>) -> Result<Self, ServiceBusError> {
+        let credential =
+            azure_identity::create_default_credential().map_err(|e| ServiceBusError::Config {
+                detail: format!("no Azure AD credential: {e}"),
+            })?;
+        Ok(Self::token_credential(namespace, credential))
+    }
+
+    /// Parses a connection string: `Endpoint=sb://NS.servicebus.windows.net/;SharedAccessKeyName=N;
+    /// SharedAccessKey=K[;EntityPath=Q]`. An endpoint host outside `servicebus.windows.net` (a sovereign
+    /// cloud, a local emulator) becomes the [`endpoint`](Self::endpoint) the requests go to, over `http` when
+    /// `UseDevelopmentEmulator=true` or the scheme is `http`. A `SharedAccessSignature=` (a pre-signed token)
+    /// is not supported.
+    pub fn from_connection_string(s: &str) -> Result<Self, ServiceBusError> {
+        let bad = |detail: &str| ServiceBusError::Config {
+            detail: format!("connection string: {detail}"),
+        };
+        let (mut endpoint, mut key_name, mut key, mut entity, mut dev) =
+            (None, None, None, None, false);
+        for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| bad("every part must be Name=Value"))?;
+            match k.trim().to_ascii_lowercase().as_str() {
+                "endpoint" => endpoint = Some(v.trim().to_owned()),
+                "sharedaccesskeyname" => key_name = Some(v.trim().to_owned()),
+                "sharedaccesskey" => key = Some(v.trim().to_owned()),
+                "entitypath" => entity = Some(v.trim().to_owned()),
+                "usedevelopmentemulator" => dev = v.trim().eq_ignore_ascii_case("true"),
+                "sharedaccesssignature" => {
+                    return Err(bad(
+                        "SharedAccessSignature is not supported; use a key or Azure AD",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let endpoint = endpoint.ok_or_else(|| bad("Endpoint is missing"))?;
+        let url = Url::parse(&endpoint).map_err(|_| bad("Endpoint is not a URL"))?;
+        let host = url
+            .host_str()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| bad("Endpoint has no host"))?
+            .to_ascii_lowercase();
+        let namespace = host.split('.').next().unwrap_or(&host).to_owned();
+        let key_name = key_name.ok_or_else(|| bad("SharedAccessKeyName is missing"))?;
+        let key = key.ok_or_else(|| bad("SharedAccessKey is missing"))?;
+        let mut config = Self::shared_access_key(namespace, key_name, key);
+        config.entity_path = entity.filter(|e| !e.is_empty());
+        if host != format!("{}.{PUBLIC_SUFFIX}", config.namespace) {
+            let scheme = if dev || url.scheme() == "http" {
+                "http"
+            } else {
+                "https"
+            };
+            let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+            let target = Url::parse(&format!("{scheme}://{host}{port}/"))
+                .map_err(|_| bad("Endpoint host is invalid"))?;
+            config.endpoint = Some(target);
+        }
+        Ok(config)
+    }
+
+    /// From the environment: `SERVICEBUS_CONNECTION_STRING` (SAS), else `SERVICEBUS_NAMESPACE` with
+    /// `azure_identity`'s default credential chain (managed identity, workload identity, environment, CLI);
+    /// `SERVICEBUS_ENDPOINT` (e.g. the emulator's URL) overrides where requests go.
+    pub fn from_env() -> Result<Self, ServiceBusError> {
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let config = if let Some(cs) = get(ENV_CONNECTION_STRING) {
+            Self::from_connection_string(&cs)?
+        } else if let Some(ns) = get(ENV_NAMESPACE) {
+            Self::namespace_with_default_credential(ns)?
+        } else {
+            return Err(ServiceBusError::Config {
+                detail: format!("set {ENV_CONNECTION_STRING} (SAS) or {ENV_NAMESPACE} (Azure AD)"),
+            });
+        };
+        match get(ENV_ENDPOINT) {
+            Some(e) => {
+                Ok(
+                    config.endpoint(Url::parse(&e).map_err(|_| ServiceBusError::Config {
+                        detail: format!("{ENV_ENDPOINT} is not a URL"),
+                    })?),
+                )
+            }
+            None => Ok(config),
+        }
+    }
+
+    #[cfg(feature = "azure-identity")]
+    fn namespace_with_default_credential(ns: String) -> Result<Self, ServiceBusError> {
+        Self::default_azure_credential(ns)
+    }
+
+    #[cfg(not(feature = "azure-identity"))]
+    fn namespace_with_default_credential(_ns: String) -> Result<Self, ServiceBusError> {
+        Err(ServiceBusError::Config {
+            detail: format!(
+                "{ENV_NAMESPACE} needs the `azure-identity` feature; or set {ENV_CONNECTION_STRING}"
+            ),
+        })
+    }
+
+    /// Sends every request to `endpoint` (e.g. `http://127.0.0.1:5380` for the emulator, or
+    /// `https://NS.servicebus.usgovcloudapi.net`) instead of `https://NS.servicebus.windows.net`. Requests are
+    /// still signed for the public URL (the crate builds it), which the emulator accepts.
+    pub fn endpoint(mut self, endpoint: Url) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// Timeout of a request other than a long-poll receive (default 30 s; the crate sets none).
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// Timeout of establishing a connection (default 10 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// How long past its `timeout=` a long-poll receive may take before it is abandoned (default 10 s).
+    pub fn receive_grace(mut self, d: Duration) -> Self {
+        self.receive_grace = d;
+        self
+    }
+
+    /// Runs requests on this HTTP client instead of a rustls `reqwest` client built here. Endpoint rewriting,
+    /// bearer tokens and timeouts still apply on top of it.
+    pub fn http_client(mut self, client: Arc<dyn HttpClient>) -> Self {
+        self.http_client = Some(client);
+        self
+    }
+
+    /// The namespace name.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The `EntityPath` of the connection string, if it had one.
+    pub fn entity_path(&self) -> Option<&str> {
+        self.entity_path.as_deref()
+    }
+
+    /// Builds the client.
+    pub fn connect(self) -> Result<ServiceBusClient, ServiceBusError> {
+        if self.namespace.is_empty()
+            || !self
+                .namespace
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(ServiceBusError::Config {
+                detail: format!(
+                    "namespace {:?} must be letters, digits and '-'",
+                    self.namespace
+                ),
+            });
+        }
+        let inner = match self.http_client {
+            Some(c) => c,
+            None => {
+                let client = reqwest::Client::builder()
+                    .connect_timeout(self.connect_timeout)
+                    // A backstop over the whole exchange, body included; the per-request budget is enforced by
+                    // the transport (long polls are allowed their `timeout` plus the grace).
+                    .timeout(Duration::from_secs(60) + self.receive_grace + self.request_timeout)
+                    .pool_idle_timeout(Duration::from_secs(30))
+                    .build()
+                    .map_err(|e| ServiceBusError::Config {
+                        detail: format!("cannot build the HTTP client: {e}"),
+                    })?;
+                Arc::new(client) as Arc<dyn HttpClient>
+            }
+        };
+        let (auth, key_name, key) = match self.credential {
+            Credential::SharedAccessKey { key_name, key } => (Auth::Sas, key_name, key),
+            // The crate signs every request anyway; its SAS (with a throwaway key) is replaced by the bearer.
+            Credential::Token(c) => (
+                Auth::bearer(c),
+                "txinbox-azure-ad".to_owned(),
+                Secret::new("unused-the-bearer-token-replaces-this-signature"),
+            ),
+        };
+        let transport = Transport::new(
+            inner,
+            format!("{}.{PUBLIC_SUFFIX}", self.namespace),
+            self.endpoint,
+            auth,
+            self.request_timeout,
+            self.receive_grace,
+        );
+        Ok(ServiceBusClient {
+            inner: Arc::new(ClientInner {
+                namespace: self.namespace,
+                http: Arc::new(transport),
+                key_name,
+                key,
+                entity_path: self.entity_path,
+            }),
+        })
+    }
+}
+
+struct ClientInner {
+    namespace: String,
+    http: Arc<dyn HttpClient>,
+    key_name: String,
+    key: Secret,
+    entity_path: Option<String>,
+}
+
+/// A connected namespace: hands out the crate's `QueueClient`s on the adapter's HTTP transport.
+#[derive(Clone)]
+pub struct ServiceBusClient {
+    inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for ServiceBusClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServiceBusClient")
+            .field("namespace", &self.inner.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceBusClient {
+    /// The namespace name.
+    pub fn namespace(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The `EntityPath` of the connection string, if it had one.
+    pub fn entity_path(&self) -> Option<&str> {
+        self.inner.entity_path.as_deref()
+    }
+
+    /// The HTTP client every request goes through (endpoint rewrite, bearer token, timeouts).
+    pub fn http_client(&self) -> Arc<dyn HttpClient> {
+        self.inner.http.clone()
+    }
+
+    /// The crate's client for an entity path: a queue, `queue/$DeadLetterQueue`, or
+    /// `topic/subscriptions/name` (receive only).
+    pub fn queue_client(&self, path: &str) -> QueueClient {
+        // `QueueClient::new` cannot fail (it only base64-encodes the key); keep the error path anyway.
+        QueueClient::new(
+            self.inner.http.clone(),
+            self.inner.namespace.clone(),
+            path.trim_matches('/').to_owned(),
+            self.inner.key_name.clone(),
+            self.inner.key.clone(),
+        )
+        .unwrap_or_else(unreachable_client)
+    }
+}
+
+fn unreachable_client(e: azure_core::Error) -> QueueClient {
+    // The crate's constructor has no failing path in 0.21; if a later version adds one, fail loudly.
+    panic!("azure_messaging_servicebus QueueClient::new failed: {e}")
+}
+
+/// The dead-letter sub-queue of `queue`: `queue/$DeadLetterQueue`.
+pub fn dead_letter_queue_path(queue: &str) -> String {
+    format!("{}/$DeadLetterQueue", queue.trim_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_connection_strings() {
+        let c = ServiceBusConfig::from_connection_string(
+            "Endpoint=sb://contoso.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=abc=;EntityPath=orders",
+        )
+        .unwrap();
+        assert_eq!(c.namespace(), "contoso");
+        assert_eq!(c.entity_path(), Some("orders"));
+        assert!(c.endpoint.is_none());
+        match &c.credential {
+            Credential::SharedAccessKey { key_name, key } => {
+                assert_eq!(key_name, "RootManageSharedAccessKey");
+                assert_eq!(key.secret(), "abc=");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!format!("{c:?}").contains("abc="));
+    }
+
+    #[test]
+    fn other_hosts_become_the_endpoint() {
+        let c = ServiceBusConfig::from_connection_string(
+            "Endpoint=sb://gov.servicebus.usgovcloudapi.net/;SharedAccessKeyName=a;SharedAccessKey=b",
+        )
+        .unwrap();
+        assert_eq!(c.namespace(), "gov");
+        assert_eq!(
+            c.endpoint.as_ref().map(Url::as_str),
+            Some("https://gov.servicebus.usgovcloudapi.net/")
+        );
+        let c = ServiceBusConfig::from_connection_string(
+            "Endpoint=sb://localhost:5380;SharedAccessKeyName=a;SharedAccessKey=b;UseDevelopmentEmulator=true",
+        )
+        .unwrap();
+        assert_eq!(
+            c.endpoint.as_ref().map(Url::as_str),
+            Some("http://localhost:5380/")
+        );
+    }
+
+    #[test]
+    fn incomplete_connection_strings_are_refused_without_echoing_the_key() {
+        for s in [
+            "SharedAccessKeyName=a;SharedAccessKey=secret-1",
+            "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKey=secret-1",
+            "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=a",
+            "Endpoint=sb://x.servicebus.windows.net/;SharedAccessSignature=SharedAccessSignature sr=secret-1",
+            "garbage",
+        ] {
+            let e = ServiceBusConfig::from_connection_string(s).unwrap_err();
+            assert!(!e.to_string().contains("secret-1"), "{e}");
+        }
+    }
+}

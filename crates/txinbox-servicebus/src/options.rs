@@ -1,0 +1,213 @@
+//! Consumer options. The defaults match the Terraform samples: lock duration PT1M, max delivery count 10,
+//! duplicate detection window PT10M.
+
+use std::time::Duration;
+
+use txinbox::{LeaseOptions, WorkerOptions};
+
+use crate::error::ServiceBusError;
+
+/// What happens to a message the inbox dead-letters (payload collision, bad input, permanent handler error).
+///
+/// REST cannot dead-letter explicitly (note §1.2, §1.5), so the adapter either forwards a copy or lets the
+/// broker do it after MaxDeliveryCount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadLetterStrategy {
+    /// Send a copy to `destination` (an application "poison" queue) with the MessageId, body, content type,
+    /// system and custom properties intact and the reason in `txinbox-dlq-*` properties
+    /// ([`crate::dlq`]), then complete the original. Copy first, complete second: a crash in between leaves
+    /// the original to be redelivered and forwarded again (the destination's duplicate detection, if on,
+    /// drops the second copy). The recommended strategy: the reason survives and nothing is retried in vain.
+    Forward {
+        /// The destination queue path.
+        destination: String,
+    },
+    /// Abandon at once, every delivery, until the broker moves the message to `{queue}/$DeadLetterQueue` with
+    /// `DeadLetterReason: MaxDeliveryCountExceeded` after MaxDeliveryCount deliveries. The inbox's reason is
+    /// only in the logs and the `txinbox_dead_letters_total{reason}` metric (and, for collisions, the inbox's
+    /// evidence rows); each delivery runs the inbox again, and a permanent handler error runs the handler again
+    /// (rolled back each time). The default when no destination is configured.
+    AbandonUntilMaxDelivery,
+}
+
+/// Options of a Service Bus consumer.
+///
+/// | option | default | note |
+/// |---|---|---|
+/// | [`wait`](Self::wait) | 20 s | long-poll `timeout` of a receive, whole seconds on the wire |
+/// | [`batch_size`](Self::batch_size) | 8 | deliveries one receive hands out: one long poll, then `timeout=0` requests while messages keep coming |
+/// | [`concurrency`](Self::concurrency) | 8 | deliveries processed at once |
+/// | [`lock_duration`](Self::lock_duration) | 60 s | the queue's LockDuration: the expiry computed after a renewal (REST renew answers none) |
+/// | [`renew_interval`](Self::renew_interval) | 20 s | time between renewals; a third of the lock duration |
+/// | [`max_lock_hold`](Self::max_lock_hold) | 2 h | renewals stop after this; the message then comes back and the inbox absorbs it |
+/// | [`max_release_delay`](Self::max_release_delay) | 10 s | the retry backoff is served by holding the lock this long at most, then abandoning |
+/// | [`settle_attempts`](Self::settle_attempts) | 3 | tries of a complete/abandon/renew on throttling, 5xx or a lost answer |
+/// | [`dead_letter`](Self::dead_letter) | abandon until MaxDeliveryCount | see [`DeadLetterStrategy`] |
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServiceBusOptions {
+    /// Long-poll wait of a receive (sent as whole seconds).
+    pub wait: Duration,
+    /// Most deliveries one receive hands out.
+    pub batch_size: usize,
+    /// Deliveries processed at once.
+    pub concurrency: usize,
+    /// The queue's LockDuration.
+    pub lock_duration: Duration,
+    /// Time between lock renewals.
+    pub renew_interval: Duration,
+    /// Longest total time a lock is kept by renewals.
+    pub max_lock_hold: Duration,
+    /// Longest time a release holds the lock before abandoning (the retry backoff).
+    pub max_release_delay: Duration,
+    /// Attempts of one settle or renewal when the failure is retryable.
+    pub settle_attempts: u32,
+    /// Dead-letter strategy.
+    pub dead_letter: DeadLetterStrategy,
+}
+
+impl Default for ServiceBusOptions {
+    fn default() -> Self {
+        Self {
+            wait: Duration::from_secs(20),
+            batch_size: 8,
+            concurrency: 8,
+            lock_duration: Duration::from_secs(60),
+            renew_interval: Duration::from_secs(20),
+            max_lock_hold: Duration::from_secs(2 * 3600),
+            max_release_delay: Duration::from_secs(10),
+            settle_attempts: 3,
+            dead_letter: DeadLetterStrategy::AbandonUntilMaxDelivery,
+        }
+    }
+}
+
+impl ServiceBusOptions {
+    /// Sets the long-poll wait (rounded down to whole seconds on the wire).
+    pub fn wait(mut self, d: Duration) -> Self {
+        self.wait = d;
+        self
+    }
+    /// Sets how many deliveries one receive hands out (at least 1).
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.max(1);
+        self
+    }
+    /// Sets the concurrency (at least 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+    /// Sets the queue's lock duration, and the renewal interval to a third of it.
+    pub fn lock_duration(mut self, d: Duration) -> Self {
+        self.lock_duration = d;
+        self.renew_interval = d / 3;
+        self
+    }
+    /// Sets the renewal interval (must be below the lock duration).
+    pub fn renew_interval(mut self, d: Duration) -> Self {
+        self.renew_interval = d;
+        self
+    }
+    /// Sets the longest total lock holding.
+    pub fn max_lock_hold(mut self, d: Duration) -> Self {
+        self.max_lock_hold = d;
+        self
+    }
+    /// Sets the longest lock hold before an abandon.
+    pub fn max_release_delay(mut self, d: Duration) -> Self {
+        self.max_release_delay = d;
+        self
+    }
+    /// Sets the attempts of a settle or renewal (at least 1).
+    pub fn settle_attempts(mut self, n: u32) -> Self {
+        self.settle_attempts = n.max(1);
+        self
+    }
+    /// Forwards dead letters to `destination` ([`DeadLetterStrategy::Forward`]).
+    pub fn dead_letter_to(mut self, destination: impl Into<String>) -> Self {
+        self.dead_letter = DeadLetterStrategy::Forward {
+            destination: destination.into(),
+        };
+        self
+    }
+    /// Sets the dead-letter strategy.
+    pub fn dead_letter(mut self, s: DeadLetterStrategy) -> Self {
+        self.dead_letter = s;
+        self
+    }
+
+    /// Checks that the options hang together.
+    pub fn validate(&self) -> Result<(), ServiceBusError> {
+        let bad = |detail: String| Err(ServiceBusError::Config { detail });
+        if self.lock_duration.is_zero() || self.renew_interval.is_zero() {
+            return bad("lock duration and renewal interval must be positive".into());
+        }
+        if self.renew_interval >= self.lock_duration {
+            return bad(format!(
+                "renewal interval {:?} must be below the lock duration {:?}",
+                self.renew_interval, self.lock_duration
+            ));
+        }
+        if let DeadLetterStrategy::Forward { destination } = &self.dead_letter {
+            if destination.trim_matches('/').is_empty() {
+                return bad("the dead-letter destination is empty".into());
+            }
+            if destination
+                .to_ascii_lowercase()
+                .contains("$deadletterqueue")
+            {
+                return bad(
+                    "a $DeadLetterQueue cannot be sent to; forward to an application queue".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Worker options matching these: concurrency, batch size, and the lease keeper renewing every
+    /// `renew_interval` for up to `max_lock_hold`.
+    pub fn worker_options(&self) -> WorkerOptions {
+        WorkerOptions::default()
+            .concurrency(self.concurrency)
+            .batch_size(self.batch_size.min(self.concurrency))
+            .lease(
+                LeaseOptions::default()
+                    .interval(self.renew_interval)
+                    .extend_by(self.lock_duration)
+                    .max_total(self.max_lock_hold),
+            )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_terraform_samples() {
+        let o = ServiceBusOptions::default();
+        assert_eq!(o.lock_duration, Duration::from_secs(60));
+        assert_eq!(o.renew_interval, Duration::from_secs(20));
+        assert_eq!(o.wait, Duration::from_secs(20));
+        assert_eq!(o.concurrency, 8);
+        assert_eq!(o.max_lock_hold, Duration::from_secs(7200));
+        o.validate().unwrap();
+        let w = o.worker_options();
+        assert_eq!(w.concurrency, 8);
+        assert_eq!(w.lease.interval, Duration::from_secs(20));
+        assert_eq!(w.lease.max_total, Duration::from_secs(7200));
+    }
+
+    #[test]
+    fn inconsistent_options_are_refused() {
+        let o = ServiceBusOptions::default().renew_interval(Duration::from_secs(60));
+        assert!(o.validate().is_err());
+        let o = ServiceBusOptions::default().dead_letter_to("orders/$DeadLetterQueue");
+        assert!(o.validate().is_err());
+        let o = ServiceBusOptions::default().lock_duration(Duration::from_secs(2));
+        assert_eq!(o.renew_interval, Duration::from_secs(2) / 3);
+        o.validate().unwrap();
+    }
+}

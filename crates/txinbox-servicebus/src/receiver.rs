@@ -1,0 +1,518 @@
+//! Peek-lock receive, complete after COMMIT, abandon, lock renewal.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use azure_core::StatusCode;
+use azure_messaging_servicebus::prelude::QueueClient;
+use azure_messaging_servicebus::service_bus::PeekLockResponse;
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use txinbox::{BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver};
+
+use crate::config::ServiceBusClient;
+use crate::dlq::Forwarder;
+use crate::error::{FailureKind, ServiceBusError};
+use crate::options::{DeadLetterStrategy, ServiceBusOptions};
+use crate::wire::{self, BrokerProperties, ResponseHeaders};
+
+/// A message under a peek-lock, as read from one `201` answer.
+pub(crate) struct Locked {
+    pub(crate) response: PeekLockResponse,
+    pub(crate) headers: ResponseHeaders,
+    pub(crate) props: BrokerProperties,
+    pub(crate) message: ReceivedMessage,
+    pub(crate) locked_until: DateTime<Utc>,
+}
+
+impl Locked {
+    /// Custom properties as received (strings still quoted), for re-sending.
+    pub(crate) fn raw_properties(&self) -> BTreeMap<String, String> {
+        wire::raw_custom_properties(&self.headers)
+    }
+    pub(crate) fn content_type(&self) -> Option<String> {
+        self.headers.get("content-type").map(str::to_owned)
+    }
+}
+
+/// One peek-lock request: `Ok(None)` on 204 (nothing within `wait`). The crate returns `Ok` whatever the
+/// status (note §2.3), so the status is checked here.
+pub(crate) async fn peek_lock(
+    client: &QueueClient,
+    entity: &str,
+    wait: Duration,
+    lock_duration: Duration,
+) -> Result<Option<Locked>, ServiceBusError> {
+    let wait = Duration::from_secs(wait.as_secs());
+    let response = client
+        .peek_lock_message2(Some(wait))
+        .await
+        .map_err(|e| ServiceBusError::from_client("receive", entity, e))?;
+    let status = *response.status();
+    let headers: ResponseHeaders = match response.custom_properties::<ResponseHeaders>() {
+        Ok(h) => h,
+        Err(never) => match never {},
+    };
+    match status {
+        StatusCode::NoContent => return Ok(None),
+        StatusCode::Created | StatusCode::Ok => {}
+        other => {
+            let code = u16::from(other);
+            return Err(ServiceBusError::Status {
+                op: "receive",
+                entity: entity.to_owned(),
+                status: code,
+                kind: FailureKind::of_status(code),
+                retry_after: wire::retry_after(&headers),
+                source: None,
+            });
+        }
+    }
+    let received_at = Utc::now();
+    let props = match headers.get("brokerproperties") {
+        Some(raw) => BrokerProperties::parse(raw).unwrap_or_else(|e| {
+            tracing::warn!(entity, error = %e, "BrokerProperties unreadable; using the lock location and custom properties only");
+            BrokerProperties::default()
+        }),
+        None => {
+            // azure_core drops non-ASCII header values silently (note §2.5.2).
+            tracing::warn!(entity, "no BrokerProperties on a received message");
+            BrokerProperties::default()
+        }
+    };
+    if headers.get("location").is_none_or(str::is_empty) {
+        return Err(ServiceBusError::Protocol {
+            op: "receive",
+            entity: entity.to_owned(),
+            detail: "a locked message came without a Location (lock URI); it cannot be settled and will come back after its lock".into(),
+            source: None,
+        });
+    }
+    let mut message = ReceivedMessage::new(response.body().into_bytes());
+    message.attributes = wire::raw_custom_properties(&headers)
+        .into_iter()
+        .map(|(k, v)| {
+            let v = wire::unquote(&v).to_owned();
+            (k, v)
+        })
+        .collect();
+    message.producer_id = props.message_id.clone().filter(|s| !s.is_empty());
+    message.broker_id = props
+        .sequence_number
+        .map(|n| n.to_string())
+        .or_else(|| sequence_from_location(headers.get("location").unwrap_or_default()));
+    message.delivery_count = props
+        .delivery_count
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(1)
+        .max(1);
+    message.enqueued_at = props.enqueued_at();
+    message.received_at = received_at;
+    message.group_id = props.session_id.clone();
+    let computed = received_at + chrono::Duration::from_std(lock_duration).unwrap_or_default();
+    let locked_until = props.locked_until().unwrap_or(computed);
+    Ok(Some(Locked {
+        response,
+        headers,
+        props,
+        message,
+        locked_until,
+    }))
+}
+
+/// The sequence number in a lock URI `…/messages/{seq}/{token}`.
+fn sequence_from_location(location: &str) -> Option<String> {
+    let mut parts = location.trim_end_matches('/').rsplit('/');
+    parts.next()?;
+    let seq = parts.next()?;
+    seq.parse::<i64>().ok().map(|n| n.to_string())
+}
+
+/// Which crate call a settle makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettleOp {
+    Complete,
+    Abandon,
+    Renew,
+}
+
+impl SettleOp {
+    fn name(self) -> &'static str {
+        match self {
+            SettleOp::Complete => "complete",
+            SettleOp::Abandon => "abandon",
+            SettleOp::Renew => "renew",
+        }
+    }
+}
+
+/// Runs one settle (or renewal) on the lock URI, retrying throttling, 5xx and lost answers with a short
+/// backoff while the lock lasts. A 404 after an attempt whose answer was lost is reported as ambiguous, not
+/// as a lost lock: the first attempt may have worked.
+pub(crate) async fn settle(
+    response: &PeekLockResponse,
+    op: SettleOp,
+    entity: &str,
+    attempts: u32,
+    locked_until: DateTime<Utc>,
+) -> Result<(), ServiceBusError> {
+    let mut answer_lost = false;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let r = match op {
+            SettleOp::Complete => response.delete_message().await.map(drop),
+            SettleOp::Abandon => response.unlock_message().await,
+            SettleOp::Renew => response.renew_message_lock().await,
+        };
+        let e = match r {
+            Ok(()) => return Ok(()),
+            Err(e) => ServiceBusError::from_client(op.name(), entity, e),
+        };
+        if answer_lost && e.kind() == FailureKind::LockLost {
+            return Err(ServiceBusError::AmbiguousSettle {
+                op: op.name(),
+                entity: entity.to_owned(),
+                detail: format!("attempt {attempt} answered 404"),
+            });
+        }
+        let backoff = Duration::from_millis(200 * 2u64.pow(attempt.min(5)));
+        let time_left = (locked_until - Utc::now()).to_std().unwrap_or_default();
+        if !e.is_retryable() || attempt >= attempts || backoff >= time_left {
+            return Err(e);
+        }
+        answer_lost |= e.kind() == FailureKind::OutcomeUnknown;
+        metrics::counter!(crate::metrics::SETTLE_RETRIES, "op" => op.name(), "kind" => format!("{:?}", e.kind()))
+            .increment(1);
+        tracing::info!(op = op.name(), entity, attempt, error = %e, "retrying");
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// Receives from one queue (or `topic/subscriptions/name`) with peek-lock.
+///
+/// One receive makes one long poll of [`ServiceBusOptions::wait`]; when it brings a message, further
+/// requests with `timeout=0` collect what is waiting, up to the worker's batch. REST has no batch receive.
+pub struct ServiceBusReceiver {
+    client: QueueClient,
+    entity: String,
+    opts: ServiceBusOptions,
+    forwarder: Option<Arc<Forwarder>>,
+    lock_warned: bool,
+}
+
+impl std::fmt::Debug for ServiceBusReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceBusReceiver")
+            .field("entity", &self.entity)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceBusReceiver {
+    /// A receiver on `queue` of `client`'s namespace.
+    pub fn new(
+        client: &ServiceBusClient,
+        queue: impl Into<String>,
+        opts: ServiceBusOptions,
+    ) -> Result<Self, ServiceBusError> {
+        opts.validate()?;
+        let entity = queue.into().trim_matches('/').to_owned();
+        if entity.is_empty() {
+            return Err(ServiceBusError::Config {
+                detail: "the queue path is empty".into(),
+            });
+        }
+        let forwarder = match &opts.dead_letter {
+            DeadLetterStrategy::Forward { destination } => {
+                Some(Arc::new(Forwarder::new(client, &entity, destination)))
+            }
+            DeadLetterStrategy::AbandonUntilMaxDelivery => None,
+        };
+        Ok(Self {
+            client: client.queue_client(&entity),
+            entity,
+            opts,
+            forwarder,
+            lock_warned: false,
+        })
+    }
+
+    /// The entity path.
+    pub fn entity(&self) -> &str {
+        &self.entity
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ServiceBusOptions {
+        &self.opts
+    }
+
+    /// Worker options matching the receiver's ([`ServiceBusOptions::worker_options`]).
+    pub fn worker_options(&self) -> txinbox::WorkerOptions {
+        self.opts.worker_options()
+    }
+
+    /// One peek-lock request; `Ok(None)` when nothing arrived within `wait`.
+    pub async fn receive_one(
+        &mut self,
+        wait: Duration,
+    ) -> Result<Option<ServiceBusDelivery>, ServiceBusError> {
+        let Some(locked) =
+            peek_lock(&self.client, &self.entity, wait, self.opts.lock_duration).await?
+        else {
+            return Ok(None);
+        };
+        let left = (locked.locked_until - Utc::now())
+            .to_std()
+            .unwrap_or_default();
+        if !self.lock_warned && left + Duration::from_secs(1) < self.opts.renew_interval {
+            self.lock_warned = true;
+            tracing::warn!(
+                entity = %self.entity,
+                lock_left_ms = left.as_millis() as u64,
+                renew_interval_ms = self.opts.renew_interval.as_millis() as u64,
+                "the lock lasts less than the renewal interval: set ServiceBusOptions::lock_duration to the queue's LockDuration"
+            );
+        }
+        Ok(Some(ServiceBusDelivery::new(
+            locked,
+            self.entity.clone(),
+            &self.opts,
+            self.forwarder.clone(),
+        )))
+    }
+}
+
+impl Receiver for ServiceBusReceiver {
+    type Delivery = ServiceBusDelivery;
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<ServiceBusDelivery>, BrokerError> {
+        let first = match self.receive_one(self.opts.wait).await {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => {
+                if let Some(after) = e.retry_after() {
+                    // Honour the service's Retry-After before the worker asks again.
+                    tokio::time::sleep(after.min(Duration::from_secs(30))).await;
+                }
+                return Err(e.into());
+            }
+        };
+        let mut out = vec![first];
+        while out.len() < max.min(self.opts.batch_size) {
+            match self.receive_one(Duration::ZERO).await {
+                Ok(Some(d)) => out.push(d),
+                Ok(None) => break,
+                Err(e) => {
+                    // What is locked already is handed out; the next receive reports a lasting failure.
+                    tracing::warn!(entity = %self.entity, error = %e, "follow-up receive failed");
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The lock of one delivery, shared with its lease.
+pub(crate) struct LockState {
+    pub(crate) locked: Locked,
+    pub(crate) entity: String,
+    pub(crate) lock_duration: Duration,
+    pub(crate) attempts: u32,
+    pub(crate) until: Mutex<DateTime<Utc>>,
+}
+
+impl LockState {
+    pub(crate) fn until(&self) -> DateTime<Utc> {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) async fn settle(&self, op: SettleOp) -> Result<(), ServiceBusError> {
+        settle(
+            &self.locked.response,
+            op,
+            &self.entity,
+            self.attempts,
+            self.until(),
+        )
+        .await
+    }
+}
+
+/// One received copy of a message under a peek-lock. Settled by the inbox: complete after COMMIT, abandon to
+/// retry, forward-and-complete or abandon to dead-letter (see [`DeadLetterStrategy`]).
+pub struct ServiceBusDelivery {
+    state: Arc<LockState>,
+    max_release_delay: Duration,
+    forwarder: Option<Arc<Forwarder>>,
+}
+
+impl std::fmt::Debug for ServiceBusDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceBusDelivery")
+            .field("entity", &self.state.entity)
+            .field("message_id", &self.state.locked.message.producer_id)
+            .field("sequence_number", &self.state.locked.props.sequence_number)
+            .field("delivery_count", &self.state.locked.message.delivery_count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceBusDelivery {
+    fn new(
+        locked: Locked,
+        entity: String,
+        opts: &ServiceBusOptions,
+        forwarder: Option<Arc<Forwarder>>,
+    ) -> Self {
+        let until = locked.locked_until;
+        Self {
+            state: Arc::new(LockState {
+                locked,
+                entity,
+                lock_duration: opts.lock_duration,
+                attempts: opts.settle_attempts,
+                until: Mutex::new(until),
+            }),
+            max_release_delay: opts.max_release_delay,
+            forwarder,
+        }
+    }
+
+    /// `BrokerProperties` as received.
+    pub fn broker_properties(&self) -> &BrokerProperties {
+        &self.state.locked.props
+    }
+
+    /// The lock token, if the service sent one.
+    pub fn lock_token(&self) -> Option<&str> {
+        self.state.locked.props.lock_token.as_deref()
+    }
+
+    /// The lock URI (`Location`) as the service sent it.
+    pub fn lock_location(&self) -> &str {
+        self.state
+            .locked
+            .headers
+            .get("location")
+            .unwrap_or_default()
+    }
+
+    /// When the lock ends, as far as the adapter knows (`LockedUntilUtc`, then computed after each renewal).
+    pub fn locked_until(&self) -> DateTime<Utc> {
+        self.state.until()
+    }
+
+    /// Completes the message (only the inbox should, after COMMIT).
+    pub async fn complete(self) -> Result<(), ServiceBusError> {
+        self.state.settle(SettleOp::Complete).await
+    }
+
+    /// Abandons the message: the broker makes it available again at once and counts the delivery.
+    pub async fn abandon(self) -> Result<(), ServiceBusError> {
+        self.state.settle(SettleOp::Abandon).await
+    }
+}
+
+impl Delivery for ServiceBusDelivery {
+    fn message(&self) -> &ReceivedMessage {
+        &self.state.locked.message
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        self.complete().await.map_err(Into::into)
+    }
+
+    /// REST abandon has no delay: the backoff is served by keeping the lock (the lease keeper goes on renewing
+    /// it) for `delay`, at most [`ServiceBusOptions::max_release_delay`], then abandoning.
+    async fn release(self, delay: Duration) -> Result<(), BrokerError> {
+        let hold = delay.min(self.max_release_delay);
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        self.abandon().await.map_err(Into::into)
+    }
+
+    async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
+        let Some(forwarder) = self.forwarder.clone() else {
+            tracing::warn!(
+                entity = %self.state.entity,
+                message_id = ?self.state.locked.message.producer_id,
+                delivery_count = self.state.locked.message.delivery_count,
+                reason = %why.reason,
+                detail = %why.detail,
+                "dead-lettering by abandon: the broker moves the message to $DeadLetterQueue after MaxDeliveryCount"
+            );
+            return self.abandon().await.map_err(Into::into);
+        };
+        if let Err(e) = forwarder.forward(&self.state.locked, &why).await {
+            tracing::error!(entity = %self.state.entity, error = %e, "forward to the dead-letter destination failed; abandoning (the broker dead-letters after MaxDeliveryCount)");
+            if let Err(a) = self.state.settle(SettleOp::Abandon).await {
+                tracing::warn!(error = %a, "abandon after a failed forward failed too; the lock will lapse");
+            }
+            return Err(e.into());
+        }
+        self.complete().await.map_err(Into::into)
+    }
+
+    fn lease(&self) -> Option<Arc<dyn Lease>> {
+        Some(Arc::new(ServiceBusLease {
+            state: self.state.clone(),
+        }))
+    }
+}
+
+/// The peek-lock of a delivery, renewed by the worker's lease keeper.
+pub struct ServiceBusLease {
+    state: Arc<LockState>,
+}
+
+impl std::fmt::Debug for ServiceBusLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceBusLease")
+            .field("entity", &self.state.entity)
+            .field("until", &self.state.until())
+            .finish()
+    }
+}
+
+impl Lease for ServiceBusLease {
+    fn expires_at(&self) -> Option<DateTime<Utc>> {
+        Some(self.state.until())
+    }
+
+    /// Renews the lock. Service Bus extends it by the queue's LockDuration whatever `by` says, and its answer
+    /// carries no new expiry (note §1.7), so the expiry is computed as the time the request was sent plus
+    /// [`ServiceBusOptions::lock_duration`] (a lower bound).
+    fn renew(&self, _by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+        Box::pin(async move {
+            let sent = Utc::now();
+            self.state.settle(SettleOp::Renew).await?;
+            let until =
+                sent + chrono::Duration::from_std(self.state.lock_duration).unwrap_or_default();
+            *self.state.until.lock().unwrap_or_else(|p| p.into_inner()) = until;
+            Ok(until)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequence_numbers_come_from_lock_uris() {
+        assert_eq!(
+            sequence_from_location(
+                "https://ns.servicebus.windows.net/q/messages/2/7da9cfd5-40d5-4bb1-8d64-ec5a52e1c547"
+            )
+            .as_deref(),
+            Some("2")
+        );
+        assert_eq!(sequence_from_location("nonsense"), None);
+    }
+}

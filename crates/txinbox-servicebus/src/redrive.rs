@@ -1,0 +1,215 @@
+//! Redrive that keeps identity: moves dead letters back to a queue with their MessageId, CloudEvents
+//! properties and other custom properties intact (dead-letter bookkeeping dropped), completing each dead
+//! letter only after its copy was sent.
+//!
+//! **Duplicate detection.** A send whose MessageId the target saw less than its
+//! `DuplicateDetectionHistoryTimeWindow` ago is answered 201 and silently dropped (note §1.7). A dead letter
+//! whose original enqueue time is younger than [`RedriveOptions::duplicate_detection_window`] is therefore left
+//! where it is (its lock is held until the run ends, then abandoned) and counted as `deferred`: run the redrive
+//! again after the window. Set the window to zero when the target has no duplicate detection.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::config::ServiceBusClient;
+use crate::dlq::{is_dead_letter_property, original_enqueued_at, resend_options};
+use crate::error::ServiceBusError;
+use crate::receiver::{peek_lock, settle, Locked, SettleOp};
+use crate::wire::quote_property;
+
+/// Custom property a redriven copy carries: the path it was redriven from.
+pub const REDRIVEN_FROM_PROPERTY: &str = "txinbox-redriven-from";
+
+/// What a redrive did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedriveReport {
+    /// Messages sent to the target and completed in the source.
+    pub moved: usize,
+    /// Messages left in the source because their MessageId is still inside the target's duplicate-detection
+    /// window; run again after the window.
+    pub deferred: usize,
+    /// Messages sent to the target whose completion in the source failed: they stay there and a later run
+    /// sends them again (the inbox absorbs the second copy).
+    pub complete_failed: usize,
+    /// MessageIds moved, in order.
+    pub moved_ids: Vec<String>,
+}
+
+/// How a redrive runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedriveOptions {
+    /// Move at most this many messages (default: all).
+    pub max: Option<usize>,
+    /// Long-poll wait per receive; the redrive ends at the first empty receive (default 2 s).
+    pub wait: Duration,
+    /// The target's duplicate-detection window (default 10 minutes, the Terraform samples' PT10M).
+    pub duplicate_detection_window: Duration,
+}
+
+impl Default for RedriveOptions {
+    fn default() -> Self {
+        Self {
+            max: None,
+            wait: Duration::from_secs(2),
+            duplicate_detection_window: Duration::from_secs(600),
+        }
+    }
+}
+
+impl RedriveOptions {
+    /// Sets the maximum number of messages to move.
+    pub fn max(mut self, max: Option<usize>) -> Self {
+        self.max = max;
+        self
+    }
+    /// Sets the receive wait.
+    pub fn wait(mut self, d: Duration) -> Self {
+        self.wait = d;
+        self
+    }
+    /// Sets the target's duplicate-detection window (zero: the target has none).
+    pub fn duplicate_detection_window(mut self, d: Duration) -> Self {
+        self.duplicate_detection_window = d;
+        self
+    }
+}
+
+/// Moves dead letters from `from` (e.g. [`crate::dead_letter_queue_path`]`("orders")` or a forward
+/// destination) to the queue `to`, writing one line per message to `progress` (MessageIds and sequence
+/// numbers only, never a credential).
+///
+/// On a failed send the message is abandoned in the source, the held ones are released, and the error comes
+/// back as [`ServiceBusError::RedriveInterrupted`] with what was done before.
+pub async fn redrive(
+    client: &ServiceBusClient,
+    from: &str,
+    to: &str,
+    options: &RedriveOptions,
+    progress: &mut impl Write,
+) -> Result<RedriveReport, ServiceBusError> {
+    let from = from.trim_matches('/');
+    let to = to.trim_matches('/');
+    if from.is_empty() || to.is_empty() || from.eq_ignore_ascii_case(to) {
+        return Err(ServiceBusError::Config {
+            detail: "redrive needs two different, non-empty entity paths".into(),
+        });
+    }
+    let source = client.queue_client(from);
+    let target = client.queue_client(to);
+    let window = chrono::Duration::from_std(options.duplicate_detection_window)
+        .unwrap_or(chrono::Duration::MAX);
+    let mut report = RedriveReport::default();
+    let mut held: Vec<Locked> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    let outcome = loop {
+        if options.max.is_some_and(|m| report.moved >= m) {
+            break Ok(());
+        }
+        let locked = match peek_lock(&source, from, options.wait, Duration::from_secs(60)).await {
+            Ok(Some(l)) => l,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        let m = &locked.message;
+        let id = m.producer_id.clone().unwrap_or_default();
+        let seq = m.broker_id.clone().unwrap_or_default();
+        if !seen.insert(seq.clone()) {
+            // Came round again (a held lock lapsed): everything left has been looked at.
+            held.push(locked);
+            break Ok(());
+        }
+        if let Some(enqueued) = original_enqueued_at(m) {
+            let age = Utc::now() - enqueued;
+            if age < window {
+                report.deferred += 1;
+                writeln!(
+                    progress,
+                    "deferred sequence={seq} message_id={id}: enqueued {}s ago, inside the {}s duplicate-detection window of {to}",
+                    age.num_seconds(),
+                    window.num_seconds()
+                )
+                .map_err(ServiceBusError::Progress)?;
+                held.push(locked);
+                continue;
+            }
+        }
+        let Some(body) = m.body_str() else {
+            break Err(ServiceBusError::Protocol {
+                op: "redrive",
+                entity: from.to_owned(),
+                detail: format!("message {id} has a non-UTF-8 body"),
+                source: None,
+            });
+        };
+        let options = resend_options(
+            &locked,
+            is_dead_letter_property,
+            [(REDRIVEN_FROM_PROPERTY.to_owned(), quote_property(from, 300))],
+        );
+        if let Err(e) = target.send_message(body, Some(options)).await {
+            held.push(locked);
+            break Err(ServiceBusError::from_client("send", to, e));
+        }
+        match settle(
+            &locked.response,
+            SettleOp::Complete,
+            from,
+            3,
+            locked.locked_until,
+        )
+        .await
+        {
+            Ok(()) => {
+                report.moved += 1;
+                report.moved_ids.push(id.clone());
+                metrics::counter!(txinbox::metrics::REDRIVEN, "consumer" => to.to_owned())
+                    .increment(1);
+                writeln!(
+                    progress,
+                    "moved sequence={seq} message_id={id} from {from} to {to}"
+                )
+                .map_err(ServiceBusError::Progress)?;
+            }
+            Err(e) => {
+                report.complete_failed += 1;
+                tracing::warn!(from, message_id = %id, error = %e, "sent to the target but not completed in the source; a later run sends it again");
+                writeln!(
+                    progress,
+                    "sent sequence={seq} message_id={id} but could not complete it in {from}: {e}"
+                )
+                .map_err(ServiceBusError::Progress)?;
+            }
+        }
+    };
+    for locked in &held {
+        if let Err(e) = settle(
+            &locked.response,
+            SettleOp::Abandon,
+            from,
+            2,
+            locked.locked_until,
+        )
+        .await
+        {
+            tracing::info!(from, error = %e, "releasing a held dead letter failed; it comes back when its lock ends");
+        }
+    }
+    writeln!(
+        progress,
+        "redrive {from} -> {to}: moved {}, deferred {}, complete failed {}",
+        report.moved, report.deferred, report.complete_failed
+    )
+    .map_err(ServiceBusError::Progress)?;
+    match outcome {
+        Ok(()) => Ok(report),
+        Err(source) => Err(ServiceBusError::RedriveInterrupted {
+            report,
+            source: Box::new(source),
+        }),
+    }
+}

@@ -1,0 +1,222 @@
+//! The HTTP client handed to the crate: it points requests at the configured endpoint (after the crate signed
+//! them for `https://NS.servicebus.windows.net`), swaps the SAS for an Azure AD bearer token when configured,
+//! and bounds every request in time (the crate sets no timeout, note §2.5.4).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use azure_core::auth::{AccessToken, TokenCredential};
+use azure_core::error::ErrorKind;
+use azure_core::headers::AUTHORIZATION;
+use azure_core::{HttpClient, Request, Response, Url};
+
+use crate::config::SERVICE_BUS_SCOPE;
+use crate::error::RequestTimedOut;
+
+/// How the transport authorizes requests.
+pub(crate) enum Auth {
+    /// Keep the crate's SAS header.
+    Sas,
+    /// Replace it with a bearer token.
+    Bearer {
+        credential: Arc<dyn TokenCredential>,
+        cached: tokio::sync::Mutex<Option<AccessToken>>,
+    },
+}
+
+impl Auth {
+    pub(crate) fn bearer(credential: Arc<dyn TokenCredential>) -> Self {
+        Auth::Bearer {
+            credential,
+            cached: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// Tokens are refreshed this long before they expire.
+const TOKEN_REFRESH_MARGIN_SECS: i64 = 300;
+
+pub(crate) struct Transport {
+    inner: Arc<dyn HttpClient>,
+    public_host: String,
+    endpoint: Option<Url>,
+    auth: Auth,
+    request_timeout: Duration,
+    receive_grace: Duration,
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transport")
+            .field("public_host", &self.public_host)
+            .field("endpoint", &self.endpoint.as_ref().map(Url::as_str))
+            .field(
+                "auth",
+                &match self.auth {
+                    Auth::Sas => "sas",
+                    Auth::Bearer { .. } => "bearer",
+                },
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Transport {
+    pub(crate) fn new(
+        inner: Arc<dyn HttpClient>,
+        public_host: String,
+        endpoint: Option<Url>,
+        auth: Auth,
+        request_timeout: Duration,
+        receive_grace: Duration,
+    ) -> Self {
+        Self {
+            inner,
+            public_host,
+            endpoint,
+            auth,
+            request_timeout,
+            receive_grace,
+        }
+    }
+
+    /// The time a request may take: a long poll (`…/messages/head?timeout=N`) gets N seconds plus the grace.
+    fn budget(&self, url: &Url) -> Duration {
+        if url.path().to_ascii_lowercase().ends_with("/messages/head") {
+            let wait = url
+                .query_pairs()
+                .find(|(k, _)| k.eq_ignore_ascii_case("timeout"))
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+                // Without `timeout` the service picks its own wait (the emulator: 60 s).
+                .unwrap_or(60);
+            Duration::from_secs(wait) + self.receive_grace
+        } else {
+            self.request_timeout
+        }
+    }
+
+    fn rewrite(&self, url: &mut Url) -> azure_core::Result<()> {
+        let Some(endpoint) = &self.endpoint else {
+            return Ok(());
+        };
+        if !url
+            .host_str()
+            .is_some_and(|h| h.eq_ignore_ascii_case(&self.public_host))
+        {
+            return Ok(());
+        }
+        let fail = || {
+            azure_core::Error::message(ErrorKind::Other, "cannot point the request at the endpoint")
+        };
+        url.set_scheme(endpoint.scheme()).map_err(|_| fail())?;
+        url.set_host(endpoint.host_str()).map_err(|_| fail())?;
+        url.set_port(endpoint.port()).map_err(|_| fail())?;
+        Ok(())
+    }
+
+    async fn bearer(&self) -> azure_core::Result<Option<String>> {
+        let Auth::Bearer { credential, cached } = &self.auth else {
+            return Ok(None);
+        };
+        let mut cached = cached.lock().await;
+        let now = chrono::Utc::now().timestamp();
+        let fresh = cached
+            .as_ref()
+            .is_some_and(|t| t.expires_on.unix_timestamp() - TOKEN_REFRESH_MARGIN_SECS > now);
+        if !fresh {
+            let token = credential
+                .get_token(&[SERVICE_BUS_SCOPE])
+                .await
+                .map_err(|e| {
+                    azure_core::Error::full(
+                        ErrorKind::Credential,
+                        e,
+                        "cannot get an Azure AD token for Service Bus",
+                    )
+                })?;
+            *cached = Some(token);
+        }
+        Ok(cached
+            .as_ref()
+            .map(|t| format!("Bearer {}", t.token.secret())))
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for Transport {
+    async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
+        let mut request = request.clone();
+        let budget = self.budget(request.url());
+        self.rewrite(request.url_mut())?;
+        if let Some(bearer) = self.bearer().await? {
+            // Headers are keyed by lower-case name, so this replaces the crate's SAS.
+            request.insert_header(AUTHORIZATION, bearer);
+        }
+        match tokio::time::timeout(budget, self.inner.execute_request(&request)).await {
+            Ok(r) => r,
+            Err(_) => Err(azure_core::Error::new(
+                ErrorKind::Io,
+                RequestTimedOut(budget),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Never;
+
+    #[async_trait::async_trait]
+    impl HttpClient for Never {
+        async fn execute_request(&self, _: &Request) -> azure_core::Result<Response> {
+            std::future::pending().await
+        }
+    }
+
+    fn transport(endpoint: Option<&str>) -> Transport {
+        Transport::new(
+            Arc::new(Never),
+            "ns.servicebus.windows.net".into(),
+            endpoint.map(|e| Url::parse(e).unwrap()),
+            Auth::Sas,
+            Duration::from_millis(50),
+            Duration::from_secs(10),
+        )
+    }
+
+    #[test]
+    fn long_polls_get_their_wait_plus_grace() {
+        let t = transport(None);
+        let u = Url::parse("https://ns.servicebus.windows.net/q/messages/head?timeout=20").unwrap();
+        assert_eq!(t.budget(&u), Duration::from_secs(30));
+        let u = Url::parse("https://ns.servicebus.windows.net/q/messages/3/tok").unwrap();
+        assert_eq!(t.budget(&u), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn only_the_namespace_host_is_rewritten() {
+        let t = transport(Some("http://127.0.0.1:5380"));
+        let mut u = Url::parse("https://ns.servicebus.windows.net/q/messages/3/tok").unwrap();
+        t.rewrite(&mut u).unwrap();
+        assert_eq!(u.as_str(), "http://127.0.0.1:5380/q/messages/3/tok");
+        let mut other = Url::parse("https://elsewhere.example/x").unwrap();
+        t.rewrite(&mut other).unwrap();
+        assert_eq!(other.as_str(), "https://elsewhere.example/x");
+    }
+
+    #[tokio::test]
+    async fn a_request_without_answer_times_out_as_io() {
+        let t = transport(None);
+        let req = Request::new(
+            Url::parse("https://ns.servicebus.windows.net/q/messages/3/tok").unwrap(),
+            azure_core::Method::Delete,
+        );
+        let e = t.execute_request(&req).await.unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Io);
+        assert!(e.downcast_ref::<RequestTimedOut>().is_some());
+    }
+}

@@ -1,0 +1,245 @@
+//! What travels on the wire: `BrokerProperties` parsed with our own tolerant types (the crate's struct is too
+//! narrow, note §2.5.1), custom properties as headers (strings quoted, names lower-case, note §1.3/§2.3), and
+//! the lock location.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+/// Every header of a response, names lower-case, read through the crate's `custom_properties::<T>()` (the only
+/// way to reach `Location` and the raw `BrokerProperties`, note §2.5.3).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResponseHeaders(pub BTreeMap<String, String>);
+
+impl From<azure_core::headers::Headers> for ResponseHeaders {
+    fn from(h: azure_core::headers::Headers) -> Self {
+        Self(
+            h.iter()
+                .map(|(k, v)| (k.as_str().to_ascii_lowercase(), v.as_str().to_owned()))
+                .collect(),
+        )
+    }
+}
+
+impl ResponseHeaders {
+    /// A header by lower-case name.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+}
+
+/// `BrokerProperties` of a received message, every field optional and wide (i64), so that what the service
+/// adds or omits never loses a delivery.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "PascalCase", default)]
+#[non_exhaustive]
+pub struct BrokerProperties {
+    /// Deliveries so far, this one included.
+    pub delivery_count: Option<i64>,
+    /// Original sequence number of an auto-forwarded message.
+    pub enqueued_sequence_number: Option<i64>,
+    /// When the service accepted the message (RFC 1123).
+    pub enqueued_time_utc: Option<String>,
+    /// The lock token (peek-lock only).
+    pub lock_token: Option<String>,
+    /// Lock expiry (peek-lock only, RFC 1123, whole seconds).
+    pub locked_until_utc: Option<String>,
+    /// The producer-set (or service-generated) MessageId.
+    pub message_id: Option<String>,
+    /// The service-assigned sequence number.
+    pub sequence_number: Option<i64>,
+    /// `Active`, `Deferred`, `Scheduled`.
+    pub state: Option<String>,
+    /// Seconds.
+    pub time_to_live: Option<f64>,
+    /// Label (Subject).
+    pub label: Option<String>,
+    /// CorrelationId.
+    pub correlation_id: Option<String>,
+    /// SessionId.
+    pub session_id: Option<String>,
+    /// ReplyTo.
+    pub reply_to: Option<String>,
+    /// ReplyToSessionId.
+    pub reply_to_session_id: Option<String>,
+    /// To.
+    pub to: Option<String>,
+    /// PartitionKey.
+    pub partition_key: Option<String>,
+    /// ScheduledEnqueueTimeUtc.
+    pub scheduled_enqueue_time_utc: Option<String>,
+}
+
+impl BrokerProperties {
+    /// Parses the header's JSON.
+    pub fn parse(raw: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(raw)
+    }
+
+    /// `EnqueuedTimeUtc` as a time.
+    pub fn enqueued_at(&self) -> Option<DateTime<Utc>> {
+        self.enqueued_time_utc.as_deref().and_then(parse_http_date)
+    }
+
+    /// `LockedUntilUtc` as a time.
+    pub fn locked_until(&self) -> Option<DateTime<Utc>> {
+        self.locked_until_utc.as_deref().and_then(parse_http_date)
+    }
+}
+
+/// Parses an RFC 1123 / RFC 2822 date (`Wed, 02 Jul 2014 01:32:27 GMT` or `... +0000`).
+pub fn parse_http_date(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc2822(s.trim())
+        .ok()
+        .map(|d| d.with_timezone(&Utc))
+}
+
+/// Response headers that are HTTP or Service Bus system headers, not custom properties.
+const SYSTEM_HEADERS: &[&str] = &[
+    "brokerproperties",
+    "location",
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "date",
+    "server",
+    "strict-transport-security",
+    "retry-after",
+    "vary",
+    "cache-control",
+    "expires",
+    "pragma",
+    "set-cookie",
+    "via",
+    "age",
+    "etag",
+    "accept-ranges",
+];
+
+/// Whether a response header is a custom (application) property.
+pub fn is_custom_property(name: &str) -> bool {
+    !SYSTEM_HEADERS.contains(&name)
+        && !name.starts_with("x-ms-")
+        && !name.starts_with("access-control-")
+}
+
+/// The custom properties of a response, raw (strings still quoted, as they must be re-sent).
+pub fn raw_custom_properties(headers: &ResponseHeaders) -> BTreeMap<String, String> {
+    headers
+        .0
+        .iter()
+        .filter(|(k, _)| is_custom_property(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// A received property value as text: the service quotes strings and dates (`"High"`); numbers and booleans
+/// come bare.
+pub fn unquote(v: &str) -> &str {
+    let t = v.trim();
+    if t.len() >= 2 && t.starts_with('"') && t.ends_with('"') {
+        &t[1..t.len() - 1]
+    } else {
+        t
+    }
+}
+
+/// A string property value for a send header: quoted, so the service stores a string (note §1.3), and made
+/// safe for an HTTP header: control characters become spaces, non-ASCII is written `\u{XXXX}` (the crate
+/// would send raw UTF-8, whose fate on the service is untested, note §2.5.2), inner quotes become `'`, and
+/// the whole is cut at `max_chars`.
+pub fn quote_property(v: &str, max_chars: usize) -> String {
+    let mut out = String::with_capacity(v.len() + 2);
+    out.push('"');
+    for c in v.chars() {
+        if out.len() >= max_chars {
+            out.push_str("...");
+            break;
+        }
+        match c {
+            '"' => out.push('\''),
+            c if c.is_control() => out.push(' '),
+            c if c.is_ascii() => out.push(c),
+            c => out.push_str(&c.escape_unicode().to_string()),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Parses `Retry-After` in seconds (the HTTP-date form is not used by Service Bus).
+pub fn retry_after(headers: &ResponseHeaders) -> Option<std::time::Duration> {
+    headers
+        .get("retry-after")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_properties_are_parsed_tolerantly() {
+        let doc = r#"{"DeliveryCount":1,"EnqueuedSequenceNumber":0,"EnqueuedTimeUtc":"Wed, 02 Jul 2014 01:32:27 GMT","Label":"M1","LockToken":"7da9cfd5-40d5-4bb1-8d64-ec5a52e1c547","LockedUntilUtc":"Wed, 02 Jul 2014 01:33:27 GMT","MessageId":"31907572164743c38741631acd554d6f","SequenceNumber":2,"State":"Active","TimeToLive":10}"#;
+        let p = BrokerProperties::parse(doc).unwrap();
+        assert_eq!(p.delivery_count, Some(1));
+        assert_eq!(p.sequence_number, Some(2));
+        assert_eq!(p.label.as_deref(), Some("M1"));
+        assert_eq!(
+            p.enqueued_at().unwrap().to_rfc3339(),
+            "2014-07-02T01:32:27+00:00"
+        );
+        assert_eq!(
+            (p.locked_until().unwrap() - p.enqueued_at().unwrap()).num_seconds(),
+            60
+        );
+        // Partitioned entities have huge sequence numbers; unknown and missing fields are fine.
+        let p = BrokerProperties::parse(
+            r#"{"EnqueuedSequenceNumber":9223372036854775000,"SequenceNumber":9223372036854775000,"NewField":true}"#,
+        )
+        .unwrap();
+        assert_eq!(p.enqueued_sequence_number, Some(9_223_372_036_854_775_000));
+        assert_eq!(p.message_id, None);
+    }
+
+    #[test]
+    fn dates_accept_gmt_and_offsets() {
+        assert_eq!(
+            parse_http_date("Wed, 02 Jan 2030 03:04:05 +0000"),
+            parse_http_date("Wed, 02 Jan 2030 03:04:05 GMT")
+        );
+        assert!(parse_http_date("yesterday").is_none());
+    }
+
+    #[test]
+    fn properties_are_quoted_and_unquoted() {
+        assert_eq!(unquote("\"High\""), "High");
+        assert_eq!(unquote("12345"), "12345");
+        assert_eq!(unquote("\""), "\"");
+        assert_eq!(quote_property("a\"b\nc", 100), "\"a'b c\"");
+        assert_eq!(quote_property("café", 100), "\"caf\\u{e9}\"");
+        assert!(quote_property(&"x".repeat(500), 64).len() <= 70);
+    }
+
+    #[test]
+    fn custom_properties_exclude_system_headers() {
+        let mut h = ResponseHeaders::default();
+        for (k, v) in [
+            ("brokerproperties", "{}"),
+            ("location", "https://x"),
+            ("content-type", "text/plain"),
+            ("ce-id", "\"e1\""),
+            ("x-ms-request-id", "1"),
+            ("priority", "\"High\""),
+        ] {
+            h.0.insert(k.into(), v.into());
+        }
+        let props = raw_custom_properties(&h);
+        assert_eq!(props.keys().collect::<Vec<_>>(), vec!["ce-id", "priority"]);
+    }
+}

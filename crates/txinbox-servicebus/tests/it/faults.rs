@@ -1,0 +1,242 @@
+//! The emulator's injected faults (throttling, 500, dropped answers) and the error mapping (401, 404, 410),
+//! plus the Azure AD bearer path.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use txinbox::metrics as m;
+use txinbox::{BrokerError, Delivery, Outcome, Receiver, Worker};
+use txinbox_servicebus::{FailureKind, ServiceBusConfig, ServiceBusReceiver};
+
+use crate::common::*;
+
+const LOCK: Duration = Duration::from_secs(2);
+
+/// The unique path suffix of a delivery's lock URI.
+fn lock_suffix(q: &str, d: &txinbox_servicebus::ServiceBusDelivery) -> String {
+    format!(
+        "/{q}/messages/{}/{}",
+        d.broker_properties().sequence_number.unwrap(),
+        d.lock_token().unwrap()
+    )
+}
+
+/// 429 and 503 on receive (with Retry-After) make failed receives the worker backs off from; nothing is lost.
+#[tokio::test]
+async fn throttled_receives_are_retried() {
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let store = pg().await;
+    for i in 0..3 {
+        publish(&client, &event(&q, &format!("evt-{i}"), "{}")).await;
+    }
+    let head = format!("/{q}/messages/head");
+    emu.fault(json!({"kind": "status", "status": 429, "retry_after_seconds": 1, "method": "POST", "path_suffix": head, "count": 2}))
+        .await;
+    emu.fault(
+        json!({"kind": "status", "status": 503, "method": "POST", "path_suffix": head, "count": 1}),
+    )
+    .await;
+
+    let mut probe = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let e = probe.receive(1).await.unwrap_err();
+    assert!(matches!(e, BrokerError::Throttled { .. }), "{e:?}");
+    assert!(e.is_retryable());
+
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = receiver
+        .worker_options()
+        .receive_error_backoff(Duration::from_millis(100));
+    let done = until(Duration::from_secs(30), || async {
+        emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 3
+    });
+    let report = Worker::new(receiver, inbox(&store).bind(Effects::default()))
+        .options(opts)
+        .run_until(async {
+            done.await;
+        })
+        .await;
+    assert_eq!(
+        report.receive_errors, 2,
+        "one 429 and one 503 left for the worker"
+    );
+    assert_eq!(report.count("applied"), 3);
+    assert_eq!(inbox_rows(&store).await, 3);
+    assert_eq!(effects(&store).await, (3, 3));
+    assert_eq!(emu.counts(&q).await, (0, 0));
+}
+
+/// A 500 on complete is retried and the message is completed.
+#[tokio::test]
+async fn a_500_on_complete_is_retried() {
+    let (_recorder, metrics) = Metrics::install();
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let store = pg().await;
+    publish(&client, &event(&q, "evt-500", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    emu.fault(json!({"kind": "status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d), "count": 1}))
+        .await;
+    let outcome = inbox(&store).process(d, &Effects::default()).await;
+    assert!(matches!(outcome, Outcome::Applied { .. }), "{outcome:?}");
+    assert_eq!(
+        metrics.counter(
+            txinbox_servicebus::metrics::SETTLE_RETRIES,
+            &[("op", "complete"), ("kind", "ServerError")]
+        ),
+        1
+    );
+    assert_eq!(metrics.counter(m::SETTLE_FAILURES, &[]), 0);
+    assert_eq!(emu.counts(&q).await, (0, 0));
+    assert_eq!(effects(&store).await, (1, 1));
+}
+
+/// The complete takes effect but its answer is lost: the retry finds no lock and says the outcome is unknown
+/// (not "lock lost"); the message is gone, the effect is there once.
+#[tokio::test]
+async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
+    let (_recorder, metrics) = Metrics::install();
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let store = pg().await;
+    publish(&client, &event(&q, "evt-drop", "{}")).await;
+    publish(&client, &event(&q, "evt-drop-2", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    emu.fault(
+        json!({"kind": "drop_response", "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}),
+    )
+    .await;
+    let e = d.complete().await.unwrap_err();
+    assert_eq!(e.kind(), FailureKind::OutcomeUnknown, "{e}");
+    assert!(matches!(BrokerError::from(e), BrokerError::Unknown { .. }));
+
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    emu.fault(
+        json!({"kind": "drop_response", "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}),
+    )
+    .await;
+    let outcome = inbox(&store).process(d, &Effects::default()).await;
+    assert!(matches!(outcome, Outcome::Applied { .. }), "{outcome:?}");
+    assert_eq!(metrics.counter(m::SETTLE_FAILURES, &[("op", "ack")]), 1);
+    assert_eq!(emu.counts(&q).await, (0, 0), "both completes took effect");
+    assert_eq!(inbox_rows(&store).await, 1);
+    assert_eq!(effects(&store).await, (1, 1));
+}
+
+/// 404 on a lapsed lock is LockLost, 410 on a missing queue EntityNotFound, 401 on a wrong key Unauthorized.
+#[tokio::test]
+async fn statuses_map_to_broker_errors() {
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT1S"})).await;
+    publish(&client, &event(&q, "evt-lapse", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(1))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.message().delivery_count, 1);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let lease = d.lease().unwrap();
+    assert!(matches!(
+        lease.renew(Duration::from_secs(1)).await,
+        Err(BrokerError::LockLost { .. })
+    ));
+    assert!(matches!(d.ack().await, Err(BrokerError::LockLost { .. })));
+
+    let mut missing =
+        ServiceBusReceiver::new(&client, "no-such-queue", fast_options(LOCK)).unwrap();
+    assert!(matches!(
+        missing.receive(1).await,
+        Err(BrokerError::EntityNotFound { .. })
+    ));
+
+    let wrong = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, "d3Jvbmcta2V5")
+        .endpoint(emu.url.parse().unwrap())
+        .connect()
+        .unwrap();
+    let mut refused = ServiceBusReceiver::new(&wrong, &q, fast_options(LOCK)).unwrap();
+    let e = refused.receive(1).await.unwrap_err();
+    assert!(matches!(e, BrokerError::Unauthorized { .. }), "{e:?}");
+    assert!(!e.to_string().contains(&emu.key));
+}
+
+#[derive(Debug)]
+struct StaticToken(String);
+
+#[async_trait::async_trait]
+impl azure_core::auth::TokenCredential for StaticToken {
+    async fn get_token(
+        &self,
+        scopes: &[&str],
+    ) -> azure_core::Result<azure_core::auth::AccessToken> {
+        assert_eq!(scopes, ["https://servicebus.azure.net/.default"]);
+        Ok(azure_core::auth::AccessToken::new(
+            self.0.clone(),
+            azure_core::date::parse_rfc3339("2099-01-01T00:00:00Z")?,
+        ))
+    }
+    async fn clear_cache(&self) -> azure_core::Result<()> {
+        Ok(())
+    }
+}
+
+/// Azure AD: the bearer token of the configured credential replaces the crate's SAS.
+#[tokio::test]
+async fn azure_ad_bearer_tokens_are_sent() {
+    let emu = Emu::from_env().await;
+    let token = std::env::var("TXINBOX_SB_BEARER_TOKEN").expect(
+        "TXINBOX_SB_BEARER_TOKEN is not set: start the emulator with scripts/sb-emulator.sh",
+    );
+    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let aad = ServiceBusConfig::token_credential(&emu.namespace, Arc::new(StaticToken(token)))
+        .endpoint(emu.url.parse().unwrap())
+        .connect()
+        .unwrap();
+    publish(&aad, &event(&q, "evt-aad", "{}")).await;
+    let mut receiver = ServiceBusReceiver::new(&aad, &q, fast_options(LOCK)).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.message().producer_id.as_deref(), Some("evt-aad"));
+    d.complete().await.unwrap();
+    assert_eq!(emu.counts(&q).await, (0, 0));
+
+    let bad = ServiceBusConfig::token_credential(
+        &emu.namespace,
+        Arc::new(StaticToken("not-a-valid-token".into())),
+    )
+    .endpoint(emu.url.parse().unwrap())
+    .connect()
+    .unwrap();
+    let mut refused = ServiceBusReceiver::new(&bad, &q, fast_options(LOCK)).unwrap();
+    assert!(matches!(
+        refused.receive(1).await,
+        Err(BrokerError::Unauthorized { .. })
+    ));
+}

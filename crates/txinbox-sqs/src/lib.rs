@@ -1,0 +1,87 @@
+//! # txinbox-sqs
+//!
+//! The Amazon SQS adapter of txinbox (FIFO and standard queues), on `aws-sdk-sqs`:
+//!
+//! * [`SqsReceiver`]: long-poll receive of up to 10 messages with every system and message attribute; identity
+//!   is resolved by the inbox from the CloudEvents attributes (`ce-id`, `ce-source`, ...), then the
+//!   `MessageDeduplicationId`, then — only when the policy opts in — the `MessageId` (which SQS changes on
+//!   redrive);
+//! * [`SqsDelivery`]: settled by the inbox after COMMIT with `DeleteMessage` (`DeleteMessageBatch` when
+//!   several are ready), released with a visibility of the retry backoff, or forwarded to the dead-letter
+//!   queue with its identity attributes and the reason ([`dlq::REASON_ATTRIBUTE`], [`dlq::DETAIL_ATTRIBUTE`])
+//!   and then deleted;
+//! * [`SqsLease`]: the visibility heartbeat (`ChangeMessageVisibility`), run by the worker's lease keeper
+//!   while the handler runs (see [`SqsOptions::worker_options`]);
+//! * [`redrive()`]: moves messages from a DLQ back to their queue keeping their identity;
+//! * [`SqsPublisher`]: sends with `MessageGroupId`, `MessageDeduplicationId` and CloudEvents attributes
+//!   derived from one identity.
+//!
+//! ## Wiring a worker
+//!
+//! ```no_run
+//! use txinbox::{ConsumerName, IdentityPolicy, Worker};
+//! use txinbox_sqs::{SqsOptions, SqsReceiver};
+//! use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Store::<sqlx::Sqlite>::connect("sqlite:crm.db").await?;
+//! let inbox = Inbox::new(store.pool().clone(), IdentityPolicy::new(ConsumerName::new("crm-followup")?));
+//! let handler = handler_fn::<sqlx::Sqlite, _>(|tx, msg| Box::pin(async move {
+//!     sqlx::query("INSERT INTO tasks (message_id) VALUES (?1)")
+//!         .bind(&msg.identity.message_id)
+//!         .execute(&mut *tx).await.map_err(db_error)?;
+//!     Ok(Handled::done())
+//! }));
+//!
+//! // Standard AWS chain (env, profile, web identity, ECS/EC2); AWS_ENDPOINT_URL_SQS points it at moto.
+//! let client = txinbox_sqs::client_from_env().await;
+//! let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/crm-events.fifo";
+//! let receiver = SqsReceiver::connect(client, queue, SqsOptions::default()).await?;
+//! let options = receiver.worker_options();
+//! let report = Worker::new(receiver, inbox.bind(handler))
+//!     .options(options)
+//!     .run_until(txinbox::shutdown_signal())
+//!     .await;
+//! println!("{report:?}");
+//! # Ok(()) }
+//! ```
+//!
+//! ## Failure windows
+//!
+//! * Commit, then crash before the delete: the message reappears after its visibility timeout and the inbox
+//!   answers `Duplicate`; the redelivery is deleted.
+//! * A heartbeat that fails (`ReceiptHandleIsInvalid`, throttling, network) is counted in
+//!   `txinbox_lease_lost_total` and logged; the handler's transaction still decides the outcome and a second
+//!   copy is absorbed by the unique constraint.
+//! * A failed delete is logged and counted (`txinbox_settle_failures_total`); entries of a failed
+//!   `DeleteMessageBatch` are counted in [`metrics::DELETE_BATCH_ENTRY_FAILURES`] and retried once alone.
+//! * Poison messages reach the DLQ by the queue's `maxReceiveCount`; payload collisions, bad input and
+//!   permanent handler errors are forwarded explicitly (copy first, delete second: never lost).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod dlq;
+pub mod error;
+pub mod options;
+pub mod publisher;
+pub mod receiver;
+pub mod redrive;
+
+pub use error::{AwsErrorKind, SqsError};
+pub use options::{
+    client_from_conf, client_from_env, emulator_client, http_client, load_sdk_config, SqsOptions,
+};
+pub use publisher::{deduplication_id, SqsPublisher};
+pub use receiver::{received_message, SqsDelivery, SqsLease, SqsReceiver};
+pub use redrive::{redrive, redrive_with, RedriveOptions, RedriveReport};
+
+/// Re-exported so users name the same SDK version.
+pub use aws_sdk_sqs;
+
+/// Metric names specific to the SQS adapter (the core's names in [`txinbox::metrics`] apply too).
+pub mod metrics {
+    /// Entries of a `DeleteMessageBatch` that failed, by `code` (each is retried once with `DeleteMessage`).
+    pub const DELETE_BATCH_ENTRY_FAILURES: &str = "txinbox_sqs_delete_batch_entry_failures_total";
+    /// Messages forwarded explicitly to the dead-letter queue, by `reason`.
+    pub const DLQ_FORWARDS: &str = "txinbox_sqs_dlq_forwards_total";
+}

@@ -1,0 +1,589 @@
+//! Receiving, settling and the visibility heartbeat.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, Message, MessageAttributeValue, MessageSystemAttributeName,
+    QueueAttributeName,
+};
+use chrono::{DateTime, TimeZone, Utc};
+use futures::future::BoxFuture;
+use tokio::sync::{mpsc, oneshot};
+use txinbox::{BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver, WorkerOptions};
+
+use crate::dlq;
+use crate::error::SqsError;
+use crate::options::{SqsOptions, MAX_VISIBILITY};
+
+/// What every delivery of one receiver shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) client: aws_sdk_sqs::Client,
+    pub(crate) queue_url: String,
+    pub(crate) opts: SqsOptions,
+    pub(crate) dead_letter_queue: Option<String>,
+    deletes: mpsc::UnboundedSender<DeleteRequest>,
+}
+
+#[derive(Debug)]
+struct DeleteRequest {
+    receipt: String,
+    reply: oneshot::Sender<Result<(), SqsError>>,
+}
+
+/// Receives from one SQS queue (FIFO or standard) and hands out [`SqsDelivery`]s.
+///
+/// Deletes of settled deliveries go through one background task that sends a `DeleteMessageBatch` when
+/// several are ready at once and a `DeleteMessage` otherwise.
+///
+/// FIFO group order is kept: SQS may return several messages of one group in one batch; the receiver hands
+/// out only the first and holds the others (renewing their visibility when needed) until the one before
+/// settles, so a worker with any concurrency processes a group in order.
+#[derive(Debug)]
+pub struct SqsReceiver {
+    shared: Arc<Shared>,
+    /// Messages received while an earlier message of their group was in flight, in arrival order.
+    held: VecDeque<(Message, Instant)>,
+    /// The last delivery handed out per group; the group is busy until it settles, is dropped unsettled (a
+    /// crash) or its visibility runs out.
+    in_flight: HashMap<String, Weak<SqsLease>>,
+}
+
+impl SqsReceiver {
+    /// A receiver on `queue_url`. Checks the options and that the queue exists; when no dead-letter queue is
+    /// configured, it is discovered from the queue's `RedrivePolicy`. Call within a Tokio runtime.
+    pub async fn connect(
+        client: aws_sdk_sqs::Client,
+        queue_url: impl Into<String>,
+        opts: SqsOptions,
+    ) -> Result<Self, SqsError> {
+        opts.validate()?;
+        let queue_url = queue_url.into();
+        let attrs = client
+            .get_queue_attributes()
+            .queue_url(&queue_url)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| SqsError::from_sdk("GetQueueAttributes", e))?;
+        let dead_letter_queue = match &opts.dead_letter_queue {
+            Some(url) => Some(url.clone()),
+            None => match attrs
+                .attributes()
+                .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
+            {
+                Some(policy) => dlq::queue_url_of_redrive_policy(&client, policy).await?,
+                None => None,
+            },
+        };
+        if dead_letter_queue.is_none() {
+            tracing::warn!(queue_url, "no dead-letter queue: payload collisions and permanent errors are released and reach a DLQ only through the queue's maxReceiveCount");
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_deleter(client.clone(), queue_url.clone(), rx));
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client,
+                queue_url,
+                opts,
+                dead_letter_queue,
+                deletes: tx,
+            }),
+            held: VecDeque::new(),
+            in_flight: HashMap::new(),
+        })
+    }
+
+    /// The queue URL.
+    pub fn queue_url(&self) -> &str {
+        &self.shared.queue_url
+    }
+
+    /// The dead-letter queue explicit forwards go to, if any.
+    pub fn dead_letter_queue(&self) -> Option<&str> {
+        self.shared.dead_letter_queue.as_deref()
+    }
+
+    /// The options.
+    pub fn options(&self) -> &SqsOptions {
+        &self.shared.opts
+    }
+
+    /// The [`WorkerOptions`] matching the options (concurrency, batch size, heartbeat).
+    pub fn worker_options(&self) -> WorkerOptions {
+        self.shared.opts.worker_options()
+    }
+}
+
+impl Receiver for SqsReceiver {
+    type Delivery = SqsDelivery;
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<SqsDelivery>, BrokerError> {
+        let n = max.clamp(1, self.shared.opts.batch_size);
+        let now = Utc::now();
+        self.in_flight.retain(|_, lease| {
+            lease
+                .upgrade()
+                .is_some_and(|l| !l.settled.load(Ordering::SeqCst) && l.current() > now)
+        });
+        let mut out = self.release_held(n).await;
+        if !out.is_empty() {
+            return Ok(out);
+        }
+        let s = self.shared.clone();
+        // While messages are held, poll briefly so they are handed out soon after their predecessor settles.
+        let wait = if self.held.is_empty() {
+            s.opts.wait
+        } else {
+            s.opts.wait.min(Duration::from_secs(1))
+        };
+        let got = s
+            .client
+            .receive_message()
+            .queue_url(&s.queue_url)
+            .max_number_of_messages(n as i32)
+            .wait_time_seconds(wait.as_secs() as i32)
+            .visibility_timeout(secs(s.opts.visibility_timeout))
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map_err(|e| BrokerError::from(SqsError::from_sdk("ReceiveMessage", e)))?;
+        let received = Instant::now();
+        for m in got.messages.unwrap_or_default() {
+            let group = group_of(&m);
+            if group
+                .as_ref()
+                .is_some_and(|g| self.in_flight.contains_key(g))
+            {
+                self.held.push_back((m, received));
+                continue;
+            }
+            self.hand_out(m, received, &mut out);
+        }
+        Ok(out)
+    }
+}
+
+fn group_of(m: &Message) -> Option<String> {
+    m.attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+        .cloned()
+}
+
+impl SqsReceiver {
+    fn hand_out(&mut self, m: Message, received: Instant, out: &mut Vec<SqsDelivery>) {
+        let group = group_of(&m);
+        match SqsDelivery::from_message(self.shared.clone(), m, received, Utc::now()) {
+            Ok(d) => {
+                if let Some(g) = group {
+                    self.in_flight.insert(g, Arc::downgrade(&d.lease));
+                }
+                out.push(d);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a message SQS returned without a receipt handle")
+            }
+        }
+    }
+
+    /// Hands out held messages whose group is free, first of each group only, at most `n`.
+    async fn release_held(&mut self, n: usize) -> Vec<SqsDelivery> {
+        let mut out = Vec::new();
+        let vt = self.shared.opts.visibility_timeout;
+        let mut i = 0;
+        while i < self.held.len() && out.len() < n {
+            let group = group_of(&self.held[i].0);
+            if group
+                .as_ref()
+                .is_some_and(|g| self.in_flight.contains_key(g))
+            {
+                i += 1;
+                continue;
+            }
+            let Some((m, received)) = self.held.remove(i) else {
+                break;
+            };
+            let waited = received.elapsed();
+            if waited + Duration::from_secs(1) >= vt {
+                // Its visibility ran out while held: SQS hands it out again, still first of its group.
+                tracing::warn!(
+                    group = group.as_deref().unwrap_or(""),
+                    "held message's visibility expired; leaving it to SQS"
+                );
+                continue;
+            }
+            let mut received = received;
+            if waited >= vt / 2 {
+                let r = self
+                    .shared
+                    .client
+                    .change_message_visibility()
+                    .queue_url(&self.shared.queue_url)
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .visibility_timeout(secs(vt))
+                    .send()
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(error = %SqsError::from_sdk("ChangeMessageVisibility", e), "cannot extend a held message; leaving it to SQS");
+                    continue;
+                }
+                received = Instant::now();
+            }
+            self.hand_out(m, received, &mut out);
+        }
+        out
+    }
+}
+
+fn secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
+/// The broker-neutral view of an SQS message: attribute names lower-cased, CloudEvents attributes kept as
+/// attributes, `MessageDeduplicationId` as the producer id, `MessageId` as the broker id,
+/// `ApproximateReceiveCount` as the delivery count, `SentTimestamp` as the enqueue time and `MessageGroupId`
+/// as the group.
+pub fn received_message(m: &Message, received_at: DateTime<Utc>) -> ReceivedMessage {
+    let sys = |k: MessageSystemAttributeName| m.attributes().and_then(|a| a.get(&k)).cloned();
+    let mut rm = ReceivedMessage::new(m.body().unwrap_or_default().as_bytes().to_vec());
+    if let Some(attrs) = m.message_attributes() {
+        for (k, v) in attrs {
+            if let Some(s) = v.string_value() {
+                rm.attributes.insert(k.to_lowercase(), s.to_owned());
+            }
+        }
+    }
+    rm.producer_id = sys(MessageSystemAttributeName::MessageDeduplicationId);
+    rm.broker_id = m.message_id().map(str::to_owned);
+    rm.delivery_count = sys(MessageSystemAttributeName::ApproximateReceiveCount)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1);
+    rm.enqueued_at = sys(MessageSystemAttributeName::SentTimestamp)
+        .and_then(|t| t.parse::<i64>().ok())
+        .and_then(|ms| Utc.timestamp_millis_opt(ms).single());
+    rm.received_at = received_at;
+    rm.group_id = sys(MessageSystemAttributeName::MessageGroupId);
+    rm
+}
+
+/// One received SQS message and its receipt handle. Settling consumes it: `ack` deletes (after COMMIT, as
+/// the inbox calls it), `release` sets the visibility to the backoff, `dead_letter` forwards a copy to the
+/// dead-letter queue and then deletes.
+#[derive(Debug)]
+pub struct SqsDelivery {
+    shared: Arc<Shared>,
+    message: ReceivedMessage,
+    body: String,
+    receipt: String,
+    raw_attributes: HashMap<String, MessageAttributeValue>,
+    lease: Arc<SqsLease>,
+}
+
+impl SqsDelivery {
+    fn from_message(
+        shared: Arc<Shared>,
+        m: Message,
+        received: Instant,
+        now: DateTime<Utc>,
+    ) -> Result<Self, SqsError> {
+        let receipt = m
+            .receipt_handle()
+            .ok_or(SqsError::Incomplete {
+                field: "a receipt handle",
+            })?
+            .to_owned();
+        let message = received_message(&m, now);
+        let expires =
+            now + chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
+        let lease = Arc::new(SqsLease {
+            client: shared.client.clone(),
+            queue_url: shared.queue_url.clone(),
+            receipt: receipt.clone(),
+            received,
+            expires: Mutex::new(expires),
+            settled: AtomicBool::new(false),
+        });
+        Ok(Self {
+            body: m.body.unwrap_or_default(),
+            raw_attributes: m.message_attributes.unwrap_or_default(),
+            shared,
+            message,
+            receipt,
+            lease,
+        })
+    }
+
+    /// The receipt handle of this delivery.
+    pub fn receipt_handle(&self) -> &str {
+        &self.receipt
+    }
+
+    /// The message attributes as SQS returned them (names and data types untouched).
+    pub fn raw_attributes(&self) -> &HashMap<String, MessageAttributeValue> {
+        &self.raw_attributes
+    }
+
+    async fn delete(&self) -> Result<(), SqsError> {
+        let (reply, rx) = oneshot::channel();
+        let req = DeleteRequest {
+            receipt: self.receipt.clone(),
+            reply,
+        };
+        if self.shared.deletes.send(req).is_err() {
+            // The batching task is gone (its runtime is shutting down): delete directly.
+            return delete_one(&self.shared.client, &self.shared.queue_url, &self.receipt).await;
+        }
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => delete_one(&self.shared.client, &self.shared.queue_url, &self.receipt).await,
+        }
+    }
+
+    async fn set_visibility(&self, d: Duration) -> Result<(), SqsError> {
+        self.shared
+            .client
+            .change_message_visibility()
+            .queue_url(&self.shared.queue_url)
+            .receipt_handle(&self.receipt)
+            .visibility_timeout(secs(d.min(MAX_VISIBILITY)))
+            .send()
+            .await
+            .map_err(|e| SqsError::from_sdk("ChangeMessageVisibility", e))?;
+        Ok(())
+    }
+}
+
+impl Delivery for SqsDelivery {
+    fn message(&self) -> &ReceivedMessage {
+        &self.message
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        self.lease.settled.store(true, Ordering::SeqCst);
+        self.delete().await.map_err(BrokerError::from)
+    }
+
+    async fn release(self, delay: Duration) -> Result<(), BrokerError> {
+        self.lease.settled.store(true, Ordering::SeqCst);
+        self.set_visibility(delay).await.map_err(BrokerError::from)
+    }
+
+    async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
+        self.lease.settled.store(true, Ordering::SeqCst);
+        let Some(dlq_url) = self.shared.dead_letter_queue.clone() else {
+            // Without a DLQ to forward to, hand the message back: the queue's maxReceiveCount moves it.
+            let backoff = self.shared.opts.retry_backoff;
+            self.set_visibility(backoff)
+                .await
+                .map_err(BrokerError::from)?;
+            return Err(SqsError::DeadLetter {
+                detail: format!(
+                    "no dead-letter queue configured; released for {backoff:?}, the queue's maxReceiveCount decides ({}: {})",
+                    why.reason, why.detail
+                ),
+            }
+            .into());
+        };
+        dlq::forward(
+            &self.shared.client,
+            &dlq_url,
+            &self.body,
+            &self.raw_attributes,
+            &self.message,
+            &why,
+        )
+        .await
+        .map_err(BrokerError::from)?;
+        metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
+            .increment(1);
+        tracing::warn!(
+            reason = %why.reason,
+            message_id = self.message.broker_id.as_deref().unwrap_or(""),
+            "forwarded to the dead-letter queue with its identity attributes; deleting the original"
+        );
+        // If this delete fails the message comes back; its next forward carries the same deduplication id, so
+        // the DLQ keeps one copy.
+        self.delete().await.map_err(BrokerError::from)
+    }
+
+    fn lease(&self) -> Option<Arc<dyn Lease>> {
+        Some(self.lease.clone())
+    }
+}
+
+/// The visibility timeout of one delivery as a renewable lease (`ChangeMessageVisibility`).
+#[derive(Debug)]
+pub struct SqsLease {
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    receipt: String,
+    received: Instant,
+    expires: Mutex<DateTime<Utc>>,
+    settled: AtomicBool,
+}
+
+impl SqsLease {
+    fn current(&self) -> DateTime<Utc> {
+        *self.expires.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Lease for SqsLease {
+    fn expires_at(&self) -> Option<DateTime<Utc>> {
+        Some(self.current())
+    }
+
+    fn renew(&self, by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+        Box::pin(async move {
+            // A settled delivery has nothing left to extend (and its receipt may be gone).
+            if self.settled.load(Ordering::SeqCst) {
+                return Ok(self.current());
+            }
+            let left = MAX_VISIBILITY.saturating_sub(self.received.elapsed());
+            let by = by.min(left);
+            if by < Duration::from_secs(1) {
+                return Err(BrokerError::LockLost {
+                    detail: "SQS's 12 h visibility ceiling for this receive is reached".into(),
+                });
+            }
+            let asked = Utc::now();
+            let r = self
+                .client
+                .change_message_visibility()
+                .queue_url(&self.queue_url)
+                .receipt_handle(&self.receipt)
+                .visibility_timeout(secs(by))
+                .send()
+                .await;
+            match r {
+                Ok(_) => {
+                    let until = asked + chrono::Duration::from_std(by).unwrap_or_default();
+                    *self.expires.lock().unwrap_or_else(|p| p.into_inner()) = until;
+                    Ok(until)
+                }
+                // Settled while the call was in flight: the failure says nothing about the lease.
+                Err(_) if self.settled.load(Ordering::SeqCst) => Ok(self.current()),
+                Err(e) => Err(SqsError::from_sdk("ChangeMessageVisibility", e).into()),
+            }
+        })
+    }
+}
+
+pub(crate) async fn delete_one(
+    client: &aws_sdk_sqs::Client,
+    queue_url: &str,
+    receipt: &str,
+) -> Result<(), SqsError> {
+    client
+        .delete_message()
+        .queue_url(queue_url)
+        .receipt_handle(receipt)
+        .send()
+        .await
+        .map_err(|e| SqsError::from_sdk("DeleteMessage", e))?;
+    Ok(())
+}
+
+/// Deletes settled deliveries: one `DeleteMessage` when one is waiting, a `DeleteMessageBatch` of up to 10
+/// when several are. Failed batch entries are counted, logged and retried once with `DeleteMessage`; an
+/// entry that still fails returns its error to the delivery's `ack` (the message is then redelivered and
+/// absorbed by the inbox).
+async fn run_deleter(
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    mut rx: mpsc::UnboundedReceiver<DeleteRequest>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < 10 {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        if batch.len() == 1 {
+            let req = batch.remove(0);
+            let r = delete_one(&client, &queue_url, &req.receipt).await;
+            let _ = req.reply.send(r);
+            continue;
+        }
+        delete_batch(&client, &queue_url, batch).await;
+    }
+}
+
+async fn delete_batch(client: &aws_sdk_sqs::Client, queue_url: &str, batch: Vec<DeleteRequest>) {
+    let mut entries = Vec::with_capacity(batch.len());
+    for (i, req) in batch.iter().enumerate() {
+        match DeleteMessageBatchRequestEntry::builder()
+            .id(i.to_string())
+            .receipt_handle(&req.receipt)
+            .build()
+        {
+            Ok(e) => entries.push(e),
+            Err(e) => tracing::error!(error = %e, "cannot build a DeleteMessageBatch entry"),
+        }
+    }
+    let result = client
+        .delete_message_batch()
+        .queue_url(queue_url)
+        .set_entries(Some(entries))
+        .send()
+        .await;
+    let mut replies: Vec<Option<DeleteRequest>> = batch.into_iter().map(Some).collect();
+    let mut retry: Vec<DeleteRequest> = Vec::new();
+    match result {
+        Ok(out) => {
+            for ok in out.successful() {
+                if let Some(req) = ok
+                    .id()
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| replies.get_mut(i)?.take())
+                {
+                    let _ = req.reply.send(Ok(()));
+                }
+            }
+            for failed in out.failed() {
+                let Some(req) = failed
+                    .id()
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| replies.get_mut(i)?.take())
+                else {
+                    continue;
+                };
+                metrics::counter!(crate::metrics::DELETE_BATCH_ENTRY_FAILURES, "code" => failed.code().to_owned())
+                    .increment(1);
+                let err = SqsError::BatchEntry {
+                    code: failed.code().to_owned(),
+                    message: failed.message().unwrap_or_default().to_owned(),
+                    sender_fault: failed.sender_fault(),
+                };
+                if err.kind() == Some(crate::error::AwsErrorKind::ReceiptInvalid) {
+                    tracing::warn!(error = %err, "batch delete entry failed: receipt no longer valid; the redelivery will be absorbed by the inbox");
+                    let _ = req.reply.send(Err(err));
+                } else {
+                    tracing::warn!(error = %err, "batch delete entry failed; retrying it with DeleteMessage");
+                    retry.push(req);
+                }
+            }
+        }
+        Err(e) => {
+            let err = SqsError::from_sdk("DeleteMessageBatch", e);
+            tracing::warn!(error = %err, "DeleteMessageBatch failed; retrying each with DeleteMessage");
+        }
+    }
+    // Entries the batch did not settle (whole call failed, unlisted ids, retryable entry failures).
+    retry.extend(replies.into_iter().flatten());
+    for req in retry {
+        let r = delete_one(client, queue_url, &req.receipt).await;
+        if let Err(e) = &r {
+            tracing::warn!(error = %e, "delete failed; the message will be redelivered and absorbed by the inbox");
+        }
+        let _ = req.reply.send(r);
+    }
+}

@@ -1,0 +1,373 @@
+//! Helpers for the tests against moto and PostgreSQL. Both are required: a missing or unreachable service
+//! fails the test with a message (start them with `eval "$(bash scripts/moto.sh start)"` and set
+//! `TXINBOX_TEST_PG_URL`).
+#![allow(dead_code, missing_docs)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::Client;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use txinbox::{ConsumerName, HandlerError, IdentityPolicy};
+use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
+
+pub fn endpoint() -> String {
+    std::env::var("TXINBOX_SQS_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`")
+    })
+}
+
+pub fn pg_url() -> String {
+    std::env::var("TXINBOX_TEST_PG_URL").unwrap_or_else(|_| {
+        panic!("TXINBOX_TEST_PG_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)")
+    })
+}
+
+pub async fn client() -> Client {
+    let endpoint = endpoint();
+    let c = txinbox_sqs::emulator_client(&endpoint);
+    if let Err(e) = c.list_queues().send().await {
+        panic!(
+            "moto at {endpoint} does not answer: {}",
+            aws_sdk_sqs::error::DisplayErrorContext(&e)
+        );
+    }
+    c
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+pub struct Queues {
+    pub url: String,
+    pub dlq: String,
+}
+
+/// A fresh FIFO queue and FIFO DLQ with a redrive policy of `max_receive` and a visibility timeout of `vt`.
+pub async fn queue_pair(c: &Client, max_receive: u32, vt: u32) -> Queues {
+    let name = unique("t");
+    let dlq = c
+        .create_queue()
+        .queue_name(format!("{name}-dlq.fifo"))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await
+        .expect("create DLQ")
+        .queue_url
+        .expect("DLQ url");
+    let arn = c
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("DLQ arn")
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+        .expect("DLQ arn");
+    let url = c
+        .create_queue()
+        .queue_name(format!("{name}.fifo"))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .attributes(QueueAttributeName::VisibilityTimeout, vt.to_string())
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receive}"}}"#),
+        )
+        .send()
+        .await
+        .expect("create queue")
+        .queue_url
+        .expect("queue url");
+    Queues { url, dlq }
+}
+
+/// (visible, in flight) of a queue.
+pub async fn counts(c: &Client, url: &str) -> (u64, u64) {
+    let a = c
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+        .send()
+        .await
+        .expect("queue attributes")
+        .attributes
+        .unwrap_or_default();
+    let n = |k: QueueAttributeName| a.get(&k).and_then(|v| v.parse().ok()).unwrap_or(0);
+    (
+        n(QueueAttributeName::ApproximateNumberOfMessages),
+        n(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+    )
+}
+
+pub fn attr(v: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder()
+        .data_type("String")
+        .string_value(v)
+        .build()
+        .unwrap()
+}
+
+/// A CRM follow-up request body.
+pub fn body(opportunity: &str, meeting: &str, extra: serde_json::Value) -> String {
+    let mut v =
+        serde_json::json!({"opportunity": opportunity, "meeting": meeting, "note": "follow up"});
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, x) in e {
+            o.insert(k.clone(), x.clone());
+        }
+    }
+    v.to_string()
+}
+
+/// Sends `body` with CloudEvents attributes (when `ce_id` is set), a dedup id and a group.
+pub async fn send(
+    c: &Client,
+    url: &str,
+    body: &str,
+    ce_id: Option<&str>,
+    dedup: &str,
+    group: &str,
+) {
+    let mut s = c
+        .send_message()
+        .queue_url(url)
+        .message_body(body)
+        .message_deduplication_id(dedup)
+        .message_group_id(group);
+    if let Some(id) = ce_id {
+        s = s
+            .message_attributes("ce-id", attr(id))
+            .message_attributes("ce-source", attr("crm/meetings"))
+            .message_attributes("ce-type", attr("meeting.ended"))
+            .message_attributes("ce-specversion", attr("1.0"));
+    }
+    s.send().await.expect("send");
+}
+
+/// Receives everything visible from a queue (for asserting DLQ contents), leaving it in flight.
+pub async fn drain(c: &Client, url: &str) -> Vec<aws_sdk_sqs::types::Message> {
+    let mut all = Vec::new();
+    loop {
+        let out = c
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .visibility_timeout(30)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .expect("receive");
+        let msgs = out.messages.unwrap_or_default();
+        if msgs.is_empty() {
+            return all;
+        }
+        all.extend(msgs);
+    }
+}
+
+/// Polls `check` every 250 ms until it returns true; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub async fn pg_store() -> Store<sqlx::Postgres> {
+    let url = pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let store = Store::<sqlx::Postgres>::connect_in_schema(&url, &schema, 8)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at TXINBOX_TEST_PG_URL is unreachable: {e}"));
+    sqlx::query("CREATE TABLE followup_tasks (message_id TEXT NOT NULL, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, position BIGINT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("business table");
+    store
+}
+
+pub async fn sqlite_store() -> Store<sqlx::Sqlite> {
+    let store = Store::<sqlx::Sqlite>::connect("sqlite::memory:")
+        .await
+        .expect("sqlite");
+    sqlx::query("CREATE TABLE followup_tasks (message_id TEXT NOT NULL, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, position INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("business table");
+    store
+}
+
+pub fn policy(consumer: &str) -> IdentityPolicy {
+    IdentityPolicy::new(ConsumerName::new(consumer).unwrap()).business_key(|m| {
+        let v: serde_json::Value = serde_json::from_slice(&m.body).map_err(|e| e.to_string())?;
+        Ok(Some(format!(
+            "criar_tarefa_followup:{}:{}",
+            v["opportunity"].as_str().ok_or("no opportunity")?,
+            v["meeting"].as_str().ok_or("no meeting")?
+        )))
+    })
+}
+
+/// Reads the body's optional `sleep_ms` and `fail` ("retry" or "permanent").
+fn behaviour(body: &[u8]) -> (u64, Option<String>, String, String) {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    (
+        v["sleep_ms"].as_u64().unwrap_or(0),
+        v["fail"].as_str().map(str::to_owned),
+        v["opportunity"].as_str().unwrap_or("").to_owned(),
+        v["meeting"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+/// The CRM follow-up handler on PostgreSQL: one `followup_tasks` row per applied message, with the order in
+/// which handlers ran (`position`). Calls are counted in `calls`.
+pub fn pg_handler(calls: Arc<AtomicI64>) -> impl txinbox_store::Handler<sqlx::Postgres> {
+    handler_fn::<sqlx::Postgres, _>(move |tx, msg| {
+        let calls = calls.clone();
+        Box::pin(async move {
+            let position = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let (sleep_ms, fail, opp, meeting) = behaviour(&msg.message.body);
+            if sleep_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
+            }
+            match fail.as_deref() {
+                Some("retry") => return Err(HandlerError::retry("CRM is busy")),
+                Some("permanent") => return Err(HandlerError::permanent("CRM refused the task")),
+                _ => {}
+            }
+            sqlx::query("INSERT INTO followup_tasks (message_id, opportunity, meeting, position) VALUES ($1, $2, $3, $4)")
+                .bind(&msg.identity.message_id)
+                .bind(&opp)
+                .bind(&meeting)
+                .bind(position)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+            Ok(Handled::reference(format!("task:{opp}:{meeting}")))
+        })
+    })
+}
+
+pub fn sqlite_handler(calls: Arc<AtomicI64>) -> impl txinbox_store::Handler<sqlx::Sqlite> {
+    handler_fn::<sqlx::Sqlite, _>(move |tx, msg| {
+        let calls = calls.clone();
+        Box::pin(async move {
+            let position = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let (_, _, opp, meeting) = behaviour(&msg.message.body);
+            sqlx::query("INSERT INTO followup_tasks (message_id, opportunity, meeting, position) VALUES (?1, ?2, ?3, ?4)")
+                .bind(&msg.identity.message_id)
+                .bind(&opp)
+                .bind(&meeting)
+                .bind(position)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+            Ok(Handled::reference(format!("task:{opp}:{meeting}")))
+        })
+    })
+}
+
+pub async fn pg_effects(store: &Store<sqlx::Postgres>) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM followup_tasks")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+pub async fn pg_rows(store: &Store<sqlx::Postgres>, consumer: &str) -> i64 {
+    txinbox_store::inspect::inbox_rows(store.pool(), consumer)
+        .await
+        .unwrap()
+}
+
+pub fn pg_inbox(store: &Store<sqlx::Postgres>, consumer: &str) -> Inbox<sqlx::Postgres> {
+    Inbox::new(store.pool().clone(), policy(consumer)).retry_backoff(Duration::from_secs(1))
+}
+
+/// Fast options for tests: short long-poll, visibility `vt`, heartbeat every `vt/3`.
+pub fn fast_options(vt: u64, dlq: &str) -> txinbox_sqs::SqsOptions {
+    txinbox_sqs::SqsOptions::default()
+        .wait(Duration::from_secs(1))
+        .visibility_timeout(Duration::from_secs(vt))
+        .heartbeat_interval(Duration::from_millis(vt * 1000 / 3))
+        .retry_backoff(Duration::from_secs(1))
+        .dead_letter_queue(dlq)
+}
+
+// ---- metrics: one global recorder; every test uses its own consumer name as the label -----------------
+
+/// (metric name, sorted labels).
+type SeriesKey = (String, Vec<(String, String)>);
+
+struct Metrics {
+    snapshotter: Snapshotter,
+    totals: Mutex<HashMap<SeriesKey, u64>>,
+}
+
+fn metrics_state() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(|| {
+        let rec = DebuggingRecorder::new();
+        let snapshotter = rec.snapshotter();
+        rec.install().expect("install the metrics recorder");
+        Metrics {
+            snapshotter,
+            totals: Mutex::new(HashMap::new()),
+        }
+    })
+}
+
+/// Installs the recorder (call at the start of a test that reads metrics).
+pub fn metrics_init() {
+    let _ = metrics_state();
+}
+
+/// The total of counter `name` over series carrying every label in `labels`.
+pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
+    let m = metrics_state();
+    let mut totals = m.totals.lock().unwrap();
+    // Snapshots reset counters, so fold every snapshot into the running totals shared by all tests.
+    for (ck, _, _, v) in m.snapshotter.snapshot().into_vec() {
+        if let DebugValue::Counter(n) = v {
+            let key = ck.key();
+            let mut ls: Vec<(String, String)> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            ls.sort();
+            *totals.entry((key.name().to_owned(), ls)).or_default() += n;
+        }
+    }
+    totals
+        .iter()
+        .filter(|((n, ls), _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, v)| *v)
+        .sum()
+}

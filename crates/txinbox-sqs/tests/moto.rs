@@ -1,0 +1,912 @@
+//! Scenarios against moto (SQS) and PostgreSQL / SQLite. Each test makes a fresh FIFO queue pair and a fresh
+//! schema, and asserts inbox rows, business effects, queue and DLQ contents, and metrics where relevant.
+
+mod common;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use tokio::sync::oneshot;
+use txinbox::{metrics as m, CancellationToken, Delivery, Outcome, Receiver, Worker, WorkerReport};
+use txinbox_sqs::{SqsOptions, SqsReceiver};
+use txinbox_store::FaultPoint;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Runs a worker in the background; `stop()` shuts it down and returns its report.
+struct Running {
+    stop: oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<WorkerReport>,
+}
+
+impl Running {
+    fn start<P>(receiver: SqsReceiver, processor: P, opts: txinbox::WorkerOptions) -> Self
+    where
+        P: txinbox::Processor<txinbox::LeasedDelivery<txinbox_sqs::SqsDelivery>>,
+    {
+        let (stop, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(Worker::new(receiver, processor).options(opts).run_until(
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        Self { stop, handle }
+    }
+
+    async fn stop(self) -> WorkerReport {
+        let _ = self.stop.send(());
+        self.handle.await.expect("worker task")
+    }
+}
+
+/// Receives until `n` deliveries arrived; panics after `timeout`.
+async fn receive_until(
+    r: &mut SqsReceiver,
+    n: usize,
+    timeout: Duration,
+) -> Vec<txinbox_sqs::SqsDelivery> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out: {} of {n} deliveries",
+            got.len()
+        );
+        got.extend(r.receive(10).await.unwrap());
+    }
+    got
+}
+
+async fn queue_empty(c: &aws_sdk_sqs::Client, url: &str) -> bool {
+    counts(c, url).await == (0, 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn seed_lab_over_sqs_two_identities_delivered_twice() {
+    // The seed's lab: SQLite, four deliveries, two identities each sent twice (new dedup id each time so the
+    // broker delivers both copies; the inbox recognises the second by its CloudEvents id).
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let store = sqlite_store().await;
+    let consumer = unique("lab");
+    for (id, opp, meeting) in [
+        ("evt-1", "oportunidade_2481", "reuniao_184"),
+        ("evt-2", "oportunidade_2482", "reuniao_185"),
+    ] {
+        for copy in 0..2 {
+            send(
+                &c,
+                &q.url,
+                &body(opp, meeting, json!({})),
+                Some(id),
+                &format!("{id}-copy{copy}"),
+                opp,
+            )
+            .await;
+        }
+    }
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let inbox = txinbox_store::Inbox::new(store.pool().clone(), policy(&consumer));
+    let opts = receiver.worker_options();
+    let w = Running::start(
+        receiver,
+        inbox.bind(sqlite_handler(Arc::new(AtomicI64::new(0)))),
+        opts,
+    );
+    let pool = store.pool().clone();
+    wait_until(LONG, "4 deliveries settled", || async {
+        queue_empty(&c, &q.url).await
+            && sqlx::query_scalar::<_, i64>("SELECT count(*) FROM followup_tasks")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                == 2
+    })
+    .await;
+    let report = w.stop().await;
+    assert_eq!(
+        (
+            report.total(),
+            report.count("applied"),
+            report.count("duplicate")
+        ),
+        (4, 2, 2),
+        "{report:?}"
+    );
+    let rows = txinbox_store::inspect::inbox_rows(store.pool(), &consumer)
+        .await
+        .unwrap();
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM followup_tasks")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    println!(
+        "deliveries={} accepted={} duplicates={} inbox_rows={rows} business_effects={effects}",
+        report.total(),
+        report.count("applied"),
+        report.count("duplicate")
+    );
+    assert_eq!((rows, effects), (2, 2));
+    assert_eq!(counts(&c, &q.dlq).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifo_window_drops_the_resend_and_the_inbox_drops_a_new_dedup_id() {
+    metrics_init();
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let store = pg_store().await;
+    let consumer = unique("window");
+    let b = body("o1", "m1", json!({}));
+    // Same dedup id twice inside the 5-minute window: SQS keeps one.
+    send(&c, &q.url, &b, Some("evt-w"), "dedup-1", "g1").await;
+    send(&c, &q.url, &b, Some("evt-w"), "dedup-1", "g1").await;
+    assert_eq!(
+        counts(&c, &q.url).await,
+        (1, 0),
+        "the broker drops the resend"
+    );
+    // Same CloudEvents id, new dedup id: SQS delivers it, the inbox drops it.
+    send(&c, &q.url, &b, Some("evt-w"), "dedup-2", "g1").await;
+    assert_eq!(counts(&c, &q.url).await.0, 2);
+
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options();
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(Arc::new(AtomicI64::new(0)))),
+        opts,
+    );
+    wait_until(LONG, "both copies settled", || async {
+        queue_empty(&c, &q.url).await
+    })
+    .await;
+    let report = w.stop().await;
+    assert_eq!(
+        (report.count("applied"), report.count("duplicate")),
+        (1, 1),
+        "{report:?}"
+    );
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (1, 1)
+    );
+    assert_eq!(counter(m::DUPLICATES, &[("consumer", &consumer)]), 1);
+    assert_eq!(counts(&c, &q.dlq).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commit_then_crash_before_delete_is_absorbed_on_redelivery() {
+    metrics_init();
+    let c = client().await;
+    let q = queue_pair(&c, 5, 2).await;
+    let store = pg_store().await;
+    let consumer = unique("crash");
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({})),
+        Some("evt-c"),
+        "d-c",
+        "g",
+    )
+    .await;
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
+        .await
+        .unwrap();
+    let inbox = pg_inbox(&store, &consumer);
+    let handler = pg_handler(Arc::new(AtomicI64::new(0)));
+    let first = receiver
+        .receive(10)
+        .await
+        .unwrap()
+        .pop()
+        .expect("a delivery");
+    assert_eq!(first.message().delivery_count, 1);
+    let crashed = inbox
+        .process_with_fault(
+            first,
+            &handler,
+            &CancellationToken::new(),
+            Some(FaultPoint::AfterCommit),
+        )
+        .await;
+    assert!(crashed.is_err(), "the fault point fires after COMMIT");
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (1, 1),
+        "committed"
+    );
+    assert_eq!(
+        counts(&c, &q.url).await,
+        (0, 1),
+        "the settle was lost: still in flight"
+    );
+
+    // The visibility timeout (2 s) runs out and SQS redelivers.
+    let mut again = receive_until(&mut receiver, 1, Duration::from_secs(20)).await;
+    let second = again.pop().unwrap();
+    assert_eq!(second.message().delivery_count, 2);
+    assert_eq!(inbox.process(second, &handler).await, Outcome::Duplicate);
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (1, 1)
+    );
+    wait_until(Duration::from_secs(10), "queue empty", || async {
+        queue_empty(&c, &q.url).await
+    })
+    .await;
+    assert_eq!(counts(&c, &q.dlq).await, (0, 0));
+    assert_eq!(counter(m::DUPLICATES, &[("consumer", &consumer)]), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeat_keeps_a_slow_handler_invisible_with_no_second_delivery() {
+    metrics_init();
+    let c = client().await;
+    let q = queue_pair(&c, 5, 3).await;
+    let store = pg_store().await;
+    let consumer = unique("slow");
+    // The handler takes 8 s; the visibility timeout is 3 s; the heartbeat renews every second.
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({"sleep_ms": 8000})),
+        Some("evt-s"),
+        "d-s",
+        "g",
+    )
+    .await;
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(3, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options();
+    let calls = Arc::new(AtomicI64::new(0));
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(calls.clone())),
+        opts,
+    );
+    wait_until(LONG, "the slow message applied", || async {
+        pg_effects(&store).await == 1 && queue_empty(&c, &q.url).await
+    })
+    .await;
+    // Give a (wrong) second delivery time to show up before asserting it never did.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let report = w.stop().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the handler ran once: no second delivery"
+    );
+    assert_eq!(
+        (report.total(), report.count("applied"), report.leases_lost),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (1, 1)
+    );
+    assert!(
+        counter(m::LEASE_RENEWALS, &[("consumer", &consumer)]) >= 3,
+        "renewed while the handler ran"
+    );
+    assert_eq!(counter(m::LEASE_LOST, &[("consumer", &consumer)]), 0);
+    assert_eq!(counts(&c, &q.dlq).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeat_stopped_message_reappears_and_the_inbox_absorbs_it() {
+    metrics_init();
+    let c = client().await;
+    let q = queue_pair(&c, 10, 2).await;
+    let store = pg_store().await;
+    let consumer = unique("stopped");
+    // Heartbeat every ~0.66 s but for at most 1 s in total: it stops, the 2 s visibility runs out while the
+    // 7 s handler still runs, and a second copy is handed to the same worker (concurrency 8).
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({"sleep_ms": 7000})),
+        Some("evt-h"),
+        "d-h",
+        "g",
+    )
+    .await;
+    let opts = fast_options(2, &q.dlq).max_extension(Duration::from_secs(1));
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
+    let wopts = receiver.worker_options();
+    let calls = Arc::new(AtomicI64::new(0));
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(calls.clone())),
+        wopts,
+    );
+    wait_until(Duration::from_secs(90), "every copy settled", || async {
+        pg_effects(&store).await == 1 && queue_empty(&c, &q.url).await
+    })
+    .await;
+    let report = w.stop().await;
+    // Copies reappear every 2 s while the first runs; each blocks on the first's marker insert and then ends
+    // as a duplicate, without calling the handler.
+    assert_eq!(report.count("applied"), 1, "{report:?}");
+    let dups = report.count("duplicate");
+    assert!(dups >= 1, "at least one redelivery absorbed: {report:?}");
+    assert_eq!(report.total(), 1 + dups, "{report:?}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the business handler ran once"
+    );
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (1, 1)
+    );
+    assert_eq!(counter(m::DUPLICATES, &[("consumer", &consumer)]), dups);
+    assert_eq!(
+        counter(m::LEASE_RENEWALS, &[("consumer", &consumer)]),
+        0,
+        "the heartbeat had stopped"
+    );
+    assert_eq!(counts(&c, &q.dlq).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_extension_is_counted_as_a_lost_lease() {
+    metrics_init();
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let consumer = unique("lost");
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({})),
+        Some("evt-l"),
+        "d-l",
+        "g",
+    )
+    .await;
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let d = receiver
+        .receive(1)
+        .await
+        .unwrap()
+        .pop()
+        .expect("a delivery");
+    let lease = d.lease().expect("SQS deliveries have a lease");
+    let before = lease.expires_at().unwrap();
+    let renewed = lease
+        .renew(Duration::from_secs(40))
+        .await
+        .expect("renewal while held");
+    assert!(renewed > before);
+    // Someone else deletes the message (an operator, a purge): the receipt is no longer valid.
+    c.delete_message()
+        .queue_url(&q.url)
+        .receipt_handle(d.receipt_handle())
+        .send()
+        .await
+        .unwrap();
+    let err = lease
+        .renew(Duration::from_secs(40))
+        .await
+        .expect_err("renewing a deleted message fails");
+    assert!(
+        matches!(err, txinbox::BrokerError::LockLost { .. }),
+        "{err:?}"
+    );
+    let guard = txinbox::lease::keep_alive(
+        lease,
+        txinbox::LeaseOptions::default().interval(Duration::from_millis(200)),
+        consumer.clone(),
+    );
+    wait_until(Duration::from_secs(10), "the keeper to notice", || async {
+        guard.lost()
+    })
+    .await;
+    assert_eq!(counter(m::LEASE_LOST, &[("consumer", &consumer)]), 1);
+    assert_eq!(counts(&c, &q.url).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn poison_reaches_the_dlq_after_max_receive_count() {
+    let c = client().await;
+    let q = queue_pair(&c, 2, 2).await;
+    let store = pg_store().await;
+    let consumer = unique("poison");
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({"fail": "retry"})),
+        Some("evt-p"),
+        "d-p",
+        "g",
+    )
+    .await;
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options();
+    let calls = Arc::new(AtomicI64::new(0));
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(calls.clone())),
+        opts,
+    );
+    wait_until(LONG, "the poison message in the DLQ", || async {
+        counts(&c, &q.dlq).await.0 == 1
+    })
+    .await;
+    let report = w.stop().await;
+    assert!(report.count("retry") >= 2, "{report:?}");
+    assert_eq!(report.count("applied"), 0);
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (0, 0),
+        "rolled back each time"
+    );
+    assert_eq!(counts(&c, &q.url).await, (0, 0));
+    let dead = drain(&c, &q.dlq).await;
+    assert_eq!(dead.len(), 1);
+    let a = dead[0].message_attributes().unwrap();
+    assert_eq!(a["ce-id"].string_value(), Some("evt-p"), "identity kept");
+    assert_eq!(a["ce-source"].string_value(), Some("crm/meetings"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redrive_after_some_were_applied_keeps_identity() {
+    let c = client().await;
+    // maxReceiveCount 1: a message seen once and not deleted moves to the DLQ on its next receive.
+    let q = queue_pair(&c, 1, 2).await;
+    let store = pg_store().await;
+    let consumer = unique("redrive");
+    for i in 1..=4 {
+        send(
+            &c,
+            &q.url,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&format!("evt-r{i}")),
+            &format!("d-r{i}"),
+            &format!("g{i}"),
+        )
+        .await;
+    }
+    // A fifth message whose identity is its dedup id (no CloudEvents attributes).
+    send(&c, &q.url, &body("o5", "m", json!({})), None, "d-r5", "g5").await;
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
+        .await
+        .unwrap();
+    let inbox = pg_inbox(&store, &consumer);
+    let handler = pg_handler(Arc::new(AtomicI64::new(0)));
+    let got = receive_until(&mut receiver, 5, Duration::from_secs(20)).await;
+    // Two commit and crash before the delete; three crash before the transaction.
+    for d in got {
+        let applied = ["evt-r1", "evt-r2"].contains(&d.message().attribute("ce-id").unwrap_or(""));
+        let at = if applied {
+            FaultPoint::AfterCommit
+        } else {
+            FaultPoint::BeforeTransaction
+        };
+        assert!(inbox
+            .process_with_fault(d, &handler, &CancellationToken::new(), Some(at))
+            .await
+            .is_err());
+    }
+    assert_eq!(pg_effects(&store).await, 2);
+    // After the visibility timeout the next receive moves all five to the DLQ.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while counts(&c, &q.dlq).await.0 < 5 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for all five in the DLQ"
+        );
+        assert!(
+            receiver.receive(10).await.unwrap().is_empty(),
+            "maxReceiveCount 1: nothing comes back"
+        );
+    }
+    drop(receiver);
+
+    let mut progress = Vec::new();
+    let report = txinbox_sqs::redrive_with(
+        &c,
+        &q.dlq,
+        &q.url,
+        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
+        &mut progress,
+    )
+    .await
+    .unwrap();
+    let progress = String::from_utf8(progress).unwrap();
+    assert!(progress.contains("moved 4/5"), "{progress}");
+    assert_eq!(
+        (report.moved, report.new_dedup_id, report.deferred),
+        (4, 4, 1),
+        "{report:?}"
+    );
+    assert_eq!(
+        counts(&c, &q.dlq).await,
+        (0, 1),
+        "the dedup-identity message stays in the DLQ (deferred)"
+    );
+
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options();
+    let w = Running::start(
+        receiver,
+        inbox.bind(pg_handler(Arc::new(AtomicI64::new(0)))),
+        opts,
+    );
+    wait_until(LONG, "the redriven messages settled", || async {
+        queue_empty(&c, &q.url).await && pg_effects(&store).await == 4
+    })
+    .await;
+    let report = w.stop().await;
+    assert_eq!(
+        (report.count("applied"), report.count("duplicate")),
+        (2, 2),
+        "the inbox recognises what was applied: {report:?}"
+    );
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (4, 4)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payload_collision_is_forwarded_to_the_dlq_with_evidence() {
+    metrics_init();
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let store = pg_store().await;
+    let consumer = unique("collision");
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({"note": "first"})),
+        Some("evt-x"),
+        "d-x1",
+        "g",
+    )
+    .await;
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({"note": "changed"})),
+        Some("evt-x"),
+        "d-x2",
+        "g",
+    )
+    .await;
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options();
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(Arc::new(AtomicI64::new(0)))),
+        opts,
+    );
+    wait_until(LONG, "collision forwarded", || async {
+        queue_empty(&c, &q.url).await && counts(&c, &q.dlq).await.0 == 1
+    })
+    .await;
+    let report = w.stop().await;
+    assert_eq!(
+        (report.count("applied"), report.count("payload_collision")),
+        (1, 1),
+        "{report:?}"
+    );
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (1, 1)
+    );
+    let evidence: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM txinbox_rejections WHERE kind = 'payload_collision'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(evidence, 1);
+    let dead = drain(&c, &q.dlq).await;
+    assert_eq!(dead.len(), 1);
+    let d = &dead[0];
+    assert!(
+        d.body().unwrap().contains("changed"),
+        "the colliding payload is kept"
+    );
+    let a = d.message_attributes().unwrap();
+    assert_eq!(a["ce-id"].string_value(), Some("evt-x"));
+    assert_eq!(a["ce-source"].string_value(), Some("crm/meetings"));
+    assert_eq!(a["ce-type"].string_value(), Some("meeting.ended"));
+    assert_eq!(
+        a["txinbox-dlq-reason"].string_value(),
+        Some("payload_collision")
+    );
+    assert!(a["txinbox-dlq-detail"]
+        .string_value()
+        .unwrap()
+        .contains("evt-x"));
+    let sys = d.attributes().unwrap();
+    use aws_sdk_sqs::types::MessageSystemAttributeName as S;
+    assert_eq!(sys[&S::MessageDeduplicationId], "d-x2", "dedup id kept");
+    assert_eq!(sys[&S::MessageGroupId], "g", "group kept");
+    assert!(
+        counter(
+            txinbox_sqs::metrics::DLQ_FORWARDS,
+            &[("reason", "payload_collision")]
+        ) >= 1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_workers_on_one_queue_with_duplicates_apply_each_message_once() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let store = pg_store().await;
+    let consumer = unique("pair");
+    let n = 12;
+    for i in 0..n {
+        for copy in 0..2 {
+            send(
+                &c,
+                &q.url,
+                &body(&format!("o{i}"), "m", json!({})),
+                Some(&format!("evt-{i}")),
+                &format!("d-{i}-{copy}"),
+                &format!("g{i}-{copy}"),
+            )
+            .await;
+        }
+    }
+    let inbox = pg_inbox(&store, &consumer);
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        let receiver =
+            SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq).batch_size(5))
+                .await
+                .unwrap();
+        let opts = receiver.worker_options();
+        workers.push(Running::start(
+            receiver,
+            inbox.clone().bind(pg_handler(Arc::new(AtomicI64::new(0)))),
+            opts,
+        ));
+    }
+    wait_until(LONG, "all copies settled", || async {
+        queue_empty(&c, &q.url).await && pg_effects(&store).await == n
+    })
+    .await;
+    let mut applied = 0;
+    let mut duplicates = 0;
+    for w in workers {
+        let r = w.stop().await;
+        applied += r.count("applied");
+        duplicates += r.count("duplicate");
+    }
+    assert_eq!((applied, duplicates), (n as u64, n as u64));
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (n, n)
+    );
+    let per_message: i64 = sqlx::query_scalar("SELECT count(*) FROM (SELECT message_id FROM followup_tasks GROUP BY message_id HAVING count(*) > 1) x")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(per_message, 0, "exactly one effect per message");
+    assert_eq!(counts(&c, &q.dlq).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifo_group_order_is_kept_for_one_group() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let store = pg_store().await;
+    let consumer = unique("order");
+    for i in 1..=8 {
+        // Earlier messages are slower, so a concurrent worker would finish them last.
+        let sleep = (9 - i) * 60;
+        send(
+            &c,
+            &q.url,
+            &body(&format!("o{i}"), "m", json!({"sleep_ms": sleep})),
+            Some(&format!("evt-{i}")),
+            &format!("d-{i}"),
+            "one-group",
+        )
+        .await;
+    }
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options();
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(Arc::new(AtomicI64::new(0)))),
+        opts,
+    );
+    wait_until(LONG, "all applied", || async {
+        pg_effects(&store).await == 8 && queue_empty(&c, &q.url).await
+    })
+    .await;
+    let report = w.stop().await;
+    assert_eq!(report.count("applied"), 8);
+    let order: Vec<String> =
+        sqlx::query_scalar("SELECT opportunity FROM followup_tasks ORDER BY position")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let expected: Vec<String> = (1..=8).map(|i| format!("o{i}")).collect();
+    assert_eq!(order, expected);
+    assert_eq!(pg_rows(&store, &consumer).await, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_mid_batch_loses_nothing_and_duplicates_nothing() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 3).await;
+    let store = pg_store().await;
+    let consumer = unique("sigterm");
+    let n = 20;
+    for i in 0..n {
+        send(
+            &c,
+            &q.url,
+            &body(&format!("o{i}"), "m", json!({"sleep_ms": 400})),
+            Some(&format!("evt-{i}")),
+            &format!("d-{i}"),
+            &format!("g{i}"),
+        )
+        .await;
+    }
+    let calls = Arc::new(AtomicI64::new(0));
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(3, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options().concurrency(4);
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(calls.clone())),
+        opts,
+    );
+    // Stop (as SIGTERM would through `shutdown_signal`) while a batch is in flight.
+    wait_until(LONG, "a batch in flight", || async {
+        calls.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    let first = w.stop().await;
+    assert!(first.total() < n as u64, "stopped mid-way: {first:?}");
+    assert_eq!(
+        first.count("interrupted"),
+        0,
+        "in-flight deliveries finished within the shutdown timeout"
+    );
+    // A new instance takes over and drains the queue.
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(3, &q.dlq))
+        .await
+        .unwrap();
+    let opts = receiver.worker_options();
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind(pg_handler(calls.clone())),
+        opts,
+    );
+    wait_until(LONG, "all messages applied", || async {
+        pg_effects(&store).await == n && queue_empty(&c, &q.url).await
+    })
+    .await;
+    let second = w.stop().await;
+    assert_eq!(
+        first.count("applied") + second.count("applied"),
+        n as u64,
+        "{first:?} {second:?}"
+    );
+    assert_eq!(
+        (pg_rows(&store, &consumer).await, pg_effects(&store).await),
+        (n, n)
+    );
+    assert_eq!(counts(&c, &q.dlq).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn publisher_sends_one_identity_the_inbox_resolves() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let store = pg_store().await;
+    let consumer = unique("publish");
+    let publisher = txinbox_sqs::SqsPublisher::new(c.clone()).default_queue(&q.url);
+    let mut msg = txinbox::OutboxMessage {
+        destination: String::new(),
+        source: "crm/meetings".into(),
+        message_id: "evt-pub-1".into(),
+        event_type: "meeting.ended".into(),
+        group_id: Some("oportunidade_2481".into()),
+        body: body("oportunidade_2481", "reuniao_184", json!({})).into_bytes(),
+        attributes: Default::default(),
+    };
+    msg.attributes
+        .insert("ce-tenantid".into(), "jupiter".into());
+    txinbox::Publisher::publish(&publisher, &msg).await.unwrap();
+    txinbox::Publisher::publish(&publisher, &msg).await.unwrap();
+    assert_eq!(
+        counts(&c, &q.url).await.0,
+        1,
+        "the republish inside 5 minutes is dropped by SQS"
+    );
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let d = receiver
+        .receive(10)
+        .await
+        .unwrap()
+        .pop()
+        .expect("one delivery");
+    let rm = d.message();
+    assert_eq!(rm.attribute("ce-id"), Some("evt-pub-1"));
+    assert_eq!(rm.attribute("ce-tenantid"), Some("jupiter"));
+    assert_eq!(rm.group_id.as_deref(), Some("oportunidade_2481"));
+    assert_eq!(
+        rm.producer_id.as_deref(),
+        Some(txinbox_sqs::deduplication_id("crm/meetings", "evt-pub-1").as_str())
+    );
+    let inbox = pg_inbox(&store, &consumer);
+    assert!(matches!(
+        inbox
+            .process(d, &pg_handler(Arc::new(AtomicI64::new(0))))
+            .await,
+        Outcome::Applied { .. }
+    ));
+    let (id, tenant): (String, Option<String>) =
+        sqlx::query_as("SELECT message_id, tenant_id FROM txinbox_inbox")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        (id.as_str(), tenant.as_deref()),
+        ("evt-pub-1", Some("jupiter"))
+    );
+    assert_eq!(pg_effects(&store).await, 1);
+    assert_eq!(counts(&c, &q.url).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_queue_is_entity_not_found_and_options_are_checked() {
+    let c = client().await;
+    let bad = SqsReceiver::connect(
+        c.clone(),
+        "http://127.0.0.1:1/000000000000/nope.fifo",
+        SqsOptions::default().batch_size(11),
+    )
+    .await;
+    assert!(matches!(
+        bad,
+        Err(txinbox_sqs::SqsError::InvalidOptions { .. })
+    ));
+    let url = format!("{}/123456789012/{}.fifo", endpoint(), unique("missing"));
+    let err = SqsReceiver::connect(c, url, SqsOptions::default())
+        .await
+        .expect_err("no such queue");
+    assert_eq!(
+        err.kind(),
+        Some(txinbox_sqs::AwsErrorKind::QueueNotFound),
+        "{err}"
+    );
+    assert!(matches!(
+        txinbox::BrokerError::from(err),
+        txinbox::BrokerError::EntityNotFound { .. }
+    ));
+}

@@ -1,0 +1,111 @@
+//! A small producer for the CRM follow-up agent: publishes `meeting.ended` events to an SQS FIFO queue with
+//! one identity (CloudEvents `ce-id`/`ce-source`, `MessageDeduplicationId` derived from them, the opportunity
+//! as `MessageGroupId`). `--create` makes the queue and its DLQ (FIFO, maxReceiveCount 5) first, which is
+//! handy against moto.
+//!
+//! ```text
+//! sqs-producer --queue-name crm-events --create --opportunity oportunidade_2481 --meeting reuniao_184 [--id evt-1] [--times 2]
+//! ```
+
+use clap::Parser;
+use txinbox::OutboxMessage;
+use txinbox_sqs::aws_sdk_sqs::types::QueueAttributeName;
+use txinbox_sqs::SqsPublisher;
+
+#[derive(Debug, Parser)]
+#[command(about = "Publish CRM meeting events to SQS FIFO with a stable identity")]
+struct Args {
+    /// The queue name (without `.fifo`).
+    #[arg(long, default_value = "crm-events")]
+    queue_name: String,
+    /// Create the queue and its DLQ if missing.
+    #[arg(long)]
+    create: bool,
+    /// The opportunity.
+    #[arg(long, default_value = "oportunidade_2481")]
+    opportunity: String,
+    /// The meeting.
+    #[arg(long, default_value = "reuniao_184")]
+    meeting: String,
+    /// The event id (default: derived from opportunity and meeting, so a republish keeps it).
+    #[arg(long)]
+    id: Option<String>,
+    /// Publish the same event this many times (inside 5 minutes SQS keeps one; later the inbox drops them).
+    #[arg(long, default_value_t = 1)]
+    times: u32,
+}
+
+async fn queue_url(
+    client: &txinbox_sqs::aws_sdk_sqs::Client,
+    name: &str,
+    create: bool,
+) -> Result<String, Box<dyn std::error::Error>> {
+    if !create {
+        let out = client
+            .get_queue_url()
+            .queue_name(format!("{name}.fifo"))
+            .send()
+            .await?;
+        return Ok(out.queue_url().unwrap_or_default().to_owned());
+    }
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{name}-dlq.fifo"))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .send()
+        .await?;
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(dlq.queue_url().unwrap_or_default())
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .unwrap_or_default();
+    let q = client
+        .create_queue()
+        .queue_name(format!("{name}.fifo"))
+        .attributes(QueueAttributeName::FifoQueue, "true")
+        .attributes(QueueAttributeName::VisibilityTimeout, "60")
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"5"}}"#),
+        )
+        .send()
+        .await?;
+    eprintln!(
+        "queue {} (DLQ {})",
+        q.queue_url().unwrap_or_default(),
+        dlq.queue_url().unwrap_or_default()
+    );
+    Ok(q.queue_url().unwrap_or_default().to_owned())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let client = txinbox_sqs::client_from_env().await;
+    let url = queue_url(&client, &args.queue_name, args.create).await?;
+    let id = args
+        .id
+        .clone()
+        .unwrap_or_else(|| format!("meeting-ended:{}:{}", args.opportunity, args.meeting));
+    let body =
+        serde_json::json!({"opportunity": args.opportunity, "meeting": args.meeting}).to_string();
+    let msg = OutboxMessage {
+        destination: url.clone(),
+        source: "crm/meetings".into(),
+        message_id: id.clone(),
+        event_type: "meeting.ended".into(),
+        group_id: Some(args.opportunity.clone()),
+        body: body.into_bytes(),
+        attributes: [("ce-contractversion".to_owned(), "1".to_owned())].into(),
+    };
+    let publisher = SqsPublisher::new(client);
+    for _ in 0..args.times.max(1) {
+        let sqs_id = publisher.send(&msg).await?;
+        println!("published ce-id={id} to {url} (SQS MessageId {sqs_id})");
+    }
+    Ok(())
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Starts and stops a local moto server (an AWS emulator) for the txinbox-sqs tests and examples.
+#
+#   eval "$(bash scripts/moto.sh start)"   # installs moto if needed, starts it, exports TXINBOX_SQS_ENDPOINT
+#   bash scripts/moto.sh status            # exit 0 when the recorded server answers
+#   bash scripts/moto.sh stop              # stops the server started by `start`
+#
+# moto is installed into .build/venv-moto on first use (PyPI `moto[server]`). The server listens on 127.0.0.1
+# only, on $MOTO_PORT when set, else on a free port. `start` prints shell `export` lines on stdout (and nothing
+# else), so it can be eval'ed; progress and errors go to stderr. It exits non-zero with a message when moto
+# cannot be installed or does not answer: it never skips silently.
+set -euo pipefail
+
+MOTO_VERSION=${MOTO_VERSION:-5.2.5}
+PYTHON=${PYTHON:-python3}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$root/.build/venv-moto"
+state="$root/.build/moto"
+pid_file="$state/moto.pid"
+port_file="$state/moto.port"
+log_file="$state/moto.log"
+
+say() { echo "moto.sh: $*" >&2; }
+fail() {
+  echo "moto.sh: FAILED: $*" >&2
+  exit 1
+}
+
+installed_version() {
+  "$venv/bin/python" - <<'PY' 2>/dev/null
+from importlib.metadata import version
+print(version("moto"))
+PY
+}
+
+install() {
+  if [[ -x "$venv/bin/python" && "$(installed_version || true)" == "$MOTO_VERSION" ]] &&
+    "$venv/bin/python" -c 'import moto.server, flask, flask_cors' 2>/dev/null; then
+    return 0
+  fi
+  say "installing moto[server]==$MOTO_VERSION into .build/venv-moto (first use)"
+  mkdir -p "$root/.build"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    "$PYTHON" -m venv "$venv" >&2 || fail "cannot create a virtual environment with $PYTHON (install python3-venv)"
+  fi
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION" >&2 ||
+    fail "pip could not install moto[server]==$MOTO_VERSION"
+  "$venv/bin/python" -c 'import moto.server' 2>/dev/null || fail "moto installed but moto.server does not import"
+}
+
+answers() {
+  # moto answers GET / with 200 once it is up.
+  "$venv/bin/python" - "$1" <<'PY' 2>/dev/null
+import sys, urllib.request
+urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/", timeout=2).read()
+PY
+}
+
+free_port() {
+  "$venv/bin/python" - <<'PY'
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+PY
+}
+
+running_pid() {
+  [[ -f "$pid_file" ]] || return 1
+  local pid
+  pid=$(cat "$pid_file")
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+print_exports() {
+  echo "export TXINBOX_SQS_ENDPOINT=http://127.0.0.1:$1"
+  echo "export TXINBOX_MOTO_PID_FILE=$pid_file"
+}
+
+start() {
+  install
+  mkdir -p "$state"
+  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
+    say "already running (pid $pid) on port $(cat "$port_file")"
+    print_exports "$(cat "$port_file")"
+    return 0
+  fi
+  local port=${MOTO_PORT:-$(free_port)}
+  # Dummy credentials only: moto accepts anything, and nothing real must reach it.
+  AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1 \
+    nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$port" >"$log_file" 2>&1 &
+  local pid=$!
+  echo "$pid" >"$pid_file"
+  echo "$port" >"$port_file"
+  for _ in $(seq 1 100); do
+    if answers "$port"; then
+      say "moto $MOTO_VERSION listening on 127.0.0.1:$port (pid $pid, log $log_file)"
+      print_exports "$port"
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$log_file" >&2 || true
+      rm -f "$pid_file"
+      fail "moto exited during start-up (port $port); see $log_file"
+    fi
+    sleep 0.2
+  done
+  kill "$pid" 2>/dev/null || true
+  rm -f "$pid_file"
+  fail "moto did not answer on 127.0.0.1:$port within 20 s; see $log_file"
+}
+
+stop() {
+  if pid=$(running_pid); then
+    kill "$pid"
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+    say "stopped (pid $pid)"
+  else
+    say "not running"
+  fi
+  rm -f "$pid_file" "$port_file"
+}
+
+status() {
+  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
+    say "running (pid $pid) on port $(cat "$port_file")"
+    print_exports "$(cat "$port_file")"
+  else
+    say "not running"
+    return 1
+  fi
+}
+
+case "${1:-start}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  install) install ;;
+  *)
+    echo "usage: $0 start|stop|status|install" >&2
+    exit 2
+    ;;
+esac
