@@ -88,6 +88,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 say "cargo test (every crate, every test)"
 cargo test --workspace --locked
 
+say "the examples as real processes (producer, worker, SIGTERM) against moto and the Service Bus emulator"
+bash scripts/examples-smoke.sh
+
 say "the lab and its failure windows, through the CLI, on SQLite and PostgreSQL"
 ./target/debug/txinbox lab
 ./target/debug/txinbox lab --windows

@@ -12,9 +12,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use txinbox::{ConsumerName, IdentityPolicy, Worker};
 use txinbox_sqs::{SqsOptions, SqsReceiver};
-use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
 
 #[derive(Debug, Parser)]
 #[command(about = "CRM follow-up worker on SQS FIFO with the txinbox inbox")]
@@ -39,38 +37,8 @@ struct Args {
     visibility_timeout: u64,
 }
 
-const TASKS_PG: &str = "CREATE TABLE IF NOT EXISTS crm_followup_tasks (task_id TEXT PRIMARY KEY, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, message_id TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())";
-const TASKS_SQLITE: &str = "CREATE TABLE IF NOT EXISTS crm_followup_tasks (task_id TEXT PRIMARY KEY, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, message_id TEXT NOT NULL, created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)";
-
-/// The identity policy of the agent: CloudEvents / dedup id as message id, and the business key
-/// `criar_tarefa_followup:<opportunity>:<meeting>` so two different events asking for the same follow-up
-/// create one task.
-fn policy(consumer: &str) -> Result<IdentityPolicy, Box<dyn std::error::Error>> {
-    Ok(
-        IdentityPolicy::new(ConsumerName::new(consumer)?).business_key(|m| {
-            let v: serde_json::Value =
-                serde_json::from_slice(&m.body).map_err(|e| e.to_string())?;
-            Ok(Some(format!(
-                "criar_tarefa_followup:{}:{}",
-                v["opportunity"].as_str().ok_or("no opportunity")?,
-                v["meeting"].as_str().ok_or("no meeting")?
-            )))
-        }),
-    )
-}
-
-fn fields(json: Option<&serde_json::Value>) -> Result<(String, String), txinbox::HandlerError> {
-    let v = json.ok_or_else(|| txinbox::HandlerError::permanent("body is not JSON"))?;
-    let get = |k: &str| {
-        v[k].as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| txinbox::HandlerError::permanent(format!("missing {k}")))
-    };
-    Ok((get("opportunity")?, get("meeting")?))
-}
-
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), crm_followup::Error> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -84,75 +52,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(dlq) = &args.dlq_url {
         opts = opts.dead_letter_queue(dlq);
     }
-    let rules = txinbox_store::InputRules::default().body(txinbox_store::BodyFormat::Json);
     let client = txinbox_sqs::client_from_env().await;
     let receiver = SqsReceiver::connect(client, &args.queue_url, opts.clone()).await?;
     let worker_opts = receiver.worker_options();
 
-    let report = if args.store.starts_with("postgres") {
-        let store =
-            Store::<sqlx::Postgres>::connect(&args.store, args.concurrency as u32 + 2).await?;
-        sqlx::query(TASKS_PG).execute(store.pool()).await?;
-        let inbox = Inbox::new(store.pool().clone(), policy(&args.consumer)?)
-            .input_rules(rules)
-            .retry_backoff(opts.retry_backoff);
-        let handler = handler_fn::<sqlx::Postgres, _>(|tx, msg| {
-            Box::pin(async move {
-                let (opportunity, meeting) = fields(msg.json)?;
-                let task_id = format!("followup-{opportunity}-{meeting}");
-                sqlx::query("INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES ($1, $2, $3, $4)")
-                    .bind(&task_id)
-                    .bind(&opportunity)
-                    .bind(&meeting)
-                    .bind(&msg.identity.message_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                Ok(Handled::reference(task_id))
-            })
-        });
-        let r = Worker::new(receiver, inbox.bind(handler))
-            .options(worker_opts)
-            .run_until(txinbox::shutdown_signal())
-            .await;
-        store.close().await;
-        r
-    } else {
-        let store = Store::<sqlx::Sqlite>::connect(&args.store).await?;
-        sqlx::query(TASKS_SQLITE).execute(store.pool()).await?;
-        let inbox = Inbox::new(store.pool().clone(), policy(&args.consumer)?)
-            .input_rules(rules)
-            .retry_backoff(opts.retry_backoff);
-        let handler = handler_fn::<sqlx::Sqlite, _>(|tx, msg| {
-            Box::pin(async move {
-                let (opportunity, meeting) = fields(msg.json)?;
-                let task_id = format!("followup-{opportunity}-{meeting}");
-                sqlx::query("INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES (?1, ?2, ?3, ?4)")
-                    .bind(&task_id)
-                    .bind(&opportunity)
-                    .bind(&meeting)
-                    .bind(&msg.identity.message_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                Ok(Handled::reference(task_id))
-            })
-        });
-        let r = Worker::new(receiver, inbox.bind(handler))
-            .options(worker_opts)
-            .run_until(txinbox::shutdown_signal())
-            .await;
-        store.close().await;
-        r
-    };
-    tracing::info!(
-        applied = report.count("applied"),
-        duplicates = report.count("duplicate"),
-        business_duplicates = report.count("business_duplicate"),
-        dead_lettered = report.count("dead_lettered") + report.count("payload_collision"),
-        leases_lost = report.leases_lost,
-        "worker stopped"
-    );
+    let report = crm_followup::run(
+        receiver,
+        crm_followup::AgentOptions {
+            store: args.store,
+            consumer: args.consumer,
+            worker: worker_opts,
+            retry_backoff: opts.retry_backoff,
+        },
+    )
+    .await?;
     println!("{report:?}");
     Ok(())
 }
