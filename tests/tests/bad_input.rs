@@ -5,7 +5,7 @@ use txinbox::mem::{MemoryQueue, OutgoingMessage, QueueState};
 use txinbox::{BadInput, ConsumerName, IdentityPolicy, Outcome};
 use txinbox_cli::lab::{followup_business_key, lab_message, task_handler, CONSUMER};
 use txinbox_cli::labdb::LabDb;
-use txinbox_e2e::{pg_store, sqlite_store, Metrics};
+use txinbox_e2e::{pg_store, sqlite_store, MetricTotals};
 use txinbox_store::{BodyFormat, Inbox, InputRules};
 
 fn inbox<DB: LabDb>(pool: sqlx::Pool<DB>) -> Inbox<DB> {
@@ -92,7 +92,7 @@ impl BodyBytes for OutgoingMessage {
 }
 
 async fn run<DB: LabDb>(pool: sqlx::Pool<DB>) {
-    let (metrics, _guard) = Metrics::install();
+    let (metrics, _guard) = MetricTotals::install_local();
     DB::create_tables(&pool).await.unwrap();
     let inbox = inbox(pool.clone());
     let h = task_handler::<DB>();
@@ -134,23 +134,17 @@ async fn run<DB: LabDb>(pool: sqlx::Pool<DB>) {
         0
     );
     assert_eq!(DB::count_tasks(&pool).await.unwrap(), 0);
+    assert_eq!(metrics.counter("txinbox_dead_letters_total", &[]), n as u64);
+    assert_eq!(metrics.counter("txinbox_unknown_identity_total", &[]), 3);
     assert_eq!(
-        metrics.counter("txinbox_dead_letters_total", None),
-        n as u64
-    );
-    assert_eq!(metrics.counter("txinbox_unknown_identity_total", None), 3);
-    assert_eq!(
-        metrics.counter("txinbox_contract_version_failures_total", None),
+        metrics.counter("txinbox_contract_version_failures_total", &[]),
         2
     );
     assert_eq!(
-        metrics.counter(
-            "txinbox_dead_letters_total",
-            Some(("reason", "invalid_json"))
-        ),
+        metrics.counter("txinbox_dead_letters_total", &[("reason", "invalid_json")]),
         1
     );
-    assert_eq!(metrics.counter("txinbox_applied_total", None), 0);
+    assert_eq!(metrics.counter("txinbox_applied_total", &[]), 0);
 }
 
 #[tokio::test]

@@ -9,7 +9,7 @@ use txinbox::mem::{MemoryQueue, QueueState};
 use txinbox::{Delivery, HandlerError, Outcome};
 use txinbox_cli::lab::{lab_inbox, lab_message, task_handler};
 use txinbox_cli::labdb::LabDb;
-use txinbox_e2e::{sqlite_store, Metrics};
+use txinbox_e2e::{sqlite_store, MetricTotals};
 use txinbox_store::handler_fn;
 
 #[derive(Clone, Default)]
@@ -33,7 +33,7 @@ impl Logs {
 
 #[tokio::test]
 async fn metrics_spans_and_logs_tell_what_happened() {
-    let (metrics, _guard) = Metrics::install();
+    let (metrics, _guard) = MetricTotals::install_local();
     let logs = Logs::default();
     let w = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -96,27 +96,27 @@ async fn metrics_spans_and_logs_tell_what_happened() {
     );
 
     assert_eq!(
-        metrics.counter("txinbox_received_total", Some(("consumer", "crm-followup"))),
+        metrics.counter("txinbox_received_total", &[("consumer", "crm-followup")]),
         5
     );
-    assert_eq!(metrics.counter("txinbox_applied_total", None), 1);
-    assert_eq!(metrics.counter("txinbox_duplicates_total", None), 1);
-    assert_eq!(metrics.counter("txinbox_payload_collisions_total", None), 1);
+    assert_eq!(metrics.counter("txinbox_applied_total", &[]), 1);
+    assert_eq!(metrics.counter("txinbox_duplicates_total", &[]), 1);
+    assert_eq!(metrics.counter("txinbox_payload_collisions_total", &[]), 1);
     assert_eq!(
-        metrics.counter("txinbox_retries_total", Some(("reason", "handler"))),
+        metrics.counter("txinbox_retries_total", &[("reason", "handler")]),
         1
     );
     assert_eq!(
         metrics.counter(
             "txinbox_dead_letters_total",
-            Some(("reason", "payload_collision"))
+            &[("reason", "payload_collision")]
         ),
         1
     );
     assert_eq!(
         metrics.counter(
             "txinbox_dead_letters_total",
-            Some(("reason", "handler_permanent"))
+            &[("reason", "handler_permanent")]
         ),
         1
     );

@@ -7,11 +7,11 @@ use txinbox::mem::{MemoryQueue, QueueState, SettleFault};
 use txinbox::Outcome;
 use txinbox_cli::lab::{lab_inbox, lab_message, task_handler, CONSUMER};
 use txinbox_cli::labdb::LabDb;
-use txinbox_e2e::{sqlite_store, Metrics};
+use txinbox_e2e::{sqlite_store, MetricTotals};
 
 #[tokio::test]
 async fn failed_and_lost_acks_after_commit_are_absorbed() {
-    let (metrics, _guard) = Metrics::install();
+    let (metrics, _guard) = MetricTotals::install_local();
     let store = sqlite_store().await;
     let pool = store.pool().clone();
     <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
@@ -36,7 +36,7 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
         Outcome::Applied { .. }
     ));
     assert_eq!(
-        metrics.counter("txinbox_settle_failures_total", Some(("op", "ack"))),
+        metrics.counter("txinbox_settle_failures_total", &[("op", "ack")]),
         2
     );
     assert_eq!(

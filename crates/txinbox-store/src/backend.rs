@@ -146,6 +146,34 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 }
 
+/// Reads a row of `SELECT id, destination, source, message_id, event_type, group_id, body, attributes,
+/// attempts FROM txinbox_outbox` (the same on every backend).
+pub(crate) fn pending_outbox_from_row<'r, R>(r: &'r R) -> Result<PendingOutbox, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let attrs: String = r.try_get(7)?;
+    Ok(PendingOutbox {
+        id: r.try_get(0)?,
+        attempts: r.try_get(8)?,
+        message: OutboxMessage {
+            destination: r.try_get(1)?,
+            source: r.try_get(2)?,
+            message_id: r.try_get(3)?,
+            event_type: r.try_get(4)?,
+            group_id: r.try_get(5)?,
+            body: r.try_get(6)?,
+            attributes: serde_json::from_str(&attrs)
+                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        },
+    })
+}
+
 /// Migrations shipped with this build: (version, name, PostgreSQL SQL, SQLite SQL).
 pub(crate) const MIGRATIONS: &[(i64, &str, &str, &str)] = &[(
     1,

@@ -5,7 +5,8 @@ use sqlx::{PgConnection, PgPool, Postgres, Row};
 use txinbox::{Identity, OutboxMessage};
 
 use crate::backend::{
-    Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox, Rejection, MIGRATIONS,
+    pending_outbox_from_row, Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox,
+    Rejection, MIGRATIONS,
 };
 use crate::error::StoreError;
 
@@ -174,24 +175,7 @@ impl Backend for Postgres {
             .bind(limit)
             .fetch_all(pool)
             .await?;
-        rows.into_iter()
-            .map(|r| {
-                let attrs: String = r.try_get(7)?;
-                Ok(PendingOutbox {
-                    id: r.try_get(0)?,
-                    attempts: r.try_get(8)?,
-                    message: OutboxMessage {
-                        destination: r.try_get(1)?,
-                        source: r.try_get(2)?,
-                        message_id: r.try_get(3)?,
-                        event_type: r.try_get(4)?,
-                        group_id: r.try_get(5)?,
-                        body: r.try_get(6)?,
-                        attributes: serde_json::from_str(&attrs).unwrap_or_default(),
-                    },
-                })
-            })
-            .collect()
+        rows.iter().map(pending_outbox_from_row).collect()
     }
 
     async fn finish_outbox(

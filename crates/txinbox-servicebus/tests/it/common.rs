@@ -8,13 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use serde_json::Value;
 use txinbox::{ConsumerName, HandlerError, IdentityPolicy, OutboxMessage};
 use txinbox_servicebus::{
     ServiceBusClient, ServiceBusConfig, ServiceBusOptions, ServiceBusPublisher,
 };
-use txinbox_store::{db_error, Handled, Handler, Inbound, Inbox, Store};
+use txinbox_store::{db_error, Handled, Handler, Inbound, Inbox};
 
 pub const CONSUMER: &str = "crm-followup";
 
@@ -142,11 +141,7 @@ pub fn fast_options(lock: Duration) -> ServiceBusOptions {
 /// A fresh PostgreSQL schema with the inbox and an `effects` table (no unique constraint, so a repeated
 /// effect would show).
 pub async fn pg() -> sqlx::PgPool {
-    let url = var("TXINBOX_TEST_PG_URL");
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let store = Store::<sqlx::Postgres>::connect_in_schema(&url, &schema, 6)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at TXINBOX_TEST_PG_URL is unreachable: {e}"));
+    let store = txinbox_testkit::pg_store(6).await;
     sqlx::query("CREATE TABLE effects (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL, body TEXT NOT NULL)")
         .execute(store.pool())
         .await
@@ -282,55 +277,18 @@ where
     }
 }
 
-/// A counter series: name and labels.
-type SeriesKey = (String, Vec<(String, String)>);
-
-/// Reads a thread-local metrics recorder installed for a current-thread test runtime. The debugging recorder's
-/// snapshots drain counters, so the totals are accumulated here.
-pub struct Metrics {
-    snapshotter: Snapshotter,
-    totals: Mutex<HashMap<SeriesKey, u64>>,
-}
+/// Metric totals from a thread-local recorder (current-thread test runtime); see `txinbox_testkit`.
+pub struct Metrics(txinbox_testkit::MetricTotals);
 
 impl Metrics {
     /// Installs a recorder on this thread; keep the guard alive for the test.
     pub fn install() -> (metrics::LocalRecorderGuard<'static>, Self) {
-        let recorder: &'static DebuggingRecorder = Box::leak(Box::new(DebuggingRecorder::new()));
-        let snapshotter = recorder.snapshotter();
-        let guard = metrics::set_default_local_recorder(recorder);
-        (
-            guard,
-            Self {
-                snapshotter,
-                totals: Mutex::new(HashMap::new()),
-            },
-        )
+        let (totals, guard) = txinbox_testkit::MetricTotals::install_local();
+        (guard, Self(totals))
     }
 
     /// Sum of a counter over the series whose labels include every `(key, value)` of `labels`.
     pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
-        let mut totals = self.totals.lock().unwrap();
-        for (k, _, _, v) in self.snapshotter.snapshot().into_vec() {
-            if let DebugValue::Counter(c) = v {
-                let key = (
-                    k.key().name().to_owned(),
-                    k.key()
-                        .labels()
-                        .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                        .collect(),
-                );
-                *totals.entry(key).or_default() += c;
-            }
-        }
-        totals
-            .iter()
-            .filter(|((n, ls), _)| {
-                n == name
-                    && labels
-                        .iter()
-                        .all(|(lk, lv)| ls.iter().any(|(k, v)| k == lk && v == lv))
-            })
-            .map(|(_, v)| *v)
-            .sum()
+        self.0.counter(name, labels)
     }
 }

@@ -3,15 +3,13 @@
 //! `TXINBOX_TEST_PG_URL`).
 #![allow(dead_code, missing_docs)]
 
-use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use aws_sdk_sqs::Client;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebuggingRecorder;
 use txinbox::{ConsumerName, HandlerError, IdentityPolicy};
 use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
 
@@ -21,11 +19,7 @@ pub fn endpoint() -> String {
     })
 }
 
-pub fn pg_url() -> String {
-    std::env::var("TXINBOX_TEST_PG_URL").unwrap_or_else(|_| {
-        panic!("TXINBOX_TEST_PG_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)")
-    })
-}
+pub use txinbox_testkit::wait_until;
 
 pub async fn client() -> Client {
     let endpoint = endpoint();
@@ -177,30 +171,8 @@ pub async fn drain(c: &Client, url: &str) -> Vec<aws_sdk_sqs::types::Message> {
     }
 }
 
-/// Polls `check` every 250 ms until it returns true; panics with `what` after `timeout`.
-pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 pub async fn pg_store() -> Store<sqlx::Postgres> {
-    let url = pg_url();
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let store = Store::<sqlx::Postgres>::connect_in_schema(&url, &schema, 8)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at TXINBOX_TEST_PG_URL is unreachable: {e}"));
+    let store = txinbox_testkit::pg_store(8).await;
     sqlx::query("CREATE TABLE followup_tasks (message_id TEXT NOT NULL, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, position BIGINT NOT NULL)")
         .execute(store.pool())
         .await
@@ -209,9 +181,7 @@ pub async fn pg_store() -> Store<sqlx::Postgres> {
 }
 
 pub async fn sqlite_store() -> Store<sqlx::Sqlite> {
-    let store = Store::<sqlx::Sqlite>::connect("sqlite::memory:")
-        .await
-        .expect("sqlite");
+    let store = txinbox_testkit::sqlite_store().await;
     sqlx::query("CREATE TABLE followup_tasks (message_id TEXT NOT NULL, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, position INTEGER NOT NULL)")
         .execute(store.pool())
         .await
@@ -318,24 +288,13 @@ pub fn fast_options(vt: u64, dlq: &str) -> txinbox_sqs::SqsOptions {
 
 // ---- metrics: one global recorder; every test uses its own consumer name as the label -----------------
 
-/// (metric name, sorted labels).
-type SeriesKey = (String, Vec<(String, String)>);
-
-struct Metrics {
-    snapshotter: Snapshotter,
-    totals: Mutex<HashMap<SeriesKey, u64>>,
-}
-
-fn metrics_state() -> &'static Metrics {
-    static M: OnceLock<Metrics> = OnceLock::new();
+fn metrics_state() -> &'static txinbox_testkit::MetricTotals {
+    static M: OnceLock<txinbox_testkit::MetricTotals> = OnceLock::new();
     M.get_or_init(|| {
         let rec = DebuggingRecorder::new();
-        let snapshotter = rec.snapshotter();
+        let totals = txinbox_testkit::MetricTotals::new(rec.snapshotter());
         rec.install().expect("install the metrics recorder");
-        Metrics {
-            snapshotter,
-            totals: Mutex::new(HashMap::new()),
-        }
+        totals
     })
 }
 
@@ -346,28 +305,5 @@ pub fn metrics_init() {
 
 /// The total of counter `name` over series carrying every label in `labels`.
 pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
-    let m = metrics_state();
-    let mut totals = m.totals.lock().unwrap();
-    // Snapshots reset counters, so fold every snapshot into the running totals shared by all tests.
-    for (ck, _, _, v) in m.snapshotter.snapshot().into_vec() {
-        if let DebugValue::Counter(n) = v {
-            let key = ck.key();
-            let mut ls: Vec<(String, String)> = key
-                .labels()
-                .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                .collect();
-            ls.sort();
-            *totals.entry((key.name().to_owned(), ls)).or_default() += n;
-        }
-    }
-    totals
-        .iter()
-        .filter(|((n, ls), _)| {
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
-        })
-        .map(|(_, v)| *v)
-        .sum()
+    metrics_state().counter(name, labels)
 }

@@ -1,0 +1,128 @@
+//! Test support shared by the txinbox test suites.
+//!
+//! The suites never skip: without the services the README test command provides (`bash scripts/test.sh`),
+//! these helpers panic and say how to run the tests.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use txinbox_store::Store;
+
+/// The PostgreSQL URL for tests, from `TXINBOX_TEST_PG_URL`.
+///
+/// # Panics
+/// When the variable is missing.
+pub fn pg_url() -> String {
+    std::env::var("TXINBOX_TEST_PG_URL").unwrap_or_else(|_| {
+        panic!("TXINBOX_TEST_PG_URL is not set: run the tests with `bash scripts/test.sh` (it brings up PostgreSQL), or set it to a reachable postgres:// URL")
+    })
+}
+
+/// A fresh, migrated PostgreSQL store in its own schema (`t_<uuid>`), with up to `max_connections`.
+///
+/// # Panics
+/// When PostgreSQL is not reachable.
+pub async fn pg_store(max_connections: u32) -> Store<sqlx::Postgres> {
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    Store::<sqlx::Postgres>::connect_in_schema(&pg_url(), &schema, max_connections)
+        .await
+        .unwrap_or_else(|e| panic!("PostgreSQL at TXINBOX_TEST_PG_URL is not reachable: {e}"))
+}
+
+/// A fresh, migrated in-memory SQLite store.
+pub async fn sqlite_store() -> Store<sqlx::Sqlite> {
+    Store::<sqlx::Sqlite>::connect("sqlite::memory:")
+        .await
+        .unwrap_or_else(|e| panic!("in-memory SQLite failed: {e}"))
+}
+
+/// Polls `check` every 50 ms until it returns true; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check().await {
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One series: name, sorted labels, total (counter sum or histogram sample count).
+type Series = (String, Vec<(String, String)>, u64);
+
+/// Running totals of the metrics a debugging recorder saw.
+///
+/// The debugging recorder's snapshots drain what they report, so every read folds the new snapshot into the
+/// totals of earlier reads.
+pub struct MetricTotals {
+    snap: Snapshotter,
+    seen: Mutex<Vec<Series>>,
+}
+
+impl MetricTotals {
+    /// Totals over `snap`.
+    pub fn new(snap: Snapshotter) -> Self {
+        Self {
+            snap,
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Installs a recorder for the current thread (use a current-thread runtime) for as long as the guard
+    /// lives.
+    pub fn install_local() -> (Self, metrics::LocalRecorderGuard<'static>) {
+        let recorder: &'static DebuggingRecorder = Box::leak(Box::new(DebuggingRecorder::new()));
+        let totals = Self::new(recorder.snapshotter());
+        (totals, metrics::set_default_local_recorder(recorder))
+    }
+
+    fn total(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        for (k, _, _, v) in self.snap.snapshot().into_vec() {
+            let n = match v {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(h) => h.len() as u64,
+                DebugValue::Gauge(_) => continue,
+            };
+            let key_name = k.key().name().to_owned();
+            let mut ls: Vec<(String, String)> = k
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            ls.sort();
+            match seen
+                .iter_mut()
+                .find(|(sn, sl, _)| *sn == key_name && *sl == ls)
+            {
+                Some(entry) => entry.2 += n,
+                None => seen.push((key_name, ls, n)),
+            }
+        }
+        seen.iter()
+            .filter(|(n, ls, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| *v)
+            .sum()
+    }
+
+    /// The total of counter `name` over the series carrying every label in `labels`.
+    pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.total(name, labels)
+    }
+
+    /// The number of samples histogram `name` recorded.
+    pub fn histogram_samples(&self, name: &str) -> u64 {
+        self.total(name, &[])
+    }
+}
