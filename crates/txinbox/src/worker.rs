@@ -5,6 +5,13 @@
 //! (commit, then settle) for up to [`WorkerOptions::shutdown_timeout`]. Past that deadline it signals the
 //! processors to stop: a delivery that has not committed rolls back and is released; one that has committed
 //! always goes on to settle. The worker never stops between COMMIT and settle.
+//!
+//! A receive (long poll) still in flight when shutdown begins is dropped. Messages the broker had already
+//! handed to it stay locked or invisible until their lock or visibility timeout runs out and are then
+//! redelivered to another worker: delayed, never lost.
+//!
+//! Messages of one FIFO group are not serialised here: an adapter whose broker can hand out several messages
+//! of a group at once (SQS FIFO in one batch) holds the later ones back itself.
 
 use std::collections::BTreeMap;
 use std::future::Future;
