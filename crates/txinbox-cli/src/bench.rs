@@ -226,7 +226,12 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
     )
     .await?;
     let sep = if args.store.contains('?') { '&' } else { '?' };
-    let pg_url = format!("{}{sep}options=-csearch_path%3D{schema}", args.store);
+    // The library's sqlx is built without TLS and talks plaintext; pgbench must use the same transport, or
+    // its TLS encryption (sslmode=prefer by default) would slow the reference down.
+    let pg_url = format!(
+        "{}{sep}sslmode=disable&options=-csearch_path%3D{schema}",
+        args.store
+    );
     let script = pgbench_script(&std::env::temp_dir())?;
     let consumer = ConsumerName::new(CONSUMER).map_err(|e| LabError::Usage(e.to_string()))?;
     let inbox = Arc::new(Inbox::new(pool.clone(), IdentityPolicy::new(consumer)));
@@ -293,12 +298,45 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
             .await?;
 
             reset(&pool).await?;
+            // The inbox's statements through sqlx without the inbox: what the client library itself costs.
+            let p = pool.clone();
+            let same_sql = measure(c, args.seconds, move |t, i| {
+                let p = p.clone();
+                Box::pin(async move {
+                    let mut tx = p.begin().await.map_err(|e| e.to_string())?;
+                    let id = format!("sql-{c}-{t}-{i}");
+                    let now = chrono::Utc::now();
+                    sqlx::query(txinbox_store::postgres::INSERT_MARKER)
+                        .bind(CONSUMER)
+                        .bind("urn.bench")
+                        .bind(&id)
+                        .bind(Some("bench.event"))
+                        .bind(None::<String>)
+                        .bind("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
+                        .bind(None::<String>)
+                        .bind(None::<String>)
+                        .bind(now)
+                        .bind(now)
+                        .bind(now + chrono::Duration::days(30))
+                        .bind("cloudevents_attributes")
+                        .bind(1i32)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    sqlx::query(BUSINESS_INSERT).bind(format!("t-{id}")).bind(&id).execute(&mut *tx).await.map_err(|e| e.to_string())?;
+                    tx.commit().await.map_err(|e| e.to_string())
+                })
+            })
+            .await?;
+
+            reset(&pool).await?;
             let pgb = run_pgbench(&args, &pg_url, &script, c)?;
             println!(
                 "c={c} bare={bare:.0} inbox={with_inbox:.0} inbox_dup={dup:.0} pgbench_inbox={pgb:.0} inbox/bare={:.2} inbox/pgbench={:.2}",
                 with_inbox / bare,
                 with_inbox / pgb
             );
+            println!("#   c={c} sqlx_same_sql={same_sql:.0} inbox/sqlx_same_sql={:.2} sqlx_same_sql/pgbench={:.2}", with_inbox / same_sql, same_sql / pgb);
         }
         Ok::<(), LabError>(())
     }

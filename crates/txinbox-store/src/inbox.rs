@@ -202,6 +202,11 @@ impl<DB: Backend> Inbox<DB> {
         &self.consumer
     }
 
+    /// The `consumer` metric label, sharing the name's allocation.
+    fn label(&self) -> metrics::SharedString {
+        metrics::SharedString::from_shared(self.consumer.clone())
+    }
+
     /// Binds a handler, giving a [`Processor`] for a [`txinbox::Worker`].
     pub fn bind<H: Handler<DB>>(self, handler: H) -> InboxProcessor<DB, H> {
         InboxProcessor {
@@ -252,7 +257,7 @@ impl<DB: Backend> Inbox<DB> {
             outcome = tracing::field::Empty,
         );
         async move {
-            let consumer = self.consumer.to_string();
+            let consumer = self.label();
             metrics::counter!(m::RECEIVED, "consumer" => consumer.clone()).increment(1);
             let decision = self.decide(&delivery, handler, stop, fault).await?;
             let outcome = self.settle(delivery, decision).await;
@@ -271,7 +276,7 @@ impl<DB: Backend> Inbox<DB> {
         fault: Option<FaultPoint>,
     ) -> Result<Decision, Crashed> {
         let msg = delivery.message();
-        let consumer = self.consumer.to_string();
+        let consumer = self.label();
         if stop.is_cancelled() {
             return Ok(self.interrupted());
         }
@@ -442,7 +447,7 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     fn bad_input(&self, bad: BadInput) -> Decision {
-        let consumer = self.consumer.to_string();
+        let consumer = self.label();
         match &bad {
             BadInput::NoIdentity { .. } | BadInput::InvalidIdentityField { .. } => {
                 metrics::counter!(m::UNKNOWN_IDENTITY, "consumer" => consumer).increment(1)
@@ -467,14 +472,13 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     fn interrupted(&self) -> Decision {
-        metrics::counter!(m::INTERRUPTED, "consumer" => self.consumer.to_string()).increment(1);
+        metrics::counter!(m::INTERRUPTED, "consumer" => self.label()).increment(1);
         tracing::warn!("shutdown deadline before COMMIT: rolled back, releasing");
         Decision::Release(Outcome::Interrupted, Duration::ZERO)
     }
 
     fn store_retry(&self, op: &'static str, e: &sqlx::Error) -> Decision {
-        metrics::counter!(m::RETRIES, "consumer" => self.consumer.to_string(), "reason" => "store")
-            .increment(1);
+        metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "store").increment(1);
         tracing::warn!(op, error = %e, transient = crate::error::is_transient(e), "store error: rolled back, released for redelivery");
         Decision::Release(
             Outcome::Retry {
@@ -491,7 +495,7 @@ impl<DB: Backend> Inbox<DB> {
         holder: Option<crate::backend::ExistingMarker>,
         received_at: chrono::DateTime<Utc>,
     ) -> Decision {
-        let consumer = self.consumer.to_string();
+        let consumer = self.label();
         let Some(holder) = holder else {
             // The conflicting row vanished between the insert and the read (retention purge): try again.
             metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "conflict_vanished")
@@ -570,7 +574,7 @@ impl<DB: Backend> Inbox<DB> {
     }
 
     async fn settle<D: Delivery>(&self, delivery: D, decision: Decision) -> Outcome {
-        let consumer = self.consumer.to_string();
+        let consumer = self.label();
         let (op, result, outcome) = match decision {
             Decision::Ack(o) => ("ack", delivery.ack().await, o),
             Decision::Release(o, after) => ("release", delivery.release(after).await, o),
@@ -608,9 +612,8 @@ impl<DB: Backend> Inbox<DB> {
             }
         }
         let rows = DB::count_markers(&self.pool, &self.consumer).await?;
-        metrics::counter!(m::RETENTION_PURGED, "consumer" => self.consumer.to_string())
-            .increment(total);
-        metrics::gauge!(m::INBOX_ROWS, "consumer" => self.consumer.to_string()).set(rows as f64);
+        metrics::counter!(m::RETENTION_PURGED, "consumer" => self.label()).increment(total);
+        metrics::gauge!(m::INBOX_ROWS, "consumer" => self.label()).set(rows as f64);
         Ok(total)
     }
 }

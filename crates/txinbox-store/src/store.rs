@@ -58,6 +58,9 @@ impl Store<sqlx::Sqlite> {
         };
         let pool = SqlitePoolOptions::new()
             .max_connections(if memory { 1 } else { 8 })
+            // No ping before each acquire: a broken connection fails that delivery's transaction, which
+            // is then retried.
+            .test_before_acquire(false)
             // An in-memory database dies with its last connection: keep it.
             .idle_timeout(if memory {
                 None
@@ -75,18 +78,25 @@ impl Store<sqlx::Sqlite> {
     }
 }
 
+/// The pool settings of [`Store::<sqlx::Postgres>::connect`]. Connections are not pinged before each acquire
+/// (sqlx's default costs one more round trip per transaction): a connection that died while idle makes that
+/// delivery's transaction fail, and the delivery is released and retried on a fresh connection.
+#[cfg(feature = "postgres")]
+fn pg_pool_options(max_connections: u32) -> sqlx::postgres::PgPoolOptions {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+        .test_before_acquire(false)
+}
+
 #[cfg(feature = "postgres")]
 impl Store<sqlx::Postgres> {
     /// Connects to a `postgres://` URL with up to `max_connections` connections and migrates.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+        use sqlx::postgres::PgConnectOptions;
         use std::str::FromStr;
         let opts = PgConnectOptions::from_str(url)?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(opts)
-            .await?;
+        let pool = pg_pool_options(max_connections).connect_with(opts).await?;
         Self::from_pool(pool).await
     }
 
@@ -97,7 +107,7 @@ impl Store<sqlx::Postgres> {
         schema: &str,
         max_connections: u32,
     ) -> Result<Self, StoreError> {
-        use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+        use sqlx::postgres::PgConnectOptions;
         use sqlx::Connection;
         use std::str::FromStr;
         if schema.is_empty()
@@ -120,9 +130,7 @@ impl Store<sqlx::Postgres> {
         )
         .await?;
         conn.close().await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
+        let pool = pg_pool_options(max_connections)
             .connect_with(opts.options([("search_path", schema)]))
             .await?;
         Self::from_pool(pool).await

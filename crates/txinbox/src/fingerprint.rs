@@ -85,20 +85,34 @@ fn remove_pointer(value: &mut serde_json::Value, pointer: &str) {
     }
 }
 
+/// Feeds what serde_json writes straight into the hash, without building strings.
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn write_canonical(value: &serde_json::Value, out: &mut Sha256) {
     use serde_json::Value;
     match value {
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             out.update(b"{");
-            for (i, k) in keys.into_iter().enumerate() {
+            for (i, (k, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     out.update(b",");
                 }
-                out.update(Value::String(k.clone()).to_string().as_bytes());
+                // Writing a string into a hash cannot fail.
+                let _ = serde_json::to_writer(HashWriter(out), k);
                 out.update(b":");
-                write_canonical(&map[k], out);
+                write_canonical(v, out);
             }
             out.update(b"}");
         }
@@ -112,7 +126,9 @@ fn write_canonical(value: &serde_json::Value, out: &mut Sha256) {
             }
             out.update(b"]");
         }
-        scalar => out.update(scalar.to_string().as_bytes()),
+        scalar => {
+            let _ = serde_json::to_writer(HashWriter(out), scalar);
+        }
     }
 }
 

@@ -19,7 +19,9 @@ CREATE TABLE txinbox_inbox (
 -- Two different messages asking for the same effect collide here.
 CREATE UNIQUE INDEX txinbox_inbox_business_key
     ON txinbox_inbox (consumer_name, business_key) WHERE business_key IS NOT NULL;
-CREATE INDEX txinbox_inbox_retention ON txinbox_inbox (retention_until);
+-- Markers are written in time order, so retention_until follows the physical order: a BRIN index serves the
+-- purge's range scan at almost no cost per insert (a B-tree here cost about 5 % of apply throughput).
+CREATE INDEX txinbox_inbox_retention ON txinbox_inbox USING brin (retention_until);
 
 -- Evidence for an operator: payload collisions and business-key duplicates (the payload is not kept).
 CREATE TABLE txinbox_rejections (
