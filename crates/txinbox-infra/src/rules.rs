@@ -309,36 +309,55 @@ fn check_content_dedup(c: &mut Checker<'_>, queue: &Resource) {
     }
 }
 
-fn check_visibility(c: &mut Checker<'_>, queue: &Resource) {
-    const RULE: RuleId = RuleId::SqsVisibilityTimeoutTooShort;
-    const KEY: &str = "visibility_timeout_seconds";
-    let heartbeat = c.settings.sqs.heartbeat_interval_seconds;
-    let minimum = heartbeat.saturating_mul(2);
-    let (seconds, line, shown) = match c.module.resolve(queue, KEY) {
-        Resolved::Missing => (
-            SQS_DEFAULT_VISIBILITY,
+/// Resolves a whole-seconds SQS attribute (`default` when unset) as (value, line, how to show it). When it
+/// cannot be known statically or is not a whole number of seconds, reports that under `rule` and gives None.
+fn sqs_seconds(
+    c: &mut Checker<'_>,
+    queue: &Resource,
+    rule: RuleId,
+    key: &str,
+    default: u64,
+) -> Option<(u64, Option<usize>, String)> {
+    match c.module.resolve(queue, key) {
+        Resolved::Missing => Some((
+            default,
             None,
-            format!("{KEY} is not set (SQS default {SQS_DEFAULT_VISIBILITY} s)"),
-        ),
-        Resolved::Unknown { line, why } => return c.unknown(RULE, queue, KEY, line, &why),
+            format!("{key} is not set (SQS default {default} s)"),
+        )),
+        Resolved::Unknown { line, why } => {
+            c.unknown(rule, queue, key, line, &why);
+            None
+        }
         Resolved::Known {
             value,
             line,
             origin,
         } => match as_u64(&value) {
-            Some(s) => (s, Some(line), format!("{KEY} = {s}{origin}")),
+            Some(s) => Some((s, Some(line), format!("{key} = {s}{origin}"))),
             None => {
-                return c.at(
-                    RULE,
+                c.at(
+                    rule,
                     queue,
                     Some(line),
                     format!(
-                        "{KEY} = {}{origin} is not a whole number of seconds",
+                        "{key} = {}{origin} is not a whole number of seconds",
                         show(&value)
                     ),
                 );
+                None
             }
         },
+    }
+}
+
+fn check_visibility(c: &mut Checker<'_>, queue: &Resource) {
+    const RULE: RuleId = RuleId::SqsVisibilityTimeoutTooShort;
+    const KEY: &str = "visibility_timeout_seconds";
+    let heartbeat = c.settings.sqs.heartbeat_interval_seconds;
+    let minimum = heartbeat.saturating_mul(2);
+    let Some((seconds, line, shown)) = sqs_seconds(c, queue, RULE, KEY, SQS_DEFAULT_VISIBILITY)
+    else {
+        return;
     };
     if seconds < minimum {
         c.at(RULE, queue, line, format!(
@@ -352,31 +371,9 @@ fn check_retention(c: &mut Checker<'_>, queue: &Resource, is_dlq: bool) {
     const KEY: &str = "message_retention_seconds";
     let inbox = c.settings.inbox.retention_seconds;
     let which = if is_dlq { "dead-letter queue" } else { "queue" };
-    let (seconds, line, shown) = match c.module.resolve(queue, KEY) {
-        Resolved::Missing => (
-            SQS_DEFAULT_RETENTION,
-            None,
-            format!("{KEY} is not set (SQS default {SQS_DEFAULT_RETENTION} s)"),
-        ),
-        Resolved::Unknown { line, why } => return c.unknown(RULE, queue, KEY, line, &why),
-        Resolved::Known {
-            value,
-            line,
-            origin,
-        } => match as_u64(&value) {
-            Some(s) => (s, Some(line), format!("{KEY} = {s}{origin}")),
-            None => {
-                return c.at(
-                    RULE,
-                    queue,
-                    Some(line),
-                    format!(
-                        "{KEY} = {}{origin} is not a whole number of seconds",
-                        show(&value)
-                    ),
-                );
-            }
-        },
+    let Some((seconds, line, shown)) = sqs_seconds(c, queue, RULE, KEY, SQS_DEFAULT_RETENTION)
+    else {
+        return;
     };
     if seconds > inbox {
         c.at(RULE, queue, line, format!(

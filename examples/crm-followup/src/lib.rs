@@ -67,6 +67,30 @@ pub struct AgentOptions {
     pub retry_backoff: Duration,
 }
 
+/// The task insert; `$n` placeholders work on both backends (SQLite numbers `$1`..`$4` by first appearance).
+const INSERT_TASK: &str =
+    "INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES ($1, $2, $3, $4)";
+
+/// Builds the agent's handler for one backend: the same code, typed for `$db`'s connection.
+macro_rules! task_handler {
+    ($db:ty) => {
+        handler_fn::<$db, _>(|tx, msg| {
+            Box::pin(async move {
+                let (task_id, opportunity, meeting) = task(msg)?;
+                sqlx::query(INSERT_TASK)
+                    .bind(&task_id)
+                    .bind(&opportunity)
+                    .bind(&meeting)
+                    .bind(&msg.identity.message_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+                Ok(Handled::reference(task_id))
+            })
+        })
+    };
+}
+
 /// Runs the agent on `receiver` until SIGTERM or Ctrl-C, then drains (commit, then settle) and returns the
 /// report.
 pub async fn run<R>(receiver: R, opts: AgentOptions) -> Result<WorkerReport, Error>
@@ -75,7 +99,7 @@ where
 {
     let rules = InputRules::default().body(BodyFormat::Json);
     let policy = policy(&opts.consumer)?;
-    if opts.store.starts_with("postgres") {
+    let report = if opts.store.starts_with("postgres") {
         let store =
             Store::<sqlx::Postgres>::connect(&opts.store, opts.worker.concurrency as u32 + 2)
                 .await?;
@@ -83,47 +107,30 @@ where
         let inbox = Inbox::new(store.pool().clone(), policy)
             .input_rules(rules)
             .retry_backoff(opts.retry_backoff);
-        let handler = handler_fn::<sqlx::Postgres, _>(|tx, msg| {
-            Box::pin(async move {
-                let (task_id, opportunity, meeting) = task(msg)?;
-                sqlx::query("INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES ($1, $2, $3, $4)")
-                    .bind(&task_id)
-                    .bind(&opportunity)
-                    .bind(&meeting)
-                    .bind(&msg.identity.message_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                Ok(Handled::reference(task_id))
-            })
-        });
-        let report = drive(receiver, inbox.bind(handler), opts.worker).await;
+        let report = drive(
+            receiver,
+            inbox.bind(task_handler!(sqlx::Postgres)),
+            opts.worker,
+        )
+        .await;
         store.close().await;
-        Ok(report)
+        report
     } else {
         let store = Store::<sqlx::Sqlite>::connect(&opts.store).await?;
         sqlx::query(TASKS_SQLITE).execute(store.pool()).await?;
         let inbox = Inbox::new(store.pool().clone(), policy)
             .input_rules(rules)
             .retry_backoff(opts.retry_backoff);
-        let handler = handler_fn::<sqlx::Sqlite, _>(|tx, msg| {
-            Box::pin(async move {
-                let (task_id, opportunity, meeting) = task(msg)?;
-                sqlx::query("INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES (?1, ?2, ?3, ?4)")
-                    .bind(&task_id)
-                    .bind(&opportunity)
-                    .bind(&meeting)
-                    .bind(&msg.identity.message_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                Ok(Handled::reference(task_id))
-            })
-        });
-        let report = drive(receiver, inbox.bind(handler), opts.worker).await;
+        let report = drive(
+            receiver,
+            inbox.bind(task_handler!(sqlx::Sqlite)),
+            opts.worker,
+        )
+        .await;
         store.close().await;
-        Ok(report)
-    }
+        report
+    };
+    Ok(report)
 }
 
 async fn drive<R, P>(receiver: R, processor: P, opts: WorkerOptions) -> WorkerReport
