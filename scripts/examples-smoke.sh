@@ -19,36 +19,63 @@ fail() {
   exit 1
 }
 
-# Starts a worker, waits (at most 60 s) until it has logged the business duplicate, which comes after the
-# applied event in FIFO order, then sends SIGTERM and checks the report the worker prints on the way out.
+# run_worker NAME WAIT_FOR EXPECTED_REPORT COMMAND...: starts a worker, waits (at most 60 s) until its log shows
+# WAIT_FOR (the last outcome expected, in FIFO order), sends SIGTERM, and checks that it stopped cleanly and that
+# the report it prints on the way out holds every `"outcome": n` of EXPECTED_REPORT (space-separated).
 run_worker() {
-  local name=$1
-  shift
+  local name=$1 wait_for=$2 expected=$3
+  shift 3
   "$@" >"$work/$name.out" 2>"$work/$name.err" &
   local pid=$!
   for _ in $(seq 1 120); do
-    cat "$work/$name.out" "$work/$name.err" | grep -q 'business duplicate' && break
+    cat "$work/$name.out" "$work/$name.err" | grep -q "$wait_for" && break
     kill -0 "$pid" 2>/dev/null || fail "$name died: $(tail -n 5 "$work/$name.err")"
     sleep 0.5
   done
   kill -TERM "$pid"
   wait "$pid" || fail "$name exited with an error: $(tail -n 5 "$work/$name.err")"
-  grep -q 'WorkerReport.*"applied": 1' "$work/$name.out" || fail "$name: expected applied=1: $(cat "$work/$name.out")"
-  grep -q 'WorkerReport.*"business_duplicate": 1' "$work/$name.out" || fail "$name: expected business_duplicate=1: $(cat "$work/$name.out")"
+  local report
+  report=$(grep WorkerReport "$work/$name.out" || true)
+  for outcome in $expected; do
+    local key=${outcome%=*} n=${outcome#*=}
+    [[ $report == *"\"$key\": $n"* ]] || fail "$name: expected $key=$n in: $report"
+  done
   cat "$work/$name.out" "$work/$name.err" | grep -q 'worker stopped' || fail "$name: no clean stop after SIGTERM"
-  echo "examples-smoke: $name ok: $(grep WorkerReport "$work/$name.out")" >&2
+  echo "examples-smoke: $name ok: $report" >&2
 }
 
-# SQS FIFO on moto.
+txinbox=target/debug/txinbox
+
+# SQS FIFO on moto: the resend is dropped by the FIFO window, another id for the same follow-up is a business
+# duplicate. Then the original event lands in the DLQ; `txinbox sqs redrive` moves it back with its identity
+# and the inbox recognises it as already applied.
 export AWS_ENDPOINT_URL_SQS=$TXINBOX_SQS_ENDPOINT AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1
 q="crm-smoke-$$"
+queue_url="$TXINBOX_SQS_ENDPOINT/123456789012/$q.fifo"
+dlq_url="$TXINBOX_SQS_ENDPOINT/123456789012/$q-dlq.fifo"
 "$bin/sqs-producer" --queue-name "$q" --create --times 2 >&2
 "$bin/sqs-producer" --queue-name "$q" --id "evt-other-$$" >&2
-RUST_LOG=info run_worker sqs "$bin/sqs-crm-worker" --queue-url "$TXINBOX_SQS_ENDPOINT/123456789012/$q.fifo" --store "sqlite:$work/sqs.db"
+RUST_LOG=info run_worker sqs 'business duplicate' 'applied=1 business_duplicate=1' \
+  "$bin/sqs-crm-worker" --queue-url "$queue_url" --store "sqlite:$work/sqs.db"
+"$bin/sqs-producer" --queue-name "$q-dlq" >&2
+moved=$("$txinbox" sqs redrive --from "$dlq_url" --to "$queue_url")
+[[ $moved == moved=1\ * ]] || fail "sqs redrive: $moved"
+RUST_LOG=info run_worker sqs-after-redrive 'duplicate: already applied' 'duplicate=1' \
+  "$bin/sqs-crm-worker" --queue-url "$queue_url" --store "sqlite:$work/sqs.db"
 
-# Service Bus on the emulator.
+# Service Bus on the emulator: the resend is dropped by duplicate detection, another id is a business
+# duplicate. Then a third event for the same follow-up sits in the poison queue; `txinbox servicebus redrive`
+# resubmits it with its MessageId and the inbox refuses the repeated follow-up.
 q="crm-smoke-$$"
 "$bin/servicebus-producer" --queue "$q" --create-on-emulator --times 2 >&2
 "$bin/servicebus-producer" --queue "$q" --id "evt-other-$$" >&2
-RUST_LOG=info run_worker servicebus "$bin/servicebus-crm-worker" --queue "$q" --dead-letter-to "$q-poison" --store "sqlite:$work/servicebus.db"
+RUST_LOG=info run_worker servicebus 'business duplicate' 'applied=1 business_duplicate=1' \
+  "$bin/servicebus-crm-worker" --queue "$q" --dead-letter-to "$q-poison" --store "sqlite:$work/servicebus.db"
+"$bin/servicebus-producer" --queue "$q-poison" --id "evt-poisoned-$$" >&2
+# The poisoned event never reached the target queue, so its duplicate-detection window cannot hold it: no
+# deferral needed (by default a message younger than the window is deferred, since the broker would drop it).
+moved=$("$txinbox" servicebus redrive --queue "$q" --from "$q-poison" --wait-secs 1 --dedup-window-secs 0)
+[[ $moved == moved=1\ * ]] || fail "servicebus redrive: $moved"
+RUST_LOG=info run_worker servicebus-after-redrive 'business duplicate' 'business_duplicate=1' \
+  "$bin/servicebus-crm-worker" --queue "$q" --dead-letter-to "$q-poison" --store "sqlite:$work/servicebus.db"
 echo "examples-smoke: ok" >&2
