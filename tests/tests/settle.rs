@@ -63,3 +63,50 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
         2
     );
 }
+
+#[tokio::test]
+async fn a_panicking_handler_rolls_back_and_is_retried() {
+    let (metrics, _guard) = MetricTotals::install_local();
+    let store = sqlite_store().await;
+    let pool = store.pool().clone();
+    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
+    let inbox = lab_inbox(pool.clone());
+    let q = MemoryQueue::default();
+    q.send(lab_message(0));
+    let boom = txinbox_store::handler_fn::<sqlx::Sqlite, _>(|tx, msg| {
+        Box::pin(async move {
+            <sqlx::Sqlite as LabDb>::insert_task(tx, msg).await?;
+            panic!("a bug in the handler");
+        })
+    });
+    let d = q.receive_now(1).pop().unwrap();
+    assert!(matches!(
+        inbox.process(d, &boom).await,
+        Outcome::Retry { .. }
+    ));
+    assert_eq!(
+        metrics.counter("txinbox_retries_total", &[("reason", "handler_panic")]),
+        1
+    );
+    assert_eq!(
+        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        0,
+        "rolled back"
+    );
+    assert_eq!(
+        txinbox_store::inspect::inbox_rows(&pool, CONSUMER)
+            .await
+            .unwrap(),
+        0
+    );
+    // Released (visibility 0 with the lab's zero backoff): the fixed handler applies it once.
+    let d = q.receive_now(1).pop().unwrap();
+    assert!(matches!(
+        inbox.process(d, &task_handler::<sqlx::Sqlite>()).await,
+        Outcome::Applied { .. }
+    ));
+    assert_eq!(
+        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        1
+    );
+}

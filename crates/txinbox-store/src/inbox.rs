@@ -341,9 +341,22 @@ impl<DB: Backend> Inbox<DB> {
             identity: &identity,
             json: json.as_ref(),
         };
+        // A panicking handler is contained: the transaction rolls back and the delivery is retried.
+        let guarded =
+            std::panic::AssertUnwindSafe(handler.handle(&mut tx, &inbound)).catch_unwind();
         let handled = tokio::select! {
             biased;
-            r = handler.handle(&mut tx, &inbound) => r,
+            r = guarded => match r {
+                Ok(r) => r,
+                Err(_) => {
+                    metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "handler_panic").increment(1);
+                    tracing::error!("handler panicked: rolled back, released for redelivery");
+                    return Ok(Decision::Release(
+                        Outcome::Retry { reason: "handler panicked".into() },
+                        self.retry_backoff,
+                    ));
+                }
+            },
             _ = stop.cancelled() => return Ok(self.interrupted()),
         };
         let handled = match handled {
