@@ -63,6 +63,52 @@ moved=$("$txinbox" sqs redrive --from "$dlq_url" --to "$queue_url")
 RUST_LOG=info run_worker sqs-after-redrive 'duplicate: already applied' 'duplicate=1' \
   "$bin/sqs-crm-worker" --queue-url "$queue_url" --store "sqlite:$work/sqs.db"
 
+# SIGTERM mid-batch: 24 events in 24 groups (so up to 8 run at once); the worker is stopped as soon as the
+# first task exists, then a second worker drains the queue (messages the stopped worker had received come back
+# after their 6 s visibility timeout). Nothing may be lost and nothing applied twice:
+# the two reports add up to 24 applied and the task table holds 24 rows for 24 distinct messages.
+count_tasks() {
+  python3 -c 'import sqlite3,sys
+try:
+    c = sqlite3.connect(sys.argv[1]); print(*c.execute("select count(*), count(distinct message_id) from crm_followup_tasks").fetchone())
+except sqlite3.Error:
+    print(0, 0)' "$1"
+}
+applied_in() { grep WorkerReport "$1" | grep -o '"applied": [0-9]*' | grep -o '[0-9]*$' || echo 0; }
+q="crm-sigterm-$$"
+"$bin/sqs-producer" --queue-name "$q" --create --opportunity op_0 --meeting m_0 >/dev/null 2>&1
+for i in $(seq 1 23); do
+  "$bin/sqs-producer" --queue-name "$q" --opportunity "op_$i" --meeting "m_$i" >/dev/null 2>&1
+done
+db="$work/sigterm.db"
+"$bin/sqs-crm-worker" --queue-url "$TXINBOX_SQS_ENDPOINT/123456789012/$q.fifo" --store "sqlite:$db" --visibility-timeout 6 \
+  >"$work/sigterm1.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  read -r n _ < <(count_tasks "$db")
+  [[ $n -ge 1 ]] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+wait "$pid" || fail "the first worker exited with an error after SIGTERM"
+first=$(applied_in "$work/sigterm1.out")
+"$bin/sqs-crm-worker" --queue-url "$TXINBOX_SQS_ENDPOINT/123456789012/$q.fifo" --store "sqlite:$db" --visibility-timeout 6 \
+  >"$work/sigterm2.out" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  read -r n _ < <(count_tasks "$db")
+  [[ $n -ge 24 ]] && break
+  sleep 0.1
+done
+sleep 1 # let a (wrong) second effect show up before counting
+kill -TERM "$pid"
+wait "$pid" || fail "the second worker exited with an error after SIGTERM"
+second=$(applied_in "$work/sigterm2.out")
+read -r rows distinct < <(count_tasks "$db")
+[[ $rows == 24 && $distinct == 24 ]] || fail "SIGTERM mid-batch: $rows tasks for $distinct messages, expected 24 and 24"
+[[ $((first + second)) == 24 ]] || fail "SIGTERM mid-batch: applied $first + $second, expected 24 in all"
+echo "examples-smoke: sqs SIGTERM mid-batch ok: first worker applied $first, second $second, 24 tasks" >&2
+
 # Service Bus on the emulator: the resend is dropped by duplicate detection, another id is a business
 # duplicate. Then a third event for the same follow-up sits in the poison queue; `txinbox servicebus redrive`
 # resubmits it with its MessageId and the inbox refuses the repeated follow-up.
