@@ -307,7 +307,11 @@ impl<DB: Backend> Inbox<DB> {
                 }
             }
         }
-        let hash = self.fingerprint.fingerprint(&msg.body);
+        // A body already parsed for the handler is not parsed again.
+        let hash = match &json {
+            Some(v) => self.fingerprint.fingerprint_json(v),
+            None => self.fingerprint.fingerprint(&msg.body),
+        };
         crash_if(fault, FaultPoint::BeforeTransaction)?;
 
         let mut tx = match self.pool.begin().await {

@@ -42,19 +42,30 @@ impl FingerprintSpec {
     /// assert_ne!(a, spec.fingerprint(br#"{"a":2,"b":[1,2]}"#));
     /// ```
     pub fn fingerprint(&self, body: &[u8]) -> String {
-        let mut hasher = Sha256::new();
         match serde_json::from_slice::<serde_json::Value>(body) {
-            Ok(mut value) => {
-                for p in &self.excluded {
-                    remove_pointer(&mut value, p);
-                }
-                hasher.update(b"json:");
-                write_canonical(&value, &mut hasher);
-            }
+            Ok(value) => self.fingerprint_json(&value),
             Err(_) => {
+                let mut hasher = Sha256::new();
                 hasher.update(b"raw:");
                 hasher.update(body);
+                hex::encode(hasher.finalize())
             }
+        }
+    }
+
+    /// The fingerprint of a body already parsed as JSON; equal to [`FingerprintSpec::fingerprint`] of its
+    /// bytes, without parsing them again.
+    pub fn fingerprint_json(&self, value: &serde_json::Value) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"json:");
+        if self.excluded.is_empty() {
+            write_canonical(value, &mut hasher);
+        } else {
+            let mut value = value.clone();
+            for p in &self.excluded {
+                remove_pointer(&mut value, p);
+            }
+            write_canonical(&value, &mut hasher);
         }
         hex::encode(hasher.finalize())
     }
@@ -160,5 +171,8 @@ mod tests {
         assert_eq!(s.fingerprint(b"\xff\x00"), s.fingerprint(b"\xff\x00"));
         assert_eq!(s.fingerprint(b"1 "), s.fingerprint(b"1"));
         assert_ne!(s.fingerprint(b"abc"), s.fingerprint(b"abd"));
+        let body = br#"{"q":10,"meta":{"attempt":3}}"#;
+        let parsed: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(s.fingerprint_json(&parsed), s.fingerprint(body));
     }
 }
