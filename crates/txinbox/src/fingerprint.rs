@@ -48,7 +48,7 @@ impl FingerprintSpec {
                 let mut hasher = Sha256::new();
                 hasher.update(b"raw:");
                 hasher.update(body);
-                hex::encode(hasher.finalize())
+                to_hex(&hasher.finalize())
             }
         }
     }
@@ -56,19 +56,32 @@ impl FingerprintSpec {
     /// The fingerprint of a body already parsed as JSON; equal to [`FingerprintSpec::fingerprint`] of its
     /// bytes, without parsing them again.
     pub fn fingerprint_json(&self, value: &serde_json::Value) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(b"json:");
+        // The canonical form is written into one buffer and hashed at once: cheaper than feeding the hash
+        // piece by piece.
+        let mut canonical = Vec::with_capacity(256);
+        canonical.extend_from_slice(b"json:");
         if self.excluded.is_empty() {
-            write_canonical(value, &mut hasher);
+            write_canonical(value, &mut canonical);
         } else {
             let mut value = value.clone();
             for p in &self.excluded {
                 remove_pointer(&mut value, p);
             }
-            write_canonical(&value, &mut hasher);
+            write_canonical(&value, &mut canonical);
         }
-        hex::encode(hasher.finalize())
+        to_hex(&Sha256::digest(&canonical))
     }
+}
+
+/// Lower-case hex of `bytes`.
+fn to_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 fn remove_pointer(value: &mut serde_json::Value, pointer: &str) {
@@ -96,51 +109,51 @@ fn remove_pointer(value: &mut serde_json::Value, pointer: &str) {
     }
 }
 
-/// Feeds what serde_json writes straight into the hash, without building strings.
-struct HashWriter<'a>(&'a mut Sha256);
-
-impl std::io::Write for HashWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn write_canonical(value: &serde_json::Value, out: &mut Sha256) {
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
     use serde_json::Value;
     match value {
         Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            out.update(b"{");
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.update(b",");
+            out.push(b'{');
+            // serde_json's map iterates in key order unless a crate in the build turns on its
+            // `preserve_order` feature; sort only when the order is not already canonical.
+            let sorted = map.keys().zip(map.keys().skip(1)).all(|(a, b)| a < b);
+            if sorted {
+                for (i, (k, v)) in map.iter().enumerate() {
+                    write_entry(i, k, v, out);
                 }
-                // Writing a string into a hash cannot fail.
-                let _ = serde_json::to_writer(HashWriter(out), k);
-                out.update(b":");
-                write_canonical(v, out);
+            } else {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                for (i, (k, v)) in entries.into_iter().enumerate() {
+                    write_entry(i, k, v, out);
+                }
             }
-            out.update(b"}");
+            out.push(b'}');
         }
         Value::Array(items) => {
-            out.update(b"[");
+            out.push(b'[');
             for (i, v) in items.iter().enumerate() {
                 if i > 0 {
-                    out.update(b",");
+                    out.push(b',');
                 }
                 write_canonical(v, out);
             }
-            out.update(b"]");
+            out.push(b']');
         }
         scalar => {
-            let _ = serde_json::to_writer(HashWriter(out), scalar);
+            // Writing into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut *out, scalar);
         }
     }
+}
+
+fn write_entry(i: usize, key: &str, value: &serde_json::Value, out: &mut Vec<u8>) {
+    if i > 0 {
+        out.push(b',');
+    }
+    let _ = serde_json::to_writer(&mut *out, key);
+    out.push(b':');
+    write_canonical(value, out);
 }
 
 #[cfg(test)]
@@ -174,5 +187,23 @@ mod tests {
         let body = br#"{"q":10,"meta":{"attempt":3}}"#;
         let parsed: serde_json::Value = serde_json::from_slice(body).unwrap();
         assert_eq!(s.fingerprint_json(&parsed), s.fingerprint(body));
+    }
+
+    #[test]
+    fn fingerprints_are_stable_across_releases() {
+        // Stored markers keep their hashes: the canonical form and its encoding must never change.
+        // Reference values computed independently (Python: json.dumps(sort_keys, compact separators,
+        // ensure_ascii=False), sha256 over "json:" + that).
+        let s = FingerprintSpec::new();
+        assert_eq!(
+            s.fingerprint(
+                "{\"b\":[1,2.5,null,true],\"a\":{\"z\":\"é\\n\\\"\",\"y\":-3}}".as_bytes()
+            ),
+            "94aef6438735c4dbecc3b6b75f7886e84be49a9d747faaadb41a950a0ac0862b"
+        );
+        assert_eq!(
+            s.fingerprint(b"\xff\x00"),
+            "4f681537b5d86101cb416a0236e4f653d1dc4383fb3a296fd837a7cf539b9a37"
+        );
     }
 }
