@@ -1,7 +1,8 @@
 //! PostgreSQL backend.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
 use txinbox::{Identity, OutboxMessage};
 
 use crate::backend::{
@@ -16,6 +17,13 @@ use crate::error::StoreError;
 pub const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING";
 
 const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4)) ORDER BY same_identity DESC LIMIT 1";
+
+fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
+where
+    T: sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + 'q,
+{
+    args.add(value).map_err(sqlx::Error::Encode)
+}
 
 impl Backend for Postgres {
     const NAME: &'static str = "postgres";
@@ -62,20 +70,26 @@ impl Backend for Postgres {
         row: &MarkerRow<'_>,
     ) -> Result<MarkerInsert, sqlx::Error> {
         let id = row.identity;
-        let done = sqlx::query(INSERT_MARKER)
-            .bind(id.consumer.as_str())
-            .bind(&id.source)
-            .bind(&id.message_id)
-            .bind(&id.event_type)
-            .bind(&id.business_key)
-            .bind(row.payload_hash)
-            .bind(&id.contract_version)
-            .bind(&id.tenant_id)
-            .bind(row.received_at)
-            .bind(row.processed_at)
-            .bind(row.retention_until)
-            .bind(id.origin.as_str())
-            .bind(i32::try_from(row.delivery_count).unwrap_or(i32::MAX))
+        // The arguments are sized once: thirteen parameters would otherwise regrow the buffers as they go.
+        let mut args = PgArguments::default();
+        args.reserve(13, 256);
+        add(&mut args, id.consumer.as_str())?;
+        add(&mut args, &id.source)?;
+        add(&mut args, &id.message_id)?;
+        add(&mut args, &id.event_type)?;
+        add(&mut args, &id.business_key)?;
+        add(&mut args, row.payload_hash)?;
+        add(&mut args, &id.contract_version)?;
+        add(&mut args, &id.tenant_id)?;
+        add(&mut args, row.received_at)?;
+        add(&mut args, row.processed_at)?;
+        add(&mut args, row.retention_until)?;
+        add(&mut args, id.origin.as_str())?;
+        add(
+            &mut args,
+            i32::try_from(row.delivery_count).unwrap_or(i32::MAX),
+        )?;
+        let done = sqlx::query_with(INSERT_MARKER, args)
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 1 {
