@@ -9,7 +9,11 @@
 //!   (`BEGIN`, the marker insert [`txinbox_store::postgres::INSERT_MARKER`], the business insert, `COMMIT`),
 //!   the measure of what the database itself allows.
 //!
-//! Figures are messages (or transactions) per second. The target is `inbox/pgbench >= 0.80`.
+//! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
+//! every measurement once, one after the other, so that a slow minute of a shared machine falls on all
+//! of them alike. The target is `inbox/pgbench >= 0.80`. A `#` line per concurrency adds the same
+//! statements sent through sqlx without the inbox (what the client library costs), the ratio of each round,
+//! and the client CPU per operation (user + system microseconds, read from `/proc`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,6 +40,10 @@ pub struct BenchArgs {
     /// Concurrency levels, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub concurrency: Vec<usize>,
+    /// Rounds per concurrency. Each round runs every measurement once, in turn; the figures printed are the
+    /// medians over the rounds, so that the drift of a shared machine falls on all of them alike.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// The pgbench binary.
     #[arg(long, default_value = "pgbench")]
     pub pgbench: String,
@@ -75,13 +83,30 @@ fn message(id: &str, n: u64) -> ReceivedMessage {
     m
 }
 
-async fn measure<F>(concurrency: usize, seconds: u64, op: F) -> Result<f64, LabError>
+/// A throughput figure and the client CPU it took.
+#[derive(Clone, Copy)]
+struct Rate {
+    /// Operations per second.
+    per_sec: f64,
+    /// Client CPU per operation in microseconds, (user, system), when the platform tells.
+    cpu_us: Option<[f64; 2]>,
+}
+
+fn cpu_per_op(before: Option<[u64; 2]>, after: Option<[u64; 2]>, ops: f64) -> Option<[f64; 2]> {
+    let (b, a) = (before?, after?);
+    // Linux reports /proc CPU times in USER_HZ, 100 per second on every mainstream architecture.
+    let us = |i: usize| a[i].saturating_sub(b[i]) as f64 * 10_000.0 / ops;
+    (ops > 0.0).then(|| [us(0), us(1)])
+}
+
+async fn measure<F>(concurrency: usize, seconds: u64, op: F) -> Result<Rate, LabError>
 where
     F: Fn(usize, u64) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static,
 {
     let op = Arc::new(op);
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let cpu_before = cpu_ticks().map(|c| c.0);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for t in 0..concurrency {
@@ -103,7 +128,27 @@ where
             .map_err(|e| LabError::Usage(e.to_string()))?
             .map_err(LabError::Usage)?;
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+    let ops = done.load(Ordering::Relaxed) as f64;
+    Ok(Rate {
+        per_sec: ops / start.elapsed().as_secs_f64(),
+        cpu_us: cpu_per_op(cpu_before, cpu_ticks().map(|c| c.0), ops),
+    })
+}
+
+/// CPU time used so far, in clock ticks: (this process, its waited-for children), each as (user, system).
+/// Linux only; `None` elsewhere. Used to report the client's CPU per transaction next to the throughput
+/// figures.
+fn cpu_ticks() -> Option<([u64; 2], [u64; 2])> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    (f.len() == 4).then(|| ([f[0], f[1]], [f[2], f[3]]))
 }
 
 async fn reset(pool: &sqlx::PgPool) -> Result<(), LabError> {
@@ -159,7 +204,8 @@ fn run_pgbench(
     url: &str,
     script: &std::path::Path,
     c: usize,
-) -> Result<f64, LabError> {
+) -> Result<Rate, LabError> {
+    let cpu_before = cpu_ticks().map(|c| c.1);
     let jobs = c.clamp(1, 2);
     let out = std::process::Command::new(&args.pgbench)
         .args([
@@ -193,15 +239,239 @@ fn run_pgbench(
                 .join(" | ")
         )));
     }
-    stdout
-        .lines()
-        .find_map(|l| {
+    let field = |prefix: &str| -> Option<f64> {
+        stdout.lines().find_map(|l| {
             l.trim()
-                .strip_prefix("tps = ")
+                .strip_prefix(prefix)
                 .and_then(|r| r.split_whitespace().next())
                 .and_then(|n| n.parse().ok())
         })
-        .ok_or_else(|| LabError::Usage("pgbench printed no tps line".into()))
+    };
+    let per_sec =
+        field("tps = ").ok_or_else(|| LabError::Usage("pgbench printed no tps line".into()))?;
+    let ops = field("number of transactions actually processed: ").unwrap_or(0.0);
+    Ok(Rate {
+        per_sec,
+        cpu_us: cpu_per_op(cpu_before, cpu_ticks().map(|c| c.1), ops),
+    })
+}
+
+/// The figures of one round at one concurrency.
+#[derive(Clone, Copy)]
+struct Round {
+    bare: Rate,
+    inbox: Rate,
+    dup: Rate,
+    same_sql: Rate,
+    pgbench: Rate,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The median over the rounds of one measurement: throughput and client CPU.
+fn median_rate(rounds: &[Round], pick: fn(&Round) -> Rate) -> Rate {
+    let cpu: Option<Vec<[f64; 2]>> = rounds.iter().map(|r| pick(r).cpu_us).collect();
+    Rate {
+        per_sec: median(rounds.iter().map(|r| pick(r).per_sec).collect()),
+        cpu_us: cpu.map(|c| {
+            [
+                median(c.iter().map(|x| x[0]).collect()),
+                median(c.iter().map(|x| x[1]).collect()),
+            ]
+        }),
+    }
+}
+
+/// What every measurement shares.
+struct Bench<H> {
+    args: BenchArgs,
+    pool: sqlx::PgPool,
+    inbox: Arc<Inbox<sqlx::Postgres>>,
+    handler: Arc<H>,
+    pg_url: String,
+    script: std::path::PathBuf,
+}
+
+impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
+    /// `BEGIN; business insert; COMMIT` through sqlx.
+    async fn bare(&self, c: usize, round: usize) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        let p = self.pool.clone();
+        measure(c, self.args.seconds, move |t, i| {
+            let p = p.clone();
+            Box::pin(async move {
+                let mut tx = p.begin().await.map_err(|e| e.to_string())?;
+                let id = format!("bare-{c}-{round}-{t}-{i}");
+                sqlx::query(BUSINESS_INSERT)
+                    .bind(format!("t-{id}"))
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())
+            })
+        })
+        .await
+    }
+
+    /// The same handler through the inbox, every delivery a new message.
+    async fn inbox(&self, c: usize, round: usize) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        let (ib, hd) = (self.inbox.clone(), self.handler.clone());
+        measure(c, self.args.seconds, move |t, i| {
+            let (ib, hd) = (ib.clone(), hd.clone());
+            Box::pin(async move {
+                let m = message(&format!("in-{c}-{round}-{t}-{i}"), i);
+                let o = ib.process(NoopDelivery(m), &*hd).await;
+                if o.label() == "applied" {
+                    Ok(())
+                } else {
+                    Err(format!("unexpected outcome {o}"))
+                }
+            })
+        })
+        .await
+    }
+
+    /// The inbox on a stream where 9 of 10 deliveries repeat one of 1000 applied messages.
+    async fn dup(&self, c: usize, round: usize) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        for n in 0..1000u64 {
+            let o = self
+                .inbox
+                .process(
+                    NoopDelivery(message(&format!("dup-{n}"), n)),
+                    &*self.handler,
+                )
+                .await;
+            if o.label() != "applied" {
+                return Err(LabError::Usage(format!(
+                    "seeding the duplicate stream: {o}"
+                )));
+            }
+        }
+        let (ib, hd) = (self.inbox.clone(), self.handler.clone());
+        measure(c, self.args.seconds, move |t, i| {
+            let (ib, hd) = (ib.clone(), hd.clone());
+            Box::pin(async move {
+                let (m, want) = if i % 10 == 0 {
+                    (message(&format!("new-{c}-{round}-{t}-{i}"), i), "applied")
+                } else {
+                    let n = (i * 7919 + t as u64 * 104_729) % 1000;
+                    (message(&format!("dup-{n}"), n), "duplicate")
+                };
+                let o = ib.process(NoopDelivery(m), &*hd).await;
+                if o.label() == want {
+                    Ok(())
+                } else {
+                    Err(format!("unexpected outcome {o}, wanted {want}"))
+                }
+            })
+        })
+        .await
+    }
+
+    /// The inbox's statements through sqlx without the inbox: what the client library itself costs.
+    async fn same_sql(&self, c: usize, round: usize) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        let p = self.pool.clone();
+        measure(c, self.args.seconds, move |t, i| {
+            let p = p.clone();
+            Box::pin(async move {
+                let mut tx = p.begin().await.map_err(|e| e.to_string())?;
+                let id = format!("sql-{c}-{round}-{t}-{i}");
+                let now = chrono::Utc::now();
+                sqlx::query(txinbox_store::postgres::INSERT_MARKER)
+                    .bind(CONSUMER)
+                    .bind("urn.bench")
+                    .bind(&id)
+                    .bind(Some("bench.event"))
+                    .bind(None::<String>)
+                    .bind("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
+                    .bind(None::<String>)
+                    .bind(None::<String>)
+                    .bind(now)
+                    .bind(now)
+                    .bind(now + chrono::Duration::days(30))
+                    .bind("cloudevents_attributes")
+                    .bind(1i32)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                sqlx::query(BUSINESS_INSERT)
+                    .bind(format!("t-{id}"))
+                    .bind(&id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())
+            })
+        })
+        .await
+    }
+
+    async fn pgbench(&self, c: usize) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        run_pgbench(&self.args, &self.pg_url, &self.script, c)
+    }
+
+    async fn round(&self, c: usize, round: usize) -> Result<Round, LabError> {
+        Ok(Round {
+            bare: self.bare(c, round).await?,
+            inbox: self.inbox(c, round).await?,
+            dup: self.dup(c, round).await?,
+            same_sql: self.same_sql(c, round).await?,
+            pgbench: self.pgbench(c).await?,
+        })
+    }
+
+    async fn concurrency(&self, c: usize) -> Result<(), LabError> {
+        let mut rounds = Vec::with_capacity(self.args.rounds);
+        for round in 0..self.args.rounds {
+            rounds.push(self.round(c, round).await?);
+        }
+        let bare = median_rate(&rounds, |r| r.bare);
+        let inbox = median_rate(&rounds, |r| r.inbox);
+        let dup = median_rate(&rounds, |r| r.dup);
+        let same_sql = median_rate(&rounds, |r| r.same_sql);
+        let pgb = median_rate(&rounds, |r| r.pgbench);
+        println!(
+            "c={c} bare={:.0} inbox={:.0} inbox_dup={:.0} pgbench_inbox={:.0} inbox/bare={:.2} inbox/pgbench={:.2}",
+            bare.per_sec,
+            inbox.per_sec,
+            dup.per_sec,
+            pgb.per_sec,
+            inbox.per_sec / bare.per_sec,
+            inbox.per_sec / pgb.per_sec
+        );
+        let us = |r: Rate| {
+            r.cpu_us
+                .map_or_else(|| "?".to_owned(), |[u, s]| format!("{u:.0}+{s:.0}"))
+        };
+        let per_round: Vec<String> = rounds
+            .iter()
+            .map(|r| format!("{:.2}", r.inbox.per_sec / r.pgbench.per_sec))
+            .collect();
+        println!(
+            "#   c={c} sqlx_same_sql={:.0} inbox/sqlx_same_sql={:.2} sqlx_same_sql/pgbench={:.2} inbox/pgbench_per_round=[{}] client_cpu_us_per_op(user+sys): bare={} inbox={} sqlx_same_sql={} pgbench={}",
+            same_sql.per_sec,
+            inbox.per_sec / same_sql.per_sec,
+            same_sql.per_sec / pgb.per_sec,
+            per_round.join(" "),
+            us(bare),
+            us(inbox),
+            us(same_sql),
+            us(pgb)
+        );
+        Ok(())
+    }
 }
 
 /// Runs the benchmark and prints one line per concurrency.
@@ -211,9 +481,9 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
             "bench needs a postgres:// store URL".into(),
         ));
     }
-    if args.seconds == 0 || args.concurrency.contains(&0) {
+    if args.seconds == 0 || args.rounds == 0 || args.concurrency.contains(&0) {
         return Err(LabError::Usage(
-            "--seconds and every --concurrency must be at least 1".into(),
+            "--seconds, --rounds and every --concurrency must be at least 1".into(),
         ));
     }
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1) as u32;
@@ -247,103 +517,28 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         })
     }));
     println!(
-        "# txinbox bench: PostgreSQL, {}s per figure, messages or transactions per second; target inbox/pgbench >= 0.80",
-        args.seconds
+        "# txinbox bench: PostgreSQL, {}s per figure, median of {} rounds, messages or transactions per second; target inbox/pgbench >= 0.80",
+        args.seconds, args.rounds
     );
-    let result = async {
-        for &c in &args.concurrency {
-            reset(&pool).await?;
-            let p = pool.clone();
-            let bare = measure(c, args.seconds, move |t, i| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let mut tx = p.begin().await.map_err(|e| e.to_string())?;
-                    let id = format!("bare-{c}-{t}-{i}");
-                    sqlx::query(BUSINESS_INSERT).bind(format!("t-{id}")).bind(&id).execute(&mut *tx).await.map_err(|e| e.to_string())?;
-                    tx.commit().await.map_err(|e| e.to_string())
-                })
-            })
-            .await?;
-
-            reset(&pool).await?;
-            let (ib, hd) = (inbox.clone(), handler.clone());
-            let with_inbox = measure(c, args.seconds, move |t, i| {
-                let (ib, hd) = (ib.clone(), hd.clone());
-                Box::pin(async move {
-                    let o = ib.process(NoopDelivery(message(&format!("in-{c}-{t}-{i}"), i)), &*hd).await;
-                    if o.label() == "applied" { Ok(()) } else { Err(format!("unexpected outcome {o}")) }
-                })
-            })
-            .await?;
-
-            reset(&pool).await?;
-            // Apply a pool of 1000 messages, then a stream where 9 of 10 deliveries repeat one of them.
-            for n in 0..1000u64 {
-                inbox.process(NoopDelivery(message(&format!("dup-{n}"), n)), &*handler).await;
-            }
-            let (ib, hd) = (inbox.clone(), handler.clone());
-            let dup = measure(c, args.seconds, move |t, i| {
-                let (ib, hd) = (ib.clone(), hd.clone());
-                Box::pin(async move {
-                    let (m, want) = if i % 10 == 0 {
-                        (message(&format!("new-{c}-{t}-{i}"), i), "applied")
-                    } else {
-                        let n = (i * 7919 + t as u64 * 104_729) % 1000;
-                        (message(&format!("dup-{n}"), n), "duplicate")
-                    };
-                    let o = ib.process(NoopDelivery(m), &*hd).await;
-                    if o.label() == want { Ok(()) } else { Err(format!("unexpected outcome {o}, wanted {want}")) }
-                })
-            })
-            .await?;
-
-            reset(&pool).await?;
-            // The inbox's statements through sqlx without the inbox: what the client library itself costs.
-            let p = pool.clone();
-            let same_sql = measure(c, args.seconds, move |t, i| {
-                let p = p.clone();
-                Box::pin(async move {
-                    let mut tx = p.begin().await.map_err(|e| e.to_string())?;
-                    let id = format!("sql-{c}-{t}-{i}");
-                    let now = chrono::Utc::now();
-                    sqlx::query(txinbox_store::postgres::INSERT_MARKER)
-                        .bind(CONSUMER)
-                        .bind("urn.bench")
-                        .bind(&id)
-                        .bind(Some("bench.event"))
-                        .bind(None::<String>)
-                        .bind("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
-                        .bind(None::<String>)
-                        .bind(None::<String>)
-                        .bind(now)
-                        .bind(now)
-                        .bind(now + chrono::Duration::days(30))
-                        .bind("cloudevents_attributes")
-                        .bind(1i32)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    sqlx::query(BUSINESS_INSERT).bind(format!("t-{id}")).bind(&id).execute(&mut *tx).await.map_err(|e| e.to_string())?;
-                    tx.commit().await.map_err(|e| e.to_string())
-                })
-            })
-            .await?;
-
-            reset(&pool).await?;
-            let pgb = run_pgbench(&args, &pg_url, &script, c)?;
-            println!(
-                "c={c} bare={bare:.0} inbox={with_inbox:.0} inbox_dup={dup:.0} pgbench_inbox={pgb:.0} inbox/bare={:.2} inbox/pgbench={:.2}",
-                with_inbox / bare,
-                with_inbox / pgb
-            );
-            println!("#   c={c} sqlx_same_sql={same_sql:.0} inbox/sqlx_same_sql={:.2} sqlx_same_sql/pgbench={:.2}", with_inbox / same_sql, same_sql / pgb);
+    let store_url = args.store.clone();
+    let bench = Bench {
+        args,
+        pool,
+        inbox,
+        handler,
+        pg_url,
+        script,
+    };
+    let mut result = Ok(());
+    for &c in &bench.args.concurrency {
+        result = bench.concurrency(c).await;
+        if result.is_err() {
+            break;
         }
-        Ok::<(), LabError>(())
     }
-    .await;
-    let _ = std::fs::remove_file(&script);
+    let _ = std::fs::remove_file(&bench.script);
     store.close().await;
-    if let Ok(mut c) = <sqlx::PgConnection as sqlx::Connection>::connect(&args.store).await {
+    if let Ok(mut c) = <sqlx::PgConnection as sqlx::Connection>::connect(&store_url).await {
         let _ = sqlx::Executor::execute(
             &mut c,
             format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str(),
