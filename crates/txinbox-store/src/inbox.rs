@@ -13,6 +13,7 @@ use txinbox::{
 };
 
 use crate::backend::{Backend, MarkerInsert, MarkerRow, Rejection};
+use crate::conns::{KeptConnections, Taken};
 use crate::handler::{Handled, Handler, Inbound};
 
 /// What bodies a consumer accepts.
@@ -124,6 +125,7 @@ pub struct Inbox<DB: Backend> {
     rules: InputRules,
     retry_backoff: Duration,
     consumer: Arc<str>,
+    conns: Arc<KeptConnections<DB>>,
 }
 
 impl<DB: Backend> Clone for Inbox<DB> {
@@ -136,6 +138,7 @@ impl<DB: Backend> Clone for Inbox<DB> {
             rules: self.rules.clone(),
             retry_backoff: self.retry_backoff,
             consumer: self.consumer.clone(),
+            conns: self.conns.clone(),
         }
     }
 }
@@ -147,8 +150,31 @@ impl<DB: Backend> std::fmt::Debug for Inbox<DB> {
             .field("policy", &self.policy)
             .field("retention", &self.retention)
             .field("rules", &self.rules)
+            .field("keep_connections", &self.conns.keep_idle())
             .finish()
     }
+}
+
+/// How long a connection is kept for the next delivery by default.
+const DEFAULT_KEEP_IDLE: Duration = Duration::from_millis(500);
+
+/// What the transaction works on.
+struct Work<'a> {
+    msg: &'a txinbox::ReceivedMessage,
+    identity: &'a Identity,
+    hash: &'a str,
+    json: Option<&'a serde_json::Value>,
+}
+
+/// How the transaction ended.
+enum TxEnd {
+    /// Committed (clean) or rolled back by dropping it on a failure (not clean).
+    Decided { decision: Decision, clean: bool },
+    /// The marker insert conflicted; the transaction was rolled back (cleanly unless the rollback failed).
+    Conflict {
+        holder: Option<crate::backend::ExistingMarker>,
+        clean: bool,
+    },
 }
 
 /// Where a delivery ended inside the transaction, before settling.
@@ -170,6 +196,7 @@ impl<DB: Backend> Inbox<DB> {
             rules: InputRules::default(),
             retry_backoff: Duration::from_secs(5),
             consumer,
+            conns: KeptConnections::new(DEFAULT_KEEP_IDLE),
         }
     }
 
@@ -192,6 +219,22 @@ impl<DB: Backend> Inbox<DB> {
     pub fn retry_backoff(mut self, d: Duration) -> Self {
         self.retry_backoff = d;
         self
+    }
+    /// How long a connection that just ended a transaction cleanly is kept for the next delivery before it
+    /// goes back to the pool (default 500 ms; zero hands every connection back at once).
+    ///
+    /// sqlx's pool tests each connection it takes back with a round trip to the database; keeping the
+    /// connection between deliveries saves that round trip on a busy consumer. Kept connections stay checked
+    /// out of the pool (its limit still bounds the inbox), only connections whose transaction ended without
+    /// error are kept, and a closed pool gets them back at once. See the `conns` module source for the rules.
+    pub fn keep_connections(mut self, idle: Duration) -> Self {
+        self.conns.release_all();
+        self.conns = KeptConnections::new(idle);
+        self
+    }
+    /// How many connections the inbox keeps for its next deliveries right now.
+    pub fn kept_connections(&self) -> usize {
+        self.conns.kept()
     }
     /// The pool.
     pub fn pool(&self) -> &sqlx::Pool<DB> {
@@ -314,14 +357,81 @@ impl<DB: Backend> Inbox<DB> {
         };
         crash_if(fault, FaultPoint::BeforeTransaction)?;
 
-        let mut tx = match self.pool.begin().await {
-            Ok(tx) => tx,
+        let Taken { mut conn, kept } = match self.conns.take(&self.pool).await {
+            Ok(t) => t,
             Err(e) => return Ok(self.store_retry("begin", &e)),
+        };
+        let work = Work {
+            msg,
+            identity: &identity,
+            hash: &hash,
+            json: json.as_ref(),
+        };
+        let mut retried = false;
+        let end = loop {
+            match sqlx::Connection::begin(&mut *conn).await {
+                Ok(tx) => break self.in_transaction(tx, &work, handler, stop, fault).await?,
+                // A connection may have died while it waited (server restart): nothing happened yet, so
+                // once more on a fresh one.
+                Err(e) if !retried => {
+                    tracing::debug!(error = %e, kept, "BEGIN failed; trying once more on a fresh connection");
+                    retried = true;
+                }
+                Err(e) => return Ok(self.store_retry("begin", &e)),
+            }
+            conn = match self.pool.acquire().await {
+                Ok(c) => c,
+                Err(e) => return Ok(self.store_retry("begin", &e)),
+            };
+        };
+        // A connection whose transaction ended cleanly serves the next delivery; any other goes back to the
+        // pool, which tests it (and flushes the rollback its dropped transaction queued).
+        match end {
+            TxEnd::Decided { decision, clean } => {
+                if clean {
+                    self.conns.put(conn, &self.pool);
+                }
+                Ok(decision)
+            }
+            TxEnd::Conflict { holder, clean } => {
+                // A plain duplicate ends here; a collision or business duplicate records its evidence on a
+                // pool connection, so this one goes back first.
+                let plain_duplicate = holder
+                    .as_ref()
+                    .is_some_and(|h| h.same_identity && h.payload_hash == hash);
+                if clean && plain_duplicate {
+                    self.conns.put(conn, &self.pool);
+                } else {
+                    drop(conn);
+                }
+                Ok(self
+                    .conflict(&identity, &hash, holder, msg.received_at)
+                    .await)
+            }
+        }
+    }
+
+    /// The transaction: marker, handler, result and outbox rows, COMMIT.
+    async fn in_transaction<H: Handler<DB> + ?Sized>(
+        &self,
+        mut tx: sqlx::Transaction<'_, DB>,
+        work: &Work<'_>,
+        handler: &H,
+        stop: &CancellationToken,
+        fault: Option<FaultPoint>,
+    ) -> Result<TxEnd, Crashed> {
+        let consumer = self.label();
+        let msg = work.msg;
+        let failed = |decision| {
+            Ok(TxEnd::Decided {
+                decision,
+                clean: false,
+            })
         };
         let started = Utc::now();
         let row = MarkerRow {
-            identity: &identity,
-            payload_hash: &hash,
+            identity: work.identity,
+            payload_hash: work.hash,
             received_at: msg.received_at,
             processed_at: started,
             retention_until: started
@@ -331,19 +441,17 @@ impl<DB: Backend> Inbox<DB> {
         match DB::insert_marker(&mut tx, &row).await {
             Ok(MarkerInsert::Inserted) => {}
             Ok(MarkerInsert::Conflict(holder)) => {
-                drop(tx);
-                return Ok(self
-                    .conflict(&identity, &hash, holder, msg.received_at)
-                    .await);
+                let clean = tx.rollback().await.is_ok();
+                return Ok(TxEnd::Conflict { holder, clean });
             }
-            Err(e) => return Ok(self.store_retry("insert marker", &e)),
+            Err(e) => return failed(self.store_retry("insert marker", &e)),
         }
         crash_if(fault, FaultPoint::AfterMarkerInsert)?;
 
         let inbound = Inbound {
             message: msg,
-            identity: &identity,
-            json: json.as_ref(),
+            identity: work.identity,
+            json: work.json,
         };
         // A panicking handler is contained: the transaction rolls back and the delivery is retried.
         let guarded =
@@ -355,13 +463,13 @@ impl<DB: Backend> Inbox<DB> {
                 Err(_) => {
                     metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "handler_panic").increment(1);
                     tracing::error!("handler panicked: rolled back, released for redelivery");
-                    return Ok(Decision::Release(
+                    return failed(Decision::Release(
                         Outcome::Retry { reason: "handler panicked".into() },
                         self.retry_backoff,
                     ));
                 }
             },
-            _ = stop.cancelled() => return Ok(self.interrupted()),
+            _ = stop.cancelled() => return failed(self.interrupted()),
         };
         let handled = match handled {
             Ok(h) => h,
@@ -369,7 +477,7 @@ impl<DB: Backend> Inbox<DB> {
                 metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "handler")
                     .increment(1);
                 tracing::warn!(error = %source, "handler failed, retryable: rolled back, released for redelivery");
-                return Ok(Decision::Release(
+                return failed(Decision::Release(
                     Outcome::Retry {
                         reason: source.to_string(),
                     },
@@ -378,20 +486,20 @@ impl<DB: Backend> Inbox<DB> {
             }
             Err(HandlerError::Permanent { source }) => {
                 tracing::error!(error = %source, "handler failed permanently: rolled back, dead-lettering");
-                return Ok(self.dead_letter("handler_permanent", source.to_string()));
+                return failed(self.dead_letter("handler_permanent", source.to_string()));
             }
-            Err(other) => return Ok(self.dead_letter("handler_permanent", other.to_string())),
+            Err(other) => return failed(self.dead_letter("handler_permanent", other.to_string())),
         };
         crash_if(fault, FaultPoint::AfterBusinessChange)?;
-        if let Err(e) = self.finish_in_tx(&mut tx, &identity, &handled).await {
-            return Ok(self.store_retry("record result", &e));
+        if let Err(e) = self.finish_in_tx(&mut tx, work.identity, &handled).await {
+            return failed(self.store_retry("record result", &e));
         }
         if stop.is_cancelled() {
-            return Ok(self.interrupted());
+            return failed(self.interrupted());
         }
         if let Err(e) = tx.commit().await {
             // The COMMIT's fate is unknown: release; the redelivery finds the marker or applies it.
-            return Ok(self.store_retry("commit", &e));
+            return failed(self.store_retry("commit", &e));
         }
         let secs = (Utc::now() - msg.received_at)
             .num_microseconds()
@@ -404,9 +512,12 @@ impl<DB: Backend> Inbox<DB> {
             metrics::counter!(m::APPLIED_AFTER_REDELIVERY, "consumer" => consumer).increment(1);
         }
         crash_if(fault, FaultPoint::AfterCommit)?;
-        Ok(Decision::Ack(Outcome::Applied {
-            result_reference: handled.result_reference,
-        }))
+        Ok(TxEnd::Decided {
+            decision: Decision::Ack(Outcome::Applied {
+                result_reference: handled.result_reference,
+            }),
+            clean: true,
+        })
     }
 
     async fn finish_in_tx(

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod conns;
 pub mod error;
 pub mod handler;
 pub mod inbox;

@@ -79,8 +79,8 @@ impl Store<sqlx::Sqlite> {
 }
 
 /// The pool settings of [`Store::<sqlx::Postgres>::connect`]. Connections are not pinged before each acquire
-/// (sqlx's default costs one more round trip per transaction): a connection that died while idle makes that
-/// delivery's transaction fail, and the delivery is released and retried on a fresh connection.
+/// (sqlx's default costs one more round trip per transaction): when a connection died while idle, the inbox
+/// sees its `BEGIN` fail and begins once more on a fresh connection.
 #[cfg(feature = "postgres")]
 fn pg_pool_options(max_connections: u32) -> sqlx::postgres::PgPoolOptions {
     sqlx::postgres::PgPoolOptions::new()

@@ -1,0 +1,282 @@
+//! The inbox keeps a connection whose transaction ended cleanly for the next delivery (sqlx's pool would test
+//! it with a round trip on every return). These tests hold it to its rules on a real PostgreSQL: reuse,
+//! return when idle, never the pool's last connection, nothing kept after a failure, a connection killed by
+//! the server replaced without a retry, and a closed pool gets its connections back.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use txinbox::mem::MemoryQueue;
+use txinbox::{HandlerError, Outcome};
+use txinbox_cli::lab::{lab_inbox, lab_message};
+use txinbox_cli::labdb::LabDb;
+use txinbox_e2e::{pg_store, sqlite_store, wait_until, MetricTotals};
+use txinbox_store::{db_error, handler_fn, Handled, Handler};
+
+/// A handler that records which server backend ran each delivery's transaction, and fails on demand.
+fn pid_handler(pids: Arc<Mutex<Vec<i32>>>, fail: bool) -> impl Handler<sqlx::Postgres> {
+    handler_fn::<sqlx::Postgres, _>(move |tx, _msg| {
+        let pids = pids.clone();
+        Box::pin(async move {
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db_error)?;
+            pids.lock().unwrap().push(pid);
+            if fail {
+                return Err(HandlerError::retry(std::io::Error::other(
+                    "downstream busy",
+                )));
+            }
+            Ok(Handled::done())
+        })
+    })
+}
+
+async fn deliver<H: Handler<sqlx::Postgres>>(
+    inbox: &txinbox_store::Inbox<sqlx::Postgres>,
+    q: &MemoryQueue,
+    h: &H,
+    n: usize,
+) -> Outcome {
+    q.send(lab_message(n));
+    let d = q.receive_now(1).pop().expect("the message just sent");
+    inbox.process(d, h).await
+}
+
+#[tokio::test]
+async fn a_kept_connection_serves_the_next_delivery_then_goes_back_when_idle() {
+    let store = pg_store(4).await;
+    let pool = store.pool().clone();
+    <sqlx::Postgres as LabDb>::create_tables(&pool)
+        .await
+        .unwrap();
+    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_millis(300));
+    let pids = Arc::new(Mutex::new(Vec::new()));
+    let h = pid_handler(pids.clone(), false);
+    let q = MemoryQueue::default();
+
+    assert!(matches!(
+        deliver(&inbox, &q, &h, 0).await,
+        Outcome::Applied { .. }
+    ));
+    assert_eq!(inbox.kept_connections(), 1, "kept after a clean COMMIT");
+    let idle_before = pool.num_idle();
+    assert!(matches!(
+        deliver(&inbox, &q, &h, 1).await,
+        Outcome::Applied { .. }
+    ));
+    // A duplicate's rollback is clean too: the connection is kept again.
+    q.send(lab_message(1));
+    let d = q.receive_now(1).pop().unwrap();
+    assert_eq!(inbox.process(d, &h).await, Outcome::Duplicate);
+    assert_eq!(inbox.kept_connections(), 1);
+    assert_eq!(pool.num_idle(), idle_before, "the pool lent nothing more");
+    let seen = pids.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0], seen[1],
+        "the second delivery ran on the kept connection"
+    );
+
+    // Idle past the limit: the sweeper hands it back to the pool.
+    wait_until(Duration::from_secs(3), "kept connection returned", || {
+        let n = inbox.kept_connections();
+        async move { n == 0 }
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(3),
+        "connection idle in the pool",
+        || {
+            let idle = pool.num_idle();
+            async move { idle > idle_before }
+        },
+    )
+    .await;
+    store.close().await;
+}
+
+#[tokio::test]
+async fn the_pools_last_connection_is_never_kept() {
+    let store = pg_store(2).await;
+    let pool = store.pool().clone();
+    <sqlx::Postgres as LabDb>::create_tables(&pool)
+        .await
+        .unwrap();
+    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
+    let pids = Arc::new(Mutex::new(Vec::new()));
+    let h = pid_handler(pids, false);
+    let q = MemoryQueue::default();
+    for m in 0..2 {
+        q.send(lab_message(m));
+    }
+    // Two deliveries at once on a pool of two.
+    let ds = q.receive_now(2);
+    assert_eq!(ds.len(), 2);
+    let outcomes = futures::future::join_all(ds.into_iter().map(|d| inbox.process(d, &h))).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Applied { .. })),
+        "{outcomes:?}"
+    );
+    assert!(
+        inbox.kept_connections() <= 1,
+        "at most one kept, one left to the pool"
+    );
+    // The application still gets a connection at once.
+    let conn = tokio::time::timeout(Duration::from_millis(200), pool.acquire())
+        .await
+        .expect("a connection without waiting for the inbox")
+        .unwrap();
+    drop(conn);
+    store.close().await;
+}
+
+#[tokio::test]
+async fn nothing_is_kept_after_a_failure_or_when_keeping_is_off() {
+    let store = pg_store(4).await;
+    let pool = store.pool().clone();
+    <sqlx::Postgres as LabDb>::create_tables(&pool)
+        .await
+        .unwrap();
+    let q = MemoryQueue::default();
+
+    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
+    let failing = pid_handler(Arc::new(Mutex::new(Vec::new())), true);
+    assert!(matches!(
+        deliver(&inbox, &q, &failing, 0).await,
+        Outcome::Retry { .. }
+    ));
+    assert_eq!(
+        inbox.kept_connections(),
+        0,
+        "a rolled-back failure goes back to the pool"
+    );
+
+    let off = lab_inbox(pool.clone()).keep_connections(Duration::ZERO);
+    let ok = pid_handler(Arc::new(Mutex::new(Vec::new())), false);
+    assert!(matches!(
+        deliver(&off, &q, &ok, 1).await,
+        Outcome::Applied { .. }
+    ));
+    assert_eq!(off.kept_connections(), 0);
+    store.close().await;
+}
+
+#[tokio::test]
+async fn a_kept_connection_killed_by_the_server_is_replaced_without_a_retry() {
+    let (metrics, _guard) = MetricTotals::install_local();
+    let store = pg_store(4).await;
+    let pool = store.pool().clone();
+    <sqlx::Postgres as LabDb>::create_tables(&pool)
+        .await
+        .unwrap();
+    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
+    let pids = Arc::new(Mutex::new(Vec::new()));
+    let h = pid_handler(pids.clone(), false);
+    let q = MemoryQueue::default();
+
+    assert!(matches!(
+        deliver(&inbox, &q, &h, 0).await,
+        Outcome::Applied { .. }
+    ));
+    let kept_pid = pids.lock().unwrap()[0];
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(kept_pid)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(killed);
+    // Give the server a moment to close the socket.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    assert!(
+        matches!(deliver(&inbox, &q, &h, 1).await, Outcome::Applied { .. }),
+        "applied on a fresh connection, not released for a retry"
+    );
+    let seen = pids.lock().unwrap().clone();
+    assert_ne!(seen[1], kept_pid);
+    assert_eq!(metrics.counter("txinbox_retries_total", &[]), 0);
+    assert_eq!(
+        <sqlx::Postgres as LabDb>::count_tasks(&pool).await.unwrap(),
+        0,
+        "this handler writes no task; the markers are the effect"
+    );
+    assert_eq!(
+        txinbox_store::inspect::inbox_rows(&pool, txinbox_cli::lab::CONSUMER)
+            .await
+            .unwrap(),
+        2
+    );
+    store.close().await;
+}
+
+#[tokio::test]
+async fn closing_the_pool_closes_the_kept_connections() {
+    let store = pg_store(4).await;
+    let pool = store.pool().clone();
+    <sqlx::Postgres as LabDb>::create_tables(&pool)
+        .await
+        .unwrap();
+    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
+    let pids = Arc::new(Mutex::new(Vec::new()));
+    let h = pid_handler(pids.clone(), false);
+    let q = MemoryQueue::default();
+    assert!(matches!(
+        deliver(&inbox, &q, &h, 0).await,
+        Outcome::Applied { .. }
+    ));
+    assert_eq!(inbox.kept_connections(), 1);
+    let kept_pid = pids.lock().unwrap()[0];
+    // The inbox is still alive; close must not wait on it, and the kept connection must not outlive it.
+    tokio::time::timeout(Duration::from_secs(3), store.close())
+        .await
+        .expect("Pool::close completes while an inbox keeps a connection");
+    wait_until(Duration::from_secs(3), "kept connection released", || {
+        let n = inbox.kept_connections();
+        async move { n == 0 }
+    })
+    .await;
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&txinbox_e2e::pg_url())
+        .await
+        .unwrap();
+    let mut left = 1;
+    for _ in 0..100 {
+        left = sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(kept_pid)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        left, 0,
+        "the kept connection's backend outlived the closed pool"
+    );
+}
+
+#[tokio::test]
+async fn an_in_memory_sqlite_store_keeps_nothing_from_its_single_connection() {
+    let store = sqlite_store().await;
+    let pool = store.pool().clone();
+    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
+    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
+    let h = txinbox_cli::lab::task_handler::<sqlx::Sqlite>();
+    let q = MemoryQueue::default();
+    q.send(lab_message(0));
+    let d = q.receive_now(1).pop().unwrap();
+    assert!(matches!(
+        inbox.process(d, &h).await,
+        Outcome::Applied { .. }
+    ));
+    assert_eq!(inbox.kept_connections(), 0);
+    assert_eq!(
+        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        1
+    );
+}
