@@ -10,8 +10,8 @@
 //!   the measure of what the database itself allows.
 //!
 //! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
-//! every measurement once, one after the other, so that a slow minute of a shared machine falls on all
-//! of them alike. The target is `inbox/pgbench >= 0.80`. A `#` line per concurrency adds the same
+//! every measurement once, one after the other (`inbox` and `pgbench_inbox` back to back, in alternating
+//! order), so that a slow minute of a shared machine falls on all of them alike. The target is `inbox/pgbench >= 0.80`. A `#` line per concurrency adds the same
 //! statements sent through sqlx without the inbox (what the client library costs), the ratio of each round,
 //! and the client CPU per operation (user + system microseconds, read from `/proc`).
 
@@ -42,7 +42,7 @@ pub struct BenchArgs {
     pub concurrency: Vec<usize>,
     /// Rounds per concurrency. Each round runs every measurement once, in turn; the figures printed are the
     /// medians over the rounds, so that the drift of a shared machine falls on all of them alike.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
     /// The pgbench binary.
     #[arg(long, default_value = "pgbench")]
@@ -423,12 +423,21 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
     }
 
     async fn round(&self, c: usize, round: usize) -> Result<Round, LabError> {
+        // The two figures of the target run back to back, in alternating order from round to round, so that
+        // neither always follows the other.
+        let (inbox, pgbench) = if round % 2 == 0 {
+            let inbox = self.inbox(c, round).await?;
+            (inbox, self.pgbench(c).await?)
+        } else {
+            let pgbench = self.pgbench(c).await?;
+            (self.inbox(c, round).await?, pgbench)
+        };
         Ok(Round {
+            inbox,
+            pgbench,
             bare: self.bare(c, round).await?,
-            inbox: self.inbox(c, round).await?,
             dup: self.dup(c, round).await?,
             same_sql: self.same_sql(c, round).await?,
-            pgbench: self.pgbench(c).await?,
         })
     }
 
