@@ -44,35 +44,56 @@ async fn deliver<H: Handler<sqlx::Postgres>>(
     inbox.process(d, h).await
 }
 
+/// A fresh schema with the lab tables, an inbox keeping connections for `keep`, a recording handler and a
+/// queue.
+struct Fixture {
+    store: txinbox_store::Store<sqlx::Postgres>,
+    pool: sqlx::PgPool,
+    inbox: txinbox_store::Inbox<sqlx::Postgres>,
+    pids: Arc<Mutex<Vec<i32>>>,
+    q: MemoryQueue,
+}
+
+impl Fixture {
+    async fn new(max_connections: u32, keep: Duration) -> Self {
+        let store = pg_store(max_connections).await;
+        let pool = store.pool().clone();
+        <sqlx::Postgres as LabDb>::create_tables(&pool)
+            .await
+            .unwrap();
+        Self {
+            inbox: lab_inbox(pool.clone()).keep_connections(keep),
+            store,
+            pool,
+            pids: Arc::new(Mutex::new(Vec::new())),
+            q: MemoryQueue::default(),
+        }
+    }
+
+    fn handler(&self) -> impl Handler<sqlx::Postgres> {
+        pid_handler(self.pids.clone(), false)
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.pids.lock().unwrap().clone()
+    }
+}
+
 #[tokio::test]
 async fn a_kept_connection_serves_the_next_delivery_then_goes_back_when_idle() {
-    let store = pg_store(4).await;
-    let pool = store.pool().clone();
-    <sqlx::Postgres as LabDb>::create_tables(&pool)
-        .await
-        .unwrap();
-    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_millis(300));
-    let pids = Arc::new(Mutex::new(Vec::new()));
-    let h = pid_handler(pids.clone(), false);
-    let q = MemoryQueue::default();
+    let f = Fixture::new(4, Duration::from_millis(300)).await;
+    let h = f.handler();
+    let applied = |o: Outcome| matches!(o, Outcome::Applied { .. });
 
-    assert!(matches!(
-        deliver(&inbox, &q, &h, 0).await,
-        Outcome::Applied { .. }
-    ));
-    assert_eq!(inbox.kept_connections(), 1, "kept after a clean COMMIT");
-    let idle_before = pool.num_idle();
-    assert!(matches!(
-        deliver(&inbox, &q, &h, 1).await,
-        Outcome::Applied { .. }
-    ));
+    assert!(applied(deliver(&f.inbox, &f.q, &h, 0).await));
+    assert_eq!(f.inbox.kept_connections(), 1, "kept after a clean COMMIT");
+    let opened = f.pool.size();
+    assert!(applied(deliver(&f.inbox, &f.q, &h, 1).await));
     // A duplicate's rollback is clean too: the connection is kept again.
-    q.send(lab_message(1));
-    let d = q.receive_now(1).pop().unwrap();
-    assert_eq!(inbox.process(d, &h).await, Outcome::Duplicate);
-    assert_eq!(inbox.kept_connections(), 1);
-    assert_eq!(pool.num_idle(), idle_before, "the pool lent nothing more");
-    let seen = pids.lock().unwrap().clone();
+    assert_eq!(deliver(&f.inbox, &f.q, &h, 1).await, Outcome::Duplicate);
+    assert_eq!(f.inbox.kept_connections(), 1);
+    assert_eq!(f.pool.size(), opened, "the pool opened nothing more");
+    let seen = f.pids();
     assert_eq!(seen.len(), 2);
     assert_eq!(
         seen[0], seen[1],
@@ -81,40 +102,33 @@ async fn a_kept_connection_serves_the_next_delivery_then_goes_back_when_idle() {
 
     // Idle past the limit: the sweeper hands it back to the pool.
     wait_until(Duration::from_secs(3), "kept connection returned", || {
-        let n = inbox.kept_connections();
+        let n = f.inbox.kept_connections();
         async move { n == 0 }
     })
     .await;
     wait_until(
         Duration::from_secs(3),
-        "connection idle in the pool",
+        "every connection idle in the pool",
         || {
-            let idle = pool.num_idle();
-            async move { idle > idle_before }
+            let all_idle = f.pool.num_idle() == f.pool.size() as usize;
+            async move { all_idle }
         },
     )
     .await;
-    store.close().await;
+    f.store.close().await;
 }
 
 #[tokio::test]
 async fn the_pools_last_connection_is_never_kept() {
-    let store = pg_store(2).await;
-    let pool = store.pool().clone();
-    <sqlx::Postgres as LabDb>::create_tables(&pool)
-        .await
-        .unwrap();
-    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
-    let pids = Arc::new(Mutex::new(Vec::new()));
-    let h = pid_handler(pids, false);
-    let q = MemoryQueue::default();
+    let f = Fixture::new(2, Duration::from_secs(30)).await;
+    let h = f.handler();
     for m in 0..2 {
-        q.send(lab_message(m));
+        f.q.send(lab_message(m));
     }
     // Two deliveries at once on a pool of two.
-    let ds = q.receive_now(2);
+    let ds = f.q.receive_now(2);
     assert_eq!(ds.len(), 2);
-    let outcomes = futures::future::join_all(ds.into_iter().map(|d| inbox.process(d, &h))).await;
+    let outcomes = futures::future::join_all(ds.into_iter().map(|d| f.inbox.process(d, &h))).await;
     assert!(
         outcomes
             .iter()
@@ -122,70 +136,54 @@ async fn the_pools_last_connection_is_never_kept() {
         "{outcomes:?}"
     );
     assert!(
-        inbox.kept_connections() <= 1,
+        f.inbox.kept_connections() <= 1,
         "at most one kept, one left to the pool"
     );
     // The application still gets a connection at once.
-    let conn = tokio::time::timeout(Duration::from_millis(200), pool.acquire())
+    let conn = tokio::time::timeout(Duration::from_millis(200), f.pool.acquire())
         .await
         .expect("a connection without waiting for the inbox")
         .unwrap();
     drop(conn);
-    store.close().await;
+    f.store.close().await;
 }
 
 #[tokio::test]
 async fn nothing_is_kept_after_a_failure_or_when_keeping_is_off() {
-    let store = pg_store(4).await;
-    let pool = store.pool().clone();
-    <sqlx::Postgres as LabDb>::create_tables(&pool)
-        .await
-        .unwrap();
-    let q = MemoryQueue::default();
-
-    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
-    let failing = pid_handler(Arc::new(Mutex::new(Vec::new())), true);
+    let f = Fixture::new(4, Duration::from_secs(30)).await;
+    let failing = pid_handler(f.pids.clone(), true);
     assert!(matches!(
-        deliver(&inbox, &q, &failing, 0).await,
+        deliver(&f.inbox, &f.q, &failing, 0).await,
         Outcome::Retry { .. }
     ));
     assert_eq!(
-        inbox.kept_connections(),
+        f.inbox.kept_connections(),
         0,
         "a rolled-back failure goes back to the pool"
     );
 
-    let off = lab_inbox(pool.clone()).keep_connections(Duration::ZERO);
-    let ok = pid_handler(Arc::new(Mutex::new(Vec::new())), false);
+    let off = lab_inbox(f.pool.clone()).keep_connections(Duration::ZERO);
     assert!(matches!(
-        deliver(&off, &q, &ok, 1).await,
+        deliver(&off, &f.q, &f.handler(), 1).await,
         Outcome::Applied { .. }
     ));
     assert_eq!(off.kept_connections(), 0);
-    store.close().await;
+    f.store.close().await;
 }
 
 #[tokio::test]
 async fn a_kept_connection_killed_by_the_server_is_replaced_without_a_retry() {
     let (metrics, _guard) = MetricTotals::install_local();
-    let store = pg_store(4).await;
-    let pool = store.pool().clone();
-    <sqlx::Postgres as LabDb>::create_tables(&pool)
-        .await
-        .unwrap();
-    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
-    let pids = Arc::new(Mutex::new(Vec::new()));
-    let h = pid_handler(pids.clone(), false);
-    let q = MemoryQueue::default();
-
+    let f = Fixture::new(4, Duration::from_secs(30)).await;
+    let h = f.handler();
     assert!(matches!(
-        deliver(&inbox, &q, &h, 0).await,
+        deliver(&f.inbox, &f.q, &h, 0).await,
         Outcome::Applied { .. }
     ));
-    let kept_pid = pids.lock().unwrap()[0];
+    let kept_pid = f.pids()[0];
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(kept_pid)
-        .fetch_one(&pool)
+        .fetch_one(&f.pool)
         .await
         .unwrap();
     assert!(killed);
@@ -193,49 +191,38 @@ async fn a_kept_connection_killed_by_the_server_is_replaced_without_a_retry() {
     tokio::time::sleep(Duration::from_millis(100)).await;
 
     assert!(
-        matches!(deliver(&inbox, &q, &h, 1).await, Outcome::Applied { .. }),
+        matches!(
+            deliver(&f.inbox, &f.q, &h, 1).await,
+            Outcome::Applied { .. }
+        ),
         "applied on a fresh connection, not released for a retry"
     );
-    let seen = pids.lock().unwrap().clone();
-    assert_ne!(seen[1], kept_pid);
+    assert_ne!(f.pids()[1], kept_pid);
     assert_eq!(metrics.counter("txinbox_retries_total", &[]), 0);
     assert_eq!(
-        <sqlx::Postgres as LabDb>::count_tasks(&pool).await.unwrap(),
-        0,
-        "this handler writes no task; the markers are the effect"
-    );
-    assert_eq!(
-        txinbox_store::inspect::inbox_rows(&pool, txinbox_cli::lab::CONSUMER)
+        txinbox_store::inspect::inbox_rows(&f.pool, txinbox_cli::lab::CONSUMER)
             .await
             .unwrap(),
         2
     );
-    store.close().await;
+    f.store.close().await;
 }
 
 #[tokio::test]
 async fn closing_the_pool_closes_the_kept_connections() {
-    let store = pg_store(4).await;
-    let pool = store.pool().clone();
-    <sqlx::Postgres as LabDb>::create_tables(&pool)
-        .await
-        .unwrap();
-    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
-    let pids = Arc::new(Mutex::new(Vec::new()));
-    let h = pid_handler(pids.clone(), false);
-    let q = MemoryQueue::default();
+    let f = Fixture::new(4, Duration::from_secs(30)).await;
     assert!(matches!(
-        deliver(&inbox, &q, &h, 0).await,
+        deliver(&f.inbox, &f.q, &f.handler(), 0).await,
         Outcome::Applied { .. }
     ));
-    assert_eq!(inbox.kept_connections(), 1);
-    let kept_pid = pids.lock().unwrap()[0];
+    assert_eq!(f.inbox.kept_connections(), 1);
+    let kept_pid = f.pids()[0];
     // The inbox is still alive; close must not wait on it, and the kept connection must not outlive it.
-    tokio::time::timeout(Duration::from_secs(3), store.close())
+    tokio::time::timeout(Duration::from_secs(3), f.store.close())
         .await
         .expect("Pool::close completes while an inbox keeps a connection");
     wait_until(Duration::from_secs(3), "kept connection released", || {
-        let n = inbox.kept_connections();
+        let n = f.inbox.kept_connections();
         async move { n == 0 }
     })
     .await;

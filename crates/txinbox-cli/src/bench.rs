@@ -256,6 +256,32 @@ fn run_pgbench(
     })
 }
 
+/// The handler's business row, outside the inbox.
+async fn business_insert(conn: &mut sqlx::PgConnection, id: &str) -> Result<(), String> {
+    sqlx::query(BUSINESS_INSERT)
+        .bind(format!("t-{id}"))
+        .bind(id)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Processes `m` through the inbox and checks its outcome.
+async fn expect<H: txinbox_store::Handler<sqlx::Postgres>>(
+    inbox: &Inbox<sqlx::Postgres>,
+    handler: &H,
+    m: ReceivedMessage,
+    want: &str,
+) -> Result<(), String> {
+    let o = inbox.process(NoopDelivery(m), handler).await;
+    if o.label() == want {
+        Ok(())
+    } else {
+        Err(format!("unexpected outcome {o}, wanted {want}"))
+    }
+}
+
 /// The figures of one round at one concurrency.
 #[derive(Clone, Copy)]
 struct Round {
@@ -309,12 +335,7 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
             Box::pin(async move {
                 let mut tx = p.begin().await.map_err(|e| e.to_string())?;
                 let id = format!("bare-{c}-{round}-{t}-{i}");
-                sqlx::query(BUSINESS_INSERT)
-                    .bind(format!("t-{id}"))
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                business_insert(&mut tx, &id).await?;
                 tx.commit().await.map_err(|e| e.to_string())
             })
         })
@@ -329,12 +350,7 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
             let (ib, hd) = (ib.clone(), hd.clone());
             Box::pin(async move {
                 let m = message(&format!("in-{c}-{round}-{t}-{i}"), i);
-                let o = ib.process(NoopDelivery(m), &*hd).await;
-                if o.label() == "applied" {
-                    Ok(())
-                } else {
-                    Err(format!("unexpected outcome {o}"))
-                }
+                expect(&ib, &*hd, m, "applied").await
             })
         })
         .await
@@ -344,18 +360,10 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
     async fn dup(&self, c: usize, round: usize) -> Result<Rate, LabError> {
         reset(&self.pool).await?;
         for n in 0..1000u64 {
-            let o = self
-                .inbox
-                .process(
-                    NoopDelivery(message(&format!("dup-{n}"), n)),
-                    &*self.handler,
-                )
-                .await;
-            if o.label() != "applied" {
-                return Err(LabError::Usage(format!(
-                    "seeding the duplicate stream: {o}"
-                )));
-            }
+            let m = message(&format!("dup-{n}"), n);
+            expect(&self.inbox, &*self.handler, m, "applied")
+                .await
+                .map_err(|e| LabError::Usage(format!("seeding the duplicate stream: {e}")))?;
         }
         let (ib, hd) = (self.inbox.clone(), self.handler.clone());
         measure(c, self.args.seconds, move |t, i| {
@@ -367,12 +375,7 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
                     let n = (i * 7919 + t as u64 * 104_729) % 1000;
                     (message(&format!("dup-{n}"), n), "duplicate")
                 };
-                let o = ib.process(NoopDelivery(m), &*hd).await;
-                if o.label() == want {
-                    Ok(())
-                } else {
-                    Err(format!("unexpected outcome {o}, wanted {want}"))
-                }
+                expect(&ib, &*hd, m, want).await
             })
         })
         .await
@@ -405,12 +408,7 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
                     .execute(&mut *tx)
                     .await
                     .map_err(|e| e.to_string())?;
-                sqlx::query(BUSINESS_INSERT)
-                    .bind(format!("t-{id}"))
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                business_insert(&mut tx, &id).await?;
                 tx.commit().await.map_err(|e| e.to_string())
             })
         })

@@ -224,9 +224,15 @@ impl<DB: Backend> Inbox<DB> {
     /// goes back to the pool (default 500 ms; zero hands every connection back at once).
     ///
     /// sqlx's pool tests each connection it takes back with a round trip to the database; keeping the
-    /// connection between deliveries saves that round trip on a busy consumer. Kept connections stay checked
-    /// out of the pool (its limit still bounds the inbox), only connections whose transaction ended without
-    /// error are kept, and a closed pool gets them back at once. See the `conns` module source for the rules.
+    /// connection between deliveries saves that round trip on a busy consumer. The rules:
+    ///
+    /// * only a connection whose transaction ended without error (COMMIT, or a duplicate's ROLLBACK) is kept;
+    ///   after any failure it goes back to the pool, which tests it;
+    /// * kept connections stay checked out of the pool, so its limit still bounds the inbox, and the pool's
+    ///   last connection is never kept: the application still gets one without waiting;
+    /// * a connection idle for longer than `idle` goes back to the pool; a closed pool gets them back within
+    ///   about 100 ms (`Pool::close` does not wait for them);
+    /// * a `BEGIN` that fails because the connection died while it waited is tried once more on a fresh one.
     pub fn keep_connections(mut self, idle: Duration) -> Self {
         self.conns.release_all();
         self.conns = KeptConnections::new(idle);
