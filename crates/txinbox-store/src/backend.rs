@@ -48,6 +48,13 @@ pub struct ExistingMarker {
     pub processed_at: DateTime<Utc>,
 }
 
+impl ExistingMarker {
+    /// Whether the holder is this very message (same identity, same payload): a plain duplicate.
+    pub fn is_same_message(&self, payload_hash: &str) -> bool {
+        self.same_identity && self.payload_hash == payload_hash
+    }
+}
+
 /// Evidence of a payload collision or a business duplicate, kept for an operator.
 #[derive(Debug)]
 pub struct Rejection<'a> {

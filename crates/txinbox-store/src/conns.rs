@@ -44,12 +44,6 @@ pub(crate) struct KeptConnections<DB: Backend> {
     keep_idle: Duration,
 }
 
-/// A connection for one delivery and whether it was kept from an earlier one.
-pub(crate) struct Taken<DB: Backend> {
-    pub(crate) conn: PoolConnection<DB>,
-    pub(crate) kept: bool,
-}
-
 impl<DB: Backend> KeptConnections<DB> {
     pub(crate) fn new(keep_idle: Duration) -> Arc<Self> {
         Arc::new(Self {
@@ -73,7 +67,10 @@ impl<DB: Backend> KeptConnections<DB> {
     }
 
     /// The most recently kept connection that is still fresh, or one from the pool.
-    pub(crate) async fn take(&self, pool: &sqlx::Pool<DB>) -> Result<Taken<DB>, sqlx::Error> {
+    pub(crate) async fn take(
+        &self,
+        pool: &sqlx::Pool<DB>,
+    ) -> Result<PoolConnection<DB>, sqlx::Error> {
         if pool.is_closed() {
             self.release_all();
         } else if !self.keep_idle.is_zero() {
@@ -87,14 +84,11 @@ impl<DB: Backend> KeptConnections<DB> {
             drop(stale);
             if let Some((conn, at)) = fresh {
                 if at.elapsed() <= self.keep_idle {
-                    return Ok(Taken { conn, kept: true });
+                    return Ok(conn);
                 }
             }
         }
-        Ok(Taken {
-            conn: pool.acquire().await?,
-            kept: false,
-        })
+        pool.acquire().await
     }
 
     /// Keeps a connection whose last transaction ended cleanly.

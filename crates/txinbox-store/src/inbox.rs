@@ -13,7 +13,7 @@ use txinbox::{
 };
 
 use crate::backend::{Backend, MarkerInsert, MarkerRow, Rejection};
-use crate::conns::{KeptConnections, Taken};
+use crate::conns::KeptConnections;
 use crate::handler::{Handled, Handler, Inbound};
 
 /// What bodies a consumer accepts.
@@ -363,8 +363,8 @@ impl<DB: Backend> Inbox<DB> {
         };
         crash_if(fault, FaultPoint::BeforeTransaction)?;
 
-        let Taken { mut conn, kept } = match self.conns.take(&self.pool).await {
-            Ok(t) => t,
+        let mut conn = match self.conns.take(&self.pool).await {
+            Ok(c) => c,
             Err(e) => return Ok(self.store_retry("begin", &e)),
         };
         let work = Work {
@@ -380,7 +380,7 @@ impl<DB: Backend> Inbox<DB> {
                 // A connection may have died while it waited (server restart): nothing happened yet, so
                 // once more on a fresh one.
                 Err(e) if !retried => {
-                    tracing::debug!(error = %e, kept, "BEGIN failed; trying once more on a fresh connection");
+                    tracing::debug!(error = %e, "BEGIN failed; trying once more on a fresh connection");
                     retried = true;
                 }
                 Err(e) => return Ok(self.store_retry("begin", &e)),
@@ -402,9 +402,7 @@ impl<DB: Backend> Inbox<DB> {
             TxEnd::Conflict { holder, clean } => {
                 // A plain duplicate ends here; a collision or business duplicate records its evidence on a
                 // pool connection, so this one goes back first.
-                let plain_duplicate = holder
-                    .as_ref()
-                    .is_some_and(|h| h.same_identity && h.payload_hash == hash);
+                let plain_duplicate = holder.as_ref().is_some_and(|h| h.is_same_message(&hash));
                 if clean && plain_duplicate {
                     self.conns.put(conn, &self.pool);
                 } else {
@@ -645,7 +643,7 @@ impl<DB: Backend> Inbox<DB> {
         if holder.processed_at >= received_at {
             metrics::counter!(m::CONCURRENT_CONFLICTS, "consumer" => consumer.clone()).increment(1);
         }
-        if holder.same_identity && holder.payload_hash == hash {
+        if holder.is_same_message(hash) {
             metrics::counter!(m::DUPLICATES, "consumer" => consumer).increment(1);
             tracing::info!(message_id = %identity.message_id, "duplicate: already applied, no effect");
             return Decision::Ack(Outcome::Duplicate);
