@@ -103,10 +103,7 @@ enum ServiceBusCommand {
 }
 
 fn servicebus(command: ServiceBusCommand) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime(Flavor::MultiThread) {
         Ok(rt) => rt,
         Err(e) => return fail(&e),
     };
@@ -145,10 +142,7 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
 }
 
 fn sqs(command: SqsCommand) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime(Flavor::MultiThread) {
         Ok(rt) => rt,
         Err(e) => return fail(&e),
     };
@@ -190,10 +184,7 @@ fn main() -> ExitCode {
                 Err(e) => return fail(&e),
             };
             // Current-thread runtime: the windows capture metrics with a thread-local recorder.
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let rt = match runtime(Flavor::CurrentThread) {
                 Ok(rt) => rt,
                 Err(e) => return fail(&e),
             };
@@ -232,10 +223,7 @@ fn main() -> ExitCode {
         Command::Servicebus { command } => servicebus(command),
         Command::CheckInfra { dir, config } => check_infra(&dir, config.as_deref()),
         Command::Bench(args) => {
-            let rt = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
+            let rt = match runtime(Flavor::MultiThread) {
                 Ok(rt) => rt,
                 Err(e) => return fail(&e),
             };
@@ -245,6 +233,21 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Which Tokio runtime a command runs on.
+enum Flavor {
+    MultiThread,
+    CurrentThread,
+}
+
+fn runtime(flavor: Flavor) -> std::io::Result<tokio::runtime::Runtime> {
+    match flavor {
+        Flavor::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+        Flavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+    }
+    .enable_all()
+    .build()
 }
 
 fn check_infra(dir: &std::path::Path, config: Option<&std::path::Path>) -> ExitCode {
