@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use txinbox::{
+use txinbox_core::{
     BrokerError, ConsumerName, DeadLetter, Delivery, HandlerError, IdentityPolicy, Lease,
     ReceivedMessage,
 };

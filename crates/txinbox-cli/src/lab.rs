@@ -5,8 +5,8 @@ use std::fmt;
 use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
-use txinbox::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
-use txinbox::{ConsumerName, FingerprintSpec, IdentityPolicy, Worker, WorkerOptions};
+use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::{ConsumerName, FingerprintSpec, IdentityPolicy, Worker, WorkerOptions};
 use txinbox_store::{handler_fn, BodyFormat, Handled, Inbox, InputRules, Store};
 
 use crate::labdb::LabDb;
@@ -32,7 +32,7 @@ pub enum LabError {
 }
 
 /// The business key of the follow-up agent: `criar_tarefa_followup:<opportunity>:<meeting>`.
-pub fn followup_business_key(m: &txinbox::ReceivedMessage) -> Result<Option<String>, String> {
+pub fn followup_business_key(m: &txinbox_core::ReceivedMessage) -> Result<Option<String>, String> {
     let v: serde_json::Value =
         serde_json::from_slice(&m.body).map_err(|e| format!("body is not JSON: {e}"))?;
     let field = |k: &str| {
@@ -289,12 +289,12 @@ pub fn task_handler<DB: LabDb>() -> impl txinbox_store::Handler<DB> {
 }
 
 /// The result type of the lab's handler.
-pub type HandlerResult = Result<Handled, txinbox::HandlerError>;
+pub type HandlerResult = Result<Handled, txinbox_core::HandlerError>;
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn lab_consumer_name_is_valid() {
-        assert!(txinbox::ConsumerName::new(super::CONSUMER).is_ok());
+        assert!(txinbox_core::ConsumerName::new(super::CONSUMER).is_ok());
     }
 }

@@ -5,7 +5,7 @@
 
 use futures::future::BoxFuture;
 use sqlx::{Postgres, Sqlite};
-use txinbox::HandlerError;
+use txinbox_core::HandlerError;
 use txinbox_store::{db_error, Backend, Handled, Inbound};
 
 /// A backend the lab can run on.

@@ -1,6 +1,5 @@
 //! The `txinbox` command and the library behind it: the seed's lab ([`lab`]), the failure windows
-//! ([`windows`]) and the benchmark ([`bench`](mod@bench)). The project README follows (its examples compile as doctests).
-#![doc = include_str!("../../../README.md")]
+//! ([`windows`]) and the benchmark ([`bench`](mod@bench)).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

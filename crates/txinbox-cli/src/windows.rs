@@ -15,8 +15,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Semaphore;
-use txinbox::mem::{MemoryQueue, QueueOptions, QueueState};
-use txinbox::{
+use txinbox_core::mem::{MemoryQueue, QueueOptions, QueueState};
+use txinbox_core::{
     metrics as m, CancellationToken, Delivery, HandlerError, RetentionPolicy, Worker, WorkerOptions,
 };
 use txinbox_store::{FaultPoint, Handled, Handler, Inbound};
@@ -315,9 +315,9 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             let ta = tokio::spawn(async move { i2.process(a, &g2 as &dyn Handler<DB>).await });
             gated.wait_entered(1).await;
             // The lease keeper renews every 5 ms; the broker's clock jumps past the lock: the next renewal fails.
-            let keeper = txinbox::lease::keep_alive(
+            let keeper = txinbox_core::lease::keep_alive(
                 lease,
-                txinbox::LeaseOptions::default()
+                txinbox_core::LeaseOptions::default()
                     .interval(Duration::from_millis(5))
                     .extend_by(Duration::from_secs(30)),
                 CONSUMER.into(),

@@ -28,7 +28,7 @@ use std::time::Duration;
 use azure_messaging_servicebus::prelude::QueueClient;
 use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBrokerProperties};
 use chrono::{SecondsFormat, Utc};
-use txinbox::{DeadLetter, ReceivedMessage};
+use txinbox_core::{DeadLetter, ReceivedMessage};
 
 use crate::config::ServiceBusClient;
 use crate::error::ServiceBusError;

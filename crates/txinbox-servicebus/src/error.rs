@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use azure_core::error::ErrorKind;
-use txinbox::{BoxError, BrokerError};
+use txinbox_core::{BoxError, BrokerError};
 
 /// What a Service Bus REST call met. Decides the [`BrokerError`] variant and whether a retry can help.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@
 //! ## Wiring a worker
 //!
 //! ```no_run
-//! use txinbox::{ConsumerName, IdentityPolicy, Worker};
+//! use txinbox_core::{ConsumerName, IdentityPolicy, Worker};
 //! use txinbox_servicebus::{ServiceBusConfig, ServiceBusOptions, ServiceBusReceiver};
 //! use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
 //!
@@ -41,7 +41,7 @@
 //! let worker_options = receiver.worker_options();
 //! let report = Worker::new(receiver, inbox.bind(handler))
 //!     .options(worker_options)
-//!     .run_until(txinbox::shutdown_signal())
+//!     .run_until(txinbox_core::shutdown_signal())
 //!     .await;
 //! println!("{report:?}");
 //! # Ok(()) }
@@ -88,7 +88,7 @@ pub use azure_core;
 pub use azure_identity;
 pub use azure_messaging_servicebus;
 
-/// Metric names specific to the Service Bus adapter (the core's names in [`txinbox::metrics`] apply too).
+/// Metric names specific to the Service Bus adapter (the core's names in [`txinbox_core::metrics`] apply too).
 pub mod metrics {
     /// Messages forwarded to the dead-letter destination, by `reason`.
     pub const DLQ_FORWARDS: &str = "txinbox_servicebus_dlq_forwards_total";

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use txinbox::{LeaseOptions, WorkerOptions};
+use txinbox_core::{LeaseOptions, WorkerOptions};
 
 use crate::error::ServiceBusError;
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBrokerProperties};
-use txinbox::{BrokerError, OutboxMessage, Publisher};
+use txinbox_core::{BrokerError, OutboxMessage, Publisher};
 
 use crate::config::ServiceBusClient;
 use crate::error::ServiceBusError;
@@ -38,7 +38,7 @@ pub fn send_options(msg: &OutboxMessage, content_type: Option<&str>) -> SendMess
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use txinbox::{OutboxMessage, Publisher};
+/// use txinbox_core::{OutboxMessage, Publisher};
 /// use txinbox_servicebus::{ServiceBusConfig, ServiceBusPublisher};
 ///
 /// let client = ServiceBusConfig::from_connection_string(&std::env::var("SERVICEBUS_CONNECTION_STRING")?)?

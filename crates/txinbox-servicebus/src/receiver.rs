@@ -9,7 +9,7 @@ use azure_messaging_servicebus::prelude::QueueClient;
 use azure_messaging_servicebus::service_bus::PeekLockResponse;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
-use txinbox::{BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver};
+use txinbox_core::{BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver};
 
 use crate::config::ServiceBusClient;
 use crate::dlq::Forwarder;
@@ -251,7 +251,7 @@ impl ServiceBusReceiver {
     }
 
     /// Worker options matching the receiver's ([`ServiceBusOptions::worker_options`]).
-    pub fn worker_options(&self) -> txinbox::WorkerOptions {
+    pub fn worker_options(&self) -> txinbox_core::WorkerOptions {
         self.opts.worker_options()
     }
 

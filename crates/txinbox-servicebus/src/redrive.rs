@@ -167,7 +167,7 @@ pub async fn redrive(
             Ok(()) => {
                 report.moved += 1;
                 report.moved_ids.push(id.clone());
-                metrics::counter!(txinbox::metrics::REDRIVEN, "consumer" => to.to_owned())
+                metrics::counter!(txinbox_core::metrics::REDRIVEN, "consumer" => to.to_owned())
                     .increment(1);
                 writeln!(
                     progress,

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::MessageAttributeValue;
-use txinbox::{DeadLetter, ReceivedMessage};
+use txinbox_core::{DeadLetter, ReceivedMessage};
 
 use crate::error::SqsError;
 

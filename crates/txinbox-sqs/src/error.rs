@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use txinbox::{BoxError, BrokerError};
+use txinbox_core::{BoxError, BrokerError};
 
 /// What kind of failure an SQS call met. Decides the [`BrokerError`] variant and whether a retry can help.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

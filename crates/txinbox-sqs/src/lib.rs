@@ -19,7 +19,7 @@
 //! ## Wiring a worker
 //!
 //! ```no_run
-//! use txinbox::{ConsumerName, IdentityPolicy, Worker};
+//! use txinbox_core::{ConsumerName, IdentityPolicy, Worker};
 //! use txinbox_sqs::{SqsOptions, SqsReceiver};
 //! use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
 //!
@@ -40,7 +40,7 @@
 //! let options = receiver.worker_options();
 //! let report = Worker::new(receiver, inbox.bind(handler))
 //!     .options(options)
-//!     .run_until(txinbox::shutdown_signal())
+//!     .run_until(txinbox_core::shutdown_signal())
 //!     .await;
 //! println!("{report:?}");
 //! # Ok(()) }
@@ -75,10 +75,12 @@ pub use publisher::{deduplication_id, SqsPublisher};
 pub use receiver::{received_message, SqsDelivery, SqsLease, SqsReceiver};
 pub use redrive::{redrive, redrive_with, RedriveOptions, RedriveReport};
 
+/// Re-exported so users load AWS configuration with the version the adapter is built on.
+pub use aws_config;
 /// Re-exported so users name the same SDK version.
 pub use aws_sdk_sqs;
 
-/// Metric names specific to the SQS adapter (the core's names in [`txinbox::metrics`] apply too).
+/// Metric names specific to the SQS adapter (the core's names in [`txinbox_core::metrics`] apply too).
 pub mod metrics {
     /// Entries of a `DeleteMessageBatch` that failed, by `code` (each is retried once with `DeleteMessage`).
     pub const DELETE_BATCH_ENTRY_FAILURES: &str = "txinbox_sqs_delete_batch_entry_failures_total";

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use aws_config::BehaviorVersion;
 use aws_sdk_sqs::config::SharedHttpClient;
-use txinbox::{LeaseOptions, WorkerOptions};
+use txinbox_core::{LeaseOptions, WorkerOptions};
 
 use crate::error::SqsError;
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
-use txinbox::{BrokerError, OutboxMessage, Publisher};
+use txinbox_core::{BrokerError, OutboxMessage, Publisher};
 
 use crate::dlq::{is_fifo, string_attribute, MAX_MESSAGE_ATTRIBUTES};
 use crate::error::SqsError;

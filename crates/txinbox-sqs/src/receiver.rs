@@ -12,7 +12,9 @@ use aws_sdk_sqs::types::{
 use chrono::{DateTime, TimeZone, Utc};
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
-use txinbox::{BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver, WorkerOptions};
+use txinbox_core::{
+    BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver, WorkerOptions,
+};
 
 use crate::dlq;
 use crate::error::SqsError;

@@ -193,7 +193,7 @@ async fn run(
                     });
                 let identity_elsewhere = attrs
                     .keys()
-                    .any(|k| k.eq_ignore_ascii_case(txinbox::identity::ce::ID))
+                    .any(|k| k.eq_ignore_ascii_case(txinbox_core::identity::ce::ID))
                     || structured_cloudevent(m.body().unwrap_or_default());
                 let dedup = match (original, in_window, identity_elsewhere) {
                     (Some(orig), false, _) => orig,
@@ -217,7 +217,8 @@ async fn run(
             // Only after the send: a failure here leaves a copy in both queues, which the inbox absorbs.
             delete_one(client, from, receipt).await?;
             report.moved += 1;
-            metrics::counter!(txinbox::metrics::REDRIVEN, "consumer" => "sqs-redrive").increment(1);
+            metrics::counter!(txinbox_core::metrics::REDRIVEN, "consumer" => "sqs-redrive")
+                .increment(1);
             if opts.terminal || report.moved - last_line >= opts.line_every.max(1) {
                 last_line = report.moved;
                 draw(progress, opts, report, started, false)?;

@@ -10,7 +10,9 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use tokio::sync::oneshot;
-use txinbox::{metrics as m, CancellationToken, Delivery, Outcome, Receiver, Worker, WorkerReport};
+use txinbox_core::{
+    metrics as m, CancellationToken, Delivery, Outcome, Receiver, Worker, WorkerReport,
+};
 use txinbox_sqs::{SqsOptions, SqsReceiver};
 use txinbox_store::FaultPoint;
 
@@ -23,9 +25,9 @@ struct Running {
 }
 
 impl Running {
-    fn start<P>(receiver: SqsReceiver, processor: P, opts: txinbox::WorkerOptions) -> Self
+    fn start<P>(receiver: SqsReceiver, processor: P, opts: txinbox_core::WorkerOptions) -> Self
     where
-        P: txinbox::Processor<txinbox::LeasedDelivery<txinbox_sqs::SqsDelivery>>,
+        P: txinbox_core::Processor<txinbox_core::LeasedDelivery<txinbox_sqs::SqsDelivery>>,
     {
         let (stop, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(Worker::new(receiver, processor).options(opts).run_until(
@@ -403,12 +405,12 @@ async fn failed_extension_is_counted_as_a_lost_lease() {
         .await
         .expect_err("renewing a deleted message fails");
     assert!(
-        matches!(err, txinbox::BrokerError::LockLost { .. }),
+        matches!(err, txinbox_core::BrokerError::LockLost { .. }),
         "{err:?}"
     );
-    let guard = txinbox::lease::keep_alive(
+    let guard = txinbox_core::lease::keep_alive(
         lease,
-        txinbox::LeaseOptions::default().interval(Duration::from_millis(200)),
+        txinbox_core::LeaseOptions::default().interval(Duration::from_millis(200)),
         consumer.clone(),
     );
     wait_until(Duration::from_secs(10), "the keeper to notice", || async {
@@ -828,7 +830,7 @@ async fn publisher_sends_one_identity_the_inbox_resolves() {
     let store = pg_store().await;
     let consumer = unique("publish");
     let publisher = txinbox_sqs::SqsPublisher::new(c.clone()).default_queue(&q.url);
-    let mut msg = txinbox::OutboxMessage {
+    let mut msg = txinbox_core::OutboxMessage {
         destination: String::new(),
         source: "crm/meetings".into(),
         message_id: "evt-pub-1".into(),
@@ -839,8 +841,12 @@ async fn publisher_sends_one_identity_the_inbox_resolves() {
     };
     msg.attributes
         .insert("ce-tenantid".into(), "jupiter".into());
-    txinbox::Publisher::publish(&publisher, &msg).await.unwrap();
-    txinbox::Publisher::publish(&publisher, &msg).await.unwrap();
+    txinbox_core::Publisher::publish(&publisher, &msg)
+        .await
+        .unwrap();
+    txinbox_core::Publisher::publish(&publisher, &msg)
+        .await
+        .unwrap();
     assert_eq!(
         counts(&c, &q.url).await.0,
         1,
@@ -906,7 +912,7 @@ async fn missing_queue_is_entity_not_found_and_options_are_checked() {
         "{err}"
     );
     assert!(matches!(
-        txinbox::BrokerError::from(err),
-        txinbox::BrokerError::EntityNotFound { .. }
+        txinbox_core::BrokerError::from(err),
+        txinbox_core::BrokerError::EntityNotFound { .. }
     ));
 }

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use txinbox::{Identity, OutboxMessage};
+use txinbox_core::{Identity, OutboxMessage};
 
 use crate::error::StoreError;
 

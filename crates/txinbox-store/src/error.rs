@@ -26,7 +26,7 @@ pub enum StoreError {
     },
     /// Bad configuration (consumer name, URL, ...).
     #[error("invalid configuration: {0}")]
-    Config(#[source] txinbox::BadInput),
+    Config(#[source] txinbox_core::BadInput),
     /// A store URL is neither `sqlite:` nor `postgres://`, or names a backend not compiled in.
     #[error("unsupported store URL scheme {scheme:?} (expected sqlite: or postgres://)")]
     UnsupportedUrl {

@@ -1,7 +1,7 @@
 //! The user's handler: it receives the open transaction and the message, and never commits.
 
 use futures::future::BoxFuture;
-use txinbox::{HandlerError, Identity, OutboxMessage, ReceivedMessage};
+use txinbox_core::{HandlerError, Identity, OutboxMessage, ReceivedMessage};
 
 use crate::backend::Backend;
 

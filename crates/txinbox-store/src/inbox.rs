@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::FutureExt;
 use tracing::Instrument;
-use txinbox::metrics as m;
-use txinbox::{
+use txinbox_core::metrics as m;
+use txinbox_core::{
     BadInput, CancellationToken, DeadLetter, Delivery, FingerprintSpec, HandlerError, Identity,
     IdentityPolicy, Outcome, Processor, RetentionPolicy,
 };
@@ -99,7 +99,7 @@ pub struct Crashed(pub FaultPoint);
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use txinbox::{ConsumerName, IdentityPolicy, mem::MemoryQueue, Worker};
+/// use txinbox_core::{ConsumerName, IdentityPolicy, mem::MemoryQueue, Worker};
 /// use txinbox_store::{handler_fn, db_error, Handled, Inbox, Store};
 ///
 /// let store = Store::<sqlx::Sqlite>::connect("sqlite::memory:").await?;
@@ -113,7 +113,7 @@ pub struct Crashed(pub FaultPoint);
 /// }));
 /// let queue = MemoryQueue::default();
 /// Worker::new(queue.receiver(), inbox.bind(handler))
-///     .run_until(txinbox::shutdown_signal())
+///     .run_until(txinbox_core::shutdown_signal())
 ///     .await;
 /// # Ok(()) }
 /// ```
@@ -160,7 +160,7 @@ const DEFAULT_KEEP_IDLE: Duration = Duration::from_millis(500);
 
 /// What the transaction works on.
 struct Work<'a> {
-    msg: &'a txinbox::ReceivedMessage,
+    msg: &'a txinbox_core::ReceivedMessage,
     identity: &'a Identity,
     hash: &'a str,
     json: Option<&'a serde_json::Value>,
@@ -256,7 +256,7 @@ impl<DB: Backend> Inbox<DB> {
         metrics::SharedString::from_shared(self.consumer.clone())
     }
 
-    /// Binds a handler, giving a [`Processor`] for a [`txinbox::Worker`].
+    /// Binds a handler, giving a [`Processor`] for a [`txinbox_core::Worker`].
     pub fn bind<H: Handler<DB>>(self, handler: H) -> InboxProcessor<DB, H> {
         InboxProcessor {
             inbox: self,
@@ -542,7 +542,7 @@ impl<DB: Backend> Inbox<DB> {
 
     fn validate(
         &self,
-        msg: &txinbox::ReceivedMessage,
+        msg: &txinbox_core::ReceivedMessage,
     ) -> Result<(Identity, Option<serde_json::Value>), BadInput> {
         if msg.body.len() > self.rules.max_payload_bytes {
             return Err(BadInput::PayloadTooLarge {
@@ -763,7 +763,7 @@ fn unreachable_crash() -> Outcome {
     Outcome::Interrupted
 }
 
-/// An [`Inbox`] bound to a handler: the [`Processor`] a [`txinbox::Worker`] runs.
+/// An [`Inbox`] bound to a handler: the [`Processor`] a [`txinbox_core::Worker`] runs.
 pub struct InboxProcessor<DB: Backend, H> {
     inbox: Inbox<DB>,
     handler: Arc<H>,

@@ -41,6 +41,9 @@ pub use inbox::{BodyFormat, Crashed, FaultPoint, Inbox, InboxProcessor, InputRul
 pub use outbox::{relay_outbox, RelayReport};
 pub use store::Store;
 
+/// sqlx, re-exported so users name the same version the store is built on.
+pub use sqlx;
+
 /// Inspection helpers for tests, the lab and operators.
 pub mod inspect {
     use crate::backend::Backend;

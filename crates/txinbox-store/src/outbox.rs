@@ -1,7 +1,7 @@
 //! Outbox relay: publishes the rows handlers wrote in their transactions, after COMMIT.
 
 use chrono::Utc;
-use txinbox::Publisher;
+use txinbox_core::Publisher;
 
 use crate::backend::Backend;
 use crate::error::StoreError;
@@ -29,7 +29,7 @@ pub async fn relay_outbox<DB: Backend, P: Publisher>(
             Ok(()) => {
                 DB::finish_outbox(pool, row.id, Utc::now(), None).await?;
                 report.relayed += 1;
-                metrics::counter!(txinbox::metrics::OUTBOX_RELAYED, "consumer" => row.message.source.clone()).increment(1);
+                metrics::counter!(txinbox_core::metrics::OUTBOX_RELAYED, "consumer" => row.message.source.clone()).increment(1);
             }
             Err(e) => {
                 tracing::warn!(id = row.id, attempts = row.attempts + 1, error = %e, "outbox publish failed; will retry");

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
-use txinbox::{Identity, OutboxMessage};
+use txinbox_core::{Identity, OutboxMessage};
 
 use crate::backend::{
     pending_outbox_from_row, Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox,

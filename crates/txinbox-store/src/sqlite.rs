@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
-use txinbox::{Identity, OutboxMessage};
+use txinbox_core::{Identity, OutboxMessage};
 
 use crate::backend::{
     pending_outbox_from_row, Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox,

@@ -116,7 +116,7 @@ impl Store<sqlx::Postgres> {
                 .all(|c| c.is_ascii_alphanumeric() || c == '_')
         {
             return Err(StoreError::Config(
-                txinbox::BadInput::InvalidIdentityField {
+                txinbox_core::BadInput::InvalidIdentityField {
                     field: "schema",
                     reason: "must be non-empty ASCII letters, digits and underscores",
                 },

@@ -1,68 +1,30 @@
-//! # txinbox
-//!
-//! A durable inbox at the consumer's door. Brokers deliver at least once: a worker that commits its database
-//! change and dies before it acknowledges the message gets that message again. txinbox records the message's
-//! identity (`consumer_name` + `message_id`) and the business change in **one database transaction**, lets
-//! the store's unique constraint decide who may proceed, and acknowledges the broker **only after COMMIT**.
-//! A redelivery finds the marker and ends without repeating the effect.
-//!
-//! This crate holds what does not depend on a database or a broker:
-//!
-//! * [`identity`]: consumer names, identity resolution (CloudEvents, producer id, broker id opt-in);
-//! * [`fingerprint`]: the canonical payload hash;
-//! * [`Outcome`]: applied, duplicate, payload collision, business duplicate, retry, dead-lettered;
-//! * [`broker`]: the adapter traits ([`Receiver`], [`Delivery`], [`Lease`]);
-//! * [`worker`]: concurrency, lease renewal, graceful shutdown;
-//! * [`mem`]: an in-memory broker with real at-least-once semantics for tests and the lab;
-//! * [`outbox`], [`retention`], [`metrics`].
-//!
-//! The inbox transaction itself lives in `txinbox-store` (PostgreSQL and SQLite on sqlx); the brokers live in
-//! `txinbox-sqs` and `txinbox-servicebus`.
-//!
-//! ```
-//! use txinbox::{ConsumerName, IdentityPolicy, ReceivedMessage};
-//!
-//! let policy = IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap())
-//!     .business_key(|m| {
-//!         let v: serde_json::Value = serde_json::from_slice(&m.body).map_err(|e| e.to_string())?;
-//!         Ok(Some(format!(
-//!             "criar_tarefa_followup:{}:{}",
-//!             v["opportunity"].as_str().ok_or("no opportunity")?,
-//!             v["meeting"].as_str().ok_or("no meeting")?
-//!         )))
-//!     });
-//! let mut msg = ReceivedMessage::new(br#"{"opportunity":"2481","meeting":"184"}"#.to_vec());
-//! msg.producer_id = Some("evt-482".into());
-//! let id = policy.resolve(&msg).unwrap();
-//! assert_eq!(id.message_id, "evt-482");
-//! assert_eq!(id.business_key.as_deref(), Some("criar_tarefa_followup:2481:184"));
-//! ```
+#![doc = include_str!("../../../README.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod broker;
-pub mod error;
-pub mod fingerprint;
-pub mod identity;
-pub mod lease;
-pub mod mem;
-pub mod message;
-pub mod metrics;
-pub mod outbox;
-pub mod outcome;
-pub mod retention;
-pub mod worker;
+#[doc(inline)]
+pub use txinbox_core::*;
 
-pub use broker::{DeadLetter, Delivery, Lease, Receiver};
-pub use error::{BadInput, BoxError, BrokerError, HandlerError};
-pub use fingerprint::FingerprintSpec;
-pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};
-pub use lease::LeaseOptions;
-pub use message::ReceivedMessage;
-pub use outbox::{OutboxMessage, Publisher};
-pub use outcome::Outcome;
-pub use retention::RetentionPolicy;
-pub use worker::{shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport};
+#[doc(inline)]
+pub use txinbox_store::{
+    db_error, handler_fn, relay_outbox, BodyFormat, Handled, Handler, Inbound, Inbox,
+    InboxProcessor, InputRules, RelayReport, Store, StoreError,
+};
 
-/// Re-exported so processors and adapters agree on the type.
-pub use tokio_util::sync::CancellationToken;
+/// sqlx, as the inbox's stores use it: name its types (`txinbox::sqlx::query`, `txinbox::sqlx::Postgres`) with
+/// no dependency line of your own.
+pub use txinbox_store::sqlx;
+
+/// The Amazon SQS FIFO adapter (feature `sqs`), with the AWS SDK crates it is built on.
+#[cfg(feature = "sqs")]
+pub mod sqs {
+    #[doc(inline)]
+    pub use txinbox_sqs::*;
+}
+
+/// The Azure Service Bus adapter (feature `servicebus`), with the Azure SDK crates it is built on.
+#[cfg(feature = "servicebus")]
+pub mod servicebus {
+    #[doc(inline)]
+    pub use txinbox_servicebus::*;
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use txinbox::{ConsumerName, HandlerError, IdentityPolicy, OutboxMessage};
+use txinbox_core::{ConsumerName, HandlerError, IdentityPolicy, OutboxMessage};
 use txinbox_servicebus::{
     ServiceBusClient, ServiceBusConfig, ServiceBusOptions, ServiceBusPublisher,
 };

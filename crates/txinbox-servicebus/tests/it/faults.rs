@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use txinbox::metrics as m;
-use txinbox::{BrokerError, Delivery, Outcome, Receiver, Worker};
+use txinbox_core::metrics as m;
+use txinbox_core::{BrokerError, Delivery, Outcome, Receiver, Worker};
 use txinbox_servicebus::{FailureKind, ServiceBusConfig, ServiceBusReceiver};
 
 use crate::common::*;

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use serde_json::json;
-use txinbox::metrics as m;
-use txinbox::{CancellationToken, Outcome, Worker};
+use txinbox_core::metrics as m;
+use txinbox_core::{CancellationToken, Outcome, Worker};
 use txinbox_servicebus::{
     dead_letter_queue_path, read_dead_letters, redrive, RedriveOptions, ServiceBusReceiver,
 };
@@ -157,7 +157,7 @@ async fn commit_then_crash_before_complete_is_absorbed() {
         .await
         .unwrap()
         .expect("redelivered after the lock");
-    assert_eq!(txinbox::Delivery::message(&again).delivery_count, 2);
+    assert_eq!(txinbox_core::Delivery::message(&again).delivery_count, 2);
     assert_eq!(inbox.process(again, &handler).await, Outcome::Duplicate);
 
     assert_eq!(inbox_rows(&store).await, 1);
@@ -469,7 +469,10 @@ async fn redrive_after_some_were_applied() {
             .await
             .unwrap()
             .expect("delivered");
-        let id = txinbox::Delivery::message(&d).producer_id.clone().unwrap();
+        let id = txinbox_core::Delivery::message(&d)
+            .producer_id
+            .clone()
+            .unwrap();
         if id == "evt-a" || id == "evt-b" {
             // Applied, then the process dies before the complete.
             let r = inbox

@@ -10,7 +10,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use aws_sdk_sqs::Client;
 use metrics_util::debugging::DebuggingRecorder;
-use txinbox::{ConsumerName, HandlerError, IdentityPolicy};
+use txinbox_core::{ConsumerName, HandlerError, IdentityPolicy};
 use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
 
 pub fn endpoint() -> String {
