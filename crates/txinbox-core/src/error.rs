@@ -1,6 +1,5 @@
 //! Errors. Each enum is `#[non_exhaustive]`, keeps its source, and says whether a retry can help.
 
-use std::time::Duration;
 
 /// A boxed error from user or SDK code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -75,57 +74,6 @@ impl BadInput {
             BadInput::PayloadTooLarge { .. } => "payload_too_large",
             BadInput::UnsupportedContractVersion { .. } => "unsupported_contract_version",
         }
-    }
-}
-
-/// What a handler returns on failure. The inbox rolls the transaction back in both cases.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HandlerError {
-    /// A retry can help (a timeout, a deadlock, a busy dependency): the delivery is released for redelivery
-    /// after the optional delay (else the inbox's configured backoff).
-    #[error("retryable: {source}")]
-    Retryable {
-        /// The cause.
-        #[source]
-        source: BoxError,
-        /// Requested delay before the redelivery.
-        after: Option<Duration>,
-    },
-    /// No retry can help: the delivery is dead-lettered with this reason.
-    #[error("permanent: {source}")]
-    Permanent {
-        /// The cause.
-        #[source]
-        source: BoxError,
-    },
-}
-
-impl HandlerError {
-    /// A retryable error.
-    pub fn retry(e: impl Into<BoxError>) -> Self {
-        HandlerError::Retryable {
-            source: e.into(),
-            after: None,
-        }
-    }
-
-    /// A retryable error with a requested delay.
-    pub fn retry_after(e: impl Into<BoxError>, after: Duration) -> Self {
-        HandlerError::Retryable {
-            source: e.into(),
-            after: Some(after),
-        }
-    }
-
-    /// A permanent error.
-    pub fn permanent(e: impl Into<BoxError>) -> Self {
-        HandlerError::Permanent { source: e.into() }
-    }
-
-    /// Whether a retry can help.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, HandlerError::Retryable { .. })
     }
 }
 

@@ -274,6 +274,15 @@ impl IdentityPolicy {
     }
 }
 
+impl Identity {
+    /// Sets the business key after checking it like every identity field.
+    pub fn set_business_key(&mut self, key: String) -> Result<(), BadInput> {
+        check_field("business_key", &key, false)?;
+        self.business_key = Some(key);
+        Ok(())
+    }
+}
+
 fn check_field(field: &'static str, value: &str, may_be_empty: bool) -> Result<(), BadInput> {
     if (!may_be_empty && value.trim().is_empty())
         || value.len() > MAX_ID_LEN

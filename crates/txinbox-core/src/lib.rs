@@ -43,7 +43,9 @@
 pub mod broker;
 pub mod error;
 pub mod fingerprint;
+pub mod handler;
 pub mod identity;
+pub mod inbox;
 pub mod lease;
 pub mod mem;
 pub mod message;
@@ -51,16 +53,20 @@ pub mod metrics;
 pub mod outbox;
 pub mod outcome;
 pub mod retention;
+pub mod store;
 pub mod worker;
 
 pub use broker::{DeadLetter, Delivery, Lease, Receiver};
-pub use error::{BadInput, BoxError, BrokerError, HandlerError};
+pub use error::{BadInput, BoxError, BrokerError};
+pub use handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
+pub use inbox::{BodyFormat, Inbox, InboxProcessor, InputRules};
 pub use fingerprint::FingerprintSpec;
 pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};
 pub use lease::LeaseOptions;
 pub use message::ReceivedMessage;
 pub use outbox::{OutboxMessage, Publisher};
-pub use outcome::Outcome;
+pub use outcome::{Outcome, OutcomeKind};
+pub use store::{Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind};
 pub use retention::RetentionPolicy;
 pub use worker::{shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport};
 

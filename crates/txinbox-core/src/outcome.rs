@@ -12,7 +12,11 @@ pub enum Outcome {
         result_reference: Option<String>,
     },
     /// The same identity with the same payload hash was already applied: no effect, settled.
-    Duplicate,
+    Duplicate {
+        /// What the first application recorded (its handler's result reference), as idempotency libraries
+        /// return the stored result.
+        result_reference: Option<String>,
+    },
     /// The same identity arrived with another payload hash: no effect, the evidence is recorded and the
     /// message dead-lettered for investigation.
     PayloadCollision {
@@ -25,6 +29,8 @@ pub enum Outcome {
     BusinessDuplicate {
         /// The message id that holds the business key.
         holder_message_id: String,
+        /// What the holder's application recorded.
+        result_reference: Option<String>,
     },
     /// The handler (or the store) failed in a way a retry can fix: rolled back, released for redelivery.
     Retry {
@@ -43,18 +49,75 @@ pub enum Outcome {
     Interrupted,
 }
 
+/// The kind of an [`Outcome`], without its data: what reports count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum OutcomeKind {
+    /// [`Outcome::Applied`].
+    Applied,
+    /// [`Outcome::Duplicate`].
+    Duplicate,
+    /// [`Outcome::PayloadCollision`].
+    PayloadCollision,
+    /// [`Outcome::BusinessDuplicate`].
+    BusinessDuplicate,
+    /// [`Outcome::Retry`].
+    Retry,
+    /// [`Outcome::DeadLettered`].
+    DeadLettered,
+    /// [`Outcome::Interrupted`].
+    Interrupted,
+}
+
+impl OutcomeKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [OutcomeKind; 7] = [
+        OutcomeKind::Applied,
+        OutcomeKind::Duplicate,
+        OutcomeKind::PayloadCollision,
+        OutcomeKind::BusinessDuplicate,
+        OutcomeKind::Retry,
+        OutcomeKind::DeadLettered,
+        OutcomeKind::Interrupted,
+    ];
+
+    /// A stable label (`applied`, `duplicate`, ...), used in metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeKind::Applied => "applied",
+            OutcomeKind::Duplicate => "duplicate",
+            OutcomeKind::PayloadCollision => "payload_collision",
+            OutcomeKind::BusinessDuplicate => "business_duplicate",
+            OutcomeKind::Retry => "retry",
+            OutcomeKind::DeadLettered => "dead_lettered",
+            OutcomeKind::Interrupted => "interrupted",
+        }
+    }
+}
+
+impl fmt::Display for OutcomeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 impl Outcome {
+    /// The kind of this outcome.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Outcome::Applied { .. } => OutcomeKind::Applied,
+            Outcome::Duplicate { .. } => OutcomeKind::Duplicate,
+            Outcome::PayloadCollision { .. } => OutcomeKind::PayloadCollision,
+            Outcome::BusinessDuplicate { .. } => OutcomeKind::BusinessDuplicate,
+            Outcome::Retry { .. } => OutcomeKind::Retry,
+            Outcome::DeadLettered { .. } => OutcomeKind::DeadLettered,
+            Outcome::Interrupted => OutcomeKind::Interrupted,
+        }
+    }
+
     /// A stable label (`applied`, `duplicate`, ...), used in metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Applied { .. } => "applied",
-            Outcome::Duplicate => "duplicate",
-            Outcome::PayloadCollision { .. } => "payload_collision",
-            Outcome::BusinessDuplicate { .. } => "business_duplicate",
-            Outcome::Retry { .. } => "retry",
-            Outcome::DeadLettered { .. } => "dead_lettered",
-            Outcome::Interrupted => "interrupted",
-        }
+        self.kind().label()
     }
 }
 

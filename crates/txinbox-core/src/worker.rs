@@ -24,7 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::broker::{Delivery, Receiver};
 use crate::lease::{keep_alive, LeaseOptions};
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, OutcomeKind};
 
 /// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
 /// begins, so a renewal racing with the settle is never mistaken for a lost lock.
@@ -132,7 +132,7 @@ impl WorkerOptions {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WorkerReport {
     /// Count per outcome label (`applied`, `duplicate`, ...).
-    pub outcomes: BTreeMap<&'static str, u64>,
+    pub outcomes: BTreeMap<OutcomeKind, u64>,
     /// Failed receives.
     pub receive_errors: u64,
     /// Leases lost while a handler ran.
@@ -141,8 +141,8 @@ pub struct WorkerReport {
 
 impl WorkerReport {
     /// Count for one outcome label.
-    pub fn count(&self, label: &str) -> u64 {
-        self.outcomes.get(label).copied().unwrap_or(0)
+    pub fn count(&self, kind: OutcomeKind) -> u64 {
+        self.outcomes.get(&kind).copied().unwrap_or(0)
     }
     /// Total deliveries processed.
     pub fn total(&self) -> u64 {
@@ -224,7 +224,7 @@ where
                             let lost = guard.as_ref().is_some_and(|g| g.lost());
                             drop(guard);
                             let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                            *r.outcomes.entry(outcome.label()).or_default() += 1;
+                            *r.outcomes.entry(outcome.kind()).or_default() += 1;
                             r.leases_lost += u64::from(lost);
                             drop(permit);
                         });

@@ -1,76 +1,12 @@
-//! What each database backend provides. Implemented for [`sqlx::Postgres`] and [`sqlx::Sqlite`] (each behind
+//! What each database backend provides: its SQL, and nothing of the pipeline's policy. Implemented for [`sqlx::Postgres`] and [`sqlx::Sqlite`] (each behind
 //! its feature); the trait is sealed.
 
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use txinbox_core::{Identity, OutboxMessage};
+use txinbox_core::{Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
 
 use crate::error::StoreError;
-
-/// The inbox row to insert.
-#[derive(Debug)]
-pub struct MarkerRow<'a> {
-    /// The identity (consumer, source, message id and metadata).
-    pub identity: &'a Identity,
-    /// Fingerprint of the payload.
-    pub payload_hash: &'a str,
-    /// When the delivery was received.
-    pub received_at: DateTime<Utc>,
-    /// When the marker was written (the transaction commits right after the handler).
-    pub processed_at: DateTime<Utc>,
-    /// When retention may delete the row.
-    pub retention_until: DateTime<Utc>,
-    /// The broker's delivery count.
-    pub delivery_count: u32,
-}
-
-/// The result of the conditional marker insert.
-#[derive(Debug, PartialEq, Eq)]
-pub enum MarkerInsert {
-    /// The marker is ours: go on with the handler.
-    Inserted,
-    /// A unique constraint refused the insert; `None` when the conflicting row could not be read (it was
-    /// deleted in between).
-    Conflict(Option<ExistingMarker>),
-}
-
-/// The row that holds the identity or the business key.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ExistingMarker {
-    /// True when the conflict is on (consumer, source, message_id); false when on the business key.
-    pub same_identity: bool,
-    /// The holder's message id.
-    pub message_id: String,
-    /// The holder's payload hash.
-    pub payload_hash: String,
-    /// When the holder was processed.
-    pub processed_at: DateTime<Utc>,
-}
-
-impl ExistingMarker {
-    /// Whether the holder is this very message (same identity, same payload): a plain duplicate.
-    pub fn is_same_message(&self, payload_hash: &str) -> bool {
-        self.same_identity && self.payload_hash == payload_hash
-    }
-}
-
-/// Evidence of a payload collision or a business duplicate, kept for an operator.
-#[derive(Debug)]
-pub struct Rejection<'a> {
-    /// The rejected delivery's identity.
-    pub identity: &'a Identity,
-    /// `payload_collision` or `business_duplicate`.
-    pub kind: &'static str,
-    /// The rejected delivery's payload hash.
-    pub payload_hash: &'a str,
-    /// The stored hash (collision) or the holder's message id (business duplicate).
-    pub conflicts_with: &'a str,
-    /// Free detail.
-    pub detail: &'a str,
-    /// When.
-    pub recorded_at: DateTime<Utc>,
-}
 
 /// An outbox row waiting to be relayed.
 #[derive(Debug, Clone)]

@@ -1,58 +1,35 @@
 //! # txinbox-store
 //!
-//! The inbox transaction on sqlx, for PostgreSQL (feature `postgres`, production) and SQLite (feature
-//! `sqlite`, the embedded default).
+//! The sqlx stores of the inbox: PostgreSQL (feature `postgres`, production) and SQLite (feature `sqlite`, the
+//! embedded default). A store is a database driver behind [`txinbox_core::InboxStore`]: it runs the inbox's
+//! statements (BEGIN, the marker insert under the unique constraints, the result and outbox rows, COMMIT,
+//! evidence rows, purges) and keeps no policy; every decision is made by the core's pipeline.
 //!
-//! ```text
-//! BEGIN
-//!   INSERT inbox marker ... ON CONFLICT DO NOTHING      -- the unique constraint decides
-//!     conflict, same hash   -> Duplicate          (rollback, ack)
-//!     conflict, other hash  -> PayloadCollision   (rollback, evidence, dead-letter)
-//!     conflict, business key-> BusinessDuplicate  (rollback, evidence, ack)
-//!   handler(&mut tx, &msg)                        -- the user's change, same transaction
-//!   outbox rows                                   -- same transaction
-//! COMMIT
-//! ack                                             -- only after COMMIT
-//! ```
+//! A handler writes its business change through the open transaction, [`Tx`], like through any sqlx
+//! executor: `sqlx::query("INSERT ..").bind(..).execute(&tx).await?`.
 //!
-//! The handler gets the open transaction's connection and never the delivery, so it cannot commit early or
-//! acknowledge before COMMIT. Migrations are owned by the store ([`Store::from_pool`] applies them) and live in
-//! `migrations/postgres` and `migrations/sqlite`; they use their own version table (`txinbox_schema_version`),
-//! so they do not interfere with the application's own sqlx migrations.
+//! Migrations are owned by the store ([`Store::from_pool`] applies them) and live in `migrations/postgres`
+//! and `migrations/sqlite`; they use their own version table (`txinbox_schema_version`), so they do not
+//! interfere with the application's own sqlx migrations.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod backend;
 mod conns;
 pub mod error;
-pub mod handler;
-pub mod inbox;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod store;
+mod tx;
 
 pub use backend::Backend;
 pub use error::{is_transient, StoreError};
-pub use handler::{db_error, handler_fn, FnHandler, Handled, Handler, Inbound};
-pub use inbox::{BodyFormat, Crashed, FaultPoint, Inbox, InboxProcessor, InputRules};
 pub use outbox::{relay_outbox, RelayReport};
 pub use store::Store;
+pub use tx::Tx;
 
 /// sqlx, re-exported so users name the same version the store is built on.
 pub use sqlx;
-
-/// Inspection helpers for tests, the lab and operators.
-pub mod inspect {
-    use crate::backend::Backend;
-
-    /// Counts inbox rows of `consumer`.
-    pub async fn inbox_rows<DB: Backend>(
-        pool: &sqlx::Pool<DB>,
-        consumer: &str,
-    ) -> Result<i64, sqlx::Error> {
-        DB::count_markers(pool, consumer).await
-    }
-}

@@ -3,20 +3,19 @@
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
-use txinbox_core::{Identity, OutboxMessage};
+use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
 
 use crate::backend::{
-    pending_outbox_from_row, Backend, ExistingMarker, MarkerInsert, MarkerRow, PendingOutbox,
-    Rejection, MIGRATIONS,
+    pending_outbox_from_row, Backend, PendingOutbox, MIGRATIONS,
 };
 use crate::error::StoreError;
 
 /// The conditional insert. Without a conflict target, `ON CONFLICT DO NOTHING` covers both the primary key and
 /// the business-key index; a concurrent insert of the same key waits for the other transaction and then
 /// either conflicts (it committed) or proceeds (it rolled back).
-pub const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING";
+pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING";
 
-const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4)) ORDER BY same_identity DESC LIMIT 1";
+const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4)) ORDER BY same_identity DESC LIMIT 1";
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
 where
@@ -103,12 +102,13 @@ impl Backend for Postgres {
             .fetch_optional(&mut *conn)
             .await?;
         Ok(MarkerInsert::Conflict(match holder {
-            Some(r) => Some(ExistingMarker {
-                message_id: r.try_get(0)?,
-                payload_hash: r.try_get(1)?,
-                processed_at: r.try_get(2)?,
-                same_identity: r.try_get(3)?,
-            }),
+            Some(r) => Some(ExistingMarker::new(
+                r.try_get(3)?,
+                r.try_get(0)?,
+                r.try_get(1)?,
+                r.try_get(2)?,
+                r.try_get(4)?,
+            )),
             None => None,
         }))
     }
@@ -153,7 +153,7 @@ impl Backend for Postgres {
             .bind(r.identity.consumer.as_str())
             .bind(&r.identity.source)
             .bind(&r.identity.message_id)
-            .bind(r.kind)
+            .bind(r.kind.as_str())
             .bind(&r.identity.business_key)
             .bind(r.payload_hash)
             .bind(r.conflicts_with)

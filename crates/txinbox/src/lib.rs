@@ -6,10 +6,15 @@
 pub use txinbox_core::*;
 
 #[doc(inline)]
-pub use txinbox_store::{
-    db_error, handler_fn, relay_outbox, BodyFormat, Handled, Handler, Inbound, Inbox,
-    InboxProcessor, InputRules, RelayReport, Store, StoreError,
-};
+pub use txinbox_store::{relay_outbox, RelayReport, Store, StoreError, Tx};
+
+/// The inbox on SQLite (feature `sqlite`): `SqliteStore::connect("sqlite:app.db")`.
+#[cfg(feature = "sqlite")]
+pub type SqliteStore = Store<sqlx::Sqlite>;
+
+/// The inbox on PostgreSQL (feature `postgres`): `PgStore::connect("postgres://..", 16)`.
+#[cfg(feature = "postgres")]
+pub type PgStore = Store<sqlx::Postgres>;
 
 /// sqlx, as the inbox's stores use it: name its types (`txinbox::sqlx::query`, `txinbox::sqlx::Postgres`) with
 /// no dependency line of your own.

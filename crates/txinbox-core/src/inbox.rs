@@ -1,0 +1,791 @@
+//! The delivery pipeline: validation, identity, retention, fingerprint, the inbox transaction's decisions,
+//! the settle, and what is counted. Written once here; a store ([`InboxStore`]) only runs the statements.
+//!
+//! ```text
+//! BEGIN
+//!   INSERT marker ... (the store's unique constraints decide)
+//!     conflict, same identity, same hash ...... Duplicate          ack (returns the first result reference)
+//!     conflict, same identity, other hash ..... PayloadCollision   evidence row, dead-letter
+//!     conflict on the business key ............ BusinessDuplicate  evidence row, ack
+//!   handler(tx, message)   Ok  -> result and outbox rows -> COMMIT -> ack
+//!                          Err(retryable) -> ROLLBACK -> release with backoff
+//!                          Err(permanent) -> ROLLBACK -> dead-letter with reason
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::FutureExt;
+use tracing::Instrument;
+
+use crate::broker::{DeadLetter, Delivery};
+use crate::error::BadInput;
+use crate::fingerprint::FingerprintSpec;
+use crate::handler::{Handled, Handler, HandlerError, Message, Payload, Retry};
+use crate::identity::{IdOrigin, Identity, IdentityPolicy};
+use crate::message::ReceivedMessage;
+use crate::metrics as m;
+use crate::outcome::Outcome;
+use crate::retention::RetentionPolicy;
+use crate::store::{
+    Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind,
+};
+use crate::worker::Processor;
+use crate::CancellationToken;
+
+/// What bodies a consumer accepts (beyond what its handler's [`Payload`] type requires).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BodyFormat {
+    /// Any bytes.
+    #[default]
+    Any,
+    /// UTF-8 text.
+    Utf8,
+    /// A JSON document (a typed handler implies it).
+    Json,
+}
+
+/// Validation applied before the transaction opens. A violation dead-letters the message with a reason.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct InputRules {
+    /// Largest body accepted (default 256 KiB, the SQS and Service Bus Standard limit).
+    pub max_payload_bytes: usize,
+    /// Body format (default any bytes).
+    pub body: BodyFormat,
+    /// Contract versions accepted; empty accepts any (default).
+    pub contract_versions: Vec<String>,
+    /// Whether a message without a contract version is refused when `contract_versions` is set (default true).
+    pub require_contract_version: bool,
+}
+
+impl Default for InputRules {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 256 * 1024,
+            body: BodyFormat::Any,
+            contract_versions: Vec::new(),
+            require_contract_version: true,
+        }
+    }
+}
+
+impl InputRules {
+    /// Sets the largest body accepted.
+    pub fn max_payload_bytes(mut self, n: usize) -> Self {
+        self.max_payload_bytes = n;
+        self
+    }
+    /// Sets the body format.
+    pub fn body(mut self, f: BodyFormat) -> Self {
+        self.body = f;
+        self
+    }
+    /// Accept only these contract versions.
+    pub fn contract_versions<I, S>(mut self, v: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.contract_versions = v.into_iter().map(Into::into).collect();
+        self
+    }
+    /// Whether a message without a contract version is refused when versions are set (default true).
+    pub fn require_contract_version(mut self, require: bool) -> Self {
+        self.require_contract_version = require;
+        self
+    }
+}
+
+/// The inbox of one consumer on one store.
+///
+/// ```no_run
+/// # async fn demo<S: txinbox_core::InboxStore>(store: S, queue: txinbox_core::mem::MemoryQueue) -> Result<(), Box<dyn std::error::Error>> {
+/// use txinbox_core::{ConsumerName, IdentityPolicy, Inbox, Message, Worker};
+///
+/// #[derive(serde::Deserialize)]
+/// struct Meeting { opportunity: String, meeting: String }
+///
+/// let inbox = Inbox::new(store, IdentityPolicy::new(ConsumerName::new("crm-followup")?));
+/// let processor = inbox
+///     .bind(|_tx, msg: Message<Meeting>| async move {
+///         // write the follow-up task through `_tx` (for a sqlx store: `.execute(&tx)`)
+///         let _ = (&msg.body.opportunity, &msg.body.meeting);
+///         Ok(())
+///     })
+///     .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)));
+/// Worker::new(queue.receiver(), processor).run_until(txinbox_core::shutdown_signal()).await;
+/// # Ok(()) }
+/// ```
+pub struct Inbox<S: InboxStore> {
+    store: S,
+    policy: IdentityPolicy,
+    fingerprint: FingerprintSpec,
+    retention: RetentionPolicy,
+    rules: InputRules,
+    retry_backoff: Duration,
+    consumer: Arc<str>,
+}
+
+impl<S: InboxStore> Clone for Inbox<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            policy: self.policy.clone(),
+            fingerprint: self.fingerprint.clone(),
+            retention: self.retention.clone(),
+            rules: self.rules.clone(),
+            retry_backoff: self.retry_backoff,
+            consumer: self.consumer.clone(),
+        }
+    }
+}
+
+impl<S: InboxStore> std::fmt::Debug for Inbox<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("store", &self.store.name())
+            .field("policy", &self.policy)
+            .field("retention", &self.retention)
+            .field("rules", &self.rules)
+            .field("retry_backoff", &self.retry_backoff)
+            .finish()
+    }
+}
+
+/// A business key computed from the typed body.
+pub type TypedKeyFn<T> = Arc<dyn Fn(&T) -> Option<String> + Send + Sync>;
+
+/// Where a delivery ended before settling.
+#[derive(Debug)]
+enum Decision {
+    Ack(Outcome),
+    Release(Outcome, Duration),
+    DeadLetter(Outcome, DeadLetter),
+}
+
+/// A delivery that passed validation.
+struct Prepared<T> {
+    identity: Identity,
+    hash: String,
+    body: T,
+}
+
+impl<S: InboxStore> Inbox<S> {
+    /// An inbox on `store` resolving identities with `policy`.
+    pub fn new(store: S, policy: IdentityPolicy) -> Self {
+        let consumer: Arc<str> = policy.consumer().as_str().into();
+        Self {
+            store,
+            policy,
+            fingerprint: FingerprintSpec::default(),
+            retention: RetentionPolicy::default(),
+            rules: InputRules::default(),
+            retry_backoff: Duration::from_secs(5),
+            consumer,
+        }
+    }
+
+    /// Sets the payload fingerprint (volatile fields to exclude).
+    pub fn fingerprint(mut self, spec: FingerprintSpec) -> Self {
+        self.fingerprint = spec;
+        self
+    }
+    /// Sets the retention policy.
+    pub fn retention(mut self, r: RetentionPolicy) -> Self {
+        self.retention = r;
+        self
+    }
+    /// Sets the input rules.
+    pub fn input_rules(mut self, r: InputRules) -> Self {
+        self.rules = r;
+        self
+    }
+    /// Sets the delay before a retryable failure is redelivered (default 5 s). It reaches the broker through
+    /// the release of the delivery (SQS visibility, Service Bus abandon then a scheduled redelivery).
+    pub fn retry_backoff(mut self, d: Duration) -> Self {
+        self.retry_backoff = d;
+        self
+    }
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+    /// The consumer name.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+    /// The retention policy.
+    pub fn retention_policy(&self) -> &RetentionPolicy {
+        &self.retention
+    }
+
+    /// Binds a handler (a closure or `async fn` taking the transaction and the typed message), giving the
+    /// [`Processor`] a [`crate::Worker`] runs. The body type is the handler's `Message<T>`.
+    pub fn bind<T, F, Fut, R>(self, f: F) -> InboxProcessor<S, T, F>
+    where
+        T: Payload,
+        F: Fn(S::Tx, Message<T>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, HandlerError>> + Send,
+        R: Into<Handled> + Send,
+    {
+        self.bind_handler(f)
+    }
+
+    /// Binds a [`Handler`] value (a type with its own state).
+    pub fn bind_handler<T: Payload, H: Handler<S, T>>(self, handler: H) -> InboxProcessor<S, T, H> {
+        InboxProcessor {
+            inbox: self,
+            handler: Arc::new(handler),
+            business_key: None,
+        }
+    }
+
+    /// Processes one delivery to a known outcome and settles it: ack after COMMIT (applied, duplicate,
+    /// business duplicate), release (retry), dead-letter (bad input, collision, permanent error).
+    pub async fn process<D, T, H>(&self, delivery: D, handler: &H) -> Outcome
+    where
+        D: Delivery,
+        T: Payload,
+        H: Handler<S, T>,
+    {
+        self.run(delivery, handler, None, &CancellationToken::new())
+            .await
+    }
+
+    /// Like [`Inbox::process`]; when `stop` is cancelled before COMMIT the transaction rolls back, the delivery
+    /// is released and the outcome is [`Outcome::Interrupted`].
+    pub async fn process_until<D, T, H>(
+        &self,
+        delivery: D,
+        handler: &H,
+        stop: &CancellationToken,
+    ) -> Outcome
+    where
+        D: Delivery,
+        T: Payload,
+        H: Handler<S, T>,
+    {
+        self.run(delivery, handler, None, stop).await
+    }
+
+    fn label(&self) -> metrics::SharedString {
+        metrics::SharedString::from_shared(self.consumer.clone())
+    }
+
+    async fn run<D, T, H>(
+        &self,
+        delivery: D,
+        handler: &H,
+        key: Option<&TypedKeyFn<T>>,
+        stop: &CancellationToken,
+    ) -> Outcome
+    where
+        D: Delivery,
+        T: Payload,
+        H: Handler<S, T>,
+    {
+        let span = tracing::info_span!(
+            "txinbox.process",
+            consumer = %self.consumer,
+            message_id = tracing::field::Empty,
+            delivery_count = delivery.message().delivery_count,
+            outcome = tracing::field::Empty,
+        );
+        async move {
+            metrics::counter!(m::RECEIVED, "consumer" => self.label()).increment(1);
+            let decision = self.decide(delivery.message(), handler, key, stop).await;
+            let outcome = self.settle(delivery, decision).await;
+            tracing::Span::current().record("outcome", outcome.label());
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn decide<T: Payload, H: Handler<S, T>>(
+        &self,
+        msg: &ReceivedMessage,
+        handler: &H,
+        key: Option<&TypedKeyFn<T>>,
+        stop: &CancellationToken,
+    ) -> Decision {
+        if stop.is_cancelled() {
+            return self.interrupted();
+        }
+        let prepared = match self.prepare::<T>(msg, key) {
+            Ok(p) => p,
+            Err(bad) => return self.bad_input(bad),
+        };
+        tracing::Span::current().record("message_id", prepared.identity.message_id.as_str());
+        if let Some(refused) = self.refuse_if_expired(msg, &prepared.identity) {
+            return refused;
+        }
+        let tx = match self.store.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return self.store_retry("begin", &e),
+        };
+        let started = Utc::now();
+        let row = MarkerRow {
+            identity: &prepared.identity,
+            payload_hash: &prepared.hash,
+            received_at: msg.received_at,
+            processed_at: started,
+            retention_until: started
+                + chrono::Duration::from_std(self.retention.keep).unwrap_or(chrono::Duration::MAX),
+            delivery_count: msg.delivery_count,
+        };
+        match self.store.insert_marker(&tx, &row).await {
+            Ok(MarkerInsert::Inserted) => {}
+            Ok(MarkerInsert::Conflict(holder)) => {
+                // A plain duplicate ends here cleanly; a collision or business duplicate records its
+                // evidence in a transaction of its own, so this one ends first.
+                let plain = holder
+                    .as_ref()
+                    .is_some_and(|h| h.is_same_message(&prepared.hash));
+                let _ = self.store.rollback(tx, plain).await;
+                return self.conflict(&prepared, holder, msg.received_at).await;
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx, false).await;
+                return self.store_retry("insert marker", &e);
+            }
+        }
+        let Prepared {
+            identity,
+            hash,
+            body,
+        } = prepared;
+        let message = Message {
+            body,
+            identity,
+            raw: msg.clone(),
+        };
+        let identity = message.identity.clone();
+        // A panicking handler is contained: the transaction rolls back and the delivery is retried.
+        let guarded = std::panic::AssertUnwindSafe(handler.handle(tx.clone(), message)).catch_unwind();
+        let handled = tokio::select! {
+            biased;
+            r = guarded => r,
+            _ = stop.cancelled() => {
+                let _ = self.store.rollback(tx, false).await;
+                return self.interrupted();
+            }
+        };
+        let handled: Handled = match handled {
+            Ok(Ok(h)) => h.into(),
+            Ok(Err(e)) => {
+                let _ = self.store.rollback(tx, false).await;
+                return self.handler_failed(e);
+            }
+            Err(_) => {
+                let _ = self.store.rollback(tx, false).await;
+                metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "handler_panic")
+                    .increment(1);
+                tracing::error!("handler panicked: rolled back, released for redelivery");
+                return Decision::Release(
+                    Outcome::Retry {
+                        reason: "handler panicked".into(),
+                    },
+                    self.retry_backoff,
+                );
+            }
+        };
+        if let Err(e) = self
+            .store
+            .record_result(
+                &tx,
+                &identity,
+                handled.result_reference.as_deref(),
+                &handled.outbox,
+            )
+            .await
+        {
+            let _ = self.store.rollback(tx, false).await;
+            return self.store_retry("record result", &e);
+        }
+        if stop.is_cancelled() {
+            let _ = self.store.rollback(tx, false).await;
+            return self.interrupted();
+        }
+        match self.store.commit(tx).await {
+            Ok(Commit::Done) => {}
+            Ok(Commit::Conflict(holder)) => {
+                let prepared = Prepared {
+                    identity,
+                    hash,
+                    body: (),
+                };
+                return self.conflict(&prepared, holder, msg.received_at).await;
+            }
+            // The COMMIT's fate is unknown: release; the redelivery finds the marker or applies it.
+            Err(e) => return self.store_retry("commit", &e),
+        }
+        let consumer = self.label();
+        let secs = (Utc::now() - msg.received_at)
+            .num_microseconds()
+            .unwrap_or(0) as f64
+            / 1e6;
+        metrics::histogram!(m::RECEIVE_TO_COMMIT, "consumer" => consumer.clone())
+            .record(secs.max(0.0));
+        metrics::counter!(m::APPLIED, "consumer" => consumer.clone()).increment(1);
+        if msg.delivery_count > 1 {
+            metrics::counter!(m::APPLIED_AFTER_REDELIVERY, "consumer" => consumer).increment(1);
+        }
+        Decision::Ack(Outcome::Applied {
+            result_reference: handled.result_reference,
+        })
+    }
+
+    /// Validation, identity and fingerprint: everything decided before the transaction opens.
+    fn prepare<T: Payload>(
+        &self,
+        msg: &ReceivedMessage,
+        key: Option<&TypedKeyFn<T>>,
+    ) -> Result<Prepared<T>, BadInput> {
+        if msg.body.len() > self.rules.max_payload_bytes {
+            return Err(BadInput::PayloadTooLarge {
+                size: msg.body.len(),
+                limit: self.rules.max_payload_bytes,
+            });
+        }
+        // The body's format first: the business-key function may read the body.
+        let json = if T::JSON || self.rules.body == BodyFormat::Json {
+            std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
+            Some(serde_json::from_slice::<serde_json::Value>(&msg.body).map_err(BadInput::InvalidJson)?)
+        } else {
+            if self.rules.body == BodyFormat::Utf8 {
+                std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
+            }
+            None
+        };
+        let mut identity = self.policy.resolve(msg)?;
+        // A structured CloudEvent carries the payload in `data`.
+        let data = match (&json, identity.origin) {
+            (Some(v), IdOrigin::CloudEventsBody) => v.get("data"),
+            (Some(v), _) => Some(v),
+            (None, _) => None,
+        };
+        let body = T::from_delivery(msg, data)?;
+        if let Some(f) = key {
+            if let Some(k) = f(&body) {
+                identity.set_business_key(k)?;
+            }
+        }
+        if !self.rules.contract_versions.is_empty() {
+            let ok = match &identity.contract_version {
+                Some(v) => self.rules.contract_versions.iter().any(|s| s == v),
+                None => !self.rules.require_contract_version,
+            };
+            if !ok {
+                return Err(BadInput::UnsupportedContractVersion {
+                    found: identity.contract_version.clone(),
+                    supported: self.rules.contract_versions.clone(),
+                });
+            }
+        }
+        // A body already parsed is not parsed again.
+        let hash = match &json {
+            Some(v) => self.fingerprint.fingerprint_json(v),
+            None => self.fingerprint.fingerprint(&msg.body),
+        };
+        Ok(Prepared {
+            identity,
+            hash,
+            body,
+        })
+    }
+
+    /// A delivery older than the retention may have lost its marker: refuse it rather than apply it again.
+    fn refuse_if_expired(&self, msg: &ReceivedMessage, identity: &Identity) -> Option<Decision> {
+        if !self.retention.refuse_older_than_retention {
+            return None;
+        }
+        let enq = msg.enqueued_at?;
+        // Age on the broker's own timeline (receive time minus enqueue time).
+        let age = msg
+            .received_at
+            .signed_duration_since(enq)
+            .to_std()
+            .unwrap_or_default();
+        if age <= self.retention.keep {
+            return None;
+        }
+        metrics::counter!(m::RETENTION_EXPIRED, "consumer" => self.label()).increment(1);
+        tracing::warn!(message_id = %identity.message_id, enqueued_at = %enq, "delivery is older than the inbox retention; its marker may be gone, refusing to apply it again");
+        Some(dead_letter(
+            "retention_expired",
+            format!(
+                "enqueued at {enq}, older than the inbox retention of {}s",
+                self.retention.keep.as_secs()
+            ),
+        ))
+    }
+
+    fn handler_failed(&self, e: HandlerError) -> Decision {
+        // `Some(after)`: a retry can help; `None`: it cannot.
+        let retry = match e.retry_kind() {
+            Retry::Yes { after } => Some(after),
+            Retry::No => None,
+            // An error that came through `?`: the store knows its driver's errors; anything else is retried
+            // (the broker's maximum delivery count bounds it).
+            Retry::Unclassified => match S::classify(e.source()) {
+                Some(false) => None,
+                _ => Some(None),
+            },
+        };
+        let Some(after) = retry else {
+            tracing::error!(error = %e, "handler failed permanently: rolled back, dead-lettering");
+            return dead_letter("handler_permanent", e.to_string());
+        };
+        metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "handler").increment(1);
+        tracing::warn!(error = %e, "handler failed, retryable: rolled back, released for redelivery");
+        Decision::Release(
+            Outcome::Retry {
+                reason: e.to_string(),
+            },
+            after.unwrap_or(self.retry_backoff),
+        )
+    }
+
+    fn bad_input(&self, bad: BadInput) -> Decision {
+        let consumer = self.label();
+        match &bad {
+            BadInput::NoIdentity { .. } | BadInput::InvalidIdentityField { .. } => {
+                metrics::counter!(m::UNKNOWN_IDENTITY, "consumer" => consumer).increment(1)
+            }
+            BadInput::UnsupportedContractVersion { .. } => {
+                metrics::counter!(m::CONTRACT_VERSION_FAILURES, "consumer" => consumer).increment(1)
+            }
+            _ => {}
+        }
+        tracing::warn!(reason = bad.reason(), error = %bad, "bad input: dead-lettering");
+        dead_letter(bad.reason(), bad.to_string())
+    }
+
+    fn interrupted(&self) -> Decision {
+        metrics::counter!(m::INTERRUPTED, "consumer" => self.label()).increment(1);
+        tracing::warn!("shutdown deadline before COMMIT: rolled back, releasing");
+        Decision::Release(Outcome::Interrupted, Duration::ZERO)
+    }
+
+    fn store_retry(&self, op: &'static str, e: &S::Error) -> Decision {
+        metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "store").increment(1);
+        tracing::warn!(op, error = %e, transient = S::is_transient(e), "store error: rolled back, released for redelivery");
+        Decision::Release(
+            Outcome::Retry {
+                reason: format!("{op}: {e}"),
+            },
+            self.retry_backoff,
+        )
+    }
+
+    async fn conflict<T>(
+        &self,
+        p: &Prepared<T>,
+        holder: Option<ExistingMarker>,
+        received_at: chrono::DateTime<Utc>,
+    ) -> Decision {
+        let consumer = self.label();
+        let (identity, hash) = (&p.identity, p.hash.as_str());
+        let Some(holder) = holder else {
+            // The conflicting row vanished between the insert and the read (retention purge): try again.
+            metrics::counter!(m::RETRIES, "consumer" => consumer, "reason" => "conflict_vanished")
+                .increment(1);
+            return Decision::Release(
+                Outcome::Retry {
+                    reason: "conflicting marker vanished".into(),
+                },
+                Duration::ZERO,
+            );
+        };
+        // The holder began its transaction after this delivery arrived: both were in flight together.
+        if holder.processed_at >= received_at {
+            metrics::counter!(m::CONCURRENT_CONFLICTS, "consumer" => consumer.clone()).increment(1);
+        }
+        if holder.is_same_message(hash) {
+            metrics::counter!(m::DUPLICATES, "consumer" => consumer).increment(1);
+            tracing::info!(message_id = %identity.message_id, "duplicate: already applied, no effect");
+            return Decision::Ack(Outcome::Duplicate {
+                result_reference: holder.result_reference,
+            });
+        }
+        let (kind, detail, conflicts_with) = if holder.same_identity {
+            metrics::counter!(m::PAYLOAD_COLLISIONS, "consumer" => consumer).increment(1);
+            tracing::error!(message_id = %identity.message_id, stored_hash = %holder.payload_hash, received_hash = %hash, "payload collision: same id, other content; not applied, dead-lettering for investigation");
+            (
+                RejectionKind::PayloadCollision,
+                format!(
+                    "message id {} was applied with payload hash {}; this copy has {}",
+                    identity.message_id, holder.payload_hash, hash
+                ),
+                holder.payload_hash.as_str(),
+            )
+        } else {
+            metrics::counter!(m::BUSINESS_DUPLICATES, "consumer" => consumer).increment(1);
+            tracing::warn!(message_id = %identity.message_id, holder = %holder.message_id, business_key = ?identity.business_key, "business duplicate: another message applied this business key; no effect");
+            (
+                RejectionKind::BusinessDuplicate,
+                format!(
+                    "business key {:?} already applied by message {}",
+                    identity.business_key, holder.message_id
+                ),
+                holder.message_id.as_str(),
+            )
+        };
+        let rej = Rejection {
+            identity,
+            kind,
+            payload_hash: hash,
+            conflicts_with,
+            detail: &detail,
+            recorded_at: Utc::now(),
+        };
+        if let Err(e) = self.store.record_rejection(&rej).await {
+            // Without the evidence row, do not settle: the redelivery will try to record it again.
+            return self.store_retry("record rejection", &e);
+        }
+        match kind {
+            RejectionKind::PayloadCollision => Decision::DeadLetter(
+                Outcome::PayloadCollision {
+                    stored_hash: holder.payload_hash,
+                    received_hash: hash.to_owned(),
+                },
+                DeadLetter::new(kind.as_str(), detail),
+            ),
+            RejectionKind::BusinessDuplicate => Decision::Ack(Outcome::BusinessDuplicate {
+                holder_message_id: holder.message_id,
+                result_reference: holder.result_reference,
+            }),
+        }
+    }
+
+    async fn settle<D: Delivery>(&self, delivery: D, decision: Decision) -> Outcome {
+        let consumer = self.label();
+        let (op, result, outcome) = match decision {
+            Decision::Ack(o) => ("ack", delivery.ack().await, o),
+            Decision::Release(o, after) => ("release", delivery.release(after).await, o),
+            Decision::DeadLetter(o, why) => {
+                metrics::counter!(m::DEAD_LETTERS, "consumer" => consumer.clone(), "reason" => why.reason.clone()).increment(1);
+                ("dead_letter", delivery.dead_letter(why).await, o)
+            }
+        };
+        if let Err(e) = result {
+            metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => op).increment(1);
+            tracing::warn!(op, error = %e, outcome = outcome.label(), "settle failed; the broker will redeliver and the inbox absorbs it");
+        }
+        outcome
+    }
+
+    /// Deletes markers whose retention ended, in batches of `batch`; returns how many were deleted and sets
+    /// the `txinbox_inbox_rows` gauge for this consumer.
+    pub async fn purge_expired(&self, batch: i64) -> Result<u64, S::Error> {
+        self.purge_expired_at(Utc::now(), batch).await
+    }
+
+    /// Like [`Inbox::purge_expired`] with an explicit clock: deletes markers whose retention ended before
+    /// `now`.
+    pub async fn purge_expired_at(
+        &self,
+        now: chrono::DateTime<Utc>,
+        batch: i64,
+    ) -> Result<u64, S::Error> {
+        let batch = batch.max(1);
+        let mut total = 0;
+        loop {
+            let n = self.store.purge_expired(now, batch).await?;
+            total += n;
+            if n < batch as u64 {
+                break;
+            }
+        }
+        let rows = self.store.count_markers(&self.consumer).await?;
+        metrics::counter!(m::RETENTION_PURGED, "consumer" => self.label()).increment(total);
+        metrics::gauge!(m::INBOX_ROWS, "consumer" => self.label()).set(rows as f64);
+        Ok(total)
+    }
+}
+
+fn dead_letter(reason: &str, detail: String) -> Decision {
+    Decision::DeadLetter(
+        Outcome::DeadLettered {
+            reason: reason.to_owned(),
+            detail: detail.clone(),
+        },
+        DeadLetter::new(reason, detail),
+    )
+}
+
+/// An [`Inbox`] bound to a handler: the [`Processor`] a [`crate::Worker`] runs.
+pub struct InboxProcessor<S: InboxStore, T, H> {
+    inbox: Inbox<S>,
+    handler: Arc<H>,
+    business_key: Option<TypedKeyFn<T>>,
+}
+
+impl<S: InboxStore, T, H> Clone for InboxProcessor<S, T, H> {
+    fn clone(&self) -> Self {
+        Self {
+            inbox: self.inbox.clone(),
+            handler: self.handler.clone(),
+            business_key: self.business_key.clone(),
+        }
+    }
+}
+
+impl<S: InboxStore, T: Payload, H: Handler<S, T>> InboxProcessor<S, T, H> {
+    /// The inbox.
+    pub fn inbox(&self) -> &Inbox<S> {
+        &self.inbox
+    }
+
+    /// Computes the business key from the typed body (it replaces a key from the message's attributes or the
+    /// identity policy). `None` means the message has none. The key must never hold free text from a model,
+    /// a timestamp, an attempt number or a consumer-generated id.
+    pub fn business_key(mut self, f: impl Fn(&T) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.business_key = Some(Arc::new(f));
+        self
+    }
+
+    /// Processes one delivery (see [`Inbox::process`]).
+    pub async fn process_one<D: Delivery>(&self, delivery: D) -> Outcome {
+        self.process_one_until(delivery, &CancellationToken::new())
+            .await
+    }
+
+    /// Processes one delivery, stopping before COMMIT when `stop` is cancelled (see
+    /// [`Inbox::process_until`]).
+    pub async fn process_one_until<D: Delivery>(
+        &self,
+        delivery: D,
+        stop: &CancellationToken,
+    ) -> Outcome {
+        self.inbox
+            .run(delivery, &*self.handler, self.business_key.as_ref(), stop)
+            .await
+    }
+}
+
+impl<S, T, H, D> Processor<D> for InboxProcessor<S, T, H>
+where
+    S: InboxStore,
+    T: Payload,
+    H: Handler<S, T>,
+    D: Delivery,
+{
+    fn consumer(&self) -> &str {
+        self.inbox.consumer()
+    }
+
+    fn process(
+        &self,
+        delivery: D,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = Outcome> + Send {
+        let this = self.clone();
+        async move { this.process_one_until(delivery, &stop).await }.boxed()
+    }
+}

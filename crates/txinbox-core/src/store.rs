@@ -1,0 +1,208 @@
+//! The store contract: what the delivery pipeline needs from a database, and nothing of its policy.
+//!
+//! A store is a driver. It opens a transaction, inserts the marker under its unique constraints, records the
+//! handler's result, commits, records evidence and purges; every decision (what a conflict means, what is
+//! settled how, what is counted) is made once, in [`crate::inbox`]. The sqlx stores (PostgreSQL, SQLite) live
+//! in `txinbox-store`.
+//!
+//! The shape fits a transactional store that is not SQL too. A DynamoDB store, for example, would gather the
+//! marker as a conditional put and the user's items into one `TransactWriteItems` call made at
+//! [`InboxStore::commit`]: its `insert_marker` may answer [`MarkerInsert::Inserted`] without a round trip and
+//! let the commit answer [`Commit::Conflict`] when the condition fails. The pipeline handles both places.
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+
+use crate::identity::Identity;
+use crate::outbox::OutboxMessage;
+
+/// The inbox row to insert.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct MarkerRow<'a> {
+    /// The identity (consumer, source, message id and metadata).
+    pub identity: &'a Identity,
+    /// Fingerprint of the payload.
+    pub payload_hash: &'a str,
+    /// When the delivery was received.
+    pub received_at: DateTime<Utc>,
+    /// When the marker was written (the transaction commits right after the handler).
+    pub processed_at: DateTime<Utc>,
+    /// When retention may delete the row.
+    pub retention_until: DateTime<Utc>,
+    /// The broker's delivery count.
+    pub delivery_count: u32,
+}
+
+/// The result of the conditional marker insert.
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MarkerInsert {
+    /// The marker is ours (or will be checked at commit): go on with the handler.
+    Inserted,
+    /// A unique constraint refused the insert; `None` when the conflicting row could not be read (it was
+    /// deleted in between).
+    Conflict(Option<ExistingMarker>),
+}
+
+/// The result of a commit.
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Commit {
+    /// Committed: the marker and the business change are durable.
+    Done,
+    /// A store that checks its conditions at commit time refused the marker: nothing was written.
+    Conflict(Option<ExistingMarker>),
+}
+
+/// The row that holds the identity or the business key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExistingMarker {
+    /// True when the conflict is on (consumer, source, message_id); false when on the business key.
+    pub same_identity: bool,
+    /// The holder's message id.
+    pub message_id: String,
+    /// The holder's payload hash.
+    pub payload_hash: String,
+    /// When the holder was processed.
+    pub processed_at: DateTime<Utc>,
+    /// The holder's result reference (what its handler recorded), when the store read it.
+    pub result_reference: Option<String>,
+}
+
+impl ExistingMarker {
+    /// A holder as a store reads it.
+    pub fn new(
+        same_identity: bool,
+        message_id: String,
+        payload_hash: String,
+        processed_at: DateTime<Utc>,
+        result_reference: Option<String>,
+    ) -> Self {
+        Self {
+            same_identity,
+            message_id,
+            payload_hash,
+            processed_at,
+            result_reference,
+        }
+    }
+
+    /// Whether the holder is this very message (same identity, same payload): a plain duplicate.
+    pub fn is_same_message(&self, payload_hash: &str) -> bool {
+        self.same_identity && self.payload_hash == payload_hash
+    }
+}
+
+/// What kind of rejection an evidence row records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// Same identity, other payload.
+    PayloadCollision,
+    /// Other identity, same business key.
+    BusinessDuplicate,
+}
+
+impl RejectionKind {
+    /// The stored name (`payload_collision`, `business_duplicate`), also the dead-letter reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectionKind::PayloadCollision => "payload_collision",
+            RejectionKind::BusinessDuplicate => "business_duplicate",
+        }
+    }
+}
+
+/// Evidence of a payload collision or a business duplicate, kept for an operator.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Rejection<'a> {
+    /// The rejected delivery's identity.
+    pub identity: &'a Identity,
+    /// What was rejected.
+    pub kind: RejectionKind,
+    /// The rejected delivery's payload hash.
+    pub payload_hash: &'a str,
+    /// The stored hash (collision) or the holder's message id (business duplicate).
+    pub conflicts_with: &'a str,
+    /// Free detail.
+    pub detail: &'a str,
+    /// When.
+    pub recorded_at: DateTime<Utc>,
+}
+
+/// What the delivery pipeline needs from a database.
+///
+/// `Tx` is the open transaction. The pipeline hands the handler a clone of it (the handler writes its
+/// business change through it) and keeps one to commit; a store makes sure a clone kept past the handler
+/// cannot write after the commit. Dropping the last clone of an uncommitted transaction rolls it back.
+pub trait InboxStore: Clone + Send + Sync + 'static {
+    /// An open transaction.
+    type Tx: Clone + Send + Sync + 'static;
+    /// The driver's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// A short name for logs (`postgres`, `sqlite`).
+    fn name(&self) -> &'static str;
+
+    /// Opens a transaction.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
+
+    /// Inserts the marker unless a unique constraint refuses it; on conflict reads the holder.
+    fn insert_marker(
+        &self,
+        tx: &Self::Tx,
+        row: &MarkerRow<'_>,
+    ) -> impl Future<Output = Result<MarkerInsert, Self::Error>> + Send;
+
+    /// Records the handler's result reference on the marker and writes its outbox rows (same transaction).
+    fn record_result(
+        &self,
+        tx: &Self::Tx,
+        identity: &Identity,
+        result_reference: Option<&str>,
+        outbox: &[OutboxMessage],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Commits.
+    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<Commit, Self::Error>> + Send;
+
+    /// Rolls back. `clean_end` says the transaction ended as planned (a plain duplicate), so its connection
+    /// may serve the next delivery; otherwise it goes back to be checked.
+    fn rollback(
+        &self,
+        tx: Self::Tx,
+        clean_end: bool,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Records a rejection (its own transaction).
+    fn record_rejection(
+        &self,
+        r: &Rejection<'_>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Deletes up to `limit` markers whose retention ended before `now`; returns how many.
+    fn purge_expired(
+        &self,
+        now: DateTime<Utc>,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Counts the markers of `consumer`.
+    fn count_markers(&self, consumer: &str)
+        -> impl Future<Output = Result<i64, Self::Error>> + Send;
+
+    /// Whether an error of this store is transient (a retry may succeed).
+    fn is_transient(e: &Self::Error) -> bool;
+
+    /// Classifies an error a handler raised with `?` that came from this store's driver (for example a
+    /// `sqlx::Error` from the business change): `Some(true)` when a retry can help, `Some(false)` when it
+    /// cannot, `None` when the error is not the driver's.
+    fn classify(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
+        let _ = e;
+        None
+    }
+}
