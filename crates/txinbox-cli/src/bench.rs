@@ -2,11 +2,11 @@
 //!
 //! At each concurrency, for `--seconds` each, it measures:
 //! * `bare`: the handler alone in a transaction (`BEGIN; INSERT business row; COMMIT`);
-//! * `inbox`: the same handler through [`txinbox_store::Inbox`] (identity, fingerprint, marker insert, handler,
+//! * `inbox`: the same handler through [`txinbox_core::Inbox`] (identity, fingerprint, marker insert, handler,
 //!   COMMIT, settle on a no-op delivery so that no broker cost is counted);
 //! * `inbox_dup`: the inbox on a stream where 9 of 10 deliveries are duplicates of applied messages;
 //! * `pgbench_inbox`: `pgbench -M prepared` running exactly the SQL the inbox issues on the apply path
-//!   (`BEGIN`, the marker insert [`txinbox_store::postgres::INSERT_MARKER`], the business insert, `COMMIT`),
+//!   (`BEGIN`, the marker insert (the store's marker insert), the business insert, `COMMIT`),
 //!   the measure of what the database itself allows.
 //!
 //! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
@@ -21,12 +21,14 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use txinbox_core::{
-    BrokerError, ConsumerName, DeadLetter, Delivery, HandlerError, IdentityPolicy, Lease,
-    ReceivedMessage,
+    BrokerError, ConsumerName, DeadLetter, Delivery, Handler, HandlerError, IdentityPolicy, Inbox,
+    InboxProcessor, Lease, Message, Raw, ReceivedMessage,
 };
-use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
+use txinbox_store::{Store, Tx};
+use txinbox_testkit::lab::LabError;
 
-use crate::lab::LabError;
+/// The inbox the benchmark measures, bound to its handler.
+type BenchInbox<H> = InboxProcessor<Store<sqlx::Postgres>, Raw, H>;
 
 /// Arguments of `txinbox bench`.
 #[derive(Debug, clap::Args)]
@@ -158,7 +160,7 @@ async fn reset(pool: &sqlx::PgPool) -> Result<(), LabError> {
 
 fn pgbench_script(dir: &std::path::Path) -> Result<std::path::PathBuf, LabError> {
     // Exactly the statements the inbox sends on the apply path, with values of the same shape.
-    let marker = txinbox_store::postgres::INSERT_MARKER
+    let marker = txinbox_store::postgres::insert_marker_sql()
         .replace("$10", "now()")
         .replace("$11", "now() + interval '30 days'")
         .replace("$12", "'cloudevents_attributes'")
@@ -268,13 +270,12 @@ async fn business_insert(conn: &mut sqlx::PgConnection, id: &str) -> Result<(), 
 }
 
 /// Processes `m` through the inbox and checks its outcome.
-async fn expect<H: txinbox_store::Handler<sqlx::Postgres>>(
-    inbox: &Inbox<sqlx::Postgres>,
-    handler: &H,
+async fn expect<H: Handler<Store<sqlx::Postgres>, Raw>>(
+    inbox: &BenchInbox<H>,
     m: ReceivedMessage,
     want: &str,
 ) -> Result<(), String> {
-    let o = inbox.process(NoopDelivery(m), handler).await;
+    let o = inbox.process_one(NoopDelivery(m)).await;
     if o.label() == want {
         Ok(())
     } else {
@@ -319,13 +320,12 @@ fn median_rate(rounds: &[Round], pick: fn(&Round) -> Rate) -> Rate {
 struct Bench<H> {
     args: BenchArgs,
     pool: sqlx::PgPool,
-    inbox: Arc<Inbox<sqlx::Postgres>>,
-    handler: Arc<H>,
+    inbox: Arc<BenchInbox<H>>,
     pg_url: String,
     script: std::path::PathBuf,
 }
 
-impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
+impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
     /// `BEGIN; business insert; COMMIT` through sqlx.
     async fn bare(&self, c: usize, round: usize) -> Result<Rate, LabError> {
         reset(&self.pool).await?;
@@ -345,12 +345,12 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
     /// The same handler through the inbox, every delivery a new message.
     async fn inbox(&self, c: usize, round: usize) -> Result<Rate, LabError> {
         reset(&self.pool).await?;
-        let (ib, hd) = (self.inbox.clone(), self.handler.clone());
+        let ib = self.inbox.clone();
         measure(c, self.args.seconds, move |t, i| {
-            let (ib, hd) = (ib.clone(), hd.clone());
+            let ib = ib.clone();
             Box::pin(async move {
                 let m = message(&format!("in-{c}-{round}-{t}-{i}"), i);
-                expect(&ib, &*hd, m, "applied").await
+                expect(&ib, m, "applied").await
             })
         })
         .await
@@ -361,13 +361,13 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
         reset(&self.pool).await?;
         for n in 0..1000u64 {
             let m = message(&format!("dup-{n}"), n);
-            expect(&self.inbox, &*self.handler, m, "applied")
+            expect(&self.inbox, m, "applied")
                 .await
-                .map_err(|e| LabError::Usage(format!("seeding the duplicate stream: {e}")))?;
+                .map_err(|e| LabError::Usage(format!("preparing the duplicate stream: {e}")))?;
         }
-        let (ib, hd) = (self.inbox.clone(), self.handler.clone());
+        let ib = self.inbox.clone();
         measure(c, self.args.seconds, move |t, i| {
-            let (ib, hd) = (ib.clone(), hd.clone());
+            let ib = ib.clone();
             Box::pin(async move {
                 let (m, want) = if i % 10 == 0 {
                     (message(&format!("new-{c}-{round}-{t}-{i}"), i), "applied")
@@ -375,7 +375,7 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
                     let n = (i * 7919 + t as u64 * 104_729) % 1000;
                     (message(&format!("dup-{n}"), n), "duplicate")
                 };
-                expect(&ib, &*hd, m, want).await
+                expect(&ib, m, want).await
             })
         })
         .await
@@ -391,7 +391,7 @@ impl<H: txinbox_store::Handler<sqlx::Postgres>> Bench<H> {
                 let mut tx = p.begin().await.map_err(|e| e.to_string())?;
                 let id = format!("sql-{c}-{round}-{t}-{i}");
                 let now = chrono::Utc::now();
-                sqlx::query(txinbox_store::postgres::INSERT_MARKER)
+                sqlx::query(txinbox_store::postgres::insert_marker_sql())
                     .bind(CONSUMER)
                     .bind("urn.bench")
                     .bind(&id)
@@ -511,18 +511,16 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
     );
     let script = pgbench_script(&std::env::temp_dir())?;
     let consumer = ConsumerName::new(CONSUMER).map_err(|e| LabError::Usage(e.to_string()))?;
-    let inbox = Arc::new(Inbox::new(pool.clone(), IdentityPolicy::new(consumer)));
-    let handler = Arc::new(handler_fn::<sqlx::Postgres, _>(|tx, msg| {
-        Box::pin(async move {
+    let inbox = Arc::new(Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
+        |tx: Tx<sqlx::Postgres>, msg: Message<Raw>| async move {
             sqlx::query(BUSINESS_INSERT)
                 .bind(format!("t-{}", msg.identity.message_id))
                 .bind(&msg.identity.message_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
-            Ok::<_, HandlerError>(Handled::done())
-        })
-    }));
+                .execute(&tx)
+                .await?;
+            Ok::<_, HandlerError>(())
+        },
+    ));
     println!(
         "# txinbox bench: PostgreSQL, {}s per figure, median of {} rounds, messages or transactions per second; target inbox/pgbench >= 0.80",
         args.seconds, args.rounds
@@ -532,7 +530,6 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         args,
         pool,
         inbox,
-        handler,
         pg_url,
         script,
     };

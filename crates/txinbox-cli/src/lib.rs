@@ -1,9 +1,7 @@
-//! The `txinbox` command and the library behind it: the seed's lab ([`lab`]), the failure windows
-//! ([`windows`]) and the benchmark ([`bench`](mod@bench)).
+//! The `txinbox` command and the library behind it: the benchmark ([`bench`](mod@bench)). The lab and the
+//! failure windows it runs live in `txinbox-testkit`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod bench;
-pub mod lab;
-pub mod labdb;
-pub mod windows;
+

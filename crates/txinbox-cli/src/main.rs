@@ -3,8 +3,9 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use txinbox_cli::lab::{run_lab, with_fresh, Target};
-use txinbox_cli::{bench, windows};
+use txinbox_cli::bench;
+use txinbox_testkit::lab::{run_lab, with_fresh, Target};
+use txinbox_testkit::windows;
 
 #[derive(Parser)]
 #[command(
@@ -19,7 +20,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// The seed's lab: N logical messages delivered K times each through the in-memory broker into the inbox.
+    /// The inbox lab: N logical messages delivered K times each through the in-memory broker into the inbox.
     Lab {
         /// Logical messages.
         #[arg(long, default_value_t = 2)]
@@ -30,7 +31,7 @@ enum Command {
         /// Store URL: `sqlite::memory:` (default), `sqlite:path.db` or `postgres://...` (a fresh schema per run).
         #[arg(long, env = "TXINBOX_STORE_URL", default_value = "sqlite::memory:")]
         store: String,
-        /// Run the seed's failure windows instead, one row each; exits non-zero if any fails.
+        /// Run the failure windows of the pattern instead, one row each; exits non-zero if any fails.
         #[arg(long)]
         windows: bool,
     },

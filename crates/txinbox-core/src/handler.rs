@@ -29,7 +29,7 @@ use crate::store::InboxStore;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct Message<T = Raw> {
-    /// The body, parsed once (any serde `Deserialize` type, or [`Raw`] for the bytes).
+    /// The body, parsed once (any serde `Deserialize` type; [`Raw`] parses nothing).
     pub body: T,
     /// The resolved identity.
     pub identity: Identity,
@@ -44,16 +44,10 @@ impl<T> Message<T> {
     }
 }
 
-/// The raw body: a handler that takes `Message<Raw>` gets the bytes and the inbox parses nothing.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Raw(pub Vec<u8>);
-
-impl Raw {
-    /// The body as UTF-8 text, if it is.
-    pub fn as_str(&self) -> Option<&str> {
-        std::str::from_utf8(&self.0).ok()
-    }
-}
+/// No parsed body: a handler that takes `Message<Raw>` reads the bytes from `msg.raw.body` (and
+/// `msg.raw.body_str()`), and the inbox parses nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Raw;
 
 /// How a body type is made from a delivery. Implemented for [`Raw`] (no parsing) and for every
 /// `serde::de::DeserializeOwned` type (parsed from JSON once; a body that does not deserialize is the
@@ -71,8 +65,8 @@ pub trait Payload: Sized + Send + Sync + 'static {
 
 impl Payload for Raw {
     const JSON: bool = false;
-    fn from_delivery(raw: &ReceivedMessage, _: Option<&serde_json::Value>) -> Result<Self, BadInput> {
-        Ok(Raw(raw.body.clone()))
+    fn from_delivery(_: &ReceivedMessage, _: Option<&serde_json::Value>) -> Result<Self, BadInput> {
+        Ok(Raw)
     }
 }
 

@@ -15,6 +15,12 @@ use crate::error::StoreError;
 /// either conflicts (it committed) or proceeds (it rolled back).
 pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING";
 
+/// The marker insert, for the benchmark's pgbench reference (which must run exactly the inbox's SQL).
+#[doc(hidden)]
+pub fn insert_marker_sql() -> &'static str {
+    INSERT_MARKER
+}
+
 const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4)) ORDER BY same_identity DESC LIMIT 1";
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>

@@ -196,10 +196,7 @@ impl Store<sqlx::Postgres> {
     }
 }
 
-impl<DB: Backend> InboxStore for Store<DB>
-where
-    for<'x> &'x mut DB::Connection: sqlx::Executor<'x, Database = DB>,
-{
+impl<DB: Backend> InboxStore for Store<DB> {
     type Tx = Tx<DB>;
     type Error = sqlx::Error;
 

@@ -1,7 +1,17 @@
-//! Test support shared by the txinbox test suites.
+//! Test support shared by the txinbox test suites, and the inbox lab the `txinbox lab` command runs:
+//!
+//! * [`lab`]: synthetic deliveries of the CRM follow-up event through the in-memory broker into the inbox;
+//! * [`windows`]: the failure windows of the pattern, each checked against inbox rows, business effects,
+//!   broker state, evidence rows and metrics;
+//! * [`faults`]: the simulated crashes those windows need, outside the production path.
 //!
 //! The suites never skip: without the services the README test command provides (`bash scripts/test.sh`),
 //! these helpers panic and say how to run the tests.
+
+pub mod faults;
+pub mod lab;
+pub mod labdb;
+pub mod windows;
 
 use std::future::Future;
 use std::sync::Mutex;

@@ -1,4 +1,4 @@
-//! The seed's failure windows, reproduced with the in-memory broker against a real store.
+//! The failure windows of the pattern, reproduced with the in-memory broker against a real store.
 //!
 //! Each window runs on a fresh database and checks, against expected values written here, the inbox rows,
 //! the business effects, the broker state, the outcomes and the metrics the window must leave. The
@@ -12,19 +12,23 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Semaphore;
 use txinbox_core::mem::{MemoryQueue, QueueOptions, QueueState};
 use txinbox_core::{
-    metrics as m, CancellationToken, Delivery, HandlerError, RetentionPolicy, Worker, WorkerOptions,
+    metrics as m, Delivery, Handled, Handler, HandlerError, Message, OutcomeKind, RetentionPolicy,
+    Worker, WorkerOptions,
 };
-use txinbox_store::{FaultPoint, Handled, Handler, Inbound};
+use txinbox_store::{Store, Tx};
 
-use crate::lab::{lab_inbox, lab_message, task_handler, with_fresh, LabError, Target, CONSUMER};
+use crate::faults::{crash_at, FaultPoint, Faults, FaultyStore};
+use crate::lab::{
+    lab_inbox, lab_message, lab_processor, task_handler, with_fresh, LabError, LabEvent, Target,
+    CONSUMER,
+};
 use crate::labdb::LabDb;
 
-/// A failure window of the seed.
+/// A failure window of the pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Window {
     /// Crash after receive, before BEGIN.
@@ -160,8 +164,8 @@ pub async fn run_all(target: &Target) -> Result<Vec<WindowRow>, LabError> {
 pub async fn run_on(target: &Target, w: Window) -> Result<WindowRow, LabError> {
     with_fresh(
         target,
-        move |pool| Box::pin(run_window::<sqlx::Sqlite>(pool, w)),
-        move |pool| Box::pin(run_window::<sqlx::Postgres>(pool, w)),
+        move |store| Box::pin(run_window::<sqlx::Sqlite>(store, w)),
+        move |store| Box::pin(run_window::<sqlx::Postgres>(store, w)),
     )
     .await
 }
@@ -226,19 +230,14 @@ impl Gated {
     }
 }
 
-impl<DB: LabDb> Handler<DB> for Gated {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut DB::Connection,
-        msg: &'a Inbound<'a>,
-    ) -> BoxFuture<'a, Result<Handled, HandlerError>> {
-        Box::pin(async move {
-            self.entered.add_permits(1);
-            if let Ok(p) = self.gate.acquire().await {
-                p.forget();
-            }
-            DB::insert_task(tx, msg).await
-        })
+impl<DB: LabDb> Handler<Store<DB>, LabEvent> for Gated {
+    type Output = Handled;
+    async fn handle(&self, tx: Tx<DB>, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
+        self.entered.add_permits(1);
+        if let Ok(p) = self.gate.acquire().await {
+            p.forget();
+        }
+        DB::insert_task(tx, msg).await
     }
 }
 
@@ -248,19 +247,22 @@ fn one<D>(mut v: Vec<D>, what: &str) -> Result<D, LabError> {
 }
 
 /// Runs window `w` on `pool` (fresh and migrated) and checks its expectations.
-pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<WindowRow, LabError> {
+pub async fn run_window<DB: LabDb>(store: Store<DB>, w: Window) -> Result<WindowRow, LabError> {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    DB::create_tables(&pool).await?;
-    let inbox = lab_inbox(pool.clone());
-    let h = task_handler::<DB>();
-    let none = CancellationToken::new();
+    DB::create_tables(&store).await?;
+    let p = lab_processor(store.clone(), task_handler::<DB>());
+    // The same inbox and handler on a store that can crash at an armed point.
+    let faults = Faults::new();
+    let faulty = lab_processor(
+        FaultyStore::new(store.clone(), faults.clone()),
+        task_handler::<DB>(),
+    );
     let mut c = Checks {
         failures: Vec::new(),
     };
-    let rows =
-        |p: sqlx::Pool<DB>| async move { txinbox_store::inspect::inbox_rows(&p, CONSUMER).await };
+    let rows = |s: Store<DB>| async move { s.inbox_rows(CONSUMER).await };
 
     let (q, outcome, expect) = match w {
         Window::BeforeTransaction
@@ -276,20 +278,20 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             let q = queue(Some(5));
             q.send(lab_message(0));
             let d = one(q.receive_now(1), "first delivery")?;
-            let crashed = inbox.process_with_fault(d, &h, &none, Some(point)).await;
+            let crashed = crash_at(&faulty, &faults, d, point).await;
             c.eq("first attempt crashed", crashed.is_err(), true);
             // What the crash left: a rolled-back transaction leaves nothing; a commit leaves marker and effect.
-            c.eq("inbox rows after the crash", rows(pool.clone()).await?, mid);
+            c.eq("inbox rows after the crash", rows(store.clone()).await?, mid);
             c.eq(
                 "effects after the crash",
-                DB::count_tasks(&pool).await?,
+                DB::count_tasks(&store).await?,
                 mid,
             );
             c.eq("message still held by the broker", q.state().in_flight, 1);
             q.advance(PAST_VISIBILITY);
             let d = one(q.receive_now(1), "redelivery")?;
             c.eq("redelivery count", d.message().delivery_count, 2);
-            let o = inbox.process(d, &h).await;
+            let o = p.process_one(d).await;
             c.eq("redelivery outcome", o.label(), second);
             let mut expect = vec![(m::APPLIED, 1)];
             if point == FaultPoint::AfterCommit {
@@ -311,8 +313,8 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
                 .lease()
                 .ok_or_else(|| LabError::Usage("memory deliveries have leases".into()))?;
             let gated = Gated::new();
-            let (i2, g2) = (inbox.clone(), gated.clone());
-            let ta = tokio::spawn(async move { i2.process(a, &g2 as &dyn Handler<DB>).await });
+            let pa = lab_processor(store.clone(), gated.clone());
+            let ta = tokio::spawn(async move { pa.process_one(a).await });
             gated.wait_entered(1).await;
             // The lease keeper renews every 5 ms; the broker's clock jumps past the lock: the next renewal fails.
             let keeper = txinbox_core::lease::keep_alive(
@@ -327,8 +329,8 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let b = one(q.receive_now(1), "redelivery to a second worker")?;
-            let (i3, g3) = (inbox.clone(), gated.clone());
-            let tb = tokio::spawn(async move { i3.process(b, &g3 as &dyn Handler<DB>).await });
+            let pb = lab_processor(store.clone(), gated.clone());
+            let tb = tokio::spawn(async move { pb.process_one(b).await });
             gated.open(2);
             let oa = ta.await.map_err(|e| LabError::Usage(e.to_string()))?;
             let ob = tb.await.map_err(|e| LabError::Usage(e.to_string()))?;
@@ -359,11 +361,11 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             let b = one(both.split_off(1), "second copy")?;
             let a = one(both, "first copy")?;
             let gated = Gated::new();
-            let (i2, g2) = (inbox.clone(), gated.clone());
-            let ta = tokio::spawn(async move { i2.process(a, &g2 as &dyn Handler<DB>).await });
+            let pa = lab_processor(store.clone(), gated.clone());
+            let ta = tokio::spawn(async move { pa.process_one(a).await });
             gated.wait_entered(1).await;
-            let (i3, g3) = (inbox.clone(), gated.clone());
-            let tb = tokio::spawn(async move { i3.process(b, &g3 as &dyn Handler<DB>).await });
+            let pb = lab_processor(store.clone(), gated.clone());
+            let tb = tokio::spawn(async move { pb.process_one(b).await });
             // Give the second copy time to reach the marker insert and block on the first's key.
             tokio::time::sleep(Duration::from_millis(50)).await;
             gated.open(2);
@@ -391,9 +393,7 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             let q = queue(Some(1));
             q.send(lab_message(0));
             let d = one(q.receive_now(1), "first delivery")?;
-            let crashed = inbox
-                .process_with_fault(d, &h, &none, Some(FaultPoint::AfterCommit))
-                .await;
+            let crashed = crash_at(&faulty, &faults, d, FaultPoint::AfterCommit).await;
             c.eq("first attempt crashed after commit", crashed.is_err(), true);
             q.advance(PAST_VISIBILITY);
             c.eq(
@@ -404,7 +404,7 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             c.eq("dead-lettered by the broker", q.state().dead_lettered, 1);
             c.eq("redriven", q.redrive(10), 1);
             let d = one(q.receive_now(1), "redriven copy")?;
-            let o = inbox.process(d, &h).await;
+            let o = p.process_one(d).await;
             c.eq("redriven copy", o.label(), "duplicate");
             (
                 q,
@@ -431,9 +431,9 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             altered.body = body.to_string().into_bytes();
             q.send(altered);
             let a = one(q.receive_now(1), "first")?;
-            let oa = inbox.process(a, &h).await;
+            let oa = p.process_one(a).await;
             let b = one(q.receive_now(1), "second")?;
-            let ob = inbox.process(b, &h).await;
+            let ob = p.process_one(b).await;
             c.eq("first", oa.label(), "applied");
             c.eq("second", ob.label(), "payload_collision");
             let dl = q.dead_letters();
@@ -472,9 +472,9 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             q.send(lab_message(0));
             q.send(lab_message(0).attribute("ce-id", "evt-republished-after-timeout"));
             let a = one(q.receive_now(1), "first")?;
-            let oa = inbox.process(a, &h).await;
+            let oa = p.process_one(a).await;
             let b = one(q.receive_now(1), "second")?;
-            let ob = inbox.process(b, &h).await;
+            let ob = p.process_one(b).await;
             c.eq("first", oa.label(), "applied");
             c.eq("second", ob.label(), "business_duplicate");
             (
@@ -491,23 +491,27 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
         }
         Window::AfterRetentionExpired => {
             let keep = Duration::from_secs(3600);
-            let inbox = inbox
-                .clone()
-                .retention(RetentionPolicy::default().keep(keep));
+            let retention = RetentionPolicy::default().keep(keep);
+            let faulty = lab_inbox(FaultyStore::new(store.clone(), faults.clone()))
+                .retention(retention.clone())
+                .bind_handler(task_handler::<DB>())
+                .business_key(crate::lab::followup_business_key);
+            let p = lab_inbox(store.clone())
+                .retention(retention)
+                .bind_handler(task_handler::<DB>())
+                .business_key(crate::lab::followup_business_key);
             let q = queue(Some(5));
             q.send(lab_message(0));
             let d = one(q.receive_now(1), "first")?;
-            let crashed = inbox
-                .process_with_fault(d, &h, &none, Some(FaultPoint::AfterCommit))
-                .await;
+            let crashed = crash_at(&faulty, &faults, d, FaultPoint::AfterCommit).await;
             c.eq("first attempt crashed after commit", crashed.is_err(), true);
             // Two hours later: the marker's retention ended and the purge ran; then the message comes back.
             let later = chrono::Utc::now() + chrono::Duration::hours(2);
-            let purged = inbox.purge_expired_at(later, 100).await?;
+            let purged = p.inbox().purge_expired_at(later, 100).await?;
             c.eq("markers purged", purged, 1);
             q.advance(Duration::from_secs(7200));
             let d = one(q.receive_now(1), "late redelivery")?;
-            let o = inbox.process(d, &h).await;
+            let o = p.process_one(d).await;
             c.eq("late redelivery refused", o.label(), "dead_lettered");
             (
                 q,
@@ -537,7 +541,7 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             // Phase 1: shutdown while deliveries are in the handler; the deadline is generous: all commit and ack.
             let gated = Gated::new();
             let g = gated.clone();
-            let graceful = Worker::new(q.receiver(), inbox.clone().bind(gated.clone()))
+            let graceful = Worker::new(q.receiver(), lab_processor(store.clone(), gated.clone()))
                 .options(
                     WorkerOptions::default()
                         .concurrency(3)
@@ -548,7 +552,7 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
                     g.open(16);
                 })
                 .await;
-            c.eq("graceful: applied", graceful.count("applied"), 3);
+            c.eq("graceful: applied", graceful.count(OutcomeKind::Applied), 3);
             c.eq("graceful: queue drained", q.state(), QueueState::default());
             // Phase 2: the deadline passes while the handler hangs: roll back and release, never lose.
             for i in 3..5 {
@@ -556,7 +560,7 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             }
             let stuck = Gated::new();
             let s = stuck.clone();
-            let forced = Worker::new(q.receiver(), inbox.clone().bind(stuck.clone()))
+            let forced = Worker::new(q.receiver(), lab_processor(store.clone(), stuck.clone()))
                 .options(
                     WorkerOptions::default()
                         .concurrency(2)
@@ -564,12 +568,12 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
                 )
                 .run_until(async move { s.wait_entered(1).await })
                 .await;
-            c.eq("deadline: interrupted", forced.count("interrupted"), 2);
+            c.eq("deadline: interrupted", forced.count(OutcomeKind::Interrupted), 2);
             c.eq("deadline: released, nothing lost", q.state().visible, 2);
-            c.eq("deadline: nothing committed", rows(pool.clone()).await?, 3);
+            c.eq("deadline: nothing committed", rows(store.clone()).await?, 3);
             // Phase 3: the next worker takes over.
             let q2 = q.clone();
-            let restart = Worker::new(q.receiver(), inbox.clone().bind(task_handler::<DB>()))
+            let restart = Worker::new(q.receiver(), p.clone())
                 .run_until(async move {
                     while q2.state() != QueueState::default() {
                         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -577,14 +581,14 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
                 })
                 .await;
             stuck.open(16);
-            c.eq("restart: applied", restart.count("applied"), 2);
+            c.eq("restart: applied", restart.count(OutcomeKind::Applied), 2);
             (
                 q,
                 format!(
                     "graceful: applied x{} | deadline: interrupted x{} > restart: applied x{}",
-                    graceful.count("applied"),
-                    forced.count("interrupted"),
-                    restart.count("applied")
+                    graceful.count(OutcomeKind::Applied),
+                    forced.count(OutcomeKind::Interrupted),
+                    restart.count(OutcomeKind::Applied)
                 ),
                 (
                     5,
@@ -598,11 +602,11 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
     };
 
     let (exp_rows, exp_effects, exp_broker, exp_rejections, exp_signals) = expect;
-    let inbox_rows = rows(pool.clone()).await?;
-    let business_effects = DB::count_tasks(&pool).await?;
+    let inbox_rows = rows(store.clone()).await?;
+    let business_effects = DB::count_tasks(&store).await?;
     let broker = q.state();
-    let rejections = DB::count_rejections(&pool, "payload_collision").await?
-        + DB::count_rejections(&pool, "business_duplicate").await?;
+    let rejections = DB::count_rejections(&store, "payload_collision").await?
+        + DB::count_rejections(&store, "business_duplicate").await?;
     c.eq("inbox rows", inbox_rows, exp_rows);
     c.eq("business effects", business_effects, exp_effects);
     c.eq("broker", broker, exp_broker);

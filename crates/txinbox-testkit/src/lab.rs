@@ -1,4 +1,4 @@
-//! The seed's lab: synthetic deliveries of the CRM follow-up event through the in-memory broker into the
+//! The inbox lab: synthetic deliveries of the CRM follow-up event through the in-memory broker into the
 //! inbox, with the counts computed from what happened.
 
 use std::fmt;
@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
 use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
-use txinbox_core::{ConsumerName, FingerprintSpec, IdentityPolicy, Worker, WorkerOptions};
-use txinbox_store::{handler_fn, BodyFormat, Handled, Inbox, InputRules, Store};
+use txinbox_core::{
+    ConsumerName, FingerprintSpec, Handled, Handler, HandlerError, IdentityPolicy, Inbox,
+    InboxProcessor, InboxStore, Message, OutcomeKind, Worker, WorkerOptions,
+};
+use txinbox_store::{Store, Tx};
 
 use crate::labdb::LabDb;
 
@@ -31,36 +34,53 @@ pub enum LabError {
     Usage(String),
 }
 
-/// The business key of the follow-up agent: `criar_tarefa_followup:<opportunity>:<meeting>`.
-pub fn followup_business_key(m: &txinbox_core::ReceivedMessage) -> Result<Option<String>, String> {
-    let v: serde_json::Value =
-        serde_json::from_slice(&m.body).map_err(|e| format!("body is not JSON: {e}"))?;
-    let field = |k: &str| {
-        v.get(k)
-            .and_then(|x| x.as_str())
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| format!("missing {k}"))
-    };
-    Ok(Some(format!(
-        "criar_tarefa_followup:{}:{}",
-        field("opportunity")?,
-        field("meeting")?
-    )))
+/// The lab's event: a meeting of an opportunity ended; the agent creates a follow-up task.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct LabEvent {
+    /// The CRM opportunity.
+    pub opportunity: String,
+    /// The meeting that ended.
+    pub meeting: String,
 }
 
-/// The inbox the lab uses: consumer `crm-followup`, JSON bodies, the follow-up business key, `sent_at`
-/// excluded from the fingerprint (a volatile transport field).
-pub fn lab_inbox<DB: LabDb>(pool: sqlx::Pool<DB>) -> Inbox<DB> {
+/// The business key of the follow-up agent: `criar_tarefa_followup:<opportunity>:<meeting>`.
+pub fn followup_business_key(e: &LabEvent) -> Option<String> {
+    Some(format!(
+        "criar_tarefa_followup:{}:{}",
+        e.opportunity, e.meeting
+    ))
+}
+
+/// The inbox the lab uses: consumer `crm-followup`, `sent_at` excluded from the fingerprint (a volatile
+/// transport field), retries released at once.
+pub fn lab_inbox<S: InboxStore>(store: S) -> Inbox<S> {
     // A constant that satisfies the naming rule; checked by `lab_consumer_name_is_valid` below.
     let consumer = ConsumerName::new(CONSUMER).expect("CONSUMER is a valid consumer name");
-    Inbox::new(
-        pool,
-        IdentityPolicy::new(consumer).business_key(followup_business_key),
-    )
-    .fingerprint(FingerprintSpec::new().exclude("/sent_at"))
-    .input_rules(InputRules::default().body(BodyFormat::Json))
-    .retry_backoff(Duration::ZERO)
+    Inbox::new(store, IdentityPolicy::new(consumer))
+        .fingerprint(FingerprintSpec::new().exclude("/sent_at"))
+        .retry_backoff(Duration::ZERO)
 }
+
+/// `handler` bound to the lab's inbox with the follow-up business key.
+pub fn lab_processor<S: InboxStore, H: Handler<S, LabEvent>>(
+    store: S,
+    handler: H,
+) -> InboxProcessor<S, LabEvent, H> {
+    lab_inbox(store)
+        .bind_handler(handler)
+        .business_key(followup_business_key)
+}
+
+/// The lab's handler: the follow-up task, the same code on both backends.
+pub fn task_handler<DB: LabDb>() -> TaskFn<DB> {
+    DB::insert_task
+}
+
+/// The lab handler's type: a plain function, so it binds to any store whose transaction is a [`Tx`].
+pub type TaskFn<DB> = fn(
+    Tx<DB>,
+    Message<LabEvent>,
+) -> futures::future::BoxFuture<'static, Result<Handled, HandlerError>>;
 
 /// The `i`-th logical message of the lab (one meeting of one opportunity ended; create a follow-up task).
 pub fn lab_message(i: usize) -> OutgoingMessage {
@@ -105,7 +125,7 @@ impl fmt::Display for LabReport {
 /// Sends `messages` logical messages `copies` times each through the in-memory broker and runs a worker
 /// until every delivery is processed.
 pub async fn run_lab<DB: LabDb>(
-    pool: sqlx::Pool<DB>,
+    store: Store<DB>,
     messages: usize,
     copies: usize,
 ) -> Result<LabReport, LabError> {
@@ -114,7 +134,7 @@ pub async fn run_lab<DB: LabDb>(
             "--messages and --copies must be at least 1".into(),
         ));
     }
-    DB::create_tables(&pool).await?;
+    DB::create_tables(&store).await?;
     let queue = MemoryQueue::new(QueueOptions {
         wait: Duration::from_millis(50),
         ..QueueOptions::default()
@@ -125,8 +145,7 @@ pub async fn run_lab<DB: LabDb>(
         }
     }
     let expected = (messages * copies) as u64;
-    let inbox = lab_inbox(pool.clone());
-    let processor = inbox.bind(handler_fn::<DB, _>(|tx, msg| DB::insert_task(tx, msg)));
+    let processor = lab_processor(store.clone(), task_handler::<DB>());
     let q = queue.clone();
     let drained = async move {
         loop {
@@ -141,16 +160,16 @@ pub async fn run_lab<DB: LabDb>(
         .options(WorkerOptions::default().concurrency(4))
         .run_until(drained)
         .await;
-    let rows = txinbox_store::inspect::inbox_rows(&pool, CONSUMER).await?;
-    let effects = DB::count_tasks(&pool).await?;
+    let rows = store.inbox_rows(CONSUMER).await?;
+    let effects = DB::count_tasks(&store).await?;
     let deliveries = report.total();
     if deliveries != expected {
         tracing::warn!(deliveries, expected, "not every delivery was processed");
     }
     Ok(LabReport {
         deliveries,
-        accepted: report.count("applied"),
-        duplicates: report.count("duplicate"),
+        accepted: report.count(OutcomeKind::Applied),
+        duplicates: report.count(OutcomeKind::Duplicate),
         inbox_rows: rows,
         business_effects: effects,
     })
@@ -264,32 +283,24 @@ pub async fn fresh_postgres(
 /// Runs `f` on a fresh database of `target`, then cleans up.
 pub async fn with_fresh<T>(
     target: &Target,
-    f_sqlite: impl FnOnce(sqlx::Pool<sqlx::Sqlite>) -> LocalBoxFuture<'static, Result<T, LabError>>,
-    f_pg: impl FnOnce(sqlx::Pool<sqlx::Postgres>) -> LocalBoxFuture<'static, Result<T, LabError>>,
+    f_sqlite: impl FnOnce(Store<sqlx::Sqlite>) -> LocalBoxFuture<'static, Result<T, LabError>>,
+    f_pg: impl FnOnce(Store<sqlx::Postgres>) -> LocalBoxFuture<'static, Result<T, LabError>>,
 ) -> Result<T, LabError> {
     match target {
         Target::Sqlite(url) => {
             let fresh = fresh_sqlite(url).await?;
-            let r = f_sqlite(fresh.store.pool().clone()).await;
+            let r = f_sqlite(fresh.store.clone()).await;
             fresh.cleanup().await;
             r
         }
         Target::Postgres(url) => {
             let fresh = fresh_postgres(url, 16).await?;
-            let r = f_pg(fresh.store.pool().clone()).await;
+            let r = f_pg(fresh.store.clone()).await;
             fresh.cleanup().await;
             r
         }
     }
 }
-
-/// A handler that turns the lab message into a task: the same for both backends.
-pub fn task_handler<DB: LabDb>() -> impl txinbox_store::Handler<DB> {
-    handler_fn::<DB, _>(|tx, msg| DB::insert_task(tx, msg))
-}
-
-/// The result type of the lab's handler.
-pub type HandlerResult = Result<Handled, txinbox_core::HandlerError>;
 
 #[cfg(test)]
 mod tests {
