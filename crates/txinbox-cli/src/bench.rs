@@ -511,16 +511,18 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
     );
     let script = pgbench_script(&std::env::temp_dir())?;
     let consumer = ConsumerName::new(CONSUMER).map_err(|e| LabError::Usage(e.to_string()))?;
-    let inbox = Arc::new(Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
-        |tx: Tx<sqlx::Postgres>, msg: Message<Raw>| async move {
-            sqlx::query(BUSINESS_INSERT)
-                .bind(format!("t-{}", msg.identity.message_id))
-                .bind(&msg.identity.message_id)
-                .execute(&tx)
-                .await?;
-            Ok::<_, HandlerError>(())
-        },
-    ));
+    let inbox = Arc::new(
+        Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
+            |tx: Tx<sqlx::Postgres>, msg: Message<Raw>| async move {
+                sqlx::query(BUSINESS_INSERT)
+                    .bind(format!("t-{}", msg.identity.message_id))
+                    .bind(&msg.identity.message_id)
+                    .execute(&tx)
+                    .await?;
+                Ok::<_, HandlerError>(())
+            },
+        ),
+    );
     println!(
         "# txinbox bench: PostgreSQL, {}s per figure, median of {} rounds, messages or transactions per second; target inbox/pgbench >= 0.80",
         args.seconds, args.rounds

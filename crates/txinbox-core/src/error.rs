@@ -1,6 +1,5 @@
 //! Errors. Each enum is `#[non_exhaustive]`, keeps its source, and says whether a retry can help.
 
-
 /// A boxed error from user or SDK code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 

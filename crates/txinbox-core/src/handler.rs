@@ -59,8 +59,10 @@ pub trait Payload: Sized + Send + Sync + 'static {
 
     /// Builds the body: from `json` (the parsed document, or its `data` member for a structured CloudEvent)
     /// when [`Payload::JSON`], else from the raw bytes.
-    fn from_delivery(raw: &ReceivedMessage, json: Option<&serde_json::Value>)
-        -> Result<Self, BadInput>;
+    fn from_delivery(
+        raw: &ReceivedMessage,
+        json: Option<&serde_json::Value>,
+    ) -> Result<Self, BadInput>;
 }
 
 impl Payload for Raw {
@@ -72,7 +74,10 @@ impl Payload for Raw {
 
 impl<T: serde::de::DeserializeOwned + Send + Sync + 'static> Payload for T {
     const JSON: bool = true;
-    fn from_delivery(raw: &ReceivedMessage, json: Option<&serde_json::Value>) -> Result<Self, BadInput> {
+    fn from_delivery(
+        raw: &ReceivedMessage,
+        json: Option<&serde_json::Value>,
+    ) -> Result<Self, BadInput> {
         match json {
             Some(v) => T::deserialize(v).map_err(BadInput::InvalidJson),
             None => serde_json::from_slice(&raw.body).map_err(BadInput::InvalidJson),

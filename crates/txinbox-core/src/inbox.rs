@@ -366,7 +366,8 @@ impl<S: InboxStore> Inbox<S> {
         };
         let identity = message.identity.clone();
         // A panicking handler is contained: the transaction rolls back and the delivery is retried.
-        let guarded = std::panic::AssertUnwindSafe(handler.handle(tx.clone(), message)).catch_unwind();
+        let guarded =
+            std::panic::AssertUnwindSafe(handler.handle(tx.clone(), message)).catch_unwind();
         let handled = tokio::select! {
             biased;
             r = guarded => r,
@@ -455,7 +456,10 @@ impl<S: InboxStore> Inbox<S> {
         // The body's format first: the business-key function may read the body.
         let json = if T::JSON || self.rules.body == BodyFormat::Json {
             std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
-            Some(serde_json::from_slice::<serde_json::Value>(&msg.body).map_err(BadInput::InvalidJson)?)
+            Some(
+                serde_json::from_slice::<serde_json::Value>(&msg.body)
+                    .map_err(BadInput::InvalidJson)?,
+            )
         } else {
             if self.rules.body == BodyFormat::Utf8 {
                 std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
@@ -541,7 +545,8 @@ impl<S: InboxStore> Inbox<S> {
             tracing::error!(error = %e, "handler failed permanently: rolled back, dead-lettering");
             return dead_letter("handler_permanent", e.to_string());
         };
-        metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "handler").increment(1);
+        metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "handler")
+            .increment(1);
         tracing::warn!(error = %e, "handler failed, retryable: rolled back, released for redelivery");
         Decision::Release(
             Outcome::Retry {
@@ -745,7 +750,10 @@ impl<S: InboxStore, T: Payload, H: Handler<S, T>> InboxProcessor<S, T, H> {
     /// Computes the business key from the typed body (it replaces a key from the message's attributes or the
     /// identity policy). `None` means the message has none. The key must never hold free text from a model,
     /// a timestamp, an attempt number or a consumer-generated id.
-    pub fn business_key(mut self, f: impl Fn(&T) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn business_key(
+        mut self,
+        f: impl Fn(&T) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
         self.business_key = Some(Arc::new(f));
         self
     }
@@ -789,3 +797,7 @@ where
         async move { this.process_one_until(delivery, &stop).await }.boxed()
     }
 }
+
+#[cfg(test)]
+#[path = "inbox_tests.rs"]
+mod tests;

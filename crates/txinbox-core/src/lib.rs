@@ -58,16 +58,18 @@ pub mod worker;
 
 pub use broker::{DeadLetter, Delivery, Lease, Receiver};
 pub use error::{BadInput, BoxError, BrokerError};
-pub use handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
-pub use inbox::{BodyFormat, Inbox, InboxProcessor, InputRules};
 pub use fingerprint::FingerprintSpec;
+pub use handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
 pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};
+pub use inbox::{BodyFormat, Inbox, InboxProcessor, InputRules};
 pub use lease::LeaseOptions;
 pub use message::ReceivedMessage;
 pub use outbox::{OutboxMessage, Publisher};
 pub use outcome::{Outcome, OutcomeKind};
-pub use store::{Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind};
 pub use retention::RetentionPolicy;
+pub use store::{
+    Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind,
+};
 pub use worker::{shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport};
 
 /// Re-exported so processors and adapters agree on the type.

@@ -192,8 +192,10 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
     /// Counts the markers of `consumer`.
-    fn count_markers(&self, consumer: &str)
-        -> impl Future<Output = Result<i64, Self::Error>> + Send;
+    fn count_markers(
+        &self,
+        consumer: &str,
+    ) -> impl Future<Output = Result<i64, Self::Error>> + Send;
 
     /// Whether an error of this store is transient (a retry may succeed).
     fn is_transient(e: &Self::Error) -> bool;

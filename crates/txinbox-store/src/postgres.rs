@@ -5,9 +5,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
 
-use crate::backend::{
-    pending_outbox_from_row, Backend, PendingOutbox, MIGRATIONS,
-};
+use crate::backend::{pending_outbox_from_row, Backend, PendingOutbox, MIGRATIONS};
 use crate::error::StoreError;
 
 /// The conditional insert. Without a conflict target, `ON CONFLICT DO NOTHING` covers both the primary key and

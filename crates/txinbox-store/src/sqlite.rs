@@ -4,9 +4,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
 
-use crate::backend::{
-    pending_outbox_from_row, Backend, PendingOutbox, MIGRATIONS,
-};
+use crate::backend::{pending_outbox_from_row, Backend, PendingOutbox, MIGRATIONS};
 use crate::error::StoreError;
 
 /// The conditional insert; `ON CONFLICT DO NOTHING` covers the primary key and the business-key index.

@@ -30,7 +30,9 @@ impl<DB: Backend> Clone for Tx<DB> {
 
 impl<DB: Backend> fmt::Debug for Tx<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Tx").field("backend", &<DB as Backend>::NAME).finish()
+        f.debug_struct("Tx")
+            .field("backend", &<DB as Backend>::NAME)
+            .finish()
     }
 }
 
@@ -148,7 +150,11 @@ where
     where
         'c: 'e,
     {
-        Box::pin(async move { conn(&mut *self.lock().await)?.prepare_with(sql, parameters).await })
+        Box::pin(async move {
+            conn(&mut *self.lock().await)?
+                .prepare_with(sql, parameters)
+                .await
+        })
     }
 
     fn describe<'e, 'q: 'e>(self, sql: &'q str) -> BoxFuture<'e, Result<Describe<DB>, sqlx::Error>>

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use txinbox_core::{
-    BrokerError, Commit, DeadLetter, Delivery, Handler, Identity, InboxProcessor, InboxStore, Lease,
-    MarkerInsert, MarkerRow, OutboxMessage, Outcome, Payload, ReceivedMessage, Rejection,
+    BrokerError, Commit, DeadLetter, Delivery, Handler, Identity, InboxProcessor, InboxStore,
+    Lease, MarkerInsert, MarkerRow, OutboxMessage, Outcome, Payload, ReceivedMessage, Rejection,
 };
 
 /// A point in the inbox transaction where a fault test can simulate a crash.
@@ -100,7 +100,11 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
         self.faults.at(FaultPoint::BeforeTransaction).await;
         self.inner.begin().await
     }
-    async fn insert_marker(&self, tx: &S::Tx, row: &MarkerRow<'_>) -> Result<MarkerInsert, S::Error> {
+    async fn insert_marker(
+        &self,
+        tx: &S::Tx,
+        row: &MarkerRow<'_>,
+    ) -> Result<MarkerInsert, S::Error> {
         let r = self.inner.insert_marker(tx, row).await?;
         if r == MarkerInsert::Inserted {
             self.faults.at(FaultPoint::AfterMarkerInsert).await;

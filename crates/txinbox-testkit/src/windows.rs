@@ -281,7 +281,11 @@ pub async fn run_window<DB: LabDb>(store: Store<DB>, w: Window) -> Result<Window
             let crashed = crash_at(&faulty, &faults, d, point).await;
             c.eq("first attempt crashed", crashed.is_err(), true);
             // What the crash left: a rolled-back transaction leaves nothing; a commit leaves marker and effect.
-            c.eq("inbox rows after the crash", rows(store.clone()).await?, mid);
+            c.eq(
+                "inbox rows after the crash",
+                rows(store.clone()).await?,
+                mid,
+            );
             c.eq(
                 "effects after the crash",
                 DB::count_tasks(&store).await?,
@@ -568,7 +572,11 @@ pub async fn run_window<DB: LabDb>(store: Store<DB>, w: Window) -> Result<Window
                 )
                 .run_until(async move { s.wait_entered(1).await })
                 .await;
-            c.eq("deadline: interrupted", forced.count(OutcomeKind::Interrupted), 2);
+            c.eq(
+                "deadline: interrupted",
+                forced.count(OutcomeKind::Interrupted),
+                2,
+            );
             c.eq("deadline: released, nothing lost", q.state().visible, 2);
             c.eq("deadline: nothing committed", rows(store.clone()).await?, 3);
             // Phase 3: the next worker takes over.

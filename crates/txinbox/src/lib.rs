@@ -20,6 +20,14 @@ pub type PgStore = Store<sqlx::Postgres>;
 /// no dependency line of your own.
 pub use txinbox_store::sqlx;
 
+/// The store contract and the sqlx stores' own pieces (`Backend`, for code generic over the database).
+pub mod store {
+    #[doc(inline)]
+    pub use txinbox_core::store::*;
+    #[doc(inline)]
+    pub use txinbox_store::{Backend, Store, StoreError, Tx};
+}
+
 /// The Amazon SQS FIFO adapter (feature `sqs`), with the AWS SDK crates it is built on.
 #[cfg(feature = "sqs")]
 pub mod sqs {

@@ -1,19 +1,22 @@
-//! The seed's CRM follow-up agent: each `meeting.ended` event creates one follow-up task, once, whatever the
-//! broker redelivers. Shared by the `sqs-crm-worker` and `servicebus-crm-worker` examples, which only differ
-//! in the receiver they build.
+//! The CRM follow-up agent of the inbox lab: each `meeting.ended` event creates one follow-up task, once,
+//! whatever the broker redelivers. Shared by the `sqs-crm-worker` and `servicebus-crm-worker` examples, which
+//! only differ in the receiver they build.
 //!
 //! * identity: CloudEvents attributes, else the producer id; consumer name from the command line;
-//! * business key `criar_tarefa_followup:<opportunity>:<meeting>`, so two different events asking for the
-//!   same follow-up create one task;
-//! * the task row and the inbox marker commit in one transaction (PostgreSQL or SQLite).
+//! * the body is parsed once into [`MeetingEnded`]; a body that is not one is dead-lettered as `invalid_json`;
+//! * business key `criar_tarefa_followup:<opportunity>:<meeting>`, computed from the typed event, so two
+//!   different events asking for the same follow-up create one task;
+//! * the task row and the inbox marker commit in one transaction (PostgreSQL or SQLite): one handler, written
+//!   once, for both.
 
 use std::time::Duration;
 
+use txinbox::sqlx::{self, Encode, Executor, IntoArguments, Type};
+use txinbox::store::Backend;
 use txinbox::{
-    BadInput, ConsumerName, HandlerError, IdentityPolicy, LeasedDelivery, Receiver, Worker,
-    WorkerOptions, WorkerReport,
+    ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, LeasedDelivery, Message,
+    OutcomeKind, Receiver, Store, Tx, Worker, WorkerOptions, WorkerReport,
 };
-use txinbox_store::{db_error, handler_fn, BodyFormat, Handled, Inbound, Inbox, InputRules, Store};
 
 /// An error starting the agent.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -21,37 +24,49 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 const TASKS_PG: &str = "CREATE TABLE IF NOT EXISTS crm_followup_tasks (task_id TEXT PRIMARY KEY, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, message_id TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())";
 const TASKS_SQLITE: &str = "CREATE TABLE IF NOT EXISTS crm_followup_tasks (task_id TEXT PRIMARY KEY, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, message_id TEXT NOT NULL, created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)";
 
-/// The agent's identity policy.
-pub fn policy(consumer: &str) -> Result<IdentityPolicy, BadInput> {
-    Ok(
-        IdentityPolicy::new(ConsumerName::new(consumer)?).business_key(|m| {
-            let v: serde_json::Value =
-                serde_json::from_slice(&m.body).map_err(|e| e.to_string())?;
-            Ok(Some(format!(
-                "criar_tarefa_followup:{}:{}",
-                v["opportunity"].as_str().ok_or("no opportunity")?,
-                v["meeting"].as_str().ok_or("no meeting")?
-            )))
-        }),
-    )
+/// The event: a meeting of an opportunity ended.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct MeetingEnded {
+    /// The CRM opportunity.
+    pub opportunity: String,
+    /// The meeting.
+    pub meeting: String,
 }
 
-/// The task to create: (task id, opportunity, meeting).
-fn task(msg: &Inbound<'_>) -> Result<(String, String, String), HandlerError> {
-    let v = msg
-        .json
-        .ok_or_else(|| HandlerError::permanent("body is not JSON"))?;
-    let get = |k: &str| {
-        v[k].as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| HandlerError::permanent(format!("missing {k}")))
-    };
-    let (opportunity, meeting) = (get("opportunity")?, get("meeting")?);
-    Ok((
-        format!("followup-{opportunity}-{meeting}"),
+/// The agent's business key: one follow-up per opportunity and meeting.
+pub fn business_key(e: &MeetingEnded) -> Option<String> {
+    Some(format!(
+        "criar_tarefa_followup:{}:{}",
+        e.opportunity, e.meeting
+    ))
+}
+
+/// The agent's handler: the follow-up task, in the inbox's transaction. Generic over the backend, so the
+/// bounds say what its statements need (a handler for one backend needs none).
+pub async fn create_task<DB>(
+    tx: Tx<DB>,
+    msg: Message<MeetingEnded>,
+) -> Result<Handled, HandlerError>
+where
+    DB: Backend,
+    for<'c> &'c Tx<DB>: Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> String: Encode<'q, DB> + Type<DB>,
+{
+    let MeetingEnded {
         opportunity,
         meeting,
-    ))
+    } = msg.body;
+    let task_id = format!("followup-{opportunity}-{meeting}");
+    // `$n` placeholders work on both backends.
+    sqlx::query("INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES ($1, $2, $3, $4)")
+        .bind(task_id.clone())
+        .bind(opportunity)
+        .bind(meeting)
+        .bind(msg.identity.message_id)
+        .execute(&tx)
+        .await?;
+    Ok(Handled::reference(task_id))
 }
 
 /// Where and how the agent runs.
@@ -61,34 +76,10 @@ pub struct AgentOptions {
     pub store: String,
     /// The consumer name.
     pub consumer: String,
-    /// The worker's options (from the adapter's `worker_options()`).
+    /// The worker's options.
     pub worker: WorkerOptions,
     /// Delay before a retryable failure is redelivered.
     pub retry_backoff: Duration,
-}
-
-/// The task insert; `$n` placeholders work on both backends (SQLite numbers `$1`..`$4` by first appearance).
-const INSERT_TASK: &str =
-    "INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES ($1, $2, $3, $4)";
-
-/// Builds the agent's handler for one backend: the same code, typed for `$db`'s connection.
-macro_rules! task_handler {
-    ($db:ty) => {
-        handler_fn::<$db, _>(|tx, msg| {
-            Box::pin(async move {
-                let (task_id, opportunity, meeting) = task(msg)?;
-                sqlx::query(INSERT_TASK)
-                    .bind(&task_id)
-                    .bind(&opportunity)
-                    .bind(&meeting)
-                    .bind(&msg.identity.message_id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                Ok(Handled::reference(task_id))
-            })
-        })
-    };
 }
 
 /// Runs the agent on `receiver` until SIGTERM or Ctrl-C, then drains (commit, then settle) and returns the
@@ -97,36 +88,27 @@ pub async fn run<R>(receiver: R, opts: AgentOptions) -> Result<WorkerReport, Err
 where
     R: Receiver,
 {
-    let rules = InputRules::default().body(BodyFormat::Json);
-    let policy = policy(&opts.consumer)?;
+    let policy = IdentityPolicy::new(ConsumerName::new(&opts.consumer)?);
     let report = if opts.store.starts_with("postgres") {
         let store =
             Store::<sqlx::Postgres>::connect(&opts.store, opts.worker.concurrency as u32 + 2)
                 .await?;
         sqlx::query(TASKS_PG).execute(store.pool()).await?;
-        let inbox = Inbox::new(store.pool().clone(), policy)
-            .input_rules(rules)
-            .retry_backoff(opts.retry_backoff);
-        let report = drive(
-            receiver,
-            inbox.bind(task_handler!(sqlx::Postgres)),
-            opts.worker,
-        )
-        .await;
+        let processor = Inbox::new(store.clone(), policy)
+            .retry_backoff(opts.retry_backoff)
+            .bind(create_task)
+            .business_key(business_key);
+        let report = drive(receiver, processor, opts.worker).await;
         store.close().await;
         report
     } else {
         let store = Store::<sqlx::Sqlite>::connect(&opts.store).await?;
         sqlx::query(TASKS_SQLITE).execute(store.pool()).await?;
-        let inbox = Inbox::new(store.pool().clone(), policy)
-            .input_rules(rules)
-            .retry_backoff(opts.retry_backoff);
-        let report = drive(
-            receiver,
-            inbox.bind(task_handler!(sqlx::Sqlite)),
-            opts.worker,
-        )
-        .await;
+        let processor = Inbox::new(store.clone(), policy)
+            .retry_backoff(opts.retry_backoff)
+            .bind(create_task)
+            .business_key(business_key);
+        let report = drive(receiver, processor, opts.worker).await;
         store.close().await;
         report
     };
@@ -143,10 +125,11 @@ where
         .run_until(txinbox::shutdown_signal())
         .await;
     tracing::info!(
-        applied = report.count("applied"),
-        duplicates = report.count("duplicate"),
-        business_duplicates = report.count("business_duplicate"),
-        dead_lettered = report.count("dead_lettered") + report.count("payload_collision"),
+        applied = report.count(OutcomeKind::Applied),
+        duplicates = report.count(OutcomeKind::Duplicate),
+        business_duplicates = report.count(OutcomeKind::BusinessDuplicate),
+        dead_lettered =
+            report.count(OutcomeKind::DeadLettered) + report.count(OutcomeKind::PayloadCollision),
         leases_lost = report.leases_lost,
         "worker stopped"
     );

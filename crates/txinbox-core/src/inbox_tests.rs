@@ -1,0 +1,421 @@
+//! The pipeline's decisions, without a database: an in-memory store that checks its unique keys at COMMIT
+//! (as a DynamoDB `TransactWriteItems` would), so both conflict paths of the pipeline are exercised.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::*;
+use crate::handler::Raw;
+use crate::mem::{MemoryQueue, OutgoingMessage, QueueState};
+use crate::store::{Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection};
+use crate::{ConsumerName, Identity, OutboxMessage};
+
+#[derive(Clone, Debug)]
+struct Row {
+    message_id: String,
+    business_key: Option<String>,
+    hash: String,
+    processed_at: DateTime<Utc>,
+    result_reference: Option<String>,
+}
+
+#[derive(Default, Debug)]
+struct State {
+    /// (consumer, source, message_id) -> row.
+    markers: HashMap<(String, String, String), Row>,
+    /// Business effects written by handlers.
+    effects: Vec<String>,
+    rejections: Vec<(&'static str, String)>,
+    begins: u32,
+    fail_begin: bool,
+}
+
+#[derive(Clone, Default, Debug)]
+struct MemStore(Arc<Mutex<State>>);
+
+/// A transaction: what it will write, applied at commit under the unique keys' checks.
+#[derive(Clone, Debug, Default)]
+struct MemTx(Arc<Mutex<Pending>>);
+
+#[derive(Debug, Default)]
+struct Pending {
+    marker: Option<((String, String, String), Row)>,
+    effects: Vec<String>,
+}
+
+impl MemTx {
+    fn write(&self, effect: impl Into<String>) {
+        self.0.lock().unwrap().effects.push(effect.into());
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("memory store unavailable")]
+struct Unavailable;
+
+impl MemStore {
+    fn holder(
+        st: &State,
+        key: &(String, String, String),
+        bkey: &Option<String>,
+    ) -> Option<ExistingMarker> {
+        if let Some(r) = st.markers.get(key) {
+            return Some(ExistingMarker::new(
+                true,
+                r.message_id.clone(),
+                r.hash.clone(),
+                r.processed_at,
+                r.result_reference.clone(),
+            ));
+        }
+        let bkey = bkey.as_ref()?;
+        st.markers
+            .iter()
+            .find(|((c, _, _), r)| *c == key.0 && r.business_key.as_ref() == Some(bkey))
+            .map(|(_, r)| {
+                ExistingMarker::new(
+                    false,
+                    r.message_id.clone(),
+                    r.hash.clone(),
+                    r.processed_at,
+                    r.result_reference.clone(),
+                )
+            })
+    }
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap()
+    }
+}
+
+impl InboxStore for MemStore {
+    type Tx = MemTx;
+    type Error = Unavailable;
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn begin(&self) -> Result<MemTx, Unavailable> {
+        let mut st = self.state();
+        st.begins += 1;
+        if st.fail_begin {
+            return Err(Unavailable);
+        }
+        Ok(MemTx::default())
+    }
+    async fn insert_marker(
+        &self,
+        tx: &MemTx,
+        row: &MarkerRow<'_>,
+    ) -> Result<MarkerInsert, Unavailable> {
+        let id = row.identity;
+        let key = (
+            id.consumer.as_str().to_owned(),
+            id.source.clone(),
+            id.message_id.clone(),
+        );
+        let row = Row {
+            message_id: id.message_id.clone(),
+            business_key: id.business_key.clone(),
+            hash: row.payload_hash.to_owned(),
+            processed_at: row.processed_at,
+            result_reference: None,
+        };
+        // Deferred: the keys are checked at commit.
+        tx.0.lock().unwrap().marker = Some((key, row));
+        Ok(MarkerInsert::Inserted)
+    }
+    async fn record_result(
+        &self,
+        tx: &MemTx,
+        _: &Identity,
+        r: Option<&str>,
+        _: &[OutboxMessage],
+    ) -> Result<(), Unavailable> {
+        if let Some((_, row)) = tx.0.lock().unwrap().marker.as_mut() {
+            row.result_reference = r.map(str::to_owned);
+        }
+        Ok(())
+    }
+    async fn commit(&self, tx: MemTx) -> Result<Commit, Unavailable> {
+        let pending = std::mem::take(&mut *tx.0.lock().unwrap());
+        let mut st = self.state();
+        let Some((key, row)) = pending.marker else {
+            return Ok(Commit::Done);
+        };
+        if let Some(holder) = Self::holder(&st, &key, &row.business_key) {
+            return Ok(Commit::Conflict(Some(holder)));
+        }
+        st.markers.insert(key, row);
+        st.effects.extend(pending.effects);
+        Ok(Commit::Done)
+    }
+    async fn rollback(&self, tx: MemTx, _: bool) -> Result<(), Unavailable> {
+        *tx.0.lock().unwrap() = Pending::default();
+        Ok(())
+    }
+    async fn record_rejection(&self, r: &Rejection<'_>) -> Result<(), Unavailable> {
+        self.state()
+            .rejections
+            .push((r.kind.as_str(), r.identity.message_id.clone()));
+        Ok(())
+    }
+    async fn purge_expired(&self, _: DateTime<Utc>, _: i64) -> Result<u64, Unavailable> {
+        Ok(0)
+    }
+    async fn count_markers(&self, _: &str) -> Result<i64, Unavailable> {
+        Ok(self.state().markers.len() as i64)
+    }
+    fn is_transient(_: &Unavailable) -> bool {
+        true
+    }
+    fn classify(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
+        e.downcast_ref::<Unavailable>().map(|_| true)
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Meeting {
+    opportunity: String,
+    meeting: String,
+}
+
+fn event(id: &str, opportunity: &str) -> OutgoingMessage {
+    OutgoingMessage::new(format!(
+        r#"{{"opportunity":"{opportunity}","meeting":"184"}}"#
+    ))
+    .cloudevent("urn:crm", id, "crm.meeting.ended")
+}
+
+fn inbox(store: &MemStore) -> Inbox<MemStore> {
+    Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm").unwrap()),
+    )
+    .retry_backoff(Duration::from_secs(7))
+}
+
+/// A typed handler writing one effect and returning its reference.
+fn processor(
+    store: &MemStore,
+) -> InboxProcessor<MemStore, Meeting, impl Handler<MemStore, Meeting>> {
+    inbox(store)
+        .bind(|tx: MemTx, msg: Message<Meeting>| async move {
+            tx.write(format!("task-{}", msg.body.opportunity));
+            Ok(Handled::reference(format!("task-{}", msg.body.opportunity)))
+        })
+        .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)))
+}
+
+async fn one(
+    q: &MemoryQueue,
+    p: &InboxProcessor<MemStore, Meeting, impl Handler<MemStore, Meeting>>,
+) -> Outcome {
+    let d = q.receive_now(1).pop().expect("a delivery");
+    p.process_one(d).await
+}
+
+#[tokio::test]
+async fn a_duplicate_is_acked_and_carries_the_first_result_reference() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-1", "2481"));
+    assert_eq!(
+        one(&q, &p).await,
+        Outcome::Applied {
+            result_reference: Some("task-2481".into())
+        }
+    );
+    assert_eq!(
+        one(&q, &p).await,
+        Outcome::Duplicate {
+            result_reference: Some("task-2481".into())
+        }
+    );
+    assert_eq!(store.state().effects, vec!["task-2481"]);
+    assert_eq!(q.state(), QueueState::default());
+}
+
+#[tokio::test]
+async fn same_id_other_payload_is_a_collision_with_evidence_and_dead_lettered() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-1", "9999"));
+    one(&q, &p).await;
+    let o = one(&q, &p).await;
+    assert!(matches!(o, Outcome::PayloadCollision { .. }), "{o:?}");
+    assert_eq!(
+        store.state().rejections,
+        vec![("payload_collision", "evt-1".to_owned())]
+    );
+    assert_eq!(store.state().effects.len(), 1);
+    assert_eq!(q.dead_letters()[0].1.reason, "payload_collision");
+}
+
+#[tokio::test]
+async fn the_typed_business_key_catches_another_id_for_the_same_action() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "2481"));
+    one(&q, &p).await;
+    let o = one(&q, &p).await;
+    assert_eq!(
+        o,
+        Outcome::BusinessDuplicate {
+            holder_message_id: "evt-1".into(),
+            result_reference: Some("task-2481".into())
+        }
+    );
+    assert_eq!(
+        store.state().rejections,
+        vec![("business_duplicate", "evt-2".to_owned())]
+    );
+    assert_eq!(store.state().effects.len(), 1);
+    assert_eq!(
+        q.state(),
+        QueueState::default(),
+        "a business duplicate is acked"
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_the_type_is_bad_input_and_opens_no_transaction() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = processor(&store);
+    q.send(OutgoingMessage::new(r#"{"opportunity":42}"#).cloudevent("urn:crm", "evt-1", "t"));
+    q.send(OutgoingMessage::new("not json").cloudevent("urn:crm", "evt-2", "t"));
+    for _ in 0..2 {
+        let o = one(&q, &p).await;
+        assert!(
+            matches!(&o, Outcome::DeadLettered { reason, .. } if reason == "invalid_json"),
+            "{o:?}"
+        );
+    }
+    assert_eq!(store.state().begins, 0);
+    assert_eq!(q.state().dead_lettered, 2);
+}
+
+/// Delivers a fresh message through `p`, expects a retry released for exactly `backoff` seconds, then clears
+/// the queue.
+async fn released_after<H: Handler<MemStore, Raw>>(
+    q: &MemoryQueue,
+    p: &InboxProcessor<MemStore, Raw, H>,
+    backoff: u64,
+) {
+    q.send(event("evt-x", "1"));
+    let d = q.receive_now(1).pop().unwrap();
+    let o = p.process_one(d).await;
+    assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+    assert_eq!(q.state().delayed, 1, "released with a delay");
+    q.advance(Duration::from_secs(backoff) - Duration::from_millis(1));
+    assert!(q.receive_now(1).is_empty(), "not visible before {backoff}s");
+    q.advance(Duration::from_millis(2));
+    let again = q.receive_now(1);
+    assert_eq!(again.len(), 1, "visible after {backoff}s");
+    for d in again {
+        d.ack().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn handler_errors_map_to_retry_or_dead_letter() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let permanent = inbox(&store).bind(|_tx: MemTx, _m: Message<Raw>| async move {
+        Err::<(), _>(HandlerError::permanent("opportunity is closed"))
+    });
+    let after = inbox(&store).bind(|_tx: MemTx, _m: Message<Raw>| async move {
+        Err::<(), _>(HandlerError::retry_after("busy", Duration::from_secs(2)))
+    });
+    // An error through `?` that the store does not know: retried with the inbox's backoff.
+    let unknown = inbox(&store).bind(|_tx: MemTx, _m: Message<Raw>| async move {
+        std::fs::read("/nonexistent/txinbox")?;
+        Ok(())
+    });
+    // An error the store classifies as its own transient failure: retried.
+    let store_err = inbox(&store)
+        .bind(|_tx: MemTx, _m: Message<Raw>| async move { Err::<(), _>(Unavailable.into()) });
+    q.send(event("evt-1", "1"));
+    let d = q.receive_now(1).pop().unwrap();
+    assert!(
+        matches!(permanent.process_one(d).await, Outcome::DeadLettered { reason, .. } if reason == "handler_permanent")
+    );
+    released_after(&q, &after, 2).await;
+    released_after(&q, &unknown, 7).await;
+    released_after(&q, &store_err, 7).await;
+    assert!(store.state().markers.is_empty());
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_retried_and_nothing_is_written() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = inbox(&store).bind(|tx: MemTx, _m: Message<Raw>| async move {
+        tx.write("half");
+        if tx.0.lock().is_ok() {
+            panic!("handler bug");
+        }
+        Ok(())
+    });
+    q.send(event("evt-1", "1"));
+    let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
+    assert!(matches!(o, Outcome::Retry { .. }), "{o:?}");
+    assert!(store.state().effects.is_empty());
+    assert!(store.state().markers.is_empty());
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_begin_releases_for_a_retry() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().fail_begin = true;
+    let p = processor(&store);
+    q.send(event("evt-1", "1"));
+    let o = one(&q, &p).await;
+    assert!(
+        matches!(&o, Outcome::Retry { reason } if reason.starts_with("begin")),
+        "{o:?}"
+    );
+    assert_eq!(q.state().delayed, 1);
+}
+
+#[tokio::test]
+async fn a_delivery_older_than_the_retention_is_refused() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = inbox(&store)
+        .retention(RetentionPolicy::default().keep(Duration::from_secs(60)))
+        .bind(|_tx: MemTx, _m: Message<Raw>| async move { Ok(()) });
+    q.send(event("evt-1", "1"));
+    q.advance(Duration::from_secs(120));
+    let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
+    assert!(
+        matches!(&o, Outcome::DeadLettered { reason, .. } if reason == "retention_expired"),
+        "{o:?}"
+    );
+    assert_eq!(store.state().begins, 0);
+}
+
+#[tokio::test]
+async fn a_stop_before_commit_rolls_back_and_releases() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let stop = CancellationToken::new();
+    let s2 = stop.clone();
+    let p = inbox(&store).bind(move |tx: MemTx, _m: Message<Raw>| {
+        let s2 = s2.clone();
+        async move {
+            tx.write("never");
+            s2.cancel();
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    q.send(event("evt-1", "1"));
+    let o = p
+        .process_one_until(q.receive_now(1).pop().unwrap(), &stop)
+        .await;
+    assert_eq!(o, Outcome::Interrupted);
+    assert!(store.state().effects.is_empty());
+    assert_eq!(q.state().visible, 1, "released at once");
+}
