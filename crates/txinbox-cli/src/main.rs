@@ -48,6 +48,13 @@ enum Command {
         #[command(subcommand)]
         command: ServiceBusCommand,
     },
+    /// Print the inbox's schema as one SQL script for your own migration tool (then open the store with
+    /// `Migrations::Verify`).
+    Schema {
+        /// `postgres` or `sqlite`.
+        #[arg(long, value_parser = ["postgres", "sqlite"])]
+        backend: String,
+    },
     /// Check Terraform for settings that break the inbox's guarantees (DLQ, deduplication, visibility, lock,
     /// retention). Exits 1 on a violation, 2 on an error.
     CheckInfra {
@@ -223,6 +230,17 @@ fn main() -> ExitCode {
         Command::Sqs { command } => sqs(command),
         Command::Servicebus { command } => servicebus(command),
         Command::CheckInfra { dir, config } => check_infra(&dir, config.as_deref()),
+        Command::Schema { backend } => {
+            if backend == "postgres" {
+                print!(
+                    "{}",
+                    txinbox_store::Store::<sqlx::Postgres>::migration_sql()
+                );
+            } else {
+                print!("{}", txinbox_store::Store::<sqlx::Sqlite>::migration_sql());
+            }
+            ExitCode::SUCCESS
+        }
         Command::Bench(args) => {
             let rt = match runtime(Flavor::MultiThread) {
                 Ok(rt) => rt,

@@ -35,6 +35,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// Applies the store's migrations (idempotent; safe when several processes start at once).
     fn migrate(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// The schema version recorded in `txinbox_schema_version`; `None` when the table does not exist.
+    fn schema_version(
+        pool: &sqlx::Pool<Self>,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+
+    /// This backend's migration SQL (from the `MIGRATIONS` table below).
+    fn migration_sql(m: &Migration) -> &'static str;
+
     /// Inserts the marker unless a unique constraint refuses it; on conflict reads the holder.
     fn insert_marker(
         conn: &mut Self::Connection,
@@ -117,10 +125,26 @@ where
     })
 }
 
-/// Migrations shipped with this build: (version, name, PostgreSQL SQL, SQLite SQL).
-pub(crate) const MIGRATIONS: &[(i64, &str, &str, &str)] = &[(
-    1,
-    "inbox",
-    include_str!("../migrations/postgres/0001_inbox.sql"),
-    include_str!("../migrations/sqlite/0001_inbox.sql"),
-)];
+/// One migration shipped with this build.
+#[derive(Debug)]
+pub struct Migration {
+    /// Its version (recorded in `txinbox_schema_version`).
+    pub version: i64,
+    /// Its name.
+    pub name: &'static str,
+    pub(crate) postgres: &'static str,
+    pub(crate) sqlite: &'static str,
+}
+
+/// Migrations shipped with this build, oldest first.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "inbox",
+    postgres: include_str!("../migrations/postgres/0001_inbox.sql"),
+    sqlite: include_str!("../migrations/sqlite/0001_inbox.sql"),
+}];
+
+/// The latest schema version this build knows.
+pub(crate) fn latest_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}

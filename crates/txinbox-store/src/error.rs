@@ -24,6 +24,15 @@ pub enum StoreError {
         /// Latest version this build knows.
         known: i64,
     },
+    /// The database's schema is older than this build needs and migrations were not to be applied
+    /// ([`crate::Migrations::Verify`]): apply [`crate::Store::migration_sql`] with your migration tool.
+    #[error("database schema version {found} is older than this build's {required}: apply the txinbox migrations (Store::migration_sql) or let the store apply them")]
+    SchemaTooOld {
+        /// Version in the database (0 when the version table is missing).
+        found: i64,
+        /// The version this build needs.
+        required: i64,
+    },
     /// Bad configuration (consumer name, URL, ...).
     #[error("invalid configuration: {0}")]
     Config(#[source] txinbox_core::BadInput),

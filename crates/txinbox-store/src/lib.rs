@@ -8,9 +8,21 @@
 //! A handler writes its business change through the open transaction, [`Tx`], like through any sqlx
 //! executor: `sqlx::query("INSERT ..").bind(..).execute(&tx).await?`.
 //!
-//! Migrations are owned by the store ([`Store::from_pool`] applies them) and live in `migrations/postgres`
-//! and `migrations/sqlite`; they use their own version table (`txinbox_schema_version`), so they do not
-//! interfere with the application's own sqlx migrations.
+//! ## The schema
+//!
+//! By default a store applies its migrations when it opens (idempotent, one migrator at a time, quiet on an
+//! up-to-date database). [`StoreOptions::migrations`] chooses instead to verify that your own migration tool
+//! applied them ([`Migrations::Verify`], with the script from [`Store::migration_sql`] or `txinbox schema`)
+//! or to skip the check. [`StoreOptions::schema`] puts the tables in a PostgreSQL schema of your choice. The
+//! migrations live in `migrations/postgres` and `migrations/sqlite` and record themselves in their own
+//! version table, `txinbox_schema_version`, so they never touch your sqlx migrations.
+//!
+//! | table | what it holds |
+//! |---|---|
+//! | `txinbox_inbox` | one marker per applied message: `consumer_name, source, message_id` (primary key), `event_type, business_key` (unique per consumer), `payload_hash, contract_version, tenant_id, received_at, processed_at, result_reference, retention_until, id_origin, delivery_count` |
+//! | `txinbox_rejections` | evidence of payload collisions and business duplicates: the rejected identity, `kind`, its hash, what it conflicts with, detail, time |
+//! | `txinbox_outbox` | messages handlers published, written in the inbox transaction and relayed after COMMIT |
+//! | `txinbox_schema_version` | the applied migrations |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -25,10 +37,10 @@ pub mod sqlite;
 pub mod store;
 mod tx;
 
-pub use backend::Backend;
+pub use backend::{Backend, Migration};
 pub use error::{is_transient, StoreError};
 pub use outbox::{relay_outbox, RelayReport};
-pub use store::Store;
+pub use store::{Migrations, Store, StoreOptions};
 pub use tx::Tx;
 
 /// sqlx, re-exported so users name the same version the store is built on.

@@ -33,6 +33,10 @@ impl Backend for Postgres {
 
     async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
         let mut tx = pool.begin().await?;
+        // A start on an up-to-date database is quiet: no "relation already exists, skipping" notices.
+        sqlx::query("SET LOCAL client_min_messages TO warning")
+            .execute(&mut *tx)
+            .await?;
         // One migrator at a time across processes.
         sqlx::query("SELECT pg_advisory_xact_lock(7418230911)")
             .execute(&mut *tx)
@@ -44,14 +48,15 @@ impl Backend for Postgres {
                 .fetch_one(&mut *tx)
                 .await?;
         let current = current.unwrap_or(0);
-        let known = MIGRATIONS.last().map_or(0, |m| m.0);
+        let known = crate::backend::latest_version();
         if current > known {
             return Err(StoreError::SchemaTooNew {
                 found: current,
                 known,
             });
         }
-        for &(version, name, pg, _) in MIGRATIONS {
+        for m in MIGRATIONS {
+            let (version, name, pg) = (m.version, m.name, m.postgres);
             if version <= current {
                 continue;
             }
@@ -66,6 +71,24 @@ impl Backend for Postgres {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn schema_version(pool: &PgPool) -> Result<Option<i64>, sqlx::Error> {
+        let exists: bool =
+            sqlx::query_scalar("SELECT to_regclass('txinbox_schema_version') IS NOT NULL")
+                .fetch_one(pool)
+                .await?;
+        if !exists {
+            return Ok(None);
+        }
+        let v: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM txinbox_schema_version")
+            .fetch_one(pool)
+            .await?;
+        Ok(Some(v.unwrap_or(0)))
+    }
+
+    fn migration_sql(m: &crate::backend::Migration) -> &'static str {
+        m.postgres
     }
 
     async fn insert_marker(

@@ -36,11 +36,12 @@ impl Backend for Sqlite {
                 .fetch_one(&mut *conn)
                 .await?;
             let current = current.unwrap_or(0);
-            let known = MIGRATIONS.last().map_or(0, |m| m.0);
+            let known = crate::backend::latest_version();
             if current > known {
                 return Err(StoreError::SchemaTooNew { found: current, known });
             }
-            for &(version, name, _, lite) in MIGRATIONS {
+            for m in MIGRATIONS {
+                let (version, name, lite) = (m.version, m.name, m.sqlite);
                 if version <= current {
                     continue;
                 }
@@ -59,6 +60,25 @@ impl Backend for Sqlite {
         let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
         sqlx::Executor::execute(&mut *conn, end).await?;
         result
+    }
+
+    async fn schema_version(pool: &SqlitePool) -> Result<Option<i64>, sqlx::Error> {
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'txinbox_schema_version'",
+        )
+        .fetch_one(pool)
+        .await?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let v: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM txinbox_schema_version")
+            .fetch_one(pool)
+            .await?;
+        Ok(Some(v.unwrap_or(0)))
+    }
+
+    fn migration_sql(m: &crate::backend::Migration) -> &'static str {
+        m.sqlite
     }
 
     async fn insert_marker(

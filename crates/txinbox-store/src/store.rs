@@ -43,11 +43,128 @@ impl<DB: Backend> std::fmt::Debug for Store<DB> {
     }
 }
 
+/// What a store does with its schema when it opens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Migrations {
+    /// Apply the migrations this build knows (default). Idempotent, one migrator at a time across
+    /// processes, quiet on an up-to-date database.
+    #[default]
+    Apply,
+    /// Apply nothing; refuse to open unless the database already has this build's schema (your own migration
+    /// tool applied [`Store::migration_sql`]): [`StoreError::SchemaTooOld`] / [`StoreError::SchemaTooNew`].
+    Verify,
+    /// Touch nothing and check nothing.
+    Skip,
+}
+
+/// How a store connects: pool size, PostgreSQL schema, migrations.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), txinbox_store::StoreError> {
+/// use txinbox_store::{Migrations, Store, StoreOptions};
+/// let store = Store::<sqlx::Postgres>::connect_with(
+///     "postgres://app@db/app",
+///     StoreOptions::new().max_connections(16).schema("inbox").migrations(Migrations::Verify),
+/// )
+/// .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct StoreOptions {
+    /// Pool size (default 10; an in-memory SQLite database always has one connection).
+    pub max_connections: u32,
+    /// PostgreSQL schema for the inbox's tables (default: the connection's `search_path`, usually
+    /// `public`). Created if missing when migrations are applied. Ignored by SQLite.
+    pub schema: Option<String>,
+    /// What to do with the schema (default [`Migrations::Apply`]).
+    pub migrations: Migrations,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            schema: None,
+            migrations: Migrations::Apply,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets the pool size.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+    /// Puts the inbox's tables in this PostgreSQL schema (ASCII letters, digits and `_`).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+    /// Sets what the store does with its schema.
+    pub fn migrations(mut self, m: Migrations) -> Self {
+        self.migrations = m;
+        self
+    }
+}
+
 impl<DB: Backend> Store<DB> {
     /// Wraps an existing pool and applies the migrations.
     pub async fn from_pool(pool: sqlx::Pool<DB>) -> Result<Self, StoreError> {
-        DB::migrate(&pool).await?;
+        Self::from_pool_with(pool, Migrations::Apply).await
+    }
+
+    /// Wraps an existing pool, doing `migrations` with the schema.
+    pub async fn from_pool_with(
+        pool: sqlx::Pool<DB>,
+        migrations: Migrations,
+    ) -> Result<Self, StoreError> {
+        match migrations {
+            Migrations::Apply => DB::migrate(&pool).await?,
+            Migrations::Verify => {
+                let found = DB::schema_version(&pool).await?.unwrap_or(0);
+                let known = crate::backend::latest_version();
+                if found < known {
+                    return Err(StoreError::SchemaTooOld {
+                        found,
+                        required: known,
+                    });
+                }
+                if found > known {
+                    return Err(StoreError::SchemaTooNew { found, known });
+                }
+            }
+            Migrations::Skip => {}
+        }
         Ok(Self::new_unchecked(pool))
+    }
+
+    /// The whole schema of this build as one SQL script for your own migration tool (sqlx migrate, Flyway,
+    /// Terraform): every migration, each followed by its row in `txinbox_schema_version`, so that a store
+    /// opened with [`Migrations::Verify`] accepts the result. Run it in one transaction.
+    pub fn migration_sql() -> String {
+        let mut out = format!(
+            "-- txinbox schema for {}, version {}\nCREATE TABLE IF NOT EXISTS txinbox_schema_version (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at {} NOT NULL DEFAULT {});\n",
+            <DB as Backend>::NAME,
+            crate::backend::latest_version(),
+            if <DB as Backend>::NAME == "postgres" { "TIMESTAMPTZ" } else { "TEXT" },
+            if <DB as Backend>::NAME == "postgres" { "now()" } else { "CURRENT_TIMESTAMP" },
+        );
+        for m in crate::backend::MIGRATIONS {
+            out.push_str(&format!("\n-- {:04}_{}\n", m.version, m.name));
+            out.push_str(DB::migration_sql(m).trim_end());
+            out.push_str(&format!(
+                "\nINSERT INTO txinbox_schema_version (version, name) VALUES ({}, '{}');\n",
+                m.version, m.name
+            ));
+        }
+        out
     }
 
     fn new_unchecked(pool: sqlx::Pool<DB>) -> Self {
@@ -103,6 +220,11 @@ impl Store<sqlx::Sqlite> {
     /// missing), in WAL mode with a 5 s busy timeout, and migrates. An in-memory database lives in one
     /// connection, so its pool has one connection.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, StoreOptions::new().max_connections(8)).await
+    }
+
+    /// Connects to a `sqlite:` URL with `options` (see [`Store::connect`]).
+    pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
         use std::str::FromStr;
         let opts = SqliteConnectOptions::from_str(url)?
@@ -116,7 +238,7 @@ impl Store<sqlx::Sqlite> {
             opts.journal_mode(SqliteJournalMode::Wal)
         };
         let pool = SqlitePoolOptions::new()
-            .max_connections(if memory { 1 } else { 8 })
+            .max_connections(if memory { 1 } else { options.max_connections })
             // No ping before each acquire: a broken connection fails that delivery's transaction, which
             // is then retried.
             .test_before_acquire(false)
@@ -133,7 +255,7 @@ impl Store<sqlx::Sqlite> {
             })
             .connect_with(opts)
             .await?;
-        Self::from_pool(pool).await
+        Self::from_pool_with(pool, options.migrations).await
     }
 }
 
@@ -152,47 +274,61 @@ fn pg_pool_options(max_connections: u32) -> sqlx::postgres::PgPoolOptions {
 impl Store<sqlx::Postgres> {
     /// Connects to a `postgres://` URL with up to `max_connections` connections and migrates.
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        use sqlx::postgres::PgConnectOptions;
-        use std::str::FromStr;
-        let opts = PgConnectOptions::from_str(url)?;
-        let pool = pg_pool_options(max_connections).connect_with(opts).await?;
-        Self::from_pool(pool).await
+        Self::connect_with(url, StoreOptions::new().max_connections(max_connections)).await
     }
 
     /// Connects with every connection's `search_path` set to `schema` (created if missing) and migrates
-    /// there. Tests use it to give each test its own schema.
+    /// there (the same as [`StoreOptions::schema`]).
     pub async fn connect_in_schema(
         url: &str,
         schema: &str,
         max_connections: u32,
     ) -> Result<Self, StoreError> {
+        Self::connect_with(
+            url,
+            StoreOptions::new()
+                .max_connections(max_connections)
+                .schema(schema),
+        )
+        .await
+    }
+
+    /// Connects to a `postgres://` URL with `options`: pool size, the schema the inbox's tables live in
+    /// (every connection's `search_path` is set to it), and what to do with migrations.
+    pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
         use sqlx::postgres::PgConnectOptions;
         use sqlx::Connection;
         use std::str::FromStr;
-        if schema.is_empty()
-            || !schema
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return Err(StoreError::Config(
-                txinbox_core::BadInput::InvalidIdentityField {
-                    field: "schema",
-                    reason: "must be non-empty ASCII letters, digits and underscores",
-                },
-            ));
+        let mut opts = PgConnectOptions::from_str(url)?;
+        if let Some(schema) = &options.schema {
+            if schema.is_empty()
+                || schema.len() > 63
+                || !schema
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return Err(StoreError::Config(
+                    txinbox_core::BadInput::InvalidIdentityField {
+                        field: "schema",
+                        reason: "must be 1 to 63 ASCII letters, digits and underscores",
+                    },
+                ));
+            }
+            if options.migrations == Migrations::Apply {
+                let mut conn = sqlx::PgConnection::connect_with(&opts).await?;
+                sqlx::Executor::execute(
+                    &mut conn,
+                    format!("SET client_min_messages TO warning; CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str(),
+                )
+                .await?;
+                conn.close().await?;
+            }
+            opts = opts.options([("search_path", schema.as_str())]);
         }
-        let opts = PgConnectOptions::from_str(url)?;
-        let mut conn = sqlx::PgConnection::connect_with(&opts).await?;
-        sqlx::Executor::execute(
-            &mut conn,
-            format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str(),
-        )
-        .await?;
-        conn.close().await?;
-        let pool = pg_pool_options(max_connections)
-            .connect_with(opts.options([("search_path", schema)]))
+        let pool = pg_pool_options(options.max_connections)
+            .connect_with(opts)
             .await?;
-        Self::from_pool(pool).await
+        Self::from_pool_with(pool, options.migrations).await
     }
 }
 

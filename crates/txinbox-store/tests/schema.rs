@@ -1,0 +1,128 @@
+//! The schema under the user's control: applied by the store (default), verified after the team's own
+//! migration tool applied the exported script, or refused when missing; in a schema of the user's choice.
+
+use sqlx::Connection;
+use txinbox_store::{Migrations, Store, StoreError, StoreOptions};
+
+fn schema() -> String {
+    format!("t_{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn drop_schema(schema: &str) {
+    let mut c = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
+        .await
+        .unwrap();
+    sqlx::Executor::execute(
+        &mut c,
+        format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str(),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn verify_refuses_a_database_without_the_schema_then_accepts_the_exported_script() {
+    let url = txinbox_testkit::pg_url();
+    let s = schema();
+    let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::Executor::execute(&mut c, format!("CREATE SCHEMA \"{s}\"").as_str())
+        .await
+        .unwrap();
+    let verify = StoreOptions::new()
+        .schema(&s)
+        .migrations(Migrations::Verify);
+    let err = Store::<sqlx::Postgres>::connect_with(&url, verify.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::SchemaTooOld {
+                found: 0,
+                required: 1
+            }
+        ),
+        "{err}"
+    );
+    // The team's own tool runs the exported script, in one transaction, in its schema.
+    let script = Store::<sqlx::Postgres>::migration_sql();
+    let mut tx = c.begin().await.unwrap();
+    sqlx::Executor::execute(
+        &mut *tx,
+        format!("SET LOCAL search_path TO \"{s}\"").as_str(),
+    )
+    .await
+    .unwrap();
+    sqlx::raw_sql(&script).execute(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let store = Store::<sqlx::Postgres>::connect_with(&url, verify)
+        .await
+        .expect("the exported script is this build's schema");
+    assert_eq!(store.inbox_rows("anyone").await.unwrap(), 0);
+    store.close().await;
+    drop_schema(&s).await;
+}
+
+#[tokio::test]
+async fn the_tables_go_in_the_chosen_schema_and_a_second_start_changes_nothing() {
+    let url = txinbox_testkit::pg_url();
+    let s = schema();
+    let opts = StoreOptions::new().schema(&s).max_connections(2);
+    let first = Store::<sqlx::Postgres>::connect_with(&url, opts.clone())
+        .await
+        .unwrap();
+    first.close().await;
+    let second = Store::<sqlx::Postgres>::connect_with(&url, opts)
+        .await
+        .unwrap();
+    let (tables, versions): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name LIKE 'txinbox_%'), (SELECT count(*) FROM txinbox_schema_version)",
+    )
+    .bind(&s)
+    .fetch_one(second.pool())
+    .await
+    .unwrap();
+    assert_eq!(tables, 4, "inbox, rejections, outbox and the version table");
+    assert_eq!(versions, 1, "the second start applied nothing again");
+    second.close().await;
+    drop_schema(&s).await;
+}
+
+#[tokio::test]
+async fn a_bad_schema_name_is_a_typed_error() {
+    let err = Store::<sqlx::Postgres>::connect_with(
+        &txinbox_testkit::pg_url(),
+        StoreOptions::new().schema("inbox; DROP TABLE x"),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+}
+
+#[tokio::test]
+async fn sqlite_accepts_its_exported_script_under_verify() {
+    let dir = std::env::temp_dir().join(format!(
+        "txinbox-schema-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let url = format!("sqlite:{}", dir.display());
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&dir)
+        .create_if_missing(true);
+    let mut c = sqlx::SqliteConnection::connect_with(&opts).await.unwrap();
+    sqlx::raw_sql(&Store::<sqlx::Sqlite>::migration_sql())
+        .execute(&mut c)
+        .await
+        .unwrap();
+    c.close().await.unwrap();
+    let store = Store::<sqlx::Sqlite>::connect_with(
+        &url,
+        StoreOptions::new().migrations(Migrations::Verify),
+    )
+    .await
+    .expect("verified");
+    store.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", dir.display()));
+    }
+}
