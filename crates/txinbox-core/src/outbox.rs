@@ -56,3 +56,93 @@ impl Publisher for crate::mem::MemoryQueue {
         Ok(())
     }
 }
+
+/// An outbox row waiting to be relayed.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PendingOutbox {
+    /// Row id.
+    pub id: i64,
+    /// The message.
+    pub message: OutboxMessage,
+    /// Relay attempts so far.
+    pub attempts: i32,
+}
+
+impl PendingOutbox {
+    /// A row as a store reads it.
+    pub fn new(id: i64, message: OutboxMessage, attempts: i32) -> Self {
+        Self {
+            id,
+            message,
+            attempts,
+        }
+    }
+}
+
+/// Where outbox rows wait: what the relay needs from a store.
+pub trait OutboxStore: Send + Sync {
+    /// The driver's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Up to `limit` rows not yet relayed, oldest first.
+    fn pending_outbox(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<PendingOutbox>, Self::Error>> + Send;
+
+    /// Marks a row relayed (`error` is `None`) or records a failed attempt.
+    fn finish_outbox(
+        &self,
+        id: i64,
+        now: chrono::DateTime<chrono::Utc>,
+        error: Option<&str>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// What one relay pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayReport {
+    /// Rows published and marked relayed.
+    pub relayed: u64,
+    /// Rows whose publish failed (left pending, attempt recorded).
+    pub failed: u64,
+}
+
+impl RelayReport {
+    /// A report of `relayed` and `failed` rows.
+    pub fn new(relayed: u64, failed: u64) -> Self {
+        Self { relayed, failed }
+    }
+}
+
+/// Publishes up to `limit` pending outbox rows with `publisher`, oldest first. A row is marked relayed only
+/// after its publish succeeded; a crash in between republishes it, which the consumer's inbox absorbs since
+/// the message id is stable.
+pub async fn relay<S: OutboxStore, P: Publisher>(
+    store: &S,
+    publisher: &P,
+    limit: i64,
+) -> Result<RelayReport, S::Error> {
+    let mut report = RelayReport::default();
+    for row in store.pending_outbox(limit).await? {
+        match publisher.publish(&row.message).await {
+            Ok(()) => {
+                store
+                    .finish_outbox(row.id, chrono::Utc::now(), None)
+                    .await?;
+                report.relayed += 1;
+                metrics::counter!(crate::metrics::OUTBOX_RELAYED, "consumer" => row.message.source.clone()).increment(1);
+            }
+            Err(e) => {
+                tracing::warn!(id = row.id, attempts = row.attempts + 1, error = %e, "outbox publish failed; will retry");
+                store
+                    .finish_outbox(row.id, chrono::Utc::now(), Some(&e.to_string()))
+                    .await?;
+                report.failed += 1;
+            }
+        }
+    }
+    Ok(report)
+}

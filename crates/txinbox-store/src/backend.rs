@@ -4,20 +4,10 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
+use txinbox_core::outbox::PendingOutbox;
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
 
 use crate::error::StoreError;
-
-/// An outbox row waiting to be relayed.
-#[derive(Debug, Clone)]
-pub struct PendingOutbox {
-    /// Row id.
-    pub id: i64,
-    /// The message.
-    pub message: OutboxMessage,
-    /// Relay attempts so far.
-    pub attempts: i32,
-}
 
 mod sealed {
     pub trait Sealed {}
@@ -109,10 +99,9 @@ where
     Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     let attrs: String = r.try_get(7)?;
-    Ok(PendingOutbox {
-        id: r.try_get(0)?,
-        attempts: r.try_get(8)?,
-        message: OutboxMessage {
+    Ok(PendingOutbox::new(
+        r.try_get(0)?,
+        OutboxMessage {
             destination: r.try_get(1)?,
             source: r.try_get(2)?,
             message_id: r.try_get(3)?,
@@ -122,7 +111,8 @@ where
             attributes: serde_json::from_str(&attrs)
                 .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
         },
-    })
+        r.try_get(8)?,
+    ))
 }
 
 /// One migration shipped with this build.

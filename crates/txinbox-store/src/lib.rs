@@ -39,9 +39,10 @@ mod tx;
 
 pub use backend::{Backend, Migration};
 pub use error::{is_transient, StoreError};
-pub use outbox::{relay_outbox, RelayReport};
+pub use outbox::relay_outbox;
 pub use store::{Migrations, Store, StoreOptions};
 pub use tx::Tx;
+pub use txinbox_core::outbox::RelayReport;
 
 /// sqlx, re-exported so users name the same version the store is built on.
 pub use sqlx;

@@ -1,42 +1,36 @@
-//! Outbox relay: publishes the rows handlers wrote in their transactions, after COMMIT.
+//! The outbox rows of the sqlx stores; the relay itself is the core's ([`txinbox_core::outbox::relay`]).
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
+use txinbox_core::outbox::{OutboxStore, PendingOutbox, RelayReport};
 use txinbox_core::Publisher;
 
 use crate::backend::Backend;
 use crate::error::StoreError;
+use crate::store::Store;
 
-/// What one relay pass did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RelayReport {
-    /// Rows published and marked relayed.
-    pub relayed: u64,
-    /// Rows whose publish failed (left pending, attempt recorded).
-    pub failed: u64,
+impl<DB: Backend> OutboxStore for Store<DB> {
+    type Error = sqlx::Error;
+
+    async fn pending_outbox(&self, limit: i64) -> Result<Vec<PendingOutbox>, sqlx::Error> {
+        DB::pending_outbox(self.pool(), limit).await
+    }
+
+    async fn finish_outbox(
+        &self,
+        id: i64,
+        now: DateTime<Utc>,
+        error: Option<&str>,
+    ) -> Result<(), sqlx::Error> {
+        DB::finish_outbox(self.pool(), id, now, error).await
+    }
 }
 
-/// Publishes up to `limit` pending outbox rows with `publisher`, oldest first. A row is marked relayed only
-/// after its publish succeeded; a crash in between republishes it, which the consumer's inbox absorbs since
-/// the message id is stable.
+/// Relays up to `limit` pending outbox rows of the store on `pool` (see [`txinbox_core::outbox::relay`]).
 pub async fn relay_outbox<DB: Backend, P: Publisher>(
     pool: &sqlx::Pool<DB>,
     publisher: &P,
     limit: i64,
 ) -> Result<RelayReport, StoreError> {
-    let mut report = RelayReport::default();
-    for row in DB::pending_outbox(pool, limit).await? {
-        match publisher.publish(&row.message).await {
-            Ok(()) => {
-                DB::finish_outbox(pool, row.id, Utc::now(), None).await?;
-                report.relayed += 1;
-                metrics::counter!(txinbox_core::metrics::OUTBOX_RELAYED, "consumer" => row.message.source.clone()).increment(1);
-            }
-            Err(e) => {
-                tracing::warn!(id = row.id, attempts = row.attempts + 1, error = %e, "outbox publish failed; will retry");
-                DB::finish_outbox(pool, row.id, Utc::now(), Some(&e.to_string())).await?;
-                report.failed += 1;
-            }
-        }
-    }
-    Ok(report)
+    let store = Store::from_pool_with(pool.clone(), crate::Migrations::Skip).await?;
+    Ok(txinbox_core::outbox::relay(&store, publisher, limit).await?)
 }

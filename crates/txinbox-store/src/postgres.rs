@@ -5,8 +5,9 @@ use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
 
-use crate::backend::{pending_outbox_from_row, Backend, PendingOutbox, MIGRATIONS};
+use crate::backend::{pending_outbox_from_row, Backend, MIGRATIONS};
 use crate::error::StoreError;
+use txinbox_core::outbox::PendingOutbox;
 
 /// The conditional insert. Without a conflict target, `ON CONFLICT DO NOTHING` covers both the primary key and
 /// the business-key index; a concurrent insert of the same key waits for the other transaction and then
