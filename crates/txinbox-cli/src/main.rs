@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use txinbox_cli::bench;
+use txinbox_bench as bench;
 use txinbox_testkit::lab::{run_lab, with_fresh, Target};
 use txinbox_testkit::windows;
 

@@ -1,4 +1,5 @@
-//! `txinbox bench`: what the inbox costs on PostgreSQL.
+//! The benchmark behind `txinbox bench`: what the inbox costs on PostgreSQL. It lives in its own crate, out of
+//! the library users depend on.
 //!
 //! At each concurrency, for `--seconds` each, it measures:
 //! * `bare`: the handler alone in a transaction (`BEGIN; INSERT business row; COMMIT`);
@@ -14,6 +15,8 @@
 //! order), so that a slow minute of a shared machine falls on all of them alike. The target is `inbox/pgbench >= 0.80`. A `#` line per concurrency adds the same
 //! statements sent through sqlx without the inbox (what the client library costs), the ratio of each round,
 //! and the client CPU per operation (user + system microseconds, read from `/proc`).
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
