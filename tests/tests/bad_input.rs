@@ -2,15 +2,35 @@
 //! lost, no panic. Runs on SQLite and PostgreSQL.
 
 use txinbox::mem::{MemoryQueue, OutgoingMessage, QueueState};
-use txinbox::{BadInput, ConsumerName, IdentityPolicy, Outcome};
-use txinbox_cli::lab::{followup_business_key, lab_message, task_handler, CONSUMER};
-use txinbox_cli::labdb::LabDb;
+use txinbox::{
+    BadInput, BodyFormat, ConsumerName, IdentityPolicy, Inbox, InputRules, Outcome,
+    ReceivedMessage, Store,
+};
 use txinbox_e2e::{pg_store, sqlite_store, MetricTotals};
-use txinbox_store::{BodyFormat, Inbox, InputRules};
+use txinbox_testkit::lab::{lab_message, task_handler, CONSUMER};
+use txinbox_testkit::labdb::LabDb;
 
-fn inbox<DB: LabDb>(pool: sqlx::Pool<DB>) -> Inbox<DB> {
+/// The follow-up business key computed from the raw message by the identity policy, which refuses a body
+/// without the fields (`invalid_business_key`) before the typed body is built.
+fn followup_business_key(m: &ReceivedMessage) -> Result<Option<String>, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(&m.body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str())
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| format!("missing {k}"))
+    };
+    Ok(Some(format!(
+        "criar_tarefa_followup:{}:{}",
+        field("opportunity")?,
+        field("meeting")?
+    )))
+}
+
+fn inbox<DB: LabDb>(store: Store<DB>) -> Inbox<Store<DB>> {
     Inbox::new(
-        pool,
+        store,
         IdentityPolicy::new(ConsumerName::new(CONSUMER).unwrap())
             .business_key(followup_business_key),
     )
@@ -91,10 +111,10 @@ impl BodyBytes for OutgoingMessage {
     }
 }
 
-async fn run<DB: LabDb>(pool: sqlx::Pool<DB>) {
+async fn run<DB: LabDb>(store: Store<DB>) {
     let (metrics, _guard) = MetricTotals::install_local();
-    DB::create_tables(&pool).await.unwrap();
-    let inbox = inbox(pool.clone());
+    DB::create_tables(&store).await.unwrap();
+    let inbox = inbox(store.clone());
     let h = task_handler::<DB>();
     let all = cases();
     let n = all.len();
@@ -127,13 +147,8 @@ async fn run<DB: LabDb>(pool: sqlx::Pool<DB>) {
             "{case}"
         );
     }
-    assert_eq!(
-        txinbox_store::inspect::inbox_rows(&pool, CONSUMER)
-            .await
-            .unwrap(),
-        0
-    );
-    assert_eq!(DB::count_tasks(&pool).await.unwrap(), 0);
+    assert_eq!(store.inbox_rows(CONSUMER).await.unwrap(), 0);
+    assert_eq!(DB::count_tasks(&store).await.unwrap(), 0);
     assert_eq!(metrics.counter("txinbox_dead_letters_total", &[]), n as u64);
     assert_eq!(metrics.counter("txinbox_unknown_identity_total", &[]), 3);
     assert_eq!(
@@ -149,12 +164,12 @@ async fn run<DB: LabDb>(pool: sqlx::Pool<DB>) {
 
 #[tokio::test]
 async fn bad_input_is_dead_lettered_with_its_reason_on_sqlite() {
-    run(sqlite_store().await.pool().clone()).await;
+    run(sqlite_store().await).await;
 }
 
 #[tokio::test]
 async fn bad_input_is_dead_lettered_with_its_reason_on_postgres() {
-    run(pg_store(2).await.pool().clone()).await;
+    run(pg_store(2).await).await;
 }
 
 #[test]

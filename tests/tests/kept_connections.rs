@@ -7,34 +7,35 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use txinbox::mem::MemoryQueue;
-use txinbox::{HandlerError, Outcome};
-use txinbox_cli::lab::{lab_inbox, lab_message};
-use txinbox_cli::labdb::LabDb;
+use txinbox::sqlx;
+use txinbox::{Handler, HandlerError, Inbox, Message, Outcome, PgStore, Tx};
 use txinbox_e2e::{pg_store, sqlite_store, wait_until, MetricTotals};
-use txinbox_store::{db_error, handler_fn, Handled, Handler};
+use txinbox_testkit::lab::{
+    lab_inbox, lab_message, lab_processor, task_handler, LabEvent, CONSUMER,
+};
+use txinbox_testkit::labdb::LabDb;
 
 /// A handler that records which server backend ran each delivery's transaction, and fails on demand.
-fn pid_handler(pids: Arc<Mutex<Vec<i32>>>, fail: bool) -> impl Handler<sqlx::Postgres> {
-    handler_fn::<sqlx::Postgres, _>(move |tx, _msg| {
+fn pid_handler(pids: Arc<Mutex<Vec<i32>>>, fail: bool) -> impl Handler<PgStore, LabEvent> {
+    move |tx: Tx<sqlx::Postgres>, _msg: Message<LabEvent>| {
         let pids = pids.clone();
-        Box::pin(async move {
+        async move {
             let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(db_error)?;
+                .fetch_one(&tx)
+                .await?;
             pids.lock().unwrap().push(pid);
             if fail {
                 return Err(HandlerError::retry(std::io::Error::other(
                     "downstream busy",
                 )));
             }
-            Ok(Handled::done())
-        })
-    })
+            Ok(())
+        }
+    }
 }
 
-async fn deliver<H: Handler<sqlx::Postgres>>(
-    inbox: &txinbox_store::Inbox<sqlx::Postgres>,
+async fn deliver<H: Handler<PgStore, LabEvent>>(
+    inbox: &Inbox<PgStore>,
     q: &MemoryQueue,
     h: &H,
     n: usize,
@@ -44,25 +45,25 @@ async fn deliver<H: Handler<sqlx::Postgres>>(
     inbox.process(d, h).await
 }
 
-/// A fresh schema with the lab tables, an inbox keeping connections for `keep`, a recording handler and a
-/// queue.
+/// A fresh schema with the lab tables, a store keeping connections for `keep`, its inbox, a recording handler
+/// and a queue.
 struct Fixture {
-    store: txinbox_store::Store<sqlx::Postgres>,
+    store: PgStore,
     pool: sqlx::PgPool,
-    inbox: txinbox_store::Inbox<sqlx::Postgres>,
+    inbox: Inbox<PgStore>,
     pids: Arc<Mutex<Vec<i32>>>,
     q: MemoryQueue,
 }
 
 impl Fixture {
     async fn new(max_connections: u32, keep: Duration) -> Self {
-        let store = pg_store(max_connections).await;
+        let store = pg_store(max_connections).await.keep_connections(keep);
         let pool = store.pool().clone();
-        <sqlx::Postgres as LabDb>::create_tables(&pool)
+        <sqlx::Postgres as LabDb>::create_tables(&store)
             .await
             .unwrap();
         Self {
-            inbox: lab_inbox(pool.clone()).keep_connections(keep),
+            inbox: lab_inbox(store.clone()),
             store,
             pool,
             pids: Arc::new(Mutex::new(Vec::new())),
@@ -70,7 +71,7 @@ impl Fixture {
         }
     }
 
-    fn handler(&self) -> impl Handler<sqlx::Postgres> {
+    fn handler(&self) -> impl Handler<PgStore, LabEvent> {
         pid_handler(self.pids.clone(), false)
     }
 
@@ -86,12 +87,15 @@ async fn a_kept_connection_serves_the_next_delivery_then_goes_back_when_idle() {
     let applied = |o: Outcome| matches!(o, Outcome::Applied { .. });
 
     assert!(applied(deliver(&f.inbox, &f.q, &h, 0).await));
-    assert_eq!(f.inbox.kept_connections(), 1, "kept after a clean COMMIT");
+    assert_eq!(f.store.kept_connections(), 1, "kept after a clean COMMIT");
     let opened = f.pool.size();
     assert!(applied(deliver(&f.inbox, &f.q, &h, 1).await));
     // A duplicate's rollback is clean too: the connection is kept again.
-    assert_eq!(deliver(&f.inbox, &f.q, &h, 1).await, Outcome::Duplicate);
-    assert_eq!(f.inbox.kept_connections(), 1);
+    assert!(matches!(
+        deliver(&f.inbox, &f.q, &h, 1).await,
+        Outcome::Duplicate { .. }
+    ));
+    assert_eq!(f.store.kept_connections(), 1);
     assert_eq!(f.pool.size(), opened, "the pool opened nothing more");
     let seen = f.pids();
     assert_eq!(seen.len(), 2);
@@ -102,7 +106,7 @@ async fn a_kept_connection_serves_the_next_delivery_then_goes_back_when_idle() {
 
     // Idle past the limit: the sweeper hands it back to the pool.
     wait_until(Duration::from_secs(3), "kept connection returned", || {
-        let n = f.inbox.kept_connections();
+        let n = f.store.kept_connections();
         async move { n == 0 }
     })
     .await;
@@ -136,7 +140,7 @@ async fn the_pools_last_connection_is_never_kept() {
         "{outcomes:?}"
     );
     assert!(
-        f.inbox.kept_connections() <= 1,
+        f.store.kept_connections() <= 1,
         "at most one kept, one left to the pool"
     );
     // The application still gets a connection at once.
@@ -157,17 +161,17 @@ async fn nothing_is_kept_after_a_failure_or_when_keeping_is_off() {
         Outcome::Retry { .. }
     ));
     assert_eq!(
-        f.inbox.kept_connections(),
+        f.store.kept_connections(),
         0,
         "a rolled-back failure goes back to the pool"
     );
 
-    let off = lab_inbox(f.pool.clone()).keep_connections(Duration::ZERO);
+    let off = lab_inbox(f.store.clone().keep_connections(Duration::ZERO));
     assert!(matches!(
         deliver(&off, &f.q, &f.handler(), 1).await,
         Outcome::Applied { .. }
     ));
-    assert_eq!(off.kept_connections(), 0);
+    assert_eq!(off.store().kept_connections(), 0);
     f.store.close().await;
 }
 
@@ -199,12 +203,7 @@ async fn a_kept_connection_killed_by_the_server_is_replaced_without_a_retry() {
     );
     assert_ne!(f.pids()[1], kept_pid);
     assert_eq!(metrics.counter("txinbox_retries_total", &[]), 0);
-    assert_eq!(
-        txinbox_store::inspect::inbox_rows(&f.pool, txinbox_cli::lab::CONSUMER)
-            .await
-            .unwrap(),
-        2
-    );
+    assert_eq!(f.store.inbox_rows(CONSUMER).await.unwrap(), 2);
     f.store.close().await;
 }
 
@@ -215,14 +214,14 @@ async fn closing_the_pool_closes_the_kept_connections() {
         deliver(&f.inbox, &f.q, &f.handler(), 0).await,
         Outcome::Applied { .. }
     ));
-    assert_eq!(f.inbox.kept_connections(), 1);
+    assert_eq!(f.store.kept_connections(), 1);
     let kept_pid = f.pids()[0];
     // The inbox is still alive; close must not wait on it, and the kept connection must not outlive it.
     tokio::time::timeout(Duration::from_secs(3), f.store.close())
         .await
         .expect("Pool::close completes while an inbox keeps a connection");
     wait_until(Duration::from_secs(3), "kept connection released", || {
-        let n = f.inbox.kept_connections();
+        let n = f.store.kept_connections();
         async move { n == 0 }
     })
     .await;
@@ -249,21 +248,23 @@ async fn closing_the_pool_closes_the_kept_connections() {
 
 #[tokio::test]
 async fn an_in_memory_sqlite_store_keeps_nothing_from_its_single_connection() {
-    let store = sqlite_store().await;
-    let pool = store.pool().clone();
-    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
-    let inbox = lab_inbox(pool.clone()).keep_connections(Duration::from_secs(30));
-    let h = txinbox_cli::lab::task_handler::<sqlx::Sqlite>();
+    let store = sqlite_store()
+        .await
+        .keep_connections(Duration::from_secs(30));
+    <sqlx::Sqlite as LabDb>::create_tables(&store)
+        .await
+        .unwrap();
+    let processor = lab_processor(store.clone(), task_handler::<sqlx::Sqlite>());
     let q = MemoryQueue::default();
     q.send(lab_message(0));
     let d = q.receive_now(1).pop().unwrap();
     assert!(matches!(
-        inbox.process(d, &h).await,
+        processor.process_one(d).await,
         Outcome::Applied { .. }
     ));
-    assert_eq!(inbox.kept_connections(), 0);
+    assert_eq!(store.kept_connections(), 0);
     assert_eq!(
-        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        <sqlx::Sqlite as LabDb>::count_tasks(&store).await.unwrap(),
         1
     );
 }

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use txinbox::mem::{MemoryQueue, QueueState};
-use txinbox::{Delivery, HandlerError, Outcome};
-use txinbox_cli::lab::{lab_inbox, lab_message, task_handler};
-use txinbox_cli::labdb::LabDb;
+use txinbox::sqlx;
+use txinbox::{Delivery, HandlerError, Message, Outcome, Raw, Tx};
 use txinbox_e2e::{sqlite_store, MetricTotals};
-use txinbox_store::handler_fn;
+use txinbox_testkit::lab::{followup_business_key, lab_inbox, lab_message, task_handler};
+use txinbox_testkit::labdb::LabDb;
 
 #[derive(Clone, Default)]
 struct Logs(Arc<Mutex<Vec<u8>>>);
@@ -45,9 +45,14 @@ async fn metrics_spans_and_logs_tell_what_happened() {
     let _sub = tracing::subscriber::set_default(subscriber);
 
     let store = sqlite_store().await;
-    let pool = store.pool().clone();
-    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
-    let inbox = lab_inbox(pool.clone()).retry_backoff(Duration::from_secs(5));
+    <sqlx::Sqlite as LabDb>::create_tables(&store)
+        .await
+        .unwrap();
+    let inbox = lab_inbox(store.clone()).retry_backoff(Duration::from_secs(5));
+    let lab = inbox
+        .clone()
+        .bind_handler(task_handler::<sqlx::Sqlite>())
+        .business_key(followup_business_key);
     let q = MemoryQueue::default();
 
     // Applied, then a duplicate, then a collision.
@@ -59,14 +64,14 @@ async fn metrics_spans_and_logs_tell_what_happened() {
     q.send(altered);
     for _ in 0..3 {
         let d = q.receive_now(1).pop().unwrap();
-        inbox.process(d, &task_handler::<sqlx::Sqlite>()).await;
+        lab.process_one(d).await;
     }
 
     // A retryable handler error: rolled back and released with the backoff, then redelivered.
     q.send(lab_message(1));
-    let flaky = handler_fn::<sqlx::Sqlite, _>(|_, _| {
-        Box::pin(async { Err(HandlerError::retry("CRM API timed out")) })
-    });
+    let flaky = |_tx: Tx<sqlx::Sqlite>, _msg: Message<Raw>| async {
+        Err::<(), _>(HandlerError::retry("CRM API timed out"))
+    };
     let d = q.receive_now(1).pop().unwrap();
     assert!(matches!(
         inbox.process(d, &flaky).await,
@@ -75,9 +80,9 @@ async fn metrics_spans_and_logs_tell_what_happened() {
     assert_eq!(q.state().delayed, 1, "released with a 5 s backoff");
     q.advance(Duration::from_secs(6));
     // A permanent one: dead-lettered with its reason.
-    let broken = handler_fn::<sqlx::Sqlite, _>(|_, _| {
-        Box::pin(async { Err(HandlerError::permanent("opportunity is closed")) })
-    });
+    let broken = |_tx: Tx<sqlx::Sqlite>, _msg: Message<Raw>| async {
+        Err::<(), _>(HandlerError::permanent("opportunity is closed"))
+    };
     let d = q.receive_now(1).pop().unwrap();
     assert_eq!(d.message().delivery_count, 2);
     match inbox.process(d, &broken).await {

@@ -4,11 +4,15 @@
 use std::collections::BTreeMap;
 
 use txinbox::mem::{MemoryQueue, QueueState};
-use txinbox::{ConsumerName, HandlerError, IdentityPolicy, OutboxMessage, Outcome};
-use txinbox_cli::lab::{lab_inbox, lab_message};
-use txinbox_cli::labdb::LabDb;
+use txinbox::outbox::relay;
+use txinbox::sqlx;
+use txinbox::{
+    ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message, OutboxMessage, Outcome,
+    Raw, RelayReport, Store, Tx,
+};
 use txinbox_e2e::{pg_store, sqlite_store};
-use txinbox_store::{handler_fn, relay_outbox, Handled, Inbox, RelayReport};
+use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent};
+use txinbox_testkit::labdb::LabDb;
 
 fn followup_created(id: &str) -> OutboxMessage {
     OutboxMessage {
@@ -22,30 +26,33 @@ fn followup_created(id: &str) -> OutboxMessage {
     }
 }
 
-async fn run<DB: LabDb, F>(pool: sqlx::Pool<DB>, stored_reference: impl Fn(sqlx::Pool<DB>) -> F)
+async fn run<DB: LabDb, F>(store: Store<DB>, stored_reference: impl Fn(sqlx::Pool<DB>) -> F)
 where
     F: std::future::Future<Output = Option<String>>,
 {
-    DB::create_tables(&pool).await.unwrap();
-    let inbox = lab_inbox(pool.clone());
-    let publish = handler_fn::<DB, _>(|tx, msg| {
-        Box::pin(async move {
+    DB::create_tables(&store).await.unwrap();
+    let pool = store.pool().clone();
+    let publish = lab_processor(
+        store.clone(),
+        |tx: Tx<DB>, msg: Message<LabEvent>| async move {
+            let id = msg.identity.message_id.clone();
             let done = DB::insert_task(tx, msg).await?;
-            Ok::<_, HandlerError>(done.publish(followup_created(&msg.identity.message_id)))
-        })
-    });
-    let rollback = handler_fn::<DB, _>(|_, msg| {
-        Box::pin(async move {
+            Ok::<_, HandlerError>(done.publish(followup_created(&id)))
+        },
+    );
+    let rollback = lab_processor(
+        store.clone(),
+        |_tx: Tx<DB>, msg: Message<LabEvent>| async move {
             // Asks to publish, then fails: the outbox row must roll back with everything else.
             let _ = Handled::done().publish(followup_created(&msg.identity.message_id));
-            Err(HandlerError::retry("CRM unavailable"))
-        })
-    });
+            Err::<Handled, _>(HandlerError::retry("CRM unavailable"))
+        },
+    );
     let q = MemoryQueue::default();
     q.send(lab_message(0));
     q.send(lab_message(1));
     let d = q.receive_now(1).pop().unwrap();
-    let applied = inbox.process(d, &publish).await;
+    let applied = publish.process_one(d).await;
     let task_ref = match applied {
         Outcome::Applied {
             result_reference: Some(r),
@@ -54,7 +61,7 @@ where
     };
     let d = q.receive_now(1).pop().unwrap();
     assert!(matches!(
-        inbox.process(d, &rollback).await,
+        rollback.process_one(d).await,
         Outcome::Retry { .. }
     ));
 
@@ -68,14 +75,11 @@ where
     // Relay: one row (the rolled-back one never existed); a second relay publishes nothing more.
     let downstream = MemoryQueue::default();
     assert_eq!(
-        relay_outbox(&pool, &downstream, 10).await.unwrap(),
-        RelayReport {
-            relayed: 1,
-            failed: 0
-        }
+        relay(&store, &downstream, 10).await.unwrap(),
+        RelayReport::new(1, 0)
     );
     assert_eq!(
-        relay_outbox(&pool, &downstream, 10).await.unwrap(),
+        relay(&store, &downstream, 10).await.unwrap(),
         RelayReport::default()
     );
     let got = downstream.receive_now(10);
@@ -87,11 +91,10 @@ where
 
     // The downstream consumer's inbox absorbs a republish of the same outbox message.
     let consumer = Inbox::new(
-        pool.clone(),
+        store.clone(),
         IdentityPolicy::new(ConsumerName::new("crm-notifier").unwrap()),
     );
-    let count =
-        handler_fn::<DB, _>(|_, _| Box::pin(async { Ok::<_, HandlerError>(Handled::done()) }));
+    let count = |_tx: Tx<DB>, _msg: Message<Raw>| async { Ok::<_, HandlerError>(Handled::done()) };
     let first = got.into_iter().next().unwrap();
     let pending = txinbox::OutboxMessage {
         ..followup_created("evt-482")
@@ -104,13 +107,16 @@ where
         Outcome::Applied { .. }
     ));
     let again = downstream.receive_now(1).pop().unwrap();
-    assert_eq!(consumer.process(again, &count).await, Outcome::Duplicate);
+    assert!(matches!(
+        consumer.process(again, &count).await,
+        Outcome::Duplicate { .. }
+    ));
     assert_eq!(downstream.state(), QueueState::default());
 }
 
 #[tokio::test]
 async fn outbox_rows_commit_with_the_change_and_relay_after_commit_on_sqlite() {
-    run(sqlite_store().await.pool().clone(), |p| async move {
+    run(sqlite_store().await, |p| async move {
         sqlx::query_scalar(
             "SELECT result_reference FROM txinbox_inbox WHERE message_id = 'evt-482'",
         )
@@ -123,7 +129,7 @@ async fn outbox_rows_commit_with_the_change_and_relay_after_commit_on_sqlite() {
 
 #[tokio::test]
 async fn outbox_rows_commit_with_the_change_and_relay_after_commit_on_postgres() {
-    run(pg_store(2).await.pool().clone(), |p| async move {
+    run(pg_store(2).await, |p| async move {
         sqlx::query_scalar(
             "SELECT result_reference FROM txinbox_inbox WHERE message_id = 'evt-482'",
         )

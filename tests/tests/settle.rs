@@ -4,19 +4,26 @@
 use std::time::Duration;
 
 use txinbox::mem::{MemoryQueue, QueueState, SettleFault};
-use txinbox::Outcome;
-use txinbox_cli::lab::{lab_inbox, lab_message, task_handler, CONSUMER};
-use txinbox_cli::labdb::LabDb;
+use txinbox::sqlx;
+use txinbox::{Handled, HandlerError, Message, Outcome, Tx};
 use txinbox_e2e::{sqlite_store, MetricTotals};
+use txinbox_testkit::lab::{lab_message, lab_processor, task_handler, LabEvent, CONSUMER};
+use txinbox_testkit::labdb::LabDb;
+
+/// Applies the follow-up task, then panics before returning.
+async fn boom(tx: Tx<sqlx::Sqlite>, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
+    <sqlx::Sqlite as LabDb>::insert_task(tx, msg).await?;
+    panic!("a bug in the handler");
+}
 
 #[tokio::test]
 async fn failed_and_lost_acks_after_commit_are_absorbed() {
     let (metrics, _guard) = MetricTotals::install_local();
     let store = sqlite_store().await;
-    let pool = store.pool().clone();
-    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
-    let inbox = lab_inbox(pool.clone());
-    let h = task_handler::<sqlx::Sqlite>();
+    <sqlx::Sqlite as LabDb>::create_tables(&store)
+        .await
+        .unwrap();
+    let lab = lab_processor(store.clone(), task_handler::<sqlx::Sqlite>());
     let q = MemoryQueue::default();
     q.send(lab_message(0));
     q.send(lab_message(1));
@@ -24,17 +31,11 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
     // The ack fails outright: the message stays with the broker and comes back.
     q.inject_ack_fault(SettleFault::Fail);
     let d = q.receive_now(1).pop().unwrap();
-    assert!(matches!(
-        inbox.process(d, &h).await,
-        Outcome::Applied { .. }
-    ));
+    assert!(matches!(lab.process_one(d).await, Outcome::Applied { .. }));
     // The ack takes effect but its answer is lost: nothing comes back.
     q.inject_ack_fault(SettleFault::DropResponse);
     let d = q.receive_now(1).pop().unwrap();
-    assert!(matches!(
-        inbox.process(d, &h).await,
-        Outcome::Applied { .. }
-    ));
+    assert!(matches!(lab.process_one(d).await, Outcome::Applied { .. }));
     assert_eq!(
         metrics.counter("txinbox_settle_failures_total", &[("op", "ack")]),
         2
@@ -49,17 +50,15 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
     let again = q.receive_now(10);
     assert_eq!(again.len(), 1);
     for d in again {
-        assert_eq!(inbox.process(d, &h).await, Outcome::Duplicate);
+        assert!(matches!(
+            lab.process_one(d).await,
+            Outcome::Duplicate { .. }
+        ));
     }
     assert_eq!(q.state(), QueueState::default());
+    assert_eq!(store.inbox_rows(CONSUMER).await.unwrap(), 2);
     assert_eq!(
-        txinbox_store::inspect::inbox_rows(&pool, CONSUMER)
-            .await
-            .unwrap(),
-        2
-    );
-    assert_eq!(
-        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        <sqlx::Sqlite as LabDb>::count_tasks(&store).await.unwrap(),
         2
     );
 }
@@ -68,20 +67,15 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
 async fn a_panicking_handler_rolls_back_and_is_retried() {
     let (metrics, _guard) = MetricTotals::install_local();
     let store = sqlite_store().await;
-    let pool = store.pool().clone();
-    <sqlx::Sqlite as LabDb>::create_tables(&pool).await.unwrap();
-    let inbox = lab_inbox(pool.clone());
+    <sqlx::Sqlite as LabDb>::create_tables(&store)
+        .await
+        .unwrap();
     let q = MemoryQueue::default();
     q.send(lab_message(0));
-    let boom = txinbox_store::handler_fn::<sqlx::Sqlite, _>(|tx, msg| {
-        Box::pin(async move {
-            <sqlx::Sqlite as LabDb>::insert_task(tx, msg).await?;
-            panic!("a bug in the handler");
-        })
-    });
+    let panicking = lab_processor(store.clone(), boom);
     let d = q.receive_now(1).pop().unwrap();
     assert!(matches!(
-        inbox.process(d, &boom).await,
+        panicking.process_one(d).await,
         Outcome::Retry { .. }
     ));
     assert_eq!(
@@ -89,24 +83,21 @@ async fn a_panicking_handler_rolls_back_and_is_retried() {
         1
     );
     assert_eq!(
-        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        <sqlx::Sqlite as LabDb>::count_tasks(&store).await.unwrap(),
         0,
         "rolled back"
     );
-    assert_eq!(
-        txinbox_store::inspect::inbox_rows(&pool, CONSUMER)
-            .await
-            .unwrap(),
-        0
-    );
+    assert_eq!(store.inbox_rows(CONSUMER).await.unwrap(), 0);
     // Released (visibility 0 with the lab's zero backoff): the fixed handler applies it once.
     let d = q.receive_now(1).pop().unwrap();
     assert!(matches!(
-        inbox.process(d, &task_handler::<sqlx::Sqlite>()).await,
+        lab_processor(store.clone(), task_handler::<sqlx::Sqlite>())
+            .process_one(d)
+            .await,
         Outcome::Applied { .. }
     ));
     assert_eq!(
-        <sqlx::Sqlite as LabDb>::count_tasks(&pool).await.unwrap(),
+        <sqlx::Sqlite as LabDb>::count_tasks(&store).await.unwrap(),
         1
     );
 }

@@ -3,9 +3,9 @@
 //! the lab's own checks.
 
 use txinbox::mem::QueueState;
-use txinbox_cli::lab::Target;
-use txinbox_cli::windows::{run_on, Window, WindowRow};
 use txinbox_e2e::pg_url;
+use txinbox_testkit::lab::Target;
+use txinbox_testkit::windows::{run_on, Window, WindowRow};
 
 struct Expect {
     rows: i64,

@@ -14,7 +14,8 @@ use crate::backend::Backend;
 ///
 /// A handler gets a clone and runs its business change through `&tx` like through any sqlx executor:
 /// `sqlx::query("INSERT ..").bind(..).execute(&tx).await?`. The inbox keeps the other clone and commits after
-/// the handler returns; a clone kept past that point gets an error (`NotConnected`) instead of a connection.
+/// the handler returns; a clone kept past that point gets an error (`sqlx::Error::Protocol`, not transient) instead of a
+/// connection.
 /// Dropping the last clone of an uncommitted transaction rolls it back.
 pub struct Tx<DB: Backend> {
     inner: Arc<tokio::sync::Mutex<Option<Open<DB>>>>,
@@ -48,11 +49,13 @@ impl<DB: Backend> Drop for Open<DB> {
     }
 }
 
+/// The message of the error a `Tx` used after its transaction ended returns.
+pub(crate) const ENDED: &str =
+    "the inbox transaction has ended (a handler kept its Tx past its return)";
+
+/// A programming error, not a transient one: a retry would meet it again, so `?` in a handler dead-letters.
 fn ended() -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::new(
-        std::io::ErrorKind::NotConnected,
-        "the inbox transaction has ended (a handler kept its Tx past its return)",
-    ))
+    sqlx::Error::Protocol(ENDED.into())
 }
 
 impl<DB: Backend> Tx<DB> {
