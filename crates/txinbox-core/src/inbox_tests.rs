@@ -419,3 +419,25 @@ async fn a_stop_before_commit_rolls_back_and_releases() {
     assert!(store.state().effects.is_empty());
     assert_eq!(q.state().visible, 1, "released at once");
 }
+
+#[tokio::test]
+async fn a_worker_runs_until_the_queue_is_idle() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions {
+        wait: Duration::from_millis(20),
+        ..QueueOptions::default()
+    });
+    for i in 0..5 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    q.send(event("evt-0", "op-0"));
+    let report = Worker::new(q.receiver(), processor(&store))
+        .run_until_idle()
+        .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 5);
+    assert_eq!(report.count(OutcomeKind::Duplicate), 1);
+    assert_eq!(store.state().effects.len(), 5);
+    assert_eq!(q.state(), QueueState::default());
+}

@@ -178,7 +178,21 @@ where
     }
 
     /// Runs until `shutdown` resolves, then drains as described in the module docs.
-    pub async fn run_until(mut self, shutdown: impl Future<Output = ()> + Send) -> WorkerReport {
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> WorkerReport {
+        self.run(shutdown, false).await
+    }
+
+    /// Runs until the queue is idle: a receive (a full long poll) brings nothing while no delivery is in
+    /// flight; then stops like a shutdown and returns the report. For tests and batch jobs.
+    pub async fn run_until_idle(self) -> WorkerReport {
+        self.run(std::future::pending(), true).await
+    }
+
+    async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send,
+        until_idle: bool,
+    ) -> WorkerReport {
         let sem = Arc::new(Semaphore::new(self.opts.concurrency));
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
@@ -204,6 +218,9 @@ where
                 r = self.receiver.receive(permits.len()) => r,
             };
             match received {
+                Ok(deliveries) if deliveries.is_empty() && until_idle && tracker.is_empty() => {
+                    break
+                }
                 Ok(deliveries) => {
                     for delivery in deliveries {
                         let permit = permits.pop();
