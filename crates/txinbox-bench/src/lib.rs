@@ -556,3 +556,19 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    /// The pgbench script is the store's own statement with every parameter given a value of the same shape:
+    /// a placeholder left over would mean the statement changed under the benchmark.
+    #[test]
+    fn the_pgbench_script_binds_every_parameter_of_the_store_statement() {
+        let dir = std::env::temp_dir();
+        let path = super::pgbench_script(&dir).unwrap();
+        let script = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(!script.contains('$'), "{script}");
+        assert!(script.contains("ON CONFLICT DO NOTHING"), "{script}");
+        assert_eq!(script.matches("INSERT INTO").count(), 2, "{script}");
+    }
+}
