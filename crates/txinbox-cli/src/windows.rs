@@ -314,12 +314,11 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
             let (i2, g2) = (inbox.clone(), gated.clone());
             let ta = tokio::spawn(async move { i2.process(a, &g2 as &dyn Handler<DB>).await });
             gated.wait_entered(1).await;
-            // The lease keeper renews every 5 ms; the broker's clock jumps past the lock: the next renewal fails.
+            // The lease keeper renews every 5 ms (a lease that says 15 ms); the broker's clock jumps past the
+            // lock: the next renewal fails.
             let keeper = txinbox_core::lease::keep_alive(
-                lease,
-                txinbox_core::LeaseOptions::default()
-                    .interval(Duration::from_millis(5))
-                    .extend_by(Duration::from_secs(30)),
+                Arc::new(QuickLease(lease)),
+                txinbox_core::LeaseOptions::default(),
                 CONSUMER.into(),
             );
             q.advance(Duration::from_secs(120));
@@ -621,4 +620,23 @@ pub async fn run_window<DB: LabDb>(pool: sqlx::Pool<DB>, w: Window) -> Result<Wi
         rejections,
         failures: c.failures,
     })
+}
+
+/// A lease that reports a 15 ms duration, so the keeper renews every 5 ms, and renews the lease it wraps by
+/// 30 s.
+struct QuickLease(Arc<dyn txinbox_core::Lease>);
+
+impl txinbox_core::Lease for QuickLease {
+    fn duration(&self) -> Duration {
+        Duration::from_millis(15)
+    }
+    fn expires_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.0.expires_at()
+    }
+    fn renew(
+        &self,
+        _by: Duration,
+    ) -> BoxFuture<'_, Result<chrono::DateTime<chrono::Utc>, txinbox_core::BrokerError>> {
+        self.0.renew(Duration::from_secs(30))
+    }
 }

@@ -50,17 +50,19 @@ pub mod message;
 pub mod metrics;
 pub mod outbox;
 pub mod outcome;
+pub mod redrive;
 pub mod retention;
 pub mod worker;
 
-pub use broker::{DeadLetter, Delivery, Lease, Receiver};
-pub use error::{BadInput, BoxError, BrokerError, HandlerError};
+pub use broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
+pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind, HandlerError};
 pub use fingerprint::FingerprintSpec;
 pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};
 pub use lease::LeaseOptions;
 pub use message::ReceivedMessage;
 pub use outbox::{OutboxMessage, Publisher};
 pub use outcome::Outcome;
+pub use redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
 pub use retention::RetentionPolicy;
 pub use worker::{shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport};
 

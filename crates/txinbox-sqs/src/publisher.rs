@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use txinbox_core::{BrokerError, OutboxMessage, Publisher};
 
 use crate::dlq::{is_fifo, string_attribute, MAX_MESSAGE_ATTRIBUTES};
-use crate::error::SqsError;
+use crate::error::{sdk_error, SqsError};
 
 /// The `MessageDeduplicationId` of a message: the hex SHA-256 of `source`, a NUL byte and `message_id`.
 /// Always valid for SQS (64 characters from its allowed set), and two sources that happen to use the same id
@@ -96,7 +96,7 @@ impl SqsPublisher {
         let out = send
             .send()
             .await
-            .map_err(|e| SqsError::from_sdk("SendMessage", e))?;
+            .map_err(|e| SqsError::Broker(sdk_error("SendMessage", e)))?;
         Ok(out.message_id().unwrap_or_default().to_owned())
     }
 }

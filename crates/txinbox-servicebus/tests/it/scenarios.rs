@@ -37,8 +37,8 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
             "no duplicate detection on this queue"
         );
     }
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(4)).unwrap();
-    let opts = receiver.worker_options();
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(4);
     let done = until(Duration::from_secs(60), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n as i64
     });
@@ -78,7 +78,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
 
     let run = |expect_effects: i64| {
         let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
-        let opts = receiver.worker_options();
+        let opts = txinbox_core::WorkerOptions::default().concurrency(8);
         let store = store.clone();
         let emu = emu.clone();
         let q = q.clone();
@@ -177,13 +177,9 @@ async fn slow_handler_is_kept_locked_by_renewal() {
     let store = pg().await;
     publish(&client, &event(&q, "evt-slow", "{\"meeting\":2}")).await;
     let handler = Effects::slow(Duration::from_secs(8));
-    let receiver = ServiceBusReceiver::new(
-        &client,
-        &q,
-        fast_options(Duration::from_secs(3)).concurrency(2),
-    )
-    .unwrap();
-    let opts = receiver.worker_options();
+    let receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(3))).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(2);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 1
     });
@@ -218,8 +214,8 @@ async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
     let store = pg().await;
     publish(&client, &event(&q, "evt-renew", "{\"meeting\":3}")).await;
     let handler = Effects::slow(Duration::from_secs(6));
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(2)).unwrap();
-    let opts = receiver.worker_options();
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(2);
 
     let inject = async {
         // Break the next renewal of this lock (the URI is unique: queue, sequence number, lock token).
@@ -284,7 +280,7 @@ async fn poison_reaches_the_dead_letter_queue_after_max_delivery_count() {
     let handler = Effects::default();
     handler.fail("evt-poison", Fail::Permanent);
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
-    let opts = receiver.worker_options();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(8);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await == (0, 1)
     });
@@ -344,7 +340,7 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
         let receiver =
             ServiceBusReceiver::new(&client, &q, fast_options(LOCK).dead_letter_to(&poison))
                 .unwrap();
-        let opts = receiver.worker_options();
+        let opts = txinbox_core::WorkerOptions::default().concurrency(8);
         let (store, emu, q, poison, handler) = (
             store.clone(),
             emu.clone(),
@@ -503,7 +499,10 @@ async fn redrive_after_some_were_applied() {
     handler.heal();
 
     let dlq = dead_letter_queue_path(&q);
-    let mut out = Vec::new();
+    let mut progress = String::new();
+    let mut out = |e: txinbox_core::RedriveEvent<'_>, _: &txinbox_core::RedriveReport| {
+        progress.push_str(&format!("{e:?}\n"));
+    };
     let held = redrive(
         &client,
         &dlq,
@@ -541,8 +540,7 @@ async fn redrive_after_some_were_applied() {
         assert!(m["properties"].get("DeadLetterReason").is_none(), "{m}");
         assert!(m["properties"]["txinbox-redriven-from"].is_string());
     }
-    let progress = String::from_utf8(out).unwrap();
-    assert!(progress.contains("moved sequence="), "{progress}");
+    assert!(progress.contains("Moved("), "{progress}");
     assert!(
         !progress.contains(&emu.key),
         "no key in the progress output"
@@ -550,7 +548,7 @@ async fn redrive_after_some_were_applied() {
     assert_eq!(metrics.counter(m::REDRIVEN, &[]), 4);
 
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
-    let opts = receiver.worker_options();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(8);
     let done = until(Duration::from_secs(30), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 4
     });
@@ -590,9 +588,8 @@ async fn two_workers_with_duplicates_make_one_effect_per_message() {
         }
     }
     let worker = || {
-        let receiver =
-            ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(3)).unwrap();
-        let opts = receiver.worker_options();
+        let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+        let opts = txinbox_core::WorkerOptions::default().concurrency(3);
         let (emu, q, store) = (emu.clone(), q.clone(), store.clone());
         async move {
             let done = until(Duration::from_secs(60), || async {
@@ -633,9 +630,9 @@ async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
         .await;
     }
     let slow = Effects::slow(Duration::from_millis(1500));
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(3)).unwrap();
-    let opts = receiver
-        .worker_options()
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default()
+        .concurrency(3)
         .shutdown_timeout(Duration::from_millis(300));
     let in_flight = until(Duration::from_secs(20), || async { slow.calls() >= 3 });
     let first = Worker::new(receiver, inbox(&store).bind(slow.clone()))
@@ -653,8 +650,8 @@ async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
         "no marker without its effect"
     );
 
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(3)).unwrap();
-    let opts = receiver.worker_options();
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(3);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
     });

@@ -276,13 +276,11 @@ pub fn pg_inbox(store: &Store<sqlx::Postgres>, consumer: &str) -> Inbox<sqlx::Po
     Inbox::new(store.pool().clone(), policy(consumer)).retry_backoff(Duration::from_secs(1))
 }
 
-/// Fast options for tests: short long-poll, visibility `vt`, heartbeat every `vt/3`.
+/// Fast options for tests: short long-poll, visibility `vt` (the lease is renewed every `vt/3`).
 pub fn fast_options(vt: u64, dlq: &str) -> txinbox_sqs::SqsOptions {
     txinbox_sqs::SqsOptions::default()
         .wait(Duration::from_secs(1))
         .visibility_timeout(Duration::from_secs(vt))
-        .heartbeat_interval(Duration::from_millis(vt * 1000 / 3))
-        .retry_backoff(Duration::from_secs(1))
         .dead_letter_queue(dlq)
 }
 
