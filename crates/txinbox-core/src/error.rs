@@ -273,6 +273,19 @@ impl BrokerError {
         self.kind.is_retryable()
     }
 
+    /// The first error of type `T` down the source chain (the SDK's or client's error, an adapter's own),
+    /// for callers that need more than the [`kind`](Self::kind).
+    pub fn find_source<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self.source.as_ref());
+        while let Some(c) = cause {
+            if let Some(t) = c.downcast_ref::<T>() {
+                return Some(t);
+            }
+            cause = c.source();
+        }
+        None
+    }
+
     /// Consumes the error, returning its source.
     pub fn into_source(self) -> BoxError {
         self.source
@@ -323,6 +336,9 @@ mod tests {
         let src = std::error::Error::source(&e).unwrap();
         let outer = src.downcast_ref::<Outer>().unwrap();
         assert_eq!(outer.0.kind(), std::io::ErrorKind::TimedOut);
+        let io = e.find_source::<std::io::Error>().unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.find_source::<std::fmt::Error>().is_none());
     }
 
     #[test]

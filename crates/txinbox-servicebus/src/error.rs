@@ -10,8 +10,8 @@ use std::time::Duration;
 use azure_core::error::ErrorKind;
 use txinbox_core::{BrokerError, BrokerErrorKind};
 
-/// An error of the Service Bus adapter outside the broker contract: configuration, or a failed call while
-/// building something ([`ServiceBusError::Broker`]).
+/// An error of the Service Bus adapter outside the broker contract: a connection string or options it
+/// refuses, before any call to Service Bus.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServiceBusError {
@@ -21,18 +21,6 @@ pub enum ServiceBusError {
         /// What is wrong.
         detail: String,
     },
-    /// A Service Bus call failed.
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
-}
-
-impl From<ServiceBusError> for BrokerError {
-    fn from(e: ServiceBusError) -> Self {
-        match e {
-            ServiceBusError::Broker(b) => b,
-            other => BrokerError::new(BrokerErrorKind::Configuration, "configuration", other),
-        }
-    }
 }
 
 /// The service answered an HTTP status the adapter checked itself (the crate returns `Ok` whatever the
@@ -106,7 +94,5 @@ mod tests {
             client_error("send", http).kind(),
             BrokerErrorKind::EntityNotFound
         );
-        let bad: BrokerError = ServiceBusError::Config { detail: "x".into() }.into();
-        assert_eq!(bad.kind(), BrokerErrorKind::Configuration);
     }
 }

@@ -1,13 +1,16 @@
 //! Errors of the SQS adapter. Every SQS call that fails returns the core's [`BrokerError`], classified here
 //! from the SDK's typed errors (never from their text) and keeping the SDK error as its source; [`SqsError`]
-//! adds only what is the adapter's own (invalid options, a message it cannot send).
+//! is only what is the adapter's own (invalid options, a message it cannot send), as such an error's source.
 
 use std::error::Error as StdError;
 
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use txinbox_core::{BrokerError, BrokerErrorKind};
 
-/// An error of the SQS adapter outside the broker contract: building a receiver or publishing.
+/// What the SQS adapter refuses before calling SQS: invalid options, or a message it cannot send. It reaches
+/// callers as the source of a [`BrokerError`] of kind
+/// [`Configuration`](BrokerErrorKind::Configuration) (options) or [`Rejected`](BrokerErrorKind::Rejected) (a
+/// message).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SqsError {
@@ -17,17 +20,12 @@ pub enum SqsError {
         /// What is wrong.
         detail: String,
     },
-    /// An SQS call failed.
-    #[error(transparent)]
-    Broker(#[from] BrokerError),
 }
 
-impl From<SqsError> for BrokerError {
-    fn from(e: SqsError) -> Self {
-        match e {
-            SqsError::Broker(b) => b,
-            other => BrokerError::new(BrokerErrorKind::Configuration, "options", other),
-        }
+impl SqsError {
+    /// This error as the [`BrokerError`] of `op`, of `kind`.
+    pub(crate) fn broker(self, kind: BrokerErrorKind, op: &'static str) -> BrokerError {
+        BrokerError::new(kind, op, self)
     }
 }
 
@@ -145,7 +143,8 @@ mod tests {
         assert!(entry("InternalError", false).kind().is_retryable());
         assert!(entry("SomethingNew", false).kind().is_retryable());
         assert!(!entry("SomethingNew", true).kind().is_retryable());
-        let bad: BrokerError = SqsError::InvalidOptions { detail: "x".into() }.into();
+        let bad = SqsError::InvalidOptions { detail: "x".into() }
+            .broker(BrokerErrorKind::Configuration, "connect");
         assert_eq!(bad.kind(), BrokerErrorKind::Configuration);
         assert!(bad.source().unwrap().downcast_ref::<SqsError>().is_some());
     }

@@ -17,7 +17,7 @@ use txinbox_core::{
 };
 
 use crate::dlq;
-use crate::error::{sdk_error, BatchEntryError, SqsError};
+use crate::error::{sdk_error, BatchEntryError};
 use crate::options::{SqsOptions, MAX_VISIBILITY};
 
 /// What every delivery of one receiver shares.
@@ -55,14 +55,17 @@ pub struct SqsReceiver {
 }
 
 impl SqsReceiver {
-    /// A receiver on `queue_url`. Checks the options and that the queue exists; when no dead-letter queue is
+    /// A receiver on `queue_url`. Checks the options (an invalid one is a
+    /// [`Configuration`](BrokerErrorKind::Configuration) error whose source is the
+    /// [`SqsError`](crate::SqsError)) and that the queue exists; when no dead-letter queue is
     /// configured, it is discovered from the queue's `RedrivePolicy`. Call within a Tokio runtime.
     pub async fn connect(
         client: aws_sdk_sqs::Client,
         queue_url: impl Into<String>,
         opts: SqsOptions,
-    ) -> Result<Self, SqsError> {
-        opts.validate()?;
+    ) -> Result<Self, BrokerError> {
+        opts.validate()
+            .map_err(|e| e.broker(BrokerErrorKind::Configuration, "connect"))?;
         let queue_url = queue_url.into();
         let attrs = client
             .get_queue_attributes()
@@ -70,7 +73,7 @@ impl SqsReceiver {
             .attribute_names(QueueAttributeName::RedrivePolicy)
             .send()
             .await
-            .map_err(|e| SqsError::Broker(sdk_error("GetQueueAttributes", e)))?;
+            .map_err(|e| sdk_error("GetQueueAttributes", e))?;
         let dead_letter_queue = match &opts.dead_letter_queue {
             Some(url) => Some(url.clone()),
             None => match attrs

@@ -15,22 +15,8 @@ use aws_sdk_sqs::operation::get_queue_attributes::GetQueueAttributesError;
 use aws_sdk_sqs::operation::receive_message::ReceiveMessageError;
 use common::*;
 use serde_json::json;
-use txinbox_core::{metrics as m, BrokerError, BrokerErrorKind, Receiver, Worker};
+use txinbox_core::{metrics as m, BrokerErrorKind, Receiver, Worker};
 use txinbox_sqs::{SqsOptions, SqsReceiver};
-
-/// The first error of type `T` down `e`'s source chain.
-fn find_in_chain<'a, T: std::error::Error + 'static>(
-    e: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if let Some(t) = c.downcast_ref::<T>() {
-            return Some(t);
-        }
-        cur = c.source();
-    }
-    None
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_queue_is_entity_not_found_down_to_the_sdk_error() {
@@ -41,11 +27,11 @@ async fn a_missing_queue_is_entity_not_found_down_to_the_sdk_error() {
     let err = SqsReceiver::connect(c.clone(), url, SqsOptions::default())
         .await
         .expect_err("no such queue");
-    let err = BrokerError::from(err);
     assert_eq!(err.kind(), BrokerErrorKind::EntityNotFound, "{err}");
     assert_eq!(err.operation(), "GetQueueAttributes");
     assert!(!err.is_retryable());
-    let sdk = find_in_chain::<SdkError<GetQueueAttributesError, HttpResponse>>(&err)
+    let sdk = err
+        .find_source::<SdkError<GetQueueAttributesError, HttpResponse>>()
         .expect("the SDK error is in the source chain");
     assert!(sdk.as_service_error().is_some(), "{sdk:?}");
 

@@ -15,20 +15,6 @@ use txinbox_servicebus::{
 
 use crate::common::*;
 
-/// The first error of type `T` down `e`'s source chain.
-fn find_in_chain<'a, T: std::error::Error + 'static>(
-    e: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut cur = Some(e);
-    while let Some(c) = cur {
-        if let Some(t) = c.downcast_ref::<T>() {
-            return Some(t);
-        }
-        cur = c.source();
-    }
-    None
-}
-
 #[tokio::test]
 async fn failures_are_broker_errors_down_to_the_client_error() {
     let emu = Emu::from_env().await;
@@ -73,7 +59,9 @@ async fn failures_are_broker_errors_down_to_the_client_error() {
     assert_eq!(err.kind(), BrokerErrorKind::Unauthorized, "{err}");
     assert_eq!(err.operation(), "receive");
     assert!(!err.is_retryable());
-    let status = find_in_chain::<UnexpectedStatus>(&err).expect("the checked status is the source");
+    let status = err
+        .find_source::<UnexpectedStatus>()
+        .expect("the checked status is the source");
     assert_eq!(status.status, 401);
     assert!(!err.to_string().contains(&emu.key), "no key in the error");
 
@@ -84,7 +72,7 @@ async fn failures_are_broker_errors_down_to_the_client_error() {
     assert_eq!(err.kind(), BrokerErrorKind::Unauthorized, "{err}");
     assert_eq!(err.operation(), "send");
     assert!(
-        find_in_chain::<azure_core::Error>(&err).is_some(),
+        err.find_source::<azure_core::Error>().is_some(),
         "the azure_core error is in the chain: {err:?}"
     );
     assert!(!err.to_string().contains(&emu.key), "no key in the error");
