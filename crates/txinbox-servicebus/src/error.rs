@@ -51,7 +51,7 @@ pub struct AmbiguousSettle {
 
 /// Classifies an error the crate (or our HTTP client) raised during `op` into the core's [`BrokerError`],
 /// keeping it as the source.
-pub fn client_error(op: &'static str, err: azure_core::Error) -> BrokerError {
+pub(crate) fn client_error(op: &'static str, err: azure_core::Error) -> BrokerError {
     let kind = match err.kind() {
         ErrorKind::HttpResponse { status, .. } => {
             BrokerErrorKind::of_http_status(u16::from(*status))

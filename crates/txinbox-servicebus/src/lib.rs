@@ -80,7 +80,7 @@ pub mod wire;
 
 pub use config::{dead_letter_queue_path, Credential, ServiceBusClient, ServiceBusConfig};
 pub use dlq::{read_dead_letters, DeadLetteredMessage};
-pub use error::{client_error, ServiceBusError};
+pub use error::ServiceBusError;
 pub use options::{DeadLetterStrategy, ServiceBusOptions};
 pub use publisher::{send_options, ServiceBusPublisher};
 pub use receiver::{ServiceBusDelivery, ServiceBusLease, ServiceBusReceiver};

@@ -55,7 +55,7 @@ impl BatchEntryError {
 
 /// Classifies an SDK error of operation `op` into the core's [`BrokerError`], keeping the SDK error as its
 /// source. Service errors are classified by their error code; transport errors by their SDK variant.
-pub fn sdk_error<E, R>(op: &'static str, err: SdkError<E, R>) -> BrokerError
+pub(crate) fn sdk_error<E, R>(op: &'static str, err: SdkError<E, R>) -> BrokerError
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,

@@ -68,7 +68,7 @@ pub mod publisher;
 pub mod receiver;
 pub mod redrive;
 
-pub use error::{sdk_error, BatchEntryError, SqsError};
+pub use error::{BatchEntryError, SqsError};
 pub use options::{
     client_from_conf, client_from_env, emulator_client, http_client, load_sdk_config, SqsOptions,
 };
