@@ -3,9 +3,12 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use redrive::{ServiceBusProgress, SqsProgress};
 use txinbox_bench as bench;
 use txinbox_testkit::lab::{run_lab, with_fresh, Target};
 use txinbox_testkit::windows;
+
+mod redrive;
 
 #[derive(Parser)]
 #[command(
@@ -133,13 +136,14 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
                 .max(max)
                 .wait(std::time::Duration::from_secs(wait_secs))
                 .duplicate_detection_window(std::time::Duration::from_secs(dedup_window_secs));
-            match txinbox_servicebus::redrive(&client, &from, &queue, &opts, &mut std::io::stderr())
-                .await
-            {
+            let mut progress = ServiceBusProgress::new(std::io::stderr(), &from, &queue);
+            let result =
+                txinbox_servicebus::redrive(&client, &from, &queue, &opts, &mut progress).await;
+            match progress.finish(result) {
                 Ok(r) => {
                     println!(
                         "moved={} deferred={} complete_failed={}",
-                        r.moved, r.deferred, r.complete_failed
+                        r.moved, r.deferred, r.settle_failed
                     );
                     ExitCode::SUCCESS
                 }
@@ -156,12 +160,20 @@ fn sqs(command: SqsCommand) -> ExitCode {
     };
     match command {
         SqsCommand::Redrive { from, to, max } => rt.block_on(async {
+            use std::io::IsTerminal;
             let client = txinbox_sqs::client_from_env().await;
-            match txinbox_sqs::redrive(&client, &from, &to, max, &mut std::io::stderr()).await {
+            let opts = txinbox_sqs::RedriveOptions::default().max(max);
+            let mut progress =
+                SqsProgress::new(std::io::stderr(), max, std::io::stderr().is_terminal());
+            let result = txinbox_sqs::redrive(&client, &from, &to, &opts, &mut progress).await;
+            match progress.finish(result) {
                 Ok(r) => {
                     println!(
                         "moved={} new_dedup_id={} deferred={} initially_visible={}",
-                        r.moved, r.new_dedup_id, r.deferred, r.initially_visible
+                        r.moved,
+                        r.new_dedup_id,
+                        r.deferred,
+                        r.initially_visible.unwrap_or(0)
                     );
                     ExitCode::SUCCESS
                 }

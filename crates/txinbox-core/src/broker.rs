@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use crate::error::BrokerError;
 use crate::message::ReceivedMessage;
 
-/// Why a delivery is dead-lettered. Adapters put both on the dead-letter copy (SQS message attributes
-/// `txinbox-dlq-reason`/`txinbox-dlq-detail`; Service Bus `DeadLetterReason`/`DeadLetterErrorDescription`).
+/// Why a delivery is dead-lettered. Adapters put both on the dead-letter copy, under the names of
+/// [`dead_letter`] ([`dead_letter::REASON`], [`dead_letter::DETAIL`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetter {
     /// Stable reason code (`payload_collision`, `no_identity`, `handler_permanent`, ...).
@@ -57,6 +57,11 @@ pub trait Delivery: Send + Sync + 'static {
 
 /// An extendable lock or visibility timeout.
 pub trait Lease: Send + Sync + 'static {
+    /// How long the lease lasts from a receive or a renewal: the SQS visibility timeout set on the receive,
+    /// the Service Bus lock duration (as configured, or shorter when the broker's first lock said so). The
+    /// worker's lease keeper derives its cadence from it ([`crate::lease::renewal_interval`]) and renews by it.
+    fn duration(&self) -> Duration;
+
     /// When the lease currently expires, as far as the adapter knows.
     fn expires_at(&self) -> Option<DateTime<Utc>>;
 
@@ -75,4 +80,58 @@ pub trait Receiver: Send + 'static {
         &mut self,
         max: usize,
     ) -> impl Future<Output = Result<Vec<Self::Delivery>, BrokerError>> + Send;
+}
+
+/// The dead-letter bookkeeping every adapter writes on a dead-letter copy and drops again on redrive: the
+/// names of the reason and detail (SQS message attributes, Service Bus custom properties) and the detail's
+/// length limit.
+pub mod dead_letter {
+    /// Attribute or property carrying the dead-letter reason code ([`super::DeadLetter::reason`]).
+    pub const REASON: &str = "txinbox-dlq-reason";
+    /// Attribute or property carrying the dead-letter detail ([`super::DeadLetter::detail`]), at most
+    /// [`MAX_DETAIL_LEN`] bytes.
+    pub const DETAIL: &str = "txinbox-dlq-detail";
+    /// The prefix of every dead-letter bookkeeping name (adapters may add more, e.g. the source queue).
+    pub const PREFIX: &str = "txinbox-dlq-";
+    /// Longest detail written, in bytes (1 KiB).
+    pub const MAX_DETAIL_LEN: usize = 1024;
+
+    /// `detail` cut to at most [`MAX_DETAIL_LEN`] bytes, on a character boundary.
+    pub fn truncate_detail(detail: &str) -> &str {
+        if detail.len() <= MAX_DETAIL_LEN {
+            return detail;
+        }
+        let mut end = MAX_DETAIL_LEN;
+        while !detail.is_char_boundary(end) {
+            end -= 1;
+        }
+        &detail[..end]
+    }
+
+    /// Whether an attribute or property name is dead-letter bookkeeping (any case), which a redrive drops.
+    pub fn is_bookkeeping(name: &str) -> bool {
+        name.len() >= PREFIX.len()
+            && name.is_char_boundary(PREFIX.len())
+            && name[..PREFIX.len()].eq_ignore_ascii_case(PREFIX)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn details_are_cut_on_a_char_boundary() {
+            let long = "é".repeat(600);
+            let cut = truncate_detail(&long);
+            assert!(cut.len() <= MAX_DETAIL_LEN && cut.len() >= MAX_DETAIL_LEN - 1);
+            assert!(cut.chars().all(|c| c == 'é'));
+            assert_eq!(truncate_detail("short"), "short");
+        }
+
+        #[test]
+        fn bookkeeping_names_are_recognised_in_any_case() {
+            assert!(is_bookkeeping(REASON) && is_bookkeeping("TXINBOX-DLQ-Detail"));
+            assert!(!is_bookkeeping("ce-id") && !is_bookkeeping("txinbox") && !is_bookkeeping("é"));
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! Errors. Each enum is `#[non_exhaustive]`, keeps its source, and says whether a retry can help.
 
+use std::time::Duration;
+
 /// A boxed error from user or SDK code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -76,63 +78,230 @@ impl BadInput {
     }
 }
 
-/// An error talking to the broker (receive, settle, renew).
-#[derive(Debug, thiserror::Error)]
+/// What kind of broker failure a [`BrokerError`] is: one classification for every adapter, deciding how the
+/// inbox, the worker and the lease keeper react and whether a retry can help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum BrokerError {
-    /// The lock / receipt is no longer ours (Service Bus 404 on the lock URI, SQS invalid receipt handle, lease
-    /// expired). The message will be (or was) redelivered; the inbox absorbs that redelivery.
-    #[error("lock or receipt lost: {detail}")]
-    LockLost {
-        /// What the broker said.
-        detail: String,
-    },
-    /// The queue or entity does not exist (Service Bus 410, SQS `QueueDoesNotExist`).
-    #[error("entity not found: {detail}")]
-    EntityNotFound {
-        /// What the broker said.
-        detail: String,
-    },
-    /// The broker throttles (429, 503, SQS throttling): retry later.
-    #[error("throttled by the broker: {detail}")]
-    Throttled {
-        /// What the broker said.
-        detail: String,
-        /// The source error, if any.
-        #[source]
-        source: Option<BoxError>,
-    },
-    /// Authentication or authorization failed (401/403). A retry will not help.
-    #[error("unauthorized: {detail}")]
-    Unauthorized {
-        /// What the broker said (never the credential).
-        detail: String,
-    },
-    /// The request may or may not have taken effect (timeout, dropped connection).
-    #[error("outcome unknown: {source}")]
-    Unknown {
-        /// The cause.
-        #[source]
-        source: BoxError,
-    },
-    /// Any other broker or transport error.
-    #[error("broker error: {source}")]
-    Other {
-        /// The cause.
-        #[source]
-        source: BoxError,
-        /// Whether a retry can help.
-        retryable: bool,
-    },
+pub enum BrokerErrorKind {
+    /// The lock or receipt is no longer ours (Service Bus 404 on the lock URI, SQS `ReceiptHandleIsInvalid`,
+    /// a lease that ran out). The message will be (or was) redelivered; the inbox absorbs that redelivery.
+    LockLost,
+    /// The queue, topic or subscription does not exist (Service Bus 410, SQS `QueueDoesNotExist`).
+    EntityNotFound,
+    /// The broker throttles (HTTP 429/503, SQS `RequestThrottled`): retry later, after
+    /// [`BrokerError::retry_after`] when the broker said.
+    Throttled,
+    /// The credentials were refused or lack a right (HTTP 401/403, SQS `AccessDenied`). A retry will not help.
+    Unauthorized,
+    /// No answer (timeout, dropped connection): the request may or may not have taken effect.
+    OutcomeUnknown,
+    /// The broker refused the request as invalid (another 4xx, an SQS client error). A retry will not help.
+    Rejected,
+    /// The request could not be built or sent, or the adapter is not set up for it (no region, no credential,
+    /// no dead-letter destination). A retry will not help.
+    Configuration,
+    /// A server-side failure (HTTP 500 and other 5xx): worth retrying.
+    ServerError,
+    /// The broker's answer could not be understood (a missing lock location or receipt handle, an unreadable
+    /// body).
+    Protocol,
+}
+
+impl BrokerErrorKind {
+    /// Whether the same call may succeed if retried.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            BrokerErrorKind::Throttled
+                | BrokerErrorKind::OutcomeUnknown
+                | BrokerErrorKind::ServerError
+        )
+    }
+
+    /// A stable snake-case name (`lock_lost`, `throttled`, ...), fit for a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BrokerErrorKind::LockLost => "lock_lost",
+            BrokerErrorKind::EntityNotFound => "entity_not_found",
+            BrokerErrorKind::Throttled => "throttled",
+            BrokerErrorKind::Unauthorized => "unauthorized",
+            BrokerErrorKind::OutcomeUnknown => "outcome_unknown",
+            BrokerErrorKind::Rejected => "rejected",
+            BrokerErrorKind::Configuration => "configuration",
+            BrokerErrorKind::ServerError => "server_error",
+            BrokerErrorKind::Protocol => "protocol",
+        }
+    }
+
+    /// Classifies an HTTP status a broker answered: 404 lock lost (the only 404 a settle or renewal meets is
+    /// on its lock URI), 410 entity not found, 429/503 throttled, 401/403 unauthorized, 408/504 outcome
+    /// unknown, other 5xx server error, anything else rejected.
+    pub fn of_http_status(status: u16) -> Self {
+        match status {
+            404 => BrokerErrorKind::LockLost,
+            410 => BrokerErrorKind::EntityNotFound,
+            429 | 503 => BrokerErrorKind::Throttled,
+            401 | 403 => BrokerErrorKind::Unauthorized,
+            408 | 504 => BrokerErrorKind::OutcomeUnknown,
+            500..=599 => BrokerErrorKind::ServerError,
+            _ => BrokerErrorKind::Rejected,
+        }
+    }
+}
+
+impl std::fmt::Display for BrokerErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BrokerErrorKind::LockLost => "lock or receipt lost",
+            BrokerErrorKind::EntityNotFound => "entity not found",
+            BrokerErrorKind::Throttled => "throttled by the broker",
+            BrokerErrorKind::Unauthorized => "unauthorized",
+            BrokerErrorKind::OutcomeUnknown => "outcome unknown",
+            BrokerErrorKind::Rejected => "rejected by the broker",
+            BrokerErrorKind::Configuration => "configuration",
+            BrokerErrorKind::ServerError => "broker server error",
+            BrokerErrorKind::Protocol => "unreadable broker answer",
+        })
+    }
+}
+
+/// An error talking to the broker (receive, settle, renew, send), the same type for every adapter.
+///
+/// It carries the [`kind`](Self::kind), the broker [`operation`](Self::operation) that failed
+/// (`ReceiveMessage`, `DeleteMessageBatch`, `complete`, `renew-lock`, ...), the adapter's or SDK's error as
+/// its [`source`](std::error::Error::source) (walk the chain and `downcast_ref` to reach the SDK's type), and
+/// the broker's [`retry_after`](Self::retry_after) when it sent one. Its message shows the operation, the
+/// kind and the source chain; adapters never put a credential in an error.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct BrokerError {
+    kind: BrokerErrorKind,
+    operation: &'static str,
+    retry_after: Option<Duration>,
+    source: BoxError,
 }
 
 impl BrokerError {
+    /// A broker error of `kind` met by `operation`, caused by `source`.
+    pub fn new(
+        kind: BrokerErrorKind,
+        operation: &'static str,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self {
+            kind,
+            operation,
+            retry_after: None,
+            source: source.into(),
+        }
+    }
+
+    /// Sets the delay the broker asked for before a retry (`Retry-After`).
+    pub fn with_retry_after(mut self, after: Option<Duration>) -> Self {
+        self.retry_after = after;
+        self
+    }
+
+    /// The classification.
+    pub fn kind(&self) -> BrokerErrorKind {
+        self.kind
+    }
+
+    /// The broker operation that failed, as the adapter names it (`ReceiveMessage`, `complete`, ...).
+    pub fn operation(&self) -> &'static str {
+        self.operation
+    }
+
+    /// The delay the broker asked for before a retry, when it said.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
     /// Whether the same call may succeed if retried.
     pub fn is_retryable(&self) -> bool {
-        match self {
-            BrokerError::Throttled { .. } | BrokerError::Unknown { .. } => true,
-            BrokerError::Other { retryable, .. } => *retryable,
-            _ => false,
+        self.kind.is_retryable()
+    }
+
+    /// The first error of type `T` down the source chain (the SDK's or client's error, an adapter's own),
+    /// for callers that need more than the [`kind`](Self::kind).
+    pub fn find_source<T: std::error::Error + 'static>(&self) -> Option<&T> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self.source.as_ref());
+        while let Some(c) = cause {
+            if let Some(t) = c.downcast_ref::<T>() {
+                return Some(t);
+            }
+            cause = c.source();
         }
+        None
+    }
+
+    /// Consumes the error, returning its source.
+    pub fn into_source(self) -> BoxError {
+        self.source
+    }
+}
+
+impl std::fmt::Display for BrokerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} failed ({})", self.operation, self.kind)?;
+        if let Some(after) = self.retry_after {
+            write!(f, ", retry after {} ms", after.as_millis())?;
+        }
+        // The whole chain: SDK errors often say little at the top ("service error") and the detail below.
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self.source.as_ref());
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BrokerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn broker_errors_keep_their_source_and_say_the_whole_chain() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer");
+        let e = BrokerError::new(BrokerErrorKind::OutcomeUnknown, "complete", Outer(io))
+            .with_retry_after(Some(Duration::from_secs(2)));
+        assert!(e.is_retryable());
+        assert_eq!(e.operation(), "complete");
+        assert_eq!(
+            e.to_string(),
+            "complete failed (outcome unknown), retry after 2000 ms: outer: no answer"
+        );
+        let src = std::error::Error::source(&e).unwrap();
+        let outer = src.downcast_ref::<Outer>().unwrap();
+        assert_eq!(outer.0.kind(), std::io::ErrorKind::TimedOut);
+        let io = e.find_source::<std::io::Error>().unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.find_source::<std::fmt::Error>().is_none());
+    }
+
+    #[test]
+    fn http_statuses_are_classified() {
+        let k = BrokerErrorKind::of_http_status;
+        assert_eq!(k(404), BrokerErrorKind::LockLost);
+        assert_eq!(k(410), BrokerErrorKind::EntityNotFound);
+        assert_eq!(
+            (k(429), k(503)),
+            (BrokerErrorKind::Throttled, BrokerErrorKind::Throttled)
+        );
+        assert_eq!(k(403), BrokerErrorKind::Unauthorized);
+        assert_eq!(k(504), BrokerErrorKind::OutcomeUnknown);
+        assert!(k(500).is_retryable());
+        assert!(!k(400).is_retryable());
     }
 }

@@ -34,7 +34,7 @@ impl FingerprintSpec {
     /// Hex SHA-256 of the canonical form of `body`.
     ///
     /// ```
-    /// use txinbox::FingerprintSpec;
+    /// use txinbox_core::FingerprintSpec;
     /// let spec = FingerprintSpec::new().exclude("/received_at");
     /// let a = spec.fingerprint(br#"{"a":1,"b":[1,2],"received_at":"09:00"}"#);
     /// let b = spec.fingerprint(br#"{ "b": [1, 2], "a": 1, "received_at": "10:00" }"#);

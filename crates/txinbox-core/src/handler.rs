@@ -2,7 +2,7 @@
 //!
 //! A handler is a plain `async` closure or `async fn`
 //!
-//! ```ignore
+//! ```text
 //! inbox.bind(|tx, msg: Message<Meeting>| async move {
 //!     sqlx::query("INSERT INTO tasks (opportunity) VALUES ($1)").bind(&msg.body.opportunity).execute(&tx).await?;
 //!     Ok(())

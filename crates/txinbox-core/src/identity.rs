@@ -26,7 +26,7 @@ impl ConsumerName {
     /// Validates and wraps a consumer name.
     ///
     /// ```
-    /// use txinbox::ConsumerName;
+    /// use txinbox_core::ConsumerName;
     /// assert!(ConsumerName::new("crm-followup").is_ok());
     /// assert!(ConsumerName::new("").is_err());
     /// assert!(ConsumerName::new("has space").is_err());

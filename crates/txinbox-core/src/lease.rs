@@ -8,44 +8,42 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::Lease;
 
-/// When and how far leases are renewed.
+/// What the lease keeper cannot learn from the lease itself.
+///
+/// The cadence and the extension come from [`Lease::duration`]: each renewal extends the lease by its
+/// duration, every [`renewal_interval`] of it (a third).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LeaseOptions {
-    /// Time between renewals. Must be well below the lease duration (SQS visibility timeout, Service Bus
-    /// lock duration); one third of it is a good choice.
-    pub interval: Duration,
-    /// How far each renewal extends the lease (from the moment of renewal).
-    pub extend_by: Duration,
-    /// Stop renewing after the lease has been held this long in total (SQS caps visibility at 12 hours).
+    /// Stop renewing after the lease has been held this long in total (default 2 h; SQS caps visibility at
+    /// 12 hours from the receive).
     pub max_total: Duration,
 }
 
 impl Default for LeaseOptions {
     fn default() -> Self {
         Self {
-            interval: Duration::from_secs(20),
-            extend_by: Duration::from_secs(60),
             max_total: Duration::from_secs(2 * 3600),
         }
     }
 }
 
 impl LeaseOptions {
-    /// Sets the renewal interval.
-    pub fn interval(mut self, d: Duration) -> Self {
-        self.interval = d;
-        self
-    }
-    /// Sets how far each renewal extends the lease.
-    pub fn extend_by(mut self, d: Duration) -> Self {
-        self.extend_by = d;
-        self
-    }
     /// Sets the maximum total time a lease is kept.
     pub fn max_total(mut self, d: Duration) -> Self {
         self.max_total = d;
         self
     }
+}
+
+/// Shortest time between two renewals, whatever the lease duration.
+pub const MIN_RENEWAL_INTERVAL: Duration = Duration::from_millis(1);
+
+/// How often a lease of `duration` is renewed: a third of it (at least [`MIN_RENEWAL_INTERVAL`]), so a
+/// renewal that fails transiently is retried once more before the lease runs out. A 60 s visibility timeout or
+/// lock duration is renewed every 20 s.
+pub fn renewal_interval(duration: Duration) -> Duration {
+    (duration / 3).max(MIN_RENEWAL_INTERVAL)
 }
 
 /// A running lease keeper. Stop it (or drop it) once the delivery is settled.
@@ -86,22 +84,28 @@ impl Drop for LeaseGuard {
     }
 }
 
-/// Starts renewing `lease` every `opts.interval` until the guard is stopped or dropped, a renewal fails, or
-/// `opts.max_total` is reached. A transient failure ([`crate::BrokerError::is_retryable`]) is retried on the
+/// Starts renewing `lease` by its [`Lease::duration`] every [`renewal_interval`] of it until the guard is
+/// stopped or dropped, a renewal fails, or `opts.max_total` is reached. A lease of zero duration is not renewed. A transient failure ([`crate::BrokerError::is_retryable`]) is retried on the
 /// next tick while the lease has not expired. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; the
 /// delivery's outcome stays correct because the inbox absorbs the redelivery that may follow.
 pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -> LeaseGuard {
     let cancel = CancellationToken::new();
     let state = Arc::new(LeaseState::default());
     let (c, s) = (cancel.clone(), state.clone());
+    let duration = lease.duration();
+    if duration.is_zero() {
+        tracing::warn!(consumer, "the lease reports no duration; it is not renewed");
+        return LeaseGuard { cancel, state };
+    }
+    let interval = renewal_interval(duration);
     tokio::spawn(async move {
         let started = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = c.cancelled() => return,
-                _ = tokio::time::sleep(opts.interval) => {}
+                _ = tokio::time::sleep(interval) => {}
             }
-            if started.elapsed() + opts.interval > opts.max_total {
+            if started.elapsed() + interval > opts.max_total {
                 tracing::warn!(
                     consumer,
                     "lease keeper reached its maximum; the lease will expire"
@@ -110,7 +114,7 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
             }
             let renewed = tokio::select! {
                 _ = c.cancelled() => return,
-                r = lease.renew(opts.extend_by) => r,
+                r = lease.renew(duration) => r,
             };
             match renewed {
                 Ok(until) => {
@@ -145,7 +149,7 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::BrokerError;
+    use crate::error::{BrokerError, BrokerErrorKind};
     use chrono::{DateTime, Utc};
     use futures::future::BoxFuture;
     use std::sync::Mutex;
@@ -154,6 +158,9 @@ mod tests {
     struct Scripted(Mutex<Vec<Result<(), bool>>>);
 
     impl Lease for Scripted {
+        fn duration(&self) -> Duration {
+            Duration::from_millis(6)
+        }
         fn expires_at(&self) -> Option<DateTime<Utc>> {
             Some(Utc::now() + chrono::Duration::seconds(60))
         }
@@ -162,20 +169,24 @@ mod tests {
             Box::pin(async move {
                 match next {
                     Ok(()) => Ok(Utc::now()),
-                    Err(true) => Err(BrokerError::Throttled {
-                        detail: "429".into(),
-                        source: None,
-                    }),
-                    Err(false) => Err(BrokerError::LockLost {
-                        detail: "404".into(),
-                    }),
+                    Err(true) => Err(BrokerError::new(BrokerErrorKind::Throttled, "renew", "429")),
+                    Err(false) => Err(BrokerError::new(BrokerErrorKind::LockLost, "renew", "404")),
                 }
             })
         }
     }
 
     fn fast() -> LeaseOptions {
-        LeaseOptions::default().interval(Duration::from_millis(2))
+        LeaseOptions::default()
+    }
+
+    #[test]
+    fn the_cadence_is_a_third_of_the_duration() {
+        assert_eq!(
+            renewal_interval(Duration::from_secs(60)),
+            Duration::from_secs(20)
+        );
+        assert_eq!(renewal_interval(Duration::ZERO), MIN_RENEWAL_INTERVAL);
     }
 
     #[tokio::test]

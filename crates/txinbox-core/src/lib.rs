@@ -1,26 +1,29 @@
-//! # txinbox
+//! # txinbox-core
 //!
-//! A durable inbox at the consumer's door. Brokers deliver at least once: a worker that commits its database
-//! change and dies before it acknowledges the message gets that message again. txinbox records the message's
-//! identity (`consumer_name` + `message_id`) and the business change in **one database transaction**, lets
-//! the store's unique constraint decide who may proceed, and acknowledges the broker **only after COMMIT**.
-//! A redelivery finds the marker and ends without repeating the effect.
+//! The core of txinbox, a durable inbox at the consumer's door. Brokers deliver at least once: a worker that
+//! commits its database change and dies before it acknowledges the message gets that message again. txinbox
+//! records the message's identity (`consumer_name` + `message_id`) and the business change in **one database
+//! transaction**, lets the store's unique constraint decide who may proceed, and acknowledges the broker
+//! **only after COMMIT**. A redelivery finds the marker and ends without repeating the effect.
 //!
-//! This crate holds what does not depend on a database or a broker:
+//! Users depend on the `txinbox` facade crate, which re-exports this one. This crate holds what depends on
+//! no particular database or broker:
 //!
-//! * [`identity`]: consumer names, identity resolution (CloudEvents, producer id, broker id opt-in);
-//! * [`fingerprint`]: the canonical payload hash;
-//! * [`Outcome`]: applied, duplicate, payload collision, business duplicate, retry, dead-lettered;
-//! * [`broker`]: the adapter traits ([`Receiver`], [`Delivery`], [`Lease`]);
-//! * [`worker`]: concurrency, lease renewal, graceful shutdown;
+//! * [`inbox`]: **the delivery pipeline**: validation, identity, retention, fingerprint, the transaction's
+//!   decisions, the settle and the metrics, written once for every store;
+//! * [`handler`]: the handler API (typed [`Message`]s, [`HandlerError`] that any error converts into);
+//! * [`store`]: the store contract ([`InboxStore`]) a database driver implements;
+//! * [`broker`]: the broker contract ([`Receiver`], [`Delivery`], [`Lease`], [`BrokerError`]);
+//! * [`identity`], [`fingerprint`], [`Outcome`];
+//! * [`worker`]: concurrency, lease renewal, graceful shutdown; [`redrive`]: one report for both brokers;
 //! * [`mem`]: an in-memory broker with real at-least-once semantics for tests and the lab;
 //! * [`outbox`], [`retention`], [`metrics`].
 //!
-//! The inbox transaction itself lives in `txinbox-store` (PostgreSQL and SQLite on sqlx); the brokers live in
-//! `txinbox-sqs` and `txinbox-servicebus`.
+//! The sqlx stores (PostgreSQL, SQLite) live in `txinbox-store`; the brokers in `txinbox-sqs` and
+//! `txinbox-servicebus`.
 //!
 //! ```
-//! use txinbox::{ConsumerName, IdentityPolicy, ReceivedMessage};
+//! use txinbox_core::{ConsumerName, IdentityPolicy, ReceivedMessage};
 //!
 //! let policy = IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap())
 //!     .business_key(|m| {
@@ -52,12 +55,13 @@ pub mod message;
 pub mod metrics;
 pub mod outbox;
 pub mod outcome;
+pub mod redrive;
 pub mod retention;
 pub mod store;
 pub mod worker;
 
-pub use broker::{DeadLetter, Delivery, Lease, Receiver};
-pub use error::{BadInput, BoxError, BrokerError};
+pub use broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
+pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind};
 pub use fingerprint::FingerprintSpec;
 pub use handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
 pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};
@@ -66,6 +70,7 @@ pub use lease::LeaseOptions;
 pub use message::ReceivedMessage;
 pub use outbox::{OutboxMessage, Publisher};
 pub use outcome::{Outcome, OutcomeKind};
+pub use redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
 pub use retention::RetentionPolicy;
 pub use store::{
     Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind,

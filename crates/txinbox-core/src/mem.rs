@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
 use crate::broker::{DeadLetter, Delivery, Lease, Receiver};
-use crate::error::BrokerError;
+use crate::error::{BrokerError, BrokerErrorKind};
 use crate::message::ReceivedMessage;
 
 /// A message to send.
@@ -358,9 +358,11 @@ impl MemoryQueue {
             {
                 Ok(f(&mut s, i, now))
             }
-            _ => Err(BrokerError::LockLost {
-                detail: format!("receipt {receipt} for message {seq} is no longer current"),
-            }),
+            _ => Err(BrokerError::new(
+                BrokerErrorKind::LockLost,
+                "settle",
+                format!("receipt {receipt} for message {seq} is no longer current"),
+            )),
         }
     }
 }
@@ -413,17 +415,21 @@ impl Delivery for MemoryDelivery {
     async fn ack(self) -> Result<(), BrokerError> {
         let fault = self.queue.lock().faults.pop_front();
         if fault == Some(SettleFault::Fail) {
-            return Err(BrokerError::Unknown {
-                source: "injected ack failure".into(),
-            });
+            return Err(BrokerError::new(
+                BrokerErrorKind::OutcomeUnknown,
+                "ack",
+                "injected ack failure",
+            ));
         }
         self.queue.with_current(self.seq, self.receipt, |s, i, _| {
             s.messages.remove(i);
         })?;
         if fault == Some(SettleFault::DropResponse) {
-            return Err(BrokerError::Unknown {
-                source: "injected: ack applied, response lost".into(),
-            });
+            return Err(BrokerError::new(
+                BrokerErrorKind::OutcomeUnknown,
+                "ack",
+                "injected: ack applied, response lost",
+            ));
         }
         Ok(())
     }
@@ -465,6 +471,11 @@ struct MemoryLease {
 }
 
 impl Lease for MemoryLease {
+    /// The queue's visibility timeout.
+    fn duration(&self) -> Duration {
+        self.queue.inner.opts.visibility_timeout
+    }
+
     fn expires_at(&self) -> Option<DateTime<Utc>> {
         Some(*self.expires.lock().unwrap_or_else(|p| p.into_inner()))
     }
@@ -520,20 +531,31 @@ mod tests {
         let first = q.receive_now(1).pop().unwrap();
         q.advance(Duration::from_secs(31));
         let second = q.receive_now(1).pop().unwrap();
-        assert!(matches!(
-            first.ack().await,
-            Err(BrokerError::LockLost { .. })
-        ));
+        assert_eq!(
+            first.ack().await.unwrap_err().kind(),
+            BrokerErrorKind::LockLost
+        );
         q.inject_ack_fault(SettleFault::DropResponse);
-        assert!(matches!(
-            second.ack().await,
-            Err(BrokerError::Unknown { .. })
-        ));
+        assert_eq!(
+            second.ack().await.unwrap_err().kind(),
+            BrokerErrorKind::OutcomeUnknown
+        );
         assert_eq!(
             q.state(),
             QueueState::default(),
             "dropped response: ack applied"
         );
+    }
+
+    #[test]
+    fn the_lease_reports_the_visibility_timeout() {
+        let q = MemoryQueue::new(QueueOptions {
+            visibility_timeout: Duration::from_secs(7),
+            ..QueueOptions::default()
+        });
+        q.send(OutgoingMessage::new("a"));
+        let d = q.receive_now(1).pop().unwrap();
+        assert_eq!(d.lease().unwrap().duration(), Duration::from_secs(7));
     }
 
     #[tokio::test]

@@ -44,7 +44,7 @@ impl RetentionPolicy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use txinbox::RetentionPolicy;
+    /// use txinbox_core::RetentionPolicy;
     /// let day = Duration::from_secs(86_400);
     /// let p = RetentionPolicy::default().keep(7 * day);
     /// assert!(p.check_covers(4 * day, 30 * day, day).is_err());

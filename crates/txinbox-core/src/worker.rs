@@ -82,7 +82,9 @@ pub struct WorkerOptions {
     pub batch_size: usize,
     /// How long in-flight deliveries may run after shutdown begins (default 30 s).
     pub shutdown_timeout: Duration,
-    /// Lease renewal settings.
+    /// What the lease keeper cannot learn from a lease (the maximum total hold). The cadence and the
+    /// extension come from each delivery's [`Lease::duration`](crate::Lease::duration): renewed every third of
+    /// it, so the defaults fit any visibility timeout or lock duration.
     pub lease: LeaseOptions,
     /// Pause after a failed receive (default 1 s).
     pub receive_error_backoff: Duration,

@@ -39,7 +39,10 @@ use crate::CheckError;
 /// The rules read `inbox.retention_seconds`, `sqs.heartbeat_interval_seconds`,
 /// `sqs.producers_send_deduplication_id` and
 /// `servicebus.lock_renewal_interval_seconds`; the other keys describe the
-/// adapters' defaults, which the sample Terraform mirrors.
+/// adapters' defaults, which the sample Terraform mirrors. The worker renews
+/// a lease every third of its duration (the visibility timeout, the lock
+/// duration), so the two renewal intervals default to a third of those; a
+/// test ties every default here to the adapters' own.
 ///
 /// ```
 /// let s = txinbox_infra::WorkerSettings::from_toml_str(
@@ -89,7 +92,8 @@ pub struct SqsSettings {
     pub wait_time_seconds: u64,
     /// Visibility timeout the queue should have, in seconds (60).
     pub visibility_timeout_seconds: u64,
-    /// How often the visibility of a message in progress is extended, in seconds (20).
+    /// How often the visibility of a message in progress is extended, in seconds (20: a third of the
+    /// visibility timeout, as the worker derives it).
     pub heartbeat_interval_seconds: u64,
     /// The longest total extension of one message, in seconds (2 h).
     pub max_extension_seconds: u64,
@@ -127,7 +131,8 @@ impl Default for SqsSettings {
 pub struct ServiceBusSettings {
     /// Lock duration the queue should have, in seconds (`PT1M`).
     pub lock_duration_seconds: u64,
-    /// How often the lock of a message in progress is renewed, in seconds (20).
+    /// How often the lock of a message in progress is renewed, in seconds (20: a third of the lock
+    /// duration, as the worker derives it).
     pub lock_renewal_interval_seconds: u64,
     /// Deliveries before Service Bus dead-letters a message (10).
     pub max_delivery_count: u32,

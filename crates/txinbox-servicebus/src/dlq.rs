@@ -9,8 +9,8 @@
 //!
 //!   | property | value |
 //!   |---|---|
-//!   | [`REASON_PROPERTY`] `txinbox-dlq-reason` | the inbox's reason code (`payload_collision`, `handler_permanent`, `no_identity`, ...) |
-//!   | [`DETAIL_PROPERTY`] `txinbox-dlq-detail` | human-readable detail (at most 1 KiB, ASCII-escaped) |
+//!   | [`dead_letter::REASON`] `txinbox-dlq-reason` | the inbox's reason code (`payload_collision`, `handler_permanent`, `no_identity`, ...) |
+//!   | [`dead_letter::DETAIL`] `txinbox-dlq-detail` | human-readable detail (at most [`dead_letter::MAX_DETAIL_LEN`] = 1 KiB, ASCII-escaped) |
 //!   | [`SOURCE_PROPERTY`] `txinbox-dlq-source` | the queue the message came from |
 //!   | [`SEQUENCE_PROPERTY`] `txinbox-dlq-sequence-number` | its SequenceNumber there |
 //!   | [`DELIVERY_COUNT_PROPERTY`] `txinbox-dlq-delivery-count` | its DeliveryCount when forwarded |
@@ -28,17 +28,14 @@ use std::time::Duration;
 use azure_messaging_servicebus::prelude::QueueClient;
 use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBrokerProperties};
 use chrono::{SecondsFormat, Utc};
-use txinbox_core::{DeadLetter, ReceivedMessage};
+use txinbox_core::dead_letter::{self, MAX_DETAIL_LEN};
+use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, ReceivedMessage};
 
 use crate::config::ServiceBusClient;
-use crate::error::ServiceBusError;
+use crate::error::client_error;
 use crate::receiver::{peek_lock, settle, Locked, SettleOp};
 use crate::wire::{self, quote_property};
 
-/// Custom property with the dead-letter reason code.
-pub const REASON_PROPERTY: &str = "txinbox-dlq-reason";
-/// Custom property with the dead-letter detail.
-pub const DETAIL_PROPERTY: &str = "txinbox-dlq-detail";
 /// Custom property with the source queue.
 pub const SOURCE_PROPERTY: &str = "txinbox-dlq-source";
 /// Custom property with the source SequenceNumber.
@@ -53,9 +50,6 @@ pub const FORWARDED_AT_PROPERTY: &str = "txinbox-dlq-forwarded-at";
 pub const BROKER_REASON_PROPERTY: &str = "deadletterreason";
 /// The broker's dead-letter description.
 pub const BROKER_DESCRIPTION_PROPERTY: &str = "deadlettererrordescription";
-
-/// Longest detail property written.
-const MAX_DETAIL: usize = 1024;
 
 /// The send options that re-send a locked message: MessageId and system properties intact, custom properties
 /// as received (typed values keep their wire form), minus `drop(name)`, plus `extra`.
@@ -110,14 +104,17 @@ impl Forwarder {
         &self,
         locked: &Locked,
         why: &DeadLetter,
-    ) -> Result<(), ServiceBusError> {
+    ) -> Result<(), BrokerError> {
         let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         let m = &locked.message;
         let mut extra = vec![
-            (REASON_PROPERTY.to_owned(), quote_property(&why.reason, 128)),
             (
-                DETAIL_PROPERTY.to_owned(),
-                quote_property(&why.detail, MAX_DETAIL),
+                dead_letter::REASON.to_owned(),
+                quote_property(&why.reason, 128),
+            ),
+            (
+                dead_letter::DETAIL.to_owned(),
+                quote_property(dead_letter::truncate_detail(&why.detail), MAX_DETAIL_LEN),
             ),
             (
                 SOURCE_PROPERTY.to_owned(),
@@ -145,22 +142,20 @@ impl Forwarder {
         }
         let options = resend_options(
             locked,
-            |k| k.starts_with("txinbox-dlq-") && k != ENQUEUED_AT_PROPERTY,
+            |k| dead_letter::is_bookkeeping(k) && k != ENQUEUED_AT_PROPERTY,
             extra,
         );
-        let body = m.body_str().ok_or_else(|| ServiceBusError::Protocol {
-            op: "dead-letter forward",
-            entity: self.source.clone(),
-            detail: "the body is not UTF-8 (the crate sends text only)".into(),
-            source: None,
+        let body = m.body_str().ok_or_else(|| {
+            BrokerError::new(
+                BrokerErrorKind::Rejected,
+                "dead-letter-forward",
+                "the body is not UTF-8 (the crate sends text only)",
+            )
         })?;
         self.client
             .send_message(body, Some(options))
             .await
-            .map_err(|e| ServiceBusError::DeadLetterForward {
-                destination: self.destination.clone(),
-                source: Box::new(ServiceBusError::from_client("send", &self.destination, e)),
-            })?;
+            .map_err(|e| client_error("dead-letter-forward", e))?;
         metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
             .increment(1);
         tracing::warn!(
@@ -195,8 +190,8 @@ impl DeadLetteredMessage {
                 .map(str::to_owned)
         };
         Self {
-            reason: get(REASON_PROPERTY, BROKER_REASON_PROPERTY),
-            detail: get(DETAIL_PROPERTY, BROKER_DESCRIPTION_PROPERTY),
+            reason: get(dead_letter::REASON, BROKER_REASON_PROPERTY),
+            detail: get(dead_letter::DETAIL, BROKER_DESCRIPTION_PROPERTY),
             message,
         }
     }
@@ -213,7 +208,7 @@ pub async fn read_dead_letters(
     path: &str,
     max: usize,
     wait: Duration,
-) -> Result<Vec<DeadLetteredMessage>, ServiceBusError> {
+) -> Result<Vec<DeadLetteredMessage>, BrokerError> {
     let queue = client.queue_client(path);
     let mut locks = Vec::new();
     let mut out = Vec::new();
@@ -249,7 +244,7 @@ pub async fn read_dead_letters(
 
 /// Whether a custom property is dead-letter bookkeeping that a redrive drops.
 pub(crate) fn is_dead_letter_property(name: &str) -> bool {
-    name.starts_with("txinbox-dlq-")
+    dead_letter::is_bookkeeping(name)
         || name == BROKER_REASON_PROPERTY
         || name == BROKER_DESCRIPTION_PROPERTY
 }

@@ -8,11 +8,16 @@
 //!   is parsed with tolerant types ([`wire::BrokerProperties`]) and the lock URI is read from `Location`;
 //! * [`ServiceBusDelivery`]: completed by the inbox **only after COMMIT**, abandoned on a retryable error
 //!   (after holding the lock for the retry backoff), dead-lettered by [`DeadLetterStrategy`];
-//! * [`ServiceBusLease`]: lock renewal, run by the worker's lease keeper every
-//!   [`ServiceBusOptions::renew_interval`] (a third of the lock duration) for up to
-//!   [`ServiceBusOptions::max_lock_hold`]; REST renew answers no expiry, so the adapter computes it;
+//! * [`ServiceBusLease`]: lock renewal, run by the worker's lease keeper with any
+//!   [`WorkerOptions`](txinbox_core::WorkerOptions): the lease says its duration
+//!   ([`ServiceBusOptions::lock_duration`], or the broker's shorter lock) and is renewed every third of it, for
+//!   up to [`LeaseOptions::max_total`](txinbox_core::LeaseOptions::max_total); REST renew answers no expiry,
+//!   so the adapter computes it;
 //! * [`dlq`]: forwarding dead letters with their identity and reason, reading `$DeadLetterQueue`;
-//! * [`redrive()`]: moves dead letters back with their MessageId intact;
+//! * [`redrive()`]: moves dead letters back with their MessageId intact, reporting with the core's
+//!   [`RedriveReport`](txinbox_core::RedriveReport) and [`RedriveProgress`](txinbox_core::RedriveProgress);
+//! * every failed Service Bus call is a [`txinbox_core::BrokerError`] whose source is the `azure_core`
+//!   error (or [`error::UnexpectedStatus`] when the adapter checked the status itself);
 //! * [`ServiceBusPublisher`]: sends with MessageId and CloudEvents properties from one identity.
 //!
 //! ## Wiring a worker
@@ -38,9 +43,7 @@
 //! // Managed identity instead: ServiceBusConfig::default_azure_credential("NS")?.connect()?
 //! let options = ServiceBusOptions::default().dead_letter_to("crm-events-poison");
 //! let receiver = ServiceBusReceiver::new(&client, "crm-events", options)?;
-//! let worker_options = receiver.worker_options();
 //! let report = Worker::new(receiver, inbox.bind(handler))
-//!     .options(worker_options)
 //!     .run_until(txinbox_core::shutdown_signal())
 //!     .await;
 //! println!("{report:?}");
@@ -56,7 +59,8 @@
 //!   receiver gets meanwhile is absorbed by the unique constraint.
 //! * A complete that fails is counted (`txinbox_settle_failures_total`); the message comes back and is absorbed.
 //!   A complete whose answer was lost is retried; a 404 on the retry is reported as ambiguous
-//!   ([`ServiceBusError::AmbiguousSettle`], mapped to `BrokerError::Unknown`), not as a lost lock.
+//!   ([`error::AmbiguousSettle`], an [`OutcomeUnknown`](txinbox_core::BrokerErrorKind::OutcomeUnknown)
+//!   error), not as a lost lock.
 //! * Throttling (429/503), 500 and lost answers are retried for settles and renewals; a throttled receive
 //!   waits the service's `Retry-After` and lets the worker back off.
 //!
@@ -76,11 +80,11 @@ pub mod wire;
 
 pub use config::{dead_letter_queue_path, Credential, ServiceBusClient, ServiceBusConfig};
 pub use dlq::{read_dead_letters, DeadLetteredMessage};
-pub use error::{FailureKind, ServiceBusError};
+pub use error::ServiceBusError;
 pub use options::{DeadLetterStrategy, ServiceBusOptions};
 pub use publisher::{send_options, ServiceBusPublisher};
 pub use receiver::{ServiceBusDelivery, ServiceBusLease, ServiceBusReceiver};
-pub use redrive::{redrive, RedriveOptions, RedriveReport};
+pub use redrive::{redrive, RedriveOptions};
 
 /// Re-exported so users name the same crate versions.
 pub use azure_core;

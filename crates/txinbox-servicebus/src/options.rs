@@ -3,9 +3,12 @@
 
 use std::time::Duration;
 
-use txinbox_core::{LeaseOptions, WorkerOptions};
-
 use crate::error::ServiceBusError;
+
+/// The shortest lock duration the adapter accepts (Service Bus's minimum is 5 s; the emulator allows less).
+pub const MIN_LOCK_DURATION: Duration = Duration::from_secs(1);
+/// The longest lock duration Service Bus allows (5 minutes).
+pub const MAX_LOCK_DURATION: Duration = Duration::from_secs(300);
 
 /// What happens to a message the inbox dead-letters (payload collision, bad input, permanent handler error).
 ///
@@ -36,14 +39,15 @@ pub enum DeadLetterStrategy {
 /// | option | default | note |
 /// |---|---|---|
 /// | [`wait`](Self::wait) | 20 s | long-poll `timeout` of a receive, whole seconds on the wire |
-/// | [`batch_size`](Self::batch_size) | 8 | deliveries one receive hands out: one long poll, then `timeout=0` requests while messages keep coming |
-/// | [`concurrency`](Self::concurrency) | 8 | deliveries processed at once |
-/// | [`lock_duration`](Self::lock_duration) | 60 s | the queue's LockDuration: the expiry computed after a renewal (REST renew answers none) |
-/// | [`renew_interval`](Self::renew_interval) | 20 s | time between renewals; a third of the lock duration |
-/// | [`max_lock_hold`](Self::max_lock_hold) | 2 h | renewals stop after this; the message then comes back and the inbox absorbs it |
+/// | [`batch_size`](Self::batch_size) | 8 | deliveries one receive hands out (at most the worker's free slots): one long poll, then `timeout=0` requests while messages keep coming |
+/// | [`lock_duration`](Self::lock_duration) | 60 s | the queue's LockDuration: the lease's duration (the worker renews every third of it) and the expiry computed after a renewal (REST renew answers none); a shorter lock granted by the broker wins |
 /// | [`max_release_delay`](Self::max_release_delay) | 10 s | the retry backoff is served by holding the lock this long at most, then abandoning |
 /// | [`settle_attempts`](Self::settle_attempts) | 3 | tries of a complete/abandon/renew on throttling, 5xx or a lost answer |
 /// | [`dead_letter`](Self::dead_letter) | abandon until MaxDeliveryCount | see [`DeadLetterStrategy`] |
+///
+/// What belongs to the worker is set there: concurrency in [`txinbox_core::WorkerOptions`], the longest total
+/// lock hold in [`txinbox_core::LeaseOptions::max_total`] (renewals stop after it; the message then comes back
+/// and the inbox absorbs it), the delay of a retry in the inbox.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServiceBusOptions {
@@ -51,14 +55,8 @@ pub struct ServiceBusOptions {
     pub wait: Duration,
     /// Most deliveries one receive hands out.
     pub batch_size: usize,
-    /// Deliveries processed at once.
-    pub concurrency: usize,
-    /// The queue's LockDuration.
+    /// The queue's LockDuration: how long a lock lasts from a receive or a renewal.
     pub lock_duration: Duration,
-    /// Time between lock renewals.
-    pub renew_interval: Duration,
-    /// Longest total time a lock is kept by renewals.
-    pub max_lock_hold: Duration,
     /// Longest time a release holds the lock before abandoning (the retry backoff).
     pub max_release_delay: Duration,
     /// Attempts of one settle or renewal when the failure is retryable.
@@ -72,10 +70,7 @@ impl Default for ServiceBusOptions {
         Self {
             wait: Duration::from_secs(20),
             batch_size: 8,
-            concurrency: 8,
             lock_duration: Duration::from_secs(60),
-            renew_interval: Duration::from_secs(20),
-            max_lock_hold: Duration::from_secs(2 * 3600),
             max_release_delay: Duration::from_secs(10),
             settle_attempts: 3,
             dead_letter: DeadLetterStrategy::AbandonUntilMaxDelivery,
@@ -94,25 +89,10 @@ impl ServiceBusOptions {
         self.batch_size = n.max(1);
         self
     }
-    /// Sets the concurrency (at least 1).
-    pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n.max(1);
-        self
-    }
-    /// Sets the queue's lock duration, and the renewal interval to a third of it.
+    /// Sets the queue's lock duration (at least 1 s, at most 5 min as Service Bus allows): the lock is
+    /// renewed every third of it.
     pub fn lock_duration(mut self, d: Duration) -> Self {
         self.lock_duration = d;
-        self.renew_interval = d / 3;
-        self
-    }
-    /// Sets the renewal interval (must be below the lock duration).
-    pub fn renew_interval(mut self, d: Duration) -> Self {
-        self.renew_interval = d;
-        self
-    }
-    /// Sets the longest total lock holding.
-    pub fn max_lock_hold(mut self, d: Duration) -> Self {
-        self.max_lock_hold = d;
         self
     }
     /// Sets the longest lock hold before an abandon.
@@ -138,16 +118,13 @@ impl ServiceBusOptions {
         self
     }
 
-    /// Checks that the options hang together.
+    /// Checks that the options hang together. Called by [`ServiceBusReceiver::new`](crate::ServiceBusReceiver::new).
     pub fn validate(&self) -> Result<(), ServiceBusError> {
         let bad = |detail: String| Err(ServiceBusError::Config { detail });
-        if self.lock_duration.is_zero() || self.renew_interval.is_zero() {
-            return bad("lock duration and renewal interval must be positive".into());
-        }
-        if self.renew_interval >= self.lock_duration {
+        if self.lock_duration < MIN_LOCK_DURATION || self.lock_duration > MAX_LOCK_DURATION {
             return bad(format!(
-                "renewal interval {:?} must be below the lock duration {:?}",
-                self.renew_interval, self.lock_duration
+                "lock duration {:?} is outside 1 s..=5 min",
+                self.lock_duration
             ));
         }
         if let DeadLetterStrategy::Forward { destination } = &self.dead_letter {
@@ -165,20 +142,6 @@ impl ServiceBusOptions {
         }
         Ok(())
     }
-
-    /// Worker options matching these: concurrency, batch size, and the lease keeper renewing every
-    /// `renew_interval` for up to `max_lock_hold`.
-    pub fn worker_options(&self) -> WorkerOptions {
-        WorkerOptions::default()
-            .concurrency(self.concurrency)
-            .batch_size(self.batch_size.min(self.concurrency))
-            .lease(
-                LeaseOptions::default()
-                    .interval(self.renew_interval)
-                    .extend_by(self.lock_duration)
-                    .max_total(self.max_lock_hold),
-            )
-    }
 }
 
 #[cfg(test)]
@@ -189,25 +152,26 @@ mod tests {
     fn defaults_match_the_terraform_samples() {
         let o = ServiceBusOptions::default();
         assert_eq!(o.lock_duration, Duration::from_secs(60));
-        assert_eq!(o.renew_interval, Duration::from_secs(20));
         assert_eq!(o.wait, Duration::from_secs(20));
-        assert_eq!(o.concurrency, 8);
-        assert_eq!(o.max_lock_hold, Duration::from_secs(7200));
+        assert_eq!(o.batch_size, 8);
         o.validate().unwrap();
-        let w = o.worker_options();
-        assert_eq!(w.concurrency, 8);
-        assert_eq!(w.lease.interval, Duration::from_secs(20));
-        assert_eq!(w.lease.max_total, Duration::from_secs(7200));
     }
 
     #[test]
     fn inconsistent_options_are_refused() {
-        let o = ServiceBusOptions::default().renew_interval(Duration::from_secs(60));
-        assert!(o.validate().is_err());
         let o = ServiceBusOptions::default().dead_letter_to("orders/$DeadLetterQueue");
         assert!(o.validate().is_err());
-        let o = ServiceBusOptions::default().lock_duration(Duration::from_secs(2));
-        assert_eq!(o.renew_interval, Duration::from_secs(2) / 3);
-        o.validate().unwrap();
+        for lock in [
+            Duration::ZERO,
+            Duration::from_millis(900),
+            Duration::from_secs(301),
+        ] {
+            let o = ServiceBusOptions::default().lock_duration(lock);
+            assert!(o.validate().is_err(), "{lock:?}");
+        }
+        ServiceBusOptions::default()
+            .lock_duration(Duration::from_secs(2))
+            .validate()
+            .unwrap();
     }
 }

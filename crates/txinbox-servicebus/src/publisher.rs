@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 
 use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBrokerProperties};
-use txinbox_core::{BrokerError, OutboxMessage, Publisher};
+use txinbox_core::{BrokerError, BrokerErrorKind, OutboxMessage, Publisher};
 
 use crate::config::ServiceBusClient;
-use crate::error::ServiceBusError;
+use crate::error::client_error;
 use crate::wire::quote_property;
 
 /// Longest custom property value written (the service allows 32 KiB per property, 64 KiB in all).
@@ -79,25 +79,24 @@ impl ServiceBusPublisher {
     }
 
     /// Sends one message.
-    pub async fn send(&self, msg: &OutboxMessage) -> Result<(), ServiceBusError> {
+    ///
+    /// A body that is not UTF-8 is refused ([`BrokerErrorKind::Rejected`], source the UTF-8 error): the REST
+    /// client sends text only.
+    pub async fn send(&self, msg: &OutboxMessage) -> Result<(), BrokerError> {
         let entity = msg.destination.trim_matches('/');
-        let body = std::str::from_utf8(&msg.body).map_err(|e| ServiceBusError::Protocol {
-            op: "send",
-            entity: entity.to_owned(),
-            detail: "the body is not UTF-8 (the REST client sends text only)".into(),
-            source: Some(Box::new(e)),
-        })?;
+        let body = std::str::from_utf8(&msg.body)
+            .map_err(|e| BrokerError::new(BrokerErrorKind::Rejected, "send", e))?;
         self.client
             .queue_client(entity)
             .send_message(body, Some(send_options(msg, self.content_type.as_deref())))
             .await
-            .map_err(|e| ServiceBusError::from_client("send", entity, e))
+            .map_err(|e| client_error("send", e))
     }
 }
 
 impl Publisher for ServiceBusPublisher {
     async fn publish(&self, msg: &OutboxMessage) -> Result<(), BrokerError> {
-        self.send(msg).await.map_err(Into::into)
+        self.send(msg).await
     }
 }
 

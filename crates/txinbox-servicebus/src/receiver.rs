@@ -9,11 +9,13 @@ use azure_messaging_servicebus::prelude::QueueClient;
 use azure_messaging_servicebus::service_bus::PeekLockResponse;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
-use txinbox_core::{BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver};
+use txinbox_core::{
+    BrokerError, BrokerErrorKind, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver,
+};
 
 use crate::config::ServiceBusClient;
 use crate::dlq::Forwarder;
-use crate::error::{FailureKind, ServiceBusError};
+use crate::error::{client_error, AmbiguousSettle, ServiceBusError, UnexpectedStatus};
 use crate::options::{DeadLetterStrategy, ServiceBusOptions};
 use crate::wire::{self, BrokerProperties, ResponseHeaders};
 
@@ -43,12 +45,12 @@ pub(crate) async fn peek_lock(
     entity: &str,
     wait: Duration,
     lock_duration: Duration,
-) -> Result<Option<Locked>, ServiceBusError> {
+) -> Result<Option<Locked>, BrokerError> {
     let wait = Duration::from_secs(wait.as_secs());
     let response = client
         .peek_lock_message2(Some(wait))
         .await
-        .map_err(|e| ServiceBusError::from_client("receive", entity, e))?;
+        .map_err(|e| client_error("receive", e))?;
     let status = *response.status();
     let headers: ResponseHeaders = match response.custom_properties::<ResponseHeaders>() {
         Ok(h) => h,
@@ -58,15 +60,16 @@ pub(crate) async fn peek_lock(
         StatusCode::NoContent => return Ok(None),
         StatusCode::Created | StatusCode::Ok => {}
         other => {
-            let code = u16::from(other);
-            return Err(ServiceBusError::Status {
-                op: "receive",
-                entity: entity.to_owned(),
-                status: code,
-                kind: FailureKind::of_status(code),
-                retry_after: wire::retry_after(&headers),
-                source: None,
-            });
+            let status = u16::from(other);
+            return Err(BrokerError::new(
+                BrokerErrorKind::of_http_status(status),
+                "receive",
+                UnexpectedStatus {
+                    entity: entity.to_owned(),
+                    status,
+                },
+            )
+            .with_retry_after(wire::retry_after(&headers)));
         }
     }
     let received_at = Utc::now();
@@ -82,12 +85,11 @@ pub(crate) async fn peek_lock(
         }
     };
     if headers.get("location").is_none_or(str::is_empty) {
-        return Err(ServiceBusError::Protocol {
-            op: "receive",
-            entity: entity.to_owned(),
-            detail: "a locked message came without a Location (lock URI); it cannot be settled and will come back after its lock".into(),
-            source: None,
-        });
+        return Err(BrokerError::new(
+            BrokerErrorKind::Protocol,
+            "receive",
+            format!("a locked message of {entity} came without a Location (lock URI); it cannot be settled and will come back after its lock"),
+        ));
     }
     let mut message = ReceivedMessage::new(response.body().into_bytes());
     message.attributes = wire::raw_custom_properties(&headers)
@@ -129,6 +131,9 @@ fn sequence_from_location(location: &str) -> Option<String> {
     seq.parse::<i64>().ok().map(|n| n.to_string())
 }
 
+/// A lock the broker grants shorter than this is taken as clock skew, not as the queue's LockDuration.
+const MIN_GRANTED_LOCK: Duration = Duration::from_secs(1);
+
 /// Which crate call a settle makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SettleOp {
@@ -142,7 +147,7 @@ impl SettleOp {
         match self {
             SettleOp::Complete => "complete",
             SettleOp::Abandon => "abandon",
-            SettleOp::Renew => "renew",
+            SettleOp::Renew => "renew-lock",
         }
     }
 }
@@ -156,7 +161,7 @@ pub(crate) async fn settle(
     entity: &str,
     attempts: u32,
     locked_until: DateTime<Utc>,
-) -> Result<(), ServiceBusError> {
+) -> Result<(), BrokerError> {
     let mut answer_lost = false;
     let mut attempt = 0;
     loop {
@@ -168,22 +173,22 @@ pub(crate) async fn settle(
         };
         let e = match r {
             Ok(()) => return Ok(()),
-            Err(e) => ServiceBusError::from_client(op.name(), entity, e),
+            Err(e) => client_error(op.name(), e),
         };
-        if answer_lost && e.kind() == FailureKind::LockLost {
-            return Err(ServiceBusError::AmbiguousSettle {
-                op: op.name(),
-                entity: entity.to_owned(),
-                detail: format!("attempt {attempt} answered 404"),
-            });
+        if answer_lost && e.kind() == BrokerErrorKind::LockLost {
+            return Err(BrokerError::new(
+                BrokerErrorKind::OutcomeUnknown,
+                op.name(),
+                AmbiguousSettle { attempt, source: e },
+            ));
         }
         let backoff = Duration::from_millis(200 * 2u64.pow(attempt.min(5)));
         let time_left = (locked_until - Utc::now()).to_std().unwrap_or_default();
         if !e.is_retryable() || attempt >= attempts || backoff >= time_left {
             return Err(e);
         }
-        answer_lost |= e.kind() == FailureKind::OutcomeUnknown;
-        metrics::counter!(crate::metrics::SETTLE_RETRIES, "op" => op.name(), "kind" => format!("{:?}", e.kind()))
+        answer_lost |= e.kind() == BrokerErrorKind::OutcomeUnknown;
+        metrics::counter!(crate::metrics::SETTLE_RETRIES, "op" => op.name(), "kind" => e.kind().as_str())
             .increment(1);
         tracing::info!(op = op.name(), entity, attempt, error = %e, "retrying");
         tokio::time::sleep(backoff).await;
@@ -250,36 +255,38 @@ impl ServiceBusReceiver {
         &self.opts
     }
 
-    /// Worker options matching the receiver's ([`ServiceBusOptions::worker_options`]).
-    pub fn worker_options(&self) -> txinbox_core::WorkerOptions {
-        self.opts.worker_options()
-    }
-
     /// One peek-lock request; `Ok(None)` when nothing arrived within `wait`.
     pub async fn receive_one(
         &mut self,
         wait: Duration,
-    ) -> Result<Option<ServiceBusDelivery>, ServiceBusError> {
+    ) -> Result<Option<ServiceBusDelivery>, BrokerError> {
         let Some(locked) =
             peek_lock(&self.client, &self.entity, wait, self.opts.lock_duration).await?
         else {
             return Ok(None);
         };
-        let left = (locked.locked_until - Utc::now())
+        // The lease lasts the configured lock duration, or less when the broker's lock says so: a queue whose
+        // LockDuration is shorter than configured is still renewed in time.
+        let granted = (locked.locked_until - locked.message.received_at)
             .to_std()
             .unwrap_or_default();
-        if !self.lock_warned && left + Duration::from_secs(1) < self.opts.renew_interval {
-            self.lock_warned = true;
-            tracing::warn!(
-                entity = %self.entity,
-                lock_left_ms = left.as_millis() as u64,
-                renew_interval_ms = self.opts.renew_interval.as_millis() as u64,
-                "the lock lasts less than the renewal interval: set ServiceBusOptions::lock_duration to the queue's LockDuration"
-            );
+        let mut lock_duration = self.opts.lock_duration;
+        if granted >= MIN_GRANTED_LOCK && granted + Duration::from_secs(1) < lock_duration {
+            lock_duration = granted;
+            if !self.lock_warned {
+                self.lock_warned = true;
+                tracing::warn!(
+                    entity = %self.entity,
+                    granted_ms = granted.as_millis() as u64,
+                    configured_ms = self.opts.lock_duration.as_millis() as u64,
+                    "the broker's lock is shorter than ServiceBusOptions::lock_duration; renewing by the broker's (set lock_duration to the queue's LockDuration)"
+                );
+            }
         }
         Ok(Some(ServiceBusDelivery::new(
             locked,
             self.entity.clone(),
+            lock_duration,
             &self.opts,
             self.forwarder.clone(),
         )))
@@ -298,7 +305,7 @@ impl Receiver for ServiceBusReceiver {
                     // Honour the service's Retry-After before the worker asks again.
                     tokio::time::sleep(after.min(Duration::from_secs(30))).await;
                 }
-                return Err(e.into());
+                return Err(e);
             }
         };
         let mut out = vec![first];
@@ -331,7 +338,7 @@ impl LockState {
         *self.until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) async fn settle(&self, op: SettleOp) -> Result<(), ServiceBusError> {
+    pub(crate) async fn settle(&self, op: SettleOp) -> Result<(), BrokerError> {
         settle(
             &self.locked.response,
             op,
@@ -366,6 +373,7 @@ impl ServiceBusDelivery {
     fn new(
         locked: Locked,
         entity: String,
+        lock_duration: Duration,
         opts: &ServiceBusOptions,
         forwarder: Option<Arc<Forwarder>>,
     ) -> Self {
@@ -374,7 +382,7 @@ impl ServiceBusDelivery {
             state: Arc::new(LockState {
                 locked,
                 entity,
-                lock_duration: opts.lock_duration,
+                lock_duration,
                 attempts: opts.settle_attempts,
                 until: Mutex::new(until),
             }),
@@ -408,12 +416,12 @@ impl ServiceBusDelivery {
     }
 
     /// Completes the message (only the inbox should, after COMMIT).
-    pub async fn complete(self) -> Result<(), ServiceBusError> {
+    pub async fn complete(self) -> Result<(), BrokerError> {
         self.state.settle(SettleOp::Complete).await
     }
 
     /// Abandons the message: the broker makes it available again at once and counts the delivery.
-    pub async fn abandon(self) -> Result<(), ServiceBusError> {
+    pub async fn abandon(self) -> Result<(), BrokerError> {
         self.state.settle(SettleOp::Abandon).await
     }
 }
@@ -424,7 +432,7 @@ impl Delivery for ServiceBusDelivery {
     }
 
     async fn ack(self) -> Result<(), BrokerError> {
-        self.complete().await.map_err(Into::into)
+        self.complete().await
     }
 
     /// REST abandon has no delay: the backoff is served by keeping the lock (the lease keeper goes on renewing
@@ -434,7 +442,7 @@ impl Delivery for ServiceBusDelivery {
         if !hold.is_zero() {
             tokio::time::sleep(hold).await;
         }
-        self.abandon().await.map_err(Into::into)
+        self.abandon().await
     }
 
     async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
@@ -447,16 +455,16 @@ impl Delivery for ServiceBusDelivery {
                 detail = %why.detail,
                 "dead-lettering by abandon: the broker moves the message to $DeadLetterQueue after MaxDeliveryCount"
             );
-            return self.abandon().await.map_err(Into::into);
+            return self.abandon().await;
         };
         if let Err(e) = forwarder.forward(&self.state.locked, &why).await {
             tracing::error!(entity = %self.state.entity, error = %e, "forward to the dead-letter destination failed; abandoning (the broker dead-letters after MaxDeliveryCount)");
             if let Err(a) = self.state.settle(SettleOp::Abandon).await {
                 tracing::warn!(error = %a, "abandon after a failed forward failed too; the lock will lapse");
             }
-            return Err(e.into());
+            return Err(e);
         }
-        self.complete().await.map_err(Into::into)
+        self.complete().await
     }
 
     fn lease(&self) -> Option<Arc<dyn Lease>> {
@@ -481,13 +489,18 @@ impl std::fmt::Debug for ServiceBusLease {
 }
 
 impl Lease for ServiceBusLease {
+    /// The lock duration: [`ServiceBusOptions::lock_duration`], or the broker's when its first lock was shorter.
+    fn duration(&self) -> Duration {
+        self.state.lock_duration
+    }
+
     fn expires_at(&self) -> Option<DateTime<Utc>> {
         Some(self.state.until())
     }
 
     /// Renews the lock. Service Bus extends it by the queue's LockDuration whatever `by` says, and its answer
     /// carries no new expiry (note §1.7), so the expiry is computed as the time the request was sent plus
-    /// [`ServiceBusOptions::lock_duration`] (a lower bound).
+    /// the lease's [`duration`](Lease::duration) (a lower bound).
     fn renew(&self, _by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
         Box::pin(async move {
             let sent = Utc::now();

@@ -9,35 +9,20 @@
 //! again after the window. Set the window to zero when the target has no duplicate detection.
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::time::Duration;
 
 use chrono::Utc;
+use txinbox_core::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
+use txinbox_core::{BrokerError, BrokerErrorKind};
 
 use crate::config::ServiceBusClient;
 use crate::dlq::{is_dead_letter_property, original_enqueued_at, resend_options};
-use crate::error::ServiceBusError;
+use crate::error::client_error;
 use crate::receiver::{peek_lock, settle, Locked, SettleOp};
 use crate::wire::quote_property;
 
 /// Custom property a redriven copy carries: the path it was redriven from.
 pub const REDRIVEN_FROM_PROPERTY: &str = "txinbox-redriven-from";
-
-/// What a redrive did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedriveReport {
-    /// Messages sent to the target and completed in the source.
-    pub moved: usize,
-    /// Messages left in the source because their MessageId is still inside the target's duplicate-detection
-    /// window; run again after the window.
-    pub deferred: usize,
-    /// Messages sent to the target whose completion in the source failed: they stay there and a later run
-    /// sends them again (the inbox absorbs the second copy).
-    pub complete_failed: usize,
-    /// MessageIds moved, in order.
-    pub moved_ids: Vec<String>,
-}
 
 /// How a redrive runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,24 +65,27 @@ impl RedriveOptions {
 }
 
 /// Moves dead letters from `from` (e.g. [`crate::dead_letter_queue_path`]`("orders")` or a forward
-/// destination) to the queue `to`, writing one line per message to `progress` (MessageIds and sequence
-/// numbers only, never a credential).
+/// destination) to the queue `to`, telling `progress` about each message (MessageIds and sequence numbers
+/// only, never a credential; `&mut ()` for nothing).
 ///
-/// On a failed send the message is abandoned in the source, the held ones are released, and the error comes
-/// back as [`ServiceBusError::RedriveInterrupted`] with what was done before.
+/// The report fills `moved`, `deferred`, `settle_failed` (sent but not completed in the source) and
+/// `moved_ids`. On a failed send the message is abandoned in the source, the held ones are released, and the
+/// error is returned; the last report `progress` saw says what was done before.
 pub async fn redrive(
     client: &ServiceBusClient,
     from: &str,
     to: &str,
     options: &RedriveOptions,
-    progress: &mut impl Write,
-) -> Result<RedriveReport, ServiceBusError> {
+    progress: &mut dyn RedriveProgress,
+) -> Result<RedriveReport, BrokerError> {
     let from = from.trim_matches('/');
     let to = to.trim_matches('/');
     if from.is_empty() || to.is_empty() || from.eq_ignore_ascii_case(to) {
-        return Err(ServiceBusError::Config {
-            detail: "redrive needs two different, non-empty entity paths".into(),
-        });
+        return Err(BrokerError::new(
+            BrokerErrorKind::Configuration,
+            "redrive",
+            "redrive needs two different, non-empty entity paths",
+        ));
     }
     let source = client.queue_client(from);
     let target = client.queue_client(to);
@@ -106,6 +94,7 @@ pub async fn redrive(
     let mut report = RedriveReport::default();
     let mut held: Vec<Locked> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
+    progress.event(RedriveEvent::Started, &report);
     let outcome = loop {
         if options.max.is_some_and(|m| report.moved >= m) {
             break Ok(());
@@ -127,24 +116,24 @@ pub async fn redrive(
             let age = Utc::now() - enqueued;
             if age < window {
                 report.deferred += 1;
-                writeln!(
-                    progress,
-                    "deferred sequence={seq} message_id={id}: enqueued {}s ago, inside the {}s duplicate-detection window of {to}",
-                    age.num_seconds(),
-                    window.num_seconds()
-                )
-                .map_err(ServiceBusError::Progress)?;
+                progress.event(
+                    RedriveEvent::Deferred {
+                        item: RedriveItem::new(&id, &seq),
+                        enqueued_ago: Some(age),
+                        window: options.duplicate_detection_window,
+                    },
+                    &report,
+                );
                 held.push(locked);
                 continue;
             }
         }
         let Some(body) = m.body_str() else {
-            break Err(ServiceBusError::Protocol {
-                op: "redrive",
-                entity: from.to_owned(),
-                detail: format!("message {id} has a non-UTF-8 body"),
-                source: None,
-            });
+            break Err(BrokerError::new(
+                BrokerErrorKind::Protocol,
+                "redrive",
+                format!("message {id} has a non-UTF-8 body"),
+            ));
         };
         let options = resend_options(
             &locked,
@@ -153,7 +142,7 @@ pub async fn redrive(
         );
         if let Err(e) = target.send_message(body, Some(options)).await {
             held.push(locked);
-            break Err(ServiceBusError::from_client("send", to, e));
+            break Err(client_error("send", e));
         }
         match settle(
             &locked.response,
@@ -169,20 +158,18 @@ pub async fn redrive(
                 report.moved_ids.push(id.clone());
                 metrics::counter!(txinbox_core::metrics::REDRIVEN, "consumer" => to.to_owned())
                     .increment(1);
-                writeln!(
-                    progress,
-                    "moved sequence={seq} message_id={id} from {from} to {to}"
-                )
-                .map_err(ServiceBusError::Progress)?;
+                progress.event(RedriveEvent::Moved(RedriveItem::new(&id, &seq)), &report);
             }
             Err(e) => {
-                report.complete_failed += 1;
+                report.settle_failed += 1;
                 tracing::warn!(from, message_id = %id, error = %e, "sent to the target but not completed in the source; a later run sends it again");
-                writeln!(
-                    progress,
-                    "sent sequence={seq} message_id={id} but could not complete it in {from}: {e}"
-                )
-                .map_err(ServiceBusError::Progress)?;
+                progress.event(
+                    RedriveEvent::SettleFailed {
+                        item: RedriveItem::new(&id, &seq),
+                        error: &e,
+                    },
+                    &report,
+                );
             }
         }
     };
@@ -199,17 +186,11 @@ pub async fn redrive(
             tracing::info!(from, error = %e, "releasing a held dead letter failed; it comes back when its lock ends");
         }
     }
-    writeln!(
-        progress,
-        "redrive {from} -> {to}: moved {}, deferred {}, complete failed {}",
-        report.moved, report.deferred, report.complete_failed
-    )
-    .map_err(ServiceBusError::Progress)?;
-    match outcome {
-        Ok(()) => Ok(report),
-        Err(source) => Err(ServiceBusError::RedriveInterrupted {
-            report,
-            source: Box::new(source),
-        }),
-    }
+    progress.event(
+        RedriveEvent::Finished {
+            error: outcome.as_ref().err(),
+        },
+        &report,
+    );
+    outcome.map(|()| report)
 }

@@ -3,67 +3,48 @@
 use std::collections::HashMap;
 
 use aws_sdk_sqs::types::MessageAttributeValue;
-use txinbox_core::{DeadLetter, ReceivedMessage};
+use txinbox_core::dead_letter::{self, DETAIL, REASON};
+use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, ReceivedMessage};
 
-use crate::error::SqsError;
+use crate::error::sdk_error;
 
-/// Message attribute carrying the dead-letter reason code on forwarded dead letters.
-pub const REASON_ATTRIBUTE: &str = "txinbox-dlq-reason";
-/// Message attribute carrying the dead-letter detail on forwarded dead letters.
-pub const DETAIL_ATTRIBUTE: &str = "txinbox-dlq-detail";
 /// SQS accepts at most this many message attributes per message.
 pub const MAX_MESSAGE_ATTRIBUTES: usize = 10;
-/// Longest detail written to [`DETAIL_ATTRIBUTE`] (bytes).
-pub const MAX_DETAIL_LEN: usize = 1024;
 
 /// Whether a queue URL names a FIFO queue.
 pub fn is_fifo(queue_url: &str) -> bool {
     queue_url.ends_with(".fifo")
 }
 
-pub(crate) fn string_attribute(value: &str) -> Result<MessageAttributeValue, SqsError> {
+pub(crate) fn string_attribute(value: &str) -> Result<MessageAttributeValue, BrokerError> {
     MessageAttributeValue::builder()
         .data_type("String")
         .string_value(value)
         .build()
-        .map_err(|e| SqsError::DeadLetter {
-            detail: format!("cannot build a message attribute: {e}"),
-        })
+        .map_err(|e| BrokerError::new(BrokerErrorKind::Configuration, "SendMessage", e))
 }
 
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// The attributes of a dead-letter copy: every original attribute (identity first), then the reason and the
-/// detail as far as SQS's 10-attribute limit allows. Identity attributes are never dropped for the reason.
+/// The attributes of a dead-letter copy: every original attribute (identity first, earlier dead-letter
+/// bookkeeping dropped), then the reason and the detail ([`txinbox_core::dead_letter`]) as far as SQS's
+/// 10-attribute limit allows. Identity attributes are never dropped for the reason.
 pub(crate) fn dead_letter_attributes(
     raw: &HashMap<String, MessageAttributeValue>,
     why: &DeadLetter,
-) -> Result<HashMap<String, MessageAttributeValue>, SqsError> {
+) -> Result<HashMap<String, MessageAttributeValue>, BrokerError> {
     let mut attrs: HashMap<String, MessageAttributeValue> = raw
         .iter()
-        .filter(|(k, _)| {
-            !k.eq_ignore_ascii_case(REASON_ATTRIBUTE) && !k.eq_ignore_ascii_case(DETAIL_ATTRIBUTE)
-        })
+        .filter(|(k, _)| !dead_letter::is_bookkeeping(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if attrs.len() < MAX_MESSAGE_ATTRIBUTES && !why.reason.is_empty() {
-        attrs.insert(REASON_ATTRIBUTE.into(), string_attribute(&why.reason)?);
+        attrs.insert(REASON.into(), string_attribute(&why.reason)?);
     } else {
         tracing::error!(reason = %why.reason, detail = %why.detail, "no room for the dead-letter reason attribute (10 attributes already); the reason is only in this log");
     }
     if attrs.len() < MAX_MESSAGE_ATTRIBUTES && !why.detail.is_empty() {
         attrs.insert(
-            DETAIL_ATTRIBUTE.into(),
-            string_attribute(truncate(&why.detail, MAX_DETAIL_LEN))?,
+            DETAIL.into(),
+            string_attribute(dead_letter::truncate_detail(&why.detail))?,
         );
     }
     Ok(attrs)
@@ -78,7 +59,7 @@ pub(crate) async fn forward(
     raw: &HashMap<String, MessageAttributeValue>,
     msg: &ReceivedMessage,
     why: &DeadLetter,
-) -> Result<(), SqsError> {
+) -> Result<(), BrokerError> {
     let attrs = dead_letter_attributes(raw, why)?;
     let mut send = client
         .send_message()
@@ -94,14 +75,16 @@ pub(crate) async fn forward(
             .producer_id
             .clone()
             .or_else(|| msg.broker_id.as_ref().map(|id| format!("dlq-{id}")))
-            .ok_or(SqsError::DeadLetter {
-                detail: "the message has neither a deduplication id nor a message id".into(),
+            .ok_or_else(|| {
+                BrokerError::new(
+                    BrokerErrorKind::Protocol,
+                    "SendMessage",
+                    "cannot dead-letter: the message has neither a deduplication id nor a message id",
+                )
             })?;
         send = send.message_group_id(group).message_deduplication_id(dedup);
     }
-    send.send()
-        .await
-        .map_err(|e| SqsError::from_sdk("SendMessage", e))?;
+    send.send().await.map_err(|e| sdk_error("SendMessage", e))?;
     Ok(())
 }
 
@@ -109,7 +92,7 @@ pub(crate) async fn forward(
 pub(crate) async fn queue_url_of_redrive_policy(
     client: &aws_sdk_sqs::Client,
     policy: &str,
-) -> Result<Option<String>, SqsError> {
+) -> Result<Option<String>, BrokerError> {
     let Some(arn) = serde_json::from_str::<serde_json::Value>(policy)
         .ok()
         .and_then(|v| v.get("deadLetterTargetArn")?.as_str().map(str::to_owned))
@@ -127,7 +110,7 @@ pub(crate) async fn queue_url_of_redrive_policy(
         .queue_owner_aws_account_id(*account)
         .send()
         .await
-        .map_err(|e| SqsError::from_sdk("GetQueueUrl", e))?;
+        .map_err(|e| sdk_error("GetQueueUrl", e))?;
     Ok(out.queue_url().map(str::to_owned))
 }
 
@@ -144,16 +127,13 @@ mod tests {
         let why = DeadLetter::new("payload_collision", "é".repeat(2000));
         let a = dead_letter_attributes(&raw, &why).unwrap();
         assert_eq!(a.len(), 10);
-        assert_eq!(
-            a[REASON_ATTRIBUTE].string_value(),
-            Some("payload_collision")
-        );
-        assert!(!a.contains_key(DETAIL_ATTRIBUTE));
+        assert_eq!(a[REASON].string_value(), Some("payload_collision"));
+        assert!(!a.contains_key(DETAIL));
 
         let raw: HashMap<_, _> = [("ce-id".to_string(), string_attribute("e1").unwrap())].into();
         let a = dead_letter_attributes(&raw, &why).unwrap();
         assert_eq!(a.len(), 3);
-        let detail = a[DETAIL_ATTRIBUTE].string_value().unwrap();
-        assert!(detail.len() <= MAX_DETAIL_LEN && detail.starts_with('é'));
+        let detail = a[DETAIL].string_value().unwrap();
+        assert!(detail.len() <= dead_letter::MAX_DETAIL_LEN && detail.starts_with('é'));
     }
 }

@@ -1,181 +1,97 @@
-//! Errors of the SQS adapter, classified from the SDK's typed errors (never from their text).
+//! Errors of the SQS adapter. Every SQS call that fails returns the core's [`BrokerError`], classified here
+//! from the SDK's typed errors (never from their text) and keeping the SDK error as its source; [`SqsError`]
+//! is only what is the adapter's own (invalid options, a message it cannot send), as such an error's source.
 
 use std::error::Error as StdError;
 
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use txinbox_core::{BoxError, BrokerError};
+use txinbox_core::{BrokerError, BrokerErrorKind};
 
-/// What kind of failure an SQS call met. Decides the [`BrokerError`] variant and whether a retry can help.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AwsErrorKind {
-    /// The receipt handle is no longer valid or the message is no longer in flight: the visibility (our lease)
-    /// was lost.
-    ReceiptInvalid,
-    /// The queue does not exist (`QueueDoesNotExist`).
-    QueueNotFound,
-    /// SQS throttled the request (`RequestThrottled`, `ThrottlingException`, KMS throttling, HTTP 429/503).
-    Throttled,
-    /// The credentials were refused or lack a permission (`AccessDenied`, `InvalidSecurity`, HTTP 401/403).
-    Unauthorized,
-    /// The request timed out or its connection dropped: it may or may not have taken effect.
-    OutcomeUnknown,
-    /// The service refused the request as invalid (a client error a retry will not fix).
-    Rejected,
-    /// The request could not be built or sent (a configuration problem, e.g. no region or no HTTP client).
-    Construction,
-    /// A server-side failure (HTTP 5xx other than 503).
-    ServerError,
-}
-
-impl AwsErrorKind {
-    /// Whether the same call may succeed if retried.
-    pub fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            AwsErrorKind::Throttled | AwsErrorKind::OutcomeUnknown | AwsErrorKind::ServerError
-        )
-    }
-}
-
-/// An error of the SQS adapter.
+/// What the SQS adapter refuses before calling SQS: invalid options, or a message it cannot send. It reaches
+/// callers as the source of a [`BrokerError`] of kind
+/// [`Configuration`](BrokerErrorKind::Configuration) (options) or [`Rejected`](BrokerErrorKind::Rejected) (a
+/// message).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SqsError {
-    /// The options are inconsistent (for example a heartbeat interval not below the visibility timeout).
+    /// The options (or a message to publish) are not acceptable.
     #[error("invalid SQS options: {detail}")]
     InvalidOptions {
         /// What is wrong.
         detail: String,
     },
-    /// An SQS API call failed.
-    #[error("SQS {op} failed ({kind:?}{}{})", code.as_deref().map(|c| format!(", {c}")).unwrap_or_default(), message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
-    Aws {
-        /// The API operation (`ReceiveMessage`, `DeleteMessage`, ...).
-        op: &'static str,
-        /// The classification.
-        kind: AwsErrorKind,
-        /// The service's error code, when the service answered.
-        code: Option<String>,
-        /// The service's error message, when the service answered.
-        message: Option<String>,
-        /// The SDK error.
-        #[source]
-        source: BoxError,
-    },
-    /// Some entries of a `DeleteMessageBatch` (or the retry of one) failed.
-    #[error(
-        "SQS DeleteMessageBatch entry failed ({code}, sender fault: {sender_fault}): {message}"
-    )]
-    BatchEntry {
-        /// The entry's error code.
-        code: String,
-        /// The entry's error message.
-        message: String,
-        /// Whether SQS blames the request (not retryable) rather than itself.
-        sender_fault: bool,
-    },
-    /// A message could not be forwarded to the dead-letter queue (nothing was deleted).
-    #[error("cannot dead-letter: {detail}")]
-    DeadLetter {
-        /// Why.
-        detail: String,
-    },
-    /// A received message lacks a field SQS always sets (a receipt handle).
-    #[error("SQS returned a message without {field}")]
-    Incomplete {
-        /// The missing field.
-        field: &'static str,
-    },
-    /// Writing progress failed.
-    #[error("writing progress failed: {0}")]
-    Progress(#[source] std::io::Error),
-    /// A redrive stopped on an error; `report` says what was moved before it.
-    #[error("redrive stopped after moving {} message(s): {source}", report.moved)]
-    RedriveInterrupted {
-        /// What the redrive did before the error.
-        report: crate::redrive::RedriveReport,
-        /// The error.
-        #[source]
-        source: Box<SqsError>,
-    },
 }
 
 impl SqsError {
-    /// Classifies an SDK error of operation `op`. Service errors are classified with
-    /// [`SdkError::as_service_error`] and their error code; transport errors by their SDK variant.
-    pub fn from_sdk<E, R>(op: &'static str, err: SdkError<E, R>) -> Self
-    where
-        E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
-        R: std::fmt::Debug + Send + Sync + 'static,
-    {
-        let (kind, code, message) = match &err {
-            SdkError::ServiceError(_) => {
-                let se = err.as_service_error();
-                let code = se.and_then(|e| e.code()).map(str::to_owned);
-                let message = se.and_then(|e| e.message()).map(str::to_owned);
-                (kind_of_code(code.as_deref()), code, message)
-            }
-            SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) => {
-                // A dispatch failure before any byte was sent cannot have taken effect, but the SDK does not
-                // say which part failed in a way stable across versions: treat both as unknown (retryable).
-                (AwsErrorKind::OutcomeUnknown, None, None)
-            }
-            SdkError::ResponseError(_) => (AwsErrorKind::OutcomeUnknown, None, None),
-            SdkError::ConstructionFailure(_) => (AwsErrorKind::Construction, None, None),
-            _ => (AwsErrorKind::OutcomeUnknown, None, None),
-        };
-        SqsError::Aws {
-            op,
-            kind,
-            code,
-            message,
-            source: Box::new(err),
-        }
+    /// This error as the [`BrokerError`] of `op`, of `kind`.
+    pub(crate) fn broker(self, kind: BrokerErrorKind, op: &'static str) -> BrokerError {
+        BrokerError::new(kind, op, self)
     }
+}
 
-    /// The classification, for [`SqsError::Aws`] and batch entries.
-    pub fn kind(&self) -> Option<AwsErrorKind> {
-        match self {
-            SqsError::Aws { kind, .. } => Some(*kind),
-            SqsError::BatchEntry { code, .. } => Some(kind_of_code(Some(code))),
-            SqsError::RedriveInterrupted { source, .. } => source.kind(),
-            _ => None,
-        }
-    }
+/// One failed entry of a `DeleteMessageBatch` (the source of its [`BrokerError`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("entry failed ({code}, sender fault: {sender_fault}): {message}")]
+#[non_exhaustive]
+pub struct BatchEntryError {
+    /// The entry's error code.
+    pub code: String,
+    /// The entry's error message.
+    pub message: String,
+    /// Whether SQS blames the request rather than itself.
+    pub sender_fault: bool,
+}
 
-    /// Whether retrying the same call may help.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            SqsError::BatchEntry {
-                sender_fault: false,
-                code,
-                ..
-            } => kind_of_code(Some(code)) != AwsErrorKind::ReceiptInvalid,
-            _ => self.kind().is_some_and(AwsErrorKind::is_retryable),
+impl BatchEntryError {
+    /// The classification of this entry's failure.
+    pub fn kind(&self) -> BrokerErrorKind {
+        match kind_of_code(Some(&self.code)) {
+            // SQS blames itself: worth another try even when the code is not one we know.
+            BrokerErrorKind::Rejected if !self.sender_fault => BrokerErrorKind::ServerError,
+            k => k,
         }
     }
 }
 
+/// Classifies an SDK error of operation `op` into the core's [`BrokerError`], keeping the SDK error as its
+/// source. Service errors are classified by their error code; transport errors by their SDK variant.
+pub(crate) fn sdk_error<E, R>(op: &'static str, err: SdkError<E, R>) -> BrokerError
+where
+    E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let kind = match &err {
+        SdkError::ServiceError(_) => kind_of_code(err.as_service_error().and_then(|e| e.code())),
+        // A dispatch failure before any byte was sent cannot have taken effect, but the SDK does not say
+        // which part failed in a way stable across versions: treat it as unknown (retryable).
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
+            BrokerErrorKind::OutcomeUnknown
+        }
+        SdkError::ConstructionFailure(_) => BrokerErrorKind::Configuration,
+        _ => BrokerErrorKind::OutcomeUnknown,
+    };
+    BrokerError::new(kind, op, err)
+}
+
 /// Error codes as SQS sends them over the JSON and the query protocols (moto uses both spellings).
-fn kind_of_code(code: Option<&str>) -> AwsErrorKind {
+pub(crate) fn kind_of_code(code: Option<&str>) -> BrokerErrorKind {
     let Some(code) = code else {
-        return AwsErrorKind::ServerError;
+        return BrokerErrorKind::ServerError;
     };
     let short = code.rsplit('.').next().unwrap_or(code);
     match short {
         "ReceiptHandleIsInvalid" | "MessageNotInflight" | "InvalidReceiptHandle" => {
-            AwsErrorKind::ReceiptInvalid
+            BrokerErrorKind::LockLost
         }
         "QueueDoesNotExist" | "NonExistentQueue" | "QueueDeletedRecently" => {
-            AwsErrorKind::QueueNotFound
+            BrokerErrorKind::EntityNotFound
         }
         "RequestThrottled"
         | "ThrottlingException"
         | "Throttling"
         | "KmsThrottled"
         | "OverLimit"
-        | "ServiceUnavailable" => AwsErrorKind::Throttled,
+        | "ServiceUnavailable" => BrokerErrorKind::Throttled,
         "AccessDenied"
         | "AccessDeniedException"
         | "InvalidSecurity"
@@ -183,36 +99,11 @@ fn kind_of_code(code: Option<&str>) -> AwsErrorKind {
         | "SignatureDoesNotMatch"
         | "ExpiredToken"
         | "UnrecognizedClientException"
-        | "KmsAccessDenied" => AwsErrorKind::Unauthorized,
+        | "KmsAccessDenied" => BrokerErrorKind::Unauthorized,
         "InternalError" | "InternalFailure" | "ServiceUnavailableException" => {
-            AwsErrorKind::ServerError
+            BrokerErrorKind::ServerError
         }
-        _ => AwsErrorKind::Rejected,
-    }
-}
-
-impl From<SqsError> for BrokerError {
-    fn from(e: SqsError) -> Self {
-        let detail = e.to_string();
-        match e.kind() {
-            Some(AwsErrorKind::ReceiptInvalid) => BrokerError::LockLost { detail },
-            Some(AwsErrorKind::QueueNotFound) => BrokerError::EntityNotFound { detail },
-            Some(AwsErrorKind::Throttled) => BrokerError::Throttled {
-                detail,
-                source: Some(Box::new(e)),
-            },
-            Some(AwsErrorKind::Unauthorized) => BrokerError::Unauthorized { detail },
-            Some(AwsErrorKind::OutcomeUnknown) => BrokerError::Unknown {
-                source: Box::new(e),
-            },
-            _ => {
-                let retryable = e.is_retryable();
-                BrokerError::Other {
-                    source: Box::new(e),
-                    retryable,
-                }
-            }
-        }
+        _ => BrokerErrorKind::Rejected,
     }
 }
 
@@ -222,54 +113,39 @@ mod tests {
 
     #[test]
     fn codes_of_both_protocols_are_classified() {
+        let k = |c| kind_of_code(Some(c));
         assert_eq!(
-            kind_of_code(Some("AWS.SimpleQueueService.NonExistentQueue")),
-            AwsErrorKind::QueueNotFound
+            k("AWS.SimpleQueueService.NonExistentQueue"),
+            BrokerErrorKind::EntityNotFound
         );
+        assert_eq!(k("QueueDoesNotExist"), BrokerErrorKind::EntityNotFound);
+        assert_eq!(k("ReceiptHandleIsInvalid"), BrokerErrorKind::LockLost);
         assert_eq!(
-            kind_of_code(Some("QueueDoesNotExist")),
-            AwsErrorKind::QueueNotFound
+            k("AWS.SimpleQueueService.MessageNotInflight"),
+            BrokerErrorKind::LockLost
         );
-        assert_eq!(
-            kind_of_code(Some("ReceiptHandleIsInvalid")),
-            AwsErrorKind::ReceiptInvalid
-        );
-        assert_eq!(
-            kind_of_code(Some("AWS.SimpleQueueService.MessageNotInflight")),
-            AwsErrorKind::ReceiptInvalid
-        );
-        assert_eq!(
-            kind_of_code(Some("RequestThrottled")),
-            AwsErrorKind::Throttled
-        );
-        assert_eq!(
-            kind_of_code(Some("AccessDenied")),
-            AwsErrorKind::Unauthorized
-        );
-        assert_eq!(
-            kind_of_code(Some("InvalidParameterValue")),
-            AwsErrorKind::Rejected
-        );
+        assert_eq!(k("RequestThrottled"), BrokerErrorKind::Throttled);
+        assert_eq!(k("AccessDenied"), BrokerErrorKind::Unauthorized);
+        assert_eq!(k("InvalidParameterValue"), BrokerErrorKind::Rejected);
     }
 
     #[test]
-    fn broker_error_mapping_keeps_the_meaning() {
-        let lost: BrokerError = SqsError::BatchEntry {
-            code: "ReceiptHandleIsInvalid".into(),
-            message: "gone".into(),
-            sender_fault: true,
-        }
-        .into();
-        assert!(matches!(lost, BrokerError::LockLost { .. }));
-        let internal = SqsError::BatchEntry {
-            code: "InternalError".into(),
-            message: "try again".into(),
-            sender_fault: false,
+    fn batch_entries_and_options_map_to_the_broker_contract() {
+        let entry = |code: &str, sender_fault| BatchEntryError {
+            code: code.into(),
+            message: "m".into(),
+            sender_fault,
         };
-        assert!(internal.is_retryable());
-        let b: BrokerError = internal.into();
-        assert!(b.is_retryable());
-        let bad: BrokerError = SqsError::InvalidOptions { detail: "x".into() }.into();
-        assert!(!bad.is_retryable());
+        assert_eq!(
+            entry("ReceiptHandleIsInvalid", true).kind(),
+            BrokerErrorKind::LockLost
+        );
+        assert!(entry("InternalError", false).kind().is_retryable());
+        assert!(entry("SomethingNew", false).kind().is_retryable());
+        assert!(!entry("SomethingNew", true).kind().is_retryable());
+        let bad = SqsError::InvalidOptions { detail: "x".into() }
+            .broker(BrokerErrorKind::Configuration, "connect");
+        assert_eq!(bad.kind(), BrokerErrorKind::Configuration);
+        assert!(bad.source().unwrap().downcast_ref::<SqsError>().is_some());
     }
 }

@@ -7,12 +7,15 @@
 //!   `MessageDeduplicationId`, then — only when the policy opts in — the `MessageId` (which SQS changes on
 //!   redrive);
 //! * [`SqsDelivery`]: settled by the inbox after COMMIT with `DeleteMessage` (`DeleteMessageBatch` when
-//!   several are ready), released with a visibility of the retry backoff, or forwarded to the dead-letter
-//!   queue with its identity attributes and the reason ([`dlq::REASON_ATTRIBUTE`], [`dlq::DETAIL_ATTRIBUTE`])
-//!   and then deleted;
+//!   several are ready), released with a visibility of the inbox's retry delay, or forwarded to the
+//!   dead-letter queue with its identity attributes and the reason ([`txinbox_core::dead_letter::REASON`],
+//!   [`txinbox_core::dead_letter::DETAIL`]) and then deleted;
 //! * [`SqsLease`]: the visibility heartbeat (`ChangeMessageVisibility`), run by the worker's lease keeper
-//!   while the handler runs (see [`SqsOptions::worker_options`]);
-//! * [`redrive()`]: moves messages from a DLQ back to their queue keeping their identity;
+//!   while the handler runs: the lease says its duration (the visibility timeout) and the keeper renews it
+//!   every third of it, with any [`WorkerOptions`](txinbox_core::WorkerOptions);
+//! * [`redrive()`]: moves messages from a DLQ back to their queue keeping their identity, reporting with the
+//!   core's [`RedriveReport`](txinbox_core::RedriveReport) and [`RedriveProgress`](txinbox_core::RedriveProgress);
+//! * every failed SQS call is a [`txinbox_core::BrokerError`] whose source is the SDK's `SdkError`;
 //! * [`SqsPublisher`]: sends with `MessageGroupId`, `MessageDeduplicationId` and CloudEvents attributes
 //!   derived from one identity.
 //!
@@ -37,9 +40,7 @@
 //! let client = txinbox_sqs::client_from_env().await;
 //! let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/crm-events.fifo";
 //! let receiver = SqsReceiver::connect(client, queue, SqsOptions::default()).await?;
-//! let options = receiver.worker_options();
 //! let report = Worker::new(receiver, inbox.bind(handler))
-//!     .options(options)
 //!     .run_until(txinbox_core::shutdown_signal())
 //!     .await;
 //! println!("{report:?}");
@@ -67,13 +68,13 @@ pub mod publisher;
 pub mod receiver;
 pub mod redrive;
 
-pub use error::{AwsErrorKind, SqsError};
+pub use error::{BatchEntryError, SqsError};
 pub use options::{
     client_from_conf, client_from_env, emulator_client, http_client, load_sdk_config, SqsOptions,
 };
 pub use publisher::{deduplication_id, SqsPublisher};
 pub use receiver::{received_message, SqsDelivery, SqsLease, SqsReceiver};
-pub use redrive::{redrive, redrive_with, RedriveOptions, RedriveReport};
+pub use redrive::{redrive, RedriveOptions};
 
 /// Re-exported so users load AWS configuration with the version the adapter is built on.
 pub use aws_config;

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
-use txinbox_core::{BrokerError, OutboxMessage, Publisher};
+use txinbox_core::{BrokerError, BrokerErrorKind, OutboxMessage, Publisher};
 
 use crate::dlq::{is_fifo, string_attribute, MAX_MESSAGE_ATTRIBUTES};
-use crate::error::SqsError;
+use crate::error::{sdk_error, SqsError};
 
 /// The `MessageDeduplicationId` of a message: the hex SHA-256 of `source`, a NUL byte and `message_id`.
 /// Always valid for SQS (64 characters from its allowed set), and two sources that happen to use the same id
@@ -49,20 +49,22 @@ impl SqsPublisher {
     }
 
     /// Sends one message; returns the SQS `MessageId`.
-    pub async fn send(&self, msg: &OutboxMessage) -> Result<String, SqsError> {
+    ///
+    /// A message SQS cannot take (no destination, a body that is not UTF-8, too many attributes) is a
+    /// [`Rejected`](BrokerErrorKind::Rejected) error whose source is the [`SqsError`].
+    pub async fn send(&self, msg: &OutboxMessage) -> Result<String, BrokerError> {
+        let invalid = |detail: String| {
+            SqsError::InvalidOptions { detail }.broker(BrokerErrorKind::Rejected, "SendMessage")
+        };
         let url = if msg.destination.is_empty() {
-            self.default_queue
-                .as_deref()
-                .ok_or(SqsError::InvalidOptions {
-                    detail: "the message has no destination and the publisher no default queue"
-                        .into(),
-                })?
+            self.default_queue.as_deref().ok_or_else(|| {
+                invalid("the message has no destination and the publisher no default queue".into())
+            })?
         } else {
             msg.destination.as_str()
         };
-        let body = std::str::from_utf8(&msg.body).map_err(|e| SqsError::InvalidOptions {
-            detail: format!("SQS bodies are text; this body is not UTF-8: {e}"),
-        })?;
+        let body = std::str::from_utf8(&msg.body)
+            .map_err(|e| invalid(format!("SQS bodies are text; this body is not UTF-8: {e}")))?;
         let mut attrs = HashMap::new();
         for (k, v) in msg.wire_attributes() {
             // SQS refuses empty attribute values; an absent attribute means the same to the consumer.
@@ -71,12 +73,10 @@ impl SqsPublisher {
             }
         }
         if attrs.len() > MAX_MESSAGE_ATTRIBUTES {
-            return Err(SqsError::InvalidOptions {
-                detail: format!(
-                    "{} message attributes, SQS accepts at most {MAX_MESSAGE_ATTRIBUTES}",
-                    attrs.len()
-                ),
-            });
+            return Err(invalid(format!(
+                "{} message attributes, SQS accepts at most {MAX_MESSAGE_ATTRIBUTES}",
+                attrs.len()
+            )));
         }
         let mut send = self
             .client
@@ -93,17 +93,14 @@ impl SqsPublisher {
                 )
                 .message_deduplication_id(deduplication_id(&msg.source, &msg.message_id));
         }
-        let out = send
-            .send()
-            .await
-            .map_err(|e| SqsError::from_sdk("SendMessage", e))?;
+        let out = send.send().await.map_err(|e| sdk_error("SendMessage", e))?;
         Ok(out.message_id().unwrap_or_default().to_owned())
     }
 }
 
 impl Publisher for SqsPublisher {
     async fn publish(&self, msg: &OutboxMessage) -> Result<(), BrokerError> {
-        self.send(msg).await.map(|_| ()).map_err(BrokerError::from)
+        self.send(msg).await.map(|_| ())
     }
 }
 

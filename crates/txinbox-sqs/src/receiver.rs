@@ -13,11 +13,11 @@ use chrono::{DateTime, TimeZone, Utc};
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 use txinbox_core::{
-    BrokerError, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver, WorkerOptions,
+    BrokerError, BrokerErrorKind, DeadLetter, Delivery, Lease, ReceivedMessage, Receiver,
 };
 
 use crate::dlq;
-use crate::error::SqsError;
+use crate::error::{sdk_error, BatchEntryError};
 use crate::options::{SqsOptions, MAX_VISIBILITY};
 
 /// What every delivery of one receiver shares.
@@ -33,7 +33,7 @@ pub(crate) struct Shared {
 #[derive(Debug)]
 struct DeleteRequest {
     receipt: String,
-    reply: oneshot::Sender<Result<(), SqsError>>,
+    reply: oneshot::Sender<Result<(), BrokerError>>,
 }
 
 /// Receives from one SQS queue (FIFO or standard) and hands out [`SqsDelivery`]s.
@@ -55,14 +55,17 @@ pub struct SqsReceiver {
 }
 
 impl SqsReceiver {
-    /// A receiver on `queue_url`. Checks the options and that the queue exists; when no dead-letter queue is
+    /// A receiver on `queue_url`. Checks the options (an invalid one is a
+    /// [`Configuration`](BrokerErrorKind::Configuration) error whose source is the
+    /// [`SqsError`](crate::SqsError)) and that the queue exists; when no dead-letter queue is
     /// configured, it is discovered from the queue's `RedrivePolicy`. Call within a Tokio runtime.
     pub async fn connect(
         client: aws_sdk_sqs::Client,
         queue_url: impl Into<String>,
         opts: SqsOptions,
-    ) -> Result<Self, SqsError> {
-        opts.validate()?;
+    ) -> Result<Self, BrokerError> {
+        opts.validate()
+            .map_err(|e| e.broker(BrokerErrorKind::Configuration, "connect"))?;
         let queue_url = queue_url.into();
         let attrs = client
             .get_queue_attributes()
@@ -70,7 +73,7 @@ impl SqsReceiver {
             .attribute_names(QueueAttributeName::RedrivePolicy)
             .send()
             .await
-            .map_err(|e| SqsError::from_sdk("GetQueueAttributes", e))?;
+            .map_err(|e| sdk_error("GetQueueAttributes", e))?;
         let dead_letter_queue = match &opts.dead_letter_queue {
             Some(url) => Some(url.clone()),
             None => match attrs
@@ -113,11 +116,6 @@ impl SqsReceiver {
     pub fn options(&self) -> &SqsOptions {
         &self.shared.opts
     }
-
-    /// The [`WorkerOptions`] matching the options (concurrency, batch size, heartbeat).
-    pub fn worker_options(&self) -> WorkerOptions {
-        self.shared.opts.worker_options()
-    }
 }
 
 impl Receiver for SqsReceiver {
@@ -153,7 +151,7 @@ impl Receiver for SqsReceiver {
             .message_attribute_names("All")
             .send()
             .await
-            .map_err(|e| BrokerError::from(SqsError::from_sdk("ReceiveMessage", e)))?;
+            .map_err(|e| sdk_error("ReceiveMessage", e))?;
         let received = Instant::now();
         for m in got.messages.unwrap_or_default() {
             let group = group_of(&m);
@@ -230,7 +228,7 @@ impl SqsReceiver {
                     .send()
                     .await;
                 if let Err(e) = r {
-                    tracing::warn!(error = %SqsError::from_sdk("ChangeMessageVisibility", e), "cannot extend a held message; leaving it to SQS");
+                    tracing::warn!(error = %sdk_error("ChangeMessageVisibility", e), "cannot extend a held message; leaving it to SQS");
                     continue;
                 }
                 received = Instant::now();
@@ -291,11 +289,15 @@ impl SqsDelivery {
         m: Message,
         received: Instant,
         now: DateTime<Utc>,
-    ) -> Result<Self, SqsError> {
+    ) -> Result<Self, BrokerError> {
         let receipt = m
             .receipt_handle()
-            .ok_or(SqsError::Incomplete {
-                field: "a receipt handle",
+            .ok_or_else(|| {
+                BrokerError::new(
+                    BrokerErrorKind::Protocol,
+                    "ReceiveMessage",
+                    "SQS returned a message without a receipt handle",
+                )
             })?
             .to_owned();
         let message = received_message(&m, now);
@@ -306,6 +308,7 @@ impl SqsDelivery {
             queue_url: shared.queue_url.clone(),
             receipt: receipt.clone(),
             received,
+            duration: shared.opts.visibility_timeout,
             expires: Mutex::new(expires),
             settled: AtomicBool::new(false),
         });
@@ -329,7 +332,7 @@ impl SqsDelivery {
         &self.raw_attributes
     }
 
-    async fn delete(&self) -> Result<(), SqsError> {
+    async fn delete(&self) -> Result<(), BrokerError> {
         let (reply, rx) = oneshot::channel();
         let req = DeleteRequest {
             receipt: self.receipt.clone(),
@@ -345,7 +348,7 @@ impl SqsDelivery {
         }
     }
 
-    async fn set_visibility(&self, d: Duration) -> Result<(), SqsError> {
+    async fn set_visibility(&self, d: Duration) -> Result<(), BrokerError> {
         self.shared
             .client
             .change_message_visibility()
@@ -354,7 +357,7 @@ impl SqsDelivery {
             .visibility_timeout(secs(d.min(MAX_VISIBILITY)))
             .send()
             .await
-            .map_err(|e| SqsError::from_sdk("ChangeMessageVisibility", e))?;
+            .map_err(|e| sdk_error("ChangeMessageVisibility", e))?;
         Ok(())
     }
 }
@@ -366,29 +369,28 @@ impl Delivery for SqsDelivery {
 
     async fn ack(self) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
-        self.delete().await.map_err(BrokerError::from)
+        self.delete().await
     }
 
     async fn release(self, delay: Duration) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
-        self.set_visibility(delay).await.map_err(BrokerError::from)
+        self.set_visibility(delay).await
     }
 
     async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
         let Some(dlq_url) = self.shared.dead_letter_queue.clone() else {
-            // Without a DLQ to forward to, hand the message back: the queue's maxReceiveCount moves it.
-            let backoff = self.shared.opts.retry_backoff;
-            self.set_visibility(backoff)
-                .await
-                .map_err(BrokerError::from)?;
-            return Err(SqsError::DeadLetter {
-                detail: format!(
-                    "no dead-letter queue configured; released for {backoff:?}, the queue's maxReceiveCount decides ({}: {})",
+            // Without a DLQ to forward to, hand the message back at once: the queue's maxReceiveCount moves
+            // it (as Service Bus's abandon-until-MaxDeliveryCount does).
+            self.set_visibility(Duration::ZERO).await?;
+            return Err(BrokerError::new(
+                BrokerErrorKind::Configuration,
+                "dead-letter",
+                format!(
+                    "no dead-letter queue configured; released at once, the queue's maxReceiveCount decides ({}: {})",
                     why.reason, why.detail
                 ),
-            }
-            .into());
+            ));
         };
         dlq::forward(
             &self.shared.client,
@@ -398,8 +400,7 @@ impl Delivery for SqsDelivery {
             &self.message,
             &why,
         )
-        .await
-        .map_err(BrokerError::from)?;
+        .await?;
         metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
             .increment(1);
         tracing::warn!(
@@ -409,7 +410,7 @@ impl Delivery for SqsDelivery {
         );
         // If this delete fails the message comes back; its next forward carries the same deduplication id, so
         // the DLQ keeps one copy.
-        self.delete().await.map_err(BrokerError::from)
+        self.delete().await
     }
 
     fn lease(&self) -> Option<Arc<dyn Lease>> {
@@ -424,6 +425,7 @@ pub struct SqsLease {
     queue_url: String,
     receipt: String,
     received: Instant,
+    duration: Duration,
     expires: Mutex<DateTime<Utc>>,
     settled: AtomicBool,
 }
@@ -435,6 +437,11 @@ impl SqsLease {
 }
 
 impl Lease for SqsLease {
+    /// The visibility timeout set on the receive ([`SqsOptions::visibility_timeout`]).
+    fn duration(&self) -> Duration {
+        self.duration
+    }
+
     fn expires_at(&self) -> Option<DateTime<Utc>> {
         Some(self.current())
     }
@@ -448,9 +455,11 @@ impl Lease for SqsLease {
             let left = MAX_VISIBILITY.saturating_sub(self.received.elapsed());
             let by = by.min(left);
             if by < Duration::from_secs(1) {
-                return Err(BrokerError::LockLost {
-                    detail: "SQS's 12 h visibility ceiling for this receive is reached".into(),
-                });
+                return Err(BrokerError::new(
+                    BrokerErrorKind::LockLost,
+                    "ChangeMessageVisibility",
+                    "SQS's 12 h visibility ceiling for this receive is reached",
+                ));
             }
             let asked = Utc::now();
             let r = self
@@ -469,7 +478,7 @@ impl Lease for SqsLease {
                 }
                 // Settled while the call was in flight: the failure says nothing about the lease.
                 Err(_) if self.settled.load(Ordering::SeqCst) => Ok(self.current()),
-                Err(e) => Err(SqsError::from_sdk("ChangeMessageVisibility", e).into()),
+                Err(e) => Err(sdk_error("ChangeMessageVisibility", e)),
             }
         })
     }
@@ -479,14 +488,14 @@ pub(crate) async fn delete_one(
     client: &aws_sdk_sqs::Client,
     queue_url: &str,
     receipt: &str,
-) -> Result<(), SqsError> {
+) -> Result<(), BrokerError> {
     client
         .delete_message()
         .queue_url(queue_url)
         .receipt_handle(receipt)
         .send()
         .await
-        .map_err(|e| SqsError::from_sdk("DeleteMessage", e))?;
+        .map_err(|e| sdk_error("DeleteMessage", e))?;
     Ok(())
 }
 
@@ -560,12 +569,14 @@ async fn delete_batch(client: &aws_sdk_sqs::Client, queue_url: &str, batch: Vec<
                 };
                 metrics::counter!(crate::metrics::DELETE_BATCH_ENTRY_FAILURES, "code" => failed.code().to_owned())
                     .increment(1);
-                let err = SqsError::BatchEntry {
+                let entry = BatchEntryError {
                     code: failed.code().to_owned(),
                     message: failed.message().unwrap_or_default().to_owned(),
                     sender_fault: failed.sender_fault(),
                 };
-                if err.kind() == Some(crate::error::AwsErrorKind::ReceiptInvalid) {
+                let kind = entry.kind();
+                let err = BrokerError::new(kind, "DeleteMessageBatch", entry);
+                if kind == BrokerErrorKind::LockLost {
                     tracing::warn!(error = %err, "batch delete entry failed: receipt no longer valid; the redelivery will be absorbed by the inbox");
                     let _ = req.reply.send(Err(err));
                 } else {
@@ -575,7 +586,7 @@ async fn delete_batch(client: &aws_sdk_sqs::Client, queue_url: &str, batch: Vec<
             }
         }
         Err(e) => {
-            let err = SqsError::from_sdk("DeleteMessageBatch", e);
+            let err = sdk_error("DeleteMessageBatch", e);
             tracing::warn!(error = %err, "DeleteMessageBatch failed; retrying each with DeleteMessage");
         }
     }

@@ -320,12 +320,11 @@ pub async fn run_window<DB: LabDb>(store: Store<DB>, w: Window) -> Result<Window
             let pa = lab_processor(store.clone(), gated.clone());
             let ta = tokio::spawn(async move { pa.process_one(a).await });
             gated.wait_entered(1).await;
-            // The lease keeper renews every 5 ms; the broker's clock jumps past the lock: the next renewal fails.
+            // The lease keeper renews every 5 ms (a lease that says 15 ms); the broker's clock jumps past the
+            // lock: the next renewal fails.
             let keeper = txinbox_core::lease::keep_alive(
-                lease,
-                txinbox_core::LeaseOptions::default()
-                    .interval(Duration::from_millis(5))
-                    .extend_by(Duration::from_secs(30)),
+                Arc::new(QuickLease(lease)),
+                txinbox_core::LeaseOptions::default(),
                 CONSUMER.into(),
             );
             q.advance(Duration::from_secs(120));
@@ -633,4 +632,26 @@ pub async fn run_window<DB: LabDb>(store: Store<DB>, w: Window) -> Result<Window
         rejections,
         failures: c.failures,
     })
+}
+
+/// A lease that reports a 15 ms duration, so the keeper renews every 5 ms, and renews the lease it wraps by
+/// 30 s.
+struct QuickLease(Arc<dyn txinbox_core::Lease>);
+
+impl txinbox_core::Lease for QuickLease {
+    fn duration(&self) -> Duration {
+        Duration::from_millis(15)
+    }
+    fn expires_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.0.expires_at()
+    }
+    fn renew(
+        &self,
+        _by: Duration,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<chrono::DateTime<chrono::Utc>, txinbox_core::BrokerError>,
+    > {
+        self.0.renew(Duration::from_secs(30))
+    }
 }

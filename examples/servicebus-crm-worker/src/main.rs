@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use txinbox::WorkerOptions;
 use txinbox_servicebus::{ServiceBusConfig, ServiceBusOptions, ServiceBusReceiver};
 
 #[derive(Debug, Parser)]
@@ -50,20 +51,19 @@ async fn main() -> Result<(), crm_followup::Error> {
     let args = Args::parse();
     let client = ServiceBusConfig::from_env()?.connect()?;
     let mut opts = ServiceBusOptions::default()
-        .concurrency(args.concurrency)
         .lock_duration(Duration::from_secs(args.lock_duration_secs.max(1)));
     if let Some(dlq) = &args.dead_letter_to {
         opts = opts.dead_letter_to(dlq);
     }
     let receiver = ServiceBusReceiver::new(&client, &args.queue, opts)?;
-    let worker_opts = receiver.worker_options();
     tracing::info!(namespace = client.namespace(), queue = %args.queue, "worker starting");
     let report = crm_followup::run(
         receiver,
         crm_followup::AgentOptions {
             store: args.store,
             consumer: args.consumer,
-            worker: worker_opts,
+            // The lease keeper renews every third of the lock duration, which the receiver's leases report.
+            worker: WorkerOptions::default().concurrency(args.concurrency),
             retry_backoff: Duration::from_secs(5),
         },
     )

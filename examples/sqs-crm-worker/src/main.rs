@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use clap::Parser;
+use txinbox::WorkerOptions;
 use txinbox_sqs::{SqsOptions, SqsReceiver};
 
 #[derive(Debug, Parser)]
@@ -45,24 +46,22 @@ async fn main() -> Result<(), crm_followup::Error> {
         )
         .init();
     let args = Args::parse();
-    let mut opts = SqsOptions::default()
-        .concurrency(args.concurrency)
-        .visibility_timeout(Duration::from_secs(args.visibility_timeout))
-        .heartbeat_interval(Duration::from_secs((args.visibility_timeout / 3).max(1)));
+    let mut opts =
+        SqsOptions::default().visibility_timeout(Duration::from_secs(args.visibility_timeout));
     if let Some(dlq) = &args.dlq_url {
         opts = opts.dead_letter_queue(dlq);
     }
     let client = txinbox_sqs::client_from_env().await;
-    let receiver = SqsReceiver::connect(client, &args.queue_url, opts.clone()).await?;
-    let worker_opts = receiver.worker_options();
+    let receiver = SqsReceiver::connect(client, &args.queue_url, opts).await?;
 
     let report = crm_followup::run(
         receiver,
         crm_followup::AgentOptions {
             store: args.store,
             consumer: args.consumer,
-            worker: worker_opts,
-            retry_backoff: opts.retry_backoff,
+            // The lease keeper renews every third of the visibility timeout, which the receiver's leases report.
+            worker: WorkerOptions::default().concurrency(args.concurrency),
+            retry_backoff: Duration::from_secs(5),
         },
     )
     .await?;

@@ -7,13 +7,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde_json::Value;
-use txinbox_core::{ConsumerName, HandlerError, IdentityPolicy, OutboxMessage};
+use txinbox_core::{
+    ConsumerName, Handled, Handler, HandlerError, IdentityPolicy, Inbox, Message, OutboxMessage,
+    Raw,
+};
 use txinbox_servicebus::{
     ServiceBusClient, ServiceBusConfig, ServiceBusOptions, ServiceBusPublisher,
 };
-use txinbox_store::{db_error, Handled, Handler, Inbound, Inbox};
+use txinbox_store::{Store, Tx};
 
 pub const CONSUMER: &str = "crm-followup";
 
@@ -140,16 +142,16 @@ pub fn fast_options(lock: Duration) -> ServiceBusOptions {
 
 /// A fresh PostgreSQL schema with the inbox and an `effects` table (no unique constraint, so a repeated
 /// effect would show).
-pub async fn pg() -> sqlx::PgPool {
+pub async fn pg() -> Store<sqlx::Postgres> {
     let store = txinbox_testkit::pg_store(6).await;
     sqlx::query("CREATE TABLE effects (id BIGSERIAL PRIMARY KEY, message_id TEXT NOT NULL, body TEXT NOT NULL)")
         .execute(store.pool())
         .await
         .expect("business table");
-    store.pool().clone()
+    store
 }
 
-pub fn inbox(store: &sqlx::PgPool) -> Inbox<sqlx::Postgres> {
+pub fn inbox(store: &Store<sqlx::Postgres>) -> Inbox<Store<sqlx::Postgres>> {
     Inbox::new(
         store.clone(),
         IdentityPolicy::new(ConsumerName::new(CONSUMER).expect("name")),
@@ -157,17 +159,15 @@ pub fn inbox(store: &sqlx::PgPool) -> Inbox<sqlx::Postgres> {
     .retry_backoff(Duration::from_millis(50))
 }
 
-pub async fn effects(store: &sqlx::PgPool) -> (i64, i64) {
+pub async fn effects(store: &Store<sqlx::Postgres>) -> (i64, i64) {
     sqlx::query_as::<_, (i64, i64)>("SELECT count(*), count(DISTINCT message_id) FROM effects")
-        .fetch_one(store)
+        .fetch_one(store.pool())
         .await
         .expect("count effects")
 }
 
-pub async fn inbox_rows(store: &sqlx::PgPool) -> i64 {
-    txinbox_store::inspect::inbox_rows(store, CONSUMER)
-        .await
-        .expect("inbox rows")
+pub async fn inbox_rows(store: &Store<sqlx::Postgres>) -> i64 {
+    store.inbox_rows(CONSUMER).await.expect("inbox rows")
 }
 
 /// How the handler treats a message id.
@@ -203,39 +203,38 @@ impl Effects {
     }
 }
 
-impl Handler<sqlx::Postgres> for Effects {
-    fn handle<'a>(
-        &'a self,
-        tx: &'a mut sqlx::PgConnection,
-        msg: &'a Inbound<'a>,
-    ) -> BoxFuture<'a, Result<Handled, HandlerError>> {
-        Box::pin(async move {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            if !self.delay.is_zero() {
-                tokio::time::sleep(self.delay).await;
-            }
-            let how = self
-                .fail
-                .lock()
-                .unwrap()
-                .get(&msg.identity.message_id)
-                .copied();
-            match how {
-                Some(Fail::Permanent) => return Err(HandlerError::permanent("poison message")),
-                Some(Fail::Retryable) => return Err(HandlerError::retry("dependency busy")),
-                None => {}
-            }
-            sqlx::query("INSERT INTO effects (message_id, body) VALUES ($1, $2)")
-                .bind(&msg.identity.message_id)
-                .bind(msg.message.body_str().unwrap_or_default())
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
-            Ok(Handled::reference(format!(
-                "task-{}",
-                msg.identity.message_id
-            )))
-        })
+impl<S: txinbox_core::InboxStore<Tx = Tx<sqlx::Postgres>>> Handler<S, Raw> for Effects {
+    type Output = Handled;
+
+    async fn handle(
+        &self,
+        tx: Tx<sqlx::Postgres>,
+        msg: Message<Raw>,
+    ) -> Result<Handled, HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let how = self
+            .fail
+            .lock()
+            .unwrap()
+            .get(&msg.identity.message_id)
+            .copied();
+        match how {
+            Some(Fail::Permanent) => return Err(HandlerError::permanent("poison message")),
+            Some(Fail::Retryable) => return Err(HandlerError::retry("dependency busy")),
+            None => {}
+        }
+        sqlx::query("INSERT INTO effects (message_id, body) VALUES ($1, $2)")
+            .bind(&msg.identity.message_id)
+            .bind(msg.raw.body_str().unwrap_or_default())
+            .execute(&tx)
+            .await?;
+        Ok(Handled::reference(format!(
+            "task-{}",
+            msg.identity.message_id
+        )))
     }
 }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use txinbox_core::metrics as m;
-use txinbox_core::{BrokerError, Delivery, Outcome, Receiver, Worker};
-use txinbox_servicebus::{FailureKind, ServiceBusConfig, ServiceBusReceiver};
+use txinbox_core::{BrokerErrorKind, Delivery, Outcome, Receiver, Worker};
+use txinbox_servicebus::{ServiceBusConfig, ServiceBusReceiver};
 
 use crate::common::*;
 
@@ -42,17 +42,16 @@ async fn throttled_receives_are_retried() {
 
     let mut probe = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
     let e = probe.receive(1).await.unwrap_err();
-    assert!(matches!(e, BrokerError::Throttled { .. }), "{e:?}");
+    assert_eq!(e.kind(), BrokerErrorKind::Throttled, "{e:?}");
     assert!(e.is_retryable());
 
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
-    let opts = receiver
-        .worker_options()
-        .receive_error_backoff(Duration::from_millis(100));
+    let opts =
+        txinbox_core::WorkerOptions::default().receive_error_backoff(Duration::from_millis(100));
     let done = until(Duration::from_secs(30), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 3
     });
-    let report = Worker::new(receiver, inbox(&store).bind(Effects::default()))
+    let report = Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
         .options(opts)
         .run_until(async {
             done.await;
@@ -62,7 +61,7 @@ async fn throttled_receives_are_retried() {
         report.receive_errors, 2,
         "one 429 and one 503 left for the worker"
     );
-    assert_eq!(report.count("applied"), 3);
+    assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), 3);
     assert_eq!(inbox_rows(&store).await, 3);
     assert_eq!(effects(&store).await, (3, 3));
     assert_eq!(emu.counts(&q).await, (0, 0));
@@ -91,7 +90,7 @@ async fn a_500_on_complete_is_retried() {
     assert_eq!(
         metrics.counter(
             txinbox_servicebus::metrics::SETTLE_RETRIES,
-            &[("op", "complete"), ("kind", "ServerError")]
+            &[("op", "complete"), ("kind", "server_error")]
         ),
         1
     );
@@ -124,8 +123,7 @@ async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
     )
     .await;
     let e = d.complete().await.unwrap_err();
-    assert_eq!(e.kind(), FailureKind::OutcomeUnknown, "{e}");
-    assert!(matches!(BrokerError::from(e), BrokerError::Unknown { .. }));
+    assert_eq!(e.kind(), BrokerErrorKind::OutcomeUnknown, "{e}");
 
     let d = receiver
         .receive_one(Duration::from_secs(2))
@@ -161,18 +159,22 @@ async fn statuses_map_to_broker_errors() {
     assert_eq!(d.message().delivery_count, 1);
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let lease = d.lease().unwrap();
-    assert!(matches!(
-        lease.renew(Duration::from_secs(1)).await,
-        Err(BrokerError::LockLost { .. })
-    ));
-    assert!(matches!(d.ack().await, Err(BrokerError::LockLost { .. })));
+    assert_eq!(
+        lease
+            .renew(Duration::from_secs(1))
+            .await
+            .unwrap_err()
+            .kind(),
+        BrokerErrorKind::LockLost
+    );
+    assert_eq!(d.ack().await.unwrap_err().kind(), BrokerErrorKind::LockLost);
 
     let mut missing =
         ServiceBusReceiver::new(&client, "no-such-queue", fast_options(LOCK)).unwrap();
-    assert!(matches!(
-        missing.receive(1).await,
-        Err(BrokerError::EntityNotFound { .. })
-    ));
+    assert_eq!(
+        missing.receive(1).await.unwrap_err().kind(),
+        BrokerErrorKind::EntityNotFound
+    );
 
     let wrong = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, "d3Jvbmcta2V5")
         .endpoint(emu.url.parse().unwrap())
@@ -180,7 +182,7 @@ async fn statuses_map_to_broker_errors() {
         .unwrap();
     let mut refused = ServiceBusReceiver::new(&wrong, &q, fast_options(LOCK)).unwrap();
     let e = refused.receive(1).await.unwrap_err();
-    assert!(matches!(e, BrokerError::Unauthorized { .. }), "{e:?}");
+    assert_eq!(e.kind(), BrokerErrorKind::Unauthorized, "{e:?}");
     assert!(!e.to_string().contains(&emu.key));
 }
 
@@ -235,8 +237,8 @@ async fn azure_ad_bearer_tokens_are_sent() {
     .connect()
     .unwrap();
     let mut refused = ServiceBusReceiver::new(&bad, &q, fast_options(LOCK)).unwrap();
-    assert!(matches!(
-        refused.receive(1).await,
-        Err(BrokerError::Unauthorized { .. })
-    ));
+    assert_eq!(
+        refused.receive(1).await.unwrap_err().kind(),
+        BrokerErrorKind::Unauthorized
+    );
 }

@@ -8,5 +8,6 @@
 //! ```
 
 mod common;
+mod contract;
 mod faults;
 mod scenarios;

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use serde_json::json;
 use txinbox_core::metrics as m;
-use txinbox_core::{CancellationToken, Outcome, Worker};
+use txinbox_core::{Outcome, Worker};
 use txinbox_servicebus::{
     dead_letter_queue_path, read_dead_letters, redrive, RedriveOptions, ServiceBusReceiver,
 };
-use txinbox_store::FaultPoint;
+use txinbox_testkit::faults::{crash_at, FaultPoint, Faults, FaultyStore};
 
 use crate::common::*;
 
@@ -37,12 +37,12 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
             "no duplicate detection on this queue"
         );
     }
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(4)).unwrap();
-    let opts = receiver.worker_options();
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(4);
     let done = until(Duration::from_secs(60), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n as i64
     });
-    let report = Worker::new(receiver, inbox(&store).bind(Effects::default()))
+    let report = Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
         .options(opts)
         .run_until(async {
             done.await;
@@ -51,8 +51,11 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
     assert_eq!(inbox_rows(&store).await, n as i64);
     assert_eq!(effects(&store).await, (n as i64, n as i64));
     assert_eq!(emu.counts(&q).await, (0, 0));
-    assert_eq!(report.count("applied"), n as u64);
-    assert_eq!(report.count("duplicate"), (n * (k - 1)) as u64);
+    assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), n as u64);
+    assert_eq!(
+        report.count(txinbox_core::OutcomeKind::Duplicate),
+        (n * (k - 1)) as u64
+    );
     assert_eq!(metrics.counter(m::APPLIED, &[]), n as u64);
     assert_eq!(metrics.counter(m::DUPLICATES, &[]), (n * (k - 1)) as u64);
 }
@@ -78,7 +81,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
 
     let run = |expect_effects: i64| {
         let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
-        let opts = receiver.worker_options();
+        let opts = txinbox_core::WorkerOptions::default().concurrency(8);
         let store = store.clone();
         let emu = emu.clone();
         let q = q.clone();
@@ -86,7 +89,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
             let done = until(Duration::from_secs(30), || async {
                 emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= expect_effects
             });
-            Worker::new(receiver, inbox(&store).bind(Effects::default()))
+            Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
                 .options(opts)
                 .run_until(async {
                     done.await;
@@ -95,7 +98,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
         }
     };
     let first = run(1).await;
-    assert_eq!(first.count("applied"), 1);
+    assert_eq!(first.count(txinbox_core::OutcomeKind::Applied), 1);
 
     tokio::time::sleep(Duration::from_millis(3500)).await;
     publish(&client, &ev).await;
@@ -106,7 +109,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
     );
     let second = run(1).await;
     assert_eq!(
-        second.count("duplicate"),
+        second.count(txinbox_core::OutcomeKind::Duplicate),
         1,
         "the inbox absorbs what the broker let through"
     );
@@ -136,14 +139,13 @@ async fn commit_then_crash_before_complete_is_absorbed() {
         .unwrap()
         .expect("delivered");
     assert_eq!(first.lock_token().map(str::len), Some(36));
-    let crashed = inbox
-        .process_with_fault(
-            first,
-            &handler,
-            &CancellationToken::new(),
-            Some(FaultPoint::AfterCommit),
-        )
-        .await;
+    let faults = Faults::new();
+    let faulty = txinbox_core::Inbox::new(
+        FaultyStore::new(store.clone(), faults.clone()),
+        txinbox_core::IdentityPolicy::new(txinbox_core::ConsumerName::new(CONSUMER).unwrap()),
+    )
+    .bind_handler(handler.clone());
+    let crashed = crash_at(&faulty, &faults, first, FaultPoint::AfterCommit).await;
     assert!(crashed.is_err(), "simulated crash after COMMIT");
     assert_eq!(effects(&store).await, (1, 1));
     let state = emu.state(&q).await;
@@ -158,7 +160,10 @@ async fn commit_then_crash_before_complete_is_absorbed() {
         .unwrap()
         .expect("redelivered after the lock");
     assert_eq!(txinbox_core::Delivery::message(&again).delivery_count, 2);
-    assert_eq!(inbox.process(again, &handler).await, Outcome::Duplicate);
+    assert!(matches!(
+        inbox.process(again, &handler).await,
+        Outcome::Duplicate { .. }
+    ));
 
     assert_eq!(inbox_rows(&store).await, 1);
     assert_eq!(effects(&store).await, (1, 1));
@@ -177,23 +182,19 @@ async fn slow_handler_is_kept_locked_by_renewal() {
     let store = pg().await;
     publish(&client, &event(&q, "evt-slow", "{\"meeting\":2}")).await;
     let handler = Effects::slow(Duration::from_secs(8));
-    let receiver = ServiceBusReceiver::new(
-        &client,
-        &q,
-        fast_options(Duration::from_secs(3)).concurrency(2),
-    )
-    .unwrap();
-    let opts = receiver.worker_options();
+    let receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(3))).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(2);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 1
     });
-    let report = Worker::new(receiver, inbox(&store).bind(handler.clone()))
+    let report = Worker::new(receiver, inbox(&store).bind_handler(handler.clone()))
         .options(opts)
         .run_until(async {
             done.await;
         })
         .await;
-    assert_eq!(report.count("applied"), 1);
+    assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), 1);
     assert_eq!(report.leases_lost, 0);
     assert_eq!(handler.calls(), 1);
     assert_eq!(metrics.counter(m::RECEIVED, &[]), 1, "no second delivery");
@@ -218,8 +219,8 @@ async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
     let store = pg().await;
     publish(&client, &event(&q, "evt-renew", "{\"meeting\":3}")).await;
     let handler = Effects::slow(Duration::from_secs(6));
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(2)).unwrap();
-    let opts = receiver.worker_options();
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(2);
 
     let inject = async {
         // Break the next renewal of this lock (the URI is unique: queue, sequence number, lock token).
@@ -246,7 +247,7 @@ async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
             && metrics.counter(m::DUPLICATES, &[]) >= 1
     });
     let (report, ()) = tokio::join!(
-        Worker::new(receiver, inbox(&store).bind(handler.clone()))
+        Worker::new(receiver, inbox(&store).bind_handler(handler.clone()))
             .options(opts)
             .run_until(async {
                 done.await;
@@ -255,8 +256,12 @@ async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
     );
     assert!(report.leases_lost >= 1, "{report:?}");
     assert!(metrics.counter(m::LEASE_LOST, &[]) >= 1);
-    assert_eq!(report.count("applied"), 1);
-    assert_eq!(report.count("duplicate"), 1, "the redelivery was absorbed");
+    assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), 1);
+    assert_eq!(
+        report.count(txinbox_core::OutcomeKind::Duplicate),
+        1,
+        "the redelivery was absorbed"
+    );
     assert_eq!(
         metrics.counter(m::SETTLE_FAILURES, &[("op", "ack")]),
         1,
@@ -284,19 +289,19 @@ async fn poison_reaches_the_dead_letter_queue_after_max_delivery_count() {
     let handler = Effects::default();
     handler.fail("evt-poison", Fail::Permanent);
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
-    let opts = receiver.worker_options();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(8);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await == (0, 1)
     });
-    let report = Worker::new(receiver, inbox(&store).bind(handler.clone()))
+    let report = Worker::new(receiver, inbox(&store).bind_handler(handler.clone()))
         .options(opts)
         .run_until(async {
             done.await;
         })
         .await;
-    assert_eq!(report.count("applied"), 1);
+    assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), 1);
     assert_eq!(
-        report.count("dead_lettered"),
+        report.count(txinbox_core::OutcomeKind::DeadLettered),
         3,
         "abandoned on each of the 3 deliveries"
     );
@@ -344,7 +349,7 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
         let receiver =
             ServiceBusReceiver::new(&client, &q, fast_options(LOCK).dead_letter_to(&poison))
                 .unwrap();
-        let opts = receiver.worker_options();
+        let opts = txinbox_core::WorkerOptions::default().concurrency(8);
         let (store, emu, q, poison, handler) = (
             store.clone(),
             emu.clone(),
@@ -356,7 +361,7 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
             let done = until(Duration::from_secs(30), || async {
                 emu.counts(&q).await.0 == 0 && emu.counts(&poison).await.0 >= expect_poison
             });
-            Worker::new(receiver, inbox(&store).bind(handler))
+            Worker::new(receiver, inbox(&store).bind_handler(handler))
                 .options(opts)
                 .run_until(async {
                     done.await;
@@ -369,7 +374,7 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
         &event(&q, "evt-collide", "{\"meeting\":6,\"note\":\"first\"}"),
     )
     .await;
-    assert_eq!(run(0).await.count("applied"), 1);
+    assert_eq!(run(0).await.count(txinbox_core::OutcomeKind::Applied), 1);
 
     publish(
         &client,
@@ -378,8 +383,8 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
     .await;
     publish(&client, &event(&q, "evt-broken", "{\"meeting\":7}")).await;
     let report = run(2).await;
-    assert_eq!(report.count("payload_collision"), 1);
-    assert_eq!(report.count("dead_lettered"), 1);
+    assert_eq!(report.count(txinbox_core::OutcomeKind::PayloadCollision), 1);
+    assert_eq!(report.count(txinbox_core::OutcomeKind::DeadLettered), 1);
 
     let state = emu.state(&poison).await;
     let msgs = state["messages"].as_array().unwrap();
@@ -414,14 +419,14 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
     let rejections: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM txinbox_rejections WHERE kind = 'payload_collision'",
     )
-    .fetch_one(&store)
+    .fetch_one(store.pool())
     .await
     .unwrap();
     assert_eq!(rejections, 1, "the evidence is kept in the store too");
     assert_eq!(inbox_rows(&store).await, 1);
     assert_eq!(effects(&store).await, (1, 1));
     let body: String = sqlx::query_scalar("SELECT body FROM effects")
-        .fetch_one(&store)
+        .fetch_one(store.pool())
         .await
         .unwrap();
     assert!(body.contains("first"));
@@ -475,14 +480,15 @@ async fn redrive_after_some_were_applied() {
             .unwrap();
         if id == "evt-a" || id == "evt-b" {
             // Applied, then the process dies before the complete.
-            let r = inbox
-                .process_with_fault(
-                    d,
-                    &handler,
-                    &CancellationToken::new(),
-                    Some(FaultPoint::AfterCommit),
-                )
-                .await;
+            let faults = Faults::new();
+            let faulty = txinbox_core::Inbox::new(
+                FaultyStore::new(store.clone(), faults.clone()),
+                txinbox_core::IdentityPolicy::new(
+                    txinbox_core::ConsumerName::new(CONSUMER).unwrap(),
+                ),
+            )
+            .bind_handler(handler.clone());
+            let r = crash_at(&faulty, &faults, d, FaultPoint::AfterCommit).await;
             assert!(r.is_err());
         } else {
             assert!(matches!(
@@ -503,7 +509,10 @@ async fn redrive_after_some_were_applied() {
     handler.heal();
 
     let dlq = dead_letter_queue_path(&q);
-    let mut out = Vec::new();
+    let mut progress = String::new();
+    let mut out = |e: txinbox_core::RedriveEvent<'_>, _: &txinbox_core::RedriveReport| {
+        progress.push_str(&format!("{e:?}\n"));
+    };
     let held = redrive(
         &client,
         &dlq,
@@ -541,8 +550,7 @@ async fn redrive_after_some_were_applied() {
         assert!(m["properties"].get("DeadLetterReason").is_none(), "{m}");
         assert!(m["properties"]["txinbox-redriven-from"].is_string());
     }
-    let progress = String::from_utf8(out).unwrap();
-    assert!(progress.contains("moved sequence="), "{progress}");
+    assert!(progress.contains("Moved("), "{progress}");
     assert!(
         !progress.contains(&emu.key),
         "no key in the progress output"
@@ -550,22 +558,22 @@ async fn redrive_after_some_were_applied() {
     assert_eq!(metrics.counter(m::REDRIVEN, &[]), 4);
 
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
-    let opts = receiver.worker_options();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(8);
     let done = until(Duration::from_secs(30), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 4
     });
-    let report = Worker::new(receiver, inbox.bind(handler))
+    let report = Worker::new(receiver, inbox.bind_handler(handler))
         .options(opts)
         .run_until(async {
             done.await;
         })
         .await;
     assert_eq!(
-        report.count("duplicate"),
+        report.count(txinbox_core::OutcomeKind::Duplicate),
         2,
         "evt-a and evt-b were applied before"
     );
-    assert_eq!(report.count("applied"), 2);
+    assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), 2);
     assert_eq!(inbox_rows(&store).await, 4);
     assert_eq!(effects(&store).await, (4, 4));
     assert_eq!(emu.counts(&q).await, (0, 0));
@@ -590,15 +598,14 @@ async fn two_workers_with_duplicates_make_one_effect_per_message() {
         }
     }
     let worker = || {
-        let receiver =
-            ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(3)).unwrap();
-        let opts = receiver.worker_options();
+        let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+        let opts = txinbox_core::WorkerOptions::default().concurrency(3);
         let (emu, q, store) = (emu.clone(), q.clone(), store.clone());
         async move {
             let done = until(Duration::from_secs(60), || async {
                 emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
             });
-            Worker::new(receiver, inbox(&store).bind(Effects::default()))
+            Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
                 .options(opts)
                 .run_until(async {
                     done.await;
@@ -607,8 +614,15 @@ async fn two_workers_with_duplicates_make_one_effect_per_message() {
         }
     };
     let (a, b) = tokio::join!(worker(), worker());
-    assert_eq!(a.count("applied") + b.count("applied"), n as u64);
-    assert_eq!(a.count("duplicate") + b.count("duplicate"), n as u64);
+    assert_eq!(
+        a.count(txinbox_core::OutcomeKind::Applied) + b.count(txinbox_core::OutcomeKind::Applied),
+        n as u64
+    );
+    assert_eq!(
+        a.count(txinbox_core::OutcomeKind::Duplicate)
+            + b.count(txinbox_core::OutcomeKind::Duplicate),
+        n as u64
+    );
     assert_eq!(inbox_rows(&store).await, n);
     assert_eq!(effects(&store).await, (n, n));
     assert_eq!(emu.counts(&q).await, (0, 0));
@@ -633,18 +647,21 @@ async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
         .await;
     }
     let slow = Effects::slow(Duration::from_millis(1500));
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(3)).unwrap();
-    let opts = receiver
-        .worker_options()
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default()
+        .concurrency(3)
         .shutdown_timeout(Duration::from_millis(300));
     let in_flight = until(Duration::from_secs(20), || async { slow.calls() >= 3 });
-    let first = Worker::new(receiver, inbox(&store).bind(slow.clone()))
+    let first = Worker::new(receiver, inbox(&store).bind_handler(slow.clone()))
         .options(opts)
         .run_until(async {
             in_flight.await;
         })
         .await;
-    assert!(first.count("interrupted") >= 1, "{first:?}");
+    assert!(
+        first.count(txinbox_core::OutcomeKind::Interrupted) >= 1,
+        "{first:?}"
+    );
     assert!(metrics.counter(m::INTERRUPTED, &[]) >= 1);
     let after_first = effects(&store).await.0;
     assert_eq!(
@@ -653,12 +670,12 @@ async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
         "no marker without its effect"
     );
 
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK).concurrency(3)).unwrap();
-    let opts = receiver.worker_options();
+    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let opts = txinbox_core::WorkerOptions::default().concurrency(3);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
     });
-    Worker::new(receiver, inbox(&store).bind(Effects::default()))
+    Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
         .options(opts)
         .run_until(async {
             done.await;

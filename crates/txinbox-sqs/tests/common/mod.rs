@@ -10,8 +10,11 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use aws_sdk_sqs::Client;
 use metrics_util::debugging::DebuggingRecorder;
-use txinbox_core::{ConsumerName, HandlerError, IdentityPolicy};
-use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
+use txinbox_core::{
+    ConsumerName, Handled, Handler, HandlerError, IdentityPolicy, Inbox, InboxStore, Message, Raw,
+};
+use txinbox_store::{Store, Tx};
+use txinbox_testkit::faults::{Faults, FaultyStore};
 
 pub fn endpoint() -> String {
     std::env::var("TXINBOX_SQS_ENDPOINT").unwrap_or_else(|_| {
@@ -213,12 +216,14 @@ fn behaviour(body: &[u8]) -> (u64, Option<String>, String, String) {
 
 /// The CRM follow-up handler on PostgreSQL: one `followup_tasks` row per applied message, with the order in
 /// which handlers ran (`position`). Calls are counted in `calls`.
-pub fn pg_handler(calls: Arc<AtomicI64>) -> impl txinbox_store::Handler<sqlx::Postgres> {
-    handler_fn::<sqlx::Postgres, _>(move |tx, msg| {
+pub fn pg_handler<S: InboxStore<Tx = Tx<sqlx::Postgres>>>(
+    calls: Arc<AtomicI64>,
+) -> impl Handler<S, Raw> {
+    move |tx: Tx<sqlx::Postgres>, msg: Message<Raw>| {
         let calls = calls.clone();
-        Box::pin(async move {
+        async move {
             let position = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            let (sleep_ms, fail, opp, meeting) = behaviour(&msg.message.body);
+            let (sleep_ms, fail, opp, meeting) = behaviour(&msg.raw.body);
             if sleep_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
             }
@@ -232,31 +237,29 @@ pub fn pg_handler(calls: Arc<AtomicI64>) -> impl txinbox_store::Handler<sqlx::Po
                 .bind(&opp)
                 .bind(&meeting)
                 .bind(position)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
+                .execute(&tx)
+                .await?;
             Ok(Handled::reference(format!("task:{opp}:{meeting}")))
-        })
-    })
+        }
+    }
 }
 
-pub fn sqlite_handler(calls: Arc<AtomicI64>) -> impl txinbox_store::Handler<sqlx::Sqlite> {
-    handler_fn::<sqlx::Sqlite, _>(move |tx, msg| {
+pub fn sqlite_handler(calls: Arc<AtomicI64>) -> impl Handler<Store<sqlx::Sqlite>, Raw> {
+    move |tx: Tx<sqlx::Sqlite>, msg: Message<Raw>| {
         let calls = calls.clone();
-        Box::pin(async move {
+        async move {
             let position = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            let (_, _, opp, meeting) = behaviour(&msg.message.body);
-            sqlx::query("INSERT INTO followup_tasks (message_id, opportunity, meeting, position) VALUES (?1, ?2, ?3, ?4)")
+            let (_, _, opp, meeting) = behaviour(&msg.raw.body);
+            sqlx::query("INSERT INTO followup_tasks (message_id, opportunity, meeting, position) VALUES ($1, $2, $3, $4)")
                 .bind(&msg.identity.message_id)
                 .bind(&opp)
                 .bind(&meeting)
                 .bind(position)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_error)?;
-            Ok(Handled::reference(format!("task:{opp}:{meeting}")))
-        })
-    })
+                .execute(&tx)
+                .await?;
+            Ok::<_, HandlerError>(Handled::reference(format!("task:{opp}:{meeting}")))
+        }
+    }
 }
 
 pub async fn pg_effects(store: &Store<sqlx::Postgres>) -> i64 {
@@ -267,22 +270,31 @@ pub async fn pg_effects(store: &Store<sqlx::Postgres>) -> i64 {
 }
 
 pub async fn pg_rows(store: &Store<sqlx::Postgres>, consumer: &str) -> i64 {
-    txinbox_store::inspect::inbox_rows(store.pool(), consumer)
-        .await
-        .unwrap()
+    store.inbox_rows(consumer).await.unwrap()
 }
 
-pub fn pg_inbox(store: &Store<sqlx::Postgres>, consumer: &str) -> Inbox<sqlx::Postgres> {
-    Inbox::new(store.pool().clone(), policy(consumer)).retry_backoff(Duration::from_secs(1))
+pub fn pg_inbox(store: &Store<sqlx::Postgres>, consumer: &str) -> Inbox<Store<sqlx::Postgres>> {
+    Inbox::new(store.clone(), policy(consumer)).retry_backoff(Duration::from_secs(1))
 }
 
-/// Fast options for tests: short long-poll, visibility `vt`, heartbeat every `vt/3`.
+/// The same inbox on a store that crashes at the point armed in `faults`.
+pub fn faulty_pg_inbox(
+    store: &Store<sqlx::Postgres>,
+    consumer: &str,
+    faults: &Arc<Faults>,
+) -> Inbox<FaultyStore<Store<sqlx::Postgres>>> {
+    Inbox::new(
+        FaultyStore::new(store.clone(), faults.clone()),
+        policy(consumer),
+    )
+    .retry_backoff(Duration::from_secs(1))
+}
+
+/// Fast options for tests: short long-poll, visibility `vt` (the lease is renewed every `vt/3`).
 pub fn fast_options(vt: u64, dlq: &str) -> txinbox_sqs::SqsOptions {
     txinbox_sqs::SqsOptions::default()
         .wait(Duration::from_secs(1))
         .visibility_timeout(Duration::from_secs(vt))
-        .heartbeat_interval(Duration::from_millis(vt * 1000 / 3))
-        .retry_backoff(Duration::from_secs(1))
         .dead_letter_queue(dlq)
 }
 

@@ -1,0 +1,271 @@
+//! The progress of `txinbox sqs redrive` and `txinbox servicebus redrive`: renderers of the core's
+//! [`RedriveProgress`] events, and the command's error when a redrive stops or its progress cannot be written.
+
+use std::io::Write;
+use std::time::Instant;
+
+use txinbox_core::redrive::{RedriveEvent, RedriveProgress, RedriveReport};
+use txinbox_core::BrokerError;
+
+/// Why a redrive command failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedriveError {
+    /// The redrive stopped on a broker error; `report` says what was done before.
+    #[error("redrive stopped after moving {} message(s): {source}", report.moved)]
+    Interrupted {
+        /// What the redrive did before the error.
+        report: Box<RedriveReport>,
+        /// The error.
+        #[source]
+        source: BrokerError,
+    },
+    /// Writing progress failed (the redrive itself went on to its end).
+    #[error("writing progress failed: {0}")]
+    Progress(#[source] std::io::Error),
+}
+
+/// What every renderer keeps: the output, the last report seen, the first write error.
+#[derive(Debug)]
+struct Sink<W> {
+    out: W,
+    last: RedriveReport,
+    error: Option<std::io::Error>,
+}
+
+impl<W: Write> Sink<W> {
+    fn new(out: W) -> Self {
+        Self {
+            out,
+            last: RedriveReport::default(),
+            error: None,
+        }
+    }
+
+    fn write(&mut self, text: std::fmt::Arguments<'_>) {
+        if self.error.is_some() {
+            return;
+        }
+        if let Err(e) = self.out.write_fmt(text).and_then(|_| self.out.flush()) {
+            self.error = Some(e);
+        }
+    }
+
+    fn finish(
+        self,
+        result: Result<RedriveReport, BrokerError>,
+    ) -> Result<RedriveReport, RedriveError> {
+        match (result, self.error) {
+            (Err(source), _) => Err(RedriveError::Interrupted {
+                report: Box::new(self.last),
+                source,
+            }),
+            (Ok(_), Some(e)) => Err(RedriveError::Progress(e)),
+            (Ok(report), None) => Ok(report),
+        }
+    }
+}
+
+/// `txinbox sqs redrive`'s progress: `redrive: moved N/TOTAL[, K with a new dedup id][, D deferred (dedup
+/// window)] in S.Ss`, as one updating line on a terminal, else a line every `line_every` messages and a last
+/// one ending in `(done)`.
+#[derive(Debug)]
+pub struct SqsProgress<W> {
+    sink: Sink<W>,
+    max: Option<usize>,
+    terminal: bool,
+    line_every: usize,
+    started: Instant,
+    last_line: usize,
+}
+
+impl<W: Write> SqsProgress<W> {
+    /// Progress to `out` for a redrive of at most `max` messages; `terminal` draws one updating line.
+    pub fn new(out: W, max: Option<usize>, terminal: bool) -> Self {
+        Self {
+            sink: Sink::new(out),
+            max,
+            terminal,
+            line_every: 100,
+            started: Instant::now(),
+            last_line: 0,
+        }
+    }
+
+    /// The redrive's result, or the command's error: the redrive's (with what was done before) or the
+    /// progress output's.
+    pub fn finish(
+        self,
+        result: Result<RedriveReport, BrokerError>,
+    ) -> Result<RedriveReport, RedriveError> {
+        self.sink.finish(result)
+    }
+
+    fn draw(&mut self, r: &RedriveReport, done: bool) {
+        let visible = r.initially_visible.unwrap_or(0) as usize;
+        let line = format!(
+            "redrive: moved {}/{}{}{} in {:.1}s",
+            r.moved,
+            self.max.map_or(visible, |m| m.min(visible)),
+            if r.new_dedup_id > 0 {
+                format!(", {} with a new dedup id", r.new_dedup_id)
+            } else {
+                String::new()
+            },
+            if r.deferred > 0 {
+                format!(", {} deferred (dedup window)", r.deferred)
+            } else {
+                String::new()
+            },
+            self.started.elapsed().as_secs_f64()
+        );
+        if self.terminal {
+            let end = if done { "\n" } else { "" };
+            self.sink.write(format_args!("\r\x1b[2K{line}{end}"));
+        } else {
+            let end = if done { " (done)" } else { "" };
+            self.sink.write(format_args!("{line}{end}\n"));
+        }
+    }
+}
+
+impl<W: Write + Send> RedriveProgress for SqsProgress<W> {
+    fn event(&mut self, event: RedriveEvent<'_>, report: &RedriveReport) {
+        self.sink.last = report.clone();
+        match event {
+            RedriveEvent::Started => self.draw(report, false),
+            RedriveEvent::Moved(_)
+                if self.terminal || report.moved - self.last_line >= self.line_every.max(1) =>
+            {
+                self.last_line = report.moved;
+                self.draw(report, false);
+            }
+            RedriveEvent::Finished { error: None } => self.draw(report, true),
+            _ => {}
+        }
+    }
+}
+
+/// `txinbox servicebus redrive`'s progress: one line per message (`moved sequence=… message_id=… from … to …`,
+/// `deferred …`, `sent … but could not complete it …`) and a summary line at the end.
+#[derive(Debug)]
+pub struct ServiceBusProgress<W> {
+    sink: Sink<W>,
+    from: String,
+    to: String,
+}
+
+impl<W: Write> ServiceBusProgress<W> {
+    /// Progress to `out` for a redrive from `from` to `to`.
+    pub fn new(out: W, from: &str, to: &str) -> Self {
+        Self {
+            sink: Sink::new(out),
+            from: from.trim_matches('/').to_owned(),
+            to: to.trim_matches('/').to_owned(),
+        }
+    }
+
+    /// The redrive's result, or the command's error (see [`SqsProgress::finish`]).
+    pub fn finish(
+        self,
+        result: Result<RedriveReport, BrokerError>,
+    ) -> Result<RedriveReport, RedriveError> {
+        self.sink.finish(result)
+    }
+}
+
+impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
+    fn event(&mut self, event: RedriveEvent<'_>, report: &RedriveReport) {
+        self.sink.last = report.clone();
+        let (from, to) = (&self.from, &self.to);
+        match event {
+            RedriveEvent::Moved(item) => self.sink.write(format_args!(
+                "moved sequence={} message_id={} from {from} to {to}\n",
+                item.position, item.message_id
+            )),
+            RedriveEvent::Deferred {
+                item,
+                enqueued_ago,
+                window,
+            } => self.sink.write(format_args!(
+                "deferred sequence={} message_id={}: enqueued {}s ago, inside the {}s duplicate-detection window of {to}\n",
+                item.position,
+                item.message_id,
+                enqueued_ago.map_or(0, |d| d.num_seconds()),
+                window.as_secs()
+            )),
+            RedriveEvent::SettleFailed { item, error } => self.sink.write(format_args!(
+                "sent sequence={} message_id={} but could not complete it in {from}: {error}\n",
+                item.position, item.message_id
+            )),
+            RedriveEvent::Finished { .. } => self.sink.write(format_args!(
+                "redrive {from} -> {to}: moved {}, deferred {}, complete failed {}\n",
+                report.moved, report.deferred, report.settle_failed
+            )),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use txinbox_core::redrive::RedriveItem;
+    use txinbox_core::BrokerErrorKind;
+
+    fn report(moved: usize, deferred: usize) -> RedriveReport {
+        let mut r = RedriveReport::default();
+        r.moved = moved;
+        r.deferred = deferred;
+        r.initially_visible = Some(5);
+        r
+    }
+
+    #[test]
+    fn sqs_progress_lines_and_terminal_updates() {
+        let mut p = SqsProgress::new(Vec::new(), None, false);
+        p.event(RedriveEvent::Started, &report(0, 0));
+        p.event(RedriveEvent::Finished { error: None }, &report(3, 1));
+        let s = String::from_utf8(p.sink.out).unwrap();
+        let lines: Vec<_> = s.lines().collect();
+        assert_eq!(lines.len(), 2, "{s}");
+        assert!(lines[0].starts_with("redrive: moved 0/5 in "), "{s}");
+        assert!(
+            lines[1].starts_with("redrive: moved 3/5, 1 deferred"),
+            "{s}"
+        );
+        assert!(s.ends_with("(done)\n"));
+
+        let mut p = SqsProgress::new(Vec::new(), Some(2), true);
+        p.event(
+            RedriveEvent::Moved(RedriveItem::new("m", "1")),
+            &report(1, 0),
+        );
+        assert!(p.sink.out.starts_with(b"\r\x1b[2Kredrive: moved 1/2"));
+        assert!(!p.sink.out.ends_with(b"\n"));
+    }
+
+    #[test]
+    fn an_interrupted_redrive_keeps_what_was_moved() {
+        let mut p = ServiceBusProgress::new(Vec::new(), "q/$DeadLetterQueue", "/q/");
+        p.event(
+            RedriveEvent::Moved(RedriveItem::new("m1", "7")),
+            &report(1, 0),
+        );
+        let err = BrokerError::new(BrokerErrorKind::Throttled, "send", "429");
+        p.event(RedriveEvent::Finished { error: Some(&err) }, &report(1, 0));
+        let out = String::from_utf8(p.sink.out.clone()).unwrap();
+        assert_eq!(
+            out,
+            "moved sequence=7 message_id=m1 from q/$DeadLetterQueue to q\n\
+             redrive q/$DeadLetterQueue -> q: moved 1, deferred 0, complete failed 0\n"
+        );
+        match p.finish(Err(err)) {
+            Err(RedriveError::Interrupted { report, source }) => {
+                assert_eq!(report.moved, 1);
+                assert_eq!(source.kind(), BrokerErrorKind::Throttled);
+            }
+            other => panic!("expected an interrupted redrive, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! `WorkerSettings::default()` describes the adapters' defaults: this ties each value to the adapter's own
+//! (and the renewal intervals to the worker's derivation), so a change on one side fails here.
+
+use std::time::Duration;
+
+use txinbox_core::lease::renewal_interval;
+use txinbox_core::LeaseOptions;
+use txinbox_infra::WorkerSettings;
+use txinbox_servicebus::ServiceBusOptions;
+use txinbox_sqs::SqsOptions;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[test]
+fn sqs_settings_are_the_adapters_defaults() {
+    let s = WorkerSettings::default().sqs;
+    let o = SqsOptions::default();
+    assert_eq!(s.batch_size as usize, o.batch_size);
+    assert_eq!(secs(s.wait_time_seconds), o.wait);
+    assert_eq!(secs(s.visibility_timeout_seconds), o.visibility_timeout);
+    assert_eq!(
+        secs(s.heartbeat_interval_seconds),
+        renewal_interval(o.visibility_timeout)
+    );
+    assert_eq!(
+        secs(s.max_extension_seconds),
+        LeaseOptions::default().max_total
+    );
+}
+
+#[test]
+fn servicebus_settings_are_the_adapters_defaults() {
+    let s = WorkerSettings::default().servicebus;
+    let o = ServiceBusOptions::default();
+    assert_eq!(secs(s.lock_duration_seconds), o.lock_duration);
+    assert_eq!(
+        secs(s.lock_renewal_interval_seconds),
+        renewal_interval(o.lock_duration)
+    );
+}

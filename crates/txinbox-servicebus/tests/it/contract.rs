@@ -1,0 +1,145 @@
+//! The core's broker contract on Service Bus: failures are `txinbox_core::BrokerError`s whose source chain
+//! reaches the `azure_core` error (or the status the adapter checked), and a lease says its duration so a
+//! worker with default options keeps a slow message locked.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use serde_json::json;
+use txinbox_core::metrics as m;
+use txinbox_core::{BrokerErrorKind, Delivery, Receiver, Worker};
+use txinbox_servicebus::error::UnexpectedStatus;
+use txinbox_servicebus::{
+    ServiceBusConfig, ServiceBusOptions, ServiceBusPublisher, ServiceBusReceiver,
+};
+
+use crate::common::*;
+
+#[tokio::test]
+async fn failures_are_broker_errors_down_to_the_client_error() {
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT1S"})).await;
+    publish(&client, &event(&q, "evt-chain", "{}")).await;
+
+    // A lock that lapsed: the renewal's 404 is a lost lock whose source is the azure_core error.
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(1))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("a message");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let err = d
+        .lease()
+        .unwrap()
+        .renew(Duration::from_secs(1))
+        .await
+        .expect_err("the lock lapsed");
+    assert_eq!(err.kind(), BrokerErrorKind::LockLost, "{err}");
+    assert_eq!(err.operation(), "renew-lock");
+    let azure = err
+        .source()
+        .and_then(|s| s.downcast_ref::<azure_core::Error>())
+        .expect("the source is the azure_core error, not a string");
+    assert!(
+        matches!(azure.kind(), azure_core::error::ErrorKind::HttpResponse { status, .. } if u16::from(*status) == 404),
+        "{azure:?}"
+    );
+
+    // A wrong SAS key: unauthorized on receive (the adapter checks the status itself) and on send.
+    let wrong = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, "d3Jvbmcta2V5")
+        .endpoint(emu.url.parse().unwrap())
+        .connect()
+        .unwrap();
+    let mut refused =
+        ServiceBusReceiver::new(&wrong, &q, fast_options(Duration::from_secs(2))).unwrap();
+    let err = refused.receive(1).await.expect_err("the key is wrong");
+    assert_eq!(err.kind(), BrokerErrorKind::Unauthorized, "{err}");
+    assert_eq!(err.operation(), "receive");
+    assert!(!err.is_retryable());
+    let status = err
+        .find_source::<UnexpectedStatus>()
+        .expect("the checked status is the source");
+    assert_eq!(status.status, 401);
+    assert!(!err.to_string().contains(&emu.key), "no key in the error");
+
+    let err = ServiceBusPublisher::new(wrong.clone())
+        .send(&event(&q, "evt-refused", "{}"))
+        .await
+        .expect_err("the key is wrong");
+    assert_eq!(err.kind(), BrokerErrorKind::Unauthorized, "{err}");
+    assert_eq!(err.operation(), "send");
+    assert!(
+        err.find_source::<azure_core::Error>().is_some(),
+        "the azure_core error is in the chain: {err:?}"
+    );
+    assert!(!err.to_string().contains(&emu.key), "no key in the error");
+}
+
+/// The lease reports the broker's lock when it is shorter than the configured one.
+#[tokio::test]
+async fn the_lease_says_the_lock_the_broker_granted() {
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    publish(&client, &event(&q, "evt-granted", "{}")).await;
+    // Configured 60 s (the default), granted 2 s.
+    let opts = ServiceBusOptions::default().wait(Duration::from_secs(1));
+    let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("a message");
+    let duration = d.lease().unwrap().duration();
+    assert!(
+        duration <= Duration::from_secs(2) && duration >= Duration::from_secs(1),
+        "{duration:?}"
+    );
+    d.ack().await.unwrap();
+}
+
+/// A handler that runs 2.5 times the lock duration, with default worker options: renewed, applied once.
+#[tokio::test]
+async fn default_worker_options_keep_a_slow_message_locked() {
+    let (_recorder, metrics) = Metrics::install();
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let store = pg().await;
+    publish(&client, &event(&q, "evt-contract", "{\"meeting\":3}")).await;
+    let handler = Effects::slow(Duration::from_secs(5));
+    let receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(2))).unwrap();
+    let done = until(Duration::from_secs(40), || async {
+        emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 1
+    });
+    // No `.options(..)`: the defaults, whatever the lock duration.
+    let report = Worker::new(receiver, inbox(&store).bind_handler(handler.clone()))
+        .run_until(async {
+            done.await;
+            // Leave time for a (wrong) second delivery to show before stopping.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        })
+        .await;
+    assert_eq!(
+        (
+            report.total(),
+            report.count(txinbox_core::OutcomeKind::Applied),
+            report.leases_lost
+        ),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(handler.calls(), 1);
+    assert_eq!(metrics.counter(m::RECEIVED, &[]), 1, "no second delivery");
+    assert!(
+        metrics.counter(m::LEASE_RENEWALS, &[]) >= 4,
+        "renewed every third of the 2 s lock for 5 s"
+    );
+    assert_eq!(metrics.counter(m::LEASE_LOST, &[]), 0);
+    assert_eq!(effects(&store).await, (1, 1));
+    assert_eq!(emu.counts(&q).await, (0, 0));
+}
