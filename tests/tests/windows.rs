@@ -1,4 +1,4 @@
-//! Every failure window of the seed, on SQLite and on PostgreSQL: inbox rows, business effects, broker state,
+//! Every failure window of the pattern, on SQLite and on PostgreSQL: inbox rows, business effects, broker state,
 //! evidence rows and the metrics each window must leave. The expected values are spelled out here, apart from
 //! the lab's own checks.
 

@@ -21,7 +21,7 @@ fn pg_url() -> String {
 }
 
 #[test]
-fn lab_prints_the_seeds_lines() {
+fn lab_prints_the_lab_lines() {
     let (code, out, err) = txinbox(&["lab"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(

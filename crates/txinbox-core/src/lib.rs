@@ -70,7 +70,7 @@ pub use lease::LeaseOptions;
 pub use message::ReceivedMessage;
 pub use outbox::{OutboxMessage, Publisher};
 pub use outcome::{Outcome, OutcomeKind};
-pub use redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
+pub use redrive::{RedriveEvent, RedriveItem, RedriveOptions, RedriveProgress, RedriveReport};
 pub use retention::RetentionPolicy;
 pub use store::{
     Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind,

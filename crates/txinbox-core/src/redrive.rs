@@ -122,3 +122,45 @@ mod tests {
         assert_eq!(moved, vec![("m1".to_owned(), 1)]);
     }
 }
+
+/// How a redrive runs, on either broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedriveOptions {
+    /// Move at most this many messages (default: all).
+    pub max: Option<usize>,
+    /// Long-poll wait per receive; the redrive ends at the first empty receive (default 2 s).
+    pub wait: Duration,
+    /// The target's duplicate-detection window, where the broker lets you set it (Service Bus; default 10
+    /// minutes, the Terraform samples' `PT10M`): a message first sent within it is left in place, since the
+    /// broker would drop the copy. SQS FIFO's window is fixed at 5 minutes, and its redrive does not read this.
+    pub duplicate_detection_window: Duration,
+}
+
+impl Default for RedriveOptions {
+    fn default() -> Self {
+        Self {
+            max: None,
+            wait: Duration::from_secs(2),
+            duplicate_detection_window: Duration::from_secs(600),
+        }
+    }
+}
+
+impl RedriveOptions {
+    /// Sets the maximum number of messages to move.
+    pub fn max(mut self, max: Option<usize>) -> Self {
+        self.max = max;
+        self
+    }
+    /// Sets the receive wait.
+    pub fn wait(mut self, d: Duration) -> Self {
+        self.wait = d;
+        self
+    }
+    /// Sets the target's duplicate-detection window (zero: the target has none).
+    pub fn duplicate_detection_window(mut self, d: Duration) -> Self {
+        self.duplicate_detection_window = d;
+        self
+    }
+}

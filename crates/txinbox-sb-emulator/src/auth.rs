@@ -126,7 +126,7 @@ impl AuthConfig {
         // sig = base64(HMAC-SHA256(key, urlencode(resourceURI) + "\n" + se)), keyed with the UTF-8
         // bytes of the key string [doc SAS]. The MAC is computed over `sr` exactly as it appears in
         // the token: clients differ in the case of their percent-encoding, so re-encoding would
-        // break the match (note §1.6).
+        // break the match.
         let mut mac =
             Hmac::<Sha256>::new_from_slice(key.as_bytes()).map_err(|_| AuthError::BadSignature)?;
         mac.update(raw_sr.as_bytes());
@@ -159,7 +159,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Whether the decoded `sr` covers the request. The comparison ignores case and the scheme
 /// (`http`, `https`, `sb`), and drops any query, because azure_messaging_servicebus signs the full
-/// request URL including `?timeout=` (note §1.6, §2.3). The host may be the namespace's public
+/// request URL including `?timeout=`. The host may be the namespace's public
 /// host (what a client signs before its URL is rewritten to loopback) or the request's own host.
 /// The bare namespace name, as in the REST doc examples (`sr=your-namespace`), covers the whole
 /// namespace [doc SEND/PEEK examples].

@@ -318,7 +318,7 @@ impl Queue {
     /// has been either explicitly abandoned or the lock has expired"; past MaxDeliveryCount the
     /// broker moves it to the DLQ with `MaxDeliveryCountExceeded` [doc DLQ]. Here the count is
     /// raised when the message is handed out, so the next delivery reports 1, 2, … and a message
-    /// is delivered at most MaxDeliveryCount times (note §1.7). An expired message whose lock is
+    /// is delivered at most MaxDeliveryCount times. An expired message whose lock is
     /// released expires at once [doc TTL].
     fn release(&mut self, seq: i64, now: Instant) {
         let max = self.props.max_delivery_count;
@@ -673,7 +673,7 @@ impl Broker {
 /// requires (DeliveryCount, LockToken and LockedUntilUtc on peek-lock, MessageId, SequenceNumber,
 /// State, TimeToLive) plus EnqueuedTimeUtc and EnqueuedSequenceNumber 0, like [doc PEEK]'s example;
 /// receive-and-delete leaves out LockToken and LockedUntilUtc [doc RAD]. Dates are RFC 1123 `GMT`
-/// and TimeToLive is seconds [doc PROPS]; numbers stay within the crate's i32/i64 (note §2.5.1).
+/// and TimeToLive is seconds [doc PROPS]; numbers stay within the crate's i32/i64.
 fn delivery(
     message: &Message,
     lock: Option<&Lock>,

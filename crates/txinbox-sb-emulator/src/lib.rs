@@ -47,7 +47,7 @@ pub enum Error {
 #[non_exhaustive]
 pub enum LocationStyle {
     /// `https://{namespace}.servicebus.windows.net/...`, as the real service answers [doc PEEK].
-    /// A client that rewrites the namespace URL to the emulator (note §2.2) rewrites this too.
+    /// A client that rewrites the namespace URL to the emulator rewrites this too.
     #[default]
     Namespace,
     /// `http://{the request's Host header}/...`: usable as-is by a plain HTTP client.

@@ -155,7 +155,7 @@ fn strip_admin_prefix(path: &str) -> Option<&str> {
 }
 
 /// A data-plane operation, found by splitting on the `messages` segment: entity paths can have
-/// several segments [doc ADDR], so nothing assumes the entity is one segment (note §1.9.1).
+/// several segments [doc ADDR], so nothing assumes the entity is one segment.
 #[derive(Debug)]
 enum Route {
     Send {
@@ -356,7 +356,7 @@ async fn send(shared: &Shared, req: Request<Incoming>, entity: &str) -> Response
 /// One message: body as-is (no conversion [doc PROPS]), Content-Type kept for the receiver
 /// [doc PROPS "Message body"], system properties from `BrokerProperties` and one custom property
 /// per other header [doc SEND, PROPS]. Header values are read as bytes, since the crate sends raw
-/// UTF-8 (note §2.5.2).
+/// UTF-8.
 fn single_message(
     headers: &HeaderMap,
     body: Bytes,
@@ -586,7 +586,7 @@ pub(crate) fn empty_response(status: StatusCode) -> Response<Body> {
     response
 }
 
-/// An error with an XML body like the service's [inference, note §1.2].
+/// An error with an XML body like the service's [inference].
 pub(crate) fn error_response(status: StatusCode, detail: &str) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(wire::error_xml(
         status.as_u16(),
@@ -606,7 +606,7 @@ fn data_error_response(error: &crate::broker::DataError) -> Response<Body> {
 }
 
 /// An injected status fault. 429 and 503 carry the service's throttling text [doc THROT]; the REST
-/// status for throttling is undocumented, so both are offered (note §1.8).
+/// status for throttling is undocumented, so both are offered.
 fn fault_response(fault: &FaultRule) -> Response<Body> {
     let status = StatusCode::from_u16(fault.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let detail = match fault.status {

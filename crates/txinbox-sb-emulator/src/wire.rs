@@ -13,13 +13,13 @@ pub(crate) const TIME_SPAN_MAX_SECONDS: f64 = 922_337_203_685.477_5;
 pub(crate) const MAX_ID_LEN: usize = 128;
 
 /// Formats a date as RFC 1123 with `GMT`, the format of every date in `BrokerProperties`
-/// [doc PROPS]; the crate's RFC 2822 parser accepts it (note §2.3).
+/// [doc PROPS]; the crate's RFC 2822 parser accepts it.
 pub(crate) fn format_http_date(t: DateTime<Utc>) -> String {
     t.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
 }
 
 /// Parses an RFC 1123 / RFC 2822 date; accepts both `GMT` (the docs) and `+0000` (what the crate
-/// sends for ScheduledEnqueueTimeUtc, note §2.5.8).
+/// sends for ScheduledEnqueueTimeUtc).
 pub(crate) fn parse_http_date(text: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc2822(text.trim())
         .ok()
@@ -294,7 +294,7 @@ pub(crate) fn is_reserved_header(name: &str) -> bool {
 }
 
 /// Serializes JSON with every non-ASCII character escaped as `\uXXXX`, because azure_core 0.21
-/// silently drops a response header that is not visible ASCII (note §1.9.2, §2.5.2).
+/// silently drops a response header that is not visible ASCII.
 pub(crate) fn ascii_json(value: &Value) -> String {
     let text = value.to_string();
     let mut out = String::with_capacity(text.len());
@@ -312,7 +312,7 @@ pub(crate) fn ascii_json(value: &Value) -> String {
 }
 
 /// An error body shaped like the service's (`<Error><Code>…</Code><Detail>…</Detail></Error>`)
-/// [inference, see note §1.2].
+/// [inference].
 pub(crate) fn error_xml(code: u16, detail: &str) -> String {
     format!(
         "<Error><Code>{code}</Code><Detail>{}</Detail></Error>",

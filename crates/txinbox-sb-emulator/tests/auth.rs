@@ -22,7 +22,7 @@ async fn valid_sas_tokens_are_accepted_in_every_documented_form() {
     let expiry = now_unix() + 600;
     let loopback = format!("http://{}/orders", emulator.addr());
     for resource in [
-        // The full request URL, as azure_messaging_servicebus signs it (note §2.3).
+        // The full request URL, as azure_messaging_servicebus signs it.
         public_url("/orders/messages"),
         // The entity, covering everything beneath it [doc SAS].
         public_url("/orders"),

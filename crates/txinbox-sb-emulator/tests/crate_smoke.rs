@@ -1,6 +1,6 @@
 //! Smoke test with the real client crate `azure_messaging_servicebus` 0.21: it signs its own SAS
 //! tokens and parses our responses. Its URLs name `https://{ns}.servicebus.windows.net`, so an
-//! `azure_core::HttpClient` wrapper rewrites them to the emulator after signing (note §2.2).
+//! `azure_core::HttpClient` wrapper rewrites them to the emulator after signing.
 
 mod common;
 

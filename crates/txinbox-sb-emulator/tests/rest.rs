@@ -574,7 +574,7 @@ async fn too_large_is_403_and_missing_entities_are_410() {
 }
 
 /// Multi-segment entity paths [doc ADDR], a subscription-shaped path [doc PEEK], scheduled
-/// messages [doc PROPS, SUPPORT] and the crate's `+0000` date form (note §2.5.8).
+/// messages [doc PROPS, SUPPORT] and the crate's `+0000` date form.
 #[tokio::test]
 async fn multi_segment_paths_and_scheduled_messages() {
     let emulator = common::start().await;
@@ -621,7 +621,7 @@ async fn multi_segment_paths_and_scheduled_messages() {
     );
 }
 
-/// Non-ASCII text in BrokerProperties is escaped so the header stays ASCII (note §2.5.2).
+/// Non-ASCII text in BrokerProperties is escaped so the header stays ASCII.
 #[tokio::test]
 async fn non_ascii_labels_are_escaped() {
     let emulator = common::start().await;

@@ -12,7 +12,7 @@ use azure_messaging_servicebus::prelude::QueueClient;
 use crate::error::ServiceBusError;
 use crate::transport::{Auth, Transport};
 
-/// The Azure AD scope of Service Bus's data plane (note §1.6).
+/// The Azure AD scope of Service Bus's data plane.
 pub const SERVICE_BUS_SCOPE: &str = "https://servicebus.azure.net/.default";
 
 /// Environment variable with a SAS connection string ([`ServiceBusConfig::from_env`]).
@@ -29,7 +29,7 @@ pub const PUBLIC_SUFFIX: &str = "servicebus.windows.net";
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Credential {
-    /// A shared access rule: the crate signs every request with a one-hour SAS (note §2.3).
+    /// A shared access rule: the crate signs every request with a one-hour SAS.
     SharedAccessKey {
         /// Rule name (e.g. `RootManageSharedAccessKey`).
         key_name: String,

@@ -1,6 +1,6 @@
 //! Dead letters.
 //!
-//! Service Bus REST cannot dead-letter explicitly (note §1.2). The adapter therefore offers two strategies
+//! Service Bus REST cannot dead-letter explicitly. The adapter therefore offers two strategies
 //! ([`DeadLetterStrategy`](crate::DeadLetterStrategy)):
 //!
 //! * **Forward** (recommended): a copy goes to a configured application queue, then the original is completed.
@@ -46,7 +46,7 @@ pub const DELIVERY_COUNT_PROPERTY: &str = "txinbox-dlq-delivery-count";
 pub const ENQUEUED_AT_PROPERTY: &str = "txinbox-dlq-enqueued-at";
 /// Custom property with the forwarding time (RFC 3339).
 pub const FORWARDED_AT_PROPERTY: &str = "txinbox-dlq-forwarded-at";
-/// The broker's dead-letter reason (an application property on `$DeadLetterQueue` messages, note §1.4).
+/// The broker's dead-letter reason (an application property on `$DeadLetterQueue` messages).
 pub const BROKER_REASON_PROPERTY: &str = "deadletterreason";
 /// The broker's dead-letter description.
 pub const BROKER_DESCRIPTION_PROPERTY: &str = "deadlettererrordescription";
@@ -200,7 +200,7 @@ impl DeadLetteredMessage {
 /// Reads up to `max` dead-lettered messages from `path` (`queue/$DeadLetterQueue` from
 /// [`crate::dead_letter_queue_path`], or a forward destination) without removing them.
 ///
-/// REST has no browse (note §1.2): each message is peek-locked, and all are abandoned at the end, which raises
+/// REST has no browse: each message is peek-locked, and all are abandoned at the end, which raises
 /// their DeliveryCount in the dead-letter queue (messages there are never dead-lettered again) and hides them
 /// from other readers while this runs.
 pub async fn read_dead_letters(

@@ -23,19 +23,20 @@
 //! ## Wiring a worker
 //!
 //! ```no_run
-//! use txinbox_core::{ConsumerName, IdentityPolicy, Worker};
+//! use txinbox_core::{ConsumerName, IdentityPolicy, Inbox, Message, Raw, Worker};
 //! use txinbox_servicebus::{ServiceBusConfig, ServiceBusOptions, ServiceBusReceiver};
-//! use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
+//! use txinbox_store::Store;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = Store::<sqlx::Sqlite>::connect("sqlite:crm.db").await?;
-//! let inbox = Inbox::new(store.pool().clone(), IdentityPolicy::new(ConsumerName::new("crm-followup")?));
-//! let handler = handler_fn::<sqlx::Sqlite, _>(|tx, msg| Box::pin(async move {
-//!     sqlx::query("INSERT INTO tasks (message_id) VALUES (?1)")
+//! let inbox = Inbox::new(store, IdentityPolicy::new(ConsumerName::new("crm-followup")?));
+//! let handler = inbox.bind(|tx, msg: Message<Raw>| async move {
+//!     sqlx::query("INSERT INTO tasks (message_id) VALUES ($1)")
 //!         .bind(&msg.identity.message_id)
-//!         .execute(&mut *tx).await.map_err(db_error)?;
-//!     Ok(Handled::done())
-//! }));
+//!         .execute(&tx)
+//!         .await?;
+//!     Ok(())
+//! });
 //!
 //! // SAS: Endpoint=sb://NS.servicebus.windows.net/;SharedAccessKeyName=...;SharedAccessKey=...
 //! let client = ServiceBusConfig::from_connection_string(&std::env::var("SERVICEBUS_CONNECTION_STRING")?)?
@@ -43,7 +44,7 @@
 //! // Managed identity instead: ServiceBusConfig::default_azure_credential("NS")?.connect()?
 //! let options = ServiceBusOptions::default().dead_letter_to("crm-events-poison");
 //! let receiver = ServiceBusReceiver::new(&client, "crm-events", options)?;
-//! let report = Worker::new(receiver, inbox.bind(handler))
+//! let report = Worker::new(receiver, handler)
 //!     .run_until(txinbox_core::shutdown_signal())
 //!     .await;
 //! println!("{report:?}");

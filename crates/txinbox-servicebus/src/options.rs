@@ -12,7 +12,7 @@ pub const MAX_LOCK_DURATION: Duration = Duration::from_secs(300);
 
 /// What happens to a message the inbox dead-letters (payload collision, bad input, permanent handler error).
 ///
-/// REST cannot dead-letter explicitly (note §1.2, §1.5), so the adapter either forwards a copy or lets the
+/// REST cannot dead-letter explicitly, so the adapter either forwards a copy or lets the
 /// broker do it after MaxDeliveryCount.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -39,7 +39,7 @@ impl Locked {
 }
 
 /// One peek-lock request: `Ok(None)` on 204 (nothing within `wait`). The crate returns `Ok` whatever the
-/// status (note §2.3), so the status is checked here.
+/// status, so the status is checked here.
 pub(crate) async fn peek_lock(
     client: &QueueClient,
     entity: &str,
@@ -79,7 +79,7 @@ pub(crate) async fn peek_lock(
             BrokerProperties::default()
         }),
         None => {
-            // azure_core drops non-ASCII header values silently (note §2.5.2).
+            // azure_core drops non-ASCII header values silently.
             tracing::warn!(entity, "no BrokerProperties on a received message");
             BrokerProperties::default()
         }
@@ -499,7 +499,7 @@ impl Lease for ServiceBusLease {
     }
 
     /// Renews the lock. Service Bus extends it by the queue's LockDuration whatever `by` says, and its answer
-    /// carries no new expiry (note §1.7), so the expiry is computed as the time the request was sent plus
+    /// carries no new expiry, so the expiry is computed as the time the request was sent plus
     /// the lease's [`duration`](Lease::duration) (a lower bound).
     fn renew(&self, _by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
         Box::pin(async move {

@@ -3,7 +3,7 @@
 //! letter only after its copy was sent.
 //!
 //! **Duplicate detection.** A send whose MessageId the target saw less than its
-//! `DuplicateDetectionHistoryTimeWindow` ago is answered 201 and silently dropped (note §1.7). A dead letter
+//! `DuplicateDetectionHistoryTimeWindow` ago is answered 201 and silently dropped. A dead letter
 //! whose original enqueue time is younger than [`RedriveOptions::duplicate_detection_window`] is therefore left
 //! where it is (its lock is held until the run ends, then abandoned) and counted as `deferred`: run the redrive
 //! again after the window. Set the window to zero when the target has no duplicate detection.
@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
+pub use txinbox_core::redrive::RedriveOptions;
 use txinbox_core::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
 use txinbox_core::{BrokerError, BrokerErrorKind};
 
@@ -23,46 +24,6 @@ use crate::wire::quote_property;
 
 /// Custom property a redriven copy carries: the path it was redriven from.
 pub const REDRIVEN_FROM_PROPERTY: &str = "txinbox-redriven-from";
-
-/// How a redrive runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedriveOptions {
-    /// Move at most this many messages (default: all).
-    pub max: Option<usize>,
-    /// Long-poll wait per receive; the redrive ends at the first empty receive (default 2 s).
-    pub wait: Duration,
-    /// The target's duplicate-detection window (default 10 minutes, the Terraform samples' PT10M).
-    pub duplicate_detection_window: Duration,
-}
-
-impl Default for RedriveOptions {
-    fn default() -> Self {
-        Self {
-            max: None,
-            wait: Duration::from_secs(2),
-            duplicate_detection_window: Duration::from_secs(600),
-        }
-    }
-}
-
-impl RedriveOptions {
-    /// Sets the maximum number of messages to move.
-    pub fn max(mut self, max: Option<usize>) -> Self {
-        self.max = max;
-        self
-    }
-    /// Sets the receive wait.
-    pub fn wait(mut self, d: Duration) -> Self {
-        self.wait = d;
-        self
-    }
-    /// Sets the target's duplicate-detection window (zero: the target has none).
-    pub fn duplicate_detection_window(mut self, d: Duration) -> Self {
-        self.duplicate_detection_window = d;
-        self
-    }
-}
 
 /// Moves dead letters from `from` (e.g. [`crate::dead_letter_queue_path`]`("orders")` or a forward
 /// destination) to the queue `to`, telling `progress` about each message (MessageIds and sequence numbers

@@ -1,6 +1,6 @@
 //! The HTTP client handed to the crate: it points requests at the configured endpoint (after the crate signed
 //! them for `https://NS.servicebus.windows.net`), swaps the SAS for an Azure AD bearer token when configured,
-//! and bounds every request in time (the crate sets no timeout, note §2.5.4).
+//! and bounds every request in time (the crate sets no timeout).
 
 use std::fmt;
 use std::sync::Arc;

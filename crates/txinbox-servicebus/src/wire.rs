@@ -1,5 +1,5 @@
 //! What travels on the wire: `BrokerProperties` parsed with our own tolerant types (the crate's struct is too
-//! narrow, note §2.5.1), custom properties as headers (strings quoted, names lower-case, note §1.3/§2.3), and
+//! narrow), custom properties as headers (strings quoted, names lower-case), and
 //! the lock location.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 /// Every header of a response, names lower-case, read through the crate's `custom_properties::<T>()` (the only
-/// way to reach `Location` and the raw `BrokerProperties`, note §2.5.3).
+/// way to reach `Location` and the raw `BrokerProperties`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ResponseHeaders(pub BTreeMap<String, String>);
 
@@ -148,9 +148,9 @@ pub fn unquote(v: &str) -> &str {
     }
 }
 
-/// A string property value for a send header: quoted, so the service stores a string (note §1.3), and made
+/// A string property value for a send header: quoted, so the service stores a string, and made
 /// safe for an HTTP header: control characters become spaces, non-ASCII is written `\u{XXXX}` (the crate
-/// would send raw UTF-8, whose fate on the service is untested, note §2.5.2), inner quotes become `'`, and
+/// would send raw UTF-8, whose fate on the service is untested), inner quotes become `'`, and
 /// the whole is cut at `max_chars`.
 pub fn quote_property(v: &str, max_chars: usize) -> String {
     let mut out = String::with_capacity(v.len() + 2);

@@ -22,25 +22,26 @@
 //! ## Wiring a worker
 //!
 //! ```no_run
-//! use txinbox_core::{ConsumerName, IdentityPolicy, Worker};
+//! use txinbox_core::{ConsumerName, IdentityPolicy, Inbox, Message, Raw, Worker};
 //! use txinbox_sqs::{SqsOptions, SqsReceiver};
-//! use txinbox_store::{db_error, handler_fn, Handled, Inbox, Store};
+//! use txinbox_store::Store;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = Store::<sqlx::Sqlite>::connect("sqlite:crm.db").await?;
-//! let inbox = Inbox::new(store.pool().clone(), IdentityPolicy::new(ConsumerName::new("crm-followup")?));
-//! let handler = handler_fn::<sqlx::Sqlite, _>(|tx, msg| Box::pin(async move {
-//!     sqlx::query("INSERT INTO tasks (message_id) VALUES (?1)")
+//! let inbox = Inbox::new(store, IdentityPolicy::new(ConsumerName::new("crm-followup")?));
+//! let handler = inbox.bind(|tx, msg: Message<Raw>| async move {
+//!     sqlx::query("INSERT INTO tasks (message_id) VALUES ($1)")
 //!         .bind(&msg.identity.message_id)
-//!         .execute(&mut *tx).await.map_err(db_error)?;
-//!     Ok(Handled::done())
-//! }));
+//!         .execute(&tx)
+//!         .await?;
+//!     Ok(())
+//! });
 //!
 //! // Standard AWS chain (env, profile, web identity, ECS/EC2); AWS_ENDPOINT_URL_SQS points it at moto.
 //! let client = txinbox_sqs::client_from_env().await;
 //! let queue = "https://sqs.us-east-1.amazonaws.com/123456789012/crm-events.fifo";
 //! let receiver = SqsReceiver::connect(client, queue, SqsOptions::default()).await?;
-//! let report = Worker::new(receiver, inbox.bind(handler))
+//! let report = Worker::new(receiver, handler)
 //!     .run_until(txinbox_core::shutdown_signal())
 //!     .await;
 //! println!("{report:?}");

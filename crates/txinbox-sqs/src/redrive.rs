@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use chrono::{TimeZone, Utc};
+pub use txinbox_core::redrive::RedriveOptions;
 use txinbox_core::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
 use txinbox_core::{dead_letter, BrokerError, BrokerErrorKind};
 
@@ -26,38 +27,6 @@ use crate::receiver::delete_one;
 
 /// SQS FIFO's deduplication interval.
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(300);
-
-/// How a redrive runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedriveOptions {
-    /// Move at most this many messages (default: all).
-    pub max: Option<usize>,
-    /// Long-poll wait per DLQ receive; the redrive ends at the first empty receive (default 2 s).
-    pub wait: Duration,
-}
-
-impl Default for RedriveOptions {
-    fn default() -> Self {
-        Self {
-            max: None,
-            wait: Duration::from_secs(2),
-        }
-    }
-}
-
-impl RedriveOptions {
-    /// Sets the maximum number of messages to move.
-    pub fn max(mut self, max: Option<usize>) -> Self {
-        self.max = max;
-        self
-    }
-    /// Sets the long-poll wait per receive.
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-}
 
 /// `txinbox sqs redrive --from DLQ_URL --to QUEUE_URL [--max N]`: moves up to `opts.max` messages (all when
 /// `None`) from `from` to `to`, telling `progress` as it goes (`&mut ()` for nothing). See the

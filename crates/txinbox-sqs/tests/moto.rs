@@ -66,8 +66,8 @@ async fn queue_empty(c: &aws_sdk_sqs::Client, url: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn seed_lab_over_sqs_two_identities_delivered_twice() {
-    // The seed's lab: SQLite, four deliveries, two identities each sent twice (new dedup id each time so the
+async fn inbox_lab_over_sqs_two_identities_delivered_twice() {
+    // The inbox lab: SQLite, four deliveries, two identities each sent twice (new dedup id each time so the
     // broker delivers both copies; the inbox recognises the second by its CloudEvents id).
     let c = client().await;
     let q = queue_pair(&c, 5, 30).await;

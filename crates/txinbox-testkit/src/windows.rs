@@ -56,7 +56,7 @@ pub enum Window {
 }
 
 impl Window {
-    /// Every window, in the seed's order.
+    /// Every window, in the order the pattern lists them.
     pub const ALL: [Window; 11] = [
         Window::BeforeTransaction,
         Window::AfterInsertBeforeChange,

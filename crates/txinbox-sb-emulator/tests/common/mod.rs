@@ -110,7 +110,7 @@ impl Client {
         }
     }
 
-    /// A request with a fresh SAS token over the full public URL, as the crate signs (note §2.3).
+    /// A request with a fresh SAS token over the full public URL, as the crate signs.
     pub async fn call(
         &self,
         method: Method,

@@ -14,7 +14,7 @@ use crate::common::*;
 
 const LOCK: Duration = Duration::from_secs(2);
 
-/// The seed's lab over the broker: N messages, each delivered K times, give exactly N inbox rows and N effects.
+/// The inbox lab over the broker: N messages, each delivered K times, give exactly N inbox rows and N effects.
 #[tokio::test]
 async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
     let (_recorder, metrics) = Metrics::install();
