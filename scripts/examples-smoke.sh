@@ -21,7 +21,7 @@ fail() {
 
 # run_worker NAME WAIT_FOR EXPECTED_REPORT COMMAND...: starts a worker, waits (at most 60 s) until its log shows
 # WAIT_FOR (the last outcome expected, in FIFO order), sends SIGTERM, and checks that it stopped cleanly and that
-# the report it prints on the way out holds every `"outcome": n` of EXPECTED_REPORT (space-separated).
+# the report it prints on the way out holds every `outcome=n` of EXPECTED_REPORT (space-separated).
 run_worker() {
   local name=$1 wait_for=$2 expected=$3
   shift 3
@@ -38,7 +38,7 @@ run_worker() {
   report=$(grep WorkerReport "$work/$name.out" || true)
   for outcome in $expected; do
     local key=${outcome%=*} n=${outcome#*=}
-    [[ $report == *"\"$key\": $n"* ]] || fail "$name: expected $key=$n in: $report"
+    [[ "$report " == *" $key=$n "* ]] || fail "$name: expected $key=$n in: $report"
   done
   cat "$work/$name.out" "$work/$name.err" | grep -q 'worker stopped' || fail "$name: no clean stop after SIGTERM"
   echo "examples-smoke: $name ok: $report" >&2
@@ -74,7 +74,7 @@ try:
 except sqlite3.Error:
     print(0, 0)' "$1"
 }
-applied_in() { grep WorkerReport "$1" | grep -o '"applied": [0-9]*' | grep -o '[0-9]*$' || echo 0; }
+applied_in() { grep WorkerReport "$1" | grep -o ' applied=[0-9]*' | grep -o '[0-9]*$' || echo 0; }
 q="crm-sigterm-$$"
 "$bin/sqs-producer" --queue-name "$q" --create --opportunity op_0 --meeting m_0 >/dev/null 2>&1
 for i in $(seq 1 23); do

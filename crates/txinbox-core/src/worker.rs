@@ -152,6 +152,22 @@ impl WorkerReport {
     }
 }
 
+/// `WorkerReport applied=3 duplicate=1 receive_errors=0 leases_lost=0`: every outcome seen, then the
+/// worker's own counts, one line.
+impl std::fmt::Display for WorkerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorkerReport")?;
+        for (kind, n) in &self.outcomes {
+            write!(f, " {kind}={n}")?;
+        }
+        write!(
+            f,
+            " receive_errors={} leases_lost={}",
+            self.receive_errors, self.leases_lost
+        )
+    }
+}
+
 /// A worker: one receiver, one processor.
 pub struct Worker<R, P> {
     receiver: R,

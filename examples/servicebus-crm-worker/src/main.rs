@@ -68,6 +68,6 @@ async fn main() -> Result<(), crm_followup::Error> {
         },
     )
     .await?;
-    println!("{report:?}");
+    println!("{report}");
     Ok(())
 }
