@@ -89,6 +89,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 
 /// Reads a row of `SELECT id, destination, source, message_id, event_type, group_id, body, attributes,
 /// attempts FROM txinbox_outbox` (the same on every backend).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn pending_outbox_from_row<'r, R>(r: &'r R) -> Result<PendingOutbox, sqlx::Error>
 where
     R: sqlx::Row,
@@ -122,7 +123,9 @@ pub struct Migration {
     pub version: i64,
     /// Its name.
     pub name: &'static str,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) postgres: &'static str,
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) sqlite: &'static str,
 }
 
