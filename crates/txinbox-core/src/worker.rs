@@ -200,8 +200,9 @@ where
         self.run(shutdown, false).await
     }
 
-    /// Runs until the queue is idle: a receive (a full long poll) brings nothing while no delivery is in
-    /// flight; then stops like a shutdown and returns the report. For tests and batch jobs.
+    /// Runs until the queue is idle: two receives in a row (full long polls) bring nothing while no delivery
+    /// is in flight; then stops like a shutdown and returns the report. For tests and batch jobs. Messages
+    /// released with a delay longer than that (a retry backoff) are left for the next run.
     pub async fn run_until_idle(self) -> WorkerReport {
         self.run(std::future::pending(), true).await
     }
@@ -217,6 +218,7 @@ where
         let report = Arc::new(Mutex::new(WorkerReport::default()));
         let consumer = self.processor.consumer().to_owned();
         tokio::pin!(shutdown);
+        let mut idle_receives = 0u32;
         loop {
             let first = tokio::select! {
                 biased;
@@ -230,15 +232,19 @@ where
                     Err(_) => break,
                 }
             }
+            // Idle means two receives in a row brought nothing while nothing was in flight when they began: a
+            // delivery that settles during a receive may free messages the broker or the adapter holds back (a
+            // FIFO group's next one), which only a following receive sees.
+            let nothing_in_flight = tracker.is_empty();
             let received = tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
                 r = self.receiver.receive(permits.len()) => r,
             };
+            let idle_receive = nothing_in_flight && matches!(&received, Ok(d) if d.is_empty());
+            idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
             match received {
-                Ok(deliveries) if deliveries.is_empty() && until_idle && tracker.is_empty() => {
-                    break
-                }
+                Ok(_) if until_idle && idle_receives >= 2 => break,
                 Ok(deliveries) => {
                     for delivery in deliveries {
                         let permit = permits.pop();

@@ -380,14 +380,13 @@ impl Delivery for SqsDelivery {
     async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
         let Some(dlq_url) = self.shared.dead_letter_queue.clone() else {
-            // Without a DLQ to forward to, hand the message back at once: the queue's maxReceiveCount moves
-            // it (as Service Bus's abandon-until-MaxDeliveryCount does).
-            self.set_visibility(Duration::ZERO).await?;
+            // Without a DLQ to forward to, leave the message to its visibility timeout: it comes back at most
+            // once per timeout (never in a hot loop) until the queue's maxReceiveCount, if any, moves it.
             return Err(BrokerError::new(
                 BrokerErrorKind::Configuration,
                 "dead-letter",
                 format!(
-                    "no dead-letter queue configured; released at once, the queue's maxReceiveCount decides ({}: {})",
+                    "no dead-letter queue configured; left to its visibility timeout, the queue's maxReceiveCount decides ({}: {})",
                     why.reason, why.detail
                 ),
             ));
