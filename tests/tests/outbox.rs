@@ -1,14 +1,15 @@
-//! The outbox: rows written in the inbox transaction, relayed after COMMIT; a republish after a relay crash is
-//! absorbed downstream because the message id is stable. Also checks the stored result reference.
+//! The outbox: messages to publish are effects written in the inbox transaction and published after COMMIT by
+//! the effect runner; a republish is absorbed downstream because the message id is stable. Also checks the
+//! stored result reference.
 
 use std::collections::BTreeMap;
 
 use txinbox::mem::{MemoryQueue, QueueState};
-use txinbox::outbox::relay;
+use txinbox::outbox::PublishEffect;
 use txinbox::sqlx;
 use txinbox::{
     ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message, OutboxMessage, Outcome,
-    Raw, RelayReport, Store, Tx,
+    EffectRunner, EffectState, Raw, Store, Tx,
 };
 use txinbox_e2e::{pg_store, sqlite_store};
 use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent};
@@ -72,16 +73,18 @@ where
         "the result reference is stored with the marker"
     );
 
-    // Relay: one row (the rolled-back one never existed); a second relay publishes nothing more.
+    // The runner publishes one message (the rolled-back one never existed); a second run publishes nothing.
     let downstream = MemoryQueue::default();
+    let runner =
+        EffectRunner::new(store.clone()).executor("crm-events", PublishEffect(downstream.clone()));
+    let first_run = runner.run_until_idle().await;
     assert_eq!(
-        relay(&store, &downstream, 10).await.unwrap(),
-        RelayReport::new(1, 0)
+        (first_run.claimed, first_run.count(EffectState::Done)),
+        (1, 1),
+        "{first_run}"
     );
-    assert_eq!(
-        relay(&store, &downstream, 10).await.unwrap(),
-        RelayReport::default()
-    );
+    let second_run = runner.run_until_idle().await;
+    assert_eq!(second_run.claimed, 0, "{second_run}");
     let got = downstream.receive_now(10);
     assert_eq!(got.len(), 1);
     let m = txinbox::Delivery::message(&got[0]);

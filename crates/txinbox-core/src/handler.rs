@@ -22,6 +22,7 @@ use std::time::Duration;
 use crate::error::{BadInput, BoxError};
 use crate::identity::Identity;
 use crate::message::ReceivedMessage;
+use crate::effects::Effect;
 use crate::outbox::OutboxMessage;
 use crate::store::InboxStore;
 
@@ -92,8 +93,9 @@ pub struct Handled {
     /// A reference to the effect (e.g. the created task's id), stored on the inbox row and returned with every
     /// later duplicate of this message.
     pub result_reference: Option<String>,
-    /// Messages to publish, written to the outbox in the same transaction.
-    pub outbox: Vec<OutboxMessage>,
+    /// External effects to run after COMMIT (HTTP calls, messages to publish), written in the same
+    /// transaction.
+    pub effects: Vec<Effect>,
 }
 
 impl Handled {
@@ -105,12 +107,17 @@ impl Handled {
     pub fn reference(r: impl Into<String>) -> Self {
         Self {
             result_reference: Some(r.into()),
-            outbox: Vec::new(),
+            effects: Vec::new(),
         }
     }
-    /// Adds an outbox message.
+    /// Adds a message to publish after COMMIT (an effect for the message's destination).
     pub fn publish(mut self, m: OutboxMessage) -> Self {
-        self.outbox.push(m);
+        self.effects.push(m.into_effect());
+        self
+    }
+    /// Adds an external effect to run after COMMIT, with its idempotency key.
+    pub fn effect(mut self, e: Effect) -> Self {
+        self.effects.push(e);
         self
     }
 }

@@ -21,6 +21,7 @@ use futures::FutureExt;
 use tracing::Instrument;
 
 use crate::broker::{DeadLetter, Delivery};
+use crate::effects::NewEffect;
 use crate::error::BadInput;
 use crate::fingerprint::FingerprintSpec;
 use crate::handler::{Handled, Handler, HandlerError, Message, Payload, Retry};
@@ -395,13 +396,32 @@ impl<S: InboxStore> Inbox<S> {
                 );
             }
         };
+        let now = Utc::now();
+        let mut effects = Vec::with_capacity(handled.effects.len());
+        for e in &handled.effects {
+            let key = crate::effects::idempotency_key(&identity, &e.name);
+            if effects.iter().any(|n: &NewEffect<'_>| n.key == key) {
+                let _ = self.store.rollback(tx, false).await;
+                return dead_letter(
+                    "handler_permanent",
+                    format!("the handler recorded two effects named {:?}: an effect's name must be unique within its message", e.name),
+                );
+            }
+            effects.push(NewEffect {
+                consumer: &self.consumer,
+                message_id: &identity.message_id,
+                key,
+                effect: e,
+                created_at: now,
+            });
+        }
         if let Err(e) = self
             .store
             .record_result(
                 &tx,
                 &identity,
                 handled.result_reference.as_deref(),
-                &handled.outbox,
+                &effects,
             )
             .await
         {

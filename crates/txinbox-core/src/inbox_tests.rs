@@ -11,7 +11,7 @@ use super::*;
 use crate::handler::Raw;
 use crate::mem::{MemoryQueue, OutgoingMessage, QueueState};
 use crate::store::{Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection};
-use crate::{ConsumerName, Identity, OutboxMessage};
+use crate::{ConsumerName, Identity};
 
 #[derive(Clone, Debug)]
 struct Row {
@@ -132,7 +132,7 @@ impl InboxStore for MemStore {
         tx: &MemTx,
         _: &Identity,
         r: Option<&str>,
-        _: &[OutboxMessage],
+        _: &[crate::effects::NewEffect<'_>],
     ) -> Result<(), Unavailable> {
         if let Some((_, row)) = tx.0.lock().unwrap().marker.as_mut() {
             row.result_reference = r.map(str::to_owned);

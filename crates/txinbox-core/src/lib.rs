@@ -17,7 +17,9 @@
 //! * [`identity`], [`fingerprint`], [`Outcome`];
 //! * [`worker`]: concurrency, lease renewal, graceful shutdown; [`redrive`]: one report for both brokers;
 //! * [`mem`]: an in-memory broker with real at-least-once semantics for tests and the lab;
-//! * [`outbox`], [`retention`], [`metrics`].
+//! * [`effects`]: external effects as governed units (idempotency key, uncertain state, reconciliation), a
+//!   broker publish being one kind ([`outbox`]);
+//! * [`retention`], [`metrics`].
 //!
 //! The sqlx stores (PostgreSQL, SQLite) live in `txinbox-store`; the brokers in `txinbox-sqs` and
 //! `txinbox-servicebus`.
@@ -44,6 +46,7 @@
 #![warn(missing_docs)]
 
 pub mod broker;
+pub mod effects;
 pub mod error;
 pub mod fingerprint;
 pub mod handler;
@@ -62,6 +65,10 @@ pub mod worker;
 
 pub use broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
 pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind};
+pub use effects::{
+    ClaimedEffect, Confirmation, Effect, EffectExecutor, EffectOptions, EffectReport, EffectRunner,
+    EffectState, EffectStore, Execution,
+};
 pub use fingerprint::FingerprintSpec;
 pub use handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
 pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};

@@ -45,8 +45,15 @@ pub const INBOX_ROWS: &str = "txinbox_inbox_rows";
 pub const REDRIVEN: &str = "txinbox_redriven_total";
 /// Deliveries interrupted by the shutdown deadline before COMMIT.
 pub const INTERRUPTED: &str = "txinbox_interrupted_total";
-/// Outbox messages relayed.
-pub const OUTBOX_RELAYED: &str = "txinbox_outbox_relayed_total";
+/// Effect executions, by `consumer`, `destination` and `result` (`done`, `not_sent`, `rejected`, `uncertain`).
+pub const EFFECT_EXECUTIONS: &str = "txinbox_effect_executions_total";
+/// Effect reconciliations, by `consumer`, `destination` and `outcome` (`done`, `not_found`, `unknown`).
+pub const EFFECT_RECONCILIATIONS: &str = "txinbox_effect_reconciliations_total";
+/// Effects by `consumer`, `destination` and `state`: the uncertain and needs-attention ones are the pattern's
+/// "external effects in uncertain state".
+pub const EFFECTS: &str = "txinbox_effects";
+/// Age in seconds of the oldest pending effect, by `consumer` and `destination` (the relay lag).
+pub const EFFECT_OLDEST_PENDING: &str = "txinbox_effect_oldest_pending_seconds";
 
 /// Registers descriptions for every metric with the installed recorder.
 pub fn describe() {
@@ -88,5 +95,15 @@ pub fn describe() {
         INTERRUPTED,
         "Deliveries interrupted by shutdown before COMMIT"
     );
-    describe_counter!(OUTBOX_RELAYED, "Outbox messages relayed");
+    describe_counter!(EFFECT_EXECUTIONS, "External effect executions by result");
+    describe_counter!(
+        EFFECT_RECONCILIATIONS,
+        "Reconciliations of uncertain effects by outcome"
+    );
+    describe_gauge!(EFFECTS, "External effects by state");
+    describe_gauge!(
+        EFFECT_OLDEST_PENDING,
+        Unit::Seconds,
+        "Age of the oldest pending effect"
+    );
 }

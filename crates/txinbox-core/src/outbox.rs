@@ -1,9 +1,13 @@
 //! Outbox: messages to publish, written in the same transaction as the inbox marker and the business change,
-//! and relayed to a broker after COMMIT by the store's relay.
+//! as effects ([`OutboxMessage::into_effect`]), and published after COMMIT by the effect runner through a
+//! [`PublishEffect`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
 
+use futures::future::BoxFuture;
+
+use crate::effects::{ClaimedEffect, Confirmation, Effect, EffectExecutor, Execution};
 use crate::error::BrokerError;
 
 /// One message to publish. Its `message_id` becomes the identity the consumer's inbox sees (CloudEvents `id`
@@ -57,92 +61,88 @@ impl Publisher for crate::mem::MemoryQueue {
     }
 }
 
-/// An outbox row waiting to be relayed.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PendingOutbox {
-    /// Row id.
-    pub id: i64,
-    /// The message.
-    pub message: OutboxMessage,
-    /// Relay attempts so far.
-    pub attempts: i32,
+/// The metadata keys of a publish effect.
+mod meta {
+    pub const SOURCE: &str = "source";
+    pub const MESSAGE_ID: &str = "message_id";
+    pub const EVENT_TYPE: &str = "event_type";
+    pub const GROUP_ID: &str = "group_id";
+    pub const ATTRIBUTE: &str = "attr.";
 }
 
-impl PendingOutbox {
-    /// A row as a store reads it.
-    pub fn new(id: i64, message: OutboxMessage, attempts: i32) -> Self {
+impl OutboxMessage {
+    /// This message as an effect for its destination: published after COMMIT by a [`PublishEffect`]
+    /// registered under the destination's name. The effect's name is `publish:<message id>`, so its
+    /// idempotency key follows the consuming message and this message's id.
+    pub fn into_effect(self) -> Effect {
+        let mut e = Effect::new(
+            format!("publish:{}", self.message_id),
+            self.destination,
+            self.body,
+        )
+        .metadata(meta::SOURCE, self.source)
+        .metadata(meta::MESSAGE_ID, self.message_id.clone())
+        .metadata(meta::EVENT_TYPE, self.event_type)
+        .external_ref(self.message_id);
+        if let Some(g) = self.group_id {
+            e = e.metadata(meta::GROUP_ID, g);
+        }
+        for (k, v) in self.attributes {
+            e = e.metadata(format!("{}{k}", meta::ATTRIBUTE), v);
+        }
+        e
+    }
+
+    /// The message a publish effect carries.
+    pub fn from_effect(e: &ClaimedEffect) -> Self {
+        let get = |k: &str| e.metadata.get(k).cloned().unwrap_or_default();
         Self {
-            id,
-            message,
-            attempts,
+            destination: e.destination.clone(),
+            source: get(meta::SOURCE),
+            message_id: get(meta::MESSAGE_ID),
+            event_type: get(meta::EVENT_TYPE),
+            group_id: e.metadata.get(meta::GROUP_ID).cloned(),
+            body: e.payload.clone(),
+            attributes: e
+                .metadata
+                .iter()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix(meta::ATTRIBUTE)
+                        .map(|k| (k.to_owned(), v.clone()))
+                })
+                .collect(),
         }
     }
 }
 
-/// Where outbox rows wait: what the relay needs from a store.
-pub trait OutboxStore: Send + Sync {
-    /// The driver's error.
-    type Error: std::error::Error + Send + Sync + 'static;
+/// Publishes the messages handlers recorded with [`crate::Handled::publish`]: the effect executor of a broker
+/// destination.
+///
+/// A publish is idempotent by its message id: the broker deduplicates it (SQS FIFO's deduplication id, Service
+/// Bus's MessageId) and the consumer's own inbox absorbs a copy past the broker's window. So an uncertain publish
+/// is reconciled by publishing again with the same id: the confirmation answers "not found", and the executor
+/// sends again.
+#[derive(Clone, Debug)]
+pub struct PublishEffect<P>(pub P);
 
-    /// Up to `limit` rows not yet relayed, oldest first.
-    fn pending_outbox(
-        &self,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<PendingOutbox>, Self::Error>> + Send;
-
-    /// Marks a row relayed (`error` is `None`) or records a failed attempt.
-    fn finish_outbox(
-        &self,
-        id: i64,
-        now: chrono::DateTime<chrono::Utc>,
-        error: Option<&str>,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-}
-
-/// What one relay pass did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RelayReport {
-    /// Rows published and marked relayed.
-    pub relayed: u64,
-    /// Rows whose publish failed (left pending, attempt recorded).
-    pub failed: u64,
-}
-
-impl RelayReport {
-    /// A report of `relayed` and `failed` rows.
-    pub fn new(relayed: u64, failed: u64) -> Self {
-        Self { relayed, failed }
-    }
-}
-
-/// Publishes up to `limit` pending outbox rows with `publisher`, oldest first. A row is marked relayed only
-/// after its publish succeeded; a crash in between republishes it, which the consumer's inbox absorbs since
-/// the message id is stable.
-pub async fn relay<S: OutboxStore, P: Publisher>(
-    store: &S,
-    publisher: &P,
-    limit: i64,
-) -> Result<RelayReport, S::Error> {
-    let mut report = RelayReport::default();
-    for row in store.pending_outbox(limit).await? {
-        match publisher.publish(&row.message).await {
-            Ok(()) => {
-                store
-                    .finish_outbox(row.id, chrono::Utc::now(), None)
-                    .await?;
-                report.relayed += 1;
-                metrics::counter!(crate::metrics::OUTBOX_RELAYED, "consumer" => row.message.source.clone()).increment(1);
+impl<P: Publisher + 'static> EffectExecutor for PublishEffect<P> {
+    fn execute<'a>(&'a self, effect: &'a ClaimedEffect) -> BoxFuture<'a, Execution> {
+        Box::pin(async move {
+            let msg = OutboxMessage::from_effect(effect);
+            match self.0.publish(&msg).await {
+                Ok(()) => Execution::Done {
+                    reference: Some(msg.message_id),
+                },
+                Err(e) if e.kind() == crate::BrokerErrorKind::OutcomeUnknown => {
+                    Execution::Uncertain { error: e.into() }
+                }
+                Err(e) if e.is_retryable() => Execution::NotSent { error: e.into() },
+                Err(e) => Execution::Rejected { error: e.into() },
             }
-            Err(e) => {
-                tracing::warn!(id = row.id, attempts = row.attempts + 1, error = %e, "outbox publish failed; will retry");
-                store
-                    .finish_outbox(row.id, chrono::Utc::now(), Some(&e.to_string()))
-                    .await?;
-                report.failed += 1;
-            }
-        }
+        })
     }
-    Ok(report)
+
+    fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
+        Box::pin(async { Confirmation::NotFound })
+    }
 }

@@ -15,7 +15,7 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 
 use crate::identity::Identity;
-use crate::outbox::OutboxMessage;
+use crate::effects::NewEffect;
 
 /// The inbox row to insert.
 #[derive(Debug)]
@@ -158,13 +158,14 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         row: &MarkerRow<'_>,
     ) -> impl Future<Output = Result<MarkerInsert, Self::Error>> + Send;
 
-    /// Records the handler's result reference on the marker and writes its outbox rows (same transaction).
+    /// Records the handler's result reference on the marker and writes its effect intents (same
+    /// transaction).
     fn record_result(
         &self,
         tx: &Self::Tx,
         identity: &Identity,
         result_reference: Option<&str>,
-        outbox: &[OutboxMessage],
+        effects: &[NewEffect<'_>],
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Commits.

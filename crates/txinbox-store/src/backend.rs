@@ -4,8 +4,8 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use txinbox_core::outbox::PendingOutbox;
-use txinbox_core::{Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
+use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns};
+use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::error::StoreError;
 
@@ -46,11 +46,10 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         reference: &str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
-    /// Writes an outbox row (same transaction).
-    fn insert_outbox(
+    /// Writes an effect intent (same transaction).
+    fn insert_effect(
         conn: &mut Self::Connection,
-        msg: &OutboxMessage,
-        now: DateTime<Utc>,
+        e: &NewEffect<'_>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Records a rejection (own transaction).
@@ -72,25 +71,48 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         consumer: &str,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// Up to `limit` outbox rows not yet relayed, oldest first.
-    fn pending_outbox(
+    /// Claims due effects (see [`txinbox_core::effects::EffectStore::claim_effects`]).
+    fn claim_effects(
         pool: &sqlx::Pool<Self>,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<PendingOutbox>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<ClaimedEffect>, sqlx::Error>> + Send;
 
-    /// Marks an outbox row relayed, or records a failed attempt.
-    fn finish_outbox(
+    /// Records a transition if `holder` still holds the claim.
+    fn finish_effect(
         pool: &sqlx::Pool<Self>,
         id: i64,
+        holder: &str,
+        t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
-        error: Option<&str>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Deletes up to `limit` done effects finished before `before`.
+    fn purge_done_effects(
+        pool: &sqlx::Pool<Self>,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Effects by consumer, destination and state.
+    fn effect_counts(
+        pool: &sqlx::Pool<Self>,
+    ) -> impl Future<Output = Result<Vec<EffectCount>, sqlx::Error>> + Send;
 }
 
-/// Reads a row of `SELECT id, destination, source, message_id, event_type, group_id, body, attributes,
-/// attempts FROM txinbox_outbox` (the same on every backend).
+/// The columns of a claimed effect, in this order, after `RETURNING` or `SELECT`.
+pub(crate) const CLAIMED_COLUMNS: &str = "id, consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, attempts, reconciliations";
+
+/// Reads the [`CLAIMED_COLUMNS`] of a row; `from` is the state before the claim, `created_at` its time.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) fn pending_outbox_from_row<'r, R>(r: &'r R) -> Result<PendingOutbox, sqlx::Error>
+pub(crate) fn claimed_from_row<'r, R>(
+    r: &'r R,
+    from: &str,
+    created_at: DateTime<Utc>,
+) -> Result<ClaimedEffect, sqlx::Error>
 where
     R: sqlx::Row,
     usize: sqlx::ColumnIndex<R>,
@@ -99,21 +121,29 @@ where
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let attrs: String = r.try_get(7)?;
-    Ok(PendingOutbox::new(
-        r.try_get(0)?,
-        OutboxMessage {
-            destination: r.try_get(1)?,
-            source: r.try_get(2)?,
-            message_id: r.try_get(3)?,
-            event_type: r.try_get(4)?,
-            group_id: r.try_get(5)?,
-            body: r.try_get(6)?,
-            attributes: serde_json::from_str(&attrs)
-                .map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
-        },
-        r.try_get(8)?,
-    ))
+    let metadata: String = r.try_get(7)?;
+    Ok(ClaimedEffect {
+        id: r.try_get(0)?,
+        consumer: r.try_get(1)?,
+        message_id: r.try_get(2)?,
+        key: r.try_get(3)?,
+        name: r.try_get(4)?,
+        destination: r.try_get(5)?,
+        payload: r.try_get(6)?,
+        metadata: serde_json::from_str(&metadata).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+        external_ref: r.try_get(8)?,
+        attempts: r.try_get(9)?,
+        reconciliations: r.try_get(10)?,
+        claimed_from: EffectState::parse(from).ok_or_else(|| {
+            sqlx::Error::Decode(format!("unknown effect state {from:?}").into())
+        })?,
+        created_at,
+    })
+}
+
+/// The metadata column of an effect.
+pub(crate) fn metadata_json(e: &NewEffect<'_>) -> String {
+    serde_json::to_string(&e.effect.metadata).unwrap_or_else(|_| "{}".into())
 }
 
 /// One migration shipped with this build.
@@ -130,12 +160,20 @@ pub struct Migration {
 }
 
 /// Migrations shipped with this build, oldest first.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "inbox",
-    postgres: include_str!("../migrations/postgres/0001_inbox.sql"),
-    sqlite: include_str!("../migrations/sqlite/0001_inbox.sql"),
-}];
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "inbox",
+        postgres: include_str!("../migrations/postgres/0001_inbox.sql"),
+        sqlite: include_str!("../migrations/sqlite/0001_inbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "effects",
+        postgres: include_str!("../migrations/postgres/0002_effects.sql"),
+        sqlite: include_str!("../migrations/sqlite/0002_effects.sql"),
+    },
+];
 
 /// The latest schema version this build knows.
 pub(crate) fn latest_version() -> i64 {

@@ -21,7 +21,8 @@
 //! |---|---|
 //! | `txinbox_inbox` | one marker per applied message: `consumer_name, source, message_id` (primary key), `event_type, business_key` (unique per consumer), `payload_hash, contract_version, tenant_id, received_at, processed_at, result_reference, retention_until, id_origin, delivery_count` |
 //! | `txinbox_rejections` | evidence of payload collisions and business duplicates: the rejected identity, `kind`, its hash, what it conflicts with, detail, time |
-//! | `txinbox_outbox` | messages handlers published, written in the inbox transaction and relayed after COMMIT |
+//! | `txinbox_effects` | external effects: intents written in the inbox transaction, with their idempotency key, state, attempts, claim and the destination's reference |
+//! | `txinbox_outbox` | retired by migration 2 (messages to publish are effects); kept so no row is lost on upgrade |
 //! | `txinbox_schema_version` | the applied migrations |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -29,7 +30,7 @@
 pub mod backend;
 mod conns;
 pub mod error;
-pub mod outbox;
+mod effects;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
@@ -39,10 +40,8 @@ mod tx;
 
 pub use backend::{Backend, Migration};
 pub use error::{is_transient, StoreError};
-pub use outbox::relay_outbox;
 pub use store::{Migrations, Store, StoreOptions};
 pub use tx::Tx;
-pub use txinbox_core::outbox::RelayReport;
 
 /// sqlx, re-exported so users name the same version the store is built on.
 pub use sqlx;

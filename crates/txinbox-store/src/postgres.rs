@@ -3,11 +3,11 @@
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
-use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
+use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
-use crate::backend::{pending_outbox_from_row, Backend, MIGRATIONS};
+use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
 use crate::error::StoreError;
-use txinbox_core::outbox::PendingOutbox;
+use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns};
 
 /// The conditional insert. Without a conflict target, `ON CONFLICT DO NOTHING` covers both the primary key and
 /// the business-key index; a concurrent insert of the same key waits for the other transaction and then
@@ -156,21 +156,19 @@ impl Backend for Postgres {
         Ok(())
     }
 
-    async fn insert_outbox(
-        conn: &mut PgConnection,
-        m: &OutboxMessage,
-        now: DateTime<Utc>,
-    ) -> Result<(), sqlx::Error> {
-        let attrs = serde_json::to_string(&m.attributes).unwrap_or_else(|_| "{}".into());
-        sqlx::query("INSERT INTO txinbox_outbox (destination, source, message_id, event_type, group_id, body, attributes, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
-            .bind(&m.destination)
-            .bind(&m.source)
-            .bind(&m.message_id)
-            .bind(&m.event_type)
-            .bind(&m.group_id)
-            .bind(&m.body)
-            .bind(attrs)
-            .bind(now)
+    async fn insert_effect(conn: &mut PgConnection, e: &NewEffect<'_>) -> Result<(), sqlx::Error> {
+        let fx = e.effect;
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10, $10)")
+            .bind(e.consumer)
+            .bind(e.message_id)
+            .bind(&e.key)
+            .bind(&fx.name)
+            .bind(&fx.destination)
+            .bind(&fx.payload)
+            .bind(metadata_json(e))
+            .bind(fx.external_ref.as_deref().unwrap_or(&e.key))
+            .bind(&fx.group)
+            .bind(e.created_at)
             .execute(conn)
             .await?;
         Ok(())
@@ -212,25 +210,99 @@ impl Backend for Postgres {
             .await
     }
 
-    async fn pending_outbox(pool: &PgPool, limit: i64) -> Result<Vec<PendingOutbox>, sqlx::Error> {
-        let rows = sqlx::query("SELECT id, destination, source, message_id, event_type, group_id, body, attributes, attempts FROM txinbox_outbox WHERE relayed_at IS NULL ORDER BY id LIMIT $1")
+    async fn claim_effects(
+        pool: &PgPool,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        // One statement: the due rows are locked and skipped by any other claimer (SKIP LOCKED), then
+        // marked in flight under this holder; `due.state` is the state before the claim.
+        let sql = format!(
+            "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= $3) OR (state = 'in_flight' AND claim_until < $3)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed'))) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
+             UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = $4, updated_at = $3 FROM due WHERE t.id = due.id \
+             RETURNING {}, due.state, t.created_at",
+            CLAIMED_COLUMNS
+                .split(", ")
+                .map(|c| format!("t.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let rows = sqlx::query(&sql)
+            .bind(holder)
+            .bind(destinations)
+            .bind(now)
+            .bind(claim_until)
             .bind(limit)
             .fetch_all(pool)
             .await?;
-        rows.iter().map(pending_outbox_from_row).collect()
+        rows.iter()
+            .map(|r| {
+                let from: String = r.try_get(11)?;
+                claimed_from_row(r, &from, r.try_get(12)?)
+            })
+            .collect()
     }
 
-    async fn finish_outbox(
+    async fn finish_effect(
         pool: &PgPool,
         id: i64,
+        holder: &str,
+        t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
-        error: Option<&str>,
-    ) -> Result<(), sqlx::Error> {
-        let q = match error {
-            None => sqlx::query("UPDATE txinbox_outbox SET relayed_at = $2, attempts = attempts + 1, last_error = NULL WHERE id = $1").bind(id).bind(now),
-            Some(e) => sqlx::query("UPDATE txinbox_outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1").bind(id).bind(e.to_owned()),
-        };
-        q.execute(pool).await?;
-        Ok(())
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE($6, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN $9 ELSE finished_at END WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'")
+            .bind(id)
+            .bind(holder)
+            .bind(t.state.as_str())
+            .bind(t.attempts)
+            .bind(t.reconciliations)
+            .bind(t.next_at)
+            .bind(t.reference)
+            .bind(t.error)
+            .bind(now)
+            .bind(t.finished)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_done_effects(
+        pool: &PgPool,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let r = sqlx::query("DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < $1 LIMIT $2)")
+            .bind(before)
+            .bind(limit)
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn effect_counts(pool: &PgPool) -> Result<Vec<EffectCount>, sqlx::Error> {
+        let rows = sqlx::query("SELECT consumer_name, destination, state, count(*), min(created_at) FROM txinbox_effects GROUP BY consumer_name, destination, state")
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .filter_map(|r| {
+                let state: String = match r.try_get(2) {
+                    Ok(s) => s,
+                    Err(e) => return Some(Err(e)),
+                };
+                let state = EffectState::parse(&state)?;
+                Some((|| {
+                    Ok(EffectCount {
+                        consumer: r.try_get(0)?,
+                        destination: r.try_get(1)?,
+                        state,
+                        count: r.try_get(3)?,
+                        oldest: r.try_get(4)?,
+                    })
+                })())
+            })
+            .collect()
     }
 }

@@ -2,11 +2,11 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
-use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, OutboxMessage, Rejection};
+use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
-use crate::backend::{pending_outbox_from_row, Backend, MIGRATIONS};
+use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
 use crate::error::StoreError;
-use txinbox_core::outbox::PendingOutbox;
+use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns};
 
 /// The conditional insert; `ON CONFLICT DO NOTHING` covers the primary key and the business-key index.
 pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) ON CONFLICT DO NOTHING";
@@ -143,21 +143,22 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    async fn insert_outbox(
+    async fn insert_effect(
         conn: &mut SqliteConnection,
-        m: &OutboxMessage,
-        now: DateTime<Utc>,
+        e: &NewEffect<'_>,
     ) -> Result<(), sqlx::Error> {
-        let attrs = serde_json::to_string(&m.attributes).unwrap_or_else(|_| "{}".into());
-        sqlx::query("INSERT INTO txinbox_outbox (destination, source, message_id, event_type, group_id, body, attributes, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)")
-            .bind(&m.destination)
-            .bind(&m.source)
-            .bind(&m.message_id)
-            .bind(&m.event_type)
-            .bind(&m.group_id)
-            .bind(&m.body)
-            .bind(attrs)
-            .bind(ts(now))
+        let fx = e.effect;
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending', ?10, ?10, ?10)")
+            .bind(e.consumer)
+            .bind(e.message_id)
+            .bind(&e.key)
+            .bind(&fx.name)
+            .bind(&fx.destination)
+            .bind(&fx.payload)
+            .bind(metadata_json(e))
+            .bind(fx.external_ref.as_deref().unwrap_or(&e.key))
+            .bind(&fx.group)
+            .bind(ts(e.created_at))
             .execute(conn)
             .await?;
         Ok(())
@@ -199,28 +200,99 @@ impl Backend for Sqlite {
             .await
     }
 
-    async fn pending_outbox(
+    async fn claim_effects(
         pool: &SqlitePool,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
         limit: i64,
-    ) -> Result<Vec<PendingOutbox>, sqlx::Error> {
-        let rows = sqlx::query("SELECT id, destination, source, message_id, event_type, group_id, body, attributes, attempts FROM txinbox_outbox WHERE relayed_at IS NULL ORDER BY id LIMIT ?1")
-            .bind(limit)
-            .fetch_all(pool)
-            .await?;
-        rows.iter().map(pending_outbox_from_row).collect()
+    ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        let dests = serde_json::to_string(destinations).unwrap_or_else(|_| "[]".into());
+        let mut conn = pool.acquire().await?;
+        // IMMEDIATE takes the write lock up front: one claimer at a time, so no effect is claimed twice.
+        sqlx::Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
+        let result = async {
+            let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed'))) ORDER BY next_attempt_at, id LIMIT ?3")
+                .bind(&dests)
+                .bind(ts(now))
+                .bind(limit)
+                .fetch_all(&mut *conn)
+                .await?;
+            let mut out = Vec::with_capacity(due.len());
+            for (id, from) in due {
+                let sql = format!("UPDATE txinbox_effects SET state = 'in_flight', claimed_by = ?2, claim_until = ?3, updated_at = ?4 WHERE id = ?1 RETURNING {CLAIMED_COLUMNS}, created_at");
+                let r = sqlx::query(&sql)
+                    .bind(id)
+                    .bind(holder)
+                    .bind(ts(claim_until))
+                    .bind(ts(now))
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let created: String = r.try_get(11)?;
+                out.push(claimed_from_row(&r, &from, parse_ts(&created)?)?);
+            }
+            Ok::<_, sqlx::Error>(out)
+        }
+        .await;
+        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        sqlx::Executor::execute(&mut *conn, end).await?;
+        result
     }
 
-    async fn finish_outbox(
+    async fn finish_effect(
         pool: &SqlitePool,
         id: i64,
+        holder: &str,
+        t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
-        error: Option<&str>,
-    ) -> Result<(), sqlx::Error> {
-        let q = match error {
-            None => sqlx::query("UPDATE txinbox_outbox SET relayed_at = ?2, attempts = attempts + 1, last_error = NULL WHERE id = ?1").bind(id).bind(ts(now)),
-            Some(e) => sqlx::query("UPDATE txinbox_outbox SET attempts = attempts + 1, last_error = ?2 WHERE id = ?1").bind(id).bind(e.to_owned()),
-        };
-        q.execute(pool).await?;
-        Ok(())
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query("UPDATE txinbox_effects SET state = ?3, attempts = COALESCE(?4, attempts), reconciliations = COALESCE(?5, reconciliations), next_attempt_at = COALESCE(?6, next_attempt_at), result_reference = COALESCE(?7, result_reference), last_error = ?8, claimed_by = NULL, claim_until = NULL, updated_at = ?9, finished_at = CASE WHEN ?10 THEN ?9 ELSE finished_at END WHERE id = ?1 AND claimed_by = ?2 AND state = 'in_flight'")
+            .bind(id)
+            .bind(holder)
+            .bind(t.state.as_str())
+            .bind(t.attempts)
+            .bind(t.reconciliations)
+            .bind(t.next_at.map(ts))
+            .bind(t.reference)
+            .bind(t.error)
+            .bind(ts(now))
+            .bind(t.finished)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_done_effects(
+        pool: &SqlitePool,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let r = sqlx::query("DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < ?1 LIMIT ?2)")
+            .bind(ts(before))
+            .bind(limit)
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected())
+    }
+
+    async fn effect_counts(pool: &SqlitePool) -> Result<Vec<EffectCount>, sqlx::Error> {
+        let rows: Vec<(String, String, String, i64, Option<String>)> = sqlx::query_as("SELECT consumer_name, destination, state, count(*), min(created_at) FROM txinbox_effects GROUP BY consumer_name, destination, state")
+            .fetch_all(pool)
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (consumer, destination, state, count, oldest) in rows {
+            let Some(state) = EffectState::parse(&state) else {
+                continue;
+            };
+            out.push(EffectCount {
+                consumer,
+                destination,
+                state,
+                count,
+                oldest: oldest.as_deref().map(parse_ts).transpose()?,
+            });
+        }
+        Ok(out)
     }
 }

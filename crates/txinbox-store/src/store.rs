@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Database, TransactionManager};
+use txinbox_core::effects::NewEffect;
 use txinbox_core::{
-    Commit, Identity, InboxStore, MarkerInsert, MarkerRow, OutboxMessage, Rejection,
+    Commit, Identity, InboxStore, MarkerInsert, MarkerRow, Rejection,
 };
 
 use crate::backend::Backend;
@@ -372,16 +373,15 @@ impl<DB: Backend> InboxStore for Store<DB> {
         tx: &Tx<DB>,
         identity: &Identity,
         result_reference: Option<&str>,
-        outbox: &[OutboxMessage],
+        effects: &[NewEffect<'_>],
     ) -> Result<(), sqlx::Error> {
         let mut g = tx.lock().await;
         let c = conn(&mut g)?;
         if let Some(r) = result_reference {
             DB::set_result_reference(c, identity, r).await?;
         }
-        let now = Utc::now();
-        for o in outbox {
-            DB::insert_outbox(c, o, now).await?;
+        for e in effects {
+            DB::insert_effect(c, e).await?;
         }
         Ok(())
     }

@@ -82,8 +82,11 @@ async fn the_tables_go_in_the_chosen_schema_and_a_second_start_changes_nothing()
     .fetch_one(second.pool())
     .await
     .unwrap();
-    assert_eq!(tables, 4, "inbox, rejections, outbox and the version table");
-    assert_eq!(versions, 1, "the second start applied nothing again");
+    assert_eq!(
+        tables, 5,
+        "inbox, rejections, the retired outbox, effects and the version table"
+    );
+    assert_eq!(versions, 2, "the second start applied nothing again");
     second.close().await;
     drop_schema(&s).await;
 }

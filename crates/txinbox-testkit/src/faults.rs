@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
+use txinbox_core::effects::NewEffect;
 use txinbox_core::{
     BrokerError, Commit, DeadLetter, Delivery, Handler, Identity, InboxProcessor, InboxStore,
-    Lease, MarkerInsert, MarkerRow, OutboxMessage, Outcome, Payload, ReceivedMessage, Rejection,
+    Lease, MarkerInsert, MarkerRow, Outcome, Payload, ReceivedMessage, Rejection,
 };
 
 /// A point in the inbox transaction where a fault test can simulate a crash.
@@ -116,11 +117,11 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
         tx: &S::Tx,
         identity: &Identity,
         result_reference: Option<&str>,
-        outbox: &[OutboxMessage],
+        effects: &[NewEffect<'_>],
     ) -> Result<(), S::Error> {
         self.faults.at(FaultPoint::AfterBusinessChange).await;
         self.inner
-            .record_result(tx, identity, result_reference, outbox)
+            .record_result(tx, identity, result_reference, effects)
             .await
     }
     async fn commit(&self, tx: S::Tx) -> Result<Commit, S::Error> {

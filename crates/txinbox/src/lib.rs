@@ -6,7 +6,7 @@
 pub use txinbox_core::*;
 
 #[doc(inline)]
-pub use txinbox_store::{relay_outbox, RelayReport, Store, StoreError, Tx};
+pub use txinbox_store::{Store, StoreError, Tx};
 
 /// The inbox on SQLite (feature `sqlite`): `SqliteStore::connect("sqlite:app.db")`.
 #[cfg(feature = "sqlite")]

@@ -1,0 +1,45 @@
+//! The effects of the sqlx stores: claimed, finished and purged with the backend's SQL; the runner and every
+//! decision are the core's ([`txinbox_core::effects::EffectRunner`]).
+
+use chrono::{DateTime, Utc};
+use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectStore, Transition};
+
+use crate::backend::Backend;
+use crate::store::Store;
+
+impl<DB: Backend> EffectStore for Store<DB> {
+    type Error = sqlx::Error;
+
+    async fn claim_effects(
+        &self,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        DB::claim_effects(self.pool(), holder, destinations, now, claim_until, limit).await
+    }
+
+    async fn finish_effect(
+        &self,
+        id: i64,
+        holder: &str,
+        transition: &Transition,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        DB::finish_effect(self.pool(), id, holder, &transition.columns(), now).await
+    }
+
+    async fn purge_done_effects(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        DB::purge_done_effects(self.pool(), before, limit).await
+    }
+
+    async fn effect_counts(&self) -> Result<Vec<EffectCount>, sqlx::Error> {
+        DB::effect_counts(self.pool()).await
+    }
+}
