@@ -8,8 +8,8 @@ use txinbox::mem::{MemoryQueue, QueueState};
 use txinbox::outbox::PublishEffect;
 use txinbox::sqlx;
 use txinbox::{
-    ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message, OutboxMessage, Outcome,
-    EffectRunner, EffectState, Raw, Store, Tx,
+    ConsumerName, EffectRunner, EffectState, Handled, HandlerError, IdentityPolicy, Inbox, Message,
+    OutboxMessage, Outcome, Raw, Store, Tx,
 };
 use txinbox_e2e::{pg_store, sqlite_store};
 use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent};

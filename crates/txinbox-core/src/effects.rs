@@ -749,11 +749,17 @@ impl<S: EffectStore> EffectRunner<S> {
     pub async fn run_pass(&self) -> EffectReport {
         let mut report = EffectReport::default();
         let now = Utc::now();
-        let until = now
-            + chrono::Duration::from_std(self.opts.claim_for).unwrap_or(chrono::Duration::MAX);
+        let until =
+            now + chrono::Duration::from_std(self.opts.claim_for).unwrap_or(chrono::Duration::MAX);
         let claimed = match self
             .store
-            .claim_effects(&self.holder, &self.destinations, now, until, self.opts.batch)
+            .claim_effects(
+                &self.holder,
+                &self.destinations,
+                now,
+                until,
+                self.opts.batch,
+            )
             .await
         {
             Ok(c) => c,
@@ -794,7 +800,11 @@ impl<S: EffectStore> EffectRunner<S> {
                 Confirmation::NotFound => "not_found",
                 Confirmation::Unknown { .. } => "unknown",
             };
-            metrics::counter!(crate::metrics::EFFECT_RECONCILIATIONS, labels_with(&labels, "outcome", outcome)).increment(1);
+            metrics::counter!(
+                crate::metrics::EFFECT_RECONCILIATIONS,
+                labels_with(&labels, "outcome", outcome)
+            )
+            .increment(1);
             tracing::info!(key = %e.key, destination = %e.destination, from = %e.claimed_from, outcome, "effect reconciled");
             match answer {
                 Confirmation::Done { reference } => {
@@ -836,7 +846,11 @@ impl<S: EffectStore> EffectRunner<S> {
             Execution::Rejected { .. } => "rejected",
             Execution::Uncertain { .. } => "uncertain",
         };
-        metrics::counter!(crate::metrics::EFFECT_EXECUTIONS, labels_with(&labels, "result", result_label)).increment(1);
+        metrics::counter!(
+            crate::metrics::EFFECT_EXECUTIONS,
+            labels_with(&labels, "result", result_label)
+        )
+        .increment(1);
         let t = match result {
             Execution::Done { reference } => Transition::Done {
                 reference,
@@ -876,14 +890,28 @@ impl<S: EffectStore> EffectRunner<S> {
 
     async fn finish(&self, e: &ClaimedEffect, t: Transition) -> Result<Option<EffectState>, ()> {
         let state = t.state();
-        match self.store.finish_effect(e.id, &self.holder, &t, Utc::now()).await {
+        match self
+            .store
+            .finish_effect(e.id, &self.holder, &t, Utc::now())
+            .await
+        {
             Ok(true) => {
                 match &t {
-                    Transition::Done { reference, .. } => tracing::info!(key = %e.key, destination = %e.destination, reference = ?reference, "effect done"),
-                    Transition::Retry { error, next_at, .. } => tracing::warn!(key = %e.key, destination = %e.destination, %error, %next_at, "effect not sent; pending again"),
-                    Transition::Uncertain { error, next_at, .. } => tracing::warn!(key = %e.key, destination = %e.destination, %error, %next_at, "effect uncertain: its answer was lost; reconciling before any retry"),
-                    Transition::Failed { error, .. } => tracing::error!(key = %e.key, destination = %e.destination, %error, "effect failed"),
-                    Transition::NeedsAttention { error, .. } => tracing::error!(key = %e.key, destination = %e.destination, %error, "effect needs attention: reconciliation could not decide"),
+                    Transition::Done { reference, .. } => {
+                        tracing::info!(key = %e.key, destination = %e.destination, reference = ?reference, "effect done")
+                    }
+                    Transition::Retry { error, next_at, .. } => {
+                        tracing::warn!(key = %e.key, destination = %e.destination, %error, %next_at, "effect not sent; pending again")
+                    }
+                    Transition::Uncertain { error, next_at, .. } => {
+                        tracing::warn!(key = %e.key, destination = %e.destination, %error, %next_at, "effect uncertain: its answer was lost; reconciling before any retry")
+                    }
+                    Transition::Failed { error, .. } => {
+                        tracing::error!(key = %e.key, destination = %e.destination, %error, "effect failed")
+                    }
+                    Transition::NeedsAttention { error, .. } => {
+                        tracing::error!(key = %e.key, destination = %e.destination, %error, "effect needs attention: reconciliation could not decide")
+                    }
                 }
                 Ok(Some(state))
             }
@@ -923,9 +951,9 @@ pub fn publish_gauges(counts: &[EffectCount]) {
     let now = Utc::now();
     for (consumer, destination) in pairs {
         for state in EffectState::ALL {
-            let c = counts
-                .iter()
-                .find(|c| c.consumer == consumer && c.destination == destination && c.state == state);
+            let c = counts.iter().find(|c| {
+                c.consumer == consumer && c.destination == destination && c.state == state
+            });
             metrics::gauge!(crate::metrics::EFFECTS, "consumer" => consumer.to_owned(), "destination" => destination.to_owned(), "state" => state.as_str())
                 .set(c.map_or(0.0, |c| c.count as f64));
             if state == EffectState::Pending {

@@ -19,10 +19,10 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::effects::Effect;
 use crate::error::{BadInput, BoxError};
 use crate::identity::Identity;
 use crate::message::ReceivedMessage;
-use crate::effects::Effect;
 use crate::outbox::OutboxMessage;
 use crate::store::InboxStore;
 

@@ -50,6 +50,8 @@ pub mod effects;
 pub mod error;
 pub mod fingerprint;
 pub mod handler;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod identity;
 pub mod inbox;
 pub mod lease;
@@ -64,11 +66,11 @@ pub mod store;
 pub mod worker;
 
 pub use broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
-pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind};
 pub use effects::{
     ClaimedEffect, Confirmation, Effect, EffectExecutor, EffectOptions, EffectReport, EffectRunner,
     EffectState, EffectStore, Execution,
 };
+pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind};
 pub use fingerprint::FingerprintSpec;
 pub use handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
 pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};

@@ -14,8 +14,8 @@ use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
-use crate::identity::Identity;
 use crate::effects::NewEffect;
+use crate::identity::Identity;
 
 /// The inbox row to insert.
 #[derive(Debug)]

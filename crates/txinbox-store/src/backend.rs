@@ -4,7 +4,9 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns};
+use txinbox_core::effects::{
+    ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
+};
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::error::StoreError;
@@ -134,9 +136,8 @@ where
         external_ref: r.try_get(8)?,
         attempts: r.try_get(9)?,
         reconciliations: r.try_get(10)?,
-        claimed_from: EffectState::parse(from).ok_or_else(|| {
-            sqlx::Error::Decode(format!("unknown effect state {from:?}").into())
-        })?,
+        claimed_from: EffectState::parse(from)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown effect state {from:?}").into()))?,
         created_at,
     })
 }

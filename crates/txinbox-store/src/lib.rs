@@ -29,8 +29,8 @@
 
 pub mod backend;
 mod conns;
-pub mod error;
 mod effects;
+pub mod error;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]

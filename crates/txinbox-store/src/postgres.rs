@@ -7,7 +7,9 @@ use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection}
 
 use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
 use crate::error::StoreError;
-use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns};
+use txinbox_core::effects::{
+    ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
+};
 
 /// The conditional insert. Without a conflict target, `ON CONFLICT DO NOTHING` covers both the primary key and
 /// the business-key index; a concurrent insert of the same key waits for the other transaction and then

@@ -6,7 +6,9 @@ use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection}
 
 use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
 use crate::error::StoreError;
-use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns};
+use txinbox_core::effects::{
+    ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
+};
 
 /// The conditional insert; `ON CONFLICT DO NOTHING` covers the primary key and the business-key index.
 pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) ON CONFLICT DO NOTHING";

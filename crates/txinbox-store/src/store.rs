@@ -7,9 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use sqlx::{Database, TransactionManager};
 use txinbox_core::effects::NewEffect;
-use txinbox_core::{
-    Commit, Identity, InboxStore, MarkerInsert, MarkerRow, Rejection,
-};
+use txinbox_core::{Commit, Identity, InboxStore, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::Backend;
 use crate::conns::KeptConnections;

@@ -39,7 +39,7 @@ async fn verify_refuses_a_database_without_the_schema_then_accepts_the_exported_
             err,
             StoreError::SchemaTooOld {
                 found: 0,
-                required: 1
+                required: 2
             }
         ),
         "{err}"

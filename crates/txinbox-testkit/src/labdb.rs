@@ -23,6 +23,10 @@ pub trait LabDb: Backend {
     ) -> BoxFuture<'static, Result<Handled, HandlerError>>;
     /// Counts the business effects.
     fn count_tasks(store: &Store<Self>) -> BoxFuture<'_, Result<i64, sqlx::Error>>;
+    /// The state and result reference of the (one) effect recorded.
+    fn effect_state(
+        store: &Store<Self>,
+    ) -> BoxFuture<'_, Result<(String, Option<String>), sqlx::Error>>;
     /// Counts rows in the rejections table of a kind.
     fn count_rejections<'a>(
         store: &'a Store<Self>,
@@ -40,6 +44,9 @@ where
     for<'q> Option<String>: Encode<'q, DB> + Type<DB>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB>,
+    for<'r> Option<String>: Decode<'r, DB>,
+    for<'r> (String, Option<String>): sqlx::FromRow<'r, DB::Row>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     fn create_tables(store: &Store<Self>) -> BoxFuture<'_, Result<(), sqlx::Error>> {
@@ -73,6 +80,18 @@ where
             sqlx::query_scalar("SELECT count(*) FROM lab_tasks")
                 .fetch_one(store.pool())
                 .await
+        })
+    }
+
+    fn effect_state(
+        store: &Store<Self>,
+    ) -> BoxFuture<'_, Result<(String, Option<String>), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query_as(
+                "SELECT state, result_reference FROM txinbox_effects ORDER BY id LIMIT 1",
+            )
+            .fetch_one(store.pool())
+            .await
         })
     }
 

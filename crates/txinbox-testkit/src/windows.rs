@@ -27,10 +27,19 @@ use crate::lab::{
     CONSUMER,
 };
 use crate::labdb::LabDb;
+use txinbox_core::http::HttpEffect;
+use txinbox_core::{Effect, EffectOptions, EffectRunner, EffectState};
+use txinbox_crm_api::CrmApi;
 
 /// A failure window of the pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Window {
+    /// An external call (through an effect) done and its answer lost, at a destination that honours the
+    /// `Idempotency-Key`.
+    ExternalCallAnswerLost,
+    /// The same at a destination without idempotency support: only the confirmation query (by external
+    /// reference) prevents the repeat.
+    ExternalCallAnswerLostNoIdempotency,
     /// Crash after receive, before BEGIN.
     BeforeTransaction,
     /// Crash after the marker insert, before the business change.
@@ -57,7 +66,7 @@ pub enum Window {
 
 impl Window {
     /// Every window, in the order the pattern lists them.
-    pub const ALL: [Window; 11] = [
+    pub const ALL: [Window; 13] = [
         Window::BeforeTransaction,
         Window::AfterInsertBeforeChange,
         Window::AfterChangeBeforeCommit,
@@ -69,6 +78,8 @@ impl Window {
         Window::OtherIdSameBusinessAction,
         Window::AfterRetentionExpired,
         Window::ShutdownMidFlight,
+        Window::ExternalCallAnswerLost,
+        Window::ExternalCallAnswerLostNoIdempotency,
     ];
 
     /// The window's name.
@@ -85,6 +96,8 @@ impl Window {
             Window::OtherIdSameBusinessAction => "other_id_same_business_action",
             Window::AfterRetentionExpired => "after_retention_expired",
             Window::ShutdownMidFlight => "shutdown_mid_flight",
+            Window::ExternalCallAnswerLost => "external_call_answer_lost",
+            Window::ExternalCallAnswerLostNoIdempotency => "external_call_no_idempotency",
         }
     }
 }
@@ -606,6 +619,73 @@ pub async fn run_window<DB: LabDb>(store: Store<DB>, w: Window) -> Result<Window
                 ),
             )
         }
+        Window::ExternalCallAnswerLost | Window::ExternalCallAnswerLostNoIdempotency => {
+            let idempotent = w == Window::ExternalCallAnswerLost;
+            let crm = CrmApi::builder()
+                .idempotency(idempotent)
+                .start()
+                .await
+                .map_err(|e| LabError::Usage(format!("the local CRM API could not start: {e}")))?;
+            // The destination is found again by key where it keeps keys, else by the external reference.
+            let confirm = if idempotent {
+                format!("{}/tasks?idempotency_key={{key}}", crm.url())
+            } else {
+                format!("{}/tasks?external_ref={{external_ref}}", crm.url())
+            };
+            let runner = EffectRunner::new(store.clone())
+                .executor(
+                    "crm",
+                    HttpEffect::post(format!("{}/tasks", crm.url())).confirm_url(confirm),
+                )
+                .options(EffectOptions::default().idle_poll(Duration::from_millis(10)));
+            let p = lab_processor(store.clone(), task_with_crm_effect::<DB>);
+            let q = queue(Some(5));
+            q.send(lab_message(0));
+            let d = one(q.receive_now(1), "delivery")?;
+            let o = p.process_one(d).await;
+            c.eq("the message", o.label(), "applied");
+            // The CRM performs the call and the answer is lost on the way back.
+            crm.drop_next_answers(1);
+            let first = runner.run_pass().await;
+            c.eq(
+                "the call whose answer was lost",
+                first.count(EffectState::Uncertain),
+                1,
+            );
+            // Reconciled before any retry: the CRM is asked, finds the task, the effect is done.
+            let second = runner.run_until_idle().await;
+            c.eq("reconciled to done", second.count(EffectState::Done), 1);
+            let tasks = crm.tasks();
+            c.eq("tasks at the CRM", tasks.len(), 1);
+            let state: (String, Option<String>) = effect_state::<DB>(&store).await?;
+            c.eq("effect state", state.0.as_str(), "done");
+            c.eq(
+                "the CRM's reference kept",
+                state.1,
+                tasks.first().map(|t| t.id.clone()),
+            );
+            crm.shutdown().await;
+            (
+                q,
+                format!(
+                    "{o} > crm call done, answer lost > {} > {} (crm tasks={})",
+                    states(&first),
+                    states(&second),
+                    tasks.len()
+                ),
+                (
+                    1,
+                    1,
+                    QueueState::default(),
+                    0,
+                    vec![
+                        (m::APPLIED, 1),
+                        (m::EFFECT_RECONCILIATIONS, 1),
+                        (m::EFFECT_EXECUTIONS, 1),
+                    ],
+                ),
+            )
+        }
     };
 
     let (exp_rows, exp_effects, exp_broker, exp_rejections, exp_signals) = expect;
@@ -653,5 +733,42 @@ impl txinbox_core::Lease for QuickLease {
         Result<chrono::DateTime<chrono::Utc>, txinbox_core::BrokerError>,
     > {
         self.0.renew(Duration::from_secs(30))
+    }
+}
+
+/// The lab's handler with an external effect: the local task, and a follow-up task to create in the CRM after
+/// COMMIT, searchable there by its business reference.
+fn task_with_crm_effect<DB: LabDb>(
+    tx: Tx<DB>,
+    msg: Message<LabEvent>,
+) -> futures::future::BoxFuture<'static, Result<Handled, HandlerError>> {
+    Box::pin(async move {
+        let reference = format!("followup:{}:{}", msg.body.opportunity, msg.body.meeting);
+        let payload = serde_json::json!({
+            "opportunity": msg.body.opportunity,
+            "meeting": msg.body.meeting,
+            "external_ref": reference,
+        });
+        let effect = Effect::json("crm.create_task", "crm", &payload)?.external_ref(reference);
+        Ok(DB::insert_task(tx, msg).await?.effect(effect))
+    })
+}
+
+/// The state and reference of the lab's one effect.
+async fn effect_state<DB: LabDb>(store: &Store<DB>) -> Result<(String, Option<String>), LabError> {
+    Ok(DB::effect_state(store).await?)
+}
+
+/// The states a runner's pass led to, `done` or `uncertain+pending`.
+fn states(r: &txinbox_core::EffectReport) -> String {
+    let s: Vec<&str> = EffectState::ALL
+        .into_iter()
+        .filter(|st| r.count(*st) > 0)
+        .map(EffectState::as_str)
+        .collect();
+    if s.is_empty() {
+        "nothing".into()
+    } else {
+        s.join("+")
     }
 }
