@@ -8,6 +8,7 @@ use txinbox_bench as bench;
 use txinbox_testkit::lab::{run_lab, with_fresh, Target};
 use txinbox_testkit::windows;
 
+mod effects;
 mod redrive;
 
 #[derive(Parser)]
@@ -51,6 +52,12 @@ enum Command {
         #[command(subcommand)]
         command: ServiceBusCommand,
     },
+    /// External effects: run them (an operator's pass, or a runner process of its own) and count them by
+    /// state.
+    Effects {
+        #[command(subcommand)]
+        command: EffectsCommand,
+    },
     /// Print the inbox's schema as one SQL script for your own migration tool (then open the store with
     /// `Migrations::Verify`).
     Schema {
@@ -66,6 +73,19 @@ enum Command {
         /// Worker settings (TOML: [inbox], [sqs], [servicebus]); defaults are the adapters' defaults.
         #[arg(long)]
         config: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum EffectsCommand {
+    /// Claim due effects and run them through HTTP destinations, reconciling uncertain ones first; until
+    /// SIGTERM, or once with `--once`. Prints `EffectReport ...` at the end.
+    Run(effects::RunArgs),
+    /// Effects by consumer, destination and state, with the oldest of each.
+    Stats {
+        /// Store URL (`sqlite:path.db` or `postgres://...`).
+        #[arg(long, env = "TXINBOX_STORE_URL")]
+        store: String,
     },
 }
 
@@ -242,6 +262,47 @@ fn main() -> ExitCode {
         Command::Sqs { command } => sqs(command),
         Command::Servicebus { command } => servicebus(command),
         Command::CheckInfra { dir, config } => check_infra(&dir, config.as_deref()),
+        Command::Effects { command } => {
+            let rt = match runtime(Flavor::MultiThread) {
+                Ok(rt) => rt,
+                Err(e) => return fail(&e),
+            };
+            let url = match &command {
+                EffectsCommand::Run(a) => a.store.clone(),
+                EffectsCommand::Stats { store } => store.clone(),
+            };
+            let result = rt.block_on(async move {
+                if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+                    let store = txinbox_store::Store::<sqlx::Postgres>::connect(&url, 8)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match &command {
+                        EffectsCommand::Run(a) => effects::run(store, a).await,
+                        EffectsCommand::Stats { .. } => effects::stats(store).await,
+                    }
+                } else if url.starts_with("sqlite:") {
+                    let store = txinbox_store::Store::<sqlx::Sqlite>::connect(&url)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match &command {
+                        EffectsCommand::Run(a) => effects::run(store, a).await,
+                        EffectsCommand::Stats { .. } => effects::stats(store).await,
+                    }
+                } else {
+                    Err(format!(
+                        "unsupported store URL scheme {:?} (expected sqlite: or postgres://)",
+                        url.split(':').next().unwrap_or_default()
+                    ))
+                }
+            });
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Schema { backend } => {
             if backend == "postgres" {
                 print!(
