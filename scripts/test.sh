@@ -95,6 +95,9 @@ cargo test --workspace --locked
 say "the examples as real processes (producer, worker, SIGTERM) against moto and the Service Bus emulator"
 bash scripts/examples-smoke.sh
 
+say "the example agent with an external CRM under kill -9, on both brokers (one task per meeting at the CRM)"
+bash scripts/effects-chaos.sh 40 8
+
 say "the lab and its failure windows, through the CLI, on SQLite and PostgreSQL"
 ./target/debug/txinbox lab
 ./target/debug/txinbox lab --windows

@@ -873,9 +873,22 @@ impl<S: EffectStore> EffectRunner<S> {
                 error: error.to_string(),
                 attempts,
             },
+            // It may have happened: never failed (that could hide a done effect), but after the attempt
+            // limit an operator must look.
+            Execution::Uncertain { error } if attempts >= self.opts.max_attempts => {
+                Transition::NeedsAttention {
+                    error: format!("{attempts} attempts, the last one's answer lost: {error}"),
+                    reconciliations,
+                }
+            }
             Execution::Uncertain { error } => Transition::Uncertain {
-                // Reconciled at once on the next pass.
-                next_at: Utc::now(),
+                // A first lost answer is reconciled on the next pass; a destination that keeps losing them
+                // (a 5xx on every call) is backed off like a failing one.
+                next_at: if attempts <= 1 {
+                    Utc::now()
+                } else {
+                    Utc::now() + self.backoff(attempts - 1)
+                },
                 error: error.to_string(),
                 attempts,
                 reconciliations,

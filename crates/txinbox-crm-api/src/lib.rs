@@ -39,6 +39,7 @@ pub enum Error {
 pub struct CrmApiBuilder {
     idempotency: bool,
     listen: SocketAddr,
+    latency: std::time::Duration,
 }
 
 impl Default for CrmApiBuilder {
@@ -46,6 +47,7 @@ impl Default for CrmApiBuilder {
         Self {
             idempotency: true,
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            latency: std::time::Duration::ZERO,
         }
     }
 }
@@ -55,6 +57,13 @@ impl CrmApiBuilder {
     /// ignored and every `POST /tasks` creates a task: a destination without idempotency support.
     pub fn idempotency(mut self, enabled: bool) -> Self {
         self.idempotency = enabled;
+        self
+    }
+
+    /// Waits this long after performing a `POST /tasks` and before answering (default none): a caller killed
+    /// meanwhile leaves a task whose answer it never read, the window chaos runs aim at.
+    pub fn latency(mut self, d: std::time::Duration) -> Self {
+        self.latency = d;
         self
     }
 
@@ -76,7 +85,7 @@ impl CrmApiBuilder {
         };
         let listener = TcpListener::bind(self.listen).await.map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
-        let shared = Arc::new(Shared::new(self.idempotency));
+        let shared = Arc::new(Shared::new(self.idempotency, self.latency));
         let (shutdown, shutdown_rx) = watch::channel(false);
         let task = tokio::spawn(server::serve(listener, shared.clone(), shutdown_rx));
         tracing::info!(%addr, idempotency = self.idempotency, "CRM API listening");

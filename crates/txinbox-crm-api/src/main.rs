@@ -23,6 +23,9 @@ struct Cli {
     /// Ignore `Idempotency-Key`: every POST /tasks creates a task.
     #[arg(long)]
     no_idempotency: bool,
+    /// Milliseconds each POST /tasks waits after performing and before answering.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
 }
 
 #[tokio::main]
@@ -47,6 +50,7 @@ async fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), String> {
     let api = CrmApi::builder()
         .idempotency(!cli.no_idempotency)
+        .latency(std::time::Duration::from_millis(cli.latency_ms))
         .listen(cli.listen)
         .start()
         .await

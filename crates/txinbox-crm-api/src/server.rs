@@ -33,12 +33,16 @@ const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
+    /// How long a `POST /tasks` waits after performing and before answering: widens the window in which a
+    /// caller can die between the call and its record (for chaos runs).
+    latency: std::time::Duration,
 }
 
 impl Shared {
-    pub(crate) fn new(idempotency: bool) -> Self {
+    pub(crate) fn new(idempotency: bool, latency: std::time::Duration) -> Self {
         Self {
             state: Mutex::new(State::new(idempotency)),
+            latency,
         }
     }
 
@@ -189,6 +193,9 @@ async fn post_task(
         };
         (fault, response)
     };
+    if !shared.latency.is_zero() {
+        tokio::time::sleep(shared.latency).await;
+    }
     if fault == Fault::DropAnswer {
         tracing::warn!(
             status = response.status().as_u16(),

@@ -150,7 +150,7 @@ impl Backend for Sqlite {
         e: &NewEffect<'_>,
     ) -> Result<(), sqlx::Error> {
         let fx = e.effect;
-        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending', ?10, ?10, ?10)")
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'pending', ?10, ?10, ?10) ON CONFLICT (idempotency_key) DO NOTHING")
             .bind(e.consumer)
             .bind(e.message_id)
             .bind(&e.key)

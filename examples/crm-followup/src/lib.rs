@@ -11,11 +11,13 @@
 
 use std::time::Duration;
 
+use txinbox::http::HttpEffect;
 use txinbox::sqlx::{self, Encode, Executor, IntoArguments, Type};
 use txinbox::store::Backend;
 use txinbox::{
-    ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, LeasedDelivery, Message,
-    OutcomeKind, Receiver, Store, Tx, Worker, WorkerOptions, WorkerReport,
+    ConsumerName, Effect, EffectOptions, EffectRunner, Handled, HandlerError, IdentityPolicy,
+    Inbox, LeasedDelivery, Message, OutcomeKind, Receiver, Store, Tx, Worker, WorkerOptions,
+    WorkerReport,
 };
 
 /// An error starting the agent.
@@ -41,11 +43,14 @@ pub fn business_key(e: &MeetingEnded) -> Option<String> {
     ))
 }
 
-/// The agent's handler: the follow-up task, in the inbox's transaction. Generic over the backend, so the
-/// bounds say what its statements need (a handler for one backend needs none).
+/// The agent's handler: the local record of the follow-up task in the inbox's transaction and, when an
+/// external CRM is configured, the task to create there after COMMIT (an effect with its idempotency key,
+/// searchable at the CRM by the follow-up's reference). Generic over the backend, so the bounds say what its
+/// statements need (a handler for one backend needs none).
 pub async fn create_task<DB>(
     tx: Tx<DB>,
     msg: Message<MeetingEnded>,
+    with_crm: bool,
 ) -> Result<Handled, HandlerError>
 where
     DB: Backend,
@@ -58,6 +63,17 @@ where
         meeting,
     } = msg.body;
     let task_id = format!("followup-{opportunity}-{meeting}");
+    let crm_task = Effect::json(
+        "crm.create_task",
+        CRM,
+        &serde_json::json!({
+            "title": format!("Follow up meeting {meeting} of opportunity {opportunity}"),
+            "opportunity": opportunity,
+            "meeting": meeting,
+            "external_ref": task_id,
+        }),
+    )?
+    .external_ref(task_id.clone());
     // `$n` placeholders work on both backends.
     sqlx::query("INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES ($1, $2, $3, $4)")
         .bind(task_id.clone())
@@ -66,7 +82,24 @@ where
         .bind(msg.identity.message_id)
         .execute(&tx)
         .await?;
-    Ok(Handled::reference(task_id))
+    let done = Handled::reference(task_id);
+    Ok(if with_crm {
+        done.effect(crm_task)
+    } else {
+        done
+    })
+}
+
+/// The destination name of the external CRM.
+pub const CRM: &str = "crm";
+
+/// The external CRM's effect executor: tasks POSTed to `{url}/tasks` with their `Idempotency-Key`, found again
+/// by key (`{url}/tasks?idempotency_key=...`) when an answer was lost.
+pub fn crm_executor(url: &str) -> HttpEffect {
+    let url = url.trim_end_matches('/');
+    HttpEffect::post(format!("{url}/tasks"))
+        .confirm_url(format!("{url}/tasks?idempotency_key={{key}}"))
+        .timeout(Duration::from_secs(5))
 }
 
 /// Where and how the agent runs.
@@ -80,6 +113,9 @@ pub struct AgentOptions {
     pub worker: WorkerOptions,
     /// Delay before a retryable failure is redelivered.
     pub retry_backoff: Duration,
+    /// The external CRM's base URL: the agent then creates each follow-up task there too, through an effect
+    /// run by a runner in this process (`None`: the local record only).
+    pub crm_url: Option<String>,
 }
 
 /// Runs the agent on `receiver` until SIGTERM or Ctrl-C, then drains (commit, then settle) and returns the
@@ -94,36 +130,81 @@ where
             Store::<sqlx::Postgres>::connect(&opts.store, opts.worker.concurrency as u32 + 2)
                 .await?;
         sqlx::query(TASKS_PG).execute(store.pool()).await?;
+        let with_crm = opts.crm_url.is_some();
         let processor = Inbox::new(store.clone(), policy)
             .retry_backoff(opts.retry_backoff)
-            .bind(create_task)
+            .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(receiver, processor, opts.worker).await;
+        let report = drive(
+            receiver,
+            processor,
+            store.clone(),
+            opts.crm_url,
+            opts.worker,
+        )
+        .await;
         store.close().await;
         report
     } else {
         let store = Store::<sqlx::Sqlite>::connect(&opts.store).await?;
         sqlx::query(TASKS_SQLITE).execute(store.pool()).await?;
+        let with_crm = opts.crm_url.is_some();
         let processor = Inbox::new(store.clone(), policy)
             .retry_backoff(opts.retry_backoff)
-            .bind(create_task)
+            .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(receiver, processor, opts.worker).await;
+        let report = drive(
+            receiver,
+            processor,
+            store.clone(),
+            opts.crm_url,
+            opts.worker,
+        )
+        .await;
         store.close().await;
         report
     };
     Ok(report)
 }
 
-async fn drive<R, P>(receiver: R, processor: P, opts: WorkerOptions) -> WorkerReport
+/// Runs the worker and, with a CRM, the effect runner beside it, until SIGTERM or Ctrl-C stops both.
+async fn drive<R, P, DB>(
+    receiver: R,
+    processor: P,
+    store: Store<DB>,
+    crm_url: Option<String>,
+    opts: WorkerOptions,
+) -> WorkerReport
 where
     R: Receiver,
     P: txinbox::Processor<LeasedDelivery<R::Delivery>>,
+    DB: Backend,
 {
-    let report = Worker::new(receiver, processor)
+    let stop = txinbox::CancellationToken::new();
+    let signal = stop.clone();
+    tokio::spawn(async move {
+        txinbox::shutdown_signal().await;
+        signal.cancel();
+    });
+    let worker = Worker::new(receiver, processor)
         .options(opts)
-        .run_until(txinbox::shutdown_signal())
-        .await;
+        .run_until(stop.clone().cancelled_owned());
+    let effects = async {
+        let Some(url) = crm_url else {
+            return None;
+        };
+        // A claim outlives any call (5 s timeout): a runner killed mid-call leaves its effects to be
+        // reconciled by the next one 10 s later.
+        let runner = EffectRunner::new(store)
+            .executor(CRM, crm_executor(&url))
+            .options(EffectOptions::default().claim_for(Duration::from_secs(10)));
+        Some(runner.run_until(stop.clone().cancelled_owned()).await)
+    };
+    let (report, effects) = tokio::join!(worker, effects);
+    if let Some(e) = effects {
+        tracing::info!(%e, "effect runner stopped");
+        println!("{e}");
+    }
     tracing::info!(
         applied = report.count(OutcomeKind::Applied),
         duplicates = report.count(OutcomeKind::Duplicate),

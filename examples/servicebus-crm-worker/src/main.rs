@@ -39,6 +39,10 @@ struct Args {
     /// The queue's LockDuration in seconds (the lock is renewed every third of it).
     #[arg(long, default_value_t = 60)]
     lock_duration_secs: u64,
+    /// The external CRM's base URL (e.g. `txinbox-crm-api`'s): each follow-up task is also created there,
+    /// through an effect with its idempotency key, run beside the worker.
+    #[arg(long, env = "TXINBOX_CRM_URL")]
+    crm_url: Option<String>,
 }
 
 #[tokio::main]
@@ -65,6 +69,7 @@ async fn main() -> Result<(), crm_followup::Error> {
             // The lease keeper renews every third of the lock duration, which the receiver's leases report.
             worker: WorkerOptions::default().concurrency(args.concurrency),
             retry_backoff: Duration::from_secs(5),
+            crm_url: args.crm_url,
         },
     )
     .await?;

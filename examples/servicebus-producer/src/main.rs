@@ -37,12 +37,15 @@ struct Args {
     /// Publish the same event this many times.
     #[arg(long, default_value_t = 1)]
     times: u32,
+    /// With --create-on-emulator: the queue's LockDuration in seconds (the Terraform samples' PT1M by default).
+    #[arg(long, default_value_t = 60)]
+    lock_secs: u32,
 }
 
 /// The Terraform samples' queue settings.
-fn queue_properties() -> serde_json::Value {
+fn queue_properties(lock_secs: u32) -> serde_json::Value {
     json!({
-        "lockDuration": "PT1M",
+        "lockDuration": format!("PT{}S", lock_secs.clamp(1, 300)),
         "maxDeliveryCount": 10,
         "requiresDuplicateDetection": true,
         "duplicateDetectionHistoryTimeWindow": "PT10M",
@@ -51,12 +54,12 @@ fn queue_properties() -> serde_json::Value {
     })
 }
 
-async fn create_on_emulator(queue: &str) -> Result<(), Box<dyn std::error::Error>> {
+async fn create_on_emulator(queue: &str, lock_secs: u32) -> Result<(), Box<dyn std::error::Error>> {
     let endpoint = std::env::var("SERVICEBUS_ENDPOINT")
         .map_err(|_| "--create-on-emulator needs SERVICEBUS_ENDPOINT (the emulator's URL)")?;
     let http = reqwest::Client::new();
     for (path, props) in [
-        (queue.to_owned(), queue_properties()),
+        (queue.to_owned(), queue_properties(lock_secs)),
         (format!("{queue}-poison"), json!({"lockDuration": "PT1M"})),
     ] {
         let r = http
@@ -79,7 +82,7 @@ async fn create_on_emulator(queue: &str) -> Result<(), Box<dyn std::error::Error
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if args.create_on_emulator {
-        create_on_emulator(&args.queue).await?;
+        create_on_emulator(&args.queue, args.lock_secs).await?;
     }
     let client = ServiceBusConfig::from_env()?.connect()?;
     let id = args
