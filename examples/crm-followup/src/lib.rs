@@ -190,9 +190,7 @@ where
         .options(opts)
         .run_until(stop.clone().cancelled_owned());
     let effects = async {
-        let Some(url) = crm_url else {
-            return None;
-        };
+        let url = crm_url?;
         // A claim outlives any call (5 s timeout): a runner killed mid-call leaves its effects to be
         // reconciled by the next one 10 s later.
         let runner = EffectRunner::new(store)
