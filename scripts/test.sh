@@ -82,7 +82,7 @@ cargo fmt --all -- --check
 say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 say "the facade's features one at a time (what a user who enables only one compiles)"
-for features in sqlite postgres sqs servicebus; do
+for features in sqlite postgres sqs servicebus http; do
   cargo clippy -p txinbox --no-default-features --features "$features" --locked -- -D warnings
 done
 say "cargo doc -D warnings"

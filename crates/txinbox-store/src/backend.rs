@@ -4,9 +4,9 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use txinbox_core::effects::{
-    ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
-};
+use txinbox_core::effects::{ClaimedEffect, EffectCount, NewEffect, TransitionColumns};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use txinbox_core::effects::EffectState;
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::error::StoreError;
