@@ -4,9 +4,9 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use txinbox_core::effects::{ClaimedEffect, EffectCount, NewEffect, TransitionColumns};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use txinbox_core::effects::EffectState;
+use txinbox_core::effects::{ClaimedEffect, EffectCount, NewEffect, TransitionColumns};
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::error::StoreError;
@@ -106,6 +106,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 }
 
 /// The columns of a claimed effect, in this order, after `RETURNING` or `SELECT`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) const CLAIMED_COLUMNS: &str = "id, consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, attempts, reconciliations";
 
 /// Reads the [`CLAIMED_COLUMNS`] of a row; `from` is the state before the claim, `created_at` its time.
@@ -143,6 +144,7 @@ where
 }
 
 /// The metadata column of an effect.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn metadata_json(e: &NewEffect<'_>) -> String {
     serde_json::to_string(&e.effect.metadata).unwrap_or_else(|_| "{}".into())
 }
