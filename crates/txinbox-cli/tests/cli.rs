@@ -82,7 +82,7 @@ fn windows_print_one_ok_row_each() {
     let (code, out, err) = txinbox(&["lab", "--windows"]);
     assert_eq!(code, 0, "{out}{err}");
     let rows: Vec<&str> = out.lines().collect();
-    assert_eq!(rows.len(), 11, "{out}");
+    assert_eq!(rows.len(), 13, "{out}");
     for r in rows {
         assert!(r.ends_with(" ok"), "{r}");
         assert!(
