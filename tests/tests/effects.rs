@@ -1137,3 +1137,71 @@ async fn a_destination_failing_with_503_is_held_to_the_attempt_limit_on_sqlite()
 async fn a_destination_failing_with_503_is_held_to_the_attempt_limit_on_postgres() {
     failing_destination_is_held_to_the_attempt_limit(pg_store(4).await).await;
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// 11. An operator's compensation undoes a done effect once, through its destination.
+// ---------------------------------------------------------------------------------------------------------
+
+async fn compensation_undoes_a_done_effect_once<DB: FxDb>(store: Store<DB>) {
+    DB::create_tables(&store).await.unwrap();
+    let crm = start_crm(true).await;
+    let (h, ids) = recording::<DB>(|msg| vec![crm_effect(msg)]);
+    assert_all_applied(&deliver(&store, h, 0..1).await, 1);
+    let runner = EffectRunner::new(store.clone()).executor(
+        "crm",
+        crm_by_key(&crm).compensate_url(format!("{}/tasks/{{reference}}", crm.url())),
+    );
+    let report = runner.run_until_idle().await;
+    assert_eq!(report.count(EffectState::Done), 1, "{report}");
+    assert_eq!(crm.tasks().len(), 1);
+    let key = keys(&ids, CRM_TASK)[0].clone();
+
+    // A destination without a compensation request refuses, and the effect stays done.
+    let plain = EffectRunner::new(store.clone()).executor("crm", crm_by_key(&crm));
+    let refused = plain.compensate(&key).await;
+    assert!(
+        matches!(refused, Err(txinbox::CompensateError::Refused { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(DB::effect_rows(&store).await[0].state, "done");
+    assert_eq!(crm.tasks().len(), 1);
+
+    // Undone at the CRM (DELETE by the CRM's own reference), recorded as compensated.
+    assert_eq!(
+        runner.compensate(&key).await.expect("compensated"),
+        EffectState::Compensated
+    );
+    assert!(crm.tasks().is_empty(), "the CRM task is gone");
+    let row = DB::effect_rows(&store).await.remove(0);
+    assert_eq!(row.state, "compensated");
+    assert!(row.last_error.unwrap_or_default().contains("compensated"));
+
+    // Never twice, and a key nobody recorded is a typed error.
+    let again = runner.compensate(&key).await;
+    assert!(
+        matches!(
+            again,
+            Err(txinbox::CompensateError::NotDone {
+                state: EffectState::Compensated,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    assert!(matches!(
+        runner.compensate("no-such-key").await,
+        Err(txinbox::CompensateError::NotFound(_))
+    ));
+    // A compensated effect is not claimed again.
+    assert_eq!(runner.run_until_idle().await.claimed, 0);
+}
+
+#[tokio::test]
+async fn compensation_undoes_a_done_effect_once_on_sqlite() {
+    compensation_undoes_a_done_effect_once(sqlite_store().await).await;
+}
+
+#[tokio::test]
+async fn compensation_undoes_a_done_effect_once_on_postgres() {
+    compensation_undoes_a_done_effect_once(pg_store(4).await).await;
+}

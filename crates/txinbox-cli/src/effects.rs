@@ -77,6 +77,39 @@ pub async fn run<DB: Backend>(store: Store<DB>, args: &RunArgs) -> Result<(), St
     Ok(())
 }
 
+/// Arguments of `txinbox effects compensate`.
+#[derive(Debug, clap::Args)]
+pub struct CompensateArgs {
+    /// Store URL (`sqlite:path.db` or `postgres://...`).
+    #[arg(long, env = "TXINBOX_STORE_URL")]
+    pub store: String,
+    /// The idempotency key of the done effect to undo.
+    #[arg(long)]
+    pub key: String,
+    /// The compensation request of a destination: `NAME=URL` with `{reference}`, `{key}` or `{external_ref}`
+    /// in it (a DELETE).
+    #[arg(long = "compensate", value_parser = parse_pair, required = true)]
+    pub compensate: Vec<(String, String)>,
+}
+
+/// Undoes one done effect through its destination and marks it compensated.
+pub async fn compensate<DB: Backend>(
+    store: Store<DB>,
+    args: &CompensateArgs,
+) -> Result<(), String> {
+    let mut runner = EffectRunner::new(store);
+    for (name, url) in &args.compensate {
+        // The POST URL is not used by a compensation.
+        runner = runner.executor(name.clone(), HttpEffect::post(url).compensate_url(url));
+    }
+    let state = runner
+        .compensate(&args.key)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("effect {} {state}", args.key);
+    Ok(())
+}
+
 /// Prints the effects of `store` by consumer, destination and state.
 pub async fn stats<DB: Backend>(store: Store<DB>) -> Result<(), String> {
     let counts = store.effect_counts().await.map_err(|e| e.to_string())?;

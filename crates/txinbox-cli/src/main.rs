@@ -81,6 +81,8 @@ enum EffectsCommand {
     /// Claim due effects and run them through HTTP destinations, reconciling uncertain ones first; until
     /// SIGTERM, or once with `--once`. Prints `EffectReport ...` at the end.
     Run(effects::RunArgs),
+    /// Undo one done effect (an operator's compensation) through its destination, and mark it compensated.
+    Compensate(effects::CompensateArgs),
     /// Effects by consumer, destination and state, with the oldest of each.
     Stats {
         /// Store URL (`sqlite:path.db` or `postgres://...`).
@@ -269,6 +271,7 @@ fn main() -> ExitCode {
             };
             let url = match &command {
                 EffectsCommand::Run(a) => a.store.clone(),
+                EffectsCommand::Compensate(a) => a.store.clone(),
                 EffectsCommand::Stats { store } => store.clone(),
             };
             let result = rt.block_on(async move {
@@ -278,6 +281,7 @@ fn main() -> ExitCode {
                         .map_err(|e| e.to_string())?;
                     match &command {
                         EffectsCommand::Run(a) => effects::run(store, a).await,
+                        EffectsCommand::Compensate(a) => effects::compensate(store, a).await,
                         EffectsCommand::Stats { .. } => effects::stats(store).await,
                     }
                 } else if url.starts_with("sqlite:") {
@@ -286,6 +290,7 @@ fn main() -> ExitCode {
                         .map_err(|e| e.to_string())?;
                     match &command {
                         EffectsCommand::Run(a) => effects::run(store, a).await,
+                        EffectsCommand::Compensate(a) => effects::compensate(store, a).await,
                         EffectsCommand::Stats { .. } => effects::stats(store).await,
                     }
                 } else {

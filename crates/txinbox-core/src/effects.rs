@@ -153,17 +153,20 @@ pub enum EffectState {
     Failed,
     /// Reconciliation could not decide within its limit: an operator must look.
     NeedsAttention,
+    /// Done, then undone by an operator's compensation.
+    Compensated,
 }
 
 impl EffectState {
     /// Every state.
-    pub const ALL: [EffectState; 6] = [
+    pub const ALL: [EffectState; 7] = [
         EffectState::Pending,
         EffectState::InFlight,
         EffectState::Done,
         EffectState::Uncertain,
         EffectState::Failed,
         EffectState::NeedsAttention,
+        EffectState::Compensated,
     ];
 
     /// The stored name (`pending`, `in_flight`, `done`, `uncertain`, `failed`, `needs_attention`).
@@ -175,6 +178,7 @@ impl EffectState {
             EffectState::Uncertain => "uncertain",
             EffectState::Failed => "failed",
             EffectState::NeedsAttention => "needs_attention",
+            EffectState::Compensated => "compensated",
         }
     }
 
@@ -220,6 +224,8 @@ pub struct ClaimedEffect {
     pub reconciliations: i32,
     /// When it was recorded.
     pub created_at: DateTime<Utc>,
+    /// The destination's reference, once done (`None` on a claim).
+    pub reference: Option<String>,
 }
 
 impl ClaimedEffect {
@@ -427,6 +433,53 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     fn effect_counts(
         &self,
     ) -> impl std::future::Future<Output = Result<Vec<EffectCount>, Self::Error>> + Send;
+
+    /// The effect with idempotency key `key` as it is now (`claimed_from` is its current state, `reference`
+    /// the destination's), if any.
+    fn find_effect(
+        &self,
+        key: &str,
+    ) -> impl std::future::Future<Output = Result<Option<ClaimedEffect>, Self::Error>> + Send;
+
+    /// Marks a done effect compensated, keeping `note`; `false` when it is not done (any more).
+    fn mark_compensated(
+        &self,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> impl std::future::Future<Output = Result<bool, Self::Error>> + Send;
+}
+
+/// Why an operator's compensation did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompensateError {
+    /// No effect has this key.
+    #[error("no effect has the key {0}")]
+    NotFound(String),
+    /// Only a done effect can be undone.
+    #[error("effect {key} is {state}, not done: nothing to undo")]
+    NotDone {
+        /// The key.
+        key: String,
+        /// Its state.
+        state: EffectState,
+    },
+    /// This runner has no executor for the effect's destination.
+    #[error("no executor is registered for destination {0:?}")]
+    NoExecutor(String),
+    /// The executor could not undo it (or has no compensation).
+    #[error("the destination did not undo effect {key}: {source}")]
+    Refused {
+        /// The key.
+        key: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// The store failed.
+    #[error("store error: {0}")]
+    Store(#[source] BoxError),
 }
 
 /// What an execution did.
@@ -676,6 +729,46 @@ impl<S: EffectStore> EffectRunner<S> {
     /// The holder name this runner claims under.
     pub fn holder(&self) -> &str {
         &self.holder
+    }
+
+    /// An operator's compensation: undoes the done effect with idempotency key `key` through its destination's
+    /// executor ([`EffectExecutor::compensate`]) and marks it compensated. Nothing is undone twice: a
+    /// compensated effect is no longer done.
+    pub async fn compensate(&self, key: &str) -> Result<EffectState, CompensateError> {
+        let store_err = |e: S::Error| CompensateError::Store(Box::new(e));
+        let e = self
+            .store
+            .find_effect(key)
+            .await
+            .map_err(store_err)?
+            .ok_or_else(|| CompensateError::NotFound(key.to_owned()))?;
+        if e.claimed_from != EffectState::Done {
+            return Err(CompensateError::NotDone {
+                key: key.to_owned(),
+                state: e.claimed_from,
+            });
+        }
+        let exec = self
+            .executors
+            .get(&e.destination)
+            .ok_or_else(|| CompensateError::NoExecutor(e.destination.clone()))?;
+        exec.compensate(&e)
+            .await
+            .map_err(|source| CompensateError::Refused {
+                key: key.to_owned(),
+                source,
+            })?;
+        let note = format!("compensated by holder {}", self.holder);
+        if !self
+            .store
+            .mark_compensated(e.id, &note, Utc::now())
+            .await
+            .map_err(store_err)?
+        {
+            tracing::warn!(key, "effect changed state during its compensation");
+        }
+        tracing::warn!(key, destination = %e.destination, reference = ?e.reference, "effect compensated");
+        Ok(EffectState::Compensated)
     }
 
     /// Runs until `shutdown` resolves: claims due effects, runs them, records the results, purges done ones

@@ -41,6 +41,7 @@ pub struct HttpEffect {
     client: reqwest::Client,
     url: String,
     confirm: Option<String>,
+    compensate: Option<String>,
     reference_pointer: String,
     send_key: bool,
     timeout: Duration,
@@ -53,6 +54,7 @@ impl HttpEffect {
             client: reqwest::Client::new(),
             url: url.into(),
             confirm: None,
+            compensate: None,
             reference_pointer: "/id".into(),
             send_key: true,
             timeout: Duration::from_secs(10),
@@ -64,6 +66,14 @@ impl HttpEffect {
     /// cannot be reconciled and ends in needs attention.
     pub fn confirm_url(mut self, template: impl Into<String>) -> Self {
         self.confirm = Some(template.into());
+        self
+    }
+
+    /// The compensation request an operator can trigger ([`crate::EffectRunner::compensate`]): a DELETE to
+    /// this URL, where `{reference}`, `{key}` and `{external_ref}` are replaced (percent-encoded). A 2xx or a
+    /// 404 (already gone) undoes the effect.
+    pub fn compensate_url(mut self, template: impl Into<String>) -> Self {
+        self.compensate = Some(template.into());
         self
     }
 
@@ -163,6 +173,36 @@ impl EffectExecutor for HttpEffect {
                 _ => Execution::Uncertain {
                     error: error().into(),
                 },
+            }
+        })
+    }
+
+    fn compensate<'a>(
+        &'a self,
+        effect: &'a ClaimedEffect,
+    ) -> BoxFuture<'a, Result<(), crate::BoxError>> {
+        Box::pin(async move {
+            let Some(template) = &self.compensate else {
+                return Err("no compensation request is configured for this destination".into());
+            };
+            let url = template
+                .replace(
+                    "{reference}",
+                    &encode(effect.reference.as_deref().unwrap_or_default()),
+                )
+                .replace("{key}", &encode(&effect.key))
+                .replace("{external_ref}", &encode(&effect.external_ref));
+            let r = self
+                .client
+                .delete(&url)
+                .header("Idempotency-Key", format!("{}-compensate", effect.key))
+                .timeout(self.timeout)
+                .send()
+                .await?;
+            if r.status().is_success() || r.status() == reqwest::StatusCode::NOT_FOUND {
+                Ok(())
+            } else {
+                Err(format!("the compensation request answered {}", r.status()).into())
             }
         })
     }

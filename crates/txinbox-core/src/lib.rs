@@ -67,8 +67,8 @@ pub mod worker;
 
 pub use broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
 pub use effects::{
-    ClaimedEffect, Confirmation, Effect, EffectExecutor, EffectOptions, EffectReport, EffectRunner,
-    EffectState, EffectStore, Execution,
+    ClaimedEffect, CompensateError, Confirmation, Effect, EffectExecutor, EffectOptions,
+    EffectReport, EffectRunner, EffectState, EffectStore, Execution,
 };
 pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind};
 pub use fingerprint::FingerprintSpec;

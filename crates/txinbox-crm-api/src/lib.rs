@@ -145,7 +145,7 @@ impl CrmApi {
 
     /// Every task, in creation order.
     pub fn tasks(&self) -> Vec<Task> {
-        self.shared.state().tasks().to_vec()
+        self.shared.state().tasks()
     }
 
     /// The task created under an idempotency key (always `None` without idempotency support).

@@ -122,6 +122,21 @@ async fn handle(
             Method::GET => get_tasks(&shared, req.uri().query()),
             _ => method_not_allowed("GET, POST"),
         },
+        p if p.starts_with("/tasks/") => match method {
+            Method::DELETE => {
+                let id = &p["/tasks/".len()..];
+                if shared.state().delete(id) {
+                    tracing::info!(%id, "task deleted");
+                    Response::builder()
+                        .status(StatusCode::NO_CONTENT)
+                        .body(Body::default())
+                        .unwrap_or_default()
+                } else {
+                    error_response(StatusCode::NOT_FOUND, "not found")
+                }
+            }
+            _ => method_not_allowed("DELETE"),
+        },
         "/_faults" => match method {
             Method::POST => post_faults(&shared, req).await,
             Method::GET => json_response(StatusCode::OK, &shared.state().faults()),

@@ -72,6 +72,9 @@ pub(crate) struct State {
     keys: HashMap<String, KeyRecord>,
     calls: u64,
     faults: Faults,
+    /// Ids of tasks deleted (`DELETE /tasks/{id}`): gone from every listing and search; their keys stay
+    /// recorded, so a replay of a key answers as before (the key was used).
+    deleted: std::collections::HashSet<String>,
 }
 
 impl State {
@@ -82,6 +85,7 @@ impl State {
             keys: HashMap::new(),
             calls: 0,
             faults: Faults::default(),
+            deleted: Default::default(),
         }
     }
 
@@ -144,30 +148,40 @@ impl State {
 
     /// The task created under `key` (never found without idempotency support).
     pub(crate) fn task_with_key(&self, key: &str) -> Option<&Task> {
-        self.keys.get(key).and_then(|r| self.tasks.get(r.task))
+        self.keys
+            .get(key)
+            .and_then(|r| self.tasks.get(r.task))
+            .filter(|t| !self.deleted.contains(&t.id))
+    }
+
+    /// Deletes task `id`; `false` when there is no such task (or it is already deleted).
+    pub(crate) fn delete(&mut self, id: &str) -> bool {
+        self.tasks.iter().any(|t| t.id == id) && self.deleted.insert(id.to_owned())
     }
 
     /// The first task whose body had `"external_ref": reference`.
     pub(crate) fn task_with_external_ref(&self, reference: &str) -> Option<&Task> {
-        self.tasks
-            .iter()
+        self.live()
             .find(|t| t.external_ref.as_deref() == Some(reference))
     }
 
-    pub(crate) fn tasks(&self) -> &[Task] {
-        &self.tasks
+    /// The tasks not deleted, in creation order.
+    pub(crate) fn tasks(&self) -> Vec<Task> {
+        self.live().cloned().collect()
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Task> {
+        self.tasks.iter().filter(|t| !self.deleted.contains(&t.id))
     }
 
     pub(crate) fn count_with_key(&self, key: &str) -> usize {
-        self.tasks
-            .iter()
+        self.live()
             .filter(|t| t.idempotency_key.as_deref() == Some(key))
             .count()
     }
 
     pub(crate) fn count_with_external_ref(&self, reference: &str) -> usize {
-        self.tasks
-            .iter()
+        self.live()
             .filter(|t| t.external_ref.as_deref() == Some(reference))
             .count()
     }

@@ -99,6 +99,20 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         limit: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
+    /// The effect with this key, as it is now.
+    fn find_effect(
+        pool: &sqlx::Pool<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<ClaimedEffect>, sqlx::Error>> + Send;
+
+    /// Marks a done effect compensated.
+    fn mark_compensated(
+        pool: &sqlx::Pool<Self>,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// Effects by consumer, destination and state.
     fn effect_counts(
         pool: &sqlx::Pool<Self>,
@@ -140,6 +154,7 @@ where
         claimed_from: EffectState::parse(from)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown effect state {from:?}").into()))?,
         created_at,
+        reference: None,
     })
 }
 

@@ -42,4 +42,17 @@ impl<DB: Backend> EffectStore for Store<DB> {
     async fn effect_counts(&self) -> Result<Vec<EffectCount>, sqlx::Error> {
         DB::effect_counts(self.pool()).await
     }
+
+    async fn find_effect(&self, key: &str) -> Result<Option<ClaimedEffect>, sqlx::Error> {
+        DB::find_effect(self.pool(), key).await
+    }
+
+    async fn mark_compensated(
+        &self,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        DB::mark_compensated(self.pool(), id, note, now).await
+    }
 }

@@ -284,6 +284,32 @@ impl Backend for Postgres {
         Ok(r.rows_affected())
     }
 
+    async fn find_effect(pool: &PgPool, key: &str) -> Result<Option<ClaimedEffect>, sqlx::Error> {
+        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = $1");
+        let Some(r) = sqlx::query(&sql).bind(key).fetch_optional(pool).await? else {
+            return Ok(None);
+        };
+        let state: String = r.try_get(11)?;
+        let mut e = claimed_from_row(&r, &state, r.try_get(12)?)?;
+        e.reference = r.try_get(13)?;
+        Ok(Some(e))
+    }
+
+    async fn mark_compensated(
+        pool: &PgPool,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let r = sqlx::query("UPDATE txinbox_effects SET state = 'compensated', last_error = $2, updated_at = $3 WHERE id = $1 AND state = 'done'")
+            .bind(id)
+            .bind(note)
+            .bind(now)
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
     async fn effect_counts(pool: &PgPool) -> Result<Vec<EffectCount>, sqlx::Error> {
         let rows = sqlx::query("SELECT consumer_name, destination, state, count(*), min(created_at) FROM txinbox_effects GROUP BY consumer_name, destination, state")
             .fetch_all(pool)

@@ -278,6 +278,36 @@ impl Backend for Sqlite {
         Ok(r.rows_affected())
     }
 
+    async fn find_effect(
+        pool: &SqlitePool,
+        key: &str,
+    ) -> Result<Option<ClaimedEffect>, sqlx::Error> {
+        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = ?1");
+        let Some(r) = sqlx::query(&sql).bind(key).fetch_optional(pool).await? else {
+            return Ok(None);
+        };
+        let state: String = r.try_get(11)?;
+        let created: String = r.try_get(12)?;
+        let mut e = claimed_from_row(&r, &state, parse_ts(&created)?)?;
+        e.reference = r.try_get(13)?;
+        Ok(Some(e))
+    }
+
+    async fn mark_compensated(
+        pool: &SqlitePool,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        let r = sqlx::query("UPDATE txinbox_effects SET state = 'compensated', last_error = ?2, updated_at = ?3 WHERE id = ?1 AND state = 'done'")
+            .bind(id)
+            .bind(note)
+            .bind(ts(now))
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+
     async fn effect_counts(pool: &SqlitePool) -> Result<Vec<EffectCount>, sqlx::Error> {
         let rows: Vec<(String, String, String, i64, Option<String>)> = sqlx::query_as("SELECT consumer_name, destination, state, count(*), min(created_at) FROM txinbox_effects GROUP BY consumer_name, destination, state")
             .fetch_all(pool)
