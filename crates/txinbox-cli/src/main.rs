@@ -279,20 +279,12 @@ fn main() -> ExitCode {
                     let store = txinbox_store::Store::<sqlx::Postgres>::connect(&url, 8)
                         .await
                         .map_err(|e| e.to_string())?;
-                    match &command {
-                        EffectsCommand::Run(a) => effects::run(store, a).await,
-                        EffectsCommand::Compensate(a) => effects::compensate(store, a).await,
-                        EffectsCommand::Stats { .. } => effects::stats(store).await,
-                    }
+                    effects_command(store, &command).await
                 } else if url.starts_with("sqlite:") {
                     let store = txinbox_store::Store::<sqlx::Sqlite>::connect(&url)
                         .await
                         .map_err(|e| e.to_string())?;
-                    match &command {
-                        EffectsCommand::Run(a) => effects::run(store, a).await,
-                        EffectsCommand::Compensate(a) => effects::compensate(store, a).await,
-                        EffectsCommand::Stats { .. } => effects::stats(store).await,
-                    }
+                    effects_command(store, &command).await
                 } else {
                     Err(format!(
                         "unsupported store URL scheme {:?} (expected sqlite: or postgres://)",
@@ -329,6 +321,18 @@ fn main() -> ExitCode {
                 Err(e) => fail(&e),
             }
         }
+    }
+}
+
+/// Runs one `txinbox effects` command on an open store.
+async fn effects_command<DB: txinbox_store::Backend>(
+    store: txinbox_store::Store<DB>,
+    command: &EffectsCommand,
+) -> Result<(), String> {
+    match command {
+        EffectsCommand::Run(a) => effects::run(store, a).await,
+        EffectsCommand::Compensate(a) => effects::compensate(store, a).await,
+        EffectsCommand::Stats { .. } => effects::stats(store).await,
     }
 }
 

@@ -133,3 +133,34 @@ fn check_infra_passes_the_samples_and_fails_a_missing_folder() {
     let (code, _, err) = txinbox(&["check-infra", "/definitely/not/here"]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn effects_commands_refuse_bad_input_without_leaking_the_url() {
+    let (code, _, err) = txinbox(&[
+        "effects",
+        "stats",
+        "--store",
+        "mysql://root:s3cret@localhost/db",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("\"mysql\""), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    let (code, _, err) = txinbox(&[
+        "effects",
+        "run",
+        "--store",
+        "sqlite::memory:",
+        "--http",
+        "no-equals-sign",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("expected NAME=VALUE"), "{err}");
+}
+
+#[test]
+fn effects_stats_lists_nothing_on_a_fresh_store() {
+    let (code, out, err) = txinbox(&["effects", "stats", "--store", "sqlite::memory:"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().count(), 1, "only the header: {out}");
+    assert!(out.starts_with("consumer"), "{out}");
+}
