@@ -12,7 +12,14 @@ bin=target/debug
 : "${TXINBOX_SQS_ENDPOINT:?run scripts/moto.sh start first}"
 : "${SERVICEBUS_ENDPOINT:?run scripts/sb-emulator.sh start first}"
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+prom_dir=""
+cleanup_pids=()
+cleanup() {
+  for p in "${cleanup_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  [[ -n $prom_dir ]] && bash scripts/prometheus.sh stop "$prom_dir" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
 fail() {
   echo "examples-smoke: FAILED: $*" >&2
@@ -108,6 +115,61 @@ read -r rows distinct < <(count_tasks "$db")
 [[ $rows == 24 && $distinct == 24 ]] || fail "SIGTERM mid-batch: $rows tasks for $distinct messages, expected 24 and 24"
 [[ $((first + second)) == 24 ]] || fail "SIGTERM mid-batch: applied $first + $second, expected 24 in all"
 echo "examples-smoke: sqs SIGTERM mid-batch ok: first worker applied $first, second $second, 24 tasks" >&2
+
+# Prometheus scrapes a real worker (scripts/prometheus.sh: a throwaway server with ops/alerts.yml loaded): the
+# SQS worker runs with --metrics-addr, the inbox retention every second and an external CRM (so the effect
+# series exist); events come in two batches so every counter has a before and an after. Then every query of
+# ops/dashboard.json must return data (ops/check_dashboard.py), the series this run produces must be real
+# (not a dashboard's `or on() vector(0)`), and no alert may fire on this healthy run.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+prom_query() { curl -sfG "$TXINBOX_PROMETHEUS_URL/api/v1/query" --data-urlencode "query=$1"; }
+result_count() { python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))'; }
+"$bin/txinbox-crm-api" >"$work/crm.out" 2>"$work/crm.err" &
+cleanup_pids+=($!)
+for _ in $(seq 1 100); do grep -q TXINBOX_CRM_URL "$work/crm.out" && break; sleep 0.1; done
+crm_url=$(sed -n 's/^export TXINBOX_CRM_URL=//p' "$work/crm.out")
+[[ -n $crm_url ]] || fail "the CRM API did not start: $(tail -n 5 "$work/crm.err")"
+metrics_addr=127.0.0.1:$(free_port)
+exports=$(TXINBOX_PROMETHEUS_OWNER_PID=$$ bash scripts/prometheus.sh start "$metrics_addr") || fail "prometheus did not start"
+eval "$exports"
+prom_dir=$TXINBOX_PROMETHEUS_DIR
+q="crm-metrics-$$"
+"$bin/sqs-producer" --queue-name "$q" --create --opportunity op_metrics_1 --meeting m_1 >/dev/null 2>&1
+RUST_LOG=info "$bin/sqs-crm-worker" --queue-url "$TXINBOX_SQS_ENDPOINT/123456789012/$q.fifo" --store "sqlite:$work/metrics.db" \
+  --crm-url "$crm_url" --metrics-addr "$metrics_addr" --purge-interval-secs 1 >"$work/metrics.out" 2>"$work/metrics.err" &
+metrics_pid=$!
+cleanup_pids+=("$metrics_pid")
+# First batch applied and scraped: the target is up and the applied counter is in Prometheus.
+scraped=0
+for _ in $(seq 1 60); do
+  kill -0 "$metrics_pid" 2>/dev/null || fail "the metrics worker died: $(tail -n 5 "$work/metrics.err")"
+  if curl -sf "$TXINBOX_PROMETHEUS_URL/api/v1/targets" | grep -q '"health":"up"' &&
+    [[ $(prom_query 'txinbox_applied_total{consumer="crm-followup"}' | result_count) -ge 1 ]]; then
+    scraped=1
+    break
+  fi
+  sleep 0.5
+done
+[[ $scraped == 1 ]] || fail "prometheus never scraped the worker's first batch at $metrics_addr: $(curl -s "$TXINBOX_PROMETHEUS_URL/api/v1/targets")"
+"$bin/sqs-producer" --queue-name "$q" --opportunity op_metrics_2 --meeting m_2 --times 2 >/dev/null 2>&1
+"$bin/sqs-producer" --queue-name "$q" --opportunity op_metrics_2 --meeting m_2 --id "evt-metrics-other-$$" >/dev/null 2>&1
+for _ in $(seq 1 60); do
+  grep -q 'business duplicate' "$work/metrics.out" "$work/metrics.err" && break
+  sleep 0.5
+done
+grep -q 'business duplicate' "$work/metrics.out" "$work/metrics.err" || fail "the metrics worker did not see the second batch"
+python3 ops/check_dashboard.py "$TXINBOX_PROMETHEUS_URL" crm-followup --wait 40 --require \
+  txinbox_received_total txinbox_applied_total txinbox_business_duplicates_total \
+  txinbox_receive_to_commit_seconds_bucket txinbox_inbox_rows txinbox_retention_purged_total \
+  txinbox_effects txinbox_effect_oldest_pending_seconds txinbox_effect_executions_total ||
+  fail "a dashboard query has no data (see above)"
+firing=$(prom_query 'ALERTS{alertstate="firing"}')
+[[ $(result_count <<<"$firing") == 0 ]] || fail "alerts fire on a healthy worker: $firing"
+kill -TERM "$metrics_pid"
+wait "$metrics_pid" || fail "the metrics worker exited with an error: $(tail -n 5 "$work/metrics.err")"
+bash scripts/prometheus.sh stop "$prom_dir"
+prom_dir=""
+echo "examples-smoke: prometheus scraped sqs-crm-worker; every dashboard query has data, no alert fires" >&2
 
 # Service Bus on the emulator: the resend is dropped by duplicate detection, another id is a business
 # duplicate. Then a third event for the same follow-up sits in the poison queue; `txinbox servicebus redrive`

@@ -76,6 +76,12 @@ started_sb=1
 [[ -n ${TXINBOX_SB_EMULATOR_URL:-} ]] || die "the emulator started but exported no TXINBOX_SB_EMULATOR_URL"
 say "Service Bus emulator ready at $TXINBOX_SB_EMULATOR_URL"
 
+# --- ops: the alert rules with the real promtool (added with ops/) -----------------------------------------
+# Installs Debian's prometheus package if promtool is missing (fails loudly if it cannot). The dashboard and the
+# exporter are checked against a real Prometheus in scripts/examples-smoke.sh; ops/ names in metric_names.rs.
+say "ops: promtool check rules ops/alerts.yml, promtool test rules ops/alerts_test.yml"
+bash scripts/prometheus.sh rules || die "the alert rules in ops/ do not check, or their promtool tests fail"
+
 # --- lints ---------------------------------------------------------------------------------------------------
 say "cargo fmt --check"
 cargo fmt --all -- --check

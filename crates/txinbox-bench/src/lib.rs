@@ -52,6 +52,11 @@ pub struct BenchArgs {
     /// The pgbench binary.
     #[arg(long, default_value = "pgbench")]
     pub pgbench: String,
+    /// Instead of the throughput lines: what a retention purge costs the applying worker. Loads this many
+    /// expired markers, then measures the inbox's apply rate at the highest `--concurrency` without a purge,
+    /// during a purge (the maintenance with its default batch and pause), and without again.
+    #[arg(long)]
+    pub purge_impact: Option<i64>,
 }
 
 const CONSUMER: &str = "bench";
@@ -491,6 +496,9 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
             "bench needs a postgres:// store URL".into(),
         ));
     }
+    if let Some(rows) = args.purge_impact {
+        return purge_impact(&args, rows).await;
+    }
     if args.seconds == 0 || args.rounds == 0 || args.concurrency.contains(&0) {
         return Err(LabError::Usage(
             "--seconds, --rounds and every --concurrency must be at least 1".into(),
@@ -555,6 +563,86 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         .await;
     }
     result
+}
+
+/// `--purge-impact N`: N expired markers (another consumer's), then the apply rate without a purge, during the
+/// maintenance's purge of them, and without again; prints one `purge_impact` line.
+async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
+    use txinbox_core::maintenance::Table;
+    use txinbox_core::{Maintenance, MaintenanceOptions};
+    let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
+    let secs = args.seconds.max(1);
+    let schema = format!("txinbox_bench_{}", uuid::Uuid::new_v4().simple());
+    let store =
+        Store::<sqlx::Postgres>::connect_in_schema(&args.store, &schema, c as u32 + 4).await?;
+    let pool = store.pool().clone();
+    sqlx::Executor::execute(
+        &pool,
+        "CREATE TABLE bench_tasks (task_id TEXT NOT NULL, message_id TEXT NOT NULL)",
+    )
+    .await?;
+    let loaded = Instant::now();
+    sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) SELECT 'expired', '', 'm-' || g, 'h', now() - interval '40 days', now() - interval '40 days', now() - interval '10 days', 'producer_id' FROM generate_series(1, $1) g")
+        .bind(rows)
+        .execute(&pool)
+        .await?;
+    sqlx::Executor::execute(&pool, "ANALYZE txinbox_inbox").await?;
+    println!(
+        "# purge impact: {rows} expired markers loaded in {:.1}s; apply rate at c={c}, {secs}s per window",
+        loaded.elapsed().as_secs_f64()
+    );
+    let consumer = ConsumerName::new(CONSUMER).map_err(|e| LabError::Usage(e.to_string()))?;
+    let inbox = Arc::new(
+        Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
+            |tx: Tx<sqlx::Postgres>, msg: Message<Raw>| async move {
+                sqlx::query(BUSINESS_INSERT)
+                    .bind(format!("t-{}", msg.identity.message_id))
+                    .bind(&msg.identity.message_id)
+                    .execute(&tx)
+                    .await?;
+                Ok::<_, HandlerError>(())
+            },
+        ),
+    );
+    let window = |tag: &'static str| {
+        let ib = inbox.clone();
+        measure(c, secs, move |t, i| {
+            let ib = ib.clone();
+            Box::pin(async move {
+                let m = message(&format!("{tag}-{t}-{i}"), i);
+                expect(&ib, m, "applied").await
+            })
+        })
+    };
+    let before = window("before").await?;
+    let maintenance = Maintenance::new(store.clone())
+        .options(MaintenanceOptions::default().budget(Duration::from_secs(3600)));
+    let purge = tokio::spawn(async move { maintenance.run_once().await });
+    let during = window("during").await?;
+    let purge_running_at_end = !purge.is_finished();
+    let report = purge.await.map_err(|e| LabError::Usage(e.to_string()))?;
+    let after = window("after").await?;
+    let baseline = (before.per_sec + after.per_sec) / 2.0;
+    println!(
+        "purge_impact markers={rows} apply_before={:.0} apply_during_purge={:.0} apply_after={:.0} during/without={:.2} purged={} purge_seconds={:.1} batches={} purge_covered_the_window={}",
+        before.per_sec,
+        during.per_sec,
+        after.per_sec,
+        during.per_sec / baseline,
+        report.removed_from(Table::Markers),
+        report.elapsed.as_secs_f64(),
+        report.batches,
+        purge_running_at_end
+    );
+    store.close().await;
+    if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&args.store).await {
+        let _ = sqlx::Executor::execute(
+            &mut conn,
+            format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str(),
+        )
+        .await;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use txinbox_testkit::lab::{run_lab, with_fresh, Target};
 use txinbox_testkit::windows;
 
 mod effects;
+mod inbox;
+mod purge;
 mod redrive;
 
 #[derive(Parser)]
@@ -57,6 +59,11 @@ enum Command {
     Effects {
         #[command(subcommand)]
         command: EffectsCommand,
+    },
+    /// The inbox for an operator (read-only): per-consumer statistics, one message's story, the rejections.
+    Inbox {
+        #[command(subcommand)]
+        command: inbox::InboxCommand,
     },
     /// Print the inbox's schema as one SQL script for your own migration tool (then open the store with
     /// `Migrations::Verify`).
@@ -264,6 +271,7 @@ fn main() -> ExitCode {
         Command::Sqs { command } => sqs(command),
         Command::Servicebus { command } => servicebus(command),
         Command::CheckInfra { dir, config } => check_infra(&dir, config.as_deref()),
+        Command::Inbox { command } => inbox::run(command),
         Command::Effects { command } => {
             let rt = match runtime(Flavor::MultiThread) {
                 Ok(rt) => rt,

@@ -95,6 +95,9 @@ pub mod dead_letter {
     pub const PREFIX: &str = "txinbox-dlq-";
     /// Longest detail written, in bytes (1 KiB).
     pub const MAX_DETAIL_LEN: usize = 1024;
+    /// Attribute or property a redrive puts on the copy it sends back (the dead-letter queue it came from):
+    /// the consuming inbox counts such a delivery in `txinbox_redriven_total{consumer}`.
+    pub const REDRIVEN_FROM: &str = "txinbox-redriven-from";
 
     /// `detail` cut to at most [`MAX_DETAIL_LEN`] bytes, on a character boundary.
     pub fn truncate_detail(detail: &str) -> &str {

@@ -298,6 +298,13 @@ impl<S: InboxStore> Inbox<S> {
         );
         async move {
             metrics::counter!(m::RECEIVED, "consumer" => self.label()).increment(1);
+            if delivery
+                .message()
+                .attribute(crate::broker::dead_letter::REDRIVEN_FROM)
+                .is_some()
+            {
+                metrics::counter!(m::REDRIVEN, "consumer" => self.label()).increment(1);
+            }
             let decision = self.decide(delivery.message(), handler, key, stop).await;
             let outcome = self.settle(delivery, decision).await;
             tracing::Span::current().record("outcome", outcome.label());
@@ -655,8 +662,9 @@ impl<S: InboxStore> Inbox<S> {
             (
                 RejectionKind::BusinessDuplicate,
                 format!(
-                    "business key {:?} already applied by message {}",
-                    identity.business_key, holder.message_id
+                    "business key {} already applied by message {}",
+                    identity.business_key.as_deref().unwrap_or_default(),
+                    holder.message_id
                 ),
                 holder.message_id.as_str(),
             )
@@ -699,6 +707,13 @@ impl<S: InboxStore> Inbox<S> {
             }
         };
         if let Err(e) = result {
+            // Applied while our lock was lost: another copy was out at the same time (the lock-lost race).
+            if matches!(outcome, Outcome::Applied { .. })
+                && e.kind() == crate::BrokerErrorKind::LockLost
+            {
+                metrics::counter!(m::CONCURRENT_CONFLICTS, "consumer" => consumer.clone())
+                    .increment(1);
+            }
             metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => op).increment(1);
             tracing::warn!(op, error = %e, outcome = outcome.label(), "settle failed; the broker will redeliver and the inbox absorbs it");
         }
@@ -806,6 +821,29 @@ where
 {
     fn consumer(&self) -> &str {
         self.inbox.consumer()
+    }
+
+    fn started(&self) {
+        let c = self.inbox.label();
+        for name in [
+            m::RECEIVED,
+            m::APPLIED,
+            m::APPLIED_AFTER_REDELIVERY,
+            m::DUPLICATES,
+            m::PAYLOAD_COLLISIONS,
+            m::BUSINESS_DUPLICATES,
+            m::CONCURRENT_CONFLICTS,
+            m::RETENTION_EXPIRED,
+            m::UNKNOWN_IDENTITY,
+            m::CONTRACT_VERSION_FAILURES,
+            m::IDENTITY_BROKER_FALLBACK,
+            m::INTERRUPTED,
+            m::REDRIVEN,
+            m::LEASE_LOST,
+            m::LEASE_RENEWALS,
+        ] {
+            metrics::counter!(name, "consumer" => c.clone()).increment(0);
+        }
     }
 
     fn process(

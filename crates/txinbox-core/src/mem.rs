@@ -251,7 +251,11 @@ impl MemoryQueue {
         let mut s = self.lock();
         let n = max.min(s.dead.len());
         let moved: Vec<_> = s.dead.drain(..n).collect();
-        for (msg, _) in moved {
+        for (mut msg, _) in moved {
+            msg.attributes.insert(
+                crate::broker::dead_letter::REDRIVEN_FROM.to_owned(),
+                "memory-dlq".to_owned(),
+            );
             s.next_seq += 1;
             let stored = Stored {
                 seq: s.next_seq,
@@ -264,7 +268,7 @@ impl MemoryQueue {
             s.messages.push_back(stored);
         }
         drop(s);
-        metrics::counter!(crate::metrics::REDRIVEN, "consumer" => "memory").increment(n as u64);
+        metrics::counter!(crate::metrics::REDRIVE_MOVED, "queue" => "memory").increment(n as u64);
         self.inner.notify.notify_waiters();
         n
     }

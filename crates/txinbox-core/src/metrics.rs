@@ -41,7 +41,7 @@ pub const IDENTITY_BROKER_FALLBACK: &str = "txinbox_identity_broker_fallback_tot
 pub const RETENTION_PURGED: &str = "txinbox_retention_purged_total";
 /// Inbox rows present after the last retention run (gauge).
 pub const INBOX_ROWS: &str = "txinbox_inbox_rows";
-/// Messages redriven from a dead-letter queue.
+/// Redriven deliveries an inbox received (they carry the `txinbox-redriven-from` attribute), by `consumer`.
 pub const REDRIVEN: &str = "txinbox_redriven_total";
 /// Deliveries interrupted by the shutdown deadline before COMMIT.
 pub const INTERRUPTED: &str = "txinbox_interrupted_total";
@@ -54,6 +54,18 @@ pub const EFFECT_RECONCILIATIONS: &str = "txinbox_effect_reconciliations_total";
 pub const EFFECTS: &str = "txinbox_effects";
 /// Age in seconds of the oldest pending effect, by `consumer` and `destination` (the relay lag).
 pub const EFFECT_OLDEST_PENDING: &str = "txinbox_effect_oldest_pending_seconds";
+
+/// Rows removed by the maintenance, by `table` (`markers`, `rejections`, `effects`) and `consumer`.
+pub const MAINTENANCE_REMOVED: &str = "txinbox_maintenance_removed_total";
+/// Duration of a maintenance pass.
+pub const MAINTENANCE_DURATION: &str = "txinbox_maintenance_duration_seconds";
+/// Rows left after a maintenance pass, by `table` and `consumer`.
+pub const MAINTENANCE_ROWS: &str = "txinbox_maintenance_rows";
+/// Age in seconds of the oldest row left, by `table` and `consumer`.
+pub const MAINTENANCE_OLDEST: &str = "txinbox_maintenance_oldest_row_seconds";
+
+/// Messages a redrive tool moved back from a dead-letter queue, by `queue` (the queue they were sent to).
+pub const REDRIVE_MOVED: &str = "txinbox_redrive_moved_total";
 
 /// Registers descriptions for every metric with the installed recorder.
 pub fn describe() {
@@ -90,7 +102,8 @@ pub fn describe() {
     );
     describe_counter!(RETENTION_PURGED, "Inbox rows purged by retention");
     describe_gauge!(INBOX_ROWS, "Inbox rows after the last retention run");
-    describe_counter!(REDRIVEN, "Messages redriven from a DLQ");
+    describe_counter!(REDRIVEN, "Redriven deliveries received by the inbox");
+    describe_counter!(REDRIVE_MOVED, "Messages a redrive moved back from a DLQ");
     describe_counter!(
         INTERRUPTED,
         "Deliveries interrupted by shutdown before COMMIT"
@@ -101,6 +114,18 @@ pub fn describe() {
         "Reconciliations of uncertain effects by outcome"
     );
     describe_gauge!(EFFECTS, "External effects by state");
+    describe_counter!(MAINTENANCE_REMOVED, "Rows removed by the maintenance");
+    describe_histogram!(
+        MAINTENANCE_DURATION,
+        Unit::Seconds,
+        "Duration of a maintenance pass"
+    );
+    describe_gauge!(MAINTENANCE_ROWS, "Rows left after a maintenance pass");
+    describe_gauge!(
+        MAINTENANCE_OLDEST,
+        Unit::Seconds,
+        "Age of the oldest row left after a maintenance pass"
+    );
     describe_gauge!(
         EFFECT_OLDEST_PENDING,
         Unit::Seconds,

@@ -71,6 +71,10 @@ pub trait Processor<D: Delivery>: Send + Sync + 'static {
     /// and return [`Outcome::Interrupted`]; after COMMIT, ignore it and settle.
     fn process(&self, delivery: D, stop: CancellationToken)
         -> impl Future<Output = Outcome> + Send;
+
+    /// Called once when a worker starts, before its first receive: a processor registers its metrics here
+    /// (at zero, so that a monitoring system sees the first event as an increase).
+    fn started(&self) {}
 }
 
 /// Worker settings.
@@ -218,6 +222,7 @@ where
         let report = Arc::new(Mutex::new(WorkerReport::default()));
         let consumer = self.processor.consumer().to_owned();
         tokio::pin!(shutdown);
+        self.processor.started();
         let mut idle_receives = 0u32;
         loop {
             let first = tokio::select! {

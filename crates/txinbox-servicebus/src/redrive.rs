@@ -23,7 +23,7 @@ use crate::receiver::{peek_lock, settle, Locked, SettleOp};
 use crate::wire::quote_property;
 
 /// Custom property a redriven copy carries: the path it was redriven from.
-pub const REDRIVEN_FROM_PROPERTY: &str = "txinbox-redriven-from";
+pub const REDRIVEN_FROM_PROPERTY: &str = txinbox_core::dead_letter::REDRIVEN_FROM;
 
 /// Moves dead letters from `from` (e.g. [`crate::dead_letter_queue_path`]`("orders")` or a forward
 /// destination) to the queue `to`, telling `progress` about each message (MessageIds and sequence numbers
@@ -117,7 +117,7 @@ pub async fn redrive(
             Ok(()) => {
                 report.moved += 1;
                 report.moved_ids.push(id.clone());
-                metrics::counter!(txinbox_core::metrics::REDRIVEN, "consumer" => to.to_owned())
+                metrics::counter!(txinbox_core::metrics::REDRIVE_MOVED, "queue" => to.to_owned())
                     .increment(1);
                 progress.event(RedriveEvent::Moved(RedriveItem::new(&id, &seq)), &report);
             }

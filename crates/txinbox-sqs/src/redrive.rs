@@ -109,6 +109,15 @@ async fn run(
             let position = m.message_id().unwrap_or_default();
             let mut attrs = m.message_attributes().cloned().unwrap_or_default();
             attrs.retain(|k, _| !dead_letter::is_bookkeeping(k));
+            // Net one attribute fewer than the dead-letter copy had (its reason and detail are dropped), so the
+            // SQS limit of 10 still holds.
+            if let Ok(v) = aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(from)
+                .build()
+            {
+                attrs.insert(dead_letter::REDRIVEN_FROM.to_owned(), v);
+            }
             let mut send = client
                 .send_message()
                 .queue_url(to)
@@ -157,7 +166,7 @@ async fn run(
             report.moved += 1;
             let id = original.unwrap_or_default();
             report.moved_ids.push(id.clone());
-            metrics::counter!(txinbox_core::metrics::REDRIVEN, "consumer" => "sqs-redrive")
+            metrics::counter!(txinbox_core::metrics::REDRIVE_MOVED, "queue" => to.to_owned())
                 .increment(1);
             progress.event(RedriveEvent::Moved(RedriveItem::new(&id, position)), report);
         }

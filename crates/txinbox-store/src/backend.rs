@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use txinbox_core::effects::EffectState;
 use txinbox_core::effects::{ClaimedEffect, EffectCount, NewEffect, TransitionColumns};
+use txinbox_core::maintenance::Table;
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::error::StoreError;
@@ -113,6 +114,22 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         now: DateTime<Utc>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// Deletes up to `limit` expired rows of `table` (see [`txinbox_core::maintenance::MaintenanceStore`]);
+    /// returns the consumer of each deleted row.
+    fn purge_batch(
+        pool: &sqlx::Pool<Self>,
+        table: Table,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+
+    /// Rows of `table` for `consumer`, and the time of the oldest.
+    fn table_stats(
+        pool: &sqlx::Pool<Self>,
+        table: Table,
+        consumer: &str,
+    ) -> impl Future<Output = Result<(i64, Option<DateTime<Utc>>), sqlx::Error>> + Send;
+
     /// Effects by consumer, destination and state.
     fn effect_counts(
         pool: &sqlx::Pool<Self>,
@@ -190,6 +207,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "effects",
         postgres: include_str!("../migrations/postgres/0002_effects.sql"),
         sqlite: include_str!("../migrations/sqlite/0002_effects.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "operations",
+        postgres: include_str!("../migrations/postgres/0003_operations.sql"),
+        sqlite: include_str!("../migrations/sqlite/0003_operations.sql"),
     },
 ];
 

@@ -1,8 +1,9 @@
-//! The effects of the sqlx stores: claimed, finished and purged with the backend's SQL; the runner and every
+//! The effects and the maintenance of the sqlx stores: claimed, finished and purged with the backend's SQL; the runner and every
 //! decision are the core's ([`txinbox_core::effects::EffectRunner`]).
 
 use chrono::{DateTime, Utc};
 use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectStore, Transition};
+use txinbox_core::maintenance::{MaintenanceStore, Table};
 
 use crate::backend::Backend;
 use crate::store::Store;
@@ -54,5 +55,26 @@ impl<DB: Backend> EffectStore for Store<DB> {
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
         DB::mark_compensated(self.pool(), id, note, now).await
+    }
+}
+
+impl<DB: Backend> MaintenanceStore for Store<DB> {
+    type Error = sqlx::Error;
+
+    async fn purge_batch(
+        &self,
+        table: Table,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        DB::purge_batch(self.pool(), table, before, limit).await
+    }
+
+    async fn table_stats(
+        &self,
+        table: Table,
+        consumer: &str,
+    ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+        DB::table_stats(self.pool(), table, consumer).await
     }
 }

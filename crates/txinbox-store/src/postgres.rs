@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
+use txinbox_core::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
@@ -308,6 +309,47 @@ impl Backend for Postgres {
             .execute(pool)
             .await?;
         Ok(r.rows_affected() == 1)
+    }
+
+    async fn purge_batch(
+        pool: &PgPool,
+        table: Table,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        // One short statement per batch; SKIP LOCKED: a row another transaction holds is left for later,
+        // so the purge never waits on an applying transaction (nor one on the purge for long).
+        let sql = match table {
+            Table::Markers => "DELETE FROM txinbox_inbox WHERE ctid IN (SELECT ctid FROM txinbox_inbox WHERE retention_until < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
+            Table::Rejections => "DELETE FROM txinbox_rejections WHERE id IN (SELECT id FROM txinbox_rejections WHERE recorded_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
+            Table::Effects => "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
+            _ => return Ok(Vec::new()),
+        };
+        sqlx::query_scalar(sql)
+            .bind(before)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn table_stats(
+        pool: &PgPool,
+        table: Table,
+        consumer: &str,
+    ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+        let sql = match table {
+            Table::Markers => {
+                "SELECT count(*), min(processed_at) FROM txinbox_inbox WHERE consumer_name = $1"
+            }
+            Table::Rejections => {
+                "SELECT count(*), min(recorded_at) FROM txinbox_rejections WHERE consumer_name = $1"
+            }
+            Table::Effects => {
+                "SELECT count(*), min(created_at) FROM txinbox_effects WHERE consumer_name = $1"
+            }
+            _ => return Ok((0, None)),
+        };
+        sqlx::query_as(sql).bind(consumer).fetch_one(pool).await
     }
 
     async fn effect_counts(pool: &PgPool) -> Result<Vec<EffectCount>, sqlx::Error> {

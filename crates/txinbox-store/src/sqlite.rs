@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
+use txinbox_core::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
@@ -306,6 +307,47 @@ impl Backend for Sqlite {
             .execute(pool)
             .await?;
         Ok(r.rows_affected() == 1)
+    }
+
+    async fn purge_batch(
+        pool: &SqlitePool,
+        table: Table,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let sql = match table {
+            Table::Markers => "DELETE FROM txinbox_inbox WHERE rowid IN (SELECT rowid FROM txinbox_inbox WHERE retention_until < ?1 LIMIT ?2) RETURNING consumer_name",
+            Table::Rejections => "DELETE FROM txinbox_rejections WHERE id IN (SELECT id FROM txinbox_rejections WHERE recorded_at < ?1 ORDER BY id LIMIT ?2) RETURNING consumer_name",
+            Table::Effects => "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < ?1 LIMIT ?2) RETURNING consumer_name",
+            _ => return Ok(Vec::new()),
+        };
+        sqlx::query_scalar(sql)
+            .bind(ts(before))
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn table_stats(
+        pool: &SqlitePool,
+        table: Table,
+        consumer: &str,
+    ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+        let sql = match table {
+            Table::Markers => {
+                "SELECT count(*), min(processed_at) FROM txinbox_inbox WHERE consumer_name = ?1"
+            }
+            Table::Rejections => {
+                "SELECT count(*), min(recorded_at) FROM txinbox_rejections WHERE consumer_name = ?1"
+            }
+            Table::Effects => {
+                "SELECT count(*), min(created_at) FROM txinbox_effects WHERE consumer_name = ?1"
+            }
+            _ => return Ok((0, None)),
+        };
+        let (n, oldest): (i64, Option<String>) =
+            sqlx::query_as(sql).bind(consumer).fetch_one(pool).await?;
+        Ok((n, oldest.as_deref().map(parse_ts).transpose()?))
     }
 
     async fn effect_counts(pool: &SqlitePool) -> Result<Vec<EffectCount>, sqlx::Error> {

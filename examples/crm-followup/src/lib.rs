@@ -16,8 +16,8 @@ use txinbox::sqlx::{self, Encode, Executor, IntoArguments, Type};
 use txinbox::store::Backend;
 use txinbox::{
     ConsumerName, Effect, EffectOptions, EffectRunner, Handled, HandlerError, IdentityPolicy,
-    Inbox, LeasedDelivery, Message, OutcomeKind, Receiver, Store, Tx, Worker, WorkerOptions,
-    WorkerReport,
+    Inbox, LeasedDelivery, Maintenance, MaintenanceOptions, Message, OutcomeKind, Receiver, Store,
+    Tx, Worker, WorkerOptions, WorkerReport,
 };
 
 /// An error starting the agent.
@@ -116,6 +116,31 @@ pub struct AgentOptions {
     /// The external CRM's base URL: the agent then creates each follow-up task there too, through an effect
     /// run by a runner in this process (`None`: the local record only).
     pub crm_url: Option<String>,
+    /// Run the maintenance (retention) beside the worker this often (`None`: another process purges).
+    pub maintenance_every: Option<Duration>,
+}
+
+/// Serves Prometheus metrics (`GET /metrics`) on `addr` through `metrics-exporter-prometheus`, with buckets for
+/// the histograms, and registers the metric descriptions.
+pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), Error> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    const SECONDS: &[f64] = &[
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ];
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Full(txinbox::metrics::RECEIVE_TO_COMMIT.to_owned()),
+            SECONDS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(txinbox::metrics::MAINTENANCE_DURATION.to_owned()),
+            SECONDS,
+        )?
+        .install()?;
+    txinbox::metrics::describe();
+    tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+    Ok(())
 }
 
 /// Runs the agent on `receiver` until SIGTERM or Ctrl-C, then drains (commit, then settle) and returns the
@@ -135,14 +160,7 @@ where
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(
-            receiver,
-            processor,
-            store.clone(),
-            opts.crm_url,
-            opts.worker,
-        )
-        .await;
+        let report = drive(receiver, processor, store.clone(), &opts).await;
         store.close().await;
         report
     } else {
@@ -153,14 +171,7 @@ where
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(
-            receiver,
-            processor,
-            store.clone(),
-            opts.crm_url,
-            opts.worker,
-        )
-        .await;
+        let report = drive(receiver, processor, store.clone(), &opts).await;
         store.close().await;
         report
     };
@@ -172,8 +183,7 @@ async fn drive<R, P, DB>(
     receiver: R,
     processor: P,
     store: Store<DB>,
-    crm_url: Option<String>,
-    opts: WorkerOptions,
+    opts: &AgentOptions,
 ) -> WorkerReport
 where
     R: Receiver,
@@ -187,18 +197,30 @@ where
         signal.cancel();
     });
     let worker = Worker::new(receiver, processor)
-        .options(opts)
+        .options(opts.worker.clone())
         .run_until(stop.clone().cancelled_owned());
+    let maintenance = async {
+        let every = opts.maintenance_every?;
+        Maintenance::new(store.clone())
+            .options(
+                MaintenanceOptions::default()
+                    .every(every)
+                    .consumer(opts.consumer.clone()),
+            )
+            .run_until(stop.clone().cancelled_owned())
+            .await;
+        Some(())
+    };
     let effects = async {
-        let url = crm_url?;
+        let url = opts.crm_url.clone()?;
         // A claim outlives any call (5 s timeout): a runner killed mid-call leaves its effects to be
         // reconciled by the next one 10 s later.
-        let runner = EffectRunner::new(store)
+        let runner = EffectRunner::new(store.clone())
             .executor(CRM, crm_executor(&url))
             .options(EffectOptions::default().claim_for(Duration::from_secs(10)));
         Some(runner.run_until(stop.clone().cancelled_owned()).await)
     };
-    let (report, effects) = tokio::join!(worker, effects);
+    let (report, effects, _) = tokio::join!(worker, effects, maintenance);
     if let Some(e) = effects {
         tracing::info!(%e, "effect runner stopped");
         println!("{e}");

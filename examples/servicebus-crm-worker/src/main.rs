@@ -5,6 +5,7 @@
 //! ```text
 //! servicebus-crm-worker [--queue crm-events] [--dead-letter-to crm-events-poison]
 //!                       [--store sqlite:crm.db | --store postgres://...] [--consumer crm-followup]
+//!                       [--metrics-addr 127.0.0.1:9464] [--purge-interval-secs 60]
 //! ```
 //!
 //! Connection (never printed): `SERVICEBUS_CONNECTION_STRING` (SAS), or `SERVICEBUS_NAMESPACE` for Azure AD
@@ -43,6 +44,14 @@ struct Args {
     /// through an effect with its idempotency key, run beside the worker.
     #[arg(long, env = "TXINBOX_CRM_URL")]
     crm_url: Option<String>,
+    /// Serve Prometheus metrics (`GET /metrics`) on this address, e.g. `127.0.0.1:9464` (default: off).
+    #[arg(long, env = "TXINBOX_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Run the maintenance every this many seconds beside the worker: purge expired markers, old evidence and
+    /// done effects in bounded batches, and publish `txinbox_inbox_rows` and the maintenance metrics (default:
+    /// off, as when `txinbox inbox purge` runs elsewhere).
+    #[arg(long, env = "TXINBOX_PURGE_INTERVAL_SECS")]
+    purge_interval_secs: Option<u64>,
 }
 
 #[tokio::main]
@@ -53,6 +62,9 @@ async fn main() -> Result<(), crm_followup::Error> {
         )
         .init();
     let args = Args::parse();
+    if let Some(addr) = args.metrics_addr {
+        crm_followup::serve_metrics(addr)?;
+    }
     let client = ServiceBusConfig::from_env()?.connect()?;
     let mut opts = ServiceBusOptions::default()
         .lock_duration(Duration::from_secs(args.lock_duration_secs.max(1)));
@@ -70,6 +82,7 @@ async fn main() -> Result<(), crm_followup::Error> {
             worker: WorkerOptions::default().concurrency(args.concurrency),
             retry_backoff: Duration::from_secs(5),
             crm_url: args.crm_url,
+            maintenance_every: args.purge_interval_secs.map(Duration::from_secs),
         },
     )
     .await?;

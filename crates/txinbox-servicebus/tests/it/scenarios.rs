@@ -555,7 +555,10 @@ async fn redrive_after_some_were_applied() {
         !progress.contains(&emu.key),
         "no key in the progress output"
     );
-    assert_eq!(metrics.counter(m::REDRIVEN, &[]), 4);
+    assert_eq!(
+        metrics.counter(m::REDRIVE_MOVED, &[("queue", q.as_str())]),
+        4
+    );
 
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
     let opts = txinbox_core::WorkerOptions::default().concurrency(8);
@@ -574,6 +577,11 @@ async fn redrive_after_some_were_applied() {
         "evt-a and evt-b were applied before"
     );
     assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), 2);
+    assert_eq!(
+        metrics.counter(m::REDRIVEN, &[("consumer", CONSUMER)]),
+        4,
+        "the inbox counts the redriven deliveries under its consumer"
+    );
     assert_eq!(inbox_rows(&store).await, 4);
     assert_eq!(effects(&store).await, (4, 4));
     assert_eq!(emu.counts(&q).await, (0, 0));

@@ -1,0 +1,571 @@
+//! `txinbox inbox`: an operator's read-only view of the inbox on the workers' store URL: per-consumer
+//! statistics, one message's story, and the rejections. Human tables by default, one JSON document with
+//! `--json`. Exit codes: 0 ok, 1 nothing found (`show`), 2 usage or store error (one line on stderr, naming
+//! only the URL's scheme).
+//!
+//! To add a command: a variant of [`InboxCommand`] with its `clap::Args` struct, and its arm in
+//! [`ReadCommand::run_on`] (read-only commands) or in [`run`] (a command that opens the store itself).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use txinbox_store::ops::{
+    ConsumerStats, EffectView, MarkerView, MessageStory, RejectionFilter, RejectionRow,
+};
+use txinbox_store::{Backend, Migrations, Store};
+
+/// `txinbox inbox ...`: the operator's commands on the workers' store.
+#[derive(Debug, clap::Subcommand)]
+pub enum InboxCommand {
+    /// The read-only commands.
+    #[command(flatten)]
+    Read(ReadCommand),
+    /// One maintenance pass: expired markers, old evidence, done effects, in bounded batches with a pause
+    /// between them and a time budget. Exit 0: nothing expired left; 3: the budget stopped it first.
+    Purge(crate::purge::PurgeArgs),
+}
+
+/// The read-only `txinbox inbox` commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ReadCommand {
+    /// Per consumer: inbox rows, oldest and newest processed_at, rows in the last hour, rejections by kind,
+    /// effects by state and the effect lag (age of the oldest effect waiting to run).
+    Stats(StatsArgs),
+    /// One message's story: its marker, rejections and effects. Exits 1 when the store knows nothing of it.
+    Show(ShowArgs),
+    /// Rejections (payload collisions and business duplicates), newest first.
+    Rejections(RejectionsArgs),
+}
+
+/// The store URL and output format every `txinbox inbox` command takes.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// Store URL (`sqlite:path.db` or `postgres://...`), the workers' own. Opened read-only.
+    #[arg(long, env = "TXINBOX_STORE_URL")]
+    pub store: String,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `txinbox inbox stats`.
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Only this consumer (default: every consumer found).
+    #[arg(long)]
+    consumer: Option<String>,
+}
+
+/// Arguments of `txinbox inbox show`.
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    common: Common,
+    /// The consumer.
+    #[arg(long)]
+    consumer: String,
+    /// The message id.
+    #[arg(long)]
+    message_id: String,
+    /// The message's source (default: any source).
+    #[arg(long)]
+    source: Option<String>,
+}
+
+/// Arguments of `txinbox inbox rejections`.
+#[derive(Debug, clap::Args)]
+pub struct RejectionsArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Only this consumer's.
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Only this kind.
+    #[arg(long, value_parser = ["payload_collision", "business_duplicate"])]
+    kind: Option<String>,
+    /// Recorded at or after this time (RFC 3339, e.g. 2026-12-01T10:00:00Z).
+    #[arg(long, value_parser = parse_time)]
+    since: Option<DateTime<Utc>>,
+    /// Recorded before this time (RFC 3339).
+    #[arg(long, value_parser = parse_time)]
+    until: Option<DateTime<Utc>>,
+    /// At most this many rows.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=txinbox_store::ops::MAX_REJECTIONS))]
+    limit: i64,
+}
+
+fn parse_time(s: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| format!("expected an RFC 3339 time such as 2026-12-01T10:00:00Z: {e}"))
+}
+
+impl ReadCommand {
+    fn common(&self) -> &Common {
+        match self {
+            ReadCommand::Stats(a) => &a.common,
+            ReadCommand::Show(a) => &a.common,
+            ReadCommand::Rejections(a) => &a.common,
+        }
+    }
+
+    /// Runs a read-only command on an open store; `Ok(false)` when nothing was found.
+    async fn run_on(&self, store: &Ops) -> Result<bool, String> {
+        let json = self.common().json;
+        match self {
+            ReadCommand::Stats(a) => {
+                let now = Utc::now();
+                let stats = store.stats(a.consumer.as_deref(), now).await?;
+                if json {
+                    print_json(&serde_json::json!({ "measured_at": now, "consumers": stats }))?;
+                } else {
+                    print_stats(&stats);
+                }
+                Ok(true)
+            }
+            ReadCommand::Show(a) => {
+                let story = store
+                    .story(&a.consumer, &a.message_id, a.source.as_deref())
+                    .await?;
+                let found = story.found();
+                if json {
+                    let mut doc = serde_json::to_value(&story).map_err(|e| e.to_string())?;
+                    if let Some(o) = doc.as_object_mut() {
+                        o.insert("found".into(), found.into());
+                    }
+                    print_json(&doc)?;
+                } else {
+                    print_story(&story);
+                }
+                Ok(found)
+            }
+            ReadCommand::Rejections(a) => {
+                let mut f = RejectionFilter::new().limit(a.limit);
+                if let Some(c) = &a.consumer {
+                    f = f.consumer(c);
+                }
+                if let Some(k) = &a.kind {
+                    f = f.kind(k);
+                }
+                if let Some(t) = a.since {
+                    f = f.since(t);
+                }
+                if let Some(t) = a.until {
+                    f = f.until(t);
+                }
+                let rows = store.rejections(&f).await?;
+                if json {
+                    print_json(&serde_json::json!({
+                        "count": rows.len(),
+                        "limit": f.limit,
+                        "rejections": rows,
+                    }))?;
+                } else {
+                    print_rejections(&rows);
+                }
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Runs a `txinbox inbox` command: 0 ok, 1 nothing found, 2 a store error.
+pub fn run(command: InboxCommand) -> ExitCode {
+    let command = match command {
+        InboxCommand::Read(c) => c,
+        InboxCommand::Purge(args) => return crate::purge::run(&args),
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return error(&e.to_string()),
+    };
+    let result = rt.block_on(async {
+        let store = Ops::open(&command.common().store).await?;
+        let r = command.run_on(&store).await;
+        store.close().await;
+        r
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => error(&e),
+    }
+}
+
+/// One line on stderr, exit code 2.
+fn error(msg: &str) -> ExitCode {
+    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("error: {one_line}");
+    ExitCode::from(2)
+}
+
+/// A store opened for the operator's queries.
+enum Ops {
+    Postgres(Store<sqlx::Postgres>),
+    Sqlite(Store<sqlx::Sqlite>),
+}
+
+impl Ops {
+    /// Opens `url` read-only, without touching the schema (a PostgreSQL session with
+    /// `default_transaction_read_only`, a SQLite file opened read-only). Errors never hold the URL.
+    async fn open(url: &str) -> Result<Self, String> {
+        use std::str::FromStr;
+        let err = |e: &dyn std::fmt::Display| format!("store ({}): {e}", scheme(url));
+        let ops = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+                .map_err(|e| err(&e))?
+                .application_name("txinbox-inbox")
+                .options([("default_transaction_read_only", "on")]);
+            // One connection first: the pool retries a refused connection until its acquire timeout, while
+            // an operator wants the error at once.
+            let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)
+                .await
+                .map_err(|e| err(&e))?;
+            let _ = sqlx::Connection::close(probe).await;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(2)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(opts)
+                .await
+                .map_err(|e| err(&e))?;
+            let store = Store::from_pool_with(pool, Migrations::Skip)
+                .await
+                .map_err(|e| err(&e))?;
+            check_schema(&store).await.map_err(|e| err(&e))?;
+            Ops::Postgres(store)
+        } else if url.starts_with("sqlite:") {
+            let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+                .map_err(|e| err(&e))?
+                .create_if_missing(false)
+                .read_only(true)
+                .busy_timeout(Duration::from_secs(5));
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(opts)
+                .await
+                .map_err(|e| err(&e))?;
+            let store = Store::from_pool_with(pool, Migrations::Skip)
+                .await
+                .map_err(|e| err(&e))?;
+            check_schema(&store).await.map_err(|e| err(&e))?;
+            Ops::Sqlite(store)
+        } else {
+            return Err(format!(
+                "unsupported store URL scheme {:?} (expected sqlite: or postgres://)",
+                scheme(url)
+            ));
+        };
+        Ok(ops)
+    }
+
+    async fn stats(
+        &self,
+        consumer: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<ConsumerStats>, String> {
+        match self {
+            Ops::Postgres(s) => s.consumer_stats(consumer, now).await,
+            Ops::Sqlite(s) => s.consumer_stats(consumer, now).await,
+        }
+        .map_err(|e| format!("query: {e}"))
+    }
+
+    async fn story(
+        &self,
+        consumer: &str,
+        message_id: &str,
+        source: Option<&str>,
+    ) -> Result<MessageStory, String> {
+        match self {
+            Ops::Postgres(s) => s.message_story(consumer, message_id, source).await,
+            Ops::Sqlite(s) => s.message_story(consumer, message_id, source).await,
+        }
+        .map_err(|e| format!("query: {e}"))
+    }
+
+    async fn rejections(&self, f: &RejectionFilter) -> Result<Vec<RejectionRow>, String> {
+        match self {
+            Ops::Postgres(s) => s.rejections(f).await,
+            Ops::Sqlite(s) => s.rejections(f).await,
+        }
+        .map_err(|e| format!("query: {e}"))
+    }
+
+    async fn close(&self) {
+        match self {
+            Ops::Postgres(s) => s.close().await,
+            Ops::Sqlite(s) => s.close().await,
+        }
+    }
+}
+
+/// The URL's scheme only (the URL may hold a password).
+fn scheme(url: &str) -> &str {
+    url.split(':').next().unwrap_or_default()
+}
+
+/// Refuses a database without the inbox's tables; warns when the operator indexes (migration 3) are missing.
+async fn check_schema<DB: Backend>(store: &Store<DB>) -> Result<(), String> {
+    match DB::schema_version(store.pool())
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        None | Some(0) => {
+            Err("no txinbox schema at this store URL (txinbox_schema_version is missing)".into())
+        }
+        Some(v) if v < 3 => {
+            eprintln!("warning: schema version {v}: the operator indexes of migration 3 are missing, queries may scan whole tables (start a worker of this version to migrate)");
+            Ok(())
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn print_json(v: &serde_json::Value) -> Result<(), String> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
+    println!("{s}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Human output.
+
+fn time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn exact_time(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+    v.map(f).unwrap_or_else(|| "-".into())
+}
+
+/// `12.3s`, `4m05s`, `3h02m`, `2d03h`.
+fn age(secs: f64) -> String {
+    let s = secs.max(0.0);
+    let whole = s as u64;
+    match whole {
+        0..=59 => format!("{s:.1}s"),
+        60..=3599 => format!("{}m{:02}s", whole / 60, whole % 60),
+        3600..=86_399 => format!("{}h{:02}m", whole / 3600, whole % 3600 / 60),
+        _ => format!("{}d{:02}h", whole / 86_400, whole % 86_400 / 3600),
+    }
+}
+
+/// Prints aligned columns: numbers (columns whose header is in `right`) right-aligned.
+fn print_table(headers: &[&str], right: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut out = String::new();
+        for (i, (c, w)) in cells.zip(&widths).enumerate() {
+            if i > 0 {
+                out.push_str("  ");
+            }
+            if right.contains(&headers[i]) {
+                out.push_str(&format!("{c:>w$}"));
+            } else {
+                out.push_str(&format!("{c:<w$}"));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(&mut headers.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
+    }
+}
+
+fn print_stats(stats: &[ConsumerStats]) {
+    let headers = [
+        "consumer",
+        "rows",
+        "last_hour",
+        "oldest_processed_at",
+        "newest_processed_at",
+        "payload_collision",
+        "business_duplicate",
+        "effect_lag",
+        "effects",
+    ];
+    let right = [
+        "rows",
+        "last_hour",
+        "payload_collision",
+        "business_duplicate",
+        "effect_lag",
+    ];
+    let rows: Vec<Vec<String>> = stats
+        .iter()
+        .map(|s| {
+            let effects: Vec<String> = s
+                .effects
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(state, n)| format!("{state}={n}"))
+                .collect();
+            vec![
+                s.consumer.clone(),
+                s.inbox_rows.to_string(),
+                s.rows_last_hour.to_string(),
+                opt(s.oldest_processed_at, time),
+                opt(s.newest_processed_at, time),
+                s.rejections
+                    .get("payload_collision")
+                    .copied()
+                    .unwrap_or(0)
+                    .to_string(),
+                s.rejections
+                    .get("business_duplicate")
+                    .copied()
+                    .unwrap_or(0)
+                    .to_string(),
+                opt(s.effect_lag_seconds, age),
+                if effects.is_empty() {
+                    "-".into()
+                } else {
+                    effects.join(" ")
+                },
+            ]
+        })
+        .collect();
+    print_table(&headers, &right, &rows);
+}
+
+fn print_fields(indent: &str, fields: &[(&str, String)]) {
+    let w = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in fields {
+        println!("{indent}{k:<w$}  {v}");
+    }
+}
+
+fn marker_fields(m: &MarkerView) -> Vec<(&'static str, String)> {
+    vec![
+        ("consumer_name", m.consumer.clone()),
+        ("source", m.source.clone()),
+        ("message_id", m.message_id.clone()),
+        ("event_type", opt(m.event_type.clone(), |s| s)),
+        ("business_key", opt(m.business_key.clone(), |s| s)),
+        ("payload_hash", m.payload_hash.clone()),
+        ("contract_version", opt(m.contract_version.clone(), |s| s)),
+        ("tenant_id", opt(m.tenant_id.clone(), |s| s)),
+        ("received_at", exact_time(m.received_at)),
+        ("processed_at", exact_time(m.processed_at)),
+        ("result_reference", opt(m.result_reference.clone(), |s| s)),
+        ("retention_until", exact_time(m.retention_until)),
+        ("id_origin", m.id_origin.clone()),
+        ("delivery_count", m.delivery_count.to_string()),
+    ]
+}
+
+fn rejection_fields(r: &RejectionRow) -> Vec<(&'static str, String)> {
+    vec![
+        ("id", r.id.to_string()),
+        ("kind", r.kind.clone()),
+        ("recorded_at", exact_time(r.recorded_at)),
+        ("source", r.source.clone()),
+        ("business_key", opt(r.business_key.clone(), |s| s)),
+        ("payload_hash", r.payload_hash.clone()),
+        ("conflicts_with", r.conflicts_with.clone()),
+        ("detail", r.detail.clone()),
+    ]
+}
+
+fn effect_fields(e: &EffectView) -> Vec<(&'static str, String)> {
+    vec![
+        ("id", e.id.to_string()),
+        ("key", e.key.clone()),
+        ("name", e.name.clone()),
+        ("destination", e.destination.clone()),
+        ("state", e.state.clone()),
+        ("attempts", e.attempts.to_string()),
+        ("reconciliations", e.reconciliations.to_string()),
+        ("reference", opt(e.reference.clone(), |s| s)),
+        ("last_error", opt(e.last_error.clone(), |s| s)),
+        ("external_ref", e.external_ref.clone()),
+        ("group_key", opt(e.group_key.clone(), |s| s)),
+        ("created_at", exact_time(e.created_at)),
+        ("updated_at", exact_time(e.updated_at)),
+        ("next_attempt_at", exact_time(e.next_attempt_at)),
+        ("claimed_by", opt(e.claimed_by.clone(), |s| s)),
+        ("claim_until", opt(e.claim_until, exact_time)),
+        ("finished_at", opt(e.finished_at, exact_time)),
+    ]
+}
+
+fn print_story(s: &MessageStory) {
+    println!(
+        "message {} of consumer {} ({})",
+        s.message_id,
+        s.consumer,
+        s.source
+            .as_deref()
+            .map_or("any source".to_owned(), |src| format!("source {src}"))
+    );
+    if !s.found() {
+        println!("not found: no marker, rejection or effect");
+        return;
+    }
+    if s.markers.is_empty() {
+        println!("\nmarker: none (not applied, or purged after its retention)");
+    }
+    for m in &s.markers {
+        println!("\nmarker");
+        print_fields("  ", &marker_fields(m));
+    }
+    println!("\nrejections: {}", s.rejections.len());
+    for (i, r) in s.rejections.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print_fields("  ", &rejection_fields(r));
+    }
+    println!("\neffects: {}", s.effects.len());
+    for (i, e) in s.effects.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print_fields("  ", &effect_fields(e));
+    }
+}
+
+fn print_rejections(rows: &[RejectionRow]) {
+    let headers = [
+        "recorded_at",
+        "consumer",
+        "kind",
+        "source",
+        "message_id",
+        "business_key",
+        "conflicts_with",
+        "detail",
+    ];
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                time(r.recorded_at),
+                r.consumer.clone(),
+                r.kind.clone(),
+                r.source.clone(),
+                r.message_id.clone(),
+                opt(r.business_key.clone(), |s| s),
+                r.conflicts_with.clone(),
+                r.detail.clone(),
+            ]
+        })
+        .collect();
+    print_table(&headers, &[], &rows);
+}

@@ -1,0 +1,131 @@
+//! `txinbox inbox purge`: one maintenance pass (retention) for operators, with progress on a terminal.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use txinbox_core::maintenance::Table;
+use txinbox_core::{Maintenance, MaintenanceOptions, MaintenanceReport, MaintenanceStore};
+
+/// Arguments of `txinbox inbox purge`.
+#[derive(Debug, clap::Args)]
+pub struct PurgeArgs {
+    /// Store URL (`sqlite:path.db` or `postgres://...`), the workers' own.
+    #[arg(long, env = "TXINBOX_STORE_URL")]
+    pub store: String,
+    /// Rows deleted per statement.
+    #[arg(long, default_value_t = 1000)]
+    pub batch: i64,
+    /// Milliseconds to pause between two batches (the applying transactions get the database back).
+    #[arg(long, default_value_t = 50)]
+    pub pause_ms: u64,
+    /// Longest time this pass may take, in seconds; what is left waits for the next pass (exit code 3).
+    #[arg(long, default_value_t = 600)]
+    pub budget_secs: u64,
+    /// Days evidence rows (collisions, business duplicates) are kept.
+    #[arg(long, default_value_t = 90)]
+    pub rejections_keep_days: u64,
+    /// Days done and compensated effects are kept.
+    #[arg(long, default_value_t = 7)]
+    pub effects_keep_days: u64,
+    /// Print one JSON document instead of a line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs one pass: exit 0 when nothing expired is left, 3 when the time budget stopped it first, 2 on an error.
+pub fn run(args: &PurgeArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let url = args.store.clone();
+    let result = rt.block_on(async move {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let store = txinbox_store::Store::<sqlx::Postgres>::connect(&url, 2)
+                .await
+                .map_err(|e| format!("store (postgres): {e}"))?;
+            Ok(pass(store, args).await)
+        } else if url.starts_with("sqlite:") {
+            let store = txinbox_store::Store::<sqlx::Sqlite>::connect(&url)
+                .await
+                .map_err(|e| format!("store (sqlite): {e}"))?;
+            Ok(pass(store, args).await)
+        } else {
+            Err(format!(
+                "unsupported store URL scheme {:?} (expected sqlite: or postgres://)",
+                url.split(':').next().unwrap_or_default()
+            ))
+        }
+    });
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    if let Some(e) = &report.error {
+        return fail(&format!("purge stopped: {e} ({report})"));
+    }
+    if args.json {
+        let removed: Vec<_> = report
+            .removed
+            .iter()
+            .map(
+                |((t, c), n)| serde_json::json!({"table": t.as_str(), "consumer": c, "removed": n}),
+            )
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "removed": removed,
+                "markers": report.removed_from(Table::Markers),
+                "rejections": report.removed_from(Table::Rejections),
+                "effects": report.removed_from(Table::Effects),
+                "batches": report.batches,
+                "seconds": report.elapsed.as_secs_f64(),
+                "budget_exhausted": report.budget_exhausted,
+            })
+        );
+    } else {
+        println!("{report}");
+    }
+    if report.budget_exhausted {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+async fn pass<S: MaintenanceStore>(store: S, args: &PurgeArgs) -> MaintenanceReport {
+    let day = Duration::from_secs(24 * 3600);
+    let m = Maintenance::new(store).options(
+        MaintenanceOptions::default()
+            .batch(args.batch)
+            .pause(Duration::from_millis(args.pause_ms))
+            .budget(Duration::from_secs(args.budget_secs.max(1)))
+            .rejections_keep(day * args.rejections_keep_days as u32)
+            .effects_keep(day * args.effects_keep_days as u32),
+    );
+    let tty = std::io::stderr().is_terminal();
+    let report = m
+        .run_once_at(chrono::Utc::now(), &mut |r: &MaintenanceReport| {
+            if tty {
+                let mut e = std::io::stderr().lock();
+                let _ = write!(e, "\r{r}   ");
+                let _ = e.flush();
+            }
+        })
+        .await;
+    if tty {
+        eprintln!();
+    }
+    report
+}
+
+fn fail(msg: &str) -> ExitCode {
+    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("error: {one_line}");
+    ExitCode::from(2)
+}

@@ -1,0 +1,151 @@
+//! `txinbox inbox purge`: bounded batches until nothing expired is left; killed with SIGKILL mid-run it
+//! resumes on the next pass and never removes a row that was not expired.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use txinbox_store::Store;
+
+const EXPIRED: i64 = 200_000;
+const LIVE: i64 = 5_000;
+
+async fn counts(store: &Store<sqlx::Postgres>) -> (i64, i64) {
+    sqlx::query_as("SELECT count(*) FILTER (WHERE consumer_name = 'old'), count(*) FILTER (WHERE consumer_name = 'live') FROM txinbox_inbox")
+        .fetch_one(store.pool())
+        .await
+        .expect("count markers")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_killed_mid_run_resumes_and_removes_only_expired_rows() {
+    let base = txinbox_testkit::pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let store = Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 2)
+        .await
+        .expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    for (consumer, n, until) in [
+        ("old", EXPIRED, "now() - interval '1 day'"),
+        ("live", LIVE, "now() + interval '30 days'"),
+    ] {
+        sqlx::query(&format!("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) SELECT '{consumer}', '', 'm-' || g, 'h', now(), now(), {until}, 'producer_id' FROM generate_series(1, $1) g"))
+            .bind(n)
+            .execute(store.pool())
+            .await
+            .expect("load markers");
+    }
+
+    let mut first = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args([
+            "inbox",
+            "purge",
+            "--store",
+            &url,
+            "--batch",
+            "500",
+            "--pause-ms",
+            "20",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start txinbox inbox purge");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (old, _) = counts(&store).await;
+        if old < EXPIRED - 5_000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the purge made no progress");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    first.kill().expect("SIGKILL the purge");
+    let _ = first.wait();
+    let (old, live) = counts(&store).await;
+    assert_eq!(live, LIVE, "nothing unexpired removed");
+    assert!(old > 0, "killed before the end ({old} expired rows left)");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args(["inbox", "purge", "--store", &url, "--json"])
+        .output()
+        .expect("run txinbox inbox purge");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(
+        report["markers"],
+        serde_json::json!(old),
+        "the second pass removed what was left: {report}"
+    );
+    assert!(
+        report["batches"].as_u64().unwrap_or(0) > 1,
+        "several batches: {report}"
+    );
+    assert_eq!(counts(&store).await, (0, LIVE));
+    store.close().await;
+}
+
+#[test]
+fn a_purge_with_a_tiny_budget_says_so_in_its_exit_code() {
+    let dir = std::env::temp_dir().join(format!(
+        "txinbox-purge-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let url = format!("sqlite:{}", dir.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = Store::<sqlx::Sqlite>::connect(&url).await.unwrap();
+        sqlx::query("WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 3000) INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) SELECT 'old', '', 'm-' || n, 'h', '2020-01-01T00:00:00.000000Z', '2020-01-01T00:00:00.000000Z', '2020-02-01T00:00:00.000000Z', 'producer_id' FROM g")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.close().await;
+    });
+    // Batches of 100 with a 300 ms pause and a 1 s budget: stopped before the end, exit code 3.
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args([
+            "inbox",
+            "purge",
+            "--store",
+            &url,
+            "--batch",
+            "100",
+            "--pause-ms",
+            "300",
+            "--budget-secs",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("time budget reached"));
+    // The next pass finishes.
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args(["inbox", "purge", "--store", &url, "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        report["markers"].as_u64().unwrap() > 0 && report["budget_exhausted"] == false,
+        "{report}"
+    );
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", dir.display()));
+    }
+}

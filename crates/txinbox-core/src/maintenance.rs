@@ -1,0 +1,323 @@
+//! Retention that runs itself: removes expired inbox markers, evidence rows past their own retention and
+//! finished effects, in bounded batches with a pause between them and a time budget per run, so it never holds
+//! a lock the applying transactions wait on for long. The worker process runs it in the background
+//! ([`Maintenance::run_until`]); operators run one pass with `txinbox inbox purge`.
+//!
+//! What is kept and for how long:
+//!
+//! | table | removed when | default |
+//! |---|---|---|
+//! | markers (`txinbox_inbox`) | their `retention_until` has passed (set from the inbox's [`crate::RetentionPolicy`]) | 30 days |
+//! | evidence (`txinbox_rejections`) | recorded longer ago than [`MaintenanceOptions::rejections_keep`] | 90 days |
+//! | effects (`txinbox_effects`) | done or compensated longer ago than [`MaintenanceOptions::effects_keep`]; failed and needs-attention ones stay for an operator | 7 days |
+//!
+//! The marker keeps only the key and minimal metadata (the payload is never stored); the evidence keeps a hash
+//! and a detail, not the payload.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+
+/// A table the maintenance cleans.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Table {
+    /// `txinbox_inbox`: the markers.
+    Markers,
+    /// `txinbox_rejections`: evidence of collisions and business duplicates.
+    Rejections,
+    /// `txinbox_effects`: external effects.
+    Effects,
+}
+
+impl Table {
+    /// Every table, in the order a pass cleans them.
+    pub const ALL: [Table; 3] = [Table::Markers, Table::Rejections, Table::Effects];
+
+    /// The metric label (`markers`, `rejections`, `effects`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Table::Markers => "markers",
+            Table::Rejections => "rejections",
+            Table::Effects => "effects",
+        }
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the maintenance needs from a store.
+pub trait MaintenanceStore: Clone + Send + Sync + 'static {
+    /// The driver's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Deletes up to `limit` rows of `table` that expired before `before` (markers: `retention_until`;
+    /// rejections: `recorded_at`; effects: done or compensated, `finished_at`), in a short transaction of its
+    /// own that skips rows another transaction holds; returns the consumer of each deleted row.
+    fn purge_batch(
+        &self,
+        table: Table,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> impl std::future::Future<Output = Result<Vec<String>, Self::Error>> + Send;
+
+    /// Rows of `table` for `consumer` and the time of the oldest (markers: `processed_at`; rejections:
+    /// `recorded_at`; effects: `created_at`), with bounded queries.
+    fn table_stats(
+        &self,
+        table: Table,
+        consumer: &str,
+    ) -> impl std::future::Future<Output = Result<(i64, Option<DateTime<Utc>>), Self::Error>> + Send;
+}
+
+/// How the maintenance runs.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct MaintenanceOptions {
+    /// Rows deleted per statement (default 1,000).
+    pub batch: i64,
+    /// Pause between two batches (default 50 ms): the applying transactions get the database back.
+    pub pause: Duration,
+    /// Longest time one pass may take (default 30 s); what is left waits for the next pass.
+    pub budget: Duration,
+    /// Time between two passes when running in the background (default 5 min).
+    pub every: Duration,
+    /// How long evidence rows are kept (default 90 days).
+    pub rejections_keep: Duration,
+    /// How long done and compensated effects are kept (default 7 days).
+    pub effects_keep: Duration,
+    /// Consumers whose rows left and oldest row are published as gauges after each pass (default none).
+    pub consumers: Vec<String>,
+}
+
+impl Default for MaintenanceOptions {
+    fn default() -> Self {
+        Self {
+            batch: 1000,
+            pause: Duration::from_millis(50),
+            budget: Duration::from_secs(30),
+            every: Duration::from_secs(300),
+            rejections_keep: Duration::from_secs(90 * 24 * 3600),
+            effects_keep: Duration::from_secs(7 * 24 * 3600),
+            consumers: Vec::new(),
+        }
+    }
+}
+
+impl MaintenanceOptions {
+    /// Sets the batch size.
+    pub fn batch(mut self, n: i64) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+    /// Sets the pause between batches.
+    pub fn pause(mut self, d: Duration) -> Self {
+        self.pause = d;
+        self
+    }
+    /// Sets the time budget of one pass.
+    pub fn budget(mut self, d: Duration) -> Self {
+        self.budget = d;
+        self
+    }
+    /// Sets the time between passes.
+    pub fn every(mut self, d: Duration) -> Self {
+        self.every = d;
+        self
+    }
+    /// Sets how long evidence rows are kept.
+    pub fn rejections_keep(mut self, d: Duration) -> Self {
+        self.rejections_keep = d;
+        self
+    }
+    /// Sets how long done effects are kept.
+    pub fn effects_keep(mut self, d: Duration) -> Self {
+        self.effects_keep = d;
+        self
+    }
+    /// Publishes the gauges of `consumer` after each pass.
+    pub fn consumer(mut self, consumer: impl Into<String>) -> Self {
+        self.consumers.push(consumer.into());
+        self
+    }
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MaintenanceReport {
+    /// Rows removed, by table and consumer.
+    pub removed: BTreeMap<(Table, String), u64>,
+    /// Statements run.
+    pub batches: u64,
+    /// Whether the pass stopped on its time budget with rows maybe left.
+    pub budget_exhausted: bool,
+    /// How long the pass took.
+    pub elapsed: Duration,
+    /// Store errors met (the pass stops at the first).
+    pub error: Option<String>,
+}
+
+impl MaintenanceReport {
+    /// Rows removed from `table`, all consumers.
+    pub fn removed_from(&self, table: Table) -> u64 {
+        self.removed
+            .iter()
+            .filter(|((t, _), _)| *t == table)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+impl fmt::Display for MaintenanceReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "purged markers={} rejections={} effects={} batches={} seconds={:.1}{}",
+            self.removed_from(Table::Markers),
+            self.removed_from(Table::Rejections),
+            self.removed_from(Table::Effects),
+            self.batches,
+            self.elapsed.as_secs_f64(),
+            if self.budget_exhausted {
+                " (time budget reached: the rest waits for the next pass)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// Runs the retention of a store.
+#[derive(Debug, Clone)]
+pub struct Maintenance<S> {
+    store: S,
+    opts: MaintenanceOptions,
+}
+
+impl<S: MaintenanceStore> Maintenance<S> {
+    /// Maintenance of `store` with the default options.
+    pub fn new(store: S) -> Self {
+        Self {
+            store,
+            opts: MaintenanceOptions::default(),
+        }
+    }
+
+    /// Sets the options.
+    pub fn options(mut self, opts: MaintenanceOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// One pass at `now`: each table in turn, batch after batch with a pause between them, until nothing
+    /// expired is left or the time budget runs out. `progress` is told after each batch (for a terminal).
+    pub async fn run_once_at(
+        &self,
+        now: DateTime<Utc>,
+        progress: &mut (dyn FnMut(&MaintenanceReport) + Send),
+    ) -> MaintenanceReport {
+        let started = Instant::now();
+        let mut report = MaintenanceReport::default();
+        let since =
+            |d: Duration| now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        'tables: for table in Table::ALL {
+            let before = match table {
+                Table::Markers => now,
+                Table::Rejections => since(self.opts.rejections_keep),
+                Table::Effects => since(self.opts.effects_keep),
+            };
+            loop {
+                if started.elapsed() >= self.opts.budget {
+                    report.budget_exhausted = true;
+                    break 'tables;
+                }
+                let consumers = match self.store.purge_batch(table, before, self.opts.batch).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(%table, error = %e, "maintenance: purge failed");
+                        report.error = Some(e.to_string());
+                        break 'tables;
+                    }
+                };
+                report.batches += 1;
+                let n = consumers.len() as i64;
+                for consumer in consumers {
+                    *report.removed.entry((table, consumer)).or_default() += 1;
+                }
+                report.elapsed = started.elapsed();
+                progress(&report);
+                if n < self.opts.batch {
+                    break;
+                }
+                tokio::time::sleep(self.opts.pause).await;
+            }
+        }
+        report.elapsed = started.elapsed();
+        self.publish(&report).await;
+        report
+    }
+
+    /// One pass now.
+    pub async fn run_once(&self) -> MaintenanceReport {
+        self.run_once_at(Utc::now(), &mut |_| {}).await
+    }
+
+    /// A pass every [`MaintenanceOptions::every`] until `shutdown` resolves (a pass in progress is cut at
+    /// its next batch).
+    pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
+        tokio::pin!(shutdown);
+        loop {
+            let pass = self.run_once();
+            tokio::select! {
+                _ = &mut shutdown => return,
+                r = pass => tracing::info!(%r, "maintenance pass"),
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(self.opts.every) => {}
+            }
+        }
+    }
+
+    async fn publish(&self, report: &MaintenanceReport) {
+        use crate::metrics as m;
+        for ((table, consumer), n) in &report.removed {
+            metrics::counter!(m::MAINTENANCE_REMOVED, "table" => table.as_str(), "consumer" => consumer.clone())
+                .increment(*n);
+            if *table == Table::Markers {
+                metrics::counter!(m::RETENTION_PURGED, "consumer" => consumer.clone())
+                    .increment(*n);
+            }
+        }
+        metrics::histogram!(m::MAINTENANCE_DURATION).record(report.elapsed.as_secs_f64());
+        let now = Utc::now();
+        for consumer in &self.opts.consumers {
+            for table in Table::ALL {
+                match self.store.table_stats(table, consumer).await {
+                    Ok((rows, oldest)) => {
+                        metrics::gauge!(m::MAINTENANCE_ROWS, "table" => table.as_str(), "consumer" => consumer.clone())
+                            .set(rows as f64);
+                        if table == Table::Markers {
+                            metrics::gauge!(m::INBOX_ROWS, "consumer" => consumer.clone())
+                                .set(rows as f64);
+                        }
+                        let age = oldest
+                            .map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1e3);
+                        metrics::gauge!(m::MAINTENANCE_OLDEST, "table" => table.as_str(), "consumer" => consumer.clone())
+                            .set(age);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%table, consumer, error = %e, "maintenance: reading row counts failed")
+                    }
+                }
+            }
+        }
+    }
+}
