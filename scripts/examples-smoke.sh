@@ -139,12 +139,13 @@ RUST_LOG=info "$bin/sqs-crm-worker" --queue-url "$TXINBOX_SQS_ENDPOINT/123456789
   --crm-url "$crm_url" --metrics-addr "$metrics_addr" --purge-interval-secs 1 >"$work/metrics.out" 2>"$work/metrics.err" &
 metrics_pid=$!
 cleanup_pids+=("$metrics_pid")
-# First batch applied and scraped: the target is up and the applied counter is in Prometheus.
+# First batch applied and scraped: the target is up and the applied counter is above zero in Prometheus (the
+# worker registers its counters at zero when it starts).
 scraped=0
 for _ in $(seq 1 60); do
   kill -0 "$metrics_pid" 2>/dev/null || fail "the metrics worker died: $(tail -n 5 "$work/metrics.err")"
   if curl -sf "$TXINBOX_PROMETHEUS_URL/api/v1/targets" | grep -q '"health":"up"' &&
-    [[ $(prom_query 'txinbox_applied_total{consumer="crm-followup"}' | result_count) -ge 1 ]]; then
+    [[ $(prom_query 'txinbox_applied_total{consumer="crm-followup"} > 0' | result_count) -ge 1 ]]; then
     scraped=1
     break
   fi

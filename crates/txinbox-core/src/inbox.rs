@@ -719,34 +719,6 @@ impl<S: InboxStore> Inbox<S> {
         }
         outcome
     }
-
-    /// Deletes markers whose retention ended, in batches of `batch`; returns how many were deleted and sets
-    /// the `txinbox_inbox_rows` gauge for this consumer.
-    pub async fn purge_expired(&self, batch: i64) -> Result<u64, S::Error> {
-        self.purge_expired_at(Utc::now(), batch).await
-    }
-
-    /// Like [`Inbox::purge_expired`] with an explicit clock: deletes markers whose retention ended before
-    /// `now`.
-    pub async fn purge_expired_at(
-        &self,
-        now: chrono::DateTime<Utc>,
-        batch: i64,
-    ) -> Result<u64, S::Error> {
-        let batch = batch.max(1);
-        let mut total = 0;
-        loop {
-            let n = self.store.purge_expired(now, batch).await?;
-            total += n;
-            if n < batch as u64 {
-                break;
-            }
-        }
-        let rows = self.store.count_markers(&self.consumer).await?;
-        metrics::counter!(m::RETENTION_PURGED, "consumer" => self.label()).increment(total);
-        metrics::gauge!(m::INBOX_ROWS, "consumer" => self.label()).set(rows as f64);
-        Ok(total)
-    }
 }
 
 fn dead_letter(reason: &str, detail: String) -> Decision {

@@ -162,12 +162,6 @@ impl InboxStore for MemStore {
             .push((r.kind.as_str(), r.identity.message_id.clone()));
         Ok(())
     }
-    async fn purge_expired(&self, _: DateTime<Utc>, _: i64) -> Result<u64, Unavailable> {
-        Ok(0)
-    }
-    async fn count_markers(&self, _: &str) -> Result<i64, Unavailable> {
-        Ok(self.state().markers.len() as i64)
-    }
     fn is_transient(_: &Unavailable) -> bool {
         true
     }

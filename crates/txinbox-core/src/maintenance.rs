@@ -299,7 +299,11 @@ impl<S: MaintenanceStore> Maintenance<S> {
         metrics::histogram!(m::MAINTENANCE_DURATION).record(report.elapsed.as_secs_f64());
         let now = Utc::now();
         for consumer in &self.opts.consumers {
+            // Registered at zero, so a first purge shows as an increase.
+            metrics::counter!(m::RETENTION_PURGED, "consumer" => consumer.clone()).increment(0);
             for table in Table::ALL {
+                metrics::counter!(m::MAINTENANCE_REMOVED, "table" => table.as_str(), "consumer" => consumer.clone())
+                    .increment(0);
                 match self.store.table_stats(table, consumer).await {
                     Ok((rows, oldest)) => {
                         metrics::gauge!(m::MAINTENANCE_ROWS, "table" => table.as_str(), "consumer" => consumer.clone())

@@ -185,19 +185,6 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         r: &Rejection<'_>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
-    /// Deletes up to `limit` markers whose retention ended before `now`; returns how many.
-    fn purge_expired(
-        &self,
-        now: DateTime<Utc>,
-        limit: i64,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
-
-    /// Counts the markers of `consumer`.
-    fn count_markers(
-        &self,
-        consumer: &str,
-    ) -> impl Future<Output = Result<i64, Self::Error>> + Send;
-
     /// Whether an error of this store is transient (a retry may succeed).
     fn is_transient(e: &Self::Error) -> bool;
 

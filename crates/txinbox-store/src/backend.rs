@@ -61,13 +61,6 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         r: &Rejection<'_>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
-    /// Deletes up to `limit` markers whose retention ended before `now`; returns how many.
-    fn purge_expired(
-        pool: &sqlx::Pool<Self>,
-        now: DateTime<Utc>,
-        limit: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
-
     /// Counts the markers of `consumer`.
     fn count_markers(
         pool: &sqlx::Pool<Self>,

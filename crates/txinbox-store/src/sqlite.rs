@@ -183,19 +183,6 @@ impl Backend for Sqlite {
         Ok(())
     }
 
-    async fn purge_expired(
-        pool: &SqlitePool,
-        now: DateTime<Utc>,
-        limit: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let r = sqlx::query("DELETE FROM txinbox_inbox WHERE rowid IN (SELECT rowid FROM txinbox_inbox WHERE retention_until < ?1 LIMIT ?2)")
-            .bind(ts(now))
-            .bind(limit)
-            .execute(pool)
-            .await?;
-        Ok(r.rows_affected())
-    }
-
     async fn count_markers(pool: &SqlitePool, consumer: &str) -> Result<i64, sqlx::Error> {
         sqlx::query_scalar("SELECT count(*) FROM txinbox_inbox WHERE consumer_name = ?1")
             .bind(consumer)

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
 use sqlx::{Database, TransactionManager};
 use txinbox_core::effects::NewEffect;
 use txinbox_core::{Commit, Identity, InboxStore, MarkerInsert, MarkerRow, Rejection};
@@ -413,14 +412,6 @@ impl<DB: Backend> InboxStore for Store<DB> {
 
     async fn record_rejection(&self, r: &Rejection<'_>) -> Result<(), sqlx::Error> {
         DB::record_rejection(&self.pool, r).await
-    }
-
-    async fn purge_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<u64, sqlx::Error> {
-        DB::purge_expired(&self.pool, now, limit).await
-    }
-
-    async fn count_markers(&self, consumer: &str) -> Result<i64, sqlx::Error> {
-        DB::count_markers(&self.pool, consumer).await
     }
 
     fn is_transient(e: &sqlx::Error) -> bool {

@@ -6,7 +6,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use txinbox_core::effects::NewEffect;
 use txinbox_core::{
@@ -132,12 +131,6 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
     }
     async fn record_rejection(&self, r: &Rejection<'_>) -> Result<(), S::Error> {
         self.inner.record_rejection(r).await
-    }
-    async fn purge_expired(&self, now: DateTime<Utc>, limit: i64) -> Result<u64, S::Error> {
-        self.inner.purge_expired(now, limit).await
-    }
-    async fn count_markers(&self, consumer: &str) -> Result<i64, S::Error> {
-        self.inner.count_markers(consumer).await
     }
     fn is_transient(e: &S::Error) -> bool {
         S::is_transient(e)
