@@ -198,13 +198,23 @@ fn sqs(command: SqsCommand) -> ExitCode {
             match progress.finish(result) {
                 Ok(r) => {
                     println!(
-                        "moved={} new_dedup_id={} deferred={} initially_visible={}",
+                        "moved={} new_dedup_id={} deferred={} initially_visible={}{}",
                         r.moved,
                         r.new_dedup_id,
                         r.deferred,
-                        r.initially_visible.unwrap_or(0)
+                        r.initially_visible.unwrap_or(0),
+                        if r.identity_lost > 0 {
+                            format!(" identity_lost={}", r.identity_lost)
+                        } else {
+                            String::new()
+                        }
                     );
-                    ExitCode::SUCCESS
+                    // Messages left in the DLQ for an operator: the command did not do all it was asked.
+                    if r.identity_lost > 0 {
+                        ExitCode::from(3)
+                    } else {
+                        ExitCode::SUCCESS
+                    }
                 }
                 Err(e) => fail(&e),
             }

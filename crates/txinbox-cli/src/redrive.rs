@@ -104,7 +104,7 @@ impl<W: Write> SqsProgress<W> {
     fn draw(&mut self, r: &RedriveReport, done: bool) {
         let visible = r.initially_visible.unwrap_or(0) as usize;
         let line = format!(
-            "redrive: moved {}/{}{}{} in {:.1}s",
+            "redrive: moved {}/{}{}{}{} in {:.1}s",
             r.moved,
             self.max.map_or(visible, |m| m.min(visible)),
             if r.new_dedup_id > 0 {
@@ -114,6 +114,14 @@ impl<W: Write> SqsProgress<W> {
             },
             if r.deferred > 0 {
                 format!(", {} deferred (dedup window)", r.deferred)
+            } else {
+                String::new()
+            },
+            if r.identity_lost > 0 {
+                format!(
+                    ", {} left in the DLQ (identity lost: deduplication id replaced by AWS)",
+                    r.identity_lost
+                )
             } else {
                 String::new()
             },

@@ -29,6 +29,10 @@ pub struct RedriveReport {
     pub initially_visible: Option<u64>,
     /// The identities (producer ids) of the messages moved, in order.
     pub moved_ids: Vec<String>,
+    /// Messages left in the dead-letter queue because their identity was lost on the way there and a redrive
+    /// would give them a new one (SQS FIFO: the deduplication id, replaced by AWS with the message id on the
+    /// move to the DLQ, was their only identity). An operator decides what to do with them.
+    pub identity_lost: usize,
 }
 
 /// One dead letter a [`RedriveEvent`] is about. Never a credential.
@@ -67,6 +71,12 @@ pub enum RedriveEvent<'a> {
         enqueued_ago: Option<chrono::Duration>,
         /// The deduplication window it is inside.
         window: Duration,
+    },
+    /// A message was left in the dead-letter queue because its identity was lost (see
+    /// [`RedriveReport::identity_lost`]).
+    IdentityLost {
+        /// The message.
+        item: RedriveItem<'a>,
     },
     /// A message was sent to the target but could not be removed from the dead-letter queue.
     SettleFailed {

@@ -74,7 +74,9 @@ pub use options::{
     client_from_conf, client_from_env, emulator_client, http_client, load_sdk_config, SqsOptions,
 };
 pub use publisher::{deduplication_id, SqsPublisher};
-pub use receiver::{received_message, SqsDelivery, SqsLease, SqsReceiver};
+pub use receiver::{
+    deduplication_id_replaced, received_message, SqsDelivery, SqsLease, SqsReceiver,
+};
 pub use redrive::{redrive, RedriveOptions};
 
 /// Re-exported so users load AWS configuration with the version the adapter is built on.
@@ -88,4 +90,7 @@ pub mod metrics {
     pub const DELETE_BATCH_ENTRY_FAILURES: &str = "txinbox_sqs_delete_batch_entry_failures_total";
     /// Messages forwarded explicitly to the dead-letter queue, by `reason`.
     pub const DLQ_FORWARDS: &str = "txinbox_sqs_dlq_forwards_total";
+    /// Received messages whose deduplication id AWS replaced with their message id on a move to a FIFO DLQ
+    /// (not used as an identity).
+    pub const REPLACED_DEDUP_IDS: &str = "txinbox_sqs_replaced_dedup_ids_total";
 }

@@ -243,8 +243,17 @@ fn secs(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
 }
 
+/// Whether a FIFO message's deduplication id is the one AWS puts in place of the producer's when it moves a
+/// message to a FIFO dead-letter queue: the message's own id (SQS Developer Guide, dead-letter queue redrive:
+/// "When a message is moved from a FIFO queue to a FIFO DLQ, the original message's deduplication ID will be
+/// replaced with the original message's ID.").
+pub fn deduplication_id_replaced(message_id: Option<&str>, dedup_id: Option<&str>) -> bool {
+    matches!((message_id, dedup_id), (Some(m), Some(d)) if !m.is_empty() && m == d)
+}
+
 /// The broker-neutral view of an SQS message: attribute names lower-cased, CloudEvents attributes kept as
-/// attributes, `MessageDeduplicationId` as the producer id, `MessageId` as the broker id,
+/// attributes, `MessageDeduplicationId` as the producer id (unless AWS replaced it, see
+/// [`deduplication_id_replaced`]), `MessageId` as the broker id,
 /// `ApproximateReceiveCount` as the delivery count, `SentTimestamp` as the enqueue time and `MessageGroupId`
 /// as the group.
 pub fn received_message(m: &Message, received_at: DateTime<Utc>) -> ReceivedMessage {
@@ -257,8 +266,19 @@ pub fn received_message(m: &Message, received_at: DateTime<Utc>) -> ReceivedMess
             }
         }
     }
-    rm.producer_id = sys(MessageSystemAttributeName::MessageDeduplicationId);
     rm.broker_id = m.message_id().map(str::to_owned);
+    rm.producer_id = sys(MessageSystemAttributeName::MessageDeduplicationId);
+    if deduplication_id_replaced(rm.broker_id.as_deref(), rm.producer_id.as_deref()) {
+        // AWS: "When a message is moved from a FIFO queue to a FIFO DLQ, the original message's deduplication
+        // ID will be replaced with the original message's ID." The producer's id is gone: using the
+        // replacement would give an applied message a new identity, so it is not an identity at all.
+        metrics::counter!(crate::metrics::REPLACED_DEDUP_IDS).increment(1);
+        tracing::warn!(
+            message_id = rm.broker_id.as_deref().unwrap_or(""),
+            "deduplication id replaced by the DLQ move (it equals the message id): not used as the identity; only ce-id survives this path"
+        );
+        rm.producer_id = None;
+    }
     rm.delivery_count = sys(MessageSystemAttributeName::ApproximateReceiveCount)
         .and_then(|c| c.parse().ok())
         .unwrap_or(1);

@@ -124,6 +124,21 @@ async fn run(
                 .message_body(m.body().unwrap_or_default())
                 .set_message_attributes((!attrs.is_empty()).then_some(attrs.clone()));
             let original = sys(MessageSystemAttributeName::MessageDeduplicationId);
+            let identity_in_attributes = identity_elsewhere(&m, &attrs);
+            if identity_lost(&m, original.as_deref(), identity_in_attributes) {
+                // AWS replaced the producer's deduplication id with the message id on the move to the DLQ, and
+                // it was the message's only identity: sent back, the message would be applied again under a
+                // new one. It stays in the DLQ for an operator.
+                report.identity_lost += 1;
+                tracing::error!(dlq_message_id = position, "left in the DLQ: its identity was its deduplication id, which AWS replaced on the move to the DLQ; redriving it would apply it again under a new identity (producers must send ce-id)");
+                progress.event(
+                    RedriveEvent::IdentityLost {
+                        item: RedriveItem::new(position, position),
+                    },
+                    report,
+                );
+                continue;
+            }
             if target_fifo {
                 let sent = sys(MessageSystemAttributeName::SentTimestamp)
                     .and_then(|t| t.parse::<i64>().ok())
@@ -132,11 +147,7 @@ async fn run(
                     (Utc::now() - sent).to_std().unwrap_or_default()
                         < DEDUP_WINDOW + Duration::from_secs(10)
                 });
-                let identity_elsewhere = attrs
-                    .keys()
-                    .any(|k| k.eq_ignore_ascii_case(txinbox_core::identity::ce::ID))
-                    || structured_cloudevent(m.body().unwrap_or_default());
-                let dedup = match (original.clone(), in_window, identity_elsewhere) {
+                let dedup = match (original.clone(), in_window, identity_in_attributes) {
                     (Some(orig), false, _) => orig,
                     (Some(orig), true, false) => {
                         report.deferred += 1;
@@ -174,6 +185,24 @@ async fn run(
     Ok(())
 }
 
+/// Whether the message carries its identity outside the deduplication id: a `ce-id` attribute or a structured
+/// CloudEvents body.
+fn identity_elsewhere(
+    m: &aws_sdk_sqs::types::Message,
+    attrs: &std::collections::HashMap<String, aws_sdk_sqs::types::MessageAttributeValue>,
+) -> bool {
+    attrs
+        .keys()
+        .any(|k| k.eq_ignore_ascii_case(txinbox_core::identity::ce::ID))
+        || structured_cloudevent(m.body().unwrap_or_default())
+}
+
+/// Whether a dead letter's only identity was lost on the way to the DLQ: AWS replaced its deduplication id
+/// with its message id, and it has no `ce-id`.
+fn identity_lost(m: &aws_sdk_sqs::types::Message, dedup_id: Option<&str>, elsewhere: bool) -> bool {
+    crate::receiver::deduplication_id_replaced(m.message_id(), dedup_id) && !elsewhere
+}
+
 fn structured_cloudevent(body: &str) -> bool {
     if !body.trim_start().starts_with('{') {
         return false;
@@ -194,5 +223,100 @@ mod tests {
         ));
         assert!(!structured_cloudevent(r#"{"id":"e"}"#));
         assert!(!structured_cloudevent("plain"));
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use std::collections::HashMap;
+
+    use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
+
+    use super::*;
+
+    /// A dead letter as AWS leaves it after a move from a FIFO queue to a FIFO DLQ: "the original message's
+    /// deduplication ID will be replaced with the original message's ID" (SQS Developer Guide). moto does not
+    /// do this, so the shape is built here.
+    fn moved_by_aws(id: &str, body: &str) -> Message {
+        Message::builder()
+            .message_id(id)
+            .body(body)
+            .attributes(MessageSystemAttributeName::MessageDeduplicationId, id)
+            .build()
+    }
+
+    fn ce_id(v: &str) -> HashMap<String, MessageAttributeValue> {
+        let a = MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(v)
+            .build()
+            .unwrap();
+        HashMap::from([("ce-id".to_owned(), a)])
+    }
+
+    #[test]
+    fn a_dead_letter_whose_only_identity_was_its_replaced_dedup_id_is_not_redriven() {
+        let m = moved_by_aws("6f1c-aws-message-id", r#"{"opportunity":"2481"}"#);
+        let dedup = Some("6f1c-aws-message-id");
+        assert!(identity_lost(
+            &m,
+            dedup,
+            identity_elsewhere(&m, &HashMap::new())
+        ));
+    }
+
+    #[test]
+    fn a_dead_letter_with_its_ce_id_or_a_structured_cloudevent_keeps_its_identity() {
+        let m = moved_by_aws("6f1c", "{}");
+        assert!(!identity_lost(
+            &m,
+            Some("6f1c"),
+            identity_elsewhere(&m, &ce_id("evt-1"))
+        ));
+        let structured = moved_by_aws(
+            "6f1c",
+            r#"{"specversion":"1.0","id":"evt-1","source":"urn:crm","type":"t"}"#,
+        );
+        assert!(!identity_lost(
+            &structured,
+            Some("6f1c"),
+            identity_elsewhere(&structured, &HashMap::new())
+        ));
+    }
+
+    #[test]
+    fn a_producer_dedup_id_that_survived_is_not_mistaken_for_a_replaced_one() {
+        let m = Message::builder()
+            .message_id("6f1c")
+            .body("{}")
+            .attributes(
+                MessageSystemAttributeName::MessageDeduplicationId,
+                "evt-482",
+            )
+            .build();
+        assert!(!identity_lost(&m, Some("evt-482"), false));
+        assert!(!identity_lost(&m, None, false));
+    }
+
+    #[test]
+    fn the_consumer_never_takes_a_replaced_dedup_id_as_the_identity() {
+        let m = moved_by_aws("6f1c", "{}");
+        let rm = crate::received_message(&m, chrono::Utc::now());
+        assert_eq!(rm.producer_id, None, "not an identity");
+        assert_eq!(rm.broker_id.as_deref(), Some("6f1c"));
+        let kept = Message::builder()
+            .message_id("6f1c")
+            .body("{}")
+            .attributes(
+                MessageSystemAttributeName::MessageDeduplicationId,
+                "evt-482",
+            )
+            .build();
+        assert_eq!(
+            crate::received_message(&kept, chrono::Utc::now())
+                .producer_id
+                .as_deref(),
+            Some("evt-482")
+        );
     }
 }
