@@ -45,7 +45,7 @@ pub struct BatchEntryError {
 impl BatchEntryError {
     /// The classification of this entry's failure.
     pub fn kind(&self) -> BrokerErrorKind {
-        match kind_of_code(Some(&self.code)) {
+        match kind_of(Some(&self.code), Some(&self.message)) {
             // SQS blames itself: worth another try even when the code is not one we know.
             BrokerErrorKind::Rejected if !self.sender_fault => BrokerErrorKind::ServerError,
             k => k,
@@ -61,7 +61,10 @@ where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     let kind = match &err {
-        SdkError::ServiceError(_) => kind_of_code(err.as_service_error().and_then(|e| e.code())),
+        SdkError::ServiceError(_) => {
+            let e = err.as_service_error();
+            kind_of(e.and_then(|e| e.code()), e.and_then(|e| e.message()))
+        }
         // A dispatch failure before any byte was sent cannot have taken effect, but the SDK does not say
         // which part failed in a way stable across versions: treat it as unknown (retryable).
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
@@ -71,6 +74,25 @@ where
         _ => BrokerErrorKind::OutcomeUnknown,
     };
     BrokerError::new(kind, op, err)
+}
+
+/// Classifies an SQS error by its code and, where the code alone is too broad, its message. SQS as AWS runs it
+/// answers a visibility change or a delete whose message is gone with HTTP 400 `InvalidParameterValue`:
+/// "Value ... for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not available for
+/// visibility timeout change." That is a lost lease, not a rejected request.
+pub(crate) fn kind_of(code: Option<&str>, message: Option<&str>) -> BrokerErrorKind {
+    let kind = kind_of_code(code);
+    let short = code.map(|c| c.rsplit('.').next().unwrap_or(c));
+    if kind == BrokerErrorKind::Rejected && short == Some("InvalidParameterValue") {
+        let m = message.unwrap_or_default();
+        if m.contains("ReceiptHandle")
+            && (m.contains("is invalid")
+                || m.contains("Message does not exist or is not available"))
+        {
+            return BrokerErrorKind::LockLost;
+        }
+    }
+    kind
 }
 
 /// Error codes as SQS sends them over the JSON and the query protocols (moto uses both spellings).
@@ -104,6 +126,61 @@ pub(crate) fn kind_of_code(code: Option<&str>) -> BrokerErrorKind {
             BrokerErrorKind::ServerError
         }
         _ => BrokerErrorKind::Rejected,
+    }
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+
+    /// The exact answers of SQS as AWS runs it when the message behind a receipt is gone.
+    #[test]
+    fn a_receipt_for_a_gone_message_is_a_lost_lease() {
+        let visibility = "Value AQEBzbVv...== for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not available for visibility timeout change.";
+        assert_eq!(
+            kind_of(Some("InvalidParameterValue"), Some(visibility)),
+            BrokerErrorKind::LockLost
+        );
+        assert_eq!(
+            kind_of(
+                Some("AWS.SimpleQueueService.InvalidParameterValue"),
+                Some(visibility)
+            ),
+            BrokerErrorKind::LockLost
+        );
+        let delete = "Value AQEB...== for parameter ReceiptHandle is invalid. Reason: The receipt handle has expired.";
+        assert_eq!(
+            kind_of(Some("InvalidParameterValue"), Some(delete)),
+            BrokerErrorKind::LockLost
+        );
+        assert_eq!(
+            kind_of(
+                Some("ReceiptHandleIsInvalid"),
+                Some("The input receipt handle is invalid.")
+            ),
+            BrokerErrorKind::LockLost
+        );
+        assert_eq!(
+            kind_of(
+                Some("AWS.SimpleQueueService.MessageNotInflight"),
+                Some("Message not inflight")
+            ),
+            BrokerErrorKind::LockLost
+        );
+        // Another invalid parameter stays a rejected request.
+        assert_eq!(
+            kind_of(
+                Some("InvalidParameterValue"),
+                Some("Value 50000 for parameter VisibilityTimeout is invalid. Reason: must be between 0 and 43200.")
+            ),
+            BrokerErrorKind::Rejected
+        );
+        let entry = BatchEntryError {
+            code: "InvalidParameterValue".into(),
+            message: visibility.into(),
+            sender_fault: true,
+        };
+        assert_eq!(entry.kind(), BrokerErrorKind::LockLost);
     }
 }
 
