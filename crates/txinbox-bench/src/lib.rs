@@ -505,14 +505,8 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         ));
     }
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1) as u32;
-    let schema = format!("txinbox_bench_{}", uuid::Uuid::new_v4().simple());
-    let store = Store::<sqlx::Postgres>::connect_in_schema(&args.store, &schema, max_c + 1).await?;
+    let (schema, store) = bench_store(&args.store, max_c + 1).await?;
     let pool = store.pool().clone();
-    sqlx::Executor::execute(
-        &pool,
-        "CREATE TABLE bench_tasks (task_id TEXT NOT NULL, message_id TEXT NOT NULL)",
-    )
-    .await?;
     let sep = if args.store.contains('?') { '&' } else { '?' };
     // The library's sqlx is built without TLS and talks plaintext; pgbench must use the same transport, or
     // its TLS encryption (sslmode=prefer by default) would slow the reference down.
@@ -521,19 +515,7 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         args.store
     );
     let script = pgbench_script(&std::env::temp_dir())?;
-    let consumer = ConsumerName::new(CONSUMER).map_err(|e| LabError::Usage(e.to_string()))?;
-    let inbox = Arc::new(
-        Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
-            |tx: Tx<sqlx::Postgres>, msg: Message<Raw>| async move {
-                sqlx::query(BUSINESS_INSERT)
-                    .bind(format!("t-{}", msg.identity.message_id))
-                    .bind(&msg.identity.message_id)
-                    .execute(&tx)
-                    .await?;
-                Ok::<_, HandlerError>(())
-            },
-        ),
-    );
+    let inbox = Arc::new(bench_inbox(&store)?);
     println!(
         "# txinbox bench: PostgreSQL, {}s per figure, median of {} rounds, messages or transactions per second; target inbox/pgbench >= 0.80",
         args.seconds, args.rounds
@@ -555,44 +537,42 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
     }
     let _ = std::fs::remove_file(&bench.script);
     store.close().await;
-    if let Ok(mut c) = <sqlx::PgConnection as sqlx::Connection>::connect(&store_url).await {
+    drop_schema(&store_url, &schema).await;
+    result
+}
+
+/// A fresh schema on `url` with the inbox's tables and the handler's `bench_tasks`; dropped by [`drop_schema`].
+async fn bench_store(
+    url: &str,
+    connections: u32,
+) -> Result<(String, Store<sqlx::Postgres>), LabError> {
+    let schema = format!("txinbox_bench_{}", uuid::Uuid::new_v4().simple());
+    let store = Store::<sqlx::Postgres>::connect_in_schema(url, &schema, connections).await?;
+    sqlx::Executor::execute(
+        store.pool(),
+        "CREATE TABLE bench_tasks (task_id TEXT NOT NULL, message_id TEXT NOT NULL)",
+    )
+    .await?;
+    Ok((schema, store))
+}
+
+/// Drops a schema [`bench_store`] made (best effort: the benchmark's figures are already printed).
+async fn drop_schema(url: &str, schema: &str) {
+    if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(url).await {
         let _ = sqlx::Executor::execute(
-            &mut c,
+            &mut conn,
             format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str(),
         )
         .await;
     }
-    result
 }
 
-/// `--purge-impact N`: N expired markers (another consumer's), then the apply rate without a purge, during the
-/// maintenance's purge of them, and without again; prints one `purge_impact` line.
-async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
-    use txinbox_core::maintenance::Table;
-    use txinbox_core::{Maintenance, MaintenanceOptions};
-    let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
-    let secs = args.seconds.max(1);
-    let schema = format!("txinbox_bench_{}", uuid::Uuid::new_v4().simple());
-    let store =
-        Store::<sqlx::Postgres>::connect_in_schema(&args.store, &schema, c as u32 + 4).await?;
-    let pool = store.pool().clone();
-    sqlx::Executor::execute(
-        &pool,
-        "CREATE TABLE bench_tasks (task_id TEXT NOT NULL, message_id TEXT NOT NULL)",
-    )
-    .await?;
-    let loaded = Instant::now();
-    sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) SELECT 'expired', '', 'm-' || g, 'h', now() - interval '40 days', now() - interval '40 days', now() - interval '10 days', 'producer_id' FROM generate_series(1, $1) g")
-        .bind(rows)
-        .execute(&pool)
-        .await?;
-    sqlx::Executor::execute(&pool, "ANALYZE txinbox_inbox").await?;
-    println!(
-        "# purge impact: {rows} expired markers loaded in {:.1}s; apply rate at c={c}, {secs}s per window",
-        loaded.elapsed().as_secs_f64()
-    );
+/// The inbox every measurement runs: consumer `bench`, the handler inserting one `bench_tasks` row.
+fn bench_inbox(
+    store: &Store<sqlx::Postgres>,
+) -> Result<BenchInbox<impl Handler<Store<sqlx::Postgres>, Raw>>, LabError> {
     let consumer = ConsumerName::new(CONSUMER).map_err(|e| LabError::Usage(e.to_string()))?;
-    let inbox = Arc::new(
+    Ok(
         Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
             |tx: Tx<sqlx::Postgres>, msg: Message<Raw>| async move {
                 sqlx::query(BUSINESS_INSERT)
@@ -603,7 +583,29 @@ async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
                 Ok::<_, HandlerError>(())
             },
         ),
+    )
+}
+
+/// `--purge-impact N`: N expired markers (another consumer's), then the apply rate without a purge, during the
+/// maintenance's purge of them, and without again; prints one `purge_impact` line.
+async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
+    use txinbox_core::maintenance::Table;
+    use txinbox_core::{Maintenance, MaintenanceOptions};
+    let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
+    let secs = args.seconds.max(1);
+    let (schema, store) = bench_store(&args.store, c as u32 + 4).await?;
+    let pool = store.pool().clone();
+    let loaded = Instant::now();
+    sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) SELECT 'expired', '', 'm-' || g, 'h', now() - interval '40 days', now() - interval '40 days', now() - interval '10 days', 'producer_id' FROM generate_series(1, $1) g")
+        .bind(rows)
+        .execute(&pool)
+        .await?;
+    sqlx::Executor::execute(&pool, "ANALYZE txinbox_inbox").await?;
+    println!(
+        "# purge impact: {rows} expired markers loaded in {:.1}s; apply rate at c={c}, {secs}s per window",
+        loaded.elapsed().as_secs_f64()
     );
+    let inbox = Arc::new(bench_inbox(&store)?);
     let window = |tag: &'static str| {
         let ib = inbox.clone();
         measure(c, secs, move |t, i| {
@@ -635,13 +637,7 @@ async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
         purge_running_at_end
     );
     store.close().await;
-    if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&args.store).await {
-        let _ = sqlx::Executor::execute(
-            &mut conn,
-            format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str(),
-        )
-        .await;
-    }
+    drop_schema(&args.store, &schema).await;
     Ok(())
 }
 
