@@ -118,7 +118,11 @@ impl InboxStore for MemStore {
         );
         let row = Row {
             message_id: id.message_id.clone(),
-            business_key: id.business_key.clone(),
+            // Unique per consumer and tenant, as the stores' index (no tenant = the tenant '').
+            business_key: id
+                .business_key
+                .as_ref()
+                .map(|k| format!("{}\u{0}{k}", id.tenant_id.as_deref().unwrap_or(""))),
             hash: row.payload_hash.to_owned(),
             processed_at: row.processed_at,
             result_reference: None,

@@ -207,6 +207,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0003_operations.sql"),
         sqlite: include_str!("../migrations/sqlite/0003_operations.sql"),
     },
+    Migration {
+        version: 4,
+        name: "tenant_business_key",
+        postgres: include_str!("../migrations/postgres/0004_tenant_business_key.sql"),
+        sqlite: include_str!("../migrations/sqlite/0004_tenant_business_key.sql"),
+    },
 ];
 
 /// The latest schema version this build knows.

@@ -23,7 +23,7 @@ pub fn insert_marker_sql() -> &'static str {
     INSERT_MARKER
 }
 
-const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4)) ORDER BY same_identity DESC LIMIT 1";
+const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4 AND COALESCE(tenant_id, '') = COALESCE($5::text, ''))) ORDER BY same_identity DESC LIMIT 1";
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
 where
@@ -130,6 +130,7 @@ impl Backend for Postgres {
             .bind(&id.source)
             .bind(&id.message_id)
             .bind(&id.business_key)
+            .bind(&id.tenant_id)
             .fetch_optional(&mut *conn)
             .await?;
         Ok(MarkerInsert::Conflict(match holder {

@@ -14,7 +14,7 @@ use txinbox_core::effects::{
 /// The conditional insert; `ON CONFLICT DO NOTHING` covers the primary key and the business-key index.
 pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) ON CONFLICT DO NOTHING";
 
-const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = ?2 AND message_id = ?3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = ?1 AND ((source = ?2 AND message_id = ?3) OR (?4 IS NOT NULL AND business_key = ?4)) ORDER BY same_identity DESC LIMIT 1";
+const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = ?2 AND message_id = ?3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = ?1 AND ((source = ?2 AND message_id = ?3) OR (?4 IS NOT NULL AND business_key = ?4 AND COALESCE(tenant_id, '') = COALESCE(?5, ''))) ORDER BY same_identity DESC LIMIT 1";
 
 pub(crate) fn ts(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
@@ -114,6 +114,7 @@ impl Backend for Sqlite {
             .bind(&id.source)
             .bind(&id.message_id)
             .bind(&id.business_key)
+            .bind(&id.tenant_id)
             .fetch_optional(&mut *conn)
             .await?;
         Ok(MarkerInsert::Conflict(match holder {
