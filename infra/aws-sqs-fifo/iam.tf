@@ -1,5 +1,7 @@
 # Worker: receive, delete, extend visibility and read attributes on the main
-# queue; send to the dead-letter queue.
+# queue; resolve the dead-letter queue's URL (SqsReceiver::connect calls
+# GetQueueUrl on the ARN in the RedrivePolicy) and send to it. These are the
+# actions txinbox_sqs::iam declares; `txinbox check-infra` checks them.
 data "aws_iam_policy_document" "worker" {
   statement {
     sid = "ConsumeMainQueue"
@@ -13,8 +15,8 @@ data "aws_iam_policy_document" "worker" {
   }
 
   statement {
-    sid       = "SendToDeadLetterQueue"
-    actions   = ["sqs:SendMessage"]
+    sid       = "ForwardToDeadLetterQueue"
+    actions   = ["sqs:SendMessage", "sqs:GetQueueUrl"]
     resources = [aws_sqs_queue.dlq.arn]
   }
 

@@ -64,6 +64,7 @@
 
 pub mod dlq;
 pub mod error;
+pub mod iam;
 pub mod options;
 pub mod publisher;
 pub mod receiver;
