@@ -58,6 +58,7 @@ pub(crate) async fn forward(
     body: &str,
     raw: &HashMap<String, MessageAttributeValue>,
     msg: &ReceivedMessage,
+    dedup_id: Option<&str>,
     why: &DeadLetter,
 ) -> Result<(), BrokerError> {
     let attrs = dead_letter_attributes(raw, why)?;
@@ -71,9 +72,8 @@ pub(crate) async fn forward(
         // dropped by the DLQ's deduplication instead of making a second copy. A redrive inside the 5-minute
         // window gives the message a new deduplication id (see `redrive`), so a second failure is not lost.
         let group = msg.group_id.clone().unwrap_or_else(|| "txinbox-dlq".into());
-        let dedup = msg
-            .producer_id
-            .clone()
+        let dedup = dedup_id
+            .map(str::to_owned)
             .or_else(|| msg.broker_id.as_ref().map(|id| format!("dlq-{id}")))
             .ok_or_else(|| {
                 BrokerError::new(

@@ -20,6 +20,7 @@ pub const MIN_VISIBILITY: Duration = Duration::from_secs(1);
 /// | [`wait`](Self::wait) | 20 s | long-poll wait, 0 to 20 s |
 /// | [`visibility_timeout`](Self::visibility_timeout) | 60 s | set on every receive; the lease's duration: the worker extends it by this much every third of it |
 /// | [`dead_letter_queue`](Self::dead_letter_queue) | none | where payload collisions and permanent errors are forwarded |
+/// | [`deduplication_id_identity`](Self::deduplication_id_identity) | `false` | whether a message without `ce-id` takes its `MessageDeduplicationId` as its identity |
 ///
 /// What belongs to the worker is set there: concurrency in [`txinbox_core::WorkerOptions`], the longest total
 /// extension in [`txinbox_core::LeaseOptions::max_total`] (SQS caps it at 12 h from the receive; the lease
@@ -36,6 +37,9 @@ pub struct SqsOptions {
     pub visibility_timeout: Duration,
     /// The dead-letter queue URL for explicit forwards (payload collisions, permanent errors, bad input).
     pub dead_letter_queue: Option<String>,
+    /// Whether the FIFO `MessageDeduplicationId` is an identity for messages without CloudEvents attributes
+    /// (off by default; see [`deduplication_id_identity`](Self::deduplication_id_identity)).
+    pub deduplication_id_identity: bool,
 }
 
 impl Default for SqsOptions {
@@ -45,6 +49,7 @@ impl Default for SqsOptions {
             wait: Duration::from_secs(20),
             visibility_timeout: Duration::from_secs(60),
             dead_letter_queue: None,
+            deduplication_id_identity: false,
         }
     }
 }
@@ -68,6 +73,22 @@ impl SqsOptions {
     /// Sets the dead-letter queue URL used for explicit forwards.
     pub fn dead_letter_queue(mut self, url: impl Into<String>) -> Self {
         self.dead_letter_queue = Some(url.into());
+        self
+    }
+
+    /// Lets a message without CloudEvents attributes (`ce-id` + `ce-source`, or a structured CloudEvents body)
+    /// take its FIFO `MessageDeduplicationId` as its identity. Off by default, because the deduplication id does
+    /// not survive the dead-letter path: AWS documents that "when a message is moved from a FIFO queue to a FIFO
+    /// DLQ, the original message's deduplication ID will be replaced with the original message's ID". A message
+    /// applied whose deletes were lost until `maxReceiveCount` moved it to the DLQ would come back from SQS's
+    /// own redrive (`StartMessageMoveTask`, which also gives it a new `MessageId`) under another identity and be
+    /// applied again. What holds when you turn it on: the adapter never takes a deduplication id equal to the
+    /// message's own id (a copy read from the DLQ) as an identity, and `txinbox sqs redrive` leaves such a copy
+    /// in the DLQ (`identity_lost`); a message moved back by `StartMessageMoveTask` cannot be recognised, so use
+    /// it only with a business key on the handler, or not at all. Off, a message without CloudEvents identity
+    /// is bad input (`no_identity`) and goes to the dead-letter queue: loud, never applied twice.
+    pub fn deduplication_id_identity(mut self, on: bool) -> Self {
+        self.deduplication_id_identity = on;
         self
     }
 

@@ -300,6 +300,9 @@ pub struct SqsDelivery {
     body: String,
     receipt: String,
     raw_attributes: HashMap<String, MessageAttributeValue>,
+    /// The deduplication id SQS returned (unless AWS replaced it): a forward to the DLQ carries it, whether or
+    /// not it is the identity.
+    dedup_id: Option<String>,
     lease: Arc<SqsLease>,
 }
 
@@ -320,7 +323,13 @@ impl SqsDelivery {
                 )
             })?
             .to_owned();
-        let message = received_message(&m, now);
+        let mut message = received_message(&m, now);
+        let dedup_id = message.producer_id.clone();
+        if !shared.opts.deduplication_id_identity {
+            // Not an identity unless the consumer opted in: it does not survive the DLQ path (see
+            // `SqsOptions::deduplication_id_identity`).
+            message.producer_id = None;
+        }
         let expires =
             now + chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
         let lease = Arc::new(SqsLease {
@@ -338,8 +347,16 @@ impl SqsDelivery {
             shared,
             message,
             receipt,
+            dedup_id,
             lease,
         })
+    }
+
+    /// The `MessageDeduplicationId` SQS returned, unless AWS replaced it on a move to a FIFO DLQ (see
+    /// [`deduplication_id_replaced`]). It is the message's identity only when the consumer opted in with
+    /// [`SqsOptions::deduplication_id_identity`](crate::SqsOptions::deduplication_id_identity).
+    pub fn deduplication_id(&self) -> Option<&str> {
+        self.dedup_id.as_deref()
     }
 
     /// The receipt handle of this delivery.
@@ -417,6 +434,7 @@ impl Delivery for SqsDelivery {
             &self.body,
             &self.raw_attributes,
             &self.message,
+            self.dedup_id.as_deref(),
             &why,
         )
         .await?;

@@ -496,11 +496,10 @@ async fn redrive_after_some_were_applied_keeps_identity() {
         )
         .await;
     }
-    // A fifth message whose identity is its dedup id (no CloudEvents attributes).
+    // A fifth message whose identity is its dedup id (no CloudEvents attributes; the consumer opted in).
     send(&c, &q.url, &body("o5", "m", json!({})), None, "d-r5", "g5").await;
-    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
-        .await
-        .unwrap();
+    let opts = fast_options(2, &q.dlq).deduplication_id_identity(true);
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
     let inbox = pg_inbox(&store, &consumer);
     let got = receive_until(&mut receiver, 5, Duration::from_secs(20)).await;
     // Two commit and crash before the delete; three crash before the transaction.
@@ -889,8 +888,12 @@ async fn publisher_sends_one_identity_the_inbox_resolves() {
     assert_eq!(rm.attribute("ce-tenantid"), Some("jupiter"));
     assert_eq!(rm.group_id.as_deref(), Some("oportunidade_2481"));
     assert_eq!(
-        rm.producer_id.as_deref(),
+        d.deduplication_id(),
         Some(txinbox_sqs::deduplication_id("crm/meetings", "evt-pub-1").as_str())
+    );
+    assert_eq!(
+        rm.producer_id, None,
+        "not an identity unless the consumer opts in"
     );
     let inbox = pg_inbox(&store, &consumer);
     assert!(matches!(

@@ -22,6 +22,7 @@ pub fn endpoint() -> String {
     })
 }
 
+#[allow(unused_imports)] // not every test binary waits
 pub use txinbox_testkit::wait_until;
 
 pub async fn client() -> Client {

@@ -1,0 +1,261 @@
+//! The FIFO dead-letter move as AWS documents it, injected in front of moto.
+//!
+//! AWS (SQS Developer Guide, dead-letter queue redrive): "When a message is moved from a FIFO queue to a FIFO
+//! DLQ, the original message's deduplication ID will be replaced with the original message's ID." moto keeps
+//! the producer's deduplication id on the move, so these tests put an SDK interceptor in front of it that
+//! rewrites every message a `ReceiveMessage` on the DLQ returns the way AWS leaves it
+//! (`MessageDeduplicationId` := `MessageId`). The message itself is really applied (PostgreSQL), really lost
+//! its delete, and really moved to the DLQ by moto's `maxReceiveCount`.
+//!
+//! What must hold: the message already applied is never applied again, whatever way it comes back.
+
+mod common;
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::config::interceptors::FinalizerInterceptorContextMut;
+use aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput;
+use aws_sdk_sqs::types::MessageSystemAttributeName as S;
+use common::*;
+use serde_json::json;
+use txinbox_core::{Delivery, Outcome, Receiver};
+use txinbox_sqs::SqsReceiver;
+use txinbox_testkit::faults::{crash_at, FaultPoint, Faults};
+
+/// Rewrites what `ReceiveMessage` returns as AWS's FIFO DLQ move leaves it. Install it only on a client that
+/// receives from the DLQ.
+#[derive(Debug)]
+struct AwsFifoDlqMove;
+
+impl Intercept for AwsFifoDlqMove {
+    fn name(&self) -> &'static str {
+        "AwsFifoDlqMove"
+    }
+
+    fn modify_before_attempt_completion(
+        &self,
+        context: &mut FinalizerInterceptorContextMut<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_sqs::error::BoxError> {
+        let Some(Ok(output)) = context.output_or_error_mut() else {
+            return Ok(());
+        };
+        let Some(out) = output.downcast_mut::<ReceiveMessageOutput>() else {
+            return Ok(());
+        };
+        for m in out.messages.iter_mut().flatten() {
+            // "the original message's deduplication ID will be replaced with the original message's ID"
+            if let (Some(id), Some(attrs)) = (m.message_id.clone(), m.attributes.as_mut()) {
+                attrs.insert(S::MessageDeduplicationId, id);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A client whose receives see the DLQ as AWS leaves it.
+fn as_aws_leaves_the_dlq(c: &aws_sdk_sqs::Client) -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::from_conf(c.config().to_builder().interceptor(AwsFifoDlqMove).build())
+}
+
+/// Messages in a queue, visible or not.
+async fn total(c: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    let (v, f) = counts(c, url).await;
+    v + f
+}
+
+/// A message whose only identity is its deduplication id (no `ce-id`), applied by a consumer that opted into
+/// that identity, whose delete is lost; moto's `maxReceiveCount` 1 then moves it to the DLQ. Returns the queues,
+/// the store and the consumer name.
+async fn applied_then_moved_to_the_dlq(
+    c: &aws_sdk_sqs::Client,
+) -> (Queues, txinbox_store::Store<sqlx::Postgres>, String) {
+    let q = queue_pair(c, 1, 2).await;
+    let store = pg_store().await;
+    let consumer = unique("dlqmove");
+    send(
+        c,
+        &q.url,
+        &body("opp-42", "meeting-7", json!({})),
+        None,
+        "meeting-7-followup",
+        "g1",
+    )
+    .await;
+    let opts = fast_options(2, &q.dlq).deduplication_id_identity(true);
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while got.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the message did not arrive"
+        );
+        got = receiver.receive(1).await.unwrap();
+    }
+    let d = got.pop().unwrap();
+    assert_eq!(
+        d.message().producer_id.as_deref(),
+        Some("meeting-7-followup"),
+        "opted in: the deduplication id is the identity"
+    );
+    // Committed, then the process dies before the delete.
+    let faults = Faults::new();
+    let faulty = faulty_pg_inbox(&store, &consumer, &faults)
+        .bind_handler(pg_handler(Arc::new(AtomicI64::new(0))));
+    assert!(crash_at(&faulty, &faults, d, FaultPoint::AfterCommit)
+        .await
+        .is_err());
+    assert_eq!(pg_effects(&store).await, 1, "applied once");
+    // After the visibility timeout the next receive moves it to the DLQ (maxReceiveCount 1).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while total(c, &q.dlq).await < 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for the DLQ move"
+        );
+        assert!(receiver.receive(10).await.unwrap().is_empty());
+    }
+    (q, store, consumer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn txinbox_redrive_leaves_a_dead_letter_whose_dedup_id_aws_replaced() {
+    let c = client().await;
+    let (q, store, _) = applied_then_moved_to_the_dlq(&c).await;
+    let aws = as_aws_leaves_the_dlq(&c);
+    // What a receive from the DLQ shows on AWS: the deduplication id is the message id.
+    let seen = drain(&aws, &q.dlq).await;
+    assert_eq!(seen.len(), 1);
+    let sys = seen[0].attributes.as_ref().unwrap();
+    assert_eq!(
+        sys.get(&S::MessageDeduplicationId),
+        seen[0].message_id.as_ref()
+    );
+    assert_eq!(
+        txinbox_sqs::received_message(&seen[0], chrono::Utc::now()).producer_id,
+        None,
+        "a replaced deduplication id is never an identity"
+    );
+    c.change_message_visibility()
+        .queue_url(&q.dlq)
+        .receipt_handle(seen[0].receipt_handle().unwrap())
+        .visibility_timeout(0)
+        .send()
+        .await
+        .unwrap();
+
+    let report = txinbox_sqs::redrive(
+        &aws,
+        &q.dlq,
+        &q.url,
+        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
+        &mut (),
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.moved, report.identity_lost), (0, 1), "{report:?}");
+    assert_eq!(total(&c, &q.url).await, 0, "nothing sent back to the queue");
+    assert_eq!(
+        total(&c, &q.dlq).await,
+        1,
+        "the dead letter stays for an operator"
+    );
+    assert_eq!(pg_effects(&store).await, 1, "never applied again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_moved_back_as_start_message_move_task_does_is_not_applied_again() {
+    let c = client().await;
+    let (q, store, consumer) = applied_then_moved_to_the_dlq(&c).await;
+    let aws = as_aws_leaves_the_dlq(&c);
+    // SQS's own redrive (StartMessageMoveTask, which moto lacks) sends the DLQ copy back with its body,
+    // attributes, group and the replaced deduplication id; the queue gives it a new MessageId.
+    let seen = drain(&aws, &q.dlq).await;
+    assert_eq!(seen.len(), 1);
+    let m = &seen[0];
+    let old_id = m.message_id().unwrap().to_owned();
+    c.send_message()
+        .queue_url(&q.url)
+        .message_body(m.body().unwrap())
+        .message_group_id("g1")
+        .message_deduplication_id(&old_id)
+        .send()
+        .await
+        .unwrap();
+    c.delete_message()
+        .queue_url(&q.dlq)
+        .receipt_handle(m.receipt_handle().unwrap())
+        .send()
+        .await
+        .unwrap();
+
+    // 1. The default consumer: a deduplication id is not an identity, so the message has none. It is
+    //    dead-lettered as bad input, not applied.
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicI64::new(0));
+    let inbox = pg_inbox(&store, &consumer).bind_handler(pg_handler(calls.clone()));
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while got.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the moved copy did not arrive"
+        );
+        got = receiver.receive(1).await.unwrap();
+    }
+    let d = got.pop().unwrap();
+    assert_ne!(
+        d.message().broker_id.as_deref(),
+        Some(old_id.as_str()),
+        "a new MessageId"
+    );
+    match inbox.process_one(d).await {
+        Outcome::DeadLettered { reason, .. } => assert_eq!(reason, "no_identity"),
+        other => panic!("expected no_identity, got {other:?}"),
+    }
+    assert_eq!(pg_effects(&store).await, 1, "not applied again");
+
+    // 2. A consumer that opted into the deduplication id sees a new identity (the old MessageId): only its
+    //    business key stops it. That is the documented price of the opt-in.
+    let forwarded = drain(&c, &q.dlq).await;
+    assert_eq!(forwarded.len(), 1, "the no_identity forward");
+    let f = &forwarded[0];
+    c.send_message()
+        .queue_url(&q.url)
+        .message_body(f.body().unwrap())
+        .message_group_id("g1")
+        .message_deduplication_id(&old_id)
+        .send()
+        .await
+        .unwrap();
+    let mut opted_in = SqsReceiver::connect(
+        c.clone(),
+        &q.url,
+        fast_options(2, &q.dlq).deduplication_id_identity(true),
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while got.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second copy did not arrive"
+        );
+        got = opted_in.receive(1).await.unwrap();
+    }
+    let d = got.pop().unwrap();
+    assert_eq!(d.message().producer_id.as_deref(), Some(old_id.as_str()));
+    match inbox.process_one(d).await {
+        Outcome::BusinessDuplicate { .. } => {}
+        other => panic!("expected the business key to catch it, got {other:?}"),
+    }
+    assert_eq!(pg_effects(&store).await, 1, "not applied again");
+}
