@@ -40,6 +40,10 @@ enum Command {
         /// Run the failure windows of the pattern instead, one row each; exits non-zero if any fails.
         #[arg(long)]
         windows: bool,
+        /// With `--windows`: the failure windows of batch mode too, with batches of N deliveries applied in one
+        /// transaction (2 to 64).
+        #[arg(long, requires = "windows")]
+        batch: Option<usize>,
     },
     /// Benchmark: the same handler bare, with the inbox, and on a duplicate-heavy stream, plus pgbench on the
     /// inbox's own SQL, at each concurrency.
@@ -237,6 +241,7 @@ fn main() -> ExitCode {
             copies,
             store,
             windows,
+            batch,
         } => {
             let target = match Target::parse(&store) {
                 Ok(t) => t,
@@ -248,7 +253,13 @@ fn main() -> ExitCode {
                 Err(e) => return fail(&e),
             };
             if windows {
-                match rt.block_on(windows::run_all(&target)) {
+                let run = async {
+                    match batch {
+                        Some(n) => windows::run_all_batch(&target, n).await,
+                        None => windows::run_all(&target).await,
+                    }
+                };
+                match rt.block_on(run) {
                     Ok(rows) => {
                         let mut ok = true;
                         for r in &rows {

@@ -168,6 +168,24 @@ enum Decision {
     DeadLetter(Outcome, DeadLetter),
 }
 
+/// Where the work of one delivery inside a transaction ended.
+enum Step {
+    /// Marker, business change and result written; waiting for COMMIT.
+    Applied(Done),
+    /// A unique constraint refused the marker (nothing written).
+    Conflict(Prepared<()>, Option<ExistingMarker>),
+    /// Roll back (the delivery's writes) and settle this way.
+    Failed(Decision),
+    /// Stopped (shutdown deadline) while the handler ran.
+    Interrupted,
+}
+
+/// A delivery written in an open transaction.
+struct Done {
+    result_reference: Option<String>,
+    prepared: Prepared<()>,
+}
+
 /// A delivery that passed validation.
 struct Prepared<T> {
     identity: Identity,
@@ -336,6 +354,51 @@ impl<S: InboxStore> Inbox<S> {
             Ok(tx) => tx,
             Err(e) => return self.store_retry("begin", &e),
         };
+        match self.apply(&tx, prepared, msg, handler, stop).await {
+            Step::Applied(done) => {
+                if stop.is_cancelled() {
+                    let _ = self.store.rollback(tx, false).await;
+                    return self.interrupted();
+                }
+                match self.store.commit(tx).await {
+                    Ok(Commit::Done) => self.applied(msg, done.result_reference),
+                    Ok(Commit::Conflict(holder)) => {
+                        self.conflict(&done.prepared, holder, msg.received_at).await
+                    }
+                    // The COMMIT's fate is unknown: release; the redelivery finds the marker or applies it.
+                    Err(e) => self.store_retry("commit", &e),
+                }
+            }
+            Step::Conflict(prepared, holder) => {
+                // A plain duplicate ends here cleanly; a collision or business duplicate records its
+                // evidence in a transaction of its own, so this one ends first.
+                let plain = holder
+                    .as_ref()
+                    .is_some_and(|h| h.is_same_message(&prepared.hash));
+                let _ = self.store.rollback(tx, plain).await;
+                self.conflict(&prepared, holder, msg.received_at).await
+            }
+            Step::Failed(decision) => {
+                let _ = self.store.rollback(tx, false).await;
+                decision
+            }
+            Step::Interrupted => {
+                let _ = self.store.rollback(tx, false).await;
+                self.interrupted()
+            }
+        }
+    }
+
+    /// The marker insert, the handler and its result in `tx` (or, in a batch, under the delivery's
+    /// savepoint). Rolling back after anything but [`Step::Applied`] is the caller's.
+    async fn apply<T: Payload, H: Handler<S, T>>(
+        &self,
+        tx: &S::Tx,
+        prepared: Prepared<T>,
+        msg: &ReceivedMessage,
+        handler: &H,
+        stop: &CancellationToken,
+    ) -> Step {
         let started = Utc::now();
         let row = MarkerRow {
             identity: &prepared.identity,
@@ -346,21 +409,18 @@ impl<S: InboxStore> Inbox<S> {
                 + chrono::Duration::from_std(self.retention.keep).unwrap_or(chrono::Duration::MAX),
             delivery_count: msg.delivery_count,
         };
-        match self.store.insert_marker(&tx, &row).await {
+        match self.store.insert_marker(tx, &row).await {
             Ok(MarkerInsert::Inserted) => {}
             Ok(MarkerInsert::Conflict(holder)) => {
-                // A plain duplicate ends here cleanly; a collision or business duplicate records its
-                // evidence in a transaction of its own, so this one ends first.
-                let plain = holder
-                    .as_ref()
-                    .is_some_and(|h| h.is_same_message(&prepared.hash));
-                let _ = self.store.rollback(tx, plain).await;
-                return self.conflict(&prepared, holder, msg.received_at).await;
+                let Prepared { identity, hash, .. } = prepared;
+                let p = Prepared {
+                    identity,
+                    hash,
+                    body: (),
+                };
+                return Step::Conflict(p, holder);
             }
-            Err(e) => {
-                let _ = self.store.rollback(tx, false).await;
-                return self.store_retry("insert marker", &e);
-            }
+            Err(e) => return Step::Failed(self.store_retry("insert marker", &e)),
         }
         let Prepared {
             identity,
@@ -379,28 +439,21 @@ impl<S: InboxStore> Inbox<S> {
         let handled = tokio::select! {
             biased;
             r = guarded => r,
-            _ = stop.cancelled() => {
-                let _ = self.store.rollback(tx, false).await;
-                return self.interrupted();
-            }
+            _ = stop.cancelled() => return Step::Interrupted,
         };
         let handled: Handled = match handled {
             Ok(Ok(h)) => h.into(),
-            Ok(Err(e)) => {
-                let _ = self.store.rollback(tx, false).await;
-                return self.handler_failed(e);
-            }
+            Ok(Err(e)) => return Step::Failed(self.handler_failed(e)),
             Err(_) => {
-                let _ = self.store.rollback(tx, false).await;
                 metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "handler_panic")
                     .increment(1);
                 tracing::error!("handler panicked: rolled back, released for redelivery");
-                return Decision::Release(
+                return Step::Failed(Decision::Release(
                     Outcome::Retry {
                         reason: "handler panicked".into(),
                     },
                     self.retry_backoff,
-                );
+                ));
             }
         };
         let now = Utc::now();
@@ -408,11 +461,10 @@ impl<S: InboxStore> Inbox<S> {
         for e in &handled.effects {
             let key = crate::effects::idempotency_key(&identity, &e.name);
             if effects.iter().any(|n: &NewEffect<'_>| n.key == key) {
-                let _ = self.store.rollback(tx, false).await;
-                return dead_letter(
+                return Step::Failed(dead_letter(
                     "handler_permanent",
                     format!("the handler recorded two effects named {:?}: an effect's name must be unique within its message", e.name),
-                );
+                ));
             }
             effects.push(NewEffect {
                 consumer: &self.consumer,
@@ -424,34 +476,24 @@ impl<S: InboxStore> Inbox<S> {
         }
         if let Err(e) = self
             .store
-            .record_result(
-                &tx,
-                &identity,
-                handled.result_reference.as_deref(),
-                &effects,
-            )
+            .record_result(tx, &identity, handled.result_reference.as_deref(), &effects)
             .await
         {
-            let _ = self.store.rollback(tx, false).await;
-            return self.store_retry("record result", &e);
+            return Step::Failed(self.store_retry("record result", &e));
         }
-        if stop.is_cancelled() {
-            let _ = self.store.rollback(tx, false).await;
-            return self.interrupted();
-        }
-        match self.store.commit(tx).await {
-            Ok(Commit::Done) => {}
-            Ok(Commit::Conflict(holder)) => {
-                let prepared = Prepared {
-                    identity,
-                    hash,
-                    body: (),
-                };
-                return self.conflict(&prepared, holder, msg.received_at).await;
-            }
-            // The COMMIT's fate is unknown: release; the redelivery finds the marker or applies it.
-            Err(e) => return self.store_retry("commit", &e),
-        }
+        drop(effects);
+        Step::Applied(Done {
+            result_reference: handled.result_reference,
+            prepared: Prepared {
+                identity,
+                hash,
+                body: (),
+            },
+        })
+    }
+
+    /// A delivery whose transaction committed: counted and acknowledged.
+    fn applied(&self, msg: &ReceivedMessage, result_reference: Option<String>) -> Decision {
         let consumer = self.label();
         let secs = (Utc::now() - msg.received_at)
             .num_microseconds()
@@ -463,9 +505,7 @@ impl<S: InboxStore> Inbox<S> {
         if msg.delivery_count > 1 {
             metrics::counter!(m::APPLIED_AFTER_REDELIVERY, "consumer" => consumer).increment(1);
         }
-        Decision::Ack(Outcome::Applied {
-            result_reference: handled.result_reference,
-        })
+        Decision::Ack(Outcome::Applied { result_reference })
     }
 
     /// Validation, identity and fingerprint: everything decided before the transaction opens.
@@ -765,6 +805,17 @@ impl<S: InboxStore, T: Payload, H: Handler<S, T>> InboxProcessor<S, T, H> {
         self
     }
 
+    /// Applies the deliveries of one receive in one transaction (see [`Inbox::process_batch`]).
+    pub async fn process_batch<D: Delivery>(
+        &self,
+        deliveries: Vec<D>,
+        stop: &CancellationToken,
+    ) -> Vec<Outcome> {
+        self.inbox
+            .run_batch(deliveries, &*self.handler, self.business_key.as_ref(), stop)
+            .await
+    }
+
     /// Processes one delivery (see [`Inbox::process`]).
     pub async fn process_one<D: Delivery>(&self, delivery: D) -> Outcome {
         self.process_one_until(delivery, &CancellationToken::new())
@@ -826,7 +877,29 @@ where
         let this = self.clone();
         async move { this.process_one_until(delivery, &stop).await }.boxed()
     }
+
+    fn process_batch(
+        &self,
+        deliveries: Vec<D>,
+        stop: CancellationToken,
+    ) -> impl std::future::Future<Output = Vec<Outcome>> + Send {
+        let this = self.clone();
+        async move {
+            this.inbox
+                .run_batch(
+                    deliveries,
+                    &*this.handler,
+                    this.business_key.as_ref(),
+                    &stop,
+                )
+                .await
+        }
+        .boxed()
+    }
 }
+
+#[path = "batch.rs"]
+mod batch;
 
 #[cfg(test)]
 #[path = "inbox_tests.rs"]

@@ -185,6 +185,25 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         r: &Rejection<'_>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Opens a savepoint in `tx` (one name, stacked: each call opens a new one above the previous), so that
+    /// one delivery of a batch can be undone without the others ([`InboxStore::rollback_to_savepoint`]).
+    /// `Ok(false)` means this store has no savepoints (the default): the inbox then gives every delivery of a
+    /// batch its own transaction. A store that answers `true` implements both methods.
+    fn savepoint(&self, tx: &Self::Tx) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        let _ = tx;
+        async { Ok(false) }
+    }
+
+    /// Undoes everything written in `tx` since the latest savepoint and keeps the transaction open (the
+    /// savepoint stays too). Only called after [`InboxStore::savepoint`] answered `true`.
+    fn rollback_to_savepoint(
+        &self,
+        tx: &Self::Tx,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = tx;
+        async { Ok(()) }
+    }
+
     /// Whether an error of this store is transient (a retry may succeed).
     fn is_transient(e: &Self::Error) -> bool;
 

@@ -75,7 +75,29 @@ pub trait Processor<D: Delivery>: Send + Sync + 'static {
     /// Called once when a worker starts, before its first receive: a processor registers its metrics here
     /// (at zero, so that a monitoring system sees the first event as an increase).
     fn started(&self) {}
+
+    /// Process and settle the deliveries one receive brought together (in receive order), returning their
+    /// outcomes in the same order. The default processes them one after the other; the inbox applies them
+    /// in one transaction ([`WorkerOptions::batch_commit`]). `stop` means what it means for
+    /// [`Processor::process`].
+    fn process_batch(
+        &self,
+        deliveries: Vec<D>,
+        stop: CancellationToken,
+    ) -> impl Future<Output = Vec<Outcome>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(deliveries.len());
+            for d in deliveries {
+                out.push(self.process(d, stop.clone()).await);
+            }
+            out
+        }
+    }
 }
+
+/// The largest [`WorkerOptions::batch_commit`]: PostgreSQL keeps up to 64 subtransactions of a transaction in
+/// shared memory; past that, every other session's snapshot pays for it.
+pub const MAX_BATCH_COMMIT: usize = 64;
 
 /// Worker settings.
 #[derive(Clone, Debug)]
@@ -92,6 +114,9 @@ pub struct WorkerOptions {
     pub lease: LeaseOptions,
     /// Pause after a failed receive (default 1 s).
     pub receive_error_backoff: Duration,
+    /// Most deliveries of one receive applied in one database transaction (default 1: one transaction per
+    /// delivery). See [`WorkerOptions::batch_commit`].
+    pub batch_commit: usize,
 }
 
 impl Default for WorkerOptions {
@@ -102,6 +127,7 @@ impl Default for WorkerOptions {
             shutdown_timeout: Duration::from_secs(30),
             lease: LeaseOptions::default(),
             receive_error_backoff: Duration::from_secs(1),
+            batch_commit: 1,
         }
     }
 }
@@ -130,6 +156,14 @@ impl WorkerOptions {
     /// Sets the pause after a failed receive.
     pub fn receive_error_backoff(mut self, d: Duration) -> Self {
         self.receive_error_backoff = d;
+        self
+    }
+    /// Applies up to `n` deliveries of one receive in one database transaction, each under its own savepoint
+    /// (1 to 64; 1, the default, turns batching off). Each delivery still gets the outcome it would get
+    /// alone; all are settled after the one COMMIT. Fewer commits (one WAL flush for the batch) against a
+    /// longer transaction: see the crate's `docs/batching.md` for the trade-off.
+    pub fn batch_commit(mut self, n: usize) -> Self {
+        self.batch_commit = n.clamp(1, MAX_BATCH_COMMIT);
         self
     }
 }
@@ -250,6 +284,22 @@ where
             idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
             match received {
                 Ok(_) if until_idle && idle_receives >= 2 => break,
+                Ok(mut deliveries) if self.opts.batch_commit > 1 && deliveries.len() > 1 => {
+                    while !deliveries.is_empty() {
+                        let rest =
+                            deliveries.split_off(deliveries.len().min(self.opts.batch_commit));
+                        let batch = std::mem::replace(&mut deliveries, rest);
+                        let held: Vec<_> = batch.iter().filter_map(|_| permits.pop()).collect();
+                        let ctx = BatchContext {
+                            processor: self.processor.clone(),
+                            stop: stop.clone(),
+                            report: report.clone(),
+                            lease: self.opts.lease.clone(),
+                            consumer: consumer.clone(),
+                        };
+                        tracker.spawn(ctx.run(batch, held));
+                    }
+                }
                 Ok(deliveries) => {
                     for delivery in deliveries {
                         let permit = permits.pop();
@@ -309,6 +359,48 @@ where
         }
         let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
         r
+    }
+}
+
+/// What a task applying one batch needs.
+struct BatchContext<P> {
+    processor: Arc<P>,
+    stop: CancellationToken,
+    report: Arc<Mutex<WorkerReport>>,
+    lease: LeaseOptions,
+    consumer: String,
+}
+
+impl<P> BatchContext<P> {
+    /// Keeps every delivery's lease alive until its settle, processes the batch, counts the outcomes.
+    async fn run<D: Delivery>(self, batch: Vec<D>, permits: Vec<tokio::sync::OwnedSemaphorePermit>)
+    where
+        P: Processor<LeasedDelivery<D>>,
+    {
+        let guards: Vec<_> = batch
+            .iter()
+            .map(|d| {
+                d.lease()
+                    .map(|l| keep_alive(l, self.lease.clone(), self.consumer.clone()))
+            })
+            .collect();
+        let leased = batch
+            .into_iter()
+            .zip(&guards)
+            .map(|(inner, g)| LeasedDelivery {
+                inner,
+                stop_lease: g.as_ref().map(|g| g.stopper()),
+            })
+            .collect();
+        let outcomes = self.processor.process_batch(leased, self.stop).await;
+        let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
+        drop(guards);
+        let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        for o in outcomes {
+            *r.outcomes.entry(o.kind()).or_default() += 1;
+        }
+        r.leases_lost += lost;
+        drop(permits);
     }
 }
 

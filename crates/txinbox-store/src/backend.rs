@@ -55,6 +55,16 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         e: &NewEffect<'_>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Opens the savepoint of one delivery of a batch (same transaction).
+    fn savepoint(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Rolls back to the latest savepoint, keeping the transaction open.
+    fn rollback_to_savepoint(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
     /// Records a rejection (own transaction).
     fn record_rejection(
         pool: &sqlx::Pool<Self>,
@@ -186,6 +196,16 @@ pub struct Migration {
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) sqlite: &'static str,
 }
+
+/// The savepoint of one delivery of a batch. One name, stacked: PostgreSQL and SQLite both roll back to the
+/// latest savepoint of a name and keep it (no `RELEASE`: COMMIT releases them all, one round trip fewer per
+/// delivery).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) const SAVEPOINT: &str = "SAVEPOINT txinbox_delivery";
+
+/// Undoes one delivery of a batch.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT txinbox_delivery";
 
 /// Migrations shipped with this build, oldest first.
 pub(crate) const MIGRATIONS: &[Migration] = &[

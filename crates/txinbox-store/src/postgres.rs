@@ -178,6 +178,16 @@ impl Backend for Postgres {
         Ok(())
     }
 
+    async fn savepoint(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, crate::backend::SAVEPOINT).await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        sqlx::Executor::execute(conn, crate::backend::ROLLBACK_TO_SAVEPOINT).await?;
+        Ok(())
+    }
+
     async fn record_rejection(pool: &PgPool, r: &Rejection<'_>) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, business_key, payload_hash, conflicts_with, detail, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .bind(r.identity.consumer.as_str())

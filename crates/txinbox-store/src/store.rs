@@ -414,6 +414,17 @@ impl<DB: Backend> InboxStore for Store<DB> {
         DB::record_rejection(&self.pool, r).await
     }
 
+    async fn savepoint(&self, tx: &Tx<DB>) -> Result<bool, sqlx::Error> {
+        let mut g = tx.lock().await;
+        DB::savepoint(conn(&mut g)?).await?;
+        Ok(true)
+    }
+
+    async fn rollback_to_savepoint(&self, tx: &Tx<DB>) -> Result<(), sqlx::Error> {
+        let mut g = tx.lock().await;
+        DB::rollback_to_savepoint(conn(&mut g)?).await
+    }
+
     fn is_transient(e: &sqlx::Error) -> bool {
         crate::error::is_transient(e)
     }

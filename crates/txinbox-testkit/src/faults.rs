@@ -132,6 +132,12 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
     async fn record_rejection(&self, r: &Rejection<'_>) -> Result<(), S::Error> {
         self.inner.record_rejection(r).await
     }
+    async fn savepoint(&self, tx: &S::Tx) -> Result<bool, S::Error> {
+        self.inner.savepoint(tx).await
+    }
+    async fn rollback_to_savepoint(&self, tx: &S::Tx) -> Result<(), S::Error> {
+        self.inner.rollback_to_savepoint(tx).await
+    }
     fn is_transient(e: &S::Error) -> bool {
         S::is_transient(e)
     }
