@@ -2,8 +2,9 @@
 //!
 //! The identity must be stable across every redelivery, dead-letter and redrive. It is resolved from the
 //! message in a fixed order (see [`IdentityPolicy::resolve`]): CloudEvents attributes, then a structured
-//! CloudEvents body, then the producer-set broker id (SQS FIFO `MessageDeduplicationId`, Service Bus
-//! `MessageId`), and the broker-assigned id only when the user opts in.
+//! CloudEvents body, then the producer-set broker id (Service Bus `MessageId`; SQS FIFO
+//! `MessageDeduplicationId` only when the SQS consumer opts in, since AWS replaces it on a move to a FIFO DLQ),
+//! and the broker-assigned id only when the user opts in.
 
 use std::fmt;
 

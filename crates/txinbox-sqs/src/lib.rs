@@ -3,9 +3,10 @@
 //! The Amazon SQS adapter of txinbox (FIFO and standard queues), on `aws-sdk-sqs`:
 //!
 //! * [`SqsReceiver`]: long-poll receive of up to 10 messages with every system and message attribute; identity
-//!   is resolved by the inbox from the CloudEvents attributes (`ce-id`, `ce-source`, ...), then the
-//!   `MessageDeduplicationId`, then — only when the policy opts in — the `MessageId` (which SQS changes on
-//!   redrive);
+//!   is resolved by the inbox from the CloudEvents attributes (`ce-id`, `ce-source`, ...), then — only when
+//!   the consumer opts in with [`SqsOptions::deduplication_id_identity`], because AWS replaces it on a move
+//!   to a FIFO DLQ — the `MessageDeduplicationId`, then — only when the policy opts in — the `MessageId`
+//!   (which SQS changes on redrive);
 //! * [`SqsDelivery`]: settled by the inbox after COMMIT with `DeleteMessage` (`DeleteMessageBatch` when
 //!   several are ready), released with a visibility of the inbox's retry delay, or forwarded to the
 //!   dead-letter queue with its identity attributes and the reason ([`txinbox_core::dead_letter::REASON`],
