@@ -67,6 +67,10 @@ pub const MAINTENANCE_OLDEST: &str = "txinbox_maintenance_oldest_row_seconds";
 /// Messages a redrive tool moved back from a dead-letter queue, by `queue` (the queue they were sent to).
 pub const REDRIVE_MOVED: &str = "txinbox_redrive_moved_total";
 
+/// Failed receives, by `consumer` and `kind` (the broker error kind: `unauthorized`, `entity_not_found`,
+/// `throttled`, ...).
+pub const RECEIVE_ERRORS: &str = "txinbox_receive_errors_total";
+
 /// Registers descriptions for every metric with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
@@ -104,6 +108,7 @@ pub fn describe() {
     describe_gauge!(INBOX_ROWS, "Inbox rows after the last retention run");
     describe_counter!(REDRIVEN, "Redriven deliveries received by the inbox");
     describe_counter!(REDRIVE_MOVED, "Messages a redrive moved back from a DLQ");
+    describe_counter!(RECEIVE_ERRORS, "Failed receives by error kind");
     describe_counter!(
         INTERRUPTED,
         "Deliveries interrupted by shutdown before COMMIT"

@@ -6,9 +6,19 @@
 //! processors to stop: a delivery that has not committed rolls back and is released; one that has committed
 //! always goes on to settle. The worker never stops between COMMIT and settle.
 //!
-//! A receive (long poll) still in flight when shutdown begins is dropped. Messages the broker had already
-//! handed to it stay locked or invisible until their lock or visibility timeout runs out and are then
-//! redelivered to another worker: delayed, never lost.
+//! A receive (long poll) still in flight when shutdown begins is let finish (it lasts at most the adapter's
+//! long-poll wait, and never longer than [`WorkerOptions::shutdown_timeout`]); whatever it brought is handed
+//! straight back to the broker ([`Delivery::release`] with no delay: SQS visibility 0, Service Bus unlock), so
+//! another worker receives those messages at once instead of after their lock or visibility timeout.
+//!
+//! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
+//! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
+//! it). The worker logs once when receives start failing, once when the kind of error changes and once when
+//! they recover, never once per retry; every failure is counted in `txinbox_receive_errors_total{consumer,
+//! kind}`. When receives keep failing with an error a retry cannot fix (unauthorized, entity not found,
+//! configuration: a key rotated, a permission removed, a queue deleted) for
+//! [`WorkerOptions::give_up_after`], the worker stops as on shutdown and says why in
+//! [`WorkerReport::gave_up`]: a process should then exit non-zero so that its supervisor sees it.
 //!
 //! Messages of one FIFO group are not serialised here: an adapter whose broker can hand out several messages
 //! of a group at once (SQS FIFO in one batch) holds the later ones back itself.
@@ -19,10 +29,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::{Delivery, Receiver};
+use crate::error::{BrokerError, BrokerErrorKind};
 use crate::lease::{keep_alive, LeaseOptions};
 use crate::outcome::{Outcome, OutcomeKind};
 
@@ -117,6 +129,13 @@ pub struct WorkerOptions {
     /// Most deliveries of one receive applied in one database transaction (default 1: one transaction per
     /// delivery). See [`WorkerOptions::batch_commit`].
     pub batch_commit: usize,
+    /// Longest pause between failed receives: the pause doubles from
+    /// [`receive_error_backoff`](Self::receive_error_backoff) up to this (default 30 s).
+    pub receive_error_backoff_max: Duration,
+    /// How long receives may keep failing with an error a retry cannot fix (unauthorized, entity not found,
+    /// configuration) before the worker stops and reports it in [`WorkerReport::gave_up`] (default 5 min;
+    /// `None`: never give up).
+    pub give_up_after: Option<Duration>,
 }
 
 impl Default for WorkerOptions {
@@ -128,6 +147,8 @@ impl Default for WorkerOptions {
             lease: LeaseOptions::default(),
             receive_error_backoff: Duration::from_secs(1),
             batch_commit: 1,
+            receive_error_backoff_max: Duration::from_secs(30),
+            give_up_after: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -153,7 +174,8 @@ impl WorkerOptions {
         self.lease = lease;
         self
     }
-    /// Sets the pause after a failed receive.
+    /// Sets the first pause after a failed receive (it doubles up to
+    /// [`receive_error_backoff_max`](Self::receive_error_backoff_max) while receives keep failing).
     pub fn receive_error_backoff(mut self, d: Duration) -> Self {
         self.receive_error_backoff = d;
         self
@@ -166,6 +188,59 @@ impl WorkerOptions {
         self.batch_commit = n.clamp(1, MAX_BATCH_COMMIT);
         self
     }
+    /// Sets the longest pause between failed receives (at least the first pause).
+    pub fn receive_error_backoff_max(mut self, d: Duration) -> Self {
+        self.receive_error_backoff_max = d;
+        self
+    }
+    /// Sets how long receives may keep failing with an error a retry cannot fix before the worker gives up
+    /// (`None`: never).
+    pub fn give_up_after(mut self, d: Option<Duration>) -> Self {
+        self.give_up_after = d;
+        self
+    }
+}
+
+/// Whether a receive error is one a retry cannot fix: the worker gives up on it after
+/// [`WorkerOptions::give_up_after`].
+pub fn is_persistent_receive_error(kind: BrokerErrorKind) -> bool {
+    matches!(
+        kind,
+        BrokerErrorKind::Unauthorized
+            | BrokerErrorKind::EntityNotFound
+            | BrokerErrorKind::Configuration
+    )
+}
+
+/// The pause after the `failures`-th failed receive in a row (1 = the first): `first` doubled per failure up
+/// to `max`, then a random point between half and all of it (`unit` in `0.0..1.0` is the random draw).
+pub fn receive_backoff(first: Duration, max: Duration, failures: u32, unit: f64) -> Duration {
+    let max = max.max(first);
+    let doubled = first.saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(31)));
+    let full = doubled.min(max);
+    full.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+}
+
+/// A random draw in `0.0..1.0` for the jitter (std's per-process random hash keys; no RNG dependency).
+fn jitter_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Receives failing in a row, for the state-change log lines and the give-up clock.
+struct Failing {
+    failures: u32,
+    kind: BrokerErrorKind,
+    since: Instant,
+    /// When the first error a retry cannot fix came, in this run of failures.
+    persistent_since: Option<Instant>,
 }
 
 /// What a worker did, by outcome label.
@@ -177,6 +252,10 @@ pub struct WorkerReport {
     pub receive_errors: u64,
     /// Leases lost while a handler ran.
     pub leases_lost: u64,
+    /// Why the worker gave up (receives kept failing with an error a retry cannot fix for
+    /// [`WorkerOptions::give_up_after`]): `None` when it stopped on shutdown or when idle. A process should
+    /// exit non-zero when this is set.
+    pub gave_up: Option<String>,
 }
 
 impl WorkerReport {
@@ -202,7 +281,11 @@ impl std::fmt::Display for WorkerReport {
             f,
             " receive_errors={} leases_lost={}",
             self.receive_errors, self.leases_lost
-        )
+        )?;
+        if let Some(why) = &self.gave_up {
+            write!(f, " gave_up={why:?}")?;
+        }
+        Ok(())
     }
 }
 
@@ -211,6 +294,7 @@ pub struct Worker<R, P> {
     receiver: R,
     processor: Arc<P>,
     opts: WorkerOptions,
+    health: Option<crate::health::Health>,
 }
 
 impl<R, P> Worker<R, P>
@@ -224,7 +308,14 @@ where
             receiver,
             processor: Arc::new(processor),
             opts: WorkerOptions::default(),
+            health: None,
         }
+    }
+
+    /// Reports the worker's liveness and readiness on `health` (see [`crate::health`]).
+    pub fn health(mut self, health: crate::health::Health) -> Self {
+        self.health = Some(health);
+        self
     }
 
     /// Replaces the options.
@@ -257,7 +348,12 @@ where
         let consumer = self.processor.consumer().to_owned();
         tokio::pin!(shutdown);
         self.processor.started();
+        let health = self.health.take();
+        if let Some(h) = &health {
+            h.worker_started();
+        }
         let mut idle_receives = 0u32;
+        let mut failing: Option<Failing> = None;
         loop {
             let first = tokio::select! {
                 biased;
@@ -275,11 +371,33 @@ where
             // delivery that settles during a receive may free messages the broker or the adapter holds back (a
             // FIFO group's next one), which only a following receive sees.
             let nothing_in_flight = tracker.is_empty();
+            let receive = self.receiver.receive(permits.len());
+            tokio::pin!(receive);
             let received = tokio::select! {
                 biased;
-                _ = &mut shutdown => break,
-                r = self.receiver.receive(permits.len()) => r,
+                _ = &mut shutdown => {
+                    // Let the long poll finish and hand back what it brought, so that those messages are
+                    // received again at once rather than after their lock or visibility timeout.
+                    hand_back(receive, self.opts.shutdown_timeout, &consumer).await;
+                    break;
+                }
+                r = &mut receive => r,
             };
+            if let Some(h) = &health {
+                match &received {
+                    Ok(_) => h.receive_succeeded(),
+                    Err(e) => h.receive_failed(e),
+                }
+            }
+            match (&received, failing.take()) {
+                (Ok(_), Some(f)) => tracing::info!(
+                    consumer,
+                    failures = f.failures,
+                    failing_for_ms = f.since.elapsed().as_millis() as u64,
+                    "receives recovered"
+                ),
+                (_, f) => failing = f,
+            }
             let idle_receive = nothing_in_flight && matches!(&received, Ok(d) if d.is_empty());
             idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
             match received {
@@ -327,14 +445,52 @@ where
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(consumer, error = %e, "receive failed");
+                    let kind = e.kind();
+                    metrics::counter!(crate::metrics::RECEIVE_ERRORS, "consumer" => consumer.clone(), "kind" => kind.as_str())
+                        .increment(1);
                     report
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .receive_errors += 1;
+                    let now = Instant::now();
+                    let f = failing.get_or_insert(Failing {
+                        failures: 0,
+                        kind,
+                        since: now,
+                        persistent_since: None,
+                    });
+                    f.failures += 1;
+                    if f.failures == 1 || f.kind != kind {
+                        // One line per state change (failing, or failing differently), not per retry.
+                        tracing::warn!(consumer, kind = kind.as_str(), error = %e, "receives failing; backing off");
+                        f.kind = kind;
+                    }
+                    if is_persistent_receive_error(kind) {
+                        let since = *f.persistent_since.get_or_insert(now);
+                        if let Some(limit) = self.opts.give_up_after {
+                            if now.duration_since(since) >= limit {
+                                let why = give_up_reason(&e, limit);
+                                tracing::error!(consumer, kind = kind.as_str(), error = %e, "{why}");
+                                report.lock().unwrap_or_else(|p| p.into_inner()).gave_up =
+                                    Some(why);
+                                break;
+                            }
+                        }
+                    }
+                    let pause = receive_backoff(
+                        self.opts.receive_error_backoff,
+                        self.opts.receive_error_backoff_max,
+                        f.failures,
+                        jitter_unit(),
+                    )
+                    .max(
+                        e.retry_after()
+                            .unwrap_or_default()
+                            .min(self.opts.receive_error_backoff_max),
+                    );
                     tokio::select! {
                         _ = &mut shutdown => break,
-                        _ = tokio::time::sleep(self.opts.receive_error_backoff) => {}
+                        _ = tokio::time::sleep(pause) => {}
                     }
                 }
             }
@@ -344,6 +500,9 @@ where
             in_flight = tracker.len(),
             "worker stopping: no more receives"
         );
+        if let Some(h) = &health {
+            h.worker_stopping();
+        }
         tracker.close();
         if tokio::time::timeout(self.opts.shutdown_timeout, tracker.wait())
             .await
@@ -356,6 +515,9 @@ where
             );
             stop.cancel();
             tracker.wait().await;
+        }
+        if let Some(h) = &health {
+            h.worker_stopped();
         }
         let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
         r
@@ -402,6 +564,48 @@ impl<P> BatchContext<P> {
         r.leases_lost += lost;
         drop(permits);
     }
+}
+
+/// One line: what kept failing and for how long (the error's own text never holds a secret).
+fn give_up_reason(e: &BrokerError, limit: Duration) -> String {
+    format!(
+        "receives failed for {}s with an error a retry cannot fix ({}): {e}",
+        limit.as_secs(),
+        e.kind().as_str()
+    )
+}
+
+/// Waits (at most `limit`) for a receive that was in flight when shutdown began and releases what it brought
+/// with no delay.
+async fn hand_back<D: Delivery>(
+    receive: impl Future<Output = Result<Vec<D>, BrokerError>>,
+    limit: Duration,
+    consumer: &str,
+) {
+    let deliveries = match tokio::time::timeout(limit, receive).await {
+        Ok(Ok(d)) => d,
+        Ok(Err(_)) => return,
+        Err(_) => {
+            tracing::warn!(
+                consumer,
+                "the receive in flight at shutdown did not finish in time; what it brings stays locked until its timeout"
+            );
+            return;
+        }
+    };
+    if deliveries.is_empty() {
+        return;
+    }
+    let n = deliveries.len();
+    let results =
+        futures::future::join_all(deliveries.into_iter().map(|d| d.release(Duration::ZERO))).await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    tracing::info!(
+        consumer,
+        handed_back = n - failed,
+        failed,
+        "messages received after the stop signal handed back to the broker"
+    );
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM: pass it to [`Worker::run_until`].

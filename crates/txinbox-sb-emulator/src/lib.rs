@@ -7,6 +7,9 @@ mod auth;
 mod broker;
 mod config;
 mod faults;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod server;
 mod wire;
 

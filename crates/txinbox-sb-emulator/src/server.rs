@@ -145,7 +145,7 @@ async fn handle(
     data_plane(shared, req, path).await
 }
 
-fn strip_admin_prefix(path: &str) -> Option<&str> {
+pub(crate) fn strip_admin_prefix(path: &str) -> Option<&str> {
     let head = path.get(..ADMIN_PREFIX.len())?;
     if !head.eq_ignore_ascii_case(ADMIN_PREFIX) {
         return None;
@@ -157,7 +157,7 @@ fn strip_admin_prefix(path: &str) -> Option<&str> {
 /// A data-plane operation, found by splitting on the `messages` segment: entity paths can have
 /// several segments [doc ADDR], so nothing assumes the entity is one segment.
 #[derive(Debug)]
-enum Route {
+pub(crate) enum Route {
     Send {
         entity: String,
     },
@@ -176,7 +176,7 @@ enum Route {
 /// A refusal: status and detail.
 type Refusal = (StatusCode, &'static str);
 
-fn parse_route(method: &Method, path: &str) -> Result<Route, Refusal> {
+pub(crate) fn parse_route(method: &Method, path: &str) -> Result<Route, Refusal> {
     let trimmed = path.trim_matches('/');
     let segments: Vec<&str> = trimmed.split('/').collect();
     let n = segments.len();
@@ -357,7 +357,7 @@ async fn send(shared: &Shared, req: Request<Incoming>, entity: &str) -> Response
 /// [doc PROPS "Message body"], system properties from `BrokerProperties` and one custom property
 /// per other header [doc SEND, PROPS]. Header values are read as bytes, since the crate sends raw
 /// UTF-8.
-fn single_message(
+pub(crate) fn single_message(
     headers: &HeaderMap,
     body: Bytes,
     content_type: Option<String>,
@@ -386,7 +386,7 @@ fn single_message(
 }
 
 /// A batch: a JSON array of `{"Body", "BrokerProperties", "UserProperties"}` [doc BATCH].
-fn parse_batch(body: &[u8]) -> Result<Vec<IncomingMessage>, String> {
+pub(crate) fn parse_batch(body: &[u8]) -> Result<Vec<IncomingMessage>, String> {
     let items: Vec<Value> = serde_json::from_slice(body)
         .map_err(|e| format!("The batch body is not a JSON array: {e}"))?;
     if items.is_empty() {
@@ -488,10 +488,22 @@ async fn receive(
 }
 
 fn receive_timeout(shared: &Shared, query: Option<&str>) -> Result<Duration, String> {
+    timeout_from_query(
+        query,
+        shared.default_receive_timeout,
+        shared.max_receive_timeout,
+    )
+}
+
+/// The long-poll wait a receive asks for with `?timeout=` (seconds, fractional allowed), capped at `max`;
+/// `default` (capped) when absent. A value that is not a finite non-negative number is refused (→ 400).
+pub(crate) fn timeout_from_query(
+    query: Option<&str>,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, String> {
     let Some(query) = query else {
-        return Ok(shared
-            .default_receive_timeout
-            .min(shared.max_receive_timeout));
+        return Ok(default.min(max));
     };
     for pair in query.split('&') {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -503,14 +515,11 @@ fn receive_timeout(shared: &Shared, query: Option<&str>) -> Result<Duration, Str
                 .ok()
                 .filter(|s: &f64| s.is_finite() && *s >= 0.0)
                 .ok_or_else(|| format!("timeout={value} is not a number of seconds"))?;
-            let requested =
-                Duration::try_from_secs_f64(seconds).unwrap_or(shared.max_receive_timeout);
-            return Ok(requested.min(shared.max_receive_timeout));
+            let requested = Duration::try_from_secs_f64(seconds).unwrap_or(max);
+            return Ok(requested.min(max));
         }
     }
-    Ok(shared
-        .default_receive_timeout
-        .min(shared.max_receive_timeout))
+    Ok(default.min(max))
 }
 
 /// 201 (peek-lock) or 200 (receive-and-delete, not 201) with the body, `BrokerProperties`, the

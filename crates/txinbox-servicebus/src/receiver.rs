@@ -73,45 +73,8 @@ pub(crate) async fn peek_lock(
         }
     }
     let received_at = Utc::now();
-    let props = match headers.get("brokerproperties") {
-        Some(raw) => BrokerProperties::parse(raw).unwrap_or_else(|e| {
-            tracing::warn!(entity, error = %e, "BrokerProperties unreadable; using the lock location and custom properties only");
-            BrokerProperties::default()
-        }),
-        None => {
-            // azure_core drops non-ASCII header values silently.
-            tracing::warn!(entity, "no BrokerProperties on a received message");
-            BrokerProperties::default()
-        }
-    };
-    if headers.get("location").is_none_or(str::is_empty) {
-        return Err(BrokerError::new(
-            BrokerErrorKind::Protocol,
-            "receive",
-            format!("a locked message of {entity} came without a Location (lock URI); it cannot be settled and will come back after its lock"),
-        ));
-    }
-    let mut message = ReceivedMessage::new(response.body().into_bytes());
-    message.attributes = wire::raw_custom_properties(&headers)
-        .into_iter()
-        .map(|(k, v)| {
-            let v = wire::unquote(&v).to_owned();
-            (k, v)
-        })
-        .collect();
-    message.producer_id = props.message_id.clone().filter(|s| !s.is_empty());
-    message.broker_id = props
-        .sequence_number
-        .map(|n| n.to_string())
-        .or_else(|| sequence_from_location(headers.get("location").unwrap_or_default()));
-    message.delivery_count = props
-        .delivery_count
-        .and_then(|n| u32::try_from(n).ok())
-        .unwrap_or(1)
-        .max(1);
-    message.enqueued_at = props.enqueued_at();
-    message.received_at = received_at;
-    message.group_id = props.session_id.clone();
+    let (message, props) =
+        wire::received_message(&headers, response.body().into_bytes(), entity, received_at)?;
     let computed = received_at + chrono::Duration::from_std(lock_duration).unwrap_or_default();
     let locked_until = props.locked_until().unwrap_or(computed);
     Ok(Some(Locked {
@@ -121,14 +84,6 @@ pub(crate) async fn peek_lock(
         message,
         locked_until,
     }))
-}
-
-/// The sequence number in a lock URI `…/messages/{seq}/{token}`.
-fn sequence_from_location(location: &str) -> Option<String> {
-    let mut parts = location.trim_end_matches('/').rsplit('/');
-    parts.next()?;
-    let seq = parts.next()?;
-    seq.parse::<i64>().ok().map(|n| n.to_string())
 }
 
 /// A lock the broker grants shorter than this is taken as clock skew, not as the queue's LockDuration.
@@ -520,12 +475,12 @@ mod tests {
     #[test]
     fn sequence_numbers_come_from_lock_uris() {
         assert_eq!(
-            sequence_from_location(
+            wire::sequence_from_location(
                 "https://ns.servicebus.windows.net/q/messages/2/7da9cfd5-40d5-4bb1-8d64-ec5a52e1c547"
             )
             .as_deref(),
             Some("2")
         );
-        assert_eq!(sequence_from_location("nonsense"), None);
+        assert_eq!(wire::sequence_from_location("nonsense"), None);
     }
 }

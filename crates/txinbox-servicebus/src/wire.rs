@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use txinbox_core::{BrokerError, BrokerErrorKind, ReceivedMessage};
 
 /// Every header of a response, names lower-case, read through the crate's `custom_properties::<T>()` (the only
 /// way to reach `Location` and the raw `BrokerProperties`).
@@ -86,6 +87,70 @@ impl BrokerProperties {
     pub fn locked_until(&self) -> Option<DateTime<Utc>> {
         self.locked_until_utc.as_deref().and_then(parse_http_date)
     }
+}
+
+/// The broker-neutral view of a peek-locked message from its response headers and body: custom properties
+/// as attributes (names lower-case, values unquoted), `MessageId` as the producer id (an empty one is none),
+/// the sequence number (from `BrokerProperties`, else from the lock URI) as the broker id, `DeliveryCount`
+/// (at least 1), `EnqueuedTimeUtc` and `SessionId` as the group. `BrokerProperties` that are missing or
+/// unreadable are logged and read as empty: what they would say is then taken from the lock URI and the
+/// custom properties, and identity resolution decides whether the message is still usable. A message without
+/// a `Location` (lock URI) cannot be settled: a [`Protocol`](BrokerErrorKind::Protocol) error.
+pub fn received_message(
+    headers: &ResponseHeaders,
+    body: Vec<u8>,
+    entity: &str,
+    received_at: DateTime<Utc>,
+) -> Result<(ReceivedMessage, BrokerProperties), BrokerError> {
+    let props = match headers.get("brokerproperties") {
+        Some(raw) => BrokerProperties::parse(raw).unwrap_or_else(|e| {
+            tracing::warn!(entity, error = %e, "BrokerProperties unreadable; using the lock location and custom properties only");
+            BrokerProperties::default()
+        }),
+        None => {
+            // azure_core drops non-ASCII header values silently.
+            tracing::warn!(entity, "no BrokerProperties on a received message");
+            BrokerProperties::default()
+        }
+    };
+    let location = headers.get("location").unwrap_or_default();
+    if location.is_empty() {
+        return Err(BrokerError::new(
+            BrokerErrorKind::Protocol,
+            "receive",
+            format!("a locked message of {entity} came without a Location (lock URI); it cannot be settled and will come back after its lock"),
+        ));
+    }
+    let mut message = ReceivedMessage::new(body);
+    message.attributes = raw_custom_properties(headers)
+        .into_iter()
+        .map(|(k, v)| {
+            let v = unquote(&v).to_owned();
+            (k, v)
+        })
+        .collect();
+    message.producer_id = props.message_id.clone().filter(|s| !s.is_empty());
+    message.broker_id = props
+        .sequence_number
+        .map(|n| n.to_string())
+        .or_else(|| sequence_from_location(location));
+    message.delivery_count = props
+        .delivery_count
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(1)
+        .max(1);
+    message.enqueued_at = props.enqueued_at();
+    message.received_at = received_at;
+    message.group_id = props.session_id.clone();
+    Ok((message, props))
+}
+
+/// The sequence number in a lock URI `…/messages/{seq}/{token}`.
+pub fn sequence_from_location(location: &str) -> Option<String> {
+    let mut parts = location.trim_end_matches('/').rsplit('/');
+    parts.next()?;
+    let seq = parts.next()?;
+    seq.parse::<i64>().ok().map(|n| n.to_string())
 }
 
 /// Parses an RFC 1123 / RFC 2822 date (`Wed, 02 Jul 2014 01:32:27 GMT` or `... +0000`).

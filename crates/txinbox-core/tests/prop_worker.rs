@@ -1,0 +1,212 @@
+//! The worker in a hostile environment: receive errors back off exponentially with jitter and a cap, a
+//! persistent error (a key rotated, a permission removed, a queue deleted) makes the worker give up after
+//! `give_up_after`, a transient one never does, and a long poll in flight at shutdown hands back what it
+//! brought so that it is received again at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio_util::sync::CancellationToken;
+use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::worker::{is_persistent_receive_error, receive_backoff};
+use txinbox_core::{
+    BrokerError, BrokerErrorKind, Delivery, Outcome, Processor, Receiver, Worker, WorkerOptions,
+};
+
+proptest! {
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Each pause lies between half and all of the doubled first pause, never above the cap; the
+    /// un-jittered pause never shrinks while failures go on.
+    #[test]
+    fn backoff_doubles_jitters_and_is_capped(
+        first_ms in 1u64..5_000,
+        max_ms in 1u64..120_000,
+        failures in 1u32..200,
+        unit in 0.0f64..1.0,
+    ) {
+        let (first, max) = (Duration::from_millis(first_ms), Duration::from_millis(max_ms));
+        let cap = max.max(first);
+        let full = receive_backoff(first, max, failures, 1.0);
+        let pause = receive_backoff(first, max, failures, unit);
+        prop_assert!(full <= cap);
+        prop_assert!(pause <= full && pause >= full / 2 - Duration::from_nanos(1));
+        prop_assert!(receive_backoff(first, max, failures + 1, 1.0) >= full);
+        if failures == 1 {
+            prop_assert_eq!(full, first.min(cap));
+        }
+    }
+}
+
+#[test]
+fn only_errors_a_retry_cannot_fix_are_persistent() {
+    use BrokerErrorKind::*;
+    for k in [Unauthorized, EntityNotFound, Configuration] {
+        assert!(is_persistent_receive_error(k), "{k:?}");
+    }
+    for k in [
+        Throttled,
+        OutcomeUnknown,
+        ServerError,
+        LockLost,
+        Rejected,
+        Protocol,
+    ] {
+        assert!(!is_persistent_receive_error(k), "{k:?}");
+    }
+}
+
+/// A receiver whose every receive fails with `kind`, counting the calls.
+struct Failing {
+    kind: BrokerErrorKind,
+    calls: Arc<AtomicU64>,
+}
+
+impl Receiver for Failing {
+    type Delivery = txinbox_core::mem::MemoryDelivery;
+    async fn receive(&mut self, _max: usize) -> Result<Vec<Self::Delivery>, BrokerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(BrokerError::new(
+            self.kind,
+            "receive",
+            "HTTP 401 on crm-events (the key in the connection string is not accepted)",
+        ))
+    }
+}
+
+/// Acknowledges every delivery, counting them.
+struct Ack(Arc<AtomicU64>);
+
+impl<D: Delivery> Processor<D> for Ack {
+    fn consumer(&self) -> &str {
+        "prop-worker"
+    }
+    async fn process(&self, delivery: D, _stop: CancellationToken) -> Outcome {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let _ = delivery.ack().await;
+        Outcome::Applied {
+            result_reference: None,
+        }
+    }
+}
+
+fn fast() -> WorkerOptions {
+    WorkerOptions::default()
+        .receive_error_backoff(Duration::from_millis(10))
+        .receive_error_backoff_max(Duration::from_millis(80))
+}
+
+#[tokio::test]
+async fn a_persistent_receive_error_makes_the_worker_give_up_with_a_reason() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let receiver = Failing {
+        kind: BrokerErrorKind::Unauthorized,
+        calls: calls.clone(),
+    };
+    let report = tokio::time::timeout(
+        Duration::from_secs(10),
+        Worker::new(receiver, Ack(Arc::new(AtomicU64::new(0))))
+            .options(fast().give_up_after(Some(Duration::from_millis(500))))
+            .run_until(std::future::pending()),
+    )
+    .await
+    .expect("the worker gives up by itself");
+    let why = report.gave_up.clone().expect("a reason");
+    assert!(
+        why.contains("unauthorized") && why.contains("HTTP 401"),
+        "{why}"
+    );
+    assert!(!why.contains('\n'), "one line: {why}");
+    assert!(report.to_string().contains("gave_up="), "{report}");
+    // Exponential backoff: 10, 20, 40, 80, 80, ... ms (jittered down to half) over 500 ms is at most ~20
+    // receives; a fixed 10 ms pause would make about 50.
+    let n = calls.load(Ordering::SeqCst);
+    assert_eq!(report.receive_errors, n);
+    assert!((4..=25).contains(&n), "{n} receives in 500 ms");
+}
+
+#[tokio::test]
+async fn a_transient_receive_error_never_makes_the_worker_give_up() {
+    let calls = Arc::new(AtomicU64::new(0));
+    let receiver = Failing {
+        kind: BrokerErrorKind::Throttled,
+        calls: calls.clone(),
+    };
+    let report = Worker::new(receiver, Ack(Arc::new(AtomicU64::new(0))))
+        .options(fast().give_up_after(Some(Duration::from_millis(100))))
+        .run_until(tokio::time::sleep(Duration::from_millis(600)))
+        .await;
+    assert_eq!(report.gave_up, None);
+    assert!(report.receive_errors >= 3, "{report}");
+}
+
+/// A receiver whose answer takes `delay` to come back once the broker handed messages out: the window in
+/// which a stop signal finds a receive in flight that already holds messages.
+struct SlowAnswer {
+    inner: txinbox_core::mem::MemoryReceiver,
+    delay: Duration,
+}
+
+impl Receiver for SlowAnswer {
+    type Delivery = txinbox_core::mem::MemoryDelivery;
+    async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, BrokerError> {
+        let got = self.inner.receive(max).await?;
+        if !got.is_empty() {
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(got)
+    }
+}
+
+#[tokio::test]
+async fn a_long_poll_in_flight_at_shutdown_hands_back_what_it_brought() {
+    let queue = MemoryQueue::new(QueueOptions {
+        visibility_timeout: Duration::from_secs(300),
+        wait: Duration::from_secs(5),
+        ..QueueOptions::default()
+    });
+    let processed = Arc::new(AtomicU64::new(0));
+    let stop = CancellationToken::new();
+    let receiver = SlowAnswer {
+        inner: queue.receiver(),
+        delay: Duration::from_millis(500),
+    };
+    let worker = tokio::spawn(
+        Worker::new(receiver, Ack(processed.clone()))
+            .options(fast())
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    // The worker is in its long poll; a message arrives and is handed to it (invisible for 300 s from now
+    // on); the stop signal comes before the answer does.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    queue.send(OutgoingMessage::new("m1").producer_id("p1"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        queue.state().in_flight,
+        1,
+        "the long poll holds the message"
+    );
+    stop.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("the worker stops")
+        .expect("no panic");
+    assert_eq!(
+        processed.load(Ordering::SeqCst),
+        0,
+        "nothing processed after stop"
+    );
+    assert_eq!(report.total(), 0);
+    let state = queue.state();
+    assert_eq!(
+        (state.visible, state.in_flight),
+        (1, 0),
+        "handed back at once, not left invisible for 300 s: {state:?}"
+    );
+    // And another worker receives it at once.
+    let again = queue.receive_now(10);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].message().delivery_count, 2);
+}

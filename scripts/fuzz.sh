@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of the parsers of what reaches txinbox from outside (cargo-fuzz, libFuzzer):
+#   bash scripts/fuzz.sh            # every target for 10 s (the bounded run of the test command)
+#   bash scripts/fuzz.sh 600        # every target for 10 minutes (the long run)
+#   bash scripts/fuzz.sh 60 identity fingerprint   # some targets
+# Needs the nightly toolchain (libFuzzer's instrumentation); installs cargo-fuzz from crates.io when it is
+# missing and fails loudly when it cannot. Corpora grow in fuzz/corpus/<target> (not committed); a crash is
+# saved under fuzz/artifacts/<target>/ and fails this script: turn it into a regression test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECONDS_PER_TARGET="${1:-10}"
+shift || true
+ALL=(identity fingerprint servicebus_wire sqs_message sas_token emulator_request terraform worker_settings)
+TARGETS=("${@:-${ALL[@]}}")
+if [ "$#" -eq 0 ]; then TARGETS=("${ALL[@]}"); fi
+
+if ! rustup toolchain list | grep -q '^nightly'; then
+  echo "fuzz.sh: the nightly toolchain is required (rustup toolchain install nightly)" >&2
+  exit 1
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "fuzz.sh: installing cargo-fuzz" >&2
+  if ! cargo install cargo-fuzz --locked; then
+    echo "fuzz.sh: cannot install cargo-fuzz: no fuzzing was done" >&2
+    exit 1
+  fi
+fi
+
+# No sanitizer: the code under test forbids unsafe, so AddressSanitizer adds cost and finds nothing more;
+# panics, overflows (debug assertions are on), timeouts and the allocation limit are what is caught.
+FLAGS=(--sanitizer none)
+start=$(date +%s)
+cargo +nightly fuzz build "${FLAGS[@]}"
+echo "fuzz.sh: built in $(( $(date +%s) - start )) s"
+
+failed=()
+for t in "${TARGETS[@]}"; do
+  mkdir -p "fuzz/corpus/$t"
+  echo "fuzz.sh: $t for ${SECONDS_PER_TARGET} s"
+  # -rss_limit_mb / -malloc_limit_mb: an input that makes the code allocate without bound is a crash.
+  if ! cargo +nightly fuzz run "${FLAGS[@]}" "$t" "fuzz/corpus/$t" -- \
+      -max_total_time="$SECONDS_PER_TARGET" -max_len=8192 -timeout=10 \
+      -rss_limit_mb=2048 -malloc_limit_mb=512 -print_final_stats=1 2>"fuzz/$t.log"; then
+    failed+=("$t")
+    tail -40 "fuzz/$t.log" >&2
+  fi
+  grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)' "fuzz/$t.log" | tr '\n' ' ' || true
+  echo
+done
+echo "fuzz.sh: total $(( $(date +%s) - start )) s"
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz.sh: crashes in: ${failed[*]} (inputs under fuzz/artifacts/)" >&2
+  exit 1
+fi
+echo "fuzz.sh: no crash"
