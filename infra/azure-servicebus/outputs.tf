@@ -17,3 +17,8 @@ output "queue_name" {
   description = "Name of the queue."
   value       = azurerm_servicebus_queue.main.name
 }
+
+output "poison_queue_name" {
+  description = "Name of the poison queue the worker forwards dead letters to (ServiceBusOptions::dead_letter_to)."
+  value       = azurerm_servicebus_queue.poison.name
+}

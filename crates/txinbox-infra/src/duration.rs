@@ -53,6 +53,8 @@ fn components(mut text: &str, units: &[(char, f64)]) -> Option<f64> {
 pub(crate) fn human(seconds: u64) -> String {
     if seconds >= 86400 && seconds % 86400 == 0 {
         format!("{seconds} s = {} d", seconds / 86400)
+    } else if seconds >= 86400 {
+        format!("{seconds} s = {:.1} d", seconds as f64 / 86400.0)
     } else if seconds >= 60 && seconds % 60 == 0 {
         format!("{seconds} s = {} min", seconds / 60)
     } else {

@@ -28,6 +28,14 @@ pub enum CheckError {
         #[source]
         source: hcl::edit::parser::Error,
     },
+    /// A plan JSON file is not the output of `terraform show -json PLAN`.
+    #[error("{} is not a Terraform plan in JSON: {detail}", file.display())]
+    Plan {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// The worker settings file (`--config`) is not valid.
     #[error("invalid worker settings in {}", path.display())]
     Config {
@@ -43,7 +51,7 @@ pub enum CheckError {
         /// The directory that was checked.
         dir: PathBuf,
     },
-    /// The directory's Terraform declares no queue this checker knows
+    /// The directory's Terraform (or the plan) declares no queue this checker knows
     /// (`aws_sqs_queue`, `azurerm_servicebus_queue`): most likely the wrong
     /// directory was given.
     #[error(

@@ -66,82 +66,174 @@
 
 mod duration;
 mod error;
+mod iam;
+mod plan;
 mod report;
+mod roles;
 mod rules;
 mod settings;
 mod terraform;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use error::CheckError;
+pub use iam::{SQS_WORKER_DLQ_ACTIONS, SQS_WORKER_QUEUE_ACTIONS};
 pub use report::{Report, RuleId, Violation};
-pub use settings::{InboxSettings, ServiceBusSettings, SqsSettings, WorkerSettings};
+pub use roles::{
+    POISON_QUEUE_SUFFIX, SERVICEBUS_WORKER_POISON_ROLES, SERVICEBUS_WORKER_QUEUE_ROLES,
+};
+pub use settings::{InboxSettings, ServiceBusSettings, SqsIdentity, SqsSettings, WorkerSettings};
 
-/// Checks the Terraform in `dir` against `settings`.
+/// What to check: a Terraform directory (with variables files) or a plan in JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Input {
+    /// A directory of `*.tf` files, read as Terraform reads a root module: `terraform.tfvars`, then
+    /// `*.auto.tfvars`, then `var_files` in order (later values win); local modules are read.
+    Dir {
+        /// The directory.
+        dir: PathBuf,
+        /// `-var-file`s, in the order given.
+        var_files: Vec<PathBuf>,
+    },
+    /// The output of `terraform show -json PLAN`.
+    Plan(PathBuf),
+}
+
+impl Input {
+    /// A directory without extra variables files.
+    pub fn dir(dir: impl Into<PathBuf>) -> Self {
+        Input::Dir {
+            dir: dir.into(),
+            var_files: Vec::new(),
+        }
+    }
+
+    /// Adds a `-var-file` (a directory input only; a plan has its variables resolved).
+    pub fn var_file(mut self, file: impl Into<PathBuf>) -> Self {
+        if let Input::Dir { var_files, .. } = &mut self {
+            var_files.push(file.into());
+        }
+        self
+    }
+
+    /// A directory, or a plan when `path` is a file (`terraform show -json PLAN > plan.json`).
+    pub fn detect(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        if path.is_file() {
+            Input::Plan(path)
+        } else {
+            Input::dir(path)
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            Input::Dir { dir, .. } => dir,
+            Input::Plan(file) => file,
+        }
+    }
+}
+
+/// Checks `input` against `settings`.
 ///
 /// # Errors
 ///
-/// [`CheckError::Io`] when the directory or a file cannot be read,
+/// [`CheckError::Io`] when a directory or a file cannot be read,
 /// [`CheckError::Parse`] (with the file) when a file is not valid HCL,
-/// [`CheckError::NoTerraformFiles`] when `dir` has no `*.tf` file and
-/// [`CheckError::NoQueues`] when it declares no queue. Violations are not
+/// [`CheckError::Plan`] when a plan file is not a plan in JSON,
+/// [`CheckError::NoTerraformFiles`] when a directory (or a local module's) has no `*.tf` file and
+/// [`CheckError::NoQueues`] when no queue is declared. Violations are not
 /// errors: they are in the [`Report`].
-pub fn check_dir(dir: &Path, settings: &WorkerSettings) -> Result<Report, CheckError> {
-    let module = terraform::Module::load(dir)?;
-    let sqs_queues = module
-        .resources
-        .iter()
-        .filter(|r| r.kind == "aws_sqs_queue")
-        .count();
-    let servicebus_queues = module
-        .resources
-        .iter()
-        .filter(|r| r.kind == "azurerm_servicebus_queue")
-        .count();
+pub fn check(input: &Input, settings: &WorkerSettings) -> Result<Report, CheckError> {
+    let module = match input {
+        Input::Dir { dir, var_files } => terraform::Module::load(dir, var_files)?,
+        Input::Plan(file) => terraform::Module::load_plan(file)?,
+    };
+    let count = |kind: &str| {
+        module
+            .resources
+            .iter()
+            .filter(|r| r.mode.is_empty() && r.kind == kind)
+            .count()
+    };
+    let sqs_queues = count("aws_sqs_queue");
+    let servicebus_queues = count("azurerm_servicebus_queue");
     if sqs_queues + servicebus_queues == 0 {
         return Err(CheckError::NoQueues {
-            dir: dir.to_path_buf(),
+            dir: input.path().to_path_buf(),
         });
     }
-    let violations = rules::check(&module, settings);
+    let (violations, advice) = rules::check(&module, settings);
     Ok(Report {
         files: module.files.iter().map(|f| f.path.clone()).collect(),
         sqs_queues,
         servicebus_queues,
         violations,
+        advice,
     })
 }
 
-/// What `txinbox check-infra DIR [--config FILE]` does: loads the settings
-/// (defaults, overridden by the TOML file when given), checks `dir`, writes
-/// one line per violation (`FILE:LINE: [RULE] RESOURCE: MESSAGE`) and a
-/// summary to `out`, and returns `Ok(true)` when there is no violation.
+/// Checks the Terraform directory `dir` against `settings` (see [`check`]).
+///
+/// # Errors
+///
+/// Those of [`check`].
+pub fn check_dir(dir: &Path, settings: &WorkerSettings) -> Result<Report, CheckError> {
+    check(&Input::dir(dir), settings)
+}
+
+/// Checks a plan in JSON (`terraform show -json PLAN > plan.json`) against `settings` (see [`check`]).
+///
+/// # Errors
+///
+/// Those of [`check`].
+pub fn check_plan(file: &Path, settings: &WorkerSettings) -> Result<Report, CheckError> {
+    check(&Input::Plan(file.to_path_buf()), settings)
+}
+
+/// What `txinbox check-infra PATH [--config FILE]` does: loads the settings
+/// (defaults, overridden by the TOML file when given), checks `path` (a directory, or a plan JSON file),
+/// writes one line per violation (`FILE:LINE: [RULE] RESOURCE: MESSAGE`), one `advice: ...` line per
+/// advice, and a summary to `out`, and returns `Ok(true)` when there is no violation.
 ///
 /// The CLI should exit 0 on `Ok(true)`, 1 on `Ok(false)` and 2 on `Err`
 /// (printing the error with its sources).
 ///
 /// # Errors
 ///
-/// Those of [`WorkerSettings::from_toml_file`] and [`check_dir`], and
+/// Those of [`WorkerSettings::from_toml_file`] and [`check`], and
 /// [`CheckError::Output`] when `out` cannot be written.
 pub fn run_cli(
-    dir: &Path,
+    path: &Path,
     config: Option<&Path>,
     out: &mut impl Write,
 ) -> Result<bool, CheckError> {
+    run(&Input::detect(path), config, out)
+}
+
+/// [`run_cli`] with an explicit [`Input`] (e.g. a directory with `-var-file`s).
+///
+/// # Errors
+///
+/// Those of [`run_cli`].
+pub fn run(input: &Input, config: Option<&Path>, out: &mut impl Write) -> Result<bool, CheckError> {
     let settings = match config {
         Some(path) => WorkerSettings::from_toml_file(path)?,
         None => WorkerSettings::default(),
     };
-    let report = check_dir(dir, &settings)?;
-    write_report(&report, dir, out).map_err(CheckError::Output)?;
+    let report = check(input, &settings)?;
+    write_report(&report, input.path(), out).map_err(CheckError::Output)?;
     Ok(report.is_clean())
 }
 
 fn write_report(report: &Report, dir: &Path, out: &mut impl Write) -> std::io::Result<()> {
     for violation in &report.violations {
         writeln!(out, "{violation}")?;
+    }
+    for advice in &report.advice {
+        writeln!(out, "advice: {advice}")?;
     }
     let n = report.violations.len();
     writeln!(

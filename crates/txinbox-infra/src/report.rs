@@ -17,9 +17,18 @@ pub enum RuleId {
     /// `sqs-visibility-timeout-too-short`: the visibility timeout is shorter
     /// than 2 × the worker's heartbeat interval.
     SqsVisibilityTimeoutTooShort,
-    /// `sqs-retention-exceeds-inbox`: a queue or dead-letter queue keeps
-    /// messages longer than the inbox keeps its markers.
+    /// `sqs-retention-exceeds-inbox`: the longest redelivery path (the queue's
+    /// retention, then its dead-letter queue's, then the operator's redrive
+    /// grace) is longer than the inbox keeps its markers.
     SqsRetentionExceedsInbox,
+    /// `sqs-identity-lost-on-dlq-move`: the settings say the identity is the
+    /// deduplication id (`sqs.identity = "deduplication-id"`) on a FIFO queue
+    /// with a dead-letter queue; AWS replaces that id on the move to the DLQ.
+    SqsIdentityLostOnDlqMove,
+    /// `sqs-worker-policy-missing-action`: an IAM policy that lets a worker
+    /// receive from a queue does not grant every action the adapter calls on
+    /// the queue and on its dead-letter queue.
+    SqsWorkerPolicyMissingAction,
     /// `servicebus-duplicate-detection-off`: a Service Bus queue without
     /// duplicate detection.
     ServiceBusDuplicateDetectionOff,
@@ -36,20 +45,32 @@ pub enum RuleId {
     /// unset (Service Bus then keeps messages practically forever) or longer
     /// than the inbox retention.
     ServiceBusTtlExceedsInbox,
+    /// `servicebus-retention-path-exceeds-inbox`: the queue's time to live,
+    /// then its poison queue's, then the operator's redrive grace, is longer
+    /// than the inbox keeps its markers.
+    ServiceBusRetentionPathExceedsInbox,
+    /// `servicebus-worker-role-missing`: the identity that receives from a
+    /// queue lacks a role the adapter needs (Data Sender on the poison queue
+    /// dead letters are forwarded to), or that poison queue is not declared.
+    ServiceBusWorkerRoleMissing,
 }
 
 impl RuleId {
     /// Every rule, in the order the checker reports them.
-    pub const ALL: [RuleId; 9] = [
+    pub const ALL: [RuleId; 13] = [
         RuleId::SqsFifoMissingRedrive,
         RuleId::SqsContentBasedDeduplication,
         RuleId::SqsVisibilityTimeoutTooShort,
         RuleId::SqsRetentionExceedsInbox,
+        RuleId::SqsIdentityLostOnDlqMove,
+        RuleId::SqsWorkerPolicyMissingAction,
         RuleId::ServiceBusDuplicateDetectionOff,
         RuleId::ServiceBusDuplicateWindowDefault,
         RuleId::ServiceBusLockDurationTooShort,
         RuleId::ServiceBusNoDeadLetteringOnExpiry,
         RuleId::ServiceBusTtlExceedsInbox,
+        RuleId::ServiceBusRetentionPathExceedsInbox,
+        RuleId::ServiceBusWorkerRoleMissing,
     ];
 
     /// The rule's stable id, as printed in reports.
@@ -59,11 +80,17 @@ impl RuleId {
             RuleId::SqsContentBasedDeduplication => "sqs-content-based-deduplication",
             RuleId::SqsVisibilityTimeoutTooShort => "sqs-visibility-timeout-too-short",
             RuleId::SqsRetentionExceedsInbox => "sqs-retention-exceeds-inbox",
+            RuleId::SqsIdentityLostOnDlqMove => "sqs-identity-lost-on-dlq-move",
+            RuleId::SqsWorkerPolicyMissingAction => "sqs-worker-policy-missing-action",
             RuleId::ServiceBusDuplicateDetectionOff => "servicebus-duplicate-detection-off",
             RuleId::ServiceBusDuplicateWindowDefault => "servicebus-duplicate-window-default",
             RuleId::ServiceBusLockDurationTooShort => "servicebus-lock-duration-too-short",
             RuleId::ServiceBusNoDeadLetteringOnExpiry => "servicebus-no-dead-lettering-on-expiry",
             RuleId::ServiceBusTtlExceedsInbox => "servicebus-ttl-exceeds-inbox",
+            RuleId::ServiceBusRetentionPathExceedsInbox => {
+                "servicebus-retention-path-exceeds-inbox"
+            }
+            RuleId::ServiceBusWorkerRoleMissing => "servicebus-worker-role-missing",
         }
     }
 }
@@ -109,7 +136,7 @@ impl fmt::Display for Violation {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Report {
-    /// The `.tf` files read, sorted by name.
+    /// The files read (`.tf`, `.tfvars`, or the plan JSON), in reading order.
     pub files: Vec<PathBuf>,
     /// How many `aws_sqs_queue` resources were checked.
     pub sqs_queues: usize,
@@ -117,6 +144,9 @@ pub struct Report {
     pub servicebus_queues: usize,
     /// Every violation, in file and line order.
     pub violations: Vec<Violation>,
+    /// Advice that is not a violation (what producers must do for the
+    /// identity to survive, what could not be checked and why), one line each.
+    pub advice: Vec<String>,
 }
 
 impl Report {

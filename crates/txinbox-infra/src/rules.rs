@@ -2,13 +2,13 @@
 //! unset attributes follow the providers' defaults (documented per rule in
 //! the crate docs).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hcl::Value;
 
 use crate::duration::{human, parse_iso8601_seconds};
-use crate::terraform::{referenced_queue, Module, Resolved, Resource};
-use crate::{RuleId, Violation, WorkerSettings};
+use crate::terraform::{referenced_resource, Module, Resolved, Resource};
+use crate::{RuleId, SqsIdentity, Violation, WorkerSettings};
 
 /// SQS's visibility timeout when `visibility_timeout_seconds` is unset.
 const SQS_DEFAULT_VISIBILITY: u64 = 30;
@@ -17,7 +17,7 @@ const SQS_DEFAULT_RETENTION: u64 = 345_600;
 /// Service Bus's lock duration when `lock_duration` is unset.
 const SB_DEFAULT_LOCK: u64 = 60;
 
-fn as_bool(value: &Value) -> Option<bool> {
+pub(crate) fn as_bool(value: &Value) -> Option<bool> {
     match value {
         Value::Bool(b) => Some(*b),
         Value::String(s) => s.parse().ok(),
@@ -37,21 +37,22 @@ fn as_u64(value: &Value) -> Option<u64> {
     }
 }
 
-fn show(value: &Value) -> String {
+pub(crate) fn show(value: &Value) -> String {
     match value {
         Value::String(s) => format!("{s:?}"),
         other => other.to_string(),
     }
 }
 
-struct Checker<'a> {
-    module: &'a Module,
-    settings: &'a WorkerSettings,
+pub(crate) struct Checker<'a> {
+    pub(crate) module: &'a Module,
+    pub(crate) settings: &'a WorkerSettings,
     out: Vec<Violation>,
+    pub(crate) advice: Vec<String>,
 }
 
 impl Checker<'_> {
-    fn report(
+    pub(crate) fn report(
         &mut self,
         rule: RuleId,
         resource: &Resource,
@@ -69,7 +70,13 @@ impl Checker<'_> {
     }
 
     /// Reports on the resource's attribute line, or its block line.
-    fn at(&mut self, rule: RuleId, resource: &Resource, line: Option<usize>, message: String) {
+    pub(crate) fn at(
+        &mut self,
+        rule: RuleId,
+        resource: &Resource,
+        line: Option<usize>,
+        message: String,
+    ) {
         let line = line.unwrap_or(resource.at.line);
         self.report(rule, resource, resource.at.file, line, message);
     }
@@ -82,6 +89,15 @@ impl Checker<'_> {
             format!("{key} cannot be resolved statically ({why}); set it to a literal or a variable with a default so the guarantee can be checked"),
         );
     }
+
+    /// `FILE:LINE` of a resource, for advice.
+    pub(crate) fn place(&self, resource: &Resource) -> String {
+        format!(
+            "{}:{}",
+            self.module.files[resource.at.file].path.display(),
+            resource.at.line
+        )
+    }
 }
 
 /// A redrive policy: on the queue or in an `aws_sqs_queue_redrive_policy`.
@@ -92,12 +108,36 @@ struct Redrive<'a> {
 
 /// What a readable redrive policy says.
 struct RedriveTarget {
+    /// The dead-letter queue's address when it is a queue of what was read.
     dlq: Option<String>,
     max_receive_count: Option<u64>,
     has_target: bool,
 }
 
-fn read_redrive(value: &Value) -> Result<RedriveTarget, String> {
+/// The address of the queue of `module` an ARN (or placeholder) names.
+fn queue_by_arn(module: &Module, arn: &str) -> Option<String> {
+    if let Some(address) = referenced_resource(arn) {
+        return Some(address.to_owned());
+    }
+    let name = arn.rsplit(':').next()?;
+    module
+        .resources
+        .iter()
+        .filter(|r| r.kind == "aws_sqs_queue" && r.mode.is_empty())
+        .find(|q| {
+            let known = |key| match module.resolve(q, key) {
+                Resolved::Known {
+                    value: Value::String(s),
+                    ..
+                } => Some(s),
+                _ => None,
+            };
+            known("arn").is_some_and(|a| a == arn) || known("name").is_some_and(|n| n == name)
+        })
+        .map(Resource::address)
+}
+
+fn read_redrive(module: &Module, value: &Value) -> Result<RedriveTarget, String> {
     let Value::String(text) = value else {
         return Err(format!(
             "redrive_policy is {}, not a JSON string",
@@ -116,18 +156,19 @@ fn read_redrive(value: &Value) -> Result<RedriveTarget, String> {
         _ => None,
     });
     Ok(RedriveTarget {
-        dlq: target.and_then(referenced_queue).map(str::to_owned),
+        dlq: target.and_then(|arn| queue_by_arn(module, arn)),
         max_receive_count: max,
         has_target: target.is_some(),
     })
 }
 
 /// Runs every rule on a loaded module.
-pub(crate) fn check(module: &Module, settings: &WorkerSettings) -> Vec<Violation> {
+pub(crate) fn check(module: &Module, settings: &WorkerSettings) -> (Vec<Violation>, Vec<String>) {
     let mut checker = Checker {
         module,
         settings,
         out: Vec::new(),
+        advice: module.notes.clone(),
     };
     check_sqs(&mut checker);
     for queue in module
@@ -137,9 +178,10 @@ pub(crate) fn check(module: &Module, settings: &WorkerSettings) -> Vec<Violation
     {
         check_servicebus_queue(&mut checker, queue);
     }
+    crate::roles::check(&mut checker);
     let mut out = checker.out;
     out.sort_by(|a, b| (&a.file, a.line, a.rule).cmp(&(&b.file, b.line, b.rule)));
-    out
+    (out, checker.advice)
 }
 
 fn queue_of(module: &Module, resource: &Resource) -> Option<String> {
@@ -147,30 +189,66 @@ fn queue_of(module: &Module, resource: &Resource) -> Option<String> {
         Resolved::Known {
             value: Value::String(s),
             ..
-        } => referenced_queue(&s).map(str::to_owned),
-        _ => None,
+        } => referenced_resource(&s).map(str::to_owned).or_else(|| {
+            // A plan's known URL: https://sqs.REGION.amazonaws.com/ACCOUNT/NAME
+            let name = s.rsplit('/').next()?;
+            module
+                .resources
+                .iter()
+                .filter(|r| r.kind == "aws_sqs_queue" && r.mode.is_empty())
+                .find(|q| {
+                    matches!(module.resolve(q, "url"), Resolved::Known { value: Value::String(u), .. } if u == s)
+                        || matches!(module.resolve(q, "name"), Resolved::Known { value: Value::String(n), .. } if n == name)
+                })
+                .map(Resource::address)
+        }),
+        Resolved::Unknown { references, .. } => references
+            .iter()
+            .find(|r| r.contains("aws_sqs_queue."))
+            .map(|r| strip_attr(r)),
+        Resolved::Known { .. } | Resolved::Missing => None,
     }
 }
 
-fn check_sqs(c: &mut Checker<'_>) {
-    let module = c.module;
+/// `aws_sqs_queue.dlq` of a plan reference `aws_sqs_queue.dlq.arn` (references list both forms).
+fn strip_attr(reference: &str) -> String {
+    let parts: Vec<&str> = reference.split('.').collect();
+    // module.M.KIND.NAME[.ATTR] or KIND.NAME[.ATTR]
+    let mut n = 0;
+    let mut i = 0;
+    while i + 1 < parts.len() && parts[i] == "module" {
+        i += 2;
+        n += 2;
+    }
+    n += if parts.get(i) == Some(&"data") { 3 } else { 2 };
+    parts[..n.min(parts.len())].join(".")
+}
+
+/// The queues of an SQS module: which are dead-letter queues, which redrive policy each source has.
+pub(crate) struct SqsTopology<'a> {
+    pub(crate) queues: Vec<&'a Resource>,
+    redrives: Vec<(String, Redrive<'a>)>,
+    pub(crate) dlqs: BTreeSet<String>,
+    /// Source queue address -> its dead-letter queue's address, where known.
+    pub(crate) dlq_of: BTreeMap<String, String>,
+}
+
+pub(crate) fn sqs_topology(module: &Module) -> SqsTopology<'_> {
     let queues: Vec<&Resource> = module
         .resources
         .iter()
-        .filter(|r| r.kind == "aws_sqs_queue")
+        .filter(|r| r.kind == "aws_sqs_queue" && r.mode.is_empty())
         .collect();
-
-    // Redrive policies per source queue, and the queues that are DLQs.
     let mut redrives: Vec<(String, Redrive<'_>)> = Vec::new();
     let mut dlqs = BTreeSet::new();
     for queue in &queues {
         if queue.attrs.contains_key("redrive_allow_policy") {
-            dlqs.insert(queue.name.clone());
+            dlqs.insert(queue.address());
         }
         let resolved = module.resolve(queue, "redrive_policy");
         if !matches!(resolved, Resolved::Missing) {
             redrives.push((
-                queue.name.clone(),
+                queue.address(),
                 Redrive {
                     holder: queue,
                     resolved,
@@ -178,13 +256,13 @@ fn check_sqs(c: &mut Checker<'_>) {
             ));
         }
     }
-    for resource in &module.resources {
+    for resource in module.resources.iter().filter(|r| r.mode.is_empty()) {
         match resource.kind.as_str() {
             "aws_sqs_queue_redrive_policy" => {
-                if let Some(name) = queue_of(module, resource) {
+                if let Some(address) = queue_of(module, resource) {
                     let resolved = module.resolve(resource, "redrive_policy");
                     redrives.push((
-                        name,
+                        address,
                         Redrive {
                             holder: resource,
                             resolved,
@@ -193,20 +271,42 @@ fn check_sqs(c: &mut Checker<'_>) {
                 }
             }
             "aws_sqs_queue_redrive_allow_policy" => {
-                if let Some(name) = queue_of(module, resource) {
-                    dlqs.insert(name);
+                if let Some(address) = queue_of(module, resource) {
+                    dlqs.insert(address);
                 }
             }
             _ => {}
         }
     }
-    for (_, redrive) in &redrives {
-        if let Resolved::Known { value, .. } = &redrive.resolved {
-            if let Ok(RedriveTarget { dlq: Some(dlq), .. }) = read_redrive(value) {
-                dlqs.insert(dlq);
-            }
+    let mut dlq_of = BTreeMap::new();
+    for (source, redrive) in &redrives {
+        let dlq = match &redrive.resolved {
+            Resolved::Known { value, .. } => read_redrive(module, value).ok().and_then(|t| t.dlq),
+            // A plan: the policy is known after apply; its references name the dead-letter queue.
+            Resolved::Unknown { references, .. } => references
+                .iter()
+                .find(|r| r.contains("aws_sqs_queue.") && !r.contains("redrive"))
+                .map(|r| strip_attr(r))
+                .filter(|a| queues.iter().any(|q| q.address() == *a)),
+            Resolved::Missing => None,
+        };
+        if let Some(dlq) = dlq {
+            dlqs.insert(dlq.clone());
+            dlq_of.insert(source.clone(), dlq);
         }
     }
+    SqsTopology {
+        queues,
+        redrives,
+        dlqs,
+        dlq_of,
+    }
+}
+
+fn check_sqs(c: &mut Checker<'_>) {
+    let module = c.module;
+    let topology = sqs_topology(module);
+    let queues = &topology.queues;
 
     let is_fifo = |queue: &Resource| match module.resolve(queue, "fifo_queue") {
         Resolved::Missing => false,
@@ -215,31 +315,66 @@ fn check_sqs(c: &mut Checker<'_>) {
         Resolved::Unknown { .. } => true,
     };
 
-    for queue in &queues {
+    for queue in queues {
+        let address = queue.address();
         let fifo = is_fifo(queue);
-        let is_dlq = dlqs.contains(&queue.name);
+        let is_dlq = topology.dlqs.contains(&address);
         if fifo && !is_dlq {
             check_redrive(
                 c,
                 queue,
-                redrives
+                topology
+                    .redrives
                     .iter()
-                    .filter(|(n, _)| *n == queue.name)
+                    .filter(|(n, _)| *n == address)
                     .map(|(_, r)| r),
-                &queues,
+                queues,
                 &is_fifo,
             );
+            if let Some(dlq) = topology.dlq_of.get(&address) {
+                check_identity(c, queue, dlq, &topology);
+            }
         }
         if fifo && c.settings.sqs.producers_send_deduplication_id {
             check_content_dedup(c, queue);
         }
         if !is_dlq {
             check_visibility(c, queue);
+            let dlq = topology
+                .dlq_of
+                .get(&address)
+                .and_then(|d| queues.iter().find(|q| q.address() == *d).copied());
+            check_retention_path(c, queue, dlq);
         }
-        check_retention(c, queue, is_dlq);
     }
+    crate::iam::check(c, &topology);
 }
 
+/// The identity on the path to the FIFO dead-letter queue: AWS replaces the deduplication id on the move.
+fn check_identity(c: &mut Checker<'_>, queue: &Resource, dlq: &str, topology: &SqsTopology<'_>) {
+    const AWS: &str = "AWS: \"When a message is moved from a FIFO queue to a FIFO DLQ, the original message's deduplication ID will be replaced with the original message's ID.\"";
+    let line = topology
+        .redrives
+        .iter()
+        .find(|(n, _)| *n == queue.address())
+        .and_then(|(_, r)| match &r.resolved {
+            Resolved::Known { line, .. } | Resolved::Unknown { line, .. } => Some(*line),
+            Resolved::Missing => None,
+        });
+    match c.settings.sqs.identity {
+        SqsIdentity::DeduplicationId => c.at(
+            RuleId::SqsIdentityLostOnDlqMove,
+            queue,
+            line,
+            format!("sqs.identity = \"deduplication-id\" but this FIFO queue moves messages to the FIFO dead-letter queue {dlq} after maxReceiveCount receives. {AWS} A message applied whose delete was lost would come back from a redrive without its identity (the worker refuses it as identity_lost): producers must set ce-id and ce-source on every message, and sqs.identity = \"cloudevents\""),
+        ),
+        SqsIdentity::Cloudevents => c.advice.push(format!(
+            "{}: {}: producers must set ce-id and ce-source on every message: the identity must not rest on the MessageDeduplicationId, which does not survive the move to the dead-letter queue {dlq}. {AWS}",
+            c.place(queue),
+            queue.address()
+        )),
+    }
+}
 fn check_redrive<'a>(
     c: &mut Checker<'_>,
     queue: &Resource,
@@ -260,14 +395,38 @@ fn check_redrive<'a>(
     let holder = redrive.holder;
     let (value, line) = match &redrive.resolved {
         Resolved::Known { value, line, .. } => (value, *line),
-        Resolved::Unknown { line, why } => {
+        Resolved::Unknown { references, .. }
+            if references
+                .iter()
+                .any(|r| queues.iter().any(|q| strip_attr(r) == q.address())) =>
+        {
+            // A plan before the dead-letter queue exists: its ARN is known only after apply.
+            let dlq = references
+                .iter()
+                .map(|r| strip_attr(r))
+                .find(|a| queues.iter().any(|q| q.address() == *a))
+                .unwrap_or_default();
+            if let Some(dlq_queue) = queues.iter().find(|q| q.address() == dlq) {
+                if !is_fifo(dlq_queue) {
+                    c.report(RULE, holder, holder.at.file, holder.at.line, format!("dead-letter queue {dlq} is not a FIFO queue; the dead-letter queue of a FIFO queue must be FIFO"));
+                }
+            }
+            c.advice.push(format!(
+                "{}: {}: redrive_policy is known only after apply (it names {dlq}); its maxReceiveCount is checked on a plan made once the dead-letter queue exists",
+                c.place(holder),
+                holder.address()
+            ));
+            return;
+        }
+        Resolved::Unknown { line, why, .. } => {
             c.report(RULE, holder, holder.at.file, *line, format!("redrive_policy cannot be resolved statically ({why}), so the dead-letter queue cannot be checked"));
             return;
         }
         Resolved::Missing => return,
     };
+    let module = c.module;
     let mut problem = |message: String| c.report(RULE, holder, holder.at.file, line, message);
-    match read_redrive(value) {
+    match read_redrive(module, value) {
         Err(why) => problem(why),
         Ok(target) if !target.has_target => {
             problem("redrive_policy has no deadLetterTargetArn: failed messages never reach a dead-letter queue".to_owned());
@@ -278,9 +437,9 @@ fn check_redrive<'a>(
                 _ => problem("redrive_policy has no maxReceiveCount of at least 1: SQS cannot move a failing message to the dead-letter queue".to_owned()),
             }
             if let Some(dlq) = target.dlq {
-                if let Some(dlq_queue) = queues.iter().find(|q| q.name == dlq) {
+                if let Some(dlq_queue) = queues.iter().find(|q| q.address() == dlq) {
                     if !is_fifo(dlq_queue) {
-                        problem(format!("dead-letter queue aws_sqs_queue.{dlq} is not a FIFO queue; the dead-letter queue of a FIFO queue must be FIFO"));
+                        problem(format!("dead-letter queue {dlq} is not a FIFO queue; the dead-letter queue of a FIFO queue must be FIFO"));
                     }
                 }
             }
@@ -293,7 +452,7 @@ fn check_content_dedup(c: &mut Checker<'_>, queue: &Resource) {
     const KEY: &str = "content_based_deduplication";
     match c.module.resolve(queue, KEY) {
         Resolved::Missing => {}
-        Resolved::Unknown { line, why } => c.unknown(RULE, queue, KEY, line, &why),
+        Resolved::Unknown { line, why, .. } => c.unknown(RULE, queue, KEY, line, &why),
         Resolved::Known {
             value,
             line,
@@ -324,7 +483,7 @@ fn sqs_seconds(
             None,
             format!("{key} is not set (SQS default {default} s)"),
         )),
-        Resolved::Unknown { line, why } => {
+        Resolved::Unknown { line, why, .. } => {
             c.unknown(rule, queue, key, line, &why);
             None
         }
@@ -366,20 +525,66 @@ fn check_visibility(c: &mut Checker<'_>, queue: &Resource) {
     }
 }
 
-fn check_retention(c: &mut Checker<'_>, queue: &Resource, is_dlq: bool) {
+/// The longest redelivery path of a queue: a message may wait in the queue its whole retention, then in the
+/// dead-letter queue its whole retention, then for an operator's redrive (`inbox.redrive_grace_seconds`);
+/// the inbox must remember its marker for all of it.
+fn check_retention_path(c: &mut Checker<'_>, queue: &Resource, dlq: Option<&Resource>) {
     const RULE: RuleId = RuleId::SqsRetentionExceedsInbox;
     const KEY: &str = "message_retention_seconds";
     let inbox = c.settings.inbox.retention_seconds;
-    let which = if is_dlq { "dead-letter queue" } else { "queue" };
-    let Some((seconds, line, shown)) = sqs_seconds(c, queue, RULE, KEY, SQS_DEFAULT_RETENTION)
+    let grace = c.settings.inbox.redrive_grace_seconds;
+    let Some((own, own_line, own_shown)) = sqs_seconds(c, queue, RULE, KEY, SQS_DEFAULT_RETENTION)
     else {
         return;
     };
-    if seconds > inbox {
-        c.at(RULE, queue, line, format!(
-            "{shown}: the {which} keeps messages longer than the inbox keeps processed markers (inbox.retention_seconds = {}); a message redelivered{} after the inbox forgot its id would be processed again as new",
+    let Some(dlq) = dlq else {
+        if own > inbox {
+            c.at(RULE, queue, own_line, format!(
+                "{own_shown}: the queue keeps messages longer than the inbox keeps processed markers (inbox.retention_seconds = {}); a message redelivered after the inbox forgot its id would be processed again as new",
+                human(inbox)
+            ));
+        }
+        return;
+    };
+    let Some((dead, dead_line, dead_shown)) = sqs_seconds(c, dlq, RULE, KEY, SQS_DEFAULT_RETENTION)
+    else {
+        return;
+    };
+    let path = own.saturating_add(dead).saturating_add(grace);
+    if path > inbox {
+        // Reported on the longer of the two retentions (the one to shorten first), naming the other.
+        let (at, line, other) = if own > dead {
+            let dead_at = format!(
+                "{}:{}",
+                c.module.files[dlq.at.file].name(),
+                dead_line.unwrap_or(dlq.at.line)
+            );
+            (
+                queue,
+                own_line,
+                format!(
+                    "dead-letter queue {} {dead_shown} (at {dead_at})",
+                    dlq.address()
+                ),
+            )
+        } else {
+            let own_at = format!(
+                "{}:{}",
+                c.module.files[queue.at.file].name(),
+                own_line.unwrap_or(queue.at.line)
+            );
+            (
+                dlq,
+                dead_line,
+                format!("queue {} {own_shown} (at {own_at})", queue.address()),
+            )
+        };
+        let this = if own > dead { &own_shown } else { &dead_shown };
+        c.at(RULE, at, line, format!(
+            "{this}: the longest redelivery path is {}, longer than the inbox keeps processed markers (inbox.retention_seconds = {}): queue retention + dead-letter queue retention + the operator's redrive grace (inbox.redrive_grace_seconds = {}), with the {other}; a message applied whose delete was lost, moved to the dead-letter queue and redriven at the end of that path would be processed again as new. Shorten a retention or keep markers longer",
+            human(path),
             human(inbox),
-            if is_dlq { " (redriven from the dead-letter queue)" } else { "" }
+            human(grace),
         ));
     }
 }
@@ -391,10 +596,14 @@ type Unusable = (usize, String);
 
 /// Reads an ISO 8601 duration attribute: `Ok(Some((seconds, line, shown)))`,
 /// `Ok(None)` when missing, `Err((line, message))` when unusable.
-fn duration(module: &Module, queue: &Resource, key: &str) -> Result<Option<Found>, Unusable> {
+pub(crate) fn duration(
+    module: &Module,
+    queue: &Resource,
+    key: &str,
+) -> Result<Option<Found>, Unusable> {
     match module.resolve(queue, key) {
         Resolved::Missing => Ok(None),
-        Resolved::Unknown { line, why } => Err((line, format!("{key} cannot be resolved statically ({why}); set it to a literal or a variable with a default so the guarantee can be checked"))),
+        Resolved::Unknown { line, why, .. } => Err((line, format!("{key} cannot be resolved statically ({why}); set it to a literal or a variable with a default so the guarantee can be checked"))),
         Resolved::Known { value, line, origin } => {
             let parsed = match &value {
                 Value::String(s) => parse_iso8601_seconds(s),
@@ -418,7 +627,7 @@ fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
         Resolved::Missing => c.at(RuleId::ServiceBusDuplicateDetectionOff, queue, None, format!(
             "{DD} is not set (Service Bus default: false): the broker does not drop a producer's resend of the same MessageId, so every retry reaches the worker; set it to true (it cannot be changed after the queue is created)"
         )),
-        Resolved::Unknown { line, why } => c.unknown(RuleId::ServiceBusDuplicateDetectionOff, queue, DD, line, &why),
+        Resolved::Unknown { line, why, .. } => c.unknown(RuleId::ServiceBusDuplicateDetectionOff, queue, DD, line, &why),
         Resolved::Known { value, line, origin } => {
             if as_bool(&value) == Some(true) {
                 const WINDOW: &str = "duplicate_detection_history_time_window";
@@ -475,7 +684,7 @@ fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
         Resolved::Missing => c.at(RuleId::ServiceBusNoDeadLetteringOnExpiry, queue, None, format!(
             "{DLX} is not set (Service Bus default: false): a message that expires before the worker completes it is dropped silently instead of kept in the dead-letter queue"
         )),
-        Resolved::Unknown { line, why } => c.unknown(RuleId::ServiceBusNoDeadLetteringOnExpiry, queue, DLX, line, &why),
+        Resolved::Unknown { line, why, .. } => c.unknown(RuleId::ServiceBusNoDeadLetteringOnExpiry, queue, DLX, line, &why),
         Resolved::Known { value, line, origin } => {
             if as_bool(&value) != Some(true) {
                 c.at(RuleId::ServiceBusNoDeadLetteringOnExpiry, queue, Some(line), format!(

@@ -15,6 +15,7 @@ use crate::CheckError;
 /// ```toml
 /// [inbox]
 /// retention_seconds = 2592000          # how long a processed marker is kept (30 d)
+/// redrive_grace_seconds = 604800       # how long an operator may take to redrive a dead letter (7 d)
 ///
 /// [sqs]
 /// batch_size = 10
@@ -26,6 +27,7 @@ use crate::CheckError;
 /// dlq_retention_seconds = 1209600      # 14 d
 /// max_receive_count = 5
 /// producers_send_deduplication_id = true
+/// identity = "cloudevents"             # or "deduplication-id": where the consumer's identity comes from
 ///
 /// [servicebus]
 /// lock_duration_seconds = 60           # PT1M
@@ -34,11 +36,13 @@ use crate::CheckError;
 /// duplicate_detection_window_seconds = 600   # PT10M
 /// default_message_ttl_seconds = 1209600      # P14D
 /// dead_lettering_on_message_expiration = true
+/// # dead_letter_to = "orders-poison"   # the poison queue dead letters are forwarded to
+/// #                                    # (unset: `{queue}-poison` when the Terraform declares it)
 /// ```
 ///
-/// The rules read `inbox.retention_seconds`, `sqs.heartbeat_interval_seconds`,
-/// `sqs.producers_send_deduplication_id` and
-/// `servicebus.lock_renewal_interval_seconds`; the other keys describe the
+/// The rules read `inbox.retention_seconds`, `inbox.redrive_grace_seconds`,
+/// `sqs.heartbeat_interval_seconds`, `sqs.producers_send_deduplication_id`, `sqs.identity`,
+/// `servicebus.lock_renewal_interval_seconds` and `servicebus.dead_letter_to`; the other keys describe the
 /// adapters' defaults, which the sample Terraform mirrors. The worker renews
 /// a lease every third of its duration (the visibility timeout, the lock
 /// duration), so the two renewal intervals default to a third of those; a
@@ -71,14 +75,33 @@ pub struct WorkerSettings {
 pub struct InboxSettings {
     /// How long the inbox keeps a processed marker, in seconds (30 days).
     pub retention_seconds: u64,
+    /// How long an operator may take to redrive a dead letter once it reached the dead-letter queue, in
+    /// seconds (7 days). The longest redelivery path is the queue's retention, then the dead-letter
+    /// queue's, then this: the inbox retention must cover the three together.
+    pub redrive_grace_seconds: u64,
 }
 
 impl Default for InboxSettings {
     fn default() -> Self {
         Self {
             retention_seconds: 30 * 86_400,
+            redrive_grace_seconds: 7 * 86_400,
         }
     }
+}
+
+/// Where an SQS consumer's identity comes from (`[sqs] identity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum SqsIdentity {
+    /// `"cloudevents"` (the default): producers set `ce-id` and `ce-source` on every message, which
+    /// survive every move (the deduplication id is only a fallback).
+    #[default]
+    Cloudevents,
+    /// `"deduplication-id"`: the identity is the producer's `MessageDeduplicationId`, which AWS replaces
+    /// when it moves a message to a FIFO dead-letter queue, so it does not survive the redrive path.
+    DeduplicationId,
 }
 
 /// The SQS adapter's settings (`[sqs]`).
@@ -106,6 +129,8 @@ pub struct SqsSettings {
     /// Producers send an explicit `MessageDeduplicationId` (true), so the
     /// queue must not use content-based deduplication.
     pub producers_send_deduplication_id: bool,
+    /// Where the consumer's identity comes from ([`SqsIdentity::Cloudevents`]).
+    pub identity: SqsIdentity,
 }
 
 impl Default for SqsSettings {
@@ -120,6 +145,7 @@ impl Default for SqsSettings {
             dlq_retention_seconds: 14 * 86_400,
             max_receive_count: 5,
             producers_send_deduplication_id: true,
+            identity: SqsIdentity::Cloudevents,
         }
     }
 }
@@ -142,6 +168,10 @@ pub struct ServiceBusSettings {
     pub default_message_ttl_seconds: u64,
     /// Expired messages are dead-lettered (true).
     pub dead_lettering_on_message_expiration: bool,
+    /// The poison queue the worker forwards dead letters to
+    /// (`ServiceBusOptions::dead_letter_to`); unset means `{queue}-poison` when the Terraform declares
+    /// such a queue, and no forward otherwise.
+    pub dead_letter_to: Option<String>,
 }
 
 impl Default for ServiceBusSettings {
@@ -153,6 +183,7 @@ impl Default for ServiceBusSettings {
             duplicate_detection_window_seconds: 600,
             default_message_ttl_seconds: 14 * 86_400,
             dead_lettering_on_message_expiration: true,
+            dead_letter_to: None,
         }
     }
 }

@@ -40,3 +40,27 @@ fn servicebus_settings_are_the_adapters_defaults() {
         renewal_interval(o.lock_duration)
     );
 }
+
+#[test]
+fn declared_iam_actions_and_roles_are_the_adapters() {
+    assert_eq!(
+        txinbox_infra::SQS_WORKER_QUEUE_ACTIONS,
+        txinbox_sqs::iam::QUEUE_ACTIONS
+    );
+    assert_eq!(
+        txinbox_infra::SQS_WORKER_DLQ_ACTIONS,
+        txinbox_sqs::iam::DLQ_ACTIONS
+    );
+    assert_eq!(
+        txinbox_infra::SERVICEBUS_WORKER_QUEUE_ROLES,
+        txinbox_servicebus::roles::QUEUE_ROLES
+    );
+    assert_eq!(
+        txinbox_infra::SERVICEBUS_WORKER_POISON_ROLES,
+        txinbox_servicebus::roles::POISON_QUEUE_ROLES
+    );
+    assert_eq!(
+        txinbox_infra::POISON_QUEUE_SUFFIX,
+        txinbox_servicebus::roles::POISON_QUEUE_SUFFIX
+    );
+}

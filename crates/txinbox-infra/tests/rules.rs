@@ -197,8 +197,40 @@ fn dlq_retention_longer_than_inbox_retention() {
         line,
         "message_retention_seconds = 1209600 (var.dlq_message_retention_seconds",
     );
-    assert!(v.message.contains("the dead-letter queue keeps messages longer than the inbox keeps processed markers (inbox.retention_seconds = 604800 s = 7 d)"), "{}", v.message);
+    assert!(v.message.contains("the longest redelivery path is 2160000 s = 25 d, longer than the inbox keeps processed markers (inbox.retention_seconds = 604800 s = 7 d): queue retention + dead-letter queue retention + the operator's redrive grace (inbox.redrive_grace_seconds = 604800 s = 7 d), with the queue aws_sqs_queue.main message_retention_seconds = 345600"), "{}", v.message);
     assert_eq!(v.resource, "aws_sqs_queue.dlq");
+}
+
+/// Each retention is within the inbox's on its own, but the path through both (plus the redrive grace) is
+/// not: the broken copy fails, the sample (4 d + 14 d + 7 d <= 30 d) passes.
+#[test]
+fn retention_path_longer_than_inbox_retention_though_each_queue_fits() {
+    let dir = copy_of(&aws_sample(), "retention-path");
+    dir.write(
+        "terraform.tfvars",
+        "dlq_message_retention_seconds = 1209600
+message_retention_seconds = 1209600
+",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "= var.dlq_message_retention_seconds");
+    assert_violation(&v, RuleId::SqsRetentionExceedsInbox, "main.tf", line, "the longest redelivery path is 3024000 s = 35 d, longer than the inbox keeps processed markers (inbox.retention_seconds = 2592000 s = 30 d)");
+
+    // The redrive grace is a worker setting: a team that redrives within a day fits.
+    let settings =
+        WorkerSettings::from_toml_str("[inbox]\nredrive_grace_seconds = 86400\n").unwrap();
+    assert!(check_dir(dir.path(), &settings).unwrap().is_clean());
+    // A too-long grace breaks the sample itself.
+    let settings =
+        WorkerSettings::from_toml_str("[inbox]\nredrive_grace_seconds = 1036801\n").unwrap();
+    let v = only_violation(&copy_of(&aws_sample(), "grace"), &settings);
+    assert_eq!(v.rule, RuleId::SqsRetentionExceedsInbox);
+    assert!(
+        v.message
+            .contains("inbox.redrive_grace_seconds = 1036801 s = 12.0 d"),
+        "{}",
+        v.message
+    );
 }
 
 #[test]
@@ -207,19 +239,24 @@ fn queue_retention_from_tfvars_longer_than_inbox_retention() {
     dir.write("terraform.tfvars", "message_retention_seconds = 3000000\n");
     let v = only_violation(&dir, &WorkerSettings::default());
     let line = dir.line_of("main.tf", "= var.message_retention_seconds");
-    assert_violation(&v, RuleId::SqsRetentionExceedsInbox, "main.tf", line, "message_retention_seconds = 3000000 (var.message_retention_seconds, set at terraform.tfvars:1): the queue keeps messages longer");
+    assert_violation(&v, RuleId::SqsRetentionExceedsInbox, "main.tf", line, "message_retention_seconds = 3000000 (var.message_retention_seconds, set at terraform.tfvars:1): the longest redelivery path is 4814400 s = 55.7 d");
+    assert_eq!(v.resource, "aws_sqs_queue.main");
 }
+
+/// The first line of the Azure sample's main queue.
+const SB_MAIN: &str = r#"resource "azurerm_servicebus_queue" "main""#;
 
 #[test]
 fn servicebus_queue_without_duplicate_detection() {
     let dir = copy_of(&azure_sample(), "sb-dedup-off");
-    dir.edit(
+    dir.edit_after(
         "main.tf",
+        SB_MAIN,
         "requires_duplicate_detection            = true",
         "requires_duplicate_detection            = false",
     );
     let v = only_violation(&dir, &WorkerSettings::default());
-    let line = dir.line_of("main.tf", "requires_duplicate_detection");
+    let line = dir.line_after("main.tf", SB_MAIN, "requires_duplicate_detection");
     assert_violation(
         &v,
         RuleId::ServiceBusDuplicateDetectionOff,
@@ -278,8 +315,9 @@ fn servicebus_lock_duration_shorter_than_two_renewals() {
 #[test]
 fn servicebus_without_dead_lettering_on_expiry() {
     let dir = copy_of(&azure_sample(), "sb-dlx");
-    dir.edit(
+    dir.edit_after(
         "main.tf",
+        SB_MAIN,
         "  dead_lettering_on_message_expiration = true\n",
         "",
     );
@@ -302,7 +340,20 @@ fn servicebus_ttl_longer_than_inbox_retention() {
         "default     = \"P14D\"",
         "default     = \"P45D\"",
     );
-    let v = only_violation(&dir, &WorkerSettings::default());
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    let rules: Vec<RuleId> = report.violations.iter().map(|v| v.rule).collect();
+    // The queue on its own, and the path through its poison queue (45 d + 7 d + the 7-day grace).
+    assert_eq!(
+        rules,
+        [
+            RuleId::ServiceBusTtlExceedsInbox,
+            RuleId::ServiceBusRetentionPathExceedsInbox
+        ]
+    );
+    assert!(report.violations[1]
+        .message
+        .contains("the longest redelivery path is 5097600 s = 59 d"));
+    let v = report.violations[0].clone();
     let line = dir.line_of(
         "main.tf",
         "default_message_ttl                  = var.default_message_ttl",
@@ -439,4 +490,144 @@ fn config_with_unknown_key_is_an_error() {
     let source = std::error::Error::source(&err).unwrap().to_string();
     assert!(source.contains("heartbeat_interval"), "{source}");
     assert!(out.is_empty());
+}
+
+/// Issue: `SqsReceiver::connect` calls GetQueueUrl on the DLQ; a policy without it fails on AWS.
+#[test]
+fn worker_policy_without_get_queue_url_on_the_dlq() {
+    let dir = copy_of(&aws_sample(), "iam");
+    dir.edit(
+        "iam.tf",
+        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueUrl"]"#,
+        r#"actions   = ["sqs:SendMessage"]"#,
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("iam.tf", r#"data "aws_iam_policy_document" "worker""#);
+    assert_violation(
+        &v,
+        RuleId::SqsWorkerPolicyMissingAction,
+        "iam.tf",
+        line,
+        "this policy lets a worker receive from aws_sqs_queue.main but does not grant sqs:GetQueueUrl on the dead-letter queue aws_sqs_queue.dlq",
+    );
+    assert_eq!(v.resource, "data.aws_iam_policy_document.worker");
+}
+
+#[test]
+fn worker_policy_without_delete_on_the_queue_and_wildcards() {
+    let dir = copy_of(&aws_sample(), "iam-delete");
+    dir.edit("iam.tf", "      \"sqs:DeleteMessage\",\n", "");
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction);
+    assert!(
+        v.message
+            .contains("does not grant sqs:DeleteMessage on aws_sqs_queue.main"),
+        "{}",
+        v.message
+    );
+
+    // A wildcard grants them all; a JSON policy (aws_iam_policy with jsonencode) is read too.
+    let dir = copy_of(&aws_sample(), "iam-json");
+    dir.write(
+        "iam.tf",
+        r#"resource "aws_iam_policy" "worker" {
+  name = "worker"
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      { Effect = "Allow", Action = ["sqs:ReceiveMessage", "sqs:Delete*", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes"], Resource = aws_sqs_queue.main.arn },
+      { Effect = "Allow", Action = "sqs:SendMessage", Resource = [aws_sqs_queue.dlq.arn] },
+    ]
+  })
+}
+"#,
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.resource, "aws_iam_policy.worker");
+    assert!(
+        v.message
+            .contains("does not grant sqs:GetQueueUrl on the dead-letter queue"),
+        "{}",
+        v.message
+    );
+    let text = dir
+        .read("iam.tf")
+        .replace(r#"Action = "sqs:SendMessage""#, r#"Action = "sqs:*""#);
+    dir.write("iam.tf", &text);
+    assert!(check_dir(dir.path(), &WorkerSettings::default())
+        .unwrap()
+        .is_clean());
+}
+
+/// The worker's identity must send to the poison queue it forwards dead letters to.
+#[test]
+fn worker_without_data_sender_on_the_poison_queue() {
+    let dir = copy_of(&azure_sample(), "sb-roles");
+    let main = dir.read("main.tf");
+    let start = main
+        .find(r#"resource "azurerm_role_assignment" "worker_poison_sender""#)
+        .unwrap();
+    let end = start + main[start..].find("}\n").unwrap() + 2;
+    dir.write("main.tf", &format!("{}{}", &main[..start], &main[end..]));
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of(
+        "main.tf",
+        r#"resource "azurerm_role_assignment" "worker_receiver""#,
+    );
+    assert_violation(
+        &v,
+        RuleId::ServiceBusWorkerRoleMissing,
+        "main.tf",
+        line,
+        "principal var.worker_principal_id receives from azurerm_servicebus_queue.main (Azure Service Bus Data Receiver) but has no Azure Service Bus Data Sender on its poison queue azurerm_servicebus_queue.poison",
+    );
+
+    // A namespace-wide Data Sender covers the poison queue.
+    let text = dir.read("main.tf")
+        + r#"
+resource "azurerm_role_assignment" "worker_namespace_sender" {
+  scope                = azurerm_servicebus_namespace.main.id
+  role_definition_name = "Azure Service Bus Data Sender"
+  principal_id         = var.worker_principal_id
+}
+"#;
+    dir.write("main.tf", &text);
+    assert!(check_dir(dir.path(), &WorkerSettings::default())
+        .unwrap()
+        .is_clean());
+}
+
+#[test]
+fn configured_poison_queue_must_be_declared() {
+    let dir = copy_of(&azure_sample(), "sb-dead-letter-to");
+    let settings =
+        WorkerSettings::from_toml_str("[servicebus]\ndead_letter_to = \"orders-dead\"\n").unwrap();
+    let report = check_dir(dir.path(), &settings).unwrap();
+    let rules: Vec<RuleId> = report.violations.iter().map(|v| v.rule).collect();
+    assert_eq!(
+        rules,
+        [RuleId::ServiceBusWorkerRoleMissing],
+        "{:#?}",
+        report.violations
+    );
+    assert!(report.violations[0]
+        .message
+        .contains(r#"the worker forwards dead letters to "orders-dead" (servicebus.dead_letter_to) but no azurerm_servicebus_queue of that name is declared"#));
+}
+
+/// The Service Bus path: queue TTL + poison queue TTL + redrive grace.
+#[test]
+fn servicebus_retention_path_through_the_poison_queue() {
+    let dir = copy_of(&azure_sample(), "sb-path");
+    dir.write("terraform.tfvars", "poison_message_ttl = \"P14D\"\n");
+    let v = only_violation(&dir, &WorkerSettings::default());
+    let line = dir.line_of("main.tf", "= var.poison_message_ttl");
+    assert_violation(
+        &v,
+        RuleId::ServiceBusRetentionPathExceedsInbox,
+        "main.tf",
+        line,
+        "the longest redelivery path is 3024000 s = 35 d, longer than the inbox keeps processed markers",
+    );
+    assert_eq!(v.resource, "azurerm_servicebus_queue.poison");
 }

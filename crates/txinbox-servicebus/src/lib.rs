@@ -76,6 +76,7 @@ pub mod options;
 pub mod publisher;
 pub mod receiver;
 pub mod redrive;
+pub mod roles;
 mod transport;
 pub mod wire;
 

@@ -56,6 +56,38 @@ impl TempDir {
         self.write(name, &text.replacen(from, to, 1));
     }
 
+    /// Replaces the first `from` after `anchor` (e.g. a resource's first line) by `to` in `name`.
+    pub fn edit_after(&self, name: &str, anchor: &str, from: &str, to: &str) {
+        let text = self.read(name);
+        let start = text
+            .find(anchor)
+            .unwrap_or_else(|| panic!("{anchor:?} is not in {name}"));
+        let at = start
+            + text[start..]
+                .find(from)
+                .unwrap_or_else(|| panic!("{from:?} is not after {anchor:?} in {name}"));
+        self.write(
+            name,
+            &format!("{}{to}{}", &text[..at], &text[at + from.len()..]),
+        );
+    }
+
+    /// 1-based line of the first line after `anchor` containing `needle`.
+    pub fn line_after(&self, name: &str, anchor: &str, needle: &str) -> usize {
+        let text = self.read(name);
+        let start = text
+            .lines()
+            .position(|l| l.contains(anchor))
+            .unwrap_or_else(|| panic!("{anchor:?} is not in {name}"));
+        start
+            + 1
+            + text
+                .lines()
+                .skip(start)
+                .position(|l| l.contains(needle))
+                .unwrap_or_else(|| panic!("{needle:?} is not after {anchor:?} in {name}"))
+    }
+
     /// 1-based line of the only line of `name` containing `needle`.
     pub fn line_of(&self, name: &str, needle: &str) -> usize {
         let text = self.read(name);
