@@ -50,6 +50,7 @@ pub mod effects;
 pub mod error;
 pub mod fingerprint;
 pub mod handler;
+pub mod health;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod identity;
@@ -63,6 +64,7 @@ pub mod outbox;
 pub mod outcome;
 pub mod redrive;
 pub mod retention;
+pub mod settings;
 pub mod store;
 pub mod worker;
 

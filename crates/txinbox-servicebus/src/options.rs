@@ -118,6 +118,17 @@ impl ServiceBusOptions {
         self
     }
 
+    /// The options a settings file's `[servicebus]` section describes (the same file `txinbox check-infra`
+    /// checks): the lock duration (renewed every third of it) and the poison queue dead letters are forwarded
+    /// to. The rest keeps the defaults.
+    pub fn from_settings(s: &txinbox_core::settings::ServiceBusSettings) -> Self {
+        let mut o = Self::default().lock_duration(Duration::from_secs(s.lock_duration_seconds));
+        if let Some(d) = &s.dead_letter_to {
+            o = o.dead_letter_to(d);
+        }
+        o
+    }
+
     /// Checks that the options hang together. Called by [`ServiceBusReceiver::new`](crate::ServiceBusReceiver::new).
     pub fn validate(&self) -> Result<(), ServiceBusError> {
         let bad = |detail: String| Err(ServiceBusError::Config { detail });

@@ -92,6 +92,25 @@ impl SqsOptions {
         self
     }
 
+    /// The options a settings file's `[sqs]` section describes (the same file `txinbox check-infra` checks):
+    /// batch size, long-poll wait, visibility timeout (renewed every third of it), the dead-letter queue URL and
+    /// the identity (`identity = "deduplication-id"` turns [`deduplication_id_identity`](Self::deduplication_id_identity)
+    /// on). [`validate`](Self::validate) still applies when the receiver connects.
+    pub fn from_settings(s: &txinbox_core::settings::SqsSettings) -> Self {
+        let mut o = Self::default()
+            .batch_size(s.batch_size as usize)
+            .wait(Duration::from_secs(s.wait_time_seconds))
+            .visibility_timeout(Duration::from_secs(s.visibility_timeout_seconds))
+            .deduplication_id_identity(matches!(
+                s.identity,
+                txinbox_core::settings::SqsIdentity::DeduplicationId
+            ));
+        if let Some(d) = &s.dead_letter_queue_url {
+            o = o.dead_letter_queue(d);
+        }
+        o
+    }
+
     /// Checks the options against SQS's limits. Called by [`SqsReceiver::connect`](crate::SqsReceiver::connect).
     pub fn validate(&self) -> Result<(), SqsError> {
         let bad = |detail: String| Err(SqsError::InvalidOptions { detail });

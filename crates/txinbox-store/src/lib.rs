@@ -31,6 +31,7 @@ pub mod backend;
 mod conns;
 mod effects;
 pub mod error;
+mod health;
 pub mod ops;
 #[cfg(feature = "postgres")]
 pub mod postgres;

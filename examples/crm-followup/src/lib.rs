@@ -11,13 +11,15 @@
 
 use std::time::Duration;
 
+use txinbox::health::Health;
 use txinbox::http::HttpEffect;
+use txinbox::settings::WorkerSettings;
 use txinbox::sqlx::{self, Encode, Executor, IntoArguments, Type};
 use txinbox::store::Backend;
 use txinbox::{
     ConsumerName, Effect, EffectOptions, EffectRunner, Handled, HandlerError, IdentityPolicy,
-    Inbox, LeasedDelivery, Maintenance, MaintenanceOptions, Message, OutcomeKind, Receiver, Store,
-    Tx, Worker, WorkerOptions, WorkerReport,
+    Inbox, LeasedDelivery, Maintenance, MaintenanceOptions, Message, OutcomeKind, Receiver,
+    RetentionPolicy, Store, Tx, Worker, WorkerOptions, WorkerReport,
 };
 
 /// An error starting the agent.
@@ -118,6 +120,46 @@ pub struct AgentOptions {
     pub crm_url: Option<String>,
     /// Run the maintenance (retention) beside the worker this often (`None`: another process purges).
     pub maintenance_every: Option<Duration>,
+    /// How long markers are kept (`[inbox] retention_seconds`).
+    pub retention: RetentionPolicy,
+    /// Most database connections.
+    pub max_connections: u32,
+    /// Serve `GET /livez` and `GET /readyz` here (`None`: off).
+    pub health_addr: Option<std::net::SocketAddr>,
+}
+
+impl AgentOptions {
+    /// The agent as a settings file describes it (the file `txinbox check-infra --config` checks): consumer,
+    /// store, worker options, retention, maintenance cadence, health endpoint. The CRM URL is not a setting
+    /// of the inbox.
+    pub fn from_settings(s: &WorkerSettings, crm_url: Option<String>) -> Self {
+        Self {
+            store: s.store.url.clone(),
+            consumer: s.worker.consumer.clone(),
+            worker: s.worker_options(),
+            retry_backoff: Duration::from_secs(5),
+            crm_url,
+            maintenance_every: s.worker.purge_interval_seconds.map(Duration::from_secs),
+            retention: s.retention(),
+            max_connections: s.store.max_connections,
+            health_addr: s.health_addr(),
+        }
+    }
+
+    /// The effective values, one `key=value` per line, read back from the options the agent runs with (what
+    /// `--print-config` shows).
+    pub fn describe(&self) -> String {
+        format!(
+            "consumer={}\nconcurrency={}\nshutdown_timeout_seconds={}\nretention_seconds={}\nmax_connections={}\nhealth_addr={}\npurge_interval_seconds={}\n",
+            self.consumer,
+            self.worker.concurrency,
+            self.worker.shutdown_timeout.as_secs(),
+            self.retention.keep.as_secs(),
+            self.max_connections,
+            self.health_addr.map(|a| a.to_string()).unwrap_or_default(),
+            self.maintenance_every.map(|d| d.as_secs().to_string()).unwrap_or_default(),
+        )
+    }
 }
 
 /// Serves Prometheus metrics (`GET /metrics`) on `addr` through `metrics-exporter-prometheus`, with buckets for
@@ -150,17 +192,25 @@ where
     R: Receiver,
 {
     let policy = IdentityPolicy::new(ConsumerName::new(&opts.consumer)?);
+    // Bound before anything else: a worker asked to answer probes that cannot is misconfigured.
+    let health_listener = match opts.health_addr {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| format!("cannot serve the health endpoint on {a}: {e}"))?,
+        ),
+        None => None,
+    };
     let report = if opts.store.starts_with("postgres") {
-        let store =
-            Store::<sqlx::Postgres>::connect(&opts.store, opts.worker.concurrency as u32 + 2)
-                .await?;
+        let store = Store::<sqlx::Postgres>::connect(&opts.store, opts.max_connections).await?;
         sqlx::query(TASKS_PG).execute(store.pool()).await?;
         let with_crm = opts.crm_url.is_some();
         let processor = Inbox::new(store.clone(), policy)
+            .retention(opts.retention.clone())
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(receiver, processor, store.clone(), &opts).await;
+        let report = drive(receiver, processor, store.clone(), &opts, health_listener).await;
         store.close().await;
         report
     } else {
@@ -168,10 +218,11 @@ where
         sqlx::query(TASKS_SQLITE).execute(store.pool()).await?;
         let with_crm = opts.crm_url.is_some();
         let processor = Inbox::new(store.clone(), policy)
+            .retention(opts.retention.clone())
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(receiver, processor, store.clone(), &opts).await;
+        let report = drive(receiver, processor, store.clone(), &opts, health_listener).await;
         store.close().await;
         report
     };
@@ -184,6 +235,7 @@ async fn drive<R, P, DB>(
     processor: P,
     store: Store<DB>,
     opts: &AgentOptions,
+    health_listener: Option<tokio::net::TcpListener>,
 ) -> WorkerReport
 where
     R: Receiver,
@@ -196,8 +248,18 @@ where
         txinbox::shutdown_signal().await;
         signal.cancel();
     });
+    let health = Health::new().check("database", store.clone());
+    if let Some(l) = health_listener {
+        tracing::info!(addr = ?l.local_addr().ok(), "serving GET /livez and GET /readyz");
+        tokio::spawn(txinbox::health::serve(
+            l,
+            health.clone(),
+            stop.clone().cancelled_owned(),
+        ));
+    }
     let worker = Worker::new(receiver, processor)
         .options(opts.worker.clone())
+        .health(health)
         .run_until(stop.clone().cancelled_owned());
     let maintenance = async {
         let every = opts.maintenance_every?;

@@ -3,86 +3,158 @@
 //! deleted only after COMMIT.
 //!
 //! ```text
-//! sqs-crm-worker --queue-url URL [--store sqlite:crm.db | --store postgres://...] [--consumer crm-followup]
-//!                [--metrics-addr 127.0.0.1:9464] [--purge-interval-secs 60]
+//! sqs-crm-worker [--config worker.toml] [--print-config]
+//!                [--queue-url URL] [--dlq-url URL] [--store sqlite:crm.db | --store postgres://...]
+//!                [--consumer crm-followup] [--concurrency 8] [--visibility-timeout 60]
+//!                [--metrics-addr 127.0.0.1:9464] [--health-addr 127.0.0.1:8080] [--purge-interval-secs 60]
+//!                [--crm-url URL]
 //! ```
 //!
-//! Configuration comes from the standard AWS chain; `AWS_ENDPOINT_URL_SQS` points it at moto. SIGTERM or
-//! Ctrl-C stops receiving, lets in-flight messages finish (commit, then delete) and exits.
+//! Settings come from the file `txinbox check-infra --config` checks (`[worker]`, `[store]`, `[inbox]`,
+//! `[sqs]`), then the `TXINBOX_<SECTION>__<KEY>` environment overrides, then these flags: the last one wins.
+//! `--print-config` prints the values the worker would run with and exits. AWS credentials and region come from
+//! the standard AWS chain; `AWS_ENDPOINT_URL_SQS` points it at moto. SIGTERM or Ctrl-C stops receiving, lets
+//! in-flight messages finish (commit, then delete) and exits.
 
-use std::time::Duration;
+use std::path::PathBuf;
 
 use clap::Parser;
-use txinbox::WorkerOptions;
+use txinbox::settings::WorkerSettings;
 use txinbox_sqs::{SqsOptions, SqsReceiver};
 
 #[derive(Debug, Parser)]
 #[command(about = "CRM follow-up worker on SQS FIFO with the txinbox inbox")]
 struct Args {
-    /// The SQS queue URL.
-    #[arg(long, env = "CRM_QUEUE_URL")]
-    queue_url: String,
-    /// The dead-letter queue URL (default: discovered from the queue's RedrivePolicy).
-    #[arg(long, env = "CRM_DLQ_URL")]
+    /// The settings file (the one `txinbox check-infra --config` reads). Without it: the defaults and the
+    /// `TXINBOX_<SECTION>__<KEY>` environment overrides.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Print the values the worker would run with (`key=value`) and exit without connecting.
+    #[arg(long)]
+    print_config: bool,
+    /// The SQS queue URL (`[sqs] queue_url`).
+    #[arg(long)]
+    queue_url: Option<String>,
+    /// The dead-letter queue URL (`[sqs] dead_letter_queue_url`; default: the queue's RedrivePolicy target).
+    #[arg(long)]
     dlq_url: Option<String>,
-    /// The store: `sqlite:crm.db` or `postgres://user@host/db`.
-    #[arg(long, env = "CRM_STORE", default_value = "sqlite:crm.db")]
-    store: String,
-    /// The consumer name (part of every inbox key).
-    #[arg(long, default_value = "crm-followup")]
-    consumer: String,
-    /// Messages processed at once.
-    #[arg(long, default_value_t = 8)]
-    concurrency: usize,
-    /// Visibility timeout in seconds (the heartbeat renews it every third of it).
-    #[arg(long, default_value_t = 60)]
-    visibility_timeout: u64,
+    /// The store: `sqlite:crm.db` or `postgres://user@host/db` (`[store] url`).
+    #[arg(long)]
+    store: Option<String>,
+    /// The consumer name, part of every inbox key (`[worker] consumer`).
+    #[arg(long)]
+    consumer: Option<String>,
+    /// Messages processed at once (`[worker] concurrency`).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Visibility timeout in seconds, renewed every third of it (`[sqs] visibility_timeout_seconds`).
+    #[arg(long)]
+    visibility_timeout: Option<u64>,
+    /// Serve Prometheus metrics (`GET /metrics`) here, e.g. `127.0.0.1:9464` (`[worker] metrics_addr`).
+    #[arg(long)]
+    metrics_addr: Option<String>,
+    /// Serve `GET /livez` and `GET /readyz` here, e.g. `127.0.0.1:8080` (`[worker] health_addr`).
+    #[arg(long)]
+    health_addr: Option<String>,
+    /// Run the maintenance every this many seconds beside the worker (`[worker] purge_interval_seconds`).
+    #[arg(long)]
+    purge_interval_secs: Option<u64>,
     /// The external CRM's base URL (e.g. `txinbox-crm-api`'s): each follow-up task is also created there,
     /// through an effect with its idempotency key, run beside the worker.
     #[arg(long, env = "TXINBOX_CRM_URL")]
     crm_url: Option<String>,
-    /// Serve Prometheus metrics (`GET /metrics`) on this address, e.g. `127.0.0.1:9464` (default: off).
-    #[arg(long, env = "TXINBOX_METRICS_ADDR")]
-    metrics_addr: Option<std::net::SocketAddr>,
-    /// Run the maintenance every this many seconds beside the worker: purge expired markers, old evidence and
-    /// done effects in bounded batches, and publish `txinbox_inbox_rows` and the maintenance metrics (default:
-    /// off, as when `txinbox inbox purge` runs elsewhere).
-    #[arg(long, env = "TXINBOX_PURGE_INTERVAL_SECS")]
-    purge_interval_secs: Option<u64>,
 }
 
+impl Args {
+    /// The settings: file, then environment, then these flags.
+    fn settings(&self) -> Result<WorkerSettings, crm_followup::Error> {
+        let mut s = match &self.config {
+            Some(path) => WorkerSettings::load(path)?,
+            None => WorkerSettings::from_env()?,
+        };
+        let set = |to: &mut Option<String>, from: &Option<String>| {
+            if from.is_some() {
+                to.clone_from(from);
+            }
+        };
+        set(&mut s.sqs.queue_url, &self.queue_url);
+        set(&mut s.sqs.dead_letter_queue_url, &self.dlq_url);
+        set(&mut s.worker.metrics_addr, &self.metrics_addr);
+        set(&mut s.worker.health_addr, &self.health_addr);
+        if let Some(v) = &self.store {
+            s.store.url.clone_from(v);
+        }
+        if let Some(v) = &self.consumer {
+            s.worker.consumer.clone_from(v);
+        }
+        if let Some(v) = self.concurrency {
+            s.worker.concurrency = v.max(1);
+        }
+        if let Some(v) = self.visibility_timeout {
+            s.sqs.visibility_timeout_seconds = v;
+            s.sqs.heartbeat_interval_seconds = None;
+        }
+        if self.purge_interval_secs.is_some() {
+            s.worker.purge_interval_seconds = self.purge_interval_secs;
+        }
+        Ok(s)
+    }
+}
+
+/// Exit code of a worker that could not start (bad settings, a queue or database it cannot use).
+const CANNOT_START: u8 = 2;
+
 #[tokio::main]
-async fn main() -> Result<(), crm_followup::Error> {
+async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let args = Args::parse();
-    if let Some(addr) = args.metrics_addr {
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming what is wrong (the errors never carry a secret).
+            let line = e
+                .to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            eprintln!("sqs-crm-worker: {line}");
+            std::process::ExitCode::from(CANNOT_START)
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), crm_followup::Error> {
+    let settings = args.settings()?;
+    let queue_url = settings
+        .sqs
+        .queue_url
+        .clone()
+        .ok_or("no queue: set [sqs] queue_url, TXINBOX_SQS__QUEUE_URL or --queue-url")?;
+    let sqs = SqsOptions::from_settings(&settings.sqs);
+    sqs.validate()?;
+    let agent = crm_followup::AgentOptions::from_settings(&settings, args.crm_url.clone());
+    if args.print_config {
+        print!(
+            "queue_url={queue_url}\ndead_letter_queue_url={}\nvisibility_timeout_seconds={}\nrenew_every_seconds={}\nbatch_size={}\nwait_time_seconds={}\ndeduplication_id_identity={}\n{}",
+            sqs.dead_letter_queue.as_deref().unwrap_or(""),
+            sqs.visibility_timeout.as_secs(),
+            txinbox::lease::renewal_interval(sqs.visibility_timeout).as_secs_f64(),
+            sqs.batch_size,
+            sqs.wait.as_secs(),
+            sqs.deduplication_id_identity,
+            agent.describe(),
+        );
+        return Ok(());
+    }
+    if let Some(addr) = settings.metrics_addr() {
         crm_followup::serve_metrics(addr)?;
     }
-    let mut opts =
-        SqsOptions::default().visibility_timeout(Duration::from_secs(args.visibility_timeout));
-    if let Some(dlq) = &args.dlq_url {
-        opts = opts.dead_letter_queue(dlq);
-    }
     let client = txinbox_sqs::client_from_env().await;
-    let receiver = SqsReceiver::connect(client, &args.queue_url, opts).await?;
-
-    let report = crm_followup::run(
-        receiver,
-        crm_followup::AgentOptions {
-            store: args.store,
-            consumer: args.consumer,
-            // The lease keeper renews every third of the visibility timeout, which the receiver's leases report.
-            worker: WorkerOptions::default().concurrency(args.concurrency),
-            retry_backoff: Duration::from_secs(5),
-            crm_url: args.crm_url,
-            maintenance_every: args.purge_interval_secs.map(Duration::from_secs),
-        },
-    )
-    .await?;
+    let receiver = SqsReceiver::connect(client, &queue_url, sqs).await?;
+    let report = crm_followup::run(receiver, agent).await?;
     println!("{report}");
     Ok(())
 }

@@ -1,0 +1,396 @@
+//! Liveness and readiness for an orchestrator (Kubernetes probes, ECS health checks, Azure Container Apps
+//! probes).
+//!
+//! A [`Health`] handle is given to the [`Worker`](crate::Worker) ([`Worker::health`](crate::Worker::health)),
+//! which reports on it, and to whatever answers the probes: [`serve`] (feature `health-server`, a tiny HTTP
+//! server: `GET /livez`, `GET /readyz`), or your own web framework through [`Health::liveness`] and
+//! [`Health::readiness`].
+//!
+//! * **Liveness** (`/livez`): the worker's loop is running and has turned within
+//!   [`live_timeout`](Health::live_timeout) (default 2 min; a long poll lasts at most 20 s, so a loop silent for
+//!   longer is stuck). Map it to the liveness probe: failing, the orchestrator restarts the process. A loop that
+//!   ended (shutdown, or gave up on persistent errors) is not live.
+//! * **Readiness** (`/readyz`): the worker has started, is not stopping, its last receive succeeded (the queue is
+//!   reachable and the worker is receiving), and every registered check passes, each within
+//!   [`check_timeout`](Health::check_timeout) (default 2 s): add the database with
+//!   [`Health::check`] (the stores implement [`HealthCheck`] with a `SELECT 1`). Map it to the readiness probe
+//!   (Kubernetes, Container Apps) or to the load balancer's health check. It turns false while the database or
+//!   the queue cannot be reached and true again once they can, without a restart.
+//!
+//! Both answer `200` with a body of one line per check (`ok database`, `fail queue: HTTP 401 ...`), or `503`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A boxed future, as a [`HealthCheck`] returns it.
+pub type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// Something readiness depends on: the database, a downstream API. `Err` carries a short reason for the probe's
+/// body; it must not contain a secret.
+pub trait HealthCheck: Send + Sync + 'static {
+    /// Checks once.
+    fn check(&self) -> CheckFuture<'_>;
+}
+
+impl<F, Fut> HealthCheck for F
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    fn check(&self) -> CheckFuture<'_> {
+        Box::pin(self())
+    }
+}
+
+const NOT_STARTED: u8 = 0;
+const RUNNING: u8 = 1;
+const STOPPING: u8 = 2;
+const STOPPED: u8 = 3;
+
+struct Inner {
+    state: AtomicU8,
+    last_turn: Mutex<Instant>,
+    receive_ok: AtomicBool,
+    receive_error: Mutex<Option<String>>,
+    checks: Mutex<Vec<(String, Arc<dyn HealthCheck>)>>,
+    live_timeout: Mutex<Duration>,
+    check_timeout: Mutex<Duration>,
+}
+
+/// The health of one worker (cheap to clone: clones share the state). See the [module docs](self).
+#[derive(Clone)]
+pub struct Health {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("state", &self.inner.state.load(Ordering::SeqCst))
+            .field("receive_ok", &self.inner.receive_ok.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One line of a probe's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckResult {
+    /// `worker`, `queue`, or the name given to [`Health::check`].
+    pub name: String,
+    /// Whether it passed.
+    pub ok: bool,
+    /// Why not (empty when ok).
+    pub detail: String,
+}
+
+/// A probe's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthStatus {
+    /// Whether every check passed.
+    pub ok: bool,
+    /// Each check.
+    pub checks: Vec<CheckResult>,
+}
+
+impl std::fmt::Display for HealthStatus {
+    /// One line per check: `ok NAME` or `fail NAME: DETAIL`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for c in &self.checks {
+            if c.ok {
+                writeln!(f, "ok {}", c.name)?;
+            } else {
+                writeln!(f, "fail {}: {}", c.name, c.detail)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn result(name: &str, ok: bool, detail: impl Into<String>) -> CheckResult {
+    CheckResult {
+        name: name.into(),
+        ok,
+        detail: if ok { String::new() } else { detail.into() },
+    }
+}
+
+impl Health {
+    /// A handle for a worker that has not started.
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                state: AtomicU8::new(NOT_STARTED),
+                last_turn: Mutex::new(Instant::now()),
+                receive_ok: AtomicBool::new(true),
+                receive_error: Mutex::new(None),
+                checks: Mutex::new(Vec::new()),
+                live_timeout: Mutex::new(Duration::from_secs(120)),
+                check_timeout: Mutex::new(Duration::from_secs(2)),
+            }),
+        }
+    }
+
+    /// Sets how long the worker's loop may stay silent and still be live (default 2 min).
+    pub fn live_timeout(self, d: Duration) -> Self {
+        *lock(&self.inner.live_timeout) = d;
+        self
+    }
+
+    /// Sets how long one readiness check may take before it counts as failed (default 2 s).
+    pub fn check_timeout(self, d: Duration) -> Self {
+        *lock(&self.inner.check_timeout) = d;
+        self
+    }
+
+    /// Adds a readiness check named `name` (`database`, ...).
+    pub fn check(self, name: impl Into<String>, check: impl HealthCheck) -> Self {
+        lock(&self.inner.checks).push((name.into(), Arc::new(check)));
+        self
+    }
+
+    /// The worker started its loop.
+    pub fn worker_started(&self) {
+        *lock(&self.inner.last_turn) = Instant::now();
+        self.inner.state.store(RUNNING, Ordering::SeqCst);
+    }
+
+    /// The worker's loop turned (it is about to receive, or has just received).
+    pub fn worker_turned(&self) {
+        *lock(&self.inner.last_turn) = Instant::now();
+    }
+
+    /// A receive succeeded (even when it brought nothing).
+    pub fn receive_succeeded(&self) {
+        self.worker_turned();
+        self.inner.receive_ok.store(true, Ordering::SeqCst);
+        *lock(&self.inner.receive_error) = None;
+    }
+
+    /// A receive failed with `error` (its `Display`, which never holds a secret for the adapters here).
+    pub fn receive_failed(&self, error: &dyn std::fmt::Display) {
+        self.worker_turned();
+        self.inner.receive_ok.store(false, Ordering::SeqCst);
+        *lock(&self.inner.receive_error) = Some(error.to_string());
+    }
+
+    /// The worker stopped receiving and drains.
+    pub fn worker_stopping(&self) {
+        self.inner.state.store(STOPPING, Ordering::SeqCst);
+    }
+
+    /// The worker's run returned.
+    pub fn worker_stopped(&self) {
+        self.inner.state.store(STOPPED, Ordering::SeqCst);
+    }
+
+    /// Liveness: the loop runs (or drains) and turned within the live timeout.
+    pub fn liveness(&self) -> HealthStatus {
+        let state = self.inner.state.load(Ordering::SeqCst);
+        let silent = lock(&self.inner.last_turn).elapsed();
+        let limit = *lock(&self.inner.live_timeout);
+        let c = match state {
+            NOT_STARTED => result("worker", true, ""), // starting: give it time (a startup probe's job)
+            STOPPED => result("worker", false, "the worker's loop has ended"),
+            _ if state == RUNNING && silent > limit => result(
+                "worker",
+                false,
+                format!(
+                    "the worker's loop has not turned for {} s (limit {} s)",
+                    silent.as_secs(),
+                    limit.as_secs()
+                ),
+            ),
+            _ => result("worker", true, ""),
+        };
+        HealthStatus {
+            ok: c.ok,
+            checks: vec![c],
+        }
+    }
+
+    /// Readiness: started, not stopping, the last receive succeeded, and every check passes (run now, each
+    /// within the check timeout, all at once).
+    pub async fn readiness(&self) -> HealthStatus {
+        let state = self.inner.state.load(Ordering::SeqCst);
+        let mut checks = vec![match state {
+            NOT_STARTED => result("worker", false, "not started"),
+            RUNNING => result("worker", true, ""),
+            STOPPING => result("worker", false, "stopping"),
+            _ => result("worker", false, "stopped"),
+        }];
+        let receive_ok = self.inner.receive_ok.load(Ordering::SeqCst);
+        checks.push(result(
+            "queue",
+            receive_ok,
+            lock(&self.inner.receive_error)
+                .clone()
+                .unwrap_or_else(|| "the last receive failed".into()),
+        ));
+        let registered: Vec<_> = lock(&self.inner.checks).clone();
+        let timeout = *lock(&self.inner.check_timeout);
+        let results = futures::future::join_all(registered.iter().map(|(name, c)| async move {
+            match tokio::time::timeout(timeout, c.check()).await {
+                Ok(Ok(())) => result(name, true, ""),
+                Ok(Err(e)) => result(name, false, e),
+                Err(_) => result(
+                    name,
+                    false,
+                    format!("no answer within {} ms", timeout.as_millis()),
+                ),
+            }
+        }))
+        .await;
+        checks.extend(results);
+        HealthStatus {
+            ok: checks.iter().all(|c| c.ok),
+            checks,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serves `GET /livez` and `GET /readyz` for `health` on `listener` until `shutdown` resolves (feature
+/// `health-server`). Any other path is `404`; any other method `405`. Each answer is `200` or `503` with the
+/// status's lines as `text/plain`.
+///
+/// ```no_run
+/// # async fn run(health: txinbox_core::health::Health) -> std::io::Result<()> {
+/// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+/// tokio::spawn(txinbox_core::health::serve(listener, health, std::future::pending()));
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "health-server")]
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    health: Health,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper::{Method, Response, StatusCode};
+
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "health endpoint: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let health = health.clone();
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let health = health.clone();
+                    async move {
+                        let status = match (req.method(), req.uri().path()) {
+                            (&Method::GET, "/livez") => Some(health.liveness()),
+                            (&Method::GET, "/readyz") => Some(health.readiness().await),
+                            _ => None,
+                        };
+                        let (code, body) = match (status, req.method() == Method::GET) {
+                            (Some(s), _) if s.ok => (StatusCode::OK, s.to_string()),
+                            (Some(s), _) => (StatusCode::SERVICE_UNAVAILABLE, s.to_string()),
+                            (None, true) => (StatusCode::NOT_FOUND, "not found\n".into()),
+                            (None, false) => (StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into()),
+                        };
+                        Ok::<_, std::convert::Infallible>(
+                            Response::builder()
+                                .status(code)
+                                .header("content-type", "text/plain; charset=utf-8")
+                                .header("cache-control", "no-store")
+                                .body(Full::new(Bytes::from(body)))
+                                .unwrap_or_default(),
+                        )
+                    }
+                });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .header_read_timeout(Duration::from_secs(5))
+                .serve_connection(io, svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "health endpoint: connection ended with an error");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn readiness_follows_the_worker_the_queue_and_the_checks() {
+        let db_up = Arc::new(AtomicBool::new(true));
+        let flag = db_up.clone();
+        let h = Health::new().check("database", move || {
+            let up = flag.load(Ordering::SeqCst);
+            async move {
+                if up {
+                    Ok(())
+                } else {
+                    Err("connection refused".to_string())
+                }
+            }
+        });
+        assert!(!h.readiness().await.ok, "not started");
+        assert!(h.liveness().ok, "starting counts as live");
+        h.worker_started();
+        assert!(h.readiness().await.ok);
+        h.receive_failed(&"HTTP 401 (Unauthorized)");
+        let r = h.readiness().await;
+        assert!(!r.ok);
+        assert!(r.to_string().contains("fail queue: HTTP 401"), "{r}");
+        h.receive_succeeded();
+        assert!(h.readiness().await.ok);
+        db_up.store(false, Ordering::SeqCst);
+        let r = h.readiness().await;
+        assert_eq!(
+            r.to_string(),
+            "ok worker\nok queue\nfail database: connection refused\n"
+        );
+        db_up.store(true, Ordering::SeqCst);
+        assert!(h.readiness().await.ok);
+        h.worker_stopping();
+        assert!(!h.readiness().await.ok);
+        assert!(h.liveness().ok, "draining is alive");
+        h.worker_stopped();
+        assert!(!h.liveness().ok);
+    }
+
+    #[tokio::test]
+    async fn a_silent_loop_is_not_live_and_a_hung_check_is_not_ready() {
+        let h = Health::new()
+            .live_timeout(Duration::from_millis(20))
+            .check_timeout(Duration::from_millis(20))
+            .check("database", || std::future::pending::<Result<(), String>>());
+        h.worker_started();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(!h.liveness().ok);
+        h.worker_turned();
+        assert!(h.liveness().ok);
+        let r = h.readiness().await;
+        assert!(
+            r.to_string()
+                .contains("fail database: no answer within 20 ms"),
+            "{r}"
+        );
+    }
+}
