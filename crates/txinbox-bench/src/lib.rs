@@ -10,6 +10,18 @@
 //!   (`BEGIN`, the marker insert (the store's marker insert), the business insert, `COMMIT`),
 //!   the measure of what the database itself allows.
 //!
+//! With `--batch B` (default 10) each concurrency also gets a batch line:
+//! * `inbox_batchB`: the same handler through [`txinbox_core::Inbox::process_batch`], B new messages per
+//!   transaction (a savepoint, the marker insert and the business insert per message, one COMMIT);
+//! * `pgbench_batchB`: pgbench running exactly that batched SQL, in messages per second;
+//! * `batch/bare` (targets 1.2 at c=8) and `batch/pgbench_batch` (target 0.80).
+//!
+//! Then an end-to-end line (`--e2e-messages`, default 100,000; 0 skips it): the messages go through a
+//! [`txinbox_core::Worker`] with batch commit B and `--e2e-in-flight` deliveries in flight, from the in-memory
+//! broker with a simulated round trip of `--e2e-round-trip-ms` on every receive, settle and lease renewal,
+//! into the inbox on PostgreSQL: messages per second applied, and the process's resident memory (VmRSS) at the
+//! start, after the first tenth, at the end and at its highest.
+//!
 //! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
 //! every measurement once, one after the other (`inbox` and `pgbench_inbox` back to back, in alternating
 //! order), so that a slow minute of a shared machine falls on all of them alike. The target is `inbox/pgbench >= 0.80`. A `#` line per concurrency adds the same
@@ -24,8 +36,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use txinbox_core::{
-    BrokerError, ConsumerName, DeadLetter, Delivery, Handler, HandlerError, IdentityPolicy, Inbox,
-    InboxProcessor, Lease, Message, Raw, ReceivedMessage,
+    BrokerError, CancellationToken, ConsumerName, DeadLetter, Delivery, Handler, HandlerError,
+    IdentityPolicy, Inbox, InboxProcessor, Lease, Message, Raw, ReceivedMessage,
 };
 use txinbox_store::{Store, Tx};
 use txinbox_testkit::lab::LabError;
@@ -57,6 +69,22 @@ pub struct BenchArgs {
     /// during a purge (the maintenance with its default batch and pause), and without again.
     #[arg(long)]
     pub purge_impact: Option<i64>,
+    /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64; 1 skips the batch
+    /// lines and runs the end-to-end worker without batch commit).
+    #[arg(long, default_value_t = 10)]
+    pub batch: usize,
+    /// Messages of the end-to-end run through the worker and the in-memory broker (0 skips it).
+    #[arg(long, default_value_t = 100_000)]
+    pub e2e_messages: u64,
+    /// Simulated broker round trip of the end-to-end run, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pub e2e_round_trip_ms: u64,
+    /// Deliveries in flight in the end-to-end run (the worker's concurrency).
+    #[arg(long, default_value_t = 32)]
+    pub e2e_in_flight: usize,
+    /// Only the end-to-end line.
+    #[arg(long)]
+    pub e2e_only: bool,
 }
 
 const CONSUMER: &str = "bench";
@@ -166,7 +194,34 @@ async fn reset(pool: &sqlx::PgPool) -> Result<(), LabError> {
     Ok(())
 }
 
-fn pgbench_script(dir: &std::path::Path) -> Result<std::path::PathBuf, LabError> {
+/// The pgbench script: one message per transaction (`batch` 0), or `batch` messages per transaction each under
+/// the store's savepoint, as [`txinbox_core::Inbox::process_batch`] sends them.
+fn pgbench_script(dir: &std::path::Path, batch: usize) -> Result<std::path::PathBuf, LabError> {
+    let mut script = String::from("\\set n random(1, 9000000000000000000)\nBEGIN;\n");
+    if batch == 0 {
+        let (marker, business) = pgbench_statements("");
+        script.push_str(&format!("{marker};\n{business};\n"));
+    }
+    for k in 0..batch {
+        let (marker, business) = pgbench_statements(&format!("-{k}"));
+        script.push_str(&format!(
+            "{};\n{marker};\n{business};\n",
+            txinbox_store::postgres::savepoint_sql()
+        ));
+    }
+    script.push_str("COMMIT;\n");
+    let path = dir.join(format!(
+        "txinbox-bench-{}.sql",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&path, script)
+        .map_err(|e| LabError::Usage(format!("cannot write the pgbench script: {e}")))?;
+    Ok(path)
+}
+
+/// The marker insert and the business insert of one message, ids ending in `suffix`.
+fn pgbench_statements(suffix: &str) -> (String, String) {
+    let id = format!("'pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text) || '{suffix}'");
     // Exactly the statements the inbox sends on the apply path, with values of the same shape.
     let marker = txinbox_store::postgres::insert_marker_sql()
         .replace("$10", "now()")
@@ -175,10 +230,7 @@ fn pgbench_script(dir: &std::path::Path) -> Result<std::path::PathBuf, LabError>
         .replace("$13", "1")
         .replace("$1,", "'bench',")
         .replace("$2,", "'urn.bench',")
-        .replace(
-            "$3,",
-            "'pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text),",
-        )
+        .replace("$3,", &format!("{id},"))
         .replace("$4,", "'bench.event',")
         .replace("$5,", "NULL,")
         .replace(
@@ -191,22 +243,10 @@ fn pgbench_script(dir: &std::path::Path) -> Result<std::path::PathBuf, LabError>
     let business = BUSINESS_INSERT
         .replace(
             "$1",
-            "'t-' || CAST(:client_id AS text) || '-' || CAST(:n AS text)",
+            &format!("'t-' || CAST(:client_id AS text) || '-' || CAST(:n AS text) || '{suffix}'"),
         )
-        .replace(
-            "$2",
-            "'pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text)",
-        );
-    let script = format!(
-        "\\set n random(1, 9000000000000000000)\nBEGIN;\n{marker};\n{business};\nCOMMIT;\n"
-    );
-    let path = dir.join(format!(
-        "txinbox-bench-{}.sql",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::write(&path, script)
-        .map_err(|e| LabError::Usage(format!("cannot write the pgbench script: {e}")))?;
-    Ok(path)
+        .replace("$2", &id);
+    (marker, business)
 }
 
 fn run_pgbench(
@@ -299,6 +339,8 @@ struct Round {
     dup: Rate,
     same_sql: Rate,
     pgbench: Rate,
+    /// `inbox_batchB` and `pgbench_batchB`, in messages per second.
+    batch: Option<(Rate, Rate)>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -331,6 +373,16 @@ struct Bench<H> {
     inbox: Arc<BenchInbox<H>>,
     pg_url: String,
     script: std::path::PathBuf,
+    batch_script: Option<std::path::PathBuf>,
+}
+
+/// A rate of batches as a rate of messages.
+fn per_message(r: Rate, batch: usize) -> Rate {
+    let b = batch as f64;
+    Rate {
+        per_sec: r.per_sec * b,
+        cpu_us: r.cpu_us.map(|[u, s]| [u / b, s / b]),
+    }
 }
 
 impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
@@ -428,6 +480,35 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
         run_pgbench(&self.args, &self.pg_url, &self.script, c)
     }
 
+    /// Batches of `--batch` new messages through [`InboxProcessor::process_batch`], in messages per second.
+    async fn inbox_batch(&self, c: usize, round: usize) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        let ib = self.inbox.clone();
+        let b = self.args.batch;
+        let r = measure(c, self.args.seconds, move |t, i| {
+            let ib = ib.clone();
+            Box::pin(async move {
+                let batch: Vec<NoopDelivery> = (0..b)
+                    .map(|k| NoopDelivery(message(&format!("ib-{c}-{round}-{t}-{i}-{k}"), i)))
+                    .collect();
+                let out = ib.process_batch(batch, &CancellationToken::new()).await;
+                match out.iter().find(|o| o.label() != "applied") {
+                    None => Ok(()),
+                    Some(o) => Err(format!("unexpected outcome {o} in a batch, wanted applied")),
+                }
+            })
+        })
+        .await?;
+        Ok(per_message(r, b))
+    }
+
+    /// pgbench on the batched SQL, in messages per second.
+    async fn pgbench_batch(&self, c: usize, script: &std::path::Path) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        let r = run_pgbench(&self.args, &self.pg_url, script, c)?;
+        Ok(per_message(r, self.args.batch))
+    }
+
     async fn round(&self, c: usize, round: usize) -> Result<Round, LabError> {
         // The two figures of the target run back to back, in alternating order from round to round, so that
         // neither always follows the other.
@@ -438,9 +519,21 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
             let pgbench = self.pgbench(c).await?;
             (self.inbox(c, round).await?, pgbench)
         };
+        let batch = match &self.batch_script {
+            None => None,
+            Some(script) if round % 2 == 0 => {
+                let ib = self.inbox_batch(c, round).await?;
+                Some((ib, self.pgbench_batch(c, script).await?))
+            }
+            Some(script) => {
+                let pgb = self.pgbench_batch(c, script).await?;
+                Some((self.inbox_batch(c, round).await?, pgb))
+            }
+        };
         Ok(Round {
             inbox,
             pgbench,
+            batch,
             bare: self.bare(c, round).await?,
             dup: self.dup(c, round).await?,
             same_sql: self.same_sql(c, round).await?,
@@ -485,6 +578,36 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
             us(same_sql),
             us(pgb)
         );
+        if self.batch_script.is_some() {
+            let b = self.args.batch;
+            let ib = median_rate(&rounds, |r| r.batch.map_or(r.inbox, |(i, _)| i));
+            let pgbb = median_rate(&rounds, |r| r.batch.map_or(r.pgbench, |(_, p)| p));
+            println!(
+                "c={c} bare={:.0} inbox_batch{b}={:.0} pgbench_batch{b}={:.0} batch/bare={:.2} batch/pgbench_batch={:.2}",
+                bare.per_sec,
+                ib.per_sec,
+                pgbb.per_sec,
+                ib.per_sec / bare.per_sec,
+                ib.per_sec / pgbb.per_sec
+            );
+            let per_round: Vec<String> = rounds
+                .iter()
+                .filter_map(|r| {
+                    let (i, p) = r.batch?;
+                    Some(format!(
+                        "{:.2}:{:.2}",
+                        i.per_sec / r.bare.per_sec,
+                        i.per_sec / p.per_sec
+                    ))
+                })
+                .collect();
+            println!(
+                "#   c={c} per_round(batch/bare:batch/pgbench_batch)=[{}] client_cpu_us_per_msg(user+sys): inbox_batch{b}={} pgbench_batch{b}={}",
+                per_round.join(" "),
+                us(ib),
+                us(pgbb)
+            );
+        }
         Ok(())
     }
 }
@@ -504,6 +627,18 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
             "--seconds, --rounds and every --concurrency must be at least 1".into(),
         ));
     }
+    if !(1..=txinbox_core::worker::MAX_BATCH_COMMIT).contains(&args.batch) {
+        return Err(LabError::Usage(format!(
+            "--batch must be 1 to {}",
+            txinbox_core::worker::MAX_BATCH_COMMIT
+        )));
+    }
+    if args.e2e_in_flight == 0 {
+        return Err(LabError::Usage("--e2e-in-flight must be at least 1".into()));
+    }
+    if args.e2e_only {
+        return e2e(&args).await;
+    }
     let max_c = args.concurrency.iter().copied().max().unwrap_or(1) as u32;
     let (schema, store) = bench_store(&args.store, max_c + 1).await?;
     let pool = store.pool().clone();
@@ -514,7 +649,12 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         "{}{sep}sslmode=disable&options=-csearch_path%3D{schema}",
         args.store
     );
-    let script = pgbench_script(&std::env::temp_dir())?;
+    let script = pgbench_script(&std::env::temp_dir(), 0)?;
+    let batch_script = if args.batch > 1 {
+        Some(pgbench_script(&std::env::temp_dir(), args.batch)?)
+    } else {
+        None
+    };
     let inbox = Arc::new(bench_inbox(&store)?);
     println!(
         "# txinbox bench: PostgreSQL, {}s per figure, median of {} rounds, messages or transactions per second; target inbox/pgbench >= 0.80",
@@ -527,6 +667,7 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         inbox,
         pg_url,
         script,
+        batch_script,
     };
     let mut result = Ok(());
     for &c in &bench.args.concurrency {
@@ -536,9 +677,152 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         }
     }
     let _ = std::fs::remove_file(&bench.script);
+    if let Some(s) = &bench.batch_script {
+        let _ = std::fs::remove_file(s);
+    }
     store.close().await;
     drop_schema(&store_url, &schema).await;
-    result
+    result?;
+    e2e(&bench.args).await
+}
+
+/// Resident memory of this process in KiB (`VmRSS` of `/proc/self/status`); `None` off Linux.
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// The end-to-end line: `--e2e-messages` new messages through the worker (batch commit `--batch`,
+/// `--e2e-in-flight` in flight) from the in-memory broker with a simulated round trip into the inbox on
+/// PostgreSQL. The producer keeps at most a few thousand messages waiting in the broker, as a steady stream
+/// does, so that the broker's own memory does not hide the worker's.
+async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
+    use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+    use txinbox_core::{OutcomeKind, Worker, WorkerOptions};
+    let n = args.e2e_messages;
+    if n == 0 {
+        return Ok(());
+    }
+    let in_flight = args.e2e_in_flight;
+    let rt = Duration::from_millis(args.e2e_round_trip_ms);
+    let (schema, store) = bench_store(&args.store, in_flight as u32 + 1).await?;
+    let processor = bench_inbox(&store)?;
+    let queue = MemoryQueue::new(
+        QueueOptions::default()
+            .round_trip(rt)
+            .wait(Duration::from_millis(20))
+            .visibility_timeout(Duration::from_secs(30)),
+    );
+    let sent = Arc::new(AtomicU64::new(0));
+    let waiting = |q: &MemoryQueue| {
+        let s = q.state();
+        (s.visible + s.in_flight + s.delayed) as u64
+    };
+    // Producer: keeps the queue fed, never more than `depth` waiting.
+    let depth = 2_000.max(in_flight as u64 * 20);
+    let producer = {
+        let (q, sent) = (queue.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut next = 0u64;
+            while next < n {
+                if waiting(&q) < depth {
+                    for _ in 0..(depth / 4).min(n - next) {
+                        let body =
+                            format!("{{\"opportunity\":\"o-{next}\",\"meeting\":\"m-{next}\"}}");
+                        q.send(OutgoingMessage::new(body).cloudevent(
+                            "urn.bench",
+                            &format!("e2e-{next}"),
+                            "bench.event",
+                        ));
+                        next += 1;
+                    }
+                    sent.store(next, Ordering::Relaxed);
+                } else {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        })
+    };
+    // Memory sampler: start, after the first tenth, end, highest.
+    let rss_start = rss_kib();
+    let rss_max = Arc::new(AtomicU64::new(rss_start.unwrap_or(0)));
+    let rss_warm = Arc::new(AtomicU64::new(0));
+    let stop_sampler = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (q, sent, max, warm, stop) = (
+            queue.clone(),
+            sent.clone(),
+            rss_max.clone(),
+            rss_warm.clone(),
+            stop_sampler.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(kib) = rss_kib() {
+                    max.fetch_max(kib, Ordering::Relaxed);
+                    let done = sent.load(Ordering::Relaxed).saturating_sub(waiting(&q));
+                    if done >= n / 10 && warm.load(Ordering::Relaxed) == 0 {
+                        warm.store(kib, Ordering::Relaxed);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let started = Instant::now();
+    let (q, s) = (queue.clone(), sent.clone());
+    let report = Worker::new(queue.receiver(), processor)
+        .options(
+            WorkerOptions::default()
+                .concurrency(in_flight)
+                .batch_size(10)
+                .batch_commit(args.batch),
+        )
+        .run_until(async move {
+            loop {
+                if s.load(Ordering::Relaxed) >= n && waiting(&q) == 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    let secs = started.elapsed().as_secs_f64();
+    stop_sampler.store(true, Ordering::Relaxed);
+    let _ = sampler.await;
+    let _ = producer.await;
+    let rss_end = rss_kib();
+    let applied = report.count(OutcomeKind::Applied);
+    let rows = store.inbox_rows(CONSUMER).await?;
+    let mib =
+        |k: Option<u64>| k.map_or_else(|| "?".to_owned(), |k| format!("{:.1}", k as f64 / 1024.0));
+    let warm = Some(rss_warm.load(Ordering::Relaxed)).filter(|k| *k > 0);
+    let growth = match (warm, rss_end) {
+        (Some(w), Some(e)) => format!("{:+.1}%", (e as f64 - w as f64) / w as f64 * 100.0),
+        _ => "?".to_owned(),
+    };
+    println!(
+        "e2e worker batch_commit={} in_flight={in_flight} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        args.batch,
+        args.e2e_round_trip_ms,
+        applied as f64 / secs,
+        mib(rss_start),
+        mib(warm),
+        mib(rss_end),
+        mib(Some(rss_max.load(Ordering::Relaxed)).filter(|k| *k > 0)),
+    );
+    store.close().await;
+    drop_schema(&args.store, &schema).await;
+    if applied != n || rows != n as i64 {
+        return Err(LabError::Usage(format!(
+            "end-to-end run: {applied} applied and {rows} inbox rows of {n} messages"
+        )));
+    }
+    Ok(())
 }
 
 /// A fresh schema on `url` with the inbox's tables and the handler's `bench_tasks`; dropped by [`drop_schema`].
@@ -648,11 +932,29 @@ mod tests {
     #[test]
     fn the_pgbench_script_binds_every_parameter_of_the_store_statement() {
         let dir = std::env::temp_dir();
-        let path = super::pgbench_script(&dir).unwrap();
+        let path = super::pgbench_script(&dir, 0).unwrap();
         let script = std::fs::read_to_string(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         assert!(!script.contains('$'), "{script}");
         assert!(script.contains("ON CONFLICT DO NOTHING"), "{script}");
         assert_eq!(script.matches("INSERT INTO").count(), 2, "{script}");
+        assert!(!script.contains("SAVEPOINT"), "{script}");
+    }
+
+    /// The batched script: per message the store's savepoint, its marker insert and the business insert, one
+    /// COMMIT, every message id distinct.
+    #[test]
+    fn the_batched_pgbench_script_sends_what_a_batch_sends() {
+        let dir = std::env::temp_dir();
+        let path = super::pgbench_script(&dir, 10).unwrap();
+        let script = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(!script.contains('$'), "{script}");
+        assert_eq!(script.matches("SAVEPOINT txinbox_delivery").count(), 10);
+        assert_eq!(script.matches("INSERT INTO").count(), 20, "{script}");
+        assert_eq!(script.matches("COMMIT").count(), 1, "{script}");
+        for k in 0..10 {
+            assert_eq!(script.matches(&format!("|| '-{k}'")).count(), 3, "{script}");
+        }
     }
 }

@@ -74,6 +74,34 @@ pub struct QueueOptions {
     pub max_receive_count: Option<u32>,
     /// How long a receive waits for a message (default 0: return at once).
     pub wait: Duration,
+    /// A simulated network round trip added to every call a worker makes on the queue: each receive, ack,
+    /// release, dead-letter and lease renewal takes this long (default zero). Benchmarks set it so that their
+    /// figures include what a broker over a network costs; [`MemoryQueue::receive_now`] and the queue's own
+    /// inspection methods never wait.
+    pub round_trip: Duration,
+}
+
+impl QueueOptions {
+    /// Sets the visibility timeout.
+    pub fn visibility_timeout(mut self, d: Duration) -> Self {
+        self.visibility_timeout = d;
+        self
+    }
+    /// Sets the receive count after which a message is dead-lettered (`None`: never).
+    pub fn max_receive_count(mut self, n: Option<u32>) -> Self {
+        self.max_receive_count = n;
+        self
+    }
+    /// Sets how long a receive waits for a message.
+    pub fn wait(mut self, d: Duration) -> Self {
+        self.wait = d;
+        self
+    }
+    /// Sets the simulated round trip of every call on the queue.
+    pub fn round_trip(mut self, d: Duration) -> Self {
+        self.round_trip = d;
+        self
+    }
 }
 
 impl Default for QueueOptions {
@@ -82,6 +110,7 @@ impl Default for QueueOptions {
             visibility_timeout: Duration::from_secs(30),
             max_receive_count: Some(5),
             wait: Duration::ZERO,
+            round_trip: Duration::ZERO,
         }
     }
 }
@@ -185,6 +214,14 @@ impl MemoryQueue {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The simulated network round trip of one call.
+    async fn round_trip(&self) {
+        let rt = self.inner.opts.round_trip;
+        if !rt.is_zero() {
+            tokio::time::sleep(rt).await;
+        }
     }
 
     /// Sends a message.
@@ -386,6 +423,7 @@ impl Receiver for MemoryReceiver {
             let notified = self.queue.inner.notify.notified();
             let got = self.queue.receive_now(max);
             if !got.is_empty() || tokio::time::Instant::now() >= deadline {
+                self.queue.round_trip().await;
                 return Ok(got);
             }
             // Wake on a send, or poll again shortly (visibility expiry has no event).
@@ -417,6 +455,7 @@ impl Delivery for MemoryDelivery {
     }
 
     async fn ack(self) -> Result<(), BrokerError> {
+        self.queue.round_trip().await;
         let fault = self.queue.lock().faults.pop_front();
         if fault == Some(SettleFault::Fail) {
             return Err(BrokerError::new(
@@ -439,6 +478,7 @@ impl Delivery for MemoryDelivery {
     }
 
     async fn release(self, delay: Duration) -> Result<(), BrokerError> {
+        self.queue.round_trip().await;
         self.queue
             .with_current(self.seq, self.receipt, |s, i, now| {
                 let m = &mut s.messages[i];
@@ -450,6 +490,7 @@ impl Delivery for MemoryDelivery {
     }
 
     async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
+        self.queue.round_trip().await;
         self.queue.with_current(self.seq, self.receipt, |s, i, _| {
             if let Some(m) = s.messages.remove(i) {
                 s.dead.push((m.msg, why));
@@ -486,6 +527,7 @@ impl Lease for MemoryLease {
 
     fn renew(&self, by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
         Box::pin(async move {
+            self.queue.round_trip().await;
             let until = self
                 .queue
                 .with_current(self.seq, self.receipt, |s, i, now| {
@@ -560,6 +602,32 @@ mod tests {
         q.send(OutgoingMessage::new("a"));
         let d = q.receive_now(1).pop().unwrap();
         assert_eq!(d.lease().unwrap().duration(), Duration::from_secs(7));
+    }
+
+    /// Each call waits at least the round trip (a lower bound: the sleep is the behaviour, not a timing).
+    #[tokio::test]
+    async fn every_call_takes_the_round_trip() {
+        let rt = Duration::from_millis(10);
+        let q = MemoryQueue::new(QueueOptions::default().round_trip(rt));
+        q.send(OutgoingMessage::new("a"));
+        q.send(OutgoingMessage::new("b"));
+        let mut r = q.receiver();
+        let t = std::time::Instant::now();
+        let mut got = r.receive(2).await.unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(t.elapsed() >= rt);
+        got.pop().unwrap().ack().await.unwrap();
+        assert!(t.elapsed() >= 2 * rt);
+        let d = got.pop().unwrap();
+        d.lease()
+            .unwrap()
+            .renew(Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(t.elapsed() >= 3 * rt);
+        d.release(Duration::ZERO).await.unwrap();
+        assert!(t.elapsed() >= 4 * rt);
+        assert_eq!(q.receive_now(2).len(), 1, "released, the other acked");
     }
 
     #[tokio::test]

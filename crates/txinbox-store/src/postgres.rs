@@ -23,6 +23,12 @@ pub fn insert_marker_sql() -> &'static str {
     INSERT_MARKER
 }
 
+/// The savepoint of one delivery of a batch, for the benchmark's batched pgbench reference.
+#[doc(hidden)]
+pub fn savepoint_sql() -> &'static str {
+    crate::backend::SAVEPOINT
+}
+
 const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4 AND COALESCE(tenant_id, '') = COALESCE($5::text, ''))) ORDER BY same_identity DESC LIMIT 1";
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>

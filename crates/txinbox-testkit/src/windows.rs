@@ -270,6 +270,7 @@ fn queue(max_receive_count: Option<u32>) -> MemoryQueue {
         visibility_timeout: Duration::from_secs(30),
         max_receive_count,
         wait: Duration::from_millis(20),
+        ..QueueOptions::default()
     })
 }
 
