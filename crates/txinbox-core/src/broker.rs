@@ -80,6 +80,19 @@ pub trait Receiver: Send + 'static {
         &mut self,
         max: usize,
     ) -> impl Future<Output = Result<Vec<Self::Delivery>, BrokerError>> + Send;
+
+    /// The start-up check: that the queue can be reached and used with the configured credentials, and that a
+    /// delivery the inbox dead-letters has somewhere to go. A worker process calls it once before
+    /// [`Worker::run_until`](crate::Worker::run_until) and exits non-zero with the error's one line when it
+    /// fails (the error never holds a secret). Its kind says what is wrong:
+    /// [`Unauthorized`](crate::BrokerErrorKind::Unauthorized) (a key or a permission),
+    /// [`EntityNotFound`](crate::BrokerErrorKind::EntityNotFound) (the queue or the dead-letter queue),
+    /// [`Configuration`](crate::BrokerErrorKind::Configuration) (no dead-letter path, unless opted out),
+    /// anything else (unreachable). A check must not take a message away from other workers; what it
+    /// receives, if anything, it hands out on the next receive. The default checks nothing.
+    fn check(&mut self) -> impl Future<Output = Result<(), BrokerError>> + Send {
+        async { Ok(()) }
+    }
 }
 
 /// The dead-letter bookkeeping every adapter writes on a dead-letter copy and drops again on redrive: the

@@ -160,6 +160,8 @@ pub struct ServiceBusReceiver {
     opts: ServiceBusOptions,
     forwarder: Option<Arc<Forwarder>>,
     lock_warned: bool,
+    /// A message the start-up check locked, handed out by the next receive.
+    checked: Option<ServiceBusDelivery>,
 }
 
 impl std::fmt::Debug for ServiceBusReceiver {
@@ -197,6 +199,7 @@ impl ServiceBusReceiver {
             opts,
             forwarder,
             lock_warned: false,
+            checked: None,
         })
     }
 
@@ -252,7 +255,11 @@ impl Receiver for ServiceBusReceiver {
     type Delivery = ServiceBusDelivery;
 
     async fn receive(&mut self, max: usize) -> Result<Vec<ServiceBusDelivery>, BrokerError> {
-        let first = match self.receive_one(self.opts.wait).await {
+        let first = match self.checked.take() {
+            Some(d) => Ok(Some(d)),
+            None => self.receive_one(self.opts.wait).await,
+        };
+        let first = match first {
             Ok(Some(d)) => d,
             Ok(None) => return Ok(Vec::new()),
             Err(e) => {
@@ -277,6 +284,40 @@ impl Receiver for ServiceBusReceiver {
         }
         Ok(out)
     }
+
+    /// One peek-lock with no wait on the queue: a 401/403 ([`Unauthorized`](BrokerErrorKind::Unauthorized):
+    /// the key or the role is not accepted) or a 410 ([`EntityNotFound`](BrokerErrorKind::EntityNotFound))
+    /// fails the check, as does no answer. A message it locks is handed out by the next receive (no delivery
+    /// count spent). The dead-letter path always exists on Service Bus: the forward destination when one is
+    /// set (REST cannot check a send without sending; a missing destination shows at the first forward, a
+    /// `txinbox_settle_failures_total{op="dead_letter"}`), else the broker's `$DeadLetterQueue` after
+    /// MaxDeliveryCount.
+    async fn check(&mut self) -> Result<(), BrokerError> {
+        if self.checked.is_some() {
+            return Ok(());
+        }
+        let got = self.receive_one(Duration::ZERO).await.map_err(|e| {
+            BrokerError::new(
+                e.kind(),
+                "start-up check",
+                StartupCheck {
+                    entity: self.entity.clone(),
+                    source: e,
+                },
+            )
+        })?;
+        self.checked = got;
+        Ok(())
+    }
+}
+
+/// The start-up check of a queue failed; says which queue and what was wrong, without a secret.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot use queue {entity:?}")]
+struct StartupCheck {
+    entity: String,
+    #[source]
+    source: BrokerError,
 }
 
 /// The lock of one delivery, shared with its lease.

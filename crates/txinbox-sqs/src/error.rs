@@ -20,6 +20,23 @@ pub enum SqsError {
         /// What is wrong.
         detail: String,
     },
+    /// The start-up check found the queue without a dead-letter path.
+    #[error("queue {queue_url} has no dead-letter path: no RedrivePolicy and no dead-letter queue configured (a payload collision or a permanent error would come back forever); set one, or opt out with SqsOptions::allow_no_dead_letter(true)")]
+    NoDeadLetterPath {
+        /// The queue.
+        queue_url: String,
+    },
+    /// The start-up check could not use a queue (the source says why: its kind is that of the source).
+    #[error("cannot use {role} {queue_url}")]
+    Unusable {
+        /// `queue` or `dead-letter queue`.
+        role: &'static str,
+        /// The queue.
+        queue_url: String,
+        /// The SQS call's error.
+        #[source]
+        source: BrokerError,
+    },
 }
 
 impl SqsError {

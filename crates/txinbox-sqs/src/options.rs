@@ -19,7 +19,8 @@ pub const MIN_VISIBILITY: Duration = Duration::from_secs(1);
 /// | [`batch_size`](Self::batch_size) | 10 | messages per `ReceiveMessage`, 1 to 10 |
 /// | [`wait`](Self::wait) | 20 s | long-poll wait, 0 to 20 s |
 /// | [`visibility_timeout`](Self::visibility_timeout) | 60 s | set on every receive; the lease's duration: the worker extends it by this much every third of it |
-/// | [`dead_letter_queue`](Self::dead_letter_queue) | none | where payload collisions and permanent errors are forwarded |
+/// | [`dead_letter_queue`](Self::dead_letter_queue) | the queue's `RedrivePolicy` target | where payload collisions and permanent errors are forwarded; unset, [`SqsReceiver::connect`](crate::SqsReceiver::connect) takes the `deadLetterTargetArn` of the queue's `RedrivePolicy` |
+/// | [`allow_no_dead_letter`](Self::allow_no_dead_letter) | `false` | the start-up check ([`Receiver::check`](txinbox_core::Receiver::check)) refuses a queue with no dead-letter path unless this is on |
 /// | [`deduplication_id_identity`](Self::deduplication_id_identity) | `false` | whether a message without `ce-id` takes its `MessageDeduplicationId` as its identity |
 ///
 /// What belongs to the worker is set there: concurrency in [`txinbox_core::WorkerOptions`], the longest total
@@ -40,6 +41,9 @@ pub struct SqsOptions {
     /// Whether the FIFO `MessageDeduplicationId` is an identity for messages without CloudEvents attributes
     /// (off by default; see [`deduplication_id_identity`](Self::deduplication_id_identity)).
     pub deduplication_id_identity: bool,
+    /// Whether the start-up check accepts a queue with no dead-letter path (off by default; see
+    /// [`allow_no_dead_letter`](Self::allow_no_dead_letter)).
+    pub allow_no_dead_letter: bool,
 }
 
 impl Default for SqsOptions {
@@ -50,6 +54,7 @@ impl Default for SqsOptions {
             visibility_timeout: Duration::from_secs(60),
             dead_letter_queue: None,
             deduplication_id_identity: false,
+            allow_no_dead_letter: false,
         }
     }
 }
@@ -89,6 +94,16 @@ impl SqsOptions {
     /// is bad input (`no_identity`) and goes to the dead-letter queue: loud, never applied twice.
     pub fn deduplication_id_identity(mut self, on: bool) -> Self {
         self.deduplication_id_identity = on;
+        self
+    }
+
+    /// Accepts, at the start-up check, a queue with neither a `RedrivePolicy` nor a
+    /// [`dead_letter_queue`](Self::dead_letter_queue). Off by default: on such a queue a payload collision or a
+    /// permanent error has nowhere to go; it comes back once per visibility timeout, forever, logged each
+    /// time. Turn it on only when that is what you want (a test queue, a consumer whose handler never fails
+    /// permanently).
+    pub fn allow_no_dead_letter(mut self, on: bool) -> Self {
+        self.allow_no_dead_letter = on;
         self
     }
 

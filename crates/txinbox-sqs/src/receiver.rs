@@ -166,6 +166,64 @@ impl Receiver for SqsReceiver {
         }
         Ok(out)
     }
+
+    /// `GetQueueAttributes` on the queue (it exists; the credentials are accepted and allowed to read it) and
+    /// on the dead-letter queue explicit forwards go to; then the dead-letter path: a dead-letter queue (set,
+    /// or the queue's `RedrivePolicy`), else refused ([`Configuration`](BrokerErrorKind::Configuration), a
+    /// [`SqsError::NoDeadLetterPath`](crate::SqsError::NoDeadLetterPath)) unless
+    /// [`SqsOptions::allow_no_dead_letter`]. Takes no message.
+    async fn check(&mut self) -> Result<(), BrokerError> {
+        let s = self.shared.clone();
+        let unusable = |role: &'static str, url: &str, e: BrokerError| crate::SqsError::Unusable {
+            role,
+            queue_url: url.to_owned(),
+            source: e,
+        };
+        let attrs = s
+            .client
+            .get_queue_attributes()
+            .queue_url(&s.queue_url)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| {
+                let e = sdk_error("GetQueueAttributes", e);
+                BrokerError::new(
+                    e.kind(),
+                    "start-up check",
+                    unusable("queue", &s.queue_url, e),
+                )
+            })?;
+        let redrive_policy = attrs
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
+            .is_some_and(|p| !p.trim().is_empty());
+        if let Some(dlq) = &s.dead_letter_queue {
+            s.client
+                .get_queue_attributes()
+                .queue_url(dlq)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .map_err(|e| {
+                    let e = sdk_error("GetQueueAttributes", e);
+                    BrokerError::new(
+                        e.kind(),
+                        "start-up check",
+                        unusable("dead-letter queue", dlq, e),
+                    )
+                })?;
+        } else if !redrive_policy {
+            if !s.opts.allow_no_dead_letter {
+                return Err(crate::SqsError::NoDeadLetterPath {
+                    queue_url: s.queue_url.clone(),
+                }
+                .broker(BrokerErrorKind::Configuration, "start-up check"));
+            }
+            tracing::warn!(queue_url = %s.queue_url, "no dead-letter path (allowed by SqsOptions::allow_no_dead_letter): a payload collision or a permanent error comes back once per visibility timeout, forever");
+        }
+        Ok(())
+    }
 }
 
 fn group_of(m: &Message) -> Option<String> {

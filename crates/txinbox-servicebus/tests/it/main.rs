@@ -11,3 +11,5 @@ mod common;
 mod contract;
 mod faults;
 mod scenarios;
+mod shutdown;
+mod startup;
