@@ -77,13 +77,18 @@ enum Command {
         backend: String,
     },
     /// Check Terraform for settings that break the inbox's guarantees (DLQ, deduplication, visibility, lock,
-    /// retention). Exits 1 on a violation, 2 on an error.
+    /// retention path, the worker's IAM actions and roles). Exits 1 on a violation, 2 on an error.
     CheckInfra {
-        /// The Terraform folder (its *.tf files are read, not its subfolders).
+        /// The Terraform folder (its *.tf files and local modules), or a plan in JSON (`terraform show -json
+        /// tfplan > plan.json`), which also covers registry modules.
         dir: std::path::PathBuf,
         /// Worker settings (TOML: [inbox], [sqs], [servicebus]); defaults are the adapters' defaults.
         #[arg(long)]
         config: Option<std::path::PathBuf>,
+        /// A variables file, as `terraform plan -var-file` (repeatable; after terraform.tfvars and
+        /// *.auto.tfvars, later files win).
+        #[arg(long = "var-file")]
+        var_file: Vec<std::path::PathBuf>,
     },
 }
 
@@ -291,7 +296,11 @@ fn main() -> ExitCode {
         }
         Command::Sqs { command } => sqs(command),
         Command::Servicebus { command } => servicebus(command),
-        Command::CheckInfra { dir, config } => check_infra(&dir, config.as_deref()),
+        Command::CheckInfra {
+            dir,
+            config,
+            var_file,
+        } => check_infra(&dir, config.as_deref(), var_file),
         Command::Inbox { command } => inbox::run(command),
         Command::Effects { command } => {
             let rt = match runtime(Flavor::MultiThread) {
@@ -380,9 +389,18 @@ fn runtime(flavor: Flavor) -> std::io::Result<tokio::runtime::Runtime> {
     .build()
 }
 
-fn check_infra(dir: &std::path::Path, config: Option<&std::path::Path>) -> ExitCode {
+fn check_infra(
+    dir: &std::path::Path,
+    config: Option<&std::path::Path>,
+    var_files: Vec<std::path::PathBuf>,
+) -> ExitCode {
+    let input = var_files
+        .into_iter()
+        .fold(txinbox_infra::Input::detect(dir), |input, file| {
+            input.var_file(file)
+        });
     let mut out = std::io::stdout().lock();
-    match txinbox_infra::run_cli(dir, config, &mut out) {
+    match txinbox_infra::run(&input, config, &mut out) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => fail(&e),

@@ -241,12 +241,24 @@ pub(crate) fn sqs_topology(module: &Module) -> SqsTopology<'_> {
         .collect();
     let mut redrives: Vec<(String, Redrive<'_>)> = Vec::new();
     let mut dlqs = BTreeSet::new();
+    // A plan shows an unset policy as "".
+    let set = |resolved: &Resolved| match resolved {
+        Resolved::Missing => false,
+        Resolved::Known {
+            value: Value::String(s),
+            ..
+        } => !s.is_empty(),
+        Resolved::Known {
+            value: Value::Null, ..
+        } => false,
+        _ => true,
+    };
     for queue in &queues {
-        if queue.attrs.contains_key("redrive_allow_policy") {
+        if set(&module.resolve(queue, "redrive_allow_policy")) {
             dlqs.insert(queue.address());
         }
         let resolved = module.resolve(queue, "redrive_policy");
-        if !matches!(resolved, Resolved::Missing) {
+        if set(&resolved) {
             redrives.push((
                 queue.address(),
                 Redrive {

@@ -523,7 +523,7 @@ impl Module {
             .collect();
         let prefix = format!("{}module.{}.", self.scopes[scope].prefix, call.name);
         let (child, outputs) =
-            self.load_dir(&dir.join(&source), prefix, &[], Some(inputs), depth + 1)?;
+            self.load_dir(&join(dir, &source), prefix, &[], Some(inputs), depth + 1)?;
         // The child's outputs, evaluated in its scope (what cannot be evaluated is left out).
         let child_ctx = self.context(child);
         let values: hcl::Map<String, Value> = outputs
@@ -679,6 +679,24 @@ impl Module {
             None => String::new(),
         }
     }
+}
+
+/// `dir` joined with a relative module source, without `.` and with `..` applied where it can be.
+fn join(dir: &Path, source: &str) -> PathBuf {
+    use std::path::Component;
+    let mut out = dir.to_path_buf();
+    for part in Path::new(source).components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
 }
 
 /// The placeholder string of `address`'s attribute `attr`.
