@@ -88,7 +88,7 @@ cargo fmt --all -- --check
 say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 say "the facade's features one at a time (what a user who enables only one compiles)"
-for features in sqlite postgres sqs servicebus http; do
+for features in sqlite postgres sqs servicebus http health-server; do
   cargo clippy -p txinbox --no-default-features --features "$features" --locked -- -D warnings
 done
 say "cargo doc -D warnings"
@@ -100,6 +100,9 @@ cargo test --workspace --locked
 
 say "the examples as real processes (producer, worker, SIGTERM) against moto and the Service Bus emulator"
 bash scripts/examples-smoke.sh
+
+say "readiness and liveness of both example workers while PostgreSQL and their broker stop and come back"
+bash scripts/readiness.sh
 
 say "the example agent with an external CRM under kill -9, on both brokers (one task per meeting at the CRM)"
 bash scripts/effects-chaos.sh 40 8

@@ -323,6 +323,7 @@ pub async fn serve(
                 });
             let io = hyper_util::rt::TokioIo::new(stream);
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(5))
                 .serve_connection(io, svc);
             if let Err(e) = conn.await {
@@ -373,6 +374,48 @@ mod tests {
         assert!(h.liveness().ok, "draining is alive");
         h.worker_stopped();
         assert!(!h.liveness().ok);
+    }
+
+    /// One HTTP/1.1 request over a raw socket; the status line and the body.
+    #[cfg(feature = "health-server")]
+    async fn get(addr: std::net::SocketAddr, req: &str) -> (String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out.lines().next().unwrap_or_default().to_owned();
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+        (status, body)
+    }
+
+    #[cfg(feature = "health-server")]
+    #[tokio::test]
+    async fn the_server_answers_the_probes() {
+        let h = Health::new();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = tokio::spawn(serve(l, h.clone(), stop.clone().cancelled_owned()));
+        let get_path =
+            |p: &str| format!("GET {p} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let (status, body) = get(addr, &get_path("/readyz")).await;
+        assert!(status.contains("503"), "{status}");
+        assert_eq!(body, "fail worker: not started\nok queue\n");
+        h.worker_started();
+        let (status, body) = get(addr, &get_path("/readyz")).await;
+        assert!(status.contains("200"), "{status}");
+        assert_eq!(body, "ok worker\nok queue\n");
+        assert!(get(addr, &get_path("/livez")).await.0.contains("200"));
+        assert!(get(addr, &get_path("/metrics")).await.0.contains("404"));
+        let post =
+            "POST /readyz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        assert!(get(addr, post).await.0.contains("405"));
+        // Garbage is answered (400) or dropped, never a panic; the server keeps serving.
+        let _ = get(addr, "\u{0}\u{1}NOT HTTP\r\n\r\n").await;
+        assert!(get(addr, &get_path("/livez")).await.0.contains("200"));
+        stop.cancel();
+        server.await.unwrap();
     }
 
     #[tokio::test]
