@@ -2,7 +2,8 @@
 //! txinbox worker's settings, and reports every setting that breaks one of
 //! the inbox's guarantees (which no general-purpose scanner checks).
 //!
-//! This is the library behind `txinbox check-infra DIR [--config FILE]`.
+//! This is the library behind `txinbox check-infra DIR|PLAN.json [--config FILE] [--var-file FILE]...`
+//! (see `docs/check-infra.md`).
 //!
 //! ```
 //! use std::path::Path;
@@ -31,13 +32,34 @@
 //!
 //! # What is read
 //!
-//! Every `*.tf` file directly in the directory (one Terraform module; no
-//! recursion, `*.tf.json` is not read), then `terraform.tfvars` and
-//! `*.auto.tfvars` in name order, as Terraform loads them. `var.x` resolves to
-//! the variable's value from those files or else its `default`; `local.x` to
-//! the local's value; `aws_sqs_queue.NAME.arn`/`.id`/`.url` to a placeholder
-//! naming the queue, so redrive policies can be followed; `jsonencode` is
-//! evaluated. A value that cannot be resolved statically (a variable without
+//! A directory ([`Input::Dir`]), as Terraform reads a root module: every
+//! `*.tf` file directly in it (`*.tf.json` is not read), then
+//! `terraform.tfvars`, `*.auto.tfvars` in name order and the `-var-file`s
+//! given, later values winning. `var.x` resolves to the variable's value from
+//! those files or else its `default`; `local.x` to the local's value;
+//! `jsonencode` is evaluated; a resource's computed attributes
+//! (`aws_sqs_queue.NAME.arn`, `azurerm_servicebus_queue.NAME.id`,
+//! `data.aws_iam_policy_document.NAME.json`, ...) resolve to placeholders
+//! naming the resource, so redrive policies, IAM statements and role scopes
+//! can be followed. A `module` call with a local `source` (`./...`,
+//! `../...`) is read recursively: its inputs are evaluated in the caller and
+//! replace the module's defaults, its resources are addressed
+//! `module.NAME.KIND.NAME`, and its outputs resolve as `module.NAME.OUTPUT`.
+//! `count` and `for_each` on a module call are not expanded (one instance is
+//! read). A registry or remote module is never fetched (no network): it is
+//! named in the report's advice, and its resources are checked through a
+//! plan.
+//!
+//! A plan ([`Input::Plan`]): the output of `terraform show -json PLAN`, whose
+//! resources Terraform has already expanded from every module (registry ones
+//! included), variable and `count`/`for_each`: the `values` of
+//! `planned_values.root_module.resources[]` and `child_modules[]`, the
+//! attributes `resource_changes[].change.after_unknown` marks as known only
+//! after apply, and for those the `references` of their expressions in
+//! `configuration` (so a first plan's redrive policy still names its
+//! dead-letter queue).
+//!
+//! A value that cannot be resolved statically (a variable without
 //! default, another function, another resource's attribute) is reported as a
 //! violation of the rule that needs it, because the guarantee cannot be
 //! verified.
@@ -46,7 +68,8 @@
 //! for every block and attribute: a violation points at the offending
 //! attribute's line (where it uses `var.x`, the message also names the file
 //! and line of the variable's value), or at the resource block's first line
-//! when the attribute is missing.
+//! when the attribute is missing. In a plan, lines point into the JSON
+//! (useful when it is pretty-printed, e.g. `terraform show -json tfplan | jq .`).
 //!
 //! # Rules
 //!
@@ -55,12 +78,21 @@
 //! | `sqs-fifo-missing-redrive` | an `aws_sqs_queue` with `fifo_queue = true` that is not itself a dead-letter queue has no `redrive_policy` (on the queue or in an `aws_sqs_queue_redrive_policy`), or the policy has no `deadLetterTargetArn` or no `maxReceiveCount >= 1`, or names a queue of this module that is not FIFO. A queue is a dead-letter queue when a redrive policy names it or it has a redrive allow policy. |
 //! | `sqs-content-based-deduplication` | a FIFO queue has `content_based_deduplication = true` while `sqs.producers_send_deduplication_id` is true (the default). Unset means false. |
 //! | `sqs-visibility-timeout-too-short` | a queue that is not a dead-letter queue has `visibility_timeout_seconds < 2 × sqs.heartbeat_interval_seconds`; unset means SQS's 30 s. |
-//! | `sqs-retention-exceeds-inbox` | a queue or dead-letter queue has `message_retention_seconds > inbox.retention_seconds`; unset means SQS's 4 days. |
+//! | `sqs-retention-exceeds-inbox` | the longest redelivery path of a queue is longer than `inbox.retention_seconds`: its `message_retention_seconds` + its dead-letter queue's + `inbox.redrive_grace_seconds` (an operator's time to redrive); without a dead-letter queue, its own retention. Unset means SQS's 4 days. |
+//! | `sqs-identity-lost-on-dlq-move` | `sqs.identity = "deduplication-id"` and a FIFO queue has a dead-letter queue: AWS replaces the deduplication id on the move. With the default `"cloudevents"` this is advice (producers must set `ce-id`), not a violation. |
+//! | `sqs-worker-policy-missing-action` | an IAM policy (`data "aws_iam_policy_document"` statements, or the JSON `policy` of `aws_iam_policy`, `aws_iam_role_policy`, `aws_iam_user_policy`, `aws_iam_group_policy`) that allows `sqs:ReceiveMessage` on a queue does not allow each of [`SQS_WORKER_QUEUE_ACTIONS`] on it and each of [`SQS_WORKER_DLQ_ACTIONS`] on its dead-letter queue (wildcards `*`/`?` in actions and resources honoured, `Deny` and conditions not evaluated). |
 //! | `servicebus-duplicate-detection-off` | an `azurerm_servicebus_queue` has `requires_duplicate_detection` unset or false. |
 //! | `servicebus-duplicate-window-default` | duplicate detection is on but `duplicate_detection_history_time_window` is unset ("left to the default") or not an ISO 8601 duration. |
 //! | `servicebus-lock-duration-too-short` | `lock_duration < 2 × servicebus.lock_renewal_interval_seconds`; unset means Service Bus's `PT1M`. |
 //! | `servicebus-no-dead-lettering-on-expiry` | `dead_lettering_on_message_expiration` is unset or false. |
 //! | `servicebus-ttl-exceeds-inbox` | `default_message_ttl` is unset (Service Bus keeps messages practically forever) or longer than `inbox.retention_seconds`. |
+//! | `servicebus-retention-path-exceeds-inbox` | a queue's `default_message_ttl` + its poison queue's + `inbox.redrive_grace_seconds` is longer than `inbox.retention_seconds`. The poison queue is `servicebus.dead_letter_to`, or else the queue named `{queue}-poison` when declared. |
+//! | `servicebus-worker-role-missing` | a principal with `Azure Service Bus Data Receiver` (or Data Owner) on a queue (or its namespace) has no `Azure Service Bus Data Sender` (or Data Owner) on the queue's poison queue; or `servicebus.dead_letter_to` names a queue that is not declared. |
+//!
+//! Advice (not violations) is printed as `advice: ...` lines: producers must
+//! carry `ce-id`; a registry module was not read; a first plan's redrive
+//! policy is known only after apply; no IAM policy or role assignment for a
+//! queue was found, so the worker's permissions were not checked.
 //!
 //! ISO 8601 durations count a year as 365 days and a month as 30 days.
 
