@@ -82,6 +82,14 @@ pub struct BenchArgs {
     /// Deliveries in flight in the end-to-end run (the worker's concurrency).
     #[arg(long, default_value_t = 32)]
     pub e2e_in_flight: usize,
+    /// Most messages one receive of the end-to-end run asks for (10, the SQS maximum, by default; a Service
+    /// Bus receive may lock more).
+    #[arg(long, default_value_t = 10)]
+    pub e2e_receive_max: usize,
+    /// Workers (receive loops) in the end-to-end process sharing the in-flight deliveries; each has one
+    /// receive in flight at a time.
+    #[arg(long, default_value_t = 1)]
+    pub e2e_receivers: usize,
     /// Only the end-to-end line.
     #[arg(long)]
     pub e2e_only: bool,
@@ -633,8 +641,10 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
             txinbox_core::worker::MAX_BATCH_COMMIT
         )));
     }
-    if args.e2e_in_flight == 0 {
-        return Err(LabError::Usage("--e2e-in-flight must be at least 1".into()));
+    if args.e2e_in_flight == 0 || args.e2e_receive_max == 0 {
+        return Err(LabError::Usage(
+            "--e2e-in-flight and --e2e-receive-max must be at least 1".into(),
+        ));
     }
     if args.e2e_only {
         return e2e(&args).await;
@@ -774,23 +784,38 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         })
     };
     let started = Instant::now();
-    let (q, s) = (queue.clone(), sent.clone());
-    let report = Worker::new(queue.receiver(), processor)
-        .options(
+    // `--e2e-receivers` workers in this process, each with its own receive loop, share the in-flight
+    // deliveries: a worker has one receive in flight at a time, so one alone is bound by
+    // receive_max / round trip.
+    let receivers = args.e2e_receivers.clamp(1, in_flight);
+    let mut workers = Vec::with_capacity(receivers);
+    for r in 0..receivers {
+        let share = in_flight / receivers + usize::from(r < in_flight % receivers);
+        let (q, s) = (queue.clone(), sent.clone());
+        let worker = Worker::new(queue.receiver(), processor.clone()).options(
             WorkerOptions::default()
-                .concurrency(in_flight)
-                .batch_size(10)
+                .concurrency(share)
+                .batch_size(args.e2e_receive_max)
                 .batch_commit(args.batch),
-        )
-        .run_until(async move {
+        );
+        workers.push(tokio::spawn(worker.run_until(async move {
             loop {
                 if s.load(Ordering::Relaxed) >= n && waiting(&q) == 0 {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-        })
-        .await;
+        })));
+    }
+    let mut report = txinbox_core::WorkerReport::default();
+    for w in workers {
+        let r = w.await.map_err(|e| LabError::Usage(e.to_string()))?;
+        for (k, v) in r.outcomes {
+            *report.outcomes.entry(k).or_default() += v;
+        }
+        report.receive_errors += r.receive_errors;
+        report.leases_lost += r.leases_lost;
+    }
     let secs = started.elapsed().as_secs_f64();
     stop_sampler.store(true, Ordering::Relaxed);
     let _ = sampler.await;
@@ -806,8 +831,9 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         _ => "?".to_owned(),
     };
     println!(
-        "e2e worker batch_commit={} in_flight={in_flight} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        "e2e worker batch_commit={} in_flight={in_flight} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
         args.batch,
+        args.e2e_receive_max,
         args.e2e_round_trip_ms,
         applied as f64 / secs,
         mib(rss_start),
