@@ -36,14 +36,14 @@ pub enum CheckError {
         /// What is wrong.
         detail: String,
     },
-    /// The worker settings file (`--config`) is not valid.
+    /// The worker settings file (`--config`) cannot be read or is not valid.
     #[error("invalid worker settings in {}", path.display())]
     Config {
         /// The settings file.
         path: PathBuf,
-        /// The TOML error, with the offending key.
+        /// Why, naming the key (or the environment variable).
         #[source]
-        source: toml::de::Error,
+        source: txinbox_core::settings::SettingsError,
     },
     /// The directory holds no `*.tf` file.
     #[error("no Terraform (*.tf) files in {}", dir.display())]

@@ -77,13 +77,13 @@
 //! | --- | --- |
 //! | `sqs-fifo-missing-redrive` | an `aws_sqs_queue` with `fifo_queue = true` that is not itself a dead-letter queue has no `redrive_policy` (on the queue or in an `aws_sqs_queue_redrive_policy`), or the policy has no `deadLetterTargetArn` or no `maxReceiveCount >= 1`, or names a queue of this module that is not FIFO. A queue is a dead-letter queue when a redrive policy names it or it has a redrive allow policy. |
 //! | `sqs-content-based-deduplication` | a FIFO queue has `content_based_deduplication = true` while `sqs.producers_send_deduplication_id` is true (the default). Unset means false. |
-//! | `sqs-visibility-timeout-too-short` | a queue that is not a dead-letter queue has `visibility_timeout_seconds < 2 × sqs.heartbeat_interval_seconds`; unset means SQS's 30 s. |
+//! | `sqs-visibility-timeout-too-short` | a queue that is not a dead-letter queue has `visibility_timeout_seconds < 2 ×` the worker's heartbeat interval (a third of the settings' `sqs.visibility_timeout_seconds`, 20 s by default); unset means SQS's 30 s. |
 //! | `sqs-retention-exceeds-inbox` | the longest redelivery path of a queue is longer than `inbox.retention_seconds`: its `message_retention_seconds` + its dead-letter queue's + `inbox.redrive_grace_seconds` (an operator's time to redrive); without a dead-letter queue, its own retention. Unset means SQS's 4 days. |
 //! | `sqs-identity-lost-on-dlq-move` | `sqs.identity = "deduplication-id"` and a FIFO queue has a dead-letter queue: AWS replaces the deduplication id on the move. With the default `"cloudevents"` this is advice (producers must set `ce-id`), not a violation. |
 //! | `sqs-worker-policy-missing-action` | an IAM policy (`data "aws_iam_policy_document"` statements, or the JSON `policy` of `aws_iam_policy`, `aws_iam_role_policy`, `aws_iam_user_policy`, `aws_iam_group_policy`) that allows `sqs:ReceiveMessage` on a queue does not allow each of [`SQS_WORKER_QUEUE_ACTIONS`] on it and each of [`SQS_WORKER_DLQ_ACTIONS`] on its dead-letter queue (wildcards `*`/`?` in actions and resources honoured, `Deny` and conditions not evaluated). |
 //! | `servicebus-duplicate-detection-off` | an `azurerm_servicebus_queue` has `requires_duplicate_detection` unset or false. |
 //! | `servicebus-duplicate-window-default` | duplicate detection is on but `duplicate_detection_history_time_window` is unset ("left to the default") or not an ISO 8601 duration. |
-//! | `servicebus-lock-duration-too-short` | `lock_duration < 2 × servicebus.lock_renewal_interval_seconds`; unset means Service Bus's `PT1M`. |
+//! | `servicebus-lock-duration-too-short` | `lock_duration < 2 ×` the worker's lock renewal interval (a third of `servicebus.lock_duration_seconds`, 20 s by default); unset means Service Bus's `PT1M`. |
 //! | `servicebus-no-dead-lettering-on-expiry` | `dead_lettering_on_message_expiration` is unset or false. |
 //! | `servicebus-ttl-exceeds-inbox` | `default_message_ttl` is unset (Service Bus keeps messages practically forever) or longer than `inbox.retention_seconds`. |
 //! | `servicebus-retention-path-exceeds-inbox` | a queue's `default_message_ttl` + its poison queue's + `inbox.redrive_grace_seconds` is longer than `inbox.retention_seconds`. The poison queue is `servicebus.dead_letter_to`, or else the queue named `{queue}-poison` when declared. |
@@ -115,7 +115,10 @@ pub use report::{Report, RuleId, Violation};
 pub use roles::{
     POISON_QUEUE_SUFFIX, SERVICEBUS_WORKER_POISON_ROLES, SERVICEBUS_WORKER_QUEUE_ROLES,
 };
-pub use settings::{InboxSettings, ServiceBusSettings, SqsIdentity, SqsSettings, WorkerSettings};
+pub use settings::{
+    load as load_settings, InboxSettings, ServiceBusSettings, SettingsError, SqsIdentity,
+    SqsSettings, WorkerSettings,
+};
 
 /// What to check: a Terraform directory (with variables files) or a plan in JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,7 +229,7 @@ pub fn check_plan(file: &Path, settings: &WorkerSettings) -> Result<Report, Chec
 }
 
 /// What `txinbox check-infra PATH [--config FILE]` does: loads the settings
-/// (defaults, overridden by the TOML file when given), checks `path` (a directory, or a plan JSON file),
+/// (defaults, or the worker's settings file with its environment overrides, as a worker loads it), checks `path` (a directory, or a plan JSON file),
 /// writes one line per violation (`FILE:LINE: [RULE] RESOURCE: MESSAGE`), one `advice: ...` line per
 /// advice, and a summary to `out`, and returns `Ok(true)` when there is no violation.
 ///
@@ -235,7 +238,7 @@ pub fn check_plan(file: &Path, settings: &WorkerSettings) -> Result<Report, Chec
 ///
 /// # Errors
 ///
-/// Those of [`WorkerSettings::from_toml_file`] and [`check`], and
+/// Those of [`load_settings`] and [`check`], and
 /// [`CheckError::Output`] when `out` cannot be written.
 pub fn run_cli(
     path: &Path,
@@ -252,7 +255,7 @@ pub fn run_cli(
 /// Those of [`run_cli`].
 pub fn run(input: &Input, config: Option<&Path>, out: &mut impl Write) -> Result<bool, CheckError> {
     let settings = match config {
-        Some(path) => WorkerSettings::from_toml_file(path)?,
+        Some(path) => settings::load(path)?,
         None => WorkerSettings::default(),
     };
     let report = check(input, &settings)?;

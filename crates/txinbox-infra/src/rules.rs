@@ -380,7 +380,8 @@ fn check_identity(c: &mut Checker<'_>, queue: &Resource, dlq: &str, topology: &S
             line,
             format!("sqs.identity = \"deduplication-id\" but this FIFO queue moves messages to the FIFO dead-letter queue {dlq} after maxReceiveCount receives. {AWS} A message applied whose delete was lost would come back from a redrive without its identity (the worker refuses it as identity_lost): producers must set ce-id and ce-source on every message, and sqs.identity = \"cloudevents\""),
         ),
-        SqsIdentity::Cloudevents => c.advice.push(format!(
+        // "cloudevents" (and any tier that survives the move): advice for producers.
+        _ => c.advice.push(format!(
             "{}: {}: producers must set ce-id and ce-source on every message: the identity must not rest on the MessageDeduplicationId, which does not survive the move to the dead-letter queue {dlq}. {AWS}",
             c.place(queue),
             queue.address()
@@ -524,7 +525,7 @@ fn sqs_seconds(
 fn check_visibility(c: &mut Checker<'_>, queue: &Resource) {
     const RULE: RuleId = RuleId::SqsVisibilityTimeoutTooShort;
     const KEY: &str = "visibility_timeout_seconds";
-    let heartbeat = c.settings.sqs.heartbeat_interval_seconds;
+    let heartbeat = c.settings.sqs.heartbeat_interval().as_secs();
     let minimum = heartbeat.saturating_mul(2);
     let Some((seconds, line, shown)) = sqs_seconds(c, queue, RULE, KEY, SQS_DEFAULT_VISIBILITY)
     else {
@@ -662,7 +663,7 @@ fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
 
     // Lock duration against the renewal interval.
     const LOCK: &str = "lock_duration";
-    let renewal = settings.servicebus.lock_renewal_interval_seconds;
+    let renewal = settings.servicebus.lock_renewal_interval().as_secs();
     let minimum = renewal.saturating_mul(2);
     let lock = match duration(module, queue, LOCK) {
         Ok(Some(found)) => Some(found),

@@ -21,7 +21,7 @@ fn sqs_settings_are_the_adapters_defaults() {
     assert_eq!(secs(s.wait_time_seconds), o.wait);
     assert_eq!(secs(s.visibility_timeout_seconds), o.visibility_timeout);
     assert_eq!(
-        secs(s.heartbeat_interval_seconds),
+        s.heartbeat_interval(),
         renewal_interval(o.visibility_timeout)
     );
     assert_eq!(
@@ -35,10 +35,7 @@ fn servicebus_settings_are_the_adapters_defaults() {
     let s = WorkerSettings::default().servicebus;
     let o = ServiceBusOptions::default();
     assert_eq!(secs(s.lock_duration_seconds), o.lock_duration);
-    assert_eq!(
-        secs(s.lock_renewal_interval_seconds),
-        renewal_interval(o.lock_duration)
-    );
+    assert_eq!(s.lock_renewal_interval(), renewal_interval(o.lock_duration));
 }
 
 #[test]

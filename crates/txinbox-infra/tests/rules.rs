@@ -149,7 +149,8 @@ fn visibility_timeout_shorter_than_two_heartbeats() {
 #[test]
 fn visibility_timeout_checked_against_configured_heartbeat() {
     let dir = copy_of(&aws_sample(), "heartbeat");
-    dir.write("worker.toml", "[sqs]\nheartbeat_interval_seconds = 31\n");
+    // The worker renews every third of its visibility timeout: 31 s.
+    dir.write("worker.toml", "[sqs]\nvisibility_timeout_seconds = 93\n");
     let mut out = Vec::new();
     let clean = run_cli(dir.path(), Some(&dir.path().join("worker.toml")), &mut out).unwrap();
     let out = String::from_utf8(out).unwrap();
@@ -187,7 +188,7 @@ fn dlq_retention_longer_than_inbox_retention() {
     let dir = copy_of(&aws_sample(), "retention");
     // The inbox keeps markers 7 days: the 14-day DLQ outlives them.
     dir.write("worker.toml", "[inbox]\nretention_seconds = 604800\n");
-    let settings = WorkerSettings::from_toml_file(&dir.path().join("worker.toml")).unwrap();
+    let settings = txinbox_infra::load_settings(&dir.path().join("worker.toml")).unwrap();
     let v = only_violation(&dir, &settings);
     let line = dir.line_of("main.tf", "= var.dlq_message_retention_seconds");
     assert_violation(

@@ -192,7 +192,7 @@ fn worker_defaults_are_the_documented_ones() {
     );
     assert_eq!(
         (
-            s.sqs.heartbeat_interval_seconds,
+            s.sqs.heartbeat_interval().as_secs(),
             s.sqs.max_extension_seconds
         ),
         (20, 7_200)
@@ -210,7 +210,7 @@ fn worker_defaults_are_the_documented_ones() {
     assert_eq!(
         (
             b.lock_duration_seconds,
-            b.lock_renewal_interval_seconds,
+            b.lock_renewal_interval().as_secs(),
             b.max_delivery_count
         ),
         (60, 20, 10)
@@ -223,4 +223,51 @@ fn worker_defaults_are_the_documented_ones() {
         (600, 1_209_600)
     );
     assert!(b.dead_lettering_on_message_expiration);
+}
+
+/// check-infra reads the worker's own settings file (every section a worker has, not only the ones the rules
+/// use), with the code the worker uses: a file a worker runs from is a file check-infra accepts.
+#[test]
+fn the_workers_settings_file_is_the_one_checked() {
+    let dir = common::TempDir::new("worker-settings");
+    dir.write(
+        "worker.toml",
+        r#"[worker]
+consumer = "crm-followup"
+concurrency = 8
+
+[store]
+url = "sqlite:crm.db"
+
+[inbox]
+retention_seconds = 2592000
+redrive_grace_seconds = 604800
+
+[sqs]
+queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/txinbox-orders.fifo"
+visibility_timeout_seconds = 60
+identity = "cloudevents"
+
+[servicebus]
+namespace = "orders-sb"
+queue = "txinbox-orders"
+dead_letter_to = "txinbox-orders-poison"
+lock_duration_seconds = 60
+"#,
+    );
+    let config = dir.path().join("worker.toml");
+    for sample in [aws_sample(), azure_sample()] {
+        let mut out = Vec::new();
+        assert!(
+            run_cli(&sample, Some(&config), &mut out).unwrap(),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+    let settings = txinbox_infra::load_settings(&config).unwrap();
+    assert_eq!(settings.sqs.heartbeat_interval().as_secs(), 20);
+    assert_eq!(
+        settings.servicebus.dead_letter_to.as_deref(),
+        Some("txinbox-orders-poison")
+    );
 }
