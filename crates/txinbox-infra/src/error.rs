@@ -43,7 +43,7 @@ pub enum CheckError {
         path: PathBuf,
         /// Why, naming the key (or the environment variable).
         #[source]
-        source: txinbox_core::settings::SettingsError,
+        source: Box<txinbox_core::settings::SettingsError>,
     },
     /// The directory holds no `*.tf` file.
     #[error("no Terraform (*.tf) files in {}", dir.display())]

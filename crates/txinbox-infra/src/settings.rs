@@ -25,6 +25,6 @@ use crate::CheckError;
 pub fn load(path: &Path) -> Result<WorkerSettings, CheckError> {
     WorkerSettings::load(path).map_err(|source| CheckError::Config {
         path: path.to_path_buf(),
-        source,
+        source: Box::new(source),
     })
 }
