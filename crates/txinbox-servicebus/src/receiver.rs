@@ -302,7 +302,7 @@ impl Receiver for ServiceBusReceiver {
                 "start-up check",
                 StartupCheck {
                     entity: self.entity.clone(),
-                    source: e,
+                    error: e.to_string(),
                 },
             )
         })?;
@@ -311,13 +311,13 @@ impl Receiver for ServiceBusReceiver {
     }
 }
 
-/// The start-up check of a queue failed; says which queue and what was wrong, without a secret.
+/// The start-up check of a queue failed; says which queue and what was wrong (the failed call's error, whose
+/// kind the check's error keeps), without a secret.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot use queue {entity:?}")]
+#[error("cannot use queue {entity:?}: {error}")]
 struct StartupCheck {
     entity: String,
-    #[source]
-    source: BrokerError,
+    error: String,
 }
 
 /// The lock of one delivery, shared with its lease.

@@ -26,16 +26,15 @@ pub enum SqsError {
         /// The queue.
         queue_url: String,
     },
-    /// The start-up check could not use a queue (the source says why: its kind is that of the source).
-    #[error("cannot use {role} {queue_url}")]
+    /// A queue could not be used at start (its [`BrokerError`] has the kind of the failed call).
+    #[error("cannot use {role} {queue_url}: {error}")]
     Unusable {
         /// `queue` or `dead-letter queue`.
         role: &'static str,
         /// The queue.
         queue_url: String,
-        /// The SQS call's error.
-        #[source]
-        source: BrokerError,
+        /// The failed call's error, as text (one line, no secret).
+        error: String,
     },
 }
 

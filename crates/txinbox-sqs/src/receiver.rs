@@ -73,7 +73,16 @@ impl SqsReceiver {
             .attribute_names(QueueAttributeName::RedrivePolicy)
             .send()
             .await
-            .map_err(|e| sdk_error("GetQueueAttributes", e))?;
+            .map_err(|e| {
+                let e = sdk_error("GetQueueAttributes", e);
+                let kind = e.kind();
+                crate::SqsError::Unusable {
+                    role: "queue",
+                    queue_url: queue_url.clone(),
+                    error: e.to_string(),
+                }
+                .broker(kind, "connect")
+            })?;
         let dead_letter_queue = match &opts.dead_letter_queue {
             Some(url) => Some(url.clone()),
             None => match attrs
@@ -177,7 +186,7 @@ impl Receiver for SqsReceiver {
         let unusable = |role: &'static str, url: &str, e: BrokerError| crate::SqsError::Unusable {
             role,
             queue_url: url.to_owned(),
-            source: e,
+            error: e.to_string(),
         };
         let attrs = s
             .client

@@ -23,6 +23,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use txinbox::settings::WorkerSettings;
+use txinbox::Receiver as _;
 use txinbox_servicebus::{ServiceBusConfig, ServiceBusOptions, ServiceBusReceiver};
 
 #[derive(Debug, Parser)]
@@ -67,6 +68,10 @@ struct Args {
     /// through an effect with its idempotency key, run beside the worker.
     #[arg(long, env = "TXINBOX_CRM_URL")]
     crm_url: Option<String>,
+    /// Stop when receives keep failing this many seconds with an error a retry cannot fix (a key rotated, a
+    /// permission removed, the queue deleted), so that the supervisor sees it (0: never; default 300).
+    #[arg(long, env = "TXINBOX_GIVE_UP_AFTER_SECS")]
+    give_up_after_secs: Option<u64>,
 }
 
 impl Args {
@@ -139,7 +144,12 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         .unwrap_or_else(|| "crm-events".into());
     let opts = ServiceBusOptions::from_settings(&settings.servicebus);
     opts.validate()?;
-    let agent = crm_followup::AgentOptions::from_settings(&settings, args.crm_url.clone());
+    let mut agent = crm_followup::AgentOptions::from_settings(&settings, args.crm_url.clone());
+    if let Some(secs) = args.give_up_after_secs {
+        agent.worker = agent
+            .worker
+            .give_up_after((secs > 0).then(|| std::time::Duration::from_secs(secs)));
+    }
     if args.print_config {
         let dead_letter = match &opts.dead_letter {
             txinbox_servicebus::DeadLetterStrategy::Forward { destination } => destination.clone(),
@@ -165,9 +175,14 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         _ => ServiceBusConfig::from_env()?,
     };
     let client = config.connect()?;
-    let receiver = ServiceBusReceiver::new(&client, &queue, opts)?;
+    let mut receiver = ServiceBusReceiver::new(&client, &queue, opts)?;
+    // The key and the queue must be usable before the first receive (a locked message is kept for it).
+    receiver.check().await?;
     tracing::info!(namespace = client.namespace(), queue = %queue, "worker starting");
     let report = crm_followup::run(receiver, agent).await?;
     println!("{report}");
-    Ok(())
+    match report.gave_up {
+        Some(why) => Err(format!("gave up: {why}").into()),
+        None => Ok(()),
+    }
 }

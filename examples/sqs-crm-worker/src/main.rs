@@ -20,6 +20,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use txinbox::settings::WorkerSettings;
+use txinbox::Receiver as _;
 use txinbox_sqs::{SqsOptions, SqsReceiver};
 
 #[derive(Debug, Parser)]
@@ -63,6 +64,14 @@ struct Args {
     /// through an effect with its idempotency key, run beside the worker.
     #[arg(long, env = "TXINBOX_CRM_URL")]
     crm_url: Option<String>,
+    /// Stop when receives keep failing this many seconds with an error a retry cannot fix (a key rotated, a
+    /// permission removed, the queue deleted), so that the supervisor sees it (0: never; default 300).
+    #[arg(long, env = "TXINBOX_GIVE_UP_AFTER_SECS")]
+    give_up_after_secs: Option<u64>,
+    /// Accept a queue with no dead-letter path (no RedrivePolicy and no `--dlq-url`): a payload collision or
+    /// a permanent error then comes back once per visibility timeout, forever. Refused at start otherwise.
+    #[arg(long)]
+    allow_no_dead_letter: bool,
 }
 
 impl Args {
@@ -133,9 +142,15 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         .queue_url
         .clone()
         .ok_or("no queue: set [sqs] queue_url, TXINBOX_SQS__QUEUE_URL or --queue-url")?;
-    let sqs = SqsOptions::from_settings(&settings.sqs);
+    let sqs =
+        SqsOptions::from_settings(&settings.sqs).allow_no_dead_letter(args.allow_no_dead_letter);
     sqs.validate()?;
-    let agent = crm_followup::AgentOptions::from_settings(&settings, args.crm_url.clone());
+    let mut agent = crm_followup::AgentOptions::from_settings(&settings, args.crm_url.clone());
+    if let Some(secs) = args.give_up_after_secs {
+        agent.worker = agent
+            .worker
+            .give_up_after((secs > 0).then(|| std::time::Duration::from_secs(secs)));
+    }
     if args.print_config {
         print!(
             "queue_url={queue_url}\ndead_letter_queue_url={}\nvisibility_timeout_seconds={}\nrenew_every_seconds={}\nbatch_size={}\nwait_time_seconds={}\ndeduplication_id_identity={}\n{}",
@@ -153,8 +168,13 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         crm_followup::serve_metrics(addr)?;
     }
     let client = txinbox_sqs::client_from_env().await;
-    let receiver = SqsReceiver::connect(client, &queue_url, sqs).await?;
+    let mut receiver = SqsReceiver::connect(client, &queue_url, sqs).await?;
+    // The queue, its dead-letter path and the database must be usable before the first receive.
+    receiver.check().await?;
     let report = crm_followup::run(receiver, agent).await?;
     println!("{report}");
-    Ok(())
+    match report.gave_up {
+        Some(why) => Err(format!("gave up: {why}").into()),
+        None => Ok(()),
+    }
 }
