@@ -1,7 +1,8 @@
 # Worker: receive, delete, extend visibility and read attributes on the main
 # queue; resolve the dead-letter queue's URL (SqsReceiver::connect calls
-# GetQueueUrl on the ARN in the RedrivePolicy) and send to it. These are the
-# actions txinbox_sqs::iam declares; `txinbox check-infra` checks them.
+# GetQueueUrl on the ARN in the RedrivePolicy), read its attributes (the
+# start-up check) and send to it. These are the actions txinbox_sqs::iam
+# declares; `txinbox check-infra` checks them.
 data "aws_iam_policy_document" "worker" {
   statement {
     sid = "ConsumeMainQueue"
@@ -16,7 +17,7 @@ data "aws_iam_policy_document" "worker" {
 
   statement {
     sid       = "ForwardToDeadLetterQueue"
-    actions   = ["sqs:SendMessage", "sqs:GetQueueUrl"]
+    actions   = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]
     resources = [aws_sqs_queue.dlq.arn]
   }
 

@@ -18,7 +18,11 @@ pub const SQS_WORKER_QUEUE_ACTIONS: [&str; 4] = [
 
 /// IAM actions the SQS adapter's worker calls on the queue's dead-letter queue
 /// (`txinbox_sqs::iam::DLQ_ACTIONS`).
-pub const SQS_WORKER_DLQ_ACTIONS: [&str; 2] = ["sqs:SendMessage", "sqs:GetQueueUrl"];
+pub const SQS_WORKER_DLQ_ACTIONS: [&str; 3] = [
+    "sqs:SendMessage",
+    "sqs:GetQueueUrl",
+    "sqs:GetQueueAttributes",
+];
 
 /// One statement of a policy.
 struct Statement {
@@ -270,7 +274,7 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
                     policy.holder,
                     None,
                     format!(
-                        "this policy lets a worker receive from {address} but does not grant {}: the SQS adapter calls them (txinbox_sqs::iam: GetQueueAttributes, ReceiveMessage, ChangeMessageVisibility and DeleteMessage on the queue; GetQueueUrl when it resolves the dead-letter queue from the RedrivePolicy at connect, and SendMessage to forward a dead letter), and on AWS, where IAM is enforced, the worker fails with AccessDenied",
+                        "this policy lets a worker receive from {address} but does not grant {}: the SQS adapter calls them (txinbox_sqs::iam: GetQueueAttributes, ReceiveMessage, ChangeMessageVisibility and DeleteMessage on the queue; GetQueueUrl when it resolves the dead-letter queue from the RedrivePolicy at connect, GetQueueAttributes in its start-up check, and SendMessage to forward a dead letter), and on AWS, where IAM is enforced, the worker fails with AccessDenied",
                         missing.join(" and ")
                     ),
                 );

@@ -301,8 +301,8 @@ fn same_violations_inline_through_a_module_and_in_a_plan() {
     inline.write("terraform.tfvars", "visibility_timeout_seconds = 30\n");
     inline.edit(
         "iam.tf",
-        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueUrl"]"#,
-        r#"actions   = ["sqs:SendMessage"]"#,
+        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]"#,
+        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]"#,
     );
     let inline = check(&Input::dir(inline.path()), &settings()).unwrap();
 
@@ -310,8 +310,8 @@ fn same_violations_inline_through_a_module_and_in_a_plan() {
     let module = module_copy("same-module");
     module.edit(
         "main.tf",
-        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueUrl"]"#,
-        r#"actions   = ["sqs:SendMessage"]"#,
+        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]"#,
+        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]"#,
     );
     let module = check(
         &Input::dir(module.path()).var_file(module_fixture().join("broken.tfvars")),
@@ -324,7 +324,8 @@ fn same_violations_inline_through_a_module_and_in_a_plan() {
         planned(p, "module.queues.aws_sqs_queue.main")["values"]["visibility_timeout_seconds"] =
             30.into();
         let doc = planned(p, "data.aws_iam_policy_document.worker");
-        doc["values"]["statement"][1]["actions"] = serde_json::json!(["sqs:SendMessage"]);
+        doc["values"]["statement"][1]["actions"] =
+            serde_json::json!(["sqs:GetQueueAttributes", "sqs:SendMessage"]);
     });
     let plan = check_plan(&path, &settings()).unwrap();
 

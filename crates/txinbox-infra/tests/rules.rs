@@ -499,8 +499,8 @@ fn worker_policy_without_get_queue_url_on_the_dlq() {
     let dir = copy_of(&aws_sample(), "iam");
     dir.edit(
         "iam.tf",
-        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueUrl"]"#,
-        r#"actions   = ["sqs:SendMessage"]"#,
+        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"]"#,
+        r#"actions   = ["sqs:SendMessage", "sqs:GetQueueAttributes"]"#,
     );
     let v = only_violation(&dir, &WorkerSettings::default());
     let line = dir.line_of("iam.tf", r#"data "aws_iam_policy_document" "worker""#);
@@ -546,8 +546,9 @@ fn worker_policy_without_delete_on_the_queue_and_wildcards() {
     let v = only_violation(&dir, &WorkerSettings::default());
     assert_eq!(v.resource, "aws_iam_policy.worker");
     assert!(
-        v.message
-            .contains("does not grant sqs:GetQueueUrl on the dead-letter queue"),
+        v.message.contains(
+            "does not grant sqs:GetQueueUrl, sqs:GetQueueAttributes on the dead-letter queue"
+        ),
         "{}",
         v.message
     );

@@ -4,11 +4,12 @@
 //!
 //! | operation | on | when | IAM action |
 //! |---|---|---|---|
-//! | `GetQueueAttributes` | the queue | [`SqsReceiver::connect`](crate::SqsReceiver::connect): the `RedrivePolicy` | `sqs:GetQueueAttributes` |
+//! | `GetQueueAttributes` | the queue | [`SqsReceiver::connect`](crate::SqsReceiver::connect) (the `RedrivePolicy`) and the start-up check ([`Receiver::check`](txinbox_core::Receiver::check)) | `sqs:GetQueueAttributes` |
 //! | `ReceiveMessage` | the queue | every receive | `sqs:ReceiveMessage` |
 //! | `ChangeMessageVisibility` | the queue | the visibility heartbeat, a release with a retry delay, a held message | `sqs:ChangeMessageVisibility` |
 //! | `DeleteMessage`, `DeleteMessageBatch` | the queue | the ack after COMMIT, the delete after a dead-letter forward | `sqs:DeleteMessage` |
 //! | `GetQueueUrl` | the dead-letter queue | `connect`, when no DLQ URL is configured: the DLQ named by the `RedrivePolicy` ARN | `sqs:GetQueueUrl` |
+//! | `GetQueueAttributes` | the dead-letter queue | the start-up check ([`Receiver::check`](txinbox_core::Receiver::check)): the DLQ exists and may be read | `sqs:GetQueueAttributes` |
 //! | `SendMessage` | the dead-letter queue | an explicit dead-letter forward (payload collision, bad input, permanent error) | `sqs:SendMessage` |
 //!
 //! AWS (SQS Developer Guide, batch actions): "You cannot set permissions explicitly for `SendMessageBatch`,
@@ -35,7 +36,11 @@ pub const QUEUE_ACTIONS: [&str; 4] = [
 ];
 
 /// IAM actions the worker needs on the queue's dead-letter queue.
-pub const DLQ_ACTIONS: [&str; 2] = ["sqs:SendMessage", "sqs:GetQueueUrl"];
+pub const DLQ_ACTIONS: [&str; 3] = [
+    "sqs:SendMessage",
+    "sqs:GetQueueUrl",
+    "sqs:GetQueueAttributes",
+];
 
 /// SQS operations (API names) the worker calls on the queue, with the IAM action that authorizes each.
 pub const QUEUE_OPERATIONS: [(&str, &str); 5] = [
@@ -48,8 +53,9 @@ pub const QUEUE_OPERATIONS: [(&str, &str); 5] = [
 
 /// SQS operations (API names) the worker calls on the dead-letter queue, with the IAM action that
 /// authorizes each.
-pub const DLQ_OPERATIONS: [(&str, &str); 2] = [
+pub const DLQ_OPERATIONS: [(&str, &str); 3] = [
     ("GetQueueUrl", "sqs:GetQueueUrl"),
+    ("GetQueueAttributes", "sqs:GetQueueAttributes"),
     ("SendMessage", "sqs:SendMessage"),
 ];
 

@@ -1,6 +1,6 @@
 //! The IAM actions the adapter declares ([`txinbox_sqs::iam`]) are the SQS operations a worker really calls:
-//! every SDK call of a worker running against moto (connect, receive, heartbeat, release, ack, dead-letter
-//! forward) is recorded by an SDK interceptor with the queue it targets, and checked against the declared
+//! every SDK call of a worker running against moto (connect, the start-up check, receive, heartbeat, ack,
+//! dead-letter forward) is recorded by an SDK interceptor with the queue it targets, and checked against the declared
 //! operations of that queue (the queue or its dead-letter queue) — and every declared operation is seen.
 //! Needs moto (`eval "$(bash scripts/moto.sh start)"`) and PostgreSQL (`TXINBOX_TEST_PG_URL`).
 
@@ -16,7 +16,7 @@ use aws_sdk_sqs::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_sqs::error::BoxError;
 use common::*;
 use serde_json::json;
-use txinbox_core::{OutcomeKind, Worker};
+use txinbox_core::{OutcomeKind, Receiver, Worker};
 use txinbox_sqs::{iam, SqsOptions, SqsReceiver};
 
 /// One SQS call: the operation (from the `X-Amz-Target` header of the JSON protocol) and the queue URL or
@@ -116,8 +116,10 @@ async fn every_call_a_worker_makes_is_a_declared_action_on_the_right_queue() {
     let opts = SqsOptions::default()
         .wait(Duration::from_secs(1))
         .visibility_timeout(Duration::from_secs(3));
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
     assert_eq!(receiver.dead_letter_queue(), Some(q.dlq.as_str()));
+    // The start-up check the example workers run before their first receive.
+    receiver.check().await.unwrap();
 
     let store = pg_store().await;
     let consumer = unique("iam");
