@@ -113,6 +113,24 @@ fn configuration(module: &Json, prefix: &str, out: &mut BTreeMap<String, Config>
     }
 }
 
+/// An address without its instance keys (`module.q[0].aws_sqs_queue.this[0]` -> `module.q.aws_sqs_queue.this`),
+/// as `configuration` names it.
+fn unindexed(address: &str) -> String {
+    let mut out = String::with_capacity(address.len());
+    let mut depth = 0usize;
+    let mut quoted = false;
+    for ch in address.chars() {
+        match ch {
+            '"' if depth > 0 => quoted = !quoted,
+            '[' if !quoted => depth += 1,
+            ']' if !quoted && depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(ch),
+            _ => {}
+        }
+    }
+    out
+}
+
 fn bad(path: &Path, detail: impl Into<String>) -> CheckError {
     CheckError::Plan {
         file: path.to_path_buf(),
@@ -145,6 +163,26 @@ impl Module {
             configuration(c, "", &mut config);
         }
         let mut unknown: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut deferred = Vec::new();
+        for change in json
+            .get("resource_changes")
+            .and_then(Json::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let reads = change
+                .get("change")
+                .and_then(|c| c.get("actions"))
+                .and_then(Json::as_array)
+                .is_some_and(|a| a.iter().any(|x| x == "read"));
+            if let (Some(address), Some("data"), true) = (
+                change.get("address").and_then(Json::as_str),
+                change.get("mode").and_then(Json::as_str),
+                reads,
+            ) {
+                deferred.push(address.to_owned());
+            }
+        }
         for change in json
             .get("resource_changes")
             .and_then(Json::as_array)
@@ -220,11 +258,11 @@ impl Module {
                     }
                 }
                 // What the plan knows only after apply, with what it depends on.
-                let config_address = address.split('[').next().unwrap_or(address);
+                let config_address = unindexed(address);
                 for key in unknown.get(address).into_iter().flatten() {
                     let references = config
-                        .get(&prefix)
-                        .and_then(|c| c.get(config_address))
+                        .get(&unindexed(&prefix))
+                        .and_then(|c| c.get(&config_address))
                         .and_then(|c| c.get(key))
                         .cloned()
                         .unwrap_or_default();
@@ -260,10 +298,38 @@ impl Module {
                 stack.push((child, format!("{address}.")));
             }
         }
+        for address in deferred {
+            if found.iter().all(|r| r.address() != address)
+                && address.contains("aws_iam_policy_document")
+            {
+                module.notes.push(format!(
+                    "{}: {address} is read only at apply (it depends on values known after apply), so the policy it builds is not checked in this plan; check a plan made once the queues exist",
+                    path.display()
+                ));
+            }
+        }
         for r in found {
             module.add_resource(r);
         }
         module.files.push(file);
         Ok(module)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unindexed;
+
+    #[test]
+    fn instance_keys_are_dropped() {
+        assert_eq!(
+            unindexed("module.q[0].aws_sqs_queue.this[0]"),
+            "module.q.aws_sqs_queue.this"
+        );
+        assert_eq!(
+            unindexed(r#"azurerm_servicebus_queue.base_queues["a[b]"]"#),
+            "azurerm_servicebus_queue.base_queues"
+        );
+        assert_eq!(unindexed("aws_sqs_queue.main"), "aws_sqs_queue.main");
     }
 }

@@ -191,6 +191,15 @@ fn plan_fixtures_are_clean() {
     assert!(report.advice.iter().any(|a| a.contains(
         "redrive_policy is known only after apply (it names module.queues.aws_sqs_queue.dlq)"
     )));
+    // Its worker policy is read only at apply: the report says it is not checked.
+    assert!(
+        report
+            .advice
+            .iter()
+            .any(|a| a.contains("data.aws_iam_policy_document.worker is read only at apply")),
+        "{:#?}",
+        report.advice
+    );
     // Input::detect: a file is a plan, a directory is Terraform.
     assert_eq!(
         Input::detect(plan_fixture("first-apply.json")),
