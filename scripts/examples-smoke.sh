@@ -36,7 +36,7 @@ run_worker() {
   local pid=$!
   for _ in $(seq 1 120); do
     cat "$work/$name.out" "$work/$name.err" | grep -q "$wait_for" && break
-    kill -0 "$pid" 2>/dev/null || fail "$name died: $(tail -n 5 "$work/$name.err")"
+    kill -0 "$pid" 2>/dev/null || fail "$name died: $(tail -n 5 "$work/$name.out" "$work/$name.err")"
     sleep 0.5
   done
   kill -TERM "$pid"
@@ -116,12 +116,59 @@ read -r rows distinct < <(count_tasks "$db")
 [[ $((first + second)) == 24 ]] || fail "SIGTERM mid-batch: applied $first + $second, expected 24 in all"
 echo "examples-smoke: sqs SIGTERM mid-batch ok: first worker applied $first, second $second, 24 tasks" >&2
 
+# The worker hosted in a web service (examples/hosted-service, axum): one pool, one shutdown. 24 events; the
+# handler takes 300 ms; SIGTERM once the application's own route (GET /tasks, through the shared pool) shows a
+# first task, i.e. in the middle of a batch. The service must drain the worker (commit, then delete), close its
+# server after that, exit 0; a second run finishes the queue. Nothing lost, nothing applied twice: 24 tasks, the
+# two reports' `applied` add up to 24. PostgreSQL: a database of its own, dropped afterwards.
+: "${TXINBOX_TEST_PG_URL:?the hosted service needs PostgreSQL (TXINBOX_TEST_PG_URL)}"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+hosted_db="hosted_smoke_$$"
+psql "$TXINBOX_TEST_PG_URL" -qtAc "CREATE DATABASE $hosted_db" >/dev/null || fail "cannot create database $hosted_db"
+hosted_pg="${TXINBOX_TEST_PG_URL%/*}/$hosted_db"
+q="crm-hosted-$$"
+"$bin/sqs-producer" --queue-name "$q" --create --opportunity op_0 --meeting m_0 >/dev/null 2>&1
+for i in $(seq 1 23); do
+  "$bin/sqs-producer" --queue-name "$q" --opportunity "op_$i" --meeting "m_$i" >/dev/null 2>&1
+done
+printf '[worker]\nconsumer = "crm-hosted"\nconcurrency = 4\n\n[sqs]\nqueue_url = "%s"\nwait_time_seconds = 1\nvisibility_timeout_seconds = 6\n' \
+  "$TXINBOX_SQS_ENDPOINT/123456789012/$q.fifo" >"$work/hosted.toml"
+hosted_tasks() {
+  curl -sf "http://$1/tasks" | python3 -c 'import json,sys; t=json.load(sys.stdin); print(len(t), len({x["message_id"] for x in t}))'
+}
+# hosted_run NAME UNTIL: runs the service until GET /tasks shows UNTIL tasks, SIGTERM, prints its `applied`.
+hosted_run() {
+  local name=$1 until=$2 addr
+  addr=127.0.0.1:$(free_port)
+  TXINBOX_STORE__URL=$hosted_pg "$bin/hosted-service" --config "$work/hosted.toml" --listen "$addr" \
+    --handler-delay-ms 300 >"$work/$name.out" 2>"$work/$name.err" &
+  local pid=$! n=0
+  for _ in $(seq 1 600); do
+    kill -0 "$pid" 2>/dev/null || fail "$name died: $(tail -n 5 "$work/$name.out" "$work/$name.err")"
+    read -r n _ < <(hosted_tasks "$addr" 2>/dev/null || echo 0 0)
+    [[ $n -ge $until ]] && break
+    sleep 0.1
+  done
+  [[ $n -ge $until ]] || fail "$name: only $n tasks after 60 s"
+  kill -TERM "$pid"
+  wait "$pid" || fail "$name exited with an error after SIGTERM: $(tail -n 5 "$work/$name.err")"
+  grep -q "server closed; closing the pool" "$work/$name.out" || fail "$name: the server did not close after the drain"
+  applied_in "$work/$name.out"
+}
+first=$(hosted_run hosted1 1)
+second=$(hosted_run hosted2 24)
+rows=$(psql "$hosted_pg" -qtAc "select count(*) || ' ' || count(distinct message_id) from crm_followup_tasks")
+psql "$TXINBOX_TEST_PG_URL" -qtAc "DROP DATABASE $hosted_db WITH (FORCE)" >/dev/null || true
+[[ $rows == "24 24" ]] || fail "hosted service: $rows (tasks, distinct messages), expected 24 24"
+[[ $first -lt 24 ]] || fail "hosted service: the first run applied all 24 before its SIGTERM (not mid-batch)"
+[[ $((first + second)) == 24 ]] || fail "hosted service: applied $first + $second, expected 24 in all"
+echo "examples-smoke: hosted service SIGTERM mid-batch ok: first run applied $first, second $second, 24 tasks" >&2
+
 # Prometheus scrapes a real worker (scripts/prometheus.sh: a throwaway server with ops/alerts.yml loaded): the
 # SQS worker runs with --metrics-addr, the inbox retention every second and an external CRM (so the effect
 # series exist); events come in two batches so every counter has a before and an after. Then every query of
 # ops/dashboard.json must return data (ops/check_dashboard.py), the series this run produces must be real
 # (not a dashboard's `or on() vector(0)`), and no alert may fire on this healthy run.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 prom_query() { curl -sfG "$TXINBOX_PROMETHEUS_URL/api/v1/query" --data-urlencode "query=$1"; }
 result_count() { python3 -c 'import json,sys; print(len(json.load(sys.stdin)["data"]["result"]))'; }
 "$bin/txinbox-crm-api" >"$work/crm.out" 2>"$work/crm.err" &

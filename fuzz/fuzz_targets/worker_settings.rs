@@ -1,9 +1,10 @@
-//! The worker settings file of check-infra (TOML): never a panic; parsed or refused with a TOML error that
-//! says where.
+//! The worker settings file (TOML, the file both the workers and check-infra read): never a panic; read, or
+//! refused as invalid (bad TOML, an unknown key, a wrong type) or as a value out of range; reading the same
+//! text twice agrees.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use txinbox_infra::WorkerSettings;
+use txinbox_core::settings::{SettingsError, WorkerSettings};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
@@ -11,10 +12,18 @@ fuzz_target!(|data: &[u8]| {
     };
     match WorkerSettings::from_toml_str(text) {
         Ok(s) => {
-            // Parsing what was parsed is stable.
             let again = WorkerSettings::from_toml_str(text).expect("parsed once");
             assert_eq!(format!("{s:?}"), format!("{again:?}"));
         }
-        Err(e) => assert!(!e.to_string().is_empty()),
+        Err(e) => {
+            assert!(
+                matches!(
+                    e,
+                    SettingsError::Invalid { .. } | SettingsError::Value { .. }
+                ),
+                "{e:?}"
+            );
+            assert!(!e.to_string().is_empty());
+        }
     }
 });

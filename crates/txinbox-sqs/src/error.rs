@@ -242,3 +242,31 @@ mod tests {
         assert!(bad.source().unwrap().downcast_ref::<SqsError>().is_some());
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Any error code and message SQS (or something in between) answers is classified, never a panic; the
+        /// AWS JSON protocol's prefixed codes (`AWS.SimpleQueueService.X`) are classified as `X`; an unknown
+        /// code is a rejection, never something retried forever.
+        #[test]
+        fn every_answer_is_classified(code in proptest::option::of(any::<String>()), message in proptest::option::of(any::<String>())) {
+            let kind = kind_of(code.as_deref(), message.as_deref());
+            if let Some(c) = &code {
+                let prefixed = format!("AWS.SimpleQueueService.{c}");
+                if !c.contains('.') {
+                    prop_assert_eq!(kind_of(Some(&prefixed), message.as_deref()), kind);
+                }
+            }
+            if code.is_none() {
+                prop_assert_eq!(kind, BrokerErrorKind::ServerError);
+            }
+        }
+    }
+}

@@ -28,6 +28,14 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 const TASKS_PG: &str = "CREATE TABLE IF NOT EXISTS crm_followup_tasks (task_id TEXT PRIMARY KEY, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, message_id TEXT NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())";
 const TASKS_SQLITE: &str = "CREATE TABLE IF NOT EXISTS crm_followup_tasks (task_id TEXT PRIMARY KEY, opportunity TEXT NOT NULL, meeting TEXT NOT NULL, message_id TEXT NOT NULL, created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)";
 
+/// Creates the agent's task table on PostgreSQL (idempotent).
+pub async fn create_tables_pg(store: &Store<sqlx::Postgres>) -> Result<(), sqlx::Error> {
+    sqlx::query(TASKS_PG)
+        .execute(store.pool())
+        .await
+        .map(|_| ())
+}
+
 /// The event: a meeting of an opportunity ended.
 #[derive(Clone, Debug, serde::Deserialize)]
 pub struct MeetingEnded {

@@ -1,0 +1,110 @@
+//! Property tests of check-infra's Terraform reader and rules on generated `main.tf` files: queues with odd
+//! attribute values (numbers, strings, references, functions, nothing), or any text. Never a panic; a file is
+//! checked (a report whose violations name a rule and a resource) or refused with a typed error that names
+//! the file or the reason. Fuzzed, coverage-guided, by `fuzz/fuzz_targets/terraform.rs`.
+
+use proptest::prelude::*;
+use txinbox_infra::{check_dir, CheckError, WorkerSettings};
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+fn value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<i64>().prop_map(|n| n.to_string()),
+        Just("true".to_owned()),
+        Just("\"PT1M\"".to_owned()),
+        Just("\"P10675199DT2H48M5.4775807S\"".to_owned()),
+        Just("var.missing".to_owned()),
+        Just("aws_sqs_queue.dlq.arn".to_owned()),
+        Just(
+            "jsonencode({ deadLetterTargetArn = aws_sqs_queue.dlq.arn, maxReceiveCount = 5 })"
+                .to_owned()
+        ),
+        Just("jsonencode({ maxReceiveCount = \"x\" })".to_owned()),
+        Just("max(1, 2)".to_owned()),
+        Just("[1, 2]".to_owned()),
+        any::<String>().prop_map(|s| format!("{s:?}")),
+    ]
+}
+
+fn attribute() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("name".to_owned()),
+        Just("fifo_queue".to_owned()),
+        Just("visibility_timeout_seconds".to_owned()),
+        Just("message_retention_seconds".to_owned()),
+        Just("redrive_policy".to_owned()),
+        Just("content_based_deduplication".to_owned()),
+        Just("lock_duration".to_owned()),
+        Just("max_delivery_count".to_owned()),
+        Just("default_message_ttl".to_owned()),
+        Just("requires_duplicate_detection".to_owned()),
+        Just("dead_lettering_on_message_expiration".to_owned()),
+        "[a-z_]{1,10}",
+    ]
+}
+
+fn main_tf() -> impl Strategy<Value = String> {
+    let resource = (
+        prop_oneof![
+            Just("aws_sqs_queue".to_owned()),
+            Just("azurerm_servicebus_queue".to_owned()),
+            Just("aws_iam_policy".to_owned()),
+        ],
+        "[a-z]{1,6}",
+        proptest::collection::vec((attribute(), value()), 0..8),
+    )
+        .prop_map(|(kind, name, attrs)| {
+            let body: String = attrs
+                .iter()
+                .map(|(k, v)| format!("  {k} = {v}\n"))
+                .collect();
+            format!("resource \"{kind}\" \"{name}\" {{\n{body}}}\n")
+        });
+    prop_oneof![
+        4 => proptest::collection::vec(resource, 1..4).prop_map(|r| r.concat()),
+        1 => any::<String>(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn any_terraform_is_checked_or_refused_with_a_typed_error(tf in main_tf()) {
+        let dir = std::env::temp_dir().join(format!(
+            "txinbox-prop-tf-{}-{}",
+            std::process::id(),
+            uuid_like(&tf)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("main.tf"), &tf).unwrap();
+        match check_dir(&dir, &WorkerSettings::default()) {
+            Ok(report) => {
+                prop_assert!(report.sqs_queues + report.servicebus_queues > 0);
+                for v in &report.violations {
+                    prop_assert!(!v.to_string().is_empty());
+                }
+            }
+            Err(e) => {
+                prop_assert!(!matches!(e, CheckError::Output(_)), "{:?}", e);
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A short name for a test case's directory.
+fn uuid_like(s: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
