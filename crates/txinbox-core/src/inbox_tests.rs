@@ -31,6 +31,8 @@ struct State {
     rejections: Vec<(&'static str, String)>,
     begins: u32,
     fail_begin: bool,
+    /// Whether the store answers savepoints (batch mode); off: one transaction per delivery.
+    savepoints: bool,
 }
 
 #[derive(Clone, Default, Debug)]
@@ -42,8 +44,10 @@ struct MemTx(Arc<Mutex<Pending>>);
 
 #[derive(Debug, Default)]
 struct Pending {
-    marker: Option<((String, String, String), Row)>,
+    markers: Vec<((String, String, String), Row)>,
     effects: Vec<String>,
+    /// Savepoints: (markers, effects) written before each.
+    marks: Vec<(usize, usize)>,
 }
 
 impl MemTx {
@@ -128,7 +132,7 @@ impl InboxStore for MemStore {
             result_reference: None,
         };
         // Deferred: the keys are checked at commit.
-        tx.0.lock().unwrap().marker = Some((key, row));
+        tx.0.lock().unwrap().markers.push((key, row));
         Ok(MarkerInsert::Inserted)
     }
     async fn record_result(
@@ -138,7 +142,7 @@ impl InboxStore for MemStore {
         r: Option<&str>,
         _: &[crate::effects::NewEffect<'_>],
     ) -> Result<(), Unavailable> {
-        if let Some((_, row)) = tx.0.lock().unwrap().marker.as_mut() {
+        if let Some((_, row)) = tx.0.lock().unwrap().markers.last_mut() {
             row.result_reference = r.map(str::to_owned);
         }
         Ok(())
@@ -146,15 +150,33 @@ impl InboxStore for MemStore {
     async fn commit(&self, tx: MemTx) -> Result<Commit, Unavailable> {
         let pending = std::mem::take(&mut *tx.0.lock().unwrap());
         let mut st = self.state();
-        let Some((key, row)) = pending.marker else {
-            return Ok(Commit::Done);
-        };
-        if let Some(holder) = Self::holder(&st, &key, &row.business_key) {
-            return Ok(Commit::Conflict(Some(holder)));
+        let before = st.markers.clone();
+        for (key, row) in pending.markers {
+            if let Some(holder) = Self::holder(&st, &key, &row.business_key) {
+                // All or nothing: a conflict anywhere writes nothing.
+                st.markers = before;
+                return Ok(Commit::Conflict(Some(holder)));
+            }
+            st.markers.insert(key, row);
         }
-        st.markers.insert(key, row);
         st.effects.extend(pending.effects);
         Ok(Commit::Done)
+    }
+    async fn savepoint(&self, tx: &MemTx) -> Result<bool, Unavailable> {
+        if !self.state().savepoints {
+            return Ok(false);
+        }
+        let mut p = tx.0.lock().unwrap();
+        let mark = (p.markers.len(), p.effects.len());
+        p.marks.push(mark);
+        Ok(true)
+    }
+    async fn rollback_to_savepoint(&self, tx: &MemTx) -> Result<(), Unavailable> {
+        let mut p = tx.0.lock().unwrap();
+        let (m, e) = p.marks.last().copied().unwrap_or_default();
+        p.markers.truncate(m);
+        p.effects.truncate(e);
+        Ok(())
     }
     async fn rollback(&self, tx: MemTx, _: bool) -> Result<(), Unavailable> {
         *tx.0.lock().unwrap() = Pending::default();
@@ -438,4 +460,137 @@ async fn a_worker_runs_until_the_queue_is_idle() {
     assert_eq!(report.count(OutcomeKind::Duplicate), 1);
     assert_eq!(store.state().effects.len(), 5);
     assert_eq!(q.state(), QueueState::default());
+}
+
+// ---- batch mode ------------------------------------------------------------------------------------------
+
+/// A typed handler that fails (retryable) for opportunity `fail` after writing its effect.
+fn failing_processor(
+    store: &MemStore,
+) -> InboxProcessor<MemStore, Meeting, impl Handler<MemStore, Meeting>> {
+    inbox(store)
+        .bind(|tx: MemTx, msg: Message<Meeting>| async move {
+            tx.write(format!("task-{}", msg.body.opportunity));
+            if msg.body.opportunity == "fail" {
+                return Err(HandlerError::retry(std::io::Error::other("busy")));
+            }
+            Ok(Handled::reference(format!("task-{}", msg.body.opportunity)))
+        })
+        .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)))
+}
+
+fn labels(o: &[Outcome]) -> Vec<&'static str> {
+    o.iter().map(Outcome::label).collect()
+}
+
+#[tokio::test]
+async fn a_batch_is_one_transaction_and_a_failure_undoes_only_its_own_writes() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = failing_processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "fail"));
+    q.send(event("evt-3", "2483"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "retry", "applied"]);
+    assert_eq!(store.state().begins, 1, "one transaction");
+    assert_eq!(store.state().effects, ["task-2481", "task-2483"]);
+    assert_eq!(store.state().markers.len(), 2);
+    // The retry is released with the inbox's backoff; the others are acknowledged.
+    assert_eq!(
+        q.state(),
+        QueueState {
+            delayed: 1,
+            ..QueueState::default()
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_store_without_savepoints_gets_one_transaction_per_delivery_of_a_batch() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = failing_processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "fail"));
+    q.send(event("evt-1", "2481"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "retry", "duplicate"]);
+    // The batch's own BEGIN learned there are no savepoints; then one transaction per delivery.
+    assert_eq!(store.state().begins, 4);
+    assert_eq!(store.state().effects, ["task-2481"]);
+}
+
+/// A store that checks its keys at COMMIT refuses the whole batch without saying which delivery: each is
+/// applied again on its own and gets the outcome it gets alone.
+#[tokio::test]
+async fn a_conflict_found_at_commit_reapplies_the_batch_one_by_one() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = processor(&store);
+    q.send(event("evt-1", "2481"));
+    assert!(matches!(one(&q, &p).await, Outcome::Applied { .. }));
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-3", "2483"));
+    q.send(event("evt-4", "2484"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["duplicate", "applied", "applied"]);
+    // The first delivery's, the refused batch's, then one per delivery.
+    assert_eq!(store.state().begins, 1 + 1 + 3);
+    assert_eq!(
+        store.state().effects,
+        ["task-2481", "task-2483", "task-2484"]
+    );
+    assert_eq!(q.state(), QueueState::default());
+}
+
+/// Bad input in a batch is dead-lettered without entering the transaction; the rest applies.
+#[tokio::test]
+async fn bad_input_in_a_batch_never_enters_the_transaction() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(OutgoingMessage::new("not json").cloudevent("urn:crm", "evt-bad", "crm.meeting.ended"));
+    q.send(event("evt-3", "2483"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "dead_lettered", "applied"]);
+    assert_eq!(store.state().begins, 1);
+    assert_eq!(q.dead_letters().len(), 1);
+}
+
+/// A batch stopped (shutdown deadline) before COMMIT rolls back whole: every delivery interrupted and released.
+#[tokio::test]
+async fn a_batch_stopped_before_commit_rolls_back_whole() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let p = inbox(&store).bind(move |tx: MemTx, msg: Message<Meeting>| {
+        let s = s.clone();
+        async move {
+            tx.write(format!("task-{}", msg.body.opportunity));
+            if msg.body.opportunity == "2482" {
+                // The deadline passes while this handler runs.
+                s.cancel();
+                std::future::pending::<()>().await;
+            }
+            Ok(Handled::done())
+        }
+    });
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "2482"));
+    q.send(event("evt-3", "2483"));
+    let o = p.process_batch(q.receive_now(3), &stop).await;
+    assert_eq!(labels(&o), ["interrupted", "interrupted", "interrupted"]);
+    assert!(store.state().effects.is_empty());
+    assert!(store.state().markers.is_empty());
+    assert_eq!(q.state().visible, 3);
 }
