@@ -80,15 +80,7 @@ impl<S: InboxStore> Inbox<S> {
             applied = tracing::field::Empty,
         );
         async move {
-            let (slots, fallback) = self.decide_batch(&deliveries, handler, key, stop).await;
-            if fallback {
-                // No savepoints: one transaction per delivery, in receive order.
-                let mut out = Vec::with_capacity(deliveries.len());
-                for d in deliveries {
-                    out.push(self.run(d, handler, key, stop).await);
-                }
-                return out;
-            }
+            let slots = self.decide_batch(&deliveries, handler, key, stop).await;
             let applied = slots
                 .iter()
                 .filter(|d| matches!(d, Decision::Ack(Outcome::Applied { .. })))
@@ -107,15 +99,14 @@ impl<S: InboxStore> Inbox<S> {
         .await
     }
 
-    /// The decisions of a batch, one per delivery; `true` when the store has no savepoints (nothing was
-    /// decided: the caller processes the deliveries one by one).
+    /// The decisions of a batch, one per delivery, in order.
     async fn decide_batch<D, T, H>(
         &self,
         deliveries: &[D],
         handler: &H,
         key: Option<&TypedKeyFn<T>>,
         stop: &CancellationToken,
-    ) -> (Vec<Decision>, bool)
+    ) -> Vec<Decision>
     where
         D: Delivery,
         T: Payload,
@@ -154,15 +145,30 @@ impl<S: InboxStore> Inbox<S> {
                 .collect()
         };
         if work.is_empty() {
-            return (finish(slots, &|| self.interrupted()), false);
+            return finish(slots, &|| self.interrupted());
         }
         if stop.is_cancelled() {
-            return (finish(slots, &|| self.interrupted()), false);
+            return finish(slots, &|| self.interrupted());
         }
         let tx = match self.store.begin().await {
             Ok(tx) => tx,
-            Err(e) => return (finish(slots, &|| self.store_retry("begin", &e)), false),
+            Err(e) => return finish(slots, &|| self.store_retry("begin", &e)),
         };
+        // The first savepoint also tells whether the store has savepoints at all.
+        match self.store.savepoint(&tx).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // No savepoints: one transaction per delivery, in receive order.
+                let _ = self.store.rollback(tx, true).await;
+                return self
+                    .one_by_one(slots, work, deliveries, handler, stop)
+                    .await;
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx, false).await;
+                return finish(slots, &|| self.store_retry("savepoint", &e));
+            }
+        }
         // Receive-order groups held back behind an earlier message released in this batch: (delay).
         let mut held: HashMap<String, Duration> = HashMap::new();
         let mut first = true;
@@ -172,28 +178,23 @@ impl<S: InboxStore> Inbox<S> {
                 slots[i] = Slot::Decided(held_back(*delay));
                 continue;
             }
-            match self.store.savepoint(&tx).await {
+            let opened = if first {
+                Ok(true)
+            } else {
+                self.store.savepoint(&tx).await
+            };
+            match opened {
                 Ok(true) => {}
-                Ok(false) if first => {
-                    let _ = self.store.rollback(tx, true).await;
-                    return (Vec::new(), true);
-                }
                 Ok(false) => {
                     // A store that had savepoints a moment ago: end the batch safely.
                     let _ = self.store.rollback(tx, false).await;
-                    return (
-                        finish(slots, &|| {
-                            self.store_retry_msg(
-                                "savepoint",
-                                "the store stopped answering savepoints",
-                            )
-                        }),
-                        false,
-                    );
+                    return finish(slots, &|| {
+                        self.store_retry_msg("savepoint", "the store stopped answering savepoints")
+                    });
                 }
                 Err(e) => {
                     let _ = self.store.rollback(tx, false).await;
-                    return (finish(slots, &|| self.store_retry("savepoint", &e)), false);
+                    return finish(slots, &|| self.store_retry("savepoint", &e));
                 }
             }
             first = false;
@@ -220,17 +221,14 @@ impl<S: InboxStore> Inbox<S> {
                 Step::Failed(decision) => decision,
                 Step::Interrupted => {
                     let _ = self.store.rollback(tx, false).await;
-                    return (finish(slots, &|| self.interrupted()), false);
+                    return finish(slots, &|| self.interrupted());
                 }
             };
             if let Err(e) = self.store.rollback_to_savepoint(&tx).await {
                 // The transaction is lost with this delivery's writes: nothing of it is kept.
                 let _ = self.store.rollback(tx, false).await;
                 slots[i] = Slot::Decided(failed);
-                return (
-                    finish(slots, &|| self.store_retry("rollback to savepoint", &e)),
-                    false,
-                );
+                return finish(slots, &|| self.store_retry("rollback to savepoint", &e));
             }
             if let (Decision::Release(_, delay), Some(g)) = (&failed, &msg.group_id) {
                 held.insert(g.clone(), *delay);
@@ -239,7 +237,7 @@ impl<S: InboxStore> Inbox<S> {
         }
         if stop.is_cancelled() {
             let _ = self.store.rollback(tx, false).await;
-            return (finish(slots, &|| self.interrupted()), false);
+            return finish(slots, &|| self.interrupted());
         }
         match self.store.commit(tx).await {
             Ok(Commit::Done) => {}
@@ -256,10 +254,10 @@ impl<S: InboxStore> Inbox<S> {
                         }
                     });
                 }
-                return (out, false);
+                return out;
             }
             // The COMMIT's fate is unknown: release; the redelivery finds the markers or applies them.
-            Err(e) => return (finish(slots, &|| self.store_retry("commit", &e)), false),
+            Err(e) => return finish(slots, &|| self.store_retry("commit", &e)),
         }
         let mut out = Vec::with_capacity(slots.len());
         for (i, s) in slots.into_iter().enumerate() {
@@ -271,7 +269,48 @@ impl<S: InboxStore> Inbox<S> {
                 Slot::Pending => self.interrupted(),
             });
         }
-        (out, false)
+        out
+    }
+
+    /// A store without savepoints: each validated delivery in its own transaction, in receive order (a
+    /// released one still holds its FIFO group's later ones back).
+    async fn one_by_one<D, T, H>(
+        &self,
+        mut slots: Vec<Slot>,
+        work: Vec<(usize, Prepared<T>)>,
+        deliveries: &[D],
+        handler: &H,
+        stop: &CancellationToken,
+    ) -> Vec<Decision>
+    where
+        D: Delivery,
+        T: Payload,
+        H: Handler<S, T>,
+    {
+        let mut held: HashMap<String, Duration> = HashMap::new();
+        for (i, prepared) in work {
+            let msg = deliveries[i].message();
+            if let Some(delay) = msg.group_id.as_ref().and_then(|g| held.get(g)) {
+                slots[i] = Slot::Decided(held_back(*delay));
+                continue;
+            }
+            let d = if stop.is_cancelled() {
+                self.interrupted()
+            } else {
+                self.decide_prepared(prepared, msg, handler, stop).await
+            };
+            if let (Decision::Release(_, delay), Some(g)) = (&d, &msg.group_id) {
+                held.insert(g.clone(), *delay);
+            }
+            slots[i] = Slot::Decided(d);
+        }
+        slots
+            .into_iter()
+            .map(|s| match s {
+                Slot::Decided(d) => d,
+                _ => self.interrupted(),
+            })
+            .collect()
     }
 
     fn store_retry_msg(&self, op: &'static str, why: &str) -> Decision {

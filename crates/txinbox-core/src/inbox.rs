@@ -350,6 +350,17 @@ impl<S: InboxStore> Inbox<S> {
         if let Some(refused) = self.refuse_if_expired(msg, &prepared.identity) {
             return refused;
         }
+        self.decide_prepared(prepared, msg, handler, stop).await
+    }
+
+    /// The transaction of one validated delivery: BEGIN, marker, handler, result, COMMIT.
+    async fn decide_prepared<T: Payload, H: Handler<S, T>>(
+        &self,
+        prepared: Prepared<T>,
+        msg: &ReceivedMessage,
+        handler: &H,
+        stop: &CancellationToken,
+    ) -> Decision {
         let tx = match self.store.begin().await {
             Ok(tx) => tx,
             Err(e) => return self.store_retry("begin", &e),
