@@ -45,8 +45,8 @@
 //! `../...`) is read recursively: its inputs are evaluated in the caller and
 //! replace the module's defaults, its resources are addressed
 //! `module.NAME.KIND.NAME`, and its outputs resolve as `module.NAME.OUTPUT`.
-//! `count` and `for_each` on a module call are not expanded (one instance is
-//! read). A registry or remote module is never fetched (no network): it is
+//! `count` and `for_each` on a module call or a resource are not expanded (one
+//! instance is read; `KIND.NAME[0]` of a resource with `count` refers to it). A registry or remote module is never fetched (no network): it is
 //! named in the report's advice, and its resources are checked through a
 //! plan.
 //!

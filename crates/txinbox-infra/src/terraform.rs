@@ -163,8 +163,8 @@ pub(crate) struct Scope {
     local_origins: BTreeMap<String, Location>,
     /// Outputs of the module calls in this scope, by call name.
     modules: hcl::Map<String, Value>,
-    /// (mode, kind, name) of the resources declared in this scope.
-    declared: Vec<(&'static str, String, String)>,
+    /// (mode, kind, name, whether it has `count`) of the resources declared in this scope.
+    declared: Vec<(&'static str, String, String, bool)>,
 }
 
 /// What was read: one module with its local child modules, or a plan.
@@ -392,6 +392,7 @@ impl Module {
                             mode,
                             (*kind).to_owned(),
                             (*name).to_owned(),
+                            block.body.get_attribute("count").is_some(),
                         ));
                         self.resources.push(Resource {
                             mode,
@@ -566,6 +567,7 @@ impl Module {
             resource.mode,
             resource.kind.clone(),
             resource.name.clone(),
+            false,
         ));
         self.resources.push(resource);
     }
@@ -578,7 +580,7 @@ impl Module {
         ctx.declare_var("module", Value::Object(s.modules.clone()));
         let mut managed: BTreeMap<&str, hcl::Map<String, Value>> = BTreeMap::new();
         let mut data: hcl::Map<String, Value> = hcl::Map::new();
-        for (mode, kind, name) in &s.declared {
+        for (mode, kind, name, counted) in &s.declared {
             let attrs: hcl::Map<String, Value> = REF_ATTRS
                 .into_iter()
                 .map(|a| {
@@ -588,17 +590,20 @@ impl Module {
                     )
                 })
                 .collect();
+            // With `count`, `KIND.NAME[0].arn`: one instance is read, all its instances stand for it.
+            let value = if *counted {
+                Value::Array(vec![Value::Object(attrs)])
+            } else {
+                Value::Object(attrs)
+            };
             if mode.is_empty() {
-                managed
-                    .entry(kind)
-                    .or_default()
-                    .insert(name.clone(), Value::Object(attrs));
+                managed.entry(kind).or_default().insert(name.clone(), value);
             } else {
                 let entry = data
                     .entry(kind.clone())
                     .or_insert_with(|| Value::Object(hcl::Map::new()));
                 if let Value::Object(map) = entry {
-                    map.insert(name.clone(), Value::Object(attrs));
+                    map.insert(name.clone(), value);
                 }
             }
         }

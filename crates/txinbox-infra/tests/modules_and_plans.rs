@@ -364,3 +364,52 @@ fn same_violations_inline_through_a_module_and_in_a_plan() {
         );
     }
 }
+
+/// Resources with `count` (as community modules write them): `aws_sqs_queue.dlq[0].arn` is followed.
+#[test]
+fn counted_resources_are_followed() {
+    let dir = TempDir::new("count");
+    dir.write(
+        "main.tf",
+        r#"variable "create" {
+  default = true
+}
+
+resource "aws_sqs_queue" "dlq" {
+  count      = var.create ? 1 : 0
+  name       = "orders-dlq.fifo"
+  fifo_queue = true
+}
+
+resource "aws_sqs_queue" "this" {
+  count                      = var.create ? 1 : 0
+  name                       = "orders.fifo"
+  fifo_queue                 = true
+  visibility_timeout_seconds = 60
+  redrive_policy = jsonencode({
+    deadLetterTargetArn = aws_sqs_queue.dlq[0].arn
+    maxReceiveCount     = 5
+  })
+}
+"#,
+    );
+    let report = check(&Input::dir(dir.path()), &settings()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "aws_sqs_queue.this: producers must set ce-id and ce-source on every message: the identity must not rest on the MessageDeduplicationId, which does not survive the move to the dead-letter queue aws_sqs_queue.dlq"
+        )),
+        "{:#?}",
+        report.advice
+    );
+    // Broken: the DLQ is a standard queue.
+    dir.write(
+        "main.tf",
+        &dir.read("main.tf").replacen("  fifo_queue = true\n", "", 1),
+    );
+    let report = check(&Input::dir(dir.path()), &settings()).unwrap();
+    assert_eq!(
+        findings(&report),
+        [(RuleId::SqsFifoMissingRedrive, "aws_sqs_queue.this".into())]
+    );
+}
