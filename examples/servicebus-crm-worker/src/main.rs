@@ -171,7 +171,10 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         std::env::var_os("SERVICEBUS_NAMESPACE"),
         &settings.servicebus.namespace,
     ) {
-        (None, None, Some(ns)) => ServiceBusConfig::default_azure_credential(ns.clone())?,
+        // `[servicebus] namespace` takes the Terraform output `namespace_fqdn` or the bare name.
+        (None, None, Some(ns)) => ServiceBusConfig::default_azure_credential(
+            ns.trim_end_matches(".servicebus.windows.net").to_owned(),
+        )?,
         _ => ServiceBusConfig::from_env()?,
     };
     let client = config.connect()?;
