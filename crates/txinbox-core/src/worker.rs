@@ -7,9 +7,11 @@
 //! always goes on to settle. The worker never stops between COMMIT and settle.
 //!
 //! A receive (long poll) still in flight when shutdown begins is let finish (it lasts at most the adapter's
-//! long-poll wait, and never longer than [`WorkerOptions::shutdown_timeout`]); whatever it brought is handed
-//! straight back to the broker ([`Delivery::release`] with no delay: SQS visibility 0, Service Bus unlock), so
-//! another worker receives those messages at once instead of after their lock or visibility timeout.
+//! long-poll wait, and never longer than [`WorkerOptions::shutdown_timeout`] or
+//! [`WorkerOptions::shutdown_receive_wait`]); whatever it brought is handed straight back to the broker
+//! ([`Delivery::release`] with no delay: SQS visibility 0, Service Bus unlock), so another worker receives
+//! those messages at once instead of after their lock or visibility timeout. An idle worker therefore takes up
+//! to the long-poll wait to stop.
 //!
 //! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
 //! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
@@ -136,6 +138,12 @@ pub struct WorkerOptions {
     /// configuration) before the worker stops and reports it in [`WorkerReport::gave_up`] (default 5 min;
     /// `None`: never give up).
     pub give_up_after: Option<Duration>,
+    /// How long a receive (long poll) still in flight at shutdown is waited for, so that what it brings is
+    /// handed back at once (default `None`: until it ends, at most the adapter's long-poll wait and never
+    /// longer than [`shutdown_timeout`](Self::shutdown_timeout)). An idle worker therefore takes up to the
+    /// long-poll wait (20 s by default) to stop. `Some(Duration::ZERO)` stops at once and drops the poll:
+    /// messages the broker hands to it then wait for their visibility timeout or lock.
+    pub shutdown_receive_wait: Option<Duration>,
 }
 
 impl Default for WorkerOptions {
@@ -149,6 +157,7 @@ impl Default for WorkerOptions {
             batch_commit: 1,
             receive_error_backoff_max: Duration::from_secs(30),
             give_up_after: Some(Duration::from_secs(300)),
+            shutdown_receive_wait: None,
         }
     }
 }
@@ -197,6 +206,12 @@ impl WorkerOptions {
     /// (`None`: never).
     pub fn give_up_after(mut self, d: Option<Duration>) -> Self {
         self.give_up_after = d;
+        self
+    }
+    /// Sets how long a receive in flight at shutdown is waited for (`None`: until it ends, within the
+    /// shutdown timeout; zero: dropped at once).
+    pub fn shutdown_receive_wait(mut self, d: Option<Duration>) -> Self {
+        self.shutdown_receive_wait = d;
         self
     }
 }
@@ -378,7 +393,11 @@ where
                 _ = &mut shutdown => {
                     // Let the long poll finish and hand back what it brought, so that those messages are
                     // received again at once rather than after their lock or visibility timeout.
-                    hand_back(receive, self.opts.shutdown_timeout, &consumer).await;
+                    let wait = self
+                        .opts
+                        .shutdown_receive_wait
+                        .map_or(self.opts.shutdown_timeout, |w| w.min(self.opts.shutdown_timeout));
+                    hand_back(receive, wait, &consumer).await;
                     break;
                 }
                 r = &mut receive => r,
@@ -582,6 +601,10 @@ async fn hand_back<D: Delivery>(
     limit: Duration,
     consumer: &str,
 ) {
+    if limit.is_zero() {
+        // Dropped on purpose (`WorkerOptions::shutdown_receive_wait` zero).
+        return;
+    }
     let deliveries = match tokio::time::timeout(limit, receive).await {
         Ok(Ok(d)) => d,
         Ok(Err(_)) => return,

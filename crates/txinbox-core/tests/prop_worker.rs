@@ -210,3 +210,41 @@ async fn a_long_poll_in_flight_at_shutdown_hands_back_what_it_brought() {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].message().delivery_count, 2);
 }
+
+#[tokio::test]
+async fn a_zero_shutdown_receive_wait_stops_at_once_and_leaves_the_poll_s_message_to_its_timeout() {
+    let queue = MemoryQueue::new(QueueOptions {
+        visibility_timeout: Duration::from_secs(300),
+        wait: Duration::from_secs(5),
+        ..QueueOptions::default()
+    });
+    let stop = CancellationToken::new();
+    let receiver = SlowAnswer {
+        inner: queue.receiver(),
+        delay: Duration::from_secs(2),
+    };
+    let worker = tokio::spawn(
+        Worker::new(receiver, Ack(Arc::new(AtomicU64::new(0))))
+            .options(fast().shutdown_receive_wait(Some(Duration::ZERO)))
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    queue.send(OutgoingMessage::new("m1").producer_id("p1"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopping = tokio::time::Instant::now();
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("the worker stops")
+        .expect("no panic");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        stopping.elapsed()
+    );
+    assert_eq!(
+        queue.state().in_flight,
+        1,
+        "the dropped poll's message waits for its timeout"
+    );
+}
