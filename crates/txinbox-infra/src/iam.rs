@@ -201,14 +201,16 @@ fn names_queue(c: &Checker<'_>, pattern: &str, queue: &Resource) -> bool {
             return true;
         }
     }
+    // A literal ARN or ARN pattern: `arn:PARTITION:sqs:REGION:ACCOUNT:NAME`, matched on the service and the
+    // queue's name (the region and the account are not known statically).
+    let parts: Vec<&str> = pattern.splitn(6, ':').collect();
     known("name")
         .filter(|n| referenced_resource(n).is_none())
         .is_some_and(|name| {
-            glob(
-                pattern,
-                &format!("arn:aws:sqs:region:account:{name}"),
-                false,
-            )
+            parts.len() == 6
+                && parts[0] == "arn"
+                && glob(parts[2], "sqs", false)
+                && glob(parts[5], &name, false)
         })
 }
 

@@ -633,3 +633,32 @@ fn servicebus_retention_path_through_the_poison_queue() {
     );
     assert_eq!(v.resource, "azurerm_servicebus_queue.poison");
 }
+
+/// A worker policy written with literal ARNs (as when the queues live in another state) names the queues by
+/// their names.
+#[test]
+fn worker_policy_with_literal_arns() {
+    let dir = copy_of(&aws_sample(), "iam-literal");
+    let text = dir
+        .read("iam.tf")
+        .replace(
+            "resources = [aws_sqs_queue.main.arn]",
+            r#"resources = ["arn:aws:sqs:eu-west-1:123456789012:txinbox-orders.fifo"]"#,
+        )
+        .replace(
+            "resources = [aws_sqs_queue.dlq.arn]",
+            r#"resources = ["arn:aws:sqs:*:123456789012:txinbox-orders-dlq*"]"#,
+        );
+    dir.write("iam.tf", &text);
+    assert!(check_dir(dir.path(), &WorkerSettings::default())
+        .unwrap()
+        .is_clean());
+    // The DLQ statement names another queue: the worker cannot use its DLQ.
+    dir.write(
+        "iam.tf",
+        &text.replace("txinbox-orders-dlq*", "other-dlq.fifo"),
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction);
+    assert!(v.message.contains("does not grant sqs:SendMessage, sqs:GetQueueUrl, sqs:GetQueueAttributes on the dead-letter queue aws_sqs_queue.dlq"), "{}", v.message);
+}
