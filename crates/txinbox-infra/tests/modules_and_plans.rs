@@ -413,3 +413,58 @@ resource "aws_sqs_queue" "this" {
         [(RuleId::SqsFifoMissingRedrive, "aws_sqs_queue.this".into())]
     );
 }
+
+/// A Service Bus plan (queues in a child module, addressed by key as `for_each` makes them; role
+/// assignments with known resource ids): clean, and each broken copy fails with its rule.
+#[test]
+fn servicebus_plan_and_its_broken_copies() {
+    let name = "servicebus-existing.json";
+    let report = check_plan(&plan_fixture(name), &settings()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!(report.servicebus_queues, 2);
+    assert!(report.advice.is_empty(), "{:#?}", report.advice);
+
+    let queue = r#"module.servicebus.azurerm_servicebus_queue.base_queues["orders"]"#;
+    let poison = r#"module.servicebus.azurerm_servicebus_queue.base_queues["orders-poison"]"#;
+
+    // The worker cannot send to the poison queue.
+    let (_tmp, path) = plan_copy(name, "sb-plan-roles", |p| {
+        p["planned_values"]["root_module"]["resources"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|r| r["address"] != "azurerm_role_assignment.worker_poison_sender");
+    });
+    let report = check_plan(&path, &settings()).unwrap();
+    assert_eq!(report.violations.len(), 1, "{:#?}", report.violations);
+    let v = &report.violations[0];
+    assert_eq!(v.rule, RuleId::ServiceBusWorkerRoleMissing);
+    assert_eq!(v.resource, "azurerm_role_assignment.worker_receiver");
+    assert!(
+        v.message.contains(&format!(
+            "receives from {queue} (Azure Service Bus Data Receiver) but has no Azure Service Bus Data Sender on its poison queue {poison}"
+        )),
+        "{}",
+        v.message
+    );
+
+    // Duplicate detection off on the queue, and a poison queue kept too long.
+    let (_tmp, path) = plan_copy(name, "sb-plan-dedup", |p| {
+        planned(p, queue)["values"]["requires_duplicate_detection"] = false.into();
+        planned(p, poison)["values"]["default_message_ttl"] = "P14D".into();
+    });
+    let report = check_plan(&path, &settings()).unwrap();
+    let rules: Vec<(RuleId, &str)> = report
+        .violations
+        .iter()
+        .map(|v| (v.rule, v.resource.as_str()))
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            (RuleId::ServiceBusDuplicateDetectionOff, queue),
+            (RuleId::ServiceBusRetentionPathExceedsInbox, poison),
+        ],
+        "{:#?}",
+        report.violations
+    );
+}
