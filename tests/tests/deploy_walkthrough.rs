@@ -139,15 +139,27 @@ fn the_azure_walkthrough_maps_every_output_to_a_setting() {
 }
 
 #[test]
-fn every_settings_file_in_the_walkthrough_loads() {
+fn every_settings_file_in_the_walkthrough_loads_and_passes_check_infra_on_its_sample() {
     let doc = read("docs/deploy.md");
-    let mut n = 0;
-    for block in doc.split("```toml\n").skip(1) {
-        let toml = block.split("```").next().unwrap();
-        WorkerSettings::from_toml_str(toml).unwrap_or_else(|e| {
+    let samples = ["infra/aws-sqs-fifo", "infra/azure-servicebus"];
+    let blocks: Vec<&str> = doc
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    assert_eq!(
+        blocks.len(),
+        samples.len(),
+        "one settings file per cloud, in this order"
+    );
+    for (toml, sample) in blocks.into_iter().zip(samples) {
+        let settings = WorkerSettings::from_toml_str(toml).unwrap_or_else(|e| {
             panic!("a settings file in docs/deploy.md does not load: {e}\n{toml}")
         });
-        n += 1;
+        let report = txinbox_infra::check_dir(&root().join(sample), &settings).unwrap();
+        assert!(
+            report.is_clean(),
+            "the walkthrough's settings for {sample} fail check-infra: {report:?}"
+        );
     }
-    assert_eq!(n, 2, "one settings file per cloud");
 }

@@ -256,7 +256,11 @@ pub fn run_cli(
 pub fn run(input: &Input, config: Option<&Path>, out: &mut impl Write) -> Result<bool, CheckError> {
     let settings = match config {
         Some(path) => settings::load(path)?,
-        None => WorkerSettings::default(),
+        // As a worker without a file: the defaults with the environment's overrides.
+        None => WorkerSettings::from_env().map_err(|source| CheckError::Config {
+            path: "<environment>".into(),
+            source: Box::new(source),
+        })?,
     };
     let report = check(input, &settings)?;
     write_report(&report, input.path(), out).map_err(CheckError::Output)?;
