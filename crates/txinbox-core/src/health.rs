@@ -423,7 +423,7 @@ mod tests {
         let h = Health::new()
             .live_timeout(Duration::from_millis(20))
             .check_timeout(Duration::from_millis(20))
-            .check("database", || std::future::pending::<Result<(), String>>());
+            .check("database", std::future::pending::<Result<(), String>>);
         h.worker_started();
         tokio::time::sleep(Duration::from_millis(40)).await;
         assert!(!h.liveness().ok);
