@@ -164,3 +164,34 @@ fn effects_stats_lists_nothing_on_a_fresh_store() {
     assert_eq!(out.lines().count(), 1, "only the header: {out}");
     assert!(out.starts_with("consumer"), "{out}");
 }
+
+#[test]
+fn check_infra_reads_var_files_and_plans() {
+    let fixtures = format!(
+        "{}/../txinbox-infra/tests/fixtures",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let module = format!("{fixtures}/module-fifo");
+    let (code, out, err) = txinbox(&["check-infra", &module]);
+    assert_eq!(code, 0, "the local module passes: {out}{err}");
+    let (code, out, err) = txinbox(&[
+        "check-infra",
+        &module,
+        "--var-file",
+        &format!("{module}/broken.tfvars"),
+    ]);
+    assert_eq!(
+        code, 1,
+        "a -var-file that breaks it is reported: {out}{err}"
+    );
+    assert!(
+        out.contains("[sqs-visibility-timeout-too-short] module.queues.aws_sqs_queue.main"),
+        "{out}"
+    );
+    let (code, out, err) = txinbox(&[
+        "check-infra",
+        &format!("{fixtures}/plan/existing-queues.json"),
+    ]);
+    assert_eq!(code, 0, "a plan JSON: {out}{err}");
+    assert!(out.contains("check-infra: ok"), "{out}");
+}
