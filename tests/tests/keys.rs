@@ -210,6 +210,46 @@ fn script_up_to_v3<DB: txinbox::store::Backend>() -> String {
     all[..cut].to_owned()
 }
 
+/// What must hold once a store holding a version-3 marker (tenant-1's `book_call:acme`, message `evt-old`) was
+/// opened by this release: version 4 applied, tenant-2 may ask for the same action, tenant-1 may not, the old
+/// marker kept.
+macro_rules! after_migration {
+    ($store:expr) => {{
+        let store = &$store;
+        sqlx::query("CREATE TABLE calls (consumer TEXT NOT NULL, account TEXT NOT NULL, message_id TEXT NOT NULL)")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        let version: i64 = sqlx::query_scalar("SELECT max(version) FROM txinbox_schema_version")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(version, 4);
+        let c = consumer!(store, "crm-followup");
+        let q = MemoryQueue::default();
+        // tenant-2 asks for the same action: it applies now (the old index refused it).
+        let t2 = c
+            .process_one(deliver(&q, book("evt-2", "acme", Some("tenant-2"))))
+            .await;
+        assert!(matches!(t2, Outcome::Applied { .. }), "{t2:?}");
+        // tenant-1 asks again: the old marker still holds the key.
+        match c
+            .process_one(deliver(&q, book("evt-3", "acme", Some("tenant-1"))))
+            .await
+        {
+            Outcome::BusinessDuplicate {
+                holder_message_id, ..
+            } => assert_eq!(holder_message_id, "evt-old"),
+            other => panic!("expected a business duplicate of evt-old, got {other:?}"),
+        }
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM txinbox_inbox")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(rows, 2, "the old marker and evt-2's");
+    }};
+}
+
 #[tokio::test]
 async fn a_version_3_postgres_store_is_migrated_and_keeps_its_markers() {
     let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
@@ -237,37 +277,7 @@ async fn a_version_3_postgres_store_is_migrated_and_keeps_its_markers() {
     let store = Store::<sqlx::Postgres>::connect_in_schema(&pg_url(), &schema, 2)
         .await
         .unwrap();
-    sqlx::query("CREATE TABLE calls (consumer TEXT NOT NULL, account TEXT NOT NULL, message_id TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let version: i64 = sqlx::query_scalar("SELECT max(version) FROM txinbox_schema_version")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(version, 4);
-    let c = consumer!(store, "crm-followup");
-    let q = MemoryQueue::default();
-    // tenant-2 asks for the same action: it applies now (before the migration the old index refused it).
-    let t2 = c
-        .process_one(deliver(&q, book("evt-2", "acme", Some("tenant-2"))))
-        .await;
-    assert!(matches!(t2, Outcome::Applied { .. }), "{t2:?}");
-    // tenant-1 asks again: the old marker still holds the key.
-    match c
-        .process_one(deliver(&q, book("evt-3", "acme", Some("tenant-1"))))
-        .await
-    {
-        Outcome::BusinessDuplicate {
-            holder_message_id, ..
-        } => assert_eq!(holder_message_id, "evt-old"),
-        other => panic!("expected a business duplicate of evt-old, got {other:?}"),
-    }
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM txinbox_inbox")
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(rows, 2, "the old marker and evt-2's");
+    after_migration!(store);
     store.close().await;
     sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
         .execute(&admin)
@@ -293,25 +303,7 @@ async fn a_version_3_sqlite_store_is_migrated_and_keeps_its_markers() {
         pool.close().await;
     }
     let store = Store::<sqlx::Sqlite>::connect(&url).await.unwrap();
-    sqlx::query("CREATE TABLE calls (consumer TEXT NOT NULL, account TEXT NOT NULL, message_id TEXT NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    let c = consumer!(store, "crm-followup");
-    let q = MemoryQueue::default();
-    let t2 = c
-        .process_one(deliver(&q, book("evt-2", "acme", Some("tenant-2"))))
-        .await;
-    assert!(matches!(t2, Outcome::Applied { .. }), "{t2:?}");
-    match c
-        .process_one(deliver(&q, book("evt-3", "acme", Some("tenant-1"))))
-        .await
-    {
-        Outcome::BusinessDuplicate {
-            holder_message_id, ..
-        } => assert_eq!(holder_message_id, "evt-old"),
-        other => panic!("expected a business duplicate of evt-old, got {other:?}"),
-    }
+    after_migration!(store);
     store.close().await;
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -62,6 +62,17 @@ fn as_aws_leaves_the_dlq(c: &aws_sdk_sqs::Client) -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::from_conf(c.config().to_builder().interceptor(AwsFifoDlqMove).build())
 }
 
+/// The next delivery of `r` (within 20 s), else a panic saying `what` did not arrive.
+async fn receive_one(r: &mut SqsReceiver, what: &str) -> txinbox_sqs::SqsDelivery {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        if let Some(d) = r.receive(1).await.unwrap().pop() {
+            return d;
+        }
+    }
+}
+
 /// Messages in a queue, visible or not.
 async fn total(c: &aws_sdk_sqs::Client, url: &str) -> u64 {
     let (v, f) = counts(c, url).await;
@@ -88,16 +99,7 @@ async fn applied_then_moved_to_the_dlq(
     .await;
     let opts = fast_options(2, &q.dlq).deduplication_id_identity(true);
     let mut receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while got.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the message did not arrive"
-        );
-        got = receiver.receive(1).await.unwrap();
-    }
-    let d = got.pop().unwrap();
+    let d = receive_one(&mut receiver, "the message did not arrive").await;
     assert_eq!(
         d.message().producer_id.as_deref(),
         Some("meeting-7-followup"),
@@ -201,16 +203,7 @@ async fn a_copy_moved_back_as_start_message_move_task_does_is_not_applied_again(
         .unwrap();
     let calls = Arc::new(AtomicI64::new(0));
     let inbox = pg_inbox(&store, &consumer).bind_handler(pg_handler(calls.clone()));
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while got.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the moved copy did not arrive"
-        );
-        got = receiver.receive(1).await.unwrap();
-    }
-    let d = got.pop().unwrap();
+    let d = receive_one(&mut receiver, "the moved copy did not arrive").await;
     assert_ne!(
         d.message().broker_id.as_deref(),
         Some(old_id.as_str()),
@@ -242,16 +235,7 @@ async fn a_copy_moved_back_as_start_message_move_task_does_is_not_applied_again(
     )
     .await
     .unwrap();
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while got.is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the second copy did not arrive"
-        );
-        got = opted_in.receive(1).await.unwrap();
-    }
-    let d = got.pop().unwrap();
+    let d = receive_one(&mut opted_in, "the second copy did not arrive").await;
     assert_eq!(d.message().producer_id.as_deref(), Some(old_id.as_str()));
     match inbox.process_one(d).await {
         Outcome::BusinessDuplicate { .. } => {}
