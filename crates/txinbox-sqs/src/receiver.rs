@@ -73,16 +73,7 @@ impl SqsReceiver {
             .attribute_names(QueueAttributeName::RedrivePolicy)
             .send()
             .await
-            .map_err(|e| {
-                let e = sdk_error("GetQueueAttributes", e);
-                let kind = e.kind();
-                crate::SqsError::Unusable {
-                    role: "queue",
-                    queue_url: queue_url.clone(),
-                    error: e.to_string(),
-                }
-                .broker(kind, "connect")
-            })?;
+            .map_err(|e| sdk_error("GetQueueAttributes", e))?;
         let dead_letter_queue = match &opts.dead_letter_queue {
             Some(url) => Some(url.clone()),
             None => match attrs

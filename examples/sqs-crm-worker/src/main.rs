@@ -168,7 +168,9 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         crm_followup::serve_metrics(addr)?;
     }
     let client = txinbox_sqs::client_from_env().await;
-    let mut receiver = SqsReceiver::connect(client, &queue_url, sqs).await?;
+    let mut receiver = SqsReceiver::connect(client, &queue_url, sqs)
+        .await
+        .map_err(|e| format!("cannot use queue {queue_url}: {e}"))?;
     // The queue, its dead-letter path and the database must be usable before the first receive.
     receiver.check().await?;
     let report = crm_followup::run(receiver, agent).await?;
