@@ -28,6 +28,17 @@ pub enum CheckError {
         #[source]
         source: hcl::edit::parser::Error,
     },
+    /// A Terraform (`.tf`) or variables (`.tfvars`) file whose brackets do not balance or nest too deep:
+    /// refused before parsing, in linear time.
+    #[error("{}:{line} is not valid HCL: {detail}", file.display())]
+    Shape {
+        /// The file.
+        file: PathBuf,
+        /// The line of the offending bracket.
+        line: usize,
+        /// What is wrong.
+        detail: String,
+    },
     /// A plan JSON file is not the output of `terraform show -json PLAN`.
     #[error("{} is not a Terraform plan in JSON: {detail}", file.display())]
     Plan {

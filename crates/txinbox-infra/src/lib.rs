@@ -104,6 +104,7 @@ mod report;
 mod roles;
 mod rules;
 mod settings;
+mod shape;
 mod terraform;
 
 use std::io::Write;

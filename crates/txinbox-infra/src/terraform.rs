@@ -186,6 +186,12 @@ fn read(path: &Path) -> Result<String, CheckError> {
 }
 
 fn parse(path: &Path, text: &str) -> Result<Body, CheckError> {
+    // In linear time first: the parser backtracks exponentially on some unbalanced input.
+    crate::shape::check(text).map_err(|e| CheckError::Shape {
+        file: path.to_path_buf(),
+        line: e.line,
+        detail: e.detail,
+    })?;
     hcl::edit::parser::parse_body(text).map_err(|source| CheckError::Parse {
         file: path.to_path_buf(),
         source,

@@ -444,7 +444,7 @@ fn bad_hcl_is_a_parse_error_naming_the_file() {
     let dir = copy_of(&aws_sample(), "bad-hcl");
     dir.write(
         "broken.tf",
-        "resource \"aws_sqs_queue\" \"x\" {\n  name = \n",
+        "resource \"aws_sqs_queue\" \"x\" {\n  name = \n}\n",
     );
     let err = check_dir(dir.path(), &WorkerSettings::default()).unwrap_err();
     assert!(
@@ -456,7 +456,26 @@ fn bad_hcl_is_a_parse_error_naming_the_file() {
         "{err}"
     );
     let source = std::error::Error::source(&err).unwrap().to_string();
-    assert!(source.contains("line 2, column 10"), "{source}");
+    assert!(source.contains("line 2, column"), "{source}");
+}
+
+#[test]
+fn unbalanced_brackets_are_refused_before_parsing_naming_file_and_line() {
+    let dir = copy_of(&aws_sample(), "unbalanced");
+    dir.write(
+        "broken.tf",
+        "resource \"aws_sqs_queue\" \"x\" {\n  name = \"x\"\n",
+    );
+    let err = check_dir(dir.path(), &WorkerSettings::default()).unwrap_err();
+    assert!(
+        matches!(&err, CheckError::Shape { file, line: 1, .. } if file.ends_with("broken.tf")),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("broken.tf:1 is not valid HCL: `{` is never closed"),
+        "{err}"
+    );
 }
 
 #[test]
