@@ -311,6 +311,11 @@ fn servicebus_worker_gives_up_when_its_queue_disappears_later() {
         stderr,
         took,
     };
+    assert_eq!(
+        e.code,
+        Some(3),
+        "a worker that gave up exits 3 (2 is for one that could not start)"
+    );
     assert_refused(
         "servicebus-crm-worker",
         &e,

@@ -12,6 +12,7 @@
 //! shutdown_timeout_seconds = 30
 //! health_addr = "0.0.0.0:8080"         # GET /livez, /readyz (unset: off)
 //! metrics_addr = "0.0.0.0:9464"        # GET /metrics (unset: off)
+//! give_up_after_seconds = 300          # exit when receives fail this long with a fatal error (0: never)
 //!
 //! [store]
 //! url = "postgres://app@db/app"        # or sqlite:crm.db; a password belongs in TXINBOX_STORE__URL
@@ -147,6 +148,9 @@ pub struct WorkerSection {
     /// Run the maintenance (retention purge) beside the worker this often, in seconds (unset: another process
     /// purges).
     pub purge_interval_seconds: Option<u64>,
+    /// Stop the worker when receives have failed this long with an error a retry cannot fix (a key rotated, a
+    /// permission removed, the queue deleted), so that its supervisor sees it, in seconds (300; 0: never).
+    pub give_up_after_seconds: u64,
 }
 
 impl Default for WorkerSection {
@@ -159,6 +163,7 @@ impl Default for WorkerSection {
             health_addr: None,
             metrics_addr: None,
             purge_interval_seconds: None,
+            give_up_after_seconds: w.give_up_after.map_or(0, |d| d.as_secs()),
         }
     }
 }
@@ -510,11 +515,13 @@ impl WorkerSettings {
     }
 
     /// The worker's options: concurrency, batch size (the SQS batch when an SQS queue is set), shutdown
-    /// timeout, and the longest lease hold.
+    /// timeout, the longest lease hold, and when to give up on persistent receive errors.
     pub fn worker_options(&self) -> WorkerOptions {
+        let give_up = self.worker.give_up_after_seconds;
         let mut o = WorkerOptions::default()
             .concurrency(self.worker.concurrency)
-            .shutdown_timeout(Duration::from_secs(self.worker.shutdown_timeout_seconds));
+            .shutdown_timeout(Duration::from_secs(self.worker.shutdown_timeout_seconds))
+            .give_up_after((give_up > 0).then(|| Duration::from_secs(give_up)));
         if self.sqs.queue_url.is_some() {
             o = o.batch_size(self.sqs.batch_size as usize).lease(
                 LeaseOptions::default()
