@@ -45,7 +45,7 @@ for t in "${TARGETS[@]}"; do
     failed+=("$t")
     tail -40 "fuzz/$t.log" >&2
   fi
-  grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)' "fuzz/$t.log" | tr '\n' ' ' || true
+  grep -a -E '^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)' "fuzz/$t.log" | tr '\n' ' ' || true
   echo
 done
 echo "fuzz.sh: total $(( $(date +%s) - start )) s"
