@@ -98,6 +98,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 say "cargo test (every crate, every test)"
 cargo test --workspace --locked
 
+say "fuzzing: every parser of outside input for 10 s (cargo-fuzz on nightly; the 10-minute run: bash scripts/fuzz.sh 600)"
+bash scripts/fuzz.sh 10 || die "a fuzz target found a crash (its input is under fuzz/artifacts/)"
+
 say "the examples as real processes (producer, worker, SIGTERM) against moto and the Service Bus emulator"
 bash scripts/examples-smoke.sh
 
