@@ -17,8 +17,9 @@ const NAME_SOURCES: [&str; 3] = [
 ];
 
 /// Where the labels are attached (the `metrics::counter!`/`gauge!`/`histogram!` call sites).
-const LABEL_SOURCES: [&str; 5] = [
+const LABEL_SOURCES: [&str; 6] = [
     include_str!("../src/inbox.rs"),
+    include_str!("../src/worker.rs"),
     include_str!("../src/effects.rs"),
     include_str!("../src/lease.rs"),
     include_str!("../src/identity.rs"),
