@@ -110,10 +110,10 @@ bash scripts/readiness.sh
 say "the example agent with an external CRM under kill -9, on both brokers (one task per meeting at the CRM)"
 bash scripts/effects-chaos.sh 40 8
 
-say "the lab and its failure windows, through the CLI, on SQLite and PostgreSQL"
+say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite and PostgreSQL"
 ./target/debug/txinbox lab
-./target/debug/txinbox lab --windows
-./target/debug/txinbox lab --windows --store "$PG_URL"
+./target/debug/txinbox lab --windows --batch 10
+./target/debug/txinbox lab --windows --batch 10 --store "$PG_URL"
 
 say "Terraform samples: check-infra, checkov and terraform fmt"
 ./target/debug/txinbox check-infra infra/aws-sqs-fifo

@@ -2,7 +2,7 @@
 //! probes).
 //!
 //! A [`Health`] handle is given to the [`Worker`](crate::Worker) ([`Worker::health`](crate::Worker::health)),
-//! which reports on it, and to whatever answers the probes: [`serve`] (feature `health-server`, a tiny HTTP
+//! which reports on it, and to whatever answers the probes: `serve` (feature `health-server`, a tiny HTTP
 //! server: `GET /livez`, `GET /readyz`), or your own web framework through [`Health::liveness`] and
 //! [`Health::readiness`].
 //!
