@@ -174,45 +174,45 @@ impl Receiver for SqsReceiver {
     /// [`SqsOptions::allow_no_dead_letter`]. Takes no message.
     async fn check(&mut self) -> Result<(), BrokerError> {
         let s = self.shared.clone();
-        let unusable = |role: &'static str, url: &str, e: BrokerError| crate::SqsError::Unusable {
-            role,
-            queue_url: url.to_owned(),
-            error: e.to_string(),
+        // One attribute of `url`, read as the start-up check: its failure names the queue's role and URL.
+        let read = |role: &'static str, url: String, name: QueueAttributeName| {
+            let client = s.client.clone();
+            async move {
+                client
+                    .get_queue_attributes()
+                    .queue_url(&url)
+                    .attribute_names(name)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        let e = sdk_error("GetQueueAttributes", e);
+                        let kind = e.kind();
+                        let why = crate::SqsError::Unusable {
+                            role,
+                            queue_url: url.clone(),
+                            error: e.to_string(),
+                        };
+                        BrokerError::new(kind, "start-up check", why)
+                    })
+            }
         };
-        let attrs = s
-            .client
-            .get_queue_attributes()
-            .queue_url(&s.queue_url)
-            .attribute_names(QueueAttributeName::RedrivePolicy)
-            .send()
-            .await
-            .map_err(|e| {
-                let e = sdk_error("GetQueueAttributes", e);
-                BrokerError::new(
-                    e.kind(),
-                    "start-up check",
-                    unusable("queue", &s.queue_url, e),
-                )
-            })?;
+        let attrs = read(
+            "queue",
+            s.queue_url.clone(),
+            QueueAttributeName::RedrivePolicy,
+        )
+        .await?;
         let redrive_policy = attrs
             .attributes()
             .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
             .is_some_and(|p| !p.trim().is_empty());
         if let Some(dlq) = &s.dead_letter_queue {
-            s.client
-                .get_queue_attributes()
-                .queue_url(dlq)
-                .attribute_names(QueueAttributeName::QueueArn)
-                .send()
-                .await
-                .map_err(|e| {
-                    let e = sdk_error("GetQueueAttributes", e);
-                    BrokerError::new(
-                        e.kind(),
-                        "start-up check",
-                        unusable("dead-letter queue", dlq, e),
-                    )
-                })?;
+            read(
+                "dead-letter queue",
+                dlq.clone(),
+                QueueAttributeName::QueueArn,
+            )
+            .await?;
         } else if !redrive_policy {
             if !s.opts.allow_no_dead_letter {
                 return Err(crate::SqsError::NoDeadLetterPath {

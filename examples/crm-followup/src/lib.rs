@@ -284,6 +284,15 @@ pub fn exit(program: &str, result: Result<(), Error>) -> std::process::ExitCode 
     }
 }
 
+/// Logs to stdout through `tracing-subscriber`, at `RUST_LOG` (default `info`).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+}
+
 /// The worker's end: the report on stdout, and [`GaveUp`] when it stopped on persistent receive errors.
 pub fn finish(report: &WorkerReport) -> Result<(), Error> {
     println!("{report}");

@@ -92,23 +92,8 @@ fn answer(s: txinbox::health::HealthStatus) -> (StatusCode, String) {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
-    match run(Args::parse()).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            let line = e
-                .to_string()
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ");
-            eprintln!("hosted-service: {line}");
-            std::process::ExitCode::from(2)
-        }
-    }
+    crm_followup::init_logging();
+    crm_followup::exit("hosted-service", run(Args::parse()).await)
 }
 
 async fn run(args: Args) -> Result<(), crm_followup::Error> {

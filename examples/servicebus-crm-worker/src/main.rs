@@ -57,11 +57,7 @@ impl Args {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    crm_followup::init_logging();
     crm_followup::exit("servicebus-crm-worker", run(Args::parse()).await)
 }
 
