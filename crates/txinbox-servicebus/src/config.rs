@@ -95,10 +95,16 @@ impl fmt::Debug for ServiceBusConfig {
 }
 
 impl ServiceBusConfig {
-    /// A namespace (the `contoso` of `contoso.servicebus.windows.net`) with a credential.
+    /// A namespace (the `contoso` of `contoso.servicebus.windows.net`, or that whole host name, as the Terraform
+    /// sample's `namespace_fqdn` output gives it) with a credential.
     pub fn new(namespace: impl Into<String>, credential: Credential) -> Self {
+        let namespace: String = namespace.into();
+        let namespace = match namespace.strip_suffix(PUBLIC_SUFFIX) {
+            Some(name) if name.ends_with('.') => name.trim_end_matches('.').to_owned(),
+            _ => namespace,
+        };
         Self {
-            namespace: namespace.into(),
+            namespace,
             endpoint: None,
             entity_path: None,
             credential,
@@ -409,6 +415,18 @@ pub fn dead_letter_queue_path(queue: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_is_its_name_or_its_public_host_name() {
+        for ns in ["contoso", "contoso.servicebus.windows.net"] {
+            let c = ServiceBusConfig::shared_access_key(ns, "listen", "c2VjcmV0");
+            assert_eq!(c.namespace(), "contoso", "{ns}");
+        }
+        // Not the public suffix on a label boundary: kept as given.
+        let c =
+            ServiceBusConfig::shared_access_key("xservicebus.windows.net", "listen", "c2VjcmV0");
+        assert_eq!(c.namespace(), "xservicebus.windows.net");
+    }
 
     #[test]
     fn public_connection_strings() {

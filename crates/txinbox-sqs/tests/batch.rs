@@ -42,53 +42,19 @@ async fn worker_in_batch_mode_decides_each_message_as_alone() {
     let q = queue_pair(&c, 5, 30).await;
     let store = pg_store().await;
     let consumer = unique("batch");
-    // Group g0: evt-0, a copy (new dedup id), then another payload under evt-0: applied, duplicate, collision.
-    send(
-        &c,
-        &q.url,
-        &body("o0", "m", json!({})),
-        Some("evt-0"),
-        "d-0",
-        "g0",
-    )
-    .await;
-    send(
-        &c,
-        &q.url,
-        &body("o0", "m", json!({})),
-        Some("evt-0"),
-        "d-0-copy",
-        "g0",
-    )
-    .await;
-    send(
-        &c,
-        &q.url,
-        &body("o0", "m", json!({"note": "changed"})),
-        Some("evt-0"),
-        "d-0-other",
-        "g0",
-    )
-    .await;
-    // Group g1: evt-1, then evt-1b asking for the same follow-up: applied, business duplicate.
-    send(
-        &c,
-        &q.url,
-        &body("o1", "m", json!({})),
-        Some("evt-1"),
-        "d-1",
-        "g1",
-    )
-    .await;
-    send(
-        &c,
-        &q.url,
-        &body("o1", "m", json!({})),
-        Some("evt-1b"),
-        "d-1b",
-        "g1",
-    )
-    .await;
+    // (opportunity, extra body, ce-id, dedup id, group):
+    // group g0: evt-0, a copy (new dedup id), then another payload under evt-0: applied, duplicate, collision;
+    // group g1: evt-1, then evt-1b asking for the same follow-up: applied, business duplicate.
+    let changed = json!({"note": "changed"});
+    for (opp, extra, id, dedup, group) in [
+        ("o0", json!({}), "evt-0", "d-0", "g0"),
+        ("o0", json!({}), "evt-0", "d-0-copy", "g0"),
+        ("o0", changed, "evt-0", "d-0-other", "g0"),
+        ("o1", json!({}), "evt-1", "d-1", "g1"),
+        ("o1", json!({}), "evt-1b", "d-1b", "g1"),
+    ] {
+        send(&c, &q.url, &body(opp, "m", extra), Some(id), dedup, group).await;
+    }
     // A poison message and good ones in groups of their own.
     send(
         &c,

@@ -93,9 +93,7 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         &settings.servicebus.namespace,
     ) {
         // `[servicebus] namespace` takes the Terraform output `namespace_fqdn` or the bare name.
-        (None, None, Some(ns)) => ServiceBusConfig::default_azure_credential(
-            ns.trim_end_matches(".servicebus.windows.net").to_owned(),
-        )?,
+        (None, None, Some(ns)) => ServiceBusConfig::default_azure_credential(ns.clone())?,
         _ => ServiceBusConfig::from_env()?,
     };
     let client = config.connect()?;
