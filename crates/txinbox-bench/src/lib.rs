@@ -19,8 +19,11 @@
 //! Then an end-to-end line (`--e2e-messages`, default 100,000; 0 skips it): the messages go through a
 //! [`txinbox_core::Worker`] with batch commit B and `--e2e-in-flight` deliveries in flight, from the in-memory
 //! broker with a simulated round trip of `--e2e-round-trip-ms` on every receive, settle and lease renewal,
-//! into the inbox on PostgreSQL: messages per second applied, and the process's resident memory (VmRSS) at the
-//! start, after the first tenth, at the end and at its highest.
+//! into the inbox on PostgreSQL: messages per second applied, the most messages the broker saw in flight at once
+//! (`queue_in_flight_max`: received and not yet settled, round trips included), and the process's resident
+//! memory (VmRSS) at the start, after the first tenth, at the end and at its highest. With `--e2e-prefetch P`
+//! the worker receives up to P deliveries ahead of a free slot: `--e2e-in-flight` then bounds the deliveries
+//! being applied or settled, and up to in-flight + P are out of the queue.
 //!
 //! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
 //! every measurement once, one after the other (`inbox` and `pgbench_inbox` back to back, in alternating
@@ -90,6 +93,10 @@ pub struct BenchArgs {
     /// receive in flight at a time.
     #[arg(long, default_value_t = 1)]
     pub e2e_receivers: usize,
+    /// Deliveries the end-to-end worker receives ahead of a free slot ([`txinbox_core::WorkerOptions::prefetch`];
+    /// 0: a receive asks only for free slots, so `--e2e-in-flight` bounds everything out of the queue).
+    #[arg(long, default_value_t = 0)]
+    pub e2e_prefetch: usize,
     /// Only the end-to-end line.
     #[arg(long)]
     pub e2e_only: bool,
@@ -795,6 +802,7 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         let worker = Worker::new(queue.receiver(), processor.clone()).options(
             WorkerOptions::default()
                 .concurrency(share)
+                .prefetch(args.e2e_prefetch / receivers)
                 .batch_size(args.e2e_receive_max)
                 .batch_commit(args.batch),
         );
@@ -831,8 +839,10 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         _ => "?".to_owned(),
     };
     println!(
-        "e2e worker batch_commit={} in_flight={in_flight} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} queue_in_flight_max={} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
         args.batch,
+        args.e2e_prefetch,
+        queue.in_flight_max(),
         args.e2e_receive_max,
         args.e2e_round_trip_ms,
         applied as f64 / secs,

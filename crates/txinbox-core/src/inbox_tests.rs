@@ -594,3 +594,147 @@ async fn a_batch_stopped_before_commit_rolls_back_whole() {
     assert!(store.state().markers.is_empty());
     assert_eq!(q.state().visible, 3);
 }
+
+// ---- receive ahead (prefetch) ------------------------------------------------------------------------------
+
+type Running = Arc<(
+    std::sync::atomic::AtomicUsize,
+    std::sync::atomic::AtomicUsize,
+)>;
+
+/// A handler that takes `work` and records how many handlers ran at once, at most.
+fn slow_processor(
+    store: &MemStore,
+    work: Duration,
+    running: Running,
+) -> InboxProcessor<MemStore, Meeting, impl Handler<MemStore, Meeting>> {
+    use std::sync::atomic::Ordering::SeqCst;
+    inbox(store).bind(move |tx: MemTx, msg: Message<Meeting>| {
+        let running = running.clone();
+        async move {
+            let now = running.0.fetch_add(1, SeqCst) + 1;
+            running.1.fetch_max(now, SeqCst);
+            tokio::time::sleep(work).await;
+            running.0.fetch_sub(1, SeqCst);
+            tx.write(format!("task-{}", msg.body.opportunity));
+            Ok(Handled::done())
+        }
+    })
+}
+
+/// Runs `n` messages through a worker of concurrency 4 with `prefetch`; returns (most handlers at once, most
+/// messages the queue saw in flight at once, the report).
+async fn run_with_prefetch(n: usize, prefetch: usize) -> (usize, usize, crate::WorkerReport) {
+    use crate::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .wait(Duration::from_millis(20))
+            .round_trip(Duration::from_millis(5))
+            // Shorter than a prefetched delivery waits for its slot: only the lease keeper keeps it.
+            .visibility_timeout(Duration::from_millis(150)),
+    );
+    for i in 0..n {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let running: Running = Arc::default();
+    let report = Worker::new(
+        q.receiver(),
+        slow_processor(&store, Duration::from_millis(60), running.clone()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(4)
+            .batch_size(10)
+            .prefetch(prefetch),
+    )
+    .run_until_idle()
+    .await;
+    assert_eq!(store.state().effects.len(), n, "{report}");
+    assert_eq!(q.state(), QueueState::default(), "{report}");
+    let most = running.1.load(std::sync::atomic::Ordering::SeqCst);
+    (most, q.in_flight_max(), report)
+}
+
+/// Without prefetch a receive asks only for free slots: the queue never sees more than `concurrency` in
+/// flight. With it, up to `concurrency + prefetch` are out of the queue, still at most `concurrency` handlers
+/// run at once, and the waiting deliveries keep their leases (no redelivery, no lost lease).
+#[tokio::test]
+async fn prefetch_receives_ahead_within_its_bound_and_keeps_the_leases() {
+    use crate::OutcomeKind;
+    let (handlers, held, report) = run_with_prefetch(40, 0).await;
+    assert!(handlers <= 4 && held <= 4, "{handlers} {held}");
+    assert_eq!(report.count(OutcomeKind::Applied), 40);
+
+    let (handlers, held, report) = run_with_prefetch(40, 12).await;
+    assert!(handlers <= 4, "{handlers} handlers at once");
+    assert!(held > 4 && held <= 16, "{held} in flight at once");
+    assert_eq!(report.count(OutcomeKind::Applied), 40, "{report}");
+    assert_eq!(report.total(), 40, "no redelivery: {report}");
+    assert_eq!(report.leases_lost, 0);
+}
+
+/// A batch larger than the worker's concurrency (prefetch lets a receive bring more than the slots) takes
+/// every slot and still runs.
+#[tokio::test]
+async fn a_batch_larger_than_the_concurrency_takes_every_slot() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..30 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let report = Worker::new(q.receiver(), processor(&store))
+        .options(
+            WorkerOptions::default()
+                .concurrency(2)
+                .prefetch(10)
+                .batch_size(10)
+                .batch_commit(10),
+        )
+        .run_until_idle()
+        .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 30, "{report}");
+    assert_eq!(q.state(), QueueState::default());
+}
+
+/// At the shutdown deadline, prefetched deliveries still waiting for a slot are released at once, not
+/// applied and not left to their visibility timeout.
+#[tokio::test]
+async fn at_the_deadline_prefetched_deliveries_are_released() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let running: Running = Arc::default();
+    let worker = Worker::new(
+        q.receiver(),
+        slow_processor(&store, Duration::from_secs(3600), running.clone()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(1)
+            .prefetch(5)
+            .shutdown_timeout(Duration::from_millis(200))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    );
+    let q2 = q.clone();
+    let report = worker
+        .run_until(async move {
+            // Stop once the worker holds a handler's slot and its prefetch.
+            while q2.state().in_flight < 6 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    assert_eq!(report.count(OutcomeKind::Interrupted), 6, "{report}");
+    assert!(store.state().effects.is_empty());
+    let s = q.state();
+    assert_eq!((s.visible, s.in_flight), (10, 0), "{s:?}");
+}

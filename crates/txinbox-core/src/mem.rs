@@ -169,6 +169,7 @@ struct State {
     messages: VecDeque<Stored>,
     dead: Vec<(OutgoingMessage, DeadLetter)>,
     faults: VecDeque<SettleFault>,
+    in_flight_max: usize,
 }
 
 impl State {
@@ -277,6 +278,13 @@ impl MemoryQueue {
         st
     }
 
+    /// The most messages in flight at once since the queue was made: what its consumers held out of the
+    /// queue at their busiest (received, not yet settled, visibility not expired). A message is in flight from
+    /// the moment a receive takes it until its settle reaches the queue, round trips included.
+    pub fn in_flight_max(&self) -> usize {
+        self.lock().in_flight_max
+    }
+
     /// The dead-lettered messages with their reasons.
     pub fn dead_letters(&self) -> Vec<(OutgoingMessage, DeadLetter)> {
         self.lock().dead.clone()
@@ -370,6 +378,15 @@ impl MemoryQueue {
                 expires: Arc::new(Mutex::new(now + vt)),
             });
             i += 1;
+        }
+        if !out.is_empty() {
+            // In flight only grows on a receive: its high-water mark is reached right after one.
+            let in_flight = s
+                .messages
+                .iter()
+                .filter(|m| m.receipt.is_some() && m.invisible_until.is_some_and(|t| t > now))
+                .count();
+            s.in_flight_max = s.in_flight_max.max(in_flight);
         }
         out
     }

@@ -9,6 +9,9 @@
 //! [worker]
 //! consumer = "crm-followup"            # part of every inbox key
 //! concurrency = 8
+//! receive_max = 10                     # messages asked for per receive (unset: [sqs] batch_size, else 10)
+//! prefetch = 0                         # received ahead of a free slot (0: only for free slots)
+//! batch_commit = 1                     # deliveries of a receive applied in one transaction (1 to 64)
 //! shutdown_timeout_seconds = 30
 //! health_addr = "0.0.0.0:8080"         # GET /livez, /readyz (unset: off)
 //! metrics_addr = "0.0.0.0:9464"        # GET /metrics (unset: off)
@@ -139,6 +142,16 @@ pub struct WorkerSection {
     pub consumer: String,
     /// Deliveries processed at once (8).
     pub concurrency: usize,
+    /// Messages asked for in one receive (unset: `[sqs] batch_size` when an SQS queue is set, else 10). On
+    /// SQS, more than `[sqs] batch_size` is received in concurrent `ReceiveMessage` calls once the queue has a
+    /// backlog.
+    pub receive_max: Option<usize>,
+    /// Deliveries received ahead of a free slot (0: a receive asks only for free slots); up to
+    /// `concurrency + prefetch` messages are out of the queue at once.
+    pub prefetch: usize,
+    /// Deliveries of one receive applied in one database transaction, each under a savepoint (1: one
+    /// transaction per delivery; at most 64).
+    pub batch_commit: usize,
     /// How long in-flight deliveries may run after shutdown begins, in seconds (30).
     pub shutdown_timeout_seconds: u64,
     /// Serve `GET /livez` and `GET /readyz` on this address (unset: off).
@@ -159,6 +172,9 @@ impl Default for WorkerSection {
         Self {
             consumer: "crm-followup".into(),
             concurrency: w.concurrency,
+            receive_max: None,
+            prefetch: w.prefetch,
+            batch_commit: w.batch_commit,
             shutdown_timeout_seconds: w.shutdown_timeout.as_secs(),
             health_addr: None,
             metrics_addr: None,
@@ -492,6 +508,19 @@ impl WorkerSettings {
         if self.worker.concurrency == 0 {
             return bad("worker.concurrency", "must be at least 1".into());
         }
+        if self.worker.receive_max == Some(0) {
+            return bad("worker.receive_max", "must be at least 1".into());
+        }
+        if !(1..=crate::worker::MAX_BATCH_COMMIT).contains(&self.worker.batch_commit) {
+            return bad(
+                "worker.batch_commit",
+                format!(
+                    "{} is outside 1..={} (PostgreSQL keeps at most 64 subtransactions in shared memory)",
+                    self.worker.batch_commit,
+                    crate::worker::MAX_BATCH_COMMIT
+                ),
+            );
+        }
         if self.store.max_connections == 0 {
             return bad("store.max_connections", "must be at least 1".into());
         }
@@ -514,12 +543,15 @@ impl WorkerSettings {
         Ok(())
     }
 
-    /// The worker's options: concurrency, batch size (the SQS batch when an SQS queue is set), shutdown
-    /// timeout, the longest lease hold, and when to give up on persistent receive errors.
+    /// The worker's options: concurrency, messages per receive (`receive_max`, else the SQS batch when an SQS
+    /// queue is set), prefetch, batch commit, shutdown timeout, the longest lease hold, and when to give up on
+    /// persistent receive errors.
     pub fn worker_options(&self) -> WorkerOptions {
         let give_up = self.worker.give_up_after_seconds;
         let mut o = WorkerOptions::default()
             .concurrency(self.worker.concurrency)
+            .prefetch(self.worker.prefetch)
+            .batch_commit(self.worker.batch_commit)
             .shutdown_timeout(Duration::from_secs(self.worker.shutdown_timeout_seconds))
             .give_up_after((give_up > 0).then(|| Duration::from_secs(give_up)));
         if self.sqs.queue_url.is_some() {
@@ -527,6 +559,9 @@ impl WorkerSettings {
                 LeaseOptions::default()
                     .max_total(Duration::from_secs(self.sqs.max_extension_seconds)),
             );
+        }
+        if let Some(n) = self.worker.receive_max {
+            o = o.batch_size(n);
         }
         o
     }
@@ -667,6 +702,41 @@ mod tests {
             e.to_string().contains("lock_renewal_interval_seconds"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_delivery_pipeline_keys_reach_the_worker_options() {
+        let d = WorkerSettings::default().worker_options();
+        let w = WorkerOptions::default();
+        assert_eq!(
+            (d.batch_size, d.prefetch, d.batch_commit),
+            (w.batch_size, w.prefetch, w.batch_commit)
+        );
+        let s = WorkerSettings::from_toml_str(
+            "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 16\nbatch_commit = 10\n[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 10\n",
+        )
+        .unwrap();
+        let o = s.worker_options();
+        assert_eq!(
+            (o.concurrency, o.batch_size, o.prefetch, o.batch_commit),
+            (32, 20, 16, 10)
+        );
+        // Without receive_max, the SQS batch is the receive.
+        let o = WorkerSettings::from_toml_str(
+            "[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 4\n",
+        )
+        .unwrap()
+        .worker_options();
+        assert_eq!(o.batch_size, 4);
+        for bad in [
+            "[worker]\nbatch_commit = 65\n",
+            "[worker]\nbatch_commit = 0\n",
+            "[worker]\nreceive_max = 0\n",
+        ] {
+            let e = WorkerSettings::from_toml_str(bad).unwrap_err().to_string();
+            let key = bad.split('\n').nth(1).unwrap().split(' ').next().unwrap();
+            assert!(e.contains(&format!("worker.{key}")), "{bad}: {e}");
+        }
     }
 
     #[test]

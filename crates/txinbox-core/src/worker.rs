@@ -22,6 +22,15 @@
 //! [`WorkerOptions::give_up_after`], the worker stops as on shutdown and says why in
 //! [`WorkerReport::gave_up`]: a process should then exit non-zero so that its supervisor sees it.
 //!
+//! Receive ahead ([`WorkerOptions::prefetch`]): by default the worker asks the broker only for as many
+//! messages as it has free slots, so a slot is held from the receive request to the settle's answer and at
+//! most [`WorkerOptions::concurrency`] messages are out of the queue at once; each slot then spends two broker
+//! round trips (receive and settle) beside the work. With a prefetch of `n` the worker receives up to `n`
+//! more while its slots are busy: those deliveries wait for a slot with their leases kept alive, so that a
+//! slot freed by a settle finds its next delivery already received. Up to `concurrency + n` messages are then
+//! out of the queue (invisible on SQS, locked on Service Bus), at most `concurrency` of them being applied or
+//! settled.
+//!
 //! Messages of one FIFO group are not serialised here: an adapter whose broker can hand out several messages
 //! of a group at once (SQS FIFO in one batch) holds the later ones back itself.
 
@@ -128,6 +137,9 @@ pub struct WorkerOptions {
     pub lease: LeaseOptions,
     /// Pause after a failed receive (default 1 s).
     pub receive_error_backoff: Duration,
+    /// Deliveries received ahead of a free slot, at most (default 0: a receive asks only for free slots). See
+    /// [`WorkerOptions::prefetch`].
+    pub prefetch: usize,
     /// Most deliveries of one receive applied in one database transaction (default 1: one transaction per
     /// delivery). See [`WorkerOptions::batch_commit`].
     pub batch_commit: usize,
@@ -154,6 +166,7 @@ impl Default for WorkerOptions {
             shutdown_timeout: Duration::from_secs(30),
             lease: LeaseOptions::default(),
             receive_error_backoff: Duration::from_secs(1),
+            prefetch: 0,
             batch_commit: 1,
             receive_error_backoff_max: Duration::from_secs(30),
             give_up_after: Some(Duration::from_secs(300)),
@@ -195,6 +208,17 @@ impl WorkerOptions {
     /// longer transaction: see the crate's `docs/batching.md` for the trade-off.
     pub fn batch_commit(mut self, n: usize) -> Self {
         self.batch_commit = n.clamp(1, MAX_BATCH_COMMIT);
+        self
+    }
+    /// Receives up to `n` deliveries ahead of a free slot (default 0). They wait for a slot with their leases
+    /// kept alive, so a slot freed by a settle does not wait a receive round trip for its next delivery; up to
+    /// `concurrency + n` messages are then out of the queue at once (invisible or locked), at most
+    /// `concurrency` being applied or settled. Worth it when the broker's round trip is long beside the work
+    /// (see the crate's `docs/batching.md`); a prefetched message waits longer before it is applied, so keep
+    /// `n` well under what the lease allows (a lease is renewed while it waits, up to
+    /// [`LeaseOptions::max_total`]).
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n;
         self
     }
     /// Sets the longest pause between failed receives (at least the first pause).
@@ -356,7 +380,13 @@ where
         shutdown: impl Future<Output = ()> + Send,
         until_idle: bool,
     ) -> WorkerReport {
-        let sem = Arc::new(Semaphore::new(self.opts.concurrency));
+        // `held`: messages out of the queue (from the receive request to the settle's answer); `slots`:
+        // deliveries being applied or settled. Without prefetch the two are the same number, and a delivery
+        // never waits for its slot.
+        let sem = Arc::new(Semaphore::new(
+            self.opts.concurrency.saturating_add(self.opts.prefetch),
+        ));
+        let slots = Arc::new(Semaphore::new(self.opts.concurrency));
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
         let report = Arc::new(Mutex::new(WorkerReport::default()));
@@ -429,6 +459,8 @@ where
                         let held: Vec<_> = batch.iter().filter_map(|_| permits.pop()).collect();
                         let ctx = BatchContext {
                             processor: self.processor.clone(),
+                            slots: slots.clone(),
+                            concurrency: self.opts.concurrency,
                             stop: stop.clone(),
                             report: report.clone(),
                             lease: self.opts.lease.clone(),
@@ -445,10 +477,12 @@ where
                         let report = report.clone();
                         let lease_opts = self.opts.lease.clone();
                         let consumer = consumer.clone();
+                        let slots = slots.clone();
                         tracker.spawn(async move {
                             let guard = delivery
                                 .lease()
                                 .map(|l| keep_alive(l, lease_opts, consumer));
+                            let slot = take_slots(&slots, 1, 1, &stop).await;
                             let delivery = LeasedDelivery {
                                 inner: delivery,
                                 stop_lease: guard.as_ref().map(|g| g.stopper()),
@@ -459,7 +493,7 @@ where
                             let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
                             *r.outcomes.entry(outcome.kind()).or_default() += 1;
                             r.leases_lost += u64::from(lost);
-                            drop(permit);
+                            drop((slot, permit));
                         });
                     }
                 }
@@ -546,6 +580,8 @@ where
 /// What a task applying one batch needs.
 struct BatchContext<P> {
     processor: Arc<P>,
+    slots: Arc<Semaphore>,
+    concurrency: usize,
     stop: CancellationToken,
     report: Arc<Mutex<WorkerReport>>,
     lease: LeaseOptions,
@@ -565,6 +601,8 @@ impl<P> BatchContext<P> {
                     .map(|l| keep_alive(l, self.lease.clone(), self.consumer.clone()))
             })
             .collect();
+        // One transaction takes a slot per delivery (at most all of them).
+        let slot = take_slots(&self.slots, batch.len(), self.concurrency, &self.stop).await;
         let leased = batch
             .into_iter()
             .zip(&guards)
@@ -581,7 +619,24 @@ impl<P> BatchContext<P> {
             *r.outcomes.entry(o.kind()).or_default() += 1;
         }
         r.leases_lost += lost;
-        drop(permits);
+        drop((slot, permits));
+    }
+}
+
+/// Waits for `n` processing slots (at most `all`, the worker's concurrency) for a received delivery or batch;
+/// `None` when the worker is told to stop first: the processor then releases what it was given without
+/// applying it.
+async fn take_slots(
+    slots: &Arc<Semaphore>,
+    n: usize,
+    all: usize,
+    stop: &CancellationToken,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let n = u32::try_from(n.clamp(1, all.max(1))).unwrap_or(u32::MAX);
+    tokio::select! {
+        biased;
+        p = slots.clone().acquire_many_owned(n) => p.ok(),
+        _ = stop.cancelled() => None,
     }
 }
 

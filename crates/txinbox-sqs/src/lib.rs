@@ -78,6 +78,7 @@ pub use options::{
 pub use publisher::{deduplication_id, SqsPublisher};
 pub use receiver::{
     deduplication_id_replaced, received_message, SqsDelivery, SqsLease, SqsReceiver,
+    MAX_CALLS_PER_RECEIVE,
 };
 pub use redrive::{redrive, RedriveOptions};
 

@@ -44,6 +44,12 @@ struct DeleteRequest {
 /// FIFO group order is kept: SQS may return several messages of one group in one batch; the receiver hands
 /// out only the first and holds the others (renewing their visibility when needed) until the one before
 /// settles, so a worker with any concurrency processes a group in order.
+///
+/// A receive may ask for more than one `ReceiveMessage` returns ([`SqsOptions::batch_size`], at most 10): when
+/// the last receive came back full (the queue has a backlog) the receiver sends as many calls as it takes at
+/// once, one long poll and the others without a wait, and hands out what they brought together (at most
+/// [`MAX_CALLS_PER_RECEIVE`] calls). Otherwise it sends one call, so an idle queue costs one long poll per
+/// wait.
 #[derive(Debug)]
 pub struct SqsReceiver {
     shared: Arc<Shared>,
@@ -52,7 +58,12 @@ pub struct SqsReceiver {
     /// The last delivery handed out per group; the group is busy until it settles, is dropped unsettled (a
     /// crash) or its visibility runs out.
     in_flight: HashMap<String, Weak<SqsLease>>,
+    /// Whether the last receive came back full: the next may send several calls at once.
+    backlog: bool,
 }
+
+/// Most `ReceiveMessage` calls one receive sends at once (100 messages).
+pub const MAX_CALLS_PER_RECEIVE: usize = 10;
 
 impl SqsReceiver {
     /// A receiver on `queue_url`. Checks the options (an invalid one is a
@@ -99,6 +110,7 @@ impl SqsReceiver {
             }),
             held: VecDeque::new(),
             in_flight: HashMap::new(),
+            backlog: false,
         })
     }
 
@@ -122,7 +134,8 @@ impl Receiver for SqsReceiver {
     type Delivery = SqsDelivery;
 
     async fn receive(&mut self, max: usize) -> Result<Vec<SqsDelivery>, BrokerError> {
-        let n = max.clamp(1, self.shared.opts.batch_size);
+        let per_call = self.shared.opts.batch_size.clamp(1, 10);
+        let n = max.clamp(1, per_call * MAX_CALLS_PER_RECEIVE);
         let now = Utc::now();
         self.in_flight.retain(|_, lease| {
             lease
@@ -140,20 +153,53 @@ impl Receiver for SqsReceiver {
         } else {
             s.opts.wait.min(Duration::from_secs(1))
         };
-        let got = s
-            .client
-            .receive_message()
-            .queue_url(&s.queue_url)
-            .max_number_of_messages(n as i32)
-            .wait_time_seconds(wait.as_secs() as i32)
-            .visibility_timeout(secs(s.opts.visibility_timeout))
-            .message_system_attribute_names(MessageSystemAttributeName::All)
-            .message_attribute_names("All")
-            .send()
-            .await
-            .map_err(|e| sdk_error("ReceiveMessage", e))?;
+        // One long poll; with a backlog, the rest of `n` in calls that do not wait, all at once.
+        let calls = if self.backlog {
+            n.div_ceil(per_call)
+        } else {
+            1
+        };
+        let asks = (0..calls).map(|i| {
+            let ask = (n - i * per_call).min(per_call);
+            let wait = if i == 0 { wait } else { Duration::ZERO };
+            s.client
+                .receive_message()
+                .queue_url(&s.queue_url)
+                .max_number_of_messages(ask as i32)
+                .wait_time_seconds(wait.as_secs() as i32)
+                .visibility_timeout(secs(s.opts.visibility_timeout))
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+        });
+        let answers = futures::future::join_all(asks).await;
         let received = Instant::now();
-        for m in got.messages.unwrap_or_default() {
+        let mut first_error = None;
+        let mut got = Vec::new();
+        let mut full = false;
+        for a in answers {
+            match a {
+                Ok(a) => {
+                    let msgs = a.messages.unwrap_or_default();
+                    full |= msgs.len() >= per_call;
+                    got.extend(msgs);
+                }
+                Err(e) => {
+                    let e = sdk_error("ReceiveMessage", e);
+                    tracing::debug!(error = %e, "a ReceiveMessage call of a receive failed");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.backlog = full;
+        if let Some(e) = first_error {
+            if got.is_empty() {
+                return Err(e);
+            }
+            // What the other calls brought is handed out; the next receive reports a lasting failure.
+            tracing::warn!(queue_url = %s.queue_url, error = %e, received = got.len(), "one ReceiveMessage call of a receive failed");
+        }
+        for m in got {
             let group = group_of(&m);
             if group
                 .as_ref()

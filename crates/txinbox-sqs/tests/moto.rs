@@ -936,3 +936,53 @@ async fn missing_queue_is_entity_not_found_and_options_are_checked() {
         .expect_err("no such queue");
     assert_eq!(err.kind(), txinbox_core::BrokerErrorKind::EntityNotFound);
 }
+
+/// A receive may ask for more than one `ReceiveMessage` returns (10): once a receive came back full, the next
+/// sends its calls at once (one long poll, the others without a wait) and hands out all they brought; every
+/// delivery is settled as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receive_over_ten_is_sent_as_concurrent_calls_once_the_queue_has_a_backlog() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    for i in 0..25 {
+        let id = format!("evt-{i}");
+        // One group per message, so the receiver holds nothing back.
+        send(
+            &c,
+            &q.url,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&id),
+            &id,
+            &format!("g{i}"),
+        )
+        .await;
+    }
+    let mut r = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    // No backlog known yet: one call, at most 10.
+    let first = r.receive(25).await.unwrap();
+    assert_eq!(first.len(), 10);
+    // It came back full: three calls at once (10 + 10 + 5) bring the other 15.
+    let second = r.receive(25).await.unwrap();
+    assert_eq!(
+        second.len(),
+        15,
+        "one receive of 25 through concurrent calls"
+    );
+    let mut ids: Vec<_> = first
+        .iter()
+        .chain(&second)
+        .map(|d| d.message().attribute("ce-id").unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 25, "each message handed out once");
+    for d in first.into_iter().chain(second) {
+        d.ack().await.unwrap();
+    }
+    wait_until(LONG, "the queue empty", || async {
+        queue_empty(&c, &q.url).await
+    })
+    .await;
+}
