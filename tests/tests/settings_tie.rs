@@ -138,6 +138,36 @@ fn the_sqs_worker_runs_with_what_check_infra_validated() {
     assert_eq!(v["retention_seconds"], "86400");
 }
 
+/// The delivery pipeline's keys (`[worker] receive_max`, `prefetch`, `batch_commit`) reach the worker, from the
+/// file and from an override; without them the worker runs the library's defaults.
+#[test]
+fn the_worker_runs_the_pipeline_the_settings_say() {
+    let (_dir, file) = settings_file(
+        "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 32\n\n[sqs]\nqueue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders.fifo\"\ndead_letter_queue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders-dlq.fifo\"\n",
+    );
+    let env = [("TXINBOX_WORKER__BATCH_COMMIT", "10")];
+    let (code, out) = run(
+        "sqs-crm-worker",
+        &["--config", &file, "--print-config"],
+        &env,
+    );
+    assert_eq!(code, 0, "{out}");
+    let v = values(&out);
+    assert_eq!(
+        (
+            &*v["concurrency"],
+            &*v["receive_max"],
+            &*v["prefetch"],
+            &*v["batch_commit"]
+        ),
+        ("32", "20", "32", "10")
+    );
+    let (code, out) = run("servicebus-crm-worker", &["--print-config"], &[]);
+    assert_eq!(code, 0, "{out}");
+    let v = values(&out);
+    assert_eq!((&*v["prefetch"], &*v["batch_commit"]), ("0", "1"));
+}
+
 #[test]
 fn the_service_bus_worker_runs_with_what_check_infra_validated() {
     let (_dir, file) = settings_file(

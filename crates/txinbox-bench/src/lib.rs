@@ -727,7 +727,12 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
     let in_flight = args.e2e_in_flight;
     let rt = Duration::from_millis(args.e2e_round_trip_ms);
     let (schema, store) = bench_store(&args.store, in_flight as u32 + 1).await?;
-    let processor = bench_inbox(&store)?;
+    let timing = Arc::new(Timing::default());
+    let processor = Timed {
+        inner: bench_inbox(&store)?,
+        timing: timing.clone(),
+    };
+    let processor = Arc::new(processor);
     let queue = MemoryQueue::new(
         QueueOptions::default()
             .round_trip(rt)
@@ -799,7 +804,7 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
     for r in 0..receivers {
         let share = in_flight / receivers + usize::from(r < in_flight % receivers);
         let (q, s) = (queue.clone(), sent.clone());
-        let worker = Worker::new(queue.receiver(), processor.clone()).options(
+        let worker = Worker::new(queue.receiver(), SharedTimed(processor.clone())).options(
             WorkerOptions::default()
                 .concurrency(share)
                 .prefetch(args.e2e_prefetch / receivers)
@@ -839,10 +844,11 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         _ => "?".to_owned(),
     };
     println!(
-        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} queue_in_flight_max={} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} queue_in_flight_max={} apply_settle_ms_mean={:.1} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
         args.batch,
         args.e2e_prefetch,
         queue.in_flight_max(),
+        timing.mean_ms(),
         args.e2e_receive_max,
         args.e2e_round_trip_ms,
         applied as f64 / secs,
@@ -859,6 +865,59 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         )));
     }
     Ok(())
+}
+
+/// How long the end-to-end worker's processor calls took (apply and settle of one batch or delivery).
+#[derive(Default)]
+struct Timing {
+    calls: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl Timing {
+    fn record(&self, since: Instant) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.nanos
+            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+    fn mean_ms(&self) -> f64 {
+        let calls = self.calls.load(Ordering::Relaxed).max(1);
+        self.nanos.load(Ordering::Relaxed) as f64 / calls as f64 / 1e6
+    }
+}
+
+/// A processor that times its inner one's calls.
+struct Timed<P> {
+    inner: P,
+    timing: Arc<Timing>,
+}
+
+/// The timed processor shared by the end-to-end workers.
+struct SharedTimed<P>(Arc<Timed<P>>);
+
+impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for SharedTimed<P> {
+    fn consumer(&self) -> &str {
+        self.0.inner.consumer()
+    }
+    async fn process(&self, delivery: D, stop: CancellationToken) -> txinbox_core::Outcome {
+        let t = Instant::now();
+        let o = self.0.inner.process(delivery, stop).await;
+        self.0.timing.record(t);
+        o
+    }
+    fn started(&self) {
+        self.0.inner.started()
+    }
+    async fn process_batch(
+        &self,
+        deliveries: Vec<D>,
+        stop: CancellationToken,
+    ) -> Vec<txinbox_core::Outcome> {
+        let t = Instant::now();
+        let o = self.0.inner.process_batch(deliveries, stop).await;
+        self.0.timing.record(t);
+        o
+    }
 }
 
 /// A fresh schema on `url` with the inbox's tables and the handler's `bench_tasks`; dropped by [`drop_schema`].

@@ -39,7 +39,7 @@ pub enum DeadLetterStrategy {
 /// | option | default | note |
 /// |---|---|---|
 /// | [`wait`](Self::wait) | 20 s | long-poll `timeout` of a receive, whole seconds on the wire |
-/// | [`batch_size`](Self::batch_size) | 8 | deliveries one receive hands out (at most the worker's free slots): one long poll, then `timeout=0` requests while messages keep coming |
+/// | [`batch_size`](Self::batch_size) | 8 | deliveries one receive hands out (at most the worker's free slots): one long poll, then `timeout=0` requests while messages keep coming (all at once when the last receive came back full) |
 /// | [`lock_duration`](Self::lock_duration) | 60 s | the queue's LockDuration: the lease's duration (the worker renews every third of it) and the expiry computed after a renewal (REST renew answers none); a shorter lock granted by the broker wins |
 /// | [`max_release_delay`](Self::max_release_delay) | 10 s | the retry backoff is served by holding the lock this long at most, then abandoning |
 /// | [`settle_attempts`](Self::settle_attempts) | 3 | tries of a complete/abandon/renew on throttling, 5xx or a lost answer |

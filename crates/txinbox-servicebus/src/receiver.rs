@@ -162,6 +162,8 @@ pub struct ServiceBusReceiver {
     lock_warned: bool,
     /// A message the start-up check locked, handed out by the next receive.
     checked: Option<ServiceBusDelivery>,
+    /// Whether the last receive came back full: the next sends its follow-up requests at once.
+    backlog: bool,
 }
 
 impl std::fmt::Debug for ServiceBusReceiver {
@@ -200,6 +202,7 @@ impl ServiceBusReceiver {
             forwarder,
             lock_warned: false,
             checked: None,
+            backlog: false,
         })
     }
 
@@ -223,6 +226,11 @@ impl ServiceBusReceiver {
         else {
             return Ok(None);
         };
+        Ok(Some(self.delivery(locked)))
+    }
+
+    /// The delivery of a locked message.
+    fn delivery(&mut self, locked: Locked) -> ServiceBusDelivery {
         // The lease lasts the configured lock duration, or less when the broker's lock says so: a queue whose
         // LockDuration is shorter than configured is still renewed in time.
         let granted = (locked.locked_until - locked.message.received_at)
@@ -241,13 +249,13 @@ impl ServiceBusReceiver {
                 );
             }
         }
-        Ok(Some(ServiceBusDelivery::new(
+        ServiceBusDelivery::new(
             locked,
             self.entity.clone(),
             lock_duration,
             &self.opts,
             self.forwarder.clone(),
-        )))
+        )
     }
 }
 
@@ -271,7 +279,28 @@ impl Receiver for ServiceBusReceiver {
             }
         };
         let mut out = vec![first];
-        while out.len() < max.min(self.opts.batch_size) {
+        let want = max.min(self.opts.batch_size);
+        if self.backlog && want > 1 {
+            // The queue had a backlog: the follow-up requests (each locks one message) all at once.
+            let (client, entity, lock) = (&self.client, &self.entity, self.opts.lock_duration);
+            let locks = futures::future::join_all(
+                (1..want).map(|_| peek_lock(client, entity, Duration::ZERO, lock)),
+            )
+            .await;
+            for l in locks {
+                match l {
+                    Ok(Some(locked)) => {
+                        let d = self.delivery(locked);
+                        out.push(d);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(entity = %self.entity, error = %e, "follow-up receive failed")
+                    }
+                }
+            }
+        }
+        while !self.backlog && out.len() < want {
             match self.receive_one(Duration::ZERO).await {
                 Ok(Some(d)) => out.push(d),
                 Ok(None) => break,
@@ -282,6 +311,7 @@ impl Receiver for ServiceBusReceiver {
                 }
             }
         }
+        self.backlog = out.len() >= want;
         Ok(out)
     }
 

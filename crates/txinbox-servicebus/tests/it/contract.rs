@@ -143,3 +143,36 @@ async fn default_worker_options_keep_a_slow_message_locked() {
     assert_eq!(effects(&store).await, (1, 1));
     assert_eq!(emu.counts(&q).await, (0, 0));
 }
+
+/// A receive hands out several locked messages: one long poll, then `timeout=0` requests, sent all at once
+/// once a receive came back full. Every message is handed out once, under its own lock, and completes.
+#[tokio::test]
+async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is_locked_once() {
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({})).await;
+    for i in 0..20 {
+        publish(&client, &event(&q, &format!("evt-{i}"), "{}")).await;
+    }
+    let opts = fast_options(Duration::from_secs(30)).batch_size(8);
+    let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
+    // First receive: sequential follow-ups; full (8), so the next two send theirs at once.
+    let mut got = Vec::new();
+    for expect in [8, 8, 4] {
+        let batch = receiver.receive(8).await.unwrap();
+        assert_eq!(batch.len(), expect);
+        got.extend(batch);
+    }
+    let mut ids: Vec<_> = got
+        .iter()
+        .map(|d| d.message().attribute("ce-id").unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 20, "each message handed out once");
+    assert_eq!(emu.counts(&q).await.0, 20, "all still in the queue, locked");
+    for d in got {
+        d.ack().await.unwrap();
+    }
+    assert_eq!(emu.counts(&q).await.0, 0);
+}
