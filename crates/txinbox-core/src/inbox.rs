@@ -651,7 +651,7 @@ impl<S: InboxStore> Inbox<S> {
 
     fn interrupted(&self) -> Decision {
         metrics::counter!(m::INTERRUPTED, "consumer" => self.label()).increment(1);
-        tracing::warn!("shutdown deadline before COMMIT: rolled back, releasing");
+        tracing::warn!("stopping before COMMIT (shutdown deadline, or a prefetched delivery at shutdown): rolled back, releasing");
         Decision::Release(Outcome::Interrupted, Duration::ZERO)
     }
 

@@ -701,10 +701,11 @@ async fn a_batch_larger_than_the_concurrency_takes_every_slot() {
     assert_eq!(q.state(), QueueState::default());
 }
 
-/// At the shutdown deadline, prefetched deliveries still waiting for a slot are released at once, not
-/// applied and not left to their visibility timeout.
+/// A handler that never ends: at the shutdown deadline it is rolled back and released; the prefetched
+/// deliveries behind it were released when shutdown began. None is applied, none is left to its visibility
+/// timeout.
 #[tokio::test]
-async fn at_the_deadline_prefetched_deliveries_are_released() {
+async fn at_the_deadline_the_running_delivery_and_the_prefetched_ones_are_released() {
     use crate::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     let store = MemStore::default();
@@ -737,4 +738,42 @@ async fn at_the_deadline_prefetched_deliveries_are_released() {
     assert!(store.state().effects.is_empty());
     let s = q.state();
     assert_eq!((s.visible, s.in_flight), (10, 0), "{s:?}");
+}
+
+/// When shutdown begins, the delivery being applied finishes (applied, settled) and the prefetched ones still
+/// waiting for a slot are handed back at once, unapplied, long before the shutdown deadline.
+#[tokio::test]
+async fn at_shutdown_prefetched_deliveries_waiting_for_a_slot_are_handed_back() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let running: Running = Arc::default();
+    let worker = Worker::new(
+        q.receiver(),
+        slow_processor(&store, Duration::from_millis(300), running.clone()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(1)
+            .prefetch(5)
+            .shutdown_timeout(Duration::from_secs(3600))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    );
+    let q2 = q.clone();
+    let report = worker
+        .run_until(async move {
+            while q2.state().in_flight < 6 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1, "{report}");
+    assert_eq!(report.count(OutcomeKind::Interrupted), 5, "{report}");
+    assert_eq!(store.state().effects.len(), 1);
+    let s = q.state();
+    assert_eq!((s.visible, s.in_flight), (9, 0), "{s:?}");
 }

@@ -43,7 +43,8 @@ pub const RETENTION_PURGED: &str = "txinbox_retention_purged_total";
 pub const INBOX_ROWS: &str = "txinbox_inbox_rows";
 /// Redriven deliveries an inbox received (they carry the `txinbox-redriven-from` attribute), by `consumer`.
 pub const REDRIVEN: &str = "txinbox_redriven_total";
-/// Deliveries interrupted by the shutdown deadline before COMMIT.
+/// Deliveries interrupted before COMMIT by the shutdown deadline, or received ahead and still waiting for a slot
+/// when shutdown began.
 pub const INTERRUPTED: &str = "txinbox_interrupted_total";
 /// Effect executions, by `consumer`, `destination` and `result` (`done`, `not_sent`, `rejected`, `uncertain`).
 pub const EFFECT_EXECUTIONS: &str = "txinbox_effect_executions_total";

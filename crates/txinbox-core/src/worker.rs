@@ -29,7 +29,8 @@
 //! more while its slots are busy: those deliveries wait for a slot with their leases kept alive, so that a
 //! slot freed by a settle finds its next delivery already received. Up to `concurrency + n` messages are then
 //! out of the queue (invisible on SQS, locked on Service Bus), at most `concurrency` of them being applied or
-//! settled.
+//! settled. When shutdown begins, a prefetched delivery still waiting for its slot is handed back at once
+//! (released with no delay, outcome [`Outcome::Interrupted`]) rather than applied during the drain.
 //!
 //! Messages of one FIFO group are not serialised here: an adapter whose broker can hand out several messages
 //! of a group at once (SQS FIFO in one batch) holds the later ones back itself.
@@ -389,6 +390,8 @@ where
         let slots = Arc::new(Semaphore::new(self.opts.concurrency));
         let tracker = TaskTracker::new();
         let stop = CancellationToken::new();
+        // Cancelled when the receives end: a delivery still waiting for its slot is handed back unapplied.
+        let draining = CancellationToken::new();
         let report = Arc::new(Mutex::new(WorkerReport::default()));
         let consumer = self.processor.consumer().to_owned();
         tokio::pin!(shutdown);
@@ -462,6 +465,7 @@ where
                             slots: slots.clone(),
                             concurrency: self.opts.concurrency,
                             stop: stop.clone(),
+                            draining: draining.clone(),
                             report: report.clone(),
                             lease: self.opts.lease.clone(),
                             consumer: consumer.clone(),
@@ -478,11 +482,13 @@ where
                         let lease_opts = self.opts.lease.clone();
                         let consumer = consumer.clone();
                         let slots = slots.clone();
+                        let draining = draining.clone();
                         tracker.spawn(async move {
                             let guard = delivery
                                 .lease()
                                 .map(|l| keep_alive(l, lease_opts, consumer));
-                            let slot = take_slots(&slots, 1, 1, &stop).await;
+                            let slot = take_slots(&slots, 1, 1, &draining).await;
+                            let stop = if slot.is_some() { stop } else { draining };
                             let delivery = LeasedDelivery {
                                 inner: delivery,
                                 stop_lease: guard.as_ref().map(|g| g.stopper()),
@@ -556,6 +562,7 @@ where
         if let Some(h) = &health {
             h.worker_stopping();
         }
+        draining.cancel();
         tracker.close();
         if tokio::time::timeout(self.opts.shutdown_timeout, tracker.wait())
             .await
@@ -583,6 +590,7 @@ struct BatchContext<P> {
     slots: Arc<Semaphore>,
     concurrency: usize,
     stop: CancellationToken,
+    draining: CancellationToken,
     report: Arc<Mutex<WorkerReport>>,
     lease: LeaseOptions,
     consumer: String,
@@ -602,7 +610,12 @@ impl<P> BatchContext<P> {
             })
             .collect();
         // One transaction takes a slot per delivery (at most all of them).
-        let slot = take_slots(&self.slots, batch.len(), self.concurrency, &self.stop).await;
+        let slot = take_slots(&self.slots, batch.len(), self.concurrency, &self.draining).await;
+        let stop = if slot.is_some() {
+            self.stop
+        } else {
+            self.draining
+        };
         let leased = batch
             .into_iter()
             .zip(&guards)
@@ -611,7 +624,7 @@ impl<P> BatchContext<P> {
                 stop_lease: g.as_ref().map(|g| g.stopper()),
             })
             .collect();
-        let outcomes = self.processor.process_batch(leased, self.stop).await;
+        let outcomes = self.processor.process_batch(leased, stop).await;
         let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
         drop(guards);
         let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
@@ -624,19 +637,20 @@ impl<P> BatchContext<P> {
 }
 
 /// Waits for `n` processing slots (at most `all`, the worker's concurrency) for a received delivery or batch;
-/// `None` when the worker is told to stop first: the processor then releases what it was given without
-/// applying it.
+/// `None` when the worker stops receiving first (`draining`): the caller then gives the processor the
+/// cancelled `draining` token, so what it was given is released at once without being applied. A slot free
+/// at once is taken even then (without prefetch a delivery never waits for its slot).
 async fn take_slots(
     slots: &Arc<Semaphore>,
     n: usize,
     all: usize,
-    stop: &CancellationToken,
+    draining: &CancellationToken,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
     let n = u32::try_from(n.clamp(1, all.max(1))).unwrap_or(u32::MAX);
     tokio::select! {
         biased;
         p = slots.clone().acquire_many_owned(n) => p.ok(),
-        _ = stop.cancelled() => None,
+        _ = draining.cancelled() => None,
     }
 }
 
