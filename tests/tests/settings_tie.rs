@@ -51,6 +51,15 @@ fn run(bin: &str, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
 }
 
 /// `key=value` lines.
+/// `bin [--config file] --print-config` with `env`, which must succeed; the values it printed.
+fn print_config(bin: &str, file: Option<&str>, env: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut args = file.map_or_else(Vec::new, |f| vec!["--config", f]);
+    args.push("--print-config");
+    let (code, out) = run(bin, &args, env);
+    assert_eq!(code, 0, "{bin}: {out}");
+    values(&out)
+}
+
 fn values(out: &str) -> BTreeMap<String, String> {
     out.lines()
         .filter_map(|l| l.split_once('='))
@@ -94,13 +103,7 @@ fn the_sqs_worker_runs_with_what_check_infra_validated() {
         &[],
     );
     assert_eq!(code, 0, "check-infra passes on the sample: {out}");
-    let (code, out) = run(
-        "sqs-crm-worker",
-        &["--config", &file, "--print-config"],
-        &[],
-    );
-    assert_eq!(code, 0, "{out}");
-    let v = values(&out);
+    let v = print_config("sqs-crm-worker", Some(&file), &[]);
     assert_eq!(v["visibility_timeout_seconds"], "60");
     assert_eq!(
         v["renew_every_seconds"], "20",
@@ -126,13 +129,7 @@ fn the_sqs_worker_runs_with_what_check_infra_validated() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("sqs-visibility-timeout-too-short"), "{out}");
     assert!(out.contains("86400"), "{out}");
-    let (code, out) = run(
-        "sqs-crm-worker",
-        &["--config", &file, "--print-config"],
-        &env,
-    );
-    assert_eq!(code, 0, "{out}");
-    let v = values(&out);
+    let v = print_config("sqs-crm-worker", Some(&file), &env);
     assert_eq!(v["visibility_timeout_seconds"], "150");
     assert_eq!(v["renew_every_seconds"], "50");
     assert_eq!(v["retention_seconds"], "86400");
@@ -146,13 +143,7 @@ fn the_worker_runs_the_pipeline_the_settings_say() {
         "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 32\n\n[sqs]\nqueue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders.fifo\"\ndead_letter_queue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders-dlq.fifo\"\n",
     );
     let env = [("TXINBOX_WORKER__BATCH_COMMIT", "10")];
-    let (code, out) = run(
-        "sqs-crm-worker",
-        &["--config", &file, "--print-config"],
-        &env,
-    );
-    assert_eq!(code, 0, "{out}");
-    let v = values(&out);
+    let v = print_config("sqs-crm-worker", Some(&file), &env);
     assert_eq!(
         (
             &*v["concurrency"],
@@ -162,9 +153,7 @@ fn the_worker_runs_the_pipeline_the_settings_say() {
         ),
         ("32", "20", "32", "10")
     );
-    let (code, out) = run("servicebus-crm-worker", &["--print-config"], &[]);
-    assert_eq!(code, 0, "{out}");
-    let v = values(&out);
+    let v = print_config("servicebus-crm-worker", None, &[]);
     assert_eq!((&*v["prefetch"], &*v["batch_commit"]), ("0", "1"));
 }
 
@@ -179,13 +168,7 @@ fn the_service_bus_worker_runs_with_what_check_infra_validated() {
         &[],
     );
     assert_eq!(code, 0, "check-infra passes on the sample: {out}");
-    let (code, out) = run(
-        "servicebus-crm-worker",
-        &["--config", &file, "--print-config"],
-        &[],
-    );
-    assert_eq!(code, 0, "{out}");
-    let v = values(&out);
+    let v = print_config("servicebus-crm-worker", Some(&file), &[]);
     assert_eq!(v["queue"], "txinbox-orders");
     assert_eq!(v["lock_duration_seconds"], "60");
     assert_eq!(v["renew_every_seconds"], "20");
@@ -205,13 +188,7 @@ fn the_service_bus_worker_runs_with_what_check_infra_validated() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("orders-elsewhere"), "{out}");
     assert!(out.contains("servicebus-lock-duration-too-short"), "{out}");
-    let (code, out) = run(
-        "servicebus-crm-worker",
-        &["--config", &file, "--print-config"],
-        &env,
-    );
-    assert_eq!(code, 0, "{out}");
-    let v = values(&out);
+    let v = print_config("servicebus-crm-worker", Some(&file), &env);
     assert_eq!(v["dead_letter_to"], "orders-elsewhere");
     assert_eq!(v["lock_duration_seconds"], "150");
     assert_eq!(v["renew_every_seconds"], "50");

@@ -701,79 +701,62 @@ async fn a_batch_larger_than_the_concurrency_takes_every_slot() {
     assert_eq!(q.state(), QueueState::default());
 }
 
-/// A handler that never ends: at the shutdown deadline it is rolled back and released; the prefetched
-/// deliveries behind it were released when shutdown began. None is applied, none is left to its visibility
-/// timeout.
-#[tokio::test]
-async fn at_the_deadline_the_running_delivery_and_the_prefetched_ones_are_released() {
+/// Ten messages; a worker of concurrency 1 and prefetch 5 whose handler takes `work`, stopped once it holds
+/// six (one being applied, five waiting for the slot), with `deadline` to drain. Returns the report, the
+/// effects written and the queue's (visible, in flight) after the worker stopped.
+async fn stop_with_prefetch(
+    work: Duration,
+    deadline: Duration,
+) -> (crate::WorkerReport, usize, (usize, usize)) {
     use crate::mem::QueueOptions;
-    use crate::{OutcomeKind, Worker, WorkerOptions};
+    use crate::{Worker, WorkerOptions};
     let store = MemStore::default();
     let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
     for i in 0..10 {
         q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
     }
-    let running: Running = Arc::default();
-    let worker = Worker::new(
-        q.receiver(),
-        slow_processor(&store, Duration::from_secs(3600), running.clone()),
-    )
-    .options(
+    let worker = Worker::new(q.receiver(), slow_processor(&store, work, Arc::default())).options(
         WorkerOptions::default()
             .concurrency(1)
             .prefetch(5)
-            .shutdown_timeout(Duration::from_millis(200))
+            .shutdown_timeout(deadline)
             .shutdown_receive_wait(Some(Duration::ZERO)),
     );
     let q2 = q.clone();
     let report = worker
         .run_until(async move {
-            // Stop once the worker holds a handler's slot and its prefetch.
             while q2.state().in_flight < 6 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
         .await;
-    assert_eq!(report.count(OutcomeKind::Interrupted), 6, "{report}");
-    assert!(store.state().effects.is_empty());
+    let effects = store.state().effects.len();
     let s = q.state();
-    assert_eq!((s.visible, s.in_flight), (10, 0), "{s:?}");
+    (report, effects, (s.visible, s.in_flight))
+}
+
+/// A handler that never ends: at the shutdown deadline it is rolled back and released; the prefetched
+/// deliveries behind it were released when shutdown began. None is applied, none is left to its visibility
+/// timeout.
+#[tokio::test]
+async fn at_the_deadline_the_running_delivery_and_the_prefetched_ones_are_released() {
+    use crate::OutcomeKind;
+    let (report, effects, queue) =
+        stop_with_prefetch(Duration::from_secs(3600), Duration::from_millis(200)).await;
+    assert_eq!(report.count(OutcomeKind::Interrupted), 6, "{report}");
+    assert_eq!(effects, 0);
+    assert_eq!(queue, (10, 0));
 }
 
 /// When shutdown begins, the delivery being applied finishes (applied, settled) and the prefetched ones still
 /// waiting for a slot are handed back at once, unapplied, long before the shutdown deadline.
 #[tokio::test]
 async fn at_shutdown_prefetched_deliveries_waiting_for_a_slot_are_handed_back() {
-    use crate::mem::QueueOptions;
-    use crate::{OutcomeKind, Worker, WorkerOptions};
-    let store = MemStore::default();
-    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
-    for i in 0..10 {
-        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-    }
-    let running: Running = Arc::default();
-    let worker = Worker::new(
-        q.receiver(),
-        slow_processor(&store, Duration::from_millis(300), running.clone()),
-    )
-    .options(
-        WorkerOptions::default()
-            .concurrency(1)
-            .prefetch(5)
-            .shutdown_timeout(Duration::from_secs(3600))
-            .shutdown_receive_wait(Some(Duration::ZERO)),
-    );
-    let q2 = q.clone();
-    let report = worker
-        .run_until(async move {
-            while q2.state().in_flight < 6 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await;
+    use crate::OutcomeKind;
+    let (report, effects, queue) =
+        stop_with_prefetch(Duration::from_millis(300), Duration::from_secs(3600)).await;
     assert_eq!(report.count(OutcomeKind::Applied), 1, "{report}");
     assert_eq!(report.count(OutcomeKind::Interrupted), 5, "{report}");
-    assert_eq!(store.state().effects.len(), 1);
-    let s = q.state();
-    assert_eq!((s.visible, s.in_flight), (9, 0), "{s:?}");
+    assert_eq!(effects, 1);
+    assert_eq!(queue, (9, 0));
 }
