@@ -381,10 +381,10 @@ where
         shutdown: impl Future<Output = ()> + Send,
         until_idle: bool,
     ) -> WorkerReport {
-        // `held`: messages out of the queue (from the receive request to the settle's answer); `slots`:
+        // `out_of_queue`: messages out of the queue (from the receive request to the settle's answer); `slots`:
         // deliveries being applied or settled. Without prefetch the two are the same number, and a delivery
         // never waits for its slot.
-        let sem = Arc::new(Semaphore::new(
+        let out_of_queue = Arc::new(Semaphore::new(
             self.opts.concurrency.saturating_add(self.opts.prefetch),
         ));
         let slots = Arc::new(Semaphore::new(self.opts.concurrency));
@@ -406,11 +406,11 @@ where
             let first = tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
-                p = sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                p = out_of_queue.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
             let mut permits = vec![first];
             while permits.len() < self.opts.batch_size {
-                match sem.clone().try_acquire_owned() {
+                match out_of_queue.clone().try_acquire_owned() {
                     Ok(p) => permits.push(p),
                     Err(_) => break,
                 }
