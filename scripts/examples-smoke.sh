@@ -209,7 +209,7 @@ grep -q 'business duplicate' "$work/metrics.out" "$work/metrics.err" || fail "th
 python3 ops/check_dashboard.py "$TXINBOX_PROMETHEUS_URL" crm-followup --wait 40 --require \
   txinbox_received_total txinbox_applied_total txinbox_business_duplicates_total \
   txinbox_receive_to_commit_seconds_bucket txinbox_inbox_rows txinbox_retention_purged_total \
-  txinbox_effects txinbox_effect_oldest_pending_seconds txinbox_effect_executions_total ||
+  txinbox_effects txinbox_effect_oldest_pending_seconds txinbox_effect_executions_total txinbox_worker_deliveries ||
   fail "a dashboard query has no data (see above)"
 firing=$(prom_query 'ALERTS{alertstate="firing"}')
 [[ $(result_count <<<"$firing") == 0 ]] || fail "alerts fire on a healthy worker: $firing"

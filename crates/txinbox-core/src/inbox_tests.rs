@@ -760,3 +760,56 @@ async fn at_shutdown_prefetched_deliveries_waiting_for_a_slot_are_handed_back() 
     assert_eq!(effects, 1);
     assert_eq!(queue, (9, 0));
 }
+
+/// `txinbox_worker_deliveries{state}` counts the deliveries waiting for a slot and those holding one while
+/// the worker runs, and returns to zero when it stops.
+#[tokio::test(flavor = "current_thread")]
+async fn the_worker_counts_the_deliveries_it_holds_by_state() {
+    use crate::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    // A snapshot of the debugging recorder swaps each gauge to zero: the values are the sums of the snapshots.
+    fn gauges(snap: &Snapshotter, sums: &mut HashMap<String, f64>) -> (f64, f64) {
+        for (key, _, _, value) in snap.snapshot().into_vec() {
+            if let (DebugValue::Gauge(v), true) =
+                (value, key.key().name() == crate::metrics::WORKER_DELIVERIES)
+            {
+                let state = key.key().labels().find(|l| l.key() == "state").unwrap();
+                *sums.entry(state.value().to_owned()).or_default() += v.into_inner();
+            }
+        }
+        let get = |s: &str| sums.get(s).copied().unwrap_or(f64::NAN);
+        (get("processing"), get("waiting"))
+    }
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let worker = Worker::new(
+        q.receiver(),
+        slow_processor(&store, Duration::from_secs(3600), Arc::default()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(2)
+            .prefetch(4)
+            .shutdown_timeout(Duration::from_millis(100))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    );
+    let sums = Arc::new(Mutex::new(HashMap::new()));
+    let (s2, sums2) = (snap.clone(), sums.clone());
+    worker
+        .run_until(async move {
+            // Stop once the worker holds two handlers and four deliveries behind them.
+            while gauges(&s2, &mut sums2.lock().unwrap()) != (2.0, 4.0) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    let after = gauges(&snap, &mut sums.lock().unwrap());
+    assert_eq!(after, (0.0, 0.0));
+}

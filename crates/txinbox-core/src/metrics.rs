@@ -72,6 +72,11 @@ pub const REDRIVE_MOVED: &str = "txinbox_redrive_moved_total";
 /// `throttled`, ...).
 pub const RECEIVE_ERRORS: &str = "txinbox_receive_errors_total";
 
+/// Deliveries a worker holds, by `consumer` and `state`: `waiting` (received ahead, waiting for a slot; only
+/// with `WorkerOptions::prefetch`) and `processing` (holding a slot: being applied or settled). `processing`
+/// at the worker's concurrency all the time means the worker is saturated (gauge).
+pub const WORKER_DELIVERIES: &str = "txinbox_worker_deliveries";
+
 /// Registers descriptions for every metric with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
@@ -110,9 +115,13 @@ pub fn describe() {
     describe_counter!(REDRIVEN, "Redriven deliveries received by the inbox");
     describe_counter!(REDRIVE_MOVED, "Messages a redrive moved back from a DLQ");
     describe_counter!(RECEIVE_ERRORS, "Failed receives by error kind");
+    describe_gauge!(
+        WORKER_DELIVERIES,
+        "Deliveries a worker holds, waiting for a slot or processing"
+    );
     describe_counter!(
         INTERRUPTED,
-        "Deliveries interrupted by shutdown before COMMIT"
+        "Deliveries interrupted by shutdown before COMMIT (or prefetched, not yet begun)"
     );
     describe_counter!(EFFECT_EXECUTIONS, "External effect executions by result");
     describe_counter!(

@@ -396,6 +396,10 @@ where
         let consumer = self.processor.consumer().to_owned();
         tokio::pin!(shutdown);
         self.processor.started();
+        for state in [Holding::WAITING, Holding::PROCESSING] {
+            metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => consumer.clone(), "state" => state)
+                .set(0.0);
+        }
         let health = self.health.take();
         if let Some(h) = &health {
             h.worker_started();
@@ -486,8 +490,11 @@ where
                         tracker.spawn(async move {
                             let guard = delivery
                                 .lease()
-                                .map(|l| keep_alive(l, lease_opts, consumer));
+                                .map(|l| keep_alive(l, lease_opts, consumer.clone()));
+                            let waiting = Holding::new(&consumer, Holding::WAITING, 1);
                             let slot = take_slots(&slots, 1, 1, &draining).await;
+                            drop(waiting);
+                            let processing = Holding::new(&consumer, Holding::PROCESSING, 1);
                             let stop = if slot.is_some() { stop } else { draining };
                             let delivery = LeasedDelivery {
                                 inner: delivery,
@@ -499,7 +506,7 @@ where
                             let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
                             *r.outcomes.entry(outcome.kind()).or_default() += 1;
                             r.leases_lost += u64::from(lost);
-                            drop((slot, permit));
+                            drop((processing, slot, permit));
                         });
                     }
                 }
@@ -610,7 +617,10 @@ impl<P> BatchContext<P> {
             })
             .collect();
         // One transaction takes a slot per delivery (at most all of them).
+        let waiting = Holding::new(&self.consumer, Holding::WAITING, batch.len());
         let slot = take_slots(&self.slots, batch.len(), self.concurrency, &self.draining).await;
+        drop(waiting);
+        let processing = Holding::new(&self.consumer, Holding::PROCESSING, batch.len());
         let stop = if slot.is_some() {
             self.stop
         } else {
@@ -632,7 +642,39 @@ impl<P> BatchContext<P> {
             *r.outcomes.entry(o.kind()).or_default() += 1;
         }
         r.leases_lost += lost;
-        drop((slot, permits));
+        drop((processing, slot, permits));
+    }
+}
+
+/// `n` deliveries counted in `txinbox_worker_deliveries{consumer, state}` while this lives.
+struct Holding {
+    consumer: String,
+    state: &'static str,
+    n: f64,
+}
+
+impl Holding {
+    const WAITING: &'static str = "waiting";
+    const PROCESSING: &'static str = "processing";
+
+    fn new(consumer: &str, state: &'static str, n: usize) -> Self {
+        let h = Self {
+            consumer: consumer.to_owned(),
+            state,
+            n: n as f64,
+        };
+        h.gauge().increment(h.n);
+        h
+    }
+
+    fn gauge(&self) -> metrics::Gauge {
+        metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => self.consumer.clone(), "state" => self.state)
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.gauge().decrement(self.n);
     }
 }
 
