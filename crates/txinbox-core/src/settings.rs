@@ -144,7 +144,8 @@ pub struct WorkerSection {
     pub concurrency: usize,
     /// Messages asked for in one receive (unset: `[sqs] batch_size` when an SQS queue is set, else 10). On
     /// SQS, more than `[sqs] batch_size` is received in concurrent `ReceiveMessage` calls once the queue has a
-    /// backlog.
+    /// backlog. On Service Bus, `ServiceBusOptions::batch_size` caps a receive: set it to this (the example
+    /// worker does).
     pub receive_max: Option<usize>,
     /// Deliveries received ahead of a free slot (0: a receive asks only for free slots); up to
     /// `concurrency + prefetch` messages are out of the queue at once.
