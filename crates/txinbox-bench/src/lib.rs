@@ -732,7 +732,6 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         inner: bench_inbox(&store)?,
         timing: timing.clone(),
     };
-    let processor = Arc::new(processor);
     let queue = MemoryQueue::new(
         QueueOptions::default()
             .round_trip(rt)
@@ -804,7 +803,7 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
     for r in 0..receivers {
         let share = in_flight / receivers + usize::from(r < in_flight % receivers);
         let (q, s) = (queue.clone(), sent.clone());
-        let worker = Worker::new(queue.receiver(), SharedTimed(processor.clone())).options(
+        let worker = Worker::new(queue.receiver(), processor.clone()).options(
             WorkerOptions::default()
                 .concurrency(share)
                 .prefetch(args.e2e_prefetch / receivers)
@@ -886,27 +885,25 @@ impl Timing {
     }
 }
 
-/// A processor that times its inner one's calls.
+/// A processor that times its inner one's calls (clones share the timing).
+#[derive(Clone)]
 struct Timed<P> {
     inner: P,
     timing: Arc<Timing>,
 }
 
-/// The timed processor shared by the end-to-end workers.
-struct SharedTimed<P>(Arc<Timed<P>>);
-
-impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for SharedTimed<P> {
+impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for Timed<P> {
     fn consumer(&self) -> &str {
-        self.0.inner.consumer()
+        self.inner.consumer()
     }
     async fn process(&self, delivery: D, stop: CancellationToken) -> txinbox_core::Outcome {
         let t = Instant::now();
-        let o = self.0.inner.process(delivery, stop).await;
-        self.0.timing.record(t);
+        let o = self.inner.process(delivery, stop).await;
+        self.timing.record(t);
         o
     }
     fn started(&self) {
-        self.0.inner.started()
+        self.inner.started()
     }
     async fn process_batch(
         &self,
@@ -914,8 +911,8 @@ impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for 
         stop: CancellationToken,
     ) -> Vec<txinbox_core::Outcome> {
         let t = Instant::now();
-        let o = self.0.inner.process_batch(deliveries, stop).await;
-        self.0.timing.record(t);
+        let o = self.inner.process_batch(deliveries, stop).await;
+        self.timing.record(t);
         o
     }
 }

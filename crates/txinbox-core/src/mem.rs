@@ -324,12 +324,14 @@ impl MemoryQueue {
         let now = s.now();
         let vt = to_chrono(self.inner.opts.visibility_timeout);
         let mut out = Vec::new();
-        let mut busy_groups: HashSet<String> = s
-            .messages
-            .iter()
-            .filter(|m| m.receipt.is_some() && m.invisible_until.is_some_and(|t| t > now))
-            .filter_map(|m| m.msg.group_id.clone())
-            .collect();
+        let mut in_flight = 0;
+        let mut busy_groups: HashSet<String> = HashSet::new();
+        for m in &s.messages {
+            if m.receipt.is_some() && m.invisible_until.is_some_and(|t| t > now) {
+                in_flight += 1;
+                busy_groups.extend(m.msg.group_id.clone());
+            }
+        }
         let mut i = 0;
         while i < s.messages.len() && out.len() < max {
             let visible = s.messages[i].invisible_until.is_none_or(|t| t <= now);
@@ -379,15 +381,8 @@ impl MemoryQueue {
             });
             i += 1;
         }
-        if !out.is_empty() {
-            // In flight only grows on a receive: its high-water mark is reached right after one.
-            let in_flight = s
-                .messages
-                .iter()
-                .filter(|m| m.receipt.is_some() && m.invisible_until.is_some_and(|t| t > now))
-                .count();
-            s.in_flight_max = s.in_flight_max.max(in_flight);
-        }
+        // In flight only grows on a receive: its high-water mark is reached right after one.
+        s.in_flight_max = s.in_flight_max.max(in_flight + out.len());
         out
     }
 

@@ -491,22 +491,18 @@ where
                             let guard = delivery
                                 .lease()
                                 .map(|l| keep_alive(l, lease_opts, consumer.clone()));
-                            let waiting = Holding::new(&consumer, Holding::WAITING, 1);
-                            let slot = take_slots(&slots, 1, 1, &draining).await;
-                            drop(waiting);
-                            let processing = Holding::new(&consumer, Holding::PROCESSING, 1);
-                            let stop = if slot.is_some() { stop } else { draining };
+                            let slot = take_slots(&slots, 1, 1, &consumer, &stop, &draining).await;
                             let delivery = LeasedDelivery {
                                 inner: delivery,
                                 stop_lease: guard.as_ref().map(|g| g.stopper()),
                             };
-                            let outcome = processor.process(delivery, stop).await;
+                            let outcome = processor.process(delivery, slot.stop.clone()).await;
                             let lost = guard.as_ref().is_some_and(|g| g.lost());
                             drop(guard);
                             let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
                             *r.outcomes.entry(outcome.kind()).or_default() += 1;
                             r.leases_lost += u64::from(lost);
-                            drop((processing, slot, permit));
+                            drop((slot, permit));
                         });
                     }
                 }
@@ -617,15 +613,15 @@ impl<P> BatchContext<P> {
             })
             .collect();
         // One transaction takes a slot per delivery (at most all of them).
-        let waiting = Holding::new(&self.consumer, Holding::WAITING, batch.len());
-        let slot = take_slots(&self.slots, batch.len(), self.concurrency, &self.draining).await;
-        drop(waiting);
-        let processing = Holding::new(&self.consumer, Holding::PROCESSING, batch.len());
-        let stop = if slot.is_some() {
-            self.stop
-        } else {
-            self.draining
-        };
+        let slot = take_slots(
+            &self.slots,
+            batch.len(),
+            self.concurrency,
+            &self.consumer,
+            &self.stop,
+            &self.draining,
+        )
+        .await;
         let leased = batch
             .into_iter()
             .zip(&guards)
@@ -634,7 +630,10 @@ impl<P> BatchContext<P> {
                 stop_lease: g.as_ref().map(|g| g.stopper()),
             })
             .collect();
-        let outcomes = self.processor.process_batch(leased, stop).await;
+        let outcomes = self
+            .processor
+            .process_batch(leased, slot.stop.clone())
+            .await;
         let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
         drop(guards);
         let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
@@ -642,7 +641,7 @@ impl<P> BatchContext<P> {
             *r.outcomes.entry(o.kind()).or_default() += 1;
         }
         r.leases_lost += lost;
-        drop((processing, slot, permits));
+        drop((slot, permits));
     }
 }
 
@@ -678,21 +677,43 @@ impl Drop for Holding {
     }
 }
 
-/// Waits for `n` processing slots (at most `all`, the worker's concurrency) for a received delivery or batch;
-/// `None` when the worker stops receiving first (`draining`): the caller then gives the processor the
-/// cancelled `draining` token, so what it was given is released at once without being applied. A slot free
-/// at once is taken even then (without prefetch a delivery never waits for its slot).
+/// The processing slots of a received delivery or batch, counted in `txinbox_worker_deliveries` while held.
+struct Slot {
+    /// `None` when the worker stopped receiving before a slot was free.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    _processing: Holding,
+    /// What the processor is given: the worker's stop token, or, when no slot was taken, the cancelled
+    /// `draining` token, so that what it was given is released at once without being applied.
+    stop: CancellationToken,
+}
+
+/// Waits for `n` processing slots (at most `all`, the worker's concurrency) for a received delivery or batch,
+/// counted as `waiting` meanwhile. Gives up when the worker stops receiving first (`draining`); a slot free at
+/// once is taken even then (without prefetch a delivery never waits for its slot).
 async fn take_slots(
     slots: &Arc<Semaphore>,
     n: usize,
     all: usize,
+    consumer: &str,
+    stop: &CancellationToken,
     draining: &CancellationToken,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let n = u32::try_from(n.clamp(1, all.max(1))).unwrap_or(u32::MAX);
-    tokio::select! {
+) -> Slot {
+    let waiting = Holding::new(consumer, Holding::WAITING, n);
+    let permits = u32::try_from(n.clamp(1, all.max(1))).unwrap_or(u32::MAX);
+    let permit = tokio::select! {
         biased;
-        p = slots.clone().acquire_many_owned(n) => p.ok(),
+        p = slots.clone().acquire_many_owned(permits) => p.ok(),
         _ = draining.cancelled() => None,
+    };
+    drop(waiting);
+    Slot {
+        stop: if permit.is_some() {
+            stop.clone()
+        } else {
+            draining.clone()
+        },
+        _permit: permit,
+        _processing: Holding::new(consumer, Holding::PROCESSING, n),
     }
 }
 

@@ -299,15 +299,17 @@ impl Receiver for ServiceBusReceiver {
                     }
                 }
             }
-        }
-        while !self.backlog && out.len() < want {
-            match self.receive_one(Duration::ZERO).await {
-                Ok(Some(d)) => out.push(d),
-                Ok(None) => break,
-                Err(e) => {
-                    // What is locked already is handed out; the next receive reports a lasting failure.
-                    tracing::warn!(entity = %self.entity, error = %e, "follow-up receive failed");
-                    break;
+        } else {
+            // One after another while messages keep coming.
+            while out.len() < want {
+                match self.receive_one(Duration::ZERO).await {
+                    Ok(Some(d)) => out.push(d),
+                    Ok(None) => break,
+                    Err(e) => {
+                        // What is locked already is handed out; the next receive reports a lasting failure.
+                        tracing::warn!(entity = %self.entity, error = %e, "follow-up receive failed");
+                        break;
+                    }
                 }
             }
         }
