@@ -135,26 +135,33 @@ fn the_sqs_worker_runs_with_what_check_infra_validated() {
     assert_eq!(v["retention_seconds"], "86400");
 }
 
-/// The delivery pipeline's keys (`[worker] receive_max`, `prefetch`, `batch_commit`) reach the worker, from the
+/// The delivery pipeline's keys (`[worker] receive_max`, `prefetch`, `batch_commit`, `batch_linger_ms`) reach the worker, from the
 /// file and from an override; without them the worker runs the library's defaults.
 #[test]
 fn the_worker_runs_the_pipeline_the_settings_say() {
     let (_dir, file) = settings_file(
         "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 32\n\n[sqs]\nqueue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders.fifo\"\ndead_letter_queue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders-dlq.fifo\"\n",
     );
-    let env = [("TXINBOX_WORKER__BATCH_COMMIT", "10")];
+    let env = [
+        ("TXINBOX_WORKER__BATCH_COMMIT", "10"),
+        ("TXINBOX_WORKER__BATCH_LINGER_MS", "25"),
+    ];
     let v = print_config("sqs-crm-worker", Some(&file), &env);
     assert_eq!(
         (
             &*v["concurrency"],
             &*v["receive_max"],
             &*v["prefetch"],
-            &*v["batch_commit"]
+            &*v["batch_commit"],
+            &*v["batch_linger_ms"]
         ),
-        ("32", "20", "32", "10")
+        ("32", "20", "32", "10", "25")
     );
     let v = print_config("servicebus-crm-worker", None, &[]);
-    assert_eq!((&*v["prefetch"], &*v["batch_commit"]), ("0", "1"));
+    assert_eq!(
+        (&*v["prefetch"], &*v["batch_commit"], &*v["batch_linger_ms"]),
+        ("0", "1", "0")
+    );
 }
 
 #[test]

@@ -23,7 +23,10 @@
 //! (`queue_in_flight_max`: received and not yet settled, round trips included), and the process's resident
 //! memory (VmRSS) at the start, after the first tenth, at the end and at its highest. With `--e2e-prefetch P`
 //! the worker receives up to P deliveries ahead of a free slot: `--e2e-in-flight` then bounds the deliveries
-//! being applied or settled, and up to in-flight + P are out of the queue.
+//! being applied or settled, and up to in-flight + P are out of the queue. With `--e2e-rate R` the producer
+//! sends a steady R messages per second instead of keeping a backlog, and `--e2e-linger-ms L` lets a batch
+//! one receive did not fill wait up to L ms for the next: `messages_per_apply_call` then shows how full the
+//! transactions were.
 //!
 //! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
 //! every measurement once, one after the other (`inbox` and `pgbench_inbox` back to back, in alternating
@@ -97,6 +100,14 @@ pub struct BenchArgs {
     /// 0: a receive asks only for free slots, so `--e2e-in-flight` bounds everything out of the queue).
     #[arg(long, default_value_t = 0)]
     pub e2e_prefetch: usize,
+    /// Messages per second the end-to-end producer sends, a steady stream (0: it keeps a backlog waiting, so
+    /// that the worker's own rate is measured).
+    #[arg(long, default_value_t = 0)]
+    pub e2e_rate: u64,
+    /// How long a batch of the end-to-end worker that one receive did not fill waits for the next receives,
+    /// in milliseconds ([`txinbox_core::WorkerOptions::batch_linger`]; 0: a batch is what one receive brought).
+    #[arg(long, default_value_t = 0)]
+    pub e2e_linger_ms: u64,
     /// Only the end-to-end line.
     #[arg(long)]
     pub e2e_only: bool,
@@ -743,28 +754,37 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         let s = q.state();
         (s.visible + s.in_flight + s.delayed) as u64
     };
-    // Producer: keeps the queue fed, never more than `depth` waiting.
+    // Producer: keeps the queue fed, never more than `depth` waiting; or, with `--e2e-rate`, a steady stream
+    // of that many messages per second.
     let depth = 2_000.max(in_flight as u64 * 20);
+    let rate = args.e2e_rate;
     let producer = {
         let (q, sent) = (queue.clone(), sent.clone());
         tokio::spawn(async move {
+            let send = |next: u64| {
+                let body = format!("{{\"opportunity\":\"o-{next}\",\"meeting\":\"m-{next}\"}}");
+                q.send(OutgoingMessage::new(body).cloudevent(
+                    "urn.bench",
+                    &format!("e2e-{next}"),
+                    "bench.event",
+                ));
+            };
+            let start = Instant::now();
             let mut next = 0u64;
             while next < n {
-                if waiting(&q) < depth {
-                    for _ in 0..(depth / 4).min(n - next) {
-                        let body =
-                            format!("{{\"opportunity\":\"o-{next}\",\"meeting\":\"m-{next}\"}}");
-                        q.send(OutgoingMessage::new(body).cloudevent(
-                            "urn.bench",
-                            &format!("e2e-{next}"),
-                            "bench.event",
-                        ));
-                        next += 1;
-                    }
-                    sent.store(next, Ordering::Relaxed);
+                let due = if rate > 0 {
+                    ((start.elapsed().as_secs_f64() * rate as f64) as u64).min(n)
+                } else if waiting(&q) < depth {
+                    (next + depth / 4).min(n)
                 } else {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    next
+                };
+                while next < due {
+                    send(next);
+                    next += 1;
                 }
+                sent.store(next, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         })
     };
@@ -808,7 +828,8 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
                 .concurrency(share)
                 .prefetch(args.e2e_prefetch / receivers)
                 .batch_size(args.e2e_receive_max)
-                .batch_commit(args.batch),
+                .batch_commit(args.batch)
+                .batch_linger(Duration::from_millis(args.e2e_linger_ms)),
         );
         workers.push(tokio::spawn(worker.run_until(async move {
             loop {
@@ -843,11 +864,13 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         _ => "?".to_owned(),
     };
     println!(
-        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} queue_in_flight_max={} apply_settle_ms_mean={:.1} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} linger_ms={} rate={rate} queue_in_flight_max={} apply_settle_ms_mean={:.1} messages_per_apply_call={:.1} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
         args.batch,
         args.e2e_prefetch,
+        args.e2e_linger_ms,
         queue.in_flight_max(),
         timing.mean_ms(),
+        applied as f64 / timing.calls.load(Ordering::Relaxed).max(1) as f64,
         args.e2e_receive_max,
         args.e2e_round_trip_ms,
         applied as f64 / secs,

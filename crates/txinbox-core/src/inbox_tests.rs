@@ -761,26 +761,32 @@ async fn at_shutdown_prefetched_deliveries_waiting_for_a_slot_are_handed_back() 
     assert_eq!(queue, (9, 0));
 }
 
+/// `txinbox_worker_deliveries` (processing, waiting) from the debugging recorder. A snapshot swaps each gauge
+/// to zero: the values are the sums of the snapshots, kept in `sums`.
+fn gauges(
+    snap: &metrics_util::debugging::Snapshotter,
+    sums: &mut HashMap<String, f64>,
+) -> (f64, f64) {
+    use metrics_util::debugging::DebugValue;
+    for (key, _, _, value) in snap.snapshot().into_vec() {
+        if let (DebugValue::Gauge(v), true) =
+            (value, key.key().name() == crate::metrics::WORKER_DELIVERIES)
+        {
+            let state = key.key().labels().find(|l| l.key() == "state").unwrap();
+            *sums.entry(state.value().to_owned()).or_default() += v.into_inner();
+        }
+    }
+    let get = |s: &str| sums.get(s).copied().unwrap_or(f64::NAN);
+    (get("processing"), get("waiting"))
+}
+
 /// `txinbox_worker_deliveries{state}` counts the deliveries waiting for a slot and those holding one while
 /// the worker runs, and returns to zero when it stops.
 #[tokio::test(flavor = "current_thread")]
 async fn the_worker_counts_the_deliveries_it_holds_by_state() {
     use crate::mem::QueueOptions;
     use crate::{Worker, WorkerOptions};
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-    // A snapshot of the debugging recorder swaps each gauge to zero: the values are the sums of the snapshots.
-    fn gauges(snap: &Snapshotter, sums: &mut HashMap<String, f64>) -> (f64, f64) {
-        for (key, _, _, value) in snap.snapshot().into_vec() {
-            if let (DebugValue::Gauge(v), true) =
-                (value, key.key().name() == crate::metrics::WORKER_DELIVERIES)
-            {
-                let state = key.key().labels().find(|l| l.key() == "state").unwrap();
-                *sums.entry(state.value().to_owned()).or_default() += v.into_inner();
-            }
-        }
-        let get = |s: &str| sums.get(s).copied().unwrap_or(f64::NAN);
-        (get("processing"), get("waiting"))
-    }
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
@@ -812,4 +818,185 @@ async fn the_worker_counts_the_deliveries_it_holds_by_state() {
         .await;
     let after = gauges(&snap, &mut sums.lock().unwrap());
     assert_eq!(after, (0.0, 0.0));
+}
+
+// ---- batch linger ----------------------------------------------------------------------------------------
+
+/// Six messages, each receive bringing one (`batch_size(1)`), batch commit 3: without a linger every receive
+/// is its own transaction; with one, three receives fill one transaction, and every message is applied once.
+#[tokio::test]
+async fn a_linger_gathers_the_deliveries_of_several_receives_into_one_transaction() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    for (linger, transactions) in [(Duration::ZERO, 6), (Duration::from_secs(1), 2)] {
+        let store = MemStore::default();
+        store.state().savepoints = true;
+        let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+        for i in 0..6 {
+            q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+        }
+        let report = Worker::new(q.receiver(), processor(&store))
+            .options(
+                WorkerOptions::default()
+                    .batch_size(1)
+                    .batch_commit(3)
+                    .batch_linger(linger),
+            )
+            .run_until_idle()
+            .await;
+        assert_eq!(report.count(OutcomeKind::Applied), 6, "{report}");
+        assert_eq!(report.total(), 6, "{report}");
+        assert_eq!(store.state().begins, transactions, "linger {linger:?}");
+        assert_eq!(store.state().effects.len(), 6);
+        assert_eq!(q.state(), QueueState::default());
+    }
+}
+
+/// A [`Receiver`](crate::Receiver) that counts the receives that have returned.
+struct CountingReceiver {
+    inner: crate::mem::MemoryReceiver,
+    returned: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl crate::Receiver for CountingReceiver {
+    type Delivery = crate::mem::MemoryDelivery;
+    async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
+        let r = self.inner.receive(max).await;
+        self.returned
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        r
+    }
+}
+
+/// Three messages, then nothing: the next receive long-polls for three seconds. A linger of 50 ms ends while
+/// that receive still waits, and the batch is applied then, in one transaction, without waiting for it.
+#[tokio::test]
+async fn a_linger_ends_at_its_deadline_while_the_next_receive_still_waits() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    use std::sync::atomic::Ordering::SeqCst;
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_secs(3)));
+    for i in 0..3 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let returned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let receiver = CountingReceiver {
+        inner: q.receiver(),
+        returned: returned.clone(),
+    };
+    let (store2, returned2) = (store.clone(), returned.clone());
+    let report = Worker::new(receiver, processor(&store))
+        .options(
+            WorkerOptions::default()
+                .batch_commit(10)
+                .batch_linger(Duration::from_millis(50))
+                .shutdown_receive_wait(Some(Duration::ZERO)),
+        )
+        .run_until(async move {
+            while store2.state().effects.len() < 3 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // Applied while the second receive was still in its long poll.
+            assert_eq!(returned2.load(SeqCst), 1, "receives returned");
+        })
+        .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 3, "{report}");
+    assert_eq!(store.state().begins, 1, "one transaction");
+    assert_eq!(returned.load(SeqCst), 1);
+    assert_eq!(q.state(), QueueState::default());
+}
+
+/// A batch still lingering when shutdown begins is processed at once (applied and settled), not dropped to
+/// wait for its visibility timeout, and not kept waiting for the receive in flight: whether the worker was
+/// waiting for a free place (concurrency 3: the three lingering deliveries hold every one), or for its next
+/// receive, dropped at shutdown (wait zero) or let finish (a long poll of two seconds).
+#[tokio::test]
+async fn at_shutdown_a_lingering_batch_is_processed_at_once() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    use std::sync::atomic::Ordering::SeqCst;
+    for (concurrency, receive_wait) in [
+        (3, Some(Duration::ZERO)),
+        (8, Some(Duration::ZERO)),
+        (8, None),
+    ] {
+        let store = MemStore::default();
+        store.state().savepoints = true;
+        let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_secs(2)));
+        for i in 0..3 {
+            q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+        }
+        let returned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let receiver = CountingReceiver {
+            inner: q.receiver(),
+            returned: returned.clone(),
+        };
+        // How many receives had returned when the batch was applied.
+        let (store2, returned2) = (store.clone(), returned.clone());
+        let applied_after = tokio::spawn(async move {
+            while store2.state().effects.len() < 3 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            returned2.load(SeqCst)
+        });
+        let q2 = q.clone();
+        let report = Worker::new(receiver, processor(&store))
+            .options(
+                WorkerOptions::default()
+                    .concurrency(concurrency)
+                    .batch_commit(10)
+                    .batch_linger(Duration::from_secs(1))
+                    .shutdown_receive_wait(receive_wait),
+            )
+            .run_until(async move {
+                while q2.state().in_flight < 3 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+            .await;
+        let case = format!("concurrency {concurrency}, receive wait {receive_wait:?}");
+        assert_eq!(report.count(OutcomeKind::Applied), 3, "{case}: {report}");
+        assert_eq!(
+            applied_after.await.unwrap(),
+            1,
+            "{case}: receives returned first"
+        );
+        assert_eq!(store.state().begins, 1, "{case}: one transaction");
+        assert_eq!(q.state(), QueueState::default(), "{case}");
+    }
+}
+
+/// Deliveries of a lingering batch are counted as `waiting` until the batch goes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lingering_batch_is_counted_as_waiting() {
+    use crate::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..3 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let worker = Worker::new(q.receiver(), processor(&store)).options(
+        WorkerOptions::default()
+            .batch_commit(10)
+            .batch_linger(Duration::from_secs(1))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    );
+    let sums = Arc::new(Mutex::new(HashMap::new()));
+    let (s2, sums2) = (snap.clone(), sums.clone());
+    worker
+        .run_until(async move {
+            while gauges(&s2, &mut sums2.lock().unwrap()) != (0.0, 3.0) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+    assert_eq!(gauges(&snap, &mut sums.lock().unwrap()), (0.0, 0.0));
+    assert_eq!(store.state().effects.len(), 3, "applied at shutdown");
 }

@@ -12,6 +12,7 @@
 //! receive_max = 10                     # messages asked for per receive (unset: [sqs] batch_size, else 10)
 //! prefetch = 0                         # received ahead of a free slot (0: only for free slots)
 //! batch_commit = 1                     # deliveries of a receive applied in one transaction (1 to 64)
+//! batch_linger_ms = 0                  # how long a batch not full waits for the next receives (at most 1000)
 //! shutdown_timeout_seconds = 30
 //! health_addr = "0.0.0.0:8080"         # GET /livez, /readyz (unset: off)
 //! metrics_addr = "0.0.0.0:9464"        # GET /metrics (unset: off)
@@ -153,6 +154,9 @@ pub struct WorkerSection {
     /// Deliveries of one receive applied in one database transaction, each under a savepoint (1: one
     /// transaction per delivery; at most 64).
     pub batch_commit: usize,
+    /// How long a batch that one receive did not fill waits for the following receives, in milliseconds (0:
+    /// a batch is what one receive brought; at most 1000). Only with `batch_commit` above 1.
+    pub batch_linger_ms: u64,
     /// How long in-flight deliveries may run after shutdown begins, in seconds (30).
     pub shutdown_timeout_seconds: u64,
     /// Serve `GET /livez` and `GET /readyz` on this address (unset: off).
@@ -176,6 +180,7 @@ impl Default for WorkerSection {
             receive_max: None,
             prefetch: w.prefetch,
             batch_commit: w.batch_commit,
+            batch_linger_ms: w.batch_linger.as_millis() as u64,
             shutdown_timeout_seconds: w.shutdown_timeout.as_secs(),
             health_addr: None,
             metrics_addr: None,
@@ -522,6 +527,16 @@ impl WorkerSettings {
                 ),
             );
         }
+        let linger_max = crate::worker::MAX_BATCH_LINGER.as_millis() as u64;
+        if self.worker.batch_linger_ms > linger_max {
+            return bad(
+                "worker.batch_linger_ms",
+                format!(
+                    "{} is above {linger_max} (a larger receive_max gathers a batch better than a longer wait)",
+                    self.worker.batch_linger_ms
+                ),
+            );
+        }
         if self.store.max_connections == 0 {
             return bad("store.max_connections", "must be at least 1".into());
         }
@@ -545,7 +560,7 @@ impl WorkerSettings {
     }
 
     /// The worker's options: concurrency, messages per receive (`receive_max`, else the SQS batch when an SQS
-    /// queue is set), prefetch, batch commit, shutdown timeout, the longest lease hold, and when to give up on
+    /// queue is set), prefetch, batch commit and linger, shutdown timeout, the longest lease hold, and when to give up on
     /// persistent receive errors.
     pub fn worker_options(&self) -> WorkerOptions {
         let give_up = self.worker.give_up_after_seconds;
@@ -553,6 +568,7 @@ impl WorkerSettings {
             .concurrency(self.worker.concurrency)
             .prefetch(self.worker.prefetch)
             .batch_commit(self.worker.batch_commit)
+            .batch_linger(Duration::from_millis(self.worker.batch_linger_ms))
             .shutdown_timeout(Duration::from_secs(self.worker.shutdown_timeout_seconds))
             .give_up_after((give_up > 0).then(|| Duration::from_secs(give_up)));
         if self.sqs.queue_url.is_some() {
@@ -710,11 +726,11 @@ mod tests {
         let d = WorkerSettings::default().worker_options();
         let w = WorkerOptions::default();
         assert_eq!(
-            (d.batch_size, d.prefetch, d.batch_commit),
-            (w.batch_size, w.prefetch, w.batch_commit)
+            (d.batch_size, d.prefetch, d.batch_commit, d.batch_linger),
+            (w.batch_size, w.prefetch, w.batch_commit, w.batch_linger)
         );
         let s = WorkerSettings::from_toml_str(
-            "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 16\nbatch_commit = 10\n[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 10\n",
+            "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 16\nbatch_commit = 10\nbatch_linger_ms = 25\n[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 10\n",
         )
         .unwrap();
         let o = s.worker_options();
@@ -722,6 +738,7 @@ mod tests {
             (o.concurrency, o.batch_size, o.prefetch, o.batch_commit),
             (32, 20, 16, 10)
         );
+        assert_eq!(o.batch_linger, Duration::from_millis(25));
         // Without receive_max, the SQS batch is the receive.
         let o = WorkerSettings::from_toml_str(
             "[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 4\n",
@@ -733,6 +750,7 @@ mod tests {
             "[worker]\nbatch_commit = 65\n",
             "[worker]\nbatch_commit = 0\n",
             "[worker]\nreceive_max = 0\n",
+            "[worker]\nbatch_linger_ms = 1001\n",
         ] {
             let e = WorkerSettings::from_toml_str(bad).unwrap_err().to_string();
             let key = bad.split('\n').nth(1).unwrap().split(' ').next().unwrap();

@@ -32,6 +32,10 @@
 //! settled. When shutdown begins, a prefetched delivery still waiting for its slot is handed back at once
 //! (released with no delay, outcome [`Outcome::Interrupted`]) rather than applied during the drain.
 //!
+//! Batch commit ([`WorkerOptions::batch_commit`]) applies the deliveries of a receive in one transaction; with
+//! [`WorkerOptions::batch_linger`] a batch that one receive did not fill waits a little for the next receives
+//! (never for a receive to be cut short; at shutdown it goes at once).
+//!
 //! Messages of one FIFO group are not serialised here: an adapter whose broker can hand out several messages
 //! of a group at once (SQS FIFO in one batch) holds the later ones back itself.
 
@@ -47,7 +51,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::broker::{Delivery, Receiver};
 use crate::error::{BrokerError, BrokerErrorKind};
-use crate::lease::{keep_alive, LeaseOptions};
+use crate::lease::{keep_alive, LeaseGuard, LeaseOptions};
 use crate::outcome::{Outcome, OutcomeKind};
 
 /// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
@@ -123,6 +127,10 @@ pub trait Processor<D: Delivery>: Send + Sync + 'static {
 /// shared memory; past that, every other session's snapshot pays for it.
 pub const MAX_BATCH_COMMIT: usize = 64;
 
+/// The longest [`WorkerOptions::batch_linger`]: past a second, a larger receive
+/// ([`WorkerOptions::batch_size`]) gathers a batch better than waiting does.
+pub const MAX_BATCH_LINGER: Duration = Duration::from_secs(1);
+
 /// Worker settings.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
@@ -144,6 +152,9 @@ pub struct WorkerOptions {
     /// Most deliveries of one receive applied in one database transaction (default 1: one transaction per
     /// delivery). See [`WorkerOptions::batch_commit`].
     pub batch_commit: usize,
+    /// How long a batch that is not full waits for the following receives to fill it (default zero: a batch
+    /// is what one receive brought). See [`WorkerOptions::batch_linger`].
+    pub batch_linger: Duration,
     /// Longest pause between failed receives: the pause doubles from
     /// [`receive_error_backoff`](Self::receive_error_backoff) up to this (default 30 s).
     pub receive_error_backoff_max: Duration,
@@ -169,6 +180,7 @@ impl Default for WorkerOptions {
             receive_error_backoff: Duration::from_secs(1),
             prefetch: 0,
             batch_commit: 1,
+            batch_linger: Duration::ZERO,
             receive_error_backoff_max: Duration::from_secs(30),
             give_up_after: Some(Duration::from_secs(300)),
             shutdown_receive_wait: None,
@@ -209,6 +221,17 @@ impl WorkerOptions {
     /// longer transaction: see the crate's `docs/batching.md` for the trade-off.
     pub fn batch_commit(mut self, n: usize) -> Self {
         self.batch_commit = n.clamp(1, MAX_BATCH_COMMIT);
+        self
+    }
+    /// With [`batch_commit`](Self::batch_commit) above 1, lets a batch that one receive did not fill wait up to
+    /// `d` (from its first delivery's arrival) for the following receives to fill it, at most
+    /// [`MAX_BATCH_LINGER`] (default zero: a batch is what one receive brought). Worth it when messages
+    /// arrive a few at a time: fewer, larger transactions for up to `d` more latency per message. The
+    /// deliveries' leases are kept alive while they wait; a receive still waiting (long poll) when the linger
+    /// ends is not cut short (what it brings goes to the next batch); at shutdown a waiting batch is processed
+    /// at once.
+    pub fn batch_linger(mut self, d: Duration) -> Self {
+        self.batch_linger = d.min(MAX_BATCH_LINGER);
         self
     }
     /// Receives up to `n` deliveries ahead of a free slot (default 0). They wait for a slot with their leases
@@ -387,13 +410,26 @@ where
         let out_of_queue = Arc::new(Semaphore::new(
             self.opts.concurrency.saturating_add(self.opts.prefetch),
         ));
-        let slots = Arc::new(Semaphore::new(self.opts.concurrency));
-        let tracker = TaskTracker::new();
-        let stop = CancellationToken::new();
-        // Cancelled when the receives end: a delivery still waiting for its slot is handed back unapplied.
-        let draining = CancellationToken::new();
         let report = Arc::new(Mutex::new(WorkerReport::default()));
         let consumer = self.processor.consumer().to_owned();
+        let dispatch = Dispatch {
+            processor: self.processor.clone(),
+            slots: Arc::new(Semaphore::new(self.opts.concurrency)),
+            concurrency: self.opts.concurrency,
+            stop: CancellationToken::new(),
+            // Cancelled when the receives end: a delivery still waiting for its slot is handed back unapplied.
+            draining: CancellationToken::new(),
+            report: report.clone(),
+            consumer: consumer.clone(),
+            tracker: TaskTracker::new(),
+        };
+        let batching = self.opts.batch_commit > 1;
+        let linger = if batching {
+            self.opts.batch_linger
+        } else {
+            Duration::ZERO
+        };
+        let mut pending = Lingering::<R::Delivery>::new(&consumer);
         tokio::pin!(shutdown);
         self.processor.started();
         for state in [Holding::WAITING, Holding::PROCESSING] {
@@ -406,10 +442,14 @@ where
         }
         let mut idle_receives = 0u32;
         let mut failing: Option<Failing> = None;
-        loop {
+        'receiving: loop {
             let first = tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
+                _ = sleep_until(pending.until) => {
+                    dispatch.spawn(pending.take());
+                    continue;
+                }
                 p = out_of_queue.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
             };
             let mut permits = vec![first];
@@ -422,22 +462,27 @@ where
             // Idle means two receives in a row brought nothing while nothing was in flight when they began: a
             // delivery that settles during a receive may free messages the broker or the adapter holds back (a
             // FIFO group's next one), which only a following receive sees.
-            let nothing_in_flight = tracker.is_empty();
+            let nothing_in_flight = dispatch.tracker.is_empty() && pending.batch.is_empty();
             let receive = self.receiver.receive(permits.len());
             tokio::pin!(receive);
-            let received = tokio::select! {
-                biased;
-                _ = &mut shutdown => {
-                    // Let the long poll finish and hand back what it brought, so that those messages are
-                    // received again at once rather than after their lock or visibility timeout.
-                    let wait = self
-                        .opts
-                        .shutdown_receive_wait
-                        .map_or(self.opts.shutdown_timeout, |w| w.min(self.opts.shutdown_timeout));
-                    hand_back(receive, wait, &consumer).await;
-                    break;
+            let received = loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut shutdown => {
+                        // Let the long poll finish and hand back what it brought, so that those messages are
+                        // received again at once rather than after their lock or visibility timeout.
+                        let wait = self
+                            .opts
+                            .shutdown_receive_wait
+                            .map_or(self.opts.shutdown_timeout, |w| w.min(self.opts.shutdown_timeout));
+                        dispatch.spawn(pending.take());
+                        hand_back(receive, wait, &consumer).await;
+                        break 'receiving;
+                    }
+                    r = &mut receive => break r,
+                    // The linger ends while the receive waits: the batch goes, the receive is not cut short.
+                    _ = sleep_until(pending.until) => dispatch.spawn(pending.take()),
                 }
-                r = &mut receive => r,
             };
             if let Some(h) = &health {
                 match &received {
@@ -458,55 +503,28 @@ where
             idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
             match received {
                 Ok(_) if until_idle && idle_receives >= 2 => break,
-                Ok(mut deliveries) if self.opts.batch_commit > 1 && deliveries.len() > 1 => {
-                    while !deliveries.is_empty() {
-                        let rest =
-                            deliveries.split_off(deliveries.len().min(self.opts.batch_commit));
-                        let batch = std::mem::replace(&mut deliveries, rest);
-                        let held: Vec<_> = batch.iter().filter_map(|_| permits.pop()).collect();
-                        let ctx = BatchContext {
-                            processor: self.processor.clone(),
-                            slots: slots.clone(),
-                            concurrency: self.opts.concurrency,
-                            stop: stop.clone(),
-                            draining: draining.clone(),
-                            report: report.clone(),
-                            lease: self.opts.lease.clone(),
-                            consumer: consumer.clone(),
-                        };
-                        tracker.spawn(ctx.run(batch, held));
-                    }
-                }
                 Ok(deliveries) => {
-                    for delivery in deliveries {
-                        let permit = permits.pop();
-                        let processor = self.processor.clone();
-                        let stop = stop.clone();
-                        let report = report.clone();
-                        let lease_opts = self.opts.lease.clone();
-                        let consumer = consumer.clone();
-                        let slots = slots.clone();
-                        let draining = draining.clone();
-                        tracker.spawn(async move {
-                            let guard = delivery
-                                .lease()
-                                .map(|l| keep_alive(l, lease_opts, consumer.clone()));
-                            let slot = take_slots(&slots, 1, 1, &consumer, &stop, &draining).await;
-                            let delivery = LeasedDelivery {
-                                inner: delivery,
-                                stop_lease: guard.as_ref().map(|g| g.stopper()),
-                            };
-                            let outcome = processor.process(delivery, slot.stop.clone()).await;
-                            let lost = guard.as_ref().is_some_and(|g| g.lost());
-                            drop(guard);
-                            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                            *r.outcomes.entry(outcome.kind()).or_default() += 1;
-                            r.leases_lost += u64::from(lost);
-                            drop((slot, permit));
-                        });
+                    // Each lease is kept alive from the moment its delivery arrives.
+                    let arrived = deliveries.into_iter().map(|delivery| Received {
+                        guard: delivery
+                            .lease()
+                            .map(|l| keep_alive(l, self.opts.lease.clone(), consumer.clone())),
+                        permit: permits.pop(),
+                        delivery,
+                    });
+                    if !batching {
+                        for one in arrived {
+                            dispatch.spawn(vec![one]);
+                        }
+                        continue;
+                    }
+                    for batch in pending.add(arrived, self.opts.batch_commit, linger) {
+                        dispatch.spawn(batch);
                     }
                 }
                 Err(e) => {
+                    // A failed receive does not hold a lingering batch back through its pause.
+                    dispatch.spawn(pending.take());
                     let kind = e.kind();
                     metrics::counter!(crate::metrics::RECEIVE_ERRORS, "consumer" => consumer.clone(), "kind" => kind.as_str())
                         .increment(1);
@@ -557,6 +575,9 @@ where
                 }
             }
         }
+        // A batch still lingering is processed now, like every delivery received before the stop.
+        dispatch.spawn(pending.take());
+        let tracker = &dispatch.tracker;
         tracing::info!(
             consumer,
             in_flight = tracker.len(),
@@ -565,7 +586,7 @@ where
         if let Some(h) = &health {
             h.worker_stopping();
         }
-        draining.cancel();
+        dispatch.draining.cancel();
         tracker.close();
         if tokio::time::timeout(self.opts.shutdown_timeout, tracker.wait())
             .await
@@ -576,7 +597,7 @@ where
                 in_flight = tracker.len(),
                 "shutdown deadline reached: uncommitted deliveries roll back and are released"
             );
-            stop.cancel();
+            dispatch.stop.cancel();
             tracker.wait().await;
         }
         if let Some(h) = &health {
@@ -587,61 +608,139 @@ where
     }
 }
 
-/// What a task applying one batch needs.
-struct BatchContext<P> {
+/// Resolves at `at`, never when `None`.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A received delivery, its lease kept alive from the moment it arrived, and its place among the messages
+/// out of the queue.
+struct Received<D> {
+    delivery: D,
+    guard: Option<LeaseGuard>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// A batch that one receive did not fill, waiting for the next receives until its linger ends; its
+/// deliveries are counted as `waiting` in `txinbox_worker_deliveries`.
+struct Lingering<D> {
+    batch: Vec<Received<D>>,
+    /// When the batch goes, full or not; `None` while it is empty.
+    until: Option<Instant>,
+    waiting: metrics::Gauge,
+}
+
+impl<D> Lingering<D> {
+    fn new(consumer: &str) -> Self {
+        Self {
+            batch: Vec::new(),
+            until: None,
+            waiting: metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => consumer.to_owned(), "state" => Holding::WAITING),
+        }
+    }
+
+    /// Adds what a receive brought and returns the batches to process now: every full one (`full`
+    /// deliveries) and, without a linger, the rest. What is left waits until `linger` after its first
+    /// delivery arrived.
+    fn add(
+        &mut self,
+        arrived: impl IntoIterator<Item = Received<D>>,
+        full: usize,
+        linger: Duration,
+    ) -> Vec<Vec<Received<D>>> {
+        let before = self.batch.len();
+        self.batch.extend(arrived);
+        let mut ready = Vec::new();
+        while self.batch.len() >= full {
+            let rest = self.batch.split_off(full);
+            ready.push(std::mem::replace(&mut self.batch, rest));
+        }
+        if linger.is_zero() && !self.batch.is_empty() {
+            ready.push(std::mem::take(&mut self.batch));
+        }
+        if self.batch.is_empty() {
+            self.until = None;
+        } else if self.until.is_none() || !ready.is_empty() {
+            // What is left arrived with this receive: its linger starts now.
+            self.until = Some(Instant::now() + linger);
+        }
+        let (now, before) = (self.batch.len() as f64, before as f64);
+        if now > before {
+            self.waiting.increment(now - before);
+        } else {
+            self.waiting.decrement(before - now);
+        }
+        ready
+    }
+
+    /// The batch, full or not, to process now.
+    fn take(&mut self) -> Vec<Received<D>> {
+        self.until = None;
+        self.waiting.decrement(self.batch.len() as f64);
+        std::mem::take(&mut self.batch)
+    }
+}
+
+/// What the tasks processing received deliveries share.
+struct Dispatch<P> {
     processor: Arc<P>,
     slots: Arc<Semaphore>,
     concurrency: usize,
     stop: CancellationToken,
     draining: CancellationToken,
     report: Arc<Mutex<WorkerReport>>,
-    lease: LeaseOptions,
     consumer: String,
+    tracker: TaskTracker,
 }
 
-impl<P> BatchContext<P> {
-    /// Keeps every delivery's lease alive until its settle, processes the batch, counts the outcomes.
-    async fn run<D: Delivery>(self, batch: Vec<D>, permits: Vec<tokio::sync::OwnedSemaphorePermit>)
+impl<P> Dispatch<P> {
+    /// Processes one delivery, or several in one transaction, in a task of its own: waits for their slots
+    /// (one per delivery, at most all of them), processes, counts the outcomes, and lets the deliveries' places
+    /// out of the queue go once they are settled.
+    fn spawn<D: Delivery>(&self, received: Vec<Received<D>>)
     where
         P: Processor<LeasedDelivery<D>>,
     {
-        let guards: Vec<_> = batch
-            .iter()
-            .map(|d| {
-                d.lease()
-                    .map(|l| keep_alive(l, self.lease.clone(), self.consumer.clone()))
-            })
-            .collect();
-        // One transaction takes a slot per delivery (at most all of them).
-        let slot = take_slots(
-            &self.slots,
-            batch.len(),
-            self.concurrency,
-            &self.consumer,
-            &self.stop,
-            &self.draining,
-        )
-        .await;
-        let leased = batch
-            .into_iter()
-            .zip(&guards)
-            .map(|(inner, g)| LeasedDelivery {
-                inner,
-                stop_lease: g.as_ref().map(|g| g.stopper()),
-            })
-            .collect();
-        let outcomes = self
-            .processor
-            .process_batch(leased, slot.stop.clone())
-            .await;
-        let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
-        drop(guards);
-        let mut r = self.report.lock().unwrap_or_else(|p| p.into_inner());
-        for o in outcomes {
-            *r.outcomes.entry(o.kind()).or_default() += 1;
+        if received.is_empty() {
+            return;
         }
-        r.leases_lost += lost;
-        drop((slot, permits));
+        let processor = self.processor.clone();
+        let slots = self.slots.clone();
+        let (all, stop, draining) = (self.concurrency, self.stop.clone(), self.draining.clone());
+        let report = self.report.clone();
+        let consumer = self.consumer.clone();
+        self.tracker.spawn(async move {
+            let n = received.len();
+            let slot = take_slots(&slots, n, all, &consumer, &stop, &draining).await;
+            let (mut leased, mut guards, mut permits) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for r in received {
+                leased.push(LeasedDelivery {
+                    inner: r.delivery,
+                    stop_lease: r.guard.as_ref().map(|g| g.stopper()),
+                });
+                guards.push(r.guard);
+                permits.push(r.permit);
+            }
+            let outcomes = match <[_; 1]>::try_from(leased) {
+                Ok([one]) => vec![processor.process(one, slot.stop.clone()).await],
+                Err(batch) => processor.process_batch(batch, slot.stop.clone()).await,
+            };
+            let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
+            drop(guards);
+            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+            for o in outcomes {
+                *r.outcomes.entry(o.kind()).or_default() += 1;
+            }
+            r.leases_lost += lost;
+            drop((slot, permits));
+        });
     }
 }
 
