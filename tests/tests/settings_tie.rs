@@ -135,12 +135,12 @@ fn the_sqs_worker_runs_with_what_check_infra_validated() {
     assert_eq!(v["retention_seconds"], "86400");
 }
 
-/// The delivery pipeline's keys (`[worker] receive_max`, `prefetch`, `batch_commit`, `batch_linger_ms`) reach the worker, from the
+/// The delivery pipeline's keys (`[worker] receive_max`, `prefetch`, `batch_commit`, `batch_linger_ms`, `receive_loops`) reach the worker, from the
 /// file and from an override; without them the worker runs the library's defaults.
 #[test]
 fn the_worker_runs_the_pipeline_the_settings_say() {
     let (_dir, file) = settings_file(
-        "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 32\n\n[sqs]\nqueue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders.fifo\"\ndead_letter_queue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders-dlq.fifo\"\n",
+        "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 32\nreceive_loops = 2\n\n[sqs]\nqueue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders.fifo\"\ndead_letter_queue_url = \"http://127.0.0.1:9/123456789012/txinbox-orders-dlq.fifo\"\n",
     );
     let env = [
         ("TXINBOX_WORKER__BATCH_COMMIT", "10"),
@@ -153,14 +153,20 @@ fn the_worker_runs_the_pipeline_the_settings_say() {
             &*v["receive_max"],
             &*v["prefetch"],
             &*v["batch_commit"],
-            &*v["batch_linger_ms"]
+            &*v["batch_linger_ms"],
+            &*v["receive_loops"]
         ),
-        ("32", "20", "32", "10", "25")
+        ("32", "20", "32", "10", "25", "2")
     );
     let v = print_config("servicebus-crm-worker", None, &[]);
     assert_eq!(
-        (&*v["prefetch"], &*v["batch_commit"], &*v["batch_linger_ms"]),
-        ("0", "1", "0")
+        (
+            &*v["prefetch"],
+            &*v["batch_commit"],
+            &*v["batch_linger_ms"],
+            &*v["receive_loops"]
+        ),
+        ("0", "1", "0", "1")
     );
 }
 

@@ -96,6 +96,10 @@ pub struct BenchArgs {
     /// receive in flight at a time.
     #[arg(long, default_value_t = 1)]
     pub e2e_receivers: usize,
+    /// Receive loops of each end-to-end worker ([`txinbox_core::WorkerOptions::receive_loops`]): receives in
+    /// flight at once sharing the worker's in-flight deliveries.
+    #[arg(long, default_value_t = 1)]
+    pub e2e_receive_loops: usize,
     /// Deliveries the end-to-end worker receives ahead of a free slot ([`txinbox_core::WorkerOptions::prefetch`];
     /// 0: a receive asks only for free slots, so `--e2e-in-flight` bounds everything out of the queue).
     #[arg(long, default_value_t = 0)]
@@ -333,6 +337,29 @@ fn run_pgbench(
 }
 
 /// The handler's business row, outside the inbox.
+/// The store's marker insert through sqlx, with the values the inbox would bind for a bench message.
+async fn marker_insert(conn: &mut sqlx::PgConnection, id: &str) -> Result<(), String> {
+    let now = chrono::Utc::now();
+    sqlx::query(txinbox_store::postgres::insert_marker_sql())
+        .bind(CONSUMER)
+        .bind("urn.bench")
+        .bind(id)
+        .bind(Some("bench.event"))
+        .bind(None::<String>)
+        .bind("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
+        .bind(None::<String>)
+        .bind(None::<String>)
+        .bind(now)
+        .bind(now)
+        .bind(now + chrono::Duration::days(30))
+        .bind("cloudevents_attributes")
+        .bind(1i32)
+        .execute(conn)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 async fn business_insert(conn: &mut sqlx::PgConnection, id: &str) -> Result<(), String> {
     sqlx::query(BUSINESS_INSERT)
         .bind(format!("t-{id}"))
@@ -367,6 +394,8 @@ struct Round {
     pgbench: Rate,
     /// `inbox_batchB` and `pgbench_batchB`, in messages per second.
     batch: Option<(Rate, Rate)>,
+    /// The batched SQL through sqlx alone, in messages per second.
+    same_sql_batch: Option<Rate>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -476,24 +505,7 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
             Box::pin(async move {
                 let mut tx = p.begin().await.map_err(|e| e.to_string())?;
                 let id = format!("sql-{c}-{round}-{t}-{i}");
-                let now = chrono::Utc::now();
-                sqlx::query(txinbox_store::postgres::insert_marker_sql())
-                    .bind(CONSUMER)
-                    .bind("urn.bench")
-                    .bind(&id)
-                    .bind(Some("bench.event"))
-                    .bind(None::<String>)
-                    .bind("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
-                    .bind(None::<String>)
-                    .bind(None::<String>)
-                    .bind(now)
-                    .bind(now)
-                    .bind(now + chrono::Duration::days(30))
-                    .bind("cloudevents_attributes")
-                    .bind(1i32)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                marker_insert(&mut tx, &id).await?;
                 business_insert(&mut tx, &id).await?;
                 tx.commit().await.map_err(|e| e.to_string())
             })
@@ -528,6 +540,31 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
         Ok(per_message(r, b))
     }
 
+    /// The batched SQL through sqlx without the inbox (`BEGIN`, per message the savepoint, the marker insert
+    /// and the business insert, `COMMIT`), in messages per second: what the client library costs on its own.
+    async fn same_sql_batch(&self, c: usize, round: usize) -> Result<Rate, LabError> {
+        reset(&self.pool).await?;
+        let p = self.pool.clone();
+        let b = self.args.batch;
+        let r = measure(c, self.args.seconds, move |t, i| {
+            let p = p.clone();
+            Box::pin(async move {
+                let mut tx = p.begin().await.map_err(|e| e.to_string())?;
+                for k in 0..b {
+                    sqlx::Executor::execute(&mut *tx, txinbox_store::postgres::savepoint_sql())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let id = format!("sqlb-{c}-{round}-{t}-{i}-{k}");
+                    marker_insert(&mut tx, &id).await?;
+                    business_insert(&mut tx, &id).await?;
+                }
+                tx.commit().await.map_err(|e| e.to_string())
+            })
+        })
+        .await?;
+        Ok(per_message(r, b))
+    }
+
     /// pgbench on the batched SQL, in messages per second.
     async fn pgbench_batch(&self, c: usize, script: &std::path::Path) -> Result<Rate, LabError> {
         reset(&self.pool).await?;
@@ -556,10 +593,15 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
                 Some((self.inbox_batch(c, round).await?, pgb))
             }
         };
+        let same_sql_batch = match batch {
+            Some(_) => Some(self.same_sql_batch(c, round).await?),
+            None => None,
+        };
         Ok(Round {
             inbox,
             pgbench,
             batch,
+            same_sql_batch,
             bare: self.bare(c, round).await?,
             dup: self.dup(c, round).await?,
             same_sql: self.same_sql(c, round).await?,
@@ -627,10 +669,15 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
                     ))
                 })
                 .collect();
+            let sqlb = median_rate(&rounds, |r| r.same_sql_batch.unwrap_or(r.same_sql));
             println!(
-                "#   c={c} per_round(batch/bare:batch/pgbench_batch)=[{}] client_cpu_us_per_msg(user+sys): inbox_batch{b}={} pgbench_batch{b}={}",
+                "#   c={c} sqlx_same_sql_batch{b}={:.0} inbox_batch/sqlx_same_sql_batch={:.2} sqlx_same_sql_batch/pgbench_batch={:.2} per_round(batch/bare:batch/pgbench_batch)=[{}] client_cpu_us_per_msg(user+sys): inbox_batch{b}={} sqlx_same_sql_batch{b}={} pgbench_batch{b}={}",
+                sqlb.per_sec,
+                ib.per_sec / sqlb.per_sec,
+                sqlb.per_sec / pgbb.per_sec,
                 per_round.join(" "),
                 us(ib),
+                us(sqlb),
                 us(pgbb)
             );
         }
@@ -827,6 +874,7 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
             WorkerOptions::default()
                 .concurrency(share)
                 .prefetch(args.e2e_prefetch / receivers)
+                .receive_loops(args.e2e_receive_loops)
                 .batch_size(args.e2e_receive_max)
                 .batch_commit(args.batch)
                 .batch_linger(Duration::from_millis(args.e2e_linger_ms)),
@@ -864,13 +912,14 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         _ => "?".to_owned(),
     };
     println!(
-        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} linger_ms={} rate={rate} queue_in_flight_max={} apply_settle_ms_mean={:.1} messages_per_apply_call={:.1} receivers={receivers} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} linger_ms={} rate={rate} queue_in_flight_max={} apply_settle_ms_mean={:.1} messages_per_apply_call={:.1} receivers={receivers} receive_loops={} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
         args.batch,
         args.e2e_prefetch,
         args.e2e_linger_ms,
         queue.in_flight_max(),
         timing.mean_ms(),
         applied as f64 / timing.calls.load(Ordering::Relaxed).max(1) as f64,
+        args.e2e_receive_loops,
         args.e2e_receive_max,
         args.e2e_round_trip_ms,
         applied as f64 / secs,

@@ -93,6 +93,18 @@ pub trait Receiver: Send + 'static {
     fn check(&mut self) -> impl Future<Output = Result<(), BrokerError>> + Send {
         async { Ok(()) }
     }
+
+    /// Another receiver on the same queue, for a further receive loop of the same worker
+    /// ([`WorkerOptions::receive_loops`](crate::WorkerOptions::receive_loops)): it shares the connection and
+    /// whatever settles deliveries, and keeps its own receive state (what it holds back, whether the queue had
+    /// a backlog). `None`, the default: this receiver runs one receive loop only, and a worker asked for more
+    /// says so in its log.
+    fn fork(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 /// The dead-letter bookkeeping every adapter writes on a dead-letter copy and drops again on redrive: the

@@ -1000,3 +1000,117 @@ async fn a_lingering_batch_is_counted_as_waiting() {
     assert_eq!(gauges(&snap, &mut sums.lock().unwrap()), (0.0, 0.0));
     assert_eq!(store.state().effects.len(), 3, "applied at shutdown");
 }
+
+// ---- receive loops ---------------------------------------------------------------------------------------
+
+/// A receiver that counts the receives in flight at once, at most (forks share the count).
+#[derive(Clone)]
+struct ConcurrentReceives {
+    inner: crate::mem::MemoryReceiver,
+    /// (in flight now, most at once)
+    at_once: Arc<(
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    )>,
+}
+
+impl crate::Receiver for ConcurrentReceives {
+    type Delivery = crate::mem::MemoryDelivery;
+    async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.at_once.0.fetch_add(1, SeqCst) + 1;
+        self.at_once.1.fetch_max(now, SeqCst);
+        let r = self.inner.receive(max).await;
+        self.at_once.0.fetch_sub(1, SeqCst);
+        r
+    }
+    fn fork(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+/// Forty messages through a worker of concurrency 8 whose receives ask for two messages and take 20 ms: one
+/// receive loop has one receive in flight at a time; four have up to four, and the queue still never sees
+/// more than the 8 places out of it. Every message is applied once.
+#[tokio::test]
+async fn receive_loops_share_the_places_out_of_the_queue() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    use std::sync::atomic::Ordering::SeqCst;
+    for loops in [1, 4] {
+        let store = MemStore::default();
+        let q = MemoryQueue::new(
+            QueueOptions::default()
+                .wait(Duration::from_millis(20))
+                .round_trip(Duration::from_millis(20)),
+        );
+        for i in 0..40 {
+            q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+        }
+        let receiver = ConcurrentReceives {
+            inner: q.receiver(),
+            at_once: Arc::default(),
+        };
+        let at_once = receiver.at_once.clone();
+        let report = Worker::new(receiver, processor(&store))
+            .options(
+                WorkerOptions::default()
+                    .concurrency(8)
+                    .batch_size(2)
+                    .receive_loops(loops),
+            )
+            .run_until_idle()
+            .await;
+        assert_eq!(report.count(OutcomeKind::Applied), 40, "{loops}: {report}");
+        assert_eq!(report.total(), 40, "{loops}: {report}");
+        assert_eq!(q.state(), QueueState::default());
+        assert!(q.in_flight_max() <= 8, "{loops}: {}", q.in_flight_max());
+        let most = at_once.1.load(SeqCst);
+        if loops == 1 {
+            assert_eq!(most, 1);
+        } else {
+            assert!(most > 1 && most <= loops, "{most} receives at once");
+        }
+    }
+}
+
+/// Stopped while its loops receive and its slots are busy, a worker of two receive loops leaves nothing
+/// locked: every message is applied or back in the queue.
+#[tokio::test]
+async fn a_worker_of_several_receive_loops_stops_cleanly() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .wait(Duration::from_millis(200))
+            .round_trip(Duration::from_millis(5)),
+    );
+    for i in 0..20 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let store2 = store.clone();
+    let report = Worker::new(
+        q.receiver(),
+        slow_processor(&store, Duration::from_millis(100), Arc::default()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(4)
+            .prefetch(4)
+            .batch_size(2)
+            .receive_loops(2),
+    )
+    .run_until(async move {
+        while store2.state().effects.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    let applied = report.count(OutcomeKind::Applied) as usize;
+    let s = q.state();
+    assert!(applied >= 1, "{report}");
+    assert_eq!(s.in_flight, 0, "nothing left locked: {s:?} {report}");
+    assert_eq!(applied + s.visible, 20, "{s:?} {report}");
+    assert_eq!(store.state().effects.len(), applied);
+}

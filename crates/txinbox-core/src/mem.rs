@@ -429,6 +429,10 @@ pub struct MemoryReceiver {
 impl Receiver for MemoryReceiver {
     type Delivery = MemoryDelivery;
 
+    fn fork(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+
     async fn receive(&mut self, max: usize) -> Result<Vec<MemoryDelivery>, BrokerError> {
         let deadline = tokio::time::Instant::now() + self.queue.inner.opts.wait;
         loop {

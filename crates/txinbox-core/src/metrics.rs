@@ -72,8 +72,9 @@ pub const REDRIVE_MOVED: &str = "txinbox_redrive_moved_total";
 /// `throttled`, ...).
 pub const RECEIVE_ERRORS: &str = "txinbox_receive_errors_total";
 
-/// Deliveries a worker holds, by `consumer` and `state`: `waiting` (received ahead, waiting for a slot; only
-/// with `WorkerOptions::prefetch`) and `processing` (holding a slot: being applied or settled). `processing`
+/// Deliveries a worker holds, by `consumer` and `state`: `waiting` (received ahead, waiting for a slot, with
+/// `WorkerOptions::prefetch`; or in a batch lingering for the next receives, with
+/// `WorkerOptions::batch_linger`) and `processing` (holding a slot: being applied or settled). `processing`
 /// at the worker's concurrency all the time means the worker is saturated (gauge).
 pub const WORKER_DELIVERIES: &str = "txinbox_worker_deliveries";
 
@@ -117,7 +118,7 @@ pub fn describe() {
     describe_counter!(RECEIVE_ERRORS, "Failed receives by error kind");
     describe_gauge!(
         WORKER_DELIVERIES,
-        "Deliveries a worker holds, waiting for a slot or processing"
+        "Deliveries a worker holds, waiting (for a slot or in a lingering batch) or processing"
     );
     describe_counter!(
         INTERRUPTED,

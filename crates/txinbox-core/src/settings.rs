@@ -11,6 +11,7 @@
 //! concurrency = 8
 //! receive_max = 10                     # messages asked for per receive (unset: [sqs] batch_size, else 10)
 //! prefetch = 0                         # received ahead of a free slot (0: only for free slots)
+//! receive_loops = 1                    # receives in flight at once, sharing the same slots (1 to 16)
 //! batch_commit = 1                     # deliveries of a receive applied in one transaction (1 to 64)
 //! batch_linger_ms = 0                  # how long a batch not full waits for the next receives (at most 1000)
 //! shutdown_timeout_seconds = 30
@@ -151,6 +152,9 @@ pub struct WorkerSection {
     /// Deliveries received ahead of a free slot (0: a receive asks only for free slots); up to
     /// `concurrency + prefetch` messages are out of the queue at once.
     pub prefetch: usize,
+    /// Receive loops, each with one receive in flight at a time, sharing the worker's slots and its places
+    /// out of the queue (1; at most 16).
+    pub receive_loops: usize,
     /// Deliveries of one receive applied in one database transaction, each under a savepoint (1: one
     /// transaction per delivery; at most 64).
     pub batch_commit: usize,
@@ -179,6 +183,7 @@ impl Default for WorkerSection {
             concurrency: w.concurrency,
             receive_max: None,
             prefetch: w.prefetch,
+            receive_loops: w.receive_loops,
             batch_commit: w.batch_commit,
             batch_linger_ms: w.batch_linger.as_millis() as u64,
             shutdown_timeout_seconds: w.shutdown_timeout.as_secs(),
@@ -527,6 +532,16 @@ impl WorkerSettings {
                 ),
             );
         }
+        if !(1..=crate::worker::MAX_RECEIVE_LOOPS).contains(&self.worker.receive_loops) {
+            return bad(
+                "worker.receive_loops",
+                format!(
+                    "{} is outside 1..={}",
+                    self.worker.receive_loops,
+                    crate::worker::MAX_RECEIVE_LOOPS
+                ),
+            );
+        }
         let linger_max = crate::worker::MAX_BATCH_LINGER.as_millis() as u64;
         if self.worker.batch_linger_ms > linger_max {
             return bad(
@@ -560,13 +575,14 @@ impl WorkerSettings {
     }
 
     /// The worker's options: concurrency, messages per receive (`receive_max`, else the SQS batch when an SQS
-    /// queue is set), prefetch, batch commit and linger, shutdown timeout, the longest lease hold, and when to give up on
+    /// queue is set), prefetch, receive loops, batch commit and linger, shutdown timeout, the longest lease hold, and when to give up on
     /// persistent receive errors.
     pub fn worker_options(&self) -> WorkerOptions {
         let give_up = self.worker.give_up_after_seconds;
         let mut o = WorkerOptions::default()
             .concurrency(self.worker.concurrency)
             .prefetch(self.worker.prefetch)
+            .receive_loops(self.worker.receive_loops)
             .batch_commit(self.worker.batch_commit)
             .batch_linger(Duration::from_millis(self.worker.batch_linger_ms))
             .shutdown_timeout(Duration::from_secs(self.worker.shutdown_timeout_seconds))
@@ -726,11 +742,23 @@ mod tests {
         let d = WorkerSettings::default().worker_options();
         let w = WorkerOptions::default();
         assert_eq!(
-            (d.batch_size, d.prefetch, d.batch_commit, d.batch_linger),
-            (w.batch_size, w.prefetch, w.batch_commit, w.batch_linger)
+            (
+                d.batch_size,
+                d.prefetch,
+                d.batch_commit,
+                d.batch_linger,
+                d.receive_loops
+            ),
+            (
+                w.batch_size,
+                w.prefetch,
+                w.batch_commit,
+                w.batch_linger,
+                w.receive_loops
+            )
         );
         let s = WorkerSettings::from_toml_str(
-            "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 16\nbatch_commit = 10\nbatch_linger_ms = 25\n[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 10\n",
+            "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 16\nbatch_commit = 10\nbatch_linger_ms = 25\nreceive_loops = 3\n[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 10\n",
         )
         .unwrap();
         let o = s.worker_options();
@@ -738,7 +766,10 @@ mod tests {
             (o.concurrency, o.batch_size, o.prefetch, o.batch_commit),
             (32, 20, 16, 10)
         );
-        assert_eq!(o.batch_linger, Duration::from_millis(25));
+        assert_eq!(
+            (o.batch_linger, o.receive_loops),
+            (Duration::from_millis(25), 3)
+        );
         // Without receive_max, the SQS batch is the receive.
         let o = WorkerSettings::from_toml_str(
             "[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 4\n",
@@ -751,6 +782,8 @@ mod tests {
             "[worker]\nbatch_commit = 0\n",
             "[worker]\nreceive_max = 0\n",
             "[worker]\nbatch_linger_ms = 1001\n",
+            "[worker]\nreceive_loops = 0\n",
+            "[worker]\nreceive_loops = 17\n",
         ] {
             let e = WorkerSettings::from_toml_str(bad).unwrap_err().to_string();
             let key = bad.split('\n').nth(1).unwrap().split(' ').next().unwrap();

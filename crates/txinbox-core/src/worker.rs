@@ -32,6 +32,11 @@
 //! settled. When shutdown begins, a prefetched delivery still waiting for its slot is handed back at once
 //! (released with no delay, outcome [`Outcome::Interrupted`]) rather than applied during the drain.
 //!
+//! Receive loops ([`WorkerOptions::receive_loops`]): one loop has one receive in flight at a time, so against a
+//! distant broker slots freed during a receive wait for the next one. Several loops (each on a
+//! [`Receiver::fork`] of the receiver) share the same places out of the queue and the same slots: more
+//! receives in flight, not more messages out of the queue.
+//!
 //! Batch commit ([`WorkerOptions::batch_commit`]) applies the deliveries of a receive in one transaction; with
 //! [`WorkerOptions::batch_linger`] a batch that one receive did not fill waits a little for the next receives
 //! (never for a receive to be cut short; at shutdown it goes at once).
@@ -131,6 +136,9 @@ pub const MAX_BATCH_COMMIT: usize = 64;
 /// ([`WorkerOptions::batch_size`]) gathers a batch better than waiting does.
 pub const MAX_BATCH_LINGER: Duration = Duration::from_secs(1);
 
+/// The most [`WorkerOptions::receive_loops`].
+pub const MAX_RECEIVE_LOOPS: usize = 16;
+
 /// Worker settings.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
@@ -149,6 +157,9 @@ pub struct WorkerOptions {
     /// Deliveries received ahead of a free slot, at most (default 0: a receive asks only for free slots). See
     /// [`WorkerOptions::prefetch`].
     pub prefetch: usize,
+    /// Receive loops, each with one receive in flight at a time (default 1). See
+    /// [`WorkerOptions::receive_loops`].
+    pub receive_loops: usize,
     /// Most deliveries of one receive applied in one database transaction (default 1: one transaction per
     /// delivery). See [`WorkerOptions::batch_commit`].
     pub batch_commit: usize,
@@ -179,6 +190,7 @@ impl Default for WorkerOptions {
             lease: LeaseOptions::default(),
             receive_error_backoff: Duration::from_secs(1),
             prefetch: 0,
+            receive_loops: 1,
             batch_commit: 1,
             batch_linger: Duration::ZERO,
             receive_error_backoff_max: Duration::from_secs(30),
@@ -243,6 +255,15 @@ impl WorkerOptions {
     /// [`LeaseOptions::max_total`]).
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
+        self
+    }
+    /// Runs `n` receive loops (at least 1, at most [`MAX_RECEIVE_LOOPS`]; default 1), each with one receive in
+    /// flight at a time, sharing the worker's places out of the queue (`concurrency + prefetch`) and its
+    /// slots: when the broker is far away, one loop waits a round trip per receive while slots sit free, and
+    /// several fill them sooner without taking more messages out of the queue. The further loops receive
+    /// through [`Receiver::fork`]; a receiver that cannot fork runs one loop (logged).
+    pub fn receive_loops(mut self, n: usize) -> Self {
+        self.receive_loops = n.clamp(1, MAX_RECEIVE_LOOPS);
         self
     }
     /// Sets the longest pause between failed receives (at least the first pause).
@@ -352,7 +373,7 @@ impl std::fmt::Display for WorkerReport {
     }
 }
 
-/// A worker: one receiver, one processor.
+/// A worker: one receiver (forked for each further [`WorkerOptions::receive_loops`]), one processor.
 pub struct Worker<R, P> {
     receiver: R,
     processor: Arc<P>,
@@ -423,14 +444,20 @@ where
             consumer: consumer.clone(),
             tracker: TaskTracker::new(),
         };
-        let batching = self.opts.batch_commit > 1;
-        let linger = if batching {
-            self.opts.batch_linger
-        } else {
-            Duration::ZERO
-        };
-        let mut pending = Lingering::<R::Delivery>::new(&consumer);
-        tokio::pin!(shutdown);
+        let mut receivers = vec![self.receiver];
+        while receivers.len() < self.opts.receive_loops {
+            match receivers[0].fork() {
+                Some(r) => receivers.push(r),
+                None => {
+                    tracing::warn!(
+                        consumer,
+                        receive_loops = self.opts.receive_loops,
+                        "this receiver cannot fork (Receiver::fork): running one receive loop"
+                    );
+                    break;
+                }
+            }
+        }
         self.processor.started();
         for state in [Holding::WAITING, Holding::PROCESSING] {
             metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => consumer.clone(), "state" => state)
@@ -440,143 +467,25 @@ where
         if let Some(h) = &health {
             h.worker_started();
         }
-        let mut idle_receives = 0u32;
-        let mut failing: Option<Failing> = None;
-        'receiving: loop {
-            let first = tokio::select! {
-                biased;
-                _ = &mut shutdown => break,
-                _ = sleep_until(pending.until) => {
-                    dispatch.spawn(pending.take());
-                    continue;
-                }
-                p = out_of_queue.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            };
-            let mut permits = vec![first];
-            while permits.len() < self.opts.batch_size {
-                match out_of_queue.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
-            // Idle means two receives in a row brought nothing while nothing was in flight when they began: a
-            // delivery that settles during a receive may free messages the broker or the adapter holds back (a
-            // FIFO group's next one), which only a following receive sees.
-            let nothing_in_flight = dispatch.tracker.is_empty() && pending.batch.is_empty();
-            let receive = self.receiver.receive(permits.len());
-            tokio::pin!(receive);
-            let received = loop {
-                tokio::select! {
-                    biased;
-                    _ = &mut shutdown => {
-                        // Let the long poll finish and hand back what it brought, so that those messages are
-                        // received again at once rather than after their lock or visibility timeout.
-                        let wait = self
-                            .opts
-                            .shutdown_receive_wait
-                            .map_or(self.opts.shutdown_timeout, |w| w.min(self.opts.shutdown_timeout));
-                        dispatch.spawn(pending.take());
-                        hand_back(receive, wait, &consumer).await;
-                        break 'receiving;
-                    }
-                    r = &mut receive => break r,
-                    // The linger ends while the receive waits: the batch goes, the receive is not cut short.
-                    _ = sleep_until(pending.until) => dispatch.spawn(pending.take()),
-                }
-            };
-            if let Some(h) = &health {
-                match &received {
-                    Ok(_) => h.receive_succeeded(),
-                    Err(e) => h.receive_failed(e),
-                }
-            }
-            match (&received, failing.take()) {
-                (Ok(_), Some(f)) => tracing::info!(
-                    consumer,
-                    failures = f.failures,
-                    failing_for_ms = f.since.elapsed().as_millis() as u64,
-                    "receives recovered"
-                ),
-                (_, f) => failing = f,
-            }
-            let idle_receive = nothing_in_flight && matches!(&received, Ok(d) if d.is_empty());
-            idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
-            match received {
-                Ok(_) if until_idle && idle_receives >= 2 => break,
-                Ok(deliveries) => {
-                    // Each lease is kept alive from the moment its delivery arrives.
-                    let arrived = deliveries.into_iter().map(|delivery| Received {
-                        guard: delivery
-                            .lease()
-                            .map(|l| keep_alive(l, self.opts.lease.clone(), consumer.clone())),
-                        permit: permits.pop(),
-                        delivery,
-                    });
-                    if !batching {
-                        for one in arrived {
-                            dispatch.spawn(vec![one]);
-                        }
-                        continue;
-                    }
-                    for batch in pending.add(arrived, self.opts.batch_commit, linger) {
-                        dispatch.spawn(batch);
-                    }
-                }
-                Err(e) => {
-                    // A failed receive does not hold a lingering batch back through its pause.
-                    dispatch.spawn(pending.take());
-                    let kind = e.kind();
-                    metrics::counter!(crate::metrics::RECEIVE_ERRORS, "consumer" => consumer.clone(), "kind" => kind.as_str())
-                        .increment(1);
-                    report
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .receive_errors += 1;
-                    let now = Instant::now();
-                    let f = failing.get_or_insert(Failing {
-                        failures: 0,
-                        kind,
-                        since: now,
-                        persistent_since: None,
-                    });
-                    f.failures += 1;
-                    if f.failures == 1 || f.kind != kind {
-                        // One line per state change (failing, or failing differently), not per retry.
-                        tracing::warn!(consumer, kind = kind.as_str(), error = %e, "receives failing; backing off");
-                        f.kind = kind;
-                    }
-                    if is_persistent_receive_error(kind) {
-                        let since = *f.persistent_since.get_or_insert(now);
-                        if let Some(limit) = self.opts.give_up_after {
-                            if now.duration_since(since) >= limit {
-                                let why = give_up_reason(&e, limit);
-                                tracing::error!(consumer, kind = kind.as_str(), error = %e, "{why}");
-                                report.lock().unwrap_or_else(|p| p.into_inner()).gave_up =
-                                    Some(why);
-                                break;
-                            }
-                        }
-                    }
-                    let pause = receive_backoff(
-                        self.opts.receive_error_backoff,
-                        self.opts.receive_error_backoff_max,
-                        f.failures,
-                        jitter_unit(),
-                    )
-                    .max(
-                        e.retry_after()
-                            .unwrap_or_default()
-                            .min(self.opts.receive_error_backoff_max),
-                    );
-                    tokio::select! {
-                        _ = &mut shutdown => break,
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
+        // Cancelled by the shutdown, or by a loop that gives up: every loop stops receiving.
+        let stopping = CancellationToken::new();
+        let ctx = LoopContext {
+            opts: &self.opts,
+            out_of_queue: &out_of_queue,
+            dispatch: &dispatch,
+            health: health.as_ref(),
+            stopping: &stopping,
+            until_idle,
+        };
+        let loops = futures::future::join_all(receivers.into_iter().map(|r| ctx.receive(r)));
+        tokio::pin!(loops);
+        tokio::select! {
+            _ = &mut loops => {}
+            _ = shutdown => {
+                stopping.cancel();
+                loops.await;
             }
         }
-        // A batch still lingering is processed now, like every delivery received before the stop.
-        dispatch.spawn(pending.take());
         let tracker = &dispatch.tracker;
         tracing::info!(
             consumer,
@@ -605,6 +514,179 @@ where
         }
         let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
         r
+    }
+}
+
+/// What the receive loops of one worker share.
+struct LoopContext<'a, P> {
+    opts: &'a WorkerOptions,
+    out_of_queue: &'a Arc<Semaphore>,
+    dispatch: &'a Dispatch<P>,
+    health: Option<&'a crate::health::Health>,
+    stopping: &'a CancellationToken,
+    until_idle: bool,
+}
+
+impl<P> LoopContext<'_, P> {
+    /// One receive loop: takes places out of the queue, receives, hands what arrived to the dispatch (alone,
+    /// in batches, lingering), backs off on errors; until the worker stops, the queue is idle (`until_idle`),
+    /// or receives have failed for good (then it stops the other loops too).
+    async fn receive<R>(&self, mut receiver: R)
+    where
+        R: Receiver,
+        P: Processor<LeasedDelivery<R::Delivery>>,
+    {
+        let (opts, dispatch, stopping) = (self.opts, self.dispatch, self.stopping);
+        let consumer = dispatch.consumer.as_str();
+        let report = &dispatch.report;
+        let batching = opts.batch_commit > 1;
+        let linger = if batching {
+            opts.batch_linger
+        } else {
+            Duration::ZERO
+        };
+        let mut pending = Lingering::<R::Delivery>::new(consumer);
+        let mut idle_receives = 0u32;
+        let mut failing: Option<Failing> = None;
+        'receiving: loop {
+            let first = tokio::select! {
+                biased;
+                _ = stopping.cancelled() => break,
+                _ = sleep_until(pending.until) => {
+                    dispatch.spawn(pending.take());
+                    continue;
+                }
+                p = self.out_of_queue.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            let mut permits = vec![first];
+            while permits.len() < opts.batch_size {
+                match self.out_of_queue.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            // Idle means two receives in a row brought nothing while nothing was in flight when they began: a
+            // delivery that settles during a receive may free messages the broker or the adapter holds back (a
+            // FIFO group's next one), which only a following receive sees.
+            let nothing_in_flight = dispatch.tracker.is_empty() && pending.batch.is_empty();
+            let receive = receiver.receive(permits.len());
+            tokio::pin!(receive);
+            let received = loop {
+                tokio::select! {
+                    biased;
+                    _ = stopping.cancelled() => {
+                        // Let the long poll finish and hand back what it brought, so that those messages are
+                        // received again at once rather than after their lock or visibility timeout.
+                        let wait = opts
+                            .shutdown_receive_wait
+                            .map_or(opts.shutdown_timeout, |w| w.min(opts.shutdown_timeout));
+                        dispatch.spawn(pending.take());
+                        hand_back(receive, wait, consumer).await;
+                        break 'receiving;
+                    }
+                    r = &mut receive => break r,
+                    // The linger ends while the receive waits: the batch goes, the receive is not cut short.
+                    _ = sleep_until(pending.until) => dispatch.spawn(pending.take()),
+                }
+            };
+            if let Some(h) = self.health {
+                match &received {
+                    Ok(_) => h.receive_succeeded(),
+                    Err(e) => h.receive_failed(e),
+                }
+            }
+            match (&received, failing.take()) {
+                (Ok(_), Some(f)) => tracing::info!(
+                    consumer,
+                    failures = f.failures,
+                    failing_for_ms = f.since.elapsed().as_millis() as u64,
+                    "receives recovered"
+                ),
+                (_, f) => failing = f,
+            }
+            let idle_receive = nothing_in_flight && matches!(&received, Ok(d) if d.is_empty());
+            idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
+            match received {
+                Ok(_) if self.until_idle && idle_receives >= 2 => break,
+                Ok(deliveries) => {
+                    // Each lease is kept alive from the moment its delivery arrives.
+                    let arrived = deliveries.into_iter().map(|delivery| Received {
+                        guard: delivery
+                            .lease()
+                            .map(|l| keep_alive(l, opts.lease.clone(), consumer.to_owned())),
+                        permit: permits.pop(),
+                        delivery,
+                    });
+                    if !batching {
+                        for one in arrived {
+                            dispatch.spawn(vec![one]);
+                        }
+                        continue;
+                    }
+                    for batch in pending.add(arrived, opts.batch_commit, linger) {
+                        dispatch.spawn(batch);
+                    }
+                }
+                Err(e) => {
+                    // A failed receive does not hold a lingering batch back through its pause.
+                    dispatch.spawn(pending.take());
+                    let kind = e.kind();
+                    metrics::counter!(crate::metrics::RECEIVE_ERRORS, "consumer" => consumer.to_owned(), "kind" => kind.as_str())
+                        .increment(1);
+                    report
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .receive_errors += 1;
+                    let now = Instant::now();
+                    let f = failing.get_or_insert(Failing {
+                        failures: 0,
+                        kind,
+                        since: now,
+                        persistent_since: None,
+                    });
+                    f.failures += 1;
+                    if f.failures == 1 || f.kind != kind {
+                        // One line per state change (failing, or failing differently), not per retry.
+                        tracing::warn!(consumer, kind = kind.as_str(), error = %e, "receives failing; backing off");
+                        f.kind = kind;
+                    }
+                    if is_persistent_receive_error(kind) {
+                        let since = *f.persistent_since.get_or_insert(now);
+                        if let Some(limit) = opts.give_up_after {
+                            if now.duration_since(since) >= limit {
+                                let why = give_up_reason(&e, limit);
+                                tracing::error!(consumer, kind = kind.as_str(), error = %e, "{why}");
+                                report
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .gave_up
+                                    .get_or_insert(why);
+                                // The worker stops as on shutdown: its other loops too.
+                                stopping.cancel();
+                                break;
+                            }
+                        }
+                    }
+                    let pause = receive_backoff(
+                        opts.receive_error_backoff,
+                        opts.receive_error_backoff_max,
+                        f.failures,
+                        jitter_unit(),
+                    )
+                    .max(
+                        e.retry_after()
+                            .unwrap_or_default()
+                            .min(opts.receive_error_backoff_max),
+                    );
+                    tokio::select! {
+                        _ = stopping.cancelled() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+        // A batch still lingering is processed now, like every delivery received before the stop.
+        dispatch.spawn(pending.take());
     }
 }
 

@@ -262,6 +262,19 @@ impl ServiceBusReceiver {
 impl Receiver for ServiceBusReceiver {
     type Delivery = ServiceBusDelivery;
 
+    /// A receiver on the same queue sharing the HTTP client and the dead-letter forwarder.
+    fn fork(&self) -> Option<Self> {
+        Some(Self {
+            client: self.client.clone(),
+            entity: self.entity.clone(),
+            opts: self.opts.clone(),
+            forwarder: self.forwarder.clone(),
+            lock_warned: self.lock_warned,
+            checked: None,
+            backlog: false,
+        })
+    }
+
     async fn receive(&mut self, max: usize) -> Result<Vec<ServiceBusDelivery>, BrokerError> {
         let first = match self.checked.take() {
             Some(d) => Ok(Some(d)),

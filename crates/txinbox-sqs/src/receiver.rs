@@ -133,6 +133,18 @@ impl SqsReceiver {
 impl Receiver for SqsReceiver {
     type Delivery = SqsDelivery;
 
+    /// A receiver on the same queue sharing the client and the background deleter, with its own held-back
+    /// messages: SQS hands a FIFO group's next message to no receive while one of the group is in flight, so
+    /// each loop holds back only what its own receives brought.
+    fn fork(&self) -> Option<Self> {
+        Some(Self {
+            shared: self.shared.clone(),
+            held: VecDeque::new(),
+            in_flight: HashMap::new(),
+            backlog: false,
+        })
+    }
+
     async fn receive(&mut self, max: usize) -> Result<Vec<SqsDelivery>, BrokerError> {
         let per_call = self.shared.opts.batch_size.clamp(1, 10);
         let n = max.clamp(1, per_call * MAX_CALLS_PER_RECEIVE);

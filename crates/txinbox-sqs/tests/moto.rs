@@ -986,3 +986,62 @@ async fn a_receive_over_ten_is_sent_as_concurrent_calls_once_the_queue_has_a_bac
     })
     .await;
 }
+
+/// A worker of three receive loops (three receivers forked from one, each with its own receives in flight)
+/// on two FIFO groups whose earlier messages are slower: SQS hands a group's next message to no receive while
+/// one of the group is in flight, so each group is still applied in order, every message once, and the queue
+/// ends empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn receive_loops_keep_each_fifo_group_in_order() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let store = pg_store().await;
+    let consumer = unique("loops");
+    for i in 1..=6 {
+        for g in ["a", "b"] {
+            let id = format!("evt-{g}{i}");
+            send(
+                &c,
+                &q.url,
+                &body(&format!("{g}{i}"), "m", json!({"sleep_ms": (7 - i) * 40})),
+                Some(&id),
+                &id,
+                &format!("group-{g}"),
+            )
+            .await;
+        }
+    }
+    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let w = Running::start(
+        receiver,
+        pg_inbox(&store, &consumer).bind_handler(pg_handler(Arc::new(AtomicI64::new(0)))),
+        txinbox_core::WorkerOptions::default()
+            .concurrency(4)
+            .batch_size(2)
+            .receive_loops(3),
+    );
+    wait_until(LONG, "all applied", || async {
+        pg_effects(&store).await == 12 && queue_empty(&c, &q.url).await
+    })
+    .await;
+    let report = w.stop().await;
+    assert_eq!(
+        report.count(txinbox_core::OutcomeKind::Applied),
+        12,
+        "{report}"
+    );
+    assert_eq!(report.total(), 12, "{report}");
+    let order: Vec<String> =
+        sqlx::query_scalar("SELECT opportunity FROM followup_tasks ORDER BY position")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    for g in ["a", "b"] {
+        let group: Vec<&String> = order.iter().filter(|o| o.starts_with(g)).collect();
+        let expected: Vec<String> = (1..=6).map(|i| format!("{g}{i}")).collect();
+        assert_eq!(group, expected.iter().collect::<Vec<_>>(), "group {g}");
+    }
+    assert_eq!(pg_rows(&store, &consumer).await, 12);
+}

@@ -158,11 +158,12 @@ impl AgentOptions {
     /// `--print-config` shows).
     pub fn describe(&self) -> String {
         format!(
-            "consumer={}\nconcurrency={}\nreceive_max={}\nprefetch={}\nbatch_commit={}\nbatch_linger_ms={}\nshutdown_timeout_seconds={}\nretention_seconds={}\nmax_connections={}\nhealth_addr={}\npurge_interval_seconds={}\n",
+            "consumer={}\nconcurrency={}\nreceive_max={}\nprefetch={}\nreceive_loops={}\nbatch_commit={}\nbatch_linger_ms={}\nshutdown_timeout_seconds={}\nretention_seconds={}\nmax_connections={}\nhealth_addr={}\npurge_interval_seconds={}\n",
             self.consumer,
             self.worker.concurrency,
             self.worker.batch_size,
             self.worker.prefetch,
+            self.worker.receive_loops,
             self.worker.batch_commit,
             self.worker.batch_linger.as_millis(),
             self.worker.shutdown_timeout.as_secs(),

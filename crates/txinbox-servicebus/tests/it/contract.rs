@@ -176,3 +176,50 @@ async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is
     }
     assert_eq!(emu.counts(&q).await.0, 0);
 }
+
+/// One worker of three receive loops (the receiver forked twice, sharing the HTTP client) on ten messages
+/// published twice: each message is applied once and its copy is a duplicate, whichever loop locked it; the
+/// queue ends empty.
+#[tokio::test]
+async fn receive_loops_on_forked_receivers_apply_each_message_once() {
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({})).await;
+    let store = pg().await;
+    let n = 10;
+    for _ in 0..2 {
+        for i in 0..n {
+            publish(
+                &client,
+                &event(&q, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
+            )
+            .await;
+        }
+    }
+    let receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(30))).unwrap();
+    let done = until(Duration::from_secs(60), || async {
+        emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
+    });
+    let report = Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
+        .options(
+            txinbox_core::WorkerOptions::default()
+                .concurrency(6)
+                .batch_size(2)
+                .receive_loops(3),
+        )
+        .run_until(async {
+            done.await;
+        })
+        .await;
+    assert_eq!(
+        (
+            report.count(txinbox_core::OutcomeKind::Applied),
+            report.count(txinbox_core::OutcomeKind::Duplicate)
+        ),
+        (n as u64, n as u64),
+        "{report}"
+    );
+    assert_eq!(effects(&store).await, (n, n));
+    assert_eq!(emu.counts(&q).await, (0, 0));
+}
