@@ -258,6 +258,19 @@ pub async fn publish(client: &ServiceBusClient, msg: &OutboxMessage) {
         .expect("send");
 }
 
+/// Publishes `n` events (`evt-0` ..) to `queue`, twice over: each message and a copy of it.
+pub async fn publish_each_twice(client: &ServiceBusClient, queue: &str, n: i64) {
+    for _ in 0..2 {
+        for i in 0..n {
+            publish(
+                client,
+                &event(queue, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
+            )
+            .await;
+        }
+    }
+}
+
 /// Resolves once `cond` holds (checked every 100 ms), or after `limit`.
 pub async fn until<F, Fut>(limit: Duration, mut cond: F) -> bool
 where

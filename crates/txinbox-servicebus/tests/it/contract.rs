@@ -187,15 +187,7 @@ async fn receive_loops_on_forked_receivers_apply_each_message_once() {
     let q = emu.queue(json!({})).await;
     let store = pg().await;
     let n = 10;
-    for _ in 0..2 {
-        for i in 0..n {
-            publish(
-                &client,
-                &event(&q, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
-            )
-            .await;
-        }
-    }
+    publish_each_twice(&client, &q, n).await;
     let receiver =
         ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(30))).unwrap();
     let done = until(Duration::from_secs(60), || async {

@@ -596,15 +596,7 @@ async fn two_workers_with_duplicates_make_one_effect_per_message() {
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     let n = 10;
-    for _ in 0..2 {
-        for i in 0..n {
-            publish(
-                &client,
-                &event(&q, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
-            )
-            .await;
-        }
-    }
+    publish_each_twice(&client, &q, n).await;
     let worker = || {
         let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
         let opts = txinbox_core::WorkerOptions::default().concurrency(3);
