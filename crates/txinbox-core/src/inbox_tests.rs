@@ -836,19 +836,24 @@ async fn the_worker_counts_the_deliveries_it_holds_by_state() {
 
 // ---- batch linger ----------------------------------------------------------------------------------------
 
+/// A store with savepoints and a queue (long polls of `wait`) holding `n` events, `evt-0` on.
+fn batch_setup(wait: Duration, n: usize) -> (MemStore, MemoryQueue) {
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    let q = MemoryQueue::new(crate::mem::QueueOptions::default().wait(wait));
+    for i in 0..n {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    (store, q)
+}
+
 /// Six messages, each receive bringing one (`batch_size(1)`), batch commit 3: without a linger every receive
 /// is its own transaction; with one, three receives fill one transaction, and every message is applied once.
 #[tokio::test]
 async fn a_linger_gathers_the_deliveries_of_several_receives_into_one_transaction() {
-    use crate::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     for (linger, transactions) in [(Duration::ZERO, 6), (Duration::from_secs(1), 2)] {
-        let store = MemStore::default();
-        store.state().savepoints = true;
-        let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
-        for i in 0..6 {
-            q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-        }
+        let (store, q) = batch_setup(Duration::from_millis(20), 6);
         let report = Worker::new(q.receiver(), processor(&store))
             .options(
                 WorkerOptions::default()
@@ -872,6 +877,18 @@ struct CountingReceiver {
     returned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
+impl CountingReceiver {
+    /// A counting receiver on `q`, and its count.
+    fn on(q: &MemoryQueue) -> (Self, Arc<std::sync::atomic::AtomicUsize>) {
+        let returned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let r = Self {
+            inner: q.receiver(),
+            returned: returned.clone(),
+        };
+        (r, returned)
+    }
+}
+
 impl crate::Receiver for CountingReceiver {
     type Delivery = crate::mem::MemoryDelivery;
     async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
@@ -886,20 +903,10 @@ impl crate::Receiver for CountingReceiver {
 /// that receive still waits, and the batch is applied then, in one transaction, without waiting for it.
 #[tokio::test]
 async fn a_linger_ends_at_its_deadline_while_the_next_receive_still_waits() {
-    use crate::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     use std::sync::atomic::Ordering::SeqCst;
-    let store = MemStore::default();
-    store.state().savepoints = true;
-    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_secs(3)));
-    for i in 0..3 {
-        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-    }
-    let returned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let receiver = CountingReceiver {
-        inner: q.receiver(),
-        returned: returned.clone(),
-    };
+    let (store, q) = batch_setup(Duration::from_secs(3), 3);
+    let (receiver, returned) = CountingReceiver::on(&q);
     let (store2, returned2) = (store.clone(), returned.clone());
     let report = Worker::new(receiver, processor(&store))
         .options(
@@ -928,7 +935,6 @@ async fn a_linger_ends_at_its_deadline_while_the_next_receive_still_waits() {
 /// receive, dropped at shutdown (wait zero) or let finish (a long poll of two seconds).
 #[tokio::test]
 async fn at_shutdown_a_lingering_batch_is_processed_at_once() {
-    use crate::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     use std::sync::atomic::Ordering::SeqCst;
     for (concurrency, receive_wait) in [
@@ -936,17 +942,8 @@ async fn at_shutdown_a_lingering_batch_is_processed_at_once() {
         (8, Some(Duration::ZERO)),
         (8, None),
     ] {
-        let store = MemStore::default();
-        store.state().savepoints = true;
-        let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_secs(2)));
-        for i in 0..3 {
-            q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-        }
-        let returned = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let receiver = CountingReceiver {
-            inner: q.receiver(),
-            returned: returned.clone(),
-        };
+        let (store, q) = batch_setup(Duration::from_secs(2), 3);
+        let (receiver, returned) = CountingReceiver::on(&q);
         // How many receives had returned when the batch was applied.
         let (store2, returned2) = (store.clone(), returned.clone());
         let applied_after = tokio::spawn(async move {
@@ -985,17 +982,11 @@ async fn at_shutdown_a_lingering_batch_is_processed_at_once() {
 /// Deliveries of a lingering batch are counted as `waiting` until the batch goes.
 #[tokio::test(flavor = "current_thread")]
 async fn a_lingering_batch_is_counted_as_waiting() {
-    use crate::mem::QueueOptions;
     use crate::{Worker, WorkerOptions};
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let store = MemStore::default();
-    store.state().savepoints = true;
-    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
-    for i in 0..3 {
-        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-    }
+    let (store, q) = batch_setup(Duration::from_millis(20), 3);
     let worker = Worker::new(q.receiver(), processor(&store)).options(
         WorkerOptions::default()
             .batch_commit(10)
