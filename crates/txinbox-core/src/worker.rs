@@ -431,7 +431,6 @@ where
         let out_of_queue = Arc::new(Semaphore::new(
             self.opts.concurrency.saturating_add(self.opts.prefetch),
         ));
-        let report = Arc::new(Mutex::new(WorkerReport::default()));
         let consumer = self.processor.consumer().to_owned();
         let dispatch = Dispatch {
             processor: self.processor.clone(),
@@ -440,7 +439,7 @@ where
             stop: CancellationToken::new(),
             // Cancelled when the receives end: a delivery still waiting for its slot is handed back unapplied.
             draining: CancellationToken::new(),
-            report: report.clone(),
+            report: Arc::default(),
             consumer: consumer.clone(),
             tracker: TaskTracker::new(),
         };
@@ -512,7 +511,11 @@ where
         if let Some(h) = &health {
             h.worker_stopped();
         }
-        let r = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let r = dispatch
+            .report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         r
     }
 }
@@ -539,12 +542,6 @@ impl<P> LoopContext<'_, P> {
         let (opts, dispatch, stopping) = (self.opts, self.dispatch, self.stopping);
         let consumer = dispatch.consumer.as_str();
         let report = &dispatch.report;
-        let batching = opts.batch_commit > 1;
-        let linger = if batching {
-            opts.batch_linger
-        } else {
-            Duration::ZERO
-        };
         let mut pending = Lingering::<R::Delivery>::new(consumer);
         let mut idle_receives = 0u32;
         let mut failing: Option<Failing> = None;
@@ -617,13 +614,8 @@ impl<P> LoopContext<'_, P> {
                         permit: permits.pop(),
                         delivery,
                     });
-                    if !batching {
-                        for one in arrived {
-                            dispatch.spawn(vec![one]);
-                        }
-                        continue;
-                    }
-                    for batch in pending.add(arrived, opts.batch_commit, linger) {
+                    // Without batch commit every delivery is a full batch of one: none lingers.
+                    for batch in pending.add(arrived, opts.batch_commit, opts.batch_linger) {
                         dispatch.spawn(batch);
                     }
                 }
@@ -735,11 +727,13 @@ impl<D> Lingering<D> {
     ) -> Vec<Vec<Received<D>>> {
         let before = self.batch.len();
         self.batch.extend(arrived);
-        let mut ready = Vec::new();
-        while self.batch.len() >= full {
-            let rest = self.batch.split_off(full);
-            ready.push(std::mem::replace(&mut self.batch, rest));
+        let whole = self.batch.len() / full * full;
+        let mut ready = Vec::with_capacity(whole / full + 1);
+        let mut drained = self.batch.drain(..whole);
+        while drained.len() > 0 {
+            ready.push(drained.by_ref().take(full).collect());
         }
+        drop(drained);
         if linger.is_zero() && !self.batch.is_empty() {
             ready.push(std::mem::take(&mut self.batch));
         }
