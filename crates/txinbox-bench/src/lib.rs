@@ -26,7 +26,9 @@
 //! being applied or settled, and up to in-flight + P are out of the queue. With `--e2e-rate R` the producer
 //! sends a steady R messages per second instead of keeping a backlog, and `--e2e-linger-ms L` lets a batch
 //! one receive did not fill wait up to L ms for the next: `messages_per_apply_call` then shows how full the
-//! transactions were.
+//! transactions were, and `latency_ms_p50` / `latency_ms_p99` / `latency_ms_max` what the wait costs each
+//! message: the time from its send to the answer of its settle (receive, linger, apply and settle round trips;
+//! with a backlog instead of a steady rate it is mostly time spent waiting in the queue).
 //!
 //! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
 //! every measurement once, one after the other (`inbox` and `pgbench_inbox` back to back, in alternating
@@ -786,9 +788,11 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
     let rt = Duration::from_millis(args.e2e_round_trip_ms);
     let (schema, store) = bench_store(&args.store, in_flight as u32 + 1).await?;
     let timing = Arc::new(Timing::default());
+    let latency = Arc::new(Latency::new());
     let processor = Timed {
         inner: bench_inbox(&store)?,
         timing: timing.clone(),
+        latency: latency.clone(),
     };
     let queue = MemoryQueue::new(
         QueueOptions::default()
@@ -906,19 +910,23 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
     let rows = store.inbox_rows(CONSUMER).await?;
     let mib =
         |k: Option<u64>| k.map_or_else(|| "?".to_owned(), |k| format!("{:.1}", k as f64 / 1024.0));
+    let ms = |q: Option<f64>| q.map_or_else(|| "?".to_owned(), |q| format!("{q:.1}"));
     let warm = Some(rss_warm.load(Ordering::Relaxed)).filter(|k| *k > 0);
     let growth = match (warm, rss_end) {
         (Some(w), Some(e)) => format!("{:+.1}%", (e as f64 - w as f64) / w as f64 * 100.0),
         _ => "?".to_owned(),
     };
     println!(
-        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} linger_ms={} rate={rate} queue_in_flight_max={} apply_settle_ms_mean={:.1} messages_per_apply_call={:.1} receivers={receivers} receive_loops={} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} linger_ms={} rate={rate} queue_in_flight_max={} apply_settle_ms_mean={:.1} messages_per_apply_call={:.1} latency_ms_p50={} latency_ms_p99={} latency_ms_max={:.1} receivers={receivers} receive_loops={} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
         args.batch,
         args.e2e_prefetch,
         args.e2e_linger_ms,
         queue.in_flight_max(),
         timing.mean_ms(),
         applied as f64 / timing.calls.load(Ordering::Relaxed).max(1) as f64,
+        ms(latency.quantile_ms(0.50)),
+        ms(latency.quantile_ms(0.99)),
+        latency.max_ms(),
         args.e2e_receive_loops,
         args.e2e_receive_max,
         args.e2e_round_trip_ms,
@@ -957,11 +965,77 @@ impl Timing {
     }
 }
 
-/// A processor that times its inner one's calls (clones share the timing).
+/// The end-to-end latency of each message, from its send to the answer of its settle, in a histogram whose
+/// buckets grow by 2 % from 0.1 ms (allocated once, so that it does not move the memory figures).
+struct Latency {
+    buckets: Vec<AtomicU64>,
+    max_us: AtomicU64,
+}
+
+impl Latency {
+    const GROWTH: f64 = 1.02;
+    const FIRST_US: f64 = 100.0;
+    const BUCKETS: usize = 800;
+
+    fn new() -> Self {
+        Self {
+            buckets: (0..Self::BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            max_us: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, since_send: chrono::TimeDelta) {
+        let us = since_send.num_microseconds().unwrap_or(i64::MAX).max(0) as u64;
+        self.max_us.fetch_max(us, Ordering::Relaxed);
+        let i = if (us as f64) < Self::FIRST_US {
+            0
+        } else {
+            ((us as f64 / Self::FIRST_US).ln() / Self::GROWTH.ln()) as usize + 1
+        };
+        self.buckets[i.min(Self::BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The upper bound of the bucket holding quantile `q`, in milliseconds (2 % wide: an upper estimate).
+    fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64 * q).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        let i = counts.iter().position(|c| {
+            seen += c;
+            seen >= rank
+        })?;
+        Some(Self::FIRST_US * Self::GROWTH.powi(i as i32) / 1000.0)
+    }
+
+    fn max_ms(&self) -> f64 {
+        self.max_us.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+}
+
+/// A processor that times its inner one's calls and each message's latency (clones share both).
 #[derive(Clone)]
 struct Timed<P> {
     inner: P,
     timing: Arc<Timing>,
+    latency: Arc<Latency>,
+}
+
+impl<P> Timed<P> {
+    /// Records the latency of messages sent at `sent`, settled now.
+    fn settled(&self, sent: &[Option<chrono::DateTime<chrono::Utc>>]) {
+        let now = chrono::Utc::now();
+        for s in sent.iter().flatten() {
+            self.latency.record(now - *s);
+        }
+    }
 }
 
 impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for Timed<P> {
@@ -970,8 +1044,10 @@ impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for 
     }
     async fn process(&self, delivery: D, stop: CancellationToken) -> txinbox_core::Outcome {
         let t = Instant::now();
+        let sent = [delivery.message().enqueued_at];
         let o = self.inner.process(delivery, stop).await;
         self.timing.record(t);
+        self.settled(&sent);
         o
     }
     fn started(&self) {
@@ -983,8 +1059,10 @@ impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for 
         stop: CancellationToken,
     ) -> Vec<txinbox_core::Outcome> {
         let t = Instant::now();
+        let sent: Vec<_> = deliveries.iter().map(|d| d.message().enqueued_at).collect();
         let o = self.inner.process_batch(deliveries, stop).await;
         self.timing.record(t);
+        self.settled(&sent);
         o
     }
 }
@@ -1091,6 +1169,34 @@ async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
 
 #[cfg(test)]
 mod tests {
+    /// A quantile is the upper bound of the bucket holding it: at or above the true value, at most 2 % over.
+    #[test]
+    fn latency_quantiles_bound_the_true_value_within_one_bucket() {
+        let l = super::Latency::new();
+        assert_eq!(l.quantile_ms(0.5), None);
+        for ms in 1..=1000 {
+            l.record(chrono::TimeDelta::milliseconds(ms));
+        }
+        for (q, truth) in [(0.5, 500.0), (0.99, 990.0), (1.0, 1000.0)] {
+            let got = l.quantile_ms(q).unwrap();
+            assert!(
+                got >= truth && got <= truth * super::Latency::GROWTH,
+                "q={q}: {got} for {truth}"
+            );
+        }
+        assert_eq!(l.max_ms(), 1000.0);
+        // Below the first bucket's bound, and far beyond the last: counted, not lost.
+        l.record(chrono::TimeDelta::microseconds(5));
+        l.record(chrono::TimeDelta::days(3650));
+        assert_eq!(l.quantile_ms(0.0001), Some(0.1));
+        let total: u64 = l
+            .buckets
+            .iter()
+            .map(|b| b.load(super::Ordering::Relaxed))
+            .sum();
+        assert_eq!(total, 1002);
+    }
+
     /// The pgbench script is the store's own statement with every parameter given a value of the same shape:
     /// a placeholder left over would mean the statement changed under the benchmark.
     #[test]
