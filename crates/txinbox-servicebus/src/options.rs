@@ -10,6 +10,11 @@ pub const MIN_LOCK_DURATION: Duration = Duration::from_secs(1);
 /// The longest lock duration Service Bus allows (5 minutes).
 pub const MAX_LOCK_DURATION: Duration = Duration::from_secs(300);
 
+/// The default of [`ServiceBusOptions::batch_size`]: a cap high enough that the worker's request (its
+/// `WorkerOptions::batch_size`, `[worker] receive_max`, at most its free places) decides how many messages a
+/// receive locks, yet bounds the peek-lock requests one receive sends at once (REST locks one message per request).
+pub const DEFAULT_BATCH_SIZE: usize = 64;
+
 /// What happens to a message the inbox dead-letters (payload collision, bad input, permanent handler error).
 ///
 /// REST cannot dead-letter explicitly, so the adapter either forwards a copy or lets the
@@ -39,7 +44,7 @@ pub enum DeadLetterStrategy {
 /// | option | default | note |
 /// |---|---|---|
 /// | [`wait`](Self::wait) | 20 s | long-poll `timeout` of a receive, whole seconds on the wire |
-/// | [`batch_size`](Self::batch_size) | 8 | deliveries one receive hands out (at most the worker's free slots): one long poll, then `timeout=0` requests while messages keep coming (all at once when the last receive came back full) |
+/// | [`batch_size`](Self::batch_size) | [`DEFAULT_BATCH_SIZE`] (64) | the most deliveries one receive hands out, a cap over what the worker asks for (its `batch_size`, at most its free slots), which decides below it: one long poll, then `timeout=0` requests while messages keep coming (all at once when the last receive came back full) |
 /// | [`lock_duration`](Self::lock_duration) | 60 s | the queue's LockDuration: the lease's duration (the worker renews every third of it) and the expiry computed after a renewal (REST renew answers none); a shorter lock granted by the broker wins |
 /// | [`max_release_delay`](Self::max_release_delay) | 10 s | the retry backoff is served by holding the lock this long at most, then abandoning |
 /// | [`settle_attempts`](Self::settle_attempts) | 3 | tries of a complete/abandon/renew on throttling, 5xx or a lost answer |
@@ -53,7 +58,7 @@ pub enum DeadLetterStrategy {
 pub struct ServiceBusOptions {
     /// Long-poll wait of a receive (sent as whole seconds).
     pub wait: Duration,
-    /// Most deliveries one receive hands out.
+    /// Most deliveries one receive hands out, whatever the worker asks for.
     pub batch_size: usize,
     /// The queue's LockDuration: how long a lock lasts from a receive or a renewal.
     pub lock_duration: Duration,
@@ -69,7 +74,7 @@ impl Default for ServiceBusOptions {
     fn default() -> Self {
         Self {
             wait: Duration::from_secs(20),
-            batch_size: 8,
+            batch_size: DEFAULT_BATCH_SIZE,
             lock_duration: Duration::from_secs(60),
             max_release_delay: Duration::from_secs(10),
             settle_attempts: 3,
@@ -84,7 +89,7 @@ impl ServiceBusOptions {
         self.wait = d;
         self
     }
-    /// Sets how many deliveries one receive hands out (at least 1).
+    /// Caps how many deliveries one receive hands out (at least 1), below what the worker may ask for.
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n.max(1);
         self
@@ -164,7 +169,7 @@ mod tests {
         let o = ServiceBusOptions::default();
         assert_eq!(o.lock_duration, Duration::from_secs(60));
         assert_eq!(o.wait, Duration::from_secs(20));
-        assert_eq!(o.batch_size, 8);
+        assert_eq!(o.batch_size, DEFAULT_BATCH_SIZE);
         o.validate().unwrap();
     }
 

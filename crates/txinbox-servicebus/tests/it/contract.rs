@@ -177,6 +177,35 @@ async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is
     assert_eq!(emu.counts(&q).await.0, 0);
 }
 
+/// By default the adapter caps nothing the worker asks for: a receive of 12 on a backlog of 20 locks 12 (it
+/// used to stop at 8, the old default of `batch_size`, silently below the worker's `[worker] receive_max`); an
+/// explicit `batch_size` still caps it.
+#[tokio::test]
+async fn by_default_a_receive_locks_what_the_worker_asks_for() {
+    let emu = Emu::from_env().await;
+    let client = emu.client();
+    let q = emu.queue(json!({})).await;
+    for i in 0..20 {
+        publish(&client, &event(&q, &format!("evt-{i}"), "{}")).await;
+    }
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(30))).unwrap();
+    let first = receiver.receive(12).await.unwrap();
+    assert_eq!(first.len(), 12);
+    let mut capped = ServiceBusReceiver::new(
+        &client,
+        &q,
+        fast_options(Duration::from_secs(30)).batch_size(5),
+    )
+    .unwrap();
+    let second = capped.receive(12).await.unwrap();
+    assert_eq!(second.len(), 5);
+    for d in first.into_iter().chain(second) {
+        d.ack().await.unwrap();
+    }
+    assert_eq!(emu.counts(&q).await.0, 3);
+}
+
 /// One worker of three receive loops (the receiver forked twice, sharing the HTTP client) on ten messages
 /// published twice: each message is applied once and its copy is a duplicate, whichever loop locked it; the
 /// queue ends empty.
