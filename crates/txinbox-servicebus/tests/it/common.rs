@@ -258,16 +258,21 @@ pub async fn publish(client: &ServiceBusClient, msg: &OutboxMessage) {
         .expect("send");
 }
 
+/// Publishes `n` events (`evt-0` .., body `{"i":i}`) to `queue`, in order.
+pub async fn publish_events(client: &ServiceBusClient, queue: &str, n: i64) {
+    for i in 0..n {
+        publish(
+            client,
+            &event(queue, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
+        )
+        .await;
+    }
+}
+
 /// Publishes `n` events (`evt-0` ..) to `queue`, twice over: each message and a copy of it.
 pub async fn publish_each_twice(client: &ServiceBusClient, queue: &str, n: i64) {
     for _ in 0..2 {
-        for i in 0..n {
-            publish(
-                client,
-                &event(queue, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
-            )
-            .await;
-        }
+        publish_events(client, queue, n).await;
     }
 }
 

@@ -151,9 +151,7 @@ async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is
     let emu = Emu::from_env().await;
     let client = emu.client();
     let q = emu.queue(json!({})).await;
-    for i in 0..20 {
-        publish(&client, &event(&q, &format!("evt-{i}"), "{}")).await;
-    }
+    publish_events(&client, &q, 20).await;
     let opts = fast_options(Duration::from_secs(30)).batch_size(8);
     let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
     // First receive: sequential follow-ups; full (8), so the next two send theirs at once.
@@ -185,9 +183,7 @@ async fn by_default_a_receive_locks_what_the_worker_asks_for() {
     let emu = Emu::from_env().await;
     let client = emu.client();
     let q = emu.queue(json!({})).await;
-    for i in 0..20 {
-        publish(&client, &event(&q, &format!("evt-{i}"), "{}")).await;
-    }
+    publish_events(&client, &q, 20).await;
     let mut receiver =
         ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(30))).unwrap();
     let first = receiver.receive(12).await.unwrap();

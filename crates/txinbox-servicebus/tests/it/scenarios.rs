@@ -639,13 +639,7 @@ async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     let n = 6;
-    for i in 0..n {
-        publish(
-            &client,
-            &event(&q, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
-        )
-        .await;
-    }
+    publish_events(&client, &q, n).await;
     let slow = Effects::slow(Duration::from_millis(1500));
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
     let opts = txinbox_core::WorkerOptions::default()
