@@ -40,13 +40,17 @@ struct Args {
     /// With --create-on-emulator: the queue's LockDuration in seconds (the Terraform samples' PT1M by default).
     #[arg(long, default_value_t = 60)]
     lock_secs: u32,
+    /// With --create-on-emulator: the queue's MaxDeliveryCount, the deliveries after which Service Bus moves a
+    /// message to its dead-letter queue (the Terraform samples' 10 by default).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    max_delivery_count: u32,
 }
 
 /// The Terraform samples' queue settings.
-fn queue_properties(lock_secs: u32) -> serde_json::Value {
+fn queue_properties(lock_secs: u32, max_delivery_count: u32) -> serde_json::Value {
     json!({
         "lockDuration": format!("PT{}S", lock_secs.clamp(1, 300)),
-        "maxDeliveryCount": 10,
+        "maxDeliveryCount": max_delivery_count,
         "requiresDuplicateDetection": true,
         "duplicateDetectionHistoryTimeWindow": "PT10M",
         "defaultMessageTimeToLive": "P14D",
@@ -54,12 +58,19 @@ fn queue_properties(lock_secs: u32) -> serde_json::Value {
     })
 }
 
-async fn create_on_emulator(queue: &str, lock_secs: u32) -> Result<(), Box<dyn std::error::Error>> {
+async fn create_on_emulator(
+    queue: &str,
+    lock_secs: u32,
+    max_delivery_count: u32,
+) -> Result<(), Box<dyn std::error::Error>> {
     let endpoint = std::env::var("SERVICEBUS_ENDPOINT")
         .map_err(|_| "--create-on-emulator needs SERVICEBUS_ENDPOINT (the emulator's URL)")?;
     let http = reqwest::Client::new();
     for (path, props) in [
-        (queue.to_owned(), queue_properties(lock_secs)),
+        (
+            queue.to_owned(),
+            queue_properties(lock_secs, max_delivery_count),
+        ),
         (format!("{queue}-poison"), json!({"lockDuration": "PT1M"})),
     ] {
         let r = http
@@ -82,7 +93,7 @@ async fn create_on_emulator(queue: &str, lock_secs: u32) -> Result<(), Box<dyn s
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if args.create_on_emulator {
-        create_on_emulator(&args.queue, args.lock_secs).await?;
+        create_on_emulator(&args.queue, args.lock_secs, args.max_delivery_count).await?;
     }
     let client = ServiceBusConfig::from_env()?.connect()?;
     let id = args

@@ -1,7 +1,7 @@
 //! A small producer for the CRM follow-up agent: publishes `meeting.ended` events to an SQS FIFO queue with
 //! one identity (CloudEvents `ce-id`/`ce-source`, `MessageDeduplicationId` derived from them, the opportunity
-//! as `MessageGroupId`). `--create` makes the queue and its DLQ (FIFO, maxReceiveCount 5) first, which is
-//! handy against moto.
+//! as `MessageGroupId`). `--create` makes the queue and its DLQ (FIFO, maxReceiveCount 5, or
+//! `--max-receive-count`) first, which is handy against moto.
 //!
 //! ```text
 //! sqs-producer --queue-name crm-events --create --opportunity oportunidade_2481 --meeting reuniao_184 [--id evt-1] [--times 2]
@@ -33,12 +33,17 @@ struct Args {
     /// Publish the same event this many times (inside 5 minutes SQS keeps one; later the inbox drops them).
     #[arg(long, default_value_t = 1)]
     times: u32,
+    /// With --create: the redrive policy's maxReceiveCount, the receives after which SQS moves a message to
+    /// the DLQ (AWS allows 1 to 1,000).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    max_receive_count: u16,
 }
 
 async fn queue_url(
     client: &txinbox_sqs::aws_sdk_sqs::Client,
     name: &str,
     create: bool,
+    max_receive_count: u16,
 ) -> Result<String, Box<dyn std::error::Error>> {
     if !create {
         let out = client
@@ -70,7 +75,7 @@ async fn queue_url(
         .attributes(QueueAttributeName::VisibilityTimeout, "60")
         .attributes(
             QueueAttributeName::RedrivePolicy,
-            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"5"}}"#),
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receive_count}"}}"#),
         )
         .send()
         .await?;
@@ -86,7 +91,13 @@ async fn queue_url(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let client = txinbox_sqs::client_from_env().await;
-    let url = queue_url(&client, &args.queue_name, args.create).await?;
+    let url = queue_url(
+        &client,
+        &args.queue_name,
+        args.create,
+        args.max_receive_count,
+    )
+    .await?;
     let id = args
         .id
         .clone()
