@@ -12,9 +12,12 @@
 //!
 //! With `--batch B` (default 10) each concurrency also gets a batch line:
 //! * `inbox_batchB`: the same handler through [`txinbox_core::Inbox::process_batch`], B new messages per
-//!   transaction (a savepoint, the marker insert and the business insert per message, one COMMIT);
+//!   transaction (the markers in one statement, the business insert per message, one COMMIT);
 //! * `pgbench_batchB`: pgbench running exactly that batched SQL, in messages per second;
-//! * `batch/bare` (targets 1.2 at c=8) and `batch/pgbench_batch` (target 0.80).
+//! * `batch/bare` (targets 1.2 at c=8) and `batch/pgbench_batch` (target 0.80);
+//! * in its `#` line, the same batched SQL through sqlx alone, and pgbench on the SQL of the batch's savepoint
+//!   pass (`pgbench_batchB_savepoint_sql`: a savepoint, the marker insert and the business insert per
+//!   message, what every batch sent before the first pass and what a batch with a failing handler sends again).
 //!
 //! Then an end-to-end line (`--e2e-messages`, default 100,000; 0 skips it): the messages go through a
 //! [`txinbox_core::Worker`] with batch commit B and `--e2e-in-flight` deliveries in flight, from the in-memory
@@ -226,20 +229,31 @@ async fn reset(pool: &sqlx::PgPool) -> Result<(), LabError> {
     Ok(())
 }
 
-/// The pgbench script: one message per transaction (`batch` 0), or `batch` messages per transaction each under
-/// the store's savepoint, as [`txinbox_core::Inbox::process_batch`] sends them.
-fn pgbench_script(dir: &std::path::Path, batch: usize) -> Result<std::path::PathBuf, LabError> {
+/// The pgbench script: one message per transaction (`batch` 0), or `batch` messages per transaction as
+/// [`txinbox_core::Inbox::process_batch`] sends them when every handler succeeds (the store's one statement
+/// for all the markers, then each message's business insert), or with `savepoints` as its savepoint pass
+/// sends them (per message a savepoint, the marker insert and the business insert).
+fn pgbench_script(
+    dir: &std::path::Path,
+    batch: usize,
+    savepoints: bool,
+) -> Result<std::path::PathBuf, LabError> {
     let mut script = String::from("\\set n random(1, 9000000000000000000)\nBEGIN;\n");
     if batch == 0 {
         let (marker, business) = pgbench_statements("");
         script.push_str(&format!("{marker};\n{business};\n"));
+    } else if !savepoints {
+        script.push_str(&format!("{};\n", pgbench_batch_markers(batch)));
     }
     for k in 0..batch {
         let (marker, business) = pgbench_statements(&format!("-{k}"));
-        script.push_str(&format!(
-            "{};\n{marker};\n{business};\n",
-            txinbox_store::postgres::savepoint_sql()
-        ));
+        if savepoints {
+            script.push_str(&format!(
+                "{};\n{marker};\n",
+                txinbox_store::postgres::savepoint_sql()
+            ));
+        }
+        script.push_str(&format!("{business};\n"));
     }
     script.push_str("COMMIT;\n");
     let path = dir.join(format!(
@@ -251,9 +265,49 @@ fn pgbench_script(dir: &std::path::Path, batch: usize) -> Result<std::path::Path
     Ok(path)
 }
 
+/// The store's batch marker insert of `batch` messages (ids ending in `-0` .. `-{batch-1}`), with the arrays
+/// written out as the values the inbox binds.
+fn pgbench_batch_markers(batch: usize) -> String {
+    let array = |value: &dyn Fn(usize) -> String| -> String {
+        let items: Vec<String> = (0..batch).map(value).collect();
+        format!("ARRAY[{}]", items.join(", "))
+    };
+    let same = |v: &'static str| move |_: usize| v.to_owned();
+    let columns: [(&str, String); 13] = [
+        ("$1::", array(&same("'bench'"))),
+        ("$2::", array(&same("'urn.bench'"))),
+        ("$3::", array(&|k| pgbench_id(&format!("-{k}")))),
+        ("$4::", array(&same("'bench.event'"))),
+        ("$5::", array(&same("NULL"))),
+        (
+            "$6::",
+            array(&same(
+                "'9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08'",
+            )),
+        ),
+        ("$7::", array(&same("NULL"))),
+        ("$8::", array(&same("NULL"))),
+        ("$9::", array(&same("now()"))),
+        ("$10::", array(&same("now()"))),
+        ("$11::", array(&same("now() + interval '30 days'"))),
+        ("$12::", array(&same("'cloudevents_attributes'"))),
+        ("$13::", array(&same("1"))),
+    ];
+    let mut sql = txinbox_store::postgres::insert_markers_sql().to_owned();
+    for (param, value) in columns {
+        sql = sql.replace(param, &format!("{value}::"));
+    }
+    sql
+}
+
+/// A bench message id in pgbench, ending in `suffix`.
+fn pgbench_id(suffix: &str) -> String {
+    format!("'pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text) || '{suffix}'")
+}
+
 /// The marker insert and the business insert of one message, ids ending in `suffix`.
 fn pgbench_statements(suffix: &str) -> (String, String) {
-    let id = format!("'pgb-' || CAST(:client_id AS text) || '-' || CAST(:n AS text) || '{suffix}'");
+    let id = pgbench_id(suffix);
     // Exactly the statements the inbox sends on the apply path, with values of the same shape.
     let marker = txinbox_store::postgres::insert_marker_sql()
         .replace("$10", "now()")
@@ -362,6 +416,33 @@ async fn marker_insert(conn: &mut sqlx::PgConnection, id: &str) -> Result<(), St
         .map_err(|e| e.to_string())
 }
 
+/// The store's batch marker insert through sqlx, with the values the inbox would bind for bench messages.
+async fn marker_inserts(conn: &mut sqlx::PgConnection, ids: &[String]) -> Result<(), String> {
+    let now = chrono::Utc::now();
+    let n = ids.len();
+    let text = |v: Option<&'static str>| vec![v; n];
+    sqlx::query(txinbox_store::postgres::insert_markers_sql())
+        .bind(text(Some(CONSUMER)))
+        .bind(text(Some("urn.bench")))
+        .bind(ids)
+        .bind(text(Some("bench.event")))
+        .bind(text(None))
+        .bind(text(Some(
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+        )))
+        .bind(text(None))
+        .bind(text(None))
+        .bind(vec![now; n])
+        .bind(vec![now; n])
+        .bind(vec![now + chrono::Duration::days(30); n])
+        .bind(text(Some("cloudevents_attributes")))
+        .bind(vec![1i32; n])
+        .fetch_all(conn)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 async fn business_insert(conn: &mut sqlx::PgConnection, id: &str) -> Result<(), String> {
     sqlx::query(BUSINESS_INSERT)
         .bind(format!("t-{id}"))
@@ -398,6 +479,8 @@ struct Round {
     batch: Option<(Rate, Rate)>,
     /// The batched SQL through sqlx alone, in messages per second.
     same_sql_batch: Option<Rate>,
+    /// pgbench on the savepoint pass's SQL, in messages per second.
+    pgbench_savepoints: Option<Rate>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -430,7 +513,8 @@ struct Bench<H> {
     inbox: Arc<BenchInbox<H>>,
     pg_url: String,
     script: std::path::PathBuf,
-    batch_script: Option<std::path::PathBuf>,
+    /// The batch's pgbench scripts: the first pass's SQL (the reference), the savepoint pass's.
+    batch_script: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// A rate of batches as a rate of messages.
@@ -542,8 +626,8 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
         Ok(per_message(r, b))
     }
 
-    /// The batched SQL through sqlx without the inbox (`BEGIN`, per message the savepoint, the marker insert
-    /// and the business insert, `COMMIT`), in messages per second: what the client library costs on its own.
+    /// The batched SQL through sqlx without the inbox (`BEGIN`, the markers in one statement, per message the
+    /// business insert, `COMMIT`), in messages per second: what the client library costs on its own.
     async fn same_sql_batch(&self, c: usize, round: usize) -> Result<Rate, LabError> {
         reset(&self.pool).await?;
         let p = self.pool.clone();
@@ -552,13 +636,12 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
             let p = p.clone();
             Box::pin(async move {
                 let mut tx = p.begin().await.map_err(|e| e.to_string())?;
-                for k in 0..b {
-                    sqlx::Executor::execute(&mut *tx, txinbox_store::postgres::savepoint_sql())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let id = format!("sqlb-{c}-{round}-{t}-{i}-{k}");
-                    marker_insert(&mut tx, &id).await?;
-                    business_insert(&mut tx, &id).await?;
+                let ids: Vec<String> = (0..b)
+                    .map(|k| format!("sqlb-{c}-{round}-{t}-{i}-{k}"))
+                    .collect();
+                marker_inserts(&mut tx, &ids).await?;
+                for id in &ids {
+                    business_insert(&mut tx, id).await?;
                 }
                 tx.commit().await.map_err(|e| e.to_string())
             })
@@ -586,24 +669,28 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
         };
         let batch = match &self.batch_script {
             None => None,
-            Some(script) if round % 2 == 0 => {
+            Some((script, _)) if round % 2 == 0 => {
                 let ib = self.inbox_batch(c, round).await?;
                 Some((ib, self.pgbench_batch(c, script).await?))
             }
-            Some(script) => {
+            Some((script, _)) => {
                 let pgb = self.pgbench_batch(c, script).await?;
                 Some((self.inbox_batch(c, round).await?, pgb))
             }
         };
-        let same_sql_batch = match batch {
-            Some(_) => Some(self.same_sql_batch(c, round).await?),
-            None => None,
+        let (same_sql_batch, pgbench_savepoints) = match &self.batch_script {
+            Some((_, savepoints)) => (
+                Some(self.same_sql_batch(c, round).await?),
+                Some(self.pgbench_batch(c, savepoints).await?),
+            ),
+            None => (None, None),
         };
         Ok(Round {
             inbox,
             pgbench,
             batch,
             same_sql_batch,
+            pgbench_savepoints,
             bare: self.bare(c, round).await?,
             dup: self.dup(c, round).await?,
             same_sql: self.same_sql(c, round).await?,
@@ -672,11 +759,14 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
                 })
                 .collect();
             let sqlb = median_rate(&rounds, |r| r.same_sql_batch.unwrap_or(r.same_sql));
+            let pgsp = median_rate(&rounds, |r| r.pgbench_savepoints.unwrap_or(r.pgbench));
             println!(
-                "#   c={c} sqlx_same_sql_batch{b}={:.0} inbox_batch/sqlx_same_sql_batch={:.2} sqlx_same_sql_batch/pgbench_batch={:.2} per_round(batch/bare:batch/pgbench_batch)=[{}] client_cpu_us_per_msg(user+sys): inbox_batch{b}={} sqlx_same_sql_batch{b}={} pgbench_batch{b}={}",
+                "#   c={c} sqlx_same_sql_batch{b}={:.0} inbox_batch/sqlx_same_sql_batch={:.2} sqlx_same_sql_batch/pgbench_batch={:.2} pgbench_batch{b}_savepoint_sql={:.0} inbox_batch/pgbench_savepoint_sql={:.2} per_round(batch/bare:batch/pgbench_batch)=[{}] client_cpu_us_per_msg(user+sys): inbox_batch{b}={} sqlx_same_sql_batch{b}={} pgbench_batch{b}={}",
                 sqlb.per_sec,
                 ib.per_sec / sqlb.per_sec,
                 sqlb.per_sec / pgbb.per_sec,
+                pgsp.per_sec,
+                ib.per_sec / pgsp.per_sec,
                 per_round.join(" "),
                 us(ib),
                 us(sqlb),
@@ -726,9 +816,12 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         "{}{sep}sslmode=disable&options=-csearch_path%3D{schema}",
         args.store
     );
-    let script = pgbench_script(&std::env::temp_dir(), 0)?;
+    let script = pgbench_script(&std::env::temp_dir(), 0, false)?;
     let batch_script = if args.batch > 1 {
-        Some(pgbench_script(&std::env::temp_dir(), args.batch)?)
+        Some((
+            pgbench_script(&std::env::temp_dir(), args.batch, false)?,
+            pgbench_script(&std::env::temp_dir(), args.batch, true)?,
+        ))
     } else {
         None
     };
@@ -754,8 +847,9 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         }
     }
     let _ = std::fs::remove_file(&bench.script);
-    if let Some(s) = &bench.batch_script {
-        let _ = std::fs::remove_file(s);
+    if let Some((first, savepoints)) = &bench.batch_script {
+        let _ = std::fs::remove_file(first);
+        let _ = std::fs::remove_file(savepoints);
     }
     store.close().await;
     drop_schema(&store_url, &schema).await;
@@ -1201,24 +1295,37 @@ mod tests {
     /// a placeholder left over would mean the statement changed under the benchmark.
     #[test]
     fn the_pgbench_script_binds_every_parameter_of_the_store_statement() {
-        let dir = std::env::temp_dir();
-        let path = super::pgbench_script(&dir, 0).unwrap();
-        let script = std::fs::read_to_string(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let script = script_of(0, false);
         assert!(!script.contains('$'), "{script}");
         assert!(script.contains("ON CONFLICT DO NOTHING"), "{script}");
         assert_eq!(script.matches("INSERT INTO").count(), 2, "{script}");
         assert!(!script.contains("SAVEPOINT"), "{script}");
     }
 
-    /// The batched script: per message the store's savepoint, its marker insert and the business insert, one
-    /// COMMIT, every message id distinct.
+    /// The batched script sends what a batch's first pass sends: the store's one statement for every marker
+    /// (each of its thirteen arrays of ten values), then each message's business insert, one COMMIT, every
+    /// message id distinct.
     #[test]
     fn the_batched_pgbench_script_sends_what_a_batch_sends() {
-        let dir = std::env::temp_dir();
-        let path = super::pgbench_script(&dir, 10).unwrap();
-        let script = std::fs::read_to_string(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let script = script_of(10, false);
+        assert!(!script.contains('$'), "{script}");
+        assert!(!script.contains("SAVEPOINT"), "{script}");
+        assert_eq!(script.matches("unnest(ARRAY[").count(), 1, "{script}");
+        assert_eq!(script.matches("ARRAY[").count(), 13, "{script}");
+        assert_eq!(script.matches("INSERT INTO txinbox_inbox").count(), 1);
+        assert_eq!(script.matches("INSERT INTO bench_tasks").count(), 10);
+        assert_eq!(script.matches("COMMIT").count(), 1, "{script}");
+        for k in 0..10 {
+            // In the markers' array of ids, and twice in its business insert (task id, message id).
+            assert_eq!(script.matches(&format!("|| '-{k}'")).count(), 3, "{script}");
+        }
+    }
+
+    /// The savepoint pass's script: per message the store's savepoint, its marker insert and the business
+    /// insert, one COMMIT.
+    #[test]
+    fn the_savepoint_pgbench_script_sends_what_the_savepoint_pass_sends() {
+        let script = script_of(10, true);
         assert!(!script.contains('$'), "{script}");
         assert_eq!(script.matches("SAVEPOINT txinbox_delivery").count(), 10);
         assert_eq!(script.matches("INSERT INTO").count(), 20, "{script}");
@@ -1226,5 +1333,12 @@ mod tests {
         for k in 0..10 {
             assert_eq!(script.matches(&format!("|| '-{k}'")).count(), 3, "{script}");
         }
+    }
+
+    fn script_of(batch: usize, savepoints: bool) -> String {
+        let path = super::pgbench_script(&std::env::temp_dir(), batch, savepoints).unwrap();
+        let script = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        script
     }
 }

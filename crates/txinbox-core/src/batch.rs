@@ -1,27 +1,73 @@
-//! Batch apply: the deliveries of one receive in one database transaction, each under its own savepoint.
+//! Batch apply: the deliveries of one receive in one database transaction, each isolated from the others.
 //!
 //! ```text
 //! validate, identity, fingerprint of every delivery (bad input: dead-letter, never in the transaction)
 //! BEGIN
-//!   for each delivery, in receive order:
-//!     SAVEPOINT
-//!     INSERT marker ... conflict ........ remembered; decided after COMMIT as alone (duplicate, collision,
-//!                                          business duplicate, with its evidence row)
-//!     handler(tx, message)  Ok  -> result and effect rows, kept
-//!                           Err / panic / store error -> ROLLBACK TO SAVEPOINT, decided as alone
+//!   INSERT every marker (one statement on PostgreSQL) .. a refused one is remembered; decided after COMMIT
+//!                                                        as alone (duplicate, collision, business duplicate)
+//!   for each inserted delivery, in receive order:
+//!     handler(tx, message)  Ok -> result and effect rows, kept
+//!                           Err / panic / store error -> the first pass gives up (below)
 //! COMMIT  (one WAL flush for the batch)
 //!   done ....... every kept delivery is applied; settle all (ack / release / dead-letter) at once
 //!   failed ..... nothing of the transaction is settled as applied: its deliveries are released
+//!
+//! a handler failed: ROLLBACK; that delivery keeps its failure (decided as alone); the others again:
+//! BEGIN
+//!   for each delivery, in receive order:
+//!     SAVEPOINT
+//!     INSERT marker ... conflict ........ remembered; decided after COMMIT as alone
+//!     handler(tx, message)  Ok  -> result and effect rows, kept
+//!                           Err / panic / store error -> ROLLBACK TO SAVEPOINT, decided as alone
+//! COMMIT
 //! ```
 //!
-//! A delivery of a FIFO group whose earlier message in the batch is released is released with it (same
-//! delay), so the group's order holds.
+//! The first pass costs one round trip per handler statement plus three (BEGIN, the markers, COMMIT); the
+//! savepoint pass two more per delivery (the savepoint and its own marker insert), and runs only when a
+//! handler of the batch failed. A delivery of a FIFO group whose earlier message in the batch is released is
+//! released with it (same delay), so the group's order holds.
 
 use std::collections::HashMap;
 
 use futures::future::join_all;
 
 use super::*;
+
+/// Where the first pass of a batch ended.
+enum FirstPass<T, E> {
+    /// Every delivery written or conflicted: commit.
+    Written,
+    /// Stopped while a handler ran.
+    Interrupted,
+    /// The marker inserts failed.
+    StoreFailed(&'static str, E),
+    /// The store answered another number of marker inserts than it was given.
+    Miscounted(String),
+    /// A handler failed: roll back, keep its failure, apply `again` under savepoints.
+    GaveUp {
+        failed: (usize, Failure<E>),
+        again: Vec<(usize, Again<T>)>,
+    },
+}
+
+/// A delivery to apply again after the first pass gave up.
+enum Again<T> {
+    /// Not reached by the first pass: its body is still here.
+    Fresh(Prepared<T>),
+    /// Handled (or conflicted) and rolled back: its body is parsed again.
+    Spent(Prepared<()>),
+}
+
+/// Every delivery not decided yet decided by `f`.
+fn finish(slots: Vec<Slot>, f: &dyn Fn() -> Decision) -> Vec<Decision> {
+    slots
+        .into_iter()
+        .map(|s| match s {
+            Slot::Decided(d) => d,
+            _ => f(),
+        })
+        .collect()
+}
 
 /// Where one delivery of a batch stands.
 enum Slot {
@@ -135,21 +181,172 @@ impl<S: InboxStore> Inbox<S> {
             };
             slots.push(slot);
         }
-        let finish = |slots: Vec<Slot>, f: &dyn Fn() -> Decision| -> Vec<Decision> {
-            slots
-                .into_iter()
-                .map(|s| match s {
-                    Slot::Decided(d) => d,
-                    _ => f(),
-                })
-                .collect()
+        if work.is_empty() || stop.is_cancelled() {
+            return finish(slots, &|| self.interrupted());
+        }
+        let tx = match self.store.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return finish(slots, &|| self.store_retry("begin", &e)),
         };
-        if work.is_empty() {
+        let (work, held) = match self
+            .first_pass(&tx, &mut slots, work, deliveries, handler, stop)
+            .await
+        {
+            FirstPass::Written => {
+                return self
+                    .commit_batch(tx, slots, deliveries, handler, key, stop)
+                    .await
+            }
+            FirstPass::Interrupted => {
+                let _ = self.store.rollback(tx, false).await;
+                return finish(slots, &|| self.interrupted());
+            }
+            FirstPass::StoreFailed(op, e) => {
+                let _ = self.store.rollback(tx, false).await;
+                return finish(slots, &|| self.store_retry(op, &e));
+            }
+            FirstPass::Miscounted(why) => {
+                let _ = self.store.rollback(tx, false).await;
+                return finish(slots, &|| self.store_retry_msg("insert markers", &why));
+            }
+            FirstPass::GaveUp { failed, again } => {
+                let _ = self.store.rollback(tx, false).await;
+                let (i, failure) = failed;
+                let decision = self.failed(failure);
+                // Its FIFO group's later messages are released with it, as in the savepoint pass.
+                let mut held = HashMap::new();
+                if let (Decision::Release(_, delay), Some(g)) =
+                    (&decision, &deliveries[i].message().group_id)
+                {
+                    held.insert(g.clone(), *delay);
+                }
+                slots[i] = Slot::Decided(decision);
+                let mut work = Vec::with_capacity(again.len());
+                for (j, entry) in again {
+                    match entry {
+                        Again::Fresh(p) => work.push((j, p)),
+                        Again::Spent(p) => match self.prepared_again(deliveries[j].message(), p) {
+                            Ok(p) => work.push((j, p)),
+                            Err(bad) => slots[j] = Slot::Decided(self.bad_input(bad)),
+                        },
+                    }
+                }
+                (work, held)
+            }
+        };
+        if work.is_empty() || stop.is_cancelled() {
             return finish(slots, &|| self.interrupted());
         }
-        if stop.is_cancelled() {
-            return finish(slots, &|| self.interrupted());
+        self.with_savepoints(slots, work, held, deliveries, handler, key, stop)
+            .await
+    }
+
+    /// The first pass of a batch, in `tx`: every marker in one call ([`InboxStore::insert_markers`]: one
+    /// statement on PostgreSQL), then the handlers one after the other with no savepoint between them. When
+    /// every handler succeeds (the usual case) the batch costs one round trip per handler statement plus
+    /// three. When one fails, the pass gives up: the caller rolls back, keeps that delivery's failure, and
+    /// applies the others again, each under its own savepoint ([`Inbox::with_savepoints`]), so that each
+    /// gets the outcome it would get alone. A handler before the failed one has then run twice, the first
+    /// time rolled back: handlers keep every effect in the transaction (or record it as an effect), as a
+    /// retried delivery already requires.
+    async fn first_pass<D, T, H>(
+        &self,
+        tx: &S::Tx,
+        slots: &mut [Slot],
+        work: Vec<(usize, Prepared<T>)>,
+        deliveries: &[D],
+        handler: &H,
+        stop: &CancellationToken,
+    ) -> FirstPass<T, S::Error>
+    where
+        D: Delivery,
+        T: Payload,
+        H: Handler<S, T>,
+    {
+        let answers = {
+            let now = Utc::now();
+            let rows: Vec<MarkerRow<'_>> = work
+                .iter()
+                .map(|(i, p)| self.marker_row(p, deliveries[*i].message(), now))
+                .collect();
+            self.store.insert_markers(tx, &rows).await
+        };
+        let answers = match answers {
+            Ok(a) if a.len() == work.len() => a,
+            Ok(a) => {
+                return FirstPass::Miscounted(format!(
+                    "the store answered {} of {} marker inserts",
+                    a.len(),
+                    work.len()
+                ))
+            }
+            Err(e) => return FirstPass::StoreFailed("insert markers", e),
+        };
+        let mut rest = work.into_iter().zip(answers);
+        while let Some(((i, prepared), answer)) = rest.next() {
+            let msg = deliveries[i].message();
+            if let MarkerInsert::Conflict(holder) = answer {
+                slots[i] = Slot::Conflicted(prepared.spent(), holder);
+                continue;
+            }
+            let item_span = tracing::info_span!(
+                "txinbox.process",
+                consumer = %self.consumer,
+                message_id = %prepared.identity.message_id,
+                delivery_count = msg.delivery_count,
+            );
+            let failure = match self
+                .handle(tx, prepared, msg, handler, stop)
+                .instrument(item_span)
+                .await
+            {
+                Handling::Done(done) => {
+                    slots[i] = Slot::Written(done);
+                    continue;
+                }
+                Handling::Interrupted => return FirstPass::Interrupted,
+                Handling::Failed(f) => f,
+            };
+            tracing::debug!(
+                consumer = %self.consumer,
+                "a handler of the batch failed: the batch is rolled back and its other deliveries applied again, each under a savepoint"
+            );
+            // What this pass wrote is undone: those deliveries start again, with the ones not reached yet.
+            let mut again = Vec::with_capacity(slots.len());
+            for (j, slot) in slots.iter_mut().enumerate().take(i) {
+                match std::mem::replace(slot, Slot::Pending) {
+                    Slot::Written(done) => again.push((j, Again::Spent(done.prepared))),
+                    Slot::Conflicted(p, _) => again.push((j, Again::Spent(p))),
+                    other => *slot = other,
+                }
+            }
+            again.extend(rest.map(|((j, p), _)| (j, Again::Fresh(p))));
+            return FirstPass::GaveUp {
+                failed: (i, failure),
+                again,
+            };
         }
+        FirstPass::Written
+    }
+
+    /// The savepoint pass: `work` in a new transaction, each delivery under its own savepoint, so that one
+    /// delivery's failure undoes only its own writes. `held`: FIFO groups already released in this batch.
+    #[allow(clippy::too_many_arguments)]
+    async fn with_savepoints<D, T, H>(
+        &self,
+        mut slots: Vec<Slot>,
+        work: Vec<(usize, Prepared<T>)>,
+        mut held: HashMap<String, Duration>,
+        deliveries: &[D],
+        handler: &H,
+        key: Option<&TypedKeyFn<T>>,
+        stop: &CancellationToken,
+    ) -> Vec<Decision>
+    where
+        D: Delivery,
+        T: Payload,
+        H: Handler<S, T>,
+    {
         let tx = match self.store.begin().await {
             Ok(tx) => tx,
             Err(e) => return finish(slots, &|| self.store_retry("begin", &e)),
@@ -161,7 +358,7 @@ impl<S: InboxStore> Inbox<S> {
                 // No savepoints: one transaction per delivery, in receive order.
                 let _ = self.store.rollback(tx, true).await;
                 return self
-                    .one_by_one(slots, work, deliveries, handler, stop)
+                    .one_by_one(slots, work, held, deliveries, handler, stop)
                     .await;
             }
             Err(e) => {
@@ -169,8 +366,6 @@ impl<S: InboxStore> Inbox<S> {
                 return finish(slots, &|| self.store_retry("savepoint", &e));
             }
         }
-        // Receive-order groups held back behind an earlier message released in this batch: (delay).
-        let mut held: HashMap<String, Duration> = HashMap::new();
         let mut first = true;
         for (i, prepared) in work {
             let msg = deliveries[i].message();
@@ -235,6 +430,25 @@ impl<S: InboxStore> Inbox<S> {
             }
             slots[i] = Slot::Decided(failed);
         }
+        self.commit_batch(tx, slots, deliveries, handler, key, stop)
+            .await
+    }
+
+    /// The one COMMIT of a batch, then every delivery's decision.
+    async fn commit_batch<D, T, H>(
+        &self,
+        tx: S::Tx,
+        slots: Vec<Slot>,
+        deliveries: &[D],
+        handler: &H,
+        key: Option<&TypedKeyFn<T>>,
+        stop: &CancellationToken,
+    ) -> Vec<Decision>
+    where
+        D: Delivery,
+        T: Payload,
+        H: Handler<S, T>,
+    {
         if stop.is_cancelled() {
             let _ = self.store.rollback(tx, false).await;
             return finish(slots, &|| self.interrupted());
@@ -278,6 +492,7 @@ impl<S: InboxStore> Inbox<S> {
         &self,
         mut slots: Vec<Slot>,
         work: Vec<(usize, Prepared<T>)>,
+        mut held: HashMap<String, Duration>,
         deliveries: &[D],
         handler: &H,
         stop: &CancellationToken,
@@ -287,7 +502,6 @@ impl<S: InboxStore> Inbox<S> {
         T: Payload,
         H: Handler<S, T>,
     {
-        let mut held: HashMap<String, Duration> = HashMap::new();
         for (i, prepared) in work {
             let msg = deliveries[i].message();
             if let Some(delay) = msg.group_id.as_ref().and_then(|g| held.get(g)) {

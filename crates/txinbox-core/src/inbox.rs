@@ -180,6 +180,28 @@ enum Step {
     Interrupted,
 }
 
+/// Where the handler's part of one delivery ended (its marker already in).
+enum Handling<E> {
+    /// Business change and result written; waiting for COMMIT.
+    Done(Done),
+    /// Roll back; not yet counted (see [`Inbox::failed`]).
+    Failed(Failure<E>),
+    /// Stopped (shutdown deadline) while the handler ran.
+    Interrupted,
+}
+
+/// What went wrong in the transaction, as it happened.
+enum Failure<E> {
+    /// The handler returned an error.
+    Handler(HandlerError),
+    /// The handler panicked.
+    Panicked,
+    /// The handler's answer cannot be kept (two effects of one name): settle this way.
+    Refused(Decision),
+    /// A statement of the inbox's own failed.
+    Store(&'static str, E),
+}
+
 /// A delivery written in an open transaction.
 struct Done {
     result_reference: Option<String>,
@@ -191,6 +213,17 @@ struct Prepared<T> {
     identity: Identity,
     hash: String,
     body: T,
+}
+
+impl<T> Prepared<T> {
+    /// Without its body (the handler took it, or will never get it).
+    fn spent(self) -> Prepared<()> {
+        Prepared {
+            identity: self.identity,
+            hash: self.hash,
+            body: (),
+        }
+    }
 }
 
 impl<S: InboxStore> Inbox<S> {
@@ -410,29 +443,51 @@ impl<S: InboxStore> Inbox<S> {
         handler: &H,
         stop: &CancellationToken,
     ) -> Step {
-        let started = Utc::now();
-        let row = MarkerRow {
+        let inserted = {
+            let row = self.marker_row(&prepared, msg, Utc::now());
+            self.store.insert_marker(tx, &row).await
+        };
+        match inserted {
+            Ok(MarkerInsert::Inserted) => {}
+            Ok(MarkerInsert::Conflict(holder)) => return Step::Conflict(prepared.spent(), holder),
+            Err(e) => return Step::Failed(self.store_retry("insert marker", &e)),
+        }
+        match self.handle(tx, prepared, msg, handler, stop).await {
+            Handling::Done(done) => Step::Applied(done),
+            Handling::Failed(f) => Step::Failed(self.failed(f)),
+            Handling::Interrupted => Step::Interrupted,
+        }
+    }
+
+    /// The marker row of a validated delivery, written at `now`.
+    fn marker_row<'p, T>(
+        &self,
+        prepared: &'p Prepared<T>,
+        msg: &ReceivedMessage,
+        now: chrono::DateTime<Utc>,
+    ) -> MarkerRow<'p> {
+        MarkerRow {
             identity: &prepared.identity,
             payload_hash: &prepared.hash,
             received_at: msg.received_at,
-            processed_at: started,
-            retention_until: started
+            processed_at: now,
+            retention_until: now
                 + chrono::Duration::from_std(self.retention.keep).unwrap_or(chrono::Duration::MAX),
             delivery_count: msg.delivery_count,
-        };
-        match self.store.insert_marker(tx, &row).await {
-            Ok(MarkerInsert::Inserted) => {}
-            Ok(MarkerInsert::Conflict(holder)) => {
-                let Prepared { identity, hash, .. } = prepared;
-                let p = Prepared {
-                    identity,
-                    hash,
-                    body: (),
-                };
-                return Step::Conflict(p, holder);
-            }
-            Err(e) => return Step::Failed(self.store_retry("insert marker", &e)),
         }
+    }
+
+    /// The handler and its result in `tx`, once the delivery's marker is in. A failure is handed back as it
+    /// happened, neither counted nor logged yet ([`Inbox::failed`] does both): a batch that gives it up
+    /// applies the delivery again.
+    async fn handle<T: Payload, H: Handler<S, T>>(
+        &self,
+        tx: &S::Tx,
+        prepared: Prepared<T>,
+        msg: &ReceivedMessage,
+        handler: &H,
+        stop: &CancellationToken,
+    ) -> Handling<S::Error> {
         let Prepared {
             identity,
             hash,
@@ -450,32 +505,22 @@ impl<S: InboxStore> Inbox<S> {
         let handled = tokio::select! {
             biased;
             r = guarded => r,
-            _ = stop.cancelled() => return Step::Interrupted,
+            _ = stop.cancelled() => return Handling::Interrupted,
         };
         let handled: Handled = match handled {
             Ok(Ok(h)) => h.into(),
-            Ok(Err(e)) => return Step::Failed(self.handler_failed(e)),
-            Err(_) => {
-                metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "handler_panic")
-                    .increment(1);
-                tracing::error!("handler panicked: rolled back, released for redelivery");
-                return Step::Failed(Decision::Release(
-                    Outcome::Retry {
-                        reason: "handler panicked".into(),
-                    },
-                    self.retry_backoff,
-                ));
-            }
+            Ok(Err(e)) => return Handling::Failed(Failure::Handler(e)),
+            Err(_) => return Handling::Failed(Failure::Panicked),
         };
         let now = Utc::now();
         let mut effects = Vec::with_capacity(handled.effects.len());
         for e in &handled.effects {
             let key = crate::effects::idempotency_key(&identity, &e.name);
             if effects.iter().any(|n: &NewEffect<'_>| n.key == key) {
-                return Step::Failed(dead_letter(
+                return Handling::Failed(Failure::Refused(dead_letter(
                     "handler_permanent",
                     format!("the handler recorded two effects named {:?}: an effect's name must be unique within its message", e.name),
-                ));
+                )));
             }
             effects.push(NewEffect {
                 consumer: &self.consumer,
@@ -490,10 +535,10 @@ impl<S: InboxStore> Inbox<S> {
             .record_result(tx, &identity, handled.result_reference.as_deref(), &effects)
             .await
         {
-            return Step::Failed(self.store_retry("record result", &e));
+            return Handling::Failed(Failure::Store("record result", e));
         }
         drop(effects);
-        Step::Applied(Done {
+        Handling::Done(Done {
             result_reference: handled.result_reference,
             prepared: Prepared {
                 identity,
@@ -501,6 +546,26 @@ impl<S: InboxStore> Inbox<S> {
                 body: (),
             },
         })
+    }
+
+    /// A failure of the work in the transaction, counted and logged, as the decision it leads to.
+    fn failed(&self, f: Failure<S::Error>) -> Decision {
+        match f {
+            Failure::Handler(e) => self.handler_failed(e),
+            Failure::Panicked => {
+                metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "handler_panic")
+                    .increment(1);
+                tracing::error!("handler panicked: rolled back, released for redelivery");
+                Decision::Release(
+                    Outcome::Retry {
+                        reason: "handler panicked".into(),
+                    },
+                    self.retry_backoff,
+                )
+            }
+            Failure::Refused(decision) => decision,
+            Failure::Store(op, e) => self.store_retry(op, &e),
+        }
     }
 
     /// A delivery whose transaction committed: counted and acknowledged.
@@ -532,26 +597,9 @@ impl<S: InboxStore> Inbox<S> {
             });
         }
         // The body's format first: the business-key function may read the body.
-        let json = if T::JSON || self.rules.body == BodyFormat::Json {
-            std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
-            Some(
-                serde_json::from_slice::<serde_json::Value>(&msg.body)
-                    .map_err(BadInput::InvalidJson)?,
-            )
-        } else {
-            if self.rules.body == BodyFormat::Utf8 {
-                std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
-            }
-            None
-        };
+        let json = self.body_json::<T>(msg)?;
         let mut identity = self.policy.resolve(msg)?;
-        // A structured CloudEvent carries the payload in `data`.
-        let data = match (&json, identity.origin) {
-            (Some(v), IdOrigin::CloudEventsBody) => v.get("data"),
-            (Some(v), _) => Some(v),
-            (None, _) => None,
-        };
-        let body = T::from_delivery(msg, data)?;
+        let body = body_of::<T>(msg, json.as_ref(), identity.origin)?;
         if let Some(f) = key {
             if let Some(k) = f(&body) {
                 identity.set_business_key(k)?;
@@ -577,6 +625,40 @@ impl<S: InboxStore> Inbox<S> {
         Ok(Prepared {
             identity,
             hash,
+            body,
+        })
+    }
+
+    /// The body as JSON when the handler's type or the input rules want JSON (checked UTF-8 first); the
+    /// UTF-8 check alone when the rules want text.
+    fn body_json<T: Payload>(
+        &self,
+        msg: &ReceivedMessage,
+    ) -> Result<Option<serde_json::Value>, BadInput> {
+        if T::JSON || self.rules.body == BodyFormat::Json {
+            std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
+            return serde_json::from_slice(&msg.body)
+                .map(Some)
+                .map_err(BadInput::InvalidJson);
+        }
+        if self.rules.body == BodyFormat::Utf8 {
+            std::str::from_utf8(&msg.body).map_err(BadInput::NotUtf8)?;
+        }
+        Ok(None)
+    }
+
+    /// A delivery's body for the handler once more (a batch that gave up its first pass applies it again):
+    /// what [`Inbox::prepare`] made of it, without resolving the identity again (which counts and logs).
+    fn prepared_again<T: Payload>(
+        &self,
+        msg: &ReceivedMessage,
+        p: Prepared<()>,
+    ) -> Result<Prepared<T>, BadInput> {
+        let json = self.body_json::<T>(msg)?;
+        let body = body_of::<T>(msg, json.as_ref(), p.identity.origin)?;
+        Ok(Prepared {
+            identity: p.identity,
+            hash: p.hash,
             body,
         })
     }
@@ -770,6 +852,20 @@ impl<S: InboxStore> Inbox<S> {
         }
         outcome
     }
+}
+
+/// The handler's body of a message: a structured CloudEvent carries the payload in `data`.
+fn body_of<T: Payload>(
+    msg: &ReceivedMessage,
+    json: Option<&serde_json::Value>,
+    origin: IdOrigin,
+) -> Result<T, BadInput> {
+    let data = match (json, origin) {
+        (Some(v), IdOrigin::CloudEventsBody) => v.get("data"),
+        (Some(v), _) => Some(v),
+        (None, _) => None,
+    };
+    T::from_delivery(msg, data)
 }
 
 fn dead_letter(reason: &str, detail: String) -> Decision {

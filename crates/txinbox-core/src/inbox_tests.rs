@@ -33,6 +33,8 @@ struct State {
     fail_begin: bool,
     /// Whether the store answers savepoints (batch mode); off: one transaction per delivery.
     savepoints: bool,
+    /// Savepoints opened.
+    savepoints_opened: u32,
 }
 
 #[derive(Clone, Default, Debug)]
@@ -163,8 +165,12 @@ impl InboxStore for MemStore {
         Ok(Commit::Done)
     }
     async fn savepoint(&self, tx: &MemTx) -> Result<bool, Unavailable> {
-        if !self.state().savepoints {
-            return Ok(false);
+        {
+            let mut st = self.state();
+            if !st.savepoints {
+                return Ok(false);
+            }
+            st.savepoints_opened += 1;
         }
         let mut p = tx.0.lock().unwrap();
         let mark = (p.markers.len(), p.effects.len());
@@ -483,7 +489,32 @@ fn labels(o: &[Outcome]) -> Vec<&'static str> {
     o.iter().map(Outcome::label).collect()
 }
 
+/// A batch whose handlers all succeed is one transaction with no savepoint: the markers in one call, then
+/// the handlers.
 #[tokio::test]
+async fn a_batch_is_one_transaction_without_savepoints_when_every_handler_succeeds() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = failing_processor(&store);
+    for (id, opportunity) in [("evt-1", "2481"), ("evt-2", "2482"), ("evt-3", "2483")] {
+        q.send(event(id, opportunity));
+    }
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "applied", "applied"]);
+    assert_eq!(store.state().begins, 1, "one transaction");
+    assert_eq!(store.state().savepoints_opened, 0);
+    assert_eq!(
+        store.state().effects,
+        ["task-2481", "task-2482", "task-2483"]
+    );
+    assert_eq!(q.state(), QueueState::default());
+}
+
+/// A handler that fails ends the first pass: rolled back, its failure kept (counted once), and the others
+/// applied again in a second transaction, each under a savepoint.
+#[tokio::test(flavor = "current_thread")]
 async fn a_batch_is_one_transaction_and_a_failure_undoes_only_its_own_writes() {
     let (store, q) = (MemStore::default(), MemoryQueue::default());
     store.state().savepoints = true;
@@ -491,11 +522,34 @@ async fn a_batch_is_one_transaction_and_a_failure_undoes_only_its_own_writes() {
     q.send(event("evt-1", "2481"));
     q.send(event("evt-2", "fail"));
     q.send(event("evt-3", "2483"));
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
     let o = p
         .process_batch(q.receive_now(3), &CancellationToken::new())
         .await;
     assert_eq!(labels(&o), ["applied", "retry", "applied"]);
-    assert_eq!(store.state().begins, 1, "one transaction");
+    assert_eq!(
+        store.state().begins,
+        2,
+        "the first pass, then the savepoint pass"
+    );
+    assert_eq!(
+        store.state().savepoints_opened,
+        2,
+        "one per delivery applied again"
+    );
+    let retries: u64 = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == m::RETRIES)
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(retries, 1, "the failure counted once");
     assert_eq!(store.state().effects, ["task-2481", "task-2483"]);
     assert_eq!(store.state().markers.len(), 2);
     // The retry is released with the inbox's backoff; the others are acknowledged.
@@ -519,8 +573,9 @@ async fn a_store_without_savepoints_gets_one_transaction_per_delivery_of_a_batch
         .process_batch(q.receive_now(3), &CancellationToken::new())
         .await;
     assert_eq!(labels(&o), ["applied", "retry", "duplicate"]);
-    // The batch's own BEGIN learned there are no savepoints; then one transaction per delivery.
-    assert_eq!(store.state().begins, 4);
+    // The first pass gave up at the failure; the savepoint pass's BEGIN learned there are no savepoints; then
+    // one transaction per delivery still to decide.
+    assert_eq!(store.state().begins, 1 + 1 + 2);
     assert_eq!(store.state().effects, ["task-2481"]);
 }
 

@@ -158,6 +158,25 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         row: &MarkerRow<'_>,
     ) -> impl Future<Output = Result<MarkerInsert, Self::Error>> + Send;
 
+    /// Inserts the markers of a batch in `tx`, in the order given, each unless a unique constraint refuses
+    /// it (a row refused by an earlier row of the same call included), and reads the holder of each refused
+    /// one: one answer per row, in order, as [`InboxStore::insert_marker`] would have given them one after
+    /// the other. The default runs `insert_marker` for each row; a store may send them all as one statement
+    /// (the PostgreSQL store does: one round trip for the batch).
+    fn insert_markers(
+        &self,
+        tx: &Self::Tx,
+        rows: &[MarkerRow<'_>],
+    ) -> impl Future<Output = Result<Vec<MarkerInsert>, Self::Error>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(rows.len());
+            for row in rows {
+                out.push(self.insert_marker(tx, row).await?);
+            }
+            Ok(out)
+        }
+    }
+
     /// Records the handler's result reference on the marker and writes its effect intents (same
     /// transaction).
     fn record_result(

@@ -42,6 +42,13 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         row: &MarkerRow<'_>,
     ) -> impl Future<Output = Result<MarkerInsert, sqlx::Error>> + Send;
 
+    /// Inserts the markers of a batch in order, each unless a unique constraint refuses it; reads the holder
+    /// of each refused one (see [`txinbox_core::InboxStore::insert_markers`]).
+    fn insert_markers(
+        conn: &mut Self::Connection,
+        rows: &[MarkerRow<'_>],
+    ) -> impl Future<Output = Result<Vec<MarkerInsert>, sqlx::Error>> + Send;
+
     /// Stores the handler's result reference on the marker (same transaction).
     fn set_result_reference(
         conn: &mut Self::Connection,

@@ -17,19 +17,55 @@ use txinbox_core::effects::{
 /// either conflicts (it committed) or proceeds (it rolled back).
 pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT DO NOTHING";
 
+/// The marker inserts of a batch as one statement: the rows as arrays, inserted in their order (`ORDER BY
+/// ord`: a row refused by an earlier one of the same batch is refused as it would be one after the other),
+/// with the columns that tell which rows went in.
+pub(crate) const INSERT_MARKERS: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) SELECT consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::text[], $13::int4[]) WITH ORDINALITY AS t(consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count, ord) ORDER BY ord ON CONFLICT DO NOTHING RETURNING consumer_name, source, message_id, payload_hash, business_key, tenant_id";
+
+/// The batch's marker insert, for the benchmark's pgbench reference (which must run exactly the inbox's SQL).
+#[doc(hidden)]
+pub fn insert_markers_sql() -> &'static str {
+    INSERT_MARKERS
+}
+
+/// The savepoint of one delivery of a batch's savepoint pass, for the benchmark's pgbench figure of it.
+#[doc(hidden)]
+pub fn savepoint_sql() -> &'static str {
+    crate::backend::SAVEPOINT
+}
+
 /// The marker insert, for the benchmark's pgbench reference (which must run exactly the inbox's SQL).
 #[doc(hidden)]
 pub fn insert_marker_sql() -> &'static str {
     INSERT_MARKER
 }
 
-/// The savepoint of one delivery of a batch, for the benchmark's batched pgbench reference.
-#[doc(hidden)]
-pub fn savepoint_sql() -> &'static str {
-    crate::backend::SAVEPOINT
-}
-
 const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4 AND COALESCE(tenant_id, '') = COALESCE($5::text, ''))) ORDER BY same_identity DESC LIMIT 1";
+
+/// The row holding `id`'s identity or business key, as a conflicting marker insert left it.
+async fn holder(
+    conn: &mut PgConnection,
+    id: &Identity,
+) -> Result<Option<ExistingMarker>, sqlx::Error> {
+    let holder = sqlx::query(HOLDER)
+        .bind(id.consumer.as_str())
+        .bind(&id.source)
+        .bind(&id.message_id)
+        .bind(&id.business_key)
+        .bind(&id.tenant_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(match holder {
+        Some(r) => Some(ExistingMarker::new(
+            r.try_get(3)?,
+            r.try_get(0)?,
+            r.try_get(1)?,
+            r.try_get(2)?,
+            r.try_get(4)?,
+        )),
+        None => None,
+    })
+}
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
 where
@@ -131,24 +167,87 @@ impl Backend for Postgres {
         if done.rows_affected() == 1 {
             return Ok(MarkerInsert::Inserted);
         }
-        let holder = sqlx::query(HOLDER)
-            .bind(id.consumer.as_str())
-            .bind(&id.source)
-            .bind(&id.message_id)
-            .bind(&id.business_key)
-            .bind(&id.tenant_id)
-            .fetch_optional(&mut *conn)
+        Ok(MarkerInsert::Conflict(holder(conn, id).await?))
+    }
+
+    async fn insert_markers(
+        conn: &mut PgConnection,
+        rows: &[MarkerRow<'_>],
+    ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
+        let column = |f: for<'r> fn(&'r MarkerRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
+            rows.iter().map(f).collect()
+        };
+        let mut args = PgArguments::default();
+        add(&mut args, column(|r| Some(r.identity.consumer.as_str())))?;
+        add(&mut args, column(|r| Some(&r.identity.source)))?;
+        add(&mut args, column(|r| Some(&r.identity.message_id)))?;
+        add(&mut args, column(|r| r.identity.event_type.as_deref()))?;
+        add(&mut args, column(|r| r.identity.business_key.as_deref()))?;
+        add(&mut args, column(|r| Some(r.payload_hash)))?;
+        add(
+            &mut args,
+            column(|r| r.identity.contract_version.as_deref()),
+        )?;
+        add(&mut args, column(|r| r.identity.tenant_id.as_deref()))?;
+        add(
+            &mut args,
+            rows.iter().map(|r| r.received_at).collect::<Vec<_>>(),
+        )?;
+        add(
+            &mut args,
+            rows.iter().map(|r| r.processed_at).collect::<Vec<_>>(),
+        )?;
+        add(
+            &mut args,
+            rows.iter().map(|r| r.retention_until).collect::<Vec<_>>(),
+        )?;
+        add(&mut args, column(|r| Some(r.identity.origin.as_str())))?;
+        add(
+            &mut args,
+            rows.iter()
+                .map(|r| i32::try_from(r.delivery_count).unwrap_or(i32::MAX))
+                .collect::<Vec<_>>(),
+        )?;
+        let returned = sqlx::query_with(INSERT_MARKERS, args)
+            .fetch_all(&mut *conn)
             .await?;
-        Ok(MarkerInsert::Conflict(match holder {
-            Some(r) => Some(ExistingMarker::new(
-                r.try_get(3)?,
-                r.try_get(0)?,
-                r.try_get(1)?,
-                r.try_get(2)?,
-                r.try_get(4)?,
-            )),
-            None => None,
-        }))
+        // Each returned row is the first row of the batch with its values not matched yet: rows with the same
+        // values are tried in order, and a later one goes in only where the earlier one could not, which
+        // values alike cannot.
+        let mut inserted = vec![false; rows.len()];
+        for r in &returned {
+            let (consumer, source, message_id, hash): (&str, &str, &str, &str) =
+                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
+            let (business_key, tenant): (Option<&str>, Option<&str>) =
+                (r.try_get(4)?, r.try_get(5)?);
+            let found = rows.iter().enumerate().position(|(i, row)| {
+                let id = row.identity;
+                !inserted[i]
+                    && id.consumer.as_str() == consumer
+                    && id.source == source
+                    && id.message_id == message_id
+                    && row.payload_hash == hash
+                    && id.business_key.as_deref() == business_key
+                    && id.tenant_id.as_deref() == tenant
+            });
+            match found {
+                Some(i) => inserted[i] = true,
+                None => {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "the batch marker insert returned a row that is not in the batch (message id {message_id})"
+                    )))
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for (row, inserted) in rows.iter().zip(inserted) {
+            out.push(if inserted {
+                MarkerInsert::Inserted
+            } else {
+                MarkerInsert::Conflict(holder(conn, row.identity).await?)
+            });
+        }
+        Ok(out)
     }
 
     async fn set_result_reference(

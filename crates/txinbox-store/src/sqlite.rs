@@ -132,6 +132,18 @@ impl Backend for Sqlite {
         }))
     }
 
+    async fn insert_markers(
+        conn: &mut SqliteConnection,
+        rows: &[MarkerRow<'_>],
+    ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
+        // In process: one statement per row costs no round trip.
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(Self::insert_marker(&mut *conn, row).await?);
+        }
+        Ok(out)
+    }
+
     async fn set_result_reference(
         conn: &mut SqliteConnection,
         id: &Identity,

@@ -365,6 +365,15 @@ impl<DB: Backend> InboxStore for Store<DB> {
         DB::insert_marker(conn(&mut g)?, row).await
     }
 
+    async fn insert_markers(
+        &self,
+        tx: &Tx<DB>,
+        rows: &[MarkerRow<'_>],
+    ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
+        let mut g = tx.lock().await;
+        DB::insert_markers(conn(&mut g)?, rows).await
+    }
+
     async fn record_result(
         &self,
         tx: &Tx<DB>,

@@ -1,12 +1,13 @@
 //! Batch mode on SQLite and PostgreSQL: the failure windows of batch mode (a crash before BEGIN, mid-batch, after
 //! COMMIT before any settle, two batches sharing a message, a batch of mixed failures beside good messages,
 //! shutdown with batches in flight), each on a fresh database, with batches of 10 and of 3; and a FIFO group
-//! whose earlier message fails holds its later one back.
+//! whose earlier message fails holds its later one back; and a batch decides each delivery as the same
+//! deliveries one after the other would, every kind of conflict inside the batch included.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use txinbox_core::mem::{MemoryQueue, QueueOptions, QueueState};
+use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions, QueueState};
 use txinbox_core::{
     BrokerError, CancellationToken, DeadLetter, Delivery, Handled, Handler, HandlerError, Lease,
     Message, OutcomeKind, ReceivedMessage, Worker, WorkerOptions,
@@ -191,4 +192,189 @@ async fn worker_applies_once<DB: LabDb>(store: Store<DB>) {
     assert_eq!(report.count(OutcomeKind::Duplicate), 200, "{report}");
     assert_eq!(store.inbox_rows("crm-followup").await.unwrap(), 200);
     assert_eq!(DB::count_tasks(&store).await.unwrap(), 200);
+}
+
+/// A lab event with its own id, opportunity and meeting (so its payload and business key are chosen).
+fn event(id: &str, opportunity: u32, meeting: u32) -> ReceivedMessage {
+    let body = serde_json::json!({
+        "opportunity": format!("oportunidade_{opportunity}"),
+        "meeting": format!("reuniao_{meeting}"),
+        "action": "criar_tarefa_followup",
+    });
+    let out = OutgoingMessage::new(body.to_string()).cloudevent(
+        txinbox_testkit::lab::SOURCE,
+        id,
+        "crm.meeting.ended",
+    );
+    let mut msg = ReceivedMessage::new(out.body);
+    msg.attributes = out.attributes;
+    msg
+}
+
+/// The follow-up task, counting its calls per message id; `fail` ids fail (retryable) every time.
+#[derive(Clone)]
+struct Counting {
+    calls: Arc<Mutex<Vec<String>>>,
+    fail: &'static [&'static str],
+}
+
+impl<DB: LabDb> Handler<Store<DB>, LabEvent> for Counting {
+    type Output = Handled;
+    async fn handle(&self, tx: Tx<DB>, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(msg.identity.message_id.clone());
+        if self.fail.contains(&msg.identity.message_id.as_str()) {
+            return Err(HandlerError::retry(std::io::Error::other(
+                "CRM not reachable",
+            )));
+        }
+        DB::insert_task(tx, msg).await
+    }
+}
+
+/// A no-op delivery around a message (the test reads the outcomes, not the broker).
+struct Bare(ReceivedMessage);
+
+impl Delivery for Bare {
+    fn message(&self) -> &ReceivedMessage {
+        &self.0
+    }
+    async fn ack(self) -> Result<(), BrokerError> {
+        Ok(())
+    }
+    async fn release(self, _: Duration) -> Result<(), BrokerError> {
+        Ok(())
+    }
+    async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
+        Ok(())
+    }
+    fn lease(&self) -> Option<Arc<dyn Lease>> {
+        None
+    }
+}
+
+/// Already applied before the batch: `evt-a` (opportunity 1, meeting 1) and `evt-b` (2, 2).
+fn applied_before() -> Vec<ReceivedMessage> {
+    vec![event("evt-a", 1, 1), event("evt-b", 2, 2)]
+}
+
+/// A batch holding every kind of conflict, inside the batch and with what was applied before.
+fn mixed_batch() -> Vec<ReceivedMessage> {
+    vec![
+        event("evt-a", 1, 1),  // duplicate of an applied message
+        event("evt-b", 2, 99), // same id, other payload: collision with an applied message
+        event("evt-c", 3, 3),  // new
+        event("evt-d", 3, 3),  // other id, business key of evt-c in this batch
+        event("evt-c", 3, 3),  // evt-c again in this batch
+        event("evt-e", 1, 1),  // business key of an applied message
+        event("evt-f", 6, 6),  // new
+        event("evt-c", 3, 4),  // evt-c with another payload, in this batch
+        event("evt-g", 7, 7),  // new
+    ]
+}
+
+/// The outcomes of `batch` on a fresh store that already applied [`applied_before`], either as one batch or
+/// one delivery after the other; with the inbox rows, the tasks, and the handler's calls.
+async fn outcomes<DB: LabDb>(
+    store: Store<DB>,
+    batch: Vec<ReceivedMessage>,
+    fail: &'static [&'static str],
+    as_batch: bool,
+) -> (Vec<String>, i64, i64, Vec<String>) {
+    DB::create_tables(&store).await.unwrap();
+    let handler = Counting {
+        calls: Arc::default(),
+        fail,
+    };
+    let p = txinbox_testkit::lab::lab_processor(store.clone(), handler.clone());
+    for m in applied_before() {
+        assert_eq!(p.process_one(Bare(m)).await.label(), "applied");
+    }
+    handler.calls.lock().unwrap().clear();
+    let out = if as_batch {
+        let deliveries = batch.into_iter().map(Bare).collect();
+        p.process_batch(deliveries, &CancellationToken::new()).await
+    } else {
+        let mut out = Vec::new();
+        for m in batch {
+            out.push(p.process_one(Bare(m)).await);
+        }
+        out
+    };
+    let calls = handler.calls.lock().unwrap().clone();
+    (
+        out.iter().map(|o| o.label().to_owned()).collect(),
+        store.inbox_rows("crm-followup").await.unwrap(),
+        DB::count_tasks(&store).await.unwrap(),
+        calls,
+    )
+}
+
+/// A batch decides each delivery as the same deliveries one after the other would: every conflict inside the
+/// batch and with earlier messages, with every handler succeeding (the first pass alone: each handler runs
+/// once) and with one failing (the savepoint pass: the handlers before it run twice, it runs once).
+async fn batch_decides_as_one_after_another<DB: LabDb>(fresh: impl Fn() -> BoxStore<DB>) {
+    let want = [
+        "duplicate",
+        "payload_collision",
+        "applied",
+        "business_duplicate",
+        "duplicate",
+        "business_duplicate",
+        "applied",
+        "payload_collision",
+        "applied",
+    ];
+    let alone = outcomes(fresh().await, mixed_batch(), &[], false).await;
+    let batched = outcomes(fresh().await, mixed_batch(), &[], true).await;
+    assert_eq!(alone.0, want);
+    assert_eq!(batched.0, alone.0);
+    assert_eq!((batched.1, batched.2), (5, 5), "inbox rows and tasks");
+    assert_eq!((alone.1, alone.2), (5, 5));
+    assert_eq!(batched.3, ["evt-c", "evt-f", "evt-g"], "each handler once");
+
+    // evt-f fails: retried alone; in the batch too, and the others still apply.
+    let alone = outcomes(fresh().await, mixed_batch(), &["evt-f"], false).await;
+    let batched = outcomes(fresh().await, mixed_batch(), &["evt-f"], true).await;
+    let mut want_fail = want;
+    want_fail[6] = "retry";
+    assert_eq!(alone.0, want_fail);
+    assert_eq!(batched.0, alone.0);
+    assert_eq!((batched.1, batched.2), (4, 4), "inbox rows and tasks");
+    // The first pass ran evt-c and evt-f, gave up at evt-f; the savepoint pass ran evt-c and evt-g.
+    assert_eq!(batched.3, ["evt-c", "evt-f", "evt-c", "evt-g"]);
+
+    // The first message new and failing: its business key goes to the next message carrying it, alone and
+    // in the batch alike.
+    let first_fails = || {
+        vec![
+            event("evt-c", 3, 3),
+            event("evt-d", 3, 3),
+            event("evt-c", 3, 3),
+            event("evt-g", 7, 7),
+        ]
+    };
+    let alone = outcomes(fresh().await, first_fails(), &["evt-c"], false).await;
+    let batched = outcomes(fresh().await, first_fails(), &["evt-c"], true).await;
+    // evt-d takes the business key evt-c could not keep; the copy of evt-c then meets evt-d's key.
+    assert_eq!(
+        alone.0,
+        ["retry", "applied", "business_duplicate", "applied"]
+    );
+    assert_eq!(batched.0, alone.0);
+    assert_eq!((batched.1, batched.2), (alone.1, alone.2));
+}
+
+type BoxStore<DB> = futures::future::BoxFuture<'static, Store<DB>>;
+
+#[tokio::test]
+async fn batch_decides_as_one_after_another_on_sqlite() {
+    batch_decides_as_one_after_another(|| Box::pin(txinbox_testkit::sqlite_store())).await;
+}
+
+#[tokio::test]
+async fn batch_decides_as_one_after_another_on_postgres() {
+    batch_decides_as_one_after_another(|| Box::pin(txinbox_testkit::pg_store(4))).await;
 }

@@ -111,6 +111,17 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
         }
         Ok(r)
     }
+    async fn insert_markers(
+        &self,
+        tx: &S::Tx,
+        rows: &[MarkerRow<'_>],
+    ) -> Result<Vec<MarkerInsert>, S::Error> {
+        let r = self.inner.insert_markers(tx, rows).await?;
+        if r.contains(&MarkerInsert::Inserted) {
+            self.faults.at(FaultPoint::AfterMarkerInsert).await;
+        }
+        Ok(r)
+    }
     async fn record_result(
         &self,
         tx: &S::Tx,
