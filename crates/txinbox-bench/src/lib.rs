@@ -47,11 +47,12 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use txinbox_core::{
-    BrokerError, CancellationToken, ConsumerName, DeadLetter, Delivery, Handler, HandlerError,
-    IdentityPolicy, Inbox, InboxProcessor, Lease, Message, Raw, ReceivedMessage,
+    CancellationToken, ConsumerName, Delivery, Handler, HandlerError, IdentityPolicy, Inbox,
+    InboxProcessor, Message, Raw, ReceivedMessage,
 };
 use txinbox_store::{Store, Tx};
 use txinbox_testkit::lab::LabError;
+use txinbox_testkit::NoopDelivery;
 
 /// The inbox the benchmark measures, bound to its handler.
 type BenchInbox<H> = InboxProcessor<Store<sqlx::Postgres>, Raw, H>;
@@ -124,27 +125,6 @@ pub struct BenchArgs {
 
 const CONSUMER: &str = "bench";
 const BUSINESS_INSERT: &str = "INSERT INTO bench_tasks (task_id, message_id) VALUES ($1, $2)";
-
-/// A delivery whose settles cost nothing: the benchmark measures the library and the database only.
-struct NoopDelivery(ReceivedMessage);
-
-impl Delivery for NoopDelivery {
-    fn message(&self) -> &ReceivedMessage {
-        &self.0
-    }
-    async fn ack(self) -> Result<(), BrokerError> {
-        Ok(())
-    }
-    async fn release(self, _: Duration) -> Result<(), BrokerError> {
-        Ok(())
-    }
-    async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
-        Ok(())
-    }
-    fn lease(&self) -> Option<Arc<dyn Lease>> {
-        None
-    }
-}
 
 fn message(id: &str, n: u64) -> ReceivedMessage {
     let mut m = ReceivedMessage::new(

@@ -478,8 +478,8 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// The handler and its result in `tx`, once the delivery's marker is in. A failure is handed back as it
-    /// happened, neither counted nor logged yet ([`Inbox::failed`] does both): a batch that gives it up
-    /// applies the delivery again.
+    /// happened, neither counted nor logged yet: [`Inbox::failed`] does both, once, whichever pass of a
+    /// batch met it.
     async fn handle<T: Payload, H: Handler<S, T>>(
         &self,
         tx: &S::Tx,

@@ -16,6 +16,7 @@ use txinbox_store::{Store, Tx};
 use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent, Target};
 use txinbox_testkit::labdb::LabDb;
 use txinbox_testkit::windows::{run_on_batch, Window};
+use txinbox_testkit::NoopDelivery;
 
 async fn windows_on(target: Target, batch: usize) {
     let mut failed = Vec::new();
@@ -234,27 +235,6 @@ impl<DB: LabDb> Handler<Store<DB>, LabEvent> for Counting {
     }
 }
 
-/// A no-op delivery around a message (the test reads the outcomes, not the broker).
-struct Bare(ReceivedMessage);
-
-impl Delivery for Bare {
-    fn message(&self) -> &ReceivedMessage {
-        &self.0
-    }
-    async fn ack(self) -> Result<(), BrokerError> {
-        Ok(())
-    }
-    async fn release(self, _: Duration) -> Result<(), BrokerError> {
-        Ok(())
-    }
-    async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
-        Ok(())
-    }
-    fn lease(&self) -> Option<Arc<dyn Lease>> {
-        None
-    }
-}
-
 /// Already applied before the batch: `evt-a` (opportunity 1, meeting 1) and `evt-b` (2, 2).
 fn applied_before() -> Vec<ReceivedMessage> {
     vec![event("evt-a", 1, 1), event("evt-b", 2, 2)]
@@ -290,16 +270,16 @@ async fn outcomes<DB: LabDb>(
     };
     let p = txinbox_testkit::lab::lab_processor(store.clone(), handler.clone());
     for m in applied_before() {
-        assert_eq!(p.process_one(Bare(m)).await.label(), "applied");
+        assert_eq!(p.process_one(NoopDelivery(m)).await.label(), "applied");
     }
     handler.calls.lock().unwrap().clear();
     let out = if as_batch {
-        let deliveries = batch.into_iter().map(Bare).collect();
+        let deliveries = batch.into_iter().map(NoopDelivery).collect();
         p.process_batch(deliveries, &CancellationToken::new()).await
     } else {
         let mut out = Vec::new();
         for m in batch {
-            out.push(p.process_one(Bare(m)).await);
+            out.push(p.process_one(NoopDelivery(m)).await);
         }
         out
     };

@@ -136,3 +136,29 @@ impl MetricTotals {
         self.total(name, &[])
     }
 }
+
+/// A delivery whose settles do nothing and cost nothing: for measuring or testing the inbox and the database
+/// alone (the outcomes are read from what `process` returns, not from a broker).
+#[derive(Debug)]
+pub struct NoopDelivery(pub txinbox_core::ReceivedMessage);
+
+impl txinbox_core::Delivery for NoopDelivery {
+    fn message(&self) -> &txinbox_core::ReceivedMessage {
+        &self.0
+    }
+    async fn ack(self) -> Result<(), txinbox_core::BrokerError> {
+        Ok(())
+    }
+    async fn release(self, _: Duration) -> Result<(), txinbox_core::BrokerError> {
+        Ok(())
+    }
+    async fn dead_letter(
+        self,
+        _: txinbox_core::DeadLetter,
+    ) -> Result<(), txinbox_core::BrokerError> {
+        Ok(())
+    }
+    fn lease(&self) -> Option<std::sync::Arc<dyn txinbox_core::Lease>> {
+        None
+    }
+}
