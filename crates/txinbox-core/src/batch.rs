@@ -82,10 +82,12 @@ enum Slot {
 }
 
 impl<S: InboxStore> Inbox<S> {
-    /// Applies `deliveries` (those of one receive, in receive order) in one transaction, each isolated under
-    /// a savepoint, then settles them all; returns their outcomes in the same order. Each delivery gets the
-    /// outcome it would get from [`Inbox::process_until`] alone. A store without savepoints gets one
-    /// transaction per delivery.
+    /// Applies `deliveries` (those of one receive, in receive order) in one transaction, then settles them
+    /// all; returns their outcomes in the same order. Each delivery gets the outcome it would get from
+    /// [`Inbox::process_until`] alone: the markers go in with one [`InboxStore::insert_markers`], the
+    /// handlers run one after the other, and when one fails the batch is applied again without it, each
+    /// delivery under a savepoint (the repository's `docs/batching.md` draws it). A store without savepoints
+    /// gets one transaction per delivery in that case.
     pub async fn process_batch<D, T, H>(
         &self,
         deliveries: Vec<D>,

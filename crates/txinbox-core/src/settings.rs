@@ -155,7 +155,7 @@ pub struct WorkerSection {
     /// Receive loops, each with one receive in flight at a time, sharing the worker's slots and its places
     /// out of the queue (1; at most 16).
     pub receive_loops: usize,
-    /// Deliveries of one receive applied in one database transaction, each under a savepoint (1: one
+    /// Deliveries of one receive applied in one database transaction, each isolated from the others (1: one
     /// transaction per delivery; at most 64).
     pub batch_commit: usize,
     /// How long a batch that one receive did not fill waits for the following receives, in milliseconds (0:

@@ -227,10 +227,12 @@ impl WorkerOptions {
         self.receive_error_backoff = d;
         self
     }
-    /// Applies up to `n` deliveries of one receive in one database transaction, each under its own savepoint
-    /// (1 to 64; 1, the default, turns batching off). Each delivery still gets the outcome it would get
-    /// alone; all are settled after the one COMMIT. Fewer commits (one WAL flush for the batch) against a
-    /// longer transaction: see the crate's `docs/batching.md` for the trade-off.
+    /// Applies up to `n` deliveries of one receive in one database transaction (1 to 64; 1, the default,
+    /// turns batching off): every marker in one statement, then the handlers; when a handler fails, that
+    /// delivery keeps its failure and the others are applied again, each under its own savepoint. Each
+    /// delivery still gets the outcome it would get alone; all are settled after the one COMMIT. Fewer commits
+    /// (one WAL flush for the batch) against a longer transaction: see the crate's `docs/batching.md` for the
+    /// trade-off.
     pub fn batch_commit(mut self, n: usize) -> Self {
         self.batch_commit = n.clamp(1, MAX_BATCH_COMMIT);
         self
