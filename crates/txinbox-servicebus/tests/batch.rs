@@ -17,6 +17,7 @@ use common::*;
 use serde_json::json;
 use txinbox_core::{metrics as m, Delivery, OutcomeKind, Receiver, Worker, WorkerOptions};
 use txinbox_servicebus::ServiceBusReceiver;
+use txinbox_testkit::NeverSettled;
 
 const LOCK: Duration = Duration::from_secs(2);
 
@@ -216,29 +217,4 @@ async fn commit_then_crash_before_complete_of_a_batch_is_absorbed() {
     assert_eq!(report.count(OutcomeKind::Duplicate), n as u64, "{report}");
     assert_eq!(inbox_rows(&store).await, n as i64);
     assert_eq!(effects(&store).await, (n as i64, n as i64));
-}
-
-/// A delivery whose settles never reach the broker (the process died before them): dropped, it leaves the
-/// message locked until its lock runs out.
-struct NeverSettled<D>(D);
-
-impl<D: Delivery> Delivery for NeverSettled<D> {
-    fn message(&self) -> &txinbox_core::ReceivedMessage {
-        self.0.message()
-    }
-    async fn ack(self) -> Result<(), txinbox_core::BrokerError> {
-        Ok(())
-    }
-    async fn release(self, _: Duration) -> Result<(), txinbox_core::BrokerError> {
-        Ok(())
-    }
-    async fn dead_letter(
-        self,
-        _: txinbox_core::DeadLetter,
-    ) -> Result<(), txinbox_core::BrokerError> {
-        Ok(())
-    }
-    fn lease(&self) -> Option<std::sync::Arc<dyn txinbox_core::Lease>> {
-        self.0.lease()
-    }
 }

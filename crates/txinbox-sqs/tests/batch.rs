@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use txinbox_core::{CancellationToken, Delivery, OutcomeKind, Receiver, Worker, WorkerOptions};
+use txinbox_core::{CancellationToken, OutcomeKind, Receiver, Worker, WorkerOptions};
 use txinbox_sqs::SqsReceiver;
+use txinbox_testkit::NeverSettled;
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -211,28 +212,4 @@ async fn fifo_group_order_is_kept_in_batch_mode() {
             .unwrap();
     let expected: Vec<String> = (1..=8).map(|i| format!("o{i}")).collect();
     assert_eq!(order, expected);
-}
-
-/// A delivery whose settles never reach the broker (the process died before them).
-struct NeverSettled<D>(D);
-
-impl<D: Delivery> Delivery for NeverSettled<D> {
-    fn message(&self) -> &txinbox_core::ReceivedMessage {
-        self.0.message()
-    }
-    async fn ack(self) -> Result<(), txinbox_core::BrokerError> {
-        Ok(())
-    }
-    async fn release(self, _: Duration) -> Result<(), txinbox_core::BrokerError> {
-        Ok(())
-    }
-    async fn dead_letter(
-        self,
-        _: txinbox_core::DeadLetter,
-    ) -> Result<(), txinbox_core::BrokerError> {
-        Ok(())
-    }
-    fn lease(&self) -> Option<Arc<dyn txinbox_core::Lease>> {
-        self.0.lease()
-    }
 }

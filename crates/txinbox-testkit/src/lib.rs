@@ -162,3 +162,30 @@ impl txinbox_core::Delivery for NoopDelivery {
         None
     }
 }
+
+/// A delivery whose settles never reach the broker, as when the process dies after COMMIT and before the
+/// settle: the message stays locked (its lease is still the broker's) until its lock or visibility runs out,
+/// then comes back.
+#[derive(Debug)]
+pub struct NeverSettled<D>(pub D);
+
+impl<D: txinbox_core::Delivery> txinbox_core::Delivery for NeverSettled<D> {
+    fn message(&self) -> &txinbox_core::ReceivedMessage {
+        self.0.message()
+    }
+    async fn ack(self) -> Result<(), txinbox_core::BrokerError> {
+        Ok(())
+    }
+    async fn release(self, _: Duration) -> Result<(), txinbox_core::BrokerError> {
+        Ok(())
+    }
+    async fn dead_letter(
+        self,
+        _: txinbox_core::DeadLetter,
+    ) -> Result<(), txinbox_core::BrokerError> {
+        Ok(())
+    }
+    fn lease(&self) -> Option<std::sync::Arc<dyn txinbox_core::Lease>> {
+        self.0.lease()
+    }
+}
