@@ -24,7 +24,8 @@
 //! broker with a simulated round trip of `--e2e-round-trip-ms` on every receive, settle and lease renewal,
 //! into the inbox on PostgreSQL: messages per second applied, the most messages the broker saw in flight at once
 //! (`queue_in_flight_max`: received and not yet settled, round trips included), and the process's resident
-//! memory (VmRSS) at the start, after the first tenth, at the end and at its highest. With `--e2e-prefetch P`
+//! memory (VmRSS) at the start, after the first tenth, at the end and at its highest; `broker_round_trip_ms_measured`
+//! is how long the simulated round trips lasted on average, as the waiting calls saw them. With `--e2e-prefetch P`
 //! the worker receives up to P deliveries ahead of a free slot: `--e2e-in-flight` then bounds the deliveries
 //! being applied or settled, and up to in-flight + P are out of the queue. With `--e2e-rate R` the producer
 //! sends a steady R messages per second instead of keeping a backlog, and `--e2e-linger-ms L` lets a batch
@@ -991,7 +992,7 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         _ => "?".to_owned(),
     };
     println!(
-        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} linger_ms={} rate={rate} queue_in_flight_max={} apply_settle_ms_mean={:.1} messages_per_apply_call={:.1} latency_ms_p50={} latency_ms_p99={} latency_ms_max={:.1} receivers={receivers} receive_loops={} receive_max={} broker_round_trip_ms={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
+        "e2e worker batch_commit={} in_flight={in_flight} prefetch={} linger_ms={} rate={rate} queue_in_flight_max={} apply_settle_ms_mean={:.1} messages_per_apply_call={:.1} latency_ms_p50={} latency_ms_p99={} latency_ms_max={:.1} receivers={receivers} receive_loops={} receive_max={} broker_round_trip_ms={} broker_round_trip_ms_measured={} messages={n} applied={applied} inbox_rows={rows} seconds={secs:.1} msgs_per_s={:.0} rss_mib start={} after_first_tenth={} end={} max={} end_vs_first_tenth={growth} ({report})",
         args.batch,
         args.e2e_prefetch,
         args.e2e_linger_ms,
@@ -1004,6 +1005,9 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         args.e2e_receive_loops,
         args.e2e_receive_max,
         args.e2e_round_trip_ms,
+        queue
+            .round_trip_mean()
+            .map_or_else(|| "?".to_owned(), |d| format!("{:.2}", d.as_secs_f64() * 1e3)),
         applied as f64 / secs,
         mib(rss_start),
         mib(warm),

@@ -170,6 +170,9 @@ struct State {
     dead: Vec<(OutgoingMessage, DeadLetter)>,
     faults: VecDeque<SettleFault>,
     in_flight_max: usize,
+    /// Simulated round trips waited, and their total length as the callers saw it.
+    trips: u64,
+    trips_total: Duration,
 }
 
 impl State {
@@ -221,7 +224,12 @@ impl MemoryQueue {
     async fn round_trip(&self) {
         let rt = self.inner.opts.round_trip;
         if !rt.is_zero() {
-            tokio::time::sleep(rt).await;
+            let start = std::time::Instant::now();
+            exact_delay(rt).await;
+            let took = start.elapsed();
+            let mut s = self.lock();
+            s.trips += 1;
+            s.trips_total += took;
         }
     }
 
@@ -283,6 +291,16 @@ impl MemoryQueue {
     /// the moment a receive takes it until its settle reaches the queue, round trips included.
     pub fn in_flight_max(&self) -> usize {
         self.lock().in_flight_max
+    }
+
+    /// How long the simulated round trips lasted on average, as the calls waiting on them saw it (from the
+    /// start of the wait to the task running again); `None` before the first, or with no round trip set.
+    pub fn round_trip_mean(&self) -> Option<Duration> {
+        let s = self.lock();
+        (s.trips > 0).then(|| {
+            let nanos = s.trips_total.as_nanos() / u128::from(s.trips);
+            Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+        })
     }
 
     /// The dead-lettered messages with their reasons.
@@ -416,6 +434,112 @@ impl MemoryQueue {
                 "settle",
                 format!("receipt {receipt} for message {seq} is no longer current"),
             )),
+        }
+    }
+}
+
+/// Waits `d`, to within tens of microseconds.
+///
+/// The simulated round trip is what the benchmarks' end-to-end figures are read against, so it must last what
+/// it says. `tokio::time::sleep` cannot promise that: tokio's timer works in whole milliseconds and rounds a
+/// deadline up to the next tick, so a 10 ms sleep ends 10 to 11 ms after it began (about 11.2 ms on average on
+/// this repository's machine). One thread keeps the pending deadlines and waits on a condition variable for the
+/// nearest (a futex timeout, late by the kernel's timer slack); a dropped wait simply finds its receiver gone.
+async fn exact_delay(d: Duration) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    exact_timer::push(std::time::Instant::now() + d, tx);
+    // The sender is never dropped unsent: the timer thread lives as long as the process.
+    let _ = rx.await;
+}
+
+mod exact_timer {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    use std::sync::{Condvar, Mutex, OnceLock};
+    use std::time::Instant;
+
+    use tokio::sync::oneshot::Sender;
+
+    struct Due {
+        at: Instant,
+        seq: u64,
+        tx: Sender<()>,
+    }
+
+    impl PartialEq for Due {
+        fn eq(&self, other: &Self) -> bool {
+            (self.at, self.seq) == (other.at, other.seq)
+        }
+    }
+    impl Eq for Due {}
+    impl PartialOrd for Due {
+        fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    impl Ord for Due {
+        fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+            (self.at, self.seq).cmp(&(other.at, other.seq))
+        }
+    }
+
+    #[derive(Default)]
+    struct Pending {
+        heap: BinaryHeap<Reverse<Due>>,
+        seq: u64,
+    }
+
+    struct Timer {
+        pending: Mutex<Pending>,
+        wake: Condvar,
+    }
+
+    fn timer() -> &'static Timer {
+        static TIMER: OnceLock<&'static Timer> = OnceLock::new();
+        TIMER.get_or_init(|| {
+            let t: &'static Timer = Box::leak(Box::new(Timer {
+                pending: Mutex::new(Pending::default()),
+                wake: Condvar::new(),
+            }));
+            std::thread::Builder::new()
+                .name("txinbox-mem-timer".into())
+                .spawn(move || run(t))
+                .expect("spawn the in-memory broker's timer thread");
+            t
+        })
+    }
+
+    pub(super) fn push(at: Instant, tx: Sender<()>) {
+        let t = timer();
+        let mut p = t.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.seq += 1;
+        let seq = p.seq;
+        let nearest = p.heap.peek().is_none_or(|Reverse(d)| at < d.at);
+        p.heap.push(Reverse(Due { at, seq, tx }));
+        drop(p);
+        if nearest {
+            t.wake.notify_one();
+        }
+    }
+
+    fn run(t: &'static Timer) {
+        let mut p = t.pending.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let now = Instant::now();
+            while p.heap.peek().is_some_and(|Reverse(d)| d.at <= now) {
+                if let Some(Reverse(d)) = p.heap.pop() {
+                    let _ = d.tx.send(());
+                }
+            }
+            p = match p.heap.peek().map(|Reverse(d)| d.at) {
+                None => t.wake.wait(p).unwrap_or_else(|e| e.into_inner()),
+                Some(at) => {
+                    t.wake
+                        .wait_timeout(p, at.saturating_duration_since(now))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
         }
     }
 }
@@ -644,6 +768,45 @@ mod tests {
         d.release(Duration::ZERO).await.unwrap();
         assert!(t.elapsed() >= 4 * rt);
         assert_eq!(q.receive_now(2).len(), 1, "released, the other acked");
+    }
+
+    /// Concurrent waits end in the order of their deadlines, whatever the order they began in, and a wait
+    /// given up (its future dropped) leaves the others alone.
+    #[tokio::test]
+    async fn exact_delays_end_in_deadline_order() {
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let given_up = tokio::spawn(exact_delay(Duration::from_millis(15)));
+        let mut tasks = Vec::new();
+        for ms in [60u64, 20, 40] {
+            let order = order.clone();
+            tasks.push(tokio::spawn(async move {
+                let t = std::time::Instant::now();
+                exact_delay(Duration::from_millis(ms)).await;
+                assert!(t.elapsed() >= Duration::from_millis(ms));
+                order.lock().unwrap().push(ms);
+            }));
+        }
+        given_up.abort();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![20, 40, 60]);
+    }
+
+    #[tokio::test]
+    async fn round_trip_mean_counts_the_waits() {
+        let rt = Duration::from_millis(5);
+        let q = MemoryQueue::new(QueueOptions::default().round_trip(rt));
+        assert_eq!(q.round_trip_mean(), None);
+        q.send(OutgoingMessage::new("a"));
+        let mut r = q.receiver();
+        let d = r.receive(1).await.unwrap().pop().unwrap();
+        d.ack().await.unwrap();
+        assert!(q.round_trip_mean().unwrap() >= rt);
+        let q0 = MemoryQueue::default();
+        q0.send(OutgoingMessage::new("b"));
+        q0.receiver().receive(1).await.unwrap();
+        assert_eq!(q0.round_trip_mean(), None, "no round trip set, none waited");
     }
 
     #[tokio::test]
