@@ -1065,12 +1065,26 @@ struct ConcurrentReceives {
         std::sync::atomic::AtomicUsize,
         std::sync::atomic::AtomicUsize,
     )>,
+    /// How many messages each receive asked for, in order.
+    asked: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl ConcurrentReceives {
+    fn new(q: &MemoryQueue, forks: bool) -> Self {
+        Self {
+            inner: q.receiver(),
+            forks,
+            at_once: Arc::default(),
+            asked: Arc::default(),
+        }
+    }
 }
 
 impl crate::Receiver for ConcurrentReceives {
     type Delivery = crate::mem::MemoryDelivery;
     async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
         use std::sync::atomic::Ordering::SeqCst;
+        self.asked.lock().unwrap().push(max);
         let now = self.at_once.0.fetch_add(1, SeqCst) + 1;
         self.at_once.1.fetch_max(now, SeqCst);
         let r = self.inner.receive(max).await;
@@ -1100,11 +1114,7 @@ async fn receive_loops_share_the_places_out_of_the_queue() {
         for i in 0..40 {
             q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
         }
-        let receiver = ConcurrentReceives {
-            inner: q.receiver(),
-            forks,
-            at_once: Arc::default(),
-        };
+        let receiver = ConcurrentReceives::new(&q, forks);
         let at_once = receiver.at_once.clone();
         let report = Worker::new(receiver, processor(&store))
             .options(
@@ -1126,6 +1136,47 @@ async fn receive_loops_share_the_places_out_of_the_queue() {
             assert!(most > 1 && most <= loops, "{most} receives at once");
         }
     }
+}
+
+/// Four receive loops of a worker of concurrency 8 that asks for 4 messages per receive and commits them as
+/// one batch: the places a settled batch frees go to one receive of 4, never split over several receives of
+/// one message each (which would cost a receive call and a transaction per message). Every message is
+/// applied once, and the queue never sees more than 8 out of it.
+#[tokio::test]
+async fn the_places_a_settle_frees_go_to_one_receive() {
+    use crate::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .wait(Duration::from_millis(20))
+            .round_trip(Duration::from_millis(20)),
+    );
+    for i in 0..40 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let receiver = ConcurrentReceives::new(&q, true);
+    let asked = receiver.asked.clone();
+    let report = Worker::new(receiver, processor(&store))
+        .options(
+            WorkerOptions::default()
+                .concurrency(8)
+                .batch_size(4)
+                .batch_commit(4)
+                .receive_loops(4),
+        )
+        .run_until_idle()
+        .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 40, "{report}");
+    assert_eq!(report.total(), 40, "{report}");
+    assert_eq!(q.state(), QueueState::default());
+    assert!(q.in_flight_max() <= 8, "{}", q.in_flight_max());
+    let asked = asked.lock().unwrap().clone();
+    assert!(asked.len() >= 10, "{asked:?}");
+    assert!(
+        asked.iter().all(|&n| n == 4),
+        "every receive asks for a whole batch's places: {asked:?}"
+    );
 }
 
 /// Stopped while its loops receive and its slots are busy, a worker of two receive loops leaves nothing

@@ -473,6 +473,7 @@ where
         let ctx = LoopContext {
             opts: &self.opts,
             out_of_queue: &out_of_queue,
+            places_gate: &tokio::sync::Mutex::new(()),
             dispatch: &dispatch,
             health: health.as_ref(),
             stopping: &stopping,
@@ -526,6 +527,8 @@ where
 struct LoopContext<'a, P> {
     opts: &'a WorkerOptions,
     out_of_queue: &'a Arc<Semaphore>,
+    /// Held by the loop waiting for places out of the queue (see [`LoopContext::take_places`]).
+    places_gate: &'a tokio::sync::Mutex<()>,
     dispatch: &'a Dispatch<P>,
     health: Option<&'a crate::health::Health>,
     stopping: &'a CancellationToken,
@@ -548,22 +551,15 @@ impl<P> LoopContext<'_, P> {
         let mut idle_receives = 0u32;
         let mut failing: Option<Failing> = None;
         'receiving: loop {
-            let first = tokio::select! {
+            let mut permits = tokio::select! {
                 biased;
                 _ = stopping.cancelled() => break,
                 _ = sleep_until(pending.until) => {
                     dispatch.spawn(pending.take());
                     continue;
                 }
-                p = self.out_of_queue.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                p = self.take_places(opts.batch_size) => match p { Some(p) => p, None => break },
             };
-            let mut permits = vec![first];
-            while permits.len() < opts.batch_size {
-                match self.out_of_queue.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
             // Idle means two receives in a row brought nothing while nothing was in flight when they began: a
             // delivery that settles during a receive may free messages the broker or the adapter holds back (a
             // FIFO group's next one), which only a following receive sees.
@@ -681,6 +677,25 @@ impl<P> LoopContext<'_, P> {
         }
         // A batch still lingering is processed now, like every delivery received before the stop.
         dispatch.spawn(pending.take());
+    }
+}
+
+impl<P> LoopContext<'_, P> {
+    /// Waits for at least one place out of the queue and takes every free one, up to `most`: the places a
+    /// settle frees go to one receive. One loop at a time waits (`places_gate`): the semaphore hands released
+    /// places to its waiters one each, which would split a settled batch's places over as many receives of
+    /// one message. `None` when the semaphore is closed.
+    async fn take_places(&self, most: usize) -> Option<Vec<tokio::sync::OwnedSemaphorePermit>> {
+        let _turn = self.places_gate.lock().await;
+        let first = self.out_of_queue.clone().acquire_owned().await.ok()?;
+        let mut permits = vec![first];
+        while permits.len() < most {
+            match self.out_of_queue.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        Some(permits)
     }
 }
 
