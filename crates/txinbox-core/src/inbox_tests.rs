@@ -1096,56 +1096,12 @@ impl crate::Receiver for ConcurrentReceives {
     }
 }
 
-/// Forty messages through a worker of concurrency 8 whose receives ask for two messages and take 20 ms: one
-/// receive loop has one receive in flight at a time; four have up to four, and the queue still never sees
-/// more than the 8 places out of it. A receiver that cannot fork runs one loop. Every message is applied once.
-#[tokio::test]
-async fn receive_loops_share_the_places_out_of_the_queue() {
+/// Forty messages through a worker of `opts` (concurrency 8) on a queue whose receives wait and take 20 ms,
+/// until idle: every message is applied once and the queue never sees more than the 8 places out of it.
+/// Returns the receiver's counts.
+async fn forty_through(opts: crate::WorkerOptions, forks: bool) -> ConcurrentReceives {
     use crate::mem::QueueOptions;
-    use crate::{OutcomeKind, Worker, WorkerOptions};
-    use std::sync::atomic::Ordering::SeqCst;
-    for (loops, forks) in [(1, true), (4, true), (4, false)] {
-        let store = MemStore::default();
-        let q = MemoryQueue::new(
-            QueueOptions::default()
-                .wait(Duration::from_millis(20))
-                .round_trip(Duration::from_millis(20)),
-        );
-        for i in 0..40 {
-            q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-        }
-        let receiver = ConcurrentReceives::new(&q, forks);
-        let at_once = receiver.at_once.clone();
-        let report = Worker::new(receiver, processor(&store))
-            .options(
-                WorkerOptions::default()
-                    .concurrency(8)
-                    .batch_size(2)
-                    .receive_loops(loops),
-            )
-            .run_until_idle()
-            .await;
-        assert_eq!(report.count(OutcomeKind::Applied), 40, "{loops}: {report}");
-        assert_eq!(report.total(), 40, "{loops}: {report}");
-        assert_eq!(q.state(), QueueState::default());
-        assert!(q.in_flight_max() <= 8, "{loops}: {}", q.in_flight_max());
-        let most = at_once.1.load(SeqCst);
-        if loops == 1 || !forks {
-            assert_eq!(most, 1);
-        } else {
-            assert!(most > 1 && most <= loops, "{most} receives at once");
-        }
-    }
-}
-
-/// Four receive loops of a worker of concurrency 8 that asks for 4 messages per receive and commits them as
-/// one batch: the places a settled batch frees go to one receive of 4, never split over several receives of
-/// one message each (which would cost a receive call and a transaction per message). Every message is
-/// applied once, and the queue never sees more than 8 out of it.
-#[tokio::test]
-async fn the_places_a_settle_frees_go_to_one_receive() {
-    use crate::mem::QueueOptions;
-    use crate::{OutcomeKind, Worker, WorkerOptions};
+    use crate::{OutcomeKind, Worker};
     let store = MemStore::default();
     let q = MemoryQueue::new(
         QueueOptions::default()
@@ -1155,23 +1111,53 @@ async fn the_places_a_settle_frees_go_to_one_receive() {
     for i in 0..40 {
         q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
     }
-    let receiver = ConcurrentReceives::new(&q, true);
-    let asked = receiver.asked.clone();
+    let receiver = ConcurrentReceives::new(&q, forks);
+    let seen = receiver.clone();
     let report = Worker::new(receiver, processor(&store))
-        .options(
-            WorkerOptions::default()
-                .concurrency(8)
-                .batch_size(4)
-                .batch_commit(4)
-                .receive_loops(4),
-        )
+        .options(opts.clone().concurrency(8))
         .run_until_idle()
         .await;
-    assert_eq!(report.count(OutcomeKind::Applied), 40, "{report}");
-    assert_eq!(report.total(), 40, "{report}");
+    assert_eq!(report.count(OutcomeKind::Applied), 40, "{opts:?}: {report}");
+    assert_eq!(report.total(), 40, "{opts:?}: {report}");
     assert_eq!(q.state(), QueueState::default());
-    assert!(q.in_flight_max() <= 8, "{}", q.in_flight_max());
-    let asked = asked.lock().unwrap().clone();
+    assert!(q.in_flight_max() <= 8, "{opts:?}: {}", q.in_flight_max());
+    seen
+}
+
+/// Receives asking for two messages: one receive loop has one receive in flight at a time; four have up to
+/// four, and the queue still never sees more than the 8 places out of it. A receiver that cannot fork runs one
+/// loop.
+#[tokio::test]
+async fn receive_loops_share_the_places_out_of_the_queue() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for (loops, forks) in [(1, true), (4, true), (4, false)] {
+        let opts = crate::WorkerOptions::default()
+            .batch_size(2)
+            .receive_loops(loops);
+        let most = forty_through(opts, forks).await.at_once.1.load(SeqCst);
+        if loops == 1 || !forks {
+            assert_eq!(most, 1);
+        } else {
+            assert!(most > 1 && most <= loops, "{most} receives at once");
+        }
+    }
+}
+
+/// Four receive loops asking for 4 messages per receive and committing them as one batch: the places a settled
+/// batch frees go to one receive of 4, never split over several receives of one message each (which would
+/// cost a receive call and a transaction per message).
+#[tokio::test]
+async fn the_places_a_settle_frees_go_to_one_receive() {
+    let opts = crate::WorkerOptions::default()
+        .batch_size(4)
+        .batch_commit(4)
+        .receive_loops(4);
+    let asked = forty_through(opts, true)
+        .await
+        .asked
+        .lock()
+        .unwrap()
+        .clone();
     assert!(asked.len() >= 10, "{asked:?}");
     assert!(
         asked.iter().all(|&n| n == 4),

@@ -35,7 +35,9 @@
 //! Receive loops ([`WorkerOptions::receive_loops`]): one loop has one receive in flight at a time, so against a
 //! distant broker slots freed during a receive wait for the next one. Several loops (each on a
 //! [`Receiver::fork`] of the receiver) share the same places out of the queue and the same slots: more
-//! receives in flight, not more messages out of the queue.
+//! receives in flight, not more messages out of the queue. One loop at a time waits for places, and takes
+//! every free one (up to [`WorkerOptions::batch_size`]), so the places a settled batch frees go to one
+//! receive rather than to several receives of one message each.
 //!
 //! Batch commit ([`WorkerOptions::batch_commit`]) applies the deliveries of a receive in one transaction; with
 //! [`WorkerOptions::batch_linger`] a batch that one receive did not fill waits a little for the next receives
