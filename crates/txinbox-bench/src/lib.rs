@@ -981,6 +981,10 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
     let _ = sampler.await;
     let _ = producer.await;
     let rss_end = rss_kib();
+    // The sampler's last look may come before the end's: the highest is the higher of the two.
+    if let Some(end) = rss_end {
+        rss_max.fetch_max(end, Ordering::Relaxed);
+    }
     let applied = report.count(OutcomeKind::Applied);
     let rows = store.inbox_rows(CONSUMER).await?;
     let mib =
@@ -1073,7 +1077,8 @@ impl Latency {
         self.buckets[i.min(Self::BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The upper bound of the bucket holding quantile `q`, in milliseconds (2 % wide: an upper estimate).
+    /// The upper bound of the bucket holding quantile `q`, in milliseconds (2 % wide: an upper estimate), never
+    /// above the largest latency recorded.
     fn quantile_ms(&self, q: f64) -> Option<f64> {
         let counts: Vec<u64> = self
             .buckets
@@ -1090,7 +1095,7 @@ impl Latency {
             seen += c;
             seen >= rank
         })?;
-        Some(Self::FIRST_US * Self::GROWTH.powi(i as i32) / 1000.0)
+        Some((Self::FIRST_US * Self::GROWTH.powi(i as i32) / 1000.0).min(self.max_ms()))
     }
 
     fn max_ms(&self) -> f64 {
@@ -1263,6 +1268,11 @@ mod tests {
             );
         }
         assert_eq!(l.max_ms(), 1000.0);
+        assert_eq!(
+            l.quantile_ms(1.0),
+            Some(1000.0),
+            "no quantile above the largest latency"
+        );
         // Below the first bucket's bound, and far beyond the last: counted, not lost.
         l.record(chrono::TimeDelta::microseconds(5));
         l.record(chrono::TimeDelta::days(3650));
