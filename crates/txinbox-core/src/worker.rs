@@ -472,10 +472,11 @@ where
         }
         // Cancelled by the shutdown, or by a loop that gives up: every loop stops receiving.
         let stopping = CancellationToken::new();
+        let places_gate = tokio::sync::Mutex::new(());
         let ctx = LoopContext {
             opts: &self.opts,
             out_of_queue: &out_of_queue,
-            places_gate: &tokio::sync::Mutex::new(()),
+            places_gate: &places_gate,
             dispatch: &dispatch,
             health: health.as_ref(),
             stopping: &stopping,
@@ -538,6 +539,23 @@ struct LoopContext<'a, P> {
 }
 
 impl<P> LoopContext<'_, P> {
+    /// Waits for at least one place out of the queue and takes every free one, up to `most`: the places a
+    /// settle frees go to one receive. One loop at a time waits (`places_gate`): the semaphore hands released
+    /// places to its waiters one each, which would split a settled batch's places over as many receives of
+    /// one message. `None` when the semaphore is closed.
+    async fn take_places(&self, most: usize) -> Option<Vec<tokio::sync::OwnedSemaphorePermit>> {
+        let _turn = self.places_gate.lock().await;
+        let first = self.out_of_queue.clone().acquire_owned().await.ok()?;
+        let mut permits = vec![first];
+        while permits.len() < most {
+            match self.out_of_queue.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        Some(permits)
+    }
+
     /// One receive loop: takes places out of the queue, receives, hands what arrived to the dispatch (alone,
     /// in batches, lingering), backs off on errors; until the worker stops, the queue is idle (`until_idle`),
     /// or receives have failed for good (then it stops the other loops too).
@@ -679,25 +697,6 @@ impl<P> LoopContext<'_, P> {
         }
         // A batch still lingering is processed now, like every delivery received before the stop.
         dispatch.spawn(pending.take());
-    }
-}
-
-impl<P> LoopContext<'_, P> {
-    /// Waits for at least one place out of the queue and takes every free one, up to `most`: the places a
-    /// settle frees go to one receive. One loop at a time waits (`places_gate`): the semaphore hands released
-    /// places to its waiters one each, which would split a settled batch's places over as many receives of
-    /// one message. `None` when the semaphore is closed.
-    async fn take_places(&self, most: usize) -> Option<Vec<tokio::sync::OwnedSemaphorePermit>> {
-        let _turn = self.places_gate.lock().await;
-        let first = self.out_of_queue.clone().acquire_owned().await.ok()?;
-        let mut permits = vec![first];
-        while permits.len() < most {
-            match self.out_of_queue.clone().try_acquire_owned() {
-                Ok(p) => permits.push(p),
-                Err(_) => break,
-            }
-        }
-        Some(permits)
     }
 }
 
