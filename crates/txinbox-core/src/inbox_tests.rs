@@ -892,14 +892,22 @@ async fn the_worker_counts_the_deliveries_it_holds_by_state() {
 // ---- batch linger ----------------------------------------------------------------------------------------
 
 /// A store with savepoints and a queue (long polls of `wait`) holding `n` events, `evt-0` on.
-fn batch_setup(wait: Duration, n: usize) -> (MemStore, MemoryQueue) {
-    let store = MemStore::default();
-    store.state().savepoints = true;
-    let q = MemoryQueue::new(crate::mem::QueueOptions::default().wait(wait));
+/// A queue of these options holding `n` events (`evt-0`, `evt-1`, ...), each for its own opportunity.
+fn queue_of(opts: crate::mem::QueueOptions, n: usize) -> MemoryQueue {
+    let q = MemoryQueue::new(opts);
     for i in 0..n {
         q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
     }
-    (store, q)
+    q
+}
+
+fn batch_setup(wait: Duration, n: usize) -> (MemStore, MemoryQueue) {
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    (
+        store,
+        queue_of(crate::mem::QueueOptions::default().wait(wait), n),
+    )
 }
 
 /// Six messages, each receive bringing one (`batch_size(1)`), batch commit 3: without a linger every receive
@@ -1103,14 +1111,12 @@ async fn forty_through(opts: crate::WorkerOptions, forks: bool) -> ConcurrentRec
     use crate::mem::QueueOptions;
     use crate::{OutcomeKind, Worker};
     let store = MemStore::default();
-    let q = MemoryQueue::new(
+    let q = queue_of(
         QueueOptions::default()
             .wait(Duration::from_millis(20))
             .round_trip(Duration::from_millis(20)),
+        40,
     );
-    for i in 0..40 {
-        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-    }
     let receiver = ConcurrentReceives::new(&q, forks);
     let seen = receiver.clone();
     let report = Worker::new(receiver, processor(&store))
@@ -1172,14 +1178,12 @@ async fn a_worker_of_several_receive_loops_stops_cleanly() {
     use crate::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     let store = MemStore::default();
-    let q = MemoryQueue::new(
+    let q = queue_of(
         QueueOptions::default()
             .wait(Duration::from_millis(200))
             .round_trip(Duration::from_millis(5)),
+        20,
     );
-    for i in 0..20 {
-        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-    }
     let store2 = store.clone();
     let report = Worker::new(
         q.receiver(),
