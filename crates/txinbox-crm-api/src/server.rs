@@ -1,48 +1,48 @@
 //! The HTTP/1.1 server: accept loop, routing and handlers.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use percent_encoding::percent_decode_str;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::state::{task_json, Fault, Faults, PostOutcome, State};
+use crate::create::{self, parse_new_task, Create};
+use crate::faults::ArmFaults;
+use crate::state::{task_json, Route, State};
+use crate::v1;
 
 /// The response body type.
-type Body = Full<Bytes>;
+pub(crate) type Body = Full<Bytes>;
 
 /// The largest request body accepted; larger ones answer 413.
 const MAX_REQUEST_BODY: usize = 1024 * 1024;
-
-/// The header of the IETF httpapi idempotency-key draft (Stripe's convention).
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
-
-/// Set on a response replayed for a known idempotency key.
-const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// State shared by every connection and every handle.
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
-    /// How long a `POST /tasks` waits after performing and before answering: widens the window in which a
+    /// How long a create waits after performing and before answering: widens the window in which a
     /// caller can die between the call and its record (for chaos runs).
-    latency: std::time::Duration,
+    pub(crate) latency: Duration,
+    /// How long a create takes before the task exists (its key in progress meanwhile).
+    pub(crate) processing: Duration,
 }
 
 impl Shared {
-    pub(crate) fn new(idempotency: bool, latency: std::time::Duration) -> Self {
+    pub(crate) fn new(state: State, latency: Duration, processing: Duration) -> Self {
         Self {
-            state: Mutex::new(State::new(idempotency)),
+            state: Mutex::new(state),
             latency,
+            processing,
         }
     }
 
@@ -55,7 +55,7 @@ impl Shared {
 /// Returned by the service to make hyper close the connection without answering (the
 /// `drop_answer` fault).
 #[derive(Debug)]
-struct DropConnection;
+pub(crate) struct DropConnection;
 
 impl std::fmt::Display for DropConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,9 +103,9 @@ pub(crate) async fn serve(
 }
 
 /// A refusal: status and message for the `{"error": ...}` body.
-type Refusal = (StatusCode, String);
+pub(crate) type Refusal = (StatusCode, String);
 
-fn refusal(status: StatusCode, message: impl Into<String>) -> Refusal {
+pub(crate) fn refusal(status: StatusCode, message: impl Into<String>) -> Refusal {
     (status, message.into())
 }
 
@@ -117,6 +117,23 @@ async fn handle(
     let path = req.uri().path().to_string();
     tracing::debug!(%method, %path, "request");
     let response = match path.as_str() {
+        "/v1/tasks" => match method {
+            Method::POST => return v1::post(&shared, req).await,
+            Method::GET => v1::list(&shared, req.uri().query()),
+            _ => method_not_allowed("GET, POST"),
+        },
+        "/v1/tasks/search" => match method {
+            Method::POST => v1::search(&shared, req).await,
+            _ => method_not_allowed("POST"),
+        },
+        p if p.starts_with(v1::BY_REF) => match method {
+            Method::PUT => return v1::upsert(&shared, &p[v1::BY_REF.len()..], req).await,
+            _ => method_not_allowed("PUT"),
+        },
+        p if p.starts_with("/v1/tasks/") => match method {
+            Method::GET => v1::get(&shared, &p["/v1/tasks/".len()..]),
+            _ => method_not_allowed("GET"),
+        },
         "/tasks" => match method {
             Method::POST => return post_task(&shared, req).await,
             Method::GET => get_tasks(&shared, req.uri().query()),
@@ -139,7 +156,7 @@ async fn handle(
         },
         "/_faults" => match method {
             Method::POST => post_faults(&shared, req).await,
-            Method::GET => json_response(StatusCode::OK, &shared.state().faults()),
+            Method::GET => json_response(StatusCode::OK, &shared.state().faults.view()),
             _ => method_not_allowed("GET, POST"),
         },
         "/_health" => match method {
@@ -151,146 +168,29 @@ async fn handle(
     Ok(response)
 }
 
-/// A well-formed `POST /tasks`.
-#[derive(Debug)]
-struct NewTask {
-    key: Option<String>,
-    body: Value,
-    external_ref: Option<String>,
-}
-
-async fn post_task(
-    shared: &Shared,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, DropConnection> {
-    let (parts, body) = req.into_parts();
-    let idempotency = shared.state().idempotency();
-    let parsed = match read_body(body).await {
-        Ok(bytes) => parse_new_task(&parts.headers, &bytes, idempotency),
-        Err(refused) => Err(refused),
-    };
-    let (fault, response) = {
-        let mut state = shared.state();
-        let fault = state.begin_post();
-        let response = match (fault, parsed) {
-            (Fault::FailBefore, _) => {
-                tracing::warn!("POST /tasks refused with 503 by an injected fault");
-                error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "service unavailable (injected fault)",
-                )
-            }
-            (_, Err((status, message))) => error_response(status, &message),
-            (_, Ok(new)) => {
-                let key = new.key.clone().unwrap_or_default();
-                match state.post(new.key, new.body, new.external_ref) {
-                    PostOutcome::Created(body) => {
-                        tracing::info!(%key, "task created");
-                        raw_json_response(StatusCode::CREATED, body)
-                    }
-                    PostOutcome::Replayed(body) => {
-                        tracing::info!(%key, "idempotent replay");
-                        let mut response = raw_json_response(StatusCode::OK, body);
-                        response
-                            .headers_mut()
-                            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-                        response
-                    }
-                    PostOutcome::KeyReused => {
-                        tracing::info!(%key, "idempotency key reused with another body");
-                        error_response(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "idempotency key reused with another body",
-                        )
-                    }
-                }
-            }
-        };
-        (fault, response)
-    };
-    if !shared.latency.is_zero() {
-        tokio::time::sleep(shared.latency).await;
-    }
-    if fault == Fault::DropAnswer {
-        tracing::warn!(
-            status = response.status().as_u16(),
-            "POST /tasks performed; answer dropped by an injected fault"
-        );
-        return Err(DropConnection);
-    }
-    Ok(response)
-}
-
-fn parse_new_task(
-    headers: &HeaderMap,
-    bytes: &[u8],
-    idempotency: bool,
-) -> Result<NewTask, Refusal> {
-    let key = if idempotency {
-        idempotency_key(headers)?
-    } else {
-        None
-    };
-    let body: Value = serde_json::from_slice(bytes)
-        .map_err(|e| refusal(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")))?;
-    let Value::Object(object) = &body else {
-        return Err(refusal(
-            StatusCode::BAD_REQUEST,
-            "the body must be a JSON object",
-        ));
-    };
-    let external_ref = match object.get("external_ref") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => {
-            return Err(refusal(
-                StatusCode::BAD_REQUEST,
-                "external_ref must be a string",
-            ))
-        }
-    };
-    Ok(NewTask {
-        key,
-        body,
-        external_ref,
-    })
-}
-
-/// The `Idempotency-Key` header, taken as-is: one non-empty value of visible ASCII.
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Refusal> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(refusal(
-            StatusCode::BAD_REQUEST,
-            "more than one Idempotency-Key header",
-        ));
-    }
-    match value.to_str() {
-        Ok(key) if !key.trim().is_empty() => Ok(Some(key.to_string())),
-        _ => Err(refusal(
-            StatusCode::BAD_REQUEST,
-            "the Idempotency-Key header must be non-empty visible ASCII",
-        )),
-    }
-}
-
+/// `GET /tasks`: the listing, or the lookup shape (`404` when nothing matches). Both see a task only
+/// `search_lag` after its creation.
 fn get_tasks(shared: &Shared, query: Option<&str>) -> Response<Body> {
     let params = match parse_query(query.unwrap_or("")) {
         Ok(params) => params,
         Err((status, message)) => return error_response(status, &message),
     };
     let state = shared.state();
+    let visible: Vec<_> = state.searchable(Instant::now()).collect();
     if params.key.is_none() && params.external_ref.is_none() {
-        return json_response(StatusCode::OK, &json!({"tasks": state.tasks()}));
+        return json_response(StatusCode::OK, &json!({"tasks": visible}));
     }
-    let by_key = params.key.as_deref().map(|k| state.task_with_key(k));
-    let by_ref = params
-        .external_ref
-        .as_deref()
-        .map(|r| state.task_with_external_ref(r));
+    let by_key = params.key.as_deref().map(|k| {
+        state
+            .task_with_key(k)
+            .filter(|t| visible.iter().any(|v| v.id == t.id))
+    });
+    let by_ref = params.external_ref.as_deref().map(|r| {
+        visible
+            .iter()
+            .copied()
+            .find(|t| t.external_ref.as_deref() == Some(r))
+    });
     let found = match (by_key, by_ref) {
         (Some(a), Some(b)) => a.filter(|a| b.is_some_and(|b| a.id == b.id)),
         (Some(a), None) => a,
@@ -303,16 +203,36 @@ fn get_tasks(shared: &Shared, query: Option<&str>) -> Response<Body> {
     }
 }
 
+/// `POST /tasks`.
+async fn post_task(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, DropConnection> {
+    let (parts, body) = req.into_parts();
+    let mode = shared.state().key_mode().clone();
+    let create = match read_body(body).await {
+        Ok(bytes) => match parse_new_task(&parts.headers, &bytes, &mode) {
+            Ok(new) => Create::Post {
+                route: Route::Legacy,
+                new,
+            },
+            Err(refused) => Create::Refused(refused),
+        },
+        Err(refused) => Create::Refused(refused),
+    };
+    create::run(shared, create).await
+}
+
 /// The search parameters of `GET /tasks`.
 #[derive(Debug, Default, PartialEq)]
-struct Search {
-    key: Option<String>,
-    external_ref: Option<String>,
+pub(crate) struct Search {
+    pub(crate) key: Option<String>,
+    pub(crate) external_ref: Option<String>,
 }
 
 /// Parses `idempotency_key=K&external_ref=R` (form encoding: `%XX` and `+` for space). Unknown or
 /// repeated parameters are refused so that a typo never turns a search into a listing.
-fn parse_query(query: &str) -> Result<Search, Refusal> {
+pub(crate) fn parse_query(query: &str) -> Result<Search, Refusal> {
     let mut search = Search::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -338,7 +258,7 @@ fn parse_query(query: &str) -> Result<Search, Refusal> {
     Ok(search)
 }
 
-fn decode_component(raw: &str) -> Result<String, Refusal> {
+pub(crate) fn decode_component(raw: &str) -> Result<String, Refusal> {
     let spaced = raw.replace('+', " ");
     percent_decode_str(&spaced)
         .decode_utf8()
@@ -351,14 +271,8 @@ fn decode_component(raw: &str) -> Result<String, Refusal> {
         })
 }
 
+/// `POST /_faults`: arms faults (every field optional; absent ones left as they are).
 async fn post_faults(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
-    /// Both fields optional: an absent one is left as it is.
-    #[derive(Debug, serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct ArmFaults {
-        drop_answer: Option<u64>,
-        fail_before: Option<u64>,
-    }
     let bytes = match read_body(req.into_body()).await {
         Ok(bytes) => bytes,
         Err((status, message)) => return error_response(status, &message),
@@ -369,25 +283,18 @@ async fn post_faults(shared: &Shared, req: Request<Incoming>) -> Response<Body> 
             return error_response(StatusCode::BAD_REQUEST, &format!("invalid faults: {e}"));
         }
     };
-    let faults: Faults = {
+    let view = {
         let mut state = shared.state();
-        if let Some(n) = arm.drop_answer {
-            state.set_drop_answer(n);
+        if let Err(e) = arm.apply(&mut state.faults) {
+            return error_response(StatusCode::BAD_REQUEST, &format!("invalid faults: {e}"));
         }
-        if let Some(n) = arm.fail_before {
-            state.set_fail_before(n);
-        }
-        state.faults()
+        state.faults.view()
     };
-    tracing::info!(
-        drop_answer = faults.drop_answer,
-        fail_before = faults.fail_before,
-        "faults armed"
-    );
-    json_response(StatusCode::OK, &faults)
+    tracing::info!(faults = ?view, "faults armed");
+    json_response(StatusCode::OK, &view)
 }
 
-async fn read_body(body: Incoming) -> Result<Bytes, Refusal> {
+pub(crate) async fn read_body(body: Incoming) -> Result<Bytes, Refusal> {
     match Limited::new(body, MAX_REQUEST_BODY).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(refusal(
@@ -401,7 +308,7 @@ async fn read_body(body: Incoming) -> Result<Bytes, Refusal> {
     }
 }
 
-fn raw_json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+pub(crate) fn raw_json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -411,17 +318,17 @@ fn raw_json_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     response
 }
 
-fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+pub(crate) fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
     raw_json_response(status, body)
 }
 
 /// `{"error": message}`.
-fn error_response(status: StatusCode, message: &str) -> Response<Body> {
+pub(crate) fn error_response(status: StatusCode, message: &str) -> Response<Body> {
     json_response(status, &json!({ "error": message }))
 }
 
-fn method_not_allowed(allow: &'static str) -> Response<Body> {
+pub(crate) fn method_not_allowed(allow: &'static str) -> Response<Body> {
     let mut response = error_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
     response
         .headers_mut()
@@ -451,25 +358,5 @@ mod tests {
             parse_query("external_ref=%FF").unwrap_err().0,
             StatusCode::BAD_REQUEST
         );
-    }
-
-    #[test]
-    fn task_bodies_are_validated() {
-        let headers = HeaderMap::new();
-        assert!(parse_new_task(&headers, br#"{"a":1}"#, true).is_ok());
-        for bad in [&b"{"[..], b"[1]", b"\"x\"", br#"{"external_ref":1}"#, b""] {
-            assert_eq!(
-                parse_new_task(&headers, bad, true).unwrap_err().0,
-                StatusCode::BAD_REQUEST,
-                "{bad:?}"
-            );
-        }
-        let mut headers = HeaderMap::new();
-        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("k1"));
-        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("k2"));
-        assert!(parse_new_task(&headers, b"{}", true).is_err());
-        // Without idempotency support the header is ignored, however odd it is.
-        let new = parse_new_task(&headers, b"{}", false).unwrap();
-        assert_eq!(new.key, None);
     }
 }
