@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use txinbox::effects::idempotency_key;
-use txinbox::http::HttpEffect;
+use txinbox::http::{HttpEffect, HttpEffectBuilder, Key};
 use txinbox::mem::MemoryQueue;
 use txinbox::sqlx::{self, Database, Decode, Executor, IntoArguments, Row, Type};
 use txinbox::{
@@ -233,16 +233,26 @@ fn keys(ids: &Ids, name: &str) -> Vec<String> {
         .collect()
 }
 
-/// The CRM as a destination, confirmed by idempotency key.
-fn crm_by_key(crm: &CrmApi) -> HttpEffect {
+/// The CRM as a destination, confirmed by idempotency key (a lookup: 404 when none).
+fn crm_by_key_builder(crm: &CrmApi) -> HttpEffectBuilder {
     HttpEffect::post(format!("{}/tasks", crm.url()))
         .confirm_url(format!("{}/tasks?idempotency_key={{key}}", crm.url()))
 }
 
-/// The CRM as a destination, confirmed by external reference.
+/// [`crm_by_key_builder`], built.
+fn crm_by_key(crm: &CrmApi) -> HttpEffect {
+    crm_by_key_builder(crm)
+        .build()
+        .expect("a valid destination")
+}
+
+/// The CRM as a destination without idempotency, confirmed by external reference (a lookup: 404 when none).
 fn crm_by_ref(crm: &CrmApi) -> HttpEffect {
     HttpEffect::post(format!("{}/tasks", crm.url()))
+        .key(Key::none())
         .confirm_url(format!("{}/tasks?external_ref={{external_ref}}", crm.url()))
+        .build()
+        .expect("a valid destination")
 }
 
 async fn start_crm(idempotency: bool) -> CrmApi {
@@ -262,11 +272,7 @@ struct Poison;
 
 impl EffectExecutor for Poison {
     fn execute<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Execution> {
-        Box::pin(async {
-            Execution::NotSent {
-                error: POISON_ERROR.into(),
-            }
-        })
+        Box::pin(async { Execution::not_sent(POISON_ERROR) })
     }
     fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
         Box::pin(async { Confirmation::NotFound })
@@ -285,9 +291,7 @@ impl EffectExecutor for FailsFirst {
         Box::pin(async move {
             self.seen.lock().unwrap().push(e.name.clone());
             if !self.failed_once.swap(true, Ordering::SeqCst) {
-                Execution::NotSent {
-                    error: "the first call never left".into(),
-                }
+                Execution::not_sent("the first call never left")
             } else {
                 Execution::Done {
                     reference: Some(format!("ref-{}", e.name)),
@@ -601,7 +605,12 @@ async fn no_idempotency_no_confirmation_needs_attention<DB: FxDb>(store: Store<D
     const MAX_REC: i32 = 3;
     // No confirmation request: an uncertain effect cannot be decided; zero backoff so each pass reconciles.
     let runner = EffectRunner::new(store.clone())
-        .executor("crm", HttpEffect::post(format!("{}/tasks", crm.url())))
+        .executor(
+            "crm",
+            HttpEffect::post(format!("{}/tasks", crm.url()))
+                .build()
+                .expect("a valid destination"),
+        )
         .options(
             EffectOptions::default()
                 .backoff(Duration::ZERO, Duration::ZERO)
@@ -634,7 +643,7 @@ async fn no_idempotency_no_confirmation_needs_attention<DB: FxDb>(store: Store<D
         assert!(
             r.last_error
                 .as_deref()
-                .is_some_and(|e| e.contains("no confirmation request")),
+                .is_some_and(|e| e.contains("no confirmation is configured")),
             "{r:?}"
         );
         assert!(!r.finished && r.claimed_by.is_none(), "{r:?}");
@@ -1149,7 +1158,10 @@ async fn compensation_undoes_a_done_effect_once<DB: FxDb>(store: Store<DB>) {
     assert_all_applied(&deliver(&store, h, 0..1).await, 1);
     let runner = EffectRunner::new(store.clone()).executor(
         "crm",
-        crm_by_key(&crm).compensate_url(format!("{}/tasks/{{reference}}", crm.url())),
+        crm_by_key_builder(&crm)
+            .compensate_url(format!("{}/tasks/{{reference}}", crm.url()))
+            .build()
+            .expect("a valid destination"),
     );
     let report = runner.run_until_idle().await;
     assert_eq!(report.count(EffectState::Done), 1, "{report}");

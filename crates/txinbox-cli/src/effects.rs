@@ -1,41 +1,93 @@
 //! `txinbox effects`: run the effects of a store (for operators, or as a process of its own beside the
 //! workers) and count them by state.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 use txinbox_core::effects::EffectStore;
-use txinbox_core::http::HttpEffect;
-use txinbox_core::{EffectOptions, EffectRunner};
+use txinbox_core::http::{runner_from_settings, HttpEffect};
+use txinbox_core::settings::{
+    ConfirmSettings, EffectsSettings, HttpDestinationSettings, WorkerSettings,
+};
+use txinbox_core::EffectRunner;
 use txinbox_store::{Backend, Store};
 
-/// Arguments of `txinbox effects run`.
+/// Arguments of `txinbox effects run`. The destinations come from the settings file's `[effects]` section
+/// (`--config`), and from the flags below, which say the same thing per destination NAME and win over the file:
+/// every rule of the file can be given on the command line.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Store URL (`sqlite:path.db` or `postgres://...`).
+    /// Store URL (`sqlite:path.db` or `postgres://...`); default: the settings file's `[store] url`.
     #[arg(long, env = "TXINBOX_STORE_URL")]
-    pub store: String,
-    /// An HTTP destination: `NAME=URL` (effects of destination NAME are POSTed to URL with their
-    /// Idempotency-Key). Repeat for several.
-    #[arg(long = "http", value_parser = parse_pair, required = true)]
+    pub store: Option<String>,
+    /// The settings file (its `[effects]` section: runner options and `[effects.destinations.NAME]`).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// An HTTP destination: `NAME=URL` (effects of destination NAME are POSTed to URL). Repeat for several.
+    #[arg(long = "http", value_parser = parse_pair)]
     pub http: Vec<(String, String)>,
-    /// The confirmation request of a destination: `NAME=URL` with `{key}` or `{external_ref}` in it.
+    /// An upsert destination: `NAME=URL` with `{external_ref}` or `{key}` in it (PUT; idempotent by itself).
+    #[arg(long = "upsert", value_parser = parse_pair)]
+    pub upsert: Vec<(String, String)>,
+    /// `NAME=METHOD`: the call's method (POST; PUT or PATCH for an upsert).
+    #[arg(long = "method", value_parser = parse_pair)]
+    pub method: Vec<(String, String)>,
+    /// `NAME=header:HEADER`, `NAME=body:FIELD` or `NAME=none`: where the key goes, and that the destination
+    /// honours it (unset: `Idempotency-Key` sent, not relied on).
+    #[arg(long = "key", value_parser = parse_pair)]
+    pub key: Vec<(String, String)>,
+    /// `NAME=SECONDS`: how long the destination keeps a key (86400).
+    #[arg(long = "key-kept-secs", value_parser = parse_pair)]
+    pub key_kept_secs: Vec<(String, String)>,
+    /// `NAME=POINTER`: where the reference is in a 2xx answer (`/id`).
+    #[arg(long = "reference", value_parser = parse_pair)]
+    pub reference: Vec<(String, String)>,
+    /// `NAME`: the destination's 2xx may carry no reference (done without reference).
+    #[arg(long = "reference-optional")]
+    pub reference_optional: Vec<String>,
+    /// `NAME=URL`: the confirmation is a lookup (`GET`; 404 = not found; a 2xx must carry the reference),
+    /// with `{key}` or `{external_ref}` in the URL.
     #[arg(long = "confirm", value_parser = parse_pair)]
     pub confirm: Vec<(String, String)>,
-    /// Destinations that ignore the Idempotency-Key header (sent anyway; only the confirmation protects them).
+    /// `NAME=URL`: the confirmation is a search (`GET`; an empty list or a zero count = not found).
+    #[arg(long = "confirm-search", value_parser = parse_pair)]
+    pub confirm_search: Vec<(String, String)>,
+    /// `NAME=URL`: the confirmation is a search by `POST`, with `--confirm-body`.
+    #[arg(long = "confirm-search-post", value_parser = parse_pair)]
+    pub confirm_search_post: Vec<(String, String)>,
+    /// `NAME=JSON`: the body of a `POST` search (`{key}`, `{external_ref}` replaced).
+    #[arg(long = "confirm-body", value_parser = parse_pair)]
+    pub confirm_body: Vec<(String, String)>,
+    /// `NAME=POINTER`: where the confirmation's reference is (`/id` for a lookup, `/data/0/id` for a search).
+    #[arg(long = "found-at", value_parser = parse_pair)]
+    pub found_at: Vec<(String, String)>,
+    /// `NAME=POINTER`: where a search's count is (`/total`).
+    #[arg(long = "count-at", value_parser = parse_pair)]
+    pub count_at: Vec<(String, String)>,
+    /// `NAME=STATUS:ANSWER`: what a status or class means (`crm=409:in_progress`, `crm=4xx:rejected`).
+    #[arg(long = "answer", value_parser = parse_pair)]
+    pub answer: Vec<(String, String)>,
+    /// `NAME=SECONDS`: wait this long after an uncertain call before the first confirmation.
+    #[arg(long = "reconcile-after-secs", value_parser = parse_pair)]
+    pub reconcile_after_secs: Vec<(String, String)>,
+    /// `NAME=HEADER=VALUE`: a header sent with every request (`crm=Authorization=env:CRM_TOKEN` reads the value
+    /// from the environment).
+    #[arg(long = "header", value_parser = parse_pair)]
+    pub header: Vec<(String, String)>,
+    /// Destinations that ignore idempotency keys (`--key NAME=none`): only the confirmation protects them.
     #[arg(long = "no-idempotency")]
     pub no_idempotency: Vec<String>,
     /// Run until nothing is due, then exit (else until SIGTERM / Ctrl-C).
     #[arg(long)]
     pub once: bool,
-    /// Effects claimed per pass.
-    #[arg(long, default_value_t = 32)]
-    pub batch: i64,
-    /// Seconds a claim lasts before another runner may reconcile the effect.
-    #[arg(long, default_value_t = 60)]
-    pub claim_secs: u64,
-    /// Seconds each HTTP request may take before the call is uncertain.
-    #[arg(long, default_value_t = 10)]
-    pub timeout_secs: u64,
+    /// Effects claimed per pass (`[effects] batch`).
+    #[arg(long)]
+    pub batch: Option<i64>,
+    /// Seconds a claim lasts before another runner may reconcile the effect (`[effects] claim_seconds`).
+    #[arg(long)]
+    pub claim_secs: Option<u64>,
+    /// Seconds each HTTP request may take before the call is uncertain (every destination without its own).
+    #[arg(long)]
+    pub timeout_secs: Option<u64>,
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -45,28 +97,161 @@ fn parse_pair(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Runs the effects of `store` through the HTTP destinations of `args`; prints the report.
+impl RunArgs {
+    /// The settings file, if any.
+    fn file(&self) -> Result<Option<WorkerSettings>, String> {
+        self.config
+            .as_deref()
+            .map(WorkerSettings::load)
+            .transpose()
+            .map_err(|e| e.to_string())
+    }
+
+    /// The store URL: `--store`, else the settings file's.
+    pub fn store_url(&self) -> Result<String, String> {
+        match (&self.store, self.file()?) {
+            (Some(s), _) => Ok(s.clone()),
+            (None, Some(f)) => Ok(f.store.url),
+            (None, None) => Err("no store: give --store, TXINBOX_STORE_URL or --config".into()),
+        }
+    }
+
+    /// The runner's settings: the file's `[effects]`, then the flags. Every destination's rules are checked.
+    pub fn effects(&self) -> Result<EffectsSettings, String> {
+        let mut fx = self.file()?.map(|f| f.effects).unwrap_or_default();
+        if let Some(n) = self.batch {
+            fx.batch = n;
+        }
+        if let Some(n) = self.claim_secs {
+            fx.claim_seconds = n.max(1);
+        }
+        let d = &mut fx.destinations;
+        for (name, url) in &self.http {
+            d.entry(name.clone()).or_default().url.clone_from(url);
+        }
+        for (name, url) in &self.upsert {
+            let dest = d.entry(name.clone()).or_default();
+            dest.url.clone_from(url);
+            dest.upsert = true;
+        }
+        let known = |d: &BTreeMap<String, HttpDestinationSettings>, flag: &str, name: &str| {
+            if d.contains_key(name) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{flag} names {name:?}, which no --http, --upsert or [effects.destinations.{name}] defines"
+                ))
+            }
+        };
+        for (flag, pairs) in [
+            ("--method", &self.method),
+            ("--key", &self.key),
+            ("--key-kept-secs", &self.key_kept_secs),
+            ("--reference", &self.reference),
+            ("--confirm", &self.confirm),
+            ("--confirm-search", &self.confirm_search),
+            ("--confirm-search-post", &self.confirm_search_post),
+            ("--confirm-body", &self.confirm_body),
+            ("--found-at", &self.found_at),
+            ("--count-at", &self.count_at),
+            ("--answer", &self.answer),
+            ("--reconcile-after-secs", &self.reconcile_after_secs),
+            ("--header", &self.header),
+        ] {
+            for (name, value) in pairs {
+                known(d, flag, name)?;
+                let dest = d.get_mut(name).ok_or("checked above")?;
+                apply(dest, flag, value)?;
+            }
+        }
+        for (flag, names) in [
+            ("--reference-optional", &self.reference_optional),
+            ("--no-idempotency", &self.no_idempotency),
+        ] {
+            for name in names {
+                known(d, flag, name)?;
+                let dest = d.get_mut(name).ok_or("checked above")?;
+                if flag == "--no-idempotency" {
+                    dest.key = Some("none".into());
+                } else {
+                    dest.reference_optional = true;
+                }
+            }
+        }
+        if let Some(t) = self.timeout_secs {
+            for dest in d.values_mut() {
+                dest.timeout_seconds.get_or_insert(t.max(1));
+            }
+        }
+        if d.is_empty() {
+            return Err(
+                "no destination: give --http NAME=URL (or --upsert), or [effects.destinations.NAME] in --config"
+                    .into(),
+            );
+        }
+        for (name, dest) in d.iter() {
+            HttpEffect::from_settings(name, dest, |v| std::env::var(v).ok())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(fx)
+    }
+}
+
+fn confirm(d: &mut HttpDestinationSettings) -> &mut ConfirmSettings {
+    d.confirm.get_or_insert_with(ConfirmSettings::default)
+}
+
+/// One flag's value on a destination.
+fn apply(d: &mut HttpDestinationSettings, flag: &str, v: &str) -> Result<(), String> {
+    let secs = |v: &str| {
+        v.parse::<u64>()
+            .map_err(|_| format!("{flag}: {v:?} is not a number of seconds"))
+    };
+    match flag {
+        "--method" => d.method = Some(v.to_owned()),
+        "--key" => d.key = Some(v.to_owned()),
+        "--key-kept-secs" => d.key_kept_seconds = Some(secs(v)?),
+        "--reference" => d.reference = Some(v.to_owned()),
+        "--reconcile-after-secs" => d.reconcile_after_seconds = secs(v)?,
+        "--confirm" | "--confirm-search" | "--confirm-search-post" => {
+            let c = confirm(d);
+            c.url = v.to_owned();
+            c.rule = Some(
+                if flag == "--confirm" {
+                    "lookup"
+                } else {
+                    "search"
+                }
+                .into(),
+            );
+            if flag == "--confirm-search-post" {
+                c.method = Some("POST".into());
+            }
+        }
+        "--confirm-body" => confirm(d).body = Some(v.to_owned()),
+        "--found-at" => confirm(d).found_at = Some(v.to_owned()),
+        "--count-at" => confirm(d).count_at = Some(v.to_owned()),
+        "--answer" => {
+            let (status, answer) = v
+                .split_once(':')
+                .ok_or_else(|| format!("--answer: expected NAME=STATUS:ANSWER, got {v:?}"))?;
+            d.answers.insert(status.to_owned(), answer.to_owned());
+        }
+        "--header" => {
+            let (h, value) = v
+                .split_once('=')
+                .ok_or_else(|| "--header: expected NAME=HEADER=VALUE".to_owned())?;
+            d.headers.insert(h.to_owned(), value.to_owned());
+        }
+        _ => return Err(format!("unknown flag {flag}")),
+    }
+    Ok(())
+}
+
+/// Runs the effects of `store` through the destinations of `args`; prints the report.
 pub async fn run<DB: Backend>(store: Store<DB>, args: &RunArgs) -> Result<(), String> {
-    let mut runner = EffectRunner::new(store.clone()).options(
-        EffectOptions::default()
-            .batch(args.batch)
-            .claim_for(Duration::from_secs(args.claim_secs.max(1))),
-    );
-    for (name, url) in &args.http {
-        let mut http = HttpEffect::post(url).timeout(Duration::from_secs(args.timeout_secs.max(1)));
-        if let Some((_, c)) = args.confirm.iter().find(|(n, _)| n == name) {
-            http = http.confirm_url(c);
-        }
-        if args.no_idempotency.contains(name) {
-            tracing::warn!(destination = %name, "destination without idempotency support: only the confirmation request prevents a repeat");
-        }
-        runner = runner.executor(name.clone(), http);
-    }
-    for (name, _) in &args.confirm {
-        if !args.http.iter().any(|(n, _)| n == name) {
-            return Err(format!("--confirm names {name:?}, which no --http defines"));
-        }
-    }
+    let settings = args.effects()?;
+    let runner = runner_from_settings(store, &settings).map_err(|e| e.to_string())?;
     tracing::info!(holder = runner.holder(), "effect runner started");
     let report = if args.once {
         runner.run_until_idle().await
@@ -99,8 +284,16 @@ pub async fn compensate<DB: Backend>(
 ) -> Result<(), String> {
     let mut runner = EffectRunner::new(store);
     for (name, url) in &args.compensate {
-        // The POST URL is not used by a compensation.
-        runner = runner.executor(name.clone(), HttpEffect::post(url).compensate_url(url));
+        // The call's URL is not used by a compensation; the compensation's stands in for it.
+        let call = url
+            .replace("{reference}", "r")
+            .replace("{key}", "k")
+            .replace("{external_ref}", "e");
+        let exec = HttpEffect::post(call)
+            .compensate_url(url)
+            .build()
+            .map_err(|e| format!("--compensate {name}: {e}"))?;
+        runner = runner.executor(name.clone(), exec);
     }
     let state = runner
         .compensate(&args.key)

@@ -96,7 +96,7 @@ enum Command {
 enum EffectsCommand {
     /// Claim due effects and run them through HTTP destinations, reconciling uncertain ones first; until
     /// SIGTERM, or once with `--once`. Prints `EffectReport ...` at the end.
-    Run(effects::RunArgs),
+    Run(Box<effects::RunArgs>),
     /// Undo one done effect (an operator's compensation) through its destination, and mark it compensated.
     Compensate(effects::CompensateArgs),
     /// Effects by consumer, destination and state, with the oldest of each.
@@ -308,7 +308,15 @@ fn main() -> ExitCode {
                 Err(e) => return fail(&e),
             };
             let url = match &command {
-                EffectsCommand::Run(a) => a.store.clone(),
+                EffectsCommand::Run(a) => {
+                    match a.store_url().and_then(|u| a.effects().map(|_| u)) {
+                        Ok(u) => u,
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            return ExitCode::from(2);
+                        }
+                    }
+                }
                 EffectsCommand::Compensate(a) => a.store.clone(),
                 EffectsCommand::Stats { store } => store.clone(),
             };

@@ -46,13 +46,17 @@ pub const REDRIVEN: &str = "txinbox_redriven_total";
 /// Deliveries interrupted before COMMIT by the shutdown deadline, or received ahead and still waiting for a slot
 /// when shutdown began.
 pub const INTERRUPTED: &str = "txinbox_interrupted_total";
-/// Effect executions, by `consumer`, `destination` and `result` (`done`, `not_sent`, `rejected`, `uncertain`).
+/// Effect executions, by `consumer`, `destination` and `result` (`done`, `not_sent`, `rejected`, `in_progress`,
+/// `uncertain`).
 pub const EFFECT_EXECUTIONS: &str = "txinbox_effect_executions_total";
-/// Effect reconciliations, by `consumer`, `destination` and `outcome` (`done`, `not_found`, `unknown`).
+/// Effect reconciliations, by `consumer`, `destination` and `outcome` (`done`, `not_found`, `repeat`, `unknown`).
 pub const EFFECT_RECONCILIATIONS: &str = "txinbox_effect_reconciliations_total";
 /// Effects by `consumer`, `destination` and `state`: the uncertain and needs-attention ones are the pattern's
 /// "external effects in uncertain state".
 pub const EFFECTS: &str = "txinbox_effects";
+/// Done effects without a reference from the destination, by `consumer` and `destination`: it said it did them
+/// (or a confirmation found them) without an id to show for it.
+pub const EFFECTS_DONE_WITHOUT_REFERENCE: &str = "txinbox_effects_done_without_reference";
 /// Age in seconds of the oldest pending effect, by `consumer` and `destination` (the relay lag).
 pub const EFFECT_OLDEST_PENDING: &str = "txinbox_effect_oldest_pending_seconds";
 
@@ -130,6 +134,10 @@ pub fn describe() {
         "Reconciliations of uncertain effects by outcome"
     );
     describe_gauge!(EFFECTS, "External effects by state");
+    describe_gauge!(
+        EFFECTS_DONE_WITHOUT_REFERENCE,
+        "Done external effects without a reference from the destination"
+    );
     describe_counter!(MAINTENANCE_REMOVED, "Rows removed by the maintenance");
     describe_histogram!(
         MAINTENANCE_DURATION,

@@ -120,8 +120,8 @@ impl OutboxMessage {
 ///
 /// A publish is idempotent by its message id: the broker deduplicates it (SQS FIFO's deduplication id, Service
 /// Bus's MessageId) and the consumer's own inbox absorbs a copy past the broker's window. So an uncertain publish
-/// is reconciled by publishing again with the same id: the confirmation answers "not found", and the executor
-/// sends again.
+/// is reconciled by publishing again with the same id: the confirmation answers [`Confirmation::Repeat`], and the
+/// executor sends again.
 #[derive(Clone, Debug)]
 pub struct PublishEffect<P>(pub P);
 
@@ -136,13 +136,13 @@ impl<P: Publisher + 'static> EffectExecutor for PublishEffect<P> {
                 Err(e) if e.kind() == crate::BrokerErrorKind::OutcomeUnknown => {
                     Execution::Uncertain { error: e.into() }
                 }
-                Err(e) if e.is_retryable() => Execution::NotSent { error: e.into() },
+                Err(e) if e.is_retryable() => Execution::not_sent(e),
                 Err(e) => Execution::Rejected { error: e.into() },
             }
         })
     }
 
     fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
-        Box::pin(async { Confirmation::NotFound })
+        Box::pin(async { Confirmation::Repeat })
     }
 }

@@ -20,7 +20,7 @@ const NAME_SOURCES: [&str; 3] = [
 const LABEL_SOURCES: [&str; 6] = [
     include_str!("../src/inbox.rs"),
     include_str!("../src/worker.rs"),
-    include_str!("../src/effects.rs"),
+    include_str!("../src/effects/runner.rs"),
     include_str!("../src/lease.rs"),
     include_str!("../src/identity.rs"),
     include_str!("../src/metrics.rs"),

@@ -148,7 +148,11 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 
 /// The columns of a claimed effect, in this order, after `RETURNING` or `SELECT`.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub(crate) const CLAIMED_COLUMNS: &str = "id, consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, attempts, reconciliations";
+pub(crate) const CLAIMED_COLUMNS: &str = "id, consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, attempts, reconciliations, maybe_happened, sent_hash";
+
+/// How many [`CLAIMED_COLUMNS`] there are: the index of the first column after them.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) const AFTER_CLAIMED: usize = 13;
 
 /// Reads the [`CLAIMED_COLUMNS`] of a row; `from` is the state before the claim, `created_at` its time.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -164,6 +168,8 @@ where
     i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<String>: sqlx::Decode<'r, R::Database>,
 {
     let metadata: String = r.try_get(7)?;
     Ok(ClaimedEffect {
@@ -182,6 +188,8 @@ where
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown effect state {from:?}").into()))?,
         created_at,
         reference: None,
+        maybe_happened: r.try_get(11)?,
+        sent_hash: r.try_get(12)?,
     })
 }
 
@@ -239,6 +247,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "tenant_business_key",
         postgres: include_str!("../migrations/postgres/0004_tenant_business_key.sql"),
         sqlite: include_str!("../migrations/sqlite/0004_tenant_business_key.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "effect_truth",
+        postgres: include_str!("../migrations/postgres/0005_effect_truth.sql"),
+        sqlite: include_str!("../migrations/sqlite/0005_effect_truth.sql"),
     },
 ];
 

@@ -2,7 +2,7 @@
 //! decision are the core's ([`txinbox_core::effects::EffectRunner`]).
 
 use chrono::{DateTime, Utc};
-use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectStore, Transition};
+use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectStore, TransitionColumns};
 use txinbox_core::maintenance::{MaintenanceStore, Table};
 
 use crate::backend::Backend;
@@ -26,10 +26,10 @@ impl<DB: Backend> EffectStore for Store<DB> {
         &self,
         id: i64,
         holder: &str,
-        transition: &Transition,
+        transition: &TransitionColumns<'_>,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        DB::finish_effect(self.pool(), id, holder, &transition.columns(), now).await
+        DB::finish_effect(self.pool(), id, holder, transition, now).await
     }
 
     async fn purge_done_effects(

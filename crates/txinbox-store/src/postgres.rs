@@ -6,7 +6,9 @@ use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
 use txinbox_core::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
-use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
+use crate::backend::{
+    claimed_from_row, metadata_json, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS, MIGRATIONS,
+};
 use crate::error::StoreError;
 use txinbox_core::effects::{
     ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
@@ -346,8 +348,8 @@ impl Backend for Postgres {
             .await?;
         rows.iter()
             .map(|r| {
-                let from: String = r.try_get(11)?;
-                claimed_from_row(r, &from, r.try_get(12)?)
+                let from: String = r.try_get(AFTER_CLAIMED)?;
+                claimed_from_row(r, &from, r.try_get(AFTER_CLAIMED + 1)?)
             })
             .collect()
     }
@@ -359,7 +361,7 @@ impl Backend for Postgres {
         t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE($6, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN $9 ELSE finished_at END WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'")
+        let done = sqlx::query("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE($6, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN $9 ELSE finished_at END, maybe_happened = COALESCE($11, maybe_happened), sent_hash = COALESCE(sent_hash, $12) WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'")
             .bind(id)
             .bind(holder)
             .bind(t.state.as_str())
@@ -370,6 +372,8 @@ impl Backend for Postgres {
             .bind(t.error)
             .bind(now)
             .bind(t.finished)
+            .bind(t.maybe_happened)
+            .bind(t.sent_hash)
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -393,9 +397,9 @@ impl Backend for Postgres {
         let Some(r) = sqlx::query(&sql).bind(key).fetch_optional(pool).await? else {
             return Ok(None);
         };
-        let state: String = r.try_get(11)?;
-        let mut e = claimed_from_row(&r, &state, r.try_get(12)?)?;
-        e.reference = r.try_get(13)?;
+        let state: String = r.try_get(AFTER_CLAIMED)?;
+        let mut e = claimed_from_row(&r, &state, r.try_get(AFTER_CLAIMED + 1)?)?;
+        e.reference = r.try_get(AFTER_CLAIMED + 2)?;
         Ok(Some(e))
     }
 
@@ -456,7 +460,7 @@ impl Backend for Postgres {
     }
 
     async fn effect_counts(pool: &PgPool) -> Result<Vec<EffectCount>, sqlx::Error> {
-        let rows = sqlx::query("SELECT consumer_name, destination, state, count(*), min(created_at) FROM txinbox_effects GROUP BY consumer_name, destination, state")
+        let rows = sqlx::query("SELECT consumer_name, destination, state, count(*), min(created_at), count(*) FILTER (WHERE result_reference IS NULL) FROM txinbox_effects GROUP BY consumer_name, destination, state")
             .fetch_all(pool)
             .await?;
         rows.iter()
@@ -473,6 +477,7 @@ impl Backend for Postgres {
                         state,
                         count: r.try_get(3)?,
                         oldest: r.try_get(4)?,
+                        without_reference: r.try_get(5)?,
                     })
                 })())
             })

@@ -5,7 +5,9 @@ use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
 use txinbox_core::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
-use crate::backend::{claimed_from_row, metadata_json, Backend, CLAIMED_COLUMNS, MIGRATIONS};
+use crate::backend::{
+    claimed_from_row, metadata_json, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS, MIGRATIONS,
+};
 use crate::error::StoreError;
 use txinbox_core::effects::{
     ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
@@ -242,7 +244,7 @@ impl Backend for Sqlite {
                     .bind(ts(now))
                     .fetch_one(&mut *conn)
                     .await?;
-                let created: String = r.try_get(11)?;
+                let created: String = r.try_get(AFTER_CLAIMED)?;
                 out.push(claimed_from_row(&r, &from, parse_ts(&created)?)?);
             }
             Ok::<_, sqlx::Error>(out)
@@ -260,7 +262,7 @@ impl Backend for Sqlite {
         t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query("UPDATE txinbox_effects SET state = ?3, attempts = COALESCE(?4, attempts), reconciliations = COALESCE(?5, reconciliations), next_attempt_at = COALESCE(?6, next_attempt_at), result_reference = COALESCE(?7, result_reference), last_error = ?8, claimed_by = NULL, claim_until = NULL, updated_at = ?9, finished_at = CASE WHEN ?10 THEN ?9 ELSE finished_at END WHERE id = ?1 AND claimed_by = ?2 AND state = 'in_flight'")
+        let done = sqlx::query("UPDATE txinbox_effects SET state = ?3, attempts = COALESCE(?4, attempts), reconciliations = COALESCE(?5, reconciliations), next_attempt_at = COALESCE(?6, next_attempt_at), result_reference = COALESCE(?7, result_reference), last_error = ?8, claimed_by = NULL, claim_until = NULL, updated_at = ?9, finished_at = CASE WHEN ?10 THEN ?9 ELSE finished_at END, maybe_happened = COALESCE(?11, maybe_happened), sent_hash = COALESCE(sent_hash, ?12) WHERE id = ?1 AND claimed_by = ?2 AND state = 'in_flight'")
             .bind(id)
             .bind(holder)
             .bind(t.state.as_str())
@@ -271,6 +273,8 @@ impl Backend for Sqlite {
             .bind(t.error)
             .bind(ts(now))
             .bind(t.finished)
+            .bind(t.maybe_happened)
+            .bind(t.sent_hash)
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -297,10 +301,10 @@ impl Backend for Sqlite {
         let Some(r) = sqlx::query(&sql).bind(key).fetch_optional(pool).await? else {
             return Ok(None);
         };
-        let state: String = r.try_get(11)?;
-        let created: String = r.try_get(12)?;
+        let state: String = r.try_get(AFTER_CLAIMED)?;
+        let created: String = r.try_get(AFTER_CLAIMED + 1)?;
         let mut e = claimed_from_row(&r, &state, parse_ts(&created)?)?;
-        e.reference = r.try_get(13)?;
+        e.reference = r.try_get(AFTER_CLAIMED + 2)?;
         Ok(Some(e))
     }
 
@@ -361,11 +365,11 @@ impl Backend for Sqlite {
     }
 
     async fn effect_counts(pool: &SqlitePool) -> Result<Vec<EffectCount>, sqlx::Error> {
-        let rows: Vec<(String, String, String, i64, Option<String>)> = sqlx::query_as("SELECT consumer_name, destination, state, count(*), min(created_at) FROM txinbox_effects GROUP BY consumer_name, destination, state")
+        let rows: Vec<(String, String, String, i64, Option<String>, i64)> = sqlx::query_as("SELECT consumer_name, destination, state, count(*), min(created_at), SUM(CASE WHEN result_reference IS NULL THEN 1 ELSE 0 END) FROM txinbox_effects GROUP BY consumer_name, destination, state")
             .fetch_all(pool)
             .await?;
         let mut out = Vec::with_capacity(rows.len());
-        for (consumer, destination, state, count, oldest) in rows {
+        for (consumer, destination, state, count, oldest, without_reference) in rows {
             let Some(state) = EffectState::parse(&state) else {
                 continue;
             };
@@ -375,6 +379,7 @@ impl Backend for Sqlite {
                 state,
                 count,
                 oldest: oldest.as_deref().map(parse_ts).transpose()?,
+                without_reference,
             });
         }
         Ok(out)

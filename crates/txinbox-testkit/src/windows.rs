@@ -1042,7 +1042,10 @@ pub async fn run_window_batch<DB: LabDb>(
             let runner = EffectRunner::new(store.clone())
                 .executor(
                     "crm",
-                    HttpEffect::post(format!("{}/tasks", crm.url())).confirm_url(confirm),
+                    HttpEffect::post(format!("{}/tasks", crm.url()))
+                        .confirm_url(confirm)
+                        .build()
+                        .map_err(|e| LabError::Usage(e.to_string()))?,
                 )
                 .options(EffectOptions::default().idle_poll(Duration::from_millis(10)));
             let p = lab_processor(store.clone(), task_with_crm_effect::<DB>);

@@ -12,13 +12,12 @@
 use std::time::Duration;
 
 use txinbox::health::Health;
-use txinbox::http::HttpEffect;
-use txinbox::settings::WorkerSettings;
+use txinbox::settings::{EffectsSettings, HttpDestinationSettings, WorkerSettings};
 use txinbox::sqlx::{self, Encode, Executor, IntoArguments, Type};
 use txinbox::store::Backend;
 use txinbox::{
-    ConsumerName, Effect, EffectOptions, EffectRunner, Handled, HandlerError, IdentityPolicy,
-    Inbox, LeasedDelivery, Maintenance, MaintenanceOptions, Message, OutcomeKind, Receiver,
+    ConsumerName, Effect, EffectRunner, Handled, HandlerError, IdentityPolicy, Inbox,
+    LeasedDelivery, Maintenance, MaintenanceOptions, Message, OutcomeKind, Receiver,
     RetentionPolicy, Store, Tx, Worker, WorkerOptions, WorkerReport,
 };
 
@@ -103,13 +102,28 @@ where
 /// The destination name of the external CRM.
 pub const CRM: &str = "crm";
 
-/// The external CRM's effect executor: tasks POSTed to `{url}/tasks` with their `Idempotency-Key`, found again
-/// by key (`{url}/tasks?idempotency_key=...`) when an answer was lost.
-pub fn crm_executor(url: &str) -> HttpEffect {
+/// The external CRM at `url` (`txinbox-crm-api`) as a destination, what `--crm-url` stands for: tasks POSTed
+/// to `{url}/tasks` with their `Idempotency-Key`, which it honours, found again by key
+/// (`{url}/tasks?idempotency_key=...`, 404 when none) when an answer was lost. The same as the settings file's
+///
+/// ```toml
+/// [effects.destinations.crm]
+/// url = "http://127.0.0.1:8088/tasks"
+/// key = "header:Idempotency-Key"
+/// timeout_seconds = 5
+/// confirm = { url = "http://127.0.0.1:8088/tasks?idempotency_key={key}", rule = "lookup" }
+/// ```
+pub fn crm_destination(url: &str) -> HttpDestinationSettings {
     let url = url.trim_end_matches('/');
-    HttpEffect::post(format!("{url}/tasks"))
-        .confirm_url(format!("{url}/tasks?idempotency_key={{key}}"))
-        .timeout(Duration::from_secs(5))
+    let mut confirm = txinbox::settings::ConfirmSettings::default();
+    confirm.url = format!("{url}/tasks?idempotency_key={{key}}");
+    confirm.rule = Some("lookup".into());
+    let mut d = HttpDestinationSettings::default();
+    d.url = format!("{url}/tasks");
+    d.key = Some("header:Idempotency-Key".into());
+    d.timeout_seconds = Some(5);
+    d.confirm = Some(confirm);
+    d
 }
 
 /// Where and how the agent runs.
@@ -123,9 +137,10 @@ pub struct AgentOptions {
     pub worker: WorkerOptions,
     /// Delay before a retryable failure is redelivered.
     pub retry_backoff: Duration,
-    /// The external CRM's base URL: the agent then creates each follow-up task there too, through an effect
-    /// run by a runner in this process (`None`: the local record only).
-    pub crm_url: Option<String>,
+    /// The effect runner and its destinations (`[effects]`): with a [`CRM`] destination the agent creates each
+    /// follow-up task there too, through an effect run by a runner in this process (none: the local record
+    /// only).
+    pub effects: EffectsSettings,
     /// Run the maintenance (retention) beside the worker this often (`None`: another process purges).
     pub maintenance_every: Option<Duration>,
     /// How long markers are kept (`[inbox] retention_seconds`).
@@ -138,15 +153,25 @@ pub struct AgentOptions {
 
 impl AgentOptions {
     /// The agent as a settings file describes it (the file `txinbox check-infra --config` checks): consumer,
-    /// store, worker options, retention, maintenance cadence, health endpoint. The CRM URL is not a setting
-    /// of the inbox.
+    /// store, worker options, retention, maintenance cadence, health endpoint, effects. `crm_url` (the
+    /// `--crm-url` flag) sets the [`CRM`] destination to [`crm_destination`], with claims of 10 s unless the
+    /// file sets them: a runner killed mid-call (5 s timeout) leaves its effects to the next one soon.
     pub fn from_settings(s: &WorkerSettings, crm_url: Option<String>) -> Self {
+        let mut effects = s.effects.clone();
+        if let Some(url) = crm_url {
+            effects
+                .destinations
+                .insert(CRM.to_owned(), crm_destination(&url));
+            if effects.claim_seconds == EffectsSettings::default().claim_seconds {
+                effects.claim_seconds = 10;
+            }
+        }
         Self {
             store: s.store.url.clone(),
             consumer: s.worker.consumer.clone(),
             worker: s.worker_options(),
             retry_backoff: Duration::from_secs(5),
-            crm_url,
+            effects,
             maintenance_every: s.worker.purge_interval_seconds.map(Duration::from_secs),
             retention: s.retention(),
             max_connections: s.store.max_connections,
@@ -349,36 +374,70 @@ where
     let report = if opts.store.starts_with("postgres") {
         let store = Store::<sqlx::Postgres>::connect(&opts.store, opts.max_connections).await?;
         sqlx::query(TASKS_PG).execute(store.pool()).await?;
-        let with_crm = opts.crm_url.is_some();
+        let with_crm = opts.effects.destinations.contains_key(CRM);
+        let runner = effect_runner(&store, &opts)?;
         let processor = Inbox::new(store.clone(), policy)
             .retention(opts.retention.clone())
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(receiver, processor, store.clone(), &opts, health_listener).await;
+        let report = drive(
+            receiver,
+            processor,
+            store.clone(),
+            runner,
+            &opts,
+            health_listener,
+        )
+        .await;
         store.close().await;
         report
     } else {
         let store = Store::<sqlx::Sqlite>::connect(&opts.store).await?;
         sqlx::query(TASKS_SQLITE).execute(store.pool()).await?;
-        let with_crm = opts.crm_url.is_some();
+        let with_crm = opts.effects.destinations.contains_key(CRM);
+        let runner = effect_runner(&store, &opts)?;
         let processor = Inbox::new(store.clone(), policy)
             .retention(opts.retention.clone())
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
-        let report = drive(receiver, processor, store.clone(), &opts, health_listener).await;
+        let report = drive(
+            receiver,
+            processor,
+            store.clone(),
+            runner,
+            &opts,
+            health_listener,
+        )
+        .await;
         store.close().await;
         report
     };
     Ok(report)
 }
 
-/// Runs the worker and, with a CRM, the effect runner beside it, until SIGTERM or Ctrl-C stops both.
+/// The effect runner of the settings' destinations (none without one); a destination whose rules cannot work
+/// stops the agent at start.
+fn effect_runner<DB: Backend>(
+    store: &Store<DB>,
+    opts: &AgentOptions,
+) -> Result<Option<EffectRunner<Store<DB>>>, Error> {
+    if opts.effects.destinations.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(txinbox::http::runner_from_settings(
+        store.clone(),
+        &opts.effects,
+    )?))
+}
+
+/// Runs the worker and, with effects, the effect runner beside it, until SIGTERM or Ctrl-C stops both.
 async fn drive<R, P, DB>(
     receiver: R,
     processor: P,
     store: Store<DB>,
+    runner: Option<EffectRunner<Store<DB>>>,
     opts: &AgentOptions,
     health_listener: Option<tokio::net::TcpListener>,
 ) -> WorkerReport
@@ -419,12 +478,7 @@ where
         Some(())
     };
     let effects = async {
-        let url = opts.crm_url.clone()?;
-        // A claim outlives any call (5 s timeout): a runner killed mid-call leaves its effects to be
-        // reconciled by the next one 10 s later.
-        let runner = EffectRunner::new(store.clone())
-            .executor(CRM, crm_executor(&url))
-            .options(EffectOptions::default().claim_for(Duration::from_secs(10)));
+        let runner = runner?;
         Some(runner.run_until(stop.clone().cancelled_owned()).await)
     };
     let (report, effects, _) = tokio::join!(worker, effects, maintenance);

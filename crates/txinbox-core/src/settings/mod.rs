@@ -49,6 +49,14 @@
 //! duplicate_detection_window_seconds = 600   # PT10M
 //! default_message_ttl_seconds = 1209600      # P14D
 //! dead_lettering_on_message_expiration = true
+//!
+//! [effects]                            # the effect runner beside the worker
+//! claim_seconds = 60
+//!
+//! [effects.destinations.crm]           # one HTTP destination: see EffectsSettings
+//! url = "https://crm.example/v1/tasks"
+//! key = "header:Idempotency-Key"
+//! confirm = { url = "https://crm.example/v1/tasks?external_ref={external_ref}", rule = "search", found_at = "/data/0/id" }
 //! ```
 //!
 //! **Environment overrides**: `TXINBOX_<SECTION>__<KEY>=value` sets `[section] key` (upper or lower case; the
@@ -68,6 +76,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+mod effects;
+
+pub use effects::{ConfirmSettings, EffectsSettings, HttpDestinationSettings};
 
 use crate::lease::LeaseOptions;
 use crate::retention::RetentionPolicy;
@@ -133,6 +145,8 @@ pub struct WorkerSettings {
     pub sqs: SqsSettings,
     /// The Azure Service Bus adapter and its queues (`[servicebus]`).
     pub servicebus: ServiceBusSettings,
+    /// The effect runner and its HTTP destinations (`[effects]`).
+    pub effects: EffectsSettings,
 }
 
 /// The worker's own settings (`[worker]`).
@@ -430,11 +444,13 @@ impl WorkerSettings {
                 continue;
             };
             let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
-            if !["worker", "store", "inbox", "sqs", "servicebus"].contains(&section.as_str()) {
+            if !["worker", "store", "inbox", "sqs", "servicebus", "effects"]
+                .contains(&section.as_str())
+            {
                 return Err(SettingsError::Override {
                     var,
                     detail: format!(
-                        "no section [{section}] (worker, store, inbox, sqs, servicebus)"
+                        "no section [{section}] (worker, store, inbox, sqs, servicebus, effects)"
                     ),
                 });
             }

@@ -1,0 +1,301 @@
+//! The store contract of effects: what a runner claims, what it records, and what a store must do with it.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use super::EffectState;
+
+/// An effect a runner claimed.
+#[derive(Clone, Debug)]
+pub struct ClaimedEffect {
+    /// Row id.
+    pub id: i64,
+    /// The consumer whose message asked for it.
+    pub consumer: String,
+    /// The message id.
+    pub message_id: String,
+    /// Its idempotency key.
+    pub key: String,
+    /// The effect's name.
+    pub name: String,
+    /// Its destination.
+    pub destination: String,
+    /// What to send.
+    pub payload: Vec<u8>,
+    /// Extra fields.
+    pub metadata: BTreeMap<String, String>,
+    /// The reference the destination can be searched by.
+    pub external_ref: String,
+    /// Its state before this claim: `Uncertain`, or `InFlight` of a holder whose claim expired, means the
+    /// effect may already have happened and is reconciled first.
+    pub claimed_from: EffectState,
+    /// Executions so far.
+    pub attempts: i32,
+    /// Reconciliations so far.
+    pub reconciliations: i32,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// The destination's reference, once done (`None` on a claim).
+    pub reference: Option<String>,
+    /// A call may have happened that no confirmation has ruled out since (an uncertain answer, a key in
+    /// progress, a holder that died mid-call): such an effect is never marked failed, since its earlier call
+    /// may have done it; a refusal then needs attention.
+    pub maybe_happened: bool,
+    /// SHA-256 (hex) of the request body of the first recorded call under this key, as the executor reported
+    /// it ([`EffectExecutor::request_hash`](super::EffectExecutor::request_hash)): evidence when the
+    /// destination says the key was used with another body.
+    pub sent_hash: Option<String>,
+}
+
+impl ClaimedEffect {
+    /// Whether the effect may already have happened, so the destination must be asked before a call.
+    pub fn needs_reconciliation(&self) -> bool {
+        matches!(
+            self.claimed_from,
+            EffectState::Uncertain | EffectState::InFlight
+        )
+    }
+}
+
+/// What a runner records for a claimed effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Transition {
+    /// Done, with the destination's reference.
+    Done {
+        /// The destination's reference (the created task's id).
+        reference: Option<String>,
+        /// Executions, this one included.
+        attempts: i32,
+        /// Reconciliations, this one included.
+        reconciliations: i32,
+    },
+    /// Nothing reached the destination: pending again at `next_at`.
+    Retry {
+        /// When to try again.
+        next_at: DateTime<Utc>,
+        /// Why.
+        error: String,
+        /// Executions, this one included.
+        attempts: i32,
+        /// Reconciliations, this one included.
+        reconciliations: i32,
+        /// An earlier call may have happened (see [`ClaimedEffect::maybe_happened`]).
+        maybe_happened: bool,
+    },
+    /// May have happened: reconcile at `next_at`.
+    Uncertain {
+        /// When to reconcile.
+        next_at: DateTime<Utc>,
+        /// Why.
+        error: String,
+        /// Executions, this one included.
+        attempts: i32,
+        /// Reconciliations, this one included.
+        reconciliations: i32,
+    },
+    /// Refused or out of attempts: kept with the evidence, not retried.
+    Failed {
+        /// Why.
+        error: String,
+        /// Executions, this one included.
+        attempts: i32,
+    },
+    /// Reconciliation could not decide: an operator must look.
+    NeedsAttention {
+        /// Why.
+        error: String,
+        /// Reconciliations, this one included.
+        reconciliations: i32,
+    },
+}
+
+/// A transition as a store writes it: the new state and the columns it sets (`None` leaves a column as it is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransitionColumns<'a> {
+    /// The new state.
+    pub state: EffectState,
+    /// Executions so far.
+    pub attempts: Option<i32>,
+    /// Reconciliations so far.
+    pub reconciliations: Option<i32>,
+    /// When the effect is next due.
+    pub next_at: Option<DateTime<Utc>>,
+    /// The destination's reference.
+    pub reference: Option<&'a str>,
+    /// The last error (cleared by `Done`).
+    pub error: Option<&'a str>,
+    /// Whether the effect is finished (done or failed): `finished_at` is set.
+    pub finished: bool,
+    /// Sets [`ClaimedEffect::maybe_happened`] (`None` leaves it).
+    pub maybe_happened: Option<bool>,
+    /// The hash of this call's request body, kept only if none is recorded yet (the first call's).
+    pub sent_hash: Option<&'a str>,
+}
+
+impl<'a> TransitionColumns<'a> {
+    /// The same columns, recording `hash` as the first call's request body hash if none is recorded yet.
+    pub fn sent_hash(mut self, hash: Option<&'a str>) -> Self {
+        self.sent_hash = hash;
+        self
+    }
+}
+
+impl Transition {
+    /// The columns this transition sets.
+    pub fn columns(&self) -> TransitionColumns<'_> {
+        let base = TransitionColumns {
+            state: self.state(),
+            attempts: None,
+            reconciliations: None,
+            next_at: None,
+            reference: None,
+            error: None,
+            finished: false,
+            maybe_happened: None,
+            sent_hash: None,
+        };
+        match self {
+            Transition::Done {
+                reference,
+                attempts,
+                reconciliations,
+            } => TransitionColumns {
+                attempts: Some(*attempts),
+                reconciliations: Some(*reconciliations),
+                reference: reference.as_deref(),
+                finished: true,
+                ..base
+            },
+            Transition::Retry {
+                next_at,
+                error,
+                attempts,
+                reconciliations,
+                maybe_happened,
+            } => TransitionColumns {
+                attempts: Some(*attempts),
+                reconciliations: Some(*reconciliations),
+                next_at: Some(*next_at),
+                error: Some(error),
+                maybe_happened: Some(*maybe_happened),
+                ..base
+            },
+            Transition::Uncertain {
+                next_at,
+                error,
+                attempts,
+                reconciliations,
+            } => TransitionColumns {
+                attempts: Some(*attempts),
+                reconciliations: Some(*reconciliations),
+                next_at: Some(*next_at),
+                error: Some(error),
+                maybe_happened: Some(true),
+                ..base
+            },
+            Transition::Failed { error, attempts } => TransitionColumns {
+                attempts: Some(*attempts),
+                error: Some(error),
+                finished: true,
+                maybe_happened: Some(false),
+                ..base
+            },
+            Transition::NeedsAttention {
+                error,
+                reconciliations,
+            } => TransitionColumns {
+                reconciliations: Some(*reconciliations),
+                error: Some(error),
+                ..base
+            },
+        }
+    }
+
+    /// The state this transition leads to.
+    pub fn state(&self) -> EffectState {
+        match self {
+            Transition::Done { .. } => EffectState::Done,
+            Transition::Retry { .. } => EffectState::Pending,
+            Transition::Uncertain { .. } => EffectState::Uncertain,
+            Transition::Failed { .. } => EffectState::Failed,
+            Transition::NeedsAttention { .. } => EffectState::NeedsAttention,
+        }
+    }
+}
+
+/// Effects of one consumer, destination and state, for the gauges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EffectCount {
+    /// The consumer.
+    pub consumer: String,
+    /// The destination.
+    pub destination: String,
+    /// The state.
+    pub state: EffectState,
+    /// How many.
+    pub count: i64,
+    /// When the oldest of them was recorded.
+    pub oldest: Option<DateTime<Utc>>,
+    /// How many of them have no reference from the destination (meaningful for `done`: the destination said
+    /// it did it, or a confirmation found it, without a reference to show for it).
+    pub without_reference: i64,
+}
+
+/// Where effects wait: what the runner needs from a store.
+pub trait EffectStore: Clone + Send + Sync + 'static {
+    /// The driver's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Claims up to `limit` due effects for `destinations` on behalf of `holder` until `claim_until`: pending
+    /// and uncertain ones whose time has come, and in-flight ones whose holder's claim expired. Within a group
+    /// only the oldest unfinished effect is due. No effect is held by two holders at once.
+    fn claim_effects(
+        &self,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
+        limit: i64,
+    ) -> impl std::future::Future<Output = Result<Vec<ClaimedEffect>, Self::Error>> + Send;
+
+    /// Records a transition (its [columns](Transition::columns)) for effect `id` if `holder` still holds its
+    /// claim; `false` when it does not (the claim expired and another holder took the effect: this result is
+    /// dropped, that holder reconciles).
+    fn finish_effect(
+        &self,
+        id: i64,
+        holder: &str,
+        transition: &TransitionColumns<'_>,
+        now: DateTime<Utc>,
+    ) -> impl std::future::Future<Output = Result<bool, Self::Error>> + Send;
+
+    /// Deletes up to `limit` done effects finished before `before`; returns how many.
+    fn purge_done_effects(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> impl std::future::Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Effects by consumer, destination and state.
+    fn effect_counts(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Vec<EffectCount>, Self::Error>> + Send;
+
+    /// The effect with idempotency key `key` as it is now (`claimed_from` is its current state, `reference`
+    /// the destination's), if any.
+    fn find_effect(
+        &self,
+        key: &str,
+    ) -> impl std::future::Future<Output = Result<Option<ClaimedEffect>, Self::Error>> + Send;
+
+    /// Marks a done effect compensated, keeping `note`; `false` when it is not done (any more).
+    fn mark_compensated(
+        &self,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> impl std::future::Future<Output = Result<bool, Self::Error>> + Send;
+}

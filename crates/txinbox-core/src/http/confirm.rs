@@ -1,0 +1,424 @@
+//! The confirmation: how to ask an HTTP destination whether an effect happened, and how to read its answer.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::effects::{ClaimedEffect, Confirmation};
+
+use super::template::{self, Template};
+use super::HttpConfigError;
+
+/// A reader of a confirmation's answer: the status and the body, to what they say.
+pub type ReadFn = dyn Fn(u16, &[u8]) -> Confirmation + Send + Sync;
+
+/// How a confirmation's answer is read.
+#[derive(Clone)]
+pub(crate) enum Rule {
+    /// One object by key or reference: 404 is "not found"; a 2xx is found only if the reference is at
+    /// `found_at`, anything else (an empty list, a body without the reference) is unknown.
+    Lookup { found_at: String },
+    /// A list or a search: a 2xx whose pointer walks into an empty list (or whose count is 0) is "not found";
+    /// a 2xx with the reference at `found_at` is found; a 404 or a body of another shape is unknown.
+    Search {
+        found_at: String,
+        count_at: Option<String>,
+    },
+    /// The user's reader.
+    Custom(Arc<ReadFn>),
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::Lookup { found_at } => write!(f, "Lookup(found_at {found_at})"),
+            Rule::Search { found_at, count_at } => {
+                write!(f, "Search(found_at {found_at}, count_at {count_at:?})")
+            }
+            Rule::Custom(_) => f.write_str("Custom"),
+        }
+    }
+}
+
+/// The confirmation request of an HTTP destination and the rule that reads its answer. A confirmation says
+/// how to read the answer (found, with the reference taken from a declared place; not found; or unknown),
+/// never "any 2xx":
+///
+/// * [`Confirm::lookup`]: `GET` one object (`/tasks/{external_ref}`, `/tasks?idempotency_key={key}`): 404 is
+///   not found; a 2xx is found when the reference is at [`found_at`](Confirm::found_at) (`/id` by default),
+///   and **unknown** otherwise: an empty list or a body without the reference is never read as done.
+/// * [`Confirm::search`]: `GET` a list (`/v1/tasks?external_ref={external_ref}` answering
+///   `{"data": [...]}`): an empty list at the pointer's path is not found (`/data/0/id` by default); a count
+///   ([`count_at`](Confirm::count_at), `/total`) of 0 is not found; a 404 or another shape is unknown.
+/// * [`Confirm::search_post`]: the same with a `POST` body (HubSpot's `POST /crm/v3/objects/tasks/search`).
+/// * [`read_with`](Confirm::read_with): your own reader of the status and body.
+///
+/// `{key}` and `{external_ref}` in the URL are replaced, percent-encoded; in a body, as JSON string content.
+/// A confirmation must name one of them.
+#[derive(Clone, Debug)]
+pub struct Confirm {
+    pub(crate) method: reqwest::Method,
+    pub(crate) url: String,
+    pub(crate) body: Option<String>,
+    pub(crate) rule: Rule,
+}
+
+impl Confirm {
+    /// `GET url`, read as a lookup of one object (see the [type docs](Confirm)).
+    pub fn lookup(url: impl Into<String>) -> Self {
+        Self {
+            method: reqwest::Method::GET,
+            url: url.into(),
+            body: None,
+            rule: Rule::Lookup {
+                found_at: "/id".into(),
+            },
+        }
+    }
+
+    /// `GET url`, read as a list or search (see the [type docs](Confirm)).
+    pub fn search(url: impl Into<String>) -> Self {
+        Self {
+            rule: Rule::Search {
+                found_at: "/data/0/id".into(),
+                count_at: None,
+            },
+            ..Self::lookup(url)
+        }
+    }
+
+    /// `POST url` with the JSON `body` (a template), read as a search: HubSpot's
+    /// `POST /crm/v3/objects/tasks/search` with `.count_at("/total").found_at("/results/0/id")`.
+    pub fn search_post(url: impl Into<String>, body: impl Into<String>) -> Self {
+        Self {
+            method: reqwest::Method::POST,
+            body: Some(body.into()),
+            ..Self::search(url)
+        }
+    }
+
+    /// Where the reference of what was found is (a JSON pointer: `/id`, `/data/0/id`). It must not be empty:
+    /// an empty pointer would read any answer as found.
+    pub fn found_at(mut self, pointer: impl Into<String>) -> Self {
+        let p = pointer.into();
+        match &mut self.rule {
+            Rule::Lookup { found_at } | Rule::Search { found_at, .. } => *found_at = p,
+            Rule::Custom(_) => {
+                self.rule = Rule::Search {
+                    found_at: p,
+                    count_at: None,
+                }
+            }
+        }
+        self
+    }
+
+    /// Where a search's count of matches is (`/total`): 0 is not found. Turns a lookup into a search.
+    pub fn count_at(mut self, pointer: impl Into<String>) -> Self {
+        let found_at = match &self.rule {
+            Rule::Lookup { found_at } | Rule::Search { found_at, .. } => found_at.clone(),
+            Rule::Custom(_) => "/results/0/id".into(),
+        };
+        self.rule = Rule::Search {
+            found_at,
+            count_at: Some(pointer.into()),
+        };
+        self
+    }
+
+    /// Reads the answer with `read` instead: the status and the body to a [`Confirmation`]. Say
+    /// [`Confirmation::Done`] only when the answer shows the effect, [`Confirmation::NotFound`] only when it
+    /// shows its absence.
+    pub fn read_with(
+        mut self,
+        read: impl Fn(u16, &[u8]) -> Confirmation + Send + Sync + 'static,
+    ) -> Self {
+        self.rule = Rule::Custom(Arc::new(read));
+        self
+    }
+
+    /// Checks the confirmation can work: a URL (and body) naming `{key}` or `{external_ref}`, a body that is
+    /// JSON once filled, pointers that are JSON pointers.
+    pub(crate) fn validate(&self) -> Result<(), HttpConfigError> {
+        let url = Template::parse("confirmation URL", &self.url)?;
+        let body = self
+            .body
+            .as_deref()
+            .map(|b| Template::parse("confirmation body", b))
+            .transpose()?;
+        if !url.names_effect() && !body.as_ref().is_some_and(Template::names_effect) {
+            return Err(HttpConfigError::NoPlaceholder {
+                what: "the confirmation",
+                url: template::redact(&self.url),
+            });
+        }
+        template::check_url("confirmation URL", &url)?;
+        if let Some(b) = &body {
+            b.check_json("confirmation body")?;
+        }
+        match &self.rule {
+            Rule::Lookup { found_at } => check_pointer("found_at", found_at, false),
+            Rule::Search { found_at, count_at } => {
+                check_pointer("found_at", found_at, false)?;
+                count_at
+                    .as_deref()
+                    .map_or(Ok(()), |c| check_pointer("count_at", c, false))
+            }
+            Rule::Custom(_) => Ok(()),
+        }
+    }
+
+    /// Whether the confirmation finds the effect by its external reference.
+    pub(crate) fn uses_external_ref(&self) -> bool {
+        self.url.contains(template::EXTERNAL_REF)
+            || self
+                .body
+                .as_deref()
+                .is_some_and(|b| b.contains(template::EXTERNAL_REF))
+    }
+
+    /// The request's URL and body for `effect`.
+    pub(crate) fn request(&self, effect: &ClaimedEffect) -> (String, Option<String>) {
+        (
+            template::fill_url(&self.url, effect),
+            self.body.as_deref().map(|b| template::fill_json(b, effect)),
+        )
+    }
+
+    /// What the answer says.
+    pub(crate) fn read(&self, status: u16, body: &[u8]) -> Confirmation {
+        match &self.rule {
+            Rule::Lookup { found_at } => read_lookup(status, body, found_at),
+            Rule::Search { found_at, count_at } => {
+                read_search(status, body, found_at, count_at.as_deref())
+            }
+            Rule::Custom(read) => read(status, body),
+        }
+    }
+}
+
+/// A JSON pointer's check: `""` or `/...`; `empty_ok` says whether the whole document may be meant.
+pub(crate) fn check_pointer(
+    what: &'static str,
+    p: &str,
+    empty_ok: bool,
+) -> Result<(), HttpConfigError> {
+    if (p.is_empty() && empty_ok) || p.starts_with('/') {
+        Ok(())
+    } else {
+        Err(HttpConfigError::Pointer {
+            what,
+            pointer: p.to_owned(),
+        })
+    }
+}
+
+fn unknown(msg: String) -> Confirmation {
+    Confirmation::Unknown { error: msg.into() }
+}
+
+fn read_lookup(status: u16, body: &[u8], found_at: &str) -> Confirmation {
+    match status {
+        200..=299 => match serde_json::from_slice::<Value>(body) {
+            Ok(v) => match walk(&v, found_at) {
+                Walk::Found(reference) => Confirmation::Done {
+                    reference: Some(reference),
+                },
+                _ => unknown(format!(
+                    "the confirmation answered {status} without a reference at {found_at}: not read as done"
+                )),
+            },
+            Err(_) => unknown(format!(
+                "the confirmation answered {status} with a body that is not JSON: not read as done"
+            )),
+        },
+        404 => Confirmation::NotFound,
+        _ => unknown(format!("the confirmation answered {status}")),
+    }
+}
+
+fn read_search(status: u16, body: &[u8], found_at: &str, count_at: Option<&str>) -> Confirmation {
+    if !(200..=299).contains(&status) {
+        return unknown(format!("the search answered {status}"));
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return unknown(format!(
+            "the search answered {status} with a body that is not JSON"
+        ));
+    };
+    if let Some(count_at) = count_at {
+        match v.pointer(count_at).and_then(Value::as_u64) {
+            Some(0) => return Confirmation::NotFound,
+            Some(n) => {
+                if n > 1 {
+                    tracing::warn!(
+                        matches = n,
+                        "the destination holds several matches for one effect"
+                    );
+                }
+                return match walk(&v, found_at) {
+                    Walk::Found(reference) => Confirmation::Done {
+                        reference: Some(reference),
+                    },
+                    _ => unknown(format!(
+                        "the search counts {n} at {count_at} but has no reference at {found_at}"
+                    )),
+                };
+            }
+            None => {
+                return unknown(format!(
+                    "the search answered {status} without a count at {count_at}"
+                ))
+            }
+        }
+    }
+    match walk(&v, found_at) {
+        Walk::Found(reference) => Confirmation::Done {
+            reference: Some(reference),
+        },
+        Walk::EmptyList => Confirmation::NotFound,
+        Walk::Missing => unknown(format!(
+            "the search answered {status} without a list or a reference at {found_at}"
+        )),
+    }
+}
+
+/// Where a JSON pointer leads.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Walk {
+    /// To a reference (a non-empty string, or a number).
+    Found(String),
+    /// Into an empty array: nothing matched.
+    EmptyList,
+    /// Nowhere, or to a null, an empty string or a structure.
+    Missing,
+}
+
+/// Follows `pointer` in `v`, telling an empty list (nothing matched) from a body of another shape. When the
+/// pointer passes through an array of several items, the destination holds several matches (logged).
+pub(crate) fn walk(v: &Value, pointer: &str) -> Walk {
+    let mut at = v;
+    if pointer.is_empty() {
+        return Walk::Missing;
+    }
+    for raw in pointer.split('/').skip(1) {
+        let token = raw.replace("~1", "/").replace("~0", "~");
+        at = match at {
+            Value::Object(o) => match o.get(&token) {
+                Some(next) => next,
+                None => return Walk::Missing,
+            },
+            Value::Array(a) => {
+                let Ok(i) = token.parse::<usize>() else {
+                    return Walk::Missing;
+                };
+                if a.is_empty() {
+                    return Walk::EmptyList;
+                }
+                if a.len() > 1 {
+                    tracing::warn!(
+                        matches = a.len(),
+                        "the destination holds several matches for one effect"
+                    );
+                }
+                match a.get(i) {
+                    Some(next) => next,
+                    None => return Walk::Missing,
+                }
+            }
+            _ => return Walk::Missing,
+        };
+    }
+    match at {
+        Value::String(s) if !s.is_empty() => Walk::Found(s.clone()),
+        Value::Number(n) => Walk::Found(n.to_string()),
+        _ => Walk::Missing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_done(c: &Confirmation, r: &str) -> bool {
+        matches!(c, Confirmation::Done { reference: Some(x) } if x == r)
+    }
+    fn is_not_found(c: &Confirmation) -> bool {
+        matches!(c, Confirmation::NotFound)
+    }
+    fn is_unknown(c: &Confirmation) -> bool {
+        matches!(c, Confirmation::Unknown { .. })
+    }
+
+    #[test]
+    fn a_lookup_is_found_only_with_its_reference() {
+        assert!(is_done(&read_lookup(200, br#"{"id":"t-1"}"#, "/id"), "t-1"));
+        assert!(is_done(&read_lookup(200, br#"{"id":7}"#, "/id"), "7"));
+        assert!(is_not_found(&read_lookup(404, b"", "/id")));
+        // The shapes that were read as done: an empty list, a list without /id, a body without it, no body.
+        for body in [
+            &br#"{"data":[]}"#[..],
+            br#"[]"#,
+            br#"{"data":[{"id":"t-1"}]}"#,
+            br#"{"id":null}"#,
+            br#"{"id":""}"#,
+            b"",
+            b"<html>ok</html>",
+        ] {
+            assert!(is_unknown(&read_lookup(200, body, "/id")), "{body:?}");
+        }
+        for status in [301, 401, 429, 500, 502, 503] {
+            assert!(is_unknown(&read_lookup(status, b"{}", "/id")), "{status}");
+        }
+    }
+
+    #[test]
+    fn a_search_reads_an_empty_list_or_a_zero_count_as_not_found() {
+        let f = "/data/0/id";
+        assert!(is_not_found(&read_search(200, br#"{"data":[]}"#, f, None)));
+        assert!(is_done(
+            &read_search(200, br#"{"data":[{"id":"t-9"}]}"#, f, None),
+            "t-9"
+        ));
+        assert!(is_unknown(&read_search(
+            200,
+            br#"{"data":[{"name":"x"}]}"#,
+            f,
+            None
+        )));
+        assert!(is_unknown(&read_search(200, br#"{"items":[]}"#, f, None)));
+        assert!(is_unknown(&read_search(404, br#"{"data":[]}"#, f, None)));
+        assert!(is_unknown(&read_search(502, b"", f, None)));
+        let (f, c) = ("/results/0/id", Some("/total"));
+        assert!(is_not_found(&read_search(
+            200,
+            br#"{"total":0,"results":[]}"#,
+            f,
+            c
+        )));
+        assert!(is_done(
+            &read_search(200, br#"{"total":1,"results":[{"id":"42"}]}"#, f, c),
+            "42"
+        ));
+        assert!(is_unknown(&read_search(
+            200,
+            br#"{"total":1,"results":[]}"#,
+            f,
+            c
+        )));
+        assert!(is_unknown(&read_search(200, br#"{"results":[]}"#, f, c)));
+        // A list at the top level.
+        assert!(is_not_found(&read_search(200, b"[]", "/0/id", None)));
+    }
+
+    #[test]
+    fn pointers_unescape_and_refuse_to_read_the_whole_document() {
+        let v: Value = serde_json::from_str(r#"{"a/b":{"~c":"x"}}"#).unwrap();
+        assert_eq!(walk(&v, "/a~1b/~0c"), Walk::Found("x".into()));
+        assert_eq!(walk(&v, ""), Walk::Missing);
+        assert!(check_pointer("found_at", "", false).is_err());
+        assert!(check_pointer("found_at", "id", false).is_err());
+        assert!(check_pointer("found_at", "/id", false).is_ok());
+    }
+}

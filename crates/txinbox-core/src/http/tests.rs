@@ -1,0 +1,146 @@
+//! The builder refuses a rule that cannot work; the settings say the same as the builder.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::settings::{ConfirmSettings, HttpDestinationSettings};
+
+fn err(b: HttpEffectBuilder) -> String {
+    b.build().expect_err("a rule that cannot work").to_string()
+}
+
+#[test]
+fn a_rule_that_cannot_work_is_refused_with_one_line_naming_it() {
+    let url = "https://crm.example/v1/tasks";
+    assert!(err(HttpEffect::post("crm.example/v1/tasks")).contains("call URL"));
+    assert!(
+        err(HttpEffect::post(url).confirm_url("https://crm.example/v1/tasks"))
+            .contains("neither {key} nor {external_ref}")
+    );
+    assert!(err(
+        HttpEffect::post(url).confirm_url("https://crm.example/v1/tasks?ref={externalref}")
+    )
+    .contains("{externalref}"));
+    assert!(err(HttpEffect::post(url).reference("id")).contains("JSON pointer"));
+    assert!(err(HttpEffect::post(url).confirm(
+        Confirm::search("https://crm.example/v1/tasks?r={external_ref}").found_at("data/0/id")
+    ))
+    .contains("found_at"));
+    assert!(err(HttpEffect::post(url)
+        .confirm(Confirm::search("https://crm.example/v1/tasks?r={external_ref}").found_at("")))
+    .contains("found_at"));
+    assert!(err(HttpEffect::post(url).confirm(Confirm::search_post(
+        "https://api.hubapi.com/crm/v3/objects/tasks/search",
+        r#"{"filterGroups":[{"filters":[{"value":{external_ref}}]}]}"#
+    )))
+    .contains("not JSON"));
+    assert!(err(HttpEffect::post(url)
+        .key(Key::none())
+        .confirm_url("https://crm.example/v1/tasks?idempotency_key={key}"))
+    .contains("keeps no key"));
+    assert!(err(HttpEffect::upsert("https://crm.example/v1/tasks")).contains("upsert URL"));
+    assert!(err(
+        HttpEffect::upsert("https://crm.example/v1/tasks/{external_ref}")
+            .confirm_url("https://crm.example/v1/tasks/{external_ref}")
+    )
+    .contains("takes no confirmation"));
+    assert!(err(HttpEffect::post(url).method("GET")).contains("sends a body"));
+    assert!(err(HttpEffect::post(url).key(Key::header("Bad Header"))).contains("Bad Header"));
+    // A header's value is never shown.
+    let e = err(HttpEffect::post(url).header("Authorization", "Bearer s3cret\n"));
+    assert!(e.contains("Authorization") && !e.contains("s3cret"), "{e}");
+    // A URL's user info and query values are never shown.
+    let e = err(HttpEffect::post(url).confirm_url("https://user:pw@crm.example/t?api_key=s3cret"));
+    assert!(!e.contains("s3cret") && !e.contains("pw"), "{e}");
+    assert_eq!(e.lines().count(), 1);
+}
+
+#[test]
+fn the_usual_shapes_build() {
+    let url = "https://crm.example/v1/tasks";
+    HttpEffect::post(url).build().unwrap();
+    HttpEffect::post(url)
+        .key(Key::header("PayPal-Request-Id"))
+        .confirm(Confirm::search(
+            "https://crm.example/v1/tasks?external_ref={external_ref}",
+        ))
+        .build()
+        .unwrap();
+    HttpEffect::post(url)
+        .key(Key::body_field("idempotency_key"))
+        .confirm(
+            Confirm::search_post(
+                "https://api.hubapi.com/crm/v3/objects/tasks/search",
+                r#"{"filterGroups":[{"filters":[{"propertyName":"external_ref","operator":"EQ","value":"{external_ref}"}]}]}"#,
+            )
+            .count_at("/total")
+            .found_at("/results/0/id"),
+        )
+        .build()
+        .unwrap();
+    HttpEffect::upsert(
+        "https://x.my.salesforce.com/services/data/v60.0/sobjects/Task/Ext__c/{external_ref}",
+    )
+    .method("PATCH")
+    .build()
+    .unwrap();
+}
+
+#[test]
+fn the_settings_say_what_the_builder_says() {
+    let env = |v: &str| (v == "CRM_TOKEN").then(|| "t0ken".to_owned());
+    let mut s = HttpDestinationSettings {
+        url: "https://crm.example/v1/tasks".into(),
+        key: Some("header:Idempotency-Key".into()),
+        key_kept_seconds: Some(3600),
+        headers: BTreeMap::from([("Authorization".into(), "env:CRM_TOKEN".into())]),
+        answers: BTreeMap::from([
+            ("409".into(), "in_progress".into()),
+            ("5xx".into(), "uncertain".into()),
+        ]),
+        confirm: Some(ConfirmSettings {
+            url: "https://crm.example/v1/tasks?external_ref={external_ref}".into(),
+            rule: Some("search".into()),
+            found_at: Some("/data/0/id".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let e = HttpEffect::from_settings("crm", &s, env).unwrap();
+    assert_eq!(e.key.kept_for, std::time::Duration::from_secs(3600));
+    assert_eq!(e.answers.get(503), Answer::Uncertain);
+    assert_eq!(e.answers.get(409), Answer::InProgress);
+
+    let line = |s: &HttpDestinationSettings| {
+        HttpEffect::from_settings("crm", s, env)
+            .expect_err("refused")
+            .to_string()
+    };
+    s.headers.insert("X-Other".into(), "env:MISSING".into());
+    assert_eq!(
+        line(&s),
+        "effects destination \"crm\": header X-Other: the environment variable MISSING is not set"
+    );
+    s.headers.remove("X-Other");
+    s.answers.insert("4xx".into(), "maybe".into());
+    assert!(line(&s).contains("answers.4xx"));
+    s.answers.remove("4xx");
+    s.key = Some("query:k".into());
+    assert!(line(&s).contains("key \"query:k\""));
+    s.key = Some("none".into());
+    s.confirm.as_mut().unwrap().url = "https://crm.example/v1/tasks".into();
+    assert!(
+        line(&s).contains("neither {key} nor {external_ref}"),
+        "{}",
+        line(&s)
+    );
+    s.confirm.as_mut().unwrap().url = "https://crm.example/v1/tasks?r={external_ref}".into();
+    s.confirm.as_mut().unwrap().rule = Some("lookup".into());
+    s.confirm.as_mut().unwrap().count_at = Some("/total".into());
+    assert!(line(&s).contains("count_at"));
+    s.confirm.as_mut().unwrap().count_at = None;
+    s.confirm.as_mut().unwrap().found_at = Some("id".into());
+    assert!(line(&s).contains("found_at"));
+    s.url = String::new();
+    assert!(line(&s).contains("url is required"));
+}

@@ -1,0 +1,145 @@
+//! The effect runner's settings and its HTTP destinations (`[effects]`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::effects::EffectOptions;
+
+/// The effect runner and its HTTP destinations (`[effects]`, `[effects.destinations.NAME]`). The rules are
+/// checked when the runner is built from them (`txinbox_core::http::runner_from_settings`, what the worker
+/// and `txinbox effects run --config` call): a rule that cannot work stops the runner at start with one line
+/// naming the destination and the rule.
+///
+/// ```toml
+/// [effects]
+/// claim_seconds = 60
+///
+/// [effects.destinations.crm]
+/// url = "https://crm.example/v1/tasks"
+/// key = "header:Idempotency-Key"          # or "body:idempotency_key", "none"
+/// key_kept_seconds = 86400
+/// reference = "/id"
+/// headers = { Authorization = "env:CRM_TOKEN" }   # env:VAR reads the value from the environment
+/// answers = { "409" = "in_progress" }
+///
+/// [effects.destinations.crm.confirm]
+/// url = "https://crm.example/v1/tasks?external_ref={external_ref}"
+/// rule = "search"                         # or "lookup" (404 = not found)
+/// found_at = "/data/0/id"
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct EffectsSettings {
+    /// Effects claimed per pass (32).
+    pub batch: i64,
+    /// How long a claim lasts before another runner may reconcile the effect, in seconds (60; longer than any
+    /// call).
+    pub claim_seconds: u64,
+    /// Calls before an effect that never reached its destination is failed (10).
+    pub max_attempts: i32,
+    /// Reconciliations without an answer before an effect needs attention (10).
+    pub max_reconciliations: i32,
+    /// First backoff in milliseconds, doubled each attempt (1000).
+    pub backoff_ms: u64,
+    /// Longest backoff in seconds (300).
+    pub max_backoff_seconds: u64,
+    /// How long done effects are kept, in seconds (7 days).
+    pub done_retention_seconds: u64,
+    /// Pause when nothing is due, in milliseconds (500).
+    pub idle_poll_ms: u64,
+    /// The HTTP destinations, by the name effects are recorded for.
+    pub destinations: BTreeMap<String, HttpDestinationSettings>,
+}
+
+impl Default for EffectsSettings {
+    fn default() -> Self {
+        let o = EffectOptions::default();
+        Self {
+            batch: o.batch,
+            claim_seconds: o.claim_for.as_secs(),
+            max_attempts: o.max_attempts,
+            max_reconciliations: o.max_reconciliations,
+            backoff_ms: o.backoff.as_millis() as u64,
+            max_backoff_seconds: o.max_backoff.as_secs(),
+            done_retention_seconds: o.done_retention.as_secs(),
+            idle_poll_ms: o.idle_poll.as_millis() as u64,
+            destinations: BTreeMap::new(),
+        }
+    }
+}
+
+impl EffectsSettings {
+    /// The runner's options.
+    pub fn options(&self) -> EffectOptions {
+        EffectOptions::default()
+            .batch(self.batch)
+            .claim_for(Duration::from_secs(self.claim_seconds.max(1)))
+            .max_attempts(self.max_attempts)
+            .max_reconciliations(self.max_reconciliations)
+            .backoff(
+                Duration::from_millis(self.backoff_ms),
+                Duration::from_secs(self.max_backoff_seconds),
+            )
+            .done_retention(Duration::from_secs(self.done_retention_seconds))
+            .idle_poll(Duration::from_millis(self.idle_poll_ms))
+    }
+}
+
+/// One HTTP destination (`[effects.destinations.NAME]`): the call, where its key goes, how its answers and
+/// its confirmation are read. Every key but `url` is optional.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct HttpDestinationSettings {
+    /// The call's URL (`{key}` and `{external_ref}` are replaced, percent-encoded).
+    pub url: String,
+    /// `POST` (the default), or `PUT`/`PATCH`.
+    pub method: Option<String>,
+    /// The call is an upsert by URL (`PUT .../tasks/{external_ref}`): idempotent by itself, no confirmation.
+    pub upsert: bool,
+    /// Where the key goes and that the destination honours it: `header:NAME`, `body:FIELD` or `none` (unset:
+    /// `Idempotency-Key` sent, not relied on).
+    pub key: Option<String>,
+    /// How long the destination keeps a key, in seconds (86400).
+    pub key_kept_seconds: Option<u64>,
+    /// Where the reference is in a 2xx answer (a JSON pointer, `/id`).
+    pub reference: Option<String>,
+    /// A 2xx may carry no reference (done without reference).
+    pub reference_optional: bool,
+    /// Each request's timeout in seconds (10).
+    pub timeout_seconds: Option<u64>,
+    /// Seconds to wait after an uncertain call before the first confirmation (0).
+    pub reconcile_after_seconds: u64,
+    /// Headers sent with every request; a value `env:VAR` is read from the environment at start.
+    pub headers: BTreeMap<String, String>,
+    /// Overrides of the answer table: `"409" = "in_progress"`, `"4xx" = "rejected"` (answers: `done`,
+    /// `not_sent`, `retry_after`, `in_progress`, `uncertain`, `rejected`, `key_reused`).
+    pub answers: BTreeMap<String, String>,
+    /// The confirmation.
+    pub confirm: Option<ConfirmSettings>,
+    /// The compensation request (a DELETE; `{reference}`, `{key}`, `{external_ref}`).
+    pub compensate_url: Option<String>,
+}
+
+/// A destination's confirmation (`[effects.destinations.NAME.confirm]`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ConfirmSettings {
+    /// The request's URL, naming `{key}` or `{external_ref}`.
+    pub url: String,
+    /// `GET` (the default) or `POST` (a search by body, with `body`).
+    pub method: Option<String>,
+    /// The JSON body of a `POST` search (`{key}`, `{external_ref}` replaced as JSON string content).
+    pub body: Option<String>,
+    /// `lookup` (the default: 404 = not found, a 2xx must carry the reference) or `search` (an empty list or a
+    /// zero count = not found).
+    pub rule: Option<String>,
+    /// Where the reference is (`/id` for a lookup, `/data/0/id` for a search).
+    pub found_at: Option<String>,
+    /// Where a search's count is (`/total`): 0 is not found.
+    pub count_at: Option<String>,
+}
