@@ -198,3 +198,52 @@ window_test!(
         ("txinbox_interrupted_total", 2)
     ]
 );
+window_test!(
+    external_call_answer_lost,
+    Window::ExternalCallAnswerLost,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_effect_executions_total", 1),
+        ("txinbox_effect_reconciliations_total", 1)
+    ]
+);
+window_test!(
+    external_call_no_idempotency,
+    Window::ExternalCallAnswerLostNoIdempotency,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_effect_executions_total", 1),
+        ("txinbox_effect_reconciliations_total", 1)
+    ]
+);
+// The call never reached the destination (a gateway's 502) and the search answers 200 with an empty list:
+// not found, called again, one task, done. Read as "done" by any-2xx, the effect would be done with no task.
+window_test!(
+    external_call_never_reached,
+    Window::ExternalCallNeverReached,
+    1,
+    1,
+    0,
+    0,
+    [
+        ("txinbox_effect_executions_total", 2),
+        ("txinbox_effect_reconciliations_total", 1)
+    ]
+);
+// A slow destination following the IETF draft answers 409 to a key it is still processing: not final, never
+// failed; done once it finishes, one task (the lab's own checks count the tasks and read the runner's story).
+window_test!(
+    external_call_key_in_progress,
+    Window::ExternalCallKeyInProgress,
+    1,
+    1,
+    0,
+    0,
+    [("txinbox_applied_total", 1)]
+);

@@ -8,7 +8,7 @@ use txinbox_core::http::{runner_from_settings, HttpEffect};
 use txinbox_core::settings::{
     ConfirmSettings, EffectsSettings, HttpDestinationSettings, WorkerSettings,
 };
-use txinbox_core::EffectRunner;
+use txinbox_core::{EffectRunner, EffectState};
 use txinbox_store::{Backend, Store};
 
 /// Arguments of `txinbox effects run`. The destinations come from the settings file's `[effects]` section
@@ -303,26 +303,34 @@ pub async fn compensate<DB: Backend>(
     Ok(())
 }
 
-/// Prints the effects of `store` by consumer, destination and state.
+/// Prints the effects of `store` by consumer, destination and state. Done effects without a reference from the
+/// destination are shown on a row of their own (`done_without_reference`), apart from the uncertain ones.
 pub async fn stats<DB: Backend>(store: Store<DB>) -> Result<(), String> {
-    let counts = store.effect_counts().await.map_err(|e| e.to_string())?;
+    let mut counts = store.effect_counts().await.map_err(|e| e.to_string())?;
     println!(
-        "{:<24} {:<20} {:<16} {:>8}  oldest",
+        "{:<24} {:<20} {:<24} {:>8}  oldest",
         "consumer", "destination", "state", "effects"
     );
-    let mut counts = counts;
     counts.sort_by(|a, b| {
         (&a.consumer, &a.destination, a.state).cmp(&(&b.consumer, &b.destination, b.state))
     });
     for c in counts {
+        let oldest = c.oldest.map(|t| t.to_rfc3339()).unwrap_or_default();
+        let with_reference = if c.state == EffectState::Done {
+            c.count - c.without_reference
+        } else {
+            c.count
+        };
         println!(
-            "{:<24} {:<20} {:<16} {:>8}  {}",
-            c.consumer,
-            c.destination,
-            c.state,
-            c.count,
-            c.oldest.map(|t| t.to_rfc3339()).unwrap_or_default()
+            "{:<24} {:<20} {:<24} {:>8}  {oldest}",
+            c.consumer, c.destination, c.state, with_reference
         );
+        if c.state == EffectState::Done && c.without_reference > 0 {
+            println!(
+                "{:<24} {:<20} {:<24} {:>8}",
+                c.consumer, c.destination, "done_without_reference", c.without_reference
+            );
+        }
     }
     Ok(())
 }

@@ -158,6 +158,87 @@ fn effects_commands_refuse_bad_input_without_leaking_the_url() {
 }
 
 #[test]
+fn effects_run_refuses_a_rule_that_cannot_work_at_start_with_one_line_naming_it() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "effects",
+            "run",
+            "--store",
+            "sqlite::memory:",
+            "--once",
+            "--http",
+            "crm=https://crm.example/v1/tasks",
+        ];
+        args.extend_from_slice(extra);
+        txinbox(&args)
+    };
+    for (extra, says) in [
+        (
+            &["--confirm", "crm=https://crm.example/v1/tasks"][..],
+            "names neither {key} nor {external_ref}",
+        ),
+        (
+            &[
+                "--confirm-search",
+                "crm=https://crm.example/v1/tasks?r={external_ref}",
+                "--found-at",
+                "crm=data/0/id",
+            ],
+            "found_at \"data/0/id\" is not a JSON pointer",
+        ),
+        (
+            &[
+                "--key",
+                "crm=none",
+                "--confirm",
+                "crm=https://crm.example/v1/tasks?idempotency_key={key}",
+            ],
+            "keeps no key",
+        ),
+        (&["--answer", "crm=409:maybe"], "unknown answer \"maybe\""),
+        (
+            &["--key", "mailer=none"],
+            "no --http, --upsert or [effects.destinations.mailer]",
+        ),
+        (
+            &["--header", "crm=Authorization=env:TXINBOX_TEST_NOT_SET"],
+            "TXINBOX_TEST_NOT_SET is not set",
+        ),
+    ] {
+        let (code, out, err) = run(extra);
+        assert_eq!(code, 2, "{extra:?}: {out}{err}");
+        assert!(
+            err.contains("effects destination") || err.contains("names"),
+            "{err}"
+        );
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    // The settings file says the same, and is refused the same way.
+    let dir = std::env::temp_dir().join(format!("txinbox-fx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("settings.toml");
+    std::fs::write(
+        &file,
+        "[store]\nurl = \"sqlite::memory:\"\n[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks\"\n[effects.destinations.crm.confirm]\nurl = \"https://crm.example/v1/tasks?ref={externalref}\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = txinbox(&[
+        "effects",
+        "run",
+        "--once",
+        "--config",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("crm") && err.contains("{externalref}"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn effects_stats_lists_nothing_on_a_fresh_store() {
     let (code, out, err) = txinbox(&["effects", "stats", "--store", "sqlite::memory:"]);
     assert_eq!(code, 0, "{err}");

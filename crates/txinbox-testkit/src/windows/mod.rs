@@ -2,8 +2,8 @@
 //!
 //! Each window runs on a fresh database and checks, against expected values written here, the inbox rows,
 //! the business effects, the broker state, the outcomes and the metrics the window must leave. The
-//! external-call window (an external API call done and its answer lost) is not here: it needs the outbox
-//! relay against a real external peer and comes with its own issue.
+//! external-call windows ([`external`]) run the effect runner against the local CRM API in the shapes public
+//! APIs answer in.
 //!
 //! Metrics are captured with a thread-local recorder, so run the windows on a current-thread runtime.
 
@@ -28,9 +28,9 @@ use crate::lab::{
     CONSUMER,
 };
 use crate::labdb::LabDb;
-use txinbox_core::http::HttpEffect;
-use txinbox_core::{Effect, EffectOptions, EffectRunner, EffectState};
-use txinbox_crm_api::CrmApi;
+use txinbox_core::EffectState;
+
+pub mod external;
 
 /// A failure window of the pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +41,12 @@ pub enum Window {
     /// The same at a destination without idempotency support: only the confirmation query (by external
     /// reference) prevents the repeat.
     ExternalCallAnswerLostNoIdempotency,
+    /// The call never reached the destination (a gateway's 502 without forwarding), and the confirmation, a
+    /// search answering 200 with an empty list, finds nothing: called again, one task, done.
+    ExternalCallNeverReached,
+    /// A slow destination following the IETF draft answers 409 to the repeat of a key it is still processing:
+    /// not final, never failed; done once it finishes, one task.
+    ExternalCallKeyInProgress,
     /// Crash after receive, before BEGIN.
     BeforeTransaction,
     /// Crash after the marker insert, before the business change.
@@ -81,7 +87,7 @@ pub enum Window {
 
 impl Window {
     /// Every window, in the order the pattern lists them.
-    pub const ALL: [Window; 13] = [
+    pub const ALL: [Window; 15] = [
         Window::BeforeTransaction,
         Window::AfterInsertBeforeChange,
         Window::AfterChangeBeforeCommit,
@@ -95,6 +101,8 @@ impl Window {
         Window::ShutdownMidFlight,
         Window::ExternalCallAnswerLost,
         Window::ExternalCallAnswerLostNoIdempotency,
+        Window::ExternalCallNeverReached,
+        Window::ExternalCallKeyInProgress,
     ];
 
     /// The failure windows of batch mode ([`WorkerOptions::batch_commit`]): `lab --windows --batch N`.
@@ -129,6 +137,8 @@ impl Window {
             Window::ShutdownMidFlight => "shutdown_mid_flight",
             Window::ExternalCallAnswerLost => "external_call_answer_lost",
             Window::ExternalCallAnswerLostNoIdempotency => "external_call_no_idempotency",
+            Window::ExternalCallNeverReached => "external_call_never_reached",
+            Window::ExternalCallKeyInProgress => "external_call_key_in_progress",
         }
     }
 }
@@ -239,12 +249,17 @@ pub async fn run_on_batch(target: &Target, w: Window, batch: usize) -> Result<Wi
     .await
 }
 
-struct Checks {
+/// What a window must leave: inbox rows, business effects, the broker's state, rejection evidence rows, and
+/// counters by name.
+pub(crate) type Expected = (i64, i64, QueueState, i64, Vec<(&'static str, u64)>);
+
+/// The expectations that did not hold.
+pub(crate) struct Checks {
     failures: Vec<String>,
 }
 
 impl Checks {
-    fn eq<T: PartialEq + fmt::Debug>(&mut self, what: &str, actual: T, expected: T) {
+    pub(crate) fn eq<T: PartialEq + fmt::Debug>(&mut self, what: &str, actual: T, expected: T) {
         if actual != expected {
             self.failures
                 .push(format!("{what}: got {actual:?}, expected {expected:?}"));
@@ -265,7 +280,7 @@ fn counters(snap: &Snapshotter) -> BTreeMap<String, u64> {
     out
 }
 
-fn queue(max_receive_count: Option<u32>) -> MemoryQueue {
+pub(crate) fn queue(max_receive_count: Option<u32>) -> MemoryQueue {
     MemoryQueue::new(QueueOptions {
         visibility_timeout: Duration::from_secs(30),
         max_receive_count,
@@ -311,7 +326,7 @@ impl<DB: LabDb> Handler<Store<DB>, LabEvent> for Gated {
     }
 }
 
-fn one<D>(mut v: Vec<D>, what: &str) -> Result<D, LabError> {
+pub(crate) fn one<D>(mut v: Vec<D>, what: &str) -> Result<D, LabError> {
     v.pop()
         .ok_or_else(|| LabError::Usage(format!("expected a delivery: {what}")))
 }
@@ -1026,76 +1041,10 @@ pub async fn run_window_batch<DB: LabDb>(
                 ),
             )
         }
-        Window::ExternalCallAnswerLost | Window::ExternalCallAnswerLostNoIdempotency => {
-            let idempotent = w == Window::ExternalCallAnswerLost;
-            let crm = CrmApi::builder()
-                .idempotency(idempotent)
-                .start()
-                .await
-                .map_err(|e| LabError::Usage(format!("the local CRM API could not start: {e}")))?;
-            // The destination is found again by key where it keeps keys, else by the external reference.
-            let confirm = if idempotent {
-                format!("{}/tasks?idempotency_key={{key}}", crm.url())
-            } else {
-                format!("{}/tasks?external_ref={{external_ref}}", crm.url())
-            };
-            let runner = EffectRunner::new(store.clone())
-                .executor(
-                    "crm",
-                    HttpEffect::post(format!("{}/tasks", crm.url()))
-                        .confirm_url(confirm)
-                        .build()
-                        .map_err(|e| LabError::Usage(e.to_string()))?,
-                )
-                .options(EffectOptions::default().idle_poll(Duration::from_millis(10)));
-            let p = lab_processor(store.clone(), task_with_crm_effect::<DB>);
-            let q = queue(Some(5));
-            q.send(lab_message(0));
-            let d = one(q.receive_now(1), "delivery")?;
-            let o = p.process_one(d).await;
-            c.eq("the message", o.label(), "applied");
-            // The CRM performs the call and the answer is lost on the way back.
-            crm.drop_next_answers(1);
-            let first = runner.run_pass().await;
-            c.eq(
-                "the call whose answer was lost",
-                first.count(EffectState::Uncertain),
-                1,
-            );
-            // Reconciled before any retry: the CRM is asked, finds the task, the effect is done.
-            let second = runner.run_until_idle().await;
-            c.eq("reconciled to done", second.count(EffectState::Done), 1);
-            let tasks = crm.tasks();
-            c.eq("tasks at the CRM", tasks.len(), 1);
-            let state: (String, Option<String>) = effect_state::<DB>(&store).await?;
-            c.eq("effect state", state.0.as_str(), "done");
-            c.eq(
-                "the CRM's reference kept",
-                state.1,
-                tasks.first().map(|t| t.id.clone()),
-            );
-            crm.shutdown().await;
-            (
-                q,
-                format!(
-                    "{o} > crm call done, answer lost > {} > {} (crm tasks={})",
-                    states(&first),
-                    states(&second),
-                    tasks.len()
-                ),
-                (
-                    1,
-                    1,
-                    QueueState::default(),
-                    0,
-                    vec![
-                        (m::APPLIED, 1),
-                        (m::EFFECT_RECONCILIATIONS, 1),
-                        (m::EFFECT_EXECUTIONS, 1),
-                    ],
-                ),
-            )
-        }
+        Window::ExternalCallAnswerLost
+        | Window::ExternalCallAnswerLostNoIdempotency
+        | Window::ExternalCallNeverReached
+        | Window::ExternalCallKeyInProgress => external::run(store.clone(), w, &mut c).await?,
     };
 
     let (exp_rows, exp_effects, exp_broker, exp_rejections, exp_signals) = expect;
@@ -1261,31 +1210,8 @@ impl txinbox_core::Lease for QuickLease {
     }
 }
 
-/// The lab's handler with an external effect: the local task, and a follow-up task to create in the CRM after
-/// COMMIT, searchable there by its business reference.
-fn task_with_crm_effect<DB: LabDb>(
-    tx: Tx<DB>,
-    msg: Message<LabEvent>,
-) -> futures::future::BoxFuture<'static, Result<Handled, HandlerError>> {
-    Box::pin(async move {
-        let reference = format!("followup:{}:{}", msg.body.opportunity, msg.body.meeting);
-        let payload = serde_json::json!({
-            "opportunity": msg.body.opportunity,
-            "meeting": msg.body.meeting,
-            "external_ref": reference,
-        });
-        let effect = Effect::json("crm.create_task", "crm", &payload)?.external_ref(reference);
-        Ok(DB::insert_task(tx, msg).await?.effect(effect))
-    })
-}
-
-/// The state and reference of the lab's one effect.
-async fn effect_state<DB: LabDb>(store: &Store<DB>) -> Result<(String, Option<String>), LabError> {
-    Ok(DB::effect_state(store).await?)
-}
-
 /// The states a runner's pass led to, `done` or `uncertain+pending`.
-fn states(r: &txinbox_core::EffectReport) -> String {
+pub(crate) fn states(r: &txinbox_core::EffectReport) -> String {
     let s: Vec<&str> = EffectState::ALL
         .into_iter()
         .filter(|st| r.count(*st) > 0)

@@ -1,0 +1,265 @@
+//! The external-call windows: an effect's call whose answer is lost, that never reached the destination, or
+//! whose key the destination is still processing, against the local CRM API in the shapes public APIs
+//! answer in. Each window checks the effect's end state, the tasks at the destination (one, never two, never
+//! none) and what the runner did.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use txinbox_core::effects::{BoxFuture, ClaimedEffect, Confirmation, EffectExecutor, Execution};
+use txinbox_core::http::{Confirm, HttpEffect, HttpEffectBuilder, Key};
+use txinbox_core::mem::{MemoryQueue, QueueState};
+use txinbox_core::{
+    metrics as m, Effect, EffectOptions, EffectRunner, EffectState, Handled, HandlerError, Message,
+};
+use txinbox_crm_api::{CrmApi, KeyMode};
+use txinbox_store::{Store, Tx};
+
+use super::{one, queue, states, Checks, Expected, Window};
+use crate::lab::{lab_message, lab_processor, LabError, LabEvent};
+use crate::labdb::LabDb;
+
+/// Runs an external-call window on `store`: the queue it leaves, the outcome line and what to expect.
+pub(crate) async fn run<DB: LabDb>(
+    store: Store<DB>,
+    w: Window,
+    c: &mut Checks,
+) -> Result<(MemoryQueue, String, Expected), LabError> {
+    let (key_mode, processing) = match w {
+        Window::ExternalCallAnswerLost => (KeyMode::default(), Duration::ZERO),
+        Window::ExternalCallKeyInProgress => (KeyMode::default(), Duration::from_millis(600)),
+        _ => (KeyMode::None, Duration::ZERO),
+    };
+    let crm = CrmApi::builder()
+        .key_mode(key_mode)
+        .processing(processing)
+        .start()
+        .await
+        .map_err(|e| LabError::Usage(format!("the local CRM API could not start: {e}")))?;
+    let url = crm.url();
+    let destination: HttpEffectBuilder = match w {
+        // Found again by key (a lookup: 404 when none), where the CRM keeps keys.
+        Window::ExternalCallAnswerLost => HttpEffect::post(format!("{url}/tasks"))
+            .key(Key::header("Idempotency-Key"))
+            .confirm_url(format!("{url}/tasks?idempotency_key={{key}}")),
+        // No idempotency: found again by the reference the payload carries (a lookup: 404 when none).
+        Window::ExternalCallAnswerLostNoIdempotency => HttpEffect::post(format!("{url}/tasks"))
+            .key(Key::none())
+            .confirm_url(format!("{url}/tasks?external_ref={{external_ref}}")),
+        // No idempotency, and a list search that answers 200 with an empty list when nothing matches.
+        Window::ExternalCallNeverReached => HttpEffect::post(format!("{url}/v1/tasks"))
+            .key(Key::none())
+            .confirm(
+                Confirm::search(format!("{url}/v1/tasks?external_ref={{external_ref}}"))
+                    .found_at("/data/0/id"),
+            ),
+        // The draft's key, a slow destination (600 ms) and a caller that gives up after 150 ms; the list
+        // search by key does not see a task still being processed.
+        _ => HttpEffect::post(format!("{url}/v1/tasks"))
+            .key(Key::header("Idempotency-Key"))
+            .timeout(Duration::from_millis(150))
+            .confirm(Confirm::search(format!(
+                "{url}/v1/tasks?idempotency_key={{key}}"
+            ))),
+    };
+    let destination = destination
+        .build()
+        .map_err(|e| LabError::Usage(e.to_string()))?;
+    let story = Story::default();
+    let runner = EffectRunner::new(store.clone())
+        .executor(
+            "crm",
+            Told {
+                inner: destination,
+                story: story.clone(),
+            },
+        )
+        .options(
+            EffectOptions::default()
+                .idle_poll(Duration::from_millis(10))
+                .backoff(Duration::from_millis(100), Duration::from_millis(400)),
+        );
+    let p = lab_processor(store.clone(), task_with_crm_effect::<DB>);
+    let q = queue(Some(5));
+    q.send(lab_message(0));
+    let d = one(q.receive_now(1), "delivery")?;
+    let o = p.process_one(d).await;
+    c.eq("the message", o.label(), "applied");
+    // lab_message(0)'s follow-up, as task_with_crm_effect names it.
+    let reference = "followup:oportunidade_2481:reuniao_184";
+
+    let what = match w {
+        Window::ExternalCallAnswerLost | Window::ExternalCallAnswerLostNoIdempotency => {
+            // The CRM performs the call and the answer is lost on the way back.
+            crm.drop_next_answers(1);
+            "crm call done, answer lost"
+        }
+        // A gateway answers 502 and never forwards the call.
+        Window::ExternalCallNeverReached => {
+            crm.gateway_502_next(1);
+            "gateway 502, call never forwarded"
+        }
+        _ => "the call outlives the caller's timeout",
+    };
+    let first = runner.run_pass().await;
+    c.eq(
+        "the first call's answer",
+        states(&first).as_str(),
+        "uncertain",
+    );
+    // Reconciled before any retry, until the effect ends (bounded: a key in progress comes back after its
+    // backoff).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let end = loop {
+        runner.run_until_idle().await;
+        let (state, _) = DB::effect_state(&store).await?;
+        let state = EffectState::parse(&state).unwrap_or(EffectState::Pending);
+        let settled = matches!(
+            state,
+            EffectState::Done | EffectState::Failed | EffectState::NeedsAttention
+        );
+        if settled || Instant::now() >= deadline {
+            break state;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    c.eq("effect state", end, EffectState::Done);
+    let tasks = crm.tasks();
+    c.eq("tasks at the CRM", tasks.len(), 1);
+    c.eq("tasks ever created", crm.creates(), 1);
+    c.eq(
+        "tasks created for the follow-up",
+        crm.creates_for_ref(reference),
+        1,
+    );
+    let (_, kept) = DB::effect_state(&store).await?;
+    c.eq(
+        "the CRM's reference kept",
+        kept,
+        tasks.first().map(|t| t.id.clone()),
+    );
+    if w == Window::ExternalCallKeyInProgress {
+        let key = tasks.first().and_then(|t| t.idempotency_key.clone());
+        c.eq("the task has the effect's key", key.is_some(), true);
+        c.eq(
+            "tasks created under the key",
+            crm.creates_for_key(key.as_deref().unwrap_or_default()),
+            1,
+        );
+    }
+    let told = story.told();
+    match w {
+        Window::ExternalCallNeverReached => c.eq(
+            "the runner's story",
+            told.as_str(),
+            "call uncertain > confirm not_found > call done",
+        ),
+        Window::ExternalCallKeyInProgress => {
+            c.eq("a 409 came back", told.contains("call in_progress"), true);
+            c.eq("no call refused", told.contains("rejected"), false);
+        }
+        _ => c.eq(
+            "the runner's story",
+            told.as_str(),
+            "call uncertain > confirm done",
+        ),
+    }
+    crm.shutdown().await;
+    let outcome = format!("{o} > {what} > {told} (crm tasks={})", tasks.len());
+    let signals = match w {
+        // The lost answer: one call, then the confirmation finds it.
+        Window::ExternalCallAnswerLost | Window::ExternalCallAnswerLostNoIdempotency => vec![
+            (m::APPLIED, 1),
+            (m::EFFECT_RECONCILIATIONS, 1),
+            (m::EFFECT_EXECUTIONS, 1),
+        ],
+        // The 502: the confirmation finds nothing, the second call creates the task.
+        Window::ExternalCallNeverReached => vec![
+            (m::APPLIED, 1),
+            (m::EFFECT_RECONCILIATIONS, 1),
+            (m::EFFECT_EXECUTIONS, 2),
+        ],
+        // How many 409s come back depends on timing; the end state is checked above.
+        _ => vec![(m::APPLIED, 1)],
+    };
+    Ok((q, outcome, (1, 1, QueueState::default(), 0, signals)))
+}
+
+/// The lab's handler with an external effect: the local task, and a follow-up task to create in the CRM after
+/// COMMIT, searchable there by its business reference.
+fn task_with_crm_effect<DB: LabDb>(
+    tx: Tx<DB>,
+    msg: Message<LabEvent>,
+) -> BoxFuture<'static, Result<Handled, HandlerError>> {
+    Box::pin(async move {
+        let reference = format!("followup:{}:{}", msg.body.opportunity, msg.body.meeting);
+        let payload = serde_json::json!({
+            "opportunity": msg.body.opportunity,
+            "meeting": msg.body.meeting,
+            "external_ref": reference,
+        });
+        let effect = Effect::json("crm.create_task", "crm", &payload)?.external_ref(reference);
+        Ok(DB::insert_task(tx, msg).await?.effect(effect))
+    })
+}
+
+/// What the runner did, in order: `call uncertain > confirm not_found > call done`.
+#[derive(Clone, Default)]
+struct Story(Arc<Mutex<Vec<String>>>);
+
+impl Story {
+    fn add(&self, step: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(step);
+    }
+    fn told(&self) -> String {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .join(" > ")
+    }
+}
+
+/// An executor that tells its story: each call's and confirmation's answer.
+struct Told<E> {
+    inner: E,
+    story: Story,
+}
+
+impl<E: EffectExecutor> EffectExecutor for Told<E> {
+    fn execute<'a>(&'a self, e: &'a ClaimedEffect) -> BoxFuture<'a, Execution> {
+        Box::pin(async move {
+            let r = self.inner.execute(e).await;
+            let label = match &r {
+                Execution::Done { .. } => "done",
+                Execution::NotSent { .. } => "not_sent",
+                Execution::Rejected { .. } => "rejected",
+                Execution::InProgress { .. } => "in_progress",
+                _ => "uncertain",
+            };
+            self.story.add(format!("call {label}"));
+            r
+        })
+    }
+    fn confirm<'a>(&'a self, e: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
+        Box::pin(async move {
+            let r = self.inner.confirm(e).await;
+            let label = match &r {
+                Confirmation::Done { .. } => "done",
+                Confirmation::NotFound => "not_found",
+                Confirmation::Repeat => "repeat",
+                _ => "unknown",
+            };
+            self.story.add(format!("confirm {label}"));
+            r
+        })
+    }
+    fn reconcile_after(&self) -> Duration {
+        self.inner.reconcile_after()
+    }
+    fn request_hash(&self, e: &ClaimedEffect) -> Option<String> {
+        self.inner.request_hash(e)
+    }
+}
