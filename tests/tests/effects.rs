@@ -6,262 +6,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures::future::BoxFuture;
 use txinbox::effects::idempotency_key;
-use txinbox::http::{HttpEffect, HttpEffectBuilder, Key};
+use txinbox::http::HttpEffect;
 use txinbox::mem::MemoryQueue;
-use txinbox::sqlx::{self, Database, Decode, Executor, IntoArguments, Row, Type};
+use txinbox::sqlx;
 use txinbox::{
     metrics as m, ClaimedEffect, Confirmation, Effect, EffectExecutor, EffectOptions, EffectReport,
-    EffectRunner, EffectState, EffectStore, Execution, Handled, Handler, HandlerError, Identity,
-    Message, Outcome, Store, Tx,
+    EffectRunner, EffectState, EffectStore, Execution, Handled, HandlerError, Message, Outcome,
+    Store, Tx,
 };
-use txinbox_crm_api::CrmApi;
 use txinbox_e2e::{pg_store, sqlite_store, wait_until, MetricTotals};
 use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent, CONSUMER};
 use txinbox_testkit::labdb::LabDb;
 
-/// The name of the CRM effect every test handler records.
-const CRM_TASK: &str = "crm.create_task";
 /// What the poisoned destination always answers.
 const POISON_ERROR: &str = "poison: the destination refused the connection";
 /// A generous deadline for bounded waits (never an assertion on duration).
 const DEADLINE: Duration = Duration::from_secs(60);
 
-// ---------------------------------------------------------------------------------------------------------
-// Reading the effects table, on both backends.
-// ---------------------------------------------------------------------------------------------------------
+mod common;
 
-/// One row of `txinbox_effects`, as the tests read it.
-#[derive(Clone, Debug)]
-struct FxRow {
-    id: i64,
-    message_id: String,
-    key: String,
-    name: String,
-    destination: String,
-    state: String,
-    attempts: i64,
-    reconciliations: i64,
-    next_attempt_at: DateTime<Utc>,
-    claimed_by: Option<String>,
-    claim_until: Option<DateTime<Utc>>,
-    result_reference: Option<String>,
-    last_error: Option<String>,
-    external_ref: String,
-    group_key: Option<String>,
-    finished: bool,
-}
-
-fn parse_ts(s: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(s)
-        .unwrap_or_else(|e| panic!("timestamp {s:?}: {e}"))
-        .with_timezone(&Utc)
-}
-
-/// A backend whose effects table the tests can read: every [`LabDb`] whose driver reads the columns below.
-trait FxDb: LabDb {
-    /// Every effect row, in id order.
-    fn effect_rows(store: &Store<Self>) -> BoxFuture<'_, Vec<FxRow>>;
-    /// Rows of a table (`SELECT count(*)`).
-    fn count<'a>(store: &'a Store<Self>, table: &'a str) -> BoxFuture<'a, i64>;
-}
-
-impl<DB> FxDb for DB
-where
-    DB: LabDb,
-    for<'c> &'c sqlx::Pool<DB>: Executor<'c, Database = DB>,
-    for<'q> <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<String>: Decode<'r, DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
-    fn effect_rows(store: &Store<Self>) -> BoxFuture<'_, Vec<FxRow>> {
-        Box::pin(async move {
-            // Timestamps as RFC 3339 text on both backends (SQLite stores them so).
-            let ts = |col: &str| {
-                if <DB as Database>::NAME == "PostgreSQL" {
-                    format!(
-                        "to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
-                    )
-                } else {
-                    col.to_owned()
-                }
-            };
-            let sql = format!(
-                "SELECT id, message_id, idempotency_key, name, destination, state, CAST(attempts AS BIGINT), \
-                 CAST(reconciliations AS BIGINT), {}, claimed_by, {}, result_reference, last_error, external_ref, \
-                 group_key, CASE WHEN finished_at IS NULL THEN NULL ELSE 'finished' END \
-                 FROM txinbox_effects ORDER BY id",
-                ts("next_attempt_at"),
-                ts("claim_until")
-            );
-            let rows = sqlx::query(&sql)
-                .fetch_all(store.pool())
-                .await
-                .expect("reading txinbox_effects");
-            rows.iter()
-                .map(|r| {
-                    let next: String = r.get(8);
-                    let until: Option<String> = r.get(10);
-                    let finished: Option<String> = r.get(15);
-                    FxRow {
-                        id: r.get(0),
-                        message_id: r.get(1),
-                        key: r.get(2),
-                        name: r.get(3),
-                        destination: r.get(4),
-                        state: r.get(5),
-                        attempts: r.get(6),
-                        reconciliations: r.get(7),
-                        next_attempt_at: parse_ts(&next),
-                        claimed_by: r.get(9),
-                        claim_until: until.as_deref().map(parse_ts),
-                        result_reference: r.get(11),
-                        last_error: r.get(12),
-                        external_ref: r.get(13),
-                        group_key: r.get(14),
-                        finished: finished.is_some(),
-                    }
-                })
-                .collect()
-        })
-    }
-
-    fn count<'a>(store: &'a Store<Self>, table: &'a str) -> BoxFuture<'a, i64> {
-        Box::pin(async move {
-            sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-                .fetch_one(store.pool())
-                .await
-                .unwrap_or_else(|e| panic!("counting {table}: {e}"))
-        })
-    }
-}
-
-fn states(rows: &[FxRow]) -> std::collections::BTreeMap<String, usize> {
-    let mut out = std::collections::BTreeMap::new();
-    for r in rows {
-        *out.entry(r.state.clone()).or_insert(0) += 1;
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Recording effects the way users do: a handler, messages through the in-memory broker.
-// ---------------------------------------------------------------------------------------------------------
-
-type Ids = Arc<Mutex<Vec<Identity>>>;
-
-/// A handler that inserts the lab's local task and records `effects(msg)` next to it; the identities of the
-/// messages it handled are kept (to compute the idempotency keys).
-fn recording<DB: LabDb>(
-    effects: impl Fn(&Message<LabEvent>) -> Vec<Effect> + Send + Sync + 'static,
-) -> (impl Handler<Store<DB>, LabEvent>, Ids) {
-    let ids: Ids = Arc::default();
-    let seen = ids.clone();
-    let effects = Arc::new(effects);
-    let handler = move |tx: Tx<DB>, msg: Message<LabEvent>| {
-        let seen = seen.clone();
-        let effects = effects.clone();
-        async move {
-            let fx = effects(&msg);
-            let identity = msg.identity.clone();
-            let mut done = DB::insert_task(tx, msg).await?;
-            for e in fx {
-                done = done.effect(e);
-            }
-            seen.lock().unwrap().push(identity);
-            Ok::<_, HandlerError>(done)
-        }
-    };
-    (handler, ids)
-}
-
-/// Sends lab messages `range` through a memory queue and processes each delivery with `handler`.
-async fn deliver<DB: LabDb, H: Handler<Store<DB>, LabEvent>>(
-    store: &Store<DB>,
-    handler: H,
-    range: std::ops::Range<usize>,
-) -> Vec<Outcome> {
-    let p = lab_processor(store.clone(), handler);
-    let q = MemoryQueue::default();
-    let expected = range.len();
-    for i in range {
-        q.send(lab_message(i));
-    }
-    let mut out = Vec::with_capacity(expected);
-    while let Some(d) = q.receive_now(1).pop() {
-        out.push(p.process_one(d).await);
-        assert!(out.len() <= expected, "more deliveries than messages sent");
-    }
-    out
-}
-
-fn assert_all_applied(outcomes: &[Outcome], n: usize) {
-    assert_eq!(outcomes.len(), n);
-    for o in outcomes {
-        assert!(matches!(o, Outcome::Applied { .. }), "{o:?}");
-    }
-}
-
-/// The lab's follow-up reference: searchable at the CRM, percent-encoded in the confirmation URL.
-fn followup_ref(msg: &Message<LabEvent>) -> String {
-    format!("followup:{}:{}", msg.body.opportunity, msg.body.meeting)
-}
-
-/// The follow-up task to create at the CRM, with its searchable reference in the body and on the effect.
-fn crm_effect(msg: &Message<LabEvent>) -> Effect {
-    let reference = followup_ref(msg);
-    let payload = serde_json::json!({
-        "opportunity": msg.body.opportunity,
-        "meeting": msg.body.meeting,
-        "title": "follow up the meeting",
-        "external_ref": reference,
-    });
-    Effect::json(CRM_TASK, "crm", &payload)
-        .unwrap()
-        .external_ref(reference)
-}
-
-fn keys(ids: &Ids, name: &str) -> Vec<String> {
-    ids.lock()
-        .unwrap()
-        .iter()
-        .map(|id| idempotency_key(id, name))
-        .collect()
-}
-
-/// The CRM as a destination, confirmed by idempotency key (a lookup: 404 when none).
-fn crm_by_key_builder(crm: &CrmApi) -> HttpEffectBuilder {
-    HttpEffect::post(format!("{}/tasks", crm.url()))
-        .confirm_url(format!("{}/tasks?idempotency_key={{key}}", crm.url()))
-}
-
-/// [`crm_by_key_builder`], built.
-fn crm_by_key(crm: &CrmApi) -> HttpEffect {
-    crm_by_key_builder(crm)
-        .build()
-        .expect("a valid destination")
-}
-
-/// The CRM as a destination without idempotency, confirmed by external reference (a lookup: 404 when none).
-fn crm_by_ref(crm: &CrmApi) -> HttpEffect {
-    HttpEffect::post(format!("{}/tasks", crm.url()))
-        .key(Key::none())
-        .confirm_url(format!("{}/tasks?external_ref={{external_ref}}", crm.url()))
-        .build()
-        .expect("a valid destination")
-}
-
-async fn start_crm(idempotency: bool) -> CrmApi {
-    CrmApi::builder()
-        .idempotency(idempotency)
-        .start()
-        .await
-        .expect("the local CRM API starts")
-}
+use common::*;
 
 // ---------------------------------------------------------------------------------------------------------
 // Test executors.
