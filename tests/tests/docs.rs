@@ -96,3 +96,58 @@ fn sqs_fifo_window_and_dead_letter_move_say_what_aws_says() {
         assert!(guide.contains(sentence), "docs/sqs.md must say: {sentence}");
     }
 }
+
+#[test]
+fn the_effects_guide_keeps_the_vendors_words_and_the_code_s_answer_table() {
+    let guide = folded(&read("docs/effects.md"));
+    for sentence in [
+        "Subsequent requests with the same key return the same result, including 500 errors",
+        "You can remove keys from the system automatically after they're at least 24 hours old",
+        "Under normal operating conditions, data is searchable in under 1 minute",
+        "If no objects match the query, the resulting array will be empty",
+        "Idempotency keys are valid for a minimum period of 7 days after first submission",
+        "HTTP 422 – Unprocessable Entity or HTTP 409 - Conflict status with the error code 704",
+        "PayPal returns the latest status of the previous request that used that same header",
+        "The server stores keys for 6 hours",
+        "If any search condition is not met, the result is an empty object (`{}`)",
+        "It may take a few moments for newly created or updated CRM objects to appear in search results",
+        "If the external ID is matched multiple times, then a 300 error is reported, and the record isn't created or updated",
+        "reuse an idempotency key with a different request payload, the resource SHOULD reply with a HTTP 422",
+        "retried, while the original request is still being processed, the resource SHOULD reply with an HTTP 409",
+    ] {
+        assert!(guide.contains(sentence), "docs/effects.md no longer quotes: {sentence}");
+    }
+    // The guide's answer table is the code's default table.
+    use txinbox::http::{Answer, AnswerTable};
+    let t = AnswerTable::default();
+    for (status, answer, row) in [
+        (
+            409,
+            Answer::InProgress,
+            "| 409: a request with this key is still being processed (the draft) | `in_progress` |",
+        ),
+        (
+            422,
+            Answer::KeyReused,
+            "| 422: the key was used with another body (the draft) | `key_reused` |",
+        ),
+        (429, Answer::NotSent, "| 408, 425, 429 | `not_sent` |"),
+        (
+            503,
+            Answer::RetryAfter,
+            "| 503 **with** `Retry-After` | `retry_after` |",
+        ),
+        (
+            502,
+            Answer::Uncertain,
+            "502, 504, any other 5xx; 1xx; 3xx | `uncertain` |",
+        ),
+        (400, Answer::Rejected, "| another 4xx | `rejected` |"),
+    ] {
+        assert_eq!(t.get(status), answer, "{status}");
+        assert!(
+            guide.contains(row),
+            "docs/effects.md lost the row for {status}: {row}"
+        );
+    }
+}

@@ -63,6 +63,9 @@ pub struct RunArgs {
     /// `NAME=POINTER`: where a search's count is (`/total`).
     #[arg(long = "count-at", value_parser = parse_pair)]
     pub count_at: Vec<(String, String)>,
+    /// `NAME`: the search leaves the list out when nothing matches (Square's `{}`): read as not found.
+    #[arg(long = "absent-list-is-empty")]
+    pub absent_list_is_empty: Vec<String>,
     /// `NAME=STATUS:ANSWER`: what a status or class means (`crm=409:in_progress`, `crm=4xx:rejected`).
     #[arg(long = "answer", value_parser = parse_pair)]
     pub answer: Vec<(String, String)>,
@@ -167,14 +170,15 @@ impl RunArgs {
         for (flag, names) in [
             ("--reference-optional", &self.reference_optional),
             ("--no-idempotency", &self.no_idempotency),
+            ("--absent-list-is-empty", &self.absent_list_is_empty),
         ] {
             for name in names {
                 known(d, flag, name)?;
                 let dest = d.get_mut(name).ok_or("checked above")?;
-                if flag == "--no-idempotency" {
-                    dest.key = Some("none".into());
-                } else {
-                    dest.reference_optional = true;
+                match flag {
+                    "--no-idempotency" => dest.key = Some("none".into()),
+                    "--reference-optional" => dest.reference_optional = true,
+                    _ => confirm(dest).absent_list_is_empty = true,
                 }
             }
         }

@@ -24,6 +24,8 @@ pub(crate) enum Rule {
     Search {
         found_at: String,
         count_at: Option<String>,
+        /// A body without the list at all (Square answers `{}`) is an empty list.
+        absent_is_empty: bool,
     },
     /// The user's reader.
     Custom(Arc<ReadFn>),
@@ -33,9 +35,14 @@ impl fmt::Debug for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Rule::Lookup { found_at } => write!(f, "Lookup(found_at {found_at})"),
-            Rule::Search { found_at, count_at } => {
-                write!(f, "Search(found_at {found_at}, count_at {count_at:?})")
-            }
+            Rule::Search {
+                found_at,
+                count_at,
+                absent_is_empty,
+            } => write!(
+                f,
+                "Search(found_at {found_at}, count_at {count_at:?}, absent_is_empty {absent_is_empty})"
+            ),
             Rule::Custom(_) => f.write_str("Custom"),
         }
     }
@@ -83,6 +90,7 @@ impl Confirm {
             rule: Rule::Search {
                 found_at: "/data/0/id".into(),
                 count_at: None,
+                absent_is_empty: false,
             },
             ..Self::lookup(url)
         }
@@ -108,6 +116,7 @@ impl Confirm {
                 self.rule = Rule::Search {
                     found_at: p,
                     count_at: None,
+                    absent_is_empty: false,
                 }
             }
         }
@@ -116,13 +125,38 @@ impl Confirm {
 
     /// Where a search's count of matches is (`/total`): 0 is not found. Turns a lookup into a search.
     pub fn count_at(mut self, pointer: impl Into<String>) -> Self {
-        let found_at = match &self.rule {
-            Rule::Lookup { found_at } | Rule::Search { found_at, .. } => found_at.clone(),
-            Rule::Custom(_) => "/results/0/id".into(),
+        let (found_at, absent_is_empty) = match &self.rule {
+            Rule::Lookup { found_at } => (found_at.clone(), false),
+            Rule::Search {
+                found_at,
+                absent_is_empty,
+                ..
+            } => (found_at.clone(), *absent_is_empty),
+            Rule::Custom(_) => ("/results/0/id".into(), false),
         };
         self.rule = Rule::Search {
             found_at,
             count_at: Some(pointer.into()),
+            absent_is_empty,
+        };
+        self
+    }
+
+    /// A search whose answer leaves the list out when nothing matches (Square's `SearchCustomers` answers
+    /// `{}`): a 2xx JSON object without the list [`found_at`](Self::found_at) walks into is not found. Any
+    /// other shape without it stays unknown. Turns a lookup into a search.
+    pub fn absent_list_is_empty(mut self) -> Self {
+        let (found_at, count_at) = match &self.rule {
+            Rule::Lookup { found_at } => (found_at.clone(), None),
+            Rule::Search {
+                found_at, count_at, ..
+            } => (found_at.clone(), count_at.clone()),
+            Rule::Custom(_) => ("/data/0/id".into(), None),
+        };
+        self.rule = Rule::Search {
+            found_at,
+            count_at,
+            absent_is_empty: true,
         };
         self
     }
@@ -159,7 +193,9 @@ impl Confirm {
         }
         match &self.rule {
             Rule::Lookup { found_at } => check_pointer("found_at", found_at, false),
-            Rule::Search { found_at, count_at } => {
+            Rule::Search {
+                found_at, count_at, ..
+            } => {
                 check_pointer("found_at", found_at, false)?;
                 count_at
                     .as_deref()
@@ -190,9 +226,17 @@ impl Confirm {
     pub(crate) fn read(&self, status: u16, body: &[u8]) -> Confirmation {
         match &self.rule {
             Rule::Lookup { found_at } => read_lookup(status, body, found_at),
-            Rule::Search { found_at, count_at } => {
-                read_search(status, body, found_at, count_at.as_deref())
-            }
+            Rule::Search {
+                found_at,
+                count_at,
+                absent_is_empty,
+            } => read_search(
+                status,
+                body,
+                found_at,
+                count_at.as_deref(),
+                *absent_is_empty,
+            ),
             Rule::Custom(read) => read(status, body),
         }
     }
@@ -238,7 +282,13 @@ fn read_lookup(status: u16, body: &[u8], found_at: &str) -> Confirmation {
     }
 }
 
-fn read_search(status: u16, body: &[u8], found_at: &str, count_at: Option<&str>) -> Confirmation {
+fn read_search(
+    status: u16,
+    body: &[u8],
+    found_at: &str,
+    count_at: Option<&str>,
+    absent_is_empty: bool,
+) -> Confirmation {
     if !(200..=299).contains(&status) {
         return unknown(format!("the search answered {status}"));
     }
@@ -278,10 +328,36 @@ fn read_search(status: u16, body: &[u8], found_at: &str, count_at: Option<&str>)
             reference: Some(reference),
         },
         Walk::EmptyList => Confirmation::NotFound,
+        Walk::Missing if absent_is_empty && list_absent(&v, found_at) => Confirmation::NotFound,
         Walk::Missing => unknown(format!(
             "the search answered {status} without a list or a reference at {found_at}"
         )),
     }
+}
+
+/// Whether `pointer` leads through an object member that is absent right where a list would be (the member
+/// before the first array index): `{}` for `/customers/0/id`.
+fn list_absent(v: &Value, pointer: &str) -> bool {
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let Some(index) = tokens.iter().position(|t| t.parse::<usize>().is_ok()) else {
+        return false;
+    };
+    if index == 0 {
+        return false;
+    }
+    let mut at = v;
+    for t in &tokens[..index - 1] {
+        match at.get(t.as_str()) {
+            Some(next) => at = next,
+            None => return false,
+        }
+    }
+    at.as_object()
+        .is_some_and(|o| !o.contains_key(tokens[index - 1].as_str()))
 }
 
 /// Where a JSON pointer leads.
@@ -376,40 +452,83 @@ mod tests {
     #[test]
     fn a_search_reads_an_empty_list_or_a_zero_count_as_not_found() {
         let f = "/data/0/id";
-        assert!(is_not_found(&read_search(200, br#"{"data":[]}"#, f, None)));
+        assert!(is_not_found(&read_search(
+            200,
+            br#"{"data":[]}"#,
+            f,
+            None,
+            false
+        )));
         assert!(is_done(
-            &read_search(200, br#"{"data":[{"id":"t-9"}]}"#, f, None),
+            &read_search(200, br#"{"data":[{"id":"t-9"}]}"#, f, None, false),
             "t-9"
         ));
         assert!(is_unknown(&read_search(
             200,
             br#"{"data":[{"name":"x"}]}"#,
             f,
-            None
+            None,
+            false
         )));
-        assert!(is_unknown(&read_search(200, br#"{"items":[]}"#, f, None)));
-        assert!(is_unknown(&read_search(404, br#"{"data":[]}"#, f, None)));
-        assert!(is_unknown(&read_search(502, b"", f, None)));
+        assert!(is_unknown(&read_search(
+            200,
+            br#"{"items":[]}"#,
+            f,
+            None,
+            false
+        )));
+        assert!(is_unknown(&read_search(
+            404,
+            br#"{"data":[]}"#,
+            f,
+            None,
+            false
+        )));
+        assert!(is_unknown(&read_search(502, b"", f, None, false)));
         let (f, c) = ("/results/0/id", Some("/total"));
         assert!(is_not_found(&read_search(
             200,
             br#"{"total":0,"results":[]}"#,
             f,
-            c
+            c,
+            false
         )));
         assert!(is_done(
-            &read_search(200, br#"{"total":1,"results":[{"id":"42"}]}"#, f, c),
+            &read_search(200, br#"{"total":1,"results":[{"id":"42"}]}"#, f, c, false),
             "42"
         ));
         assert!(is_unknown(&read_search(
             200,
             br#"{"total":1,"results":[]}"#,
             f,
-            c
+            c,
+            false
         )));
-        assert!(is_unknown(&read_search(200, br#"{"results":[]}"#, f, c)));
+        assert!(is_unknown(&read_search(
+            200,
+            br#"{"results":[]}"#,
+            f,
+            c,
+            false
+        )));
+        // Square leaves the list out: not found only when declared, and only an object missing just the list.
+        let f = "/customers/0/id";
+        assert!(is_unknown(&read_search(200, b"{}", f, None, false)));
+        assert!(is_not_found(&read_search(200, b"{}", f, None, true)));
+        assert!(is_unknown(&read_search(200, b"[]", f, None, true)));
+        assert!(is_unknown(&read_search(
+            200,
+            br#"{"errors":[]}"#,
+            "/a/customers/0/id",
+            None,
+            true
+        )));
+        assert!(is_done(
+            &read_search(200, br#"{"customers":[{"id":"C1"}]}"#, f, None, true),
+            "C1"
+        ));
         // A list at the top level.
-        assert!(is_not_found(&read_search(200, b"[]", "/0/id", None)));
+        assert!(is_not_found(&read_search(200, b"[]", "/0/id", None, false)));
     }
 
     #[test]

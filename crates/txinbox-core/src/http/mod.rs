@@ -255,7 +255,8 @@ impl HttpEffect {
         req
     }
 
-    /// Whether the payload carries the external reference, so a destination can be searched by it.
+    /// Whether the payload carries the external reference (as is, JSON-escaped or percent-encoded, as a form
+    /// body carries it), or the call's URL does, so a destination can be searched by it.
     fn payload_carries_ref(&self, e: &ClaimedEffect) -> bool {
         let needle = e.external_ref.as_bytes();
         let escaped = serde_json::Value::String(e.external_ref.clone()).to_string();

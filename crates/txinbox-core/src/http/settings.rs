@@ -145,6 +145,12 @@ fn confirm_from(c: &crate::settings::ConfirmSettings) -> Result<Confirm, String>
         }
         confirm = confirm.count_at(n);
     }
+    if c.absent_list_is_empty {
+        if rule != "search" {
+            return Err("confirm.absent_list_is_empty is for rule = \"search\"".into());
+        }
+        confirm = confirm.absent_list_is_empty();
+    }
     Ok(confirm)
 }
 

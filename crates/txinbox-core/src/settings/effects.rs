@@ -142,4 +142,6 @@ pub struct ConfirmSettings {
     pub found_at: Option<String>,
     /// Where a search's count is (`/total`): 0 is not found.
     pub count_at: Option<String>,
+    /// A search answer that leaves the list out when nothing matches (Square's `{}`) is not found.
+    pub absent_list_is_empty: bool,
 }
