@@ -82,7 +82,11 @@ fn windows_print_one_ok_row_each() {
     let (code, out, err) = txinbox(&["lab", "--windows"]);
     assert_eq!(code, 0, "{out}{err}");
     let rows: Vec<&str> = out.lines().collect();
-    assert_eq!(rows.len(), 13, "{out}");
+    assert_eq!(
+        rows.len(),
+        txinbox_testkit::windows::Window::ALL.len(),
+        "{out}"
+    );
     for r in rows {
         assert!(r.ends_with(" ok"), "{r}");
         assert!(
