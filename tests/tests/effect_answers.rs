@@ -8,8 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
+use txinbox::driver::EffectStore;
 use txinbox::http::{Confirm, HttpEffect, HttpEffectBuilder, Key};
-use txinbox::{EffectOptions, EffectRunner, EffectState, EffectStore, Store};
+use txinbox::{EffectOptions, EffectRunner, EffectState, Store};
 use txinbox_crm_api::{CrmApi, KeyMode};
 use txinbox_e2e::{pg_store, sqlite_store};
 
@@ -37,7 +38,7 @@ async fn one_effect<DB: FxDb>(
     keys(&ids, CRM_TASK).remove(0)
 }
 
-async fn state<DB: FxDb>(store: &Store<DB>, key: &str) -> txinbox::ClaimedEffect {
+async fn state<DB: FxDb>(store: &Store<DB>, key: &str) -> txinbox::effects::ClaimedEffect {
     store
         .find_effect(key)
         .await

@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures::future::BoxFuture;
-use txinbox::effects::idempotency_key;
+use txinbox::driver::EffectStore;
+use txinbox::effects::{idempotency_key, ClaimedEffect, Confirmation, EffectExecutor, Execution};
 use txinbox::http::HttpEffect;
 use txinbox::mem::MemoryQueue;
 use txinbox::sqlx;
 use txinbox::{
-    metrics as m, ClaimedEffect, Confirmation, Effect, EffectExecutor, EffectOptions, EffectReport,
-    EffectRunner, EffectState, EffectStore, Execution, Handled, HandlerError, Message, Outcome,
-    Store, Tx,
+    metrics as m, Effect, EffectOptions, EffectReport, EffectRunner, EffectState, Handled,
+    HandlerError, Message, Outcome, Store, Tx,
 };
 use txinbox_e2e::{pg_store, sqlite_store, wait_until, MetricTotals};
 use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent, CONSUMER};

@@ -5,9 +5,10 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use txinbox::broker::Delivery;
 use txinbox::mem::{MemoryQueue, QueueState};
 use txinbox::sqlx;
-use txinbox::{Delivery, HandlerError, Message, Outcome, Raw, Tx};
+use txinbox::{HandlerError, Message, Outcome, Raw, Tx};
 use txinbox_e2e::{sqlite_store, MetricTotals};
 use txinbox_testkit::lab::{followup_business_key, lab_inbox, lab_message, task_handler};
 use txinbox_testkit::labdb::LabDb;

@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use txinbox::broker::Delivery;
 use txinbox::mem::{MemoryDelivery, MemoryQueue, OutgoingMessage, QueueState};
 use txinbox::sqlx;
 use txinbox::{
-    ConsumerName, Delivery, Handled, Handler, HandlerError, IdentityPolicy, Inbox, InboxProcessor,
-    Message, Outcome, Retry, Store,
+    ConsumerName, Handled, Handler, HandlerError, IdentityPolicy, Inbox, InboxProcessor, Message,
+    Outcome, Retry, Store,
 };
 use txinbox_e2e::{pg_store, sqlite_store};
 

@@ -773,10 +773,10 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
             "--seconds, --rounds and every --concurrency must be at least 1".into(),
         ));
     }
-    if !(1..=txinbox_core::worker::MAX_BATCH_COMMIT).contains(&args.batch) {
+    if !(1..=txinbox_core::runtime::worker::MAX_BATCH_COMMIT).contains(&args.batch) {
         return Err(LabError::Usage(format!(
             "--batch must be 1 to {}",
-            txinbox_core::worker::MAX_BATCH_COMMIT
+            txinbox_core::runtime::worker::MAX_BATCH_COMMIT
         )));
     }
     if args.e2e_in_flight == 0 || args.e2e_receive_max == 0 {
@@ -853,7 +853,7 @@ fn rss_kib() -> Option<u64> {
 /// PostgreSQL. The producer keeps at most a few thousand messages waiting in the broker, as a steady stream
 /// does, so that the broker's own memory does not hide the worker's.
 async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
-    use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+    use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
     use txinbox_core::{OutcomeKind, Worker, WorkerOptions};
     let n = args.e2e_messages;
     if n == 0 {
@@ -1198,7 +1198,7 @@ fn bench_inbox(
 /// `--purge-impact N`: N expired markers (another consumer's), then the apply rate without a purge, during the
 /// maintenance's purge of them, and without again; prints one `purge_impact` line.
 async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
-    use txinbox_core::maintenance::Table;
+    use txinbox_core::runtime::maintenance::Table;
     use txinbox_core::{Maintenance, MaintenanceOptions};
     let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
     let secs = args.seconds.max(1);

@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use txinbox_core::maintenance::Table;
+use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{Maintenance, MaintenanceOptions, MaintenanceReport, MaintenanceStore};
 
 /// Arguments of `txinbox inbox purge`.

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use txinbox_core::redrive::{RedriveEvent, RedriveProgress, RedriveReport};
+use txinbox_core::broker::redrive::{RedriveEvent, RedriveProgress, RedriveReport};
 use txinbox_core::BrokerError;
 
 /// Why a redrive command failed.
@@ -218,7 +218,7 @@ impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use txinbox_core::redrive::RedriveItem;
+    use txinbox_core::broker::redrive::RedriveItem;
     use txinbox_core::BrokerErrorKind;
 
     fn report(moved: usize, deferred: usize) -> RedriveReport {

@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use txinbox_core::mem::{MemoryQueue, OutgoingMessage};
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage};
 use txinbox_core::{
     ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, Message, Raw, Worker,
 };

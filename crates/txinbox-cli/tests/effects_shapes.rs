@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use txinbox_core::mem::{MemoryQueue, OutgoingMessage};
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage};
 use txinbox_core::{
     ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, Message, Raw, Worker,
 };

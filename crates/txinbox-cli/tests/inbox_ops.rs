@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
 use txinbox_core::{
     ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, Message, Raw,
 };

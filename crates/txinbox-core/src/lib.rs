@@ -6,20 +6,23 @@
 //! transaction**, lets the store's unique constraint decide who may proceed, and acknowledges the broker
 //! **only after COMMIT**. A redelivery finds the marker and ends without repeating the effect.
 //!
-//! Users depend on the `txinbox` facade crate, which re-exports this one. This crate holds what depends on
-//! no particular database or broker:
+//! Users depend on the `txinbox` facade crate, which re-exports what they use by name; this crate's module
+//! tree is an implementation detail, exempt from semver. It holds what depends on no particular database or
+//! broker, one folder per subsystem:
 //!
-//! * [`inbox`]: **the delivery pipeline**: validation, identity, retention, fingerprint, the transaction's
-//!   decisions, the settle and the metrics, written once for every store;
-//! * [`handler`]: the handler API (typed [`Message`]s, [`HandlerError`] that any error converts into);
+//! * [`pipeline`]: **the delivery pipeline**: validation, [identity](pipeline::identity),
+//!   [retention](pipeline::retention), [fingerprint](pipeline::fingerprint), the transaction's decisions, the
+//!   settle and the metrics, written once for every store; the [handler API](pipeline::handler) and the
+//!   [outcomes](pipeline::outcome);
+//! * [`runtime`]: the [worker](runtime::worker) (receive loops, concurrency, shutdown), the
+//!   [lease keeper](runtime::lease), [health](runtime::health) and the [maintenance](runtime::maintenance);
+//! * [`broker`]: the broker contract ([`Receiver`], [`Delivery`], [`Lease`], [`BrokerError`]), the
+//!   [in-memory broker](broker::mem), the [redrive](broker::redrive) report;
 //! * [`store`]: the store contract ([`InboxStore`]) a database driver implements;
-//! * [`broker`]: the broker contract ([`Receiver`], [`Delivery`], [`Lease`], [`BrokerError`]);
-//! * [`identity`], [`fingerprint`], [`Outcome`];
-//! * [`worker`]: concurrency, lease renewal, graceful shutdown; [`redrive`]: one report for both brokers;
-//! * [`mem`]: an in-memory broker with real at-least-once semantics for tests and the lab;
 //! * [`effects`]: external effects as governed units (idempotency key, uncertain state, reconciliation), a
-//!   broker publish being one kind ([`outbox`]);
-//! * [`retention`], [`metrics`].
+//!   broker publish being one kind ([outbox](effects::outbox)); [`http`] (feature `http`): the HTTP
+//!   destination;
+//! * [`settings`]: the settings file; [`metrics`]: the metric names.
 //!
 //! The sqlx stores (PostgreSQL, SQLite) live in `txinbox-store`; the brokers in `txinbox-sqs` and
 //! `txinbox-servicebus`.
@@ -48,47 +51,41 @@
 pub mod broker;
 pub mod effects;
 pub mod error;
-pub mod fingerprint;
-pub mod handler;
-pub mod health;
 #[cfg(feature = "http")]
 pub mod http;
-pub mod identity;
-pub mod inbox;
-pub mod lease;
-pub mod maintenance;
-pub mod mem;
-pub mod message;
 pub mod metrics;
-pub mod outbox;
-pub mod outcome;
-pub mod redrive;
-pub mod retention;
+pub mod pipeline;
+pub mod runtime;
 pub mod settings;
 pub mod store;
-pub mod worker;
 
+pub use broker::message::ReceivedMessage;
+pub use broker::redrive::{
+    RedriveEvent, RedriveItem, RedriveOptions, RedriveProgress, RedriveReport,
+};
 pub use broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
+pub use effects::outbox::{OutboxMessage, Publisher};
 pub use effects::{
     ClaimedEffect, CompensateError, Confirmation, Effect, EffectExecutor, EffectOptions,
     EffectReport, EffectRunner, EffectState, EffectStore, Execution,
 };
 pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind};
-pub use fingerprint::FingerprintSpec;
-pub use handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
-pub use identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};
-pub use inbox::{BodyFormat, Inbox, InboxProcessor, InputRules};
-pub use lease::LeaseOptions;
-pub use maintenance::{Maintenance, MaintenanceOptions, MaintenanceReport, MaintenanceStore};
-pub use message::ReceivedMessage;
-pub use outbox::{OutboxMessage, Publisher};
-pub use outcome::{Outcome, OutcomeKind};
-pub use redrive::{RedriveEvent, RedriveItem, RedriveOptions, RedriveProgress, RedriveReport};
-pub use retention::RetentionPolicy;
+pub use pipeline::fingerprint::FingerprintSpec;
+pub use pipeline::handler::{Handled, Handler, HandlerError, Message, Payload, Raw, Retry};
+pub use pipeline::identity::{ConsumerName, IdOrigin, Identity, IdentityPolicy};
+pub use pipeline::outcome::{Outcome, OutcomeKind};
+pub use pipeline::retention::RetentionPolicy;
+pub use pipeline::{BodyFormat, Inbox, InboxProcessor, InputRules};
+pub use runtime::lease::LeaseOptions;
+pub use runtime::maintenance::{
+    Maintenance, MaintenanceOptions, MaintenanceReport, MaintenanceStore,
+};
+pub use runtime::worker::{
+    shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport,
+};
 pub use store::{
     Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind,
 };
-pub use worker::{shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport};
 
 /// Re-exported so processors and adapters agree on the type.
 pub use tokio_util::sync::CancellationToken;

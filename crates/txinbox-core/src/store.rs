@@ -15,7 +15,7 @@ use std::future::Future;
 use chrono::{DateTime, Utc};
 
 use crate::effects::NewEffect;
-use crate::identity::Identity;
+use crate::pipeline::identity::Identity;
 
 /// The inbox row to insert.
 #[derive(Debug)]

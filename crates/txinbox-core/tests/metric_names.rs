@@ -17,12 +17,16 @@ const NAME_SOURCES: [&str; 3] = [
 ];
 
 /// Where the labels are attached (the `metrics::counter!`/`gauge!`/`histogram!` call sites).
-const LABEL_SOURCES: [&str; 6] = [
-    include_str!("../src/inbox.rs"),
-    include_str!("../src/worker.rs"),
+const LABEL_SOURCES: [&str; 10] = [
+    include_str!("../src/pipeline/inbox/mod.rs"),
+    include_str!("../src/pipeline/inbox/decide.rs"),
+    include_str!("../src/pipeline/inbox/batch.rs"),
+    include_str!("../src/runtime/worker.rs"),
+    include_str!("../src/runtime/maintenance.rs"),
     include_str!("../src/effects/runner.rs"),
-    include_str!("../src/lease.rs"),
-    include_str!("../src/identity.rs"),
+    include_str!("../src/runtime/lease.rs"),
+    include_str!("../src/pipeline/identity.rs"),
+    include_str!("../src/broker/mem.rs"),
     include_str!("../src/metrics.rs"),
 ];
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tokio_util::sync::CancellationToken;
-use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
-use txinbox_core::worker::{is_persistent_receive_error, receive_backoff};
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::runtime::worker::{is_persistent_receive_error, receive_backoff};
 use txinbox_core::{
     BrokerError, BrokerErrorKind, Delivery, Outcome, Processor, Receiver, Worker, WorkerOptions,
 };
@@ -65,7 +65,7 @@ struct Failing {
 }
 
 impl Receiver for Failing {
-    type Delivery = txinbox_core::mem::MemoryDelivery;
+    type Delivery = txinbox_core::broker::mem::MemoryDelivery;
     async fn receive(&mut self, _max: usize) -> Result<Vec<Self::Delivery>, BrokerError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         Err(BrokerError::new(
@@ -145,12 +145,12 @@ async fn a_transient_receive_error_never_makes_the_worker_give_up() {
 /// A receiver whose answer takes `delay` to come back once the broker handed messages out: the window in
 /// which a stop signal finds a receive in flight that already holds messages.
 struct SlowAnswer {
-    inner: txinbox_core::mem::MemoryReceiver,
+    inner: txinbox_core::broker::mem::MemoryReceiver,
     delay: Duration,
 }
 
 impl Receiver for SlowAnswer {
-    type Delivery = txinbox_core::mem::MemoryDelivery;
+    type Delivery = txinbox_core::broker::mem::MemoryDelivery;
     async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, BrokerError> {
         let got = self.inner.receive(max).await?;
         if !got.is_empty() {

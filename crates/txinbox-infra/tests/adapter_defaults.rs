@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use txinbox_core::lease::renewal_interval;
+use txinbox_core::runtime::lease::renewal_interval;
 use txinbox_core::LeaseOptions;
 use txinbox_infra::WorkerSettings;
 use txinbox_servicebus::ServiceBusOptions;

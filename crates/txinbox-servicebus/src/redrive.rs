@@ -12,8 +12,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-pub use txinbox_core::redrive::RedriveOptions;
-use txinbox_core::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
+pub use txinbox_core::broker::redrive::RedriveOptions;
+use txinbox_core::broker::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
 use txinbox_core::{BrokerError, BrokerErrorKind};
 
 use crate::config::ServiceBusClient;

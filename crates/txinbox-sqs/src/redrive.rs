@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use chrono::{TimeZone, Utc};
-pub use txinbox_core::redrive::RedriveOptions;
-use txinbox_core::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
+pub use txinbox_core::broker::redrive::RedriveOptions;
+use txinbox_core::broker::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
 use txinbox_core::{dead_letter, BrokerError, BrokerErrorKind};
 
 use crate::dlq::is_fifo;
@@ -193,7 +193,7 @@ fn identity_elsewhere(
 ) -> bool {
     attrs
         .keys()
-        .any(|k| k.eq_ignore_ascii_case(txinbox_core::identity::ce::ID))
+        .any(|k| k.eq_ignore_ascii_case(txinbox_core::pipeline::identity::ce::ID))
         || structured_cloudevent(m.body().unwrap_or_default())
 }
 

@@ -417,7 +417,7 @@ async fn failed_extension_is_counted_as_a_lost_lease() {
         "{err:?}"
     );
     // The keeper renews every third of the 30 s visibility timeout.
-    let guard = txinbox_core::lease::keep_alive(
+    let guard = txinbox_core::runtime::lease::keep_alive(
         lease,
         txinbox_core::LeaseOptions::default(),
         consumer.clone(),
@@ -496,17 +496,36 @@ async fn redrive_after_some_were_applied_keeps_identity() {
         )
         .await;
     }
-    // A fifth message whose identity is its dedup id (no CloudEvents attributes; the consumer opted in).
-    send(&c, &q.url, &body("o5", "m", json!({})), None, "d-r5", "g5").await;
+    // A fifth message whose identity is its dedup id (no CloudEvents attributes; the consumer opted in), which
+    // the handler refuses: the consumer forwards it to the DLQ itself, with its deduplication id. (Moved there
+    // by the broker instead, it would lose that id on AWS, which replaces a FIFO dead letter's deduplication id
+    // with its message id, while moto keeps it: `dlq_identity.rs` covers that path.)
+    send(
+        &c,
+        &q.url,
+        &body("o5", "m", json!({"fail": "permanent"})),
+        None,
+        "d-r5",
+        "g5",
+    )
+    .await;
     let opts = fast_options(2, &q.dlq).deduplication_id_identity(true);
     let mut receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
     let inbox = pg_inbox(&store, &consumer);
     let got = receive_until(&mut receiver, 5, Duration::from_secs(20)).await;
-    // Two commit and crash before the delete; three crash before the transaction.
+    // Two commit and crash before the delete; two crash before the transaction; the fifth is dead-lettered.
     let faults = Faults::new();
     let faulty = faulty_pg_inbox(&store, &consumer, &faults)
         .bind_handler(pg_handler(Arc::new(AtomicI64::new(0))));
     for d in got {
+        if d.message().attribute("ce-id").is_none() {
+            let handler = pg_handler(Arc::new(AtomicI64::new(0)));
+            match inbox.process(d, &handler).await {
+                Outcome::DeadLettered { reason, .. } => assert_eq!(reason, "handler_permanent"),
+                other => panic!("expected the fifth dead-lettered, got {other:?}"),
+            }
+            continue;
+        }
         let applied = ["evt-r1", "evt-r2"].contains(&d.message().attribute("ce-id").unwrap_or(""));
         let at = if applied {
             FaultPoint::AfterCommit
@@ -516,7 +535,7 @@ async fn redrive_after_some_were_applied_keeps_identity() {
         assert!(crash_at(&faulty, &faults, d, at).await.is_err());
     }
     assert_eq!(pg_effects(&store).await, 2);
-    // After the visibility timeout the next receive moves all five to the DLQ.
+    // After the visibility timeout the next receive moves the other four to the DLQ, where the fifth is.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while counts(&c, &q.dlq).await.0 < 5 {
         assert!(

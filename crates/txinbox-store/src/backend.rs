@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use txinbox_core::effects::EffectState;
 use txinbox_core::effects::{ClaimedEffect, EffectCount, NewEffect, TransitionColumns};
-use txinbox_core::maintenance::Table;
+use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::error::StoreError;
@@ -124,7 +124,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         now: DateTime<Utc>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
-    /// Deletes up to `limit` expired rows of `table` (see [`txinbox_core::maintenance::MaintenanceStore`]);
+    /// Deletes up to `limit` expired rows of `table` (see [`txinbox_core::runtime::maintenance::MaintenanceStore`]);
     /// returns the consumer of each deleted row.
     fn purge_batch(
         pool: &sqlx::Pool<Self>,

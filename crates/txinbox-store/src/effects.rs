@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectStore, TransitionColumns};
-use txinbox_core::maintenance::{MaintenanceStore, Table};
+use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 
 use crate::backend::Backend;
 use crate::store::Store;

@@ -1,6 +1,6 @@
 //! The store as a readiness check: the database answers a ping within the check's timeout.
 
-use txinbox_core::health::{CheckFuture, HealthCheck};
+use txinbox_core::runtime::health::{CheckFuture, HealthCheck};
 
 use crate::backend::Backend;
 use crate::store::Store;

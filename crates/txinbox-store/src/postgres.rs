@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
-use txinbox_core::maintenance::Table;
+use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::{

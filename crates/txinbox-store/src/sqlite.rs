@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::{Row, Sqlite, SqliteConnection, SqlitePool};
-use txinbox_core::maintenance::Table;
+use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::{

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions, QueueState};
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions, QueueState};
 use txinbox_core::{
     BrokerError, CancellationToken, DeadLetter, Delivery, Handled, Handler, HandlerError, Lease,
     Message, OutcomeKind, ReceivedMessage, Worker, WorkerOptions,

@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
-use txinbox_core::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
 use txinbox_core::{
     ConsumerName, FingerprintSpec, Handled, Handler, HandlerError, IdentityPolicy, Inbox,
     InboxProcessor, InboxStore, Message, OutcomeKind, Worker, WorkerOptions,

@@ -11,14 +11,15 @@
 
 use std::time::Duration;
 
+use txinbox::broker::Receiver;
 use txinbox::health::Health;
 use txinbox::settings::{EffectsSettings, HttpDestinationSettings, WorkerSettings};
 use txinbox::sqlx::{self, Encode, Executor, IntoArguments, Type};
 use txinbox::store::Backend;
 use txinbox::{
     ConsumerName, Effect, EffectRunner, Handled, HandlerError, IdentityPolicy, Inbox,
-    LeasedDelivery, Maintenance, MaintenanceOptions, Message, OutcomeKind, Receiver,
-    RetentionPolicy, Store, Tx, Worker, WorkerOptions, WorkerReport,
+    LeasedDelivery, Maintenance, MaintenanceOptions, Message, OutcomeKind, RetentionPolicy, Store,
+    Tx, Worker, WorkerOptions, WorkerReport,
 };
 
 /// An error starting the agent.

@@ -20,8 +20,8 @@
 //! finish (commit, then complete) and exits.
 
 use clap::Parser;
+use txinbox::broker::Receiver as _;
 use txinbox::settings::WorkerSettings;
-use txinbox::Receiver as _;
 use txinbox_servicebus::{ServiceBusConfig, ServiceBusOptions, ServiceBusReceiver};
 
 #[derive(Debug, Parser)]

@@ -17,8 +17,8 @@
 //! in-flight messages finish (commit, then delete) and exits.
 
 use clap::Parser;
+use txinbox::broker::Receiver as _;
 use txinbox::settings::WorkerSettings;
-use txinbox::Receiver as _;
 use txinbox_sqs::{SqsOptions, SqsReceiver};
 
 #[derive(Debug, Parser)]

@@ -63,9 +63,10 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
 
-use crate::identity::Identity;
+use crate::pipeline::identity::Identity;
 
 mod executor;
+pub mod outbox;
 mod runner;
 mod store;
 

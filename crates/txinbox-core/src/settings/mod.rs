@@ -81,9 +81,9 @@ mod effects;
 
 pub use effects::{ConfirmSettings, EffectsSettings, HttpDestinationSettings};
 
-use crate::lease::LeaseOptions;
-use crate::retention::RetentionPolicy;
-use crate::worker::WorkerOptions;
+use crate::pipeline::retention::RetentionPolicy;
+use crate::runtime::lease::LeaseOptions;
+use crate::runtime::worker::WorkerOptions;
 
 /// The prefix of environment overrides (`TXINBOX_<SECTION>__<KEY>`).
 pub const ENV_PREFIX: &str = "TXINBOX_";
@@ -324,7 +324,9 @@ impl Default for SqsSettings {
 impl SqsSettings {
     /// How often the worker extends a message's visibility: a third of the visibility timeout.
     pub fn heartbeat_interval(&self) -> Duration {
-        crate::lease::renewal_interval(Duration::from_secs(self.visibility_timeout_seconds))
+        crate::runtime::lease::renewal_interval(Duration::from_secs(
+            self.visibility_timeout_seconds,
+        ))
     }
 }
 
@@ -375,7 +377,7 @@ impl Default for ServiceBusSettings {
 impl ServiceBusSettings {
     /// How often the worker renews a lock: a third of the lock duration.
     pub fn lock_renewal_interval(&self) -> Duration {
-        crate::lease::renewal_interval(Duration::from_secs(self.lock_duration_seconds))
+        crate::runtime::lease::renewal_interval(Duration::from_secs(self.lock_duration_seconds))
     }
 }
 
@@ -538,27 +540,27 @@ impl WorkerSettings {
         if self.worker.receive_max == Some(0) {
             return bad("worker.receive_max", "must be at least 1".into());
         }
-        if !(1..=crate::worker::MAX_BATCH_COMMIT).contains(&self.worker.batch_commit) {
+        if !(1..=crate::runtime::worker::MAX_BATCH_COMMIT).contains(&self.worker.batch_commit) {
             return bad(
                 "worker.batch_commit",
                 format!(
                     "{} is outside 1..={} (PostgreSQL keeps at most 64 subtransactions in shared memory)",
                     self.worker.batch_commit,
-                    crate::worker::MAX_BATCH_COMMIT
+                    crate::runtime::worker::MAX_BATCH_COMMIT
                 ),
             );
         }
-        if !(1..=crate::worker::MAX_RECEIVE_LOOPS).contains(&self.worker.receive_loops) {
+        if !(1..=crate::runtime::worker::MAX_RECEIVE_LOOPS).contains(&self.worker.receive_loops) {
             return bad(
                 "worker.receive_loops",
                 format!(
                     "{} is outside 1..={}",
                     self.worker.receive_loops,
-                    crate::worker::MAX_RECEIVE_LOOPS
+                    crate::runtime::worker::MAX_RECEIVE_LOOPS
                 ),
             );
         }
-        let linger_max = crate::worker::MAX_BATCH_LINGER.as_millis() as u64;
+        let linger_max = crate::runtime::worker::MAX_BATCH_LINGER.as_millis() as u64;
         if self.worker.batch_linger_ms > linger_max {
             return bad(
                 "worker.batch_linger_ms",

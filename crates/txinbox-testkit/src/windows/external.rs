@@ -6,9 +6,9 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use txinbox_core::broker::mem::{MemoryQueue, QueueState};
 use txinbox_core::effects::{BoxFuture, ClaimedEffect, Confirmation, EffectExecutor, Execution};
 use txinbox_core::http::{Confirm, HttpEffect, HttpEffectBuilder, Key};
-use txinbox_core::mem::{MemoryQueue, QueueState};
 use txinbox_core::{
     metrics as m, Effect, EffectOptions, EffectRunner, EffectState, Handled, HandlerError, Message,
 };

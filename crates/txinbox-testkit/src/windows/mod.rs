@@ -15,7 +15,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use txinbox_core::mem::{MemoryQueue, QueueOptions, QueueState};
+use txinbox_core::broker::mem::{MemoryQueue, QueueOptions, QueueState};
 use txinbox_core::{
     metrics as m, Delivery, Handled, Handler, HandlerError, Message, OutcomeKind, RetentionPolicy,
     Worker, WorkerOptions,
@@ -226,10 +226,10 @@ pub const DEFAULT_BATCH: usize = 10;
 /// Runs every window, then the batch windows with batches of `batch` deliveries (at least 2; the mixed
 /// window uses at least 6), on fresh databases of `target`.
 pub async fn run_all_batch(target: &Target, batch: usize) -> Result<Vec<WindowRow>, LabError> {
-    if !(2..=txinbox_core::worker::MAX_BATCH_COMMIT).contains(&batch) {
+    if !(2..=txinbox_core::runtime::worker::MAX_BATCH_COMMIT).contains(&batch) {
         return Err(LabError::Usage(format!(
             "--batch must be 2 to {}",
-            txinbox_core::worker::MAX_BATCH_COMMIT
+            txinbox_core::runtime::worker::MAX_BATCH_COMMIT
         )));
     }
     let mut rows = run_all(target).await?;
@@ -418,7 +418,7 @@ pub async fn run_window_batch<DB: LabDb>(
             gated.wait_entered(1).await;
             // The lease keeper renews every 5 ms (a lease that says 15 ms); the broker's clock jumps past the
             // lock: the next renewal fails.
-            let keeper = txinbox_core::lease::keep_alive(
+            let keeper = txinbox_core::runtime::lease::keep_alive(
                 Arc::new(QuickLease(lease)),
                 txinbox_core::LeaseOptions::default(),
                 CONSUMER.into(),
@@ -614,7 +614,7 @@ pub async fn run_window_batch<DB: LabDb>(
                 .await;
             c.eq(
                 "markers purged",
-                purge.removed_from(txinbox_core::maintenance::Table::Markers),
+                purge.removed_from(txinbox_core::runtime::maintenance::Table::Markers),
                 1,
             );
             q.advance(Duration::from_secs(7200));

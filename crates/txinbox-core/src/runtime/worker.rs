@@ -58,8 +58,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::broker::{Delivery, Receiver};
 use crate::error::{BrokerError, BrokerErrorKind};
-use crate::lease::{keep_alive, LeaseGuard, LeaseOptions};
-use crate::outcome::{Outcome, OutcomeKind};
+use crate::pipeline::outcome::{Outcome, OutcomeKind};
+use crate::runtime::lease::{keep_alive, LeaseGuard, LeaseOptions};
 
 /// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
 /// begins, so a renewal racing with the settle is never mistaken for a lost lock.
@@ -382,7 +382,7 @@ pub struct Worker<R, P> {
     receiver: R,
     processor: Arc<P>,
     opts: WorkerOptions,
-    health: Option<crate::health::Health>,
+    health: Option<crate::runtime::health::Health>,
 }
 
 impl<R, P> Worker<R, P>
@@ -401,7 +401,7 @@ where
     }
 
     /// Reports the worker's liveness and readiness on `health` (see [`crate::health`]).
-    pub fn health(mut self, health: crate::health::Health) -> Self {
+    pub fn health(mut self, health: crate::runtime::health::Health) -> Self {
         self.health = Some(health);
         self
     }
@@ -533,7 +533,7 @@ struct LoopContext<'a, P> {
     /// Held by the loop waiting for places out of the queue (see [`LoopContext::take_places`]).
     places_gate: &'a tokio::sync::Mutex<()>,
     dispatch: &'a Dispatch<P>,
-    health: Option<&'a crate::health::Health>,
+    health: Option<&'a crate::runtime::health::Health>,
     stopping: &'a CancellationToken,
     until_idle: bool,
 }

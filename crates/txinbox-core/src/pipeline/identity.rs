@@ -8,8 +8,8 @@
 
 use std::fmt;
 
+use crate::broker::message::ReceivedMessage;
 use crate::error::BadInput;
-use crate::message::ReceivedMessage;
 
 /// Longest consumer name accepted.
 pub const MAX_CONSUMER_NAME_LEN: usize = 128;

@@ -8,8 +8,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::*;
-use crate::handler::Raw;
-use crate::mem::{MemoryQueue, OutgoingMessage, QueueState};
+use crate::broker::mem::{MemoryQueue, OutgoingMessage, QueueState};
+use crate::pipeline::handler::Raw;
+use crate::pipeline::handler::{Handled, HandlerError, Message};
+use crate::pipeline::identity::IdentityPolicy;
+use crate::pipeline::outcome::Outcome;
 use crate::store::{Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection};
 use crate::{ConsumerName, Identity};
 
@@ -448,7 +451,7 @@ async fn a_stop_before_commit_rolls_back_and_releases() {
 
 #[tokio::test]
 async fn a_worker_runs_until_the_queue_is_idle() {
-    use crate::mem::QueueOptions;
+    use crate::broker::mem::QueueOptions;
     use crate::{OutcomeKind, Worker};
     let store = MemStore::default();
     let q = MemoryQueue::new(QueueOptions {
@@ -680,7 +683,7 @@ fn slow_processor(
 /// Runs `n` messages through a worker of concurrency 4 with `prefetch`; returns (most handlers at once, most
 /// messages the queue saw in flight at once, the report).
 async fn run_with_prefetch(n: usize, prefetch: usize) -> (usize, usize, crate::WorkerReport) {
-    use crate::mem::QueueOptions;
+    use crate::broker::mem::QueueOptions;
     use crate::{Worker, WorkerOptions};
     let store = MemStore::default();
     let q = MemoryQueue::new(
@@ -734,7 +737,7 @@ async fn prefetch_receives_ahead_within_its_bound_and_keeps_the_leases() {
 /// every slot and still runs.
 #[tokio::test]
 async fn a_batch_larger_than_the_concurrency_takes_every_slot() {
-    use crate::mem::QueueOptions;
+    use crate::broker::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     let store = MemStore::default();
     store.state().savepoints = true;
@@ -763,7 +766,7 @@ async fn stop_with_prefetch(
     work: Duration,
     deadline: Duration,
 ) -> (crate::WorkerReport, usize, (usize, usize)) {
-    use crate::mem::QueueOptions;
+    use crate::broker::mem::QueueOptions;
     use crate::{Worker, WorkerOptions};
     let store = MemStore::default();
     let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
@@ -863,7 +866,7 @@ where
 /// the worker runs, and returns to zero when it stops.
 #[tokio::test(flavor = "current_thread")]
 async fn the_worker_counts_the_deliveries_it_holds_by_state() {
-    use crate::mem::QueueOptions;
+    use crate::broker::mem::QueueOptions;
     use crate::{Worker, WorkerOptions};
     use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
@@ -893,7 +896,7 @@ async fn the_worker_counts_the_deliveries_it_holds_by_state() {
 
 /// A store with savepoints and a queue (long polls of `wait`) holding `n` events, `evt-0` on.
 /// A queue of these options holding `n` events (`evt-0`, `evt-1`, ...), each for its own opportunity.
-fn queue_of(opts: crate::mem::QueueOptions, n: usize) -> MemoryQueue {
+fn queue_of(opts: crate::broker::mem::QueueOptions, n: usize) -> MemoryQueue {
     let q = MemoryQueue::new(opts);
     for i in 0..n {
         q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
@@ -906,7 +909,7 @@ fn batch_setup(wait: Duration, n: usize) -> (MemStore, MemoryQueue) {
     store.state().savepoints = true;
     (
         store,
-        queue_of(crate::mem::QueueOptions::default().wait(wait), n),
+        queue_of(crate::broker::mem::QueueOptions::default().wait(wait), n),
     )
 }
 
@@ -936,7 +939,7 @@ async fn a_linger_gathers_the_deliveries_of_several_receives_into_one_transactio
 
 /// A [`Receiver`](crate::Receiver) that counts the receives that have returned.
 struct CountingReceiver {
-    inner: crate::mem::MemoryReceiver,
+    inner: crate::broker::mem::MemoryReceiver,
     returned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -953,7 +956,7 @@ impl CountingReceiver {
 }
 
 impl crate::Receiver for CountingReceiver {
-    type Delivery = crate::mem::MemoryDelivery;
+    type Delivery = crate::broker::mem::MemoryDelivery;
     async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
         let r = self.inner.receive(max).await;
         self.returned
@@ -1066,7 +1069,7 @@ async fn a_lingering_batch_is_counted_as_waiting() {
 /// `fork` stands for an adapter that cannot.
 #[derive(Clone)]
 struct ConcurrentReceives {
-    inner: crate::mem::MemoryReceiver,
+    inner: crate::broker::mem::MemoryReceiver,
     forks: bool,
     /// (in flight now, most at once)
     at_once: Arc<(
@@ -1089,7 +1092,7 @@ impl ConcurrentReceives {
 }
 
 impl crate::Receiver for ConcurrentReceives {
-    type Delivery = crate::mem::MemoryDelivery;
+    type Delivery = crate::broker::mem::MemoryDelivery;
     async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
         use std::sync::atomic::Ordering::SeqCst;
         self.asked.lock().unwrap().push(max);
@@ -1108,7 +1111,7 @@ impl crate::Receiver for ConcurrentReceives {
 /// until idle: every message is applied once and the queue never sees more than the 8 places out of it.
 /// Returns the receiver's counts.
 async fn forty_through(opts: crate::WorkerOptions, forks: bool) -> ConcurrentReceives {
-    use crate::mem::QueueOptions;
+    use crate::broker::mem::QueueOptions;
     use crate::{OutcomeKind, Worker};
     let store = MemStore::default();
     let q = queue_of(
@@ -1175,7 +1178,7 @@ async fn the_places_a_settle_frees_go_to_one_receive() {
 /// locked: every message is applied or back in the queue.
 #[tokio::test]
 async fn a_worker_of_several_receive_loops_stops_cleanly() {
-    use crate::mem::QueueOptions;
+    use crate::broker::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     let store = MemStore::default();
     let q = queue_of(

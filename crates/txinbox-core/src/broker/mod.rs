@@ -2,6 +2,10 @@
 //! exactly once by consuming it, and optionally exposes a [`Lease`] the worker keeps alive.
 //!
 //! Handlers never see a `Delivery`: the inbox settles it, and only after COMMIT.
+//!
+//! Also here: the [message](message) as a broker hands it over, the [in-memory broker](mem) (real
+//! at-least-once semantics, for tests, the lab and demos), and the [redrive](redrive) report both adapters'
+//! redrive tools share.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,7 +15,12 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
 use crate::error::BrokerError;
-use crate::message::ReceivedMessage;
+
+pub mod mem;
+pub mod message;
+pub mod redrive;
+
+pub use message::ReceivedMessage;
 
 /// Why a delivery is dead-lettered. Adapters put both on the dead-letter copy, under the names of
 /// [`dead_letter`] ([`dead_letter::REASON`], [`dead_letter::DETAIL`]).
@@ -59,7 +68,7 @@ pub trait Delivery: Send + Sync + 'static {
 pub trait Lease: Send + Sync + 'static {
     /// How long the lease lasts from a receive or a renewal: the SQS visibility timeout set on the receive,
     /// the Service Bus lock duration (as configured, or shorter when the broker's first lock said so). The
-    /// worker's lease keeper derives its cadence from it ([`crate::lease::renewal_interval`]) and renews by it.
+    /// worker's lease keeper derives its cadence from it ([`crate::runtime::lease::renewal_interval`]) and renews by it.
     fn duration(&self) -> Duration;
 
     /// When the lease currently expires, as far as the adapter knows.

@@ -33,7 +33,7 @@ pub struct OutboxMessage {
 impl OutboxMessage {
     /// The CloudEvents binary-mode attributes (plus `attributes`) a publisher should put on the message.
     pub fn wire_attributes(&self) -> BTreeMap<String, String> {
-        use crate::identity::ce;
+        use crate::pipeline::identity::ce;
         let mut a = self.attributes.clone();
         a.insert(ce::SPECVERSION.into(), "1.0".into());
         a.insert(ce::ID.into(), self.message_id.clone());
@@ -50,10 +50,10 @@ pub trait Publisher: Send + Sync {
     fn publish(&self, msg: &OutboxMessage) -> impl Future<Output = Result<(), BrokerError>> + Send;
 }
 
-impl Publisher for crate::mem::MemoryQueue {
+impl Publisher for crate::broker::mem::MemoryQueue {
     async fn publish(&self, msg: &OutboxMessage) -> Result<(), BrokerError> {
         let mut out =
-            crate::mem::OutgoingMessage::new(msg.body.clone()).producer_id(&msg.message_id);
+            crate::broker::mem::OutgoingMessage::new(msg.body.clone()).producer_id(&msg.message_id);
         out.attributes = msg.wire_attributes();
         out.group_id = msg.group_id.clone();
         self.send(out);

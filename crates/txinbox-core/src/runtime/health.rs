@@ -266,9 +266,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// status's lines as `text/plain`.
 ///
 /// ```no_run
-/// # async fn run(health: txinbox_core::health::Health) -> std::io::Result<()> {
+/// # async fn run(health: txinbox_core::runtime::health::Health) -> std::io::Result<()> {
 /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
-/// tokio::spawn(txinbox_core::health::serve(listener, health, std::future::pending()));
+/// tokio::spawn(txinbox_core::runtime::health::serve(listener, health, std::future::pending()));
 /// # Ok(()) }
 /// ```
 #[cfg(feature = "health-server")]

@@ -16,9 +16,9 @@ use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use tokio::sync::Notify;
 
+use crate::broker::message::ReceivedMessage;
 use crate::broker::{DeadLetter, Delivery, Lease, Receiver};
 use crate::error::{BrokerError, BrokerErrorKind};
-use crate::message::ReceivedMessage;
 
 /// A message to send.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -58,10 +58,10 @@ impl OutgoingMessage {
     }
     /// Sets CloudEvents identity attributes (`ce-id`, `ce-source`, `ce-type`, `ce-specversion`).
     pub fn cloudevent(self, source: &str, id: &str, event_type: &str) -> Self {
-        self.attribute(crate::identity::ce::SPECVERSION, "1.0")
-            .attribute(crate::identity::ce::SOURCE, source)
-            .attribute(crate::identity::ce::ID, id)
-            .attribute(crate::identity::ce::TYPE, event_type)
+        self.attribute(crate::pipeline::identity::ce::SPECVERSION, "1.0")
+            .attribute(crate::pipeline::identity::ce::SOURCE, source)
+            .attribute(crate::pipeline::identity::ce::ID, id)
+            .attribute(crate::pipeline::identity::ce::TYPE, event_type)
     }
 }
 

@@ -19,11 +19,11 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::broker::message::ReceivedMessage;
+use crate::effects::outbox::OutboxMessage;
 use crate::effects::Effect;
 use crate::error::{BadInput, BoxError};
-use crate::identity::Identity;
-use crate::message::ReceivedMessage;
-use crate::outbox::OutboxMessage;
+use crate::pipeline::identity::Identity;
 use crate::store::InboxStore;
 
 /// One delivery as the handler sees it: the typed body, its identity and the raw message.

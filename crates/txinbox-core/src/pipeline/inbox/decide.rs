@@ -1,175 +1,37 @@
-//! The delivery pipeline: validation, identity, retention, fingerprint, the inbox transaction's decisions,
-//! the settle, and what is counted. Written once here; a store ([`InboxStore`]) only runs the statements.
-//!
-//! ```text
-//! BEGIN
-//!   INSERT marker ... (the store's unique constraints decide)
-//!     conflict, same identity, same hash ...... Duplicate          ack (returns the first result reference)
-//!     conflict, same identity, other hash ..... PayloadCollision   evidence row, dead-letter
-//!     conflict on the business key ............ BusinessDuplicate  evidence row, ack
-//!   handler(tx, message)   Ok  -> result and outbox rows -> COMMIT -> ack
-//!                          Err(retryable) -> ROLLBACK -> release with backoff
-//!                          Err(permanent) -> ROLLBACK -> dead-letter with reason
-//! ```
+//! The decisions of one delivery: validate, resolve the identity, insert the marker, run the handler, read a
+//! refused marker (duplicate, payload collision, business duplicate), and settle only after COMMIT.
 
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 use futures::FutureExt;
 use tracing::Instrument;
 
+use crate::broker::message::ReceivedMessage;
 use crate::broker::{DeadLetter, Delivery};
 use crate::effects::NewEffect;
 use crate::error::BadInput;
-use crate::fingerprint::FingerprintSpec;
-use crate::handler::{Handled, Handler, HandlerError, Message, Payload, Retry};
-use crate::identity::{IdOrigin, Identity, IdentityPolicy};
-use crate::message::ReceivedMessage;
 use crate::metrics as m;
-use crate::outcome::Outcome;
-use crate::retention::RetentionPolicy;
+use crate::pipeline::handler::{Handled, Handler, HandlerError, Message, Payload, Retry};
+use crate::pipeline::identity::{IdOrigin, Identity};
+use crate::pipeline::outcome::Outcome;
 use crate::store::{
     Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow, Rejection, RejectionKind,
 };
-use crate::worker::Processor;
 use crate::CancellationToken;
 
-/// What bodies a consumer accepts (beyond what its handler's [`Payload`] type requires).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum BodyFormat {
-    /// Any bytes.
-    #[default]
-    Any,
-    /// UTF-8 text.
-    Utf8,
-    /// A JSON document (a typed handler implies it).
-    Json,
-}
-
-/// Validation applied before the transaction opens. A violation dead-letters the message with a reason.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct InputRules {
-    /// Largest body accepted (default 256 KiB, the SQS and Service Bus Standard limit).
-    pub max_payload_bytes: usize,
-    /// Body format (default any bytes).
-    pub body: BodyFormat,
-    /// Contract versions accepted; empty accepts any (default).
-    pub contract_versions: Vec<String>,
-    /// Whether a message without a contract version is refused when `contract_versions` is set (default true).
-    pub require_contract_version: bool,
-}
-
-impl Default for InputRules {
-    fn default() -> Self {
-        Self {
-            max_payload_bytes: 256 * 1024,
-            body: BodyFormat::Any,
-            contract_versions: Vec::new(),
-            require_contract_version: true,
-        }
-    }
-}
-
-impl InputRules {
-    /// Sets the largest body accepted.
-    pub fn max_payload_bytes(mut self, n: usize) -> Self {
-        self.max_payload_bytes = n;
-        self
-    }
-    /// Sets the body format.
-    pub fn body(mut self, f: BodyFormat) -> Self {
-        self.body = f;
-        self
-    }
-    /// Accept only these contract versions.
-    pub fn contract_versions<I, S>(mut self, v: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.contract_versions = v.into_iter().map(Into::into).collect();
-        self
-    }
-    /// Whether a message without a contract version is refused when versions are set (default true).
-    pub fn require_contract_version(mut self, require: bool) -> Self {
-        self.require_contract_version = require;
-        self
-    }
-}
-
-/// The inbox of one consumer on one store.
-///
-/// ```no_run
-/// # async fn demo<S: txinbox_core::InboxStore>(store: S, queue: txinbox_core::mem::MemoryQueue) -> Result<(), Box<dyn std::error::Error>> {
-/// use txinbox_core::{ConsumerName, IdentityPolicy, Inbox, Message, Worker};
-///
-/// #[derive(serde::Deserialize)]
-/// struct Meeting { opportunity: String, meeting: String }
-///
-/// let inbox = Inbox::new(store, IdentityPolicy::new(ConsumerName::new("crm-followup")?));
-/// let processor = inbox
-///     .bind(|_tx, msg: Message<Meeting>| async move {
-///         // write the follow-up task through `_tx` (for a sqlx store: `.execute(&tx)`)
-///         let _ = (&msg.body.opportunity, &msg.body.meeting);
-///         Ok(())
-///     })
-///     .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)));
-/// Worker::new(queue.receiver(), processor).run_until(txinbox_core::shutdown_signal()).await;
-/// # Ok(()) }
-/// ```
-pub struct Inbox<S: InboxStore> {
-    store: S,
-    policy: IdentityPolicy,
-    fingerprint: FingerprintSpec,
-    retention: RetentionPolicy,
-    rules: InputRules,
-    retry_backoff: Duration,
-    consumer: Arc<str>,
-}
-
-impl<S: InboxStore> Clone for Inbox<S> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            policy: self.policy.clone(),
-            fingerprint: self.fingerprint.clone(),
-            retention: self.retention.clone(),
-            rules: self.rules.clone(),
-            retry_backoff: self.retry_backoff,
-            consumer: self.consumer.clone(),
-        }
-    }
-}
-
-impl<S: InboxStore> std::fmt::Debug for Inbox<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inbox")
-            .field("store", &self.store.name())
-            .field("policy", &self.policy)
-            .field("retention", &self.retention)
-            .field("rules", &self.rules)
-            .field("retry_backoff", &self.retry_backoff)
-            .finish()
-    }
-}
-
-/// A business key computed from the typed body.
-pub type TypedKeyFn<T> = Arc<dyn Fn(&T) -> Option<String> + Send + Sync>;
+use super::{BodyFormat, Inbox, TypedKeyFn};
 
 /// Where a delivery ended before settling.
 #[derive(Debug)]
-enum Decision {
+pub(super) enum Decision {
     Ack(Outcome),
     Release(Outcome, Duration),
     DeadLetter(Outcome, DeadLetter),
 }
 
 /// Where the work of one delivery inside a transaction ended.
-enum Step {
+pub(super) enum Step {
     /// Marker, business change and result written; waiting for COMMIT.
     Applied(Done),
     /// A unique constraint refused the marker (nothing written).
@@ -181,7 +43,7 @@ enum Step {
 }
 
 /// Where the handler's part of one delivery ended (its marker already in).
-enum Handling<E> {
+pub(super) enum Handling<E> {
     /// Business change and result written; waiting for COMMIT.
     Done(Done),
     /// Roll back; not yet counted (see [`Inbox::failed`]).
@@ -191,7 +53,7 @@ enum Handling<E> {
 }
 
 /// What went wrong in the transaction, as it happened.
-enum Failure<E> {
+pub(super) enum Failure<E> {
     /// The handler returned an error.
     Handler(HandlerError),
     /// The handler panicked.
@@ -203,21 +65,21 @@ enum Failure<E> {
 }
 
 /// A delivery written in an open transaction.
-struct Done {
-    result_reference: Option<String>,
-    prepared: Prepared<()>,
+pub(super) struct Done {
+    pub(super) result_reference: Option<String>,
+    pub(super) prepared: Prepared<()>,
 }
 
 /// A delivery that passed validation.
-struct Prepared<T> {
-    identity: Identity,
-    hash: String,
-    body: T,
+pub(super) struct Prepared<T> {
+    pub(super) identity: Identity,
+    pub(super) hash: String,
+    pub(super) body: T,
 }
 
 impl<T> Prepared<T> {
     /// Without its body (the handler took it, or will never get it).
-    fn spent(self) -> Prepared<()> {
+    pub(super) fn spent(self) -> Prepared<()> {
         Prepared {
             identity: self.identity,
             hash: self.hash,
@@ -227,108 +89,7 @@ impl<T> Prepared<T> {
 }
 
 impl<S: InboxStore> Inbox<S> {
-    /// An inbox on `store` resolving identities with `policy`.
-    pub fn new(store: S, policy: IdentityPolicy) -> Self {
-        let consumer: Arc<str> = policy.consumer().as_str().into();
-        Self {
-            store,
-            policy,
-            fingerprint: FingerprintSpec::default(),
-            retention: RetentionPolicy::default(),
-            rules: InputRules::default(),
-            retry_backoff: Duration::from_secs(5),
-            consumer,
-        }
-    }
-
-    /// Sets the payload fingerprint (volatile fields to exclude).
-    pub fn fingerprint(mut self, spec: FingerprintSpec) -> Self {
-        self.fingerprint = spec;
-        self
-    }
-    /// Sets the retention policy.
-    pub fn retention(mut self, r: RetentionPolicy) -> Self {
-        self.retention = r;
-        self
-    }
-    /// Sets the input rules.
-    pub fn input_rules(mut self, r: InputRules) -> Self {
-        self.rules = r;
-        self
-    }
-    /// Sets the delay before a retryable failure is redelivered (default 5 s). It reaches the broker through
-    /// the release of the delivery (SQS visibility, Service Bus abandon then a scheduled redelivery).
-    pub fn retry_backoff(mut self, d: Duration) -> Self {
-        self.retry_backoff = d;
-        self
-    }
-    /// The store.
-    pub fn store(&self) -> &S {
-        &self.store
-    }
-    /// The consumer name.
-    pub fn consumer(&self) -> &str {
-        &self.consumer
-    }
-    /// The retention policy.
-    pub fn retention_policy(&self) -> &RetentionPolicy {
-        &self.retention
-    }
-
-    /// Binds a handler (a closure or `async fn` taking the transaction and the typed message), giving the
-    /// [`Processor`] a [`crate::Worker`] runs. The body type is the handler's `Message<T>`.
-    pub fn bind<T, F, Fut, R>(self, f: F) -> InboxProcessor<S, T, F>
-    where
-        T: Payload,
-        F: Fn(S::Tx, Message<T>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<R, HandlerError>> + Send,
-        R: Into<Handled> + Send,
-    {
-        self.bind_handler(f)
-    }
-
-    /// Binds a [`Handler`] value (a type with its own state).
-    pub fn bind_handler<T: Payload, H: Handler<S, T>>(self, handler: H) -> InboxProcessor<S, T, H> {
-        InboxProcessor {
-            inbox: self,
-            handler: Arc::new(handler),
-            business_key: None,
-        }
-    }
-
-    /// Processes one delivery to a known outcome and settles it: ack after COMMIT (applied, duplicate,
-    /// business duplicate), release (retry), dead-letter (bad input, collision, permanent error).
-    pub async fn process<D, T, H>(&self, delivery: D, handler: &H) -> Outcome
-    where
-        D: Delivery,
-        T: Payload,
-        H: Handler<S, T>,
-    {
-        self.run(delivery, handler, None, &CancellationToken::new())
-            .await
-    }
-
-    /// Like [`Inbox::process`]; when `stop` is cancelled before COMMIT the transaction rolls back, the delivery
-    /// is released and the outcome is [`Outcome::Interrupted`].
-    pub async fn process_until<D, T, H>(
-        &self,
-        delivery: D,
-        handler: &H,
-        stop: &CancellationToken,
-    ) -> Outcome
-    where
-        D: Delivery,
-        T: Payload,
-        H: Handler<S, T>,
-    {
-        self.run(delivery, handler, None, stop).await
-    }
-
-    fn label(&self) -> metrics::SharedString {
-        metrics::SharedString::from_shared(self.consumer.clone())
-    }
-
-    async fn run<D, T, H>(
+    pub(super) async fn run<D, T, H>(
         &self,
         delivery: D,
         handler: &H,
@@ -365,7 +126,7 @@ impl<S: InboxStore> Inbox<S> {
         .await
     }
 
-    async fn decide<T: Payload, H: Handler<S, T>>(
+    pub(super) async fn decide<T: Payload, H: Handler<S, T>>(
         &self,
         msg: &ReceivedMessage,
         handler: &H,
@@ -387,7 +148,7 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// The transaction of one validated delivery: BEGIN, marker, handler, result, COMMIT.
-    async fn decide_prepared<T: Payload, H: Handler<S, T>>(
+    pub(super) async fn decide_prepared<T: Payload, H: Handler<S, T>>(
         &self,
         prepared: Prepared<T>,
         msg: &ReceivedMessage,
@@ -435,7 +196,7 @@ impl<S: InboxStore> Inbox<S> {
 
     /// The marker insert, the handler and its result in `tx` (or, in a batch, under the delivery's
     /// savepoint). Rolling back after anything but [`Step::Applied`] is the caller's.
-    async fn apply<T: Payload, H: Handler<S, T>>(
+    pub(super) async fn apply<T: Payload, H: Handler<S, T>>(
         &self,
         tx: &S::Tx,
         prepared: Prepared<T>,
@@ -460,7 +221,7 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// The marker row of a validated delivery, written at `now`.
-    fn marker_row<'p, T>(
+    pub(super) fn marker_row<'p, T>(
         &self,
         prepared: &'p Prepared<T>,
         msg: &ReceivedMessage,
@@ -480,7 +241,7 @@ impl<S: InboxStore> Inbox<S> {
     /// The handler and its result in `tx`, once the delivery's marker is in. A failure is handed back as it
     /// happened, neither counted nor logged yet: [`Inbox::failed`] does both, once, whichever pass of a
     /// batch met it.
-    async fn handle<T: Payload, H: Handler<S, T>>(
+    pub(super) async fn handle<T: Payload, H: Handler<S, T>>(
         &self,
         tx: &S::Tx,
         prepared: Prepared<T>,
@@ -549,7 +310,7 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// A failure of the work in the transaction, counted and logged, as the decision it leads to.
-    fn failed(&self, f: Failure<S::Error>) -> Decision {
+    pub(super) fn failed(&self, f: Failure<S::Error>) -> Decision {
         match f {
             Failure::Handler(e) => self.handler_failed(e),
             Failure::Panicked => {
@@ -569,7 +330,11 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// A delivery whose transaction committed: counted and acknowledged.
-    fn applied(&self, msg: &ReceivedMessage, result_reference: Option<String>) -> Decision {
+    pub(super) fn applied(
+        &self,
+        msg: &ReceivedMessage,
+        result_reference: Option<String>,
+    ) -> Decision {
         let consumer = self.label();
         let secs = (Utc::now() - msg.received_at)
             .num_microseconds()
@@ -585,7 +350,7 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// Validation, identity and fingerprint: everything decided before the transaction opens.
-    fn prepare<T: Payload>(
+    pub(super) fn prepare<T: Payload>(
         &self,
         msg: &ReceivedMessage,
         key: Option<&TypedKeyFn<T>>,
@@ -631,7 +396,7 @@ impl<S: InboxStore> Inbox<S> {
 
     /// The body as JSON when the handler's type or the input rules want JSON (checked UTF-8 first); the
     /// UTF-8 check alone when the rules want text.
-    fn body_json<T: Payload>(
+    pub(super) fn body_json<T: Payload>(
         &self,
         msg: &ReceivedMessage,
     ) -> Result<Option<serde_json::Value>, BadInput> {
@@ -649,7 +414,7 @@ impl<S: InboxStore> Inbox<S> {
 
     /// A delivery's body for the handler once more (a batch that gave up its first pass applies it again):
     /// what [`Inbox::prepare`] made of it, without resolving the identity again (which counts and logs).
-    fn prepared_again<T: Payload>(
+    pub(super) fn prepared_again<T: Payload>(
         &self,
         msg: &ReceivedMessage,
         p: Prepared<()>,
@@ -664,7 +429,11 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// A delivery older than the retention may have lost its marker: refuse it rather than apply it again.
-    fn refuse_if_expired(&self, msg: &ReceivedMessage, identity: &Identity) -> Option<Decision> {
+    pub(super) fn refuse_if_expired(
+        &self,
+        msg: &ReceivedMessage,
+        identity: &Identity,
+    ) -> Option<Decision> {
         if !self.retention.refuse_older_than_retention {
             return None;
         }
@@ -689,7 +458,7 @@ impl<S: InboxStore> Inbox<S> {
         ))
     }
 
-    fn handler_failed(&self, e: HandlerError) -> Decision {
+    pub(super) fn handler_failed(&self, e: HandlerError) -> Decision {
         // `Some(after)`: a retry can help; `None`: it cannot.
         let retry = match e.retry_kind() {
             Retry::Yes { after } => Some(after),
@@ -716,7 +485,7 @@ impl<S: InboxStore> Inbox<S> {
         )
     }
 
-    fn bad_input(&self, bad: BadInput) -> Decision {
+    pub(super) fn bad_input(&self, bad: BadInput) -> Decision {
         let consumer = self.label();
         match &bad {
             BadInput::NoIdentity { .. } | BadInput::InvalidIdentityField { .. } => {
@@ -731,13 +500,13 @@ impl<S: InboxStore> Inbox<S> {
         dead_letter(bad.reason(), bad.to_string())
     }
 
-    fn interrupted(&self) -> Decision {
+    pub(super) fn interrupted(&self) -> Decision {
         metrics::counter!(m::INTERRUPTED, "consumer" => self.label()).increment(1);
         tracing::warn!("stopping before COMMIT (shutdown deadline, or a prefetched delivery at shutdown): rolled back, releasing");
         Decision::Release(Outcome::Interrupted, Duration::ZERO)
     }
 
-    fn store_retry(&self, op: &'static str, e: &S::Error) -> Decision {
+    pub(super) fn store_retry(&self, op: &'static str, e: &S::Error) -> Decision {
         metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "store").increment(1);
         tracing::warn!(op, error = %e, transient = S::is_transient(e), "store error: rolled back, released for redelivery");
         Decision::Release(
@@ -748,7 +517,7 @@ impl<S: InboxStore> Inbox<S> {
         )
     }
 
-    async fn conflict<T>(
+    pub(super) async fn conflict<T>(
         &self,
         p: &Prepared<T>,
         holder: Option<ExistingMarker>,
@@ -829,7 +598,7 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
-    async fn settle<D: Delivery>(&self, delivery: D, decision: Decision) -> Outcome {
+    pub(super) async fn settle<D: Delivery>(&self, delivery: D, decision: Decision) -> Outcome {
         let consumer = self.label();
         let (op, result, outcome) = match decision {
             Decision::Ack(o) => ("ack", delivery.ack().await, o),
@@ -855,7 +624,7 @@ impl<S: InboxStore> Inbox<S> {
 }
 
 /// The handler's body of a message: a structured CloudEvent carries the payload in `data`.
-fn body_of<T: Payload>(
+pub(super) fn body_of<T: Payload>(
     msg: &ReceivedMessage,
     json: Option<&serde_json::Value>,
     origin: IdOrigin,
@@ -868,7 +637,7 @@ fn body_of<T: Payload>(
     T::from_delivery(msg, data)
 }
 
-fn dead_letter(reason: &str, detail: String) -> Decision {
+pub(super) fn dead_letter(reason: &str, detail: String) -> Decision {
     Decision::DeadLetter(
         Outcome::DeadLettered {
             reason: reason.to_owned(),
@@ -877,137 +646,3 @@ fn dead_letter(reason: &str, detail: String) -> Decision {
         DeadLetter::new(reason, detail),
     )
 }
-
-/// An [`Inbox`] bound to a handler: the [`Processor`] a [`crate::Worker`] runs.
-pub struct InboxProcessor<S: InboxStore, T, H> {
-    inbox: Inbox<S>,
-    handler: Arc<H>,
-    business_key: Option<TypedKeyFn<T>>,
-}
-
-impl<S: InboxStore, T, H> Clone for InboxProcessor<S, T, H> {
-    fn clone(&self) -> Self {
-        Self {
-            inbox: self.inbox.clone(),
-            handler: self.handler.clone(),
-            business_key: self.business_key.clone(),
-        }
-    }
-}
-
-impl<S: InboxStore, T: Payload, H: Handler<S, T>> InboxProcessor<S, T, H> {
-    /// The inbox.
-    pub fn inbox(&self) -> &Inbox<S> {
-        &self.inbox
-    }
-
-    /// Computes the business key from the typed body (it replaces a key from the message's attributes or the
-    /// identity policy). `None` means the message has none. The key must never hold free text from a model,
-    /// a timestamp, an attempt number or a consumer-generated id.
-    pub fn business_key(
-        mut self,
-        f: impl Fn(&T) -> Option<String> + Send + Sync + 'static,
-    ) -> Self {
-        self.business_key = Some(Arc::new(f));
-        self
-    }
-
-    /// Applies the deliveries of one receive in one transaction (see [`Inbox::process_batch`]).
-    pub async fn process_batch<D: Delivery>(
-        &self,
-        deliveries: Vec<D>,
-        stop: &CancellationToken,
-    ) -> Vec<Outcome> {
-        self.inbox
-            .run_batch(deliveries, &*self.handler, self.business_key.as_ref(), stop)
-            .await
-    }
-
-    /// Processes one delivery (see [`Inbox::process`]).
-    pub async fn process_one<D: Delivery>(&self, delivery: D) -> Outcome {
-        self.process_one_until(delivery, &CancellationToken::new())
-            .await
-    }
-
-    /// Processes one delivery, stopping before COMMIT when `stop` is cancelled (see
-    /// [`Inbox::process_until`]).
-    pub async fn process_one_until<D: Delivery>(
-        &self,
-        delivery: D,
-        stop: &CancellationToken,
-    ) -> Outcome {
-        self.inbox
-            .run(delivery, &*self.handler, self.business_key.as_ref(), stop)
-            .await
-    }
-}
-
-impl<S, T, H, D> Processor<D> for InboxProcessor<S, T, H>
-where
-    S: InboxStore,
-    T: Payload,
-    H: Handler<S, T>,
-    D: Delivery,
-{
-    fn consumer(&self) -> &str {
-        self.inbox.consumer()
-    }
-
-    fn started(&self) {
-        let c = self.inbox.label();
-        for name in [
-            m::RECEIVED,
-            m::APPLIED,
-            m::APPLIED_AFTER_REDELIVERY,
-            m::DUPLICATES,
-            m::PAYLOAD_COLLISIONS,
-            m::BUSINESS_DUPLICATES,
-            m::CONCURRENT_CONFLICTS,
-            m::RETENTION_EXPIRED,
-            m::UNKNOWN_IDENTITY,
-            m::CONTRACT_VERSION_FAILURES,
-            m::IDENTITY_BROKER_FALLBACK,
-            m::INTERRUPTED,
-            m::REDRIVEN,
-            m::LEASE_LOST,
-            m::LEASE_RENEWALS,
-        ] {
-            metrics::counter!(name, "consumer" => c.clone()).increment(0);
-        }
-    }
-
-    fn process(
-        &self,
-        delivery: D,
-        stop: CancellationToken,
-    ) -> impl std::future::Future<Output = Outcome> + Send {
-        let this = self.clone();
-        async move { this.process_one_until(delivery, &stop).await }.boxed()
-    }
-
-    fn process_batch(
-        &self,
-        deliveries: Vec<D>,
-        stop: CancellationToken,
-    ) -> impl std::future::Future<Output = Vec<Outcome>> + Send {
-        let this = self.clone();
-        async move {
-            this.inbox
-                .run_batch(
-                    deliveries,
-                    &*this.handler,
-                    this.business_key.as_ref(),
-                    &stop,
-                )
-                .await
-        }
-        .boxed()
-    }
-}
-
-#[path = "batch.rs"]
-mod batch;
-
-#[cfg(test)]
-#[path = "inbox_tests.rs"]
-mod tests;

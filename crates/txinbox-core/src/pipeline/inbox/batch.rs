@@ -32,6 +32,18 @@ use std::collections::HashMap;
 use futures::future::join_all;
 
 use super::*;
+use std::time::Duration;
+
+use chrono::Utc;
+use tracing::Instrument;
+
+use super::decide::*;
+use crate::broker::Delivery;
+use crate::metrics as m;
+use crate::pipeline::handler::{Handler, Payload};
+use crate::pipeline::outcome::Outcome;
+use crate::store::{Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow};
+use crate::CancellationToken;
 
 /// Where the first pass of a batch ended.
 enum FirstPass<T, E> {
