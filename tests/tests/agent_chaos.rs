@@ -1,0 +1,325 @@
+//! The CRM follow-up example with an external CRM, under kill -9: for each broker, `MEETINGS` meetings are
+//! published, the worker (its effect runner in the same process) is killed with SIGKILL `KILLS` times, each at a
+//! random moment after it became ready, then a last worker runs until every follow-up exists and is stopped
+//! with SIGTERM. The external CRM (in this process, answering each create 300 ms after it acted, so kills land
+//! between a call and its record) must end with exactly one task per meeting, the store with every effect done
+//! (none pending, in flight or uncertain), and the broker's dead-letter queue empty (on Service Bus, the poison
+//! queue too).
+//!
+//! Each queue dead-letters a message only after `2 * KILLS + 2` receives: a worker killed in its long poll
+//! leaves that receive open at the broker (moto serves it to its end and marks what it finds received, and a
+//! real broker cannot tell either), so `KILLS` kills can count up to `2 * KILLS + 1` receives of one message
+//! with none of them processed. With the queues' usual limits (SQS maxReceiveCount 5, Service Bus
+//! MaxDeliveryCount 10) the broker would, by chance, dead-letter a message the chaos never let anyone
+//! process: correct broker behaviour, but not what this test is about (the dead-letter path has its own tests).
+//!
+//! SQS is moto (`TXINBOX_SQS_ENDPOINT`); Service Bus is our emulator, started in this process. The kill moments
+//! come from a seed printed at the start (`TXINBOX_CHAOS_SEED` replays one). The two brokers run one after the
+//! other.
+
+mod common_procs;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use common_procs::*;
+use txinbox_crm_api::CrmApi;
+use txinbox_sb_emulator::Emulator;
+
+/// Meetings published per broker.
+const MEETINGS: usize = 40;
+/// SIGKILLs per broker.
+const KILLS: usize = 8;
+/// The receives after which a broker dead-letters a message.
+const MAX_RECEIVES: usize = 2 * KILLS + 2;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The follow-up a meeting's task carries at the CRM (the agent's `external_ref`).
+fn follow_up(prefix: &str, i: usize) -> String {
+    format!("followup-{prefix}op_{i}-m_{i}")
+}
+
+/// Tasks at the CRM per external reference.
+fn tasks_by_ref(crm: &CrmApi) -> BTreeMap<Option<String>, usize> {
+    let mut m = BTreeMap::new();
+    for t in crm.tasks() {
+        *m.entry(t.external_ref).or_default() += 1;
+    }
+    m
+}
+
+/// What the test asks of a broker: messages it dead-lettered so far.
+trait DeadLetters {
+    async fn count(&self) -> u64;
+}
+
+struct SqsDlq {
+    client: txinbox_sqs::aws_sdk_sqs::Client,
+    url: String,
+}
+
+impl DeadLetters for SqsDlq {
+    async fn count(&self) -> u64 {
+        sqs_messages(&self.client, &self.url).await
+    }
+}
+
+struct ServiceBusDlq<'a> {
+    emulator: &'a txinbox_sb_emulator::EmulatorHandle,
+    queue: String,
+}
+
+impl DeadLetters for ServiceBusDlq<'_> {
+    async fn count(&self) -> u64 {
+        let dead = self
+            .emulator
+            .queue_state(&self.queue)
+            .map_or(0, |s| s.dead_letter_message_count);
+        let poison = self
+            .emulator
+            .queue_state(&format!("{}-poison", self.queue))
+            .map_or(0, |s| s.active_message_count + s.dead_letter_message_count);
+        (dead + poison) as u64
+    }
+}
+
+/// `KILLS` rounds of start + SIGKILL a random 50-900 ms after the worker became ready, then one worker until the CRM holds every task
+/// and every effect is done, stopped with SIGTERM; then the checks.
+#[allow(clippy::too_many_arguments)]
+async fn chaos(
+    name: &str,
+    dir: &Path,
+    crm: &CrmApi,
+    prefix: &str,
+    worker: &str,
+    args: &[&str],
+    env: &[(&str, String)],
+    dead_letters: &impl DeadLetters,
+    seed: u64,
+) {
+    let db = dir.join(format!("{name}.db"));
+    let store = format!("sqlite:{}", db.display());
+    let crm_url = crm.url();
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--store", &store, "--crm-url", &crm_url]);
+    let mut rng = Rng(seed);
+    let client = http();
+    for i in 1..=KILLS {
+        // Each killed worker answers `/readyz` (`--health-addr`): the random moment counts from its readiness
+        // (started, a receive succeeded), so that the kills land in its work, not in its start-up, however
+        // slow the machine.
+        let health = free_addr().to_string();
+        let mut args = all.clone();
+        args.extend(["--health-addr", &health]);
+        let mut w = Proc::spawn(dir, &format!("{name}-{i}"), worker, &args, env);
+        let ready = format!("http://{health}/readyz");
+        let deadline = Deadline::after(Duration::from_secs(30));
+        while !matches!(get(&client, &ready).await, Some((200, _))) {
+            w.assert_running();
+            assert!(
+                !deadline.passed(),
+                "{name}-{i}: not ready after 30 s:\n{}",
+                w.tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(rng.millis(50, 900)).await;
+        w.sigkill().await;
+        println!(
+            "agent-chaos: {name}: after kill -9 #{i}: {} tasks at the CRM; effects {}",
+            crm.tasks().len(),
+            sqlite_effect_states(&db).await
+        );
+    }
+    let done = format!("done={MEETINGS}");
+    let mut last = Proc::spawn(dir, &format!("{name}-final"), worker, &all, env);
+    let deadline = Deadline::after(Duration::from_secs(180));
+    loop {
+        let states = sqlite_effect_states(&db).await;
+        if crm.tasks().len() >= MEETINGS && states == done {
+            break;
+        }
+        let dead = dead_letters.count().await;
+        assert_eq!(
+            dead, 0,
+            "{name}: the broker dead-lettered {dead} message(s) (effects {states})"
+        );
+        last.assert_running();
+        assert!(
+            !deadline.passed(),
+            "{name}: after 180 s, {} tasks at the CRM, effects {states}:\n{}",
+            crm.tasks().len(),
+            last.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A (wrong) extra call would show up now.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    last.stop_cleanly().await;
+
+    let by_ref = tasks_by_ref(crm);
+    for i in 0..MEETINGS {
+        let r = follow_up(prefix, i);
+        assert_eq!(
+            by_ref.get(&Some(r.clone())).copied().unwrap_or(0),
+            1,
+            "{name}: tasks at the CRM for {r}"
+        );
+    }
+    assert_eq!(
+        crm.tasks().len(),
+        MEETINGS,
+        "{name}: the CRM holds tasks for other follow-ups: {by_ref:?}"
+    );
+    let states = sqlite_effect_states(&db).await;
+    assert_eq!(states, done, "{name}: effects in the store");
+    assert_eq!(
+        dead_letters.count().await,
+        0,
+        "{name}: the broker dead-lettered messages"
+    );
+    println!(
+        "agent-chaos: {name} ok: {KILLS} x kill -9, then {MEETINGS} tasks at the CRM, one per meeting; effects {states}"
+    );
+}
+
+/// The external CRM: idempotency keys honoured, tasks searchable; each create answers 300 ms after it acted.
+async fn crm() -> CrmApi {
+    CrmApi::builder()
+        .latency(Duration::from_millis(300))
+        .start()
+        .await
+        .expect("the CRM API starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_agent_under_kill_9_creates_one_crm_task_per_meeting() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let seed = chaos_seed();
+    let endpoint = sqs_endpoint();
+    let env = sqs_env(&endpoint);
+    let work = WorkDir::new("txinbox-chaos-sqs");
+    let dir = work.path();
+    let crm = crm().await;
+    let q = unique("crm-chaos");
+    let max = MAX_RECEIVES.to_string();
+    for i in 0..MEETINGS {
+        let (op, m) = (format!("op_{i}"), format!("m_{i}"));
+        let mut args = vec![
+            "--queue-name",
+            q.as_str(),
+            "--opportunity",
+            &op,
+            "--meeting",
+            &m,
+        ];
+        if i == 0 {
+            args.extend(["--create", "--max-receive-count", &max]);
+        }
+        run(dir, &format!("producer-{i}"), "sqs-producer", &args, &env).await;
+    }
+    let client = sqs_client(&endpoint);
+    let url = sqs_queue_url(&client, &format!("{q}.fifo")).await;
+    let dlq = SqsDlq {
+        url: sqs_queue_url(&client, &format!("{q}-dlq.fifo")).await,
+        client,
+    };
+    chaos(
+        "sqs",
+        dir,
+        &crm,
+        "",
+        "sqs-crm-worker",
+        &[
+            "--queue-url",
+            &url,
+            "--visibility-timeout",
+            "2",
+            "--concurrency",
+            "1",
+        ],
+        &env,
+        &dlq,
+        seed,
+    )
+    .await;
+    crm.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servicebus_agent_under_kill_9_creates_one_crm_task_per_meeting() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let seed = chaos_seed();
+    let key = random_key();
+    let emulator = Emulator::builder()
+        .namespace("txinbox-chaos")
+        .sas_key("RootManageSharedAccessKey", &key)
+        .start("127.0.0.1:0")
+        .await
+        .expect("the Service Bus emulator starts");
+    let env = vec![
+        (
+            "SERVICEBUS_CONNECTION_STRING",
+            format!(
+                "Endpoint=sb://txinbox-chaos.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey={key}"
+            ),
+        ),
+        ("SERVICEBUS_ENDPOINT", emulator.base_url()),
+    ];
+    let work = WorkDir::new("txinbox-chaos-sb");
+    let dir = work.path();
+    let crm = crm().await;
+    let q = unique("crm-chaos-sb");
+    let max = MAX_RECEIVES.to_string();
+    for i in 0..MEETINGS {
+        let (op, m) = (format!("sb_op_{i}"), format!("m_{i}"));
+        let mut args = vec!["--queue", q.as_str(), "--opportunity", &op, "--meeting", &m];
+        if i == 0 {
+            args.extend([
+                "--create-on-emulator",
+                "--lock-secs",
+                "3",
+                "--max-delivery-count",
+                &max,
+            ]);
+        }
+        run(
+            dir,
+            &format!("producer-{i}"),
+            "servicebus-producer",
+            &args,
+            &env,
+        )
+        .await;
+    }
+    let poison = format!("{q}-poison");
+    let dead = ServiceBusDlq {
+        emulator: &emulator,
+        queue: q.clone(),
+    };
+    chaos(
+        "servicebus",
+        dir,
+        &crm,
+        "sb_",
+        "servicebus-crm-worker",
+        &[
+            "--queue",
+            &q,
+            "--dead-letter-to",
+            &poison,
+            "--lock-duration-secs",
+            "3",
+            "--concurrency",
+            "1",
+        ],
+        &env,
+        &dead,
+        seed.wrapping_add(1),
+    )
+    .await;
+    crm.shutdown().await;
+    emulator.shutdown().await;
+}
