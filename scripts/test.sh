@@ -78,7 +78,8 @@ say "Service Bus emulator ready at $TXINBOX_SB_EMULATOR_URL"
 
 # --- ops: the alert rules with the real promtool (added with ops/) -----------------------------------------
 # Installs Debian's prometheus package if promtool is missing (fails loudly if it cannot). The dashboard and the
-# exporter are checked against a real Prometheus in scripts/examples-smoke.sh; ops/ names in metric_names.rs.
+# exporter are checked against a real Prometheus in tests/tests/examples_smoke.rs (cargo test below); ops/ names in
+# metric_names.rs.
 say "ops: promtool check rules ops/alerts.yml, promtool test rules ops/alerts_test.yml"
 bash scripts/prometheus.sh rules || die "the alert rules in ops/ do not check, or their promtool tests fail"
 
@@ -94,21 +95,18 @@ done
 say "cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
+say "dependency policy: licenses, bans, sources (cargo-deny, offline)"
+bash scripts/deny.sh || die "the dependency policy in deny.toml does not hold"
+
 # --- the tests -----------------------------------------------------------------------------------------------
-say "cargo test (every crate, every test)"
+say "cargo test (every crate, every test; the examples as real processes, their readiness and the agent under kill -9 included)"
 cargo test --workspace --locked
+
+say "cargo package: the crates meant for crates.io, built from their packages"
+bash scripts/package.sh || die "a crate meant for crates.io does not package"
 
 say "fuzzing: every parser of outside input for 10 s (cargo-fuzz on nightly; the 10-minute run: bash scripts/fuzz.sh 600)"
 bash scripts/fuzz.sh 10 || die "a fuzz target found a crash (its input is under fuzz/artifacts/)"
-
-say "the examples as real processes (producer, worker, SIGTERM) against moto and the Service Bus emulator"
-bash scripts/examples-smoke.sh
-
-say "readiness and liveness of both example workers while PostgreSQL and their broker stop and come back"
-bash scripts/readiness.sh
-
-say "the example agent with an external CRM under kill -9, on both brokers (one task per meeting at the CRM)"
-bash scripts/effects-chaos.sh 40 8
 
 say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite and PostgreSQL"
 ./target/debug/txinbox lab

@@ -89,7 +89,7 @@ async fn a_2xx_without_its_reference<DB: FxDb>(store: Store<DB>) {
         .key(Key::header("Idempotency-Key"))
         .reference("/task_id")
         .confirm_url(format!("{url}/tasks?idempotency_key={{key}}"));
-    runner(&store, strict).run_until_idle().await;
+    let _report = runner(&store, strict).run_until_idle().await;
     let e = state(&store, &key).await;
     assert_eq!(e.claimed_from, EffectState::Done);
     assert_eq!(e.reference, crm2.tasks().first().map(|t| t.id.clone()));
@@ -103,7 +103,7 @@ async fn a_2xx_without_its_reference<DB: FxDb>(store: Store<DB>) {
     let optional = HttpEffect::post(format!("{url}/tasks"))
         .reference("/task_id")
         .reference_optional();
-    runner(&store, optional).run_until_idle().await;
+    let _report = runner(&store, optional).run_until_idle().await;
     let e = state(&store, &key2).await;
     assert_eq!((e.claimed_from, e.reference), (EffectState::Done, None));
     let counts = store.effect_counts().await.unwrap();
@@ -262,7 +262,7 @@ async fn refused_after_maybe<DB: FxDb>(store: Store<DB>) {
     ])
     .await;
     let d = HttpEffect::post(format!("{url}/tasks")).key(Key::header("Idempotency-Key"));
-    runner(&store, d).run_until_idle().await;
+    let _report = runner(&store, d).run_until_idle().await;
     let e = state(&store, &key).await;
     assert_eq!(e.claimed_from, EffectState::NeedsAttention, "{e:?}");
     assert!(last_error(&store).await.contains("may have done it"));
@@ -292,7 +292,7 @@ async fn not_the_destinations_answer<DB: FxDb>(store: Store<DB>) {
         "the redirect was not followed"
     );
     // No confirmation and no key: never called again blindly.
-    runner(&store, d()).run_until_idle().await;
+    let _report = runner(&store, d()).run_until_idle().await;
     let e = state(&store, &key).await;
     assert_eq!(e.claimed_from, EffectState::NeedsAttention);
     assert_eq!(hits.load(Ordering::SeqCst), 1);
@@ -333,7 +333,7 @@ async fn search_by_a_reference_not_sent<DB: FxDb>(store: Store<DB>) {
             )))
     };
     crm.drop_next_answers(1);
-    runner(&store, d()).run_until_idle().await;
+    let _report = runner(&store, d()).run_until_idle().await;
     let e = state(&store, &key).await;
     assert_eq!(e.claimed_from, EffectState::NeedsAttention, "{e:?}");
     assert!(last_error(&store)
@@ -375,7 +375,7 @@ async fn a_kept_key_and_its_retention<DB: FxDb>(store: Store<DB>) {
     crm.drop_next_answers(1);
     let expired = HttpEffect::post(format!("{url}/v1/tasks"))
         .key(Key::header("PayPal-Request-Id").kept_for(Duration::ZERO));
-    runner(&store, expired).run_until_idle().await;
+    let _report = runner(&store, expired).run_until_idle().await;
     let e = state(&store, &key2).await;
     assert_eq!(e.claimed_from, EffectState::NeedsAttention);
     assert!(DB::effect_rows(&store).await[1]
@@ -427,7 +427,7 @@ async fn a_lagging_search<DB: FxDb>(store: Store<DB>) {
         "not due before the wait"
     );
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    patient.run_until_idle().await;
+    let _report = patient.run_until_idle().await;
     for k in &keys {
         assert_eq!(state(&store, k).await.claimed_from, EffectState::Done);
     }
@@ -439,7 +439,7 @@ async fn a_lagging_search<DB: FxDb>(store: Store<DB>) {
     assert_all_applied(&deliver(&store, h, 2..3).await, 1);
     let hasty = runner(&store, d(Duration::ZERO));
     crm.drop_next_answers(1);
-    hasty.run_until_idle().await;
+    let _report = hasty.run_until_idle().await;
     // lab message 2's follow-up, as crm_effect names it.
     let reference = "followup:oportunidade_2483:reuniao_186";
     assert_eq!(

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use txinbox::effects::PublishEffect;
 use txinbox::mem::{MemoryQueue, QueueState};
-use txinbox::outbox::PublishEffect;
 use txinbox::sqlx;
 use txinbox::{
     ConsumerName, EffectRunner, EffectState, Handled, HandlerError, IdentityPolicy, Inbox, Message,
@@ -87,7 +87,7 @@ where
     assert_eq!(second_run.claimed, 0, "{second_run}");
     let got = downstream.receive_now(10);
     assert_eq!(got.len(), 1);
-    let m = txinbox::Delivery::message(&got[0]);
+    let m = txinbox::broker::Delivery::message(&got[0]);
     assert_eq!(m.attribute("ce-id"), Some("task-created-for-evt-482"));
     assert_eq!(m.attribute("ce-source"), Some("urn:txinbox:crm-followup"));
     assert_eq!(m.group_id.as_deref(), Some("opportunity-2481"));
@@ -102,7 +102,7 @@ where
     let pending = txinbox::OutboxMessage {
         ..followup_created("evt-482")
     };
-    txinbox::Publisher::publish(&downstream, &pending)
+    txinbox::effects::Publisher::publish(&downstream, &pending)
         .await
         .unwrap();
     assert!(matches!(

@@ -2,7 +2,7 @@
 //!
 //! A store is a driver. It opens a transaction, inserts the marker under its unique constraints, records the
 //! handler's result, commits, records evidence and purges; every decision (what a conflict means, what is
-//! settled how, what is counted) is made once, in [`crate::inbox`]. The sqlx stores (PostgreSQL, SQLite) live
+//! settled how, what is counted) is made once, in [`crate::pipeline`]. The sqlx stores (PostgreSQL, SQLite) live
 //! in `txinbox-store`.
 //!
 //! The shape fits a transactional store that is not SQL too. A DynamoDB store, for example, would gather the

@@ -17,11 +17,12 @@ const NAME_SOURCES: [&str; 3] = [
 ];
 
 /// Where the labels are attached (the `metrics::counter!`/`gauge!`/`histogram!` call sites).
-const LABEL_SOURCES: [&str; 10] = [
+const LABEL_SOURCES: [&str; 11] = [
     include_str!("../src/pipeline/inbox/mod.rs"),
     include_str!("../src/pipeline/inbox/decide.rs"),
     include_str!("../src/pipeline/inbox/batch.rs"),
-    include_str!("../src/runtime/worker.rs"),
+    include_str!("../src/runtime/worker/mod.rs"),
+    include_str!("../src/runtime/worker/receive.rs"),
     include_str!("../src/runtime/maintenance.rs"),
     include_str!("../src/effects/runner.rs"),
     include_str!("../src/runtime/lease.rs"),

@@ -233,7 +233,7 @@ async fn a_zero_shutdown_receive_wait_stops_at_once_and_leaves_the_poll_s_messag
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stopping = tokio::time::Instant::now();
     stop.cancel();
-    tokio::time::timeout(Duration::from_secs(10), worker)
+    let _report = tokio::time::timeout(Duration::from_secs(10), worker)
         .await
         .expect("the worker stops")
         .expect("no panic");

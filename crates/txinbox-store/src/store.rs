@@ -70,6 +70,7 @@ pub enum Migrations {
 /// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
+#[must_use = "StoreOptions do nothing until given to Store::connect_with"]
 pub struct StoreOptions {
     /// Pool size (default 10; an in-memory SQLite database always has one connection).
     pub max_connections: u32,

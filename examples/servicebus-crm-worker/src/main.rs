@@ -70,7 +70,7 @@ async fn run(args: Args) -> Result<(), crm_followup::Error> {
         .unwrap_or_else(|| "crm-events".into());
     // A receive locks as many messages as the worker asks for (`[worker] receive_max`).
     let opts = ServiceBusOptions::from_settings(&settings.servicebus)
-        .batch_size(settings.worker_options().batch_size);
+        .batch_size(settings.worker_options().get_batch_size());
     opts.validate()?;
     let agent = crm_followup::AgentOptions::from_settings(&settings, args.common.crm_url.clone());
     if args.common.print_config {

@@ -442,8 +442,8 @@ impl MemoryQueue {
 ///
 /// The simulated round trip is what the benchmarks' end-to-end figures are read against, so it must last what
 /// it says. `tokio::time::sleep` cannot promise that: tokio's timer works in whole milliseconds and rounds a
-/// deadline up to the next tick, so a 10 ms sleep ends 10 to 11 ms after it began (about 11.2 ms on average on
-/// this repository's machine). One thread keeps the pending deadlines and waits on a condition variable for the
+/// deadline up to the next tick, so a 10 ms sleep ends 10 to 11 ms after it began (11.2 ms on average over 300
+/// serial sleeps: docs/results.md). One thread keeps the pending deadlines and waits on a condition variable for the
 /// nearest (a futex timeout, late by the kernel's timer slack); a dropped wait simply finds its receiver gone.
 async fn exact_delay(d: Duration) {
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -3,8 +3,8 @@
 //!
 //! Handlers never see a `Delivery`: the inbox settles it, and only after COMMIT.
 //!
-//! Also here: the [message](message) as a broker hands it over, the [in-memory broker](mem) (real
-//! at-least-once semantics, for tests, the lab and demos), and the [redrive](redrive) report both adapters'
+//! Also here: the [`message`] as a broker hands it over, the in-memory broker ([`mem`]: real
+//! at-least-once semantics, for tests, the lab and demos), and the [`redrive`] report both adapters'
 //! redrive tools share.
 
 use std::future::Future;

@@ -12,6 +12,7 @@ use crate::error::BrokerError;
 /// What a redrive did. Fields an adapter does not use stay at their default.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a RedriveReport says what was moved and what failed"]
 pub struct RedriveReport {
     /// Messages sent to the target and removed from the dead-letter queue.
     pub moved: usize,
@@ -136,6 +137,7 @@ mod tests {
 /// How a redrive runs, on either broker.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "RedriveOptions do nothing until given to a redrive"]
 pub struct RedriveOptions {
     /// Move at most this many messages (default: all).
     pub max: Option<usize>,

@@ -48,6 +48,7 @@ pub enum CompensateError {
 /// How a runner runs.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
+#[must_use = "EffectOptions do nothing until given to an EffectRunner"]
 pub struct EffectOptions {
     /// Effects claimed per pass (default 32).
     pub batch: i64,
@@ -133,6 +134,7 @@ impl EffectOptions {
 /// What one runner did, by resulting state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "an EffectReport says what the runner did"]
 pub struct EffectReport {
     /// Effects claimed.
     pub claimed: u64,
@@ -174,6 +176,7 @@ impl fmt::Display for EffectReport {
 }
 
 /// Runs the effects of a store through the executors registered per destination.
+#[must_use = "an EffectRunner does nothing until run_until or run_until_idle is awaited"]
 pub struct EffectRunner<S: EffectStore> {
     store: S,
     executors: HashMap<String, Arc<dyn EffectExecutor>>,

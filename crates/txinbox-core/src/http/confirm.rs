@@ -64,6 +64,7 @@ impl fmt::Debug for Rule {
 /// `{key}` and `{external_ref}` in the URL are replaced, percent-encoded; in a body, as JSON string content.
 /// A confirmation must name one of them.
 #[derive(Clone, Debug)]
+#[must_use = "a Confirm does nothing until given to HttpEffectBuilder::confirm"]
 pub struct Confirm {
     pub(crate) method: reqwest::Method,
     pub(crate) url: String,

@@ -28,6 +28,7 @@ pub(crate) enum Placement {
 /// Without a declaration the key is still sent in `Idempotency-Key` (harmless to a destination that ignores it)
 /// but never relied on: a lost answer without a confirmation needs attention.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a Key does nothing until given to HttpEffectBuilder::key"]
 pub struct Key {
     pub(crate) placement: Placement,
     pub(crate) honoured: bool,

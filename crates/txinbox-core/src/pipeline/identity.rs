@@ -122,6 +122,7 @@ pub type BusinessKeyFn =
 
 /// How identities are resolved for one consumer.
 #[derive(Clone)]
+#[must_use = "an IdentityPolicy does nothing until given to an Inbox"]
 pub struct IdentityPolicy {
     consumer: ConsumerName,
     allow_broker_id: bool,

@@ -1,5 +1,5 @@
 //! The delivery pipeline: validation, identity, retention, fingerprint, the inbox transaction's decisions,
-//! the settle, and what is counted. Written once here; a store ([`InboxStore`]) only runs the statements.
+//! the settle, and what is counted. Written once here; a store ([`InboxStore`](crate::store::InboxStore)) only runs the statements.
 //!
 //! ```text
 //! BEGIN

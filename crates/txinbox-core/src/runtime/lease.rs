@@ -14,6 +14,7 @@ use crate::broker::Lease;
 /// duration, every [`renewal_interval`] of it (a third).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
+#[must_use = "LeaseOptions do nothing until given to WorkerOptions::lease"]
 pub struct LeaseOptions {
     /// Stop renewing after the lease has been held this long in total (default 2 h; SQS caps visibility at
     /// 12 hours from the receive).

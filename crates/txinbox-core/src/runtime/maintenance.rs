@@ -79,6 +79,7 @@ pub trait MaintenanceStore: Clone + Send + Sync + 'static {
 /// How the maintenance runs.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
+#[must_use = "MaintenanceOptions do nothing until given to a Maintenance"]
 pub struct MaintenanceOptions {
     /// Rows deleted per statement (default 1,000).
     pub batch: i64,
@@ -151,6 +152,7 @@ impl MaintenanceOptions {
 /// What one pass did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "a MaintenanceReport says what the pass removed"]
 pub struct MaintenanceReport {
     /// Rows removed, by table and consumer.
     pub removed: BTreeMap<(Table, String), u64>,
@@ -196,6 +198,7 @@ impl fmt::Display for MaintenanceReport {
 
 /// Runs the retention of a store.
 #[derive(Debug, Clone)]
+#[must_use = "a Maintenance does nothing until run"]
 pub struct Maintenance<S> {
     store: S,
     opts: MaintenanceOptions,

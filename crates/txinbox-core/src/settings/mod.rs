@@ -11,7 +11,8 @@
 //! concurrency = 8
 //! receive_max = 10                     # messages asked for per receive (unset: [sqs] batch_size, else 10)
 //! prefetch = 0                         # received ahead of a free slot (0: only for free slots)
-//! receive_loops = 1                    # receives in flight at once, sharing the same slots (1 to 16)
+//! receive_loops = 4                    # receives in flight at once, sharing the same slots (1 to 16;
+//!                                      # unset: enough for every place out of the queue)
 //! batch_commit = 1                     # deliveries of a receive applied in one transaction (1 to 64)
 //! batch_linger_ms = 0                  # how long a batch not full waits for the next receives (at most 1000)
 //! shutdown_timeout_seconds = 30
@@ -167,8 +168,9 @@ pub struct WorkerSection {
     /// `concurrency + prefetch` messages are out of the queue at once.
     pub prefetch: usize,
     /// Receive loops, each with one receive in flight at a time, sharing the worker's slots and its places
-    /// out of the queue (1; at most 16).
-    pub receive_loops: usize,
+    /// out of the queue (1 to 16; unset: the worker chooses enough for every place out of the queue to be in
+    /// a receive at once, `ceil((concurrency + prefetch) / receive_max)`).
+    pub receive_loops: Option<usize>,
     /// Deliveries of one receive applied in one database transaction, each isolated from the others (1: one
     /// transaction per delivery; at most 64).
     pub batch_commit: usize,
@@ -197,7 +199,7 @@ impl Default for WorkerSection {
             concurrency: w.concurrency,
             receive_max: None,
             prefetch: w.prefetch,
-            receive_loops: w.receive_loops,
+            receive_loops: None,
             batch_commit: w.batch_commit,
             batch_linger_ms: w.batch_linger.as_millis() as u64,
             shutdown_timeout_seconds: w.shutdown_timeout.as_secs(),
@@ -550,15 +552,16 @@ impl WorkerSettings {
                 ),
             );
         }
-        if !(1..=crate::runtime::worker::MAX_RECEIVE_LOOPS).contains(&self.worker.receive_loops) {
-            return bad(
-                "worker.receive_loops",
-                format!(
-                    "{} is outside 1..={}",
-                    self.worker.receive_loops,
-                    crate::runtime::worker::MAX_RECEIVE_LOOPS
-                ),
-            );
+        if let Some(n) = self.worker.receive_loops {
+            if !(1..=crate::runtime::worker::MAX_RECEIVE_LOOPS).contains(&n) {
+                return bad(
+                    "worker.receive_loops",
+                    format!(
+                        "{n} is outside 1..={} (unset: the worker chooses)",
+                        crate::runtime::worker::MAX_RECEIVE_LOOPS
+                    ),
+                );
+            }
         }
         let linger_max = crate::runtime::worker::MAX_BATCH_LINGER.as_millis() as u64;
         if self.worker.batch_linger_ms > linger_max {
@@ -600,7 +603,6 @@ impl WorkerSettings {
         let mut o = WorkerOptions::default()
             .concurrency(self.worker.concurrency)
             .prefetch(self.worker.prefetch)
-            .receive_loops(self.worker.receive_loops)
             .batch_commit(self.worker.batch_commit)
             .batch_linger(Duration::from_millis(self.worker.batch_linger_ms))
             .shutdown_timeout(Duration::from_secs(self.worker.shutdown_timeout_seconds))
@@ -613,6 +615,9 @@ impl WorkerSettings {
         }
         if let Some(n) = self.worker.receive_max {
             o = o.batch_size(n);
+        }
+        if let Some(n) = self.worker.receive_loops {
+            o = o.receive_loops(n);
         }
         o
     }
@@ -765,14 +770,14 @@ mod tests {
                 d.prefetch,
                 d.batch_commit,
                 d.batch_linger,
-                d.receive_loops
+                d.get_receive_loops()
             ),
             (
                 w.batch_size,
                 w.prefetch,
                 w.batch_commit,
                 w.batch_linger,
-                w.receive_loops
+                w.get_receive_loops()
             )
         );
         let s = WorkerSettings::from_toml_str(
@@ -785,7 +790,7 @@ mod tests {
             (32, 20, 16, 10)
         );
         assert_eq!(
-            (o.batch_linger, o.receive_loops),
+            (o.batch_linger, o.get_receive_loops()),
             (Duration::from_millis(25), 3)
         );
         // Without receive_max, the SQS batch is the receive.

@@ -669,7 +669,7 @@ async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
     });
-    Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
+    let _report = Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
         .options(opts)
         .run_until(async {
             done.await;

@@ -111,7 +111,7 @@ pub(crate) async fn run<DB: LabDb>(
     // backoff).
     let deadline = Instant::now() + Duration::from_secs(20);
     let end = loop {
-        runner.run_until_idle().await;
+        let _report = runner.run_until_idle().await;
         let (state, _) = DB::effect_state(&store).await?;
         let state = EffectState::parse(&state).unwrap_or(EffectState::Pending);
         let settled = matches!(

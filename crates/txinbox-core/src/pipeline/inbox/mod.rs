@@ -39,6 +39,7 @@ pub enum BodyFormat {
 /// Validation applied before the transaction opens. A violation dead-letters the message with a reason.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
+#[must_use = "InputRules do nothing until given to Inbox::input_rules"]
 pub struct InputRules {
     /// Largest body accepted (default 256 KiB, the SQS and Service Bus Standard limit).
     pub max_payload_bytes: usize,
@@ -108,6 +109,7 @@ impl InputRules {
 /// Worker::new(queue.receiver(), processor).run_until(txinbox_core::shutdown_signal()).await;
 /// # Ok(()) }
 /// ```
+#[must_use = "an Inbox does nothing until bound to a handler and run by a Worker"]
 pub struct Inbox<S: InboxStore> {
     store: S,
     policy: IdentityPolicy,

@@ -851,7 +851,7 @@ where
 {
     let sums = Arc::new(Mutex::new(HashMap::new()));
     let (s2, sums2) = (snap.clone(), sums.clone());
-    worker
+    let _report = worker
         .run_until(async move {
             while gauges(&s2, &mut sums2.lock().unwrap()) != want {
                 tokio::time::sleep(Duration::from_millis(2)).await;

@@ -1,0 +1,314 @@
+//! The worker runtime: receive with bounded concurrency, keep leases alive, process through the inbox, and
+//! shut down gracefully.
+//!
+//! Shutdown: when the shutdown future resolves the worker stops receiving and lets in-flight deliveries finish
+//! (commit, then settle) for up to [`WorkerOptions::shutdown_timeout`]. Past that deadline it signals the
+//! processors to stop: a delivery that has not committed rolls back and is released; one that has committed
+//! always goes on to settle. The worker never stops between COMMIT and settle.
+//!
+//! A receive (long poll) still in flight when shutdown begins is let finish (it lasts at most the adapter's
+//! long-poll wait, and never longer than [`WorkerOptions::shutdown_timeout`] or
+//! [`WorkerOptions::shutdown_receive_wait`]); whatever it brought is handed straight back to the broker
+//! ([`Delivery::release`] with no delay: SQS visibility 0, Service Bus unlock), so another worker receives
+//! those messages at once instead of after their lock or visibility timeout. An idle worker therefore takes up
+//! to the long-poll wait to stop.
+//!
+//! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
+//! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
+//! it). The worker logs once when receives start failing, once when the kind of error changes and once when
+//! they recover, never once per retry; every failure is counted in `txinbox_receive_errors_total{consumer,
+//! kind}`. When receives keep failing with an error a retry cannot fix (unauthorized, entity not found,
+//! configuration: a key rotated, a permission removed, a queue deleted) for
+//! [`WorkerOptions::give_up_after`], the worker stops as on shutdown and says why in
+//! [`WorkerReport::gave_up`]: a process should then exit non-zero so that its supervisor sees it.
+//!
+//! Receive ahead ([`WorkerOptions::prefetch`]): by default the worker asks the broker only for as many
+//! messages as it has free slots, so a slot is held from the receive request to the settle's answer and at
+//! most [`WorkerOptions::concurrency`] messages are out of the queue at once; each slot then spends two broker
+//! round trips (receive and settle) beside the work. With a prefetch of `n` the worker receives up to `n`
+//! more while its slots are busy: those deliveries wait for a slot with their leases kept alive, so that a
+//! slot freed by a settle finds its next delivery already received. Up to `concurrency + n` messages are then
+//! out of the queue (invisible on SQS, locked on Service Bus), at most `concurrency` of them being applied or
+//! settled. When shutdown begins, a prefetched delivery still waiting for its slot is handed back at once
+//! (released with no delay, outcome [`Outcome::Interrupted`]) rather than applied during the drain.
+//!
+//! Receive loops ([`WorkerOptions::receive_loops`]): one loop has one receive in flight at a time, so against a
+//! distant broker slots freed during a receive wait for the next one. Several loops (each on a
+//! [`Receiver::fork`] of the receiver) share the same places out of the queue and the same slots: more
+//! receives in flight, not more messages out of the queue. One loop at a time waits for places, and takes
+//! every free one (up to [`WorkerOptions::batch_size`]), so the places a settled batch frees go to one
+//! receive rather than to several receives of one message each.
+//!
+//! Batch commit ([`WorkerOptions::batch_commit`]) applies the deliveries of a receive in one transaction; with
+//! [`WorkerOptions::batch_linger`] a batch that one receive did not fill waits a little for the next receives
+//! (never for a receive to be cut short; at shutdown it goes at once).
+//!
+//! Messages of one FIFO group are not serialised here: an adapter whose broker can hand out several messages
+//! of a group at once (SQS FIFO in one batch) holds the later ones back itself.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::{Delivery, Receiver};
+use crate::pipeline::outcome::Outcome;
+
+mod options;
+mod receive;
+mod report;
+
+pub use options::{WorkerOptions, MAX_BATCH_COMMIT, MAX_BATCH_LINGER, MAX_RECEIVE_LOOPS};
+pub use receive::{is_persistent_receive_error, receive_backoff};
+pub use report::WorkerReport;
+
+use receive::{Dispatch, Holding, LoopContext};
+
+/// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
+/// begins, so a renewal racing with the settle is never mistaken for a lost lock.
+pub struct LeasedDelivery<D> {
+    inner: D,
+    stop_lease: Option<CancellationToken>,
+}
+
+impl<D> LeasedDelivery<D> {
+    fn stop(&self) {
+        if let Some(t) = &self.stop_lease {
+            t.cancel();
+        }
+    }
+}
+
+impl<D: Delivery> Delivery for LeasedDelivery<D> {
+    fn message(&self) -> &crate::ReceivedMessage {
+        self.inner.message()
+    }
+    async fn ack(self) -> Result<(), crate::BrokerError> {
+        self.stop();
+        self.inner.ack().await
+    }
+    async fn release(self, delay: Duration) -> Result<(), crate::BrokerError> {
+        self.stop();
+        self.inner.release(delay).await
+    }
+    async fn dead_letter(self, why: crate::DeadLetter) -> Result<(), crate::BrokerError> {
+        self.stop();
+        self.inner.dead_letter(why).await
+    }
+    fn lease(&self) -> Option<Arc<dyn crate::Lease>> {
+        self.inner.lease()
+    }
+}
+
+/// Processes one delivery to a known outcome, settling it. Implemented by the store's inbox.
+pub trait Processor<D: Delivery>: Send + Sync + 'static {
+    /// The consumer name (metric label).
+    fn consumer(&self) -> &str;
+
+    /// Process and settle `delivery`. When `stop` is cancelled before COMMIT, roll back, release the delivery
+    /// and return [`Outcome::Interrupted`]; after COMMIT, ignore it and settle.
+    fn process(&self, delivery: D, stop: CancellationToken)
+        -> impl Future<Output = Outcome> + Send;
+
+    /// Called once when a worker starts, before its first receive: a processor registers its metrics here
+    /// (at zero, so that a monitoring system sees the first event as an increase).
+    fn started(&self) {}
+
+    /// Process and settle the deliveries one receive brought together (in receive order), returning their
+    /// outcomes in the same order. The default processes them one after the other; the inbox applies them
+    /// in one transaction ([`WorkerOptions::batch_commit`]). `stop` means what it means for
+    /// [`Processor::process`].
+    fn process_batch(
+        &self,
+        deliveries: Vec<D>,
+        stop: CancellationToken,
+    ) -> impl Future<Output = Vec<Outcome>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(deliveries.len());
+            for d in deliveries {
+                out.push(self.process(d, stop.clone()).await);
+            }
+            out
+        }
+    }
+}
+
+/// A worker: one receiver (forked for each further [`WorkerOptions::receive_loops`]), one processor.
+#[must_use = "a Worker does nothing until run_until or run_until_idle is awaited"]
+pub struct Worker<R, P> {
+    receiver: R,
+    processor: Arc<P>,
+    opts: WorkerOptions,
+    health: Option<crate::runtime::health::Health>,
+}
+
+impl<R, P> Worker<R, P>
+where
+    R: Receiver,
+    P: Processor<LeasedDelivery<R::Delivery>>,
+{
+    /// A worker with default options.
+    pub fn new(receiver: R, processor: P) -> Self {
+        Self {
+            receiver,
+            processor: Arc::new(processor),
+            opts: WorkerOptions::default(),
+            health: None,
+        }
+    }
+
+    /// Reports the worker's liveness and readiness on `health` (see [`crate::runtime::health`]).
+    pub fn health(mut self, health: crate::runtime::health::Health) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// Replaces the options.
+    pub fn options(mut self, opts: WorkerOptions) -> Self {
+        self.opts = opts;
+        self
+    }
+
+    /// Runs until `shutdown` resolves, then drains as described in the module docs.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> WorkerReport {
+        self.run(shutdown, false).await
+    }
+
+    /// Runs until the queue is idle: two receives in a row (full long polls) bring nothing while no delivery
+    /// is in flight; then stops like a shutdown and returns the report. For tests and batch jobs. Messages
+    /// released with a delay longer than that (a retry backoff) are left for the next run.
+    pub async fn run_until_idle(self) -> WorkerReport {
+        self.run(std::future::pending(), true).await
+    }
+
+    async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send,
+        until_idle: bool,
+    ) -> WorkerReport {
+        // `out_of_queue`: messages out of the queue (from the receive request to the settle's answer); `slots`:
+        // deliveries being applied or settled. Without prefetch the two are the same number, and a delivery
+        // never waits for its slot.
+        let out_of_queue = Arc::new(Semaphore::new(
+            self.opts.concurrency.saturating_add(self.opts.prefetch),
+        ));
+        let consumer = self.processor.consumer().to_owned();
+        let dispatch = Dispatch {
+            processor: self.processor.clone(),
+            slots: Arc::new(Semaphore::new(self.opts.concurrency)),
+            concurrency: self.opts.concurrency,
+            stop: CancellationToken::new(),
+            // Cancelled when the receives end: a delivery still waiting for its slot is handed back unapplied.
+            draining: CancellationToken::new(),
+            report: Arc::default(),
+            consumer: consumer.clone(),
+            tracker: TaskTracker::new(),
+        };
+        let mut receivers = vec![self.receiver];
+        let loops = self.opts.get_receive_loops();
+        while receivers.len() < loops {
+            match receivers[0].fork() {
+                Some(r) => receivers.push(r),
+                // Asked for by name: say that it cannot be had. Chosen by the worker: one loop is all this
+                // receiver offers.
+                None if self.opts.receive_loops.is_some() => {
+                    tracing::warn!(
+                        consumer,
+                        receive_loops = loops,
+                        "this receiver cannot fork (Receiver::fork): running one receive loop"
+                    );
+                    break;
+                }
+                None => break,
+            }
+        }
+        self.processor.started();
+        for state in [Holding::WAITING, Holding::PROCESSING] {
+            metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => consumer.clone(), "state" => state)
+                .set(0.0);
+        }
+        let health = self.health.take();
+        if let Some(h) = &health {
+            h.worker_started();
+        }
+        // Cancelled by the shutdown, or by a loop that gives up: every loop stops receiving.
+        let stopping = CancellationToken::new();
+        let places_gate = tokio::sync::Mutex::new(());
+        let ctx = LoopContext {
+            opts: &self.opts,
+            out_of_queue: &out_of_queue,
+            places_gate: &places_gate,
+            dispatch: &dispatch,
+            health: health.as_ref(),
+            stopping: &stopping,
+            until_idle,
+        };
+        let loops = futures::future::join_all(receivers.into_iter().map(|r| ctx.receive(r)));
+        tokio::pin!(loops);
+        tokio::select! {
+            _ = &mut loops => {}
+            _ = shutdown => {
+                stopping.cancel();
+                loops.await;
+            }
+        }
+        let tracker = &dispatch.tracker;
+        tracing::info!(
+            consumer,
+            in_flight = tracker.len(),
+            "worker stopping: no more receives"
+        );
+        if let Some(h) = &health {
+            h.worker_stopping();
+        }
+        dispatch.draining.cancel();
+        tracker.close();
+        if tokio::time::timeout(self.opts.shutdown_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                consumer,
+                in_flight = tracker.len(),
+                "shutdown deadline reached: uncommitted deliveries roll back and are released"
+            );
+            dispatch.stop.cancel();
+            tracker.wait().await;
+        }
+        if let Some(h) = &health {
+            h.worker_stopped();
+        }
+        let r = dispatch
+            .report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        r
+    }
+}
+
+/// Resolves on Ctrl-C or, on Unix, SIGTERM: pass it to [`Worker::run_until`].
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,492 @@
+//! The receive loops: places out of the queue, receives, lingering batches, dispatch to slots, receive errors
+//! and the hand-back at shutdown.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::{Delivery, Receiver};
+use crate::error::{BrokerError, BrokerErrorKind};
+use crate::runtime::lease::{keep_alive, LeaseGuard};
+
+use super::{LeasedDelivery, Processor, WorkerOptions, WorkerReport};
+
+/// Whether a receive error is one a retry cannot fix: the worker gives up on it after
+/// [`WorkerOptions::give_up_after`].
+pub fn is_persistent_receive_error(kind: BrokerErrorKind) -> bool {
+    matches!(
+        kind,
+        BrokerErrorKind::Unauthorized
+            | BrokerErrorKind::EntityNotFound
+            | BrokerErrorKind::Configuration
+    )
+}
+
+/// The pause after the `failures`-th failed receive in a row (1 = the first): `first` doubled per failure up
+/// to `max`, then a random point between half and all of it (`unit` in `0.0..1.0` is the random draw).
+pub fn receive_backoff(first: Duration, max: Duration, failures: u32, unit: f64) -> Duration {
+    let max = max.max(first);
+    let doubled = first.saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(31)));
+    let full = doubled.min(max);
+    full.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+}
+
+/// A random draw in `0.0..1.0` for the jitter (std's per-process random hash keys; no RNG dependency).
+pub(super) fn jitter_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Receives failing in a row, for the state-change log lines and the give-up clock.
+pub(super) struct Failing {
+    pub(super) failures: u32,
+    pub(super) kind: BrokerErrorKind,
+    pub(super) since: Instant,
+    /// When the first error a retry cannot fix came, in this run of failures.
+    pub(super) persistent_since: Option<Instant>,
+}
+
+/// What the receive loops of one worker share.
+pub(super) struct LoopContext<'a, P> {
+    pub(super) opts: &'a WorkerOptions,
+    pub(super) out_of_queue: &'a Arc<Semaphore>,
+    /// Held by the loop waiting for places out of the queue (see [`LoopContext::take_places`]).
+    pub(super) places_gate: &'a tokio::sync::Mutex<()>,
+    pub(super) dispatch: &'a Dispatch<P>,
+    pub(super) health: Option<&'a crate::runtime::health::Health>,
+    pub(super) stopping: &'a CancellationToken,
+    pub(super) until_idle: bool,
+}
+
+impl<P> LoopContext<'_, P> {
+    /// Waits for at least one place out of the queue and takes every free one, up to `most`: the places a
+    /// settle frees go to one receive. One loop at a time waits (`places_gate`): the semaphore hands released
+    /// places to its waiters one each, which would split a settled batch's places over as many receives of
+    /// one message. `None` when the semaphore is closed.
+    pub(super) async fn take_places(
+        &self,
+        most: usize,
+    ) -> Option<Vec<tokio::sync::OwnedSemaphorePermit>> {
+        let _turn = self.places_gate.lock().await;
+        let first = self.out_of_queue.clone().acquire_owned().await.ok()?;
+        let mut permits = vec![first];
+        while permits.len() < most {
+            match self.out_of_queue.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        Some(permits)
+    }
+
+    /// One receive loop: takes places out of the queue, receives, hands what arrived to the dispatch (alone,
+    /// in batches, lingering), backs off on errors; until the worker stops, the queue is idle (`until_idle`),
+    /// or receives have failed for good (then it stops the other loops too).
+    pub(super) async fn receive<R>(&self, mut receiver: R)
+    where
+        R: Receiver,
+        P: Processor<LeasedDelivery<R::Delivery>>,
+    {
+        let (opts, dispatch, stopping) = (self.opts, self.dispatch, self.stopping);
+        let consumer = dispatch.consumer.as_str();
+        let report = &dispatch.report;
+        let mut pending = Lingering::<R::Delivery>::new(consumer);
+        let mut idle_receives = 0u32;
+        let mut failing: Option<Failing> = None;
+        'receiving: loop {
+            let mut permits = tokio::select! {
+                biased;
+                _ = stopping.cancelled() => break,
+                _ = sleep_until(pending.until) => {
+                    dispatch.spawn(pending.take());
+                    continue;
+                }
+                p = self.take_places(opts.batch_size) => match p { Some(p) => p, None => break },
+            };
+            // Idle means two receives in a row brought nothing while nothing was in flight when they began: a
+            // delivery that settles during a receive may free messages the broker or the adapter holds back (a
+            // FIFO group's next one), which only a following receive sees.
+            let nothing_in_flight = dispatch.tracker.is_empty() && pending.batch.is_empty();
+            let receive = receiver.receive(permits.len());
+            tokio::pin!(receive);
+            let received = loop {
+                tokio::select! {
+                    biased;
+                    _ = stopping.cancelled() => {
+                        // Let the long poll finish and hand back what it brought, so that those messages are
+                        // received again at once rather than after their lock or visibility timeout.
+                        let wait = opts
+                            .shutdown_receive_wait
+                            .map_or(opts.shutdown_timeout, |w| w.min(opts.shutdown_timeout));
+                        dispatch.spawn(pending.take());
+                        hand_back(receive, wait, consumer).await;
+                        break 'receiving;
+                    }
+                    r = &mut receive => break r,
+                    // The linger ends while the receive waits: the batch goes, the receive is not cut short.
+                    _ = sleep_until(pending.until) => dispatch.spawn(pending.take()),
+                }
+            };
+            if let Some(h) = self.health {
+                match &received {
+                    Ok(_) => h.receive_succeeded(),
+                    Err(e) => h.receive_failed(e),
+                }
+            }
+            match (&received, failing.take()) {
+                (Ok(_), Some(f)) => tracing::info!(
+                    consumer,
+                    failures = f.failures,
+                    failing_for_ms = f.since.elapsed().as_millis() as u64,
+                    "receives recovered"
+                ),
+                (_, f) => failing = f,
+            }
+            let idle_receive = nothing_in_flight && matches!(&received, Ok(d) if d.is_empty());
+            idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
+            match received {
+                Ok(_) if self.until_idle && idle_receives >= 2 => break,
+                Ok(deliveries) => {
+                    // Each lease is kept alive from the moment its delivery arrives.
+                    let arrived = deliveries.into_iter().map(|delivery| Received {
+                        guard: delivery
+                            .lease()
+                            .map(|l| keep_alive(l, opts.lease.clone(), consumer.to_owned())),
+                        permit: permits.pop(),
+                        delivery,
+                    });
+                    // Without batch commit every delivery is a full batch of one: none lingers.
+                    for batch in pending.add(arrived, opts.batch_commit, opts.batch_linger) {
+                        dispatch.spawn(batch);
+                    }
+                }
+                Err(e) => {
+                    // A failed receive does not hold a lingering batch back through its pause.
+                    dispatch.spawn(pending.take());
+                    let kind = e.kind();
+                    metrics::counter!(crate::metrics::RECEIVE_ERRORS, "consumer" => consumer.to_owned(), "kind" => kind.as_str())
+                        .increment(1);
+                    report
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .receive_errors += 1;
+                    let now = Instant::now();
+                    let f = failing.get_or_insert(Failing {
+                        failures: 0,
+                        kind,
+                        since: now,
+                        persistent_since: None,
+                    });
+                    f.failures += 1;
+                    if f.failures == 1 || f.kind != kind {
+                        // One line per state change (failing, or failing differently), not per retry.
+                        tracing::warn!(consumer, kind = kind.as_str(), error = %e, "receives failing; backing off");
+                        f.kind = kind;
+                    }
+                    if is_persistent_receive_error(kind) {
+                        let since = *f.persistent_since.get_or_insert(now);
+                        if let Some(limit) = opts.give_up_after {
+                            if now.duration_since(since) >= limit {
+                                let why = give_up_reason(&e, limit);
+                                tracing::error!(consumer, kind = kind.as_str(), error = %e, "{why}");
+                                report
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .gave_up
+                                    .get_or_insert(why);
+                                // The worker stops as on shutdown: its other loops too.
+                                stopping.cancel();
+                                break;
+                            }
+                        }
+                    }
+                    let pause = receive_backoff(
+                        opts.receive_error_backoff,
+                        opts.receive_error_backoff_max,
+                        f.failures,
+                        jitter_unit(),
+                    )
+                    .max(
+                        e.retry_after()
+                            .unwrap_or_default()
+                            .min(opts.receive_error_backoff_max),
+                    );
+                    tokio::select! {
+                        _ = stopping.cancelled() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+        // A batch still lingering is processed now, like every delivery received before the stop.
+        dispatch.spawn(pending.take());
+    }
+}
+
+/// Resolves at `at`, never when `None`.
+pub(super) async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A received delivery, its lease kept alive from the moment it arrived, and its place among the messages
+/// out of the queue.
+pub(super) struct Received<D> {
+    pub(super) delivery: D,
+    pub(super) guard: Option<LeaseGuard>,
+    pub(super) permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// A batch that one receive did not fill, waiting for the next receives until its linger ends; its
+/// deliveries are counted as `waiting` in `txinbox_worker_deliveries`.
+pub(super) struct Lingering<D> {
+    pub(super) batch: Vec<Received<D>>,
+    /// When the batch goes, full or not; `None` while it is empty.
+    pub(super) until: Option<Instant>,
+    pub(super) waiting: metrics::Gauge,
+}
+
+impl<D> Lingering<D> {
+    pub(super) fn new(consumer: &str) -> Self {
+        Self {
+            batch: Vec::new(),
+            until: None,
+            waiting: metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => consumer.to_owned(), "state" => Holding::WAITING),
+        }
+    }
+
+    /// Adds what a receive brought and returns the batches to process now: every full one (`full`
+    /// deliveries) and, without a linger, the rest. What is left waits until `linger` after its first
+    /// delivery arrived.
+    pub(super) fn add(
+        &mut self,
+        arrived: impl IntoIterator<Item = Received<D>>,
+        full: usize,
+        linger: Duration,
+    ) -> Vec<Vec<Received<D>>> {
+        let before = self.batch.len();
+        self.batch.extend(arrived);
+        let whole = self.batch.len() / full * full;
+        let mut ready = Vec::with_capacity(whole / full + 1);
+        let mut drained = self.batch.drain(..whole);
+        while drained.len() > 0 {
+            ready.push(drained.by_ref().take(full).collect());
+        }
+        drop(drained);
+        if linger.is_zero() && !self.batch.is_empty() {
+            ready.push(std::mem::take(&mut self.batch));
+        }
+        if self.batch.is_empty() {
+            self.until = None;
+        } else if self.until.is_none() || !ready.is_empty() {
+            // What is left arrived with this receive: its linger starts now.
+            self.until = Some(Instant::now() + linger);
+        }
+        let (now, before) = (self.batch.len() as f64, before as f64);
+        if now > before {
+            self.waiting.increment(now - before);
+        } else {
+            self.waiting.decrement(before - now);
+        }
+        ready
+    }
+
+    /// The batch, full or not, to process now.
+    pub(super) fn take(&mut self) -> Vec<Received<D>> {
+        self.until = None;
+        self.waiting.decrement(self.batch.len() as f64);
+        std::mem::take(&mut self.batch)
+    }
+}
+
+/// What the tasks processing received deliveries share.
+pub(super) struct Dispatch<P> {
+    pub(super) processor: Arc<P>,
+    pub(super) slots: Arc<Semaphore>,
+    pub(super) concurrency: usize,
+    pub(super) stop: CancellationToken,
+    pub(super) draining: CancellationToken,
+    pub(super) report: Arc<Mutex<WorkerReport>>,
+    pub(super) consumer: String,
+    pub(super) tracker: TaskTracker,
+}
+
+impl<P> Dispatch<P> {
+    /// Processes one delivery, or several in one transaction, in a task of its own: waits for their slots
+    /// (one per delivery, at most all of them), processes, counts the outcomes, and lets the deliveries' places
+    /// out of the queue go once they are settled.
+    pub(super) fn spawn<D: Delivery>(&self, received: Vec<Received<D>>)
+    where
+        P: Processor<LeasedDelivery<D>>,
+    {
+        if received.is_empty() {
+            return;
+        }
+        let processor = self.processor.clone();
+        let slots = self.slots.clone();
+        let (all, stop, draining) = (self.concurrency, self.stop.clone(), self.draining.clone());
+        let report = self.report.clone();
+        let consumer = self.consumer.clone();
+        self.tracker.spawn(async move {
+            let n = received.len();
+            let slot = take_slots(&slots, n, all, &consumer, &stop, &draining).await;
+            let (mut leased, mut guards, mut permits) = (
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+                Vec::with_capacity(n),
+            );
+            for r in received {
+                leased.push(LeasedDelivery {
+                    inner: r.delivery,
+                    stop_lease: r.guard.as_ref().map(|g| g.stopper()),
+                });
+                guards.push(r.guard);
+                permits.push(r.permit);
+            }
+            let outcomes = match <[_; 1]>::try_from(leased) {
+                Ok([one]) => vec![processor.process(one, slot.stop.clone()).await],
+                Err(batch) => processor.process_batch(batch, slot.stop.clone()).await,
+            };
+            let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
+            drop(guards);
+            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+            for o in outcomes {
+                *r.outcomes.entry(o.kind()).or_default() += 1;
+            }
+            r.leases_lost += lost;
+            drop((slot, permits));
+        });
+    }
+}
+
+/// `n` deliveries counted in `txinbox_worker_deliveries{consumer, state}` while this lives.
+pub(super) struct Holding {
+    pub(super) consumer: String,
+    pub(super) state: &'static str,
+    pub(super) n: f64,
+}
+
+impl Holding {
+    pub(super) const WAITING: &'static str = "waiting";
+    pub(super) const PROCESSING: &'static str = "processing";
+
+    pub(super) fn new(consumer: &str, state: &'static str, n: usize) -> Self {
+        let h = Self {
+            consumer: consumer.to_owned(),
+            state,
+            n: n as f64,
+        };
+        h.gauge().increment(h.n);
+        h
+    }
+
+    pub(super) fn gauge(&self) -> metrics::Gauge {
+        metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => self.consumer.clone(), "state" => self.state)
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.gauge().decrement(self.n);
+    }
+}
+
+/// The processing slots of a received delivery or batch, counted in `txinbox_worker_deliveries` while held.
+pub(super) struct Slot {
+    /// `None` when the worker stopped receiving before a slot was free.
+    pub(super) _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(super) _processing: Holding,
+    /// What the processor is given: the worker's stop token, or, when no slot was taken, the cancelled
+    /// `draining` token, so that what it was given is released at once without being applied.
+    pub(super) stop: CancellationToken,
+}
+
+/// Waits for `n` processing slots (at most `all`, the worker's concurrency) for a received delivery or batch,
+/// counted as `waiting` meanwhile. Gives up when the worker stops receiving first (`draining`); a slot free at
+/// once is taken even then (without prefetch a delivery never waits for its slot).
+pub(super) async fn take_slots(
+    slots: &Arc<Semaphore>,
+    n: usize,
+    all: usize,
+    consumer: &str,
+    stop: &CancellationToken,
+    draining: &CancellationToken,
+) -> Slot {
+    let waiting = Holding::new(consumer, Holding::WAITING, n);
+    let permits = u32::try_from(n.clamp(1, all.max(1))).unwrap_or(u32::MAX);
+    let permit = tokio::select! {
+        biased;
+        p = slots.clone().acquire_many_owned(permits) => p.ok(),
+        _ = draining.cancelled() => None,
+    };
+    drop(waiting);
+    Slot {
+        stop: if permit.is_some() {
+            stop.clone()
+        } else {
+            draining.clone()
+        },
+        _permit: permit,
+        _processing: Holding::new(consumer, Holding::PROCESSING, n),
+    }
+}
+
+/// One line: what kept failing and for how long (the error's own text never holds a secret).
+pub(super) fn give_up_reason(e: &BrokerError, limit: Duration) -> String {
+    format!(
+        "receives failed for {}s with an error a retry cannot fix ({}): {e}",
+        limit.as_secs(),
+        e.kind().as_str()
+    )
+}
+
+/// Waits (at most `limit`) for a receive that was in flight when shutdown began and releases what it brought
+/// with no delay.
+pub(super) async fn hand_back<D: Delivery>(
+    receive: impl Future<Output = Result<Vec<D>, BrokerError>>,
+    limit: Duration,
+    consumer: &str,
+) {
+    if limit.is_zero() {
+        // Dropped on purpose (`WorkerOptions::shutdown_receive_wait` zero).
+        return;
+    }
+    let deliveries = match tokio::time::timeout(limit, receive).await {
+        Ok(Ok(d)) => d,
+        Ok(Err(_)) => return,
+        Err(_) => {
+            tracing::warn!(
+                consumer,
+                "the receive in flight at shutdown did not finish in time; what it brings stays locked until its timeout"
+            );
+            return;
+        }
+    };
+    if deliveries.is_empty() {
+        return;
+    }
+    let n = deliveries.len();
+    let results =
+        futures::future::join_all(deliveries.into_iter().map(|d| d.release(Duration::ZERO))).await;
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    tracing::info!(
+        consumer,
+        handed_back = n - failed,
+        failed,
+        "messages received after the stop signal handed back to the broker"
+    );
+}
