@@ -80,6 +80,7 @@ pub use runtime::lease::LeaseOptions;
 pub use runtime::maintenance::{
     Maintenance, MaintenanceOptions, MaintenanceReport, MaintenanceStore,
 };
+pub use runtime::monitor::{Monitor, MonitorReport};
 pub use runtime::worker::{
     shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport,
 };

@@ -15,7 +15,8 @@ pub use txinbox_core::{
 #[doc(inline)]
 pub use txinbox_core::{
     shutdown_signal, CancellationToken, LeaseOptions, LeasedDelivery, Maintenance,
-    MaintenanceOptions, MaintenanceReport, Processor, Worker, WorkerOptions, WorkerReport,
+    MaintenanceOptions, MaintenanceReport, Monitor, MonitorReport, Processor, Worker,
+    WorkerOptions, WorkerReport,
 };
 
 // ---- External effects ------------------------------------------------------------------------------------
@@ -123,7 +124,9 @@ pub mod redrive {
 /// hands out [`Delivery`](broker::Delivery)s, settled once by consuming them.
 pub mod broker {
     #[doc(inline)]
-    pub use txinbox_core::broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
+    pub use txinbox_core::broker::{
+        dead_letter, BoxDelivery, BoxReceiver, DeadLetter, Delivery, Lease, Receiver,
+    };
     #[doc(inline)]
     pub use txinbox_core::{BrokerError, BrokerErrorKind, ReceivedMessage};
 }

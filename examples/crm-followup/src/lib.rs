@@ -433,7 +433,8 @@ fn effect_runner<DB: Backend>(
     )?))
 }
 
-/// Runs the worker and, with effects, the effect runner beside it, until SIGTERM or Ctrl-C stops both.
+/// Runs the worker and, with effects, the effect runner and the maintenance beside it, and the health endpoint,
+/// under one shutdown (SIGTERM or Ctrl-C): a [`Monitor`](txinbox::Monitor).
 async fn drive<R, P, DB>(
     receiver: R,
     processor: P,
@@ -447,46 +448,34 @@ where
     P: txinbox::Processor<LeasedDelivery<R::Delivery>>,
     DB: Backend,
 {
-    let stop = txinbox::CancellationToken::new();
-    let signal = stop.clone();
-    tokio::spawn(async move {
-        txinbox::shutdown_signal().await;
-        signal.cancel();
-    });
     let health = Health::new().check("database", store.clone());
+    let mut monitor = txinbox::Monitor::new().worker(
+        Worker::new(receiver, processor)
+            .options(opts.worker.clone())
+            .health(health.clone()),
+    );
     if let Some(l) = health_listener {
         tracing::info!(addr = ?l.local_addr().ok(), "serving GET /livez and GET /readyz");
-        tokio::spawn(txinbox::health::serve(
-            l,
-            health.clone(),
-            stop.clone().cancelled_owned(),
-        ));
+        monitor = monitor.health_server(l, health);
     }
-    let worker = Worker::new(receiver, processor)
-        .options(opts.worker.clone())
-        .health(health)
-        .run_until(stop.clone().cancelled_owned());
-    let maintenance = async {
-        let every = opts.maintenance_every?;
-        Maintenance::new(store.clone())
-            .options(
+    if let Some(every) = opts.maintenance_every {
+        monitor = monitor.maintenance(
+            Maintenance::new(store.clone()).options(
                 MaintenanceOptions::default()
                     .every(every)
                     .consumer(opts.consumer.clone()),
-            )
-            .run_until(stop.clone().cancelled_owned())
-            .await;
-        Some(())
-    };
-    let effects = async {
-        let runner = runner?;
-        Some(runner.run_until(stop.clone().cancelled_owned()).await)
-    };
-    let (report, effects, _) = tokio::join!(worker, effects, maintenance);
-    if let Some(e) = effects {
+            ),
+        );
+    }
+    if let Some(runner) = runner {
+        monitor = monitor.effects(runner);
+    }
+    let done = monitor.run_until(txinbox::shutdown_signal()).await;
+    if let Some(e) = &done.effects {
         tracing::info!(%e, "effect runner stopped");
         println!("{e}");
     }
+    let report = done.worker.unwrap_or_default();
     tracing::info!(
         applied = report.count(OutcomeKind::Applied),
         duplicates = report.count(OutcomeKind::Duplicate),

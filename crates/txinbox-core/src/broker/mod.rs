@@ -16,10 +16,12 @@ use futures::future::BoxFuture;
 
 use crate::error::BrokerError;
 
+mod boxed;
 pub mod mem;
 pub mod message;
 pub mod redrive;
 
+pub use boxed::{BoxDelivery, BoxReceiver};
 pub use message::ReceivedMessage;
 
 /// Why a delivery is dead-lettered. Adapters put both on the dead-letter copy, under the names of

@@ -1,0 +1,349 @@
+//! One object that runs a consumer's parts under one shutdown: the worker, the effect runner, the maintenance
+//! and the health endpoint, and returns one report whose exit status a process can use.
+//!
+//! ```no_run
+//! use txinbox_core::runtime::monitor::Monitor;
+//! use txinbox_core::{EffectRunner, EffectStore, LeasedDelivery, Processor, Receiver, Worker};
+//!
+//! async fn serve<R, P, S>(worker: Worker<R, P>, effects: EffectRunner<S>) -> std::process::ExitCode
+//! where
+//!     R: Receiver,
+//!     P: Processor<LeasedDelivery<R::Delivery>>,
+//!     S: EffectStore,
+//! {
+//!     let report = Monitor::new()
+//!         .worker(worker)
+//!         .effects(effects)
+//!         .run_until(txinbox_core::shutdown_signal())
+//!         .await;
+//!     println!("{report}");
+//!     report.exit_code() // 3 when the worker gave up
+//! }
+//! ```
+//!
+//! When the shutdown future resolves, or the worker stops by itself (it gave up on receives a retry cannot fix,
+//! or ran out of work with [`Worker::run_until_idle`](super::worker::Worker::run_until_idle)'s semantics),
+//! every part is stopped: the worker drains (commit, then settle), the effect runner finishes the effects it
+//! claimed, the maintenance ends its pass, the health endpoint closes.
+
+use std::fmt;
+use std::future::Future;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Receiver;
+use crate::effects::{EffectReport, EffectRunner, EffectStore};
+use crate::runtime::maintenance::{Maintenance, MaintenanceStore};
+use crate::runtime::worker::{LeasedDelivery, Processor, Worker, WorkerReport};
+
+type Part<T> = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, T> + Send>;
+
+/// Runs a consumer's worker, effect runner, maintenance and health endpoint under one shutdown. See the
+/// [module docs](self).
+#[must_use = "a Monitor does nothing until run_until is awaited"]
+#[derive(Default)]
+pub struct Monitor {
+    worker: Option<Part<WorkerReport>>,
+    effects: Option<Part<EffectReport>>,
+    maintenance: Option<Part<()>>,
+    others: Vec<(&'static str, Part<()>)>,
+}
+
+impl fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Monitor")
+            .field("worker", &self.worker.is_some())
+            .field("effects", &self.effects.is_some())
+            .field("maintenance", &self.maintenance.is_some())
+            .field(
+                "others",
+                &self.others.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// What the parts of a [`Monitor`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[must_use = "a MonitorReport says whether the worker gave up: use exit_code() for the process's exit"]
+#[non_exhaustive]
+pub struct MonitorReport {
+    /// The worker's report (`None` without a worker).
+    pub worker: Option<WorkerReport>,
+    /// The effect runner's report (`None` without one).
+    pub effects: Option<EffectReport>,
+}
+
+impl MonitorReport {
+    /// Whether every part ended as asked: `false` when the worker gave up.
+    pub fn ok(&self) -> bool {
+        self.worker.as_ref().is_none_or(|w| w.gave_up.is_none())
+    }
+
+    /// The process's exit status: success, or 3 when the worker gave up (receives kept failing with an error a
+    /// retry cannot fix), so that a supervisor sees it.
+    pub fn exit_code(&self) -> std::process::ExitCode {
+        if self.ok() {
+            std::process::ExitCode::SUCCESS
+        } else {
+            std::process::ExitCode::from(EXIT_GAVE_UP)
+        }
+    }
+}
+
+/// The exit status of a process whose worker gave up ([`MonitorReport::exit_code`]).
+pub const EXIT_GAVE_UP: u8 = 3;
+
+impl fmt::Display for MonitorReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for line in [
+            self.worker.as_ref().map(ToString::to_string),
+            self.effects.as_ref().map(ToString::to_string),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if !first {
+                f.write_str("\n")?;
+            }
+            f.write_str(&line)?;
+            first = false;
+        }
+        Ok(())
+    }
+}
+
+impl Monitor {
+    /// A monitor with no part yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The worker (one per monitor; a second replaces the first).
+    pub fn worker<R, P>(mut self, worker: Worker<R, P>) -> Self
+    where
+        R: Receiver,
+        P: Processor<LeasedDelivery<R::Delivery>>,
+    {
+        self.worker = Some(Box::new(move |stop: CancellationToken| {
+            worker.run_until(stop.cancelled_owned()).boxed()
+        }));
+        self
+    }
+
+    /// The effect runner, beside the worker.
+    pub fn effects<S: EffectStore>(mut self, runner: EffectRunner<S>) -> Self {
+        self.effects = Some(Box::new(move |stop: CancellationToken| {
+            async move { runner.run_until(stop.cancelled_owned()).await }.boxed()
+        }));
+        self
+    }
+
+    /// The maintenance (retention purges), beside the worker.
+    pub fn maintenance<S: MaintenanceStore>(mut self, maintenance: Maintenance<S>) -> Self {
+        self.maintenance = Some(Box::new(move |stop: CancellationToken| {
+            async move { maintenance.run_until(stop.cancelled_owned()).await }.boxed()
+        }));
+        self
+    }
+
+    /// Serves `GET /livez` and `GET /readyz` of `health` on `listener` (feature `health-server`) until shutdown.
+    /// Give the same `health` to the worker ([`Worker::health`](super::worker::Worker::health)) so that
+    /// readiness follows its receives.
+    #[cfg(feature = "health-server")]
+    pub fn health_server(
+        self,
+        listener: tokio::net::TcpListener,
+        health: crate::runtime::health::Health,
+    ) -> Self {
+        self.part("health", move |stop: CancellationToken| {
+            crate::runtime::health::serve(listener, health, stop.cancelled_owned())
+        })
+    }
+
+    /// Any other part of the consumer (a metrics exporter, a server of your own): `part(stop)` runs until `stop`
+    /// is cancelled.
+    pub fn part<F, Fut>(mut self, name: &'static str, part: F) -> Self
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.others
+            .push((name, Box::new(move |stop| part(stop).boxed())));
+        self
+    }
+
+    /// Runs every part until `shutdown` resolves or the worker stops by itself, then stops them all and
+    /// returns what they did.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> MonitorReport {
+        let stop = CancellationToken::new();
+        let worker = self.worker.map(|w| {
+            let s = stop.clone();
+            let run = w(stop.clone());
+            // A worker that stops by itself (it gave up) stops the others too.
+            async move {
+                let report = run.await;
+                s.cancel();
+                report
+            }
+        });
+        let effects = self.effects.map(|e| e(stop.clone()));
+        let maintenance = self.maintenance.map(|m| m(stop.clone()));
+        let others: Vec<_> = self
+            .others
+            .into_iter()
+            .map(|(_, p)| p(stop.clone()))
+            .collect();
+        let signal = {
+            let s = stop.clone();
+            async move {
+                tokio::select! {
+                    _ = shutdown => s.cancel(),
+                    _ = s.cancelled() => {}
+                }
+            }
+        };
+        let (worker, effects, _, _, _) = tokio::join!(
+            async {
+                match worker {
+                    Some(w) => Some(w.await),
+                    None => None,
+                }
+            },
+            async {
+                match effects {
+                    Some(e) => Some(e.await),
+                    None => None,
+                }
+            },
+            async {
+                if let Some(m) = maintenance {
+                    m.await;
+                }
+            },
+            futures::future::join_all(others),
+            signal,
+        );
+        if let Some(w) = &worker {
+            if let Some(why) = &w.gave_up {
+                tracing::error!(reason = %why, "the worker gave up; every part stopped");
+            }
+        }
+        MonitorReport { worker, effects }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::broker::mem::{MemoryDelivery, MemoryQueue, OutgoingMessage};
+    use crate::broker::Delivery;
+    use crate::error::{BrokerError, BrokerErrorKind};
+    use crate::pipeline::outcome::Outcome;
+    use crate::runtime::worker::WorkerOptions;
+
+    /// Acknowledges every delivery, counting them.
+    struct Ack(Arc<AtomicU64>);
+
+    impl<D: Delivery> Processor<D> for Ack {
+        fn consumer(&self) -> &str {
+            "monitor"
+        }
+        async fn process(&self, delivery: D, _stop: CancellationToken) -> Outcome {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let _ = delivery.ack().await;
+            Outcome::Applied {
+                result_reference: None,
+            }
+        }
+    }
+
+    /// A receiver whose every receive is refused (a key rotated).
+    struct Refused;
+
+    impl Receiver for Refused {
+        type Delivery = MemoryDelivery;
+        async fn receive(&mut self, _max: usize) -> Result<Vec<MemoryDelivery>, BrokerError> {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Err(BrokerError::new(
+                BrokerErrorKind::Unauthorized,
+                "receive",
+                "HTTP 401 (the key is not accepted)",
+            ))
+        }
+    }
+
+    /// A part that records that it ran and that it was stopped.
+    fn watched(
+        ran: Arc<AtomicBool>,
+        stopped: Arc<AtomicBool>,
+    ) -> impl FnOnce(CancellationToken) -> BoxFuture<'static, ()> {
+        move |stop: CancellationToken| {
+            async move {
+                ran.store(true, Ordering::SeqCst);
+                stop.cancelled().await;
+                stopped.store(true, Ordering::SeqCst);
+            }
+            .boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_gives_up_stops_every_part_and_exits_non_zero() {
+        let (ran, stopped) = (Arc::default(), Arc::default());
+        let worker = Worker::new(Refused, Ack(Arc::default())).options(
+            WorkerOptions::default()
+                .receive_error_backoff(Duration::from_millis(5))
+                .receive_error_backoff_max(Duration::from_millis(10))
+                .give_up_after(Some(Duration::from_millis(50))),
+        );
+        let report = Monitor::new()
+            .worker(worker)
+            .part("watched", watched(Arc::clone(&ran), Arc::clone(&stopped)))
+            .run_until(std::future::pending())
+            .await;
+        assert!(!report.ok());
+        assert_eq!(
+            report.exit_code(),
+            std::process::ExitCode::from(EXIT_GAVE_UP)
+        );
+        assert!(
+            report.worker.as_ref().unwrap().gave_up.is_some(),
+            "{report}"
+        );
+        assert!(ran.load(Ordering::SeqCst) && stopped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn shutdown_drains_the_worker_and_stops_every_part() {
+        let q = MemoryQueue::default();
+        for i in 0..5 {
+            q.send(OutgoingMessage::new(format!("m{i}")));
+        }
+        let seen = Arc::new(AtomicU64::new(0));
+        let (ran, stopped) = (Arc::default(), Arc::default());
+        let q2 = q.clone();
+        let report = Monitor::new()
+            .worker(Worker::new(q.receiver(), Ack(Arc::clone(&seen))))
+            .part("watched", watched(Arc::clone(&ran), Arc::clone(&stopped)))
+            .run_until(async move {
+                while q2.state().visible + q2.state().in_flight > 0 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+            .await;
+        assert!(report.ok(), "{report}");
+        assert_eq!(report.exit_code(), std::process::ExitCode::SUCCESS);
+        assert_eq!(seen.load(Ordering::SeqCst), 5);
+        assert_eq!(report.worker.as_ref().unwrap().total(), 5, "{report}");
+        assert!(stopped.load(Ordering::SeqCst));
+        assert!(report.effects.is_none());
+    }
+}
