@@ -7,8 +7,8 @@ use txinbox::{
     ReceivedMessage, Store,
 };
 use txinbox_e2e::{pg_store, sqlite_store, MetricTotals};
-use txinbox_testkit::lab::{lab_message, task_handler, CONSUMER};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{lab_message, task_handler, CONSUMER};
+use txinbox_lab::labdb::LabDb;
 
 /// The follow-up business key computed from the raw message by the identity policy, which refuses a body
 /// without the fields (`invalid_business_key`) before the typed body is built.

@@ -11,8 +11,8 @@ use txinbox::{
     WorkerOptions,
 };
 use txinbox_e2e::pg_store;
-use txinbox_testkit::lab::{lab_message, lab_processor, task_handler, LabEvent, CONSUMER};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{lab_message, lab_processor, task_handler, LabEvent, CONSUMER};
+use txinbox_lab::labdb::LabDb;
 
 /// Eight consumers, each on its own pool (separate connections), each delivering the same 40 messages in its
 /// own order: exactly one effect per message.

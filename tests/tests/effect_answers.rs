@@ -30,7 +30,7 @@ fn runner<DB: FxDb>(store: &Store<DB>, d: HttpEffectBuilder) -> EffectRunner<Sto
 /// Records one CRM effect (lab message 0) and returns its idempotency key.
 async fn one_effect<DB: FxDb>(
     store: &Store<DB>,
-    effect: fn(&txinbox::Message<txinbox_testkit::lab::LabEvent>) -> txinbox::Effect,
+    effect: fn(&txinbox::Message<txinbox_lab::lab::LabEvent>) -> txinbox::Effect,
 ) -> String {
     DB::create_tables(store).await.unwrap();
     let (h, ids) = recording::<DB>(move |msg| vec![effect(msg)]);
@@ -305,7 +305,7 @@ on_both!(
 
 /// An effect whose payload does not carry its external reference (the default reference is its key).
 fn effect_without_ref_in_payload(
-    msg: &txinbox::Message<txinbox_testkit::lab::LabEvent>,
+    msg: &txinbox::Message<txinbox_lab::lab::LabEvent>,
 ) -> txinbox::Effect {
     txinbox::Effect::json(
         CRM_TASK,

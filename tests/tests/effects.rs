@@ -18,8 +18,8 @@ use txinbox::{
     HandlerError, Message, Outcome, Store, Tx,
 };
 use txinbox_e2e::{pg_store, sqlite_store, wait_until, MetricTotals};
-use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent, CONSUMER};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{lab_message, lab_processor, LabEvent, CONSUMER};
+use txinbox_lab::labdb::LabDb;
 
 /// What the poisoned destination always answers.
 const POISON_ERROR: &str = "poison: the destination refused the connection";

@@ -10,10 +10,8 @@ use txinbox::mem::MemoryQueue;
 use txinbox::sqlx;
 use txinbox::{Handler, HandlerError, Inbox, Message, Outcome, PgStore, Tx};
 use txinbox_e2e::{pg_store, sqlite_store, wait_until, MetricTotals};
-use txinbox_testkit::lab::{
-    lab_inbox, lab_message, lab_processor, task_handler, LabEvent, CONSUMER,
-};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{lab_inbox, lab_message, lab_processor, task_handler, LabEvent, CONSUMER};
+use txinbox_lab::labdb::LabDb;
 
 /// A handler that records which server backend ran each delivery's transaction, and fails on demand.
 fn pid_handler(pids: Arc<Mutex<Vec<i32>>>, fail: bool) -> impl Handler<PgStore, LabEvent> {

@@ -10,8 +10,8 @@ use txinbox::mem::{MemoryQueue, QueueState};
 use txinbox::sqlx;
 use txinbox::{HandlerError, Message, Outcome, Raw, Tx};
 use txinbox_e2e::{sqlite_store, MetricTotals};
-use txinbox_testkit::lab::{followup_business_key, lab_inbox, lab_message, task_handler};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{followup_business_key, lab_inbox, lab_message, task_handler};
+use txinbox_lab::labdb::LabDb;
 
 #[derive(Clone, Default)]
 struct Logs(Arc<Mutex<Vec<u8>>>);

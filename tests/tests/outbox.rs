@@ -12,8 +12,8 @@ use txinbox::{
     OutboxMessage, Outcome, Raw, Store, Tx,
 };
 use txinbox_e2e::{pg_store, sqlite_store};
-use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{lab_message, lab_processor, LabEvent};
+use txinbox_lab::labdb::LabDb;
 
 fn followup_created(id: &str) -> OutboxMessage {
     OutboxMessage {

@@ -7,8 +7,8 @@ use txinbox::mem::{MemoryQueue, QueueState, SettleFault};
 use txinbox::sqlx;
 use txinbox::{Handled, HandlerError, Message, Outcome, Tx};
 use txinbox_e2e::{sqlite_store, MetricTotals};
-use txinbox_testkit::lab::{lab_message, lab_processor, task_handler, LabEvent, CONSUMER};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{lab_message, lab_processor, task_handler, LabEvent, CONSUMER};
+use txinbox_lab::labdb::LabDb;
 
 /// Applies the follow-up task, then panics before returning.
 async fn boom(tx: Tx<sqlx::Sqlite>, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {

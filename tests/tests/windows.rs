@@ -4,8 +4,8 @@
 
 use txinbox::mem::QueueState;
 use txinbox_e2e::pg_url;
-use txinbox_testkit::lab::Target;
-use txinbox_testkit::windows::{run_on, Window, WindowRow};
+use txinbox_lab::lab::Target;
+use txinbox_lab::windows::{run_on, Window, WindowRow};
 
 struct Expect {
     rows: i64,

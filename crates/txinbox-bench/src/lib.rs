@@ -1,5 +1,5 @@
-//! The benchmark behind `txinbox bench`: what the inbox costs on PostgreSQL. It lives in its own crate, out of
-//! the library users depend on.
+//! The benchmark behind `txinbox-bench`: what the inbox costs on PostgreSQL. It lives in its own crate and
+//! binary, out of the library users depend on and out of the operator's `txinbox` command.
 //!
 //! At each concurrency, for `--seconds` each, it measures:
 //! * `bare`: the handler alone in a transaction (`BEGIN; INSERT business row; COMMIT`);
@@ -51,14 +51,14 @@ use txinbox_core::{
     CancellationToken, ConsumerName, Delivery, Handler, HandlerError, IdentityPolicy, Inbox,
     InboxProcessor, Message, Raw, ReceivedMessage,
 };
+use txinbox_lab::lab::LabError;
 use txinbox_store::{Store, Tx};
-use txinbox_testkit::lab::LabError;
 use txinbox_testkit::NoopDelivery;
 
 /// The inbox the benchmark measures, bound to its handler.
 type BenchInbox<H> = InboxProcessor<Store<sqlx::Postgres>, Raw, H>;
 
-/// Arguments of `txinbox bench`.
+/// Arguments of `txinbox-bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// PostgreSQL URL (the benchmark works in its own schema, dropped at the end).

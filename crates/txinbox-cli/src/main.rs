@@ -1,12 +1,11 @@
-//! `txinbox`: the lab, the failure windows, the benchmark and operator tools.
+//! `txinbox`: the lab, the failure windows and operator tools.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use redrive::{ServiceBusProgress, SqsProgress};
-use txinbox_bench as bench;
-use txinbox_testkit::lab::{run_lab, with_fresh, Target};
-use txinbox_testkit::windows;
+use txinbox_lab::lab::{run_lab, with_fresh, Target};
+use txinbox_lab::windows;
 
 mod effects;
 mod inbox;
@@ -45,9 +44,6 @@ enum Command {
         #[arg(long, requires = "windows")]
         batch: Option<usize>,
     },
-    /// Benchmark: the same handler bare, with the inbox, and on a duplicate-heavy stream, plus pgbench on the
-    /// inbox's own SQL, at each concurrency.
-    Bench(bench::BenchArgs),
     /// Amazon SQS operator tools.
     Sqs {
         #[command(subcommand)]
@@ -356,16 +352,6 @@ fn main() -> ExitCode {
                 print!("{}", txinbox_store::Store::<sqlx::Sqlite>::migration_sql());
             }
             ExitCode::SUCCESS
-        }
-        Command::Bench(args) => {
-            let rt = match runtime(Flavor::MultiThread) {
-                Ok(rt) => rt,
-                Err(e) => return fail(&e),
-            };
-            match rt.block_on(bench::run(args)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => fail(&e),
-            }
         }
     }
 }

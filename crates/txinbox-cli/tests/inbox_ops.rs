@@ -10,9 +10,9 @@ use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
 use txinbox_core::{
     ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, Message, Raw,
 };
+use txinbox_lab::lab::{lab_message, lab_processor, task_handler, CONSUMER, SOURCE};
+use txinbox_lab::labdb::LabDb;
 use txinbox_store::{Store, Tx};
-use txinbox_testkit::lab::{lab_message, lab_processor, task_handler, CONSUMER, SOURCE};
-use txinbox_testkit::labdb::LabDb;
 
 fn queue() -> MemoryQueue {
     MemoryQueue::new(QueueOptions {

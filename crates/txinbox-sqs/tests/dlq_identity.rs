@@ -34,8 +34,8 @@ use aws_sdk_sqs::types::MessageSystemAttributeName as S;
 use common::*;
 use serde_json::json;
 use txinbox_core::{Delivery, Outcome, Receiver};
+use txinbox_lab::faults::{crash_at, FaultPoint, Faults};
 use txinbox_sqs::SqsReceiver;
-use txinbox_testkit::faults::{crash_at, FaultPoint, Faults};
 
 /// Rewrites what `ReceiveMessage` returns as AWS's FIFO DLQ move leaves it. Install it only on a client that
 /// receives from the DLQ.

@@ -11,8 +11,8 @@ use common::*;
 use serde_json::json;
 use tokio::sync::oneshot;
 use txinbox_core::{metrics as m, Delivery, Outcome, Receiver, Worker, WorkerReport};
+use txinbox_lab::faults::{crash_at, FaultPoint, Faults};
 use txinbox_sqs::{SqsOptions, SqsReceiver};
-use txinbox_testkit::faults::{crash_at, FaultPoint, Faults};
 
 const LONG: Duration = Duration::from_secs(60);
 

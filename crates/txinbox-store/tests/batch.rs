@@ -12,10 +12,10 @@ use txinbox_core::{
     BrokerError, CancellationToken, DeadLetter, Delivery, Handled, Handler, HandlerError, Lease,
     Message, OutcomeKind, ReceivedMessage, Worker, WorkerOptions,
 };
+use txinbox_lab::lab::{lab_message, lab_processor, LabEvent, Target};
+use txinbox_lab::labdb::LabDb;
+use txinbox_lab::windows::{run_on_batch, Window};
 use txinbox_store::{Store, Tx};
-use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent, Target};
-use txinbox_testkit::labdb::LabDb;
-use txinbox_testkit::windows::{run_on_batch, Window};
 use txinbox_testkit::NoopDelivery;
 
 async fn windows_on(target: Target, batch: usize) {
@@ -124,10 +124,10 @@ async fn fifo_group_held_back<DB: LabDb>(store: Store<DB>) {
         Recorded::new(2, "g", &log),
         Recorded::new(3, "g", &log),
     ];
-    let p = txinbox_testkit::lab::lab_inbox(store.clone())
+    let p = txinbox_lab::lab::lab_inbox(store.clone())
         .retry_backoff(Duration::from_secs(7))
         .bind_handler(FailFirstOfGroup)
-        .business_key(txinbox_testkit::lab::followup_business_key);
+        .business_key(txinbox_lab::lab::followup_business_key);
     let o = p.process_batch(batch, &CancellationToken::new()).await;
     let labels: Vec<_> = o.iter().map(|x| x.label()).collect();
     assert_eq!(labels, ["retry", "applied", "retry", "retry"]);
@@ -179,7 +179,7 @@ async fn worker_applies_once<DB: LabDb>(store: Store<DB>) {
             q.send(lab_message(i));
         }
     }
-    let p = lab_processor(store.clone(), txinbox_testkit::lab::task_handler::<DB>());
+    let p = lab_processor(store.clone(), txinbox_lab::lab::task_handler::<DB>());
     let q2 = q.clone();
     let report = Worker::new(q.receiver(), p)
         .options(WorkerOptions::default().concurrency(32).batch_commit(10))
@@ -203,7 +203,7 @@ fn event(id: &str, opportunity: u32, meeting: u32) -> ReceivedMessage {
         "action": "criar_tarefa_followup",
     });
     let out = OutgoingMessage::new(body.to_string()).cloudevent(
-        txinbox_testkit::lab::SOURCE,
+        txinbox_lab::lab::SOURCE,
         id,
         "crm.meeting.ended",
     );
@@ -268,7 +268,7 @@ async fn outcomes<DB: LabDb>(
         calls: Arc::default(),
         fail,
     };
-    let p = txinbox_testkit::lab::lab_processor(store.clone(), handler.clone());
+    let p = txinbox_lab::lab::lab_processor(store.clone(), handler.clone());
     for m in applied_before() {
         assert_eq!(p.process_one(NoopDelivery(m)).await.label(), "applied");
     }

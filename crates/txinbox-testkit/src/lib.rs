@@ -1,17 +1,10 @@
-//! Test support shared by the txinbox test suites, and the inbox lab the `txinbox lab` command runs:
+//! Test support shared by the txinbox test suites: the PostgreSQL they must have, fresh stores, polling,
+//! metric totals, and deliveries whose settles do nothing or never arrive.
 //!
-//! * [`lab`]: synthetic deliveries of the CRM follow-up event through the in-memory broker into the inbox;
-//! * [`windows`]: the failure windows of the pattern, each checked against inbox rows, business effects,
-//!   broker state, evidence rows and metrics;
-//! * [`faults`]: the simulated crashes those windows need, outside the production path.
+//! The inbox lab, the failure windows and the crash injection they use are `txinbox-lab`.
 //!
 //! The suites never skip: without the services the README test command provides (`bash scripts/test.sh`),
 //! these helpers panic and say how to run the tests.
-
-pub mod faults;
-pub mod lab;
-pub mod labdb;
-pub mod windows;
 
 use std::future::Future;
 use std::sync::Mutex;

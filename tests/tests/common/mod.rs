@@ -12,8 +12,8 @@ use txinbox::mem::MemoryQueue;
 use txinbox::sqlx::{self, Database, Decode, Executor, IntoArguments, Row, Type};
 use txinbox::{Effect, Handler, HandlerError, Identity, Message, Outcome, Store, Tx};
 use txinbox_crm_api::CrmApi;
-use txinbox_testkit::lab::{lab_message, lab_processor, LabEvent};
-use txinbox_testkit::labdb::LabDb;
+use txinbox_lab::lab::{lab_message, lab_processor, LabEvent};
+use txinbox_lab::labdb::LabDb;
 
 /// The name of the CRM effect every test handler records.
 pub const CRM_TASK: &str = "crm.create_task";

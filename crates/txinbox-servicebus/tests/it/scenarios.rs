@@ -5,10 +5,10 @@ use std::time::Duration;
 use serde_json::json;
 use txinbox_core::metrics as m;
 use txinbox_core::{Outcome, Worker};
+use txinbox_lab::faults::{crash_at, FaultPoint, Faults, FaultyStore};
 use txinbox_servicebus::{
     dead_letter_queue_path, read_dead_letters, redrive, RedriveOptions, ServiceBusReceiver,
 };
-use txinbox_testkit::faults::{crash_at, FaultPoint, Faults, FaultyStore};
 
 use crate::common::*;
 

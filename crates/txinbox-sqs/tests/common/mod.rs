@@ -13,8 +13,8 @@ use metrics_util::debugging::DebuggingRecorder;
 use txinbox_core::{
     ConsumerName, Handled, Handler, HandlerError, IdentityPolicy, Inbox, InboxStore, Message, Raw,
 };
+use txinbox_lab::faults::{Faults, FaultyStore};
 use txinbox_store::{Store, Tx};
-use txinbox_testkit::faults::{Faults, FaultyStore};
 
 pub fn endpoint() -> String {
     std::env::var("TXINBOX_SQS_ENDPOINT").unwrap_or_else(|_| {
