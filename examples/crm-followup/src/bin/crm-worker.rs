@@ -1,6 +1,6 @@
 //! The CRM follow-up agent on the broker its settings file names: `[sqs] queue_url` for SQS FIFO, or
 //! `[servicebus] queue` for Azure Service Bus (exactly one). One binary, one worker: the receiver is chosen at
-//! run time and held as a [`BoxReceiver`](txinbox::broker::BoxReceiver).
+//! run time and held as a [`txinbox::broker::BoxReceiver`].
 //!
 //! ```text
 //! crm-worker --config worker.toml [--print-config] [--store ...] [--consumer ...] [--concurrency N]
