@@ -61,6 +61,12 @@ PY
 
 args=()
 for c in "${PUBLISHED[@]}"; do args+=(-p "$c"); done
+# Cargo treats a registry crate as immutable: the verification build would reuse the sources an earlier
+# packaging unpacked from these crates' packages (the local overlay registry it packs them into, unpacked under
+# $CARGO_HOME/registry/src/-<hash>/), and what it compiled from them: same name and version, older content.
+# Drop both first.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/txinbox-*
+cargo clean --offline "${args[@]}" >/dev/null 2>&1 || true
 say "cargo package --offline --locked --allow-dirty --all-features ${args[*]}"
 cargo package --offline --locked --allow-dirty --all-features "${args[@]}" ||
   fail "cargo package failed for the crates meant for crates.io (see above)"

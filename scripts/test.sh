@@ -13,7 +13,21 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mkdir -p .build
 
-say() { echo "==> $*" >&2; }
+# Each step's time, printed at the end (where the time goes).
+step="setting up"
+step_start=$SECONDS
+steps=()
+say() {
+  steps+=("$(printf '%5d s  %s' $((SECONDS - step_start)) "$step")")
+  step=$*
+  step_start=$SECONDS
+  echo "==> [$(printf '%4d' "$SECONDS") s] $*" >&2
+}
+times() {
+  steps+=("$(printf '%5d s  %s' $((SECONDS - step_start)) "$step")")
+  echo "==> where the time went ($SECONDS s in all):" >&2
+  printf '    %s\n' "${steps[@]}" >&2
+}
 die() {
   echo "test.sh: FAILED: $*" >&2
   exit 1
@@ -29,7 +43,7 @@ cleanup() {
     runuser -u postgres -- "$throwaway_pg/pg_ctl" -D "$root/.build/pgdata" -m fast stop >/dev/null 2>&1 || true
   fi
 }
-trap cleanup EXIT
+trap 'times; cleanup' EXIT
 
 command -v cargo >/dev/null || die "cargo is not installed"
 
