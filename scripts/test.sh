@@ -23,7 +23,7 @@ say() {
   step_start=$SECONDS
   echo "==> [$(printf '%4d' "$SECONDS") s] $*" >&2
 }
-times() {
+report_times() {
   steps+=("$(printf '%5d s  %s' $((SECONDS - step_start)) "$step")")
   echo "==> where the time went ($SECONDS s in all):" >&2
   printf '    %s\n' "${steps[@]}" >&2
@@ -43,7 +43,7 @@ cleanup() {
     runuser -u postgres -- "$throwaway_pg/pg_ctl" -D "$root/.build/pgdata" -m fast stop >/dev/null 2>&1 || true
   fi
 }
-trap 'times; cleanup' EXIT
+trap 'report_times; cleanup' EXIT
 
 command -v cargo >/dev/null || die "cargo is not installed"
 
