@@ -104,9 +104,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub e2e_receivers: usize,
     /// Receive loops of each end-to-end worker ([`txinbox_core::WorkerOptions::receive_loops`]): receives in
-    /// flight at once sharing the worker's in-flight deliveries.
-    #[arg(long, default_value_t = 1)]
-    pub e2e_receive_loops: usize,
+    /// flight at once sharing the worker's in-flight deliveries (unset: the worker's default, enough for every
+    /// in-flight place to be in a receive).
+    #[arg(long)]
+    pub e2e_receive_loops: Option<usize>,
     /// Deliveries the end-to-end worker receives ahead of a free slot ([`txinbox_core::WorkerOptions::prefetch`];
     /// 0: a receive asks only for free slots, so `--e2e-in-flight` bounds everything out of the queue).
     #[arg(long, default_value_t = 0)]
@@ -946,18 +947,21 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
     // receive_max / round trip.
     let receivers = args.e2e_receivers.clamp(1, in_flight);
     let mut workers = Vec::with_capacity(receivers);
+    let mut receive_loops = 1;
     for r in 0..receivers {
         let share = in_flight / receivers + usize::from(r < in_flight % receivers);
         let (q, s) = (queue.clone(), sent.clone());
-        let worker = Worker::new(queue.receiver(), processor.clone()).options(
-            WorkerOptions::default()
-                .concurrency(share)
-                .prefetch(args.e2e_prefetch / receivers)
-                .receive_loops(args.e2e_receive_loops)
-                .batch_size(args.e2e_receive_max)
-                .batch_commit(args.batch)
-                .batch_linger(Duration::from_millis(args.e2e_linger_ms)),
-        );
+        let mut opts = WorkerOptions::default()
+            .concurrency(share)
+            .prefetch(args.e2e_prefetch / receivers)
+            .batch_size(args.e2e_receive_max)
+            .batch_commit(args.batch)
+            .batch_linger(Duration::from_millis(args.e2e_linger_ms));
+        if let Some(n) = args.e2e_receive_loops {
+            opts = opts.receive_loops(n);
+        }
+        receive_loops = opts.get_receive_loops();
+        let worker = Worker::new(queue.receiver(), processor.clone()).options(opts);
         workers.push(tokio::spawn(worker.run_until(async move {
             loop {
                 if s.load(Ordering::Relaxed) >= n && waiting(&q) == 0 {
@@ -1006,7 +1010,7 @@ async fn e2e(args: &BenchArgs) -> Result<(), LabError> {
         ms(latency.quantile_ms(0.50)),
         ms(latency.quantile_ms(0.99)),
         latency.max_ms(),
-        args.e2e_receive_loops,
+        receive_loops,
         args.e2e_receive_max,
         args.e2e_round_trip_ms,
         queue
