@@ -4,13 +4,16 @@
 //! is wrong and no secret; a queue deleted under a running worker makes it give up after
 //! `--give-up-after-secs` and exit non-zero the same way.
 //!
-//! Needs `TXINBOX_SQS_ENDPOINT` (`eval "$(bash scripts/moto.sh start)"`) and the `TXINBOX_SB_*` variables
-//! (`eval "$(bash scripts/sb-emulator.sh start)"`), as the test command sets them.
+//! Needs `TXINBOX_SQS_ENDPOINT` (`eval "$(bash scripts/moto.sh start)"`), as the test command sets it; the
+//! Service Bus emulator runs in this test process.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use txinbox_sb_emulator::Emulator;
 
 /// A database nobody listens on, with a password that must never be printed.
 const UNREACHABLE_DB: &str = "postgres://crm:n0t-a-real-pw@127.0.0.1:1/crm";
@@ -18,7 +21,66 @@ const DB_PASSWORD: &str = "n0t-a-real-pw";
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: start moto and the emulator (`eval \"$(bash scripts/moto.sh start)\"`, `eval \"$(bash scripts/sb-emulator.sh start)\"`) as scripts/test.sh does")
+        panic!("{name} is not set: start moto (`eval \"$(bash scripts/moto.sh start)\"`) as scripts/test.sh does")
+    })
+}
+
+/// The namespace the emulator signs for, and its SAS rule.
+const SB_NAMESPACE: &str = "txinbox-startup";
+const SB_KEY_NAME: &str = "RootManageSharedAccessKey";
+
+/// The Service Bus emulator every test of this binary shares: its URL and its SAS key (made for this run).
+struct ServiceBus {
+    url: String,
+    key: String,
+}
+
+/// Started by the first test that asks, on a thread and a runtime of its own that live as long as the test
+/// binary (the tests here are plain `#[test]`s, with no runtime to run a server on).
+fn service_bus() -> &'static ServiceBus {
+    static SERVICE_BUS: OnceLock<ServiceBus> = OnceLock::new();
+    SERVICE_BUS.get_or_init(|| {
+        let key = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let sas_key = key.clone();
+        let (ready, started) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("sb-emulator".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("sb-emulator")
+                    .enable_all()
+                    .build()
+                    .expect("the emulator's runtime");
+                runtime.block_on(async move {
+                    let started = Emulator::builder()
+                        .namespace(SB_NAMESPACE)
+                        .sas_key(SB_KEY_NAME, sas_key)
+                        .start("127.0.0.1:0")
+                        .await;
+                    match started {
+                        Ok(emulator) => {
+                            let _ = ready.send(Ok(emulator.base_url()));
+                            // The handle stops the server when dropped: keep it for the life of the binary.
+                            std::future::pending::<()>().await;
+                            drop(emulator);
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e.to_string()));
+                        }
+                    }
+                });
+            })
+            .expect("the emulator's thread");
+        let url = started
+            .recv()
+            .expect("the emulator's thread ended before it started")
+            .unwrap_or_else(|e| panic!("the Service Bus emulator does not start: {e}"));
+        ServiceBus { url, key }
     })
 }
 
@@ -114,12 +176,10 @@ fn sb_env(key: &str) -> Vec<(&'static str, String)> {
         (
             "SERVICEBUS_CONNECTION_STRING",
             format!(
-                "Endpoint=sb://{}.servicebus.windows.net/;SharedAccessKeyName={};SharedAccessKey={key}",
-                var("TXINBOX_SB_NAMESPACE"),
-                var("TXINBOX_SB_KEY_NAME")
+                "Endpoint=sb://{SB_NAMESPACE}.servicebus.windows.net/;SharedAccessKeyName={SB_KEY_NAME};SharedAccessKey={key}"
             ),
         ),
-        ("SERVICEBUS_ENDPOINT", var("TXINBOX_SB_EMULATOR_URL")),
+        ("SERVICEBUS_ENDPOINT", service_bus().url.clone()),
     ]
 }
 
@@ -157,7 +217,7 @@ fn sb_queue() -> String {
     let name = unique("startup");
     let out = Command::new(binary("servicebus-producer"))
         .args(["--queue", &name, "--create-on-emulator"])
-        .envs(sb_env(&var("TXINBOX_SB_KEY")))
+        .envs(sb_env(&service_bus().key))
         .output()
         .expect("servicebus-producer");
     assert!(
@@ -212,14 +272,14 @@ fn servicebus_worker_with_a_wrong_key_exits_with_one_line() {
         "servicebus-crm-worker",
         &e,
         &["unauthorized", &q, "401"],
-        &[wrong, &var("TXINBOX_SB_KEY")],
+        &[wrong, &service_bus().key],
     );
 }
 
 #[test]
 fn servicebus_worker_with_a_missing_queue_exits_with_one_line() {
     let gone = unique("gone");
-    let key = var("TXINBOX_SB_KEY");
+    let key = service_bus().key.clone();
     let e = run(
         "servicebus-crm-worker",
         &["--queue", &gone, "--store", &sqlite("w.db")],
@@ -231,7 +291,7 @@ fn servicebus_worker_with_a_missing_queue_exits_with_one_line() {
 #[test]
 fn servicebus_worker_with_an_unreachable_database_exits_with_one_line() {
     let q = sb_queue();
-    let key = var("TXINBOX_SB_KEY");
+    let key = service_bus().key.clone();
     let e = run(
         "servicebus-crm-worker",
         &["--queue", &q, "--store", UNREACHABLE_DB],
@@ -247,7 +307,7 @@ fn servicebus_worker_with_an_unreachable_database_exits_with_one_line() {
 
 /// Deletes a queue through the emulator's control API (plain HTTP/1.1).
 fn delete_sb_queue(name: &str) {
-    let url = var("TXINBOX_SB_EMULATOR_URL");
+    let url = &service_bus().url;
     let host = url.trim_start_matches("http://").trim_end_matches('/');
     let mut s = std::net::TcpStream::connect(host).expect("emulator");
     write!(
@@ -263,7 +323,7 @@ fn delete_sb_queue(name: &str) {
 #[test]
 fn servicebus_worker_gives_up_when_its_queue_disappears_later() {
     let q = sb_queue();
-    let key = var("TXINBOX_SB_KEY");
+    let key = service_bus().key.clone();
     let db = sqlite("w.db");
     let mut cmd = Command::new(binary("servicebus-crm-worker"));
     cmd.args(["--queue", &q, "--store", &db, "--give-up-after-secs", "3"])

@@ -1,9 +1,9 @@
 //! The Service Bus adapter in batch mode (`WorkerOptions::batch_commit`): the real adapter through the real
-//! `azure_messaging_servicebus` crate against the emulator (`scripts/sb-emulator.sh`) and real PostgreSQL. The
-//! deliveries of one receive are applied in one transaction and completed after its COMMIT.
+//! `azure_messaging_servicebus` crate against the emulator (`txinbox-sb-emulator`, started in this test process)
+//! and real PostgreSQL. The deliveries of one receive are applied in one transaction and completed after its
+//! COMMIT.
 //!
 //! ```sh
-//! eval "$(bash scripts/sb-emulator.sh start)"
 //! TXINBOX_TEST_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p txinbox-servicebus --test batch
 //! ```
 
@@ -26,7 +26,7 @@ const LOCK: Duration = Duration::from_secs(2);
 #[tokio::test]
 async fn lab_over_service_bus_in_batch_mode() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
@@ -68,7 +68,7 @@ async fn lab_over_service_bus_in_batch_mode() {
 #[tokio::test]
 async fn a_batch_with_a_collision_and_handler_errors_beside_good_messages() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let poison = emu.queue(json!({})).await;
@@ -178,7 +178,7 @@ async fn a_batch_with_a_collision_and_handler_errors_beside_good_messages() {
 /// is a duplicate; one effect each.
 #[tokio::test]
 async fn commit_then_crash_before_complete_of_a_batch_is_absorbed() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;

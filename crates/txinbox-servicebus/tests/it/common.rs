@@ -1,10 +1,10 @@
-//! Shared helpers: the emulator started by `scripts/sb-emulator.sh` (its control API), PostgreSQL, a business
-//! table, a controllable handler, metrics.
+//! Shared helpers: the Service Bus emulator, started in this test process (its control API), PostgreSQL, a
+//! business table, a controllable handler, metrics.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -12,6 +12,7 @@ use txinbox_core::{
     ConsumerName, Handled, Handler, HandlerError, IdentityPolicy, Inbox, Message, OutboxMessage,
     Raw,
 };
+use txinbox_sb_emulator::Emulator;
 use txinbox_servicebus::{
     ServiceBusClient, ServiceBusConfig, ServiceBusOptions, ServiceBusPublisher,
 };
@@ -19,35 +20,95 @@ use txinbox_store::{Store, Tx};
 
 pub const CONSUMER: &str = "crm-followup";
 
-fn var(name: &str) -> String {
-    match std::env::var(name) {
-        Ok(v) if !v.is_empty() => v,
-        _ => panic!(
-            "{name} is not set: start the emulator with `eval \"$(bash scripts/sb-emulator.sh start)\"` \
-             and set TXINBOX_TEST_PG_URL (e.g. postgres://postgres@127.0.0.1:5432/test) before `cargo test -p txinbox-servicebus`"
-        ),
-    }
+/// The namespace the emulator signs for, and its SAS rule.
+const NAMESPACE: &str = "txinbox-test";
+const KEY_NAME: &str = "RootManageSharedAccessKey";
+
+/// Where the emulator of this test binary listens, and its credentials (made for this run).
+struct Running {
+    url: String,
+    key: String,
+    bearer: String,
 }
 
-/// The emulator the README's test command started.
+/// The emulator every test of this binary shares, started by the first test that asks for it.
+///
+/// Each `#[tokio::test]` has its own runtime, and a server spawned on it would die with that test: the emulator
+/// runs on a thread of its own, on a multi-thread runtime of its own, for as long as the test binary runs.
+fn running() -> &'static Running {
+    static RUNNING: OnceLock<Running> = OnceLock::new();
+    RUNNING.get_or_init(|| {
+        let random = || {
+            format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            )
+        };
+        let (key, bearer) = (random(), random());
+        let (ready, started) = std::sync::mpsc::channel();
+        let (sas_key, token) = (key.clone(), bearer.clone());
+        std::thread::Builder::new()
+            .name("sb-emulator".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("sb-emulator")
+                    .enable_all()
+                    .build()
+                    .expect("the emulator's runtime");
+                runtime.block_on(async move {
+                    let started = Emulator::builder()
+                        .namespace(NAMESPACE)
+                        .sas_key(KEY_NAME, sas_key)
+                        .accept_bearer(token)
+                        .start("127.0.0.1:0")
+                        .await;
+                    match started {
+                        Ok(emulator) => {
+                            let _ = ready.send(Ok(emulator.base_url()));
+                            // The handle stops the server when dropped: keep it for the life of the binary.
+                            std::future::pending::<()>().await;
+                            drop(emulator);
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e.to_string()));
+                        }
+                    }
+                });
+            })
+            .expect("the emulator's thread");
+        let url = started
+            .recv()
+            .expect("the emulator's thread ended before it started")
+            .unwrap_or_else(|e| panic!("the Service Bus emulator does not start: {e}"));
+        Running { url, key, bearer }
+    })
+}
+
+/// The Service Bus emulator of this test binary (in process, on a loopback port, a random SAS key and bearer
+/// token), and an HTTP client for its control API.
 #[derive(Clone, Debug)]
 pub struct Emu {
     pub url: String,
     pub namespace: String,
     pub key_name: String,
     pub key: String,
+    /// A bearer token the emulator accepts (the Azure AD path).
+    pub bearer: String,
     http: reqwest::Client,
 }
 
 impl Emu {
-    pub async fn from_env() -> Self {
+    /// The emulator shared by the tests of this binary, started on first use.
+    pub async fn shared() -> Self {
+        let running = running();
         let emu = Self {
-            url: var("TXINBOX_SB_EMULATOR_URL")
-                .trim_end_matches('/')
-                .to_owned(),
-            namespace: var("TXINBOX_SB_NAMESPACE"),
-            key_name: var("TXINBOX_SB_KEY_NAME"),
-            key: var("TXINBOX_SB_KEY"),
+            url: running.url.clone(),
+            namespace: NAMESPACE.to_owned(),
+            key_name: KEY_NAME.to_owned(),
+            key: running.key.clone(),
+            bearer: running.bearer.clone(),
             http: reqwest::Client::new(),
         };
         let health = emu

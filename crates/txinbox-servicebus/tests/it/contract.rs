@@ -17,7 +17,7 @@ use crate::common::*;
 
 #[tokio::test]
 async fn failures_are_broker_errors_down_to_the_client_error() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT1S"})).await;
     publish(&client, &event(&q, "evt-chain", "{}")).await;
@@ -81,7 +81,7 @@ async fn failures_are_broker_errors_down_to_the_client_error() {
 /// The lease reports the broker's lock when it is shorter than the configured one.
 #[tokio::test]
 async fn the_lease_says_the_lock_the_broker_granted() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     publish(&client, &event(&q, "evt-granted", "{}")).await;
@@ -105,7 +105,7 @@ async fn the_lease_says_the_lock_the_broker_granted() {
 #[tokio::test]
 async fn default_worker_options_keep_a_slow_message_locked() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
@@ -148,7 +148,7 @@ async fn default_worker_options_keep_a_slow_message_locked() {
 /// once a receive came back full. Every message is handed out once, under its own lock, and completes.
 #[tokio::test]
 async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is_locked_once() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({})).await;
     publish_events(&client, &q, 20).await;
@@ -180,7 +180,7 @@ async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is
 /// explicit `batch_size` still caps it.
 #[tokio::test]
 async fn by_default_a_receive_locks_what_the_worker_asks_for() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({})).await;
     publish_events(&client, &q, 20).await;
@@ -207,7 +207,7 @@ async fn by_default_a_receive_locks_what_the_worker_asks_for() {
 /// queue ends empty.
 #[tokio::test]
 async fn receive_loops_on_forked_receivers_apply_each_message_once() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({})).await;
     let store = pg().await;

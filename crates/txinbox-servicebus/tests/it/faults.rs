@@ -25,7 +25,7 @@ fn lock_suffix(q: &str, d: &txinbox_servicebus::ServiceBusDelivery) -> String {
 /// 429 and 503 on receive (with Retry-After) make failed receives the worker backs off from; nothing is lost.
 #[tokio::test]
 async fn throttled_receives_are_retried() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
@@ -71,7 +71,7 @@ async fn throttled_receives_are_retried() {
 #[tokio::test]
 async fn a_500_on_complete_is_retried() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
@@ -104,7 +104,7 @@ async fn a_500_on_complete_is_retried() {
 #[tokio::test]
 async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
@@ -145,7 +145,7 @@ async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
 /// 404 on a lapsed lock is LockLost, 410 on a missing queue EntityNotFound, 401 on a wrong key Unauthorized.
 #[tokio::test]
 async fn statuses_map_to_broker_errors() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT1S"})).await;
     publish(&client, &event(&q, "evt-lapse", "{}")).await;
@@ -209,10 +209,8 @@ impl azure_core::auth::TokenCredential for StaticToken {
 /// Azure AD: the bearer token of the configured credential replaces the crate's SAS.
 #[tokio::test]
 async fn azure_ad_bearer_tokens_are_sent() {
-    let emu = Emu::from_env().await;
-    let token = std::env::var("TXINBOX_SB_BEARER_TOKEN").expect(
-        "TXINBOX_SB_BEARER_TOKEN is not set: start the emulator with scripts/sb-emulator.sh",
-    );
+    let emu = Emu::shared().await;
+    let token = emu.bearer.clone();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let aad = ServiceBusConfig::token_credential(&emu.namespace, Arc::new(StaticToken(token)))
         .endpoint(emu.url.parse().unwrap())

@@ -1,9 +1,8 @@
 //! Integration tests of the Service Bus adapter: the real adapter, through the real `azure_messaging_servicebus`
-//! crate, against the emulator started by `scripts/sb-emulator.sh` and real PostgreSQL; a fresh queue and a
-//! fresh schema per test.
+//! crate, against the emulator (`txinbox-sb-emulator`, started in this test process) and real PostgreSQL; a
+//! fresh queue and a fresh schema per test.
 //!
 //! ```sh
-//! eval "$(bash scripts/sb-emulator.sh start)"
 //! TXINBOX_TEST_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p txinbox-servicebus
 //! ```
 

@@ -18,7 +18,7 @@ const LOCK: Duration = Duration::from_secs(2);
 #[tokio::test]
 async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
@@ -64,7 +64,7 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
 #[tokio::test]
 async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu
         .queue(json!({"lockDuration": "PT2S", "requiresDuplicateDetection": true, "duplicateDetectionHistoryTimeWindow": 3000}))
@@ -124,7 +124,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
 #[tokio::test]
 async fn commit_then_crash_before_complete_is_absorbed() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
@@ -176,7 +176,7 @@ async fn commit_then_crash_before_complete_is_absorbed() {
 #[tokio::test]
 async fn slow_handler_is_kept_locked_by_renewal() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT3S"})).await;
     let store = pg().await;
@@ -213,7 +213,7 @@ async fn slow_handler_is_kept_locked_by_renewal() {
 #[tokio::test]
 async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
@@ -278,7 +278,7 @@ async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
 #[tokio::test]
 async fn poison_reaches_the_dead_letter_queue_after_max_delivery_count() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu
         .queue(json!({"lockDuration": "PT2S", "maxDeliveryCount": 3}))
@@ -338,7 +338,7 @@ async fn poison_reaches_the_dead_letter_queue_after_max_delivery_count() {
 #[tokio::test]
 async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let poison = emu.queue(json!({})).await;
@@ -453,7 +453,7 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
 #[tokio::test]
 async fn redrive_after_some_were_applied() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu
         .queue(json!({"lockDuration": "PT2S", "maxDeliveryCount": 1}))
@@ -591,7 +591,7 @@ async fn redrive_after_some_were_applied() {
 #[tokio::test]
 async fn two_workers_with_duplicates_make_one_effect_per_message() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
@@ -634,7 +634,7 @@ async fn two_workers_with_duplicates_make_one_effect_per_message() {
 #[tokio::test]
 async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;

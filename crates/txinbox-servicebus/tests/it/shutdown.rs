@@ -29,7 +29,7 @@ impl Receiver for SlowAnswer {
 
 #[tokio::test]
 async fn a_message_received_after_the_stop_signal_is_received_again_at_once() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu.queue(serde_json::json!({"lockDuration": "PT1M"})).await;
     let store = pg().await;

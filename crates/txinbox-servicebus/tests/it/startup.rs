@@ -11,7 +11,7 @@ use crate::common::*;
 
 #[tokio::test]
 async fn a_wrong_key_is_refused_without_echoing_it() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let q = emu.queue(serde_json::json!({})).await;
     let wrong = "d3Jvbmcta2V5LWZvci10aGUtdGVzdA==";
     let client = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, wrong)
@@ -35,7 +35,7 @@ async fn a_wrong_key_is_refused_without_echoing_it() {
 
 #[tokio::test]
 async fn a_missing_queue_is_refused() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let missing = format!("missing-{}", uuid::Uuid::new_v4().simple());
     let mut r =
@@ -47,7 +47,7 @@ async fn a_missing_queue_is_refused() {
 
 #[tokio::test]
 async fn a_message_locked_by_the_check_is_the_first_one_received() {
-    let emu = Emu::from_env().await;
+    let emu = Emu::shared().await;
     let client = emu.client();
     let q = emu
         .queue(serde_json::json!({"lockDuration": "PT30S"}))
