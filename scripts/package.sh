@@ -64,7 +64,8 @@ for c in "${PUBLISHED[@]}"; do args+=(-p "$c"); done
 # Cargo treats a registry crate as immutable: the verification build would reuse the sources an earlier
 # packaging unpacked from these crates' packages (the local overlay registry it packs them into, unpacked under
 # $CARGO_HOME/registry/src/-<hash>/), and what it compiled from them: same name and version, older content.
-# Drop both first.
+# Drop both first. `cargo clean -p` also removes the workspace's own builds of these crates, and of any target
+# that shares a name with one (./target/debug/txinbox, the CLI's binary): the next `cargo build` makes them again.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/txinbox-*
 cargo clean --offline "${args[@]}" >/dev/null 2>&1 || true
 say "cargo package --offline --locked --allow-dirty --all-features ${args[*]}"

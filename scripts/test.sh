@@ -110,12 +110,6 @@ bash scripts/deny.sh || die "the dependency policy in deny.toml does not hold"
 say "cargo test (every crate, every test; the examples as real processes, their readiness and the agent under kill -9 included)"
 cargo test --workspace --locked
 
-say "cargo package: the crates meant for crates.io, built from their packages"
-bash scripts/package.sh || die "a crate meant for crates.io does not package"
-
-say "fuzzing: every parser of outside input for 10 s (cargo-fuzz on nightly; the 10-minute run: bash scripts/fuzz.sh 600)"
-bash scripts/fuzz.sh 10 || die "a fuzz target found a crash (its input is under fuzz/artifacts/)"
-
 say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite and PostgreSQL"
 ./target/debug/txinbox lab
 ./target/debug/txinbox lab --windows --batch 10
@@ -125,5 +119,13 @@ say "Terraform samples: check-infra, checkov and terraform fmt"
 ./target/debug/txinbox check-infra infra/aws-sqs-fifo
 ./target/debug/txinbox check-infra infra/azure-servicebus
 bash scripts/infra-check.sh
+
+# Last: the packaging cleans the workspace's builds of the published crates (`cargo clean -p`, which also
+# removes ./target/debug/txinbox, the CLI's binary of the same name), so nothing after it may use target/debug.
+say "cargo package: the crates meant for crates.io, built from their packages"
+bash scripts/package.sh || die "a crate meant for crates.io does not package"
+
+say "fuzzing: every parser of outside input for 10 s (cargo-fuzz on nightly; the 10-minute run: bash scripts/fuzz.sh 600)"
+bash scripts/fuzz.sh 10 || die "a fuzz target found a crash (its input is under fuzz/artifacts/)"
 
 say "all tests passed"

@@ -43,6 +43,31 @@ pub enum Error {
     /// A fault rule was refused.
     #[error("invalid fault rule: {0}")]
     InvalidFault(String),
+    /// The broker refused an operation asked through this API (the queue does not exist, the message is
+    /// too large, ...).
+    #[error("refused: {0}")]
+    Refused(String),
+}
+
+/// Data-plane requests the emulator has served, by operation: those that passed authentication and named an
+/// operation, counted as they arrive (an injected fault does not uncount one). What a benchmark divides by the
+/// messages it moved to tell receives, settles and renewals per message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct RequestCounts {
+    /// Sends and batch sends (`POST {entity}/messages`).
+    pub sends: u64,
+    /// Peek-lock receives (`POST {entity}/messages/head`), answered 201 or 204.
+    pub peek_locks: u64,
+    /// Receive-and-delete receives (`DELETE {entity}/messages/head`).
+    pub receive_and_deletes: u64,
+    /// Completes (`DELETE` on a lock URI).
+    pub completes: u64,
+    /// Abandons (`PUT` on a lock URI).
+    pub abandons: u64,
+    /// Lock renewals (`POST` on a lock URI).
+    pub renewals: u64,
 }
 
 /// Which host the absolute lock URI in the peek-lock `Location` header names.
@@ -230,6 +255,37 @@ impl EmulatorHandle {
     /// The properties of a queue.
     pub fn queue_properties(&self, path: &str) -> Option<QueueProperties> {
         self.shared.broker().queue_properties(path)
+    }
+
+    /// Data-plane requests served so far, by operation.
+    pub fn request_counts(&self) -> RequestCounts {
+        self.shared.counters.snapshot()
+    }
+
+    /// Puts one message in a queue from this process, without a request (what a benchmark or a test preloads a
+    /// queue with): `MessageId` and body as given, content type `application/json`, no custom properties. The
+    /// queue's checks apply as for a send.
+    pub fn send_message(
+        &self,
+        path: &str,
+        message_id: &str,
+        body: impl Into<hyper::body::Bytes>,
+    ) -> Result<(), Error> {
+        let message = broker::IncomingMessage {
+            body: body.into(),
+            content_type: Some("application/json".to_owned()),
+            sender: wire::SenderProperties {
+                message_id: Some(message_id.to_owned()),
+                ..Default::default()
+            },
+            properties: Vec::new(),
+        };
+        self.shared
+            .broker()
+            .send(path, vec![message], Instant::now())
+            .map_err(|e| Error::Refused(e.detail()))?;
+        self.shared.notify.notify_waiters();
+        Ok(())
     }
 
     /// Adds a fault rule.

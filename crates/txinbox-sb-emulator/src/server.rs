@@ -1,6 +1,7 @@
 //! The HTTP/1.1 server: routing, the data-plane handlers and long polling.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -48,6 +49,53 @@ pub(crate) struct Shared {
     pub local_addr: SocketAddr,
     pub default_receive_timeout: Duration,
     pub max_receive_timeout: Duration,
+    /// Data-plane requests served, by operation.
+    pub counters: Counters,
+}
+
+/// Data-plane requests that passed authentication and named an operation, counted before faults.
+#[derive(Default)]
+pub(crate) struct Counters {
+    sends: AtomicU64,
+    peek_locks: AtomicU64,
+    receive_and_deletes: AtomicU64,
+    completes: AtomicU64,
+    abandons: AtomicU64,
+    renewals: AtomicU64,
+}
+
+impl Counters {
+    fn count(&self, route: &Route) {
+        let counter = match route {
+            Route::Send { .. } => &self.sends,
+            Route::Receive {
+                mode: ReceiveMode::PeekLock,
+                ..
+            } => &self.peek_locks,
+            Route::Receive {
+                mode: ReceiveMode::ReceiveAndDelete,
+                ..
+            } => &self.receive_and_deletes,
+            Route::Lock { operation, .. } => match operation {
+                LockOperation::Complete => &self.completes,
+                LockOperation::Abandon => &self.abandons,
+                LockOperation::Renew => &self.renewals,
+            },
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> crate::RequestCounts {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        crate::RequestCounts {
+            sends: get(&self.sends),
+            peek_locks: get(&self.peek_locks),
+            receive_and_deletes: get(&self.receive_and_deletes),
+            completes: get(&self.completes),
+            abandons: get(&self.abandons),
+            renewals: get(&self.renewals),
+        }
+    }
 }
 
 /// Settings the server needs besides the broker.
@@ -74,6 +122,7 @@ impl Shared {
             local_addr,
             default_receive_timeout: settings.default_receive_timeout,
             max_receive_timeout: settings.max_receive_timeout,
+            counters: Counters::default(),
         }
     }
 
@@ -266,6 +315,7 @@ async fn data_plane(
         Ok(route) => route,
         Err((status, detail)) => return Ok(error_response(status, detail)),
     };
+    shared.counters.count(&route);
     let fault = faults::take_fault(&mut shared.broker().faults, method.as_str(), &path);
     let mut drop_response = false;
     if let Some(fault) = fault {

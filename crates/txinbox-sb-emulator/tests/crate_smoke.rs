@@ -12,7 +12,7 @@ use azure_core::{HttpClient, Request, Response, StatusCode};
 use azure_messaging_servicebus::prelude::QueueClient;
 use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBrokerProperties};
 use common::{KEY, KEY_NAME, NAMESPACE};
-use txinbox_sb_emulator::{Emulator, QueueProperties};
+use txinbox_sb_emulator::{Emulator, QueueProperties, RequestCounts};
 
 /// Sends every request for the namespace host to the emulator instead.
 #[derive(Debug)]
@@ -123,4 +123,58 @@ async fn the_crate_sends_peek_locks_and_deletes() {
         ),
         "{refused:?}"
     );
+}
+
+/// A message put from this process (`send_message`, no request) is received as any other; every data-plane
+/// request the crate sends is counted by operation (what the benchmark divides by the messages it moved); a
+/// refused put says why.
+#[tokio::test]
+async fn messages_put_in_process_are_received_and_requests_are_counted() {
+    let emulator =
+        common::start_with(Emulator::builder().queue("orders", QueueProperties::default())).await;
+    let http: Arc<dyn HttpClient> = Arc::new(Loopback {
+        inner: azure_core::new_http_client(),
+        public_host: emulator.namespace_host().to_string(),
+        port: emulator.addr().port(),
+    });
+    let client = QueueClient::new(http, NAMESPACE, "orders", KEY_NAME, KEY).expect("client");
+    assert_eq!(emulator.request_counts(), RequestCounts::default());
+    emulator
+        .send_message("orders", "put-1", "{\"a\":1}")
+        .expect("put");
+    assert_eq!(emulator.request_counts().sends, 0, "a put is not a request");
+    let received = client
+        .peek_lock_message2(Some(Duration::from_secs(5)))
+        .await
+        .expect("peek-lock");
+    assert_eq!(*received.status(), StatusCode::Created);
+    assert_eq!(received.body(), "{\"a\":1}");
+    let props = received.broker_properties().expect("BrokerProperties");
+    assert_eq!(props.message_id, "put-1");
+    received.renew_message_lock().await.expect("renew");
+    received.delete_message().await.expect("complete");
+    // An empty queue: the receive answers 204 and is counted all the same.
+    let empty = client
+        .peek_lock_message2(Some(Duration::ZERO))
+        .await
+        .expect("peek-lock");
+    assert_eq!(*empty.status(), StatusCode::NoContent);
+    client.send_message("sent", None).await.expect("send");
+    let counts = emulator.request_counts();
+    assert_eq!(
+        (
+            counts.sends,
+            counts.peek_locks,
+            counts.completes,
+            counts.renewals,
+            counts.abandons,
+            counts.receive_and_deletes
+        ),
+        (1, 2, 1, 1, 0, 0),
+        "{counts:?}"
+    );
+    let refused = emulator
+        .send_message("no-such-queue", "x", "{}")
+        .expect_err("no queue");
+    assert!(refused.to_string().contains("no-such-queue"), "{refused}");
 }

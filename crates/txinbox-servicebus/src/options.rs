@@ -44,7 +44,7 @@ pub enum DeadLetterStrategy {
 /// | option | default | note |
 /// |---|---|---|
 /// | [`wait`](Self::wait) | 20 s | long-poll `timeout` of a receive, whole seconds on the wire |
-/// | [`batch_size`](Self::batch_size) | [`DEFAULT_BATCH_SIZE`] (64) | the most deliveries one receive hands out, a cap over what the worker asks for (its `batch_size`, at most its free slots), which decides below it: one long poll, then `timeout=0` requests while messages keep coming (all at once when the last receive came back full) |
+/// | [`batch_size`](Self::batch_size) | [`DEFAULT_BATCH_SIZE`] (64) | the most deliveries one receive hands out, a cap over what the worker asks for (its `batch_size`, at most its free slots), which decides below it: one long poll, then `timeout=0` requests while messages keep coming; when the last receive came back full, all its requests at once with `timeout=0` (one round trip), then the long poll only if they all come back empty |
 /// | [`lock_duration`](Self::lock_duration) | 60 s | the queue's LockDuration: the lease's duration (the worker renews every third of it) and the expiry computed after a renewal (REST renew answers none); a shorter lock granted by the broker wins |
 /// | [`max_release_delay`](Self::max_release_delay) | 10 s | the retry backoff is served by holding the lock this long at most, then abandoning |
 /// | [`settle_attempts`](Self::settle_attempts) | 3 | tries of a complete/abandon/renew on throttling, 5xx or a lost answer |

@@ -229,6 +229,48 @@ impl ServiceBusReceiver {
         Ok(Some(self.delivery(locked)))
     }
 
+    /// The receive of a queue with a backlog (the last receive came back full): `want` peek-lock requests at
+    /// once, none of them waiting, each locking one message, so that the receive costs one round trip, not two
+    /// (a long poll among them would hold the messages the others locked until it ends). When all come back
+    /// empty (the queue has just run dry) the ordinary receive follows: one long poll. A request that fails is
+    /// logged and the messages the others locked are handed out; when every one fails, the first error is
+    /// returned.
+    async fn receive_all_at_once(
+        &mut self,
+        want: usize,
+    ) -> Result<Vec<ServiceBusDelivery>, BrokerError> {
+        let (client, entity, lock) = (&self.client, &self.entity, self.opts.lock_duration);
+        let locks = futures::future::join_all(
+            (0..want).map(|_| peek_lock(client, entity, Duration::ZERO, lock)),
+        )
+        .await;
+        let mut out = Vec::with_capacity(want);
+        let mut first_error = None;
+        for l in locks {
+            match l {
+                Ok(Some(locked)) => {
+                    let d = self.delivery(locked);
+                    out.push(d);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(entity = %self.entity, error = %e, "receive failed");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.backlog = out.len() >= want;
+        match first_error {
+            Some(e) if out.is_empty() => {
+                if let Some(after) = e.retry_after() {
+                    tokio::time::sleep(after.min(Duration::from_secs(30))).await;
+                }
+                Err(e)
+            }
+            _ => Ok(out),
+        }
+    }
+
     /// The delivery of a locked message.
     fn delivery(&mut self, locked: Locked) -> ServiceBusDelivery {
         // The lease lasts the configured lock duration, or less when the broker's lock says so: a queue whose
@@ -276,6 +318,13 @@ impl Receiver for ServiceBusReceiver {
     }
 
     async fn receive(&mut self, max: usize) -> Result<Vec<ServiceBusDelivery>, BrokerError> {
+        let want = max.min(self.opts.batch_size);
+        if self.backlog && want > 1 && self.checked.is_none() {
+            let got = self.receive_all_at_once(want).await?;
+            if !got.is_empty() {
+                return Ok(got);
+            }
+        }
         let first = match self.checked.take() {
             Some(d) => Ok(Some(d)),
             None => self.receive_one(self.opts.wait).await,
@@ -292,37 +341,15 @@ impl Receiver for ServiceBusReceiver {
             }
         };
         let mut out = vec![first];
-        let want = max.min(self.opts.batch_size);
-        if self.backlog && want > 1 {
-            // The queue had a backlog: the follow-up requests (each locks one message) all at once.
-            let (client, entity, lock) = (&self.client, &self.entity, self.opts.lock_duration);
-            let locks = futures::future::join_all(
-                (1..want).map(|_| peek_lock(client, entity, Duration::ZERO, lock)),
-            )
-            .await;
-            for l in locks {
-                match l {
-                    Ok(Some(locked)) => {
-                        let d = self.delivery(locked);
-                        out.push(d);
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!(entity = %self.entity, error = %e, "follow-up receive failed")
-                    }
-                }
-            }
-        } else {
-            // One after another while messages keep coming.
-            while out.len() < want {
-                match self.receive_one(Duration::ZERO).await {
-                    Ok(Some(d)) => out.push(d),
-                    Ok(None) => break,
-                    Err(e) => {
-                        // What is locked already is handed out; the next receive reports a lasting failure.
-                        tracing::warn!(entity = %self.entity, error = %e, "follow-up receive failed");
-                        break;
-                    }
+        // One after another while messages keep coming.
+        while out.len() < want {
+            match self.receive_one(Duration::ZERO).await {
+                Ok(Some(d)) => out.push(d),
+                Ok(None) => break,
+                Err(e) => {
+                    // What is locked already is handed out; the next receive reports a lasting failure.
+                    tracing::warn!(entity = %self.entity, error = %e, "follow-up receive failed");
+                    break;
                 }
             }
         }

@@ -175,6 +175,50 @@ async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is
     assert_eq!(emu.counts(&q).await.0, 0);
 }
 
+/// A receive after a full one sends all its requests at once with no wait (one round trip); when they all come
+/// back empty (the queue has just run dry) it still long-polls: a message sent while it waits is handed out,
+/// where an empty batch at once would have sent the worker into another round of requests.
+#[tokio::test]
+async fn a_receive_after_a_full_one_on_a_queue_run_dry_still_long_polls() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({})).await;
+    publish_events(&client, &q, 4).await;
+    let opts = fast_options(Duration::from_secs(30))
+        .wait(Duration::from_secs(10))
+        .batch_size(4);
+    let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
+    let first = receiver.receive(4).await.unwrap();
+    assert_eq!(
+        first.len(),
+        4,
+        "full: the next receive sends its requests at once"
+    );
+    let started = std::time::Instant::now();
+    let waiting = tokio::spawn(async move {
+        let got = receiver.receive(4).await;
+        (receiver, got)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "an empty queue is long-polled, not answered empty at once"
+    );
+    publish(&client, &event(&q, "evt-late", "{}")).await;
+    let (_receiver, got) = waiting.await.unwrap();
+    let got = got.unwrap();
+    assert_eq!(got.len(), 1, "the message sent during the long poll");
+    assert_eq!(got[0].message().attribute("ce-id"), Some("evt-late"));
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "handed out when it arrived, not at the end of the 10 s wait"
+    );
+    for d in first.into_iter().chain(got) {
+        d.ack().await.unwrap();
+    }
+    assert_eq!(emu.counts(&q).await.0, 0);
+}
+
 /// By default the adapter caps nothing the worker asks for: a receive of 12 on a backlog of 20 locks 12 (it
 /// used to stop at 8, the old default of `batch_size`, silently below the worker's `[worker] receive_max`); an
 /// explicit `batch_size` still caps it.
