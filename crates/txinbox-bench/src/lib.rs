@@ -26,7 +26,10 @@
 //! simulated round trip; `servicebus` is the Service Bus adapter over REST, with its default options, against
 //! the Service Bus emulator started in this process, every data-plane request delayed by the round trip, and
 //! its line starts with the requests the adapter sent per message (`peek_locks_per_msg`,
-//! `completes_per_msg`, `abandons_per_msg`, `renewals_per_msg`) as the emulator counted them. Each line gives
+//! `completes_per_msg`, `abandons_per_msg`, `renewals_per_msg`) as the emulator counted them; `sqs` is the SQS
+//! adapter with its default options against the SQS emulator at `--sqs-endpoint` (moto), a FIFO queue of 64
+//! message groups reached through a latency proxy of our own (half the round trip each way), its line
+//! starting with the requests per message the proxy counted. Each line gives
 //! messages per second applied (until the last message is settled), and the process's resident memory (VmRSS)
 //! at the start, after the first tenth, at the end and at its highest; the `memory` line adds the most
 //! messages the broker saw in flight at once (`queue_in_flight_max`: received and not yet settled, round trips
@@ -131,9 +134,13 @@ pub struct BenchArgs {
     pub e2e_linger_ms: u64,
     /// The brokers of the end-to-end lines, comma-separated, one line each: `memory` (the in-memory broker
     /// with a simulated round trip), `servicebus` (the Service Bus adapter against the in-process emulator,
-    /// each request delayed by the round trip).
+    /// each request delayed by the round trip), `sqs` (the SQS adapter against `--sqs-endpoint` behind a
+    /// latency proxy).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "memory")]
     pub e2e_broker: Vec<E2eBroker>,
+    /// The SQS emulator of `--e2e-broker sqs` (moto: `eval "$(bash scripts/moto.sh start)"` exports it).
+    #[arg(long, env = "TXINBOX_SQS_ENDPOINT")]
+    pub sqs_endpoint: Option<String>,
     /// Only the end-to-end lines.
     #[arg(long)]
     pub e2e_only: bool,

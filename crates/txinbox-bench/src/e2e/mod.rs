@@ -7,13 +7,18 @@
 //!   deadline thread, so that the wait is exact);
 //! * `servicebus`: the Service Bus adapter over REST against the Service Bus emulator, started in this process
 //!   on a runtime of its own, every data-plane request delayed by the round trip (the emulator's `delay`
-//!   fault); the line adds the requests the adapter sent per message, as the emulator counted them.
+//!   fault); the line adds the requests the adapter sent per message, as the emulator counted them;
+//! * `sqs`: the SQS adapter against an SQS emulator (`--sqs-endpoint`, moto) through a latency proxy of our own
+//!   (half the round trip each way); the line adds the requests per message, as the proxy counted them.
 //!
 //! The producer keeps at most a few thousand messages waiting in the broker, as a steady stream does, so that
 //! the broker's own memory does not hide the worker's.
 
+mod proxy;
 mod servicebus;
+mod sqs;
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +36,8 @@ pub enum E2eBroker {
     Memory,
     /// The Service Bus adapter (REST) against the in-process emulator, each request delayed by the round trip.
     Servicebus,
+    /// The SQS adapter against an SQS emulator (`--sqs-endpoint`, moto) behind a latency proxy.
+    Sqs,
 }
 
 /// Runs the end-to-end line of each `--e2e-broker`.
@@ -42,6 +49,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<(), LabError> {
         match broker {
             E2eBroker::Memory => memory(args).await?,
             E2eBroker::Servicebus => servicebus::run(args).await?,
+            E2eBroker::Sqs => sqs::run(args).await?,
         }
     }
     Ok(())
@@ -51,12 +59,16 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<(), LabError> {
 pub(crate) trait Feed: Clone + Send + Sync + 'static {
     /// The worker's receiver.
     type Receiver: Receiver;
-    /// Puts message `n` (body and id as given) in the queue.
-    fn send(&self, id: &str, body: String);
+    /// Puts these messages (id, body) in the queue, in order.
+    fn send_all(&self, batch: Vec<(String, String)>) -> impl Future<Output = ()> + Send;
+    /// The most messages the producer keeps waiting (default: 2,000, or 20 per place in flight).
+    fn depth(&self, in_flight: usize) -> u64 {
+        2_000.max(in_flight as u64 * 20)
+    }
     /// Messages sent and not settled yet.
     fn waiting(&self) -> u64;
     /// A receiver for one worker.
-    fn receiver(&self) -> Result<Self::Receiver, LabError>;
+    fn receiver(&self) -> impl Future<Output = Result<Self::Receiver, LabError>> + Send;
 }
 
 /// What one end-to-end run measured.
@@ -80,7 +92,7 @@ pub(crate) async fn drive<F: Feed>(args: &BenchArgs, feed: F) -> Result<Run, Lab
     let sent = Arc::new(AtomicU64::new(0));
     // Producer: keeps the queue fed, never more than `depth` waiting; or, with `--e2e-rate`, a steady stream
     // of that many messages per second.
-    let depth = 2_000.max(in_flight as u64 * 20);
+    let depth = feed.depth(in_flight);
     let rate = args.e2e_rate;
     let producer = {
         let (feed, sent) = (feed.clone(), sent.clone());
@@ -95,10 +107,16 @@ pub(crate) async fn drive<F: Feed>(args: &BenchArgs, feed: F) -> Result<Run, Lab
                 } else {
                     next
                 };
-                while next < due {
-                    let body = format!("{{\"opportunity\":\"o-{next}\",\"meeting\":\"m-{next}\"}}");
-                    feed.send(&format!("e2e-{next}"), body);
-                    next += 1;
+                if next < due {
+                    let batch = (next..due)
+                        .map(|k| {
+                            let body =
+                                format!("{{\"opportunity\":\"o-{k}\",\"meeting\":\"m-{k}\"}}");
+                            (format!("e2e-{k}"), body)
+                        })
+                        .collect();
+                    feed.send_all(batch).await;
+                    next = due;
                 }
                 sent.store(next, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -152,7 +170,7 @@ pub(crate) async fn drive<F: Feed>(args: &BenchArgs, feed: F) -> Result<Run, Lab
             opts = opts.receive_loops(n);
         }
         receive_loops = opts.get_receive_loops();
-        let worker = Worker::new(feed.receiver()?, processor.clone()).options(opts);
+        let worker = Worker::new(feed.receiver().await?, processor.clone()).options(opts);
         workers.push(tokio::spawn(worker.run_until(async move {
             loop {
                 if s.load(Ordering::Relaxed) >= n && f.waiting() == 0 {
@@ -228,16 +246,18 @@ struct Memory(txinbox_core::broker::mem::MemoryQueue);
 
 impl Feed for Memory {
     type Receiver = txinbox_core::broker::mem::MemoryReceiver;
-    fn send(&self, id: &str, body: String) {
+    async fn send_all(&self, batch: Vec<(String, String)>) {
         use txinbox_core::broker::mem::OutgoingMessage;
-        self.0
-            .send(OutgoingMessage::new(body).cloudevent("urn.bench", id, "bench.event"));
+        for (id, body) in batch {
+            self.0
+                .send(OutgoingMessage::new(body).cloudevent("urn.bench", &id, "bench.event"));
+        }
     }
     fn waiting(&self) -> u64 {
         let s = self.0.state();
         (s.visible + s.in_flight + s.delayed) as u64
     }
-    fn receiver(&self) -> Result<Self::Receiver, LabError> {
+    async fn receiver(&self) -> Result<Self::Receiver, LabError> {
         Ok(self.0.receiver())
     }
 }

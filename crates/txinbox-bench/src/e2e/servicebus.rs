@@ -113,14 +113,16 @@ struct ServiceBus {
 
 impl Feed for ServiceBus {
     type Receiver = ServiceBusReceiver;
-    fn send(&self, id: &str, body: String) {
-        match self.emulator.send_message(QUEUE, id, body) {
-            Ok(()) => {
-                self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    async fn send_all(&self, batch: Vec<(String, String)>) {
+        for (id, body) in batch {
+            match self.emulator.send_message(QUEUE, &id, body) {
+                Ok(()) => {
+                    self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                // The queue exists and the message is small: a refusal is a bug of this benchmark, and the
+                // run ends with fewer messages applied than sent, which it reports as an error.
+                Err(e) => tracing::error!(error = %e, "the emulator refused a message"),
             }
-            // The queue exists and the message is small: a refusal is a bug of this benchmark, and the run
-            // ends with fewer messages applied than sent, which it reports as an error.
-            Err(e) => tracing::error!(error = %e, "the emulator refused a message"),
         }
     }
     fn waiting(&self) -> u64 {
@@ -129,7 +131,7 @@ impl Feed for ServiceBus {
             .load(std::sync::atomic::Ordering::Relaxed)
             .saturating_sub(completed)
     }
-    fn receiver(&self) -> Result<Self::Receiver, LabError> {
+    async fn receiver(&self) -> Result<Self::Receiver, LabError> {
         ServiceBusReceiver::new(&self.client, QUEUE, ServiceBusOptions::default())
             .map_err(|e| LabError::Usage(format!("the Service Bus receiver: {e}")))
     }
