@@ -36,15 +36,20 @@ impl HttpClient for Loopback {
     }
 }
 
+/// The crate's HTTP client, pointed at `emulator`.
+fn loopback(emulator: &txinbox_sb_emulator::EmulatorHandle) -> Arc<dyn HttpClient> {
+    Arc::new(Loopback {
+        inner: azure_core::new_http_client(),
+        public_host: emulator.namespace_host().to_string(),
+        port: emulator.addr().port(),
+    })
+}
+
 #[tokio::test]
 async fn the_crate_sends_peek_locks_and_deletes() {
     let emulator =
         common::start_with(Emulator::builder().queue("orders", QueueProperties::default())).await;
-    let http: Arc<dyn HttpClient> = Arc::new(Loopback {
-        inner: azure_core::new_http_client(),
-        public_host: emulator.namespace_host().to_string(),
-        port: emulator.addr().port(),
-    });
+    let http = loopback(&emulator);
     let client =
         QueueClient::new(http.clone(), NAMESPACE, "orders", KEY_NAME, KEY).expect("client");
 
@@ -132,11 +137,7 @@ async fn the_crate_sends_peek_locks_and_deletes() {
 async fn messages_put_in_process_are_received_and_requests_are_counted() {
     let emulator =
         common::start_with(Emulator::builder().queue("orders", QueueProperties::default())).await;
-    let http: Arc<dyn HttpClient> = Arc::new(Loopback {
-        inner: azure_core::new_http_client(),
-        public_host: emulator.namespace_host().to_string(),
-        port: emulator.addr().port(),
-    });
+    let http = loopback(&emulator);
     let client = QueueClient::new(http, NAMESPACE, "orders", KEY_NAME, KEY).expect("client");
     assert_eq!(emulator.request_counts(), RequestCounts::default());
     emulator
