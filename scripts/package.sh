@@ -15,8 +15,8 @@
 # can be packaged; `cargo publish` itself refuses uncommitted files). The packages land in target/package/.
 set -euo pipefail
 
-# In dependency order: the core, the store, the adapters, the Terraform checks, the facade.
-PUBLISHED=(txinbox-core txinbox-store txinbox-sqs txinbox-servicebus txinbox-infra txinbox)
+# In dependency order: the core, the stores, the adapters, the Terraform checks, the facade.
+PUBLISHED=(txinbox-core txinbox-store txinbox-dynamodb txinbox-sqs txinbox-servicebus txinbox-infra txinbox)
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

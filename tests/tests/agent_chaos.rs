@@ -13,7 +13,9 @@
 //! MaxDeliveryCount 10) the broker would, by chance, dead-letter a message the chaos never let anyone
 //! process: correct broker behaviour, but not what this test is about (the dead-letter path has its own tests).
 //!
-//! SQS is moto (`TXINBOX_SQS_ENDPOINT`); Service Bus is our emulator, started in this process. The kill moments
+//! SQS is moto (`TXINBOX_SQS_ENDPOINT`); Service Bus is our emulator, started in this process. The stores are
+//! SQLite, and on SQS also DynamoDB (DynamoDB Local, `TXINBOX_DYNAMODB_ENDPOINT`), where each task item
+//! counts the transactions that wrote it, so a doubled application shows in the store as well as at the CRM. The kill moments
 //! come from a seed printed at the start (`TXINBOX_CHAOS_SEED` replays one). The two brokers run one after the
 //! other.
 
@@ -91,6 +93,7 @@ impl DeadLetters for ServiceBusDlq<'_> {
 async fn chaos(
     name: &str,
     dir: &Path,
+    store: &ChaosStore,
     crm: &CrmApi,
     prefix: &str,
     worker: &str,
@@ -99,11 +102,10 @@ async fn chaos(
     dead_letters: &impl DeadLetters,
     seed: u64,
 ) {
-    let db = dir.join(format!("{name}.db"));
-    let store = format!("sqlite:{}", db.display());
+    let url = store.url();
     let crm_url = crm.url();
     let mut all: Vec<&str> = args.to_vec();
-    all.extend(["--store", &store, "--crm-url", &crm_url]);
+    all.extend(["--store", &url, "--crm-url", &crm_url]);
     let mut rng = Rng(seed);
     let client = http();
     for i in 1..=KILLS {
@@ -130,14 +132,14 @@ async fn chaos(
         println!(
             "agent-chaos: {name}: after kill -9 #{i}: {} tasks at the CRM; effects {}",
             crm.tasks().len(),
-            sqlite_effect_states(&db).await
+            store.effect_states().await
         );
     }
     let done = format!("done={MEETINGS}");
     let mut last = Proc::spawn(dir, &format!("{name}-final"), worker, &all, env);
     let deadline = Deadline::after(Duration::from_secs(180));
     loop {
-        let states = sqlite_effect_states(&db).await;
+        let states = store.effect_states().await;
         if crm.tasks().len() >= MEETINGS && states == done {
             break;
         }
@@ -173,8 +175,9 @@ async fn chaos(
         MEETINGS,
         "{name}: the CRM holds tasks for other follow-ups: {by_ref:?}"
     );
-    let states = sqlite_effect_states(&db).await;
+    let states = store.effect_states().await;
     assert_eq!(states, done, "{name}: effects in the store");
+    store.assert_one_task_per_meeting(name, prefix).await;
     assert_eq!(
         dead_letters.count().await,
         0,
@@ -183,6 +186,73 @@ async fn chaos(
     println!(
         "agent-chaos: {name} ok: {KILLS} x kill -9, then {MEETINGS} tasks at the CRM, one per meeting; effects {states}"
     );
+}
+
+/// Where the chaos' worker keeps its inbox.
+enum ChaosStore {
+    /// A SQLite file.
+    Sqlite(std::path::PathBuf),
+    /// A table of DynamoDB Local (the agent writes its task items into it).
+    DynamoDb(txinbox::dynamodb::DynamoStore),
+}
+
+impl ChaosStore {
+    fn url(&self) -> String {
+        match self {
+            ChaosStore::Sqlite(p) => format!("sqlite:{}", p.display()),
+            ChaosStore::DynamoDb(s) => format!("dynamodb://{}", s.table()),
+        }
+    }
+
+    /// Effects by state, `state=count` sorted by state.
+    async fn effect_states(&self) -> String {
+        match self {
+            ChaosStore::Sqlite(p) => sqlite_effect_states(p).await,
+            ChaosStore::DynamoDb(s) => {
+                use txinbox::driver::EffectStore;
+                let mut by_state = BTreeMap::new();
+                for c in s.effect_counts().await.unwrap_or_default() {
+                    *by_state.entry(c.state.as_str()).or_insert(0) += c.count;
+                }
+                by_state
+                    .iter()
+                    .map(|(s, n)| format!("{s}={n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        }
+    }
+
+    /// On DynamoDB, each meeting's task item was written by exactly one applied transaction (`applied` counts
+    /// them): 0 doubled in the store as at the CRM.
+    async fn assert_one_task_per_meeting(&self, name: &str, prefix: &str) {
+        let ChaosStore::DynamoDb(s) = self else {
+            return;
+        };
+        use txinbox::dynamodb::aws_sdk_dynamodb::types::AttributeValue;
+        for i in 0..MEETINGS {
+            let task = follow_up(prefix, i);
+            let item = s
+                .client()
+                .get_item()
+                .table_name(s.table())
+                .key("pk", AttributeValue::S(format!("followup#{task}")))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("GetItem");
+            let applied = item
+                .item()
+                .and_then(|i| i.get("applied"))
+                .and_then(|v| v.as_n().ok())
+                .cloned();
+            assert_eq!(
+                applied.as_deref(),
+                Some("1"),
+                "{name}: applications of {task}"
+            );
+        }
+    }
 }
 
 /// The external CRM: idempotency keys honoured, tasks searchable; each create answers 300 ms after it acted.
@@ -196,12 +266,54 @@ async fn crm() -> CrmApi {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_agent_under_kill_9_creates_one_crm_task_per_meeting() {
+    sqs_chaos("sqs", |dir| async move {
+        (ChaosStore::Sqlite(dir.join("sqs.db")), Vec::new())
+    })
+    .await;
+}
+
+/// The same on the DynamoDB store (DynamoDB Local, `TXINBOX_DYNAMODB_ENDPOINT`): the marker, the agent's task
+/// item and the CRM effect in one `TransactWriteItems`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqs_agent_on_dynamodb_under_kill_9_creates_one_crm_task_per_meeting() {
+    sqs_chaos("sqs-dynamodb", |_dir| async move {
+        let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").expect(
+            "TXINBOX_DYNAMODB_ENDPOINT is not set: start DynamoDB Local with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)",
+        );
+        let client = txinbox::dynamodb::emulator_client(&endpoint);
+        let table = unique("crm-chaos");
+        txinbox::dynamodb::DynamoStore::create_table(&client, &table)
+            .await
+            .expect("the table is created");
+        let store = txinbox::dynamodb::DynamoStore::open(
+            client,
+            table,
+            txinbox::dynamodb::DynamoOptions::default(),
+        )
+        .await
+        .expect("the table checks");
+        (
+            ChaosStore::DynamoDb(store),
+            vec![("AWS_ENDPOINT_URL_DYNAMODB", endpoint)],
+        )
+    })
+    .await;
+}
+
+/// The SQS agent's chaos on the store `make_store` gives (with the environment the worker needs for it).
+async fn sqs_chaos<F, Fut>(name: &str, make_store: F)
+where
+    F: FnOnce(std::path::PathBuf) -> Fut,
+    Fut: std::future::Future<Output = (ChaosStore, Vec<(&'static str, String)>)>,
+{
     let _one = ONE_AT_A_TIME.lock().await;
     let seed = chaos_seed();
     let endpoint = sqs_endpoint();
-    let env = sqs_env(&endpoint);
+    let mut env = sqs_env(&endpoint);
     let work = WorkDir::new("txinbox-chaos-sqs");
     let dir = work.path();
+    let (store, extra_env) = make_store(dir.to_path_buf()).await;
+    env.extend(extra_env);
     let crm = crm().await;
     let q = unique("crm-chaos");
     let max = MAX_RECEIVES.to_string();
@@ -227,8 +339,9 @@ async fn sqs_agent_under_kill_9_creates_one_crm_task_per_meeting() {
         client,
     };
     chaos(
-        "sqs",
+        name,
         dir,
+        &store,
         &crm,
         "",
         "sqs-crm-worker",
@@ -299,9 +412,11 @@ async fn servicebus_agent_under_kill_9_creates_one_crm_task_per_meeting() {
         emulator: &emulator,
         queue: q.clone(),
     };
+    let store = ChaosStore::Sqlite(dir.join("servicebus.db"));
     chaos(
         "servicebus",
         dir,
+        &store,
         &crm,
         "sb_",
         "servicebus-crm-worker",

@@ -35,6 +35,27 @@ pub struct MarkerRow<'a> {
     pub delivery_count: u32,
 }
 
+impl<'a> MarkerRow<'a> {
+    /// A marker row (for a store's own tests; the pipeline builds the rows it inserts).
+    pub fn new(
+        identity: &'a Identity,
+        payload_hash: &'a str,
+        received_at: DateTime<Utc>,
+        processed_at: DateTime<Utc>,
+        retention_until: DateTime<Utc>,
+        delivery_count: u32,
+    ) -> Self {
+        Self {
+            identity,
+            payload_hash,
+            received_at,
+            processed_at,
+            retention_until,
+            delivery_count,
+        }
+    }
+}
+
 /// The result of the conditional marker insert.
 #[derive(Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -47,13 +68,17 @@ pub enum MarkerInsert {
 }
 
 /// The result of a commit.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum Commit {
     /// Committed: the marker and the business change are durable.
     Done,
     /// A store that checks its conditions at commit time refused the marker: nothing was written.
     Conflict(Option<ExistingMarker>),
+    /// A store that sends the handler's writes at commit time refused them (a condition of the handler's
+    /// failed, or the writes exceed what one transaction may carry): nothing was written, and the delivery
+    /// is decided as if the handler had returned this error.
+    HandlerFailed(crate::HandlerError),
 }
 
 /// The row that holds the identity or the business key.

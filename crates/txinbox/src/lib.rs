@@ -155,6 +155,16 @@ pub mod sqs {
     pub use txinbox_sqs::*;
 }
 
+/// The DynamoDB store (feature `dynamodb`): the marker, your writes and the effect intents in one
+/// `TransactWriteItems`, with the AWS SDK crate it is built on (`aws_sdk_dynamodb`, a 1.x crate whose version
+/// is part of this module's API).
+#[cfg(feature = "dynamodb")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dynamodb")))]
+pub mod dynamodb {
+    #[doc(inline)]
+    pub use txinbox_dynamodb::*;
+}
+
 /// The Azure Service Bus adapter (feature `servicebus`), with the Azure SDK crates it is built on
 /// (`azure_messaging_servicebus`, `azure_identity`, `azure_core`: 0.x crates). Their versions are part of
 /// this module's API: an SDK update that changes its types comes in a txinbox minor release.

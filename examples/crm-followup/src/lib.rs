@@ -7,12 +7,14 @@
 //! * business key `criar_tarefa_followup:<opportunity>:<meeting>`, computed from the typed event, so two
 //!   different events asking for the same follow-up create one task;
 //! * the task row and the inbox marker commit in one transaction (PostgreSQL or SQLite): one handler, written
-//!   once, for both.
+//!   once, for both; on DynamoDB (`--store dynamodb://TABLE`) the task is an item of the inbox's table, in the
+//!   marker's `TransactWriteItems`.
 
 use std::time::Duration;
 
 use txinbox::broker::Receiver;
-use txinbox::health::Health;
+use txinbox::driver::{EffectStore, MaintenanceStore};
+use txinbox::health::{Health, HealthCheck};
 use txinbox::settings::{EffectsSettings, HttpDestinationSettings, WorkerSettings};
 use txinbox::sqlx::{self, Encode, Executor, IntoArguments, Type};
 use txinbox::store::Backend;
@@ -73,17 +75,7 @@ where
         meeting,
     } = msg.body;
     let task_id = format!("followup-{opportunity}-{meeting}");
-    let crm_task = Effect::json(
-        "crm.create_task",
-        CRM,
-        &serde_json::json!({
-            "title": format!("Follow up meeting {meeting} of opportunity {opportunity}"),
-            "opportunity": opportunity,
-            "meeting": meeting,
-            "external_ref": task_id,
-        }),
-    )?
-    .external_ref(task_id.clone());
+    let crm_task = crm_effect(&opportunity, &meeting, &task_id)?;
     // `$n` placeholders work on both backends.
     sqlx::query("INSERT INTO crm_followup_tasks (task_id, opportunity, meeting, message_id) VALUES ($1, $2, $3, $4)")
         .bind(task_id.clone())
@@ -98,6 +90,59 @@ where
     } else {
         done
     })
+}
+
+/// The agent's handler on DynamoDB: the follow-up task is an item of the inbox's own table (single-table
+/// design: `pk = followup#<task>`), written in the same `TransactWriteItems` as the marker. It counts the
+/// applications that reached it (`applied`), so a doubled application would show as 2.
+pub async fn create_task_dynamodb(
+    tx: txinbox::dynamodb::DynamoTx,
+    msg: Message<MeetingEnded>,
+    table: String,
+    with_crm: bool,
+) -> Result<Handled, HandlerError> {
+    use txinbox::dynamodb::aws_sdk_dynamodb::types::{AttributeValue as V, Update};
+    let MeetingEnded {
+        opportunity,
+        meeting,
+    } = msg.body;
+    let task_id = format!("followup-{opportunity}-{meeting}");
+    let crm_task = crm_effect(&opportunity, &meeting, &task_id)?;
+    tx.update(
+        Update::builder()
+            .table_name(table)
+            .key("pk", V::S(format!("followup#{task_id}")))
+            .update_expression(
+                "SET opportunity = :o, meeting = :m, message_id = :id ADD applied :one",
+            )
+            .expression_attribute_values(":o", V::S(opportunity))
+            .expression_attribute_values(":m", V::S(meeting))
+            .expression_attribute_values(":id", V::S(msg.identity.message_id))
+            .expression_attribute_values(":one", V::N("1".into()))
+            .build()
+            .map_err(HandlerError::permanent)?,
+    )?;
+    let done = Handled::reference(task_id);
+    Ok(if with_crm {
+        done.effect(crm_task)
+    } else {
+        done
+    })
+}
+
+/// The task to create at the external CRM, with the follow-up's reference.
+fn crm_effect(opportunity: &str, meeting: &str, task_id: &str) -> Result<Effect, HandlerError> {
+    Ok(Effect::json(
+        "crm.create_task",
+        CRM,
+        &serde_json::json!({
+            "title": format!("Follow up meeting {meeting} of opportunity {opportunity}"),
+            "opportunity": opportunity,
+            "meeting": meeting,
+            "external_ref": task_id,
+        }),
+    )?
+    .external_ref(task_id.to_owned()))
 }
 
 /// The destination name of the external CRM.
@@ -212,7 +257,7 @@ pub struct CommonArgs {
     /// Print the values the worker would run with (`key=value`) and exit without connecting.
     #[arg(long)]
     pub print_config: bool,
-    /// The store: `sqlite:crm.db` or `postgres://user@host/db` (`[store] url`).
+    /// The store: `sqlite:crm.db`, `postgres://user@host/db` or `dynamodb://TABLE` (`[store] url`).
     #[arg(long)]
     pub store: Option<String>,
     /// The consumer name, part of every inbox key (`[worker] consumer`).
@@ -372,7 +417,18 @@ where
         ),
         None => None,
     };
-    let report = if opts.store.starts_with("postgres") {
+    let report = if let Some(table) = opts.store.strip_prefix("dynamodb://") {
+        let store = txinbox::dynamodb::DynamoStore::connect(&opts.store).await?;
+        let with_crm = opts.effects.destinations.contains_key(CRM);
+        let runner = effect_runner(&store, &opts)?;
+        let table = table.to_owned();
+        let processor = Inbox::new(store.clone(), policy)
+            .retention(opts.retention.clone())
+            .retry_backoff(opts.retry_backoff)
+            .bind(move |tx, msg| create_task_dynamodb(tx, msg, table.clone(), with_crm))
+            .business_key(business_key);
+        drive(receiver, processor, store, runner, &opts, health_listener).await
+    } else if opts.store.starts_with("postgres") {
         let store = Store::<sqlx::Postgres>::connect(&opts.store, opts.max_connections).await?;
         sqlx::query(TASKS_PG).execute(store.pool()).await?;
         let with_crm = opts.effects.destinations.contains_key(CRM);
@@ -420,10 +476,10 @@ where
 
 /// The effect runner of the settings' destinations (none without one); a destination whose rules cannot work
 /// stops the agent at start.
-fn effect_runner<DB: Backend>(
-    store: &Store<DB>,
+fn effect_runner<S: EffectStore>(
+    store: &S,
     opts: &AgentOptions,
-) -> Result<Option<EffectRunner<Store<DB>>>, Error> {
+) -> Result<Option<EffectRunner<S>>, Error> {
     if opts.effects.destinations.is_empty() {
         return Ok(None);
     }
@@ -435,18 +491,18 @@ fn effect_runner<DB: Backend>(
 
 /// Runs the worker and, with effects, the effect runner and the maintenance beside it, and the health endpoint,
 /// under one shutdown (SIGTERM or Ctrl-C): a [`Monitor`](txinbox::Monitor).
-async fn drive<R, P, DB>(
+async fn drive<R, P, S>(
     receiver: R,
     processor: P,
-    store: Store<DB>,
-    runner: Option<EffectRunner<Store<DB>>>,
+    store: S,
+    runner: Option<EffectRunner<S>>,
     opts: &AgentOptions,
     health_listener: Option<tokio::net::TcpListener>,
 ) -> WorkerReport
 where
     R: Receiver,
     P: txinbox::Processor<LeasedDelivery<R::Delivery>>,
-    DB: Backend,
+    S: EffectStore + MaintenanceStore + HealthCheck + Clone,
 {
     let health = Health::new().check("database", store.clone());
     let mut monitor = txinbox::Monitor::new().worker(

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! sqs-crm-worker [--config worker.toml] [--print-config]
-//!                [--queue-url URL] [--dlq-url URL] [--store sqlite:crm.db | --store postgres://...]
+//!                [--queue-url URL] [--dlq-url URL] [--store sqlite:crm.db | postgres://... | dynamodb://TABLE]
 //!                [--consumer crm-followup] [--concurrency 8] [--visibility-timeout 60]
 //!                [--metrics-addr 127.0.0.1:9464] [--health-addr 127.0.0.1:8080] [--purge-interval-secs 60]
 //!                [--crm-url URL]
@@ -13,8 +13,9 @@
 //! Settings come from the file `txinbox check-infra --config` checks (`[worker]`, `[store]`, `[inbox]`,
 //! `[sqs]`), then the `TXINBOX_<SECTION>__<KEY>` environment overrides, then these flags: the last one wins.
 //! `--print-config` prints the values the worker would run with and exits. AWS credentials and region come from
-//! the standard AWS chain; `AWS_ENDPOINT_URL_SQS` points it at moto. SIGTERM or Ctrl-C stops receiving, lets
-//! in-flight messages finish (commit, then delete) and exits.
+//! the standard AWS chain; `AWS_ENDPOINT_URL_SQS` points it at moto, and `AWS_ENDPOINT_URL_DYNAMODB` a
+//! `dynamodb://TABLE` store at DynamoDB Local. SIGTERM or Ctrl-C stops receiving, lets in-flight messages
+//! finish (commit, then delete) and exits.
 
 use clap::Parser;
 use txinbox::broker::Receiver as _;

@@ -469,9 +469,10 @@ impl<S: InboxStore> Inbox<S> {
         }
         match self.store.commit(tx).await {
             Ok(Commit::Done) => {}
-            // A store that checks its conditions at commit cannot say which delivery failed them: nothing
-            // was written, so each delivery of the transaction is applied again on its own.
-            Ok(Commit::Conflict(_)) => {
+            // A store that checks its conditions (or the handler's writes) at commit cannot say which
+            // delivery failed them: nothing was written, so each delivery of the transaction is applied again
+            // on its own.
+            Ok(Commit::Conflict(_) | Commit::HandlerFailed(_)) => {
                 let mut out = Vec::with_capacity(slots.len());
                 for (i, s) in slots.into_iter().enumerate() {
                     out.push(match s {

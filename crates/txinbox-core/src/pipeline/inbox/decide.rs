@@ -170,6 +170,7 @@ impl<S: InboxStore> Inbox<S> {
                     Ok(Commit::Conflict(holder)) => {
                         self.conflict(&done.prepared, holder, msg.received_at).await
                     }
+                    Ok(Commit::HandlerFailed(e)) => self.handler_failed(e),
                     // The COMMIT's fate is unknown: release; the redelivery finds the marker or applies it.
                     Err(e) => self.store_retry("commit", &e),
                 }

@@ -1,0 +1,510 @@
+//! Effects and maintenance on DynamoDB: claimed by conditional updates found through the `due` index,
+//! finished under the holder's condition, expired by the TTL.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use chrono::{DateTime, Utc};
+use txinbox_core::effects::{
+    ClaimedEffect, EffectCount, EffectState, EffectStore, TransitionColumns,
+};
+use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
+
+use crate::error::call;
+use crate::layout::{self as l, n, s, Item, Reader};
+use crate::{DynamoError, DynamoStore};
+
+const CLAIMABLE: &str = "(#state IN (:pending, :uncertain) AND next_at <= :now) OR (#state = :in_flight AND claim_until < :now)";
+
+fn state_of(r: &Reader<'_>) -> Result<EffectState, DynamoError> {
+    let v = r.s("state")?;
+    EffectState::parse(&v).ok_or_else(|| DynamoError::Corrupt {
+        pk: r.s(l::PK).unwrap_or_default(),
+        detail: format!("unknown effect state {v:?}"),
+    })
+}
+
+fn claimed(item: &Item, from: EffectState) -> Result<ClaimedEffect, DynamoError> {
+    let r = Reader::new(item);
+    Ok(ClaimedEffect {
+        id: r.i64("id")?,
+        consumer: r.s("consumer")?,
+        message_id: r.s("message_id")?,
+        key: r.s("key")?,
+        name: r.s("name")?,
+        destination: r.s("destination")?,
+        payload: r.bytes("payload")?,
+        metadata: r.string_map("metadata")?,
+        external_ref: r.s("external_ref")?,
+        claimed_from: from,
+        attempts: r.i64("attempts")? as i32,
+        reconciliations: r.i64("reconciliations")? as i32,
+        created_at: r.time("created_at")?,
+        reference: r.opt_s("result_reference")?,
+        maybe_happened: r.bool("maybe_happened")?,
+        sent_hash: r.opt_s("sent_hash")?,
+    })
+}
+
+impl DynamoStore {
+    fn effect_key(id: i64) -> (String, AttributeValue) {
+        (l::PK.to_owned(), s(l::effect_pk(id)))
+    }
+
+    /// Whether an older effect of the same consumer and group is unfinished (read from `by_group`, which is
+    /// eventually consistent: an older effect just finished may still look unfinished for a moment, which
+    /// only delays this one).
+    async fn blocked_by_group(&self, item: &Item) -> Result<bool, DynamoError> {
+        let r = Reader::new(item);
+        let (Some(pk), Some(sk)) = (r.opt_s("gsi3pk")?, r.opt_s("gsi3sk")?) else {
+            return Ok(false);
+        };
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&*self.table)
+                .index_name(l::BY_GROUP)
+                .key_condition_expression("gsi3pk = :g AND gsi3sk < :me")
+                .expression_attribute_values(":g", s(&pk))
+                .expression_attribute_values(":me", s(&sk))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| call("Query", e))?;
+            for key in out.items() {
+                let Some(pk) = key.get(l::PK) else { continue };
+                let older = self
+                    .client
+                    .get_item()
+                    .table_name(&*self.table)
+                    .key(l::PK, pk.clone())
+                    .projection_expression("#state")
+                    .expression_attribute_names("#state", "state")
+                    .consistent_read(true)
+                    .send()
+                    .await
+                    .map_err(|e| call("GetItem", e))?;
+                if let Some(o) = older.item() {
+                    let st = state_of(&Reader::new(o))?;
+                    if !matches!(st, EffectState::Done | EffectState::Failed) {
+                        return Ok(true);
+                    }
+                }
+            }
+            match out.last_evaluated_key() {
+                Some(k) => start = Some(k.clone()),
+                None => return Ok(false),
+            }
+        }
+    }
+
+    async fn effect_counts_inner(&self) -> Result<Vec<EffectCount>, DynamoError> {
+        let mut counts: BTreeMap<(String, String, EffectState), EffectCount> = BTreeMap::new();
+        for shard in 0..l::EFFECT_SHARDS {
+            let mut start = None;
+            loop {
+                let out = self
+                    .client
+                    .query()
+                    .table_name(&*self.table)
+                    .index_name(l::BY_CONSUMER)
+                    .key_condition_expression("gsi1pk = :p")
+                    .expression_attribute_values(":p", s(l::effect_shard(shard)))
+                    .projection_expression(
+                        "consumer, destination, #state, created_at, result_reference",
+                    )
+                    .expression_attribute_names("#state", "state")
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| call("Query", e))?;
+                for item in out.items() {
+                    let r = Reader::new(item);
+                    let (consumer, destination, state) =
+                        (r.s("consumer")?, r.s("destination")?, state_of(&r)?);
+                    let created = r.time("created_at")?;
+                    let c = counts
+                        .entry((consumer.clone(), destination.clone(), state))
+                        .or_insert(EffectCount {
+                            consumer,
+                            destination,
+                            state,
+                            count: 0,
+                            oldest: None,
+                            without_reference: 0,
+                        });
+                    c.count += 1;
+                    c.oldest = Some(c.oldest.map_or(created, |o| o.min(created)));
+                    if r.opt_s("result_reference")?.is_none() {
+                        c.without_reference += 1;
+                    }
+                }
+                match out.last_evaluated_key() {
+                    Some(k) => start = Some(k.clone()),
+                    None => break,
+                }
+            }
+        }
+        Ok(counts.into_values().collect())
+    }
+
+    /// Items of one `by_consumer` partition not yet expired: how many, and the oldest sort key's time.
+    async fn partition_stats(
+        &self,
+        partition: &str,
+        filter_consumer: Option<&str>,
+    ) -> Result<(i64, Option<DateTime<Utc>>), DynamoError> {
+        let now = Utc::now().timestamp();
+        let mut count = 0i64;
+        let mut oldest: Option<DateTime<Utc>> = None;
+        let mut start = None;
+        loop {
+            let mut q = self
+                .client
+                .query()
+                .table_name(&*self.table)
+                .index_name(l::BY_CONSUMER)
+                .key_condition_expression("gsi1pk = :p")
+                .expression_attribute_values(":p", s(partition))
+                .expression_attribute_values(":now", n(now))
+                .projection_expression("gsi1sk")
+                .set_exclusive_start_key(start);
+            q = match filter_consumer {
+                Some(c) => q
+                    .filter_expression("(attribute_not_exists(expires_at) OR expires_at >= :now) AND consumer = :c")
+                    .expression_attribute_values(":c", s(c)),
+                None => q.filter_expression("attribute_not_exists(expires_at) OR expires_at >= :now"),
+            };
+            let out = q.send().await.map_err(|e| call("Query", e))?;
+            for item in out.items() {
+                count += 1;
+                let sk = Reader::new(item).s("gsi1sk")?;
+                if let Some(t) = sk
+                    .split('#')
+                    .next()
+                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                {
+                    let t = t.with_timezone(&Utc);
+                    oldest = Some(oldest.map_or(t, |o| o.min(t)));
+                }
+            }
+            match out.last_evaluated_key() {
+                Some(k) => start = Some(k.clone()),
+                None => return Ok((count, oldest)),
+            }
+        }
+    }
+}
+
+impl EffectStore for DynamoStore {
+    type Error = DynamoError;
+
+    /// Queries the `due` index of each destination for effects due by `now` (oldest first), then claims each
+    /// with a conditional update (`pending`/`uncertain` and due, or `in_flight` with an expired claim): two
+    /// runners that find the same effect race on the condition, and one wins. An effect behind an older
+    /// unfinished one of its group is left for later.
+    async fn claim_effects(
+        &self,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<ClaimedEffect>, DynamoError> {
+        let mut out = Vec::new();
+        let now_s = l::ts(now);
+        let bound = format!("{now_s}#~");
+        for dest in destinations {
+            if out.len() as i64 >= limit {
+                break;
+            }
+            let mut start = None;
+            'pages: loop {
+                let page = self
+                    .client
+                    .query()
+                    .table_name(&*self.table)
+                    .index_name(l::DUE)
+                    .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
+                    .expression_attribute_values(":d", s(l::due_of(dest)))
+                    .expression_attribute_values(":bound", s(&bound))
+                    .limit(limit.clamp(1, 100) as i32)
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| call("Query", e))?;
+                for key in page.items() {
+                    if out.len() as i64 >= limit {
+                        break 'pages;
+                    }
+                    let Some(pk) = key.get(l::PK) else { continue };
+                    let Some(id) = pk
+                        .as_s()
+                        .ok()
+                        .and_then(|p| p.strip_prefix("e#"))
+                        .and_then(|i| i.parse::<i64>().ok())
+                    else {
+                        continue;
+                    };
+                    let current = self
+                        .client
+                        .get_item()
+                        .table_name(&*self.table)
+                        .key(l::PK, pk.clone())
+                        .consistent_read(true)
+                        .send()
+                        .await
+                        .map_err(|e| call("GetItem", e))?;
+                    let Some(item) = current.item() else { continue };
+                    if self.blocked_by_group(item).await? {
+                        continue;
+                    }
+                    let (k, v) = Self::effect_key(id);
+                    let res = self
+                        .client
+                        .update_item()
+                        .table_name(&*self.table)
+                        .key(k, v)
+                        .update_expression("SET #state = :in_flight, claimed_by = :h, claim_until = :cu, updated_at = :now, gsi2sk = :due")
+                        .condition_expression(CLAIMABLE)
+                        .expression_attribute_names("#state", "state")
+                        .expression_attribute_values(":pending", s("pending"))
+                        .expression_attribute_values(":uncertain", s("uncertain"))
+                        .expression_attribute_values(":in_flight", s("in_flight"))
+                        .expression_attribute_values(":now", s(&now_s))
+                        .expression_attribute_values(":h", s(holder))
+                        .expression_attribute_values(":cu", s(l::ts(claim_until)))
+                        .expression_attribute_values(":due", s(format!("{}#{id}", l::ts(claim_until))))
+                        .return_values(ReturnValue::AllOld)
+                        .send()
+                        .await;
+                    match res {
+                        Ok(r) => {
+                            let Some(old) = r.attributes() else { continue };
+                            let from = state_of(&Reader::new(old))?;
+                            let mut c = claimed(old, from)?;
+                            c.reference = None;
+                            out.push(c);
+                        }
+                        Err(e)
+                            if e.as_service_error()
+                                .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+                        {
+                            // Another runner claimed it first, or it is not due any more.
+                        }
+                        Err(e) => return Err(call("UpdateItem", e)),
+                    }
+                }
+                match page.last_evaluated_key() {
+                    Some(k) => start = Some(k.clone()),
+                    None => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn finish_effect(
+        &self,
+        id: i64,
+        holder: &str,
+        t: &TransitionColumns<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, DynamoError> {
+        let mut set = vec!["#state = :state", "updated_at = :now"];
+        let mut remove = vec!["claimed_by", "claim_until"];
+        let (k, v) = Self::effect_key(id);
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .key(k, v)
+            .condition_expression("claimed_by = :h AND #state = :in_flight")
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_values(":h", s(holder))
+            .expression_attribute_values(":in_flight", s("in_flight"))
+            .expression_attribute_values(":state", s(t.state.as_str()))
+            .expression_attribute_values(":now", s(l::ts(now)));
+        if let Some(a) = t.attempts {
+            set.push("attempts = :attempts");
+            req = req.expression_attribute_values(":attempts", n(a));
+        }
+        if let Some(r) = t.reconciliations {
+            set.push("reconciliations = :recs");
+            req = req.expression_attribute_values(":recs", n(r));
+        }
+        if let Some(at) = t.next_at {
+            set.push("next_at = :next");
+            req = req.expression_attribute_values(":next", s(l::ts(at)));
+        }
+        if let Some(r) = t.reference {
+            set.push("result_reference = :ref");
+            req = req.expression_attribute_values(":ref", s(r));
+        }
+        match t.error {
+            Some(e) => {
+                set.push("last_error = :err");
+                req = req.expression_attribute_values(":err", s(e));
+            }
+            None => remove.push("last_error"),
+        }
+        if let Some(m) = t.maybe_happened {
+            set.push("maybe_happened = :maybe");
+            req = req.expression_attribute_values(":maybe", AttributeValue::Bool(m));
+        }
+        if let Some(h) = t.sent_hash {
+            set.push("sent_hash = if_not_exists(sent_hash, :sent)");
+            req = req.expression_attribute_values(":sent", s(h));
+        }
+        if t.finished {
+            set.push("finished_at = :now");
+        }
+        if t.state == EffectState::Done {
+            let until = now
+                + chrono::Duration::from_std(self.options.effects_keep)
+                    .unwrap_or(chrono::Duration::MAX);
+            set.push("expires_at = :expires");
+            req = req.expression_attribute_values(":expires", n(l::epoch_ceil(until)));
+        }
+        // Due again (pending, uncertain): back in the `due` index at its time; otherwise out of it.
+        match (t.state, t.next_at) {
+            (EffectState::Pending | EffectState::Uncertain, Some(at)) => {
+                set.push("gsi2sk = :due");
+                req = req.expression_attribute_values(":due", s(format!("{}#{id}", l::ts(at))));
+            }
+            _ => remove.extend(["gsi2pk", "gsi2sk"]),
+        }
+        let expr = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
+        match req.update_expression(expr).send().await {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(call("UpdateItem", e)),
+        }
+    }
+
+    /// Done effects are deleted by the TTL (`expires_at` is set when they finish, [`DynamoOptions::effects_keep`]
+    /// later): nothing to delete here.
+    ///
+    /// [`DynamoOptions::effects_keep`]: crate::DynamoOptions::effects_keep
+    async fn purge_done_effects(
+        &self,
+        _before: DateTime<Utc>,
+        _limit: i64,
+    ) -> Result<u64, DynamoError> {
+        Ok(0)
+    }
+
+    async fn effect_counts(&self) -> Result<Vec<EffectCount>, DynamoError> {
+        self.effect_counts_inner().await
+    }
+
+    async fn find_effect(&self, key: &str) -> Result<Option<ClaimedEffect>, DynamoError> {
+        let id = l::effect_id(key);
+        let (k, v) = Self::effect_key(id);
+        let out = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .key(k, v)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| call("GetItem", e))?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        let r = Reader::new(item);
+        if r.s("key")? != key {
+            return Ok(None);
+        }
+        let from = state_of(&r)?;
+        claimed(item, from).map(Some)
+    }
+
+    async fn mark_compensated(
+        &self,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, DynamoError> {
+        let (k, v) = Self::effect_key(id);
+        let res = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .key(k, v)
+            .update_expression("SET #state = :comp, last_error = :note, updated_at = :now")
+            .condition_expression("#state = :done")
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_values(":comp", s("compensated"))
+            .expression_attribute_values(":done", s("done"))
+            .expression_attribute_values(":note", s(note))
+            .expression_attribute_values(":now", s(l::ts(now)))
+            .send()
+            .await;
+        match res {
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(call("UpdateItem", e)),
+        }
+    }
+}
+
+impl MaintenanceStore for DynamoStore {
+    type Error = DynamoError;
+
+    /// On DynamoDB expiry is the TTL's: every item carries `expires_at`, the conditions treat an expired
+    /// item as absent from that second on, and DynamoDB deletes it in the background (typically within days,
+    /// at no write cost). Nothing is deleted here.
+    async fn purge_batch(
+        &self,
+        _table: Table,
+        _before: DateTime<Utc>,
+        _limit: i64,
+    ) -> Result<Vec<String>, DynamoError> {
+        Ok(Vec::new())
+    }
+
+    /// Counts through the `by_consumer` index (a query of the consumer's partition, filtered on
+    /// `expires_at`): it reads every item of the partition, about 0.5 read unit per 4 KB read.
+    async fn table_stats(
+        &self,
+        table: Table,
+        consumer: &str,
+    ) -> Result<(i64, Option<DateTime<Utc>>), DynamoError> {
+        match table {
+            Table::Markers => self.partition_stats(&l::markers_of(consumer), None).await,
+            Table::Rejections => {
+                self.partition_stats(&l::rejections_of(consumer), None)
+                    .await
+            }
+            _ => {
+                let mut count = 0;
+                let mut oldest: Option<DateTime<Utc>> = None;
+                for shard in 0..l::EFFECT_SHARDS {
+                    let (c, o) = self
+                        .partition_stats(&l::effect_shard(shard), Some(consumer))
+                        .await?;
+                    count += c;
+                    oldest = match (oldest, o) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                Ok((count, oldest))
+            }
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The table's layout: one table, hash key `pk`, three sparse global secondary indexes, TTL on `expires_at`.
+//!
+//! | item | `pk` | `gsi1pk` / `gsi1sk` (`by_consumer`) | `gsi2pk` / `gsi2sk` (`due`) | `gsi3pk` / `gsi3sk` (`by_group`) |
+//! |---|---|---|---|---|
+//! | marker | `m#` consumer, source, message id | `m#` consumer / processed at, message id | | |
+//! | business key | `b#` consumer, tenant, business key | | | |
+//! | evidence | `r#` uuid | `r#` consumer / recorded at, uuid | | |
+//! | effect | `e#` id | `fx#` shard / created at, id | `due#` destination / due at, id (while due) | `g#` consumer, group / created at, order (grouped only) |
+//!
+//! Every variable part of a key is length-prefixed (`12:crm-followup`), so no value can forge another's key
+//! whatever characters it holds. Times in sort keys are RFC 3339 UTC with microseconds, which sort as text
+//! in time order.
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+use chrono::{DateTime, SecondsFormat, Utc};
+use sha2::{Digest, Sha256};
+
+/// An item as the SDK carries it.
+pub type Item = HashMap<String, AttributeValue>;
+
+/// The table's hash key attribute.
+pub const PK: &str = "pk";
+/// The TTL attribute (epoch seconds).
+pub const EXPIRES_AT: &str = "expires_at";
+/// The index of markers, evidence and effects by consumer (or effect shard), oldest first.
+pub const BY_CONSUMER: &str = "by_consumer";
+/// The index of effects that are due, by destination and time.
+pub const DUE: &str = "due";
+/// The index of grouped effects, by consumer and group, in order.
+pub const BY_GROUP: &str = "by_group";
+/// The global secondary indexes and their (hash, range) attributes.
+pub const INDEXES: [(&str, &str, &str); 3] = [
+    (BY_CONSUMER, "gsi1pk", "gsi1sk"),
+    (DUE, "gsi2pk", "gsi2sk"),
+    (BY_GROUP, "gsi3pk", "gsi3sk"),
+];
+/// How many partitions of `by_consumer` the effects spread over (so that no one index partition takes every
+/// effect write); counting effects reads all of them.
+pub const EFFECT_SHARDS: u64 = 8;
+
+fn part(out: &mut String, s: &str) {
+    out.push_str(&s.len().to_string());
+    out.push(':');
+    out.push_str(s);
+}
+
+fn key(prefix: &str, parts: &[&str]) -> String {
+    let mut out = String::from(prefix);
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push('#');
+        }
+        part(&mut out, p);
+    }
+    out
+}
+
+/// A marker's key.
+pub fn marker_pk(consumer: &str, source: &str, message_id: &str) -> String {
+    key("m#", &[consumer, source, message_id])
+}
+
+/// A business key item's key (unique per consumer and tenant).
+pub fn business_pk(consumer: &str, tenant: Option<&str>, business_key: &str) -> String {
+    key("b#", &[consumer, tenant.unwrap_or(""), business_key])
+}
+
+/// The `by_consumer` partition of a consumer's markers.
+pub fn markers_of(consumer: &str) -> String {
+    key("m#", &[consumer])
+}
+
+/// The `by_consumer` partition of a consumer's evidence.
+pub fn rejections_of(consumer: &str) -> String {
+    key("r#", &[consumer])
+}
+
+/// The `by_consumer` partition of effect shard `n`.
+pub fn effect_shard(n: u64) -> String {
+    format!("fx#{n}")
+}
+
+/// An effect's key.
+pub fn effect_pk(id: i64) -> String {
+    format!("e#{id}")
+}
+
+/// The `due` partition of a destination.
+pub fn due_of(destination: &str) -> String {
+    key("due#", &[destination])
+}
+
+/// The `by_group` partition of a consumer's group.
+pub fn group_of(consumer: &str, group: &str) -> String {
+    key("g#", &[consumer, group])
+}
+
+/// An effect's id: the first 63 bits of the SHA-256 of its idempotency key, so that the key alone finds the
+/// item (`txinbox effects show KEY`, reconciliation) with one `GetItem`. Two keys with one id would make
+/// the second effect's put fail its condition, never overwrite the first (a chance of about n²/2⁶⁴ for n
+/// effects kept).
+pub fn effect_id(key: &str) -> i64 {
+    let d = Sha256::digest(key.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    (u64::from_be_bytes(b) >> 1) as i64
+}
+
+/// The shard of an effect id.
+pub fn shard_of(id: i64) -> u64 {
+    (id as u64) % EFFECT_SHARDS
+}
+
+/// A time as stored (and sorted).
+pub fn ts(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// Epoch seconds for the TTL attribute, rounded up (an item never expires before its time).
+pub fn epoch_ceil(t: DateTime<Utc>) -> i64 {
+    let s = t.timestamp();
+    if t.timestamp_subsec_nanos() > 0 {
+        s + 1
+    } else {
+        s
+    }
+}
+
+/// A string attribute.
+pub fn s(v: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(v.into())
+}
+
+/// A number attribute.
+pub fn n(v: impl ToString) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+/// A binary attribute.
+pub fn b(v: &[u8]) -> AttributeValue {
+    AttributeValue::B(Blob::new(v))
+}
+
+/// Reads attributes of a stored item, naming the item and the attribute when one is missing or of another
+/// type.
+pub struct Reader<'a> {
+    item: &'a Item,
+}
+
+impl<'a> Reader<'a> {
+    /// Reads `item`.
+    pub fn new(item: &'a Item) -> Self {
+        Self { item }
+    }
+
+    fn pk(&self) -> &str {
+        self.item
+            .get(PK)
+            .and_then(|v| v.as_s().ok())
+            .map(String::as_str)
+            .unwrap_or("?")
+    }
+
+    fn bad(&self, name: &str, what: &str) -> crate::DynamoError {
+        crate::DynamoError::Corrupt {
+            pk: self.pk().to_owned(),
+            detail: format!("attribute {name:?} {what}"),
+        }
+    }
+
+    /// A string attribute, if present.
+    pub fn opt_s(&self, name: &str) -> Result<Option<String>, crate::DynamoError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
+            Some(_) => Err(self.bad(name, "is not a string")),
+        }
+    }
+
+    /// A string attribute.
+    pub fn s(&self, name: &str) -> Result<String, crate::DynamoError> {
+        self.opt_s(name)?
+            .ok_or_else(|| self.bad(name, "is missing"))
+    }
+
+    /// A number attribute, if present.
+    pub fn opt_i64(&self, name: &str) -> Result<Option<i64>, crate::DynamoError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(None),
+            Some(AttributeValue::N(v)) => v
+                .parse()
+                .map(Some)
+                .map_err(|_| self.bad(name, "is not an integer")),
+            Some(_) => Err(self.bad(name, "is not a number")),
+        }
+    }
+
+    /// A number attribute.
+    pub fn i64(&self, name: &str) -> Result<i64, crate::DynamoError> {
+        self.opt_i64(name)?
+            .ok_or_else(|| self.bad(name, "is missing"))
+    }
+
+    /// A boolean attribute (absent is false).
+    pub fn bool(&self, name: &str) -> Result<bool, crate::DynamoError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(false),
+            Some(AttributeValue::Bool(v)) => Ok(*v),
+            Some(_) => Err(self.bad(name, "is not a boolean")),
+        }
+    }
+
+    /// A binary attribute (absent is empty).
+    pub fn bytes(&self, name: &str) -> Result<Vec<u8>, crate::DynamoError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(Vec::new()),
+            Some(AttributeValue::B(v)) => Ok(v.as_ref().to_vec()),
+            Some(_) => Err(self.bad(name, "is not binary")),
+        }
+    }
+
+    /// A map of strings (absent is empty).
+    pub fn string_map(
+        &self,
+        name: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, crate::DynamoError> {
+        match self.item.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(Default::default()),
+            Some(AttributeValue::M(m)) => m
+                .iter()
+                .map(|(k, v)| match v {
+                    AttributeValue::S(s) => Ok((k.clone(), s.clone())),
+                    _ => Err(self.bad(name, "holds a value that is not a string")),
+                })
+                .collect(),
+            Some(_) => Err(self.bad(name, "is not a map")),
+        }
+    }
+
+    /// A time attribute (RFC 3339), if present.
+    pub fn opt_time(&self, name: &str) -> Result<Option<DateTime<Utc>>, crate::DynamoError> {
+        self.opt_s(name)?
+            .map(|v| {
+                DateTime::parse_from_rfc3339(&v)
+                    .map(|t| t.with_timezone(&Utc))
+                    .map_err(|_| self.bad(name, "is not an RFC 3339 time"))
+            })
+            .transpose()
+    }
+
+    /// A time attribute (RFC 3339).
+    pub fn time(&self, name: &str) -> Result<DateTime<Utc>, crate::DynamoError> {
+        self.opt_time(name)?
+            .ok_or_else(|| self.bad(name, "is missing"))
+    }
+}
+
+/// The size DynamoDB bills and limits an item by (attribute names plus values, as its developer guide
+/// counts them), closely enough to refuse an item over 400 KB before sending it.
+pub fn item_size(item: &Item) -> usize {
+    item.iter().map(|(k, v)| k.len() + value_size(v)).sum()
+}
+
+fn value_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => n.len().div_ceil(2) + 1,
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Bool(_) | AttributeValue::Null(_) => 1,
+        AttributeValue::Ss(v) => v.iter().map(String::len).sum(),
+        AttributeValue::Ns(v) => v.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
+        AttributeValue::Bs(v) => v.iter().map(|b| b.as_ref().len()).sum(),
+        AttributeValue::L(l) => 3 + l.iter().map(|v| 1 + value_size(v)).sum::<usize>(),
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, v)| 1 + k.len() + value_size(v))
+                .sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_cannot_be_forged_by_separators_in_values() {
+        assert_ne!(marker_pk("c", "a#1:b", "x"), marker_pk("c", "a", "b#1:x"));
+        assert_eq!(marker_pk("crm", "src", "m-1"), "m#3:crm#3:src#3:m-1");
+        assert_ne!(
+            business_pk("c", None, "k"),
+            business_pk("c", Some(""), "k#")
+        );
+    }
+
+    #[test]
+    fn effect_ids_are_stable_positive_and_spread() {
+        let a = effect_id("crm-followup:m-1:create_task");
+        assert_eq!(a, effect_id("crm-followup:m-1:create_task"));
+        assert!(a >= 0);
+        let shards: std::collections::BTreeSet<u64> = (0..200)
+            .map(|i| shard_of(effect_id(&format!("k{i}"))))
+            .collect();
+        assert_eq!(shards.len() as u64, EFFECT_SHARDS);
+    }
+
+    #[test]
+    fn times_sort_as_text_and_ttl_rounds_up() {
+        let t1 = DateTime::parse_from_rfc3339("2026-01-02T03:04:05.000001Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let t2 = t1 + chrono::Duration::microseconds(999_999);
+        assert!(ts(t1) < ts(t2));
+        assert_eq!(epoch_ceil(t1), t1.timestamp() + 1);
+    }
+
+    #[test]
+    fn item_size_counts_names_and_values() {
+        let mut item = Item::new();
+        item.insert("pk".into(), s("abc"));
+        item.insert("n".into(), n(12345));
+        assert_eq!(item_size(&item), 2 + 3 + 1 + 4);
+    }
+}

@@ -1,0 +1,730 @@
+//! The DynamoDB store against DynamoDB Local (started by `scripts/dynamodb.sh`, `TXINBOX_DYNAMODB_ENDPOINT`):
+//! the inbox transaction and its refusals, the lost answer, the service's limits, retention by TTL, effects
+//! and the table check. Each test makes its own table.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, ReturnValue, Update};
+use aws_sdk_dynamodb::Client;
+use chrono::Utc;
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::effects::{EffectState, EffectStore, Transition};
+use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
+use txinbox_core::store::{Commit, MarkerInsert, MarkerRow};
+use txinbox_core::{
+    ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, InboxStore, Message,
+    OutcomeKind, ReceivedMessage, Worker,
+};
+use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
+
+fn endpoint() -> String {
+    std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start DynamoDB Local with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
+    })
+}
+
+fn client() -> Client {
+    txinbox_dynamodb::emulator_client(&endpoint())
+}
+
+async fn fresh_table(client: &Client) -> String {
+    let name = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
+    DynamoStore::create_table(client, &name).await.unwrap();
+    name
+}
+
+/// A business table of the test's own: `id` (string) hash key.
+async fn business_table(client: &Client) -> String {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let name = format!("tasks-{}", uuid::Uuid::new_v4().simple());
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    name
+}
+
+async fn store_on(client: Client) -> (DynamoStore, String) {
+    let table = fresh_table(&client).await;
+    let store = DynamoStore::open(client, &table, DynamoOptions::default())
+        .await
+        .unwrap();
+    (store, table)
+}
+
+async fn count_of(client: &Client, table: &str, id: &str) -> Option<i64> {
+    let out = client
+        .get_item()
+        .table_name(table)
+        .key("id", AttributeValue::S(id.into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    out.item()
+        .and_then(|i| i.get("n"))
+        .map(|n| n.as_n().unwrap().parse().unwrap())
+}
+
+fn add_one(table: &str, id: &str) -> Update {
+    Update::builder()
+        .table_name(table)
+        .key("id", AttributeValue::S(id.into()))
+        .update_expression("ADD n :one")
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .build()
+        .unwrap()
+}
+
+#[derive(serde::Deserialize)]
+struct Meeting {
+    opportunity: String,
+    meeting: String,
+}
+
+fn meeting(id: &str, opportunity: &str, meeting: &str) -> OutgoingMessage {
+    OutgoingMessage::new(format!(
+        r#"{{"opportunity":"{opportunity}","meeting":"{meeting}"}}"#
+    ))
+    .cloudevent("crm", id, "meeting.ended")
+    // One FIFO group: the copies are decided in the order sent.
+    .group("opportunities")
+}
+
+/// Runs the worker over `msgs`: each applied message adds one to its follow-up task's counter (one
+/// business write in the inbox transaction) and records one effect.
+async fn run(
+    store: &DynamoStore,
+    tasks: &str,
+    msgs: Vec<OutgoingMessage>,
+) -> (MemoryQueue, txinbox_core::WorkerReport) {
+    let queue = MemoryQueue::new(QueueOptions::default().max_receive_count(Some(3)));
+    for m in msgs {
+        queue.send(m);
+    }
+    let tasks = tasks.to_owned();
+    let inbox = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap()),
+    );
+    let processor = inbox
+        .bind(move |tx: DynamoTx, msg: Message<Meeting>| {
+            let tasks = tasks.clone();
+            async move {
+                let task = format!("{}:{}", msg.body.opportunity, msg.body.meeting);
+                tx.update(add_one(&tasks, &task))?;
+                Ok(Handled::reference(task.clone()).effect(Effect::new(
+                    "create_task",
+                    "crm",
+                    task.into_bytes(),
+                )))
+            }
+        })
+        .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)));
+    let report = Worker::new(queue.receiver(), processor)
+        .run_until_idle()
+        .await;
+    (queue, report)
+}
+
+#[tokio::test]
+async fn a_redelivered_copy_finds_the_marker_and_writes_nothing_again() {
+    let c = client();
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let (queue, report) = run(
+        &store,
+        &tasks,
+        vec![meeting("m-1", "o-1", "x"), meeting("m-1", "o-1", "x")],
+    )
+    .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1, "{report:?}");
+    assert_eq!(report.count(OutcomeKind::Duplicate), 1, "{report:?}");
+    assert_eq!(count_of(&c, &tasks, "o-1:x").await, Some(1));
+    let st = queue.state();
+    assert_eq!((st.visible, st.in_flight, st.dead_lettered), (0, 0, 0));
+    let (markers, oldest) = store
+        .table_stats(Table::Markers, "crm-followup")
+        .await
+        .unwrap();
+    assert_eq!(markers, 1);
+    assert!(oldest.is_some());
+    // One effect recorded with the marker, found by its key.
+    let fx = store
+        .find_effect(&txinbox_core::effects::idempotency_key(
+            &txinbox_test_identity("m-1"),
+            "create_task",
+        ))
+        .await
+        .unwrap()
+        .expect("the effect intent was written in the inbox transaction");
+    assert_eq!(fx.claimed_from, EffectState::Pending);
+    assert_eq!(fx.payload, b"o-1:x");
+}
+
+/// The identity the pipeline resolves for `meeting(id, ..)`.
+fn txinbox_test_identity(id: &str) -> txinbox_core::Identity {
+    let msg = queue_message(meeting(id, "o", "m"));
+    IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap())
+        .resolve(&msg)
+        .unwrap()
+}
+
+fn queue_message(m: OutgoingMessage) -> ReceivedMessage {
+    let q = MemoryQueue::new(QueueOptions::default());
+    q.send(m);
+    let d = q.receive_now(1).pop().unwrap();
+    txinbox_core::Delivery::message(&d).clone()
+}
+
+#[tokio::test]
+async fn a_payload_collision_is_dead_lettered_and_a_business_duplicate_acknowledged_each_with_evidence(
+) {
+    let c = client();
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let (queue, report) = run(
+        &store,
+        &tasks,
+        vec![
+            meeting("m-1", "o-1", "x"),
+            // Same id, other payload.
+            meeting("m-1", "o-2", "y"),
+            // Other id, same business key as m-1.
+            meeting("m-3", "o-1", "x"),
+        ],
+    )
+    .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1, "{report:?}");
+    assert_eq!(report.count(OutcomeKind::PayloadCollision), 1, "{report:?}");
+    assert_eq!(
+        report.count(OutcomeKind::BusinessDuplicate),
+        1,
+        "{report:?}"
+    );
+    assert_eq!(count_of(&c, &tasks, "o-1:x").await, Some(1));
+    assert_eq!(count_of(&c, &tasks, "o-2:y").await, None);
+    let dead = queue.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].1.reason, "payload_collision");
+    let (evidence, _) = store
+        .table_stats(Table::Rejections, "crm-followup")
+        .await
+        .unwrap();
+    assert_eq!(evidence, 2);
+}
+
+fn row<'a>(identity: &'a txinbox_core::Identity, retention: chrono::Duration) -> MarkerRow<'a> {
+    let now = Utc::now();
+    MarkerRow::new(identity, "hash-1", now, now, now + retention, 1)
+}
+
+#[tokio::test]
+async fn the_handlers_failed_condition_cancels_everything_and_is_the_handlers_retryable_error() {
+    let c = client();
+    let (store, table) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let id = txinbox_test_identity("m-1");
+    let tx = store.begin().await.unwrap();
+    assert_eq!(
+        store
+            .insert_marker(&tx, &row(&id, chrono::Duration::hours(1)))
+            .await
+            .unwrap(),
+        MarkerInsert::Inserted
+    );
+    tx.update(add_one(&tasks, "t-1")).unwrap();
+    // The optimistic pattern: the order must still be at version 7 (it does not exist at all).
+    tx.condition_check(
+        ConditionCheck::builder()
+            .table_name(&tasks)
+            .key("id", AttributeValue::S("order-9".into()))
+            .condition_expression("version = :v")
+            .expression_attribute_values(":v", AttributeValue::N("7".into()))
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
+    store.record_result(&tx, &id, None, &[]).await.unwrap();
+    let kept = tx.clone();
+    match store.commit(tx).await.unwrap() {
+        Commit::HandlerFailed(e) => {
+            let src: &(dyn std::error::Error + 'static) = e.source();
+            let d = src.downcast_ref::<DynamoError>().expect("a DynamoError");
+            assert!(
+                matches!(d, DynamoError::HandlerCondition { index: 1, table, .. } if *table == tasks),
+                "{d}"
+            );
+            assert_eq!(DynamoStore::classify(src), Some(true));
+        }
+        other => panic!("expected the handler's failure, got {other:?}"),
+    }
+    // Nothing was written: neither the business update nor the marker.
+    assert_eq!(count_of(&c, &tasks, "t-1").await, None);
+    let marker = c
+        .get_item()
+        .table_name(&table)
+        .key(
+            "pk",
+            AttributeValue::S(txinbox_dynamodb::layout::marker_pk(
+                "crm-followup",
+                &id.source,
+                "m-1",
+            )),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    assert!(marker.item().is_none());
+    // A clone kept past the commit cannot write.
+    assert!(matches!(
+        kept.update(add_one(&tasks, "t-2")),
+        Err(DynamoError::Closed)
+    ));
+}
+
+async fn commit_with(
+    store: &DynamoStore,
+    id: &txinbox_core::Identity,
+    fill: impl FnOnce(&DynamoTx),
+) -> Commit {
+    let tx = store.begin().await.unwrap();
+    store
+        .insert_marker(&tx, &row(id, chrono::Duration::hours(1)))
+        .await
+        .unwrap();
+    fill(&tx);
+    store.record_result(&tx, id, None, &[]).await.unwrap();
+    store.commit(tx).await.unwrap()
+}
+
+fn limit_error(c: Commit) -> String {
+    match c {
+        Commit::HandlerFailed(e) => {
+            assert_eq!(e.retry_kind(), txinbox_core::Retry::No, "{e}");
+            let d = e
+                .source()
+                .downcast_ref::<DynamoError>()
+                .expect("a DynamoError");
+            assert!(matches!(d, DynamoError::Limit(_)), "{d}");
+            d.to_string()
+        }
+        other => panic!("expected a permanent refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_sent() {
+    let c = client();
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    // 99 actions + marker + business key item: 101.
+    let id = txinbox_test_identity("m-1");
+    let msg = limit_error(
+        commit_with(&store, &id, |tx| {
+            for i in 0..99 {
+                tx.update(add_one(&tasks, &format!("t-{i}"))).unwrap();
+            }
+        })
+        .await,
+    );
+    assert!(msg.contains("100"), "{msg}");
+    assert_eq!(count_of(&c, &tasks, "t-0").await, None);
+    // Two actions on one item.
+    let msg = limit_error(
+        commit_with(&store, &txinbox_test_identity("m-2"), |tx| {
+            tx.update(add_one(&tasks, "same")).unwrap();
+            tx.update(add_one(&tasks, "same")).unwrap();
+        })
+        .await,
+    );
+    assert!(msg.contains("one action per item"), "{msg}");
+    // An item over 400 KB.
+    let msg = limit_error(
+        commit_with(&store, &txinbox_test_identity("m-3"), |tx| {
+            tx.put(
+                Put::builder()
+                    .table_name(&tasks)
+                    .item("id", AttributeValue::S("big".into()))
+                    .item("blob", AttributeValue::S("x".repeat(410 * 1024)))
+                    .build()
+                    .unwrap(),
+            )
+            .unwrap();
+        })
+        .await,
+    );
+    assert!(msg.contains("400"), "{msg}");
+    // 11 items of 390 KB: each fits, together over 4 MB.
+    let msg = limit_error(
+        commit_with(&store, &txinbox_test_identity("m-4"), |tx| {
+            for i in 0..11 {
+                tx.put(
+                    Put::builder()
+                        .table_name(&tasks)
+                        .item("id", AttributeValue::S(format!("big-{i}")))
+                        .item("blob", AttributeValue::S("x".repeat(390 * 1024)))
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap();
+            }
+        })
+        .await,
+    );
+    assert!(msg.contains("4194304"), "{msg}");
+    assert_eq!(count_of(&c, &tasks, "big-0").await, None);
+    // Nothing of the four transactions reached the table: the first message still applies.
+    assert!(matches!(
+        commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-0")).unwrap()).await,
+        Commit::Done
+    ));
+    assert_eq!(count_of(&c, &tasks, "t-0").await, Some(1));
+}
+
+mod lost_answer {
+    //! A connector that lets the first `TransactWriteItems` reach DynamoDB and loses its answer (a timeout as
+    //! the client sees it), as a dropped connection after the commit does.
+    use super::*;
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, SharedHttpClient};
+    use aws_smithy_runtime_api::client::http::{
+        HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
+    };
+    use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+    use aws_smithy_runtime_api::client::result::ConnectorError;
+    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+
+    #[derive(Debug, Clone)]
+    pub struct LoseFirstCommitAnswer {
+        pub inner: SharedHttpClient,
+        pub lost: Arc<AtomicBool>,
+        pub commits: Arc<AtomicUsize>,
+    }
+
+    #[derive(Debug)]
+    struct Conn {
+        inner: SharedHttpConnector,
+        lost: Arc<AtomicBool>,
+        commits: Arc<AtomicUsize>,
+    }
+
+    impl HttpConnector for Conn {
+        fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+            let commit = request
+                .headers()
+                .get("x-amz-target")
+                .is_some_and(|t| t.ends_with(".TransactWriteItems"));
+            if commit {
+                self.commits.fetch_add(1, Ordering::SeqCst);
+            }
+            let lose = commit && !self.lost.swap(true, Ordering::SeqCst);
+            let fut = self.inner.call(request);
+            HttpConnectorFuture::new(async move {
+                let answer = fut.await?;
+                if lose {
+                    return Err(ConnectorError::timeout("the answer was lost".into()));
+                }
+                Ok(answer)
+            })
+        }
+    }
+
+    impl HttpClient for LoseFirstCommitAnswer {
+        fn http_connector(
+            &self,
+            settings: &HttpConnectorSettings,
+            components: &RuntimeComponents,
+        ) -> SharedHttpConnector {
+            SharedHttpConnector::new(Conn {
+                inner: self.inner.http_connector(settings, components),
+                lost: self.lost.clone(),
+                commits: self.commits.clone(),
+            })
+        }
+    }
+
+    pub fn client(retries: bool) -> (Client, Arc<AtomicUsize>) {
+        let commits = Arc::new(AtomicUsize::new(0));
+        let http = LoseFirstCommitAnswer {
+            inner: txinbox_dynamodb::http_client(),
+            lost: Arc::new(AtomicBool::new(false)),
+            commits: commits.clone(),
+        };
+        let mut b = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .http_client(SharedHttpClient::new(http))
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
+            .endpoint_url(endpoint());
+        if !retries {
+            b = b.retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
+        }
+        (Client::from_conf(b.build()), commits)
+    }
+}
+
+#[tokio::test]
+async fn a_lost_commit_answer_is_recognised_by_the_token_in_the_marker() {
+    // Without the SDK's retries, the store's own next attempt (a new token) finds the marker the first
+    // attempt wrote, with the first attempt's token: committed.
+    let (c, commits) = lost_answer::client(false);
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&client()).await;
+    let id = txinbox_test_identity("m-1");
+    let done = commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-1")).unwrap()).await;
+    assert!(matches!(done, Commit::Done), "{done:?}");
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+    assert_eq!(count_of(&client(), &tasks, "t-1").await, Some(1));
+    // A real redelivery of the same message is still a duplicate.
+    assert!(matches!(
+        commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-1")).unwrap()).await,
+        Commit::Conflict(Some(h)) if h.same_identity
+    ));
+    assert_eq!(count_of(&client(), &tasks, "t-1").await, Some(1));
+
+    // With the SDK's retries, its retry resends the same token, which DynamoDB answers idempotently.
+    let (c, commits) = lost_answer::client(true);
+    let store = DynamoStore::open(c, store.table(), DynamoOptions::default())
+        .await
+        .unwrap();
+    let id = txinbox_test_identity("m-2");
+    let done = commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-2")).unwrap()).await;
+    assert!(matches!(done, Commit::Done), "{done:?}");
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+    assert_eq!(count_of(&client(), &tasks, "t-2").await, Some(1));
+}
+
+#[tokio::test]
+async fn an_expired_marker_counts_as_absent_before_the_ttl_deletes_it() {
+    let c = client();
+    let (store, _) = store_on(c.clone()).await;
+    let id = txinbox_test_identity("m-1");
+    let commit = |retention: chrono::Duration| {
+        let store = store.clone();
+        let id = id.clone();
+        async move {
+            let tx = store.begin().await.unwrap();
+            store
+                .insert_marker(&tx, &row(&id, retention))
+                .await
+                .unwrap();
+            store.record_result(&tx, &id, None, &[]).await.unwrap();
+            store.commit(tx).await.unwrap()
+        }
+    };
+    // A marker that expired a second ago (DynamoDB Local, like the service, has not deleted it).
+    assert!(matches!(
+        commit(chrono::Duration::seconds(-2)).await,
+        Commit::Done
+    ));
+    // The next copy finds it expired: applied again, as after a purge on SQL.
+    assert!(matches!(
+        commit(chrono::Duration::hours(1)).await,
+        Commit::Done
+    ));
+    // That marker is live: the next copy is a duplicate.
+    assert!(matches!(
+        commit(chrono::Duration::hours(1)).await,
+        Commit::Conflict(Some(h)) if h.same_identity && h.payload_hash == "hash-1"
+    ));
+}
+
+#[tokio::test]
+async fn effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order() {
+    let c = client();
+    let (store, _) = store_on(c.clone()).await;
+    let consumer = ConsumerName::new("crm-followup").unwrap();
+    let inbox = Inbox::new(store.clone(), IdentityPolicy::new(consumer));
+    let processor = inbox.bind(
+        |_tx: DynamoTx, msg: Message<txinbox_core::Raw>| async move {
+            let id = msg.id().to_owned();
+            let group = if id.starts_with('g') {
+                Some("account-1")
+            } else {
+                None
+            };
+            let mut e = Effect::new("notify", "mail", id.clone().into_bytes());
+            if let Some(g) = group {
+                e = e.group(g);
+            }
+            Ok::<_, HandlerError>(Handled::default().effect(e))
+        },
+    );
+    let queue = MemoryQueue::new(QueueOptions::default());
+    for id in ["a-1", "a-2", "a-3", "g-1"] {
+        queue.send(OutgoingMessage::new(id).cloudevent("crm", id, "t"));
+    }
+    let r = Worker::new(queue.receiver(), processor.clone())
+        .run_until_idle()
+        .await;
+    assert_eq!(r.count(OutcomeKind::Applied), 4);
+    // The second of the group is recorded later.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    queue.send(OutgoingMessage::new("g-2").cloudevent("crm", "g-2", "t"));
+    let r = Worker::new(queue.receiver(), processor)
+        .run_until_idle()
+        .await;
+    assert_eq!(r.count(OutcomeKind::Applied), 1);
+
+    let dests = vec!["mail".to_owned()];
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let until = now + chrono::Duration::seconds(60);
+    // Two runners at once: every due effect claimed by exactly one.
+    let (x, y) = tokio::join!(
+        store.claim_effects("runner-x", &dests, now, until, 10),
+        store.claim_effects("runner-y", &dests, now, until, 10)
+    );
+    let (x, y) = (x.unwrap(), y.unwrap());
+    let mut all: Vec<String> = x.iter().chain(&y).map(|e| e.message_id.clone()).collect();
+    all.sort();
+    assert_eq!(all, ["a-1", "a-2", "a-3", "g-1"], "g-2 waits behind g-1");
+    // Nothing is due while they are held.
+    assert!(store
+        .claim_effects("runner-z", &dests, now, until, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    // g-1 done: g-2 becomes due.
+    let g1 = x.iter().chain(&y).find(|e| e.message_id == "g-1").unwrap();
+    let holder = if x.iter().any(|e| e.id == g1.id) {
+        "runner-x"
+    } else {
+        "runner-y"
+    };
+    let t = Transition::Done {
+        reference: Some("mail-77".into()),
+        attempts: 1,
+        reconciliations: 0,
+    };
+    assert!(
+        !store
+            .finish_effect(g1.id, "runner-z", &t.columns(), now)
+            .await
+            .unwrap(),
+        "not the holder"
+    );
+    assert!(store
+        .finish_effect(g1.id, holder, &t.columns(), now)
+        .await
+        .unwrap());
+    // `by_group` is eventually consistent on the service: poll.
+    let mut next = Vec::new();
+    for _ in 0..50 {
+        next = store
+            .claim_effects("runner-z", &dests, now, until, 10)
+            .await
+            .unwrap();
+        if !next.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        next.iter()
+            .map(|e| e.message_id.as_str())
+            .collect::<Vec<_>>(),
+        ["g-2"]
+    );
+    let found = store.find_effect(&g1.key).await.unwrap().unwrap();
+    assert_eq!(
+        (found.claimed_from, found.reference.as_deref()),
+        (EffectState::Done, Some("mail-77"))
+    );
+    // A claim that expired is taken over, and the effect says it may have happened.
+    let later = until + chrono::Duration::seconds(1);
+    let taken = store
+        .claim_effects(
+            "runner-w",
+            &dests,
+            later,
+            later + chrono::Duration::seconds(60),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 4, "a-1..a-3 of x/y and g-2 of z");
+    assert!(taken
+        .iter()
+        .all(|e| e.claimed_from == EffectState::InFlight && e.needs_reconciliation()));
+    let counts = store.effect_counts().await.unwrap();
+    let total: i64 = counts.iter().map(|c| c.count).sum();
+    assert_eq!(total, 5);
+    assert!(counts
+        .iter()
+        .any(|c| c.state == EffectState::Done && c.count == 1 && c.without_reference == 0));
+    assert!(store
+        .mark_compensated(g1.id, "refunded", later)
+        .await
+        .unwrap());
+    assert!(!store.mark_compensated(g1.id, "again", later).await.unwrap());
+    // The store's own write of an effect uses a condition; ReturnValue is the SDK's, named here so the
+    // import stays used on every SDK version.
+    let _ = ReturnValue::None;
+}
+
+#[tokio::test]
+async fn the_table_check_names_what_does_not_match() {
+    let c = client();
+    let missing = DynamoStore::open(c.clone(), "txinbox-missing-table", DynamoOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        missing.to_string().contains("ResourceNotFoundException"),
+        "{missing}"
+    );
+    // A table with the right key but neither indexes nor TTL.
+    let tasks = business_table(&c).await;
+    let e = DynamoStore::open(c.clone(), &tasks, DynamoOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("key schema"), "{e}");
+    // The layout without TTL.
+    let name = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
+    DynamoStore::create_table(&c, &name).await.unwrap();
+    c.update_time_to_live()
+        .table_name(&name)
+        .time_to_live_specification(
+            aws_sdk_dynamodb::types::TimeToLiveSpecification::builder()
+                .enabled(false)
+                .attribute_name("expires_at")
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let e = DynamoStore::open(c.clone(), &name, DynamoOptions::default())
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("TTL"), "{e}");
+    assert!(matches!(
+        txinbox_dynamodb::table_from_url("postgres://x"),
+        Err(DynamoError::Url(_))
+    ));
+    assert_eq!(
+        txinbox_dynamodb::table_from_url("dynamodb://inbox").unwrap(),
+        "inbox"
+    );
+}
