@@ -64,6 +64,7 @@ use txinbox_lab::lab::LabError;
 use txinbox_store::{Store, Tx};
 use txinbox_testkit::NoopDelivery;
 
+mod dynamodb;
 mod e2e;
 pub use e2e::E2eBroker;
 
@@ -73,9 +74,14 @@ type BenchInbox<H> = InboxProcessor<Store<sqlx::Postgres>, Raw, H>;
 /// Arguments of `txinbox-bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// PostgreSQL URL (the benchmark works in its own schema, dropped at the end).
+    /// PostgreSQL URL (the benchmark works in its own schema, dropped at the end), or `dynamodb://TABLE` for
+    /// the DynamoDB store's lines (in tables `TABLE-<random>` and `TABLE-<random>-tasks`, deleted at the end).
     #[arg(long, env = "TXINBOX_BENCH_STORE_URL")]
     pub store: String,
+    /// The DynamoDB endpoint of a `dynamodb://` store (DynamoDB Local: `eval "$(bash scripts/dynamodb.sh
+    /// start)"` exports it); unset: the standard AWS configuration chain.
+    #[arg(long, env = "TXINBOX_DYNAMODB_ENDPOINT")]
+    pub dynamodb_endpoint: Option<String>,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 5)]
     pub seconds: u64,
@@ -496,7 +502,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The median over the rounds of one measurement: throughput and client CPU.
-fn median_rate(rounds: &[Round], pick: fn(&Round) -> Rate) -> Rate {
+fn median_rate<R>(rounds: &[R], pick: fn(&R) -> Rate) -> Rate {
     let cpu: Option<Vec<[f64; 2]>> = rounds.iter().map(|r| pick(r).cpu_us).collect();
     Rate {
         per_sec: median(rounds.iter().map(|r| pick(r).per_sec).collect()),
@@ -782,9 +788,19 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
 
 /// Runs the benchmark and prints one line per concurrency.
 pub async fn run(args: BenchArgs) -> Result<(), LabError> {
+    if let Some(table) = args.store.strip_prefix("dynamodb://") {
+        if args.seconds == 0 || args.rounds == 0 || args.concurrency.contains(&0) {
+            return Err(LabError::Usage(
+                "--seconds, --rounds and every --concurrency must be at least 1".into(),
+            ));
+        }
+        txinbox_dynamodb::table_from_url(&args.store)
+            .map_err(|e| LabError::Usage(e.to_string()))?;
+        return dynamodb::run(&args, table).await;
+    }
     if !(args.store.starts_with("postgres://") || args.store.starts_with("postgresql://")) {
         return Err(LabError::Usage(
-            "bench needs a postgres:// store URL".into(),
+            "bench needs a postgres:// or dynamodb:// store URL".into(),
         ));
     }
     if let Some(rows) = args.purge_impact {

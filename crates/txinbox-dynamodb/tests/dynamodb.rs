@@ -1,6 +1,7 @@
-//! The DynamoDB store against DynamoDB Local (started by `scripts/dynamodb.sh`, `TXINBOX_DYNAMODB_ENDPOINT`):
-//! the inbox transaction and its refusals, the lost answer, the service's limits, retention by TTL, effects
-//! and the table check. Each test makes its own table.
+//! The DynamoDB store against DynamoDB Local (started by `scripts/dynamodb.sh`, `TXINBOX_DYNAMODB_ENDPOINT`)
+//! and against moto (`scripts/moto.sh`, `TXINBOX_SQS_ENDPOINT`): the inbox transaction and its refusals, the
+//! lost answer, the service's limits, retention by TTL, effects and the table check. Each test makes its own
+//! table.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,15 +20,65 @@ use txinbox_core::{
 };
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
 
-fn endpoint() -> String {
-    std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
-        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start DynamoDB Local with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
-    })
+/// The backend a test runs on: DynamoDB Local, the authoritative one, or moto (its server serves DynamoDB
+/// beside SQS). moto 5.2.5 ignores `ClientRequestToken`, does not check the 4 MB limit and never expires
+/// TTL items: the store checks the limits itself before sending, recognises a lost answer by the token it
+/// writes into the marker (not by DynamoDB's idempotency), and the tests drive expiry with `expires_at` in the
+/// past; so every test holds on both.
+#[derive(Clone)]
+struct Backend {
+    endpoint: String,
 }
 
-fn client() -> Client {
-    txinbox_dynamodb::emulator_client(&endpoint())
+impl Backend {
+    fn from_env(var: &str, start: &str) -> Self {
+        let endpoint = std::env::var(var).unwrap_or_else(|_| {
+            panic!("{var} is not set: start it with `eval \"$(bash scripts/{start}.sh start)\"` (scripts/test.sh does)")
+        });
+        Self { endpoint }
+    }
+
+    fn dynamodb_local() -> Self {
+        Self::from_env("TXINBOX_DYNAMODB_ENDPOINT", "dynamodb")
+    }
+
+    fn moto() -> Self {
+        Self::from_env("TXINBOX_SQS_ENDPOINT", "moto")
+    }
+
+    fn client(&self) -> Client {
+        txinbox_dynamodb::emulator_client(&self.endpoint)
+    }
 }
+
+/// Each test once on DynamoDB Local and once on moto.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod dynamodb_local {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::dynamodb_local()).await
+            })*
+        }
+        mod moto {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::moto()).await
+            })*
+        }
+    };
+}
+
+on_both_backends!(
+    a_redelivered_copy_finds_the_marker_and_writes_nothing_again,
+    a_payload_collision_is_dead_lettered_and_a_business_duplicate_acknowledged_each_with_evidence,
+    the_handlers_failed_condition_cancels_everything_and_is_the_handlers_retryable_error,
+    a_transaction_over_the_services_limits_is_refused_whole_before_it_is_sent,
+    a_lost_commit_answer_is_recognised_by_the_token_in_the_marker,
+    an_expired_marker_counts_as_absent_before_the_ttl_deletes_it,
+    effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order,
+    the_table_check_names_what_does_not_match,
+);
 
 async fn fresh_table(client: &Client) -> String {
     let name = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
@@ -148,9 +199,8 @@ async fn run(
     (queue, report)
 }
 
-#[tokio::test]
-async fn a_redelivered_copy_finds_the_marker_and_writes_nothing_again() {
-    let c = client();
+async fn a_redelivered_copy_finds_the_marker_and_writes_nothing_again(b: Backend) {
+    let c = b.client();
     let (store, _) = store_on(c.clone()).await;
     let tasks = business_table(&c).await;
     let (queue, report) = run(
@@ -198,10 +248,10 @@ fn queue_message(m: OutgoingMessage) -> ReceivedMessage {
     txinbox_core::Delivery::message(&d).clone()
 }
 
-#[tokio::test]
 async fn a_payload_collision_is_dead_lettered_and_a_business_duplicate_acknowledged_each_with_evidence(
+    b: Backend,
 ) {
-    let c = client();
+    let c = b.client();
     let (store, _) = store_on(c.clone()).await;
     let tasks = business_table(&c).await;
     let (queue, report) = run(
@@ -240,9 +290,10 @@ fn row<'a>(identity: &'a txinbox_core::Identity, retention: chrono::Duration) ->
     MarkerRow::new(identity, "hash-1", now, now, now + retention, 1)
 }
 
-#[tokio::test]
-async fn the_handlers_failed_condition_cancels_everything_and_is_the_handlers_retryable_error() {
-    let c = client();
+async fn the_handlers_failed_condition_cancels_everything_and_is_the_handlers_retryable_error(
+    b: Backend,
+) {
+    let c = b.client();
     let (store, table) = store_on(c.clone()).await;
     let tasks = business_table(&c).await;
     let id = txinbox_test_identity("m-1");
@@ -335,9 +386,8 @@ fn limit_error(c: Commit) -> String {
     }
 }
 
-#[tokio::test]
-async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_sent() {
-    let c = client();
+async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_sent(b: Backend) {
+    let c = b.client();
     let (store, _) = store_on(c.clone()).await;
     let tasks = business_table(&c).await;
     // 99 actions + marker + business key item: 101.
@@ -465,7 +515,7 @@ mod lost_answer {
         }
     }
 
-    pub fn client(retries: bool) -> (Client, Arc<AtomicUsize>) {
+    pub fn client(b: &Backend, retries: bool) -> (Client, Arc<AtomicUsize>) {
         let commits = Arc::new(AtomicUsize::new(0));
         let http = LoseFirstCommitAnswer {
             inner: txinbox_dynamodb::http_client(),
@@ -477,7 +527,7 @@ mod lost_answer {
             .http_client(SharedHttpClient::new(http))
             .region(Region::new("us-east-1"))
             .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
-            .endpoint_url(endpoint());
+            .endpoint_url(&b.endpoint);
         if !retries {
             b = b.retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
         }
@@ -485,27 +535,26 @@ mod lost_answer {
     }
 }
 
-#[tokio::test]
-async fn a_lost_commit_answer_is_recognised_by_the_token_in_the_marker() {
+async fn a_lost_commit_answer_is_recognised_by_the_token_in_the_marker(b: Backend) {
     // Without the SDK's retries, the store's own next attempt (a new token) finds the marker the first
     // attempt wrote, with the first attempt's token: committed.
-    let (c, commits) = lost_answer::client(false);
+    let (c, commits) = lost_answer::client(&b, false);
     let (store, _) = store_on(c.clone()).await;
-    let tasks = business_table(&client()).await;
+    let tasks = business_table(&b.client()).await;
     let id = txinbox_test_identity("m-1");
     let done = commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-1")).unwrap()).await;
     assert!(matches!(done, Commit::Done), "{done:?}");
     assert_eq!(commits.load(Ordering::SeqCst), 2);
-    assert_eq!(count_of(&client(), &tasks, "t-1").await, Some(1));
+    assert_eq!(count_of(&b.client(), &tasks, "t-1").await, Some(1));
     // A real redelivery of the same message is still a duplicate.
     assert!(matches!(
         commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-1")).unwrap()).await,
         Commit::Conflict(Some(h)) if h.same_identity
     ));
-    assert_eq!(count_of(&client(), &tasks, "t-1").await, Some(1));
+    assert_eq!(count_of(&b.client(), &tasks, "t-1").await, Some(1));
 
     // With the SDK's retries, its retry resends the same token, which DynamoDB answers idempotently.
-    let (c, commits) = lost_answer::client(true);
+    let (c, commits) = lost_answer::client(&b, true);
     let store = DynamoStore::open(c, store.table(), DynamoOptions::default())
         .await
         .unwrap();
@@ -513,12 +562,11 @@ async fn a_lost_commit_answer_is_recognised_by_the_token_in_the_marker() {
     let done = commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-2")).unwrap()).await;
     assert!(matches!(done, Commit::Done), "{done:?}");
     assert_eq!(commits.load(Ordering::SeqCst), 2);
-    assert_eq!(count_of(&client(), &tasks, "t-2").await, Some(1));
+    assert_eq!(count_of(&b.client(), &tasks, "t-2").await, Some(1));
 }
 
-#[tokio::test]
-async fn an_expired_marker_counts_as_absent_before_the_ttl_deletes_it() {
-    let c = client();
+async fn an_expired_marker_counts_as_absent_before_the_ttl_deletes_it(b: Backend) {
+    let c = b.client();
     let (store, _) = store_on(c.clone()).await;
     let id = txinbox_test_identity("m-1");
     let commit = |retention: chrono::Duration| {
@@ -551,9 +599,8 @@ async fn an_expired_marker_counts_as_absent_before_the_ttl_deletes_it() {
     ));
 }
 
-#[tokio::test]
-async fn effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order() {
-    let c = client();
+async fn effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order(b: Backend) {
+    let c = b.client();
     let (store, _) = store_on(c.clone()).await;
     let consumer = ConsumerName::new("crm-followup").unwrap();
     let inbox = Inbox::new(store.clone(), IdentityPolicy::new(consumer));
@@ -684,9 +731,8 @@ async fn effects_are_claimed_once_through_the_due_index_and_groups_keep_their_or
     let _ = ReturnValue::None;
 }
 
-#[tokio::test]
-async fn the_table_check_names_what_does_not_match() {
-    let c = client();
+async fn the_table_check_names_what_does_not_match(b: Backend) {
+    let c = b.client();
     let missing = DynamoStore::open(c.clone(), "txinbox-missing-table", DynamoOptions::default())
         .await
         .unwrap_err();

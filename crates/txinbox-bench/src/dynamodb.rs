@@ -1,0 +1,330 @@
+//! `--store dynamodb://TABLE`: the DynamoDB store's cost. At each concurrency, in rounds, three ways to write
+//! the same business item:
+//!
+//! * `inbox`: a new message through the inbox (its `TransactWriteItems` carries the marker and the item);
+//! * `same_tx`: the item alone in a `TransactWriteItems` of its own (the same transaction without the marker);
+//! * `put`: the item alone in a `PutItem`;
+//! * `marker_tx`: the item and a copy of a real marker (new key, same attributes and size, the marker's
+//!   condition) in a `TransactWriteItems` sent with the SDK directly: what DynamoDB charges for the marker,
+//!   without the inbox's pipeline, so that `inbox/marker_tx` is the pipeline's own share of the gap.
+//!
+//! The figures are medians over the rounds; the target is inbox / same_tx >= 0.80. It also prints the write
+//! units each way costs on the service by DynamoDB's rules (a transactional write costs two units per KB of
+//! each item, a standard write one; the marker's `by_consumer` index entry one more), from the items' sizes.
+//! It makes a fresh table (`TABLE-<random>`) and a business table beside it, and deletes both at the end.
+
+use std::sync::Arc;
+
+use aws_sdk_dynamodb::types::{AttributeValue, Put, TransactWriteItem};
+use aws_sdk_dynamodb::Client;
+use txinbox_core::{ConsumerName, HandlerError, IdentityPolicy, Inbox, Message, Raw};
+use txinbox_dynamodb::{DynamoOptions, DynamoStore, DynamoTx};
+use txinbox_lab::lab::LabError;
+use txinbox_testkit::NoopDelivery;
+
+use crate::{measure, median_rate, message, BenchArgs, Rate, CONSUMER};
+
+fn usage(e: impl std::fmt::Display) -> LabError {
+    LabError::Usage(e.to_string())
+}
+
+/// The business item every way writes: about the size of a follow-up task.
+fn business_item(table: &str, id: &str) -> Put {
+    Put::builder()
+        .table_name(table)
+        .item("id", AttributeValue::S(id.to_owned()))
+        .item("opportunity", AttributeValue::S("o-123456".into()))
+        .item("meeting", AttributeValue::S("m-123456".into()))
+        .item(
+            "title",
+            AttributeValue::S("Follow up the meeting of the opportunity".into()),
+        )
+        .build()
+        .expect("a put with a table and an item")
+}
+
+async fn business_table(client: &Client, name: &str) -> Result<(), LabError> {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    client
+        .create_table()
+        .table_name(name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .map_err(usage)?,
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(KeyType::Hash)
+                .build()
+                .map_err(usage)?,
+        )
+        .send()
+        .await
+        .map_err(|e| usage(txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;
+    Ok(())
+}
+
+/// One round's figures.
+#[derive(Clone, Copy)]
+struct Round {
+    inbox: Rate,
+    same_tx: Rate,
+    put: Rate,
+    marker_tx: Rate,
+}
+
+/// Write units per message by DynamoDB's rules: a transactional write 2 per KB (rounded up) of each item, a
+/// standard write 1, an index entry 1 per KB of what it projects.
+fn units(bytes: usize, transactional: bool) -> usize {
+    bytes.div_ceil(1024) * if transactional { 2 } else { 1 }
+}
+
+/// Runs the DynamoDB lines.
+pub async fn run(args: &BenchArgs, table: &str) -> Result<(), LabError> {
+    let client = match &args.dynamodb_endpoint {
+        Some(e) => txinbox_dynamodb::emulator_client(e),
+        None => {
+            let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+                .http_client(txinbox_dynamodb::http_client())
+                .load()
+                .await;
+            Client::new(&conf)
+        }
+    };
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let inbox_table = format!("{table}-{}", &suffix[..12]);
+    let tasks = format!("{inbox_table}-tasks");
+    DynamoStore::create_table(&client, &inbox_table)
+        .await
+        .map_err(usage)?;
+    business_table(&client, &tasks).await?;
+    let result = lines(args, &client, &inbox_table, &tasks).await;
+    for t in [&inbox_table, &tasks] {
+        let _ = client.delete_table().table_name(t.as_str()).send().await;
+    }
+    result
+}
+
+async fn lines(
+    args: &BenchArgs,
+    client: &Client,
+    table: &str,
+    tasks: &str,
+) -> Result<(), LabError> {
+    let store = DynamoStore::open(client.clone(), table, DynamoOptions::default())
+        .await
+        .map_err(usage)?;
+    let consumer = ConsumerName::new(CONSUMER).map_err(usage)?;
+    let t = tasks.to_owned();
+    let inbox = Arc::new(Inbox::new(store, IdentityPolicy::new(consumer)).bind(
+        move |tx: DynamoTx, msg: Message<Raw>| {
+            let t = t.clone();
+            async move {
+                tx.put(business_item(&t, &format!("t-{}", msg.identity.message_id)))?;
+                Ok::<_, HandlerError>(())
+            }
+        },
+    ));
+    println!(
+        "# txinbox bench: DynamoDB (table {table}), {}s per figure, median of {} rounds, messages per second; target inbox/same_tx >= 0.80",
+        args.seconds, args.rounds
+    );
+    // One message first: its marker is the template of `marker_tx`.
+    let warm = inbox.process_one(NoopDelivery(message("warm-up", 0))).await;
+    if warm.label() != "applied" {
+        return Err(usage(format!(
+            "the warm-up message was not applied: {warm}"
+        )));
+    }
+    let template = Arc::new(sample_marker(client, table).await?);
+    for &c in &args.concurrency {
+        let mut rounds = Vec::with_capacity(args.rounds);
+        for round in 0..args.rounds {
+            let tag = format!("{c}-{round}");
+            let ib = inbox.clone();
+            let tg = tag.clone();
+            let run_inbox = || {
+                measure(c, args.seconds, move |th, i| {
+                    let ib = ib.clone();
+                    let m = message(&format!("in-{tg}-{th}-{i}"), i);
+                    Box::pin(async move {
+                        let o = ib.process_one(NoopDelivery(m)).await;
+                        if o.label() == "applied" {
+                            Ok(())
+                        } else {
+                            Err(format!("unexpected outcome {o}, wanted applied"))
+                        }
+                    })
+                })
+            };
+            let (cl, tk, tg) = (client.clone(), tasks.to_owned(), tag.clone());
+            let run_same_tx = || {
+                measure(c, args.seconds, move |th, i| {
+                    let (cl, tk) = (cl.clone(), tk.clone());
+                    let id = format!("tx-{tg}-{th}-{i}");
+                    Box::pin(async move {
+                        cl.transact_write_items()
+                            .transact_items(
+                                TransactWriteItem::builder()
+                                    .put(business_item(&tk, &id))
+                                    .build(),
+                            )
+                            .client_request_token(uuid::Uuid::new_v4().to_string())
+                            .send()
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| {
+                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
+                            })
+                    })
+                })
+            };
+            let (cl, tk, tg) = (client.clone(), tasks.to_owned(), tag.clone());
+            let run_put = || {
+                measure(c, args.seconds, move |th, i| {
+                    let (cl, tk) = (cl.clone(), tk.clone());
+                    let id = format!("put-{tg}-{th}-{i}");
+                    let p = business_item(&tk, &id);
+                    Box::pin(async move {
+                        cl.put_item()
+                            .table_name(p.table_name())
+                            .set_item(Some(p.item().clone()))
+                            .send()
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| {
+                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
+                            })
+                    })
+                })
+            };
+            let (cl, tk, tg, tb, tpl) = (
+                client.clone(),
+                tasks.to_owned(),
+                tag.clone(),
+                table.to_owned(),
+                template.clone(),
+            );
+            let run_marker_tx = || {
+                measure(c, args.seconds, move |th, i| {
+                    let (cl, tk, tb) = (cl.clone(), tk.clone(), tb.clone());
+                    let id = format!("mk-{tg}-{th}-{i}");
+                    let mut marker = (*tpl).clone();
+                    marker.insert("pk".into(), AttributeValue::S(format!("m#bench#{id}")));
+                    marker.insert("gsi1sk".into(), AttributeValue::S(format!("2026#{id}")));
+                    Box::pin(async move {
+                        let put = Put::builder()
+                            .table_name(tb)
+                            .set_item(Some(marker))
+                            .condition_expression("attribute_not_exists(pk) OR expires_at < :now")
+                            .expression_attribute_values(
+                                ":now",
+                                AttributeValue::N(chrono::Utc::now().timestamp().to_string()),
+                            )
+                            .return_values_on_condition_check_failure(
+                                aws_sdk_dynamodb::types::ReturnValuesOnConditionCheckFailure::AllOld,
+                            )
+                            .build()
+                            .map_err(|e| e.to_string())?;
+                        cl.transact_write_items()
+                            .transact_items(TransactWriteItem::builder().put(put).build())
+                            .transact_items(
+                                TransactWriteItem::builder()
+                                    .put(business_item(&tk, &id))
+                                    .build(),
+                            )
+                            .client_request_token(uuid::Uuid::new_v4().to_string())
+                            .send()
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| {
+                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
+                            })
+                    })
+                })
+            };
+            // The two figures of the target back to back, in alternating order from round to round.
+            let (inbox_rate, same_tx) = if round % 2 == 0 {
+                let a = run_inbox().await?;
+                (a, run_same_tx().await?)
+            } else {
+                let b = run_same_tx().await?;
+                (run_inbox().await?, b)
+            };
+            rounds.push(Round {
+                inbox: inbox_rate,
+                same_tx,
+                put: run_put().await?,
+                marker_tx: run_marker_tx().await?,
+            });
+        }
+        let inbox_rate = median_rate(&rounds, |r| r.inbox);
+        let same_tx = median_rate(&rounds, |r| r.same_tx);
+        let put = median_rate(&rounds, |r| r.put);
+        let marker_tx = median_rate(&rounds, |r| r.marker_tx);
+        let per_round: Vec<String> = rounds
+            .iter()
+            .map(|r| format!("{:.2}", r.inbox.per_sec / r.same_tx.per_sec))
+            .collect();
+        println!(
+            "c={c} put={:.0} same_tx={:.0} inbox={:.0} inbox/same_tx={:.2} inbox/put={:.2} inbox/same_tx_per_round=[{}]",
+            put.per_sec,
+            same_tx.per_sec,
+            inbox_rate.per_sec,
+            inbox_rate.per_sec / same_tx.per_sec,
+            inbox_rate.per_sec / put.per_sec,
+            per_round.join(" ")
+        );
+        println!(
+            "#   c={c} marker_tx={:.0} marker_tx/same_tx={:.2} inbox/marker_tx={:.2} (DynamoDB's share of the gap, then the pipeline's)",
+            marker_tx.per_sec,
+            marker_tx.per_sec / same_tx.per_sec,
+            inbox_rate.per_sec / marker_tx.per_sec,
+        );
+    }
+    // What each way costs on the service, from the sizes of the items this run wrote.
+    let business =
+        txinbox_dynamodb::layout::item_size(business_item(tasks, "t-in-32-0-0-1000").item());
+    let marker = txinbox_dynamodb::layout::item_size(&template);
+    println!(
+        "# write units per message on DynamoDB (its rules, these items: business item {business} B, marker {marker} B): put={} same_tx={} inbox={} (marker {} + its by_consumer entry {} + business item {})",
+        units(business, false),
+        units(business, true),
+        units(marker, true) + units(marker, false) + units(business, true),
+        units(marker, true),
+        units(marker, false),
+        units(business, true),
+    );
+    Ok(())
+}
+
+/// One marker the run wrote, as stored.
+async fn sample_marker(
+    client: &Client,
+    table: &str,
+) -> Result<txinbox_dynamodb::layout::Item, LabError> {
+    let out = client
+        .query()
+        .table_name(table)
+        .index_name(txinbox_dynamodb::layout::BY_CONSUMER)
+        .key_condition_expression("gsi1pk = :p")
+        .expression_attribute_values(
+            ":p",
+            AttributeValue::S(txinbox_dynamodb::layout::markers_of(CONSUMER)),
+        )
+        .limit(1)
+        .send()
+        .await
+        .map_err(|e| usage(aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;
+    out.items()
+        .first()
+        .cloned()
+        .ok_or_else(|| usage("no marker found after the warm-up message"))
+}
