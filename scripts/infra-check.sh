@@ -12,7 +12,7 @@ PYTHON=${PYTHON:-python3}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 venv=.build/venv-infra
-dirs=(infra/aws-sqs-fifo infra/azure-servicebus)
+dirs=(infra/aws-sqs-fifo infra/aws-dynamodb infra/azure-servicebus)
 
 fail() {
   echo "infra-check: FAILED: $*" >&2

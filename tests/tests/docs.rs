@@ -151,3 +151,27 @@ fn the_effects_guide_keeps_the_vendors_words_and_the_code_s_answer_table() {
         );
     }
 }
+
+#[test]
+fn the_dynamodb_guide_quotes_the_transaction_limits_and_names_the_store_s_iam_actions() {
+    let guide = folded(&read("docs/dynamodb.md"));
+    for sentence in [
+        "`TransactWriteItems` is a synchronous write operation that groups up to 100 action requests.",
+        "no two actions can target the same item.",
+        "The aggregate size of the items in the transaction cannot exceed 4 MB.",
+    ] {
+        assert!(guide.contains(sentence), "docs/dynamodb.md must quote: {sentence}");
+    }
+    assert_eq!(txinbox::dynamodb::MAX_ACTIONS, 100);
+    assert_eq!(txinbox::dynamodb::MAX_TRANSACTION_BYTES, 4 * 1024 * 1024);
+    for action in txinbox::dynamodb::IAM_TABLE_ACTIONS
+        .iter()
+        .chain(&txinbox::dynamodb::IAM_INDEX_ACTIONS)
+    {
+        let name = action.trim_start_matches("dynamodb:");
+        assert!(
+            guide.contains(&format!("`{name}`")),
+            "docs/dynamodb.md does not name the store's IAM action {action}"
+        );
+    }
+}

@@ -62,11 +62,11 @@ pub enum CheckError {
         /// The directory that was checked.
         dir: PathBuf,
     },
-    /// The directory's Terraform (or the plan) declares no queue this checker knows
-    /// (`aws_sqs_queue`, `azurerm_servicebus_queue`): most likely the wrong
+    /// The directory's Terraform (or the plan) declares no queue or table this checker knows
+    /// (`aws_sqs_queue`, `azurerm_servicebus_queue`, `aws_dynamodb_table`): most likely the wrong
     /// directory was given.
     #[error(
-        "no aws_sqs_queue or azurerm_servicebus_queue resource in {}",
+        "no aws_sqs_queue, azurerm_servicebus_queue or aws_dynamodb_table resource in {}",
         dir.display()
     )]
     NoQueues {

@@ -25,16 +25,16 @@ pub const SQS_WORKER_DLQ_ACTIONS: [&str; 3] = [
 ];
 
 /// One statement of a policy.
-struct Statement {
-    allow: bool,
-    actions: Vec<String>,
-    resources: Vec<String>,
+pub(crate) struct Statement {
+    pub(crate) allow: bool,
+    pub(crate) actions: Vec<String>,
+    pub(crate) resources: Vec<String>,
 }
 
 /// A policy read from what was checked.
-struct Policy<'a> {
-    holder: &'a Resource,
-    statements: Vec<Statement>,
+pub(crate) struct Policy<'a> {
+    pub(crate) holder: &'a Resource,
+    pub(crate) statements: Vec<Statement>,
 }
 
 const POLICY_RESOURCES: [&str; 4] = [
@@ -97,7 +97,7 @@ fn object_statement(value: &Value) -> Option<Statement> {
     })
 }
 
-fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
+pub(crate) fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
     let module = c.module;
     let mut out = Vec::new();
     for r in &module.resources {
@@ -154,7 +154,7 @@ fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
 }
 
 /// `*` and `?` wildcards, as IAM matches actions (case-insensitively) and resources.
-fn glob(pattern: &str, text: &str, case_insensitive: bool) -> bool {
+pub(crate) fn glob(pattern: &str, text: &str, case_insensitive: bool) -> bool {
     let (p, t): (Vec<char>, Vec<char>) = if case_insensitive {
         (
             pattern.to_lowercase().chars().collect(),

@@ -1,6 +1,7 @@
-//! Checks the Terraform of SQS FIFO and Azure Service Bus queues against the
-//! txinbox worker's settings, and reports every setting that breaks one of
-//! the inbox's guarantees (which no general-purpose scanner checks).
+//! Checks the Terraform of SQS FIFO and Azure Service Bus queues, and of the
+//! DynamoDB store's inbox table, against the txinbox worker's settings, and
+//! reports every setting that breaks one of the inbox's guarantees (which no
+//! general-purpose scanner checks).
 //!
 //! This is the library behind `txinbox check-infra DIR|PLAN.json [--config FILE] [--var-file FILE]...`
 //! (see `docs/check-infra.md`).
@@ -88,15 +89,28 @@
 //! | `servicebus-ttl-exceeds-inbox` | `default_message_ttl` is unset (Service Bus keeps messages practically forever) or longer than `inbox.retention_seconds`. |
 //! | `servicebus-retention-path-exceeds-inbox` | a queue's `default_message_ttl` + its poison queue's + `inbox.redrive_grace_seconds` is longer than `inbox.retention_seconds`. The poison queue is `servicebus.dead_letter_to`, or else the queue named `{queue}-poison` when declared. |
 //! | `servicebus-worker-role-missing` | a principal with `Azure Service Bus Data Receiver` (or Data Owner) on a queue (or its namespace) has no `Azure Service Bus Data Sender` (or Data Owner) on the queue's poison queue; or `servicebus.dead_letter_to` names a queue that is not declared. |
+//! | `dynamodb-inbox-table-missing` | the settings' `store.url` is `dynamodb://TABLE` and no `aws_dynamodb_table` has the name `TABLE`. |
+//! | `dynamodb-key-schema` | the inbox table's `hash_key` is not `pk`, its `attribute` `pk` is not of type `S`, or it has a `range_key`. |
+//! | `dynamodb-index-mismatch` | the inbox table has no `global_secondary_index` `by_consumer` (hash `gsi1pk`, range `gsi1sk`, both `S`, projection `ALL`) `due` (hash `gsi2pk`, range `gsi2sk`, both `S`, projection `KEYS_ONLY`) or `by_group` (hash `gsi3pk`, range `gsi3sk`, both `S`, projection `KEYS_ONLY`), or one with other keys, key types or projection. |
+//! | `dynamodb-ttl-off` | the inbox table has no `ttl` block, or its `enabled` is not true, or its `attribute_name` is not `expires_at`. |
+//! | `dynamodb-pitr-off` | the inbox table has no `point_in_time_recovery` block with `enabled = true`. |
+//! | `dynamodb-encryption-off` | the inbox table has no `server_side_encryption` block with `enabled = true` (a KMS key: the customer-managed `kms_key_arn`, else the AWS managed key). |
+//! | `dynamodb-worker-policy-missing-action` | an IAM policy that allows `dynamodb:PutItem` on the inbox table does not allow each of [`DYNAMODB_WORKER_TABLE_ACTIONS`] on it and each of [`DYNAMODB_WORKER_INDEX_ACTIONS`] on its indexes `by_consumer`, `due` and `by_group` (`TABLE_ARN/index/NAME`). |
+//! | `dynamodb-worker-policy-too-broad` | such a policy allows, on the inbox table or its indexes, a DynamoDB action that is not one of those (`dynamodb:*`, `dynamodb:Scan`, `BatchWriteItem`, `UpdateTable`, `UpdateTimeToLive`, `DeleteTable`, ...; an action pattern `*` counts). |
+//!
+//! The inbox table is the `aws_dynamodb_table` named by the settings' `store.url` (`dynamodb://TABLE`); with
+//! another store, every `aws_dynamodb_table` that declares an index `by_consumer`, `due` or `by_group` is checked as one.
 //!
 //! Advice (not violations) is printed as `advice: ...` lines: producers must
 //! carry `ce-id`; a registry module was not read; a first plan's redrive
 //! policy is known only after apply; no IAM policy or role assignment for a
-//! queue was found, so the worker's permissions were not checked.
+//! queue (no IAM policy writing the inbox table) was found, so the worker's
+//! permissions were not checked; no DynamoDB table read is the inbox's.
 //!
 //! ISO 8601 durations count a year as 365 days and a month as 30 days.
 
 mod duration;
+mod dynamodb;
 mod error;
 mod iam;
 mod plan;
@@ -110,6 +124,7 @@ mod terraform;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+pub use dynamodb::{DYNAMODB_WORKER_INDEX_ACTIONS, DYNAMODB_WORKER_TABLE_ACTIONS};
 pub use error::CheckError;
 pub use iam::{SQS_WORKER_DLQ_ACTIONS, SQS_WORKER_QUEUE_ACTIONS};
 pub use report::{Report, RuleId, Violation};
@@ -180,7 +195,7 @@ impl Input {
 /// [`CheckError::Parse`] (with the file) when a file is not valid HCL,
 /// [`CheckError::Plan`] when a plan file is not a plan in JSON,
 /// [`CheckError::NoTerraformFiles`] when a directory (or a local module's) has no `*.tf` file and
-/// [`CheckError::NoQueues`] when no queue is declared. Violations are not
+/// [`CheckError::NoQueues`] when no queue (nor DynamoDB table) is declared. Violations are not
 /// errors: they are in the [`Report`].
 pub fn check(input: &Input, settings: &WorkerSettings) -> Result<Report, CheckError> {
     let module = match input {
@@ -196,7 +211,8 @@ pub fn check(input: &Input, settings: &WorkerSettings) -> Result<Report, CheckEr
     };
     let sqs_queues = count("aws_sqs_queue");
     let servicebus_queues = count("azurerm_servicebus_queue");
-    if sqs_queues + servicebus_queues == 0 {
+    let dynamodb_tables = count("aws_dynamodb_table");
+    if sqs_queues + servicebus_queues + dynamodb_tables == 0 {
         return Err(CheckError::NoQueues {
             dir: input.path().to_path_buf(),
         });
@@ -206,6 +222,7 @@ pub fn check(input: &Input, settings: &WorkerSettings) -> Result<Report, CheckEr
         files: module.files.iter().map(|f| f.path.clone()).collect(),
         sqs_queues,
         servicebus_queues,
+        dynamodb_tables,
         violations,
         advice,
     })
@@ -276,9 +293,13 @@ fn write_report(report: &Report, dir: &Path, out: &mut impl Write) -> std::io::R
         writeln!(out, "advice: {advice}")?;
     }
     let n = report.violations.len();
+    let tables = match report.dynamodb_tables {
+        0 => String::new(),
+        n => format!(", {n} DynamoDB table{}", plural(n)),
+    };
     writeln!(
         out,
-        "check-infra: {} in {} ({} file{}, {} SQS queue{}, {} Service Bus queue{})",
+        "check-infra: {} in {} ({} file{}, {} SQS queue{}, {} Service Bus queue{}{tables})",
         if n == 0 {
             "ok, no violation".to_owned()
         } else {

@@ -53,11 +53,33 @@ pub enum RuleId {
     /// queue lacks a role the adapter needs (Data Sender on the poison queue
     /// dead letters are forwarded to), or that poison queue is not declared.
     ServiceBusWorkerRoleMissing,
+    /// `dynamodb-inbox-table-missing`: the settings' store is `dynamodb://TABLE` but no
+    /// `aws_dynamodb_table` of that name is declared.
+    DynamoDbInboxTableMissing,
+    /// `dynamodb-key-schema`: the inbox table's key is not the store's (hash key `pk` of type `S`, no
+    /// range key).
+    DynamoDbKeySchema,
+    /// `dynamodb-index-mismatch`: an index the store queries (`by_consumer`, `due`, `by_group`) is missing or has
+    /// other keys or another projection.
+    DynamoDbIndexMismatch,
+    /// `dynamodb-ttl-off`: time to live is not enabled on `expires_at`, so expired markers are never
+    /// deleted.
+    DynamoDbTtlOff,
+    /// `dynamodb-pitr-off`: point-in-time recovery is off.
+    DynamoDbPitrOff,
+    /// `dynamodb-encryption-off`: the table is not encrypted with a KMS key.
+    DynamoDbEncryptionOff,
+    /// `dynamodb-worker-policy-missing-action`: an IAM policy that lets a worker write the inbox table
+    /// does not grant every action the store calls on it and on its indexes.
+    DynamoDbWorkerPolicyMissingAction,
+    /// `dynamodb-worker-policy-too-broad`: a worker's IAM policy grants DynamoDB actions on the inbox
+    /// table beyond the store's (`dynamodb:*`, `Scan`, `BatchWriteItem`, `UpdateTable`, ...).
+    DynamoDbWorkerPolicyTooBroad,
 }
 
 impl RuleId {
     /// Every rule, in the order the checker reports them.
-    pub const ALL: [RuleId; 13] = [
+    pub const ALL: [RuleId; 21] = [
         RuleId::SqsFifoMissingRedrive,
         RuleId::SqsContentBasedDeduplication,
         RuleId::SqsVisibilityTimeoutTooShort,
@@ -71,6 +93,14 @@ impl RuleId {
         RuleId::ServiceBusTtlExceedsInbox,
         RuleId::ServiceBusRetentionPathExceedsInbox,
         RuleId::ServiceBusWorkerRoleMissing,
+        RuleId::DynamoDbInboxTableMissing,
+        RuleId::DynamoDbKeySchema,
+        RuleId::DynamoDbIndexMismatch,
+        RuleId::DynamoDbTtlOff,
+        RuleId::DynamoDbPitrOff,
+        RuleId::DynamoDbEncryptionOff,
+        RuleId::DynamoDbWorkerPolicyMissingAction,
+        RuleId::DynamoDbWorkerPolicyTooBroad,
     ];
 
     /// The rule's stable id, as printed in reports.
@@ -91,6 +121,14 @@ impl RuleId {
                 "servicebus-retention-path-exceeds-inbox"
             }
             RuleId::ServiceBusWorkerRoleMissing => "servicebus-worker-role-missing",
+            RuleId::DynamoDbInboxTableMissing => "dynamodb-inbox-table-missing",
+            RuleId::DynamoDbKeySchema => "dynamodb-key-schema",
+            RuleId::DynamoDbIndexMismatch => "dynamodb-index-mismatch",
+            RuleId::DynamoDbTtlOff => "dynamodb-ttl-off",
+            RuleId::DynamoDbPitrOff => "dynamodb-pitr-off",
+            RuleId::DynamoDbEncryptionOff => "dynamodb-encryption-off",
+            RuleId::DynamoDbWorkerPolicyMissingAction => "dynamodb-worker-policy-missing-action",
+            RuleId::DynamoDbWorkerPolicyTooBroad => "dynamodb-worker-policy-too-broad",
         }
     }
 }
@@ -142,6 +180,8 @@ pub struct Report {
     pub sqs_queues: usize,
     /// How many `azurerm_servicebus_queue` resources were checked.
     pub servicebus_queues: usize,
+    /// How many `aws_dynamodb_table` resources were read (the inbox table among them is checked).
+    pub dynamodb_tables: usize,
     /// Every violation, in file and line order.
     pub violations: Vec<Violation>,
     /// Advice that is not a violation (what producers must do for the

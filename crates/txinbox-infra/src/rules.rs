@@ -69,6 +69,25 @@ impl Checker<'_> {
         });
     }
 
+    /// Reports what is missing (no resource to point at): on `line` of the file `file`, under the name
+    /// `what`.
+    pub(crate) fn report_missing(
+        &mut self,
+        rule: RuleId,
+        file: usize,
+        line: usize,
+        what: String,
+        message: String,
+    ) {
+        self.out.push(Violation {
+            rule,
+            file: self.module.files[file].path.clone(),
+            line,
+            resource: what,
+            message,
+        });
+    }
+
     /// Reports on the resource's attribute line, or its block line.
     pub(crate) fn at(
         &mut self,
@@ -81,7 +100,14 @@ impl Checker<'_> {
         self.report(rule, resource, resource.at.file, line, message);
     }
 
-    fn unknown(&mut self, rule: RuleId, resource: &Resource, key: &str, line: usize, why: &str) {
+    pub(crate) fn unknown(
+        &mut self,
+        rule: RuleId,
+        resource: &Resource,
+        key: &str,
+        line: usize,
+        why: &str,
+    ) {
         self.at(
             rule,
             resource,
@@ -179,6 +205,7 @@ pub(crate) fn check(module: &Module, settings: &WorkerSettings) -> (Vec<Violatio
         check_servicebus_queue(&mut checker, queue);
     }
     crate::roles::check(&mut checker);
+    crate::dynamodb::check(&mut checker);
     let mut out = checker.out;
     out.sort_by(|a, b| (&a.file, a.line, a.rule).cmp(&(&b.file, b.line, b.rule)));
     (out, checker.advice)

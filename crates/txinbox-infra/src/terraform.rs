@@ -106,6 +106,8 @@ pub(crate) struct NestedBlock {
     pub(crate) attrs: BTreeMap<String, Attr>,
     /// A `dynamic` block: its content depends on an iterator this reader does not expand.
     pub(crate) dynamic: bool,
+    /// 1-based line of the block's first line.
+    pub(crate) line: usize,
 }
 
 /// A `resource "KIND" "NAME"` or `data "KIND" "NAME"` block.
@@ -252,6 +254,7 @@ fn nested_blocks(body: &Body, file: &SourceFile) -> Vec<NestedBlock> {
                         ident: (*ident).to_owned(),
                         attrs: attrs_of(&content.body, file),
                         dynamic: true,
+                        line: file.line_of_span(block.span()),
                     });
                 }
             }
@@ -259,6 +262,7 @@ fn nested_blocks(body: &Body, file: &SourceFile) -> Vec<NestedBlock> {
                 ident: ident.to_owned(),
                 attrs: attrs_of(&block.body, file),
                 dynamic: false,
+                line: file.line_of_span(block.span()),
             }),
         }
     }

@@ -61,3 +61,15 @@ fn declared_iam_actions_and_roles_are_the_adapters() {
         txinbox_servicebus::roles::POISON_QUEUE_SUFFIX
     );
 }
+
+#[test]
+fn dynamodb_worker_actions_are_the_stores() {
+    assert_eq!(
+        txinbox_infra::DYNAMODB_WORKER_TABLE_ACTIONS,
+        txinbox_dynamodb::IAM_TABLE_ACTIONS
+    );
+    assert_eq!(
+        txinbox_infra::DYNAMODB_WORKER_INDEX_ACTIONS,
+        txinbox_dynamodb::IAM_INDEX_ACTIONS
+    );
+}

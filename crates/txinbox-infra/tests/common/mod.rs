@@ -13,6 +13,10 @@ pub fn aws_sample() -> PathBuf {
     infra().join("aws-sqs-fifo")
 }
 
+pub fn dynamodb_sample() -> PathBuf {
+    infra().join("aws-dynamodb")
+}
+
 pub fn azure_sample() -> PathBuf {
     infra().join("azure-servicebus")
 }
