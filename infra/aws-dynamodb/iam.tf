@@ -4,8 +4,9 @@
 # (PutItem, UpdateItem, DeleteItem, ConditionCheckItem), on its own table; the
 # store only puts on the inbox table (marker, business key item, effects). It
 # never deletes an item there (TTL expires them): a worker allowed DeleteItem
-# could delete markers, and a redelivery would then apply again. No Scan,
-# BatchWriteItem, UpdateTable, UpdateTimeToLive or DeleteTable either:
+# could delete markers, and a redelivery would then apply again. It makes no
+# condition check there either (no ConditionCheckItem). No Scan,
+# BatchWriteItem, UpdateTable, UpdateTimeToLive or DeleteTable:
 # `txinbox check-infra` flags any action beyond the store's, and dynamodb:*.
 data "aws_iam_policy_document" "worker" {
   statement {
@@ -25,7 +26,8 @@ data "aws_iam_policy_document" "worker" {
   }
 
   # The application's tables the handlers write in the same transaction: the
-  # item actions a handler's writes and condition checks use.
+  # item actions a handler's writes and condition checks use. DeleteItem and
+  # ConditionCheckItem belong here, not on the inbox table.
   dynamic "statement" {
     for_each = length(var.business_table_arns) == 0 ? [] : [var.business_table_arns]
     content {

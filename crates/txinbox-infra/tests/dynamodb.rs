@@ -423,14 +423,39 @@ fn worker_policy_with_condition_check_on_the_inbox_is_too_broad() {
 
 #[test]
 fn business_tables_keep_delete_and_condition_check() {
-    // DeleteItem and ConditionCheckItem on the application's tables are not the inbox's: no finding.
+    // The item actions of a handler's writes on an application table, in the worker's policy: not the inbox's,
+    // no finding. (The sample's BusinessTables statement is a `dynamic` block, which is not expanded: this one
+    // is static.)
+    let statement = |arn: &str| {
+        format!(
+            "  statement {{\n    sid = \"Orders\"\n    actions = [\"dynamodb:PutItem\", \"dynamodb:UpdateItem\", \"dynamodb:DeleteItem\", \"dynamodb:GetItem\", \"dynamodb:ConditionCheckItem\"]\n    resources = [\"{arn}\"]\n  }}\n\n  # The application's tables"
+        )
+    };
     let dir = copy_of(&dynamodb_sample(), "ddb-business");
-    dir.write(
-        "terraform.tfvars",
-        "business_table_arns = [\"arn:aws:dynamodb:eu-west-1:123456789012:table/orders\"]\n",
+    dir.edit(
+        "iam.tf",
+        "  # The application's tables",
+        &statement("arn:aws:dynamodb:eu-west-1:123456789012:table/orders"),
     );
     let report = check_dir(dir.path(), &dynamodb_settings("txinbox-inbox")).unwrap();
     assert!(report.is_clean(), "{:#?}", report.violations);
+
+    // The same statement on the inbox table is too broad.
+    let dir = copy_of(&dynamodb_sample(), "ddb-business-on-inbox");
+    dir.edit(
+        "iam.tf",
+        "  # The application's tables",
+        &statement("arn:aws:dynamodb:eu-west-1:123456789012:table/txinbox-inbox"),
+    );
+    let v = only_violation(&dir);
+    assert_eq!(v.rule, RuleId::DynamoDbWorkerPolicyTooBroad, "{v}");
+    assert!(
+        v.message.contains(
+            "grants dynamodb:DeleteItem, dynamodb:ConditionCheckItem on aws_dynamodb_table.inbox"
+        ) && v.message.contains("delete markers"),
+        "{}",
+        v.message
+    );
 }
 
 #[test]
