@@ -9,14 +9,14 @@ use txinbox_core::settings::{
     ConfirmSettings, EffectsSettings, HttpDestinationSettings, WorkerSettings,
 };
 use txinbox_core::{EffectRunner, EffectState};
-use txinbox_store::{Backend, Store};
 
 /// Arguments of `txinbox effects run`. The destinations come from the settings file's `[effects]` section
 /// (`--config`), and from the flags below, which say the same thing per destination NAME and win over the file:
 /// every rule of the file can be given on the command line.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Store URL (`sqlite:path.db` or `postgres://...`); default: the settings file's `[store] url`.
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`); default: the settings file's
+    /// `[store] url`.
     #[arg(long, env = "TXINBOX_STORE_URL")]
     pub store: Option<String>,
     /// The settings file (its `[effects]` section: runner options and `[effects.destinations.NAME]`).
@@ -253,7 +253,7 @@ fn apply(d: &mut HttpDestinationSettings, flag: &str, v: &str) -> Result<(), Str
 }
 
 /// Runs the effects of `store` through the destinations of `args`; prints the report.
-pub async fn run<DB: Backend>(store: Store<DB>, args: &RunArgs) -> Result<(), String> {
+pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String> {
     let settings = args.effects()?;
     let runner = runner_from_settings(store, &settings).map_err(|e| e.to_string())?;
     tracing::info!(holder = runner.holder(), "effect runner started");
@@ -269,7 +269,7 @@ pub async fn run<DB: Backend>(store: Store<DB>, args: &RunArgs) -> Result<(), St
 /// Arguments of `txinbox effects compensate`.
 #[derive(Debug, clap::Args)]
 pub struct CompensateArgs {
-    /// Store URL (`sqlite:path.db` or `postgres://...`).
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`).
     #[arg(long, env = "TXINBOX_STORE_URL")]
     pub store: String,
     /// The idempotency key of the done effect to undo.
@@ -282,10 +282,7 @@ pub struct CompensateArgs {
 }
 
 /// Undoes one done effect through its destination and marks it compensated.
-pub async fn compensate<DB: Backend>(
-    store: Store<DB>,
-    args: &CompensateArgs,
-) -> Result<(), String> {
+pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Result<(), String> {
     let mut runner = EffectRunner::new(store);
     for (name, url) in &args.compensate {
         // The call's URL is not used by a compensation; the compensation's stands in for it.
@@ -309,7 +306,7 @@ pub async fn compensate<DB: Backend>(
 
 /// Prints the effects of `store` by consumer, destination and state. Done effects without a reference from the
 /// destination are shown on a row of their own (`done_without_reference`), apart from the uncertain ones.
-pub async fn stats<DB: Backend>(store: Store<DB>) -> Result<(), String> {
+pub async fn stats<S: EffectStore>(store: S) -> Result<(), String> {
     let mut counts = store.effect_counts().await.map_err(|e| e.to_string())?;
     println!(
         "{:<24} {:<20} {:<24} {:>8}  oldest",

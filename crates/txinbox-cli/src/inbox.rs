@@ -3,6 +3,10 @@
 //! `--json`. Exit codes: 0 ok, 1 nothing found (`show`), 2 usage or store error (one line on stderr, naming
 //! only the URL's scheme).
 //!
+//! On a DynamoDB store (`dynamodb://TABLE`) every query goes through a key, never a scan: `stats` and
+//! `rejections` need `--consumer` (no index lists consumers) and `show` needs `--source` (part of the marker's
+//! key); see `txinbox_dynamodb::ops` for what each reads.
+//!
 //! To add a command: a variant of [`InboxCommand`] with its `clap::Args` struct, and its arm in
 //! [`ReadCommand::run_on`] (read-only commands) or in [`run`] (a command that opens the store itself).
 
@@ -10,10 +14,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use txinbox_store::ops::{
-    ConsumerStats, EffectView, MarkerView, MessageStory, RejectionFilter, RejectionRow,
-};
+use txinbox_dynamodb::DynamoStore;
+use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{Backend, Migrations, Store};
+
+use crate::views::{
+    Effect as EffectView, Marker as MarkerView, Rejection as RejectionRow, Stats, Story,
+};
 
 /// `txinbox inbox ...`: the operator's commands on the workers' store.
 #[derive(Debug, clap::Subcommand)]
@@ -41,7 +48,9 @@ pub enum ReadCommand {
 /// The store URL and output format every `txinbox inbox` command takes.
 #[derive(Debug, clap::Args)]
 pub struct Common {
-    /// Store URL (`sqlite:path.db` or `postgres://...`), the workers' own. Opened read-only.
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`), the workers' own. Opened
+    /// read-only (DynamoDB: only reads are sent; AWS settings from the standard chain,
+    /// `AWS_ENDPOINT_URL_DYNAMODB` for an emulator).
     #[arg(long, env = "TXINBOX_STORE_URL")]
     pub store: String,
     /// Print one JSON document instead of a table.
@@ -54,7 +63,7 @@ pub struct Common {
 pub struct StatsArgs {
     #[command(flatten)]
     common: Common,
-    /// Only this consumer (default: every consumer found).
+    /// Only this consumer (default: every consumer found; required on DynamoDB).
     #[arg(long)]
     consumer: Option<String>,
 }
@@ -70,9 +79,14 @@ pub struct ShowArgs {
     /// The message id.
     #[arg(long)]
     message_id: String,
-    /// The message's source (default: any source).
+    /// The message's source (default: any source; required on DynamoDB, where it is part of the marker's
+    /// key).
     #[arg(long)]
     source: Option<String>,
+    /// Only the effects of these names (repeatable). On DynamoDB each is one read by its key, where without
+    /// it every effect shard is read.
+    #[arg(long = "effect", value_name = "NAME")]
+    effects: Vec<String>,
 }
 
 /// Arguments of `txinbox inbox rejections`.
@@ -80,7 +94,7 @@ pub struct ShowArgs {
 pub struct RejectionsArgs {
     #[command(flatten)]
     common: Common,
-    /// Only this consumer's.
+    /// Only this consumer's (required on DynamoDB).
     #[arg(long)]
     consumer: Option<String>,
     /// Only this kind.
@@ -128,7 +142,7 @@ impl ReadCommand {
             }
             ReadCommand::Show(a) => {
                 let story = store
-                    .story(&a.consumer, &a.message_id, a.source.as_deref())
+                    .story(&a.consumer, &a.message_id, a.source.as_deref(), &a.effects)
                     .await?;
                 let found = story.found();
                 if json {
@@ -209,7 +223,11 @@ fn error(msg: &str) -> ExitCode {
 enum Ops {
     Postgres(Store<sqlx::Postgres>),
     Sqlite(Store<sqlx::Sqlite>),
+    Dynamo(DynamoStore),
 }
+
+/// The one line a DynamoDB store answers a query that names no consumer.
+const DYNAMO_NEEDS_CONSUMER: &str = "needs --consumer on a DynamoDB store: no index lists the consumers (a consumer's items are found through its own partitions of the by_consumer index), and a scan of the table is never made";
 
 impl Ops {
     /// Opens `url` read-only, without touching the schema (a PostgreSQL session with
@@ -255,9 +273,12 @@ impl Ops {
                 .map_err(|e| err(&e))?;
             check_schema(&store).await.map_err(|e| err(&e))?;
             Ops::Sqlite(store)
+        } else if url.starts_with("dynamodb://") {
+            // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is checked.
+            Ops::Dynamo(DynamoStore::connect(url).await.map_err(|e| err(&e))?)
         } else {
             return Err(format!(
-                "unsupported store URL scheme {:?} (expected sqlite: or postgres://)",
+                "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
                 scheme(url)
             ));
         };
@@ -268,12 +289,17 @@ impl Ops {
         &self,
         consumer: Option<&str>,
         now: DateTime<Utc>,
-    ) -> Result<Vec<ConsumerStats>, String> {
-        match self {
-            Ops::Postgres(s) => s.consumer_stats(consumer, now).await,
-            Ops::Sqlite(s) => s.consumer_stats(consumer, now).await,
-        }
-        .map_err(|e| format!("query: {e}"))
+    ) -> Result<Vec<Stats>, String> {
+        let q = |e: &dyn std::fmt::Display| format!("query: {e}");
+        let rows: Vec<Stats> = match self {
+            Ops::Postgres(s) => conv(s.consumer_stats(consumer, now).await.map_err(|e| q(&e))?),
+            Ops::Sqlite(s) => conv(s.consumer_stats(consumer, now).await.map_err(|e| q(&e))?),
+            Ops::Dynamo(s) => {
+                let c = consumer.ok_or_else(|| format!("inbox stats {DYNAMO_NEEDS_CONSUMER}"))?;
+                vec![s.consumer_stats(c, now).await.map_err(|e| q(&e))?.into()]
+            }
+        };
+        Ok(rows)
     }
 
     async fn story(
@@ -281,28 +307,75 @@ impl Ops {
         consumer: &str,
         message_id: &str,
         source: Option<&str>,
-    ) -> Result<MessageStory, String> {
-        match self {
-            Ops::Postgres(s) => s.message_story(consumer, message_id, source).await,
-            Ops::Sqlite(s) => s.message_story(consumer, message_id, source).await,
+        effects: &[String],
+    ) -> Result<Story, String> {
+        let q = |e: &dyn std::fmt::Display| format!("query: {e}");
+        let mut story: Story = match self {
+            Ops::Postgres(s) => s
+                .message_story(consumer, message_id, source)
+                .await
+                .map_err(|e| q(&e))?
+                .into(),
+            Ops::Sqlite(s) => s
+                .message_story(consumer, message_id, source)
+                .await
+                .map_err(|e| q(&e))?
+                .into(),
+            Ops::Dynamo(s) => {
+                let source = source.ok_or(
+                    "inbox show needs --source on a DynamoDB store: the marker's key is consumer, source and message id (a rejection of the message names its source); without it the consumer's whole marker partition would be read",
+                )?;
+                let names = (!effects.is_empty()).then_some(effects);
+                return Ok(s
+                    .message_story(consumer, message_id, source, names)
+                    .await
+                    .map_err(|e| q(&e))?
+                    .into());
+            }
+        };
+        if !effects.is_empty() {
+            story.effects.retain(|e| effects.contains(&e.name));
         }
-        .map_err(|e| format!("query: {e}"))
+        Ok(story)
     }
 
     async fn rejections(&self, f: &RejectionFilter) -> Result<Vec<RejectionRow>, String> {
-        match self {
-            Ops::Postgres(s) => s.rejections(f).await,
-            Ops::Sqlite(s) => s.rejections(f).await,
-        }
-        .map_err(|e| format!("query: {e}"))
+        let q = |e: &dyn std::fmt::Display| format!("query: {e}");
+        Ok(match self {
+            Ops::Postgres(s) => conv(s.rejections(f).await.map_err(|e| q(&e))?),
+            Ops::Sqlite(s) => conv(s.rejections(f).await.map_err(|e| q(&e))?),
+            Ops::Dynamo(s) => {
+                let c = f
+                    .consumer
+                    .as_deref()
+                    .ok_or_else(|| format!("inbox rejections {DYNAMO_NEEDS_CONSUMER}"))?;
+                let mut d = txinbox_dynamodb::ops::RejectionFilter::new(c).limit(f.limit);
+                if let Some(k) = &f.kind {
+                    d = d.kind(k);
+                }
+                if let Some(t) = f.since {
+                    d = d.since(t);
+                }
+                if let Some(t) = f.until {
+                    d = d.until(t);
+                }
+                conv(s.rejections(&d).await.map_err(|e| q(&e))?)
+            }
+        })
     }
 
     async fn close(&self) {
         match self {
             Ops::Postgres(s) => s.close().await,
             Ops::Sqlite(s) => s.close().await,
+            Ops::Dynamo(_) => {}
         }
     }
+}
+
+/// The views of a store's rows.
+fn conv<T, V: From<T>>(rows: Vec<T>) -> Vec<V> {
+    rows.into_iter().map(Into::into).collect()
 }
 
 /// The URL's scheme only (the URL may hold a password).
@@ -388,7 +461,7 @@ fn print_table(headers: &[&str], right: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn print_stats(stats: &[ConsumerStats]) {
+fn print_stats(stats: &[Stats]) {
     let headers = [
         "consumer",
         "rows",
@@ -505,7 +578,7 @@ fn effect_fields(e: &EffectView) -> Vec<(&'static str, String)> {
     ]
 }
 
-fn print_story(s: &MessageStory) {
+fn print_story(s: &Story) {
     println!(
         "message {} of consumer {} ({})",
         s.message_id,

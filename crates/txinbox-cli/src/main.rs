@@ -11,6 +11,7 @@ mod effects;
 mod inbox;
 mod purge;
 mod redrive;
+mod views;
 
 #[derive(Parser)]
 #[command(
@@ -95,9 +96,10 @@ enum EffectsCommand {
     Run(Box<effects::RunArgs>),
     /// Undo one done effect (an operator's compensation) through its destination, and mark it compensated.
     Compensate(effects::CompensateArgs),
-    /// Effects by consumer, destination and state, with the oldest of each.
+    /// Effects by consumer, destination and state, with the oldest of each. On DynamoDB it reads the 8 effect
+    /// shards of the `by_consumer` index: every effect item of the table.
     Stats {
-        /// Store URL (`sqlite:path.db` or `postgres://...`).
+        /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`).
         #[arg(long, env = "TXINBOX_STORE_URL")]
         store: String,
     },
@@ -327,9 +329,16 @@ fn main() -> ExitCode {
                         .await
                         .map_err(|e| e.to_string())?;
                     effects_command(store, &command).await
+                } else if url.starts_with("dynamodb://") {
+                    // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is
+                    // checked.
+                    let store = txinbox_dynamodb::DynamoStore::connect(&url)
+                        .await
+                        .map_err(|e| format!("store (dynamodb): {e}"))?;
+                    effects_command(store, &command).await
                 } else {
                     Err(format!(
-                        "unsupported store URL scheme {:?} (expected sqlite: or postgres://)",
+                        "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
                         url.split(':').next().unwrap_or_default()
                     ))
                 }
@@ -357,8 +366,8 @@ fn main() -> ExitCode {
 }
 
 /// Runs one `txinbox effects` command on an open store.
-async fn effects_command<DB: txinbox_store::Backend>(
-    store: txinbox_store::Store<DB>,
+async fn effects_command<S: txinbox_core::effects::EffectStore>(
+    store: S,
     command: &EffectsCommand,
 ) -> Result<(), String> {
     match command {

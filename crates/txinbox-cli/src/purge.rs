@@ -10,7 +10,8 @@ use txinbox_core::{Maintenance, MaintenanceOptions, MaintenanceReport, Maintenan
 /// Arguments of `txinbox inbox purge`.
 #[derive(Debug, clap::Args)]
 pub struct PurgeArgs {
-    /// Store URL (`sqlite:path.db` or `postgres://...`), the workers' own.
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`: nothing to delete there, the TTL
+    /// does it), the workers' own.
     #[arg(long, env = "TXINBOX_STORE_URL")]
     pub store: String,
     /// Rows deleted per statement.
@@ -54,9 +55,15 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
                 .await
                 .map_err(|e| format!("store (sqlite): {e}"))?;
             Ok(pass(store, args).await)
+        } else if url.starts_with("dynamodb://") {
+            let store = txinbox_dynamodb::DynamoStore::connect(&url)
+                .await
+                .map_err(|e| format!("store (dynamodb): {e}"))?;
+            eprintln!("note: on DynamoDB expiry is the TTL's (expires_at): expired items are absent to the store from that second on and DynamoDB deletes them in the background; this pass deletes nothing");
+            Ok(pass(store, args).await)
         } else {
             Err(format!(
-                "unsupported store URL scheme {:?} (expected sqlite: or postgres://)",
+                "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
                 url.split(':').next().unwrap_or_default()
             ))
         }

@@ -89,6 +89,7 @@
 mod effects;
 mod error;
 pub mod layout;
+pub mod ops;
 mod store;
 mod tx;
 

@@ -1,0 +1,355 @@
+//! The operator queries (`txinbox_dynamodb::ops`) against DynamoDB Local (started by `scripts/dynamodb.sh`,
+//! `TXINBOX_DYNAMODB_ENDPOINT`), on a fresh table filled through the real inbox: applied messages, a
+//! redelivered copy, a payload collision, a business duplicate, another consumer's message, a claimed effect,
+//! a marker moved two hours back and an expired marker not yet deleted by the TTL. Every figure is exact.
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::Client;
+use chrono::{DateTime, Duration, Utc};
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::effects::EffectStore;
+use txinbox_core::{
+    ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, Message, OutcomeKind,
+    Worker,
+};
+use txinbox_dynamodb::layout;
+use txinbox_dynamodb::ops::RejectionFilter;
+use txinbox_dynamodb::{DynamoOptions, DynamoStore, DynamoTx};
+
+const CONSUMER: &str = "crm-followup";
+const SOURCE: &str = "crm";
+
+fn client() -> Client {
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start DynamoDB Local with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
+    });
+    txinbox_dynamodb::emulator_client(&endpoint)
+}
+
+#[derive(serde::Deserialize)]
+struct Meeting {
+    opportunity: String,
+    meeting: String,
+}
+
+fn meeting(id: &str, opportunity: &str, meeting: &str) -> OutgoingMessage {
+    OutgoingMessage::new(format!(
+        r#"{{"opportunity":"{opportunity}","meeting":"{meeting}"}}"#
+    ))
+    .cloudevent(SOURCE, id, "meeting.ended")
+    // One FIFO group: the copies are decided in the order sent.
+    .group("opportunities")
+}
+
+/// Applies `msgs` for `consumer`: each applied message records one effect `create_task` to `crm`, with the
+/// business key `followup:<opportunity>:<meeting>`.
+async fn apply(
+    store: &DynamoStore,
+    consumer: &str,
+    msgs: Vec<OutgoingMessage>,
+) -> txinbox_core::WorkerReport {
+    let queue = MemoryQueue::new(QueueOptions::default().max_receive_count(Some(3)));
+    for m in msgs {
+        queue.send(m);
+    }
+    let processor = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new(consumer).unwrap()),
+    )
+    .bind(|_tx: DynamoTx, msg: Message<Meeting>| async move {
+        let task = format!("{}:{}", msg.body.opportunity, msg.body.meeting);
+        Ok::<_, HandlerError>(Handled::reference(task.clone()).effect(Effect::new(
+            "create_task",
+            "crm",
+            task.into_bytes(),
+        )))
+    })
+    .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)));
+    Worker::new(queue.receiver(), processor)
+        .run_until_idle()
+        .await
+}
+
+async fn set_marker(
+    c: &Client,
+    table: &str,
+    message_id: &str,
+    expr: &str,
+    values: &[(&str, AttributeValue)],
+) {
+    let mut req = c
+        .update_item()
+        .table_name(table)
+        .key(
+            "pk",
+            AttributeValue::S(layout::marker_pk(CONSUMER, SOURCE, message_id)),
+        )
+        .update_expression(expr)
+        .condition_expression("attribute_exists(pk)");
+    for (k, v) in values {
+        req = req.expression_attribute_values(*k, v.clone());
+    }
+    req.send().await.unwrap();
+}
+
+#[tokio::test]
+async fn stats_story_and_rejections_give_exact_figures_through_keys_only() {
+    let c = client();
+    let table = format!("txinbox-ops-{}", uuid::Uuid::new_v4().simple());
+    DynamoStore::create_table(&c, &table).await.unwrap();
+    let store = DynamoStore::open(c.clone(), &table, DynamoOptions::default())
+        .await
+        .unwrap();
+    let started = Utc::now();
+
+    let report = apply(
+        &store,
+        CONSUMER,
+        vec![
+            meeting("m-1", "o-1", "x"),
+            meeting("m-2", "o-1", "y"),
+            meeting("m-3", "o-2", "x"),
+            // A redelivered copy: a duplicate, no evidence.
+            meeting("m-1", "o-1", "x"),
+            // Same id, another payload: a payload collision.
+            meeting("m-1", "o-9", "z"),
+            // Another id, the business key of m-2: a business duplicate.
+            meeting("m-4", "o-1", "y"),
+        ],
+    )
+    .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 3, "{report:?}");
+    assert_eq!(report.count(OutcomeKind::Duplicate), 1, "{report:?}");
+    assert_eq!(report.count(OutcomeKind::PayloadCollision), 1, "{report:?}");
+    assert_eq!(
+        report.count(OutcomeKind::BusinessDuplicate),
+        1,
+        "{report:?}"
+    );
+    // Another consumer: its marker, evidence and effect are not counted for this one.
+    let other = apply(&store, "billing", vec![meeting("b-1", "o-1", "x")]).await;
+    assert_eq!(other.count(OutcomeKind::Applied), 1, "{other:?}");
+    // One effect of the consumer claimed: in flight.
+    let now = Utc::now();
+    let claimed = store
+        .claim_effects(
+            "ops-test",
+            &["crm".to_owned()],
+            now,
+            now + Duration::minutes(5),
+            1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let claimed_id = claimed[0].id;
+    // m-2 processed two hours ago (out of the last hour, the oldest); m-3 expired, not yet deleted.
+    let two_hours_ago = Utc::now() - Duration::hours(2);
+    let old = layout::ts(two_hours_ago);
+    set_marker(
+        &c,
+        &table,
+        "m-2",
+        "SET processed_at = :t, gsi1sk = :sk",
+        &[
+            (":t", AttributeValue::S(old.clone())),
+            (":sk", AttributeValue::S(format!("{old}#m-2"))),
+        ],
+    )
+    .await;
+    set_marker(
+        &c,
+        &table,
+        "m-3",
+        "SET expires_at = :e",
+        &[(
+            ":e",
+            AttributeValue::N((Utc::now().timestamp() - 10).to_string()),
+        )],
+    )
+    .await;
+
+    // ---- stats
+    let m1 = store
+        .message_story(CONSUMER, "m-1", SOURCE, None)
+        .await
+        .unwrap();
+    let m1_marker = m1.markers[0].clone();
+    let now = Utc::now();
+    let s = store.consumer_stats(CONSUMER, now).await.unwrap();
+    assert_eq!(s.consumer, CONSUMER);
+    assert_eq!(s.inbox_rows, 2, "m-1 and m-2; m-3 expired: {s:?}");
+    assert_eq!(s.rows_last_hour, 1, "m-1 only: {s:?}");
+    assert_eq!(s.oldest_processed_at, Some(parse(&old)));
+    assert_eq!(s.newest_processed_at, Some(m1_marker.processed_at));
+    assert_eq!(s.rejections.len(), 2);
+    assert_eq!(s.rejections["payload_collision"], 1);
+    assert_eq!(s.rejections["business_duplicate"], 1);
+    let last = s.last_rejection_at.expect("a rejection time");
+    assert!(last >= started && last <= now, "{last}");
+    assert_eq!(s.effects.len(), 7, "every state: {:?}", s.effects);
+    assert_eq!(s.effects["pending"], 2, "{:?}", s.effects);
+    assert_eq!(s.effects["in_flight"], 1, "{:?}", s.effects);
+    assert_eq!(s.effects.values().sum::<i64>(), 3, "{:?}", s.effects);
+    let oldest = s.oldest_pending_effect_at.expect("effects wait");
+    assert!(oldest >= started && oldest <= now, "{oldest}");
+    assert_eq!(
+        s.effect_lag_seconds,
+        Some((now - oldest).num_milliseconds() as f64 / 1000.0)
+    );
+    assert_eq!(s.measured_at, now);
+    let b = store.consumer_stats("billing", now).await.unwrap();
+    assert_eq!((b.inbox_rows, b.rows_last_hour), (1, 1));
+    assert_eq!(b.effects["pending"], 1);
+    assert_eq!(b.rejections.values().sum::<i64>(), 0);
+    assert_eq!(b.last_rejection_at, None);
+    let none = store.consumer_stats("nobody", now).await.unwrap();
+    assert_eq!(none.inbox_rows, 0);
+    assert_eq!(none.oldest_processed_at, None);
+    assert_eq!(none.effect_lag_seconds, None);
+
+    // ---- show: a collided message, its marker, its evidence and its effect.
+    assert_eq!(m1.markers.len(), 1);
+    assert_eq!(m1.source.as_deref(), Some(SOURCE));
+    assert_eq!(m1_marker.consumer, CONSUMER);
+    assert_eq!(m1_marker.source, SOURCE);
+    assert_eq!(m1_marker.message_id, "m-1");
+    assert_eq!(m1_marker.business_key.as_deref(), Some("followup:o-1:x"));
+    assert_eq!(m1_marker.result_reference.as_deref(), Some("o-1:x"));
+    assert_eq!(m1_marker.event_type.as_deref(), Some("meeting.ended"));
+    assert_eq!(m1_marker.delivery_count, 1);
+    assert!(m1_marker.retention_until > m1_marker.processed_at);
+    assert_eq!(m1.rejections.len(), 1, "{m1:?}");
+    let r = &m1.rejections[0];
+    assert_eq!(r.kind, "payload_collision");
+    assert_eq!(r.conflicts_with, m1_marker.payload_hash);
+    assert_ne!(r.payload_hash, m1_marker.payload_hash);
+    assert_eq!(r.id.len(), 36, "a UUID: {}", r.id);
+    assert_eq!(m1.effects.len(), 1, "{m1:?}");
+    let fx = &m1.effects[0];
+    assert_eq!(
+        (fx.name.as_str(), fx.destination.as_str()),
+        ("create_task", "crm")
+    );
+    assert_eq!(fx.id, layout::effect_id(&fx.key));
+    assert_eq!(fx.external_ref, fx.key);
+    assert!(
+        (fx.state == "pending" && fx.id != claimed_id)
+            || (fx.state == "in_flight"
+                && fx.id == claimed_id
+                && fx.claimed_by.as_deref() == Some("ops-test")),
+        "{fx:?}"
+    );
+    // By effect name: one GetItem, the same effect; an unknown name finds none.
+    let named = store
+        .message_story(CONSUMER, "m-1", SOURCE, Some(&["create_task".to_owned()]))
+        .await
+        .unwrap();
+    assert_eq!(named.effects, m1.effects);
+    let unnamed = store
+        .message_story(CONSUMER, "m-1", SOURCE, Some(&["nope".to_owned()]))
+        .await
+        .unwrap();
+    assert!(unnamed.effects.is_empty());
+    // A business duplicate: no marker, the evidence names the holder.
+    let m4 = store
+        .message_story(CONSUMER, "m-4", SOURCE, None)
+        .await
+        .unwrap();
+    assert!(m4.found());
+    assert_eq!(m4.markers.len(), 0);
+    assert_eq!(m4.rejections.len(), 1);
+    assert_eq!(m4.rejections[0].kind, "business_duplicate");
+    assert_eq!(m4.rejections[0].conflicts_with, "m-2");
+    assert_eq!(
+        m4.rejections[0].business_key.as_deref(),
+        Some("followup:o-1:y")
+    );
+    assert_eq!(m4.effects.len(), 0);
+    // An expired marker is absent; its effect is still there.
+    let m3 = store
+        .message_story(CONSUMER, "m-3", SOURCE, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (m3.markers.len(), m3.rejections.len(), m3.effects.len()),
+        (0, 0, 1)
+    );
+    // Another source, another consumer, an unknown message: nothing.
+    for (consumer, id, source) in [
+        (CONSUMER, "m-1", "other"),
+        ("billing", "m-1", SOURCE),
+        (CONSUMER, "m-nope", SOURCE),
+    ] {
+        let s = store
+            .message_story(consumer, id, source, Some(&["create_task".to_owned()]))
+            .await
+            .unwrap();
+        assert!(!s.found(), "{s:?}");
+    }
+
+    // ---- rejections: newest first, by kind, by time, limited.
+    let all = store
+        .rejections(&RejectionFilter::new(CONSUMER))
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = all.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(kinds, ["business_duplicate", "payload_collision"]);
+    assert!(all[0].recorded_at >= all[1].recorded_at);
+    assert_eq!(all[0].message_id, "m-4");
+    assert_eq!(all[1].message_id, "m-1");
+    assert_eq!(all[1], m1.rejections[0]);
+    let collisions = store
+        .rejections(&RejectionFilter::new(CONSUMER).kind("payload_collision"))
+        .await
+        .unwrap();
+    assert_eq!(collisions, vec![all[1].clone()]);
+    let one = store
+        .rejections(&RejectionFilter::new(CONSUMER).limit(1))
+        .await
+        .unwrap();
+    assert_eq!(one, vec![all[0].clone()]);
+    // Limit 1 of a kind that is not the newest: a second page is read.
+    let one_collision = store
+        .rejections(
+            &RejectionFilter::new(CONSUMER)
+                .kind("payload_collision")
+                .limit(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(one_collision, vec![all[1].clone()]);
+    let later = Utc::now() + Duration::minutes(1);
+    let between = store
+        .rejections(&RejectionFilter::new(CONSUMER).since(started).until(later))
+        .await
+        .unwrap();
+    assert_eq!(between, all);
+    // `since` is inclusive, `until` exclusive, at the microsecond.
+    let t0 = all[0].recorded_at;
+    let at = |since: Option<DateTime<Utc>>, until: Option<DateTime<Utc>>| {
+        let mut f = RejectionFilter::new(CONSUMER);
+        if let Some(t) = since {
+            f = f.since(t);
+        }
+        if let Some(t) = until {
+            f = f.until(t);
+        }
+        let store = store.clone();
+        async move { store.rejections(&f).await.unwrap().len() }
+    };
+    assert_eq!(at(Some(t0), None).await, 1);
+    assert_eq!(at(None, Some(t0)).await, 1);
+    assert_eq!(at(Some(t0), Some(t0)).await, 0);
+    assert_eq!(at(Some(later), None).await, 0);
+    assert_eq!(at(None, Some(started)).await, 0);
+    assert!(store
+        .rejections(&RejectionFilter::new("billing"))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+fn parse(t: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(t).unwrap().with_timezone(&Utc)
+}
