@@ -49,6 +49,10 @@ pub enum DynamoError {
     /// The transaction was committed or rolled back: a clone of it kept past the handler cannot write.
     #[error("the transaction is over (committed or rolled back): nothing was added to it")]
     Closed,
+    /// A result was recorded for a message whose marker this transaction does not hold (the caller skipped
+    /// [`InboxStore::insert_marker`](txinbox_core::InboxStore::insert_marker), or the marker was refused).
+    #[error("no marker of this message in the transaction: insert the marker before recording its result")]
+    NoMarker,
     /// The table is not what the store needs (missing, another key schema, an index missing, TTL off).
     #[error("table {table}: {detail}")]
     Table {

@@ -54,6 +54,9 @@
 //!   the marker, the business key item and one item per effect), 4 MB of items in all, 400 KB per item, one
 //!   action per item. A handler over a limit gets a permanent error ([`DynamoError::Limit`]) and the message
 //!   is dead-lettered with it: never a partial write.
+//! * **Batch mode** ([`WorkerOptions::batch_commit`](txinbox_core::WorkerOptions::batch_commit)) sends the
+//!   deliveries of one receive in one call, every marker with its own result; a cancellation writes nothing
+//!   and each delivery is then decided in a transaction of its own (DynamoDB has no savepoints).
 //!
 //! ## The table
 //!

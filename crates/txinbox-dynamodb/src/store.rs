@@ -18,7 +18,7 @@ use txinbox_core::{HandlerError, InboxStore};
 
 use crate::error::call;
 use crate::layout::{self as l, b, n, s, Item, Reader};
-use crate::tx::{DynamoTx, PendingMarker};
+use crate::tx::{DynamoTx, Pending, PendingMarker};
 use crate::DynamoError;
 
 /// The most actions one `TransactWriteItems` call may carry.
@@ -440,20 +440,18 @@ impl DynamoStore {
     }
 
     async fn commit_inner(&self, tx: DynamoTx) -> Result<Commit, DynamoError> {
-        let (marker, reference, mut effects, actions) = {
+        let (mut pending, actions) = {
             let mut st = tx.lock();
             if st.closed {
                 return Err(DynamoError::Closed);
             }
             st.closed = true;
             (
-                st.marker.take(),
-                st.result_reference.take(),
-                std::mem::take(&mut st.effects),
+                std::mem::take(&mut st.pending),
                 std::mem::take(&mut st.actions),
             )
         };
-        let Some(marker) = marker else {
+        if pending.is_empty() {
             // Nothing of the inbox's to write: the handler's actions alone (the pipeline never does this).
             if actions.is_empty() {
                 return Ok(Commit::Done);
@@ -464,38 +462,43 @@ impl DynamoStore {
                 .await
                 .map(|_| Commit::Done)
                 .map_err(|e| call("TransactWriteItems", e));
-        };
-        if let Err(e) = check_limits(&actions, effects.len() + 2) {
+        }
+        let share: usize = pending
+            .iter()
+            .map(|p| 1 + usize::from(p.marker.identity.business_key.is_some()) + p.effects.len())
+            .sum();
+        if let Err(e) = check_limits(&actions, share) {
             return Ok(Commit::HandlerFailed(HandlerError::permanent(e)));
         }
-        let business_key = marker.identity.business_key.clone();
         let mut tokens: Vec<String> = Vec::new();
         let mut attempt = 0u32;
         loop {
             attempt += 1;
             let token = uuid::Uuid::new_v4().to_string();
             tokens.push(token.clone());
-            let mut items = Vec::with_capacity(2 + effects.len() + actions.len());
-            items.push(self.absent_or_expired(Self::marker_item(
-                &marker,
-                reference.as_deref(),
-                &token,
-            ))?);
-            if let Some(k) = &business_key {
-                items.push(self.absent_or_expired(Self::business_item(
-                    &marker,
-                    k,
-                    reference.as_deref(),
-                ))?);
-            }
-            let first_effect = items.len();
-            for e in &effects {
-                let put = Put::builder()
-                    .table_name(&*self.table)
-                    .set_item(Some(e.clone()))
-                    .condition_expression("attribute_not_exists(pk)")
-                    .build()?;
-                items.push(TransactWriteItem::builder().put(put).build());
+            // What each of the store's items stands for, by its position in the call.
+            let mut slots = Vec::with_capacity(share);
+            let mut items = Vec::with_capacity(share + actions.len());
+            for (i, p) in pending.iter().enumerate() {
+                let reference = p.result_reference.as_deref();
+                items
+                    .push(self.absent_or_expired(Self::marker_item(&p.marker, reference, &token))?);
+                slots.push(Slot::Marker);
+                if let Some(k) = &p.marker.identity.business_key {
+                    items.push(
+                        self.absent_or_expired(Self::business_item(&p.marker, k, reference))?,
+                    );
+                    slots.push(Slot::BusinessKey);
+                }
+                for (j, e) in p.effects.iter().enumerate() {
+                    let put = Put::builder()
+                        .table_name(&*self.table)
+                        .set_item(Some(e.clone()))
+                        .condition_expression("attribute_not_exists(pk)")
+                        .build()?;
+                    items.push(TransactWriteItem::builder().put(put).build());
+                    slots.push(Slot::Effect(i, j));
+                }
             }
             let first_action = items.len();
             items.extend(actions.iter().cloned());
@@ -517,46 +520,60 @@ impl DynamoStore {
                 }
                 return Err(e);
             };
-            let code = |i: usize| reasons.get(i).and_then(|r| r.code()).unwrap_or("None");
-            if code(0) == "ConditionalCheckFailed" {
-                let Some(item) = reasons[0].item() else {
-                    return Ok(Commit::Conflict(None));
-                };
-                // A marker written under one of this commit's own tokens: an earlier attempt committed and
-                // its answer was lost.
-                let own = Reader::new(item)
-                    .opt_s("token")?
-                    .is_some_and(|t| tokens.contains(&t));
-                if own {
-                    tracing::info!(
-                        attempts = attempt,
-                        "commit: found the marker of an earlier attempt of this commit; it committed"
-                    );
-                    return Ok(Commit::Done);
-                }
-                return Ok(Commit::Conflict(Some(Self::holder(item, true)?)));
+            let refused =
+                |i: usize| reasons.get(i).and_then(|r| r.code()) == Some("ConditionalCheckFailed");
+            // A marker written under one of this commit's own tokens: an earlier attempt committed (all of
+            // its items, the transaction being atomic) and its answer was lost.
+            let own = slots.iter().enumerate().any(|(i, slot)| {
+                *slot == Slot::Marker
+                    && refused(i)
+                    && reasons[i].item().is_some_and(|item| {
+                        Reader::new(item)
+                            .opt_s("token")
+                            .ok()
+                            .flatten()
+                            .is_some_and(|t| tokens.contains(&t))
+                    })
+            });
+            if own {
+                tracing::info!(
+                    attempts = attempt,
+                    "commit: found the marker of an earlier attempt of this commit; it committed"
+                );
+                return Ok(Commit::Done);
             }
-            if business_key.is_some() && code(1) == "ConditionalCheckFailed" {
+            // The first marker or business key item refused, with its holder as it was.
+            if let Some((i, slot)) = slots
+                .iter()
+                .enumerate()
+                .find(|(i, slot)| !matches!(slot, Slot::Effect(..)) && refused(*i))
+            {
                 return Ok(Commit::Conflict(
-                    reasons[1]
+                    reasons[i]
                         .item()
-                        .map(|i| Self::holder(i, false))
+                        .map(|item| Self::holder(item, *slot == Slot::Marker))
                         .transpose()?,
                 ));
             }
             // An effect recorded before under the same key (its message applied before, its marker since
             // expired): kept as it is, as the SQL stores' `ON CONFLICT DO NOTHING` does.
-            let taken: HashSet<usize> = (first_effect..first_action)
-                .filter(|&i| code(i) == "ConditionalCheckFailed")
-                .map(|i| i - first_effect)
+            let taken: HashSet<(usize, usize)> = slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, slot)| match slot {
+                    Slot::Effect(p, e) if refused(i) => Some((*p, *e)),
+                    _ => None,
+                })
                 .collect();
             if !taken.is_empty() {
-                let mut i = 0;
-                effects.retain(|_| {
-                    let keep = !taken.contains(&i);
-                    i += 1;
-                    keep
-                });
+                for (pi, p) in pending.iter_mut().enumerate() {
+                    let mut j = 0;
+                    p.effects.retain(|_| {
+                        let keep = !taken.contains(&(pi, j));
+                        j += 1;
+                        keep
+                    });
+                }
                 attempt -= 1;
                 continue;
             }
@@ -609,6 +626,15 @@ impl DynamoStore {
             });
         }
     }
+}
+
+/// What one of the store's items in a `TransactWriteItems` call stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Marker,
+    BusinessKey,
+    /// The effect `.1` of the delivery `.0`.
+    Effect(usize, usize),
 }
 
 /// The cancellation reasons of a cancelled transaction, in the order of its actions.
@@ -779,7 +805,10 @@ impl InboxStore for DynamoStore {
     }
 
     /// Keeps the marker for the commit, without a round trip: the commit's condition decides, and a
-    /// conflict comes back from [`InboxStore::commit`] as [`Commit::Conflict`] with the holder as it was.
+    /// conflict comes back from [`InboxStore::commit`] as [`Commit::Conflict`] with the holder as it was. In a
+    /// batch (several markers in one transaction), a marker whose item an earlier marker of the same
+    /// transaction already writes (the same message twice, or the same business key) is refused here, as a
+    /// unique constraint would refuse it: DynamoDB allows one action per item in a transaction.
     async fn insert_marker(
         &self,
         tx: &DynamoTx,
@@ -789,13 +818,40 @@ impl InboxStore for DynamoStore {
         if st.closed {
             return Err(DynamoError::Closed);
         }
-        st.marker = Some(PendingMarker {
-            identity: row.identity.clone(),
-            payload_hash: row.payload_hash.to_owned(),
-            received_at: row.received_at,
-            processed_at: row.processed_at,
-            retention_until: row.retention_until,
-            delivery_count: row.delivery_count,
+        let id = row.identity;
+        let consumer = id.consumer.as_str();
+        let business = |i: &Identity| {
+            i.business_key
+                .as_deref()
+                .map(|k| l::business_pk(i.consumer.as_str(), i.tenant_id.as_deref(), k))
+        };
+        let pk = l::marker_pk(consumer, &id.source, &id.message_id);
+        let bpk = business(id);
+        for p in &st.pending {
+            let other = &p.marker.identity;
+            let same_identity =
+                l::marker_pk(other.consumer.as_str(), &other.source, &other.message_id) == pk;
+            if same_identity || (bpk.is_some() && business(other) == bpk) {
+                return Ok(MarkerInsert::Conflict(Some(ExistingMarker::new(
+                    same_identity,
+                    other.message_id.clone(),
+                    p.marker.payload_hash.clone(),
+                    p.marker.processed_at,
+                    p.result_reference.clone(),
+                ))));
+            }
+        }
+        st.pending.push(Pending {
+            marker: PendingMarker {
+                identity: id.clone(),
+                payload_hash: row.payload_hash.to_owned(),
+                received_at: row.received_at,
+                processed_at: row.processed_at,
+                retention_until: row.retention_until,
+                delivery_count: row.delivery_count,
+            },
+            result_reference: None,
+            effects: Vec::new(),
         });
         Ok(MarkerInsert::Inserted)
     }
@@ -803,7 +859,7 @@ impl InboxStore for DynamoStore {
     async fn record_result(
         &self,
         tx: &DynamoTx,
-        _identity: &Identity,
+        identity: &Identity,
         result_reference: Option<&str>,
         effects: &[NewEffect<'_>],
     ) -> Result<(), DynamoError> {
@@ -811,8 +867,16 @@ impl InboxStore for DynamoStore {
         if st.closed {
             return Err(DynamoError::Closed);
         }
-        st.result_reference = result_reference.map(str::to_owned);
-        st.effects = effects
+        let Some(p) = st
+            .pending
+            .iter_mut()
+            .rev()
+            .find(|p| p.marker.identity == *identity)
+        else {
+            return Err(DynamoError::NoMarker);
+        };
+        p.result_reference = result_reference.map(str::to_owned);
+        p.effects = effects
             .iter()
             .enumerate()
             .map(|(i, e)| effect_item(e, i))
@@ -828,7 +892,7 @@ impl InboxStore for DynamoStore {
         let mut st = tx.lock();
         st.closed = true;
         st.actions.clear();
-        st.effects.clear();
+        st.pending.clear();
         Ok(())
     }
 

@@ -20,13 +20,20 @@ pub(crate) struct PendingMarker {
     pub delivery_count: u32,
 }
 
-#[derive(Default)]
-pub(crate) struct State {
-    pub actions: Vec<TransactWriteItem>,
-    pub marker: Option<PendingMarker>,
+/// One delivery's share of the transaction: its marker, its handler's result reference and its effect items.
+#[derive(Clone, Debug)]
+pub(crate) struct Pending {
+    pub marker: PendingMarker,
     pub result_reference: Option<String>,
     /// Effect items, each with its group order key (none when ungrouped).
     pub effects: Vec<Item>,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    pub actions: Vec<TransactWriteItem>,
+    /// The deliveries of the transaction: one, or the deliveries of a batch (`batch_commit`), in order.
+    pub pending: Vec<Pending>,
     pub closed: bool,
 }
 

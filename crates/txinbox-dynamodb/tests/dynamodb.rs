@@ -16,7 +16,7 @@ use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_core::store::{Commit, MarkerInsert, MarkerRow};
 use txinbox_core::{
     ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, InboxStore, Message,
-    OutcomeKind, ReceivedMessage, Worker,
+    OutcomeKind, ReceivedMessage, Worker, WorkerOptions,
 };
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
 
@@ -90,6 +90,8 @@ on_both_backends!(
     an_expired_marker_counts_as_absent_before_the_ttl_deletes_it,
     effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order,
     the_table_check_names_what_does_not_match,
+    a_batch_commits_every_marker_of_its_transaction_or_none,
+    a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_finds_every_marker,
 );
 
 async fn fresh_table(client: &Client) -> String {
@@ -175,12 +177,22 @@ fn meeting(id: &str, opportunity: &str, meeting: &str) -> OutgoingMessage {
     .group("opportunities")
 }
 
-/// Runs the worker over `msgs`: each applied message adds one to its follow-up task's counter (one
-/// business write in the inbox transaction) and records one effect.
+/// Runs the worker with its default options over `msgs`: see [`run_with`].
 async fn run(
     store: &DynamoStore,
     tasks: &str,
     msgs: Vec<OutgoingMessage>,
+) -> (MemoryQueue, txinbox_core::WorkerReport) {
+    run_with(store, tasks, msgs, WorkerOptions::default()).await
+}
+
+/// Runs the worker with `options` over `msgs`: each applied message adds one to its follow-up task's counter (one
+/// business write in the inbox transaction) and records one effect.
+async fn run_with(
+    store: &DynamoStore,
+    tasks: &str,
+    msgs: Vec<OutgoingMessage>,
+    options: WorkerOptions,
 ) -> (MemoryQueue, txinbox_core::WorkerReport) {
     let queue = MemoryQueue::new(QueueOptions::default().max_receive_count(Some(3)));
     for m in msgs {
@@ -206,6 +218,7 @@ async fn run(
         })
         .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)));
     let report = Worker::new(queue.receiver(), processor)
+        .options(options)
         .run_until_idle()
         .await;
     (queue, report)
@@ -402,11 +415,12 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     let c = b.client();
     let (store, _) = store_on(c.clone()).await;
     let tasks = business_table(&c).await;
-    // 99 actions + marker + business key item: 101.
+    // 100 actions + the marker (this message has no business key): 101.
     let id = txinbox_test_identity("m-1");
+    assert_eq!(id.business_key, None);
     let msg = limit_error(
         commit_with(&store, &id, |tx| {
-            for i in 0..99 {
+            for i in 0..100 {
                 tx.update(add_one(&tasks, &format!("t-{i}"))).unwrap();
             }
         })
@@ -414,6 +428,15 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     );
     assert!(msg.contains("100"), "{msg}");
     assert_eq!(count_of(&c, &tasks, "t-0").await, None);
+    // 99 actions + the marker: exactly the 100 the service takes.
+    let at_limit = commit_with(&store, &txinbox_test_identity("m-9"), |tx| {
+        for i in 0..99 {
+            tx.update(add_one(&tasks, &format!("u-{i}"))).unwrap();
+        }
+    })
+    .await;
+    assert!(matches!(at_limit, Commit::Done), "{at_limit:?}");
+    assert_eq!(count_of(&c, &tasks, "u-98").await, Some(1));
     // Two actions on one item.
     let msg = limit_error(
         commit_with(&store, &txinbox_test_identity("m-2"), |tx| {
@@ -458,7 +481,7 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     );
     assert!(msg.contains("4194304"), "{msg}");
     assert_eq!(count_of(&c, &tasks, "big-0").await, None);
-    // Nothing of the four transactions reached the table: the first message still applies.
+    // Nothing of the four refused transactions reached the table: the first message still applies.
     assert!(matches!(
         commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-0")).unwrap()).await,
         Commit::Done
@@ -797,4 +820,160 @@ async fn the_table_check_names_what_does_not_match(b: Backend) {
         txinbox_dynamodb::table_from_url("dynamodb://inbox").unwrap(),
         "inbox"
     );
+}
+
+async fn marker_of(c: &Client, table: &str, id: &txinbox_core::Identity) -> Option<String> {
+    let out = c
+        .get_item()
+        .table_name(table)
+        .key(
+            "pk",
+            AttributeValue::S(txinbox_dynamodb::layout::marker_pk(
+                id.consumer.as_str(),
+                &id.source,
+                &id.message_id,
+            )),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    out.item()
+        .and_then(|i| i.get("result_reference"))
+        .map(|r| r.as_s().unwrap().clone())
+}
+
+/// Batch mode (`batch_commit`) puts several deliveries in one transaction: every marker goes into the one
+/// `TransactWriteItems` call with the handlers' writes, each with its own result, and a marker refused by the
+/// service refuses the whole call.
+async fn a_batch_commits_every_marker_of_its_transaction_or_none(b: Backend) {
+    let c = b.client();
+    let (store, table) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let ids: Vec<_> = (1..=4)
+        .map(|i| txinbox_test_identity(&format!("m-{i}")))
+        .collect();
+    let hour = chrono::Duration::hours(1);
+    let tx = store.begin().await.unwrap();
+    let rows: Vec<_> = ids[..3].iter().map(|id| row(id, hour)).collect();
+    assert_eq!(
+        store.insert_markers(&tx, &rows).await.unwrap(),
+        [
+            MarkerInsert::Inserted,
+            MarkerInsert::Inserted,
+            MarkerInsert::Inserted
+        ]
+    );
+    // The same message a second time in the same transaction is refused by the first, as a unique
+    // constraint would refuse it (DynamoDB allows one action per item in a transaction).
+    match store.insert_marker(&tx, &row(&ids[1], hour)).await.unwrap() {
+        MarkerInsert::Conflict(Some(holder)) => {
+            assert!(holder.same_identity);
+            assert_eq!(holder.message_id, "m-2");
+        }
+        other => panic!("expected the earlier marker of the batch to hold m-2, got {other:?}"),
+    }
+    for (i, id) in ids[..3].iter().enumerate() {
+        tx.update(add_one(&tasks, &format!("t-{i}"))).unwrap();
+        store
+            .record_result(&tx, id, Some(&format!("task-{i}")), &[])
+            .await
+            .unwrap();
+    }
+    assert!(matches!(store.commit(tx).await.unwrap(), Commit::Done));
+    for (i, id) in ids[..3].iter().enumerate() {
+        assert_eq!(
+            marker_of(&c, &table, id).await,
+            Some(format!("task-{i}")),
+            "the marker of {} with its own result",
+            id.message_id
+        );
+        assert_eq!(count_of(&c, &tasks, &format!("t-{i}")).await, Some(1));
+    }
+    // A second batch holding m-3 (committed above) and m-4: the service refuses m-3's marker, so nothing of
+    // the batch is written, and the holder comes back for the pipeline to decide each delivery on its own.
+    let tx = store.begin().await.unwrap();
+    let rows: Vec<_> = ids[2..].iter().map(|id| row(id, hour)).collect();
+    store.insert_markers(&tx, &rows).await.unwrap();
+    tx.update(add_one(&tasks, "t-9")).unwrap();
+    for id in &ids[2..] {
+        store.record_result(&tx, id, None, &[]).await.unwrap();
+    }
+    match store.commit(tx).await.unwrap() {
+        Commit::Conflict(Some(holder)) => {
+            assert!(holder.same_identity);
+            assert_eq!(holder.message_id, "m-3");
+            assert_eq!(holder.result_reference.as_deref(), Some("task-2"));
+        }
+        other => panic!("expected m-3's marker to refuse the batch, got {other:?}"),
+    }
+    assert_eq!(marker_of(&c, &table, &ids[3]).await, None);
+    assert_eq!(count_of(&c, &tasks, "t-9").await, None);
+    // A result for a message whose marker the transaction does not hold is refused, not written elsewhere.
+    let tx = store.begin().await.unwrap();
+    assert!(matches!(
+        store.record_result(&tx, &ids[0], None, &[]).await,
+        Err(DynamoError::NoMarker)
+    ));
+}
+
+/// The worker in batch mode on DynamoDB: a batch of new messages writes every marker; a later batch of their
+/// redeliveries, with a copy, a business duplicate and a new message, decides each as alone.
+async fn a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_finds_every_marker(
+    b: Backend,
+) {
+    let c = b.client();
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let batch = || WorkerOptions::default().concurrency(10).batch_commit(10);
+    // No FIFO group: the memory queue hands out all five in one receive, so they share one transaction.
+    let ungrouped = |id: &str, o: &str, m: &str| {
+        let mut msg = meeting(id, o, m);
+        msg.group_id = None;
+        msg
+    };
+    let first = vec![
+        ungrouped("m-1", "o-1", "x"),
+        ungrouped("m-2", "o-2", "y"),
+        ungrouped("m-3", "o-3", "z"),
+    ];
+    let (queue, report) = run_with(&store, &tasks, first, batch()).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 3, "{report:?}");
+    assert_eq!(queue.state().dead_lettered, 0);
+    let markers = |store: DynamoStore| async move {
+        store
+            .table_stats(Table::Markers, "crm-followup")
+            .await
+            .unwrap()
+            .0
+    };
+    assert_eq!(
+        markers(store.clone()).await,
+        3,
+        "one marker per message of the batch"
+    );
+    // Every message again (acknowledgements lost), with a copy, a business duplicate and a new message in
+    // the same batch: each decided as alone, nothing written twice.
+    let again = vec![
+        ungrouped("m-1", "o-1", "x"),
+        ungrouped("m-2", "o-2", "y"),
+        ungrouped("m-3", "o-3", "z"),
+        ungrouped("m-1", "o-1", "x"),
+        // Another id, the business key of m-2.
+        ungrouped("m-4", "o-2", "y"),
+        ungrouped("m-5", "o-5", "w"),
+    ];
+    let (queue, report) = run_with(&store, &tasks, again, batch()).await;
+    assert_eq!(report.count(OutcomeKind::Duplicate), 4, "{report:?}");
+    assert_eq!(
+        report.count(OutcomeKind::BusinessDuplicate),
+        1,
+        "{report:?}"
+    );
+    assert_eq!(report.count(OutcomeKind::Applied), 1, "{report:?}");
+    assert_eq!(queue.state().dead_lettered, 0);
+    for t in ["o-1:x", "o-2:y", "o-3:z", "o-5:w"] {
+        assert_eq!(count_of(&c, &tasks, t).await, Some(1), "{t}");
+    }
+    assert_eq!(markers(store.clone()).await, 4);
 }
