@@ -115,7 +115,7 @@ async fn run<DB: LabDb>(store: Store<DB>) {
     let (metrics, _guard) = MetricTotals::install_local();
     DB::create_tables(&store).await.unwrap();
     let inbox = inbox(store.clone());
-    let h = task_handler::<DB>();
+    let h = task_handler::<Store<DB>>();
     let all = cases();
     let n = all.len();
     for (case, msg, reason) in all {

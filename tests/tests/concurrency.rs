@@ -43,7 +43,7 @@ async fn eight_consumers_on_separate_connections_apply_each_message_once() {
             q.send(lab_message((k * (c + 3) + c) % MESSAGES));
         }
         queues.push(q.clone());
-        let processor = lab_processor(store, task_handler::<sqlx::Postgres>());
+        let processor = lab_processor(store, task_handler::<txinbox::Store<sqlx::Postgres>>());
         runs.push(tokio::spawn(async move {
             let q2 = q.clone();
             Worker::new(q.receiver(), processor)

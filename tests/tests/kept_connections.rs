@@ -252,7 +252,10 @@ async fn an_in_memory_sqlite_store_keeps_nothing_from_its_single_connection() {
     <sqlx::Sqlite as LabDb>::create_tables(&store)
         .await
         .unwrap();
-    let processor = lab_processor(store.clone(), task_handler::<sqlx::Sqlite>());
+    let processor = lab_processor(
+        store.clone(),
+        task_handler::<txinbox::Store<sqlx::Sqlite>>(),
+    );
     let q = MemoryQueue::default();
     q.send(lab_message(0));
     let d = q.receive_now(1).pop().unwrap();

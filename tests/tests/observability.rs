@@ -52,7 +52,7 @@ async fn metrics_spans_and_logs_tell_what_happened() {
     let inbox = lab_inbox(store.clone()).retry_backoff(Duration::from_secs(5));
     let lab = inbox
         .clone()
-        .bind_handler(task_handler::<sqlx::Sqlite>())
+        .bind_handler(task_handler::<txinbox::Store<sqlx::Sqlite>>())
         .business_key(followup_business_key);
     let q = MemoryQueue::default();
 

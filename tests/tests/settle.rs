@@ -23,7 +23,10 @@ async fn failed_and_lost_acks_after_commit_are_absorbed() {
     <sqlx::Sqlite as LabDb>::create_tables(&store)
         .await
         .unwrap();
-    let lab = lab_processor(store.clone(), task_handler::<sqlx::Sqlite>());
+    let lab = lab_processor(
+        store.clone(),
+        task_handler::<txinbox::Store<sqlx::Sqlite>>(),
+    );
     let q = MemoryQueue::default();
     q.send(lab_message(0));
     q.send(lab_message(1));
@@ -91,9 +94,12 @@ async fn a_panicking_handler_rolls_back_and_is_retried() {
     // Released (visibility 0 with the lab's zero backoff): the fixed handler applies it once.
     let d = q.receive_now(1).pop().unwrap();
     assert!(matches!(
-        lab_processor(store.clone(), task_handler::<sqlx::Sqlite>())
-            .process_one(d)
-            .await,
+        lab_processor(
+            store.clone(),
+            task_handler::<txinbox::Store<sqlx::Sqlite>>()
+        )
+        .process_one(d)
+        .await,
         Outcome::Applied { .. }
     ));
     assert_eq!(

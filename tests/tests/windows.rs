@@ -1,18 +1,19 @@
-//! Every failure window of the pattern, on SQLite and on PostgreSQL: inbox rows, business effects, broker state,
-//! evidence rows and the metrics each window must leave. The expected values are spelled out here, apart from
-//! the lab's own checks.
+//! Every failure window of the pattern, on SQLite, on PostgreSQL and on DynamoDB (DynamoDB Local,
+//! `TXINBOX_DYNAMODB_ENDPOINT`): inbox rows, business effects, broker state, evidence rows and the metrics each
+//! window must leave. The expected values are spelled out here, apart from the lab's own checks.
 
 use txinbox::mem::QueueState;
 use txinbox_e2e::pg_url;
 use txinbox_lab::lab::Target;
-use txinbox_lab::windows::{run_on, Window, WindowRow};
+use txinbox_lab::windows::{run_on, run_on_batch, Window, WindowRow};
 
+#[derive(Clone)]
 struct Expect {
     rows: i64,
     effects: i64,
     dlq: usize,
     rejections: i64,
-    signals: &'static [(&'static str, u64)],
+    signals: Vec<(&'static str, u64)>,
 }
 
 fn check(row: &WindowRow, e: &Expect) {
@@ -28,12 +29,22 @@ fn check(row: &WindowRow, e: &Expect) {
         "broker: {row}"
     );
     assert_eq!(row.rejections, e.rejections, "evidence rows: {row}");
-    for (name, n) in e.signals {
+    for (name, n) in &e.signals {
         assert_eq!(row.signal(name), *n, "metric {name}: {row}");
     }
 }
 
-async fn both(w: Window, e: Expect) {
+fn dynamodb() -> Target {
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").expect(
+        "TXINBOX_DYNAMODB_ENDPOINT is not set: start DynamoDB Local with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)",
+    );
+    Target::Dynamodb {
+        table: "windows".into(),
+        endpoint: Some(endpoint),
+    }
+}
+
+async fn on_every_store(w: Window, e: Expect) {
     let lite = run_on(&Target::Sqlite("sqlite::memory:".into()), w)
         .await
         .expect("sqlite window");
@@ -42,13 +53,45 @@ async fn both(w: Window, e: Expect) {
         .await
         .expect("postgres window");
     check(&pg, &e);
+    let mut on_dynamodb = e;
+    if w == Window::AfterRetentionExpired {
+        // DynamoDB's TTL deletes expired markers, later and at no write cost: the maintenance deletes none,
+        // the marker stays until the TTL's pass, and the late copy is refused all the same.
+        on_dynamodb.rows = 1;
+        for (name, n) in &mut on_dynamodb.signals {
+            if *name == "txinbox_retention_purged_total" {
+                *n = 0;
+            }
+        }
+    }
+    let dynamo = run_on(&dynamodb(), w).await.expect("dynamodb window");
+    check(&dynamo, &on_dynamodb);
+}
+
+/// The failure windows of batch mode on DynamoDB (one `TransactWriteItems` per batch, no savepoints), with
+/// batches of 10 and of 3; SQLite and PostgreSQL run them in `txinbox-store`'s tests.
+#[tokio::test(flavor = "current_thread")]
+async fn batch_windows_on_dynamodb() {
+    let mut failed = Vec::new();
+    for batch in [10, 3] {
+        for w in Window::BATCH {
+            let row = run_on_batch(&dynamodb(), w, batch)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", w.name()));
+            println!("{row}");
+            if !row.ok() {
+                failed.push(row.to_string());
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
 }
 
 macro_rules! window_test {
     ($name:ident, $w:expr, $rows:expr, $effects:expr, $dlq:expr, $rej:expr, [$(($sig:expr, $n:expr)),*]) => {
         #[tokio::test]
         async fn $name() {
-            both($w, Expect { rows: $rows, effects: $effects, dlq: $dlq, rejections: $rej, signals: &[$(($sig, $n)),*] }).await;
+            on_every_store($w, Expect { rows: $rows, effects: $effects, dlq: $dlq, rejections: $rej, signals: vec![$(($sig, $n)),*] }).await;
         }
     };
 }

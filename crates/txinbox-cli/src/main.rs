@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use redrive::{ServiceBusProgress, SqsProgress};
-use txinbox_lab::lab::{run_lab, with_fresh, Target};
+use txinbox_lab::lab::{run_lab, with_fresh, LabError, LabReport, OnFresh, Target};
+use txinbox_lab::labdb::LabStore;
 use txinbox_lab::windows;
 
 mod effects;
@@ -34,7 +35,9 @@ enum Command {
         /// Copies delivered of each message.
         #[arg(long, default_value_t = 2)]
         copies: usize,
-        /// Store URL: `sqlite::memory:` (default), `sqlite:path.db` or `postgres://...` (a fresh schema per run).
+        /// Store URL: `sqlite::memory:` (default), `sqlite:path.db`, `postgres://...` (a fresh schema per run)
+        /// or `dynamodb://TABLE` (a fresh table `TABLE-lab-...` per run, deleted after it;
+        /// `AWS_ENDPOINT_URL_DYNAMODB` for an emulator).
         #[arg(long, env = "TXINBOX_STORE_URL", default_value = "sqlite::memory:")]
         store: String,
         /// Run the failure windows of the pattern instead, one row each; exits non-zero if any fails.
@@ -278,11 +281,18 @@ fn main() -> ExitCode {
                     Err(e) => fail(&e),
                 }
             } else {
-                let r = rt.block_on(with_fresh(
-                    &target,
-                    move |pool| Box::pin(run_lab(pool, messages, copies)),
-                    move |pool| Box::pin(run_lab(pool, messages, copies)),
-                ));
+                struct Lab(usize, usize);
+                impl OnFresh for Lab {
+                    type Output = LabReport;
+                    fn run<S: LabStore>(
+                        self,
+                        store: S,
+                    ) -> futures::future::LocalBoxFuture<'static, Result<LabReport, LabError>>
+                    {
+                        Box::pin(run_lab(store, self.0, self.1))
+                    }
+                }
+                let r = rt.block_on(with_fresh(&target, Lab(messages, copies)));
                 match r {
                     Ok(report) => {
                         println!("{report}");

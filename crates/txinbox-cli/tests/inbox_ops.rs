@@ -25,7 +25,7 @@ fn queue() -> MemoryQueue {
 /// duplicate `evt-republished` of `evt-483`; consumer `crm` applies 2 messages with one effect each (pending).
 async fn populate<DB: LabDb>(store: Store<DB>) {
     DB::create_tables(&store).await.expect("lab tables");
-    let p = lab_processor(store.clone(), task_handler::<DB>());
+    let p = lab_processor(store.clone(), task_handler::<Store<DB>>());
     let q = queue();
     for i in 0..3 {
         q.send(lab_message(i));

@@ -98,8 +98,8 @@ mod tx;
 
 pub use error::DynamoError;
 pub use store::{
-    emulator_client, http_client, table_from_url, DynamoOptions, DynamoStore, MAX_ACTIONS,
-    MAX_ITEM_BYTES, MAX_TRANSACTION_BYTES,
+    client_from_env, emulator_client, http_client, table_from_url, DynamoOptions, DynamoStore,
+    MAX_ACTIONS, MAX_ITEM_BYTES, MAX_TRANSACTION_BYTES,
 };
 pub use tx::DynamoTx;
 

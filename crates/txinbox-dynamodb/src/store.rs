@@ -142,17 +142,23 @@ pub fn emulator_client(endpoint: &str) -> Client {
     Client::from_conf(conf)
 }
 
+/// A client from the standard AWS configuration chain (environment, shared files, web identity, container
+/// and instance metadata; `AWS_ENDPOINT_URL_DYNAMODB` points it at an emulator), on the store's HTTP client.
+pub async fn client_from_env() -> Client {
+    let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http_client())
+        .load()
+        .await;
+    Client::new(&conf)
+}
+
 impl DynamoStore {
     /// Opens `dynamodb://TABLE` with the standard AWS configuration chain (environment, shared files, web
     /// identity, container and instance metadata; `AWS_ENDPOINT_URL_DYNAMODB` points it at an emulator) and
     /// checks the table.
     pub async fn connect(url: &str) -> Result<Self, DynamoError> {
         let table = table_from_url(url)?;
-        let conf = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .http_client(http_client())
-            .load()
-            .await;
-        Self::open(Client::new(&conf), table, DynamoOptions::default()).await
+        Self::open(client_from_env().await, table, DynamoOptions::default()).await
     }
 
     /// Opens `table` through a client of your own (an emulator's, a tuned retry policy) and, unless
@@ -801,7 +807,7 @@ impl InboxStore for DynamoStore {
     }
 
     async fn begin(&self) -> Result<DynamoTx, DynamoError> {
-        Ok(DynamoTx::new(self.client.clone()))
+        Ok(DynamoTx::new(self.client.clone(), self.table.clone()))
     }
 
     /// Keeps the marker for the commit, without a round trip: the commit's condition decides, and a

@@ -57,6 +57,7 @@ pub(crate) struct State {
 pub struct DynamoTx {
     state: Arc<Mutex<State>>,
     client: aws_sdk_dynamodb::Client,
+    table: Arc<str>,
 }
 
 impl std::fmt::Debug for DynamoTx {
@@ -70,10 +71,11 @@ impl std::fmt::Debug for DynamoTx {
 }
 
 impl DynamoTx {
-    pub(crate) fn new(client: aws_sdk_dynamodb::Client) -> Self {
+    pub(crate) fn new(client: aws_sdk_dynamodb::Client, table: Arc<str>) -> Self {
         Self {
             state: Arc::new(Mutex::new(State::default())),
             client,
+            table,
         }
     }
 
@@ -86,6 +88,13 @@ impl DynamoTx {
     /// The DynamoDB client, for reads (outside the transaction).
     pub fn client(&self) -> &aws_sdk_dynamodb::Client {
         &self.client
+    }
+
+    /// The inbox's table, for a single-table design that keeps business items beside the store's. The store
+    /// owns the keys that start with `m#`, `b#`, `e#`, `r#`, `fx#`, `due#` and `g#` (see
+    /// [`layout`](crate::layout)): give business items a prefix of their own.
+    pub fn inbox_table(&self) -> &str {
+        &self.table
     }
 
     /// Adds an action (any kind) to the transaction.

@@ -10,9 +10,10 @@ use txinbox_core::{
     ConsumerName, FingerprintSpec, Handled, Handler, HandlerError, IdentityPolicy, Inbox,
     InboxProcessor, InboxStore, Message, OutcomeKind, Worker, WorkerOptions,
 };
-use txinbox_store::{Store, Tx};
+use txinbox_dynamodb::DynamoStore;
+use txinbox_store::Store;
 
-use crate::labdb::LabDb;
+use crate::labdb::{LabDb, LabStore};
 
 /// The lab consumer's name.
 pub const CONSUMER: &str = "crm-followup";
@@ -29,6 +30,9 @@ pub enum LabError {
     /// A query failed.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The DynamoDB store failed.
+    #[error(transparent)]
+    Dynamo(#[from] txinbox_dynamodb::DynamoError),
     /// Bad arguments.
     #[error("{0}")]
     Usage(String),
@@ -71,14 +75,14 @@ pub fn lab_processor<S: InboxStore, H: Handler<S, LabEvent>>(
         .business_key(followup_business_key)
 }
 
-/// The lab's handler: the follow-up task, the same code on both backends.
-pub fn task_handler<DB: LabDb>() -> TaskFn<DB> {
-    DB::insert_task
+/// The lab's handler: the follow-up task, one function per store.
+pub fn task_handler<S: LabStore>() -> TaskFn<S> {
+    S::insert_task
 }
 
-/// The lab handler's type: a plain function, so it binds to any store whose transaction is a [`Tx`].
-pub type TaskFn<DB> = fn(
-    Tx<DB>,
+/// The lab handler's type: a plain function of the store's transaction.
+pub type TaskFn<S> = fn(
+    <S as InboxStore>::Tx,
     Message<LabEvent>,
 ) -> futures::future::BoxFuture<'static, Result<Handled, HandlerError>>;
 
@@ -124,8 +128,8 @@ impl fmt::Display for LabReport {
 
 /// Sends `messages` logical messages `copies` times each through the in-memory broker and runs a worker
 /// until every delivery is processed.
-pub async fn run_lab<DB: LabDb>(
-    store: Store<DB>,
+pub async fn run_lab<S: LabStore>(
+    store: S,
     messages: usize,
     copies: usize,
 ) -> Result<LabReport, LabError> {
@@ -134,7 +138,7 @@ pub async fn run_lab<DB: LabDb>(
             "--messages and --copies must be at least 1".into(),
         ));
     }
-    DB::create_tables(&store).await?;
+    store.create_tables().await?;
     let queue = MemoryQueue::new(QueueOptions {
         wait: Duration::from_millis(50),
         ..QueueOptions::default()
@@ -145,7 +149,7 @@ pub async fn run_lab<DB: LabDb>(
         }
     }
     let expected = (messages * copies) as u64;
-    let processor = lab_processor(store.clone(), task_handler::<DB>());
+    let processor = lab_processor(store.clone(), task_handler::<S>());
     let q = queue.clone();
     let drained = async move {
         loop {
@@ -160,8 +164,8 @@ pub async fn run_lab<DB: LabDb>(
         .options(WorkerOptions::default().concurrency(4))
         .run_until(drained)
         .await;
-    let rows = store.inbox_rows(CONSUMER).await?;
-    let effects = DB::count_tasks(&store).await?;
+    let rows = store.count_markers(CONSUMER).await?;
+    let effects = store.count_tasks().await?;
     let deliveries = report.total();
     if deliveries != expected {
         tracing::warn!(deliveries, expected, "not every delivery was processed");
@@ -175,14 +179,24 @@ pub async fn run_lab<DB: LabDb>(
     })
 }
 
-/// A store the lab can open: SQLite (`sqlite:` URL, fresh in-memory database by default) or PostgreSQL
-/// (`postgres://` URL; each run gets its own schema, dropped afterwards).
+/// A store the lab can open: SQLite (`sqlite:` URL, fresh in-memory database by default), PostgreSQL
+/// (`postgres://` URL; each run gets its own schema, dropped afterwards) or DynamoDB (`dynamodb://TABLE`:
+/// each run gets its own table, `TABLE-lab-` and a random suffix, deleted afterwards; the AWS configuration
+/// chain finds the account, `AWS_ENDPOINT_URL_DYNAMODB` an emulator).
 #[derive(Clone, Debug)]
 pub enum Target {
     /// A `sqlite:` URL.
     Sqlite(String),
     /// A `postgres://` URL.
     Postgres(String),
+    /// A `dynamodb://TABLE` URL: the base of the fresh tables' names, and the endpoint of an emulator
+    /// (`None`: the AWS configuration chain decides).
+    Dynamodb {
+        /// The base of the fresh tables' names.
+        table: String,
+        /// An emulator's endpoint (DynamoDB Local, moto), with its dummy credentials.
+        endpoint: Option<String>,
+    },
 }
 
 impl Target {
@@ -192,6 +206,11 @@ impl Target {
             Ok(Target::Sqlite(url.to_owned()))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Ok(Target::Postgres(url.to_owned()))
+        } else if url.starts_with("dynamodb://") {
+            Ok(Target::Dynamodb {
+                table: txinbox_dynamodb::table_from_url(url)?,
+                endpoint: None,
+            })
         } else {
             let scheme = url.split(':').next().unwrap_or_default().to_owned();
             Err(LabError::Store(txinbox_store::StoreError::UnsupportedUrl {
@@ -280,26 +299,91 @@ pub async fn fresh_postgres(
     })
 }
 
+/// Work to run on a fresh store of any kind: [`with_fresh`] calls it with the store the target names.
+pub trait OnFresh {
+    /// What the work returns.
+    type Output;
+    /// Runs the work on `store` (fresh, empty).
+    fn run<S: LabStore>(self, store: S) -> LocalBoxFuture<'static, Result<Self::Output, LabError>>;
+}
+
 /// Runs `f` on a fresh database of `target`, then cleans up.
-pub async fn with_fresh<T>(
-    target: &Target,
-    f_sqlite: impl FnOnce(Store<sqlx::Sqlite>) -> LocalBoxFuture<'static, Result<T, LabError>>,
-    f_pg: impl FnOnce(Store<sqlx::Postgres>) -> LocalBoxFuture<'static, Result<T, LabError>>,
-) -> Result<T, LabError> {
+pub async fn with_fresh<F: OnFresh>(target: &Target, f: F) -> Result<F::Output, LabError> {
     match target {
         Target::Sqlite(url) => {
             let fresh = fresh_sqlite(url).await?;
-            let r = f_sqlite(fresh.store.clone()).await;
+            let r = f.run(fresh.store.clone()).await;
             fresh.cleanup().await;
             r
         }
         Target::Postgres(url) => {
             let fresh = fresh_postgres(url, 16).await?;
-            let r = f_pg(fresh.store.clone()).await;
+            let r = f.run(fresh.store.clone()).await;
             fresh.cleanup().await;
             r
         }
+        Target::Dynamodb { table, endpoint } => {
+            let (store, client) = fresh_dynamodb(table, endpoint.as_deref()).await?;
+            let table = store.table().to_owned();
+            let r = f.run(store).await;
+            if let Err(e) = client.delete_table().table_name(&table).send().await {
+                tracing::warn!(table, error = %txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e), "the lab's table could not be deleted");
+            }
+            r
+        }
     }
+}
+
+/// Creates a fresh table `BASE-lab-<random>` with the store's layout, waits until DynamoDB has it `ACTIVE`
+/// (at once on DynamoDB Local; seconds to a minute on the service, its indexes included) and opens it, through
+/// `endpoint` (an emulator) or else the AWS configuration chain.
+pub async fn fresh_dynamodb(
+    base: &str,
+    endpoint: Option<&str>,
+) -> Result<(DynamoStore, txinbox_dynamodb::aws_sdk_dynamodb::Client), LabError> {
+    let client = match endpoint {
+        Some(e) => txinbox_dynamodb::emulator_client(e),
+        None => txinbox_dynamodb::client_from_env().await,
+    };
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let table = format!("{base}-lab-{}", &suffix[..12]);
+    DynamoStore::create_table(&client, &table).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let out = client
+            .describe_table()
+            .table_name(&table)
+            .send()
+            .await
+            .map_err(|e| {
+                LabError::Usage(format!(
+                    "DynamoDB DescribeTable failed: {}",
+                    txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e)
+                ))
+            })?;
+        let t = out.table();
+        let active = t.and_then(|t| t.table_status()).map(|s| s.as_str()) == Some("ACTIVE")
+            && t.map(|t| t.global_secondary_indexes())
+                .unwrap_or_default()
+                .iter()
+                .all(|i| i.index_status().map(|s| s.as_str()) == Some("ACTIVE"));
+        if active {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(LabError::Usage(format!(
+                "table {table} was not ACTIVE after 300 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let store = DynamoStore::open(
+        client.clone(),
+        table,
+        txinbox_dynamodb::DynamoOptions::default(),
+    )
+    .await?;
+    Ok((store, client))
 }
 
 #[cfg(test)]

@@ -1,15 +1,202 @@
-//! The lab's business table: one row per business effect (a follow-up task in the CRM).
+//! The lab's business table: one row per business effect (a follow-up task in the CRM), and what the lab
+//! reads of a store ([`LabStore`]).
 //!
 //! The table has no unique constraint of its own on purpose: if the inbox let a redelivery through, the lab
-//! would see a second row. The statements use `$N` placeholders, which PostgreSQL and SQLite both accept, so
-//! one function serves both backends.
+//! would see a second row. On the SQL stores the statements use `$N` placeholders, which PostgreSQL and
+//! SQLite both accept, so one function serves both backends ([`LabDb`]); on DynamoDB a task is an item of
+//! the inbox's own table under a key prefix of the lab's, put with no condition.
 
 use futures::future::BoxFuture;
 use sqlx::{Database, Decode, Encode, Executor, IntoArguments, Type};
-use txinbox_core::{Handled, HandlerError, Message};
+use txinbox_core::effects::EffectStore;
+use txinbox_core::runtime::maintenance::MaintenanceStore;
+use txinbox_core::{Handled, HandlerError, InboxStore, Message};
+use txinbox_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, Select};
+use txinbox_dynamodb::{DynamoStore, DynamoTx};
 use txinbox_store::{Backend, Store, Tx};
 
-use crate::lab::LabEvent;
+use crate::lab::{LabError, LabEvent};
+
+/// A store the lab and the failure windows run on: the inbox, its effects and its maintenance, plus the
+/// lab's business table and the counts the windows check.
+pub trait LabStore: InboxStore + EffectStore + MaintenanceStore {
+    /// Creates the business table if missing.
+    fn create_tables(&self) -> BoxFuture<'_, Result<(), LabError>>;
+    /// Inserts one follow-up task (the business effect) in the inbox transaction.
+    fn insert_task(
+        tx: Self::Tx,
+        msg: Message<LabEvent>,
+    ) -> BoxFuture<'static, Result<Handled, HandlerError>>;
+    /// Counts the business effects.
+    fn count_tasks(&self) -> BoxFuture<'_, Result<i64, LabError>>;
+    /// The state and result reference of the (one) effect recorded.
+    fn effect_state(&self) -> BoxFuture<'_, Result<(String, Option<String>), LabError>>;
+    /// Counts the evidence rows of a kind (`payload_collision`, `business_duplicate`).
+    fn count_rejections<'a>(&'a self, kind: &'a str) -> BoxFuture<'a, Result<i64, LabError>>;
+    /// Counts a consumer's inbox rows (markers) present in the store, expired or not.
+    fn count_markers<'a>(&'a self, consumer: &'a str) -> BoxFuture<'a, Result<i64, LabError>>;
+    /// Whether the maintenance deletes expired markers itself (`true` on the SQL stores); `false` where the
+    /// database's TTL deletes them later (DynamoDB), the store's conditions treating them as absent from the
+    /// moment they expire.
+    fn purges_expired_markers(&self) -> bool {
+        true
+    }
+    /// Whether the store decides the marker at COMMIT (DynamoDB: one `TransactWriteItems` carries it), so
+    /// that a second copy runs its handler before its commit is refused; `false` where the marker insert
+    /// waits on the first copy's row (the SQL stores).
+    fn decides_at_commit(&self) -> bool {
+        false
+    }
+}
+
+impl<DB: LabDb> LabStore for Store<DB> {
+    fn create_tables(&self) -> BoxFuture<'_, Result<(), LabError>> {
+        Box::pin(async move { Ok(DB::create_tables(self).await?) })
+    }
+    fn insert_task(
+        tx: Tx<DB>,
+        msg: Message<LabEvent>,
+    ) -> BoxFuture<'static, Result<Handled, HandlerError>> {
+        DB::insert_task(tx, msg)
+    }
+    fn count_tasks(&self) -> BoxFuture<'_, Result<i64, LabError>> {
+        Box::pin(async move { Ok(DB::count_tasks(self).await?) })
+    }
+    fn effect_state(&self) -> BoxFuture<'_, Result<(String, Option<String>), LabError>> {
+        Box::pin(async move { Ok(DB::effect_state(self).await?) })
+    }
+    fn count_rejections<'a>(&'a self, kind: &'a str) -> BoxFuture<'a, Result<i64, LabError>> {
+        Box::pin(async move { Ok(DB::count_rejections(self, kind).await?) })
+    }
+    fn count_markers<'a>(&'a self, consumer: &'a str) -> BoxFuture<'a, Result<i64, LabError>> {
+        Box::pin(async move { Ok(self.inbox_rows(consumer).await?) })
+    }
+}
+
+/// The key prefix of the lab's tasks in the inbox's table.
+const TASK_PREFIX: &str = "lab#task#";
+
+/// The items of the lab's (fresh, small) table that match `filter`: a `Scan`, which the lab can afford and a
+/// production reader never needs (the operator commands go through keys and indexes).
+async fn scan_count(
+    store: &DynamoStore,
+    filter: &str,
+    values: &[(&str, &str)],
+) -> Result<i64, LabError> {
+    let mut count = 0i64;
+    let mut start = None;
+    loop {
+        let mut req = store
+            .client()
+            .scan()
+            .table_name(store.table())
+            .consistent_read(true)
+            .select(Select::Count)
+            .filter_expression(filter)
+            .set_exclusive_start_key(start);
+        for (k, v) in values {
+            req = req.expression_attribute_values(*k, AttributeValue::S((*v).to_owned()));
+        }
+        let out = req.send().await.map_err(|e| {
+            LabError::Usage(format!(
+                "DynamoDB Scan failed: {}",
+                txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e)
+            ))
+        })?;
+        count += i64::from(out.count());
+        start = out.last_evaluated_key().cloned();
+        if start.is_none() {
+            return Ok(count);
+        }
+    }
+}
+
+impl LabStore for DynamoStore {
+    fn create_tables(&self) -> BoxFuture<'_, Result<(), LabError>> {
+        // The tasks live in the inbox's table, under the lab's prefix.
+        Box::pin(async { Ok(()) })
+    }
+    fn insert_task(
+        tx: DynamoTx,
+        msg: Message<LabEvent>,
+    ) -> BoxFuture<'static, Result<Handled, HandlerError>> {
+        Box::pin(async move {
+            let task_id = format!("task-{}", uuid::Uuid::new_v4().simple());
+            let mut put = Put::builder()
+                .table_name(tx.inbox_table())
+                .item("pk", AttributeValue::S(format!("{TASK_PREFIX}{task_id}")))
+                .item("kind", AttributeValue::S("lab_task".into()))
+                .item(
+                    "message_id",
+                    AttributeValue::S(msg.identity.message_id.clone()),
+                )
+                .item(
+                    "created_at",
+                    AttributeValue::S(chrono::Utc::now().to_rfc3339()),
+                );
+            if let Some(k) = &msg.identity.business_key {
+                put = put.item("business_key", AttributeValue::S(k.clone()));
+            }
+            let put = put.build().map_err(HandlerError::permanent)?;
+            tx.put(put)?;
+            Ok(Handled::reference(task_id))
+        })
+    }
+    fn count_tasks(&self) -> BoxFuture<'_, Result<i64, LabError>> {
+        Box::pin(scan_count(self, "kind = :k", &[(":k", "lab_task")]))
+    }
+    fn effect_state(&self) -> BoxFuture<'_, Result<(String, Option<String>), LabError>> {
+        Box::pin(async move {
+            let out = self
+                .client()
+                .scan()
+                .table_name(self.table())
+                .consistent_read(true)
+                .filter_expression("kind = :k")
+                .expression_attribute_values(":k", AttributeValue::S("effect".into()))
+                .send()
+                .await
+                .map_err(|e| {
+                    LabError::Usage(format!(
+                        "DynamoDB Scan failed: {}",
+                        txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e)
+                    ))
+                })?;
+            let item = out
+                .items()
+                .first()
+                .ok_or_else(|| LabError::Usage("no effect recorded".into()))?;
+            let text = |name: &str| item.get(name).and_then(|v| v.as_s().ok()).cloned();
+            Ok((text("state").unwrap_or_default(), text("result_reference")))
+        })
+    }
+    fn count_rejections<'a>(&'a self, kind: &'a str) -> BoxFuture<'a, Result<i64, LabError>> {
+        Box::pin(async move {
+            scan_count(
+                self,
+                "kind = :k AND begins_with(pk, :r)",
+                &[(":k", kind), (":r", "r#")],
+            )
+            .await
+        })
+    }
+    fn count_markers<'a>(&'a self, consumer: &'a str) -> BoxFuture<'a, Result<i64, LabError>> {
+        Box::pin(async move {
+            scan_count(
+                self,
+                "kind = :k AND consumer = :c",
+                &[(":k", "marker"), (":c", consumer)],
+            )
+            .await
+        })
+    }
+    fn purges_expired_markers(&self) -> bool {
+        false
+    }
+    fn decides_at_commit(&self) -> bool {
+        true
+    }
+}
 
 /// A backend the lab can run on: every sqlx store backend whose driver binds and reads what the lab's
 /// statements use (PostgreSQL and SQLite). The bounds are spelled here once.

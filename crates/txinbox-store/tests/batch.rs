@@ -179,7 +179,7 @@ async fn worker_applies_once<DB: LabDb>(store: Store<DB>) {
             q.send(lab_message(i));
         }
     }
-    let p = lab_processor(store.clone(), txinbox_lab::lab::task_handler::<DB>());
+    let p = lab_processor(store.clone(), txinbox_lab::lab::task_handler::<Store<DB>>());
     let q2 = q.clone();
     let report = Worker::new(q.receiver(), p)
         .options(WorkerOptions::default().concurrency(32).batch_commit(10))

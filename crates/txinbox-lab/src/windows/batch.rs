@@ -11,27 +11,26 @@ use txinbox_core::{
     metrics as m, Delivery, Handled, Handler, HandlerError, Message, OutcomeKind, Worker,
     WorkerOptions,
 };
-use txinbox_store::{Store, Tx};
 
 use super::{one, queue, rows, Checks, Expected, Gated, Window, PAST_VISIBILITY};
 use crate::faults::{FaultPoint, Faults, FaultyStore};
 use crate::lab::{lab_message, lab_processor, task_handler, LabError, LabEvent};
-use crate::labdb::LabDb;
+use crate::labdb::LabStore;
 
 /// Runs a batch window on `store` (fresh, migrated, with the lab's tables) with batches of `batch` deliveries
 /// (at least 2): the queue it leaves, the outcome line and what to expect.
-pub(crate) async fn run<DB: LabDb>(
-    store: Store<DB>,
+pub(crate) async fn run<S: LabStore>(
+    store: S,
     w: Window,
     batch: usize,
     c: &mut Checks,
 ) -> Result<(MemoryQueue, String, Expected), LabError> {
-    let p = lab_processor(store.clone(), task_handler::<DB>());
+    let p = lab_processor(store.clone(), task_handler::<S>());
     // The same inbox and handler on a store that can crash at an armed point.
     let faults = Faults::new();
     let faulty = lab_processor(
         FaultyStore::new(store.clone(), faults.clone()),
-        task_handler::<DB>(),
+        task_handler::<S>(),
     );
     Ok(match w {
         Window::BatchBeforeTransaction => {
@@ -51,7 +50,7 @@ pub(crate) async fn run<DB: LabDb>(
                 o = run => format!("not crashed: {}", labels(&o)),
             };
             c.eq("inbox rows after the crash", rows(&store).await?, 0);
-            c.eq("effects after the crash", DB::count_tasks(&store).await?, 0);
+            c.eq("effects after the crash", store.count_tasks().await?, 0);
             c.eq("messages still held by the broker", q.state().in_flight, n);
             q.advance(PAST_VISIBILITY);
             let ds = q.receive_now(n);
@@ -92,7 +91,7 @@ pub(crate) async fn run<DB: LabDb>(
             };
             c.eq("handlers entered", halt.entered(), n / 2 + 1);
             c.eq("inbox rows after the crash", rows(&store).await?, 0);
-            c.eq("effects after the crash", DB::count_tasks(&store).await?, 0);
+            c.eq("effects after the crash", store.count_tasks().await?, 0);
             c.eq("messages still held by the broker", q.state().in_flight, n);
             q.advance(PAST_VISIBILITY);
             let ds = q.receive_now(n);
@@ -138,7 +137,7 @@ pub(crate) async fn run<DB: LabDb>(
             c.eq("inbox rows after the crash", rows(&store).await?, n as i64);
             c.eq(
                 "effects after the crash",
-                DB::count_tasks(&store).await?,
+                store.count_tasks().await?,
                 n as i64,
             );
             c.eq("messages still held by the broker", q.state().in_flight, n);
@@ -247,7 +246,7 @@ pub(crate) async fn run<DB: LabDb>(
             );
             c.eq(
                 "no write of a failed delivery kept",
-                DB::count_tasks(&store).await?,
+                store.count_tasks().await?,
                 1 + good as i64,
             );
             let released = q.receive_now(n);
@@ -410,13 +409,13 @@ impl HaltAt {
     }
 }
 
-impl<DB: LabDb> Handler<Store<DB>, LabEvent> for HaltAt {
+impl<S: LabStore> Handler<S, LabEvent> for HaltAt {
     type Output = Handled;
-    async fn handle(&self, tx: Tx<DB>, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
+    async fn handle(&self, tx: S::Tx, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
         let k = self
             .entered
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let done = DB::insert_task(tx, msg).await?;
+        let done = S::insert_task(tx, msg).await?;
         if k == self.at {
             tracing::warn!("simulated crash in a handler mid-batch");
             self.halted.cancel();
@@ -431,12 +430,12 @@ impl<DB: LabDb> Handler<Store<DB>, LabEvent> for HaltAt {
 #[derive(Clone, Copy)]
 struct Flaky;
 
-impl<DB: LabDb> Handler<Store<DB>, LabEvent> for Flaky {
+impl<S: LabStore> Handler<S, LabEvent> for Flaky {
     type Output = Handled;
-    async fn handle(&self, tx: Tx<DB>, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
+    async fn handle(&self, tx: S::Tx, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
         let id = msg.identity.message_id.clone();
         let first = msg.raw.delivery_count <= 1;
-        let done = DB::insert_task(tx, msg).await?;
+        let done = S::insert_task(tx, msg).await?;
         match id.as_str() {
             "evt-483" if first => Err(HandlerError::retry(std::io::Error::other(
                 "the CRM timed out (first delivery)",

@@ -13,15 +13,14 @@ use txinbox_core::{
     metrics as m, Effect, EffectOptions, EffectRunner, EffectState, Handled, HandlerError, Message,
 };
 use txinbox_crm_api::{CrmApi, KeyMode};
-use txinbox_store::{Store, Tx};
 
 use super::{one, queue, states, Checks, Expected, Window};
 use crate::lab::{lab_message, lab_processor, LabError, LabEvent};
-use crate::labdb::LabDb;
+use crate::labdb::LabStore;
 
 /// Runs an external-call window on `store`: the queue it leaves, the outcome line and what to expect.
-pub(crate) async fn run<DB: LabDb>(
-    store: Store<DB>,
+pub(crate) async fn run<S: LabStore>(
+    store: S,
     w: Window,
     c: &mut Checks,
 ) -> Result<(MemoryQueue, String, Expected), LabError> {
@@ -79,7 +78,7 @@ pub(crate) async fn run<DB: LabDb>(
                 .idle_poll(Duration::from_millis(10))
                 .backoff(Duration::from_millis(100), Duration::from_millis(400)),
         );
-    let p = lab_processor(store.clone(), task_with_crm_effect::<DB>);
+    let p = lab_processor(store.clone(), task_with_crm_effect::<S>);
     let q = queue(Some(5));
     q.send(lab_message(0));
     let d = one(q.receive_now(1), "delivery")?;
@@ -112,7 +111,7 @@ pub(crate) async fn run<DB: LabDb>(
     let deadline = Instant::now() + Duration::from_secs(20);
     let end = loop {
         let _report = runner.run_until_idle().await;
-        let (state, _) = DB::effect_state(&store).await?;
+        let (state, _) = store.effect_state().await?;
         let state = EffectState::parse(&state).unwrap_or(EffectState::Pending);
         let settled = matches!(
             state,
@@ -132,7 +131,7 @@ pub(crate) async fn run<DB: LabDb>(
         crm.creates_for_ref(reference),
         1,
     );
-    let (_, kept) = DB::effect_state(&store).await?;
+    let (_, kept) = store.effect_state().await?;
     c.eq(
         "the CRM's reference kept",
         kept,
@@ -187,8 +186,8 @@ pub(crate) async fn run<DB: LabDb>(
 
 /// The lab's handler with an external effect: the local task, and a follow-up task to create in the CRM after
 /// COMMIT, searchable there by its business reference.
-fn task_with_crm_effect<DB: LabDb>(
-    tx: Tx<DB>,
+fn task_with_crm_effect<S: LabStore>(
+    tx: S::Tx,
     msg: Message<LabEvent>,
 ) -> BoxFuture<'static, Result<Handled, HandlerError>> {
     Box::pin(async move {
@@ -199,7 +198,7 @@ fn task_with_crm_effect<DB: LabDb>(
             "external_ref": reference,
         });
         let effect = Effect::json("crm.create_task", "crm", &payload)?.external_ref(reference);
-        Ok(DB::insert_task(tx, msg).await?.effect(effect))
+        Ok(S::insert_task(tx, msg).await?.effect(effect))
     })
 }
 

@@ -12,14 +12,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::LocalBoxFuture;
+
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::sync::Semaphore;
 use txinbox_core::broker::mem::{MemoryQueue, QueueOptions, QueueState};
 use txinbox_core::{EffectState, Handled, Handler, HandlerError, Message};
-use txinbox_store::{Store, Tx};
 
-use crate::lab::{with_fresh, LabError, LabEvent, Target, CONSUMER};
-use crate::labdb::LabDb;
+use crate::lab::{with_fresh, LabError, LabEvent, OnFresh, Target, CONSUMER};
+use crate::labdb::LabStore;
 
 mod batch;
 mod delivery;
@@ -235,12 +236,17 @@ pub async fn run_all_batch(target: &Target, batch: usize) -> Result<Vec<WindowRo
 
 /// Runs one window on a fresh database of `target`, a batch window with batches of `batch` deliveries.
 pub async fn run_on_batch(target: &Target, w: Window, batch: usize) -> Result<WindowRow, LabError> {
-    with_fresh(
-        target,
-        move |store| Box::pin(run_window_batch::<sqlx::Sqlite>(store, w, batch)),
-        move |store| Box::pin(run_window_batch::<sqlx::Postgres>(store, w, batch)),
-    )
-    .await
+    struct Run(Window, usize);
+    impl OnFresh for Run {
+        type Output = WindowRow;
+        fn run<S: LabStore>(
+            self,
+            store: S,
+        ) -> LocalBoxFuture<'static, Result<WindowRow, LabError>> {
+            Box::pin(run_window_batch(store, self.0, self.1))
+        }
+    }
+    with_fresh(target, Run(w, batch)).await
 }
 
 /// What a window must leave: inbox rows, business effects, the broker's state, rejection evidence rows, and
@@ -309,20 +315,20 @@ impl Gated {
     }
 }
 
-impl<DB: LabDb> Handler<Store<DB>, LabEvent> for Gated {
+impl<S: LabStore> Handler<S, LabEvent> for Gated {
     type Output = Handled;
-    async fn handle(&self, tx: Tx<DB>, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
+    async fn handle(&self, tx: S::Tx, msg: Message<LabEvent>) -> Result<Handled, HandlerError> {
         self.entered.add_permits(1);
         if let Ok(p) = self.gate.acquire().await {
             p.forget();
         }
-        DB::insert_task(tx, msg).await
+        S::insert_task(tx, msg).await
     }
 }
 
 /// The lab consumer's inbox rows.
-pub(crate) async fn rows<DB: LabDb>(store: &Store<DB>) -> Result<i64, LabError> {
-    Ok(store.inbox_rows(CONSUMER).await?)
+pub(crate) async fn rows<S: LabStore>(store: &S) -> Result<i64, LabError> {
+    store.count_markers(CONSUMER).await
 }
 
 pub(crate) fn one<D>(mut v: Vec<D>, what: &str) -> Result<D, LabError> {
@@ -331,14 +337,14 @@ pub(crate) fn one<D>(mut v: Vec<D>, what: &str) -> Result<D, LabError> {
 }
 
 /// Runs window `w` on `pool` (fresh and migrated) and checks its expectations.
-pub async fn run_window<DB: LabDb>(store: Store<DB>, w: Window) -> Result<WindowRow, LabError> {
+pub async fn run_window<S: LabStore>(store: S, w: Window) -> Result<WindowRow, LabError> {
     run_window_batch(store, w, DEFAULT_BATCH).await
 }
 
 /// Runs window `w` on `pool` (fresh and migrated), a batch window with batches of `batch` deliveries, and
 /// checks its expectations.
-pub async fn run_window_batch<DB: LabDb>(
-    store: Store<DB>,
+pub async fn run_window_batch<S: LabStore>(
+    store: S,
     w: Window,
     batch: usize,
 ) -> Result<WindowRow, LabError> {
@@ -346,7 +352,7 @@ pub async fn run_window_batch<DB: LabDb>(
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    DB::create_tables(&store).await?;
+    store.create_tables().await?;
     let mut c = Checks {
         failures: Vec::new(),
     };
@@ -377,10 +383,10 @@ pub async fn run_window_batch<DB: LabDb>(
 
     let (exp_rows, exp_effects, exp_broker, exp_rejections, exp_signals) = expect;
     let inbox_rows = rows(&store).await?;
-    let business_effects = DB::count_tasks(&store).await?;
+    let business_effects = store.count_tasks().await?;
     let broker = q.state();
-    let rejections = DB::count_rejections(&store, "payload_collision").await?
-        + DB::count_rejections(&store, "business_duplicate").await?;
+    let rejections = store.count_rejections("payload_collision").await?
+        + store.count_rejections("business_duplicate").await?;
     c.eq("inbox rows", inbox_rows, exp_rows);
     c.eq("business effects", business_effects, exp_effects);
     c.eq("broker", broker, exp_broker);
