@@ -4,8 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use redrive::{ServiceBusProgress, SqsProgress};
-use txinbox_lab::lab::{run_lab, with_fresh, LabError, LabReport, OnFresh, Target};
-use txinbox_lab::labdb::LabStore;
+use txinbox_lab::lab::{run_lab_on, Target};
 use txinbox_lab::windows;
 
 mod effects;
@@ -281,18 +280,7 @@ fn main() -> ExitCode {
                     Err(e) => fail(&e),
                 }
             } else {
-                struct Lab(usize, usize);
-                impl OnFresh for Lab {
-                    type Output = LabReport;
-                    fn run<S: LabStore>(
-                        self,
-                        store: S,
-                    ) -> futures::future::LocalBoxFuture<'static, Result<LabReport, LabError>>
-                    {
-                        Box::pin(run_lab(store, self.0, self.1))
-                    }
-                }
-                let r = rt.block_on(with_fresh(&target, Lab(messages, copies)));
+                let r = rt.block_on(run_lab_on(&target, messages, copies));
                 match r {
                     Ok(report) => {
                         println!("{report}");

@@ -78,6 +78,22 @@ pub enum DynamoError {
 }
 
 impl DynamoError {
+    /// An SDK error of operation `op` (`"GetItem"`, `"Query"`, ...) as [`DynamoError::Call`], classified as the
+    /// store classifies its own calls (throttling, conflicts, 5xx, timeouts and lost connections are transient).
+    /// A handler's own reads through [`DynamoTx::client`](crate::DynamoTx::client) can use it, so that `?` keeps
+    /// the classification.
+    pub fn from_sdk<E, R>(op: &'static str, e: aws_sdk_dynamodb::error::SdkError<E, R>) -> Self
+    where
+        E: aws_sdk_dynamodb::error::ProvideErrorMetadata
+            + std::error::Error
+            + Send
+            + Sync
+            + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        call(op, e)
+    }
+
     /// Whether a retry may succeed.
     pub fn is_transient(&self) -> bool {
         match self {

@@ -179,6 +179,25 @@ pub async fn run_lab<S: LabStore>(
     })
 }
 
+/// [`run_lab`] on a fresh database of `target`, removed afterwards.
+pub async fn run_lab_on(
+    target: &Target,
+    messages: usize,
+    copies: usize,
+) -> Result<LabReport, LabError> {
+    struct Lab(usize, usize);
+    impl OnFresh for Lab {
+        type Output = LabReport;
+        fn run<S: LabStore>(
+            self,
+            store: S,
+        ) -> LocalBoxFuture<'static, Result<LabReport, LabError>> {
+            Box::pin(run_lab(store, self.0, self.1))
+        }
+    }
+    with_fresh(target, Lab(messages, copies)).await
+}
+
 /// A store the lab can open: SQLite (`sqlite:` URL, fresh in-memory database by default), PostgreSQL
 /// (`postgres://` URL; each run gets its own schema, dropped afterwards) or DynamoDB (`dynamodb://TABLE`:
 /// each run gets its own table, `TABLE-lab-` and a random suffix, deleted afterwards; the AWS configuration
@@ -327,7 +346,8 @@ pub async fn with_fresh<F: OnFresh>(target: &Target, f: F) -> Result<F::Output, 
             let table = store.table().to_owned();
             let r = f.run(store).await;
             if let Err(e) = client.delete_table().table_name(&table).send().await {
-                tracing::warn!(table, error = %txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e), "the lab's table could not be deleted");
+                let e = txinbox_dynamodb::DynamoError::from_sdk("DeleteTable", e);
+                tracing::warn!(table, error = %e, "the lab's table could not be deleted");
             }
             r
         }
@@ -355,12 +375,7 @@ pub async fn fresh_dynamodb(
             .table_name(&table)
             .send()
             .await
-            .map_err(|e| {
-                LabError::Usage(format!(
-                    "DynamoDB DescribeTable failed: {}",
-                    txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e)
-                ))
-            })?;
+            .map_err(|e| txinbox_dynamodb::DynamoError::from_sdk("DescribeTable", e))?;
         let t = out.table();
         let active = t.and_then(|t| t.table_status()).map(|s| s.as_str()) == Some("ACTIVE")
             && t.map(|t| t.global_secondary_indexes())

@@ -12,7 +12,7 @@ use txinbox_core::effects::EffectStore;
 use txinbox_core::runtime::maintenance::MaintenanceStore;
 use txinbox_core::{Handled, HandlerError, InboxStore, Message};
 use txinbox_dynamodb::aws_sdk_dynamodb::types::{AttributeValue, Put, Select};
-use txinbox_dynamodb::{DynamoStore, DynamoTx};
+use txinbox_dynamodb::{DynamoError, DynamoStore, DynamoTx};
 use txinbox_store::{Backend, Store, Tx};
 
 use crate::lab::{LabError, LabEvent};
@@ -97,12 +97,10 @@ async fn scan_count(
         for (k, v) in values {
             req = req.expression_attribute_values(*k, AttributeValue::S((*v).to_owned()));
         }
-        let out = req.send().await.map_err(|e| {
-            LabError::Usage(format!(
-                "DynamoDB Scan failed: {}",
-                txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e)
-            ))
-        })?;
+        let out = req
+            .send()
+            .await
+            .map_err(|e| DynamoError::from_sdk("Scan", e))?;
         count += i64::from(out.count());
         start = out.last_evaluated_key().cloned();
         if start.is_none() {
@@ -156,12 +154,7 @@ impl LabStore for DynamoStore {
                 .expression_attribute_values(":k", AttributeValue::S("effect".into()))
                 .send()
                 .await
-                .map_err(|e| {
-                    LabError::Usage(format!(
-                        "DynamoDB Scan failed: {}",
-                        txinbox_dynamodb::aws_sdk_dynamodb::error::DisplayErrorContext(e)
-                    ))
-                })?;
+                .map_err(|e| DynamoError::from_sdk("Scan", e))?;
             let item = out
                 .items()
                 .first()
