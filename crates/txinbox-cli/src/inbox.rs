@@ -45,14 +45,14 @@ pub enum ReadCommand {
     Rejections(RejectionsArgs),
 }
 
-/// The store URL and output format every `txinbox inbox` command takes.
+/// The store and output format every `txinbox inbox` command takes. The store is opened read-only (DynamoDB:
+/// only reads are sent; AWS settings from the standard chain, `AWS_ENDPOINT_URL_DYNAMODB` for an emulator). With
+/// `--config` on shards the command runs on each shard in turn, under a `shard NAME:` heading.
 #[derive(Debug, clap::Args)]
 pub struct Common {
-    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`), the workers' own. Opened
-    /// read-only (DynamoDB: only reads are sent; AWS settings from the standard chain,
-    /// `AWS_ENDPOINT_URL_DYNAMODB` for an emulator).
-    #[arg(long, env = "TXINBOX_STORE_URL")]
-    pub store: String,
+    /// The store: `--store URL`, or `--config FILE` [`--shard NAME`].
+    #[command(flatten)]
+    pub store: crate::targets::StoreArgs,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -200,10 +200,26 @@ pub fn run(command: InboxCommand) -> ExitCode {
         Err(e) => return error(&e.to_string()),
     };
     let result = rt.block_on(async {
-        let store = Ops::open(&command.common().store).await?;
-        let r = command.run_on(&store).await;
-        store.close().await;
-        r
+        let targets = command.common().store.targets()?;
+        if command.common().json && targets.len() > 1 {
+            return Err(
+                "--json prints one document: with several shards, name one with --shard".into(),
+            );
+        }
+        // A message lives in one shard: `show` finds it when any shard knows it.
+        let mut found = false;
+        for t in &targets {
+            if let Some(shard) = &t.shard {
+                if !command.common().json {
+                    println!("shard {shard}:");
+                }
+            }
+            let store = Ops::open(&t.url).await?;
+            let r = command.run_on(&store).await;
+            store.close().await;
+            found |= r?;
+        }
+        Ok::<bool, String>(found)
     });
     match result {
         Ok(true) => ExitCode::SUCCESS,

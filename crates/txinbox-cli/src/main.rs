@@ -11,6 +11,7 @@ mod effects;
 mod inbox;
 mod purge;
 mod redrive;
+mod targets;
 mod views;
 
 #[derive(Parser)]
@@ -101,9 +102,9 @@ enum EffectsCommand {
     /// Effects by consumer, destination and state, with the oldest of each. On DynamoDB it reads the 8 effect
     /// shards of the `by_consumer` index: every effect item of the table.
     Stats {
-        /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`).
-        #[arg(long, env = "TXINBOX_STORE_URL")]
-        store: String,
+        /// The store, or the settings file (each shard of `[store.shards]` in turn).
+        #[command(flatten)]
+        store: targets::StoreArgs,
     },
 }
 
@@ -303,43 +304,36 @@ fn main() -> ExitCode {
                 Ok(rt) => rt,
                 Err(e) => return fail(&e),
             };
-            let url = match &command {
+            let targets = match &command {
                 EffectsCommand::Run(a) => {
                     match a.store_url().and_then(|u| a.effects().map(|_| u)) {
-                        Ok(u) => u,
+                        Ok(url) => vec![targets::StoreTarget { shard: None, url }],
                         Err(e) => {
                             eprintln!("error: {e}");
                             return ExitCode::from(2);
                         }
                     }
                 }
-                EffectsCommand::Compensate(a) => a.store.clone(),
-                EffectsCommand::Stats { store } => store.clone(),
+                EffectsCommand::Compensate(a) => vec![targets::StoreTarget {
+                    shard: None,
+                    url: a.store.clone(),
+                }],
+                EffectsCommand::Stats { store } => match store.targets() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
             };
-            let result = rt.block_on(async move {
-                if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-                    let store = txinbox_store::Store::<sqlx::Postgres>::connect(&url, 8)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    effects_command(store, &command).await
-                } else if url.starts_with("sqlite:") {
-                    let store = txinbox_store::Store::<sqlx::Sqlite>::connect(&url)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    effects_command(store, &command).await
-                } else if url.starts_with("dynamodb://") {
-                    // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is
-                    // checked.
-                    let store = txinbox_dynamodb::DynamoStore::connect(&url)
-                        .await
-                        .map_err(|e| format!("store (dynamodb): {e}"))?;
-                    effects_command(store, &command).await
-                } else {
-                    Err(format!(
-                        "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
-                        url.split(':').next().unwrap_or_default()
-                    ))
+            let result = rt.block_on(async {
+                for t in &targets {
+                    if let Some(shard) = &t.shard {
+                        println!("shard {shard}:");
+                    }
+                    effects_on(&t.url, &command).await?;
                 }
+                Ok::<(), String>(())
             });
             match result {
                 Ok(()) => ExitCode::SUCCESS,
@@ -360,6 +354,32 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// Opens the store at `url` and runs one `txinbox effects` command on it.
+async fn effects_on(url: &str, command: &EffectsCommand) -> Result<(), String> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = txinbox_store::Store::<sqlx::Postgres>::connect(url, 8)
+            .await
+            .map_err(|e| e.to_string())?;
+        effects_command(store, command).await
+    } else if url.starts_with("sqlite:") {
+        let store = txinbox_store::Store::<sqlx::Sqlite>::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        effects_command(store, command).await
+    } else if url.starts_with("dynamodb://") {
+        // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is checked.
+        let store = txinbox_dynamodb::DynamoStore::connect(url)
+            .await
+            .map_err(|e| format!("store (dynamodb): {e}"))?;
+        effects_command(store, command).await
+    } else {
+        Err(format!(
+            "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
+            url.split(':').next().unwrap_or_default()
+        ))
     }
 }
 

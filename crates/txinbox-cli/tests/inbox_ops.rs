@@ -400,3 +400,114 @@ async fn postgres_stats_story_rejections_and_exit_codes() {
         .await
         .unwrap();
 }
+
+/// `--config` on a settings file with shards: each shard in turn under its heading, one with `--shard`, the
+/// shard's URL read from the variable `url_env` names (its password never printed), `show` found in the shard
+/// that holds the message, `--json` on several shards refused with one line.
+#[tokio::test]
+async fn on_shards_the_commands_read_each_shard_of_the_settings_file() {
+    let base = txinbox_testkit::pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let mut urls = Vec::new();
+    for filled in [true, false] {
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let store = Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 4)
+            .await
+            .expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+        if filled {
+            populate(store).await;
+        } else {
+            store.close().await;
+        }
+        urls.push(format!("{base}{sep}options=-csearch_path%3D{schema}"));
+    }
+    let dir = std::env::temp_dir().join(format!("txinbox-shard-ops-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("worker.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[store.shards.eu-1]\nurl_env = \"TXINBOX_TEST_SHARD_EU_1\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"{}\"\ntenants = [\"globex\"]\n",
+            urls[1]
+        ),
+    )
+    .unwrap();
+    let config = file.display().to_string();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_txinbox"))
+            .args(args)
+            .env_remove("TXINBOX_STORE_URL")
+            .env("TXINBOX_TEST_SHARD_EU_1", &urls[0])
+            .output()
+            .expect("run txinbox")
+    };
+    let o = run(&["inbox", "stats", "--config", &config]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let (eu1, eu2) = out.split_once("shard eu-2:").expect("both headings");
+    assert!(eu1.starts_with("shard eu-1:"), "{out}");
+    assert!(
+        eu1.contains(CONSUMER),
+        "shard eu-1 holds the lab's markers: {out}"
+    );
+    assert!(!eu2.contains(CONSUMER), "shard eu-2 holds nothing: {out}");
+
+    let o = run(&[
+        "inbox", "stats", "--config", &config, "--shard", "eu-1", "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(consumer(&doc, CONSUMER)["inbox_rows"], 3, "{doc}");
+
+    let o = run(&[
+        "inbox",
+        "show",
+        "--config",
+        &config,
+        "--consumer",
+        CONSUMER,
+        "--source",
+        SOURCE,
+        "--message-id",
+        "evt-482",
+    ]);
+    assert_eq!(
+        code(&o),
+        0,
+        "found in shard eu-1: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+
+    let o = run(&["inbox", "stats", "--config", &config, "--json"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 2, "{err}");
+    assert!(err.contains("--shard"), "{err}");
+
+    let o = run(&["inbox", "stats", "--config", &config, "--shard", "us-1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 2, "{err}");
+    assert!(
+        err.contains("no such shard") && err.contains("eu-1, eu-2"),
+        "{err}"
+    );
+
+    let o = run(&["effects", "stats", "--config", &config]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.contains("shard eu-1:") && out.contains("shard eu-2:"),
+        "{out}"
+    );
+
+    // The variable unset: one line naming it, never a URL.
+    let o = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args(["inbox", "stats", "--config", &config])
+        .env_remove("TXINBOX_STORE_URL")
+        .env_remove("TXINBOX_TEST_SHARD_EU_1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(code(&o), 2, "{err}");
+    assert!(err.contains("TXINBOX_TEST_SHARD_EU_1"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

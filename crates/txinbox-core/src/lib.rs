@@ -81,6 +81,9 @@ pub use runtime::maintenance::{
     Maintenance, MaintenanceOptions, MaintenanceReport, MaintenanceStore,
 };
 pub use runtime::monitor::{Monitor, MonitorReport};
+pub use runtime::shards::{
+    Shard, ShardConfigError, ShardOptions, ShardRouter, ShardStatus, Shards,
+};
 pub use runtime::worker::{
     shutdown_signal, LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport,
 };

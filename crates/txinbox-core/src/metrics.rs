@@ -37,6 +37,11 @@ pub const CONTRACT_VERSION_FAILURES: &str = "txinbox_contract_version_failures_t
 pub const UNKNOWN_IDENTITY: &str = "txinbox_unknown_identity_total";
 /// Identities that fell back to the broker-assigned id.
 pub const IDENTITY_BROKER_FALLBACK: &str = "txinbox_identity_broker_fallback_total";
+/// Whether a shard's store answered its last probe (gauge, 1 or 0), by `consumer` and `shard`.
+pub const SHARD_UP: &str = "txinbox_shard_up";
+/// Deliveries released without touching their shard's store because it was unavailable, by `consumer` and
+/// `shard`.
+pub const SHARD_UNAVAILABLE: &str = "txinbox_shard_unavailable_total";
 /// Inbox rows deleted by retention.
 pub const RETENTION_PURGED: &str = "txinbox_retention_purged_total";
 /// Inbox rows present after the last retention run (gauge).
@@ -110,6 +115,11 @@ pub fn describe() {
         "Deliveries older than the inbox retention"
     );
     describe_counter!(CONTRACT_VERSION_FAILURES, "Unsupported contract versions");
+    describe_gauge!(SHARD_UP, "Whether a shard's store answered its last probe");
+    describe_counter!(
+        SHARD_UNAVAILABLE,
+        "Deliveries released because their shard was unavailable"
+    );
     describe_counter!(UNKNOWN_IDENTITY, "Deliveries without a usable identity");
     describe_counter!(
         IDENTITY_BROKER_FALLBACK,

@@ -17,7 +17,7 @@ const NAME_SOURCES: [&str; 3] = [
 ];
 
 /// Where the labels are attached (the `metrics::counter!`/`gauge!`/`histogram!` call sites).
-const LABEL_SOURCES: [&str; 11] = [
+const LABEL_SOURCES: [&str; 12] = [
     include_str!("../src/pipeline/inbox/mod.rs"),
     include_str!("../src/pipeline/inbox/decide.rs"),
     include_str!("../src/pipeline/inbox/batch.rs"),
@@ -29,6 +29,7 @@ const LABEL_SOURCES: [&str; 11] = [
     include_str!("../src/pipeline/identity.rs"),
     include_str!("../src/broker/mem.rs"),
     include_str!("../src/metrics.rs"),
+    include_str!("../src/runtime/shards.rs"),
 ];
 
 fn is_name_char(c: char) -> bool {

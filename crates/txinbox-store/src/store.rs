@@ -144,6 +144,12 @@ impl<DB: Backend> Store<DB> {
         Ok(Self::new_unchecked(pool))
     }
 
+    /// Applies the migrations this build knows (what opening with [`Migrations::Apply`] does): for a store
+    /// opened lazily or with [`Migrations::Skip`].
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        DB::migrate(&self.pool).await
+    }
+
     /// The whole schema of this build as one SQL script for your own migration tool (sqlx migrate, Flyway,
     /// Terraform): every migration, each followed by its row in `txinbox_schema_version`, so that a store
     /// opened with [`Migrations::Verify`] accepts the result. Run it in one transaction.
@@ -290,6 +296,21 @@ impl Store<sqlx::Postgres> {
                 .schema(schema),
         )
         .await
+    }
+
+    /// A store whose pool connects on first use: nothing is connected, checked or migrated now. For a shard that
+    /// cannot be reached when the worker starts ([`txinbox_core::runtime::shards`]): its deliveries are released
+    /// until it answers; then call [`Store::migrate`] (the schema named in `options` must already exist).
+    pub fn connect_lazy_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
+        use sqlx::postgres::PgConnectOptions;
+        use std::str::FromStr;
+        let mut opts = PgConnectOptions::from_str(url)?;
+        if let Some(schema) = &options.schema {
+            opts = opts.options([("search_path", schema.as_str())]);
+        }
+        Ok(Self::new_unchecked(
+            pg_pool_options(options.max_connections).connect_lazy_with(opts),
+        ))
     }
 
     /// Connects to a `postgres://` URL with `options`: pool size, the schema the inbox's tables live in

@@ -19,6 +19,12 @@ pub use txinbox_core::{
     WorkerOptions, WorkerReport,
 };
 
+/// Several stores behind one worker: each delivery applied in the store that holds its tenant's data.
+pub mod shards {
+    #[doc(inline)]
+    pub use txinbox_core::runtime::shards::*;
+}
+
 // ---- External effects ------------------------------------------------------------------------------------
 #[doc(inline)]
 pub use txinbox_core::{

@@ -195,6 +195,9 @@ pub struct AgentOptions {
     pub max_connections: u32,
     /// Serve `GET /livez` and `GET /readyz` here (`None`: off).
     pub health_addr: Option<std::net::SocketAddr>,
+    /// The store section, for its shards (`[store.shards.NAME]`): when there are, `store` is not used and each
+    /// delivery is applied in the shard that claims its tenant.
+    pub store_settings: txinbox::settings::StoreSettings,
 }
 
 impl AgentOptions {
@@ -222,6 +225,7 @@ impl AgentOptions {
             retention: s.retention(),
             max_connections: s.store.max_connections,
             health_addr: s.health_addr(),
+            store_settings: s.store.clone(),
         }
     }
 
@@ -229,7 +233,13 @@ impl AgentOptions {
     /// `--print-config` shows).
     pub fn describe(&self) -> String {
         format!(
-            "consumer={}\nconcurrency={}\nreceive_max={}\nprefetch={}\nreceive_loops={}\nbatch_commit={}\nbatch_linger_ms={}\nshutdown_timeout_seconds={}\nretention_seconds={}\nmax_connections={}\nhealth_addr={}\npurge_interval_seconds={}\n",
+            "shards={}\nconsumer={}\nconcurrency={}\nreceive_max={}\nprefetch={}\nreceive_loops={}\nbatch_commit={}\nbatch_linger_ms={}\nshutdown_timeout_seconds={}\nretention_seconds={}\nmax_connections={}\nhealth_addr={}\npurge_interval_seconds={}\n",
+            self.store_settings
+                .shards
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
             self.consumer,
             self.worker.get_concurrency(),
             self.worker.get_batch_size(),
@@ -417,7 +427,9 @@ where
         ),
         None => None,
     };
-    let report = if let Some(table) = opts.store.strip_prefix("dynamodb://") {
+    let report = if !opts.store_settings.shards.is_empty() {
+        run_sharded(receiver, policy, &opts, health_listener).await?
+    } else if let Some(table) = opts.store.strip_prefix("dynamodb://") {
         let store = txinbox::dynamodb::DynamoStore::connect(&opts.store).await?;
         let with_crm = opts.effects.destinations.contains_key(CRM);
         let runner = effect_runner(&store, &opts)?;
@@ -427,7 +439,17 @@ where
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task_dynamodb(tx, msg, table.clone(), with_crm))
             .business_key(business_key);
-        drive(receiver, processor, store, runner, &opts, health_listener).await
+        let health = Health::new().check("database", store.clone());
+        drive(
+            receiver,
+            processor,
+            vec![store],
+            runner.into_iter().collect(),
+            health,
+            &opts,
+            health_listener,
+        )
+        .await
     } else if opts.store.starts_with("postgres") {
         let store = Store::<sqlx::Postgres>::connect(&opts.store, opts.max_connections).await?;
         sqlx::query(TASKS_PG).execute(store.pool()).await?;
@@ -438,11 +460,13 @@ where
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
+        let health = Health::new().check("database", store.clone());
         let report = drive(
             receiver,
             processor,
-            store.clone(),
-            runner,
+            vec![store.clone()],
+            runner.into_iter().collect(),
+            health,
             &opts,
             health_listener,
         )
@@ -459,11 +483,13 @@ where
             .retry_backoff(opts.retry_backoff)
             .bind(move |tx, msg| create_task(tx, msg, with_crm))
             .business_key(business_key);
+        let health = Health::new().check("database", store.clone());
         let report = drive(
             receiver,
             processor,
-            store.clone(),
-            runner,
+            vec![store.clone()],
+            runner.into_iter().collect(),
+            health,
             &opts,
             health_listener,
         )
@@ -489,13 +515,105 @@ fn effect_runner<S: EffectStore>(
     )?))
 }
 
-/// Runs the worker and, with effects, the effect runner and the maintenance beside it, and the health endpoint,
-/// under one shutdown (SIGTERM or Ctrl-C): a [`Monitor`](txinbox::Monitor).
+/// The agent on shards (`[store.shards.NAME]`, PostgreSQL): one store per shard, each delivery applied in the
+/// shard that claims its tenant, an effect runner and a maintenance per shard. A shard that cannot be reached at
+/// start stops the agent when `[store] require_all_shards` is set; otherwise the agent starts for the others,
+/// that shard's deliveries are released until it answers, and it is migrated then.
+async fn run_sharded<R: Receiver>(
+    receiver: R,
+    policy: IdentityPolicy,
+    opts: &AgentOptions,
+    health_listener: Option<tokio::net::TcpListener>,
+) -> Result<WorkerReport, Error> {
+    use txinbox::shards::{Shard, ShardRouter, Shards};
+    use txinbox::store::StoreOptions;
+    let resolved = opts.store_settings.resolved_shards()?;
+    let mut stores = Vec::with_capacity(resolved.len());
+    for shard in &resolved {
+        let options = StoreOptions::new().max_connections(shard.max_connections);
+        let store = match Store::<sqlx::Postgres>::connect_with(&shard.url, options.clone()).await {
+            Ok(store) => {
+                sqlx::query(TASKS_PG).execute(store.pool()).await?;
+                store
+            }
+            Err(e) if opts.store_settings.require_all_shards => {
+                return Err(format!(
+                    "shard {}: cannot be used ({e}) and [store] require_all_shards is set",
+                    shard.name
+                )
+                .into())
+            }
+            Err(e) => {
+                tracing::warn!(shard = %shard.name, error = %e, "shard unreachable at start: starting for the others; its deliveries are released until it answers");
+                let store = Store::<sqlx::Postgres>::connect_lazy_with(&shard.url, options)?;
+                let (late, name) = (store.clone(), shard.name.clone());
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        if late.migrate().await.is_ok()
+                            && sqlx::query(TASKS_PG).execute(late.pool()).await.is_ok()
+                        {
+                            tracing::info!(shard = %name, "shard reachable: migrated");
+                            return;
+                        }
+                    }
+                });
+                store
+            }
+        };
+        stores.push(store);
+    }
+    let with_crm = opts.effects.destinations.contains_key(CRM);
+    let base = Inbox::new(stores[0].clone(), policy)
+        .retention(opts.retention.clone())
+        .retry_backoff(opts.retry_backoff)
+        .bind(move |tx, msg| create_task(tx, msg, with_crm))
+        .business_key(business_key);
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        resolved.iter().zip(&stores).map(|(r, store)| {
+            let shard = Shard::new(r.name.clone(), base.on_store(store.clone()))
+                .claims(r.tenants.clone())
+                .check(store.clone());
+            if r.rest {
+                shard.rest()
+            } else {
+                shard
+            }
+        }),
+    )?;
+    for down in shards.probe().await {
+        tracing::warn!(shard = %down.name, error = down.down.as_deref().unwrap_or(""), "shard unavailable");
+    }
+    let mut runners = Vec::new();
+    for store in &stores {
+        runners.extend(effect_runner(store, opts)?);
+    }
+    let health = shards.health(Health::new());
+    let report = drive(
+        receiver,
+        shards,
+        stores.clone(),
+        runners,
+        health,
+        opts,
+        health_listener,
+    )
+    .await;
+    for store in &stores {
+        store.close().await;
+    }
+    Ok(report)
+}
+
+/// Runs the worker and, with effects, the effect runners and the maintenances beside it (one of each per store),
+/// and the health endpoint, under one shutdown (SIGTERM or Ctrl-C): a [`Monitor`](txinbox::Monitor).
 async fn drive<R, P, S>(
     receiver: R,
     processor: P,
-    store: S,
-    runner: Option<EffectRunner<S>>,
+    stores: Vec<S>,
+    runners: Vec<EffectRunner<S>>,
+    health: Health,
     opts: &AgentOptions,
     health_listener: Option<tokio::net::TcpListener>,
 ) -> WorkerReport
@@ -504,7 +622,6 @@ where
     P: txinbox::Processor<LeasedDelivery<R::Delivery>>,
     S: EffectStore + MaintenanceStore + HealthCheck + Clone,
 {
-    let health = Health::new().check("database", store.clone());
     let mut monitor = txinbox::Monitor::new().worker(
         Worker::new(receiver, processor)
             .options(opts.worker.clone())
@@ -515,15 +632,17 @@ where
         monitor = monitor.health_server(l, health);
     }
     if let Some(every) = opts.maintenance_every {
-        monitor = monitor.maintenance(
-            Maintenance::new(store.clone()).options(
-                MaintenanceOptions::default()
-                    .every(every)
-                    .consumer(opts.consumer.clone()),
-            ),
-        );
+        for store in stores {
+            monitor = monitor.maintenance(
+                Maintenance::new(store).options(
+                    MaintenanceOptions::default()
+                        .every(every)
+                        .consumer(opts.consumer.clone()),
+                ),
+            );
+        }
     }
-    if let Some(runner) = runner {
+    for runner in runners {
         monitor = monitor.effects(runner);
     }
     let done = monitor.run_until(txinbox::shutdown_signal()).await;

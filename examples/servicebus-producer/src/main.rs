@@ -4,7 +4,7 @@
 //! window and the consumer's inbox drops it outside.
 //!
 //! ```text
-//! servicebus-producer [--queue crm-events] [--create-on-emulator] --opportunity oportunidade_2481 --meeting reuniao_184 [--id evt-1] [--times 2]
+//! servicebus-producer [--queue crm-events] [--create-on-emulator] --opportunity oportunidade_2481 --meeting reuniao_184 [--id evt-1] [--tenant acme] [--times 2]
 //! ```
 //!
 //! Connection (never printed): `SERVICEBUS_CONNECTION_STRING`, or `SERVICEBUS_NAMESPACE` for Azure AD;
@@ -34,6 +34,10 @@ struct Args {
     /// The event id (default: derived from opportunity and meeting, so a republish keeps it).
     #[arg(long)]
     id: Option<String>,
+    /// The tenant (the CloudEvents `tenantid` extension, sent as `ce-tenantid`): a sharded worker applies the
+    /// event in the shard that claims it.
+    #[arg(long)]
+    tenant: Option<String>,
     /// Publish the same event this many times.
     #[arg(long, default_value_t = 1)]
     times: u32,
@@ -108,7 +112,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         event_type: "meeting.ended".into(),
         group_id: None,
         body: body.into_bytes(),
-        attributes: [("ce-contractversion".to_owned(), "1".to_owned())].into(),
+        attributes: [("ce-contractversion".to_owned(), "1".to_owned())]
+            .into_iter()
+            .chain(args.tenant.clone().map(|t| ("ce-tenantid".to_owned(), t)))
+            .collect(),
     };
     let publisher = ServiceBusPublisher::new(client);
     for _ in 0..args.times.max(1) {

@@ -4,7 +4,7 @@
 //! `--max-receive-count`) first, which is handy against moto.
 //!
 //! ```text
-//! sqs-producer --queue-name crm-events --create --opportunity oportunidade_2481 --meeting reuniao_184 [--id evt-1] [--times 2]
+//! sqs-producer --queue-name crm-events --create --opportunity oportunidade_2481 --meeting reuniao_184 [--id evt-1] [--tenant acme] [--times 2]
 //! ```
 
 use clap::Parser;
@@ -30,6 +30,10 @@ struct Args {
     /// The event id (default: derived from opportunity and meeting, so a republish keeps it).
     #[arg(long)]
     id: Option<String>,
+    /// The tenant (the CloudEvents `tenantid` extension, sent as `ce-tenantid`): a sharded worker applies the
+    /// event in the shard that claims it.
+    #[arg(long)]
+    tenant: Option<String>,
     /// Publish the same event this many times (inside 5 minutes SQS keeps one; later the inbox drops them).
     #[arg(long, default_value_t = 1)]
     times: u32,
@@ -111,7 +115,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         event_type: "meeting.ended".into(),
         group_id: Some(args.opportunity.clone()),
         body: body.into_bytes(),
-        attributes: [("ce-contractversion".to_owned(), "1".to_owned())].into(),
+        attributes: [("ce-contractversion".to_owned(), "1".to_owned())]
+            .into_iter()
+            .chain(args.tenant.clone().map(|t| ("ce-tenantid".to_owned(), t)))
+            .collect(),
     };
     let publisher = SqsPublisher::new(client);
     for _ in 0..args.times.max(1) {

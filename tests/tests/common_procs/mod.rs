@@ -752,3 +752,38 @@ pub fn chaos_seed() -> u64 {
     println!("TXINBOX_CHAOS_SEED={seed}");
     seed
 }
+
+/// What the test asks of a broker: messages it dead-lettered so far.
+pub trait DeadLetters {
+    async fn count(&self) -> u64;
+}
+
+pub struct SqsDlq {
+    pub client: txinbox_sqs::aws_sdk_sqs::Client,
+    pub url: String,
+}
+
+impl DeadLetters for SqsDlq {
+    async fn count(&self) -> u64 {
+        sqs_messages(&self.client, &self.url).await
+    }
+}
+
+pub struct ServiceBusDlq<'a> {
+    pub emulator: &'a txinbox_sb_emulator::EmulatorHandle,
+    pub queue: String,
+}
+
+impl DeadLetters for ServiceBusDlq<'_> {
+    async fn count(&self) -> u64 {
+        let dead = self
+            .emulator
+            .queue_state(&self.queue)
+            .map_or(0, |s| s.dead_letter_message_count);
+        let poison = self
+            .emulator
+            .queue_state(&format!("{}-poison", self.queue))
+            .map_or(0, |s| s.active_message_count + s.dead_letter_message_count);
+        (dead + poison) as u64
+    }
+}

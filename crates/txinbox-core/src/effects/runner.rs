@@ -151,7 +151,7 @@ impl EffectReport {
     pub fn count(&self, state: EffectState) -> u64 {
         self.transitions.get(&state).copied().unwrap_or(0)
     }
-    fn add(&mut self, other: &EffectReport) {
+    pub(crate) fn add(&mut self, other: &EffectReport) {
         self.claimed += other.claimed;
         self.claims_lost += other.claims_lost;
         self.store_errors += other.store_errors;

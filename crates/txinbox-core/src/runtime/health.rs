@@ -17,7 +17,9 @@
 //!   (Kubernetes, Container Apps) or to the load balancer's health check. It turns false while the database or
 //!   the queue cannot be reached and true again once they can, without a restart.
 //!
-//! Both answer `200` with a body of one line per check (`ok database`, `fail queue: HTTP 401 ...`), or `503`.
+//! Both answer `200` with a body of one line per check (`ok database`, `fail queue: HTTP 401 ...`), or `503`. A
+//! check added with [`Health::check_degraded`] (each shard of several) shows `degraded NAME: why` when it fails
+//! and leaves the answer `200`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -50,12 +52,15 @@ const RUNNING: u8 = 1;
 const STOPPING: u8 = 2;
 const STOPPED: u8 = 3;
 
+/// A registered check: its name, the check, and whether readiness fails with it.
+type Registered = (String, Arc<dyn HealthCheck>, bool);
+
 struct Inner {
     state: AtomicU8,
     last_turn: Mutex<Instant>,
     receive_ok: AtomicBool,
     receive_error: Mutex<Option<String>>,
-    checks: Mutex<Vec<(String, Arc<dyn HealthCheck>)>>,
+    checks: Mutex<Vec<Registered>>,
     live_timeout: Mutex<Duration>,
     check_timeout: Mutex<Duration>,
 }
@@ -90,6 +95,9 @@ pub struct CheckResult {
     pub ok: bool,
     /// Why not (empty when ok).
     pub detail: String,
+    /// Whether readiness fails with it (false for a check added with [`Health::check_degraded`]: its failure
+    /// is shown as `degraded NAME: ...` and readiness stays true).
+    pub required: bool,
 }
 
 /// A probe's answer.
@@ -107,6 +115,8 @@ impl std::fmt::Display for HealthStatus {
         for c in &self.checks {
             if c.ok {
                 writeln!(f, "ok {}", c.name)?;
+            } else if !c.required {
+                writeln!(f, "degraded {}: {}", c.name, c.detail)?;
             } else {
                 writeln!(f, "fail {}: {}", c.name, c.detail)?;
             }
@@ -120,6 +130,7 @@ fn result(name: &str, ok: bool, detail: impl Into<String>) -> CheckResult {
         name: name.into(),
         ok,
         detail: if ok { String::new() } else { detail.into() },
+        required: true,
     }
 }
 
@@ -153,7 +164,14 @@ impl Health {
 
     /// Adds a readiness check named `name` (`database`, ...).
     pub fn check(self, name: impl Into<String>, check: impl HealthCheck) -> Self {
-        lock(&self.inner.checks).push((name.into(), Arc::new(check)));
+        lock(&self.inner.checks).push((name.into(), Arc::new(check), true));
+        self
+    }
+
+    /// Adds a check whose failure readiness reports (`degraded NAME: why`) without failing: a part the worker
+    /// can run without for a while, such as one shard of several ([`crate::runtime::shards`]).
+    pub fn check_degraded(self, name: impl Into<String>, check: impl HealthCheck) -> Self {
+        lock(&self.inner.checks).push((name.into(), Arc::new(check), false));
         self
     }
 
@@ -237,21 +255,24 @@ impl Health {
         ));
         let registered: Vec<_> = lock(&self.inner.checks).clone();
         let timeout = *lock(&self.inner.check_timeout);
-        let results = futures::future::join_all(registered.iter().map(|(name, c)| async move {
-            match tokio::time::timeout(timeout, c.check()).await {
-                Ok(Ok(())) => result(name, true, ""),
-                Ok(Err(e)) => result(name, false, e),
-                Err(_) => result(
-                    name,
-                    false,
-                    format!("no answer within {} ms", timeout.as_millis()),
-                ),
-            }
-        }))
-        .await;
+        let results =
+            futures::future::join_all(registered.iter().map(|(name, c, required)| async move {
+                let mut r = match tokio::time::timeout(timeout, c.check()).await {
+                    Ok(Ok(())) => result(name, true, ""),
+                    Ok(Err(e)) => result(name, false, e),
+                    Err(_) => result(
+                        name,
+                        false,
+                        format!("no answer within {} ms", timeout.as_millis()),
+                    ),
+                };
+                r.required = *required;
+                r
+            }))
+            .await;
         checks.extend(results);
         HealthStatus {
-            ok: checks.iter().all(|c| c.ok),
+            ok: checks.iter().all(|c| c.ok || !c.required),
             checks,
         }
     }

@@ -46,8 +46,8 @@ type Part<T> = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, T> + Send
 #[derive(Default)]
 pub struct Monitor {
     worker: Option<Part<WorkerReport>>,
-    effects: Option<Part<EffectReport>>,
-    maintenance: Option<Part<()>>,
+    effects: Vec<Part<EffectReport>>,
+    maintenance: Vec<Part<()>>,
     others: Vec<(&'static str, Part<()>)>,
 }
 
@@ -55,8 +55,8 @@ impl fmt::Debug for Monitor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Monitor")
             .field("worker", &self.worker.is_some())
-            .field("effects", &self.effects.is_some())
-            .field("maintenance", &self.maintenance.is_some())
+            .field("effects", &self.effects.len())
+            .field("maintenance", &self.maintenance.len())
             .field(
                 "others",
                 &self.others.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
@@ -72,7 +72,7 @@ impl fmt::Debug for Monitor {
 pub struct MonitorReport {
     /// The worker's report (`None` without a worker).
     pub worker: Option<WorkerReport>,
-    /// The effect runner's report (`None` without one).
+    /// The effect runners' report, summed over the runners (`None` without one).
     pub effects: Option<EffectReport>,
 }
 
@@ -134,19 +134,22 @@ impl Monitor {
         self
     }
 
-    /// The effect runner, beside the worker.
+    /// An effect runner, beside the worker. Each call adds one (one per store when the worker runs
+    /// [shards](crate::runtime::shards)); their reports are summed.
     pub fn effects<S: EffectStore>(mut self, runner: EffectRunner<S>) -> Self {
-        self.effects = Some(Box::new(move |stop: CancellationToken| {
+        self.effects.push(Box::new(move |stop: CancellationToken| {
             async move { runner.run_until(stop.cancelled_owned()).await }.boxed()
         }));
         self
     }
 
-    /// The maintenance (retention purges), beside the worker.
+    /// A maintenance (retention purges), beside the worker. Each call adds one (one per store when the worker
+    /// runs [shards](crate::runtime::shards)).
     pub fn maintenance<S: MaintenanceStore>(mut self, maintenance: Maintenance<S>) -> Self {
-        self.maintenance = Some(Box::new(move |stop: CancellationToken| {
-            async move { maintenance.run_until(stop.cancelled_owned()).await }.boxed()
-        }));
+        self.maintenance
+            .push(Box::new(move |stop: CancellationToken| {
+                async move { maintenance.run_until(stop.cancelled_owned()).await }.boxed()
+            }));
         self
     }
 
@@ -190,8 +193,12 @@ impl Monitor {
                 report
             }
         });
-        let effects = self.effects.map(|e| e(stop.clone()));
-        let maintenance = self.maintenance.map(|m| m(stop.clone()));
+        let effects: Vec<_> = self.effects.into_iter().map(|e| e(stop.clone())).collect();
+        let maintenance: Vec<_> = self
+            .maintenance
+            .into_iter()
+            .map(|m| m(stop.clone()))
+            .collect();
         let others: Vec<_> = self
             .others
             .into_iter()
@@ -214,16 +221,16 @@ impl Monitor {
                 }
             },
             async {
-                match effects {
-                    Some(e) => Some(e.await),
-                    None => None,
+                if effects.is_empty() {
+                    return None;
                 }
-            },
-            async {
-                if let Some(m) = maintenance {
-                    m.await;
+                let mut sum = EffectReport::default();
+                for r in futures::future::join_all(effects).await {
+                    sum.add(&r);
                 }
+                Some(sum)
             },
+            futures::future::join_all(maintenance),
             futures::future::join_all(others),
             signal,
         );

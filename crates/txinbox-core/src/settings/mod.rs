@@ -23,6 +23,10 @@
 //! [store]
 //! url = "postgres://app@db/app"        # or sqlite:crm.db; a password belongs in TXINBOX_STORE__URL
 //! max_connections = 10
+//! # or several PostgreSQL stores, each holding some tenants' data (see ShardSettings):
+//! # [store.shards.eu-1]
+//! # url_env = "CRM_DB_EU_1_URL"
+//! # tenants = ["acme", "globex"]
 //!
 //! [inbox]
 //! retention_seconds = 2592000          # how long a processed marker is kept (30 d)
@@ -219,8 +223,14 @@ pub struct StoreSettings {
     /// `sqlite:FILE` or `postgres://user@host/db` (`sqlite:txinbox.db`). Put a password in the environment
     /// (`TXINBOX_STORE__URL`), not in the file.
     pub url: String,
-    /// Most connections in the pool (10).
+    /// Most connections in the pool (10); each shard's pool too, unless the shard sets its own.
     pub max_connections: u32,
+    /// Several PostgreSQL stores behind one worker (`[store.shards.NAME]`), each delivery applied in the one that
+    /// claims its tenant ([`crate::runtime::shards`]). Empty (the default): one store, `url`.
+    pub shards: std::collections::BTreeMap<String, ShardSettings>,
+    /// Refuse to start while a shard cannot be reached (false: start for the others; the unreachable shard's
+    /// deliveries are released until it answers, and readiness names it).
+    pub require_all_shards: bool,
 }
 
 impl Default for StoreSettings {
@@ -228,7 +238,111 @@ impl Default for StoreSettings {
         Self {
             url: "sqlite:txinbox.db".into(),
             max_connections: 10,
+            shards: Default::default(),
+            require_all_shards: false,
         }
+    }
+}
+
+/// One shard of the store (`[store.shards.NAME]`, the name a metric label: letters, digits, `-`, `_`, `.`).
+///
+/// ```toml
+/// [store.shards.eu-1]
+/// url_env = "CRM_DB_EU_1_URL"        # the variable holding postgres://user:password@host/db
+/// tenants = ["acme", "globex"]
+///
+/// [store.shards.eu-2]
+/// url = "postgres://crm@db-eu-2/crm" # a URL without a password may sit in the file
+/// tenants = ["initech"]
+/// rest = true                         # and every tenant no shard claims, and messages without a tenant
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ShardSettings {
+    /// The shard's `postgres://` URL. A password belongs in the environment: use `url_env`.
+    pub url: Option<String>,
+    /// The name of the environment variable that holds the shard's URL (with its password).
+    pub url_env: Option<String>,
+    /// The tenants (`ce-tenantid`) whose data this shard holds.
+    pub tenants: Vec<String>,
+    /// This shard also takes every tenant no shard claims, and messages without a tenant (at most one shard).
+    pub rest: bool,
+    /// Most connections in this shard's pool (unset: `[store] max_connections`).
+    pub max_connections: Option<u32>,
+}
+
+/// A shard of the settings with its URL resolved ([`StoreSettings::resolved_shards`]).
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResolvedShard {
+    /// The shard's name.
+    pub name: String,
+    /// Its URL (it may hold a password: never log it).
+    pub url: String,
+    /// The tenants it claims.
+    pub tenants: Vec<String>,
+    /// Whether it takes the rest.
+    pub rest: bool,
+    /// Its pool size.
+    pub max_connections: u32,
+}
+
+impl std::fmt::Debug for ResolvedShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedShard")
+            .field("name", &self.name)
+            .field("url", &"<redacted>")
+            .field("tenants", &self.tenants)
+            .field("rest", &self.rest)
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+impl StoreSettings {
+    /// The shards with their URLs, `url_env` read from the process's environment. An unset variable is an
+    /// error that names it (never a value).
+    ///
+    /// # Errors
+    /// [`SettingsError::Override`] naming the variable that is not set.
+    pub fn resolved_shards(&self) -> Result<Vec<ResolvedShard>, SettingsError> {
+        self.resolved_shards_with(|var| std::env::var(var).ok())
+    }
+
+    /// [`resolved_shards`](Self::resolved_shards) reading variables through `env`.
+    ///
+    /// # Errors
+    /// See [`resolved_shards`](Self::resolved_shards).
+    pub fn resolved_shards_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<ResolvedShard>, SettingsError> {
+        self.shards
+            .iter()
+            .map(|(name, s)| {
+                let url = match (&s.url, &s.url_env) {
+                    (_, Some(var)) => env(var).ok_or_else(|| SettingsError::Override {
+                        var: var.clone(),
+                        detail: format!("not set; [store.shards.{name}] url_env names it"),
+                    })?,
+                    (Some(url), None) => url.clone(),
+                    (None, None) => {
+                        return Err(SettingsError::Override {
+                            var: format!("store.shards.{name}.url"),
+                            detail: "the shard has no url and no url_env".into(),
+                        })
+                    }
+                };
+                Ok(ResolvedShard {
+                    name: name.clone(),
+                    url,
+                    tenants: s.tenants.clone(),
+                    rest: s.rest,
+                    max_connections: s.max_connections.unwrap_or(self.max_connections).max(1),
+                })
+            })
+            .collect()
     }
 }
 
@@ -536,6 +650,41 @@ impl WorkerSettings {
                 );
             }
         }
+        if !self.store.shards.is_empty() {
+            for (name, shard) in &self.store.shards {
+                match (&shard.url, &shard.url_env) {
+                    (Some(_), Some(_)) => {
+                        return bad(
+                            "store.shards",
+                            format!("shard {name:?} sets both url and url_env: keep one"),
+                        )
+                    }
+                    (None, None) => {
+                        return bad(
+                            "store.shards",
+                            format!("shard {name:?} has no url and no url_env"),
+                        )
+                    }
+                    (Some(url), None) if !url.starts_with("postgres") => {
+                        return bad(
+                            "store.shards",
+                            format!(
+                                "shard {name:?}: shards are PostgreSQL stores (postgres://...)"
+                            ),
+                        )
+                    }
+                    _ => {}
+                }
+            }
+            if let Err(e) = crate::runtime::shards::check_shards(
+                self.store
+                    .shards
+                    .iter()
+                    .map(|(n, s)| (n.as_str(), s.tenants.as_slice(), s.rest)),
+            ) {
+                return bad("store.shards", e.to_string());
+            }
+        }
         if self.worker.concurrency == 0 {
             return bad("worker.concurrency", "must be at least 1".into());
         }
@@ -658,6 +807,61 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn shards_resolve_their_url_from_the_environment_and_bad_claims_are_one_line() {
+        let s = WorkerSettings::from_toml_str(
+            "[store]\nmax_connections = 6\n[store.shards.eu-1]\nurl_env = \"EU1\"\ntenants = [\"acme\", \"globex\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@db-eu-2/crm\"\ntenants = [\"initech\"]\nrest = true\nmax_connections = 3\n",
+        )
+        .unwrap();
+        let shards = s
+            .store
+            .resolved_shards_with(|v| {
+                (v == "EU1").then(|| "postgres://crm:s3cret@db-eu-1/crm".into())
+            })
+            .unwrap();
+        assert_eq!(shards.len(), 2);
+        assert_eq!(shards[0].name, "eu-1");
+        assert_eq!(shards[0].url, "postgres://crm:s3cret@db-eu-1/crm");
+        assert_eq!(shards[0].max_connections, 6);
+        assert!(!format!("{shards:?}").contains("s3cret"), "{shards:?}");
+        assert!(shards[1].rest && shards[1].max_connections == 3);
+        let unset = s
+            .store
+            .resolved_shards_with(|_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unset.contains("EU1") && unset.contains("not set"),
+            "{unset}"
+        );
+
+        let twice = WorkerSettings::from_toml_str(
+            "[store.shards.a]\nurl = \"postgres://x@a/db\"\ntenants = [\"acme\"]\n[store.shards.b]\nurl = \"postgres://x@b/db\"\ntenants = [\"acme\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            twice.contains(r#"tenant "acme" is claimed by shard "a" and by shard "b""#),
+            "{twice}"
+        );
+        for (text, says) in [
+            ("[store.shards.a]\ntenants = [\"x\"]\n", "no url and no url_env"),
+            (
+                "[store.shards.a]\nurl = \"postgres://h/d\"\nurl_env = \"V\"\ntenants = [\"x\"]\n",
+                "both url and url_env",
+            ),
+            ("[store.shards.a]\nurl = \"sqlite:a.db\"\ntenants = [\"x\"]\n", "PostgreSQL"),
+            ("[store.shards.a]\nurl = \"postgres://h/d\"\n", "claims no tenant"),
+            (
+                "[store.shards.a]\nurl = \"postgres://h/d\"\nrest = true\n[store.shards.b]\nurl = \"postgres://h/e\"\nrest = true\n",
+                "both take the unclaimed tenants",
+            ),
+        ] {
+            let e = WorkerSettings::from_toml_str(text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
     }
 
     #[test]

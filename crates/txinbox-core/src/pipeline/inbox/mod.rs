@@ -275,6 +275,18 @@ impl<S: InboxStore, T: Payload, H: Handler<S, T>> InboxProcessor<S, T, H> {
         &self.inbox
     }
 
+    /// The same handler, identity policy, retention, rules and business key, on another store of the same
+    /// kind: one processor per shard ([`crate::runtime::shards`]).
+    pub fn on_store(&self, store: S) -> Self {
+        let mut inbox = self.inbox.clone();
+        inbox.store = store;
+        Self {
+            inbox,
+            handler: self.handler.clone(),
+            business_key: self.business_key.clone(),
+        }
+    }
+
     /// Computes the business key from the typed body (it replaces a key from the message's attributes or the
     /// identity policy). `None` means the message has none. The key must never hold free text from a model,
     /// a timestamp, an attempt number or a consumer-generated id.

@@ -1,0 +1,122 @@
+//! Which store an operator command reads: `--store URL`, or the workers' settings file (`--config FILE`): its
+//! `[store] url`, or each of its shards (`[store.shards.NAME]`; `--shard NAME` for one), the shard's URL read
+//! from the variable its `url_env` names, as the worker reads it.
+
+use std::path::PathBuf;
+
+use txinbox_core::settings::WorkerSettings;
+
+/// `--store`, or `--config` with an optional `--shard`.
+#[derive(Debug, Default, clap::Args)]
+pub struct StoreArgs {
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`), the workers' own.
+    #[arg(long, env = "TXINBOX_STORE_URL")]
+    pub store: Option<String>,
+    /// The workers' settings file instead of `--store`: its `[store] url`, or every shard of `[store.shards]`.
+    #[arg(long, conflicts_with = "store")]
+    pub config: Option<PathBuf>,
+    /// With `--config` on shards: only this shard.
+    #[arg(long, requires = "config")]
+    pub shard: Option<String>,
+}
+
+/// One store to read, and the shard it is (`None` for a store that is not one of several).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreTarget {
+    /// The shard's name.
+    pub shard: Option<String>,
+    /// Its URL (it may hold a password: never printed).
+    pub url: String,
+}
+
+impl StoreArgs {
+    /// The stores this command reads, in the settings file's order.
+    pub fn targets(&self) -> Result<Vec<StoreTarget>, String> {
+        if let Some(url) = &self.store {
+            return Ok(vec![StoreTarget {
+                shard: None,
+                url: url.clone(),
+            }]);
+        }
+        let Some(path) = &self.config else {
+            return Err("no store: give --store, TXINBOX_STORE_URL or --config".into());
+        };
+        let settings = WorkerSettings::load(path).map_err(|e| e.to_string())?;
+        if settings.store.shards.is_empty() {
+            if let Some(name) = &self.shard {
+                return Err(format!(
+                    "--shard {name}: {} has no [store.shards]",
+                    path.display()
+                ));
+            }
+            return Ok(vec![StoreTarget {
+                shard: None,
+                url: settings.store.url,
+            }]);
+        }
+        let names: Vec<&str> = settings.store.shards.keys().map(String::as_str).collect();
+        if let Some(name) = &self.shard {
+            if !settings.store.shards.contains_key(name) {
+                return Err(format!(
+                    "--shard {name}: no such shard in {} (shards: {})",
+                    path.display(),
+                    names.join(", ")
+                ));
+            }
+        }
+        Ok(settings
+            .store
+            .resolved_shards()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|s| self.shard.as_ref().is_none_or(|n| *n == s.name))
+            .map(|s| StoreTarget {
+                shard: Some(s.name),
+                url: s.url,
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_settings_file_with_shards_gives_each_shard_and_shard_picks_one() {
+        let dir = std::env::temp_dir().join(format!("txinbox-targets-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("worker.toml");
+        std::fs::write(
+            &file,
+            "[store.shards.eu-1]\nurl = \"postgres://crm@db1/crm\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@db2/crm\"\ntenants = [\"globex\"]\n",
+        )
+        .unwrap();
+        let all = StoreArgs {
+            config: Some(file.clone()),
+            ..Default::default()
+        };
+        let t = all.targets().unwrap();
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].shard.as_deref(), Some("eu-1"));
+        assert_eq!(t[1].url, "postgres://crm@db2/crm");
+        let one = StoreArgs {
+            config: Some(file.clone()),
+            shard: Some("eu-2".into()),
+            ..Default::default()
+        };
+        assert_eq!(one.targets().unwrap().len(), 1);
+        let unknown = StoreArgs {
+            config: Some(file),
+            shard: Some("us-1".into()),
+            ..Default::default()
+        };
+        let e = unknown.targets().unwrap_err();
+        assert!(
+            e.contains("no such shard") && e.contains("eu-1, eu-2"),
+            "{e}"
+        );
+        assert!(StoreArgs::default().targets().is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
