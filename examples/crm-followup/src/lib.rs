@@ -581,7 +581,10 @@ async fn run_sharded<R: Receiver>(
                 shard
             }
         }),
-    )?;
+    )?
+    .options(
+        txinbox::shards::ShardOptions::new().require_all(opts.store_settings.require_all_shards),
+    );
     for down in shards.probe().await {
         tracing::warn!(shard = %down.name, error = down.down.as_deref().unwrap_or(""), "shard unavailable");
     }

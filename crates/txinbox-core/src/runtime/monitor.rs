@@ -45,7 +45,7 @@ type Part<T> = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, T> + Send
 #[must_use = "a Monitor does nothing until run_until is awaited"]
 #[derive(Default)]
 pub struct Monitor {
-    worker: Option<Part<WorkerReport>>,
+    workers: Vec<Part<WorkerReport>>,
     effects: Vec<Part<EffectReport>>,
     maintenance: Vec<Part<()>>,
     others: Vec<(&'static str, Part<()>)>,
@@ -54,7 +54,7 @@ pub struct Monitor {
 impl fmt::Debug for Monitor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Monitor")
-            .field("worker", &self.worker.is_some())
+            .field("workers", &self.workers.len())
             .field("effects", &self.effects.len())
             .field("maintenance", &self.maintenance.len())
             .field(
@@ -70,16 +70,18 @@ impl fmt::Debug for Monitor {
 #[must_use = "a MonitorReport says whether the worker gave up: use exit_code() for the process's exit"]
 #[non_exhaustive]
 pub struct MonitorReport {
-    /// The worker's report (`None` without a worker).
+    /// The first worker's report (`None` without a worker).
     pub worker: Option<WorkerReport>,
+    /// Every worker's report, in the order they were given (several consumers in one process).
+    pub workers: Vec<WorkerReport>,
     /// The effect runners' report, summed over the runners (`None` without one).
     pub effects: Option<EffectReport>,
 }
 
 impl MonitorReport {
-    /// Whether every part ended as asked: `false` when the worker gave up.
+    /// Whether every part ended as asked: `false` when a worker gave up.
     pub fn ok(&self) -> bool {
-        self.worker.as_ref().is_none_or(|w| w.gave_up.is_none())
+        self.workers.iter().all(|w| w.gave_up.is_none())
     }
 
     /// The process's exit status: success, or 3 when the worker gave up (receives kept failing with an error a
@@ -99,12 +101,11 @@ pub const EXIT_GAVE_UP: u8 = 3;
 impl fmt::Display for MonitorReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut first = true;
-        for line in [
-            self.worker.as_ref().map(ToString::to_string),
-            self.effects.as_ref().map(ToString::to_string),
-        ]
-        .into_iter()
-        .flatten()
+        for line in self
+            .workers
+            .iter()
+            .map(ToString::to_string)
+            .chain(self.effects.as_ref().map(ToString::to_string))
         {
             if !first {
                 f.write_str("\n")?;
@@ -122,13 +123,15 @@ impl Monitor {
         Self::default()
     }
 
-    /// The worker (one per monitor; a second replaces the first).
+    /// A worker. Each call adds one: several consumers in one process, each with its own consumer name and
+    /// queue, on one store or on stores of their own, under one shutdown (a worker that gives up stops them
+    /// all).
     pub fn worker<R, P>(mut self, worker: Worker<R, P>) -> Self
     where
         R: Receiver,
         P: Processor<LeasedDelivery<R::Delivery>>,
     {
-        self.worker = Some(Box::new(move |stop: CancellationToken| {
+        self.workers.push(Box::new(move |stop: CancellationToken| {
             worker.run_until(stop.cancelled_owned()).boxed()
         }));
         self
@@ -183,26 +186,40 @@ impl Monitor {
     /// returns what they did.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> MonitorReport {
         let stop = CancellationToken::new();
-        let worker = self.worker.map(|w| {
-            let s = stop.clone();
-            let run = w(stop.clone());
-            // A worker that stops by itself (it gave up) stops the others too.
-            async move {
-                let report = run.await;
-                s.cancel();
-                report
-            }
-        });
-        let effects: Vec<_> = self.effects.into_iter().map(|e| e(stop.clone())).collect();
+        // Each part is a task of its own: parts polled side by side in one task would share its cooperative
+        // budget, and a busy first part would starve the next (seen with two workers under `join_all`); as
+        // tasks they also spread over a multi-threaded runtime's threads.
+        let workers: Vec<_> = self
+            .workers
+            .into_iter()
+            .map(|w| {
+                let s = stop.clone();
+                let run = tokio::spawn(w(stop.clone()));
+                // A worker that stops by itself (it gave up) stops the others too.
+                async move {
+                    let report = run.await.unwrap_or_else(|e| WorkerReport {
+                        gave_up: Some(format!("the worker's task ended abnormally: {e}")),
+                        ..WorkerReport::default()
+                    });
+                    s.cancel();
+                    report
+                }
+            })
+            .collect();
+        let effects: Vec<_> = self
+            .effects
+            .into_iter()
+            .map(|e| tokio::spawn(e(stop.clone())))
+            .collect();
         let maintenance: Vec<_> = self
             .maintenance
             .into_iter()
-            .map(|m| m(stop.clone()))
+            .map(|m| tokio::spawn(m(stop.clone())))
             .collect();
         let others: Vec<_> = self
             .others
             .into_iter()
-            .map(|(_, p)| p(stop.clone()))
+            .map(|(_, p)| tokio::spawn(p(stop.clone())))
             .collect();
         let signal = {
             let s = stop.clone();
@@ -213,20 +230,20 @@ impl Monitor {
                 }
             }
         };
-        let (worker, effects, _, _, _) = tokio::join!(
-            async {
-                match worker {
-                    Some(w) => Some(w.await),
-                    None => None,
-                }
-            },
+        let (workers, effects, _, _, _) = tokio::join!(
+            futures::future::join_all(workers),
             async {
                 if effects.is_empty() {
                     return None;
                 }
                 let mut sum = EffectReport::default();
                 for r in futures::future::join_all(effects).await {
-                    sum.add(&r);
+                    match r {
+                        Ok(r) => sum.add(&r),
+                        Err(e) => {
+                            tracing::error!(error = %e, "an effect runner's task ended abnormally")
+                        }
+                    }
                 }
                 Some(sum)
             },
@@ -234,12 +251,16 @@ impl Monitor {
             futures::future::join_all(others),
             signal,
         );
-        if let Some(w) = &worker {
+        for w in &workers {
             if let Some(why) = &w.gave_up {
-                tracing::error!(reason = %why, "the worker gave up; every part stopped");
+                tracing::error!(reason = %why, "a worker gave up; every part stopped");
             }
         }
-        MonitorReport { worker, effects }
+        MonitorReport {
+            worker: workers.first().cloned(),
+            workers,
+            effects,
+        }
     }
 }
 
@@ -352,5 +373,38 @@ mod tests {
         assert_eq!(report.worker.as_ref().unwrap().total(), 5, "{report}");
         assert!(stopped.load(Ordering::SeqCst));
         assert!(report.effects.is_none());
+    }
+
+    #[tokio::test]
+    async fn several_workers_run_under_one_shutdown_each_with_its_report() {
+        let (a, b) = (MemoryQueue::default(), MemoryQueue::default());
+        for i in 0..3 {
+            a.send(OutgoingMessage::new(format!("a{i}")));
+        }
+        for i in 0..4 {
+            b.send(OutgoingMessage::new(format!("b{i}")));
+        }
+        let seen = Arc::new(AtomicU64::new(0));
+        let (a2, b2) = (a.clone(), b.clone());
+        let report = Monitor::new()
+            .worker(Worker::new(a.receiver(), Ack(Arc::clone(&seen))))
+            .worker(Worker::new(b.receiver(), Ack(Arc::clone(&seen))))
+            .run_until(async move {
+                while a2.state().visible
+                    + a2.state().in_flight
+                    + b2.state().visible
+                    + b2.state().in_flight
+                    > 0
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+            .await;
+        assert!(report.ok(), "{report}");
+        assert_eq!(report.workers.len(), 2);
+        assert_eq!(report.workers[0].total(), 3, "{report}");
+        assert_eq!(report.workers[1].total(), 4, "{report}");
+        assert_eq!(report.worker.as_ref().map(WorkerReport::total), Some(3));
+        assert_eq!(seen.load(Ordering::SeqCst), 7);
     }
 }
