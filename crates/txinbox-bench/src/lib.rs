@@ -43,6 +43,9 @@
 //! message: the time from its send to the answer of its settle (receive, linger, apply and settle round trips;
 //! with a backlog instead of a steady rate it is mostly time spent waiting in the queue).
 //!
+//! With `--shards URL,URL,...` it measures instead the worker over shards, one database per URL (see the
+//! `shards` module): one database against all of them, and the others' rate while one is unavailable.
+//!
 //! Figures are messages (or transactions) per second, each the median of `--rounds` rounds; a round runs
 //! every measurement once, one after the other (`inbox` and `pgbench_inbox` back to back, in alternating
 //! order), so that a slow minute of a shared machine falls on all of them alike. The target is `inbox/pgbench >= 0.80`. A `#` line per concurrency adds the same
@@ -66,6 +69,7 @@ use txinbox_testkit::NoopDelivery;
 
 mod dynamodb;
 mod e2e;
+mod shards;
 pub use e2e::E2eBroker;
 
 /// The inbox the benchmark measures, bound to its handler.
@@ -150,6 +154,11 @@ pub struct BenchArgs {
     /// Only the end-to-end lines.
     #[arg(long)]
     pub e2e_only: bool,
+    /// Instead of the throughput lines: the worker over shards, one PostgreSQL URL each (two or more,
+    /// comma-separated; `scripts/pg-shards.sh` makes three): one database against all of them, and the others'
+    /// rate while one is unavailable. `--store` is not used.
+    #[arg(long, value_delimiter = ',')]
+    pub shards: Vec<String>,
 }
 
 const CONSUMER: &str = "bench";
@@ -788,6 +797,15 @@ impl<H: Handler<Store<sqlx::Postgres>, Raw>> Bench<H> {
 
 /// Runs the benchmark and prints one line per concurrency.
 pub async fn run(args: BenchArgs) -> Result<(), LabError> {
+    if !args.shards.is_empty() {
+        if !(1..=txinbox_core::runtime::worker::MAX_BATCH_COMMIT).contains(&args.batch) {
+            return Err(LabError::Usage(format!(
+                "--batch must be 1 to {}",
+                txinbox_core::runtime::worker::MAX_BATCH_COMMIT
+            )));
+        }
+        return shards::run(&args).await;
+    }
     if let Some(table) = args.store.strip_prefix("dynamodb://") {
         if args.seconds == 0 || args.rounds == 0 || args.concurrency.contains(&0) {
             return Err(LabError::Usage(
