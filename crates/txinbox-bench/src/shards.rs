@@ -29,7 +29,10 @@ use crate::{bench_inbox, bench_store, drop_schema, BenchArgs, CONSUMER};
 fn machine_cpu() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().next()?.strip_prefix("cpu ")?;
-    let f: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
     let total: u64 = f.iter().sum();
     // idle and iowait are the 4th and 5th fields.
     let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
@@ -46,7 +49,10 @@ fn busy_share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> String {
 }
 
 /// One database per URL, each a fresh schema with the inbox and the handler's table.
-async fn open(urls: &[String], connections: u32) -> Result<Vec<(String, String, Store<sqlx::Postgres>)>, LabError> {
+async fn open(
+    urls: &[String],
+    connections: u32,
+) -> Result<Vec<(String, String, Store<sqlx::Postgres>)>, LabError> {
     let mut out = Vec::new();
     for url in urls {
         let (schema, store) = bench_store(url, connections).await?;
@@ -64,9 +70,11 @@ async fn close(stores: Vec<(String, String, Store<sqlx::Postgres>)>) {
 
 /// Message `k` of tenant `t{k % tenants}`.
 fn message(k: u64, tenants: u64) -> OutgoingMessage {
-    OutgoingMessage::new(format!("{{\"opportunity\":\"o-{k}\",\"meeting\":\"m-{k}\"}}"))
-        .cloudevent("urn.bench", &format!("sh-{k}"), "bench.event")
-        .attribute("ce-tenantid", format!("t{}", k % tenants))
+    OutgoingMessage::new(format!(
+        "{{\"opportunity\":\"o-{k}\",\"meeting\":\"m-{k}\"}}"
+    ))
+    .cloudevent("urn.bench", &format!("sh-{k}"), "bench.event")
+    .attribute("ce-tenantid", format!("t{}", k % tenants))
 }
 
 /// The shards over `stores`: with `one_shard`, the first store claims every tenant; else store `i` claims
@@ -76,7 +84,14 @@ fn shards(
     tenants: usize,
     one_shard: bool,
     down: Option<Arc<AtomicBool>>,
-) -> Result<Shards<impl txinbox_core::Processor<txinbox_core::LeasedDelivery<txinbox_core::broker::mem::MemoryDelivery>> + Clone>, LabError> {
+) -> Result<
+    Shards<
+        impl txinbox_core::Processor<
+                txinbox_core::LeasedDelivery<txinbox_core::broker::mem::MemoryDelivery>,
+            > + Clone,
+    >,
+    LabError,
+> {
     let base = bench_inbox(&stores[0].2)?;
     let last = stores.len() - 1;
     let list = stores.iter().enumerate().map(|(i, (_, _, store))| {
@@ -246,7 +261,9 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<(), LabError> {
         return Err(LabError::Usage("--shards needs two URLs or more".into()));
     }
     if args.e2e_messages == 0 {
-        return Err(LabError::Usage("--shards needs --e2e-messages above 0".into()));
+        return Err(LabError::Usage(
+            "--shards needs --e2e-messages above 0".into(),
+        ));
     }
     let cores = std::thread::available_parallelism().map_or(0, |c| c.get());
     println!(

@@ -326,7 +326,7 @@ struct Inner<P> {
     by_key: HashMap<String, usize>,
     rest: Option<usize>,
     router: ShardRouter,
-    opts: ShardOptions,
+    opts: Mutex<ShardOptions>,
     started: AtomicBool,
     /// The consumer label, known once the worker started the processor.
     consumer: std::sync::OnceLock<String>,
@@ -377,7 +377,7 @@ impl<P> std::fmt::Debug for Shards<P> {
         f.debug_struct("Shards")
             .field("shards", &self.names())
             .field("router", &self.inner.router)
-            .field("options", &self.inner.opts)
+            .field("options", &self.opts())
             .finish()
     }
 }
@@ -488,7 +488,7 @@ impl<P> Shards<P> {
                 by_key,
                 rest,
                 router,
-                opts: ShardOptions::default(),
+                opts: Mutex::new(ShardOptions::default()),
                 started: AtomicBool::new(false),
                 consumer: std::sync::OnceLock::new(),
                 stop: CancellationToken::new(),
@@ -496,13 +496,16 @@ impl<P> Shards<P> {
         })
     }
 
-    /// Sets how the shards are watched. Call before the worker starts (the shards are cloned by it).
-    pub fn options(mut self, opts: ShardOptions) -> Self {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => inner.opts = opts,
-            None => tracing::warn!("Shards::options called on a shared Shards: ignored"),
-        }
+    /// Sets how the shards are watched (for every clone). Set it before the worker starts and before
+    /// [`Shards::health`]: the probe loop reads its cadence when it starts, readiness `require_all` when the
+    /// checks are added.
+    pub fn options(self, opts: ShardOptions) -> Self {
+        *lock(&self.inner.opts) = opts;
         self
+    }
+
+    fn opts(&self) -> ShardOptions {
+        lock(&self.inner.opts).clone()
     }
 
     /// The shards' names, in the order given.
@@ -568,7 +571,7 @@ impl<P> Shards<P> {
     pub async fn probe(&self) -> Vec<ShardStatus> {
         probe_all(
             &self.inner.watch,
-            self.inner.opts.probe_timeout,
+            self.opts().probe_timeout,
             self.inner.consumer.get().map(String::as_str),
         )
         .await;
@@ -598,15 +601,15 @@ impl<P> Shards<P> {
                     }
                 }
             };
-            health = if self.inner.opts.require_all {
+            health = if self.opts().require_all {
                 health.check(name, check)
             } else {
                 health.check_degraded(name, check)
             };
         }
-        if !self.inner.opts.require_all && !checked.is_empty() {
+        if !self.opts().require_all && !checked.is_empty() {
             let watch = self.inner.watch.clone();
-            let timeout = self.inner.opts.probe_timeout;
+            let timeout = self.opts().probe_timeout;
             let checked: Arc<[usize]> = checked.into();
             health = health.check("shards", move || {
                 let (watch, checked) = (watch.clone(), checked.clone());
@@ -683,10 +686,8 @@ impl<P> Shards<P> {
         };
         let watch = self.inner.watch.clone();
         let stop = self.inner.stop.clone();
-        let (every, timeout) = (
-            self.inner.opts.probe_interval,
-            self.inner.opts.probe_timeout,
-        );
+        let opts = self.opts();
+        let (every, timeout) = (opts.probe_interval, opts.probe_timeout);
         let consumer = consumer.to_owned();
         rt.spawn(async move {
             loop {
@@ -711,7 +712,7 @@ impl<P> Shards<P> {
             return;
         };
         let watch = self.inner.watch.clone();
-        let timeout = self.inner.opts.probe_timeout;
+        let timeout = self.opts().probe_timeout;
         let consumer = consumer.to_owned();
         rt.spawn(async move {
             probe_one(&watch[i], timeout, Some(&consumer)).await;
@@ -870,8 +871,7 @@ impl<P> Shards<P> {
         metrics::counter!(m::RETRIES, "consumer" => consumer.clone(), "reason" => "shard_unavailable")
             .increment(1);
         let delay = self
-            .inner
-            .opts
+            .opts()
             .unavailable_delay(delivery.message().delivery_count);
         if let Err(e) = delivery.release(delay).await {
             metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => "release")
