@@ -332,3 +332,87 @@ fn a_tenant_claimed_twice_or_two_rests_are_refused_with_one_line() {
     let e = Shards::<()>::new(ShardRouter::tenant(), []).unwrap_err();
     assert_eq!(e, ShardConfigError::NoShards);
 }
+
+/// Several consumers in one process, under one `Monitor`: `crm-followup` and `billing` share one store, `audit`
+/// has a store of its own; each reads its own queue. The same event reaches all three: each consumer applies
+/// it once, under its own consumer name, and a copy sent again is a duplicate for each.
+#[tokio::test]
+async fn several_consumers_in_one_process_share_or_split_stores() {
+    let (shared, own) = (pg_store(4).await, pg_store(4).await);
+    for s in [&shared, &own] {
+        sqlx::query("CREATE TABLE seen (consumer TEXT NOT NULL, message_id TEXT NOT NULL, PRIMARY KEY (consumer, message_id))")
+            .execute(s.pool())
+            .await
+            .unwrap();
+    }
+    let consumer = |store: &PgStore, name: &'static str| {
+        Inbox::new(
+            store.clone(),
+            IdentityPolicy::new(ConsumerName::new(name).unwrap()),
+        )
+        .bind(move |tx, msg: Message<serde_json::Value>| async move {
+            sqlx::query("INSERT INTO seen (consumer, message_id) VALUES ($1, $2)")
+                .bind(name)
+                .bind(msg.id().to_owned())
+                .execute(&tx)
+                .await?;
+            Ok(())
+        })
+    };
+    let queues: Vec<MemoryQueue> = (0..3)
+        .map(|_| MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20))))
+        .collect();
+    for q in &queues {
+        for n in 0..5 {
+            q.send(event(Some("acme"), n));
+            q.send(event(Some("acme"), n));
+        }
+    }
+    let watch = queues.clone();
+    let report = txinbox::Monitor::new()
+        .worker(Worker::new(
+            queues[0].receiver(),
+            consumer(&shared, "crm-followup"),
+        ))
+        .worker(Worker::new(
+            queues[1].receiver(),
+            consumer(&shared, "billing"),
+        ))
+        .worker(Worker::new(queues[2].receiver(), consumer(&own, "audit")))
+        .run_until(async move {
+            for q in &watch {
+                wait_until(Duration::from_secs(30), "every queue drained", || {
+                    drained(q)
+                })
+                .await;
+            }
+        })
+        .await;
+    assert!(report.ok(), "{report}");
+    assert_eq!(report.workers.len(), 3);
+    for w in &report.workers {
+        assert_eq!(w.count(txinbox::OutcomeKind::Applied), 5, "{report}");
+        assert_eq!(w.count(txinbox::OutcomeKind::Duplicate), 5, "{report}");
+    }
+    let seen = |s: PgStore| async move {
+        sqlx::query_as::<_, (String, i64)>(
+            "SELECT consumer, count(*) FROM seen GROUP BY consumer ORDER BY consumer",
+        )
+        .fetch_all(s.pool())
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        seen(shared.clone()).await,
+        vec![("billing".into(), 5), ("crm-followup".into(), 5)]
+    );
+    assert_eq!(seen(own.clone()).await, vec![("audit".into(), 5)]);
+    for (store, name, rows) in [
+        (&shared, "crm-followup", 5),
+        (&shared, "billing", 5),
+        (&own, "audit", 5),
+    ] {
+        assert_eq!(store.inbox_rows(name).await.unwrap(), rows, "{name}");
+    }
+    assert_eq!(shared.inbox_rows("audit").await.unwrap(), 0);
+}
