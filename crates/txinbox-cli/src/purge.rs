@@ -10,10 +10,11 @@ use txinbox_core::{Maintenance, MaintenanceOptions, MaintenanceReport, Maintenan
 /// Arguments of `txinbox inbox purge`.
 #[derive(Debug, clap::Args)]
 pub struct PurgeArgs {
-    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`: nothing to delete there, the TTL
-    /// does it), the workers' own.
-    #[arg(long, env = "TXINBOX_STORE_URL")]
-    pub store: String,
+    /// The store (`--store URL`: `sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`, where nothing is
+    /// deleted, the TTL does it), or the workers' settings file (`--config FILE`: each shard of
+    /// `[store.shards]` in turn, or `--shard NAME`).
+    #[command(flatten)]
+    pub store: crate::targets::StoreArgs,
     /// Rows deleted per statement.
     #[arg(long, default_value_t = 1000)]
     pub batch: i64,
@@ -34,7 +35,8 @@ pub struct PurgeArgs {
     pub json: bool,
 }
 
-/// Runs one pass: exit 0 when nothing expired is left, 3 when the time budget stopped it first, 2 on an error.
+/// Runs one pass on each store named (one, or each shard in turn): exit 0 when nothing expired is left, 3 when
+/// the time budget stopped a pass first, 2 on an error.
 pub fn run(args: &PurgeArgs) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -43,39 +45,63 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&e.to_string()),
     };
-    let url = args.store.clone();
-    let result = rt.block_on(async move {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let store = txinbox_store::Store::<sqlx::Postgres>::connect(&url, 2)
-                .await
-                .map_err(|e| format!("store (postgres): {e}"))?;
-            Ok(pass(store, args).await)
-        } else if url.starts_with("sqlite:") {
-            let store = txinbox_store::Store::<sqlx::Sqlite>::connect(&url)
-                .await
-                .map_err(|e| format!("store (sqlite): {e}"))?;
-            Ok(pass(store, args).await)
-        } else if url.starts_with("dynamodb://") {
-            let store = txinbox_dynamodb::DynamoStore::connect(&url)
-                .await
-                .map_err(|e| format!("store (dynamodb): {e}"))?;
-            eprintln!("note: on DynamoDB expiry is the TTL's (expires_at): expired items are absent to the store from that second on and DynamoDB deletes them in the background; this pass deletes nothing");
-            Ok(pass(store, args).await)
-        } else {
-            Err(format!(
-                "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
-                url.split(':').next().unwrap_or_default()
-            ))
-        }
-    });
-    let report = match result {
-        Ok(r) => r,
+    let targets = match args.store.targets() {
+        Ok(t) => t,
         Err(e) => return fail(&e),
     };
-    if let Some(e) = &report.error {
-        return fail(&format!("purge stopped: {e} ({report})"));
+    if args.json && targets.len() > 1 {
+        return fail("--json prints one document: with several shards, name one with --shard");
     }
-    if args.json {
+    let mut budget_exhausted = false;
+    for t in &targets {
+        if let (Some(shard), false) = (&t.shard, args.json) {
+            println!("shard {shard}:");
+        }
+        let report = match rt.block_on(one_pass(&t.url, args)) {
+            Ok(r) => r,
+            Err(e) => return fail(&e),
+        };
+        if let Some(e) = &report.error {
+            return fail(&format!("purge stopped: {e} ({report})"));
+        }
+        print_report(&report, args.json);
+        budget_exhausted |= report.budget_exhausted;
+    }
+    if budget_exhausted {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// One pass on the store at `url`.
+async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, String> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let store = txinbox_store::Store::<sqlx::Postgres>::connect(url, 2)
+            .await
+            .map_err(|e| format!("store (postgres): {e}"))?;
+        Ok(pass(store, args).await)
+    } else if url.starts_with("sqlite:") {
+        let store = txinbox_store::Store::<sqlx::Sqlite>::connect(url)
+            .await
+            .map_err(|e| format!("store (sqlite): {e}"))?;
+        Ok(pass(store, args).await)
+    } else if url.starts_with("dynamodb://") {
+        let store = txinbox_dynamodb::DynamoStore::connect(url)
+            .await
+            .map_err(|e| format!("store (dynamodb): {e}"))?;
+        eprintln!("note: on DynamoDB expiry is the TTL's (expires_at): expired items are absent to the store from that second on and DynamoDB deletes them in the background; this pass deletes nothing");
+        Ok(pass(store, args).await)
+    } else {
+        Err(format!(
+            "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
+            url.split(':').next().unwrap_or_default()
+        ))
+    }
+}
+
+fn print_report(report: &MaintenanceReport, json: bool) {
+    if json {
         let removed: Vec<_> = report
             .removed
             .iter()
@@ -97,11 +123,6 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
         );
     } else {
         println!("{report}");
-    }
-    if report.budget_exhausted {
-        ExitCode::from(3)
-    } else {
-        ExitCode::SUCCESS
     }
 }
 

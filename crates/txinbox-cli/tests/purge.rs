@@ -160,3 +160,91 @@ fn a_purge_with_a_tiny_budget_says_so_in_its_exit_code() {
         let _ = std::fs::remove_file(format!("{}{suffix}", dir.display()));
     }
 }
+
+/// `--config` on a settings file with shards: one pass on each shard, under its heading; `--shard` for one,
+/// with `--json`; `--json` on several shards refused with one line. Each shard loses only its own expired rows.
+#[tokio::test]
+async fn on_shards_a_pass_runs_on_each_shard_of_the_settings_file() {
+    let base = txinbox_testkit::pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let mut shards = Vec::new();
+    for expired in [30_i64, 70] {
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let store = Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 2)
+            .await
+            .expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+        sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) SELECT 'old', '', 'm-' || g, 'h', now(), now(), now() - interval '1 day', 'producer_id' FROM generate_series(1, $1) g")
+            .bind(expired)
+            .execute(store.pool())
+            .await
+            .expect("load markers");
+        shards.push((
+            store,
+            format!("{base}{sep}options=-csearch_path%3D{schema}"),
+        ));
+    }
+    let dir = std::env::temp_dir().join(format!("txinbox-purge-shards-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("worker.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[store.shards.eu-1]\nurl = \"{}\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"{}\"\ntenants = [\"globex\"]\n",
+            shards[0].1, shards[1].1
+        ),
+    )
+    .unwrap();
+    let config = file.display().to_string();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_txinbox"))
+            .args(args)
+            .env_remove("TXINBOX_STORE_URL")
+            .output()
+            .expect("run txinbox inbox purge")
+    };
+    let o = run(&["inbox", "purge", "--config", &config, "--json"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--shard"));
+
+    let o = run(&[
+        "inbox", "purge", "--config", &config, "--shard", "eu-2", "--json",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["markers"], 70, "{doc}");
+    let left = |s: &Store<sqlx::Postgres>| {
+        let pool = s.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM txinbox_inbox")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        left(&shards[0].0).await,
+        30,
+        "shard eu-1 untouched by --shard eu-2"
+    );
+    assert_eq!(left(&shards[1].0).await, 0);
+
+    let o = run(&["inbox", "purge", "--config", &config]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("shard eu-1:") && out.contains("shard eu-2:"),
+        "{out}"
+    );
+    assert_eq!(left(&shards[0].0).await, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
