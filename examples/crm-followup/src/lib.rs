@@ -443,7 +443,7 @@ where
         drive(
             receiver,
             processor,
-            vec![store],
+            vec![(None, store)],
             runner.into_iter().collect(),
             health,
             &opts,
@@ -464,7 +464,7 @@ where
         let report = drive(
             receiver,
             processor,
-            vec![store.clone()],
+            vec![(None, store.clone())],
             runner.into_iter().collect(),
             health,
             &opts,
@@ -487,7 +487,7 @@ where
         let report = drive(
             receiver,
             processor,
-            vec![store.clone()],
+            vec![(None, store.clone())],
             runner.into_iter().collect(),
             health,
             &opts,
@@ -588,15 +588,21 @@ async fn run_sharded<R: Receiver>(
     for down in shards.probe().await {
         tracing::warn!(shard = %down.name, error = down.down.as_deref().unwrap_or(""), "shard unavailable");
     }
+    // One effect runner and one maintenance per shard, their gauges labelled with the shard.
     let mut runners = Vec::new();
-    for store in &stores {
-        runners.extend(effect_runner(store, opts)?);
+    for (r, store) in resolved.iter().zip(&stores) {
+        runners.extend(effect_runner(store, opts)?.map(|runner| runner.shard(r.name.clone())));
     }
+    let named: Vec<_> = resolved
+        .iter()
+        .zip(&stores)
+        .map(|(r, s)| (Some(r.name.clone()), s.clone()))
+        .collect();
     let health = shards.health(Health::new());
     let report = drive(
         receiver,
         shards,
-        stores.clone(),
+        named,
         runners,
         health,
         opts,
@@ -614,7 +620,7 @@ async fn run_sharded<R: Receiver>(
 async fn drive<R, P, S>(
     receiver: R,
     processor: P,
-    stores: Vec<S>,
+    stores: Vec<(Option<String>, S)>,
     runners: Vec<EffectRunner<S>>,
     health: Health,
     opts: &AgentOptions,
@@ -635,14 +641,14 @@ where
         monitor = monitor.health_server(l, health);
     }
     if let Some(every) = opts.maintenance_every {
-        for store in stores {
-            monitor = monitor.maintenance(
-                Maintenance::new(store).options(
-                    MaintenanceOptions::default()
-                        .every(every)
-                        .consumer(opts.consumer.clone()),
-                ),
-            );
+        for (shard, store) in stores {
+            let mut options = MaintenanceOptions::default()
+                .every(every)
+                .consumer(opts.consumer.clone());
+            if let Some(shard) = shard {
+                options = options.shard(shard);
+            }
+            monitor = monitor.maintenance(Maintenance::new(store).options(options));
         }
     }
     for runner in runners {

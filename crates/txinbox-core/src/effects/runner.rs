@@ -67,6 +67,9 @@ pub struct EffectOptions {
     pub done_retention: Duration,
     /// Pause when nothing is due (default 500 ms).
     pub idle_poll: Duration,
+    /// The shard this runner's store is ([`crate::runtime::shards`]), added as a `shard` label to the effect
+    /// gauges, so that the runners of several shards of one consumer publish one series each (default none).
+    pub shard: Option<String>,
 }
 
 impl Default for EffectOptions {
@@ -80,6 +83,7 @@ impl Default for EffectOptions {
             max_backoff: Duration::from_secs(300),
             done_retention: Duration::from_secs(7 * 24 * 3600),
             idle_poll: Duration::from_millis(500),
+            shard: None,
         }
     }
 }
@@ -119,6 +123,11 @@ impl EffectOptions {
     /// Sets the pause when nothing is due.
     pub fn idle_poll(mut self, d: Duration) -> Self {
         self.idle_poll = d;
+        self
+    }
+    /// Labels the effect gauges with `shard` (one runner per shard of a worker).
+    pub fn shard(mut self, shard: impl Into<String>) -> Self {
+        self.shard = Some(shard.into());
         self
     }
 
@@ -225,6 +234,12 @@ impl<S: EffectStore> EffectRunner<S> {
     /// Sets the options.
     pub fn options(mut self, opts: EffectOptions) -> Self {
         self.opts = opts;
+        self
+    }
+
+    /// Labels this runner's effect gauges with `shard` (keeping its other options).
+    pub fn shard(mut self, shard: impl Into<String>) -> Self {
+        self.opts.shard = Some(shard.into());
         self
     }
 
@@ -335,7 +350,7 @@ impl<S: EffectStore> EffectRunner<S> {
             }
         }
         match self.store.effect_counts().await {
-            Ok(counts) => publish_gauges(&counts),
+            Ok(counts) => publish_shard_gauges(&counts, self.opts.shard.as_deref()),
             Err(e) => tracing::warn!(error = %e, "reading effect counts failed"),
         }
     }
@@ -610,6 +625,13 @@ fn labels_with(
 /// none), the done ones without a reference from the destination, and the age of the oldest pending effect
 /// (the relay lag).
 pub fn publish_gauges(counts: &[EffectCount]) {
+    publish_shard_gauges(counts, None)
+}
+
+/// [`publish_gauges`] with a `shard` label when there is one.
+fn publish_shard_gauges(counts: &[EffectCount], shard: Option<&str>) {
+    use crate::runtime::maintenance::shard_labels;
+    use metrics::Label;
     let mut pairs: Vec<(&str, &str)> = counts
         .iter()
         .map(|c| (c.consumer.as_str(), c.destination.as_str()))
@@ -622,19 +644,87 @@ pub fn publish_gauges(counts: &[EffectCount]) {
             let c = counts.iter().find(|c| {
                 c.consumer == consumer && c.destination == destination && c.state == state
             });
-            metrics::gauge!(crate::metrics::EFFECTS, "consumer" => consumer.to_owned(), "destination" => destination.to_owned(), "state" => state.as_str())
+            let base = || {
+                vec![
+                    Label::new("consumer", consumer.to_owned()),
+                    Label::new("destination", destination.to_owned()),
+                ]
+            };
+            let mut with_state = base();
+            with_state.push(Label::new("state", state.as_str()));
+            metrics::gauge!(crate::metrics::EFFECTS, shard_labels(with_state, shard))
                 .set(c.map_or(0.0, |c| c.count as f64));
             if state == EffectState::Done {
-                metrics::gauge!(crate::metrics::EFFECTS_DONE_WITHOUT_REFERENCE, "consumer" => consumer.to_owned(), "destination" => destination.to_owned())
-                    .set(c.map_or(0.0, |c| c.without_reference as f64));
+                metrics::gauge!(
+                    crate::metrics::EFFECTS_DONE_WITHOUT_REFERENCE,
+                    shard_labels(base(), shard)
+                )
+                .set(c.map_or(0.0, |c| c.without_reference as f64));
             }
             if state == EffectState::Pending {
                 let age = c
                     .and_then(|c| c.oldest)
                     .map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1e3);
-                metrics::gauge!(crate::metrics::EFFECT_OLDEST_PENDING, "consumer" => consumer.to_owned(), "destination" => destination.to_owned())
-                    .set(age);
+                metrics::gauge!(
+                    crate::metrics::EFFECT_OLDEST_PENDING,
+                    shard_labels(base(), shard)
+                )
+                .set(age);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod shard_label_tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    /// The effect gauges of a runner on one shard of several carry a `shard` label: the runners of one
+    /// consumer's shards publish a series each instead of overwriting one.
+    #[test]
+    fn a_shard_s_effect_gauges_carry_its_name() {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let count = |n: i64| EffectCount {
+            consumer: "crm".into(),
+            destination: "api".into(),
+            state: EffectState::Pending,
+            count: n,
+            oldest: None,
+            without_reference: 0,
+        };
+        publish_shard_gauges(&[count(3)], Some("eu-1"));
+        publish_shard_gauges(&[count(5)], Some("eu-2"));
+        let pending: Vec<(Option<String>, f64)> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, _, _, _)| {
+                k.key().name() == crate::metrics::EFFECTS
+                    && k.key()
+                        .labels()
+                        .any(|l| l.key() == "state" && l.value() == "pending")
+            })
+            .map(|(k, _, _, v)| {
+                let shard = k
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "shard")
+                    .map(|l| l.value().to_owned());
+                let v = match v {
+                    DebugValue::Gauge(g) => g.into_inner(),
+                    _ => f64::NAN,
+                };
+                (shard, v)
+            })
+            .collect();
+        let mut pending = pending;
+        pending.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            pending,
+            vec![(Some("eu-1".into()), 3.0), (Some("eu-2".into()), 5.0)]
+        );
     }
 }

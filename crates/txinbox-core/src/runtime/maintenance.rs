@@ -95,6 +95,9 @@ pub struct MaintenanceOptions {
     pub effects_keep: Duration,
     /// Consumers whose rows left and oldest row are published as gauges after each pass (default none).
     pub consumers: Vec<String>,
+    /// The shard this store is ([`crate::runtime::shards`]), added as a `shard` label to the gauges, so that
+    /// the maintenances of several shards of one consumer publish one series each (default none).
+    pub shard: Option<String>,
 }
 
 impl Default for MaintenanceOptions {
@@ -107,6 +110,7 @@ impl Default for MaintenanceOptions {
             rejections_keep: Duration::from_secs(90 * 24 * 3600),
             effects_keep: Duration::from_secs(7 * 24 * 3600),
             consumers: Vec::new(),
+            shard: None,
         }
     }
 }
@@ -140,6 +144,11 @@ impl MaintenanceOptions {
     /// Sets how long done effects are kept.
     pub fn effects_keep(mut self, d: Duration) -> Self {
         self.effects_keep = d;
+        self
+    }
+    /// Labels the gauges with `shard` (one maintenance per shard of a worker).
+    pub fn shard(mut self, shard: impl Into<String>) -> Self {
+        self.shard = Some(shard.into());
         self
     }
     /// Publishes the gauges of `consumer` after each pass.
@@ -309,16 +318,25 @@ impl<S: MaintenanceStore> Maintenance<S> {
                     .increment(0);
                 match self.store.table_stats(table, consumer).await {
                     Ok((rows, oldest)) => {
-                        metrics::gauge!(m::MAINTENANCE_ROWS, "table" => table.as_str(), "consumer" => consumer.clone())
-                            .set(rows as f64);
+                        let shard = self.opts.shard.as_deref();
+                        let labels = shard_labels(
+                            vec![
+                                metrics::Label::new("table", table.as_str()),
+                                metrics::Label::new("consumer", consumer.clone()),
+                            ],
+                            shard,
+                        );
+                        metrics::gauge!(m::MAINTENANCE_ROWS, labels.clone()).set(rows as f64);
                         if table == Table::Markers {
-                            metrics::gauge!(m::INBOX_ROWS, "consumer" => consumer.clone())
-                                .set(rows as f64);
+                            let labels = shard_labels(
+                                vec![metrics::Label::new("consumer", consumer.clone())],
+                                shard,
+                            );
+                            metrics::gauge!(m::INBOX_ROWS, labels).set(rows as f64);
                         }
                         let age = oldest
                             .map_or(0.0, |t| (now - t).num_milliseconds().max(0) as f64 / 1e3);
-                        metrics::gauge!(m::MAINTENANCE_OLDEST, "table" => table.as_str(), "consumer" => consumer.clone())
-                            .set(age);
+                        metrics::gauge!(m::MAINTENANCE_OLDEST, labels).set(age);
                     }
                     Err(e) => {
                         tracing::warn!(%table, consumer, error = %e, "maintenance: reading row counts failed")
@@ -327,4 +345,15 @@ impl<S: MaintenanceStore> Maintenance<S> {
             }
         }
     }
+}
+
+/// `labels`, with `shard` added when there is one.
+pub(crate) fn shard_labels(
+    mut labels: Vec<metrics::Label>,
+    shard: Option<&str>,
+) -> Vec<metrics::Label> {
+    if let Some(s) = shard {
+        labels.push(metrics::Label::new("shard", s.to_owned()));
+    }
+    labels
 }
