@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use common_procs::*;
 use txinbox_crm_api::CrmApi;
-use txinbox_sb_emulator::Emulator;
 
 /// Meetings published per broker.
 const MEETINGS: usize = 40;
@@ -330,22 +329,7 @@ where
 async fn servicebus_agent_under_kill_9_creates_one_crm_task_per_meeting() {
     let _one = ONE_AT_A_TIME.lock().await;
     let seed = chaos_seed();
-    let key = random_key();
-    let emulator = Emulator::builder()
-        .namespace("txinbox-chaos")
-        .sas_key("RootManageSharedAccessKey", &key)
-        .start("127.0.0.1:0")
-        .await
-        .expect("the Service Bus emulator starts");
-    let env = vec![
-        (
-            "SERVICEBUS_CONNECTION_STRING",
-            format!(
-                "Endpoint=sb://txinbox-chaos.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey={key}"
-            ),
-        ),
-        ("SERVICEBUS_ENDPOINT", emulator.base_url()),
-    ];
+    let (emulator, env) = service_bus("txinbox-chaos").await;
     let work = WorkDir::new("txinbox-chaos-sb");
     let dir = work.path();
     let crm = crm().await;

@@ -23,7 +23,6 @@ use std::time::Duration;
 use common_procs::*;
 use txinbox::sqlx::{self, Connection};
 use txinbox_crm_api::CrmApi;
-use txinbox_sb_emulator::{Emulator, EmulatorHandle};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -604,27 +603,6 @@ async fn prometheus_scrapes_the_worker_every_dashboard_query_has_data_and_no_ale
     prom.stop().await;
     crm.shutdown().await;
     println!("examples-smoke: prometheus scraped sqs-crm-worker; every dashboard query has data, no alert fires");
-}
-
-/// An emulator in this process, with a SAS rule, and the environment the examples read to reach it.
-async fn service_bus(namespace: &str) -> (EmulatorHandle, Vec<(&'static str, String)>) {
-    let key = random_key();
-    let emulator = Emulator::builder()
-        .namespace(namespace)
-        .sas_key("RootManageSharedAccessKey", &key)
-        .start("127.0.0.1:0")
-        .await
-        .expect("the Service Bus emulator starts");
-    let env = vec![
-        (
-            "SERVICEBUS_CONNECTION_STRING",
-            format!(
-                "Endpoint=sb://{namespace}.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey={key}"
-            ),
-        ),
-        ("SERVICEBUS_ENDPOINT", emulator.base_url()),
-    ];
-    (emulator, env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,6 @@ use std::time::Duration;
 use common_procs::*;
 use txinbox::sqlx::{self, Connection};
 use txinbox_crm_api::CrmApi;
-use txinbox_sb_emulator::Emulator;
 
 /// Meetings published per tenant and broker.
 const MEETINGS: usize = 10;
@@ -398,22 +397,7 @@ async fn servicebus_agent_on_three_shards_under_kill_9_and_a_shard_outage() {
     let seed = chaos_seed();
     let clusters = Clusters::from_env();
     let dbs = clusters.fresh_databases().await;
-    let key = random_key();
-    let emulator = Emulator::builder()
-        .namespace("txinbox-shards")
-        .sas_key("RootManageSharedAccessKey", &key)
-        .start("127.0.0.1:0")
-        .await
-        .expect("the Service Bus emulator starts");
-    let env = vec![
-        (
-            "SERVICEBUS_CONNECTION_STRING",
-            format!(
-                "Endpoint=sb://txinbox-shards.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey={key}"
-            ),
-        ),
-        ("SERVICEBUS_ENDPOINT", emulator.base_url()),
-    ];
+    let (emulator, env) = service_bus("txinbox-shards").await;
     let work = WorkDir::new("txinbox-shard-chaos-sb");
     let dir = work.path();
     let crm = crm().await;

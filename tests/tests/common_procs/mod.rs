@@ -787,3 +787,29 @@ impl DeadLetters for ServiceBusDlq<'_> {
         (dead + poison) as u64
     }
 }
+
+/// An emulator in this process, with a SAS rule, and the environment the examples read to reach it.
+pub async fn service_bus(
+    namespace: &str,
+) -> (
+    txinbox_sb_emulator::EmulatorHandle,
+    Vec<(&'static str, String)>,
+) {
+    let key = random_key();
+    let emulator = txinbox_sb_emulator::Emulator::builder()
+        .namespace(namespace)
+        .sas_key("RootManageSharedAccessKey", &key)
+        .start("127.0.0.1:0")
+        .await
+        .expect("the Service Bus emulator starts");
+    let env = vec![
+        (
+            "SERVICEBUS_CONNECTION_STRING",
+            format!(
+                "Endpoint=sb://{namespace}.servicebus.windows.net/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey={key}"
+            ),
+        ),
+        ("SERVICEBUS_ENDPOINT", emulator.base_url()),
+    ];
+    (emulator, env)
+}
