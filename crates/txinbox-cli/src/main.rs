@@ -47,6 +47,11 @@ enum Command {
         /// transaction (2 to 64).
         #[arg(long, requires = "windows")]
         batch: Option<usize>,
+        /// On PostgreSQL: convert each fresh schema to the partitioned layout first (retention by dropping
+        /// whole partitions); with `--windows`, its own window (a copy after its first copy's partition
+        /// boundary) runs too.
+        #[arg(long)]
+        partitioned: bool,
     },
     /// Amazon SQS operator tools.
     Sqs {
@@ -248,8 +253,13 @@ fn main() -> ExitCode {
             store,
             windows,
             batch,
+            partitioned,
         } => {
             let target = match Target::parse(&store) {
+                Ok(t) if partitioned => match t.partitioned() {
+                    Ok(t) => t,
+                    Err(e) => return fail(&e),
+                },
                 Ok(t) => t,
                 Err(e) => return fail(&e),
             };

@@ -31,6 +31,15 @@ pub const LEASE_LOST: &str = "txinbox_lease_lost_total";
 pub const LEASE_RENEWALS: &str = "txinbox_lease_renewals_total";
 /// Deliveries refused because their age exceeds the inbox retention (their marker may have been purged).
 pub const RETENTION_EXPIRED: &str = "txinbox_retention_expired_total";
+/// Deliveries released because their store had no partition for their marker yet (partitioned layout), by
+/// `consumer`.
+pub const PARTITION_MISSING: &str = "txinbox_partition_missing_total";
+/// Partitions a partitioned store's maintenance created ahead, by `table`.
+pub const PARTITIONS_CREATED: &str = "txinbox_partitions_created_total";
+/// Partitions a partitioned store's maintenance dropped whole, by `table`.
+pub const PARTITIONS_DROPPED: &str = "txinbox_partitions_dropped_total";
+/// How far past now the newest partition reaches, in seconds, by `table` (gauge).
+pub const PARTITIONS_AHEAD: &str = "txinbox_partitions_ahead_seconds";
 /// Failures caused by an unsupported contract version.
 pub const CONTRACT_VERSION_FAILURES: &str = "txinbox_contract_version_failures_total";
 /// Deliveries with no usable identity.
@@ -113,6 +122,23 @@ pub fn describe() {
     describe_counter!(
         RETENTION_EXPIRED,
         "Deliveries older than the inbox retention"
+    );
+    describe_counter!(
+        PARTITION_MISSING,
+        "Deliveries released because their marker's partition does not exist yet"
+    );
+    describe_counter!(
+        PARTITIONS_CREATED,
+        "Partitions created ahead by the maintenance"
+    );
+    describe_counter!(
+        PARTITIONS_DROPPED,
+        "Partitions dropped whole by the maintenance"
+    );
+    describe_gauge!(
+        PARTITIONS_AHEAD,
+        Unit::Seconds,
+        "How far past now the newest partition reaches"
     );
     describe_counter!(CONTRACT_VERSION_FAILURES, "Unsupported contract versions");
     describe_gauge!(SHARD_UP, "Whether a shard's store answered its last probe");

@@ -33,6 +33,10 @@ pub struct MarkerRow<'a> {
     pub retention_until: DateTime<Utc>,
     /// The broker's delivery count.
     pub delivery_count: u32,
+    /// The message's origin time, the same in every copy of the message: its CloudEvents `time`, else the
+    /// broker's first enqueue time, else (a broker that tells neither) the receive time. A partitioned store
+    /// places the marker by it, so that every copy meets the first copy's marker in one partition.
+    pub origin_at: DateTime<Utc>,
 }
 
 impl<'a> MarkerRow<'a> {
@@ -52,7 +56,14 @@ impl<'a> MarkerRow<'a> {
             processed_at,
             retention_until,
             delivery_count,
+            origin_at: received_at,
         }
+    }
+
+    /// Sets the origin time (a store's own tests; the pipeline sets it from the message).
+    pub fn origin_at(mut self, at: DateTime<Utc>) -> Self {
+        self.origin_at = at;
+        self
     }
 }
 
@@ -65,6 +76,14 @@ pub enum MarkerInsert {
     /// A unique constraint refused the insert; `None` when the conflicting row could not be read (it was
     /// deleted in between).
     Conflict(Option<ExistingMarker>),
+    /// The store has already dropped the place where this message's marker would be (a partitioned store's
+    /// partition past its retention): a marker of an earlier copy may have been dropped with it, so the
+    /// delivery is refused (`retention_expired`), never applied again. The text says why.
+    Expired(String),
+    /// The store has no place for this marker yet (a partition not created: the maintenance is behind or
+    /// the message's origin time is far in the future): nothing was written; the delivery is released and
+    /// retried. The text says why.
+    Unplaced(String),
 }
 
 /// The result of a commit.

@@ -562,6 +562,7 @@ impl DynamoStore {
                     contract_version: None,
                     tenant_id: None,
                     business_key: None,
+                    event_time: None,
                 };
                 for name in names {
                     let key = idempotency_key(&identity, name);

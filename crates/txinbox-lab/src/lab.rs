@@ -208,6 +208,9 @@ pub enum Target {
     Sqlite(String),
     /// A `postgres://` URL.
     Postgres(String),
+    /// A `postgres://` URL, each fresh schema converted to the partitioned layout
+    /// ([`lab_partition_options`]) before the run: `txinbox lab --partitioned`.
+    PostgresPartitioned(String),
     /// A `dynamodb://TABLE` URL: the base of the fresh tables' names, and the endpoint of an emulator
     /// (`None`: the AWS configuration chain decides).
     Dynamodb {
@@ -237,6 +240,36 @@ impl Target {
             }))
         }
     }
+}
+
+impl Target {
+    /// The same PostgreSQL target in the partitioned layout; other stores have none.
+    pub fn partitioned(self) -> Result<Self, LabError> {
+        match self {
+            Target::Postgres(url) | Target::PostgresPartitioned(url) => {
+                Ok(Target::PostgresPartitioned(url))
+            }
+            _ => Err(LabError::Usage(
+                "--partitioned needs a postgres:// store (only PostgreSQL has the partitioned layout)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Whether the target is the partitioned layout.
+    pub fn is_partitioned(&self) -> bool {
+        matches!(self, Target::PostgresPartitioned(_))
+    }
+}
+
+/// The partitioned layout the lab converts its fresh schemas to: hour-wide partitions, markers kept an hour
+/// past their origin (the retention window's keep), a day of partitions ahead (the windows move the
+/// in-memory broker's clock by hours).
+pub fn lab_partition_options() -> txinbox_store::PartitionOptions {
+    txinbox_store::PartitionOptions::new()
+        .width(Duration::from_secs(3600))
+        .keep(Duration::from_secs(3600))
+        .ahead(24)
 }
 
 /// A fresh, migrated database for one run; dropped (schema or file removed) by [`Fresh::cleanup`].
@@ -338,6 +371,22 @@ pub async fn with_fresh<F: OnFresh>(target: &Target, f: F) -> Result<F::Output, 
         Target::Postgres(url) => {
             let fresh = fresh_postgres(url, 16).await?;
             let r = f.run(fresh.store.clone()).await;
+            fresh.cleanup().await;
+            r
+        }
+        Target::PostgresPartitioned(url) => {
+            let fresh = fresh_postgres(url, 16).await?;
+            let converted = fresh.store.partition(&lab_partition_options()).await;
+            let r = match converted {
+                Ok(_) => match fresh.store.is_partitioned().await {
+                    Ok(true) => f.run(fresh.store.clone()).await,
+                    Ok(false) => Err(LabError::Usage(
+                        "the schema was not partitioned after the conversion".into(),
+                    )),
+                    Err(e) => Err(e.into()),
+                },
+                Err(e) => Err(e.into()),
+            };
             fresh.cleanup().await;
             r
         }

@@ -47,9 +47,17 @@ pub trait LabStore: InboxStore + EffectStore + MaintenanceStore {
     fn decides_at_commit(&self) -> bool {
         false
     }
+    /// Whether expired markers go away with whole partitions (the PostgreSQL store's partitioned layout): the
+    /// maintenance deletes no row, and its pass reports the partitions it dropped.
+    fn drops_partitions(&self) -> bool {
+        false
+    }
 }
 
 impl<DB: LabDb> LabStore for Store<DB> {
+    fn drops_partitions(&self) -> bool {
+        self.partitioned_as_last_read()
+    }
     fn create_tables(&self) -> BoxFuture<'_, Result<(), LabError>> {
         Box::pin(async move { Ok(DB::create_tables(self).await?) })
     }

@@ -7,7 +7,11 @@ use chrono::{DateTime, Utc};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use txinbox_core::effects::EffectState;
 use txinbox_core::effects::{ClaimedEffect, EffectCount, NewEffect, TransitionColumns};
-use txinbox_core::runtime::maintenance::Table;
+#[allow(unused_imports)]
+use txinbox_core::runtime::maintenance::MaintenanceStore;
+use txinbox_core::runtime::maintenance::{PartitionRotation, Table};
+
+use crate::partitions::LayoutState;
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::error::StoreError;
@@ -144,6 +148,46 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     fn effect_counts(
         pool: &sqlx::Pool<Self>,
     ) -> impl Future<Output = Result<Vec<EffectCount>, sqlx::Error>> + Send;
+
+    /// The partitioned layout ([`crate::partitions`]), when the database has one (only PostgreSQL can).
+    /// Never fails on a missing table: it may run inside the inbox transaction.
+    fn load_layout(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<LayoutState>, sqlx::Error>> + Send {
+        let _ = conn;
+        async { Ok(None) }
+    }
+
+    /// Inserts markers in the partitioned layout (see [`Backend::insert_markers`]).
+    fn insert_markers_partitioned(
+        conn: &mut Self::Connection,
+        rows: &[MarkerRow<'_>],
+        layout: &LayoutState,
+    ) -> impl Future<Output = Result<Vec<MarkerInsert>, sqlx::Error>> + Send {
+        let _ = (conn, rows, layout);
+        async {
+            Err(sqlx::Error::Protocol(
+                "only a PostgreSQL store has a partitioned layout".into(),
+            ))
+        }
+    }
+
+    /// Whether `e` says the layout changed under the store (a partition dropped or missing, the table
+    /// converted): the store reads its layout again.
+    fn is_layout_error(e: &sqlx::Error) -> bool {
+        let _ = e;
+        false
+    }
+
+    /// Creates and drops partitions (see [`MaintenanceStore::rotate_partitions`]).
+    fn rotate_partitions(
+        pool: &sqlx::Pool<Self>,
+        now: DateTime<Utc>,
+        rejections_keep: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<PartitionRotation>, sqlx::Error>> + Send {
+        let _ = (pool, now, rejections_keep);
+        async { Ok(None) }
+    }
 }
 
 /// The columns of a claimed effect, in this order, after `RETURNING` or `SELECT`.

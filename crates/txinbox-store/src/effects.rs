@@ -67,7 +67,21 @@ impl<DB: Backend> MaintenanceStore for Store<DB> {
         before: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<String>, sqlx::Error> {
+        // Partitioned markers and evidence go away whole, in `rotate_partitions`: never row by row.
+        if matches!(table, Table::Markers | Table::Rejections) && self.partitioned().await? {
+            return Ok(Vec::new());
+        }
         DB::purge_batch(self.pool(), table, before, limit).await
+    }
+
+    async fn rotate_partitions(
+        &self,
+        now: DateTime<Utc>,
+        rejections_keep: std::time::Duration,
+    ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, sqlx::Error> {
+        let r = DB::rotate_partitions(self.pool(), now, rejections_keep).await;
+        self.layout_handle().invalidate();
+        r
     }
 
     async fn table_stats(

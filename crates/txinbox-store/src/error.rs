@@ -36,6 +36,9 @@ pub enum StoreError {
     /// Bad configuration (consumer name, URL, ...).
     #[error("invalid configuration: {0}")]
     Config(#[source] txinbox_core::BadInput),
+    /// Partitioned layout options the layout cannot use ([`crate::partitions::PartitionOptions::check`]).
+    #[error("invalid partition options: {0}")]
+    Partitions(String),
     /// A store URL is neither `sqlite:` nor `postgres://`, or names a backend not compiled in.
     #[error("unsupported store URL scheme {scheme:?} (expected sqlite: or postgres://)")]
     UnsupportedUrl {

@@ -33,6 +33,7 @@ mod effects;
 pub mod error;
 mod health;
 pub mod ops;
+pub mod partitions;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
@@ -42,6 +43,7 @@ mod tx;
 
 pub use backend::{Backend, Migration};
 pub use error::{is_transient, StoreError};
+pub use partitions::{PartitionOptions, PartitionReport};
 pub use store::{Migrations, Store, StoreOptions};
 pub use tx::Tx;
 

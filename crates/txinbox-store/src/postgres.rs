@@ -459,6 +459,32 @@ impl Backend for Postgres {
         sqlx::query_as(sql).bind(consumer).fetch_one(pool).await
     }
 
+    async fn load_layout(
+        conn: &mut PgConnection,
+    ) -> Result<Option<crate::partitions::LayoutState>, sqlx::Error> {
+        crate::partitions::load(conn).await
+    }
+
+    async fn insert_markers_partitioned(
+        conn: &mut PgConnection,
+        rows: &[MarkerRow<'_>],
+        layout: &crate::partitions::LayoutState,
+    ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
+        crate::partitions::insert_markers(conn, rows, layout).await
+    }
+
+    fn is_layout_error(e: &sqlx::Error) -> bool {
+        crate::partitions::is_layout_error(e)
+    }
+
+    async fn rotate_partitions(
+        pool: &PgPool,
+        now: DateTime<Utc>,
+        rejections_keep: std::time::Duration,
+    ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, sqlx::Error> {
+        crate::partitions::rotate_partitions(pool, now, rejections_keep).await
+    }
+
     async fn effect_counts(pool: &PgPool) -> Result<Vec<EffectCount>, sqlx::Error> {
         let rows = sqlx::query("SELECT consumer_name, destination, state, count(*), min(created_at), count(*) FILTER (WHERE result_reference IS NULL) FROM txinbox_effects GROUP BY consumer_name, destination, state")
             .fetch_all(pool)

@@ -11,6 +11,7 @@ use txinbox_core::{Commit, Identity, InboxStore, MarkerInsert, MarkerRow, Reject
 use crate::backend::Backend;
 use crate::conns::KeptConnections;
 use crate::error::StoreError;
+use crate::partitions::{Layout, LayoutState};
 use crate::tx::{conn, Tx};
 
 /// How long a connection is kept for the next delivery by default.
@@ -20,6 +21,7 @@ const DEFAULT_KEEP_IDLE: Duration = Duration::from_millis(500);
 pub struct Store<DB: Backend> {
     pool: sqlx::Pool<DB>,
     conns: Arc<KeptConnections<DB>>,
+    layout: Arc<Layout>,
 }
 
 // Manual: a derive would require `DB: Clone`, which the database marker types are not.
@@ -28,6 +30,7 @@ impl<DB: Backend> Clone for Store<DB> {
         Self {
             pool: self.pool.clone(),
             conns: self.conns.clone(),
+            layout: self.layout.clone(),
         }
     }
 }
@@ -176,7 +179,79 @@ impl<DB: Backend> Store<DB> {
         Self {
             pool,
             conns: KeptConnections::new(DEFAULT_KEEP_IDLE),
+            layout: Arc::new(Layout::default()),
         }
+    }
+
+    /// What this store knows of its layout (read at the first insert, again every few seconds when
+    /// partitioned, and after an insert met a layout it did not expect).
+    pub(crate) fn layout_handle(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The partitioned layout to insert with, read on `conn` when not known or stale.
+    async fn layout_on(
+        &self,
+        conn: &mut DB::Connection,
+    ) -> Result<Option<LayoutState>, sqlx::Error> {
+        match self.layout.current() {
+            Ok(s) => Ok(s),
+            Err(()) => {
+                let s = DB::load_layout(conn).await?;
+                self.layout.set(s);
+                Ok(s)
+            }
+        }
+    }
+
+    /// The marker inserts in whichever layout the database has.
+    async fn insert_rows(
+        &self,
+        conn: &mut DB::Connection,
+        rows: &[MarkerRow<'_>],
+    ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
+        let answer = match self.layout_on(conn).await? {
+            None => DB::insert_markers(conn, rows).await,
+            Some(mut state) => {
+                // A row outside the range read: the range may have moved since (partitions created or
+                // dropped); read it again, at most once a second.
+                let outside = rows.iter().any(|r| {
+                    let b = state.bucket(r.origin_at);
+                    b < state.low || b >= state.high
+                });
+                if outside && self.layout.older_than(Duration::from_secs(1)) {
+                    self.layout.invalidate();
+                    if let Some(s) = self.layout_on(conn).await? {
+                        state = s;
+                    }
+                }
+                DB::insert_markers_partitioned(conn, rows, &state).await
+            }
+        };
+        if let Err(e) = &answer {
+            if DB::is_layout_error(e) {
+                self.layout.invalidate();
+            }
+        }
+        answer
+    }
+
+    /// Whether the database had the partitioned layout when this store last read it ([`crate::partitions`];
+    /// `false` before its first read: [`Store::is_partitioned`] reads it now).
+    pub fn partitioned_as_last_read(&self) -> bool {
+        self.layout.is_partitioned()
+    }
+
+    /// Whether the database has the partitioned layout (for the maintenance, which drops partitions
+    /// instead of deleting rows).
+    pub(crate) async fn partitioned(&self) -> Result<bool, sqlx::Error> {
+        if let Ok(s) = self.layout.current() {
+            return Ok(s.is_some());
+        }
+        let mut c = self.pool.acquire().await?;
+        let s = DB::load_layout(&mut c).await?;
+        self.layout.set(s);
+        Ok(s.is_some())
     }
 
     /// The pool, for your own queries.
@@ -384,7 +459,21 @@ impl<DB: Backend> InboxStore for Store<DB> {
         row: &MarkerRow<'_>,
     ) -> Result<MarkerInsert, sqlx::Error> {
         let mut g = tx.lock().await;
-        DB::insert_marker(conn(&mut g)?, row).await
+        let c = conn(&mut g)?;
+        if let Ok(None) = self.layout.current() {
+            // Row-by-row (the default): the single-row statement.
+            let answer = DB::insert_marker(c, row).await;
+            if let Err(e) = &answer {
+                if DB::is_layout_error(e) {
+                    self.layout.invalidate();
+                }
+            }
+            return answer;
+        }
+        let mut answers = self.insert_rows(c, std::slice::from_ref(row)).await?;
+        answers
+            .pop()
+            .ok_or_else(|| sqlx::Error::Protocol("no answer for the marker insert".into()))
     }
 
     async fn insert_markers(
@@ -393,7 +482,7 @@ impl<DB: Backend> InboxStore for Store<DB> {
         rows: &[MarkerRow<'_>],
     ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
         let mut g = tx.lock().await;
-        DB::insert_markers(conn(&mut g)?, rows).await
+        self.insert_rows(conn(&mut g)?, rows).await
     }
 
     async fn record_result(

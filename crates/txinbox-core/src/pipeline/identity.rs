@@ -109,6 +109,10 @@ pub struct Identity {
     pub tenant_id: Option<String>,
     /// Business key: catches two different messages asking for the same effect.
     pub business_key: Option<String>,
+    /// The event's own time (CloudEvents `time`: the `ce-time` attribute or the structured body's `time`),
+    /// when it is present and valid RFC 3339. It is the producer's, so every copy of the event carries the
+    /// same value: the partitioned layout of the PostgreSQL store places markers by it.
+    pub event_time: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A function from a message to its business key (for example
@@ -159,6 +163,8 @@ pub mod ce {
     pub const BUSINESS_KEY: &str = "ce-businesskey";
     /// Extension: tenant id.
     pub const TENANT_ID: &str = "ce-tenantid";
+    /// Event time (RFC 3339).
+    pub const TIME: &str = "ce-time";
 }
 
 impl IdentityPolicy {
@@ -196,8 +202,10 @@ impl IdentityPolicy {
     /// Resolves the identity of `msg`, or says why it has none.
     pub fn resolve(&self, msg: &ReceivedMessage) -> Result<Identity, BadInput> {
         let attr = |k: &str| msg.attribute(k).map(str::to_owned);
+        let mut event_time = None;
         let (source, message_id, origin, event_type, mut contract_version, tenant, mut bkey) =
             if let Some(id) = attr(ce::ID) {
+                event_time = msg.attribute(ce::TIME).and_then(parse_time);
                 let source = attr(ce::SOURCE).ok_or(BadInput::NoIdentity {
                     detail: "ce-id present without ce-source",
                 })?;
@@ -211,6 +219,7 @@ impl IdentityPolicy {
                     attr(ce::BUSINESS_KEY),
                 )
             } else if let Some(ev) = structured_cloudevent(&msg.body) {
+                event_time = ev.time.as_deref().and_then(parse_time);
                 (
                     ev.source,
                     ev.id,
@@ -272,8 +281,16 @@ impl IdentityPolicy {
             contract_version,
             tenant_id: tenant,
             business_key: bkey,
+            event_time,
         })
     }
+}
+
+/// A CloudEvents `time` (RFC 3339); an invalid one is ignored (the event is placed by its broker time).
+fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::parse_from_rfc3339(s.trim())
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Utc))
 }
 
 impl Identity {
@@ -305,6 +322,7 @@ struct StructuredEvent {
     contract_version: Option<String>,
     tenant: Option<String>,
     business_key: Option<String>,
+    time: Option<String>,
 }
 
 fn structured_cloudevent(body: &[u8]) -> Option<StructuredEvent> {
@@ -324,6 +342,7 @@ fn structured_cloudevent(body: &[u8]) -> Option<StructuredEvent> {
         contract_version: s("contractversion").or_else(|| s("dataschema")),
         tenant: s("tenantid"),
         business_key: s("businesskey"),
+        time: s("time"),
     })
 }
 

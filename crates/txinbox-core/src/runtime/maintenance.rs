@@ -74,6 +74,37 @@ pub trait MaintenanceStore: Clone + Send + Sync + 'static {
         table: Table,
         consumer: &str,
     ) -> impl std::future::Future<Output = Result<(i64, Option<DateTime<Utc>>), Self::Error>> + Send;
+
+    /// For a store whose tables are partitioned by time (the PostgreSQL store's partitioned layout): creates
+    /// the partitions ahead of `now` and drops whole the ones past their retention (evidence: older than
+    /// `rejections_keep`), one node at a time. `None` (the default) for a store without partitions, whose
+    /// expired rows [`MaintenanceStore::purge_batch`] deletes.
+    fn rotate_partitions(
+        &self,
+        now: DateTime<Utc>,
+        rejections_keep: Duration,
+    ) -> impl std::future::Future<Output = Result<Option<PartitionRotation>, Self::Error>> + Send
+    {
+        let _ = (now, rejections_keep);
+        async { Ok(None) }
+    }
+}
+
+/// What one rotation of a partitioned store did ([`MaintenanceStore::rotate_partitions`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionRotation {
+    /// Partitions created ahead, by table.
+    pub created: BTreeMap<Table, u32>,
+    /// Partitions dropped whole (past their retention), by table.
+    pub dropped: BTreeMap<Table, u32>,
+    /// How far past now the newest partition of each table reaches: a marker whose origin time is later has
+    /// no partition and is released ([`crate::MarkerInsert::Unplaced`]).
+    pub ahead: BTreeMap<Table, Duration>,
+    /// Another node held the rotation's lock: this one did nothing.
+    pub skipped: bool,
+    /// The frozen table of the row-by-row layout was dropped (its last marker had expired).
+    pub legacy_dropped: bool,
 }
 
 /// How the maintenance runs.
@@ -173,6 +204,8 @@ pub struct MaintenanceReport {
     pub elapsed: Duration,
     /// Store errors met (the pass stops at the first).
     pub error: Option<String>,
+    /// What the partition rotation did, for a partitioned store.
+    pub partitions: Option<PartitionRotation>,
 }
 
 impl MaintenanceReport {
@@ -201,7 +234,26 @@ impl fmt::Display for MaintenanceReport {
             } else {
                 ""
             }
-        )
+        )?;
+        if let Some(p) = &self.partitions {
+            let sum = |m: &BTreeMap<Table, u32>| m.values().sum::<u32>();
+            if p.skipped {
+                write!(f, " partitions: another node rotates them")?;
+            } else {
+                write!(
+                    f,
+                    " partitions created={} dropped={}{}",
+                    sum(&p.created),
+                    sum(&p.dropped),
+                    if p.legacy_dropped {
+                        " (the row-by-row layout's frozen table dropped)"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -239,6 +291,17 @@ impl<S: MaintenanceStore> Maintenance<S> {
         let mut report = MaintenanceReport::default();
         let since =
             |d: Duration| now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        match self
+            .store
+            .rotate_partitions(now, self.opts.rejections_keep)
+            .await
+        {
+            Ok(p) => report.partitions = p,
+            Err(e) => {
+                tracing::warn!(error = %e, "maintenance: partition rotation failed");
+                report.error = Some(e.to_string());
+            }
+        }
         'tables: for table in Table::ALL {
             let before = match table {
                 Table::Markers => now,
@@ -309,6 +372,30 @@ impl<S: MaintenanceStore> Maintenance<S> {
             }
         }
         metrics::histogram!(m::MAINTENANCE_DURATION).record(report.elapsed.as_secs_f64());
+        if let Some(p) = report.partitions.as_ref().filter(|p| !p.skipped) {
+            let shard = self.opts.shard.as_deref();
+            for (table, n) in &p.created {
+                metrics::counter!(
+                    m::PARTITIONS_CREATED,
+                    shard_labels(vec![metrics::Label::new("table", table.as_str())], shard)
+                )
+                .increment(u64::from(*n));
+            }
+            for (table, n) in &p.dropped {
+                metrics::counter!(
+                    m::PARTITIONS_DROPPED,
+                    shard_labels(vec![metrics::Label::new("table", table.as_str())], shard)
+                )
+                .increment(u64::from(*n));
+            }
+            for (table, ahead) in &p.ahead {
+                metrics::gauge!(
+                    m::PARTITIONS_AHEAD,
+                    shard_labels(vec![metrics::Label::new("table", table.as_str())], shard)
+                )
+                .set(ahead.as_secs_f64());
+            }
+        }
         let now = Utc::now();
         for consumer in &self.opts.consumers {
             // Registered at zero, so a first purge shows as an increase.

@@ -276,17 +276,33 @@ pub(crate) async fn run<S: LabStore>(
             c.eq("first attempt crashed after commit", crashed.is_err(), true);
             // Two hours later: the marker's retention ended and the purge ran; then the message comes back.
             let later = chrono::Utc::now() + chrono::Duration::hours(2);
+            let before = rows(&store).await?;
             let purge = txinbox_core::Maintenance::new(store.clone())
                 .run_once_at(later, &mut |_| {})
                 .await;
             // On DynamoDB the TTL deletes expired markers, later and at no write cost: the maintenance deletes
-            // nothing, the marker stays until then, and its condition already treats it as absent.
-            let purged = i64::from(store.purges_expired_markers());
+            // nothing, the marker stays until then, and its condition already treats it as absent. In the
+            // partitioned layout the marker goes with its whole partition: no row is deleted.
+            let drops = store.drops_partitions();
+            let gone = i64::from(store.purges_expired_markers() || drops);
+            c.eq("markers gone", before - rows(&store).await?, gone);
             c.eq(
-                "markers purged",
+                "markers deleted row by row",
                 purge.removed_from(txinbox_core::runtime::maintenance::Table::Markers) as i64,
-                purged,
+                i64::from(store.purges_expired_markers() && !drops),
             );
+            if drops {
+                let dropped = purge
+                    .partitions
+                    .as_ref()
+                    .and_then(|p| {
+                        p.dropped
+                            .get(&txinbox_core::runtime::maintenance::Table::Markers)
+                    })
+                    .copied()
+                    .unwrap_or(0);
+                c.eq("the marker's partition dropped", dropped >= 1, true);
+            }
             q.advance(Duration::from_secs(7200));
             let d = one(q.receive_now(1), "late redelivery")?;
             let o = p.process_one(d).await;
@@ -296,18 +312,20 @@ pub(crate) async fn run<S: LabStore>(
                 (m::RETENTION_EXPIRED, 1),
                 (m::DEAD_LETTERS, 1),
             ];
-            if store.purges_expired_markers() {
+            if store.purges_expired_markers() && !drops {
                 signals.push((m::RETENTION_PURGED, 1));
             }
             (
                 q,
-                if store.purges_expired_markers() {
+                if drops {
+                    format!("crashed(AfterCommit) > partition dropped > {o}")
+                } else if store.purges_expired_markers() {
                     format!("crashed(AfterCommit) > purge > {o}")
                 } else {
                     format!("crashed(AfterCommit) > expiry left to the TTL > {o}")
                 },
                 (
-                    1 - purged,
+                    1 - gone,
                     1,
                     QueueState {
                         dead_lettered: 1,
@@ -315,6 +333,78 @@ pub(crate) async fn run<S: LabStore>(
                     },
                     0,
                     signals,
+                ),
+            )
+        }
+        Window::CopyAfterPartitionBoundary => {
+            if !store.drops_partitions() {
+                return Err(LabError::Usage(
+                    "copy_after_partition_boundary runs on the partitioned layout only (--partitioned)"
+                        .into(),
+                ));
+            }
+            let q = queue(Some(5));
+            // The next partition boundary of the lab's layout (hour-wide partitions).
+            let width = crate::lab::lab_partition_options().width.as_secs() as i64;
+            let now = q.now();
+            let boundary = chrono::DateTime::<chrono::Utc>::from_timestamp(
+                (now.timestamp().div_euclid(width) + 1) * width,
+                0,
+            )
+            .ok_or_else(|| LabError::Usage("time out of range".into()))?;
+            // A: an event whose CloudEvents `time` is one second before the boundary. B: an event without
+            // one, placed by its broker enqueue time (now, before the boundary).
+            let event_time = (boundary - chrono::Duration::seconds(1)).to_rfc3339();
+            let a = || lab_message(0).attribute("ce-time", event_time.clone());
+            q.send(a());
+            q.send(lab_message(1));
+            for what in ["first copy of A", "first copy of B"] {
+                let d = one(q.receive_now(1), what)?;
+                let crashed = crash_at(&faulty, &faults, d, FaultPoint::AfterCommit).await;
+                c.eq("first copy crashed after COMMIT", crashed.is_err(), true);
+            }
+            c.eq("inbox rows before the boundary", rows(&store).await?, 2);
+            // Past the boundary (and the visibility timeout): the maintenance creates the partitions of the
+            // new hour and drops those past their keep; the first copies' partition stays.
+            q.advance((boundary - now).to_std().unwrap_or_default() + Duration::from_secs(60));
+            let pass = txinbox_core::Maintenance::new(store.clone())
+                .run_once_at(q.now(), &mut |_| {})
+                .await;
+            c.eq("maintenance error", pass.error.clone(), None);
+            let mut labels = Vec::new();
+            for what in [
+                "redelivery of A after the boundary",
+                "redelivery of B after the boundary",
+            ] {
+                let d = one(q.receive_now(1), what)?;
+                c.eq(
+                    "arrives after the boundary",
+                    d.message().received_at >= boundary,
+                    true,
+                );
+                let o = p.process_one(d).await;
+                c.eq(what, o.label(), "duplicate");
+                labels.push(o.label());
+            }
+            // The producer sends A again after the boundary: a new broker message (new enqueue time), the
+            // same event id and `time`.
+            q.send(a());
+            let d = one(q.receive_now(1), "A sent again")?;
+            let o = p.process_one(d).await;
+            c.eq("A sent again after the boundary", o.label(), "duplicate");
+            labels.push(o.label());
+            (
+                q,
+                format!(
+                    "crashed(AfterCommit) x2 > boundary > {}",
+                    labels.join(" > ")
+                ),
+                (
+                    2,
+                    2,
+                    QueueState::default(),
+                    0,
+                    vec![(m::APPLIED, 2), (m::DUPLICATES, 3)],
                 ),
             )
         }

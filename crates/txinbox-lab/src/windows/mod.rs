@@ -63,6 +63,9 @@ pub enum Window {
     AfterRetentionExpired,
     /// The worker is shut down with deliveries in flight.
     ShutdownMidFlight,
+    /// Partitioned layout: copies that arrive after their first copy's partition boundary (a redelivery, and a
+    /// producer's re-send with the event's CloudEvents `time`) meet its marker in its partition.
+    CopyAfterPartitionBoundary,
     /// Batch mode: a crash after receive, before the batch's BEGIN.
     BatchBeforeTransaction,
     /// Batch mode: a crash mid-batch (some deliveries written, the next one in its handler), before COMMIT.
@@ -99,6 +102,9 @@ impl Window {
         Window::ExternalCallKeyInProgress,
     ];
 
+    /// The windows of the partitioned layout only (`lab --windows --partitioned`).
+    pub const PARTITIONED: [Window; 1] = [Window::CopyAfterPartitionBoundary];
+
     /// The failure windows of batch mode
     /// ([`WorkerOptions::batch_commit`](txinbox_core::WorkerOptions::batch_commit)): `lab --windows --batch N`.
     pub const BATCH: [Window; 6] = [
@@ -130,6 +136,7 @@ impl Window {
             Window::OtherIdSameBusinessAction => "other_id_same_business_action",
             Window::AfterRetentionExpired => "after_retention_expired",
             Window::ShutdownMidFlight => "shutdown_mid_flight",
+            Window::CopyAfterPartitionBoundary => "copy_after_partition_boundary",
             Window::ExternalCallAnswerLost => "external_call_answer_lost",
             Window::ExternalCallAnswerLostNoIdempotency => "external_call_no_idempotency",
             Window::ExternalCallNeverReached => "external_call_never_reached",
@@ -200,11 +207,16 @@ impl fmt::Display for WindowRow {
     }
 }
 
-/// Runs every window on fresh databases of `target`.
+/// Runs every window on fresh databases of `target` (and, on the partitioned layout, its own windows).
 pub async fn run_all(target: &Target) -> Result<Vec<WindowRow>, LabError> {
     let mut rows = Vec::new();
     for w in Window::ALL {
         rows.push(run_on(target, w).await?);
+    }
+    if target.is_partitioned() {
+        for w in Window::PARTITIONED {
+            rows.push(run_on(target, w).await?);
+        }
     }
     Ok(rows)
 }
@@ -368,7 +380,8 @@ pub async fn run_window_batch<S: LabStore>(
         | Window::SameIdOtherPayload
         | Window::OtherIdSameBusinessAction
         | Window::AfterRetentionExpired
-        | Window::ShutdownMidFlight => delivery::run(store.clone(), w, &mut c).await?,
+        | Window::ShutdownMidFlight
+        | Window::CopyAfterPartitionBoundary => delivery::run(store.clone(), w, &mut c).await?,
         Window::BatchBeforeTransaction
         | Window::BatchCrashMidBatch
         | Window::BatchAfterCommitBeforeSettle

@@ -299,9 +299,17 @@ impl<S: InboxStore> Inbox<S> {
         let mut rest = work.into_iter().zip(answers);
         while let Some(((i, prepared), answer)) = rest.next() {
             let msg = deliveries[i].message();
-            if let MarkerInsert::Conflict(holder) = answer {
-                slots[i] = Slot::Conflicted(prepared.spent(), holder);
-                continue;
+            match answer {
+                MarkerInsert::Inserted => {}
+                MarkerInsert::Conflict(holder) => {
+                    slots[i] = Slot::Conflicted(prepared.spent(), holder);
+                    continue;
+                }
+                // Nothing of it was written: decided here, the batch goes on.
+                other => {
+                    slots[i] = Slot::Decided(self.unplaced(&prepared.identity, other));
+                    continue;
+                }
             }
             let item_span = tracing::info_span!(
                 "txinbox.process",
@@ -542,7 +550,7 @@ impl<S: InboxStore> Inbox<S> {
             .collect()
     }
 
-    fn store_retry_msg(&self, op: &'static str, why: &str) -> Decision {
+    pub(super) fn store_retry_msg(&self, op: &'static str, why: &str) -> Decision {
         metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "store").increment(1);
         tracing::warn!(op, why, "store error: rolled back, released for redelivery");
         Decision::Release(

@@ -212,12 +212,32 @@ impl<S: InboxStore> Inbox<S> {
         match inserted {
             Ok(MarkerInsert::Inserted) => {}
             Ok(MarkerInsert::Conflict(holder)) => return Step::Conflict(prepared.spent(), holder),
+            Ok(other) => return Step::Failed(self.unplaced(&prepared.identity, other)),
             Err(e) => return Step::Failed(self.store_retry("insert marker", &e)),
         }
         match self.handle(tx, prepared, msg, handler, stop).await {
             Handling::Done(done) => Step::Applied(done),
             Handling::Failed(f) => Step::Failed(self.failed(f)),
             Handling::Interrupted => Step::Interrupted,
+        }
+    }
+
+    /// The decision for a marker the store could not place ([`MarkerInsert::Expired`] or
+    /// [`MarkerInsert::Unplaced`]); nothing of the delivery was written.
+    pub(super) fn unplaced(&self, identity: &Identity, answer: MarkerInsert) -> Decision {
+        match answer {
+            MarkerInsert::Expired(why) => {
+                metrics::counter!(m::RETENTION_EXPIRED, "consumer" => self.label()).increment(1);
+                tracing::warn!(message_id = %identity.message_id, reason = %why, "the marker's partition is past the inbox retention; an earlier copy's marker may be gone, refusing to apply it again");
+                dead_letter("retention_expired", why)
+            }
+            MarkerInsert::Unplaced(why) => {
+                metrics::counter!(m::PARTITION_MISSING, "consumer" => self.label()).increment(1);
+                tracing::error!(message_id = %identity.message_id, reason = %why, "no partition for the marker: released for a retry (is the maintenance running?)");
+                Decision::Release(Outcome::Retry { reason: why }, self.retry_backoff)
+            }
+            // Inserted and Conflict are decided by the callers.
+            other => self.store_retry_msg("insert marker", &format!("unexpected answer {other:?}")),
         }
     }
 
@@ -236,6 +256,11 @@ impl<S: InboxStore> Inbox<S> {
             retention_until: now
                 + chrono::Duration::from_std(self.retention.keep).unwrap_or(chrono::Duration::MAX),
             delivery_count: msg.delivery_count,
+            origin_at: prepared
+                .identity
+                .event_time
+                .or(msg.enqueued_at)
+                .unwrap_or(msg.received_at),
         }
     }
 

@@ -1,0 +1,414 @@
+//! The partitioned layout of the PostgreSQL store: copies on both sides of a partition boundary meet one
+//! marker under the unique constraint; a copy of a dropped partition is refused, one without a partition yet
+//! is released; the rotation creates ahead and drops whole partitions (no row deleted); the markers of the
+//! row-by-row layout stay duplicates after the conversion until their table is dropped.
+
+use chrono::{DateTime, Duration as Cd, TimeZone, Utc};
+use sqlx::Connection;
+use std::time::Duration;
+use txinbox_core::runtime::maintenance::{Maintenance, MaintenanceStore, Table};
+use txinbox_core::{
+    ConsumerName, Identity, IdentityPolicy, InboxStore, MarkerInsert, MarkerRow, ReceivedMessage,
+};
+use txinbox_store::{PartitionOptions, Store, StoreOptions};
+
+const DAY: i64 = 86_400;
+
+struct Schema {
+    store: Store<sqlx::Postgres>,
+    name: String,
+}
+
+impl Schema {
+    async fn new() -> Self {
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let store = Store::<sqlx::Postgres>::connect_with(
+            &txinbox_testkit::pg_url(),
+            StoreOptions::new().schema(&name).max_connections(4),
+        )
+        .await
+        .unwrap();
+        Self { store, name }
+    }
+
+    async fn drop(self) {
+        self.store.close().await;
+        let mut c = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
+            .await
+            .unwrap();
+        sqlx::Executor::execute(
+            &mut c,
+            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name).as_str(),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Partitions of `parent` attached now.
+    async fn partitions(&self, parent: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass($1)")
+            .bind(parent)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap()
+    }
+
+    async fn markers(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM txinbox_inbox")
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap()
+    }
+}
+
+fn identity(id: &str, business_key: Option<&str>) -> Identity {
+    let mut m = ReceivedMessage::new(b"{}".to_vec());
+    m.attributes.insert("ce-id".into(), id.into());
+    m.attributes.insert("ce-source".into(), "crm".into());
+    let mut i = IdentityPolicy::new(ConsumerName::new("c").unwrap())
+        .resolve(&m)
+        .unwrap();
+    if let Some(k) = business_key {
+        i.set_business_key(k.into()).unwrap();
+    }
+    i
+}
+
+/// Inserts one marker with `origin` in its own transaction, committed when inserted.
+async fn insert(
+    store: &Store<sqlx::Postgres>,
+    id: &Identity,
+    hash: &str,
+    origin: DateTime<Utc>,
+) -> MarkerInsert {
+    let now = Utc::now();
+    let row = MarkerRow::new(id, hash, now, now, now + Cd::days(30), 1).origin_at(origin);
+    let tx = store.begin().await.unwrap();
+    let answer = store.insert_marker(&tx, &row).await.unwrap();
+    if answer == MarkerInsert::Inserted {
+        store.commit(tx).await.unwrap();
+    } else {
+        store.rollback(tx, false).await.unwrap();
+    }
+    answer
+}
+
+/// The end of today's bucket (UTC midnight).
+fn next_midnight() -> DateTime<Utc> {
+    let s = (Utc::now().timestamp().div_euclid(DAY) + 1) * DAY;
+    Utc.timestamp_opt(s, 0).unwrap()
+}
+
+#[tokio::test]
+async fn copies_on_both_sides_of_a_boundary_meet_one_marker_in_one_partition() {
+    let s = Schema::new().await;
+    let r = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    assert!(!r.already && !r.legacy_kept, "{r:?}");
+    // The 30 days back a live copy may come from (keep 30 days), today, 3 ahead.
+    assert_eq!(s.partitions("txinbox_inbox").await, 30 + 1 + 3);
+    let again = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    assert!(again.already);
+
+    let boundary = next_midnight();
+    let origin = boundary - Cd::seconds(1);
+    let id = identity("evt-1", Some("task:1"));
+    assert_eq!(
+        insert(&s.store, &id, "h1", origin).await,
+        MarkerInsert::Inserted
+    );
+    // A copy that arrives after the boundary (processed a day later) carries the same origin: the same
+    // partition, where the primary key refuses it.
+    let copy = insert(&s.store, &id, "h1", origin).await;
+    let MarkerInsert::Conflict(Some(holder)) = copy else {
+        panic!("the copy after the boundary was not refused: {copy:?}")
+    };
+    assert!(holder.is_same_message("h1"));
+    // The same id with another payload: the holder tells the collision.
+    let MarkerInsert::Conflict(Some(holder)) = insert(&s.store, &id, "h2", origin).await else {
+        panic!("no conflict for the same id")
+    };
+    assert!(holder.same_identity && !holder.is_same_message("h2"));
+    // Another id with the same business key, in the same bucket: the business-key index refuses it.
+    let other = identity("evt-2", Some("task:1"));
+    let MarkerInsert::Conflict(Some(holder)) =
+        insert(&s.store, &other, "h3", origin - Cd::hours(3)).await
+    else {
+        panic!("no business-key conflict")
+    };
+    assert!(!holder.same_identity);
+    assert_eq!(holder.message_id, "evt-1");
+    // What the layout does not cover (documented): the same id with an origin in another bucket is a
+    // different row. Every copy of one message carries one origin, so this is only a producer's re-send
+    // without a CloudEvents `time`.
+    assert_eq!(
+        insert(&s.store, &id, "h1", boundary + Cd::seconds(1)).await,
+        MarkerInsert::Inserted
+    );
+    assert_eq!(s.markers().await, 2);
+    s.drop().await;
+}
+
+#[tokio::test]
+async fn concurrent_copies_are_decided_by_the_unique_constraint() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let id = identity("evt-c", None);
+    let origin = Utc::now();
+    let now = Utc::now();
+    let row = MarkerRow::new(&id, "h", now, now, now + Cd::days(30), 1).origin_at(origin);
+    let (t1, t2) = (
+        s.store.begin().await.unwrap(),
+        s.store.begin().await.unwrap(),
+    );
+    assert_eq!(
+        s.store.insert_marker(&t1, &row).await.unwrap(),
+        MarkerInsert::Inserted
+    );
+    // The second insert waits on the first transaction's row, then is refused once it commits.
+    let second = {
+        let (store, row_id) = (s.store.clone(), id.clone());
+        tokio::spawn(async move {
+            let now = Utc::now();
+            let row =
+                MarkerRow::new(&row_id, "h", now, now, now + Cd::days(30), 1).origin_at(origin);
+            let a = store.insert_marker(&t2, &row).await.unwrap();
+            store.rollback(t2, false).await.unwrap();
+            a
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!second.is_finished(), "the second insert did not wait");
+    s.store.commit(t1).await.unwrap();
+    let a = second.await.unwrap();
+    assert!(matches!(a, MarkerInsert::Conflict(Some(_))), "{a:?}");
+    assert_eq!(s.markers().await, 1);
+    s.drop().await;
+}
+
+#[tokio::test]
+async fn outside_the_partitions_nothing_is_written_and_the_answer_says_why() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let id = identity("evt-old", None);
+    let a = insert(&s.store, &id, "h", Utc::now() - Cd::days(40)).await;
+    let MarkerInsert::Expired(why) = a else {
+        panic!("an origin older than the kept partitions: {a:?}")
+    };
+    assert!(why.contains("dropped by retention"), "{why}");
+    let a = insert(
+        &s.store,
+        &identity("evt-future", None),
+        "h",
+        Utc::now() + Cd::days(9),
+    )
+    .await;
+    let MarkerInsert::Unplaced(why) = a else {
+        panic!("an origin past the partitions ahead: {a:?}")
+    };
+    assert!(why.contains("no partition yet"), "{why}");
+    assert_eq!(s.markers().await, 0);
+    // A batch with one of each: the others are written, each answer in its place.
+    let now = Utc::now();
+    let (a, b, c) = (
+        identity("b-1", None),
+        identity("b-2", None),
+        identity("b-3", None),
+    );
+    let rows = [
+        MarkerRow::new(&a, "h", now, now, now, 1).origin_at(now),
+        MarkerRow::new(&b, "h", now, now, now, 1).origin_at(now - Cd::days(40)),
+        MarkerRow::new(&c, "h", now, now, now, 1).origin_at(now + Cd::days(9)),
+    ];
+    let tx = s.store.begin().await.unwrap();
+    let answers = s.store.insert_markers(&tx, &rows).await.unwrap();
+    s.store.commit(tx).await.unwrap();
+    assert_eq!(answers[0], MarkerInsert::Inserted);
+    assert!(
+        matches!(answers[1], MarkerInsert::Expired(_)),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[2], MarkerInsert::Unplaced(_)),
+        "{answers:?}"
+    );
+    assert_eq!(s.markers().await, 1);
+    s.drop().await;
+}
+
+#[tokio::test]
+async fn the_rotation_creates_ahead_and_drops_whole_partitions_never_rows() {
+    let s = Schema::new().await;
+    let _ = s
+        .store
+        .partition(&PartitionOptions::new().keep(Duration::from_secs(2 * DAY as u64)))
+        .await
+        .unwrap();
+    assert_eq!(s.partitions("txinbox_inbox").await, 2 + 1 + 3);
+    let origin = Utc::now();
+    let id = identity("evt-r", None);
+    assert_eq!(
+        insert(&s.store, &id, "h", origin).await,
+        MarkerInsert::Inserted
+    );
+    // The maintenance, five days later: the partitions of the buckets whose end is more than the keep ago
+    // go whole; the markers' purge deletes no row.
+    let later = origin + Cd::days(5);
+    let report = Maintenance::new(s.store.clone())
+        .run_once_at(later, &mut |_| {})
+        .await;
+    assert_eq!(report.error, None);
+    let p = report
+        .partitions
+        .clone()
+        .expect("a partitioned store rotates");
+    assert!(p.dropped[&Table::Markers] >= 3, "{p:?}");
+    assert!(p.created[&Table::Markers] >= 1, "{p:?}");
+    assert!(p.ahead[&Table::Markers] >= Duration::from_secs(3 * DAY as u64));
+    assert_eq!(report.removed_from(Table::Markers), 0);
+    assert_eq!(s.markers().await, 0, "the marker went with its partition");
+    // A copy of the message now: its partition is gone, so it is refused, never applied again.
+    let a = insert(&s.store, &id, "h", origin).await;
+    assert!(matches!(a, MarkerInsert::Expired(_)), "{a:?}");
+    // A second pass finds nothing more to drop; a purge of markers deletes nothing row by row.
+    let again = s
+        .store
+        .rotate_partitions(later, Duration::from_secs(90 * DAY as u64))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.dropped[&Table::Markers], 0);
+    assert!(s
+        .store
+        .purge_batch(Table::Markers, later, 1000)
+        .await
+        .unwrap()
+        .is_empty());
+    // No detached or orphaned partition table is left behind.
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_class WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND relkind = 'r' AND relname LIKE 'txinbox_inbox_p%' AND NOT relispartition",
+    )
+    .fetch_one(s.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(tables, 0);
+    s.drop().await;
+}
+
+#[tokio::test]
+async fn markers_of_the_row_by_row_layout_stay_duplicates_until_their_table_expires() {
+    let s = Schema::new().await;
+    let id = identity("evt-legacy", Some("task:legacy"));
+    // Written in the row-by-row layout.
+    assert_eq!(
+        insert(&s.store, &id, "h", Utc::now()).await,
+        MarkerInsert::Inserted
+    );
+    sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, business_key, payload_hash, conflicts_with, detail, recorded_at) VALUES ('c', 'crm', 'x', 'payload_collision', NULL, 'h', 'evt', 'd', now())")
+        .execute(s.store.pool())
+        .await
+        .unwrap();
+    let r = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    assert!(r.legacy_kept && r.rejections_copied == 1, "{r:?}");
+    // A copy after the conversion, whatever its origin: the frozen table holds its marker.
+    let a = insert(&s.store, &id, "h", Utc::now()).await;
+    assert!(
+        matches!(&a, MarkerInsert::Conflict(Some(h)) if h.is_same_message("h")),
+        "{a:?}"
+    );
+    // Another id with its business key too.
+    let a = insert(
+        &s.store,
+        &identity("evt-other", Some("task:legacy")),
+        "h2",
+        Utc::now(),
+    )
+    .await;
+    assert!(
+        matches!(&a, MarkerInsert::Conflict(Some(h)) if !h.same_identity),
+        "{a:?}"
+    );
+    // Rotation before the legacy markers expire keeps the table; after, drops it.
+    let p = s
+        .store
+        .rotate_partitions(Utc::now(), Duration::from_secs(90 * DAY as u64))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!p.legacy_dropped);
+    let p = s
+        .store
+        .rotate_partitions(
+            Utc::now() + Cd::days(31),
+            Duration::from_secs(90 * DAY as u64),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(p.legacy_dropped);
+    let gone: bool = sqlx::query_scalar("SELECT to_regclass('txinbox_inbox_legacy') IS NULL")
+        .fetch_one(s.store.pool())
+        .await
+        .unwrap();
+    assert!(gone);
+    // The evidence row was copied into the partitioned table.
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM txinbox_rejections")
+        .fetch_one(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    s.drop().await;
+}
+
+#[tokio::test]
+async fn options_the_layout_cannot_use_are_refused_with_one_line() {
+    let s = Schema::new().await;
+    for (opts, says) in [
+        (
+            PartitionOptions::new().width(Duration::from_secs(10)),
+            "width",
+        ),
+        (PartitionOptions::new().ahead(0), "ahead"),
+        (PartitionOptions::new().keep(Duration::ZERO), "keep"),
+    ] {
+        let e = s.store.partition(&opts).await.unwrap_err().to_string();
+        assert!(e.contains(says) && !e.contains('\n'), "{e}");
+    }
+    assert!(!s.store.is_partitioned().await.unwrap());
+    s.drop().await;
+}
+
+// Current-thread runtime: the windows capture metrics with a thread-local recorder.
+#[tokio::test(flavor = "current_thread")]
+async fn every_failure_window_holds_on_the_partitioned_layout() {
+    use txinbox_lab::lab::Target;
+    use txinbox_lab::windows::{run_all_batch, Window};
+    let target = Target::Postgres(txinbox_testkit::pg_url())
+        .partitioned()
+        .unwrap();
+    let rows = run_all_batch(&target, 10).await.unwrap();
+    let mut failed = Vec::new();
+    for r in &rows {
+        println!("{r}");
+        if !r.ok() {
+            failed.push(r.to_string());
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+    let boundary = rows
+        .iter()
+        .find(|r| r.window == Window::CopyAfterPartitionBoundary)
+        .expect("the partitioned layout's own window ran");
+    assert_eq!((boundary.inbox_rows, boundary.business_effects), (2, 2));
+    let retention = rows
+        .iter()
+        .find(|r| r.window == Window::AfterRetentionExpired)
+        .unwrap();
+    assert_eq!(
+        retention.inbox_rows, 0,
+        "the marker went with its partition: {retention}"
+    );
+    assert_eq!(
+        rows.len(),
+        Window::ALL.len() + Window::PARTITIONED.len() + Window::BATCH.len()
+    );
+}
