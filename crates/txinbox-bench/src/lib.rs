@@ -69,6 +69,7 @@ use txinbox_testkit::NoopDelivery;
 
 mod dynamodb;
 mod e2e;
+mod partitions;
 mod shards;
 pub use e2e::E2eBroker;
 
@@ -104,6 +105,14 @@ pub struct BenchArgs {
     /// during a purge (the maintenance with its default batch and pause), and without again.
     #[arg(long)]
     pub purge_impact: Option<i64>,
+    /// With `--purge-impact N`: on the partitioned layout (`txinbox inbox partition`), where the expired
+    /// markers go with their whole partition: each of `--cycles` retention cycles loads N expired markers into
+    /// the oldest partition and measures the apply rate without, during and after its drop, and the sizes.
+    #[arg(long, requires = "purge_impact")]
+    pub partitioned: bool,
+    /// With `--partitioned`: retention cycles (1 to 25).
+    #[arg(long, default_value_t = 5, requires = "partitioned")]
+    pub cycles: u32,
     /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64; 1 skips the batch
     /// lines and runs the end-to-end worker without batch commit).
     #[arg(long, default_value_t = 10)]
@@ -822,6 +831,9 @@ pub async fn run(args: BenchArgs) -> Result<(), LabError> {
         ));
     }
     if let Some(rows) = args.purge_impact {
+        if args.partitioned {
+            return partitions::purge_impact(&args, rows).await;
+        }
         return purge_impact(&args, rows).await;
     }
     if args.seconds == 0 || args.rounds == 0 || args.concurrency.contains(&0) {

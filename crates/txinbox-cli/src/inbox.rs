@@ -31,6 +31,9 @@ pub enum InboxCommand {
     /// One maintenance pass: expired markers, old evidence, done effects, in bounded batches with a pause
     /// between them and a time budget. Exit 0: nothing expired left; 3: the budget stopped it first.
     Purge(crate::purge::PurgeArgs),
+    /// PostgreSQL: convert the inbox to the partitioned layout (retention drops whole partitions instead of
+    /// deleting rows; one transaction, idempotent), or print the layout with `--status`.
+    Partition(crate::partition::PartitionArgs),
 }
 
 /// The read-only `txinbox inbox` commands.
@@ -191,6 +194,7 @@ pub fn run(command: InboxCommand) -> ExitCode {
     let command = match command {
         InboxCommand::Read(c) => c,
         InboxCommand::Purge(args) => return crate::purge::run(&args),
+        InboxCommand::Partition(args) => return crate::partition::run(&args),
     };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -9,6 +9,7 @@ use txinbox_lab::windows;
 
 mod effects;
 mod inbox;
+mod partition;
 mod purge;
 mod redrive;
 mod targets;

@@ -119,6 +119,12 @@ fn print_report(report: &MaintenanceReport, json: bool) {
                 "batches": report.batches,
                 "seconds": report.elapsed.as_secs_f64(),
                 "budget_exhausted": report.budget_exhausted,
+                "partitions": report.partitions.as_ref().map(|p| serde_json::json!({
+                    "skipped": p.skipped,
+                    "created": p.created.iter().map(|(t, n)| (t.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+                    "dropped": p.dropped.iter().map(|(t, n)| (t.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+                    "legacy_dropped": p.legacy_dropped,
+                })),
             })
         );
     } else {

@@ -43,7 +43,7 @@ mod tx;
 
 pub use backend::{Backend, Migration};
 pub use error::{is_transient, StoreError};
-pub use partitions::{PartitionOptions, PartitionReport};
+pub use partitions::{PartitionOptions, PartitionReport, PartitionStatus};
 pub use store::{Migrations, Store, StoreOptions};
 pub use tx::Tx;
 

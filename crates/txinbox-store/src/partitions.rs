@@ -156,6 +156,50 @@ pub struct PartitionReport {
     pub rejections_copied: u64,
 }
 
+/// The partitioned layout of a database as it is now ([`Store::partition_status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PartitionStatus {
+    /// The time one partition covers.
+    pub width: Duration,
+    /// Partitions kept ahead of now.
+    pub ahead: u32,
+    /// How long markers are kept past their origin time.
+    pub keep: Duration,
+    /// Markers whose origin time is before this are refused (their partitions were dropped).
+    pub low: DateTime<Utc>,
+    /// Markers whose origin time is at or after this have no partition yet.
+    pub high: DateTime<Utc>,
+    /// Partitions of the markers' table.
+    pub marker_partitions: u32,
+    /// Partitions of the evidence table.
+    pub rejection_partitions: u32,
+    /// The frozen table of the row-by-row layout is still checked for duplicates.
+    pub legacy: bool,
+}
+
+impl std::fmt::Display for PartitionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        write!(
+            f,
+            "partitioned: width={}s keep={}s ahead={} markers from {} to {} ({} partitions) rejections {} partitions{}",
+            self.width.as_secs(),
+            self.keep.as_secs(),
+            self.ahead,
+            secs(self.low),
+            secs(self.high),
+            self.marker_partitions,
+            self.rejection_partitions,
+            if self.legacy {
+                "; the row-by-row table is kept until its last marker expires"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
 /// The partitioned layout as an inserting store last read it (the range of buckets with a partition).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayoutState {
@@ -663,6 +707,28 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                 legacy_kept: legacy,
                 rejections_copied: copied,
             })
+        }
+
+        /// The partitioned layout as it is now; `None` for a row-by-row database.
+        pub async fn partition_status(&self) -> Result<Option<PartitionStatus>, StoreError> {
+            let mut conn = self.pool().acquire().await?;
+            if load(&mut conn).await?.is_none() {
+                return Ok(None);
+            }
+            let r = sqlx::query("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')) FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'")
+                .fetch_one(&mut *conn)
+                .await?;
+            let secs = |v: i64| Duration::from_secs(v.max(0) as u64);
+            Ok(Some(PartitionStatus {
+                width: secs(r.try_get(0)?),
+                ahead: r.try_get::<i32, _>(1)?.max(0) as u32,
+                keep: secs(r.try_get(2)?),
+                low: r.try_get(3)?,
+                high: r.try_get(4)?,
+                legacy: r.try_get(5)?,
+                marker_partitions: r.try_get::<i64, _>(6)?.max(0) as u32,
+                rejection_partitions: r.try_get::<i64, _>(7)?.max(0) as u32,
+            }))
         }
 
         /// Whether this database's inbox has the partitioned layout.

@@ -1,0 +1,109 @@
+//! `txinbox inbox partition`: converts a PostgreSQL inbox to the partitioned layout (retention by dropping whole
+//! partitions), or with `--status` prints its layout.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use txinbox_store::{PartitionOptions, Store};
+
+/// Arguments of `txinbox inbox partition`.
+#[derive(Debug, clap::Args)]
+pub struct PartitionArgs {
+    /// The store (`--store postgres://...`), or the workers' settings file (`--config FILE`: each shard of
+    /// `[store.shards]` in turn, or `--shard NAME`).
+    #[command(flatten)]
+    pub store: crate::targets::StoreArgs,
+    /// Hours one partition covers (1 to 744).
+    #[arg(long, default_value_t = 24)]
+    pub width_hours: u64,
+    /// Partitions created ahead of now.
+    #[arg(long, default_value_t = 3)]
+    pub ahead: u32,
+    /// Days a marker is kept past its origin time: the inbox's retention (`[retention] keep_days`).
+    #[arg(long, default_value_t = 30)]
+    pub keep_days: u64,
+    /// Print the layout and change nothing.
+    #[arg(long)]
+    pub status: bool,
+}
+
+/// Converts (or reports) each store named: exit 0 when each is partitioned, 2 on an error.
+pub fn run(args: &PartitionArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let targets = match args.store.targets() {
+        Ok(t) => t,
+        Err(e) => return fail(&e),
+    };
+    let opts = PartitionOptions::new()
+        .width(Duration::from_secs(args.width_hours.saturating_mul(3600)))
+        .ahead(args.ahead)
+        .keep(Duration::from_secs(args.keep_days.saturating_mul(86_400)));
+    if let Err(e) = opts.check() {
+        return fail(&e);
+    }
+    for t in &targets {
+        if let Some(shard) = &t.shard {
+            println!("shard {shard}:");
+        }
+        match rt.block_on(one(&t.url, &opts, args.status)) {
+            Ok(line) => println!("{line}"),
+            Err(e) => return fail(&e),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<String, String> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(format!(
+            "the partitioned layout is PostgreSQL's; store URL scheme {:?} has none",
+            url.split(':').next().unwrap_or_default()
+        ));
+    }
+    let store = Store::<sqlx::Postgres>::connect(url, 2)
+        .await
+        .map_err(|e| format!("store (postgres): {e}"))?;
+    let mut out = String::new();
+    if !status_only {
+        let r = store
+            .partition(opts)
+            .await
+            .map_err(|e| format!("conversion failed, nothing changed: {e}"))?;
+        out = if r.already {
+            "already partitioned: nothing changed\n".to_owned()
+        } else {
+            format!(
+                "converted: {} partitions created, {} evidence rows copied{}\n",
+                r.created,
+                r.rejections_copied,
+                if r.legacy_kept {
+                    "; the existing markers stay in txinbox_inbox_legacy, checked for duplicates until they expire (restart the workers)"
+                } else {
+                    ""
+                }
+            )
+        };
+    }
+    let status = store
+        .partition_status()
+        .await
+        .map_err(|e| format!("store (postgres): {e}"))?;
+    store.close().await;
+    out.push_str(&match status {
+        Some(s) => s.to_string(),
+        None => "row-by-row (not partitioned)".to_owned(),
+    });
+    Ok(out)
+}
+
+fn fail(msg: &str) -> ExitCode {
+    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("error: {one_line}");
+    ExitCode::from(2)
+}
