@@ -2,13 +2,14 @@
 //! expired markers go with their whole partition (`DETACH PARTITION ... CONCURRENTLY`, then `DROP TABLE`).
 //!
 //! A fresh schema is converted (day-wide partitions, markers kept 30 days). Each retention cycle loads N expired
-//! markers into the oldest partition still kept, then measures the inbox's apply rate at the highest
+//! markers into the oldest partition still kept (then vacuums it and checkpoints, so that the load's
+//! background work does not fall in the windows), then measures the inbox's apply rate at the highest
 //! `--concurrency` without a drop, in a window that opens with the maintenance's rotation at the moment that
 //! partition expires (its drop), and without again; and the sizes: the markers' partitions other than the
 //! live one, before the load, after it and after the drop, and their dead tuples. One line per cycle.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
@@ -78,8 +79,17 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
             .bind(keep.num_seconds() as f64)
             .execute(store.pool())
             .await?;
-        sqlx::Executor::execute(store.pool(), "ANALYZE txinbox_inbox").await?;
         let load_seconds = loaded.elapsed().as_secs_f64();
+        // The load's own aftermath is not the drop's cost: the loaded partition is vacuumed (an insert-only
+        // table that size would be autovacuumed during the windows) and a checkpoint flushes its pages first.
+        let part = partition_name(bucket);
+        sqlx::Executor::execute(
+            store.pool(),
+            format!("VACUUM (FREEZE, ANALYZE) {part}").as_str(),
+        )
+        .await?;
+        sqlx::Executor::execute(store.pool(), "ANALYZE txinbox_inbox").await?;
+        sqlx::Executor::execute(store.pool(), "CHECKPOINT").await?;
         let (loaded_bytes, _) = old_partitions(&store, live).await?;
         let before = window(format!("before-{k}")).await?;
         // The maintenance's rotation at the moment this partition's last marker expires: it drops exactly it.
@@ -88,7 +98,7 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         let drop = tokio::spawn(async move {
             let started = Instant::now();
             let r = rotating
-                .rotate_partitions(at, Duration::from_secs(90 * 86_400))
+                .rotate_partitions(at, &txinbox_core::MaintenanceOptions::default())
                 .await;
             (r, started.elapsed())
         });
@@ -121,6 +131,11 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
     store.close().await;
     drop_schema(&args.store, &schema).await;
     Ok(())
+}
+
+/// The markers' partition of the bucket starting at `bucket` (the store's naming).
+fn partition_name(bucket: DateTime<Utc>) -> String {
+    format!("txinbox_inbox_p{}", bucket.format("%Y%m%dt%H%M%S"))
 }
 
 /// The start of the bucket of `at`.

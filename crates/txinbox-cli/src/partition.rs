@@ -19,9 +19,10 @@ pub struct PartitionArgs {
     /// Partitions created ahead of now.
     #[arg(long, default_value_t = 3)]
     pub ahead: u32,
-    /// Days a marker is kept past its origin time: the inbox's retention (`[retention] keep_days`).
-    #[arg(long, default_value_t = 30)]
-    pub keep_days: u64,
+    /// Days a marker is kept past its origin time: the inbox's retention (default: with `--config`, its
+    /// `[inbox] retention_seconds`; else 30 days, the inbox's default).
+    #[arg(long)]
+    pub keep_days: Option<u64>,
     /// Print the layout and change nothing.
     #[arg(long)]
     pub status: bool,
@@ -40,10 +41,18 @@ pub fn run(args: &PartitionArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(&e),
     };
+    let keep = match (args.keep_days, &args.store.config) {
+        (Some(days), _) => Duration::from_secs(days.saturating_mul(86_400)),
+        (None, Some(path)) => match txinbox_core::settings::WorkerSettings::load(path) {
+            Ok(s) => s.retention().keep,
+            Err(e) => return fail(&e.to_string()),
+        },
+        (None, None) => txinbox_core::RetentionPolicy::default().keep,
+    };
     let opts = PartitionOptions::new()
         .width(Duration::from_secs(args.width_hours.saturating_mul(3600)))
         .ahead(args.ahead)
-        .keep(Duration::from_secs(args.keep_days.saturating_mul(86_400)));
+        .keep(keep);
     if let Err(e) = opts.check() {
         return fail(&e);
     }
@@ -79,9 +88,10 @@ async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<St
             "already partitioned: nothing changed\n".to_owned()
         } else {
             format!(
-                "converted: {} partitions created, {} evidence rows copied{}\n",
+                "converted: {} partitions created, {} evidence rows and {} effects copied{}\n",
                 r.created,
                 r.rejections_copied,
+                r.effects_copied,
                 if r.legacy_kept {
                     "; the existing markers stay in txinbox_inbox_legacy, checked for duplicates until they expire (restart the workers)"
                 } else {

@@ -38,8 +38,10 @@ pub const PARTITION_MISSING: &str = "txinbox_partition_missing_total";
 pub const PARTITIONS_CREATED: &str = "txinbox_partitions_created_total";
 /// Partitions a partitioned store's maintenance dropped whole, by `table`.
 pub const PARTITIONS_DROPPED: &str = "txinbox_partitions_dropped_total";
-/// How far past now the newest partition reaches, in seconds, by `table` (gauge).
-pub const PARTITIONS_AHEAD: &str = "txinbox_partitions_ahead_seconds";
+/// Where the newest partition ends, as a Unix time in seconds, by `table` and each `consumer` the maintenance
+/// publishes for (gauge): minus `time()`, how far ahead the partitions reach, which keeps falling if the
+/// maintenance stops.
+pub const PARTITIONS_END: &str = "txinbox_partitions_end_timestamp_seconds";
 /// Failures caused by an unsupported contract version.
 pub const CONTRACT_VERSION_FAILURES: &str = "txinbox_contract_version_failures_total";
 /// Deliveries with no usable identity.
@@ -136,9 +138,9 @@ pub fn describe() {
         "Partitions dropped whole by the maintenance"
     );
     describe_gauge!(
-        PARTITIONS_AHEAD,
+        PARTITIONS_END,
         Unit::Seconds,
-        "How far past now the newest partition reaches"
+        "Where the newest partition ends (Unix time)"
     );
     describe_counter!(CONTRACT_VERSION_FAILURES, "Unsupported contract versions");
     describe_gauge!(SHARD_UP, "Whether a shard's store answered its last probe");

@@ -9,7 +9,7 @@ use txinbox_core::effects::EffectState;
 use txinbox_core::effects::{ClaimedEffect, EffectCount, NewEffect, TransitionColumns};
 #[allow(unused_imports)]
 use txinbox_core::runtime::maintenance::MaintenanceStore;
-use txinbox_core::runtime::maintenance::{PartitionRotation, Table};
+use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
 
 use crate::partitions::LayoutState;
 use txinbox_core::{Identity, MarkerInsert, MarkerRow, Rejection};
@@ -183,9 +183,9 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     fn rotate_partitions(
         pool: &sqlx::Pool<Self>,
         now: DateTime<Utc>,
-        rejections_keep: std::time::Duration,
+        opts: &MaintenanceOptions,
     ) -> impl Future<Output = Result<Option<PartitionRotation>, sqlx::Error>> + Send {
-        let _ = (pool, now, rejections_keep);
+        let _ = (pool, now, opts);
         async { Ok(None) }
     }
 }

@@ -37,6 +37,10 @@ impl<DB: Backend> EffectStore for Store<DB> {
         before: DateTime<Utc>,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
+        // Partitioned effects leave with their partition, never row by row.
+        if self.partitioned().await?.is_some_and(|l| l.effects) {
+            return Ok(0);
+        }
         DB::purge_done_effects(self.pool(), before, limit).await
     }
 
@@ -67,9 +71,13 @@ impl<DB: Backend> MaintenanceStore for Store<DB> {
         before: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<String>, sqlx::Error> {
-        // Partitioned markers and evidence go away whole, in `rotate_partitions`: never row by row.
-        if matches!(table, Table::Markers | Table::Rejections) && self.partitioned().await? {
-            return Ok(Vec::new());
+        // Partitioned tables go away whole, in `rotate_partitions`: never row by row.
+        if let Some(layout) = self.partitioned().await? {
+            if matches!(table, Table::Markers | Table::Rejections)
+                || (table == Table::Effects && layout.effects)
+            {
+                return Ok(Vec::new());
+            }
         }
         DB::purge_batch(self.pool(), table, before, limit).await
     }
@@ -77,9 +85,9 @@ impl<DB: Backend> MaintenanceStore for Store<DB> {
     async fn rotate_partitions(
         &self,
         now: DateTime<Utc>,
-        rejections_keep: std::time::Duration,
+        opts: &txinbox_core::runtime::maintenance::MaintenanceOptions,
     ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, sqlx::Error> {
-        let r = DB::rotate_partitions(self.pool(), now, rejections_keep).await;
+        let r = DB::rotate_partitions(self.pool(), now, opts).await;
         self.layout_handle().invalidate();
         r
     }

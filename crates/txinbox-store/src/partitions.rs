@@ -2,7 +2,7 @@
 //!
 //! In the row-by-row layout (the default) the maintenance deletes expired markers and evidence in batches:
 //! each batch competes with the applying transactions and leaves dead tuples for vacuum. In the partitioned
-//! layout `txinbox_inbox` and `txinbox_rejections` are partitioned by time, one partition per
+//! layout `txinbox_inbox`, `txinbox_rejections` and `txinbox_effects` are partitioned by time, one partition per
 //! [`PartitionOptions::width`] (one day by default); the maintenance creates partitions ahead and drops a
 //! whole partition once everything in it is past its retention (`DETACH PARTITION ... CONCURRENTLY`, then
 //! `DROP TABLE`): no row-by-row `DELETE`, no dead tuples, no lock the applying transactions wait on.
@@ -47,16 +47,22 @@
 //!
 //! ## Converting an existing inbox
 //!
-//! [`Store::partition`] (`txinbox inbox partition`) renames the existing `txinbox_inbox` to
+//! [`Store::partition`](crate::Store::partition) (`txinbox inbox partition`) renames the existing `txinbox_inbox` to
 //! `txinbox_inbox_legacy` and creates the partitioned table in its place, in one transaction. The legacy
 //! table is frozen (nothing is inserted into it any more), so reading it is not a race: until its last
 //! marker expires, every insert first looks its identity and business key up there, and a copy found there
 //! is a duplicate as before. The maintenance drops the legacy table when its last marker's
-//! `retention_until` has passed. Evidence rows are copied into the partitioned `txinbox_rejections` in the
+//! `retention_until` has passed. Evidence rows and effects are copied into their partitioned tables in the
 //! same transaction. Stop the workers for the conversion (or restart them after it: a worker that still
 //! writes the row-by-row layout fails its inserts, which are retried, and reloads the layout).
 //!
-//! Effects (`txinbox_effects`) stay row-by-row: their done rows are deleted in batches, as before.
+//! Effects are partitioned by `created_at` (the commit of the message that recorded them, so a partition stops
+//! receiving rows once its time has passed) and leave with their partition once its end is older than
+//! `effects_keep` and every effect in it is done (or compensated) and finished longer ago than that: a failed or
+//! needs-attention effect holds its partition for an operator (counted as `held`). A partitioned unique index
+//! must hold the partition key, so the idempotency key is unique with its `created_at`: it no longer refuses a
+//! second row by itself; the marker, in the same transaction, is what refuses a second copy of a message. Their
+//! rows are copied into the partitioned table by the conversion.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -70,7 +76,7 @@ const REFRESH: Duration = Duration::from_secs(10);
 #[cfg(feature = "postgres")]
 const ROTATION_LOCK: i64 = 7_418_230_912;
 
-/// How the partitioned layout is laid out ([`Store::partition`]).
+/// How the partitioned layout is laid out ([`Store::partition`](crate::Store::partition)).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 #[must_use = "PartitionOptions do nothing until given to Store::partition"]
@@ -140,7 +146,7 @@ impl PartitionOptions {
     }
 }
 
-/// What [`Store::partition`] did.
+/// What [`Store::partition`](crate::Store::partition) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 #[must_use = "a PartitionReport says what the conversion did"]
@@ -154,9 +160,11 @@ pub struct PartitionReport {
     pub legacy_kept: bool,
     /// Evidence rows copied into the partitioned table.
     pub rejections_copied: u64,
+    /// Effects copied into the partitioned table.
+    pub effects_copied: u64,
 }
 
-/// The partitioned layout of a database as it is now ([`Store::partition_status`]).
+/// The partitioned layout of a database as it is now ([`Store::partition_status`](crate::Store::partition_status)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PartitionStatus {
@@ -174,6 +182,8 @@ pub struct PartitionStatus {
     pub marker_partitions: u32,
     /// Partitions of the evidence table.
     pub rejection_partitions: u32,
+    /// Partitions of the effects table.
+    pub effect_partitions: u32,
     /// The frozen table of the row-by-row layout is still checked for duplicates.
     pub legacy: bool,
 }
@@ -183,7 +193,7 @@ impl std::fmt::Display for PartitionStatus {
         let secs = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         write!(
             f,
-            "partitioned: width={}s keep={}s ahead={} markers from {} to {} ({} partitions) rejections {} partitions{}",
+            "partitioned: width={}s keep={}s ahead={} markers from {} to {} ({} partitions) rejections {} partitions effects {} partitions{}",
             self.width.as_secs(),
             self.keep.as_secs(),
             self.ahead,
@@ -191,6 +201,7 @@ impl std::fmt::Display for PartitionStatus {
             secs(self.high),
             self.marker_partitions,
             self.rejection_partitions,
+            self.effect_partitions,
             if self.legacy {
                 "; the row-by-row table is kept until its last marker expires"
             } else {
@@ -211,6 +222,8 @@ pub struct LayoutState {
     pub(crate) high: DateTime<Utc>,
     /// Whether the frozen row-by-row table still holds markers to check.
     pub(crate) legacy: bool,
+    /// Whether the effects are partitioned too (their done rows leave with their partition).
+    pub(crate) effects: bool,
 }
 
 impl LayoutState {
@@ -307,12 +320,13 @@ mod pg {
     use crate::store::Store;
     use sqlx::postgres::PgArguments;
     use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
-    use txinbox_core::runtime::maintenance::{PartitionRotation, Table};
+    use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
     use txinbox_core::{ExistingMarker, MarkerInsert, MarkerRow};
 
     /// The markers' parent table and the evidence's.
     const INBOX: &str = "txinbox_inbox";
     const REJECTIONS: &str = "txinbox_rejections";
+    const EFFECTS: &str = "txinbox_effects";
     const LEGACY: &str = "txinbox_inbox_legacy";
 
     const LAYOUT_TABLE: &str = "CREATE TABLE IF NOT EXISTS txinbox_partition_layout (tbl TEXT PRIMARY KEY, width_secs BIGINT NOT NULL, ahead INTEGER NOT NULL, keep_secs BIGINT NOT NULL, low TIMESTAMPTZ NOT NULL, high TIMESTAMPTZ NOT NULL, legacy BOOLEAN NOT NULL DEFAULT FALSE)";
@@ -374,6 +388,59 @@ CREATE INDEX txinbox_rejections_time ON txinbox_rejections (recorded_at, id);
 CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, message_id);
 ";
 
+    /// The partitioned effects table, built beside the old one (`txinbox_effects_new`), filled, then put in its
+    /// place; its indexes are created after the rename, under the row-by-row names.
+    const CREATE_EFFECTS: &str = "
+CREATE TABLE txinbox_effects_new (
+    id               BIGINT      NOT NULL DEFAULT nextval('txinbox_effects_id_seq'),
+    consumer_name    TEXT        NOT NULL,
+    message_id       TEXT        NOT NULL,
+    idempotency_key  TEXT        NOT NULL,
+    name             TEXT        NOT NULL,
+    destination      TEXT        NOT NULL,
+    payload          BYTEA       NOT NULL,
+    metadata         TEXT        NOT NULL,
+    external_ref     TEXT        NOT NULL,
+    group_key        TEXT,
+    state            TEXT        NOT NULL,
+    attempts         INTEGER     NOT NULL DEFAULT 0,
+    reconciliations  INTEGER     NOT NULL DEFAULT 0,
+    next_attempt_at  TIMESTAMPTZ NOT NULL,
+    claimed_by       TEXT,
+    claim_until      TIMESTAMPTZ,
+    result_reference TEXT,
+    last_error       TEXT,
+    created_at       TIMESTAMPTZ NOT NULL,
+    updated_at       TIMESTAMPTZ NOT NULL,
+    finished_at      TIMESTAMPTZ,
+    maybe_happened   BOOLEAN     NOT NULL DEFAULT FALSE,
+    sent_hash        TEXT,
+    PRIMARY KEY (id, created_at)
+) PARTITION BY RANGE (created_at);
+";
+
+    /// The effects' columns, for the copy.
+    const EFFECT_COLUMNS: &str = "id, consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, attempts, reconciliations, next_attempt_at, claimed_by, claim_until, result_reference, last_error, created_at, updated_at, finished_at, maybe_happened, sent_hash";
+
+    /// The partitioned effects table in place of the old one, with the row-by-row indexes, the idempotency key
+    /// unique per partition, and an index of the rows that hold a partition back (not done).
+    const SWAP_EFFECTS: &str = "
+ALTER SEQUENCE txinbox_effects_id_seq OWNED BY NONE;
+DROP TABLE txinbox_effects;
+ALTER TABLE txinbox_effects_new RENAME TO txinbox_effects;
+ALTER SEQUENCE txinbox_effects_id_seq OWNED BY txinbox_effects.id;
+CREATE UNIQUE INDEX txinbox_effects_idempotency_key ON txinbox_effects (idempotency_key, created_at);
+CREATE INDEX txinbox_effects_due ON txinbox_effects (next_attempt_at, id) WHERE state IN ('pending', 'uncertain');
+CREATE INDEX txinbox_effects_claims ON txinbox_effects (claim_until) WHERE state = 'in_flight';
+CREATE INDEX txinbox_effects_groups ON txinbox_effects (consumer_name, group_key, id)
+    WHERE group_key IS NOT NULL AND state NOT IN ('done', 'failed');
+CREATE INDEX txinbox_effects_done ON txinbox_effects (finished_at) WHERE state = 'done';
+CREATE INDEX txinbox_effects_ref ON txinbox_effects (external_ref);
+CREATE INDEX txinbox_effects_message ON txinbox_effects (consumer_name, message_id);
+CREATE INDEX txinbox_effects_state ON txinbox_effects (consumer_name, state, created_at);
+CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <> 'done';
+";
+
     /// The batch marker insert of the partitioned layout: the row-by-row one with `origin_bucket`.
     const INSERT_MARKERS: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count, origin_bucket) SELECT consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count, origin_bucket FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::text[], $13::int4[], $14::timestamptz[]) WITH ORDINALITY AS t(consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count, origin_bucket, ord) ORDER BY ord ON CONFLICT DO NOTHING RETURNING consumer_name, source, message_id, payload_hash, business_key, tenant_id";
 
@@ -393,7 +460,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
         if !exists {
             return Ok(None);
         }
-        let row = sqlx::query("SELECT width_secs, low, high, legacy FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
+        let row = sqlx::query("SELECT width_secs, low, high, legacy, EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_effects') FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
             .fetch_optional(&mut *conn)
             .await?;
         Ok(match row {
@@ -403,6 +470,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                 low: r.try_get(1)?,
                 high: r.try_get(2)?,
                 legacy: r.try_get(3)?,
+                effects: r.try_get(4)?,
             }),
         })
     }
@@ -651,6 +719,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                     created: 0,
                     legacy_kept: false,
                     rejections_copied: 0,
+                    effects_copied: 0,
                 });
             }
             let now = Utc::now();
@@ -687,7 +756,29 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                 .await?
                 .rows_affected();
             sqlx::Executor::execute(&mut *tx, "DROP TABLE txinbox_rejections_legacy").await?;
-            for (tbl, low) in [(INBOX, low), (REJECTIONS, rlow)] {
+            // Effects: partitions back to the oldest effect, whose rows are copied in.
+            let oldest: Option<DateTime<Utc>> =
+                sqlx::query_scalar("SELECT min(created_at) FROM txinbox_effects")
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let elow = bucket_of(oldest.map_or(now, |o| o.min(now)), width);
+            sqlx::Executor::execute(&mut *tx, CREATE_EFFECTS).await?;
+            for b in buckets(elow, high, width) {
+                let sql = format!(
+                    "CREATE TABLE {} PARTITION OF txinbox_effects_new FOR VALUES FROM ('{}') TO ('{}')",
+                    partition_name(EFFECTS, b),
+                    rfc(b),
+                    rfc(b + w)
+                );
+                sqlx::Executor::execute(&mut *tx, sql.as_str()).await?;
+                created += 1;
+            }
+            let copy = format!(
+                "INSERT INTO txinbox_effects_new ({EFFECT_COLUMNS}) SELECT {EFFECT_COLUMNS} FROM txinbox_effects"
+            );
+            let effects_copied = sqlx::query(&copy).execute(&mut *tx).await?.rows_affected();
+            sqlx::raw_sql(SWAP_EFFECTS).execute(&mut *tx).await?;
+            for (tbl, low) in [(INBOX, low), (REJECTIONS, rlow), (EFFECTS, elow)] {
                 sqlx::query("INSERT INTO txinbox_partition_layout (tbl, width_secs, ahead, keep_secs, low, high, legacy) VALUES ($1, $2, $3, $4, $5, $6, $7)")
                     .bind(tbl)
                     .bind(width)
@@ -706,6 +797,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                 created,
                 legacy_kept: legacy,
                 rejections_copied: copied,
+                effects_copied,
             })
         }
 
@@ -715,7 +807,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
             if load(&mut conn).await?.is_none() {
                 return Ok(None);
             }
-            let r = sqlx::query("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')) FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'")
+            let r = sqlx::query("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_effects')) FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'")
                 .fetch_one(&mut *conn)
                 .await?;
             let secs = |v: i64| Duration::from_secs(v.max(0) as u64);
@@ -728,6 +820,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                 legacy: r.try_get(5)?,
                 marker_partitions: r.try_get::<i64, _>(6)?.max(0) as u32,
                 rejection_partitions: r.try_get::<i64, _>(7)?.max(0) as u32,
+                effect_partitions: r.try_get::<i64, _>(8)?.max(0) as u32,
             }))
         }
 
@@ -747,7 +840,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
     pub(crate) async fn rotate_partitions(
         pool: &PgPool,
         now: DateTime<Utc>,
-        rejections_keep: Duration,
+        opts: &MaintenanceOptions,
     ) -> Result<Option<PartitionRotation>, sqlx::Error> {
         {
             let mut conn = pool.acquire().await?;
@@ -773,7 +866,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                 report.skipped = true;
                 return Ok(Some(report));
             }
-            let done = rotate(&mut conn, &layouts, now, rejections_keep, &mut report).await;
+            let done = rotate(&mut conn, &layouts, now, opts, &mut report).await;
             let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
                 .bind(ROTATION_LOCK)
                 .execute(&mut *conn)
@@ -791,7 +884,7 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
         conn: &mut PgConnection,
         layouts: &[sqlx::postgres::PgRow],
         now: DateTime<Utc>,
-        rejections_keep: Duration,
+        opts: &MaintenanceOptions,
         report: &mut PartitionRotation,
     ) -> Result<(), sqlx::Error> {
         sqlx::Executor::execute(&mut *conn, "SET client_min_messages TO warning").await?;
@@ -800,13 +893,12 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
             let (width, ahead, keep): (i64, i32, i64) =
                 (l.try_get(1)?, l.try_get(2)?, l.try_get(3)?);
             let low: DateTime<Utc> = l.try_get(4)?;
+            let since =
+                |d: Duration| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
             let (table, parent, keep) = match tbl.as_str() {
                 INBOX => (Table::Markers, INBOX, chrono::Duration::seconds(keep)),
-                REJECTIONS => (
-                    Table::Rejections,
-                    REJECTIONS,
-                    chrono::Duration::from_std(rejections_keep).unwrap_or(chrono::Duration::MAX),
-                ),
+                REJECTIONS => (Table::Rejections, REJECTIONS, since(opts.rejections_keep)),
+                EFFECTS => (Table::Effects, EFFECTS, since(opts.effects_keep)),
                 _ => continue,
             };
             let w = chrono::Duration::seconds(width);
@@ -854,31 +946,46 @@ CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, me
                 .execute(&mut *conn)
                 .await?;
             report.created.insert(table, created);
-            report
-                .ahead
-                .insert(table, (high - now).to_std().unwrap_or_default());
+            report.ends.insert(table, high);
             // Behind: whole partitions past their retention, oldest first. `low` moves first, so a store
             // refuses a copy of a dropped bucket before the partition goes.
             attached.sort();
-            let mut dropped = 0;
+            let (mut dropped, mut held) = (0, 0);
             for b in attached.iter().copied() {
                 if b + w + keep > now {
                     break;
                 }
-                sqlx::query(
-                    "UPDATE txinbox_partition_layout SET low = GREATEST(low, $2) WHERE tbl = $1",
-                )
-                .bind(parent)
-                .bind(b + w)
-                .execute(&mut *conn)
-                .await?;
                 let name = partition_name(parent, b);
+                if table == Table::Effects {
+                    // Effects leave with their partition only when every one is finished and was finished
+                    // longer ago than the keep: a failed or needs-attention effect holds it for an operator.
+                    let check = format!("SELECT EXISTS (SELECT 1 FROM {name} WHERE state <> 'done' AND (state <> 'compensated' OR finished_at IS NULL OR finished_at >= $1)) OR EXISTS (SELECT 1 FROM {name} WHERE state = 'done' AND finished_at >= $1)");
+                    let busy: bool = sqlx::query_scalar(&check)
+                        .bind(now - keep)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    if busy {
+                        held += 1;
+                        continue;
+                    }
+                } else {
+                    // `low` first: a store that reads it refuses a copy of this bucket before the partition
+                    // goes.
+                    sqlx::query(
+                        "UPDATE txinbox_partition_layout SET low = GREATEST(low, $2) WHERE tbl = $1",
+                    )
+                    .bind(parent)
+                    .bind(b + w)
+                    .execute(&mut *conn)
+                    .await?;
+                }
                 let detach = format!("ALTER TABLE {parent} DETACH PARTITION {name} CONCURRENTLY");
                 sqlx::Executor::execute(&mut *conn, detach.as_str()).await?;
                 sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
                 dropped += 1;
             }
             report.dropped.insert(table, dropped);
+            report.held.insert(table, held);
             if table == Table::Markers {
                 let legacy: bool = l.try_get(6)?;
                 if legacy {

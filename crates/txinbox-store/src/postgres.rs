@@ -269,7 +269,7 @@ impl Backend for Postgres {
 
     async fn insert_effect(conn: &mut PgConnection, e: &NewEffect<'_>) -> Result<(), sqlx::Error> {
         let fx = e.effect;
-        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10, $10) ON CONFLICT (idempotency_key) DO NOTHING")
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10, $10) ON CONFLICT DO NOTHING")
             .bind(e.consumer)
             .bind(e.message_id)
             .bind(&e.key)
@@ -480,9 +480,9 @@ impl Backend for Postgres {
     async fn rotate_partitions(
         pool: &PgPool,
         now: DateTime<Utc>,
-        rejections_keep: std::time::Duration,
+        opts: &txinbox_core::runtime::maintenance::MaintenanceOptions,
     ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, sqlx::Error> {
-        crate::partitions::rotate_partitions(pool, now, rejections_keep).await
+        crate::partitions::rotate_partitions(pool, now, opts).await
     }
 
     async fn effect_counts(pool: &PgPool) -> Result<Vec<EffectCount>, sqlx::Error> {

@@ -244,14 +244,14 @@ impl<DB: Backend> Store<DB> {
 
     /// Whether the database has the partitioned layout (for the maintenance, which drops partitions
     /// instead of deleting rows).
-    pub(crate) async fn partitioned(&self) -> Result<bool, sqlx::Error> {
+    pub(crate) async fn partitioned(&self) -> Result<Option<LayoutState>, sqlx::Error> {
         if let Ok(s) = self.layout.current() {
-            return Ok(s.is_some());
+            return Ok(s);
         }
         let mut c = self.pool.acquire().await?;
         let s = DB::load_layout(&mut c).await?;
         self.layout.set(s);
-        Ok(s.is_some())
+        Ok(s)
     }
 
     /// The pool, for your own queries.

@@ -6,7 +6,9 @@
 use chrono::{DateTime, Duration as Cd, TimeZone, Utc};
 use sqlx::Connection;
 use std::time::Duration;
-use txinbox_core::runtime::maintenance::{Maintenance, MaintenanceStore, Table};
+use txinbox_core::runtime::maintenance::{
+    Maintenance, MaintenanceOptions, MaintenanceStore, Table,
+};
 use txinbox_core::{
     ConsumerName, Identity, IdentityPolicy, InboxStore, MarkerInsert, MarkerRow, ReceivedMessage,
 };
@@ -263,7 +265,7 @@ async fn the_rotation_creates_ahead_and_drops_whole_partitions_never_rows() {
         .expect("a partitioned store rotates");
     assert!(p.dropped[&Table::Markers] >= 3, "{p:?}");
     assert!(p.created[&Table::Markers] >= 1, "{p:?}");
-    assert!(p.ahead[&Table::Markers] >= Duration::from_secs(3 * DAY as u64));
+    assert!(p.ends[&Table::Markers] >= later + Cd::days(3));
     assert_eq!(report.removed_from(Table::Markers), 0);
     assert_eq!(s.markers().await, 0, "the marker went with its partition");
     // A copy of the message now: its partition is gone, so it is refused, never applied again.
@@ -272,7 +274,7 @@ async fn the_rotation_creates_ahead_and_drops_whole_partitions_never_rows() {
     // A second pass finds nothing more to drop; a purge of markers deletes nothing row by row.
     let again = s
         .store
-        .rotate_partitions(later, Duration::from_secs(90 * DAY as u64))
+        .rotate_partitions(later, &MaintenanceOptions::default())
         .await
         .unwrap()
         .unwrap();
@@ -330,17 +332,14 @@ async fn markers_of_the_row_by_row_layout_stay_duplicates_until_their_table_expi
     // Rotation before the legacy markers expire keeps the table; after, drops it.
     let p = s
         .store
-        .rotate_partitions(Utc::now(), Duration::from_secs(90 * DAY as u64))
+        .rotate_partitions(Utc::now(), &MaintenanceOptions::default())
         .await
         .unwrap()
         .unwrap();
     assert!(!p.legacy_dropped);
     let p = s
         .store
-        .rotate_partitions(
-            Utc::now() + Cd::days(31),
-            Duration::from_secs(90 * DAY as u64),
-        )
+        .rotate_partitions(Utc::now() + Cd::days(31), &MaintenanceOptions::default())
         .await
         .unwrap()
         .unwrap();
@@ -462,5 +461,89 @@ async fn the_pipeline_refuses_an_expired_bucket_and_releases_a_missing_one() {
     q.send(txinbox_lab::lab::lab_message(2).attribute("ce-time", "yesterday"));
     let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
     assert_eq!(o.label(), "applied", "{o}");
+    s.drop().await;
+}
+
+/// An effect row written straight into the table, created at `created`, in `state`, finished at `finished`.
+async fn effect_row(
+    store: &Store<sqlx::Postgres>,
+    key: &str,
+    state: &str,
+    created: DateTime<Utc>,
+    finished: Option<DateTime<Utc>>,
+) -> i64 {
+    sqlx::query_scalar("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, finished_at) VALUES ('c', $1, $1, 'crm', 'crm', '\\x00', '{}', $1, $2, $3, $3, $3, $4) RETURNING id")
+        .bind(key)
+        .bind(state)
+        .bind(created)
+        .bind(finished)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn effects_leave_with_their_partition_once_every_one_is_finished() {
+    let s = Schema::new().await;
+    // One effect from before the conversion: copied into the partitioned table, its id sequence kept.
+    let old = Utc::now() - Cd::days(2);
+    let before = effect_row(&s.store, "k-before", "done", old, Some(old)).await;
+    let r = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    assert_eq!(r.effects_copied, 1, "{r:?}");
+    assert_eq!(s.partitions("txinbox_effects").await, 3 + 3);
+    let created = Utc::now();
+    let after = effect_row(&s.store, "k-after", "failed", created, None).await;
+    assert!(
+        after > before,
+        "the id sequence goes on: {before} then {after}"
+    );
+    // The idempotency key's unique index holds with its creation time (the store's insert does nothing).
+    let dup = sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k-after', 'crm', 'crm', '\\x00', '{}', 'r', 'pending', $1, $1, $1) ON CONFLICT DO NOTHING")
+        .bind(created)
+        .execute(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(dup.rows_affected(), 0);
+    // Eight days on (effects kept 7): the partition of two days ago holds only a done effect and goes; today's
+    // holds a failed one, kept for an operator.
+    let later = Utc::now() + Cd::days(8);
+    let p = s
+        .store
+        .rotate_partitions(later, &MaintenanceOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(p.dropped[&Table::Effects] >= 1, "{p:?}");
+    assert_eq!(p.held[&Table::Effects], 1, "{p:?}");
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM txinbox_effects ORDER BY id")
+        .fetch_all(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(ids, vec![after]);
+    // No row by row either: the effects' purge deletes nothing on the partitioned layout.
+    use txinbox_core::effects::EffectStore;
+    assert_eq!(s.store.purge_done_effects(later, 100).await.unwrap(), 0);
+    // Once an operator's retry made it done long enough ago, its partition goes too.
+    sqlx::query("UPDATE txinbox_effects SET state = 'done', finished_at = $1")
+        .bind(Utc::now())
+        .execute(s.store.pool())
+        .await
+        .unwrap();
+    let p = s
+        .store
+        .rotate_partitions(later, &MaintenanceOptions::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (p.dropped[&Table::Effects], p.held[&Table::Effects]),
+        (1, 0),
+        "{p:?}"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM txinbox_effects")
+        .fetch_one(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
     s.drop().await;
 }

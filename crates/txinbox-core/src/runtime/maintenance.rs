@@ -77,15 +77,16 @@ pub trait MaintenanceStore: Clone + Send + Sync + 'static {
 
     /// For a store whose tables are partitioned by time (the PostgreSQL store's partitioned layout): creates
     /// the partitions ahead of `now` and drops whole the ones past their retention (evidence: older than
-    /// `rejections_keep`), one node at a time. `None` (the default) for a store without partitions, whose
-    /// expired rows [`MaintenanceStore::purge_batch`] deletes.
+    /// [`MaintenanceOptions::rejections_keep`]; effects: older than [`MaintenanceOptions::effects_keep`] and
+    /// all finished), one node at a time. `None` (the default) for a store without partitions, whose expired
+    /// rows [`MaintenanceStore::purge_batch`] deletes.
     fn rotate_partitions(
         &self,
         now: DateTime<Utc>,
-        rejections_keep: Duration,
+        opts: &MaintenanceOptions,
     ) -> impl std::future::Future<Output = Result<Option<PartitionRotation>, Self::Error>> + Send
     {
-        let _ = (now, rejections_keep);
+        let _ = (now, opts);
         async { Ok(None) }
     }
 }
@@ -98,9 +99,12 @@ pub struct PartitionRotation {
     pub created: BTreeMap<Table, u32>,
     /// Partitions dropped whole (past their retention), by table.
     pub dropped: BTreeMap<Table, u32>,
-    /// How far past now the newest partition of each table reaches: a marker whose origin time is later has
-    /// no partition and is released ([`crate::MarkerInsert::Unplaced`]).
-    pub ahead: BTreeMap<Table, Duration>,
+    /// Partitions past their retention kept because a row in them must stay (an effect not done, for an
+    /// operator), by table.
+    pub held: BTreeMap<Table, u32>,
+    /// Where the newest partition of each table ends: a marker whose origin time is later has no partition
+    /// and is released ([`crate::MarkerInsert::Unplaced`]).
+    pub ends: BTreeMap<Table, DateTime<Utc>>,
     /// Another node held the rotation's lock: this one did nothing.
     pub skipped: bool,
     /// The frozen table of the row-by-row layout was dropped (its last marker had expired).
@@ -242,9 +246,10 @@ impl fmt::Display for MaintenanceReport {
             } else {
                 write!(
                     f,
-                    " partitions created={} dropped={}{}",
+                    " partitions created={} dropped={} held={}{}",
                     sum(&p.created),
                     sum(&p.dropped),
+                    sum(&p.held),
                     if p.legacy_dropped {
                         " (the row-by-row layout's frozen table dropped)"
                     } else {
@@ -291,11 +296,7 @@ impl<S: MaintenanceStore> Maintenance<S> {
         let mut report = MaintenanceReport::default();
         let since =
             |d: Duration| now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
-        match self
-            .store
-            .rotate_partitions(now, self.opts.rejections_keep)
-            .await
-        {
+        match self.store.rotate_partitions(now, &self.opts).await {
             Ok(p) => report.partitions = p,
             Err(e) => {
                 tracing::warn!(error = %e, "maintenance: partition rotation failed");
@@ -388,12 +389,22 @@ impl<S: MaintenanceStore> Maintenance<S> {
                 )
                 .increment(u64::from(*n));
             }
-            for (table, ahead) in &p.ahead {
-                metrics::gauge!(
-                    m::PARTITIONS_AHEAD,
-                    shard_labels(vec![metrics::Label::new("table", table.as_str())], shard)
-                )
-                .set(ahead.as_secs_f64());
+            // The partitions are the store's; the gauge is published for each consumer the maintenance
+            // publishes for, so that an alert routes to the consumer's owner.
+            let consumers: Vec<Option<&String>> = if self.opts.consumers.is_empty() {
+                vec![None]
+            } else {
+                self.opts.consumers.iter().map(Some).collect()
+            };
+            for (table, end) in &p.ends {
+                for consumer in &consumers {
+                    let mut labels = vec![metrics::Label::new("table", table.as_str())];
+                    if let Some(c) = consumer {
+                        labels.push(metrics::Label::new("consumer", (*c).clone()));
+                    }
+                    metrics::gauge!(m::PARTITIONS_END, shard_labels(labels, shard))
+                        .set(end.timestamp() as f64);
+                }
             }
         }
         let now = Utc::now();
