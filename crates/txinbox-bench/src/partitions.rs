@@ -6,7 +6,10 @@
 //! background work does not fall in the windows), then measures the inbox's apply rate at the highest
 //! `--concurrency` without a drop, in a window that opens with the maintenance's rotation at the moment that
 //! partition expires (its drop), and without again; and the sizes: the markers' partitions other than the
-//! live one, before the load, after it and after the drop, and their dead tuples. One line per cycle.
+//! live one, before the load, after it and after the drop, and their dead tuples. One line per cycle. In the
+//! drop's window the applies are also counted per 100 ms slot: `drop_slots/other_slots` is the rate in the
+//! slots the drop overlapped against the window's other slots, the drop's own cost read apart from the drift
+//! between windows.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,7 +67,10 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
             let ib = ib.clone();
             let tag = tag.clone();
             Box::pin(async move {
-                let m = message(&format!("{tag}-{t}-{i}"), i);
+                let mut m = message(&format!("{tag}-{t}-{i}"), i);
+                // The layout places a marker by its event's CloudEvents time.
+                m.attributes
+                    .insert("ce-time".into(), Utc::now().to_rfc3339());
                 expect(&ib, m, "applied").await
             })
         })
@@ -92,20 +98,11 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         sqlx::Executor::execute(store.pool(), "CHECKPOINT").await?;
         let (loaded_bytes, _) = old_partitions(&store, live).await?;
         let before = window(format!("before-{k}")).await?;
-        // The maintenance's rotation at the moment this partition's last marker expires: it drops exactly it.
+        // The maintenance's rotation at the moment this partition's last marker expires (it drops exactly
+        // it), started a quarter into the window; applies counted per 100 ms slot.
         let at = bucket + width + keep + chrono::Duration::seconds(1);
-        let rotating = store.clone();
-        let drop = tokio::spawn(async move {
-            let started = Instant::now();
-            let r = rotating
-                .rotate_partitions(at, &txinbox_core::MaintenanceOptions::default())
-                .await;
-            (r, started.elapsed())
-        });
-        let during = window(format!("during-{k}")).await?;
-        let (rotation, drop_time) = drop.await.map_err(|e| LabError::Usage(e.to_string()))?;
-        let rotation = rotation?
-            .ok_or_else(|| LabError::Usage("the store did not rotate its partitions".into()))?;
+        let during = drop_window(&inbox, c, secs, &format!("during-{k}"), &store, at).await?;
+        let rotation = during.rotation;
         let after = window(format!("after-{k}")).await?;
         let (dropped_bytes, dead) = old_partitions(&store, live).await?;
         let left: i64 = sqlx::query_scalar(
@@ -115,14 +112,15 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         .await?;
         let baseline = (before.per_sec + after.per_sec) / 2.0;
         println!(
-            "purge_impact_partitioned cycle={} markers={rows} load_seconds={load_seconds:.0} apply_before={:.0} apply_during_drop={:.0} apply_after={:.0} during/without={:.2} partitions_dropped={} drop_seconds={:.2} expired_left={left} old_partition_bytes empty={} loaded={} after_drop={} dead_tuples={dead}",
+            "purge_impact_partitioned cycle={} markers={rows} load_seconds={load_seconds:.0} apply_before={:.0} apply_during_drop={:.0} apply_after={:.0} during/without={:.2} drop_slots/other_slots={:.2} partitions_dropped={} drop_seconds={:.2} expired_left={left} old_partition_bytes empty={} loaded={} after_drop={} dead_tuples={dead}",
             k + 1,
             before.per_sec,
             during.per_sec,
             after.per_sec,
             during.per_sec / baseline,
+            during.drop_slots / during.other_slots,
             rotation.dropped.get(&Table::Markers).copied().unwrap_or(0),
-            drop_time.as_secs_f64(),
+            during.drop_time.as_secs_f64(),
             empty_bytes,
             loaded_bytes,
             dropped_bytes,
@@ -131,6 +129,107 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
     store.close().await;
     drop_schema(&args.store, &schema).await;
     Ok(())
+}
+
+/// The window in which a partition is dropped.
+struct DropWindow {
+    /// Applies per second over the whole window.
+    per_sec: f64,
+    /// Applies per second in the 100 ms slots the drop overlapped.
+    drop_slots: f64,
+    /// Applies per second in the window's other slots.
+    other_slots: f64,
+    /// How long the rotation took.
+    drop_time: std::time::Duration,
+    /// What it did.
+    rotation: txinbox_core::runtime::maintenance::PartitionRotation,
+}
+
+/// `secs` seconds of applies at concurrency `c`, the rotation at `at` started a quarter into them; the
+/// applies counted per 100 ms slot, so that the drop's own cost is read within one window (against the
+/// slots it did not overlap), apart from the drift between windows.
+async fn drop_window<H>(
+    inbox: &Arc<crate::BenchInbox<H>>,
+    c: usize,
+    secs: u64,
+    tag: &str,
+    store: &Store<sqlx::Postgres>,
+    at: DateTime<Utc>,
+) -> Result<DropWindow, LabError>
+where
+    H: txinbox_core::Handler<Store<sqlx::Postgres>, txinbox_core::Raw> + Send + Sync + 'static,
+{
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..c {
+        let (ib, done, stop, tag) = (inbox.clone(), done.clone(), stop.clone(), tag.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut m = message(&format!("{tag}-{t}-{i}"), i);
+                m.attributes
+                    .insert("ce-time".into(), Utc::now().to_rfc3339());
+                expect(&ib, m, "applied").await?;
+                i += 1;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    let sampler = {
+        let (done, stop) = (done.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut samples = vec![(0.0f64, 0u64)];
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+            tick.tick().await;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                samples.push((start.elapsed().as_secs_f64(), done.load(Ordering::Relaxed)));
+            }
+            samples
+        })
+    };
+    let total = std::time::Duration::from_secs(secs.max(1));
+    tokio::time::sleep(total / 4).await;
+    let from = start.elapsed().as_secs_f64();
+    let rotation = store
+        .rotate_partitions(at, &txinbox_core::MaintenanceOptions::default())
+        .await?;
+    let to = start.elapsed().as_secs_f64();
+    if let Some(rest) = total.checked_sub(start.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await
+            .map_err(|e| LabError::Usage(e.to_string()))?
+            .map_err(LabError::Usage)?;
+    }
+    let samples = sampler.await.map_err(|e| LabError::Usage(e.to_string()))?;
+    let per_sec = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let (mut drop_n, mut drop_s, mut other_n, mut other_s) = (0u64, 0f64, 0u64, 0f64);
+    for w in samples.windows(2) {
+        let ((t0, n0), (t1, n1)) = (w[0], w[1]);
+        if t1 > from && t0 < to {
+            drop_n += n1 - n0;
+            drop_s += t1 - t0;
+        } else {
+            other_n += n1 - n0;
+            other_s += t1 - t0;
+        }
+    }
+    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    Ok(DropWindow {
+        per_sec,
+        drop_slots: rate(drop_n, drop_s),
+        other_slots: rate(other_n, other_s),
+        drop_time: std::time::Duration::from_secs_f64(to - from),
+        rotation: rotation
+            .ok_or_else(|| LabError::Usage("the store did not rotate its partitions".into()))?,
+    })
 }
 
 /// The markers' partition of the bucket starting at `bucket` (the store's naming).

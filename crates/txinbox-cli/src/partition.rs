@@ -4,6 +4,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::targets::fail;
+
 use txinbox_store::{PartitionOptions, Store};
 
 /// Arguments of `txinbox inbox partition`.
@@ -23,6 +25,11 @@ pub struct PartitionArgs {
     /// `[inbox] retention_seconds`; else 30 days, the inbox's default).
     #[arg(long)]
     pub keep_days: Option<u64>,
+    /// Place a message without a CloudEvents `time` by its broker's enqueue time instead of dead-lettering it
+    /// (`no_event_time`). A redriven or re-sent copy gets a new enqueue time: across a partition boundary it is
+    /// then not recognised as a copy.
+    #[arg(long)]
+    pub allow_broker_time: bool,
     /// Print the layout and change nothing.
     #[arg(long)]
     pub status: bool,
@@ -30,15 +37,8 @@ pub struct PartitionArgs {
 
 /// Converts (or reports) each store named: exit 0 when each is partitioned, 2 on an error.
 pub fn run(args: &PartitionArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(&e.to_string()),
-    };
-    let targets = match args.store.targets() {
-        Ok(t) => t,
+    let (rt, targets) = match crate::targets::runtime_and_targets(&args.store) {
+        Ok(v) => v,
         Err(e) => return fail(&e),
     };
     let keep = match (args.keep_days, &args.store.config) {
@@ -52,7 +52,8 @@ pub fn run(args: &PartitionArgs) -> ExitCode {
     let opts = PartitionOptions::new()
         .width(Duration::from_secs(args.width_hours.saturating_mul(3600)))
         .ahead(args.ahead)
-        .keep(keep);
+        .keep(keep)
+        .broker_time(args.allow_broker_time);
     if let Err(e) = opts.check() {
         return fail(&e);
     }
@@ -110,10 +111,4 @@ async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<St
         None => "row-by-row (not partitioned)".to_owned(),
     });
     Ok(out)
-}
-
-fn fail(msg: &str) -> ExitCode {
-    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("error: {one_line}");
-    ExitCode::from(2)
 }

@@ -4,6 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::targets::fail;
+
 use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{Maintenance, MaintenanceOptions, MaintenanceReport, MaintenanceStore};
 
@@ -38,15 +40,8 @@ pub struct PurgeArgs {
 /// Runs one pass on each store named (one, or each shard in turn): exit 0 when nothing expired is left, 3 when
 /// the time budget stopped a pass first, 2 on an error.
 pub fn run(args: &PurgeArgs) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(&e.to_string()),
-    };
-    let targets = match args.store.targets() {
-        Ok(t) => t,
+    let (rt, targets) = match crate::targets::runtime_and_targets(&args.store) {
+        Ok(v) => v,
         Err(e) => return fail(&e),
     };
     if args.json && targets.len() > 1 {
@@ -156,10 +151,4 @@ async fn pass<S: MaintenanceStore>(store: S, args: &PurgeArgs) -> MaintenanceRep
         eprintln!();
     }
     report
-}
-
-fn fail(msg: &str) -> ExitCode {
-    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("error: {one_line}");
-    ExitCode::from(2)
 }

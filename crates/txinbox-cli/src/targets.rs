@@ -78,6 +78,24 @@ impl StoreArgs {
     }
 }
 
+/// A current-thread runtime and the stores the command names (`--store`, or `--config` [`--shard`]).
+pub fn runtime_and_targets(
+    args: &StoreArgs,
+) -> Result<(tokio::runtime::Runtime, Vec<StoreTarget>), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok((rt, args.targets()?))
+}
+
+/// Prints `error: MSG` on one line (a driver's message may hold line breaks) and exits 2.
+pub fn fail(msg: &str) -> std::process::ExitCode {
+    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("error: {one_line}");
+    std::process::ExitCode::from(2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -84,6 +84,15 @@ pub enum MarkerInsert {
     /// the message's origin time is far in the future): nothing was written; the delivery is released and
     /// retried. The text says why.
     Unplaced(String),
+    /// The store cannot hold a marker for the message as it is (a partitioned store that places markers by
+    /// the event's own time, given a message without one): nothing was written; the delivery is
+    /// dead-lettered with `reason`.
+    Refused {
+        /// The dead-letter reason code.
+        reason: String,
+        /// What the operator reads.
+        detail: String,
+    },
 }
 
 /// The result of a commit.

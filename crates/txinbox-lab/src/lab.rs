@@ -94,11 +94,16 @@ pub fn lab_message(i: usize) -> OutgoingMessage {
         "action": "criar_tarefa_followup",
         "sent_at": chrono::Utc::now().to_rfc3339(),
     });
-    OutgoingMessage::new(body.to_string()).cloudevent(
-        SOURCE,
-        &format!("evt-{}", 482 + i),
-        "crm.meeting.ended",
-    )
+    OutgoingMessage::new(body.to_string())
+        .cloudevent(SOURCE, &format!("evt-{}", 482 + i), "crm.meeting.ended")
+        .attribute(txinbox_core::pipeline::identity::ce::TIME, lab_event_time())
+}
+
+/// The CloudEvents `time` of the lab's events: one time per process, so that every send of one lab message is
+/// the same event (a producer that sends an event again sends its time again).
+pub fn lab_event_time() -> String {
+    static AT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    AT.get_or_init(|| chrono::Utc::now().to_rfc3339()).clone()
 }
 
 /// The lab's counts.

@@ -1,68 +1,32 @@
 //! The partitioned layout of the PostgreSQL store: retention that drops whole partitions.
 //!
-//! In the row-by-row layout (the default) the maintenance deletes expired markers and evidence in batches:
-//! each batch competes with the applying transactions and leaves dead tuples for vacuum. In the partitioned
-//! layout `txinbox_inbox`, `txinbox_rejections` and `txinbox_effects` are partitioned by time, one partition per
-//! [`PartitionOptions::width`] (one day by default); the maintenance creates partitions ahead and drops a
-//! whole partition once everything in it is past its retention (`DETACH PARTITION ... CONCURRENTLY`, then
-//! `DROP TABLE`): no row-by-row `DELETE`, no dead tuples, no lock the applying transactions wait on.
+//! In the row-by-row layout (the default) the maintenance deletes expired markers, evidence and done effects
+//! in batches. In the partitioned layout `txinbox_inbox`, `txinbox_rejections` and `txinbox_effects` are
+//! partitioned by time, one partition per [`PartitionOptions::width`]; the maintenance
+//! ([`txinbox_core::MaintenanceStore::rotate_partitions`]) creates partitions ahead and drops a partition whole
+//! once everything in it is past its retention (`DETACH PARTITION ... CONCURRENTLY`, then `DROP TABLE`): no
+//! `DELETE`, no dead tuples.
 //!
-//! ## Why duplicates are still decided by a unique constraint
+//! **Duplicates are still decided by a unique constraint.** A unique index covers one partition, so a marker's
+//! partition key must be the same in every copy of its message: it is the bucket of the event's own time, its
+//! CloudEvents `time` ([`txinbox_core::Identity::event_time`]), which the producer sends in every copy,
+//! redelivered, redriven or re-sent. The broker's enqueue time is not: an SQS redrive makes the message new,
+//! with a new enqueue time. A message without an event time is therefore dead-lettered `no_event_time`
+//! ([`txinbox_core::MarkerInsert::Refused`]) unless the layout was converted with
+//! [`PartitionOptions::broker_time`], which places it by its enqueue time and accepts that a redriven or
+//! re-sent copy across a partition boundary is not recognised.
 //!
-//! A PostgreSQL unique index covers one partition, so the partition of a marker must be the same for every
-//! copy of its message, or two copies would each find their partition empty. The partition key,
-//! `origin_bucket`, is the start of the bucket of the message's **origin time**
-//! ([`txinbox_core::MarkerRow::origin_at`]), a time every copy carries unchanged:
+//! **No marker disappears while a copy can still come back.** A partition of markers is dropped once its end
+//! plus [`PartitionOptions::keep`] has passed; the store records first that its buckets are gone, and a copy
+//! whose bucket is gone is refused ([`txinbox_core::MarkerInsert::Expired`], dead-lettered
+//! `retention_expired`), never applied again. A marker whose partition does not exist yet is released
+//! ([`txinbox_core::MarkerInsert::Unplaced`], `txinbox_partition_missing_total`); there is no default
+//! partition.
 //!
-//! 1. the CloudEvents `time` of the event (`ce-time`, or `time` in a structured body): the producer's, sent
-//!    in every copy, redelivered, redriven or sent again;
-//! 2. else the broker's first enqueue time (SQS `SentTimestamp`, Service Bus `EnqueuedTimeUtc`), which every
-//!    redelivery of one broker message carries.
-//!
-//! The primary key is `(consumer_name, source, message_id, origin_bucket)` and the business-key index
-//! `(consumer_name, tenant, business_key, origin_bucket)`: two copies with the same origin bucket meet in one
-//! partition, where the unique index decides, exactly as in the row-by-row layout. The arrival time plays no
-//! part: a copy that arrives a day after its first copy, across any number of partition boundaries, lands in
-//! the first copy's partition.
-//!
-//! What the layout does not cover, and the row-by-row layout does: a message sent **again** by its producer
-//! without a CloudEvents `time` gets a new broker enqueue time; if the two sends fall in different buckets,
-//! the second is not recognised. Send `ce-time` (every copy then shares its bucket), or keep the row-by-row
-//! layout. Likewise a business key is unique per bucket of origin time: two different messages with one
-//! business key are caught when their origin times fall in the same bucket (widen the bucket, or keep the
-//! row-by-row layout, when business keys must be unique over longer).
-//!
-//! ## Why no marker disappears while a copy can still come back
-//!
-//! A partition is dropped only once `bucket end + keep <= now` ([`PartitionOptions::keep`], set it to the
-//! inbox's [`txinbox_core::RetentionPolicy::keep`]). Before the drop the store records that buckets before
-//! its end are gone (`txinbox_partition_layout.low`); a copy whose bucket is before `low` is refused as
-//! [`txinbox_core::MarkerInsert::Expired`] (dead-lettered `retention_expired`), never applied again, and an
-//! insert that raced the drop fails on the missing partition and is retried, then refused. A copy whose
-//! partition exists finds every marker of its bucket, because partitions are removed whole.
-//!
-//! A marker whose bucket has no partition yet (the maintenance is behind, or an origin time in the future
-//! beyond [`PartitionOptions::ahead`]) is [`txinbox_core::MarkerInsert::Unplaced`]: released and retried,
-//! counted in `txinbox_partition_missing_total` (alert `TxinboxPartitionMissing`); nothing is written.
-//!
-//! ## Converting an existing inbox
-//!
-//! [`Store::partition`](crate::Store::partition) (`txinbox inbox partition`) renames the existing `txinbox_inbox` to
-//! `txinbox_inbox_legacy` and creates the partitioned table in its place, in one transaction. The legacy
-//! table is frozen (nothing is inserted into it any more), so reading it is not a race: until its last
-//! marker expires, every insert first looks its identity and business key up there, and a copy found there
-//! is a duplicate as before. The maintenance drops the legacy table when its last marker's
-//! `retention_until` has passed. Evidence rows and effects are copied into their partitioned tables in the
-//! same transaction. Stop the workers for the conversion (or restart them after it: a worker that still
-//! writes the row-by-row layout fails its inserts, which are retried, and reloads the layout).
-//!
-//! Effects are partitioned by `created_at` (the commit of the message that recorded them, so a partition stops
-//! receiving rows once its time has passed) and leave with their partition once its end is older than
-//! `effects_keep` and every effect in it is done (or compensated) and finished longer ago than that: a failed or
-//! needs-attention effect holds its partition for an operator (counted as `held`). A partitioned unique index
-//! must hold the partition key, so the idempotency key is unique with its `created_at`: it no longer refuses a
-//! second row by itself; the marker, in the same transaction, is what refuses a second copy of a message. Their
-//! rows are copied into the partitioned table by the conversion.
+//! [`Store::partition`](crate::Store::partition) converts an existing inbox in one transaction: its markers
+//! stay in a frozen `txinbox_inbox_legacy` that every insert also looks up until its last marker expires (a
+//! table nothing is inserted into is read without a race); evidence and effects are copied. The repository's
+//! `docs/partitions.md` gives the whole argument, the settings and what each costs.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -88,6 +52,11 @@ pub struct PartitionOptions {
     /// How long a marker is kept past its origin time: a partition is dropped when its end is older than
     /// this. Set it to the inbox's `RetentionPolicy::keep` (default 30 days, the same default).
     pub keep: Duration,
+    /// Place a message without a CloudEvents `time` by its broker's enqueue time instead of refusing it
+    /// (default false: such a message is dead-lettered `no_event_time`). The enqueue time is the same in
+    /// every redelivery of one broker message, but not in a redriven or re-sent copy (an SQS redrive gives
+    /// the message a new enqueue time): such a copy whose time falls in another partition is not recognised.
+    pub broker_time: bool,
 }
 
 impl Default for PartitionOptions {
@@ -96,6 +65,7 @@ impl Default for PartitionOptions {
             width: Duration::from_secs(86_400),
             ahead: 3,
             keep: Duration::from_secs(30 * 86_400),
+            broker_time: false,
         }
     }
 }
@@ -118,6 +88,12 @@ impl PartitionOptions {
     /// Sets how long markers are kept past their origin time.
     pub fn keep(mut self, keep: Duration) -> Self {
         self.keep = keep;
+        self
+    }
+    /// Places messages without a CloudEvents `time` by their broker enqueue time (see
+    /// [`PartitionOptions::broker_time`]).
+    pub fn broker_time(mut self, allow: bool) -> Self {
+        self.broker_time = allow;
         self
     }
 
@@ -186,6 +162,8 @@ pub struct PartitionStatus {
     pub effect_partitions: u32,
     /// The frozen table of the row-by-row layout is still checked for duplicates.
     pub legacy: bool,
+    /// Messages without a CloudEvents `time` are placed by their broker time ([`PartitionOptions::broker_time`]).
+    pub broker_time: bool,
 }
 
 impl std::fmt::Display for PartitionStatus {
@@ -193,10 +171,15 @@ impl std::fmt::Display for PartitionStatus {
         let secs = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         write!(
             f,
-            "partitioned: width={}s keep={}s ahead={} markers from {} to {} ({} partitions) rejections {} partitions effects {} partitions{}",
+            "partitioned: width={}s keep={}s ahead={} origin={} markers from {} to {} ({} partitions) rejections {} partitions effects {} partitions{}",
             self.width.as_secs(),
             self.keep.as_secs(),
             self.ahead,
+            if self.broker_time {
+                "event-time-or-broker-time"
+            } else {
+                "event-time"
+            },
             secs(self.low),
             secs(self.high),
             self.marker_partitions,
@@ -224,6 +207,8 @@ pub struct LayoutState {
     pub(crate) legacy: bool,
     /// Whether the effects are partitioned too (their done rows leave with their partition).
     pub(crate) effects: bool,
+    /// Whether a message without an event time is placed by its broker time (else refused).
+    pub(crate) broker_time: bool,
 }
 
 impl LayoutState {
@@ -317,11 +302,11 @@ pub(crate) use pg::*;
 mod pg {
     use super::*;
     use crate::error::StoreError;
+    use crate::postgres::{holder_in, inserted_rows, marker_arrays};
     use crate::store::Store;
-    use sqlx::postgres::PgArguments;
-    use sqlx::{Arguments, PgConnection, PgPool, Postgres, Row};
+    use sqlx::{PgConnection, PgPool, Postgres, Row};
     use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
-    use txinbox_core::{ExistingMarker, MarkerInsert, MarkerRow};
+    use txinbox_core::{MarkerInsert, MarkerRow};
 
     /// The markers' parent table and the evidence's.
     const INBOX: &str = "txinbox_inbox";
@@ -329,7 +314,7 @@ mod pg {
     const EFFECTS: &str = "txinbox_effects";
     const LEGACY: &str = "txinbox_inbox_legacy";
 
-    const LAYOUT_TABLE: &str = "CREATE TABLE IF NOT EXISTS txinbox_partition_layout (tbl TEXT PRIMARY KEY, width_secs BIGINT NOT NULL, ahead INTEGER NOT NULL, keep_secs BIGINT NOT NULL, low TIMESTAMPTZ NOT NULL, high TIMESTAMPTZ NOT NULL, legacy BOOLEAN NOT NULL DEFAULT FALSE)";
+    const LAYOUT_TABLE: &str = "CREATE TABLE IF NOT EXISTS txinbox_partition_layout (tbl TEXT PRIMARY KEY, width_secs BIGINT NOT NULL, ahead INTEGER NOT NULL, keep_secs BIGINT NOT NULL, low TIMESTAMPTZ NOT NULL, high TIMESTAMPTZ NOT NULL, legacy BOOLEAN NOT NULL DEFAULT FALSE, broker_time BOOLEAN NOT NULL DEFAULT FALSE)";
 
     /// The partitioned markers' table: the row-by-row columns and `origin_bucket`, in every unique key.
     const CREATE_INBOX: &str = "
@@ -339,21 +324,8 @@ ALTER INDEX txinbox_inbox_tenant_business_key RENAME TO txinbox_inbox_legacy_bus
 ALTER INDEX txinbox_inbox_retention RENAME TO txinbox_inbox_legacy_retention;
 ALTER INDEX txinbox_inbox_processed RENAME TO txinbox_inbox_legacy_processed;
 CREATE TABLE txinbox_inbox (
-    consumer_name    TEXT        NOT NULL,
-    source           TEXT        NOT NULL DEFAULT '',
-    message_id       TEXT        NOT NULL,
-    event_type       TEXT,
-    business_key     TEXT,
-    payload_hash     TEXT        NOT NULL,
-    contract_version TEXT,
-    tenant_id        TEXT,
-    received_at      TIMESTAMPTZ NOT NULL,
-    processed_at     TIMESTAMPTZ NOT NULL,
-    result_reference TEXT,
-    retention_until  TIMESTAMPTZ NOT NULL,
-    id_origin        TEXT        NOT NULL,
-    delivery_count   INTEGER     NOT NULL DEFAULT 1,
-    origin_bucket    TIMESTAMPTZ NOT NULL,
+    LIKE txinbox_inbox_legacy INCLUDING DEFAULTS,
+    origin_bucket TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (consumer_name, source, message_id, origin_bucket)
 ) PARTITION BY RANGE (origin_bucket);
 CREATE UNIQUE INDEX txinbox_inbox_tenant_business_key
@@ -361,74 +333,16 @@ CREATE UNIQUE INDEX txinbox_inbox_tenant_business_key
 CREATE INDEX txinbox_inbox_processed ON txinbox_inbox (consumer_name, processed_at);
 ";
 
-    /// The partitioned evidence table; the rows of the old one are copied in, then it is dropped.
-    const CREATE_REJECTIONS: &str = "
-ALTER TABLE txinbox_rejections RENAME TO txinbox_rejections_legacy;
-ALTER INDEX txinbox_rejections_pkey RENAME TO txinbox_rejections_legacy_pkey;
-ALTER INDEX txinbox_rejections_consumer_time RENAME TO txinbox_rejections_legacy_consumer_time;
-ALTER INDEX txinbox_rejections_time RENAME TO txinbox_rejections_legacy_time;
-ALTER INDEX txinbox_rejections_message RENAME TO txinbox_rejections_legacy_message;
-ALTER TABLE txinbox_rejections_legacy ALTER COLUMN id DROP DEFAULT;
-CREATE TABLE txinbox_rejections (
-    id             BIGINT      NOT NULL DEFAULT nextval('txinbox_rejections_id_seq'),
-    consumer_name  TEXT        NOT NULL,
-    source         TEXT        NOT NULL,
-    message_id     TEXT        NOT NULL,
-    kind           TEXT        NOT NULL,
-    business_key   TEXT,
-    payload_hash   TEXT        NOT NULL,
-    conflicts_with TEXT        NOT NULL,
-    detail         TEXT        NOT NULL,
-    recorded_at    TIMESTAMPTZ NOT NULL,
-    PRIMARY KEY (id, recorded_at)
-) PARTITION BY RANGE (recorded_at);
-ALTER SEQUENCE txinbox_rejections_id_seq OWNED BY txinbox_rejections.id;
+    /// The evidence table's indexes, under the row-by-row names.
+    const REJECTION_INDEXES: &str = "
 CREATE INDEX txinbox_rejections_consumer_time ON txinbox_rejections (consumer_name, recorded_at, id);
 CREATE INDEX txinbox_rejections_time ON txinbox_rejections (recorded_at, id);
 CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, message_id);
 ";
 
-    /// The partitioned effects table, built beside the old one (`txinbox_effects_new`), filled, then put in its
-    /// place; its indexes are created after the rename, under the row-by-row names.
-    const CREATE_EFFECTS: &str = "
-CREATE TABLE txinbox_effects_new (
-    id               BIGINT      NOT NULL DEFAULT nextval('txinbox_effects_id_seq'),
-    consumer_name    TEXT        NOT NULL,
-    message_id       TEXT        NOT NULL,
-    idempotency_key  TEXT        NOT NULL,
-    name             TEXT        NOT NULL,
-    destination      TEXT        NOT NULL,
-    payload          BYTEA       NOT NULL,
-    metadata         TEXT        NOT NULL,
-    external_ref     TEXT        NOT NULL,
-    group_key        TEXT,
-    state            TEXT        NOT NULL,
-    attempts         INTEGER     NOT NULL DEFAULT 0,
-    reconciliations  INTEGER     NOT NULL DEFAULT 0,
-    next_attempt_at  TIMESTAMPTZ NOT NULL,
-    claimed_by       TEXT,
-    claim_until      TIMESTAMPTZ,
-    result_reference TEXT,
-    last_error       TEXT,
-    created_at       TIMESTAMPTZ NOT NULL,
-    updated_at       TIMESTAMPTZ NOT NULL,
-    finished_at      TIMESTAMPTZ,
-    maybe_happened   BOOLEAN     NOT NULL DEFAULT FALSE,
-    sent_hash        TEXT,
-    PRIMARY KEY (id, created_at)
-) PARTITION BY RANGE (created_at);
-";
-
-    /// The effects' columns, for the copy.
-    const EFFECT_COLUMNS: &str = "id, consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, attempts, reconciliations, next_attempt_at, claimed_by, claim_until, result_reference, last_error, created_at, updated_at, finished_at, maybe_happened, sent_hash";
-
-    /// The partitioned effects table in place of the old one, with the row-by-row indexes, the idempotency key
-    /// unique per partition, and an index of the rows that hold a partition back (not done).
-    const SWAP_EFFECTS: &str = "
-ALTER SEQUENCE txinbox_effects_id_seq OWNED BY NONE;
-DROP TABLE txinbox_effects;
-ALTER TABLE txinbox_effects_new RENAME TO txinbox_effects;
-ALTER SEQUENCE txinbox_effects_id_seq OWNED BY txinbox_effects.id;
+    /// The effects table's indexes, under the row-by-row names; the idempotency key unique with its partition
+    /// key, and an index of the rows that hold a partition back (not done).
+    const EFFECT_INDEXES: &str = "
 CREATE UNIQUE INDEX txinbox_effects_idempotency_key ON txinbox_effects (idempotency_key, created_at);
 CREATE INDEX txinbox_effects_due ON txinbox_effects (next_attempt_at, id) WHERE state IN ('pending', 'uncertain');
 CREATE INDEX txinbox_effects_claims ON txinbox_effects (claim_until) WHERE state = 'in_flight';
@@ -460,7 +374,7 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
         if !exists {
             return Ok(None);
         }
-        let row = sqlx::query("SELECT width_secs, low, high, legacy, EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_effects') FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
+        let row = sqlx::query("SELECT width_secs, low, high, legacy, EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_effects'), broker_time FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
             .fetch_optional(&mut *conn)
             .await?;
         Ok(match row {
@@ -471,6 +385,7 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
                 high: r.try_get(2)?,
                 legacy: r.try_get(3)?,
                 effects: r.try_get(4)?,
+                broker_time: r.try_get(5)?,
             }),
         })
     }
@@ -489,41 +404,6 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
         }
     }
 
-    fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
-    where
-        T: sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + 'q,
-    {
-        args.add(value).map_err(sqlx::Error::Encode)
-    }
-
-    async fn holder(
-        conn: &mut PgConnection,
-        sql: &str,
-        row: &MarkerRow<'_>,
-        bucket: Option<DateTime<Utc>>,
-    ) -> Result<Option<ExistingMarker>, sqlx::Error> {
-        let id = row.identity;
-        let mut q = sqlx::query(sql)
-            .bind(id.consumer.as_str())
-            .bind(&id.source)
-            .bind(&id.message_id)
-            .bind(&id.business_key)
-            .bind(&id.tenant_id);
-        if let Some(b) = bucket {
-            q = q.bind(b);
-        }
-        Ok(match q.fetch_optional(&mut *conn).await? {
-            Some(r) => Some(ExistingMarker::new(
-                r.try_get(3)?,
-                r.try_get(0)?,
-                r.try_get(1)?,
-                r.try_get(2)?,
-                r.try_get(4)?,
-            )),
-            None => None,
-        })
-    }
-
     /// The marker inserts of the partitioned layout, in `state`'s range: a row outside it is answered
     /// without a write; a row whose identity or business key the frozen legacy table holds is a conflict.
     pub(crate) async fn insert_markers(
@@ -534,7 +414,12 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
         let mut out: Vec<Option<MarkerInsert>> = Vec::with_capacity(rows.len());
         let buckets: Vec<DateTime<Utc>> = rows.iter().map(|r| state.bucket(r.origin_at)).collect();
         for (row, bucket) in rows.iter().zip(&buckets) {
-            let answer = if *bucket < state.low {
+            let answer = if row.identity.event_time.is_none() && !state.broker_time {
+                Some(MarkerInsert::Refused {
+                    reason: "no_event_time".into(),
+                    detail: "the inbox's partitioned layout places each marker by its event's CloudEvents time, and this message has none (or not RFC 3339): set ce-time on the event, or convert with broker time allowed".into(),
+                })
+            } else if *bucket < state.low {
                 Some(MarkerInsert::Expired(format!(
                     "origin time {} is in the partition of {}, dropped by retention (partitions from {} are kept)",
                     row.origin_at.to_rfc3339(),
@@ -548,7 +433,7 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
                     state.high.to_rfc3339()
                 )))
             } else if state.legacy {
-                holder(&mut *conn, LEGACY_HOLDER, row, None)
+                holder_in(&mut *conn, LEGACY_HOLDER, row.identity, None)
                     .await?
                     .map(|h| MarkerInsert::Conflict(Some(h)))
             } else {
@@ -558,73 +443,18 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
         }
         let todo: Vec<usize> = (0..rows.len()).filter(|i| out[*i].is_none()).collect();
         if !todo.is_empty() {
-            let column =
-                |f: for<'r> fn(&'r MarkerRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
-                    todo.iter().map(|i| f(&rows[*i])).collect()
-                };
-            let times = |f: fn(&MarkerRow<'_>) -> DateTime<Utc>| -> Vec<DateTime<Utc>> {
-                todo.iter().map(|i| f(&rows[*i])).collect()
-            };
-            let mut args = PgArguments::default();
-            add(&mut args, column(|r| Some(r.identity.consumer.as_str())))?;
-            add(&mut args, column(|r| Some(&r.identity.source)))?;
-            add(&mut args, column(|r| Some(&r.identity.message_id)))?;
-            add(&mut args, column(|r| r.identity.event_type.as_deref()))?;
-            add(&mut args, column(|r| r.identity.business_key.as_deref()))?;
-            add(&mut args, column(|r| Some(r.payload_hash)))?;
-            add(
-                &mut args,
-                column(|r| r.identity.contract_version.as_deref()),
-            )?;
-            add(&mut args, column(|r| r.identity.tenant_id.as_deref()))?;
-            add(&mut args, times(|r| r.received_at))?;
-            add(&mut args, times(|r| r.processed_at))?;
-            add(&mut args, times(|r| r.retention_until))?;
-            add(&mut args, column(|r| Some(r.identity.origin.as_str())))?;
-            add(
-                &mut args,
-                todo.iter()
-                    .map(|i| i32::try_from(rows[*i].delivery_count).unwrap_or(i32::MAX))
-                    .collect::<Vec<_>>(),
-            )?;
-            add(
-                &mut args,
-                todo.iter().map(|i| buckets[*i]).collect::<Vec<_>>(),
-            )?;
-            let returned = sqlx::query_with(INSERT_MARKERS, args)
+            let batch: Vec<&MarkerRow<'_>> = todo.iter().map(|i| &rows[*i]).collect();
+            let placed: Vec<DateTime<Utc>> = todo.iter().map(|i| buckets[*i]).collect();
+            let returned = sqlx::query_with(INSERT_MARKERS, marker_arrays(&batch, Some(&placed))?)
                 .fetch_all(&mut *conn)
                 .await?;
-            let mut inserted = vec![false; rows.len()];
-            for r in &returned {
-                let (consumer, source, message_id, hash): (&str, &str, &str, &str) =
-                    (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
-                let (business_key, tenant): (Option<&str>, Option<&str>) =
-                    (r.try_get(4)?, r.try_get(5)?);
-                let found = todo.iter().copied().find(|i| {
-                    let (row, id) = (&rows[*i], rows[*i].identity);
-                    !inserted[*i]
-                        && id.consumer.as_str() == consumer
-                        && id.source == source
-                        && id.message_id == message_id
-                        && row.payload_hash == hash
-                        && id.business_key.as_deref() == business_key
-                        && id.tenant_id.as_deref() == tenant
-                });
-                match found {
-                    Some(i) => inserted[i] = true,
-                    None => {
-                        return Err(sqlx::Error::Protocol(format!(
-                            "the batch marker insert returned a row that is not in the batch (message id {message_id})"
-                        )))
-                    }
-                }
-            }
-            for i in todo {
-                out[i] = Some(if inserted[i] {
+            let inserted = inserted_rows(&returned, &batch)?;
+            for (k, i) in todo.into_iter().enumerate() {
+                out[i] = Some(if inserted[k] {
                     MarkerInsert::Inserted
                 } else {
                     MarkerInsert::Conflict(
-                        holder(&mut *conn, HOLDER, &rows[i], Some(buckets[i])).await?,
+                        holder_in(&mut *conn, HOLDER, rows[i].identity, Some(buckets[i])).await?,
                     )
                 });
             }
@@ -689,6 +519,54 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
         Ok(())
     }
 
+    /// Rebuilds `table` (an id from `{table}_id_seq` and its rows) partitioned by `column`: the new table beside
+    /// it, with the same columns and defaults, partitions from its oldest row's bucket to `high`, every row
+    /// copied, then put in its place with the sequence and `indexes`. Returns the first bucket, the partitions
+    /// created and the rows copied.
+    async fn repartition(
+        conn: &mut PgConnection,
+        table: &str,
+        column: &str,
+        indexes: &str,
+        now: DateTime<Utc>,
+        high: DateTime<Utc>,
+        width: i64,
+    ) -> Result<(DateTime<Utc>, u32, u64), sqlx::Error> {
+        let oldest: Option<DateTime<Utc>> =
+            sqlx::query_scalar(&format!("SELECT min({column}) FROM {table}"))
+                .fetch_one(&mut *conn)
+                .await?;
+        let low = bucket_of(oldest.map_or(now, |o| o.min(now)), width);
+        let new = format!("{table}_new");
+        let create = format!("CREATE TABLE {new} (LIKE {table} INCLUDING DEFAULTS, PRIMARY KEY (id, {column})) PARTITION BY RANGE ({column})");
+        sqlx::Executor::execute(&mut *conn, create.as_str()).await?;
+        let mut created = 0;
+        for b in buckets(low, high, width) {
+            let sql = format!(
+                "CREATE TABLE {} PARTITION OF {new} FOR VALUES FROM ('{}') TO ('{}')",
+                partition_name(table, b),
+                rfc(b),
+                rfc(b + chrono::Duration::seconds(width))
+            );
+            sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+            created += 1;
+        }
+        let copied = sqlx::query(&format!("INSERT INTO {new} SELECT * FROM {table}"))
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        let swap = format!(
+            "ALTER SEQUENCE {table}_id_seq OWNED BY NONE;
+DROP TABLE {table};
+ALTER TABLE {new} RENAME TO {table};
+ALTER INDEX {new}_pkey RENAME TO {table}_pkey;
+ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
+{indexes}"
+        );
+        sqlx::raw_sql(&swap).execute(&mut *conn).await?;
+        Ok((low, created, copied))
+    }
+
     impl Store<Postgres> {
         /// Converts this database's inbox to the partitioned layout ([`crate::partitions`]): one transaction,
         /// one converter at a time; idempotent (a partitioned database is left as it is). Workers should be
@@ -740,46 +618,31 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
             if !legacy {
                 sqlx::Executor::execute(&mut *tx, "DROP TABLE txinbox_inbox_legacy").await?;
             }
-            // Evidence: partitions back to the oldest row, whose rows are copied in.
-            let oldest: Option<DateTime<Utc>> =
-                sqlx::query_scalar("SELECT min(recorded_at) FROM txinbox_rejections")
-                    .fetch_one(&mut *tx)
-                    .await?;
-            let rlow = bucket_of(oldest.map_or(now, |o| o.min(now)), width);
-            sqlx::Executor::execute(&mut *tx, CREATE_REJECTIONS).await?;
-            for b in buckets(rlow, high, width) {
-                create_in_new(&mut tx, REJECTIONS, b, width).await?;
-                created += 1;
-            }
-            let copied = sqlx::query("INSERT INTO txinbox_rejections SELECT id, consumer_name, source, message_id, kind, business_key, payload_hash, conflicts_with, detail, recorded_at FROM txinbox_rejections_legacy")
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            sqlx::Executor::execute(&mut *tx, "DROP TABLE txinbox_rejections_legacy").await?;
-            // Effects: partitions back to the oldest effect, whose rows are copied in.
-            let oldest: Option<DateTime<Utc>> =
-                sqlx::query_scalar("SELECT min(created_at) FROM txinbox_effects")
-                    .fetch_one(&mut *tx)
-                    .await?;
-            let elow = bucket_of(oldest.map_or(now, |o| o.min(now)), width);
-            sqlx::Executor::execute(&mut *tx, CREATE_EFFECTS).await?;
-            for b in buckets(elow, high, width) {
-                let sql = format!(
-                    "CREATE TABLE {} PARTITION OF txinbox_effects_new FOR VALUES FROM ('{}') TO ('{}')",
-                    partition_name(EFFECTS, b),
-                    rfc(b),
-                    rfc(b + w)
-                );
-                sqlx::Executor::execute(&mut *tx, sql.as_str()).await?;
-                created += 1;
-            }
-            let copy = format!(
-                "INSERT INTO txinbox_effects_new ({EFFECT_COLUMNS}) SELECT {EFFECT_COLUMNS} FROM txinbox_effects"
-            );
-            let effects_copied = sqlx::query(&copy).execute(&mut *tx).await?.rows_affected();
-            sqlx::raw_sql(SWAP_EFFECTS).execute(&mut *tx).await?;
+            // Evidence and effects: partitions back to their oldest row, every row copied in.
+            let (rlow, n, copied) = repartition(
+                &mut tx,
+                REJECTIONS,
+                "recorded_at",
+                REJECTION_INDEXES,
+                now,
+                high,
+                width,
+            )
+            .await?;
+            created += n;
+            let (elow, n, effects_copied) = repartition(
+                &mut tx,
+                EFFECTS,
+                "created_at",
+                EFFECT_INDEXES,
+                now,
+                high,
+                width,
+            )
+            .await?;
+            created += n;
             for (tbl, low) in [(INBOX, low), (REJECTIONS, rlow), (EFFECTS, elow)] {
-                sqlx::query("INSERT INTO txinbox_partition_layout (tbl, width_secs, ahead, keep_secs, low, high, legacy) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                sqlx::query("INSERT INTO txinbox_partition_layout (tbl, width_secs, ahead, keep_secs, low, high, legacy, broker_time) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
                     .bind(tbl)
                     .bind(width)
                     .bind(opts.ahead as i32)
@@ -787,6 +650,7 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
                     .bind(low)
                     .bind(high)
                     .bind(tbl == INBOX && legacy)
+                    .bind(opts.broker_time)
                     .execute(&mut *tx)
                     .await?;
             }
@@ -807,7 +671,7 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
             if load(&mut conn).await?.is_none() {
                 return Ok(None);
             }
-            let r = sqlx::query("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_effects')) FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'")
+            let r = sqlx::query("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, l.broker_time, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_effects')) FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'")
                 .fetch_one(&mut *conn)
                 .await?;
             let secs = |v: i64| Duration::from_secs(v.max(0) as u64);
@@ -818,9 +682,10 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
                 low: r.try_get(3)?,
                 high: r.try_get(4)?,
                 legacy: r.try_get(5)?,
-                marker_partitions: r.try_get::<i64, _>(6)?.max(0) as u32,
-                rejection_partitions: r.try_get::<i64, _>(7)?.max(0) as u32,
-                effect_partitions: r.try_get::<i64, _>(8)?.max(0) as u32,
+                broker_time: r.try_get(6)?,
+                marker_partitions: r.try_get::<i64, _>(7)?.max(0) as u32,
+                rejection_partitions: r.try_get::<i64, _>(8)?.max(0) as u32,
+                effect_partitions: r.try_get::<i64, _>(9)?.max(0) as u32,
             }))
         }
 

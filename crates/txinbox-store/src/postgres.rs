@@ -49,15 +49,27 @@ async fn holder(
     conn: &mut PgConnection,
     id: &Identity,
 ) -> Result<Option<ExistingMarker>, sqlx::Error> {
-    let holder = sqlx::query(HOLDER)
+    holder_in(conn, HOLDER, id, None).await
+}
+
+/// The row holding `id`'s identity or business key, read with `sql` (this module's [`HOLDER`] or a
+/// partitioned layout's, whose sixth parameter is the marker's partition key `bucket`).
+pub(crate) async fn holder_in(
+    conn: &mut PgConnection,
+    sql: &str,
+    id: &Identity,
+    bucket: Option<DateTime<Utc>>,
+) -> Result<Option<ExistingMarker>, sqlx::Error> {
+    let mut q = sqlx::query(sql)
         .bind(id.consumer.as_str())
         .bind(&id.source)
         .bind(&id.message_id)
         .bind(&id.business_key)
-        .bind(&id.tenant_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(match holder {
+        .bind(&id.tenant_id);
+    if let Some(b) = bucket {
+        q = q.bind(b);
+    }
+    Ok(match q.fetch_optional(&mut *conn).await? {
         Some(r) => Some(ExistingMarker::new(
             r.try_get(3)?,
             r.try_get(0)?,
@@ -67,6 +79,81 @@ async fn holder(
         )),
         None => None,
     })
+}
+
+/// The parameters of a batch marker insert ([`INSERT_MARKERS`], or the partitioned layout's with `buckets`
+/// as its fourteenth array): one array per column, the rows in order.
+pub(crate) fn marker_arrays(
+    rows: &[&MarkerRow<'_>],
+    buckets: Option<&[DateTime<Utc>]>,
+) -> Result<PgArguments, sqlx::Error> {
+    let column = |f: for<'r> fn(&'r MarkerRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
+        rows.iter().map(|r| f(r)).collect()
+    };
+    let times = |f: fn(&MarkerRow<'_>) -> DateTime<Utc>| -> Vec<DateTime<Utc>> {
+        rows.iter().map(|r| f(r)).collect()
+    };
+    let mut args = PgArguments::default();
+    add(&mut args, column(|r| Some(r.identity.consumer.as_str())))?;
+    add(&mut args, column(|r| Some(&r.identity.source)))?;
+    add(&mut args, column(|r| Some(&r.identity.message_id)))?;
+    add(&mut args, column(|r| r.identity.event_type.as_deref()))?;
+    add(&mut args, column(|r| r.identity.business_key.as_deref()))?;
+    add(&mut args, column(|r| Some(r.payload_hash)))?;
+    add(
+        &mut args,
+        column(|r| r.identity.contract_version.as_deref()),
+    )?;
+    add(&mut args, column(|r| r.identity.tenant_id.as_deref()))?;
+    add(&mut args, times(|r| r.received_at))?;
+    add(&mut args, times(|r| r.processed_at))?;
+    add(&mut args, times(|r| r.retention_until))?;
+    add(&mut args, column(|r| Some(r.identity.origin.as_str())))?;
+    add(
+        &mut args,
+        rows.iter()
+            .map(|r| i32::try_from(r.delivery_count).unwrap_or(i32::MAX))
+            .collect::<Vec<_>>(),
+    )?;
+    if let Some(b) = buckets {
+        add(&mut args, b.to_vec())?;
+    }
+    Ok(args)
+}
+
+/// Which of `rows` a batch marker insert wrote, from the rows it returned (`consumer_name, source,
+/// message_id, payload_hash, business_key, tenant_id`). Each returned row is the first row of the batch with
+/// its values not matched yet: rows with the same values are tried in order, and a later one goes in only
+/// where the earlier one could not, which values alike cannot.
+pub(crate) fn inserted_rows(
+    returned: &[sqlx::postgres::PgRow],
+    rows: &[&MarkerRow<'_>],
+) -> Result<Vec<bool>, sqlx::Error> {
+    let mut inserted = vec![false; rows.len()];
+    for r in returned {
+        let (consumer, source, message_id, hash): (&str, &str, &str, &str) =
+            (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
+        let (business_key, tenant): (Option<&str>, Option<&str>) = (r.try_get(4)?, r.try_get(5)?);
+        let found = rows.iter().enumerate().position(|(i, row)| {
+            let id = row.identity;
+            !inserted[i]
+                && id.consumer.as_str() == consumer
+                && id.source == source
+                && id.message_id == message_id
+                && row.payload_hash == hash
+                && id.business_key.as_deref() == business_key
+                && id.tenant_id.as_deref() == tenant
+        });
+        match found {
+            Some(i) => inserted[i] = true,
+            None => {
+                return Err(sqlx::Error::Protocol(format!(
+                    "the batch marker insert returned a row that is not in the batch (message id {message_id})"
+                )))
+            }
+        }
+    }
+    Ok(inserted)
 }
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
@@ -176,71 +263,11 @@ impl Backend for Postgres {
         conn: &mut PgConnection,
         rows: &[MarkerRow<'_>],
     ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
-        let column = |f: for<'r> fn(&'r MarkerRow<'r>) -> Option<&'r str>| -> Vec<Option<&str>> {
-            rows.iter().map(f).collect()
-        };
-        let mut args = PgArguments::default();
-        add(&mut args, column(|r| Some(r.identity.consumer.as_str())))?;
-        add(&mut args, column(|r| Some(&r.identity.source)))?;
-        add(&mut args, column(|r| Some(&r.identity.message_id)))?;
-        add(&mut args, column(|r| r.identity.event_type.as_deref()))?;
-        add(&mut args, column(|r| r.identity.business_key.as_deref()))?;
-        add(&mut args, column(|r| Some(r.payload_hash)))?;
-        add(
-            &mut args,
-            column(|r| r.identity.contract_version.as_deref()),
-        )?;
-        add(&mut args, column(|r| r.identity.tenant_id.as_deref()))?;
-        add(
-            &mut args,
-            rows.iter().map(|r| r.received_at).collect::<Vec<_>>(),
-        )?;
-        add(
-            &mut args,
-            rows.iter().map(|r| r.processed_at).collect::<Vec<_>>(),
-        )?;
-        add(
-            &mut args,
-            rows.iter().map(|r| r.retention_until).collect::<Vec<_>>(),
-        )?;
-        add(&mut args, column(|r| Some(r.identity.origin.as_str())))?;
-        add(
-            &mut args,
-            rows.iter()
-                .map(|r| i32::try_from(r.delivery_count).unwrap_or(i32::MAX))
-                .collect::<Vec<_>>(),
-        )?;
-        let returned = sqlx::query_with(INSERT_MARKERS, args)
+        let rows: Vec<&MarkerRow<'_>> = rows.iter().collect();
+        let returned = sqlx::query_with(INSERT_MARKERS, marker_arrays(&rows, None)?)
             .fetch_all(&mut *conn)
             .await?;
-        // Each returned row is the first row of the batch with its values not matched yet: rows with the same
-        // values are tried in order, and a later one goes in only where the earlier one could not, which
-        // values alike cannot.
-        let mut inserted = vec![false; rows.len()];
-        for r in &returned {
-            let (consumer, source, message_id, hash): (&str, &str, &str, &str) =
-                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
-            let (business_key, tenant): (Option<&str>, Option<&str>) =
-                (r.try_get(4)?, r.try_get(5)?);
-            let found = rows.iter().enumerate().position(|(i, row)| {
-                let id = row.identity;
-                !inserted[i]
-                    && id.consumer.as_str() == consumer
-                    && id.source == source
-                    && id.message_id == message_id
-                    && row.payload_hash == hash
-                    && id.business_key.as_deref() == business_key
-                    && id.tenant_id.as_deref() == tenant
-            });
-            match found {
-                Some(i) => inserted[i] = true,
-                None => {
-                    return Err(sqlx::Error::Protocol(format!(
-                        "the batch marker insert returned a row that is not in the batch (message id {message_id})"
-                    )))
-                }
-            }
-        }
+        let inserted = inserted_rows(&returned, &rows)?;
         let mut out = Vec::with_capacity(rows.len());
         for (row, inserted) in rows.iter().zip(inserted) {
             out.push(if inserted {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Duration as Cd, TimeZone, Utc};
 use sqlx::Connection;
 use std::time::Duration;
 use txinbox_core::runtime::maintenance::{
-    Maintenance, MaintenanceOptions, MaintenanceStore, Table,
+    Maintenance, MaintenanceOptions, MaintenanceStore, PartitionRotation, Table,
 };
 use txinbox_core::{
     ConsumerName, Identity, IdentityPolicy, InboxStore, MarkerInsert, MarkerRow, ReceivedMessage,
@@ -63,6 +63,15 @@ impl Schema {
     }
 }
 
+/// One rotation of `s`'s partitions at `at`, with the maintenance's default keeps.
+async fn rotate(s: &Schema, at: DateTime<Utc>) -> PartitionRotation {
+    s.store
+        .rotate_partitions(at, &MaintenanceOptions::default())
+        .await
+        .unwrap()
+        .expect("a partitioned store rotates")
+}
+
 fn identity(id: &str, business_key: Option<&str>) -> Identity {
     let mut m = ReceivedMessage::new(b"{}".to_vec());
     m.attributes.insert("ce-id".into(), id.into());
@@ -76,7 +85,14 @@ fn identity(id: &str, business_key: Option<&str>) -> Identity {
     i
 }
 
-/// Inserts one marker with `origin` in its own transaction, committed when inserted.
+/// `id` as a message whose CloudEvents `time` is `at`.
+fn timed(id: &Identity, at: DateTime<Utc>) -> Identity {
+    let mut id = id.clone();
+    id.event_time = Some(at);
+    id
+}
+
+/// Inserts one marker of an event of time `origin` in its own transaction, committed when inserted.
 async fn insert(
     store: &Store<sqlx::Postgres>,
     id: &Identity,
@@ -84,6 +100,7 @@ async fn insert(
     origin: DateTime<Utc>,
 ) -> MarkerInsert {
     let now = Utc::now();
+    let id = &timed(id, origin);
     let row = MarkerRow::new(id, hash, now, now, now + Cd::days(30), 1).origin_at(origin);
     let tx = store.begin().await.unwrap();
     let answer = store.insert_marker(&tx, &row).await.unwrap();
@@ -154,8 +171,8 @@ async fn copies_on_both_sides_of_a_boundary_meet_one_marker_in_one_partition() {
 async fn concurrent_copies_are_decided_by_the_unique_constraint() {
     let s = Schema::new().await;
     let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
-    let id = identity("evt-c", None);
     let origin = Utc::now();
+    let id = timed(&identity("evt-c", None), origin);
     let now = Utc::now();
     let row = MarkerRow::new(&id, "h", now, now, now + Cd::days(30), 1).origin_at(origin);
     let (t1, t2) = (
@@ -212,9 +229,9 @@ async fn outside_the_partitions_nothing_is_written_and_the_answer_says_why() {
     // A batch with one of each: the others are written, each answer in its place.
     let now = Utc::now();
     let (a, b, c) = (
-        identity("b-1", None),
-        identity("b-2", None),
-        identity("b-3", None),
+        timed(&identity("b-1", None), now),
+        timed(&identity("b-2", None), now - Cd::days(40)),
+        timed(&identity("b-3", None), now + Cd::days(9)),
     );
     let rows = [
         MarkerRow::new(&a, "h", now, now, now, 1).origin_at(now),
@@ -272,12 +289,7 @@ async fn the_rotation_creates_ahead_and_drops_whole_partitions_never_rows() {
     let a = insert(&s.store, &id, "h", origin).await;
     assert!(matches!(a, MarkerInsert::Expired(_)), "{a:?}");
     // A second pass finds nothing more to drop; a purge of markers deletes nothing row by row.
-    let again = s
-        .store
-        .rotate_partitions(later, &MaintenanceOptions::default())
-        .await
-        .unwrap()
-        .unwrap();
+    let again = rotate(&s, later).await;
     assert_eq!(again.dropped[&Table::Markers], 0);
     assert!(s
         .store
@@ -330,19 +342,9 @@ async fn markers_of_the_row_by_row_layout_stay_duplicates_until_their_table_expi
         "{a:?}"
     );
     // Rotation before the legacy markers expire keeps the table; after, drops it.
-    let p = s
-        .store
-        .rotate_partitions(Utc::now(), &MaintenanceOptions::default())
-        .await
-        .unwrap()
-        .unwrap();
+    let p = rotate(&s, Utc::now()).await;
     assert!(!p.legacy_dropped);
-    let p = s
-        .store
-        .rotate_partitions(Utc::now() + Cd::days(31), &MaintenanceOptions::default())
-        .await
-        .unwrap()
-        .unwrap();
+    let p = rotate(&s, Utc::now() + Cd::days(31)).await;
     assert!(p.legacy_dropped);
     let gone: bool = sqlx::query_scalar("SELECT to_regclass('txinbox_inbox_legacy') IS NULL")
         .fetch_one(s.store.pool())
@@ -455,12 +457,33 @@ async fn the_pipeline_refuses_an_expired_bucket_and_releases_a_missing_one() {
     );
     assert_eq!(s.markers().await, 0);
     assert_eq!(s.store.count_tasks().await.unwrap(), 0);
-    // An event `time` that is not RFC 3339 is ignored: the broker's enqueue time places it (a queue of its
-    // own: the released delivery above is visible again on the first).
+    // An event `time` that is not RFC 3339 is no event time: the layout cannot place the message, which is
+    // dead-lettered with its reason, nothing written (a queue of its own: the released delivery above is
+    // visible again on the first).
     let q = MemoryQueue::new(QueueOptions::default());
     q.send(txinbox_lab::lab::lab_message(2).attribute("ce-time", "yesterday"));
     let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
+    let txinbox_core::Outcome::DeadLettered { reason, detail } = &o else {
+        panic!("not dead-lettered: {o}")
+    };
+    assert_eq!(reason, "no_event_time", "{detail}");
+    assert_eq!(s.markers().await, 0);
+    // Converted with broker time allowed, the same message is placed by its enqueue time and applied.
+    let t = Schema::new().await;
+    let _ = t
+        .store
+        .partition(&PartitionOptions::new().broker_time(true))
+        .await
+        .unwrap();
+    t.store.create_tables().await.unwrap();
+    let p = txinbox_lab::lab::lab_processor(
+        t.store.clone(),
+        txinbox_lab::lab::task_handler::<Store<sqlx::Postgres>>(),
+    );
+    q.send(txinbox_lab::lab::lab_message(2).attribute("ce-time", "yesterday"));
+    let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
     assert_eq!(o.label(), "applied", "{o}");
+    t.drop().await;
     s.drop().await;
 }
 
@@ -507,12 +530,7 @@ async fn effects_leave_with_their_partition_once_every_one_is_finished() {
     // Eight days on (effects kept 7): the partition of two days ago holds only a done effect and goes; today's
     // holds a failed one, kept for an operator.
     let later = Utc::now() + Cd::days(8);
-    let p = s
-        .store
-        .rotate_partitions(later, &MaintenanceOptions::default())
-        .await
-        .unwrap()
-        .unwrap();
+    let p = rotate(&s, later).await;
     assert!(p.dropped[&Table::Effects] >= 1, "{p:?}");
     assert_eq!(p.held[&Table::Effects], 1, "{p:?}");
     let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM txinbox_effects ORDER BY id")
@@ -529,12 +547,7 @@ async fn effects_leave_with_their_partition_once_every_one_is_finished() {
         .execute(s.store.pool())
         .await
         .unwrap();
-    let p = s
-        .store
-        .rotate_partitions(later, &MaintenanceOptions::default())
-        .await
-        .unwrap()
-        .unwrap();
+    let p = rotate(&s, later).await;
     assert_eq!(
         (p.dropped[&Table::Effects], p.held[&Table::Effects]),
         (1, 0),

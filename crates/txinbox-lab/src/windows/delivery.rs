@@ -352,8 +352,8 @@ pub(crate) async fn run<S: LabStore>(
                 0,
             )
             .ok_or_else(|| LabError::Usage("time out of range".into()))?;
-            // A: an event whose CloudEvents `time` is one second before the boundary. B: an event without
-            // one, placed by its broker enqueue time (now, before the boundary).
+            // A: an event whose CloudEvents `time` is one second before the boundary. B: an event of the lab's
+            // own time (before the boundary).
             let event_time = (boundary - chrono::Duration::seconds(1)).to_rfc3339();
             let a = || lab_message(0).attribute("ce-time", event_time.clone());
             q.send(a());

@@ -222,14 +222,18 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
-    /// The decision for a marker the store could not place ([`MarkerInsert::Expired`] or
-    /// [`MarkerInsert::Unplaced`]); nothing of the delivery was written.
+    /// The decision for a marker the store could not place ([`MarkerInsert::Expired`],
+    /// [`MarkerInsert::Unplaced`] or [`MarkerInsert::Refused`]); nothing of the delivery was written.
     pub(super) fn unplaced(&self, identity: &Identity, answer: MarkerInsert) -> Decision {
         match answer {
             MarkerInsert::Expired(why) => {
                 metrics::counter!(m::RETENTION_EXPIRED, "consumer" => self.label()).increment(1);
                 tracing::warn!(message_id = %identity.message_id, reason = %why, "the marker's partition is past the inbox retention; an earlier copy's marker may be gone, refusing to apply it again");
                 dead_letter("retention_expired", why)
+            }
+            MarkerInsert::Refused { reason, detail } => {
+                tracing::warn!(message_id = %identity.message_id, reason = %reason, detail = %detail, "the store cannot hold this message's marker: dead-lettered");
+                dead_letter(&reason, detail)
             }
             MarkerInsert::Unplaced(why) => {
                 metrics::counter!(m::PARTITION_MISSING, "consumer" => self.label()).increment(1);
