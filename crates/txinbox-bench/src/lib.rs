@@ -113,6 +113,10 @@ pub struct BenchArgs {
     /// With `--partitioned`: retention cycles (1 to 25).
     #[arg(long, default_value_t = 5, requires = "partitioned")]
     pub cycles: u32,
+    /// With `--partitioned`: hours one partition covers (the N expired markers of a cycle fill one partition:
+    /// `--purge-impact 416667 --width-hours 1` is a day of ten million markers in hourly partitions).
+    #[arg(long, default_value_t = 24, requires = "partitioned")]
+    pub width_hours: u64,
     /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64; 1 skips the batch
     /// lines and runs the end-to-end worker without batch commit).
     #[arg(long, default_value_t = 10)]

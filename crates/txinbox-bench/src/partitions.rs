@@ -12,7 +12,7 @@
 //! between windows.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
@@ -45,7 +45,7 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
     let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
     let secs = args.seconds.max(1);
     let (schema, store) = bench_store(&args.store, c as u32 + 4).await?;
-    let opts = PartitionOptions::new();
+    let opts = PartitionOptions::new().width(Duration::from_secs(args.width_hours.max(1) * 3600));
     let _ = store.partition(&opts).await?;
     let status = store
         .partition_status()

@@ -560,3 +560,30 @@ async fn effects_leave_with_their_partition_once_every_one_is_finished() {
     assert_eq!(left, 0);
     s.drop().await;
 }
+
+/// One node rotates at a time: while another session holds the rotation's lock, a pass does nothing and says
+/// so; once it is released, the pass rotates.
+#[tokio::test]
+async fn one_node_rotates_at_a_time() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let mut other = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
+        .await
+        .unwrap();
+    let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(7418230912)")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert!(held);
+    let later = Utc::now() + Cd::days(40);
+    let p = rotate(&s, later).await;
+    assert!(p.skipped && p.dropped.is_empty(), "{p:?}");
+    assert_eq!(s.partitions("txinbox_inbox").await, 30 + 1 + 3);
+    sqlx::query("SELECT pg_advisory_unlock(7418230912)")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let p = rotate(&s, later).await;
+    assert!(!p.skipped && p.dropped[&Table::Markers] > 0, "{p:?}");
+    s.drop().await;
+}

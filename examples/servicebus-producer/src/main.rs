@@ -38,6 +38,11 @@ struct Args {
     /// event in the shard that claims it.
     #[arg(long)]
     tenant: Option<String>,
+    /// The event's time (CloudEvents `time`, sent as `ce-time`; RFC 3339; default: now). Every copy of one event
+    /// carries the same: `--times` sends this one time again, as a producer re-sending an event must (the
+    /// inbox's partitioned layout places the marker by it).
+    #[arg(long)]
+    time: Option<String>,
     /// Publish the same event this many times.
     #[arg(long, default_value_t = 1)]
     times: u32,
@@ -104,6 +109,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .id
         .clone()
         .unwrap_or_else(|| format!("meeting-ended:{}:{}", args.opportunity, args.meeting));
+    let time = match &args.time {
+        Some(t) => chrono::DateTime::parse_from_rfc3339(t)
+            .map_err(|e| format!("--time {t:?} is not RFC 3339: {e}"))?
+            .to_rfc3339(),
+        None => chrono::Utc::now().to_rfc3339(),
+    };
     let body = json!({"opportunity": args.opportunity, "meeting": args.meeting}).to_string();
     let msg = OutboxMessage {
         destination: args.queue.clone(),
@@ -112,10 +123,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         event_type: "meeting.ended".into(),
         group_id: None,
         body: body.into_bytes(),
-        attributes: [("ce-contractversion".to_owned(), "1".to_owned())]
-            .into_iter()
-            .chain(args.tenant.clone().map(|t| ("ce-tenantid".to_owned(), t)))
-            .collect(),
+        attributes: [
+            ("ce-contractversion".to_owned(), "1".to_owned()),
+            ("ce-time".to_owned(), time),
+        ]
+        .into_iter()
+        .chain(args.tenant.clone().map(|t| ("ce-tenantid".to_owned(), t)))
+        .collect(),
     };
     let publisher = ServiceBusPublisher::new(client);
     for _ in 0..args.times.max(1) {
