@@ -333,27 +333,31 @@ CREATE UNIQUE INDEX txinbox_inbox_tenant_business_key
 CREATE INDEX txinbox_inbox_processed ON txinbox_inbox (consumer_name, processed_at);
 ";
 
-    /// The evidence table's indexes, under the row-by-row names.
-    const REJECTION_INDEXES: &str = "
-CREATE INDEX txinbox_rejections_consumer_time ON txinbox_rejections (consumer_name, recorded_at, id);
-CREATE INDEX txinbox_rejections_time ON txinbox_rejections (recorded_at, id);
-CREATE INDEX txinbox_rejections_message ON txinbox_rejections (consumer_name, message_id);
-";
+    /// The index of the effects that hold their partition back (not done), which the row-by-row layout has no
+    /// use for.
+    const EFFECTS_OPEN: &str =
+        "CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <> 'done'";
 
-    /// The effects table's indexes, under the row-by-row names; the idempotency key unique with its partition
-    /// key, and an index of the rows that hold a partition back (not done).
-    const EFFECT_INDEXES: &str = "
-CREATE UNIQUE INDEX txinbox_effects_idempotency_key ON txinbox_effects (idempotency_key, created_at);
-CREATE INDEX txinbox_effects_due ON txinbox_effects (next_attempt_at, id) WHERE state IN ('pending', 'uncertain');
-CREATE INDEX txinbox_effects_claims ON txinbox_effects (claim_until) WHERE state = 'in_flight';
-CREATE INDEX txinbox_effects_groups ON txinbox_effects (consumer_name, group_key, id)
-    WHERE group_key IS NOT NULL AND state NOT IN ('done', 'failed');
-CREATE INDEX txinbox_effects_done ON txinbox_effects (finished_at) WHERE state = 'done';
-CREATE INDEX txinbox_effects_ref ON txinbox_effects (external_ref);
-CREATE INDEX txinbox_effects_message ON txinbox_effects (consumer_name, message_id);
-CREATE INDEX txinbox_effects_state ON txinbox_effects (consumer_name, state, created_at);
-CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <> 'done';
-";
+    /// `def` (a `CREATE UNIQUE INDEX` of `pg_get_indexdef`) with `column` added to its key, as a unique index of
+    /// a partitioned table must hold the partition key.
+    pub(super) fn with_partition_key(def: &str, column: &str) -> Option<String> {
+        let open = def.find(" USING ")? + def[def.find(" USING ")?..].find('(')?;
+        let mut depth = 0;
+        for (i, c) in def[open..].char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        let at = open + i;
+                        return Some(format!("{}, {column}{}", &def[..at], &def[at..]));
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
 
     /// The batch marker insert of the partitioned layout: the row-by-row one with `origin_bucket`.
     const INSERT_MARKERS: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count, origin_bucket) SELECT consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count, origin_bucket FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::text[], $13::int4[], $14::timestamptz[]) WITH ORDINALITY AS t(consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count, origin_bucket, ord) ORDER BY ord ON CONFLICT DO NOTHING RETURNING consumer_name, source, message_id, payload_hash, business_key, tenant_id";
@@ -521,13 +525,15 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
 
     /// Rebuilds `table` (an id from `{table}_id_seq` and its rows) partitioned by `column`: the new table beside
     /// it, with the same columns and defaults, partitions from its oldest row's bucket to `high`, every row
-    /// copied, then put in its place with the sequence and `indexes`. Returns the first bucket, the partitions
-    /// created and the rows copied.
+    /// copied, then put in its place with the sequence, the old table's own indexes (a unique one with `column`
+    /// added to its key) and the statements of `extra`. Returns the first bucket, the partitions created and
+    /// the rows copied.
+    #[allow(clippy::too_many_arguments)]
     async fn repartition(
         conn: &mut PgConnection,
         table: &str,
         column: &str,
-        indexes: &str,
+        extra: &str,
         now: DateTime<Utc>,
         high: DateTime<Utc>,
         width: i64,
@@ -555,13 +561,32 @@ CREATE INDEX txinbox_effects_open ON txinbox_effects (created_at) WHERE state <>
             .execute(&mut *conn)
             .await?
             .rows_affected();
+        // The old table's indexes, made again on the new one once it has the name (and they theirs) back.
+        let defs: Vec<(String, bool)> = sqlx::query_as("SELECT pg_get_indexdef(ix.indexrelid), ix.indisunique FROM pg_index ix WHERE ix.indrelid = to_regclass($1) AND NOT ix.indisprimary ORDER BY ix.indexrelid")
+            .bind(table)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut indexes = Vec::with_capacity(defs.len() + 1);
+        for (def, unique) in defs {
+            indexes.push(if unique {
+                with_partition_key(&def, column).ok_or_else(|| {
+                    sqlx::Error::Protocol(format!("cannot read the index definition {def:?}"))
+                })?
+            } else {
+                def
+            });
+        }
+        if !extra.is_empty() {
+            indexes.push(extra.to_owned());
+        }
         let swap = format!(
             "ALTER SEQUENCE {table}_id_seq OWNED BY NONE;
 DROP TABLE {table};
 ALTER TABLE {new} RENAME TO {table};
 ALTER INDEX {new}_pkey RENAME TO {table}_pkey;
 ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
-{indexes}"
+{};",
+            indexes.join(";\n")
         );
         sqlx::raw_sql(&swap).execute(&mut *conn).await?;
         Ok((low, created, copied))
@@ -579,12 +604,7 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
             let width = opts.width.as_secs() as i64;
             let keep = opts.keep.as_secs() as i64;
             let mut tx = self.pool().begin().await?;
-            sqlx::query("SET LOCAL client_min_messages TO warning")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("SELECT pg_advisory_xact_lock(7418230911)")
-                .execute(&mut *tx)
-                .await?;
+            crate::postgres::schema_change(&mut tx).await?;
             sqlx::Executor::execute(&mut *tx, LAYOUT_TABLE).await?;
             let exists: bool = sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox')",
@@ -619,22 +639,14 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
                 sqlx::Executor::execute(&mut *tx, "DROP TABLE txinbox_inbox_legacy").await?;
             }
             // Evidence and effects: partitions back to their oldest row, every row copied in.
-            let (rlow, n, copied) = repartition(
-                &mut tx,
-                REJECTIONS,
-                "recorded_at",
-                REJECTION_INDEXES,
-                now,
-                high,
-                width,
-            )
-            .await?;
+            let (rlow, n, copied) =
+                repartition(&mut tx, REJECTIONS, "recorded_at", "", now, high, width).await?;
             created += n;
             let (elow, n, effects_copied) = repartition(
                 &mut tx,
                 EFFECTS,
                 "created_at",
-                EFFECT_INDEXES,
+                EFFECTS_OPEN,
                 now,
                 high,
                 width,
@@ -886,5 +898,21 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
     pub(crate) async fn load_pool(pool: &PgPool) -> Result<Option<LayoutState>, sqlx::Error> {
         let mut conn = pool.acquire().await?;
         load(&mut conn).await
+    }
+}
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    #[test]
+    fn a_unique_index_gets_the_partition_key_after_its_own_columns() {
+        let def = "CREATE UNIQUE INDEX k ON s.t USING btree (consumer_name, COALESCE(tenant_id, ''::text), business_key) WHERE (business_key IS NOT NULL)";
+        assert_eq!(
+            super::pg::with_partition_key(def, "created_at").unwrap(),
+            "CREATE UNIQUE INDEX k ON s.t USING btree (consumer_name, COALESCE(tenant_id, ''::text), business_key, created_at) WHERE (business_key IS NOT NULL)"
+        );
+        assert_eq!(
+            super::pg::with_partition_key("CREATE UNIQUE INDEX k ON t", "c"),
+            None
+        );
     }
 }

@@ -156,6 +156,18 @@ pub(crate) fn inserted_rows(
     Ok(inserted)
 }
 
+/// Opens a change of the inbox's schema in `tx`: one changer at a time across processes (a transaction
+/// advisory lock), and quiet on what already exists (no "relation already exists, skipping" notices).
+pub(crate) async fn schema_change(tx: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SET LOCAL client_min_messages TO warning")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(7418230911)")
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
 where
     T: sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + 'q,
@@ -168,14 +180,7 @@ impl Backend for Postgres {
 
     async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
         let mut tx = pool.begin().await?;
-        // A start on an up-to-date database is quiet: no "relation already exists, skipping" notices.
-        sqlx::query("SET LOCAL client_min_messages TO warning")
-            .execute(&mut *tx)
-            .await?;
-        // One migrator at a time across processes.
-        sqlx::query("SELECT pg_advisory_xact_lock(7418230911)")
-            .execute(&mut *tx)
-            .await?;
+        schema_change(&mut tx).await?;
         sqlx::Executor::execute(&mut *tx, "CREATE TABLE IF NOT EXISTS txinbox_schema_version (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())")
             .await?;
         let current: Option<i64> =

@@ -511,8 +511,33 @@ async fn effects_leave_with_their_partition_once_every_one_is_finished() {
     // One effect from before the conversion: copied into the partitioned table, its id sequence kept.
     let old = Utc::now() - Cd::days(2);
     let before = effect_row(&s.store, "k-before", "done", old, Some(old)).await;
+    let before_idx: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'txinbox_effects' ORDER BY 1",
+    )
+    .fetch_all(s.store.pool())
+    .await
+    .unwrap();
     let r = s.store.partition(&PartitionOptions::new()).await.unwrap();
     assert_eq!(r.effects_copied, 1, "{r:?}");
+    // Every index of the row-by-row table is there again under its name, the unique one with the partition
+    // key added, plus the index of the effects not done.
+    let after_idx: Vec<(String, String)> = sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'txinbox_effects' ORDER BY 1",
+    )
+    .fetch_all(s.store.pool())
+    .await
+    .unwrap();
+    let names: Vec<&str> = after_idx.iter().map(|(n, _)| n.as_str()).collect();
+    for n in &before_idx {
+        assert!(names.contains(&n.as_str()), "{n} missing from {names:?}");
+    }
+    assert!(names.contains(&"txinbox_effects_open"), "{names:?}");
+    let unique = after_idx
+        .iter()
+        .find(|(n, _)| n == "txinbox_effects_idempotency_key_key")
+        .map(|(_, d)| d.as_str())
+        .unwrap_or_default();
+    assert!(unique.contains("(idempotency_key, created_at)"), "{unique}");
     assert_eq!(s.partitions("txinbox_effects").await, 3 + 3);
     let created = Utc::now();
     let after = effect_row(&s.store, "k-after", "failed", created, None).await;
