@@ -175,3 +175,17 @@ fn the_dynamodb_guide_quotes_the_transaction_limits_and_names_the_store_s_iam_ac
         );
     }
 }
+
+/// The partitioned layout refuses to place a message by its broker time because of what AWS says a redrive and a
+/// FIFO dead-letter move do to the enqueue time: the guide keeps the sentences its default rests on.
+#[test]
+fn the_partitions_guide_says_why_not_the_broker_s_time() {
+    let guide = folded(&read("docs/partitions.md"));
+    for sentence in [
+        "The redrive task resets the retention period. All redriven messages are considered new messages with a new messageID and enqueueTimestamp",
+        "resets when the message is moved to a dead-letter queue",
+        "dead-lettered with reason `no_event_time`",
+    ] {
+        assert!(guide.contains(sentence), "docs/partitions.md lost: {sentence}");
+    }
+}
