@@ -224,19 +224,6 @@ pub(crate) fn bucket_of(at: DateTime<Utc>, width: i64) -> DateTime<Utc> {
     Utc.timestamp_opt(s, 0).single().unwrap_or(at)
 }
 
-/// The partition of `parent` for the bucket starting at `bucket`.
-pub(crate) fn partition_name(parent: &str, bucket: DateTime<Utc>) -> String {
-    format!("{parent}_p{}", bucket.format("%Y%m%dt%H%M%S"))
-}
-
-/// The bucket a partition of `parent` covers, from its name.
-pub(crate) fn partition_bucket(parent: &str, name: &str) -> Option<DateTime<Utc>> {
-    let rest = name.strip_prefix(parent)?.strip_prefix("_p")?;
-    chrono::NaiveDateTime::parse_from_str(rest, "%Y%m%dt%H%M%S")
-        .ok()
-        .map(|t| t.and_utc())
-}
-
 /// What a store knows of its layout: nothing yet, row-by-row, or partitioned (with the range it last read).
 #[derive(Debug, Default)]
 pub(crate) struct Layout {
@@ -307,6 +294,19 @@ mod pg {
     use sqlx::{PgConnection, PgPool, Postgres, Row};
     use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
     use txinbox_core::{MarkerInsert, MarkerRow};
+
+    /// The partition of `parent` for the bucket starting at `bucket`.
+    pub(crate) fn partition_name(parent: &str, bucket: DateTime<Utc>) -> String {
+        format!("{parent}_p{}", bucket.format("%Y%m%dt%H%M%S"))
+    }
+
+    /// The bucket a partition of `parent` covers, from its name.
+    pub(crate) fn partition_bucket(parent: &str, name: &str) -> Option<DateTime<Utc>> {
+        let rest = name.strip_prefix(parent)?.strip_prefix("_p")?;
+        chrono::NaiveDateTime::parse_from_str(rest, "%Y%m%dt%H%M%S")
+            .ok()
+            .map(|t| t.and_utc())
+    }
 
     /// The markers' parent table and the evidence's.
     const INBOX: &str = "txinbox_inbox";
