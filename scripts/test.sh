@@ -131,10 +131,11 @@ bash scripts/deny.sh || die "the dependency policy in deny.toml does not hold"
 say "cargo test (every crate, every test; the examples as real processes, their readiness and the agent under kill -9 included)"
 cargo test --workspace --locked
 
-say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite, PostgreSQL and DynamoDB Local"
+say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite, PostgreSQL (row-by-row and partitioned) and DynamoDB Local"
 ./target/debug/txinbox lab
 ./target/debug/txinbox lab --windows --batch 10
 ./target/debug/txinbox lab --windows --batch 10 --store "$PG_URL"
+./target/debug/txinbox lab --windows --batch 10 --store "$PG_URL" --partitioned
 # The CLI finds DynamoDB through the AWS configuration chain: DynamoDB Local's endpoint and dummy credentials.
 AWS_ENDPOINT_URL_DYNAMODB=$TXINBOX_DYNAMODB_ENDPOINT AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_REGION=us-east-1 \
   ./target/debug/txinbox lab --windows --batch 10 --store dynamodb://lab
