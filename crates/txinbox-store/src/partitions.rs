@@ -488,12 +488,13 @@ CREATE INDEX txinbox_inbox_processed ON txinbox_inbox (consumer_name, processed_
     async fn create_in_new(
         conn: &mut PgConnection,
         parent: &str,
+        named: &str,
         bucket: DateTime<Utc>,
         width: i64,
     ) -> Result<(), sqlx::Error> {
         let sql = format!(
             "CREATE TABLE {} PARTITION OF {parent} FOR VALUES FROM ('{}') TO ('{}')",
-            partition_name(parent, bucket),
+            partition_name(named, bucket),
             rfc(bucket),
             rfc(bucket + chrono::Duration::seconds(width))
         );
@@ -548,13 +549,7 @@ CREATE INDEX txinbox_inbox_processed ON txinbox_inbox (consumer_name, processed_
         sqlx::Executor::execute(&mut *conn, create.as_str()).await?;
         let mut created = 0;
         for b in buckets(low, high, width) {
-            let sql = format!(
-                "CREATE TABLE {} PARTITION OF {new} FOR VALUES FROM ('{}') TO ('{}')",
-                partition_name(table, b),
-                rfc(b),
-                rfc(b + chrono::Duration::seconds(width))
-            );
-            sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+            create_in_new(&mut *conn, &new, table, b, width).await?;
             created += 1;
         }
         let copied = sqlx::query(&format!("INSERT INTO {new} SELECT * FROM {table}"))
@@ -628,7 +623,7 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
             sqlx::Executor::execute(&mut *tx, CREATE_INBOX).await?;
             let mut created = 0;
             for b in buckets(low, high, width) {
-                create_in_new(&mut tx, INBOX, b, width).await?;
+                create_in_new(&mut tx, INBOX, INBOX, b, width).await?;
                 created += 1;
             }
             let legacy: bool =
@@ -891,13 +886,6 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
             }
         }
         Ok(())
-    }
-
-    /// The layout of `pool`'s database, for a store that opens.
-    #[allow(dead_code)]
-    pub(crate) async fn load_pool(pool: &PgPool) -> Result<Option<LayoutState>, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        load(&mut conn).await
     }
 }
 

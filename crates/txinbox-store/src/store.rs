@@ -228,6 +228,11 @@ impl<DB: Backend> Store<DB> {
                 DB::insert_markers_partitioned(conn, rows, &state).await
             }
         };
+        self.noticed(answer)
+    }
+
+    /// `answer`, after reading the layout again at the next insert when it says the layout changed.
+    fn noticed<T>(&self, answer: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
         if let Err(e) = &answer {
             if DB::is_layout_error(e) {
                 self.layout.invalidate();
@@ -462,13 +467,7 @@ impl<DB: Backend> InboxStore for Store<DB> {
         let c = conn(&mut g)?;
         if let Ok(None) = self.layout.current() {
             // Row-by-row (the default): the single-row statement.
-            let answer = DB::insert_marker(c, row).await;
-            if let Err(e) = &answer {
-                if DB::is_layout_error(e) {
-                    self.layout.invalidate();
-                }
-            }
-            return answer;
+            return self.noticed(DB::insert_marker(c, row).await);
         }
         let mut answers = self.insert_rows(c, std::slice::from_ref(row)).await?;
         answers
