@@ -206,6 +206,10 @@ struct Queue {
     dead_letter: BTreeMap<i64, Message>,
     /// MessageId → when it was first accepted [doc DUP].
     duplicate_history: HashMap<String, Instant>,
+    /// No lock lapses and no message expires before this instant (`None`: nothing is due ever), so
+    /// [`Queue::maintain`] looks at the messages only from then on instead of on every request. Lowered
+    /// whenever a lock is granted or a message could start to expire; it may be early, never late.
+    next_due: Option<Instant>,
 }
 
 /// What a successful receive hands to the HTTP layer.
@@ -255,6 +259,14 @@ impl Queue {
             active: BTreeMap::new(),
             dead_letter: BTreeMap::new(),
             duplicate_history: HashMap::new(),
+            next_due: None,
+        }
+    }
+
+    /// Something may become due at `at`: [`Queue::maintain`] looks again no later than then.
+    fn due(&mut self, at: Option<Instant>) {
+        if let Some(at) = at {
+            self.next_due = Some(self.next_due.map_or(at, |d| d.min(at)));
         }
     }
 
@@ -267,6 +279,9 @@ impl Queue {
 
     /// Applies everything the clock has made due; returns whether anything changed.
     fn maintain(&mut self, now: Instant) -> bool {
+        if self.next_due.is_none_or(|due| now < due) {
+            return false;
+        }
         let mut changed = false;
         let lapsed: Vec<i64> = self
             .active
@@ -295,6 +310,17 @@ impl Queue {
                 changed = true;
             }
         }
+        // Every message left is due later than now: a lock's end, or an unlocked message's expiry
+        // (a locked one's expiry is acted on when its lock ends).
+        let active = self.active.values().filter_map(|m| match &m.lock {
+            Some(lock) => Some(lock.until),
+            None => m.expires_at(),
+        });
+        let dead = self
+            .dead_letter
+            .values()
+            .filter_map(|m| m.lock.as_ref().map(|l| l.until));
+        self.next_due = active.chain(dead).min();
         changed
     }
 
@@ -326,12 +352,15 @@ impl Queue {
             return;
         };
         message.lock = None;
+        let expires_at = message.expires_at();
         if message.delivery_count >= max {
             let description =
                 format!("Message could not be consumed after {max} delivery attempts.");
             self.dead_letter_message(seq, "MaxDeliveryCountExceeded", &description);
-        } else if message.is_expired(now) {
+        } else if expires_at.is_some_and(|at| at <= now) {
             self.expire(seq);
+        } else {
+            self.due(expires_at);
         }
     }
 
@@ -408,6 +437,7 @@ impl Queue {
             .map_or(now, |t| clock.instant_of(t, now));
         let seq = self.next_sequence_number;
         self.next_sequence_number += 1;
+        self.due(ttl.and_then(|ttl| visible_at.checked_add(ttl)));
         self.active.insert(
             seq,
             Message {
@@ -560,7 +590,6 @@ impl Broker {
         }
         queue.maintain(now);
         let lock_duration = queue.props.lock_duration;
-        let next_event = queue.next_event(now);
         let sub = queue.sub(address.sub);
         // Sequence-number order; the service promises no FIFO without sessions [doc SESS].
         let Some(seq) = sub
@@ -568,27 +597,29 @@ impl Broker {
             .find(|m| m.is_receivable(now))
             .map(|m| m.sequence_number)
         else {
+            let next_event = queue.next_event(now);
             return Ok(ReceiveOutcome::Empty { next_event });
         };
-        let empty = ReceiveOutcome::Empty { next_event };
         let delivery = match mode {
             ReceiveMode::PeekLock => {
-                let Some(message) = sub.get_mut(&seq) else {
-                    return Ok(empty);
-                };
-                message.delivery_count = message.delivery_count.saturating_add(1);
                 // Peek-lock hides the message until LockedUntilUtc = now + LockDuration [doc PEEK, LOCKS].
                 let lock = Lock {
                     token: Uuid::new_v4(),
                     until: now + lock_duration,
                 };
+                let Some(message) = sub.get_mut(&seq) else {
+                    return Ok(ReceiveOutcome::Empty { next_event: None });
+                };
+                message.delivery_count = message.delivery_count.saturating_add(1);
                 message.lock = Some(lock.clone());
-                delivery(message, Some(&lock), &address.location_path, &clock)
+                let delivery = delivery(message, Some(&lock), &address.location_path, &clock);
+                queue.due(Some(lock.until));
+                delivery
             }
             ReceiveMode::ReceiveAndDelete => {
                 // Receive-and-delete removes the message as it is read [doc RAD].
                 let Some(mut message) = sub.remove(&seq) else {
-                    return Ok(empty);
+                    return Ok(ReceiveOutcome::Empty { next_event: None });
                 };
                 message.delivery_count = message.delivery_count.saturating_add(1);
                 delivery(&message, None, &address.location_path, &clock)
@@ -614,14 +645,22 @@ impl Broker {
         // An unknown, lapsed or already used lock token answers 404 [doc DEL, UNLOCK, RENEW].
         let token = Uuid::parse_str(lock_token).map_err(|_| DataError::LockNotFound)?;
         let sub = queue.sub(address.sub);
-        let seq = sub
-            .values()
-            .find(|m| {
-                m.lock.as_ref().is_some_and(|l| l.token == token)
-                    && (m.sequence_number.to_string() == id || m.message_id == id)
-            })
-            .map(|m| m.sequence_number)
-            .ok_or(DataError::LockNotFound)?;
+        let holds = |m: &Message| m.lock.as_ref().is_some_and(|l| l.token == token);
+        // The id is the SequenceNumber (what the Location header carries) or the MessageId: the first
+        // is one lookup, the second a search.
+        let by_sequence = id
+            .parse::<i64>()
+            .ok()
+            .and_then(|seq| sub.get(&seq))
+            .filter(|m| holds(m) && m.sequence_number.to_string() == id);
+        let seq = match by_sequence {
+            Some(m) => m.sequence_number,
+            None => sub
+                .values()
+                .find(|m| holds(m) && (m.sequence_number.to_string() == id || m.message_id == id))
+                .map(|m| m.sequence_number)
+                .ok_or(DataError::LockNotFound)?,
+        };
         match operation {
             LockOperation::Complete => {
                 sub.remove(&seq);
@@ -983,6 +1022,111 @@ mod tests {
         assert_eq!(
             state.dead_letter_messages[0].dead_letter_reason.as_deref(),
             Some("TTLExpiredException")
+        );
+    }
+
+    /// The queue looks at its messages only when something may be due; every way a lock or an
+    /// expiry comes into being must make it look in time.
+    #[test]
+    fn renewed_locks_hold_and_abandoned_messages_still_expire_on_time() {
+        let mut broker = Broker::new(vec![(
+            "q".into(),
+            QueueProperties::default()
+                .lock_duration(Duration::from_secs(2))
+                .default_message_time_to_live(Duration::from_secs(10))
+                .dead_lettering_on_message_expiration(true),
+        )]);
+        let t0 = Instant::now();
+        let at = |secs: f64| t0 + Duration::from_secs_f64(secs);
+        broker
+            .send("q", vec![message("a"), message("b")], t0)
+            .unwrap();
+        let (seq_a, token_a) = lock_of(broker.receive("q", ReceiveMode::PeekLock, t0).unwrap());
+        let (seq_b, token_b) =
+            lock_of(broker.receive("q", ReceiveMode::PeekLock, at(1.0)).unwrap());
+        broker
+            .lock_operation("q", &seq_a, &token_a, LockOperation::Abandon, at(1.0))
+            .unwrap();
+        broker
+            .lock_operation("q", &seq_b, &token_b, LockOperation::Renew, at(2.0))
+            .unwrap();
+        // b's first lock would have ended at 3 s; the renewal holds it to 4 s.
+        let state = broker.queue_state("q", at(3.5)).unwrap();
+        assert_eq!(state.locked_message_count, 1);
+        broker
+            .lock_operation("q", &seq_b, &token_b, LockOperation::Complete, at(3.5))
+            .unwrap();
+        // a, abandoned and never touched again, expires at 10 s.
+        let state = broker.queue_state("q", at(9.9)).unwrap();
+        assert_eq!(
+            (
+                state.available_message_count,
+                state.dead_letter_message_count
+            ),
+            (1, 0)
+        );
+        let state = broker.queue_state("q", at(10.0)).unwrap();
+        assert_eq!(
+            (state.active_message_count, state.dead_letter_message_count),
+            (0, 1)
+        );
+        // A lock named by MessageId instead of SequenceNumber is still found.
+        let (_, token) = lock_of(
+            broker
+                .receive("q/$deadletterqueue", ReceiveMode::PeekLock, at(10.0))
+                .unwrap(),
+        );
+        broker
+            .lock_operation(
+                "q/$deadletterqueue",
+                "a",
+                &token,
+                LockOperation::Complete,
+                at(10.0),
+            )
+            .unwrap();
+        assert_eq!(
+            broker
+                .queue_state("q", at(10.0))
+                .unwrap()
+                .dead_letter_message_count,
+            0
+        );
+    }
+
+    /// A lock may outlast its message's time to live; once abandoned, the message expires at its own time.
+    #[test]
+    fn a_message_abandoned_under_a_long_lock_expires_on_time() {
+        let mut broker = Broker::new(vec![(
+            "q".into(),
+            QueueProperties::default()
+                .lock_duration(Duration::from_secs(5))
+                .dead_lettering_on_message_expiration(true),
+        )]);
+        let t0 = Instant::now();
+        let at = |secs: f64| t0 + Duration::from_secs_f64(secs);
+        let with_ttl = |id: &str, secs: f64| {
+            let mut m = message(id);
+            m.sender.time_to_live = Some(TimeToLive::Finite(Duration::from_secs_f64(secs)));
+            m
+        };
+        broker
+            .send("q", vec![with_ttl("a", 4.5), with_ttl("b", 1.0)], t0)
+            .unwrap();
+        let (seq, token) = lock_of(broker.receive("q", ReceiveMode::PeekLock, t0).unwrap());
+        // b expires; a is locked to 5 s, past its expiry.
+        let state = broker.queue_state("q", at(2.0)).unwrap();
+        assert_eq!(
+            (state.locked_message_count, state.dead_letter_message_count),
+            (1, 1)
+        );
+        broker
+            .lock_operation("q", &seq, &token, LockOperation::Abandon, at(3.0))
+            .unwrap();
+        let state = broker.queue_state("q", at(4.6)).unwrap();
+        assert_eq!(
+            (state.active_message_count, state.dead_letter_message_count),
+            (0, 2)
         );
     }
 

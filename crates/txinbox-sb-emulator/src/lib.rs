@@ -11,6 +11,7 @@ mod faults;
 #[doc(hidden)]
 pub mod fuzzing;
 mod server;
+mod timer;
 mod wire;
 
 use std::net::SocketAddr;
@@ -25,6 +26,9 @@ use tokio::time::Instant;
 pub use broker::{MessageView, QueueState};
 pub use config::{format_iso8601, parse_iso8601, QueueProperties, QueuePropertiesOutput};
 pub use faults::{FaultKind, FaultRule};
+/// The exact wait behind the `delay` fault (to within the kernel's timer slack, where tokio's timer rounds up
+/// to the next whole millisecond), for other simulated round trips that must last what they say.
+pub use timer::wait as wait_exactly;
 
 use auth::AuthConfig;
 use broker::Broker;
@@ -68,6 +72,11 @@ pub struct RequestCounts {
     pub abandons: u64,
     /// Lock renewals (`POST` on a lock URI).
     pub renewals: u64,
+    /// Requests an injected `delay` fault held back.
+    pub delays: u64,
+    /// How long they were held back in all, in microseconds, as measured (the simulated round trip's real
+    /// length: `delay_micros / delays`).
+    pub delay_micros: u64,
 }
 
 /// Which host the absolute lock URI in the peek-lock `Location` header names.

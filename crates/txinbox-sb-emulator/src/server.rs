@@ -62,6 +62,8 @@ pub(crate) struct Counters {
     completes: AtomicU64,
     abandons: AtomicU64,
     renewals: AtomicU64,
+    delays: AtomicU64,
+    delay_micros: AtomicU64,
 }
 
 impl Counters {
@@ -94,6 +96,8 @@ impl Counters {
             completes: get(&self.completes),
             abandons: get(&self.abandons),
             renewals: get(&self.renewals),
+            delays: get(&self.delays),
+            delay_micros: get(&self.delay_micros),
         }
     }
 }
@@ -322,7 +326,15 @@ async fn data_plane(
         tracing::info!(%method, %path, kind = ?fault.kind, status = fault.status, "injected fault");
         match fault.kind {
             FaultKind::Status => return Ok(fault_response(&fault)),
-            FaultKind::Delay => tokio::time::sleep(Duration::from_millis(fault.delay_ms)).await,
+            FaultKind::Delay => {
+                let waited = crate::timer::wait(Duration::from_millis(fault.delay_ms)).await;
+                let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+                shared.counters.delays.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .counters
+                    .delay_micros
+                    .fetch_add(micros, Ordering::Relaxed);
+            }
             FaultKind::DropResponse => drop_response = true,
         }
     }

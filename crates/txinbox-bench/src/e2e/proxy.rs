@@ -126,7 +126,7 @@ async fn forward(
         .map_or("other", |t| t.rsplit('.').next().unwrap_or(t))
         .to_owned();
     state.counts.count(&action);
-    tokio::time::sleep(state.one_way).await;
+    txinbox_sb_emulator::wait_exactly(state.one_way).await;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut request = state
         .client
@@ -160,7 +160,7 @@ async fn forward(
         };
         state.counts.deleted.fetch_add(deleted, Ordering::Relaxed);
     }
-    tokio::time::sleep(state.one_way).await;
+    txinbox_sb_emulator::wait_exactly(state.one_way).await;
     let mut response = Response::new(Full::new(bytes));
     *response.status_mut() = code;
     for (name, value) in &headers {
