@@ -105,7 +105,10 @@ mod tests {
             let order = order.clone();
             tasks.push(tokio::spawn(async move {
                 let waited = wait(Duration::from_millis(ms)).await;
-                assert!(waited >= Duration::from_millis(ms), "{ms} ms lasted {waited:?}");
+                assert!(
+                    waited >= Duration::from_millis(ms),
+                    "{ms} ms lasted {waited:?}"
+                );
                 order.lock().unwrap().push(ms);
             }));
         }
