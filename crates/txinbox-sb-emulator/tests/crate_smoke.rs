@@ -179,3 +179,32 @@ async fn messages_put_in_process_are_received_and_requests_are_counted() {
         .expect_err("no queue");
     assert!(refused.to_string().contains("no-such-queue"), "{refused}");
 }
+
+/// A delay fault holds each matching request back at least its delay, and the counts say how many requests
+/// were held back and for how long in all: the round trip a benchmark really measured at.
+#[tokio::test]
+async fn delayed_requests_are_counted_with_the_delay_they_got() {
+    let emulator =
+        common::start_with(Emulator::builder().queue("orders", QueueProperties::default())).await;
+    let http = loopback(&emulator);
+    let client = QueueClient::new(http, NAMESPACE, "orders", KEY_NAME, KEY).expect("client");
+    emulator
+        .inject_fault(txinbox_sb_emulator::FaultRule::delay(20).count(3))
+        .expect("fault");
+    for _ in 0..4 {
+        let started = std::time::Instant::now();
+        client.send_message("m", None).await.expect("send");
+        let took = started.elapsed();
+        let counts = emulator.request_counts();
+        if counts.sends <= 3 {
+            assert!(took >= Duration::from_millis(20), "a delayed send took {took:?}");
+        }
+    }
+    let counts = emulator.request_counts();
+    assert_eq!((counts.sends, counts.delays), (4, 3), "{counts:?}");
+    assert!(
+        counts.delay_micros >= 3 * 20_000,
+        "three delays of 20 ms lasted {} µs in all",
+        counts.delay_micros
+    );
+}
