@@ -34,20 +34,38 @@ start=$(date +%s)
 cargo +nightly fuzz build "${FLAGS[@]}"
 echo "fuzz.sh: built in $(( $(date +%s) - start )) s"
 
-failed=()
-for t in "${TARGETS[@]}"; do
+# Two targets at a time (each libFuzzer process is single-threaded): the machine's two cores.
+JOBS="${FUZZ_JOBS:-2}"
+run_target() {
+  local t=$1
   mkdir -p "fuzz/corpus/$t"
-  echo "fuzz.sh: $t for ${SECONDS_PER_TARGET} s"
   # -rss_limit_mb / -malloc_limit_mb: an input that makes the code allocate without bound is a crash.
-  if ! cargo +nightly fuzz run "${FLAGS[@]}" "$t" "fuzz/corpus/$t" -- \
-      -max_total_time="$SECONDS_PER_TARGET" -max_len=8192 -timeout=10 \
-      -rss_limit_mb=2048 -malloc_limit_mb=512 -print_final_stats=1 2>"fuzz/$t.log"; then
+  cargo +nightly fuzz run "${FLAGS[@]}" "$t" "fuzz/corpus/$t" -- \
+    -max_total_time="$SECONDS_PER_TARGET" -max_len=8192 -timeout=10 \
+    -rss_limit_mb=2048 -malloc_limit_mb=512 -print_final_stats=1 2>"fuzz/$t.log"
+}
+declare -A pids=()
+failed=()
+collect() {
+  local t=$1
+  if ! wait "${pids[$t]}"; then
     failed+=("$t")
     tail -40 "fuzz/$t.log" >&2
   fi
-  grep -a -E '^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)' "fuzz/$t.log" | tr '\n' ' ' || true
-  echo
+  echo "fuzz.sh: $t: $(grep -a -E '^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ +DONE)' "fuzz/$t.log" | tr '\n' ' ' || true)"
+}
+running=()
+for t in "${TARGETS[@]}"; do
+  echo "fuzz.sh: $t for ${SECONDS_PER_TARGET} s"
+  run_target "$t" &
+  pids[$t]=$!
+  running+=("$t")
+  if [ "${#running[@]}" -ge "$JOBS" ]; then
+    collect "${running[0]}"
+    running=("${running[@]:1}")
+  fi
 done
+for t in "${running[@]}"; do collect "$t"; done
 echo "fuzz.sh: total $(( $(date +%s) - start )) s"
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "fuzz.sh: crashes in: ${failed[*]} (inputs under fuzz/artifacts/)" >&2

@@ -51,6 +51,8 @@ cleanup() {
 trap 'report_times; cleanup' EXIT
 
 command -v cargo >/dev/null || die "cargo is not installed"
+cargo nextest --version >/dev/null 2>&1 ||
+  die "cargo-nextest is not installed (the tests run under it): cargo install cargo-nextest --locked"
 
 # --- PostgreSQL --------------------------------------------------------------------------------------------
 pg_ok() { psql "$1" -qtAc 'select 1' >/dev/null 2>&1; }
@@ -128,8 +130,10 @@ say "dependency policy: licenses, bans, sources (cargo-deny, offline)"
 bash scripts/deny.sh || die "the dependency policy in deny.toml does not hold"
 
 # --- the tests -----------------------------------------------------------------------------------------------
-say "cargo test (every crate, every test; the examples as real processes, their readiness and the agent under kill -9 included)"
-cargo test --workspace --locked
+say "cargo nextest (every crate, every test, each in its own process, the files side by side: .config/nextest.toml; the examples as real processes, their readiness and the agent under kill -9 included)"
+cargo nextest run --workspace --locked
+say "cargo test --doc (the examples in the docs; nextest does not run doctests)"
+cargo test --workspace --doc --locked
 
 say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite, PostgreSQL (row-by-row and partitioned) and DynamoDB Local"
 ./target/debug/txinbox lab

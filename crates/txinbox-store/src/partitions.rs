@@ -36,9 +36,12 @@ use chrono::{DateTime, TimeZone, Utc};
 /// How often an inserting store reads the layout's range again (partitions created or dropped since).
 const REFRESH: Duration = Duration::from_secs(10);
 
-/// The session advisory lock one rotating node holds.
+/// The first key of the session advisory lock one rotating node holds; the second is `hashtext` of the inbox's
+/// schema, so that inboxes in different schemas of one database rotate independently
+/// (`pg_try_advisory_lock(741823091, hashtext(current_schema()))`; in `pg_locks`: `classid = 741823091`,
+/// `objsubid = 2`).
 #[cfg(feature = "postgres")]
-const ROTATION_LOCK: i64 = 7_418_230_912;
+const ROTATION_LOCK: i32 = 741_823_091;
 
 /// How the partitioned layout is laid out ([`Store::partition`](crate::Store::partition)).
 #[derive(Clone, Debug)]
@@ -707,7 +710,7 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
 
     /// Creates the partitions ahead of `now` and drops whole the ones past their retention (markers: the
     /// layout's keep; evidence: `rejections_keep`), and the frozen legacy table once its last marker
-    /// expired: one node at a time (a session advisory lock; another node's pass is `skipped`). `None` for a
+    /// expired: one node at a time (a session advisory lock per schema; another node's pass is `skipped`). `None` for a
     /// row-by-row database. The maintenance runs it before each pass.
     pub(crate) async fn rotate_partitions(
         pool: &PgPool,
@@ -730,7 +733,7 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
                 return Ok(None);
             }
             let mut report = PartitionRotation::default();
-            let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext(current_schema()))")
                 .bind(ROTATION_LOCK)
                 .fetch_one(&mut *conn)
                 .await?;
@@ -739,7 +742,7 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
                 return Ok(Some(report));
             }
             let done = rotate(&mut conn, &layouts, now, opts, &mut report).await;
-            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+            let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
                 .bind(ROTATION_LOCK)
                 .execute(&mut *conn)
                 .await;

@@ -586,8 +586,8 @@ async fn effects_leave_with_their_partition_once_every_one_is_finished() {
     s.drop().await;
 }
 
-/// One node rotates at a time: while another session holds the rotation's lock, a pass does nothing and says
-/// so; once it is released, the pass rotates.
+/// One node rotates at a time: while another session holds the rotation's lock of this schema, a pass does
+/// nothing and says so; once it is released, the pass rotates. The lock of another schema does not stop it.
 #[tokio::test]
 async fn one_node_rotates_at_a_time() {
     let s = Schema::new().await;
@@ -595,16 +595,27 @@ async fn one_node_rotates_at_a_time() {
     let mut other = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
         .await
         .unwrap();
-    let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(7418230912)")
+    let held: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(741823091, hashtext($1))")
+        .bind(&s.name)
         .fetch_one(&mut other)
         .await
         .unwrap();
     assert!(held);
+    let elsewhere = Schema::new().await;
+    let _ = elsewhere
+        .store
+        .partition(&PartitionOptions::new())
+        .await
+        .unwrap();
+    let p = rotate(&elsewhere, Utc::now()).await;
+    assert!(!p.skipped, "another schema's rotation waited for this one's lock: {p:?}");
+    elsewhere.drop().await;
     let later = Utc::now() + Cd::days(40);
     let p = rotate(&s, later).await;
     assert!(p.skipped && p.dropped.is_empty(), "{p:?}");
     assert_eq!(s.partitions("txinbox_inbox").await, 30 + 1 + 3);
-    sqlx::query("SELECT pg_advisory_unlock(7418230912)")
+    sqlx::query("SELECT pg_advisory_unlock(741823091, hashtext($1))")
+        .bind(&s.name)
         .execute(&mut other)
         .await
         .unwrap();
