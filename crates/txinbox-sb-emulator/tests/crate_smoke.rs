@@ -197,7 +197,10 @@ async fn delayed_requests_are_counted_with_the_delay_they_got() {
         let took = started.elapsed();
         let counts = emulator.request_counts();
         if counts.sends <= 3 {
-            assert!(took >= Duration::from_millis(20), "a delayed send took {took:?}");
+            assert!(
+                took >= Duration::from_millis(20),
+                "a delayed send took {took:?}"
+            );
         }
     }
     let counts = emulator.request_counts();

@@ -733,10 +733,11 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
                 return Ok(None);
             }
             let mut report = PartitionRotation::default();
-            let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext(current_schema()))")
-                .bind(ROTATION_LOCK)
-                .fetch_one(&mut *conn)
-                .await?;
+            let locked: bool =
+                sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext(current_schema()))")
+                    .bind(ROTATION_LOCK)
+                    .fetch_one(&mut *conn)
+                    .await?;
             if !locked {
                 report.skipped = true;
                 return Ok(Some(report));

@@ -608,7 +608,10 @@ async fn one_node_rotates_at_a_time() {
         .await
         .unwrap();
     let p = rotate(&elsewhere, Utc::now()).await;
-    assert!(!p.skipped, "another schema's rotation waited for this one's lock: {p:?}");
+    assert!(
+        !p.skipped,
+        "another schema's rotation waited for this one's lock: {p:?}"
+    );
     elsewhere.drop().await;
     let later = Utc::now() + Cd::days(40);
     let p = rotate(&s, later).await;
