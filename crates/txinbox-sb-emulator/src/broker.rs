@@ -310,17 +310,8 @@ impl Queue {
                 changed = true;
             }
         }
-        // Every message left is due later than now: a lock's end, or an unlocked message's expiry
-        // (a locked one's expiry is acted on when its lock ends).
-        let active = self.active.values().filter_map(|m| match &m.lock {
-            Some(lock) => Some(lock.until),
-            None => m.expires_at(),
-        });
-        let dead = self
-            .dead_letter
-            .values()
-            .filter_map(|m| m.lock.as_ref().map(|l| l.until));
-        self.next_due = active.chain(dead).min();
+        // The next lock end or expiry (a scheduled message's appearance too, which makes it early, never late).
+        self.next_due = self.next_event(now);
         changed
     }
 

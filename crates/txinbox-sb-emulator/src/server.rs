@@ -87,6 +87,13 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A request held back by a delay fault for `waited`.
+    fn delayed(&self, waited: Duration) {
+        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.delays.fetch_add(1, Ordering::Relaxed);
+        self.delay_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> crate::RequestCounts {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         crate::RequestCounts {
@@ -328,12 +335,7 @@ async fn data_plane(
             FaultKind::Status => return Ok(fault_response(&fault)),
             FaultKind::Delay => {
                 let waited = crate::timer::wait(Duration::from_millis(fault.delay_ms)).await;
-                let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-                shared.counters.delays.fetch_add(1, Ordering::Relaxed);
-                shared
-                    .counters
-                    .delay_micros
-                    .fetch_add(micros, Ordering::Relaxed);
+                shared.counters.delayed(waited);
             }
             FaultKind::DropResponse => drop_response = true,
         }
