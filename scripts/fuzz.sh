@@ -3,12 +3,18 @@
 #   bash scripts/fuzz.sh            # every target for 10 s (the bounded run of the test command)
 #   bash scripts/fuzz.sh 600        # every target for 10 minutes (the long run)
 #   bash scripts/fuzz.sh 60 identity fingerprint   # some targets
+#   bash scripts/fuzz.sh build      # only build the targets (the test command builds them in the background)
 # Needs the nightly toolchain (libFuzzer's instrumentation); installs cargo-fuzz from crates.io when it is
 # missing and fails loudly when it cannot. Corpora grow in fuzz/corpus/<target> (not committed); a crash is
 # saved under fuzz/artifacts/<target>/ and fails this script: turn it into a regression test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+BUILD_ONLY=0
+if [ "${1:-}" = build ]; then
+  BUILD_ONLY=1
+  shift
+fi
 SECONDS_PER_TARGET="${1:-10}"
 shift || true
 ALL=(identity fingerprint servicebus_wire sqs_message sas_token emulator_request terraform worker_settings)
@@ -33,6 +39,7 @@ FLAGS=(--sanitizer none)
 start=$(date +%s)
 cargo +nightly fuzz build "${FLAGS[@]}"
 echo "fuzz.sh: built in $(( $(date +%s) - start )) s"
+if [ "$BUILD_ONLY" = 1 ]; then exit 0; fi
 
 # Two targets at a time (each libFuzzer process is single-threaded): the machine's two cores.
 JOBS="${FUZZ_JOBS:-2}"

