@@ -32,6 +32,8 @@ fail() {
   echo "localstack.sh: FAILED: $*" >&2
   exit 1
 }
+# shellcheck source=lib/server.sh
+source "$root/scripts/lib/server.sh"
 
 find_python() {
   if [[ -n ${LOCALSTACK_PYTHON:-} ]]; then
@@ -92,13 +94,6 @@ s.close()
 PY
 }
 
-running_pid() {
-  [[ -f "$pid_file" ]] || return 1
-  local pid
-  pid=$(cat "$pid_file")
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
-}
-
 print_exports() {
   echo "export TXINBOX_SQS_ENDPOINT=http://127.0.0.1:$1"
 }
@@ -106,11 +101,7 @@ print_exports() {
 start() {
   install
   mkdir -p "$state/volume"
-  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
-    say "already running (pid $pid) on port $(cat "$port_file")"
-    print_exports "$(cat "$port_file")"
-    return 0
-  fi
+  already_running && return 0
   local port=${LOCALSTACK_PORT:-$(free_port)}
   # Dummy credentials only: nothing real must reach it. No usage events, no update checks, no DNS server.
   AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_DEFAULT_REGION=us-east-1 \
@@ -118,58 +109,7 @@ start() {
     DISABLE_EVENTS=1 SKIP_SSL_CERT_DOWNLOAD=1 LOCALSTACK_VOLUME_DIR="$state/volume" \
     nohup "$venv/bin/python" -m localstack.runtime.main >"$log_file" 2>&1 &
   local pid=$!
-  echo "$pid" >"$pid_file"
-  echo "$port" >"$port_file"
-  for _ in $(seq 1 300); do
-    if answers "$port"; then
-      say "LocalStack $LOCALSTACK_VERSION (SQS) listening on 127.0.0.1:$port (pid $pid, log $log_file)"
-      print_exports "$port"
-      return 0
-    fi
-    if ! kill -0 "$pid" 2>/dev/null; then
-      tail -n 20 "$log_file" >&2 || true
-      rm -f "$pid_file"
-      fail "LocalStack exited during start-up (port $port); see $log_file"
-    fi
-    sleep 0.2
-  done
-  kill "$pid" 2>/dev/null || true
-  rm -f "$pid_file"
-  fail "LocalStack did not answer on 127.0.0.1:$port within 60 s; see $log_file"
+  await_started "$pid" "$port" LocalStack 60 "LocalStack $LOCALSTACK_VERSION (SQS) listening on 127.0.0.1:$port (pid $pid, log $log_file)"
 }
 
-stop() {
-  if pid=$(running_pid); then
-    kill "$pid"
-    for _ in $(seq 1 100); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
-    say "stopped (pid $pid)"
-  else
-    say "not running"
-  fi
-  rm -f "$pid_file" "$port_file"
-}
-
-status() {
-  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
-    say "running (pid $pid) on port $(cat "$port_file")"
-    print_exports "$(cat "$port_file")"
-  else
-    say "not running"
-    return 1
-  fi
-}
-
-case "${1:-start}" in
-  start) start ;;
-  stop) stop ;;
-  status) status ;;
-  install) install ;;
-  *)
-    echo "usage: $0 start|stop|status|install" >&2
-    exit 2
-    ;;
-esac
+server_main "$@"

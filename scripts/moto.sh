@@ -26,6 +26,8 @@ fail() {
   echo "moto.sh: FAILED: $*" >&2
   exit 1
 }
+# shellcheck source=lib/server.sh
+source "$root/scripts/lib/server.sh"
 
 installed_version() {
   "$venv/bin/python" - <<'PY' 2>/dev/null
@@ -67,13 +69,6 @@ s.close()
 PY
 }
 
-running_pid() {
-  [[ -f "$pid_file" ]] || return 1
-  local pid
-  pid=$(cat "$pid_file")
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
-}
-
 print_exports() {
   echo "export TXINBOX_SQS_ENDPOINT=http://127.0.0.1:$1"
   echo "export TXINBOX_MOTO_PID_FILE=$pid_file"
@@ -82,68 +77,13 @@ print_exports() {
 start() {
   install
   mkdir -p "$state"
-  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
-    say "already running (pid $pid) on port $(cat "$port_file")"
-    print_exports "$(cat "$port_file")"
-    return 0
-  fi
+  already_running && return 0
   local port=${MOTO_PORT:-$(free_port)}
   # Dummy credentials only: moto accepts anything, and nothing real must reach it.
   AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1 \
     nohup "$venv/bin/python" -m moto.server -H 127.0.0.1 -p "$port" >"$log_file" 2>&1 &
   local pid=$!
-  echo "$pid" >"$pid_file"
-  echo "$port" >"$port_file"
-  for _ in $(seq 1 100); do
-    if answers "$port"; then
-      say "moto $MOTO_VERSION listening on 127.0.0.1:$port (pid $pid, log $log_file)"
-      print_exports "$port"
-      return 0
-    fi
-    if ! kill -0 "$pid" 2>/dev/null; then
-      tail -n 20 "$log_file" >&2 || true
-      rm -f "$pid_file"
-      fail "moto exited during start-up (port $port); see $log_file"
-    fi
-    sleep 0.2
-  done
-  kill "$pid" 2>/dev/null || true
-  rm -f "$pid_file"
-  fail "moto did not answer on 127.0.0.1:$port within 20 s; see $log_file"
+  await_started "$pid" "$port" moto 20 "moto $MOTO_VERSION listening on 127.0.0.1:$port (pid $pid, log $log_file)"
 }
 
-stop() {
-  if pid=$(running_pid); then
-    kill "$pid"
-    for _ in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
-    say "stopped (pid $pid)"
-  else
-    say "not running"
-  fi
-  rm -f "$pid_file" "$port_file"
-}
-
-status() {
-  if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
-    say "running (pid $pid) on port $(cat "$port_file")"
-    print_exports "$(cat "$port_file")"
-  else
-    say "not running"
-    return 1
-  fi
-}
-
-case "${1:-start}" in
-  start) start ;;
-  stop) stop ;;
-  status) status ;;
-  install) install ;;
-  *)
-    echo "usage: $0 start|stop|status|install" >&2
-    exit 2
-    ;;
-esac
+server_main "$@"
