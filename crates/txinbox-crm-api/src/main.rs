@@ -89,34 +89,39 @@ async fn run(cli: Cli) -> Result<(), String> {
         .start()
         .await
         .map_err(|e| e.to_string())?;
+    // Listening before the URL is printed: a SIGTERM sent as soon as it is read stops the server cleanly.
+    let shutdown = shutdown_signal()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "export TXINBOX_CRM_URL={}", api.url()).map_err(|e| e.to_string())?;
     stdout.flush().map_err(|e| e.to_string())?;
     drop(stdout);
-    shutdown_signal().await?;
+    shutdown.await;
     tracing::info!("shutting down");
     api.shutdown().await;
     Ok(())
 }
 
-/// Waits for Ctrl-C or (on Unix) SIGTERM.
-async fn shutdown_signal() -> Result<(), String> {
+/// Listens for Ctrl-C and (on Unix) SIGTERM from the moment it returns (the handlers are registered here, not at
+/// the first poll); the future ends at the first of them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())
             .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
-        tokio::select! {
-            result = tokio::signal::ctrl_c() => {
-                result.map_err(|e| format!("cannot listen for Ctrl-C: {e}"))
+        let mut interrupt = signal(SignalKind::interrupt())
+            .map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
             }
-            _ = term.recv() => Ok(()),
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        tokio::signal::ctrl_c()
-            .await
-            .map_err(|e| format!("cannot listen for Ctrl-C: {e}"))
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }

@@ -397,3 +397,42 @@ async fn post_url(http: &reqwest::Client, url: &str, body: &Value) -> (StatusCod
     let status = response.status();
     (status, response.json().await.expect("a JSON body"))
 }
+
+/// The SIGTERM handler is in place before the URL is printed: a SIGTERM sent the moment the line is read stops
+/// the server with exit code 0, never kills it by the signal's default action (which is what happened when the
+/// handler was registered after the print and the process was descheduled between the two). Twenty starts, each
+/// signalled at once: the window was microseconds wide, so one start rarely hits it.
+#[tokio::test]
+async fn a_sigterm_sent_as_soon_as_the_url_is_read_is_a_clean_stop() {
+    for attempt in 0..20 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the binary starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let pid = child.id();
+        let mut running = Running(Some(child));
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            BufReader::new(stdout).read_line(&mut line).map(|_| line)
+        })
+        .await
+        .expect("reader task")
+        .expect("a line on stdout");
+        assert!(line.starts_with("export TXINBOX_CRM_URL="), "{line:?}");
+        let killed = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(killed.success());
+        let mut child = running.0.take().expect("the child");
+        let exit = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .expect("waiter task")
+            .expect("the exit status");
+        assert_eq!(exit.code(), Some(0), "start {attempt}: {exit:?}");
+    }
+}

@@ -147,34 +147,39 @@ async fn run(cli: Cli) -> Result<(), String> {
         builder = builder.queue(name, props);
     }
     let handle = builder.start(cli.listen).await.map_err(|e| e.to_string())?;
+    // Listening before the address is printed: a SIGTERM sent as soon as it is read stops the emulator cleanly.
+    let shutdown = shutdown_signal()?;
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on {}", handle.base_url()).map_err(|e| e.to_string())?;
     stdout.flush().map_err(|e| e.to_string())?;
     drop(stdout);
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!("shutting down");
     handle.shutdown().await;
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Listens for Ctrl-C and (on Unix) SIGTERM from the moment it returns (the handlers are registered here, not at
+/// the first poll); the future ends at the first of them.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())
+            .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
+        let mut interrupt = signal(SignalKind::interrupt())
+            .map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
