@@ -341,25 +341,46 @@ impl Drop for Running {
     }
 }
 
+impl Running {
+    /// Starts the binary on a free loopback port and returns it with the first line it printed.
+    async fn start() -> (Running, String) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the binary starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let running = Running(Some(child));
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            BufReader::new(stdout).read_line(&mut line).map(|_| line)
+        })
+        .await
+        .expect("reader task")
+        .expect("a line on stdout");
+        (running, line)
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    async fn sigterm(mut self) -> std::process::ExitStatus {
+        let mut child = self.0.take().expect("the child");
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(killed.success());
+        tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .expect("waiter task")
+            .expect("the exit status")
+    }
+}
+
 #[tokio::test]
 async fn the_binary_prints_its_url_serves_and_stops_on_sigterm() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the binary starts");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let pid = child.id();
-    let mut running = Running(Some(child));
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("reader task")
-    .expect("a line on stdout");
+    let (running, line) = Running::start().await;
     let url = line
         .trim_end()
         .strip_prefix("export TXINBOX_CRM_URL=")
@@ -374,16 +395,7 @@ async fn the_binary_prints_its_url_serves_and_stops_on_sigterm() {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(created["id"], "task-1");
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
-    let mut child = running.0.take().expect("the child");
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .expect("waiter task")
-        .expect("the exit status");
+    let exit = running.sigterm().await;
     assert_eq!(exit.code(), Some(0), "{exit:?}");
 }
 
@@ -405,34 +417,9 @@ async fn post_url(http: &reqwest::Client, url: &str, body: &Value) -> (StatusCod
 #[tokio::test]
 async fn a_sigterm_sent_as_soon_as_the_url_is_read_is_a_clean_stop() {
     for attempt in 0..20 {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
-            .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the binary starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let pid = child.id();
-        let mut running = Running(Some(child));
-        let line = tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            BufReader::new(stdout).read_line(&mut line).map(|_| line)
-        })
-        .await
-        .expect("reader task")
-        .expect("a line on stdout");
+        let (running, line) = Running::start().await;
         assert!(line.starts_with("export TXINBOX_CRM_URL="), "{line:?}");
-        let killed = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(killed.success());
-        let mut child = running.0.take().expect("the child");
-        let exit = tokio::task::spawn_blocking(move || child.wait())
-            .await
-            .expect("waiter task")
-            .expect("the exit status");
+        let exit = running.sigterm().await;
         assert_eq!(exit.code(), Some(0), "start {attempt}: {exit:?}");
     }
 }
