@@ -25,9 +25,10 @@ pub fn endpoint() -> String {
 #[allow(unused_imports)] // not every test binary waits
 pub use txinbox_testkit::wait_until;
 
+/// A client of moto whose `ReceiveMessage` calls reach moto one at a time (see [`one_receive_at_a_time`]).
 pub async fn client() -> Client {
     let endpoint = endpoint();
-    let c = txinbox_sqs::emulator_client(&endpoint);
+    let c = one_receive_at_a_time(txinbox_sqs::emulator_client(&endpoint));
     if let Err(e) = c.list_queues().send().await {
         panic!(
             "moto at {endpoint} does not answer: {}",
@@ -319,4 +320,87 @@ pub fn metrics_init() {
 /// The total of counter `name` over series carrying every label in `labels`.
 pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
     metrics_state().counter(name, labels)
+}
+
+// ---- a documented SQS behaviour moto lacks: a receive is atomic -------------------------------------------
+
+/// The same client, with a transport that lets one `ReceiveMessage` at a time reach moto (the others of the
+/// test process wait for its answer); every other call goes through at once.
+///
+/// AWS: "Messages that are received but not yet deleted are in the inflight state. Inflight messages block
+/// delivery of available messages within the same message group." (Knowledge Center, "Why doesn't my Amazon
+/// SQS FIFO queue return all messages or messages in other message groups?"), and "Messages within the same
+/// message group are always processed one at a time, in strict order" (SQS Developer Guide, "Using the message
+/// group ID"). moto's server answers requests on threads and its `receive_message` takes no lock: it copies the
+/// set of groups in flight when it starts and marks each message received as it goes, so two receives that
+/// overlap can both hand out one message, or the next message of a group the other has just taken. A worker
+/// of several receive loops (or one receive sent as several calls) overlaps its receives on purpose; this
+/// transport gives those tests the atomic receive the service documents. The adapter still sends its calls
+/// concurrently: only their execution inside moto is ordered.
+pub fn one_receive_at_a_time(c: Client) -> Client {
+    let inner = c
+        .config()
+        .http_client()
+        .expect("the emulator client carries an HTTP client");
+    Client::from_conf(
+        c.config()
+            .to_builder()
+            .http_client(aws_sdk_sqs::config::SharedHttpClient::new(
+                serial::ReceivesInTurn { inner },
+            ))
+            .build(),
+    )
+}
+
+mod serial {
+    use aws_sdk_sqs::config::SharedHttpClient;
+    use aws_smithy_runtime_api::client::http::{
+        HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
+    };
+    use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+
+    /// One turn per test process: every client of the process shares it.
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    #[derive(Debug, Clone)]
+    pub struct ReceivesInTurn {
+        pub inner: SharedHttpClient,
+    }
+
+    #[derive(Debug)]
+    struct Conn {
+        inner: SharedHttpConnector,
+    }
+
+    impl HttpConnector for Conn {
+        fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+            let receive = request
+                .headers()
+                .get("x-amz-target")
+                .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
+            let inner = self.inner.clone();
+            HttpConnectorFuture::new(async move {
+                // Held until moto answers: it marks what it hands out before it answers.
+                let _turn = if receive {
+                    Some(TURN.lock().await)
+                } else {
+                    None
+                };
+                inner.call(request).await
+            })
+        }
+    }
+
+    impl HttpClient for ReceivesInTurn {
+        fn http_connector(
+            &self,
+            settings: &HttpConnectorSettings,
+            components: &RuntimeComponents,
+        ) -> SharedHttpConnector {
+            SharedHttpConnector::new(Conn {
+                inner: self.inner.http_connector(settings, components),
+            })
+        }
+    }
 }
