@@ -107,6 +107,12 @@ for c in "${PUBLISHED[@]}"; do
   say "clippy -D warnings: $c from its package alone, all features"
   lint -p "$c" --all-features || fail "$c does not build from its package without warnings (target/package/$c-$version.crate; see above)"
 done
+# The adapters without their default feature (the credential chains: aws-config, azure_identity), as a user who
+# builds the SDK client alone gets them.
+for c in txinbox-sqs txinbox-servicebus; do
+  say "clippy -D warnings: $c from its package alone, --no-default-features"
+  lint -p "$c" --no-default-features || fail "$c without its default features does not build without warnings (see above)"
+done
 # The facade as a user who enables one feature gets it: no other feature's code or dependency features to lean on.
 for f in "${FACADE_FEATURES[@]}"; do
   say "clippy -D warnings: txinbox from its package, --no-default-features --features $f"

@@ -60,8 +60,16 @@
 //!   `DeleteMessageBatch` are counted in [`metrics::DELETE_BATCH_ENTRY_FAILURES`] and retried once alone.
 //! * Poison messages reach the DLQ by the queue's `maxReceiveCount`; payload collisions, bad input and
 //!   permanent handler errors are forwarded explicitly (copy first, delete second: never lost).
+//!
+//! ## Features
+//!
+//! * `aws-config` (default): the standard AWS configuration chain (`load_sdk_config`, `client_from_env`)
+//!   and the `aws_config` re-export. Without it (`default-features = false`) the crate does not build
+//!   `aws-config` and its STS client: build the client from an `aws_sdk_sqs::Config` of your own with
+//!   [`client_from_conf`] (the HTTP client of [`http_client`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod dlq;
 pub mod error;
@@ -72,9 +80,9 @@ pub mod receiver;
 pub mod redrive;
 
 pub use error::{BatchEntryError, SqsError};
-pub use options::{
-    client_from_conf, client_from_env, emulator_client, http_client, load_sdk_config, SqsOptions,
-};
+pub use options::{client_from_conf, emulator_client, http_client, SqsOptions};
+#[cfg(feature = "aws-config")]
+pub use options::{client_from_env, load_sdk_config};
 pub use publisher::{deduplication_id, SqsPublisher};
 pub use receiver::{
     deduplication_id_replaced, received_message, SqsDelivery, SqsLease, SqsReceiver,
@@ -83,6 +91,8 @@ pub use receiver::{
 pub use redrive::{redrive, RedriveOptions};
 
 /// Re-exported so users load AWS configuration with the version the adapter is built on.
+#[cfg(feature = "aws-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "aws-config")))]
 pub use aws_config;
 /// Re-exported so users name the same SDK version.
 pub use aws_sdk_sqs;

@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use aws_config::BehaviorVersion;
-use aws_sdk_sqs::config::SharedHttpClient;
+use aws_sdk_sqs::config::{BehaviorVersion, SharedHttpClient};
 
 use crate::error::SqsError;
 
@@ -161,6 +160,8 @@ pub fn http_client() -> SharedHttpClient {
 /// identity, ECS/EC2 metadata) with [`BehaviorVersion::latest`] and the rustls HTTP client of
 /// [`http_client`]. The standard `AWS_ENDPOINT_URL_SQS` / `AWS_ENDPOINT_URL` variables point it at an
 /// emulator. SSO profiles are not compiled in (use a `credential_process` or environment credentials).
+#[cfg(feature = "aws-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "aws-config")))]
 pub async fn load_sdk_config() -> aws_config::SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
         .http_client(http_client())
@@ -169,6 +170,8 @@ pub async fn load_sdk_config() -> aws_config::SdkConfig {
 }
 
 /// An SQS client from [`load_sdk_config`].
+#[cfg(feature = "aws-config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "aws-config")))]
 pub async fn client_from_env() -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(&load_sdk_config().await)
 }
