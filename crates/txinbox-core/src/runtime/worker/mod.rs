@@ -291,24 +291,49 @@ where
 }
 
 /// Resolves on Ctrl-C or, on Unix, SIGTERM: pass it to [`Worker::run_until`].
-pub async fn shutdown_signal() {
+///
+/// Called inside a Tokio runtime, it installs its signal handlers at once, not when the future is first
+/// polled; until then, SIGTERM and Ctrl-C keep their default action (the process ends). Where it is called
+/// is the choice: in the call to `run_until` (`worker.run_until(shutdown_signal())`), a SIGTERM during the
+/// program's start-up (connecting to the store, checking the broker) ends the process at once, with nothing
+/// received yet; called before that start-up, the signal is kept, the start-up runs to its end (a connection
+/// that hangs delays the stop by its timeout) and the worker stops as soon as it runs and returns its report.
+/// Called outside a runtime, it installs them at its first poll.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        let install = || {
+            (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            )
+        };
+        let now = tokio::runtime::Handle::try_current().is_ok().then(install);
+        async move {
+            match now.unwrap_or_else(install) {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                (Ok(mut term), Err(_)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                (Err(_), _) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
