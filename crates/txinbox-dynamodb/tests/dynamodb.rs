@@ -493,73 +493,39 @@ mod lost_answer {
     //! A connector that lets the first `TransactWriteItems` reach DynamoDB and loses its answer (a timeout as
     //! the client sees it), as a dropped connection after the commit does.
     use super::*;
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region, SharedHttpClient};
-    use aws_smithy_runtime_api::client::http::{
-        HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use txinbox_testkit::sdk_http::{
+        with_hook, ConnectorError, HttpConnector, HttpConnectorFuture,
     };
-    use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
-    use aws_smithy_runtime_api::client::result::ConnectorError;
-    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-
-    #[derive(Debug, Clone)]
-    pub struct LoseFirstCommitAnswer {
-        pub inner: SharedHttpClient,
-        pub lost: Arc<AtomicBool>,
-        pub commits: Arc<AtomicUsize>,
-    }
-
-    #[derive(Debug)]
-    struct Conn {
-        inner: SharedHttpConnector,
-        lost: Arc<AtomicBool>,
-        commits: Arc<AtomicUsize>,
-    }
-
-    impl HttpConnector for Conn {
-        fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
-            let commit = request
-                .headers()
-                .get("x-amz-target")
-                .is_some_and(|t| t.ends_with(".TransactWriteItems"));
-            if commit {
-                self.commits.fetch_add(1, Ordering::SeqCst);
-            }
-            let lose = commit && !self.lost.swap(true, Ordering::SeqCst);
-            let fut = self.inner.call(request);
-            HttpConnectorFuture::new(async move {
-                let answer = fut.await?;
-                if lose {
-                    return Err(ConnectorError::timeout("the answer was lost".into()));
-                }
-                Ok(answer)
-            })
-        }
-    }
-
-    impl HttpClient for LoseFirstCommitAnswer {
-        fn http_connector(
-            &self,
-            settings: &HttpConnectorSettings,
-            components: &RuntimeComponents,
-        ) -> SharedHttpConnector {
-            SharedHttpConnector::new(Conn {
-                inner: self.inner.http_connector(settings, components),
-                lost: self.lost.clone(),
-                commits: self.commits.clone(),
-            })
-        }
-    }
 
     pub fn client(b: &Backend, retries: bool) -> (Client, Arc<AtomicUsize>) {
         let commits = Arc::new(AtomicUsize::new(0));
-        let http = LoseFirstCommitAnswer {
-            inner: txinbox_dynamodb::http_client(),
-            lost: Arc::new(AtomicBool::new(false)),
-            commits: commits.clone(),
-        };
+        let counted = commits.clone();
+        let lost = AtomicBool::new(false);
+        let http = with_hook(
+            txinbox_dynamodb::http_client(),
+            move |request, connector| {
+                let commit = request
+                    .headers()
+                    .get("x-amz-target")
+                    .is_some_and(|t| t.ends_with(".TransactWriteItems"));
+                if commit {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                let lose = commit && !lost.swap(true, Ordering::SeqCst);
+                let answer = connector.call(request);
+                HttpConnectorFuture::new(async move {
+                    let answer = answer.await?;
+                    if lose {
+                        return Err(ConnectorError::timeout("the answer was lost".into()));
+                    }
+                    Ok(answer)
+                })
+            },
+        );
         let mut b = aws_sdk_dynamodb::Config::builder()
             .behavior_version(BehaviorVersion::latest())
-            .http_client(SharedHttpClient::new(http))
+            .http_client(http)
             .region(Region::new("us-east-1"))
             .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
             .endpoint_url(&b.endpoint);

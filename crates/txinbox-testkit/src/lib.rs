@@ -1,5 +1,6 @@
 //! Test support shared by the txinbox test suites: the PostgreSQL they must have, fresh stores, polling,
-//! metric totals, and deliveries whose settles do nothing or never arrive.
+//! metric totals, deliveries whose settles do nothing or never arrive, and a hook in front of the AWS SDKs'
+//! HTTP requests.
 //!
 //! The inbox lab, the failure windows and the crash injection they use are `txinbox-lab`.
 //!
@@ -180,5 +181,77 @@ impl<D: txinbox_core::Delivery> txinbox_core::Delivery for NeverSettled<D> {
     }
     fn lease(&self) -> Option<std::sync::Arc<dyn txinbox_core::Lease>> {
         self.0.lease()
+    }
+}
+
+/// The AWS SDKs' HTTP client with a hook in front of every request: the test doubles of a documented service
+/// behaviour an emulator lacks (an answer lost after the commit, one receive at a time) are written as hooks.
+pub mod sdk_http {
+    use std::sync::Arc;
+
+    use aws_smithy_runtime_api::client::http::{HttpClient, HttpConnectorSettings};
+    pub use aws_smithy_runtime_api::client::http::{
+        HttpConnector, HttpConnectorFuture, SharedHttpClient, SharedHttpConnector,
+    };
+    pub use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+    pub use aws_smithy_runtime_api::client::result::ConnectorError;
+    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+
+    type Hook = dyn Fn(HttpRequest, &SharedHttpConnector) -> HttpConnectorFuture + Send + Sync;
+
+    /// `inner`, with `hook` called for every request and given the connector `inner` would have sent it to
+    /// (`connector.call(request)`, with [`HttpConnector`] in scope, sends it on).
+    pub fn with_hook(
+        inner: SharedHttpClient,
+        hook: impl Fn(HttpRequest, &SharedHttpConnector) -> HttpConnectorFuture + Send + Sync + 'static,
+    ) -> SharedHttpClient {
+        SharedHttpClient::new(Hooked {
+            inner,
+            hook: Arc::new(hook),
+        })
+    }
+
+    #[derive(Clone)]
+    struct Hooked {
+        inner: SharedHttpClient,
+        hook: Arc<Hook>,
+    }
+
+    struct Conn {
+        inner: SharedHttpConnector,
+        hook: Arc<Hook>,
+    }
+
+    impl std::fmt::Debug for Hooked {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Hooked")
+                .field("inner", &self.inner)
+                .finish()
+        }
+    }
+
+    impl std::fmt::Debug for Conn {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Conn").field("inner", &self.inner).finish()
+        }
+    }
+
+    impl HttpConnector for Conn {
+        fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+            (self.hook)(request, &self.inner)
+        }
+    }
+
+    impl HttpClient for Hooked {
+        fn http_connector(
+            &self,
+            settings: &HttpConnectorSettings,
+            components: &RuntimeComponents,
+        ) -> SharedHttpConnector {
+            SharedHttpConnector::new(Conn {
+                inner: self.inner.http_connector(settings, components),
+                hook: self.hook.clone(),
+            })
+        }
     }
 }

@@ -338,69 +338,28 @@ pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
 /// transport gives those tests the atomic receive the service documents. The adapter still sends its calls
 /// concurrently: only their execution inside moto is ordered.
 pub fn one_receive_at_a_time(c: Client) -> Client {
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+    /// One turn per test process: every client of the process shares it.
+    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let inner = c
         .config()
         .http_client()
         .expect("the emulator client carries an HTTP client");
-    Client::from_conf(
-        c.config()
-            .to_builder()
-            .http_client(aws_sdk_sqs::config::SharedHttpClient::new(
-                serial::ReceivesInTurn { inner },
-            ))
-            .build(),
-    )
-}
-
-mod serial {
-    use aws_sdk_sqs::config::SharedHttpClient;
-    use aws_smithy_runtime_api::client::http::{
-        HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpConnector,
-    };
-    use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
-    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-
-    /// One turn per test process: every client of the process shares it.
-    static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-    #[derive(Debug, Clone)]
-    pub struct ReceivesInTurn {
-        pub inner: SharedHttpClient,
-    }
-
-    #[derive(Debug)]
-    struct Conn {
-        inner: SharedHttpConnector,
-    }
-
-    impl HttpConnector for Conn {
-        fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
-            let receive = request
-                .headers()
-                .get("x-amz-target")
-                .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
-            let inner = self.inner.clone();
-            HttpConnectorFuture::new(async move {
-                // Held until moto answers: it marks what it hands out before it answers.
-                let _turn = if receive {
-                    Some(TURN.lock().await)
-                } else {
-                    None
-                };
-                inner.call(request).await
-            })
-        }
-    }
-
-    impl HttpClient for ReceivesInTurn {
-        fn http_connector(
-            &self,
-            settings: &HttpConnectorSettings,
-            components: &RuntimeComponents,
-        ) -> SharedHttpConnector {
-            SharedHttpConnector::new(Conn {
-                inner: self.inner.http_connector(settings, components),
-            })
-        }
-    }
+    let http = with_hook(inner, |request, connector| {
+        let receive = request
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            // Held until moto answers: it marks what it hands out before it answers.
+            let _turn = if receive {
+                Some(TURN.lock().await)
+            } else {
+                None
+            };
+            connector.call(request).await
+        })
+    });
+    Client::from_conf(c.config().to_builder().http_client(http).build())
 }
