@@ -690,8 +690,11 @@ async fn run_with_prefetch(n: usize, prefetch: usize) -> (usize, usize, crate::W
         QueueOptions::default()
             .wait(Duration::from_millis(20))
             .round_trip(Duration::from_millis(5))
-            // Shorter than a prefetched delivery waits for its slot: only the lease keeper keeps it.
-            .visibility_timeout(Duration::from_millis(150)),
+            // Shorter than a prefetched delivery waits for its slot (up to three handlers' work, 720 ms): only
+            // the lease keeper keeps it. It renews every third (200 ms), so a renewal would have to be late by
+            // 400 ms for the lease to lapse: a loaded machine's scheduling does not do that (with 150 ms and
+            // 60 ms of work, a renewal 100 ms late under the test command's load lost eight leases).
+            .visibility_timeout(Duration::from_millis(600)),
     );
     for i in 0..n {
         q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
@@ -699,7 +702,7 @@ async fn run_with_prefetch(n: usize, prefetch: usize) -> (usize, usize, crate::W
     let running: Running = Arc::default();
     let report = Worker::new(
         q.receiver(),
-        slow_processor(&store, Duration::from_millis(60), running.clone()),
+        slow_processor(&store, Duration::from_millis(240), running.clone()),
     )
     .options(
         WorkerOptions::default()
