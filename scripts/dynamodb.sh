@@ -93,17 +93,6 @@ assert b"TableNames" in body, body
 PY
 }
 
-free_port() {
-  # Free on every interface, since that is where the server binds.
-  "$PYTHON" - <<'PY'
-import socket
-s = socket.socket()
-s.bind(("", 0))
-print(s.getsockname()[1])
-s.close()
-PY
-}
-
 print_exports() {
   echo "export TXINBOX_DYNAMODB_ENDPOINT=http://127.0.0.1:$1"
   echo "export TXINBOX_DYNAMODB_PID_FILE=$pid_file"
@@ -115,7 +104,8 @@ start() {
   install
   mkdir -p "$state"
   already_running && return 0
-  local dir port=${DYNAMODB_PORT:-$(free_port)}
+  # Free on every interface: DynamoDB Local binds all of them.
+  local dir port=${DYNAMODB_PORT:-$(free_port "")}
   dir=$(jar_dir)
   # -inMemory: nothing on disk, a fresh database at each start.
   # -sharedDb: ONE database for every client. Without it DynamoDB Local keeps a separate database per access key

@@ -70,16 +70,6 @@ sys.exit(0 if health["services"].get("sqs") in ("available", "running") else 1)
 PY
 }
 
-free_port() {
-  "$venv/bin/python" - <<'PY'
-import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-s.close()
-PY
-}
-
 print_exports() {
   echo "export TXINBOX_SQS_ENDPOINT=http://127.0.0.1:$1"
 }

@@ -45,16 +45,6 @@ urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/", timeout=2).read()
 PY
 }
 
-free_port() {
-  "$venv/bin/python" - <<'PY'
-import socket
-s = socket.socket()
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-s.close()
-PY
-}
-
 print_exports() {
   echo "export TXINBOX_SQS_ENDPOINT=http://127.0.0.1:$1"
   echo "export TXINBOX_MOTO_PID_FILE=$pid_file"

@@ -20,6 +20,12 @@ pip_version() {
   "$venv/bin/python" -c 'import sys; from importlib.metadata import version; print(version(sys.argv[1]))' "$1" 2>/dev/null
 }
 
+# free_port [ADDRESS]: a TCP port free on ADDRESS (127.0.0.1 by default; "" for every interface), the kernel's
+# choice.
+free_port() {
+  "${PYTHON:-python3}" -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1]); s.close()' "${1-127.0.0.1}"
+}
+
 # The pid recorded by `start`, when that process is still alive.
 running_pid() {
   [[ -f "$pid_file" ]] || return 1
