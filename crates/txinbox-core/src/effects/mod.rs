@@ -66,13 +66,17 @@ use sha2::{Digest, Sha256};
 use crate::pipeline::identity::Identity;
 
 mod executor;
+mod gauges;
+mod options;
 pub mod outbox;
 mod runner;
 mod store;
 
 pub use executor::{Confirmation, EffectExecutor, Execution};
 pub use futures::future::BoxFuture;
-pub use runner::{publish_gauges, CompensateError, EffectOptions, EffectReport, EffectRunner};
+pub use gauges::publish_gauges;
+pub use options::{CompensateError, EffectOptions, EffectReport};
+pub use runner::EffectRunner;
 pub use store::{ClaimedEffect, EffectCount, EffectStore, Transition, TransitionColumns};
 
 pub use crate::error::BoxError;

@@ -44,6 +44,7 @@
 //! keeps keys; any other lost answer needs attention.
 
 mod answers;
+mod builder;
 mod confirm;
 mod key;
 mod settings;
@@ -57,6 +58,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
 pub use answers::{parse_retry_after, Answer, AnswerTable};
+pub use builder::{HttpConfigError, HttpEffectBuilder};
 pub use confirm::{Confirm, ReadFn};
 pub use key::{Key, DEFAULT_KEY_KEPT_FOR};
 pub use settings::{runner_from_settings, EffectSettingsError};
@@ -80,79 +82,6 @@ pub mod meta {
 /// The largest answer body read (a reference is near the top of any sane answer).
 const MAX_ANSWER: usize = 1024 * 1024;
 
-/// A configuration that cannot work. Every variant names what is wrong; none shows a secret (URLs are shown
-/// without user info and query values).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HttpConfigError {
-    /// A URL that is not an http(s) URL once filled.
-    #[error("the {what} {url} is not usable: {detail}")]
-    Url {
-        /// Which URL.
-        what: &'static str,
-        /// The URL, redacted.
-        url: String,
-        /// Why.
-        detail: String,
-    },
-    /// A template without `{key}` or `{external_ref}`: it cannot find one effect.
-    #[error(
-        "{what} ({url}) names neither {{key}} nor {{external_ref}}: it cannot find one effect"
-    )]
-    NoPlaceholder {
-        /// Which template.
-        what: &'static str,
-        /// The URL, redacted.
-        url: String,
-    },
-    /// A placeholder the templates do not know (a typo).
-    #[error("the {what} has an unknown placeholder {placeholder} (known: {{key}}, {{external_ref}}, {{reference}})")]
-    Placeholder {
-        /// Which template.
-        what: &'static str,
-        /// The placeholder.
-        placeholder: String,
-    },
-    /// A body template that is not JSON once filled.
-    #[error("the {what} is not JSON once filled: {detail}")]
-    Body {
-        /// Which template.
-        what: &'static str,
-        /// Why.
-        detail: String,
-    },
-    /// A JSON pointer that is not one (`/id`, `/data/0/id`).
-    #[error("{what} {pointer:?} is not a JSON pointer: it must start with '/' (\"/id\", \"/data/0/id\")")]
-    Pointer {
-        /// Which pointer.
-        what: &'static str,
-        /// The pointer.
-        pointer: String,
-    },
-    /// A header name or value that HTTP does not allow.
-    #[error("header {name:?}: {detail}")]
-    Header {
-        /// The header's name.
-        name: String,
-        /// Why (never the value).
-        detail: String,
-    },
-    /// A method that is not one, or not one this effect can use.
-    #[error("method {method:?}: {detail}")]
-    Method {
-        /// The method.
-        method: String,
-        /// Why.
-        detail: String,
-    },
-    /// Two settings that cannot go together.
-    #[error("{0}")]
-    Conflict(String),
-    /// The HTTP client could not be built.
-    #[error("the HTTP client could not be built: {0}")]
-    Client(#[source] reqwest::Error),
-}
-
 /// Calls an HTTP API for each effect of its destination. Built with [`HttpEffect::post`] or
 /// [`HttpEffect::upsert`] and [`HttpEffectBuilder::build`]; see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -172,58 +101,7 @@ pub struct HttpEffect {
     compensate: Option<String>,
 }
 
-/// Builds an [`HttpEffect`]; [`build`](Self::build) checks that every rule can work.
-#[derive(Clone, Debug)]
-#[must_use = "an HttpEffectBuilder does nothing until build() is called"]
-pub struct HttpEffectBuilder {
-    client: Option<reqwest::Client>,
-    method: String,
-    url: String,
-    upsert: bool,
-    key: Option<Key>,
-    reference: String,
-    reference_optional: bool,
-    confirm: Option<Confirm>,
-    answers: AnswerTable,
-    timeout: Duration,
-    reconcile_after: Duration,
-    headers: Vec<(String, String)>,
-    compensate: Option<String>,
-}
-
 impl HttpEffect {
-    /// POSTs each effect's payload to `url` (a template: `{key}`, `{external_ref}`).
-    pub fn post(url: impl Into<String>) -> HttpEffectBuilder {
-        HttpEffectBuilder {
-            client: None,
-            method: "POST".into(),
-            url: url.into(),
-            upsert: false,
-            key: None,
-            reference: "/id".into(),
-            reference_optional: false,
-            confirm: None,
-            answers: AnswerTable::default(),
-            timeout: Duration::from_secs(10),
-            reconcile_after: Duration::ZERO,
-            headers: Vec::new(),
-            compensate: None,
-        }
-    }
-
-    /// PUTs each effect's payload to `url`, which names the effect (`.../tasks/{external_ref}`): an upsert by
-    /// external id (Salesforce's, with `.method("PATCH")`) is idempotent by itself, so a lost answer is
-    /// reconciled by sending it again and needs no confirmation. A 2xx without a reference is done, with the
-    /// request's path as its reference.
-    pub fn upsert(url: impl Into<String>) -> HttpEffectBuilder {
-        HttpEffectBuilder {
-            method: "PUT".into(),
-            upsert: true,
-            key: Some(Key::none()),
-            ..Self::post(url)
-        }
-    }
-
     /// Whether a call whose answer was lost may be repeated as its own confirmation.
     fn repeatable(&self, e: &ClaimedEffect) -> bool {
         let age = (Utc::now() - e.created_at).to_std().unwrap_or_default();
@@ -496,187 +374,6 @@ impl EffectExecutor for HttpEffect {
 /// The path of `url` (a done upsert's reference).
 fn url_path(url: &str) -> String {
     reqwest::Url::parse(url).map_or_else(|_| url.to_owned(), |u| u.path().to_owned())
-}
-
-impl HttpEffectBuilder {
-    /// The method of the call (`POST`; an upsert's `PUT`, or `PATCH` for Salesforce's).
-    pub fn method(mut self, method: impl Into<String>) -> Self {
-        self.method = method.into();
-        self
-    }
-
-    /// Where the key goes and whether the destination honours it (default: `Idempotency-Key` sent, not
-    /// relied on). See [`Key`].
-    pub fn key(mut self, key: Key) -> Self {
-        self.key = Some(key);
-        self
-    }
-
-    /// Where the destination's reference is in a 2xx answer (a JSON pointer, default `/id`). A 2xx without
-    /// it is uncertain, never done, unless [`reference_optional`](Self::reference_optional).
-    pub fn reference(mut self, pointer: impl Into<String>) -> Self {
-        self.reference = pointer.into();
-        self
-    }
-
-    /// The destination's 2xx may carry no reference (an e-mail API answering 202 without an id): done
-    /// without reference, shown apart in `txinbox effects stats` and the metrics.
-    pub fn reference_optional(mut self) -> Self {
-        self.reference_optional = true;
-        self
-    }
-
-    /// The confirmation asked when an answer was lost. See [`Confirm`].
-    pub fn confirm(mut self, confirm: Confirm) -> Self {
-        self.confirm = Some(confirm);
-        self
-    }
-
-    /// `confirm(Confirm::lookup(url))`: a `GET` of one object where 404 is not found and a 2xx must carry the
-    /// reference at `/id` (an empty list, or a body without it, is unknown, never done).
-    pub fn confirm_url(self, url: impl Into<String>) -> Self {
-        self.confirm(Confirm::lookup(url))
-    }
-
-    /// What `status` (100 to 599) means at this destination, over the [default table](AnswerTable).
-    pub fn answer(mut self, status: u16, answer: Answer) -> Self {
-        self.answers.set(status, answer);
-        self
-    }
-
-    /// What a whole class (`4` for 4xx) means, replacing the defaults' exact codes of that class.
-    pub fn answer_class(mut self, class: u8, answer: Answer) -> Self {
-        self.answers.set_class(class, answer);
-        self
-    }
-
-    /// Waits this long after an uncertain call before the first confirmation (default none): a search whose
-    /// index lags behind the writes would not find a fresh object.
-    pub fn reconcile_after(mut self, d: Duration) -> Self {
-        self.reconcile_after = d;
-        self
-    }
-
-    /// A header sent with every request of this destination (an `Authorization`): marked sensitive, never
-    /// logged.
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.push((name.into(), value.into()));
-        self
-    }
-
-    /// The timeout of each request (default 10 s). A call past it is uncertain.
-    pub fn timeout(mut self, d: Duration) -> Self {
-        self.timeout = d;
-        self
-    }
-
-    /// The compensation request an operator can trigger ([`crate::EffectRunner::compensate`]): a DELETE to
-    /// this URL, where `{reference}`, `{key}` and `{external_ref}` are replaced (percent-encoded). A 2xx or a
-    /// 404 (already gone) undoes the effect.
-    pub fn compensate_url(mut self, template: impl Into<String>) -> Self {
-        self.compensate = Some(template.into());
-        self
-    }
-
-    /// Uses `client` (for its TLS roots, proxy or connection pool); build it without redirects
-    /// (`reqwest::redirect::Policy::none()`), or a 3xx would be followed.
-    pub fn client(mut self, client: reqwest::Client) -> Self {
-        self.client = Some(client);
-        self
-    }
-
-    /// Checks that every rule can work and builds the effect.
-    ///
-    /// # Errors
-    /// An [`HttpConfigError`] naming the rule that cannot work: a URL that is not http(s), a template without
-    /// `{key}` or `{external_ref}` where one effect must be found (a confirmation, an upsert's URL), an unknown
-    /// placeholder, a body template that is not JSON, a JSON pointer that is not one, a header HTTP does not
-    /// allow, a confirmation by `{key}` at a destination that keeps no key.
-    pub fn build(self) -> Result<HttpEffect, HttpConfigError> {
-        let url = template::Template::parse("call URL", &self.url)?;
-        template::check_url("call URL", &url)?;
-        let method = reqwest::Method::from_bytes(self.method.to_ascii_uppercase().as_bytes())
-            .map_err(|e| HttpConfigError::Method {
-                method: self.method.clone(),
-                detail: e.to_string(),
-            })?;
-        if matches!(method, reqwest::Method::GET | reqwest::Method::HEAD) {
-            return Err(HttpConfigError::Method {
-                method: self.method,
-                detail: "an effect's call sends a body: use POST, PUT or PATCH".into(),
-            });
-        }
-        if self.upsert && !url.names_effect() {
-            return Err(HttpConfigError::NoPlaceholder {
-                what: "the upsert URL",
-                url: template::redact(&self.url),
-            });
-        }
-        confirm::check_pointer("reference", &self.reference, false)?;
-        let key = self.key.unwrap_or_default();
-        if let Placement::Header(name) = &key.placement {
-            HeaderName::from_bytes(name.as_bytes()).map_err(|e| HttpConfigError::Header {
-                name: name.clone(),
-                detail: e.to_string(),
-            })?;
-        }
-        if let Some(c) = &self.confirm {
-            c.validate()?;
-            if key.placement == Placement::None && !c.uses_external_ref() {
-                return Err(HttpConfigError::Conflict(
-                    "the confirmation finds effects by {key}, but the destination keeps no key (Key::none()): \
-                     it would never find one, and every lost answer would be sent again; search by \
-                     {external_ref}"
-                        .into(),
-                ));
-            }
-            if self.upsert {
-                return Err(HttpConfigError::Conflict(
-                    "an upsert is confirmed by sending it again: it takes no confirmation".into(),
-                ));
-            }
-        }
-        if let Some(c) = &self.compensate {
-            let t = template::Template::parse("compensation URL", c)?;
-            template::check_url("compensation URL", &t)?;
-        }
-        let mut headers = Vec::with_capacity(self.headers.len());
-        for (name, value) in self.headers {
-            let n =
-                HeaderName::from_bytes(name.as_bytes()).map_err(|e| HttpConfigError::Header {
-                    name: name.clone(),
-                    detail: e.to_string(),
-                })?;
-            let mut v = HeaderValue::from_str(&value).map_err(|_| HttpConfigError::Header {
-                name: name.clone(),
-                detail: "the value is not visible ASCII".into(),
-            })?;
-            v.set_sensitive(true);
-            headers.push((n, v));
-        }
-        let client = match self.client {
-            Some(c) => c,
-            None => reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(HttpConfigError::Client)?,
-        };
-        Ok(HttpEffect {
-            client,
-            method,
-            url: self.url,
-            upsert: self.upsert,
-            key,
-            reference: self.reference,
-            reference_optional: self.reference_optional,
-            confirm: self.confirm,
-            answers: self.answers,
-            timeout: self.timeout,
-            reconcile_after: self.reconcile_after,
-            headers,
-            compensate: self.compensate,
-        })
-    }
 }
 
 #[cfg(test)]

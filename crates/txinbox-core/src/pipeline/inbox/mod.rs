@@ -20,6 +20,7 @@ use crate::CancellationToken;
 
 mod batch;
 mod decide;
+mod ending;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,179 @@
+//! The runner's options, its report, and why a compensation did not happen.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use super::EffectState;
+use crate::error::BoxError;
+
+/// Why an operator's compensation did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompensateError {
+    /// No effect has this key.
+    #[error("no effect has the key {0}")]
+    NotFound(String),
+    /// Only a done effect can be undone.
+    #[error("effect {key} is {state}, not done: nothing to undo")]
+    NotDone {
+        /// The key.
+        key: String,
+        /// Its state.
+        state: EffectState,
+    },
+    /// This runner has no executor for the effect's destination.
+    #[error("no executor is registered for destination {0:?}")]
+    NoExecutor(String),
+    /// The executor could not undo it (or has no compensation).
+    #[error("the destination did not undo effect {key}: {source}")]
+    Refused {
+        /// The key.
+        key: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// The store failed.
+    #[error("store error: {0}")]
+    Store(#[source] BoxError),
+}
+
+/// How a runner runs.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+#[must_use = "EffectOptions do nothing until given to an EffectRunner"]
+pub struct EffectOptions {
+    /// Effects claimed per pass (default 32).
+    pub batch: i64,
+    /// How long a claim lasts before another runner may take the effect as uncertain (default 60 s; longer
+    /// than any call).
+    pub claim_for: Duration,
+    /// Executions before an effect that never reached the destination is failed (default 10).
+    pub max_attempts: i32,
+    /// Reconciliations without an answer before an effect needs attention (default 10).
+    pub max_reconciliations: i32,
+    /// First backoff; doubled each attempt up to `max_backoff` (default 1 s).
+    pub backoff: Duration,
+    /// Longest backoff (default 5 min).
+    pub max_backoff: Duration,
+    /// How long done effects are kept (default 7 days).
+    pub done_retention: Duration,
+    /// Pause when nothing is due (default 500 ms).
+    pub idle_poll: Duration,
+    /// The shard this runner's store is ([`crate::runtime::shards`]), added as a `shard` label to the effect
+    /// gauges, so that the runners of several shards of one consumer publish one series each (default none).
+    pub shard: Option<String>,
+}
+
+impl Default for EffectOptions {
+    fn default() -> Self {
+        Self {
+            batch: 32,
+            claim_for: Duration::from_secs(60),
+            max_attempts: 10,
+            max_reconciliations: 10,
+            backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+            done_retention: Duration::from_secs(7 * 24 * 3600),
+            idle_poll: Duration::from_millis(500),
+            shard: None,
+        }
+    }
+}
+
+impl EffectOptions {
+    /// Sets the claim batch.
+    pub fn batch(mut self, n: i64) -> Self {
+        self.batch = n.max(1);
+        self
+    }
+    /// Sets the claim duration.
+    pub fn claim_for(mut self, d: Duration) -> Self {
+        self.claim_for = d;
+        self
+    }
+    /// Sets the attempt limit.
+    pub fn max_attempts(mut self, n: i32) -> Self {
+        self.max_attempts = n.max(1);
+        self
+    }
+    /// Sets the reconciliation limit.
+    pub fn max_reconciliations(mut self, n: i32) -> Self {
+        self.max_reconciliations = n.max(1);
+        self
+    }
+    /// Sets the first and the longest backoff.
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff = first;
+        self.max_backoff = max.max(first);
+        self
+    }
+    /// Sets how long done effects are kept.
+    pub fn done_retention(mut self, d: Duration) -> Self {
+        self.done_retention = d;
+        self
+    }
+    /// Sets the pause when nothing is due.
+    pub fn idle_poll(mut self, d: Duration) -> Self {
+        self.idle_poll = d;
+        self
+    }
+    /// Labels the effect gauges with `shard` (one runner per shard of a worker).
+    pub fn shard(mut self, shard: impl Into<String>) -> Self {
+        self.shard = Some(shard.into());
+        self
+    }
+
+    pub(super) fn backoff_for(&self, n: i32) -> Duration {
+        let shift = n.clamp(1, 20) as u32 - 1;
+        self.backoff
+            .checked_mul(1u32 << shift)
+            .unwrap_or(self.max_backoff)
+            .min(self.max_backoff)
+    }
+}
+
+/// What one runner did, by resulting state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use = "an EffectReport says what the runner did"]
+pub struct EffectReport {
+    /// Effects claimed.
+    pub claimed: u64,
+    /// Transitions recorded, by the state they led to.
+    pub transitions: BTreeMap<EffectState, u64>,
+    /// Results dropped because the claim had expired and another holder took the effect.
+    pub claims_lost: u64,
+    /// Store errors met (the pass goes on with the next effect; the claim expires and is reconciled).
+    pub store_errors: u64,
+}
+
+impl EffectReport {
+    /// Transitions to `state`.
+    pub fn count(&self, state: EffectState) -> u64 {
+        self.transitions.get(&state).copied().unwrap_or(0)
+    }
+    pub(crate) fn add(&mut self, other: &EffectReport) {
+        self.claimed += other.claimed;
+        self.claims_lost += other.claims_lost;
+        self.store_errors += other.store_errors;
+        for (k, v) in &other.transitions {
+            *self.transitions.entry(*k).or_default() += v;
+        }
+    }
+}
+
+impl fmt::Display for EffectReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EffectReport claimed={}", self.claimed)?;
+        for (k, v) in &self.transitions {
+            write!(f, " {k}={v}")?;
+        }
+        write!(
+            f,
+            " claims_lost={} store_errors={}",
+            self.claims_lost, self.store_errors
+        )
+    }
+}

@@ -1,0 +1,318 @@
+//! Shards: one worker, several stores. Each delivery is applied in the store that holds its tenant's business
+//! data, so the marker still commits in the same transaction as the business change: the inbox scales by
+//! sharding **with** the business data, never by a transaction across databases.
+//!
+//! ```text
+//! receive ─► route (ShardRouter: the tenant, or your function of the message)
+//!              ├─ a shard claims the key ......... that shard's processor: BEGIN, marker, handler, COMMIT, settle
+//!              ├─ that shard is unavailable ...... released with ShardOptions::unavailable_backoff, the others flow
+//!              └─ no shard claims it ............. dead-lettered, reason `no_shard` (nothing was written)
+//! ```
+//!
+//! Each [`Shard`] is a name, a [`Processor`](crate::runtime::worker::Processor) (an [`InboxProcessor`](crate::InboxProcessor) on that shard's
+//! store: [`InboxProcessor::on_store`](crate::InboxProcessor::on_store) binds the same handler to another
+//! store), the tenants it claims, and a [`HealthCheck`] (the stores implement it). A tenant claimed twice, or two
+//! shards taking the rest, is refused when the [`Shards`] are built, with one line; a message whose tenant no
+//! shard claims can only be known from the message, so it is dead-lettered with a reason that names the tenant.
+//!
+//! **A shard that is down delays only its own messages.** The shards' checks are probed every
+//! [`ShardOptions::probe_interval`] while the worker runs (and at once after a delivery of a shard ended in a
+//! retry); while a shard's last probe failed, its deliveries are released without touching its store, so they
+//! neither wait for a connection nor hold a worker slot, and the other shards' deliveries keep every slot.
+//! Readiness names the shard ([`Shards::health`]), the gauge `txinbox_shard_up` says which is down, and
+//! `txinbox_shard_unavailable_total` counts the deliveries it released.
+//!
+//! A batch ([`WorkerOptions::batch_commit`](crate::WorkerOptions::batch_commit)) is split by shard: each shard's
+//! deliveries are applied as one batch in that shard's transaction, the shards' batches concurrently.
+//!
+//! The effects runner and the maintenance run per shard: give the [`Monitor`](crate::Monitor) one of each per
+//! store ([`Monitor::effects`](crate::Monitor::effects) and [`Monitor::maintenance`](crate::Monitor::maintenance)
+//! add beside the ones already there).
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use futures::future::join_all;
+
+use crate::runtime::health::{Health, HealthCheck};
+use crate::{CancellationToken, ReceivedMessage};
+
+mod config;
+mod probe;
+mod process;
+mod router;
+#[cfg(test)]
+mod tests;
+
+use config::{check_claims, Claims};
+pub use config::{check_shards, Shard, ShardConfigError, ShardOptions, ShardStatus};
+use probe::probe_all;
+pub use router::ShardRouter;
+
+/// The dead-letter reason of a delivery no shard takes.
+pub const NO_SHARD: &str = "no_shard";
+
+/// What the probe loop needs, apart from the processors (so that it never keeps them alive).
+struct Watch {
+    name: Arc<str>,
+    check: Option<Arc<dyn HealthCheck>>,
+    down: Mutex<Option<String>>,
+    probing: AtomicBool,
+}
+
+struct Inner<P> {
+    processors: Vec<P>,
+    watch: Arc<[Watch]>,
+    by_key: HashMap<String, usize>,
+    rest: Option<usize>,
+    router: ShardRouter,
+    opts: Mutex<ShardOptions>,
+    started: AtomicBool,
+    /// The consumer label, known once the worker started the processor.
+    consumer: std::sync::OnceLock<String>,
+    stop: CancellationToken,
+}
+
+impl<P> Drop for Inner<P> {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Several shards behind one [`Processor`](crate::runtime::worker::Processor): see the [module docs](self).
+///
+/// ```no_run
+/// # async fn demo<S: txinbox_core::InboxStore + txinbox_core::runtime::health::HealthCheck + Clone>(
+/// #     eu: S, us: S, queue: txinbox_core::broker::mem::MemoryQueue,
+/// # ) -> Result<(), Box<dyn std::error::Error>> {
+/// use txinbox_core::runtime::shards::{Shard, ShardRouter, Shards};
+/// use txinbox_core::{ConsumerName, IdentityPolicy, Inbox, Message, Worker};
+///
+/// let base = Inbox::new(eu.clone(), IdentityPolicy::new(ConsumerName::new("crm-followup")?))
+///     .bind(|_tx, _msg: Message<serde_json::Value>| async move { Ok(()) });
+/// let shards = Shards::new(
+///     ShardRouter::tenant(),
+///     [
+///         Shard::new("eu-1", base.on_store(eu.clone())).claims(["acme", "globex"]).check(eu),
+///         Shard::new("us-1", base.on_store(us.clone())).claims(["initech"]).rest().check(us),
+///     ],
+/// )?;
+/// Worker::new(queue.receiver(), shards).run_until(txinbox_core::shutdown_signal()).await;
+/// # Ok(()) }
+/// ```
+pub struct Shards<P> {
+    inner: Arc<Inner<P>>,
+}
+
+impl<P> Clone for Shards<P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<P> std::fmt::Debug for Shards<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("shards", &self.names())
+            .field("router", &self.inner.router)
+            .field("options", &self.opts())
+            .finish()
+    }
+}
+
+/// Where one delivery goes.
+enum Route {
+    Shard(usize),
+    Down(usize, String),
+    Nowhere(String),
+}
+
+impl<P> Shards<P> {
+    /// The shards, checked: every name valid and unique, every key claimed once, at most one shard taking the
+    /// rest, no shard that would never receive a delivery.
+    pub fn new(
+        router: ShardRouter,
+        shards: impl IntoIterator<Item = Shard<P>>,
+    ) -> Result<Self, ShardConfigError> {
+        let shards: Vec<Shard<P>> = shards.into_iter().collect();
+        let claims = check_claims(
+            shards
+                .iter()
+                .map(|s| (s.name.as_str(), s.claims.as_slice(), s.rest)),
+        )?;
+        let mut processors = Vec::with_capacity(shards.len());
+        let mut watch = Vec::with_capacity(shards.len());
+        for s in shards {
+            watch.push(Watch {
+                name: s.name.into(),
+                check: s.check,
+                down: Mutex::new(None),
+                probing: AtomicBool::new(false),
+            });
+            processors.push(s.processor);
+        }
+        let Claims { by_key, rest } = claims;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                processors,
+                watch: watch.into(),
+                by_key,
+                rest,
+                router,
+                opts: Mutex::new(ShardOptions::default()),
+                started: AtomicBool::new(false),
+                consumer: std::sync::OnceLock::new(),
+                stop: CancellationToken::new(),
+            }),
+        })
+    }
+
+    /// Sets how the shards are watched (for every clone). Set it before the worker starts and before
+    /// [`Shards::health`]: the probe loop reads its cadence when it starts, readiness `require_all` when the
+    /// checks are added.
+    pub fn options(self, opts: ShardOptions) -> Self {
+        *lock(&self.inner.opts) = opts;
+        self
+    }
+
+    fn opts(&self) -> ShardOptions {
+        lock(&self.inner.opts).clone()
+    }
+
+    /// The shards' names, in the order given.
+    pub fn names(&self) -> Vec<&str> {
+        self.inner.watch.iter().map(|w| &*w.name).collect()
+    }
+
+    /// The processor of the shard named `name`.
+    pub fn processor(&self, name: &str) -> Option<&P> {
+        let i = self.inner.watch.iter().position(|w| &*w.name == name)?;
+        self.inner.processors.get(i)
+    }
+
+    /// The shard `msg` goes to: its name, or why no shard takes it (the dead-letter detail).
+    pub fn shard_of(&self, msg: &ReceivedMessage) -> Result<&str, String> {
+        self.index_of(msg).map(|i| &*self.inner.watch[i].name)
+    }
+
+    fn index_of(&self, msg: &ReceivedMessage) -> Result<usize, String> {
+        let inner = &self.inner;
+        match inner.router.key(msg) {
+            Some(key) => match inner.by_key.get(&key).copied().or(inner.rest) {
+                Some(i) => Ok(i),
+                None => Err(format!(
+                    "{} {key:?} is claimed by no shard and no shard takes the rest",
+                    inner.router.what
+                )),
+            },
+            None => inner.rest.ok_or_else(|| {
+                format!(
+                    "the message has no {} and no shard takes the rest",
+                    inner.router.what
+                )
+            }),
+        }
+    }
+
+    fn route(&self, msg: &ReceivedMessage) -> Route {
+        match self.index_of(msg) {
+            Err(why) => Route::Nowhere(why),
+            Ok(i) => match lock(&self.inner.watch[i].down).clone() {
+                Some(why) => Route::Down(i, why),
+                None => Route::Shard(i),
+            },
+        }
+    }
+
+    /// Each shard's state as the last probe left it.
+    pub fn status(&self) -> Vec<ShardStatus> {
+        self.inner
+            .watch
+            .iter()
+            .map(|w| ShardStatus {
+                name: w.name.to_string(),
+                down: lock(&w.down).clone(),
+            })
+            .collect()
+    }
+
+    /// Probes every shard once now (each within [`ShardOptions::probe_timeout`]) and returns the ones that
+    /// failed, with why. A worker calls it at start: it starts for the reachable shards (the others' deliveries
+    /// are released until they answer), or refuses to start when every shard is required.
+    pub async fn probe(&self) -> Vec<ShardStatus> {
+        probe_all(
+            &self.inner.watch,
+            self.opts().probe_timeout,
+            self.inner.consumer.get().map(String::as_str),
+        )
+        .await;
+        self.status()
+            .into_iter()
+            .filter(|s| s.down.is_some())
+            .collect()
+    }
+
+    /// Adds the shards to `health`'s readiness, one check per shard named `shard <name>` (a `SELECT 1` on its
+    /// store, run at each probe of readiness). By default an unavailable shard shows as `degraded shard NAME:
+    /// why` and readiness stays true while another shard answers (the worker goes on for the others); with
+    /// [`ShardOptions::require_all`] each shard is a required check.
+    pub fn health(&self, mut health: Health) -> Health {
+        let checked: Vec<usize> = (0..self.inner.watch.len())
+            .filter(|&i| self.inner.watch[i].check.is_some())
+            .collect();
+        for &i in &checked {
+            let watch = self.inner.watch.clone();
+            let name = format!("shard {}", watch[i].name);
+            let check = move || {
+                let watch = watch.clone();
+                async move {
+                    match &watch[i].check {
+                        Some(c) => c.check().await,
+                        None => Ok(()),
+                    }
+                }
+            };
+            health = if self.opts().require_all {
+                health.check(name, check)
+            } else {
+                health.check_degraded(name, check)
+            };
+        }
+        if !self.opts().require_all && !checked.is_empty() {
+            let watch = self.inner.watch.clone();
+            let timeout = self.opts().probe_timeout;
+            let checked: Arc<[usize]> = checked.into();
+            health = health.check("shards", move || {
+                let (watch, checked) = (watch.clone(), checked.clone());
+                async move {
+                    let answers = join_all(checked.iter().map(|&i| {
+                        let w = &watch[i];
+                        async move {
+                            match &w.check {
+                                Some(c) => matches!(
+                                    tokio::time::timeout(timeout, c.check()).await,
+                                    Ok(Ok(()))
+                                ),
+                                None => true,
+                            }
+                        }
+                    }))
+                    .await;
+                    if answers.iter().any(|up| *up) || watch.iter().any(|w| w.check.is_none()) {
+                        Ok(())
+                    } else {
+                        Err("every shard is unavailable".into())
+                    }
+                }
+            });
+        }
+        health
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,81 @@
+use std::time::Duration;
+
+use super::*;
+use crate::pipeline::identity::ce;
+
+fn msg(body: &str, tenant: Option<&str>) -> ReceivedMessage {
+    let mut m = ReceivedMessage::new(body.as_bytes().to_vec());
+    if let Some(t) = tenant {
+        m.attributes.insert(ce::TENANT_ID.into(), t.into());
+    }
+    m
+}
+
+#[test]
+fn the_tenant_comes_from_the_attribute_or_a_structured_cloudevent() {
+    let r = ShardRouter::tenant();
+    assert_eq!(r.key(&msg("{}", Some("acme"))).as_deref(), Some("acme"));
+    let structured =
+        r#" {"specversion":"1.0","id":"e1","source":"crm","tenantid":"globex","data":{}}"#;
+    assert_eq!(r.key(&msg(structured, None)).as_deref(), Some("globex"));
+    // The attribute wins over the body, as in the identity.
+    assert_eq!(
+        r.key(&msg(structured, Some("acme"))).as_deref(),
+        Some("acme")
+    );
+    // A JSON body that is not a CloudEvent names no tenant, nor does a body that is not JSON.
+    assert_eq!(r.key(&msg(r#"{"tenantid":"globex"}"#, None)), None);
+    assert_eq!(r.key(&msg("tenantid=globex", None)), None);
+    assert_eq!(r.key(&msg("{not json", None)), None);
+}
+
+#[test]
+fn an_unavailable_shard_s_release_delay_doubles_up_to_its_cap() {
+    let o = ShardOptions::new()
+        .unavailable_backoff(Duration::from_secs(5))
+        .unavailable_backoff_max(Duration::from_secs(300));
+    let delays: Vec<u64> = (1..=9).map(|n| o.unavailable_delay(n).as_secs()).collect();
+    assert_eq!(delays, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+    assert_eq!(o.unavailable_delay(0).as_secs(), 5);
+    assert_eq!(o.unavailable_delay(u32::MAX).as_secs(), 300);
+    // Ten deliveries ride out the sum of the first nine delays.
+    let rides_out: u64 = delays.iter().sum();
+    assert_eq!(rides_out, 1_215);
+}
+
+#[test]
+fn every_key_goes_to_its_claimant_and_the_rest_to_the_rest() {
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", ()).claims(["acme", "globex"]),
+            Shard::new("us-1", ()).claims(["initech"]).rest(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(shards.names(), ["eu-1", "us-1"]);
+    assert_eq!(shards.shard_of(&msg("{}", Some("globex"))), Ok("eu-1"));
+    assert_eq!(shards.shard_of(&msg("{}", Some("initech"))), Ok("us-1"));
+    assert_eq!(shards.shard_of(&msg("{}", Some("umbrella"))), Ok("us-1"));
+    assert_eq!(shards.shard_of(&msg("{}", None)), Ok("us-1"));
+    let strict = Shards::new(
+        ShardRouter::tenant(),
+        [Shard::new("eu-1", ()).claims(["acme"])],
+    )
+    .unwrap();
+    let why = strict.shard_of(&msg("{}", Some("umbrella"))).unwrap_err();
+    assert!(
+        why.contains(r#""umbrella" is claimed by no shard"#),
+        "{why}"
+    );
+    let why = strict.shard_of(&msg("{}", None)).unwrap_err();
+    assert!(why.contains("has no tenant"), "{why}");
+    let by_region = Shards::new(
+        ShardRouter::by("region", |m| m.attribute("region").map(str::to_owned)),
+        [Shard::new("eu", ()).claims(["eu"]).rest()],
+    )
+    .unwrap();
+    let mut m = msg("{}", Some("acme"));
+    m.attributes.insert("region".into(), "eu".into());
+    assert_eq!(by_region.shard_of(&m), Ok("eu"));
+}

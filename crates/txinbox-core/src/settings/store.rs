@@ -1,0 +1,134 @@
+use serde::Deserialize;
+
+use super::SettingsError;
+
+/// The store (`[store]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct StoreSettings {
+    /// `sqlite:FILE` or `postgres://user@host/db` (`sqlite:txinbox.db`). Put a password in the environment
+    /// (`TXINBOX_STORE__URL`), not in the file.
+    pub url: String,
+    /// Most connections in the pool (10); each shard's pool too, unless the shard sets its own.
+    pub max_connections: u32,
+    /// Several PostgreSQL stores behind one worker (`[store.shards.NAME]`), each delivery applied in the one that
+    /// claims its tenant ([`crate::runtime::shards`]). Empty (the default): one store, `url`.
+    pub shards: std::collections::BTreeMap<String, ShardSettings>,
+    /// Refuse to start while a shard cannot be reached (false: start for the others; the unreachable shard's
+    /// deliveries are released until it answers, and readiness names it).
+    pub require_all_shards: bool,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            url: "sqlite:txinbox.db".into(),
+            max_connections: 10,
+            shards: Default::default(),
+            require_all_shards: false,
+        }
+    }
+}
+
+/// One shard of the store (`[store.shards.NAME]`, the name a metric label: letters, digits, `-`, `_`, `.`).
+///
+/// ```toml
+/// [store.shards.eu-1]
+/// url_env = "CRM_DB_EU_1_URL"        # the variable holding postgres://user:password@host/db
+/// tenants = ["acme", "globex"]
+///
+/// [store.shards.eu-2]
+/// url = "postgres://crm@db-eu-2/crm" # a URL without a password may sit in the file
+/// tenants = ["initech"]
+/// rest = true                         # and every tenant no shard claims, and messages without a tenant
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ShardSettings {
+    /// The shard's `postgres://` URL. A password belongs in the environment: use `url_env`.
+    pub url: Option<String>,
+    /// The name of the environment variable that holds the shard's URL (with its password).
+    pub url_env: Option<String>,
+    /// The tenants (`ce-tenantid`) whose data this shard holds.
+    pub tenants: Vec<String>,
+    /// This shard also takes every tenant no shard claims, and messages without a tenant (at most one shard).
+    pub rest: bool,
+    /// Most connections in this shard's pool (unset: `[store] max_connections`).
+    pub max_connections: Option<u32>,
+}
+
+/// A shard of the settings with its URL resolved ([`StoreSettings::resolved_shards`]).
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ResolvedShard {
+    /// The shard's name.
+    pub name: String,
+    /// Its URL (it may hold a password: never log it).
+    pub url: String,
+    /// The tenants it claims.
+    pub tenants: Vec<String>,
+    /// Whether it takes the rest.
+    pub rest: bool,
+    /// Its pool size.
+    pub max_connections: u32,
+}
+
+impl std::fmt::Debug for ResolvedShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResolvedShard")
+            .field("name", &self.name)
+            .field("url", &"<redacted>")
+            .field("tenants", &self.tenants)
+            .field("rest", &self.rest)
+            .field("max_connections", &self.max_connections)
+            .finish()
+    }
+}
+
+impl StoreSettings {
+    /// The shards with their URLs, `url_env` read from the process's environment. An unset variable is an
+    /// error that names it (never a value).
+    ///
+    /// # Errors
+    /// [`SettingsError::Override`] naming the variable that is not set.
+    pub fn resolved_shards(&self) -> Result<Vec<ResolvedShard>, SettingsError> {
+        self.resolved_shards_with(|var| std::env::var(var).ok())
+    }
+
+    /// [`resolved_shards`](Self::resolved_shards) reading variables through `env`.
+    ///
+    /// # Errors
+    /// See [`resolved_shards`](Self::resolved_shards).
+    pub fn resolved_shards_with(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Vec<ResolvedShard>, SettingsError> {
+        self.shards
+            .iter()
+            .map(|(name, s)| {
+                let url = match (&s.url, &s.url_env) {
+                    (_, Some(var)) => env(var).ok_or_else(|| SettingsError::Override {
+                        var: var.clone(),
+                        detail: format!("not set; [store.shards.{name}] url_env names it"),
+                    })?,
+                    (Some(url), None) => url.clone(),
+                    (None, None) => {
+                        return Err(SettingsError::Override {
+                            var: format!("store.shards.{name}.url"),
+                            detail: "the shard has no url and no url_env".into(),
+                        })
+                    }
+                };
+                Ok(ResolvedShard {
+                    name: name.clone(),
+                    url,
+                    tenants: s.tenants.clone(),
+                    rest: s.rest,
+                    max_connections: s.max_connections.unwrap_or(self.max_connections).max(1),
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,225 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn shards_resolve_their_url_from_the_environment_and_bad_claims_are_one_line() {
+    let s = WorkerSettings::from_toml_str(
+    "[store]\nmax_connections = 6\n[store.shards.eu-1]\nurl_env = \"EU1\"\ntenants = [\"acme\", \"globex\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@db-eu-2/crm\"\ntenants = [\"initech\"]\nrest = true\nmax_connections = 3\n",
+)
+.unwrap();
+    let shards = s
+        .store
+        .resolved_shards_with(|v| (v == "EU1").then(|| "postgres://crm:s3cret@db-eu-1/crm".into()))
+        .unwrap();
+    assert_eq!(shards.len(), 2);
+    assert_eq!(shards[0].name, "eu-1");
+    assert_eq!(shards[0].url, "postgres://crm:s3cret@db-eu-1/crm");
+    assert_eq!(shards[0].max_connections, 6);
+    assert!(!format!("{shards:?}").contains("s3cret"), "{shards:?}");
+    assert!(shards[1].rest && shards[1].max_connections == 3);
+    let unset = s
+        .store
+        .resolved_shards_with(|_| None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        unset.contains("EU1") && unset.contains("not set"),
+        "{unset}"
+    );
+
+    let twice = WorkerSettings::from_toml_str(
+    "[store.shards.a]\nurl = \"postgres://x@a/db\"\ntenants = [\"acme\"]\n[store.shards.b]\nurl = \"postgres://x@b/db\"\ntenants = [\"acme\"]\n",
+)
+.unwrap_err()
+.to_string();
+    assert!(
+        twice.contains(r#"tenant "acme" is claimed by shard "a" and by shard "b""#),
+        "{twice}"
+    );
+    for (text, says) in [
+    ("[store.shards.a]\ntenants = [\"x\"]\n", "no url and no url_env"),
+    (
+        "[store.shards.a]\nurl = \"postgres://h/d\"\nurl_env = \"V\"\ntenants = [\"x\"]\n",
+        "both url and url_env",
+    ),
+    ("[store.shards.a]\nurl = \"sqlite:a.db\"\ntenants = [\"x\"]\n", "PostgreSQL"),
+    ("[store.shards.a]\nurl = \"postgres://h/d\"\n", "claims no tenant"),
+    (
+        "[store.shards.a]\nurl = \"postgres://h/d\"\nrest = true\n[store.shards.b]\nurl = \"postgres://h/e\"\nrest = true\n",
+        "both take the unclaimed tenants",
+    ),
+] {
+    let e = WorkerSettings::from_toml_str(text).unwrap_err().to_string();
+    assert!(e.contains(says), "{text}: {e}");
+}
+}
+
+#[test]
+fn defaults_come_from_the_library() {
+    let s = WorkerSettings::default();
+    let w = WorkerOptions::default();
+    assert_eq!(s.worker.concurrency, w.concurrency);
+    assert_eq!(
+        s.worker.shutdown_timeout_seconds,
+        w.shutdown_timeout.as_secs()
+    );
+    assert_eq!(
+        s.inbox.retention_seconds,
+        RetentionPolicy::default().keep.as_secs()
+    );
+    assert_eq!(s.sqs.heartbeat_interval(), Duration::from_secs(20));
+    assert_eq!(
+        s.servicebus.lock_renewal_interval(),
+        Duration::from_secs(20)
+    );
+    assert_eq!(WorkerSettings::from_toml_str("").unwrap(), s);
+}
+
+#[test]
+fn overrides_set_keys_and_name_the_variable_when_they_cannot() {
+    let dir = std::env::temp_dir().join(format!("txinbox-settings-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("worker.toml");
+    std::fs::write(&f, "[sqs]\nvisibility_timeout_seconds = 60\n").unwrap();
+    let s = WorkerSettings::load_with_env(
+        &f,
+        env(&[
+            ("TXINBOX_SQS__VISIBILITY_TIMEOUT_SECONDS", "120"),
+            ("txinbox_store__url", "postgres://u:secret@db/app"),
+            ("TXINBOX_STORE__URL", "postgres://u:secret@db/app"),
+            ("TXINBOX_CRM_URL", "http://crm"), // not a setting: ignored
+            ("PATH", "/bin"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(s.sqs.visibility_timeout_seconds, 120);
+    assert_eq!(s.sqs.heartbeat_interval(), Duration::from_secs(40));
+    assert_eq!(s.store.url, "postgres://u:secret@db/app");
+
+    let e = WorkerSettings::load_with_env(
+        &f,
+        env(&[("TXINBOX_SQS__VISIBILTY_TIMEOUT_SECONDS", "120")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("worker.toml"), "{e}");
+    assert!(e.contains("TXINBOX_SQS__VISIBILTY_TIMEOUT_SECONDS"), "{e}");
+    assert!(e.contains("visibilty_timeout_seconds"), "{e}");
+
+    let e = WorkerSettings::load_with_env(&f, env(&[("TXINBOX_QUEUE__URL", "x")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("TXINBOX_QUEUE__URL") && e.contains("no section"),
+        "{e}"
+    );
+
+    // The value of an override never appears in an error (it may be a password).
+    let e =
+        WorkerSettings::load_with_env(&f, env(&[("TXINBOX_STORE__MAX_CONNECTIONS", "hunter2")]))
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("TXINBOX_STORE__MAX_CONNECTIONS"), "{e}");
+    assert!(!e.contains("hunter2"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_renewal_cadence_no_worker_would_run_is_refused() {
+    let e = WorkerSettings::from_toml_str(
+        "[sqs]\nvisibility_timeout_seconds = 60\nheartbeat_interval_seconds = 45\n",
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SettingsError::Value {
+                key: "sqs.heartbeat_interval_seconds",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    WorkerSettings::from_toml_str(
+        "[sqs]\nvisibility_timeout_seconds = 60\nheartbeat_interval_seconds = 20\n",
+    )
+    .unwrap();
+    let e = WorkerSettings::from_toml_str("[servicebus]\nlock_renewal_interval_seconds = 59\n")
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("lock_renewal_interval_seconds"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_delivery_pipeline_keys_reach_the_worker_options() {
+    let d = WorkerSettings::default().worker_options();
+    let w = WorkerOptions::default();
+    assert_eq!(
+        (
+            d.batch_size,
+            d.prefetch,
+            d.batch_commit,
+            d.batch_linger,
+            d.get_receive_loops()
+        ),
+        (
+            w.batch_size,
+            w.prefetch,
+            w.batch_commit,
+            w.batch_linger,
+            w.get_receive_loops()
+        )
+    );
+    let s = WorkerSettings::from_toml_str(
+    "[worker]\nconcurrency = 32\nreceive_max = 20\nprefetch = 16\nbatch_commit = 10\nbatch_linger_ms = 25\nreceive_loops = 3\n[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 10\n",
+)
+.unwrap();
+    let o = s.worker_options();
+    assert_eq!(
+        (o.concurrency, o.batch_size, o.prefetch, o.batch_commit),
+        (32, 20, 16, 10)
+    );
+    assert_eq!(
+        (o.batch_linger, o.get_receive_loops()),
+        (Duration::from_millis(25), 3)
+    );
+    // Without receive_max, the SQS batch is the receive.
+    let o = WorkerSettings::from_toml_str(
+        "[sqs]\nqueue_url = \"https://sqs.eu-west-1.amazonaws.com/1/q.fifo\"\nbatch_size = 4\n",
+    )
+    .unwrap()
+    .worker_options();
+    assert_eq!(o.batch_size, 4);
+    for bad in [
+        "[worker]\nbatch_commit = 65\n",
+        "[worker]\nbatch_commit = 0\n",
+        "[worker]\nreceive_max = 0\n",
+        "[worker]\nbatch_linger_ms = 1001\n",
+        "[worker]\nreceive_loops = 0\n",
+        "[worker]\nreceive_loops = 17\n",
+    ] {
+        let e = WorkerSettings::from_toml_str(bad).unwrap_err().to_string();
+        let key = bad.split('\n').nth(1).unwrap().split(' ').next().unwrap();
+        assert!(e.contains(&format!("worker.{key}")), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn unknown_keys_and_bad_addresses_name_the_key() {
+    let e = WorkerSettings::from_toml_str("[inbox]\nretention_days = 30\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("retention_days"), "{e}");
+    let e = WorkerSettings::from_toml_str("[worker]\nhealth_addr = \"localhost\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("worker.health_addr"), "{e}");
+}

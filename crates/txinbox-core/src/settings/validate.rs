@@ -1,0 +1,131 @@
+use std::time::Duration;
+
+use super::{SettingsError, WorkerSettings};
+
+impl WorkerSettings {
+    pub(super) fn validate(&self, origin: &str) -> Result<(), SettingsError> {
+        let bad = |key: &'static str, detail: String| {
+            Err(SettingsError::Value {
+                key,
+                origin: origin.to_owned(),
+                detail,
+            })
+        };
+        if let Some(h) = self.sqs.heartbeat_interval_seconds {
+            let derived = self.sqs.heartbeat_interval();
+            if Duration::from_secs(h) != derived {
+                return bad(
+                    "sqs.heartbeat_interval_seconds",
+                    format!(
+                        "{h} s, but the worker extends the visibility every third of visibility_timeout_seconds ({} s = {derived:?}): remove the key or set it to that",
+                        self.sqs.visibility_timeout_seconds
+                    ),
+                );
+            }
+        }
+        if let Some(r) = self.servicebus.lock_renewal_interval_seconds {
+            let derived = self.servicebus.lock_renewal_interval();
+            if Duration::from_secs(r) != derived {
+                return bad(
+                    "servicebus.lock_renewal_interval_seconds",
+                    format!(
+                        "{r} s, but the worker renews the lock every third of lock_duration_seconds ({} s = {derived:?}): remove the key or set it to that",
+                        self.servicebus.lock_duration_seconds
+                    ),
+                );
+            }
+        }
+        if !self.store.shards.is_empty() {
+            for (name, shard) in &self.store.shards {
+                match (&shard.url, &shard.url_env) {
+                    (Some(_), Some(_)) => {
+                        return bad(
+                            "store.shards",
+                            format!("shard {name:?} sets both url and url_env: keep one"),
+                        )
+                    }
+                    (None, None) => {
+                        return bad(
+                            "store.shards",
+                            format!("shard {name:?} has no url and no url_env"),
+                        )
+                    }
+                    (Some(url), None) if !url.starts_with("postgres") => {
+                        return bad(
+                            "store.shards",
+                            format!(
+                                "shard {name:?}: shards are PostgreSQL stores (postgres://...)"
+                            ),
+                        )
+                    }
+                    _ => {}
+                }
+            }
+            if let Err(e) = crate::runtime::shards::check_shards(
+                self.store
+                    .shards
+                    .iter()
+                    .map(|(n, s)| (n.as_str(), s.tenants.as_slice(), s.rest)),
+            ) {
+                return bad("store.shards", e.to_string());
+            }
+        }
+        if self.worker.concurrency == 0 {
+            return bad("worker.concurrency", "must be at least 1".into());
+        }
+        if self.worker.receive_max == Some(0) {
+            return bad("worker.receive_max", "must be at least 1".into());
+        }
+        if !(1..=crate::runtime::worker::MAX_BATCH_COMMIT).contains(&self.worker.batch_commit) {
+            return bad(
+                "worker.batch_commit",
+                format!(
+                    "{} is outside 1..={} (PostgreSQL keeps at most 64 subtransactions in shared memory)",
+                    self.worker.batch_commit,
+                    crate::runtime::worker::MAX_BATCH_COMMIT
+                ),
+            );
+        }
+        if let Some(n) = self.worker.receive_loops {
+            if !(1..=crate::runtime::worker::MAX_RECEIVE_LOOPS).contains(&n) {
+                return bad(
+                    "worker.receive_loops",
+                    format!(
+                        "{n} is outside 1..={} (unset: the worker chooses)",
+                        crate::runtime::worker::MAX_RECEIVE_LOOPS
+                    ),
+                );
+            }
+        }
+        let linger_max = crate::runtime::worker::MAX_BATCH_LINGER.as_millis() as u64;
+        if self.worker.batch_linger_ms > linger_max {
+            return bad(
+                "worker.batch_linger_ms",
+                format!(
+                    "{} is above {linger_max} (a larger receive_max gathers a batch better than a longer wait)",
+                    self.worker.batch_linger_ms
+                ),
+            );
+        }
+        if self.store.max_connections == 0 {
+            return bad("store.max_connections", "must be at least 1".into());
+        }
+        if crate::ConsumerName::new(&self.worker.consumer).is_err() {
+            return bad(
+                "worker.consumer",
+                "must be a valid consumer name (non-empty, no control characters)".into(),
+            );
+        }
+        for (key, addr) in [
+            ("worker.health_addr", &self.worker.health_addr),
+            ("worker.metrics_addr", &self.worker.metrics_addr),
+        ] {
+            if let Some(a) = addr {
+                if a.parse::<std::net::SocketAddr>().is_err() {
+                    return bad(key, format!("`{a}` is not an address like 0.0.0.0:8080"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
