@@ -9,9 +9,10 @@
 //!              └─ no shard claims it ............. dead-lettered, reason `no_shard` (nothing was written)
 //! ```
 //!
-//! Each [`Shard`] is a name, a [`Processor`](crate::runtime::worker::Processor) (an [`InboxProcessor`](crate::InboxProcessor) on that shard's
-//! store: [`InboxProcessor::on_store`](crate::InboxProcessor::on_store) binds the same handler to another
-//! store), the tenants it claims, and a [`HealthCheck`] (the stores implement it). A tenant claimed twice, or two
+//! Each [`Shard`] is a name, a [`Processor`](crate::runtime::worker::Processor) (an
+//! [`InboxProcessor`](crate::InboxProcessor) on that shard's store:
+//! [`InboxProcessor::on_store`](crate::InboxProcessor::on_store) binds the same handler to another store), the
+//! tenants it claims, and a [`HealthCheck`] (the stores implement it). A tenant claimed twice, or two
 //! shards taking the rest, is refused when the [`Shards`] are built, with one line; a message whose tenant no
 //! shard claims can only be known from the message, so it is dead-lettered with a reason that names the tenant.
 //!

@@ -5,7 +5,7 @@ use crate::ReceivedMessage;
 
 type KeyFn = dyn Fn(&ReceivedMessage) -> Option<String> + Send + Sync;
 
-/// How a delivery names its shard: a key read from the message (the tenant by default), which a [`Shard`]
+/// How a delivery names its shard: a key read from the message (the tenant by default), which a [`Shard`](super::Shard)
 /// claims. The key is read before any transaction opens, from the message alone, so every copy of a message
 /// goes to the same shard.
 #[derive(Clone)]

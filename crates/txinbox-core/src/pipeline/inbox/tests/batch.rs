@@ -1,0 +1,183 @@
+//! Batches: one transaction for several deliveries, savepoints, conflicts found at commit.
+
+use super::*;
+
+/// A typed handler that fails (retryable) for opportunity `fail` after writing its effect.
+fn failing_processor(
+    store: &MemStore,
+) -> InboxProcessor<MemStore, Meeting, impl Handler<MemStore, Meeting>> {
+    inbox(store)
+        .bind(|tx: MemTx, msg: Message<Meeting>| async move {
+            tx.write(format!("task-{}", msg.body.opportunity));
+            if msg.body.opportunity == "fail" {
+                return Err(HandlerError::retry(std::io::Error::other("busy")));
+            }
+            Ok(Handled::reference(format!("task-{}", msg.body.opportunity)))
+        })
+        .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)))
+}
+
+fn labels(o: &[Outcome]) -> Vec<&'static str> {
+    o.iter().map(Outcome::label).collect()
+}
+
+/// A batch whose handlers all succeed is one transaction with no savepoint: the markers in one call, then
+/// the handlers.
+#[tokio::test]
+async fn a_batch_is_one_transaction_without_savepoints_when_every_handler_succeeds() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = failing_processor(&store);
+    for (id, opportunity) in [("evt-1", "2481"), ("evt-2", "2482"), ("evt-3", "2483")] {
+        q.send(event(id, opportunity));
+    }
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "applied", "applied"]);
+    assert_eq!(store.state().begins, 1, "one transaction");
+    assert_eq!(store.state().savepoints_opened, 0);
+    assert_eq!(
+        store.state().effects,
+        ["task-2481", "task-2482", "task-2483"]
+    );
+    assert_eq!(q.state(), QueueState::default());
+}
+
+/// A handler that fails ends the first pass: rolled back, its failure kept (counted once), and the others
+/// applied again in a second transaction, each under a savepoint.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_is_one_transaction_and_a_failure_undoes_only_its_own_writes() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = failing_processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "fail"));
+    q.send(event("evt-3", "2483"));
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "retry", "applied"]);
+    assert_eq!(
+        store.state().begins,
+        2,
+        "the first pass, then the savepoint pass"
+    );
+    assert_eq!(
+        store.state().savepoints_opened,
+        2,
+        "one per delivery applied again"
+    );
+    let retries: u64 = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == m::RETRIES)
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(retries, 1, "the failure counted once");
+    assert_eq!(store.state().effects, ["task-2481", "task-2483"]);
+    assert_eq!(store.state().markers.len(), 2);
+    // The retry is released with the inbox's backoff; the others are acknowledged.
+    assert_eq!(
+        q.state(),
+        QueueState {
+            delayed: 1,
+            ..QueueState::default()
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_store_without_savepoints_gets_one_transaction_per_delivery_of_a_batch() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = failing_processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "fail"));
+    q.send(event("evt-1", "2481"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "retry", "duplicate"]);
+    // The first pass gave up at the failure; the savepoint pass's BEGIN learned there are no savepoints; then
+    // one transaction per delivery still to decide.
+    assert_eq!(store.state().begins, 1 + 1 + 2);
+    assert_eq!(store.state().effects, ["task-2481"]);
+}
+
+/// A store that checks its keys at COMMIT refuses the whole batch without saying which delivery: each is
+/// applied again on its own and gets the outcome it gets alone.
+#[tokio::test]
+async fn a_conflict_found_at_commit_reapplies_the_batch_one_by_one() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = processor(&store);
+    q.send(event("evt-1", "2481"));
+    assert!(matches!(one(&q, &p).await, Outcome::Applied { .. }));
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-3", "2483"));
+    q.send(event("evt-4", "2484"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["duplicate", "applied", "applied"]);
+    // The first delivery's, the refused batch's, then one per delivery.
+    assert_eq!(store.state().begins, 1 + 1 + 3);
+    assert_eq!(
+        store.state().effects,
+        ["task-2481", "task-2483", "task-2484"]
+    );
+    assert_eq!(q.state(), QueueState::default());
+}
+
+/// Bad input in a batch is dead-lettered without entering the transaction; the rest applies.
+#[tokio::test]
+async fn bad_input_in_a_batch_never_enters_the_transaction() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = processor(&store);
+    q.send(event("evt-1", "2481"));
+    q.send(OutgoingMessage::new("not json").cloudevent("urn:crm", "evt-bad", "crm.meeting.ended"));
+    q.send(event("evt-3", "2483"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "dead_lettered", "applied"]);
+    assert_eq!(store.state().begins, 1);
+    assert_eq!(q.dead_letters().len(), 1);
+}
+
+/// A batch stopped (shutdown deadline) before COMMIT rolls back whole: every delivery interrupted and released.
+#[tokio::test]
+async fn a_batch_stopped_before_commit_rolls_back_whole() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    let p = inbox(&store).bind(move |tx: MemTx, msg: Message<Meeting>| {
+        let s = s.clone();
+        async move {
+            tx.write(format!("task-{}", msg.body.opportunity));
+            if msg.body.opportunity == "2482" {
+                // The deadline passes while this handler runs.
+                s.cancel();
+                std::future::pending::<()>().await;
+            }
+            Ok(Handled::done())
+        }
+    });
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "2482"));
+    q.send(event("evt-3", "2483"));
+    let o = p.process_batch(q.receive_now(3), &stop).await;
+    assert_eq!(labels(&o), ["interrupted", "interrupted", "interrupted"]);
+    assert!(store.state().effects.is_empty());
+    assert!(store.state().markers.is_empty());
+    assert_eq!(q.state().visible, 3);
+}

@@ -1,0 +1,243 @@
+//! The worker around the inbox: prefetch, shutdown with deliveries held, the gauges of what it holds.
+
+use super::*;
+
+type Running = Arc<(
+    std::sync::atomic::AtomicUsize,
+    std::sync::atomic::AtomicUsize,
+)>;
+
+/// A handler that takes `work` and records how many handlers ran at once, at most.
+pub(super) fn slow_processor(
+    store: &MemStore,
+    work: Duration,
+    running: Running,
+) -> InboxProcessor<MemStore, Meeting, impl Handler<MemStore, Meeting>> {
+    use std::sync::atomic::Ordering::SeqCst;
+    inbox(store).bind(move |tx: MemTx, msg: Message<Meeting>| {
+        let running = running.clone();
+        async move {
+            let now = running.0.fetch_add(1, SeqCst) + 1;
+            running.1.fetch_max(now, SeqCst);
+            tokio::time::sleep(work).await;
+            running.0.fetch_sub(1, SeqCst);
+            tx.write(format!("task-{}", msg.body.opportunity));
+            Ok(Handled::done())
+        }
+    })
+}
+
+/// Runs `n` messages through a worker of concurrency 4 with `prefetch`; returns (most handlers at once, most
+/// messages the queue saw in flight at once, the report).
+async fn run_with_prefetch(n: usize, prefetch: usize) -> (usize, usize, crate::WorkerReport) {
+    use crate::broker::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .wait(Duration::from_millis(20))
+            .round_trip(Duration::from_millis(5))
+            // Shorter than a prefetched delivery waits for its slot (up to three handlers' work, 720 ms): only
+            // the lease keeper keeps it. It renews every third (200 ms), so a renewal would have to be late by
+            // 400 ms for the lease to lapse: a loaded machine's scheduling does not do that (with 150 ms and
+            // 60 ms of work, a renewal 100 ms late under the test command's load lost eight leases).
+            .visibility_timeout(Duration::from_millis(600)),
+    );
+    for i in 0..n {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let running: Running = Arc::default();
+    let report = Worker::new(
+        q.receiver(),
+        slow_processor(&store, Duration::from_millis(240), running.clone()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(4)
+            .batch_size(10)
+            .prefetch(prefetch),
+    )
+    .run_until_idle()
+    .await;
+    assert_eq!(store.state().effects.len(), n, "{report}");
+    assert_eq!(q.state(), QueueState::default(), "{report}");
+    let most = running.1.load(std::sync::atomic::Ordering::SeqCst);
+    (most, q.in_flight_max(), report)
+}
+
+/// Without prefetch a receive asks only for free slots: the queue never sees more than `concurrency` in
+/// flight. With it, up to `concurrency + prefetch` are out of the queue, still at most `concurrency` handlers
+/// run at once, and the waiting deliveries keep their leases (no redelivery, no lost lease).
+#[tokio::test]
+async fn prefetch_receives_ahead_within_its_bound_and_keeps_the_leases() {
+    use crate::OutcomeKind;
+    let (handlers, held, report) = run_with_prefetch(40, 0).await;
+    assert!(handlers <= 4 && held <= 4, "{handlers} {held}");
+    assert_eq!(report.count(OutcomeKind::Applied), 40);
+
+    let (handlers, held, report) = run_with_prefetch(40, 12).await;
+    assert!(handlers <= 4, "{handlers} handlers at once");
+    assert!(held > 4 && held <= 16, "{held} in flight at once");
+    assert_eq!(report.count(OutcomeKind::Applied), 40, "{report}");
+    assert_eq!(report.total(), 40, "no redelivery: {report}");
+    assert_eq!(report.leases_lost, 0);
+}
+
+/// A batch larger than the worker's concurrency (prefetch lets a receive bring more than the slots) takes
+/// every slot and still runs.
+#[tokio::test]
+async fn a_batch_larger_than_the_concurrency_takes_every_slot() {
+    use crate::broker::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..30 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let report = Worker::new(q.receiver(), processor(&store))
+        .options(
+            WorkerOptions::default()
+                .concurrency(2)
+                .prefetch(10)
+                .batch_size(10)
+                .batch_commit(10),
+        )
+        .run_until_idle()
+        .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 30, "{report}");
+    assert_eq!(q.state(), QueueState::default());
+}
+
+/// Ten messages; a worker of concurrency 1 and prefetch 5 whose handler takes `work`, stopped once it holds
+/// six (one being applied, five waiting for the slot), with `deadline` to drain. Returns the report, the
+/// effects written and the queue's (visible, in flight) after the worker stopped.
+async fn stop_with_prefetch(
+    work: Duration,
+    deadline: Duration,
+) -> (crate::WorkerReport, usize, (usize, usize)) {
+    use crate::broker::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let worker = Worker::new(q.receiver(), slow_processor(&store, work, Arc::default())).options(
+        WorkerOptions::default()
+            .concurrency(1)
+            .prefetch(5)
+            .shutdown_timeout(deadline)
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    );
+    let q2 = q.clone();
+    let report = worker
+        .run_until(async move {
+            while q2.state().in_flight < 6 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    let effects = store.state().effects.len();
+    let s = q.state();
+    (report, effects, (s.visible, s.in_flight))
+}
+
+/// A handler that never ends: at the shutdown deadline it is rolled back and released; the prefetched
+/// deliveries behind it were released when shutdown began. None is applied, none is left to its visibility
+/// timeout.
+#[tokio::test]
+async fn at_the_deadline_the_running_delivery_and_the_prefetched_ones_are_released() {
+    use crate::OutcomeKind;
+    let (report, effects, queue) =
+        stop_with_prefetch(Duration::from_secs(3600), Duration::from_millis(200)).await;
+    assert_eq!(report.count(OutcomeKind::Interrupted), 6, "{report}");
+    assert_eq!(effects, 0);
+    assert_eq!(queue, (10, 0));
+}
+
+/// When shutdown begins, the delivery being applied finishes (applied, settled) and the prefetched ones still
+/// waiting for a slot are handed back at once, unapplied, long before the shutdown deadline.
+#[tokio::test]
+async fn at_shutdown_prefetched_deliveries_waiting_for_a_slot_are_handed_back() {
+    use crate::OutcomeKind;
+    let (report, effects, queue) =
+        stop_with_prefetch(Duration::from_millis(300), Duration::from_secs(3600)).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1, "{report}");
+    assert_eq!(report.count(OutcomeKind::Interrupted), 5, "{report}");
+    assert_eq!(effects, 1);
+    assert_eq!(queue, (9, 0));
+}
+
+/// `txinbox_worker_deliveries` (processing, waiting) from the debugging recorder. A snapshot swaps each gauge
+/// to zero: the values are the sums of the snapshots, kept in `sums`.
+fn gauges(
+    snap: &metrics_util::debugging::Snapshotter,
+    sums: &mut HashMap<String, f64>,
+) -> (f64, f64) {
+    use metrics_util::debugging::DebugValue;
+    for (key, _, _, value) in snap.snapshot().into_vec() {
+        if let (DebugValue::Gauge(v), true) =
+            (value, key.key().name() == crate::metrics::WORKER_DELIVERIES)
+        {
+            let state = key.key().labels().find(|l| l.key() == "state").unwrap();
+            *sums.entry(state.value().to_owned()).or_default() += v.into_inner();
+        }
+    }
+    let get = |s: &str| sums.get(s).copied().unwrap_or(f64::NAN);
+    (get("processing"), get("waiting"))
+}
+
+/// Runs `worker` until `txinbox_worker_deliveries` reads `want` (processing, waiting), then stops it; returns
+/// what the gauges read once it stopped.
+pub(super) async fn stop_at_gauges<R, P>(
+    worker: crate::Worker<R, P>,
+    snap: &metrics_util::debugging::Snapshotter,
+    want: (f64, f64),
+) -> (f64, f64)
+where
+    R: crate::Receiver,
+    P: crate::Processor<crate::LeasedDelivery<R::Delivery>>,
+{
+    let sums = Arc::new(Mutex::new(HashMap::new()));
+    let (s2, sums2) = (snap.clone(), sums.clone());
+    let _report = worker
+        .run_until(async move {
+            while gauges(&s2, &mut sums2.lock().unwrap()) != want {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+    let after = gauges(snap, &mut sums.lock().unwrap());
+    after
+}
+
+/// `txinbox_worker_deliveries{state}` counts the deliveries waiting for a slot and those holding one while
+/// the worker runs, and returns to zero when it stops.
+#[tokio::test(flavor = "current_thread")]
+async fn the_worker_counts_the_deliveries_it_holds_by_state() {
+    use crate::broker::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let worker = Worker::new(
+        q.receiver(),
+        slow_processor(&store, Duration::from_secs(3600), Arc::default()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(2)
+            .prefetch(4)
+            .shutdown_timeout(Duration::from_millis(100))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    );
+    // Stop once the worker holds two handlers and four deliveries behind them.
+    assert_eq!(stop_at_gauges(worker, &snap, (2.0, 4.0)).await, (0.0, 0.0));
+}
