@@ -1,0 +1,362 @@
+//! The agent: its options, and the worker, effects runner, maintenance and health it runs under one shutdown.
+
+use std::time::Duration;
+
+use txinbox::broker::Receiver;
+use txinbox::driver::{EffectStore, MaintenanceStore};
+use txinbox::health::{Health, HealthCheck};
+use txinbox::settings::{EffectsSettings, WorkerSettings};
+use txinbox::sqlx;
+use txinbox::{
+    ConsumerName, EffectRunner, IdentityPolicy, Inbox, LeasedDelivery, Maintenance,
+    MaintenanceOptions, OutcomeKind, RetentionPolicy, Store, Worker, WorkerOptions, WorkerReport,
+};
+
+use crate::handler::{TASKS_PG, TASKS_SQLITE};
+use crate::Error;
+use crate::*;
+
+/// Where and how the agent runs.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    /// `sqlite:crm.db` or `postgres://user@host/db`.
+    pub store: String,
+    /// The consumer name.
+    pub consumer: String,
+    /// The worker's options.
+    pub worker: WorkerOptions,
+    /// Delay before a retryable failure is redelivered.
+    pub retry_backoff: Duration,
+    /// The effect runner and its destinations (`[effects]`): with a [`CRM`] destination the agent creates each
+    /// follow-up task there too, through an effect run by a runner in this process (none: the local record
+    /// only).
+    pub effects: EffectsSettings,
+    /// Run the maintenance (retention) beside the worker this often (`None`: another process purges).
+    pub maintenance_every: Option<Duration>,
+    /// How long markers are kept (`[inbox] retention_seconds`).
+    pub retention: RetentionPolicy,
+    /// Most database connections.
+    pub max_connections: u32,
+    /// Serve `GET /livez` and `GET /readyz` here (`None`: off).
+    pub health_addr: Option<std::net::SocketAddr>,
+    /// The store section, for its shards (`[store.shards.NAME]`): when there are, `store` is not used and each
+    /// delivery is applied in the shard that claims its tenant.
+    pub store_settings: txinbox::settings::StoreSettings,
+}
+
+impl AgentOptions {
+    /// The agent as a settings file describes it (the file `txinbox check-infra --config` checks): consumer,
+    /// store, worker options, retention, maintenance cadence, health endpoint, effects. `crm_url` (the
+    /// `--crm-url` flag) sets the [`CRM`] destination to [`crm_destination`], with claims of 10 s unless the
+    /// file sets them: a runner killed mid-call (5 s timeout) leaves its effects to the next one soon.
+    pub fn from_settings(s: &WorkerSettings, crm_url: Option<String>) -> Self {
+        let mut effects = s.effects.clone();
+        if let Some(url) = crm_url {
+            effects
+                .destinations
+                .insert(CRM.to_owned(), crm_destination(&url));
+            if effects.claim_seconds == EffectsSettings::default().claim_seconds {
+                effects.claim_seconds = 10;
+            }
+        }
+        Self {
+            store: s.store.url.clone(),
+            consumer: s.worker.consumer.clone(),
+            worker: s.worker_options(),
+            retry_backoff: Duration::from_secs(5),
+            effects,
+            maintenance_every: s.worker.purge_interval_seconds.map(Duration::from_secs),
+            retention: s.retention(),
+            max_connections: s.store.max_connections,
+            health_addr: s.health_addr(),
+            store_settings: s.store.clone(),
+        }
+    }
+
+    /// The effective values, one `key=value` per line, read back from the options the agent runs with (what
+    /// `--print-config` shows).
+    pub fn describe(&self) -> String {
+        format!(
+            "shards={}\nconsumer={}\nconcurrency={}\nreceive_max={}\nprefetch={}\nreceive_loops={}\nbatch_commit={}\nbatch_linger_ms={}\nshutdown_timeout_seconds={}\nretention_seconds={}\nmax_connections={}\nhealth_addr={}\npurge_interval_seconds={}\n",
+            self.store_settings
+                .shards
+                .keys()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+            self.consumer,
+            self.worker.get_concurrency(),
+            self.worker.get_batch_size(),
+            self.worker.get_prefetch(),
+            self.worker.get_receive_loops(),
+            self.worker.get_batch_commit(),
+            self.worker.get_batch_linger().as_millis(),
+            self.worker.get_shutdown_timeout().as_secs(),
+            self.retention.keep.as_secs(),
+            self.max_connections,
+            self.health_addr.map(|a| a.to_string()).unwrap_or_default(),
+            self.maintenance_every.map(|d| d.as_secs().to_string()).unwrap_or_default(),
+        )
+    }
+}
+
+/// Runs the agent on `receiver` until SIGTERM or Ctrl-C, then drains (commit, then settle) and returns the
+/// report.
+pub async fn run<R>(receiver: R, opts: AgentOptions) -> Result<WorkerReport, Error>
+where
+    R: Receiver,
+{
+    let policy = IdentityPolicy::new(ConsumerName::new(&opts.consumer)?);
+    // Bound before anything else: a worker asked to answer probes that cannot is misconfigured.
+    let health_listener = match opts.health_addr {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| format!("cannot serve the health endpoint on {a}: {e}"))?,
+        ),
+        None => None,
+    };
+    let report = if !opts.store_settings.shards.is_empty() {
+        run_sharded(receiver, policy, &opts, health_listener).await?
+    } else if let Some(table) = opts.store.strip_prefix("dynamodb://") {
+        let store = txinbox::dynamodb::DynamoStore::connect(&opts.store).await?;
+        let with_crm = opts.effects.destinations.contains_key(CRM);
+        let runner = effect_runner(&store, &opts)?;
+        let table = table.to_owned();
+        let processor = Inbox::new(store.clone(), policy)
+            .retention(opts.retention.clone())
+            .retry_backoff(opts.retry_backoff)
+            .bind(move |tx, msg| create_task_dynamodb(tx, msg, table.clone(), with_crm))
+            .business_key(business_key);
+        let health = Health::new().check("database", store.clone());
+        drive(
+            receiver,
+            processor,
+            vec![(None, store)],
+            runner.into_iter().collect(),
+            health,
+            &opts,
+            health_listener,
+        )
+        .await
+    } else if opts.store.starts_with("postgres") {
+        let store = Store::<sqlx::Postgres>::connect(&opts.store, opts.max_connections).await?;
+        sqlx::query(TASKS_PG).execute(store.pool()).await?;
+        let with_crm = opts.effects.destinations.contains_key(CRM);
+        let runner = effect_runner(&store, &opts)?;
+        let processor = Inbox::new(store.clone(), policy)
+            .retention(opts.retention.clone())
+            .retry_backoff(opts.retry_backoff)
+            .bind(move |tx, msg| create_task(tx, msg, with_crm))
+            .business_key(business_key);
+        let health = Health::new().check("database", store.clone());
+        let report = drive(
+            receiver,
+            processor,
+            vec![(None, store.clone())],
+            runner.into_iter().collect(),
+            health,
+            &opts,
+            health_listener,
+        )
+        .await;
+        store.close().await;
+        report
+    } else {
+        let store = Store::<sqlx::Sqlite>::connect(&opts.store).await?;
+        sqlx::query(TASKS_SQLITE).execute(store.pool()).await?;
+        let with_crm = opts.effects.destinations.contains_key(CRM);
+        let runner = effect_runner(&store, &opts)?;
+        let processor = Inbox::new(store.clone(), policy)
+            .retention(opts.retention.clone())
+            .retry_backoff(opts.retry_backoff)
+            .bind(move |tx, msg| create_task(tx, msg, with_crm))
+            .business_key(business_key);
+        let health = Health::new().check("database", store.clone());
+        let report = drive(
+            receiver,
+            processor,
+            vec![(None, store.clone())],
+            runner.into_iter().collect(),
+            health,
+            &opts,
+            health_listener,
+        )
+        .await;
+        store.close().await;
+        report
+    };
+    Ok(report)
+}
+
+/// The effect runner of the settings' destinations (none without one); a destination whose rules cannot work
+/// stops the agent at start.
+fn effect_runner<S: EffectStore>(
+    store: &S,
+    opts: &AgentOptions,
+) -> Result<Option<EffectRunner<S>>, Error> {
+    if opts.effects.destinations.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(txinbox::http::runner_from_settings(
+        store.clone(),
+        &opts.effects,
+    )?))
+}
+
+/// The agent on shards (`[store.shards.NAME]`, PostgreSQL): one store per shard, each delivery applied in the
+/// shard that claims its tenant, an effect runner and a maintenance per shard. A shard that cannot be reached at
+/// start stops the agent when `[store] require_all_shards` is set; otherwise the agent starts for the others,
+/// that shard's deliveries are released until it answers, and it is migrated then.
+async fn run_sharded<R: Receiver>(
+    receiver: R,
+    policy: IdentityPolicy,
+    opts: &AgentOptions,
+    health_listener: Option<tokio::net::TcpListener>,
+) -> Result<WorkerReport, Error> {
+    use txinbox::shards::{Shard, ShardRouter, Shards};
+    use txinbox::store::StoreOptions;
+    let resolved = opts.store_settings.resolved_shards()?;
+    let mut stores = Vec::with_capacity(resolved.len());
+    for shard in &resolved {
+        let options = StoreOptions::new().max_connections(shard.max_connections);
+        let store = match Store::<sqlx::Postgres>::connect_with(&shard.url, options.clone()).await {
+            Ok(store) => {
+                sqlx::query(TASKS_PG).execute(store.pool()).await?;
+                store
+            }
+            Err(e) if opts.store_settings.require_all_shards => {
+                return Err(format!(
+                    "shard {}: cannot be used ({e}) and [store] require_all_shards is set",
+                    shard.name
+                )
+                .into())
+            }
+            Err(e) => {
+                tracing::warn!(shard = %shard.name, error = %e, "shard unreachable at start: starting for the others; its deliveries are released until it answers");
+                let store = Store::<sqlx::Postgres>::connect_lazy_with(&shard.url, options)?;
+                let (late, name) = (store.clone(), shard.name.clone());
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        if late.migrate().await.is_ok()
+                            && sqlx::query(TASKS_PG).execute(late.pool()).await.is_ok()
+                        {
+                            tracing::info!(shard = %name, "shard reachable: migrated");
+                            return;
+                        }
+                    }
+                });
+                store
+            }
+        };
+        stores.push(store);
+    }
+    let with_crm = opts.effects.destinations.contains_key(CRM);
+    let base = Inbox::new(stores[0].clone(), policy)
+        .retention(opts.retention.clone())
+        .retry_backoff(opts.retry_backoff)
+        .bind(move |tx, msg| create_task(tx, msg, with_crm))
+        .business_key(business_key);
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        resolved.iter().zip(&stores).map(|(r, store)| {
+            let shard = Shard::new(r.name.clone(), base.on_store(store.clone()))
+                .claims(r.tenants.clone())
+                .check(store.clone());
+            if r.rest {
+                shard.rest()
+            } else {
+                shard
+            }
+        }),
+    )?
+    .options(
+        txinbox::shards::ShardOptions::new().require_all(opts.store_settings.require_all_shards),
+    );
+    for down in shards.probe().await {
+        tracing::warn!(shard = %down.name, error = down.down.as_deref().unwrap_or(""), "shard unavailable");
+    }
+    // One effect runner and one maintenance per shard, their gauges labelled with the shard.
+    let mut runners = Vec::new();
+    for (r, store) in resolved.iter().zip(&stores) {
+        runners.extend(effect_runner(store, opts)?.map(|runner| runner.shard(r.name.clone())));
+    }
+    let named: Vec<_> = resolved
+        .iter()
+        .zip(&stores)
+        .map(|(r, s)| (Some(r.name.clone()), s.clone()))
+        .collect();
+    let health = shards.health(Health::new());
+    let report = drive(
+        receiver,
+        shards,
+        named,
+        runners,
+        health,
+        opts,
+        health_listener,
+    )
+    .await;
+    for store in &stores {
+        store.close().await;
+    }
+    Ok(report)
+}
+
+/// Runs the worker and, with effects, the effect runners and the maintenances beside it (one of each per store),
+/// and the health endpoint, under one shutdown (SIGTERM or Ctrl-C): a [`Monitor`](txinbox::Monitor).
+async fn drive<R, P, S>(
+    receiver: R,
+    processor: P,
+    stores: Vec<(Option<String>, S)>,
+    runners: Vec<EffectRunner<S>>,
+    health: Health,
+    opts: &AgentOptions,
+    health_listener: Option<tokio::net::TcpListener>,
+) -> WorkerReport
+where
+    R: Receiver,
+    P: txinbox::Processor<LeasedDelivery<R::Delivery>>,
+    S: EffectStore + MaintenanceStore + HealthCheck + Clone,
+{
+    let mut monitor = txinbox::Monitor::new().worker(
+        Worker::new(receiver, processor)
+            .options(opts.worker.clone())
+            .health(health.clone()),
+    );
+    if let Some(l) = health_listener {
+        tracing::info!(addr = ?l.local_addr().ok(), "serving GET /livez and GET /readyz");
+        monitor = monitor.health_server(l, health);
+    }
+    if let Some(every) = opts.maintenance_every {
+        for (shard, store) in stores {
+            let mut options = MaintenanceOptions::default()
+                .every(every)
+                .consumer(opts.consumer.clone());
+            if let Some(shard) = shard {
+                options = options.shard(shard);
+            }
+            monitor = monitor.maintenance(Maintenance::new(store).options(options));
+        }
+    }
+    for runner in runners {
+        monitor = monitor.effects(runner);
+    }
+    let done = monitor.run_until(txinbox::shutdown_signal()).await;
+    if let Some(e) = &done.effects {
+        tracing::info!(%e, "effect runner stopped");
+        println!("{e}");
+    }
+    let report = done.worker.unwrap_or_default();
+    tracing::info!(
+        applied = report.count(OutcomeKind::Applied),
+        duplicates = report.count(OutcomeKind::Duplicate),
+        business_duplicates = report.count(OutcomeKind::BusinessDuplicate),
+        dead_lettered =
+            report.count(OutcomeKind::DeadLettered) + report.count(OutcomeKind::PayloadCollision),
+        leases_lost = report.leases_lost,
+        "worker stopped"
+    );
+    report
+}

@@ -1,0 +1,161 @@
+//! The process around the agent: the flags both workers share, exit codes, logging, metrics.
+
+use txinbox::settings::WorkerSettings;
+use txinbox::WorkerReport;
+
+use crate::Error;
+
+/// The flags both example workers share (`#[command(flatten)]`): the settings file and the overrides that are
+/// not about a broker. Each worker adds its broker's own.
+#[derive(Debug, clap::Args)]
+pub struct CommonArgs {
+    /// The settings file (the one `txinbox check-infra --config` reads). Without it: the defaults and the
+    /// `TXINBOX_<SECTION>__<KEY>` environment overrides.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// Print the values the worker would run with (`key=value`) and exit without connecting.
+    #[arg(long)]
+    pub print_config: bool,
+    /// The store: `sqlite:crm.db`, `postgres://user@host/db` or `dynamodb://TABLE` (`[store] url`).
+    #[arg(long)]
+    pub store: Option<String>,
+    /// The consumer name, part of every inbox key (`[worker] consumer`).
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// Messages processed at once (`[worker] concurrency`).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Serve Prometheus metrics (`GET /metrics`) here, e.g. `127.0.0.1:9464` (`[worker] metrics_addr`).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Serve `GET /livez` and `GET /readyz` here, e.g. `127.0.0.1:8080` (`[worker] health_addr`).
+    #[arg(long)]
+    pub health_addr: Option<String>,
+    /// Run the maintenance every this many seconds beside the worker (`[worker] purge_interval_seconds`).
+    #[arg(long)]
+    pub purge_interval_secs: Option<u64>,
+    /// Stop when receives keep failing this many seconds with an error a retry cannot fix (a key rotated, a
+    /// permission removed, the queue deleted), so that the supervisor sees it (`[worker]
+    /// give_up_after_seconds`; 0: never).
+    #[arg(long)]
+    pub give_up_after_secs: Option<u64>,
+    /// The external CRM's base URL (e.g. `txinbox-crm-api`'s): each follow-up task is also created there,
+    /// through an effect with its idempotency key, run beside the worker.
+    #[arg(long, env = "TXINBOX_CRM_URL")]
+    pub crm_url: Option<String>,
+}
+
+impl CommonArgs {
+    /// The settings: the file (or the defaults), then the environment, then these flags. The caller applies
+    /// its broker's flags on top.
+    pub fn settings(&self) -> Result<WorkerSettings, Error> {
+        let mut s = match &self.config {
+            Some(path) => WorkerSettings::load(path)?,
+            None => WorkerSettings::from_env()?,
+        };
+        set(&mut s.worker.metrics_addr, &self.metrics_addr);
+        set(&mut s.worker.health_addr, &self.health_addr);
+        if let Some(v) = &self.store {
+            s.store.url.clone_from(v);
+        }
+        if let Some(v) = &self.consumer {
+            s.worker.consumer.clone_from(v);
+        }
+        if let Some(v) = self.concurrency {
+            s.worker.concurrency = v.max(1);
+        }
+        if self.purge_interval_secs.is_some() {
+            s.worker.purge_interval_seconds = self.purge_interval_secs;
+        }
+        if let Some(v) = self.give_up_after_secs {
+            s.worker.give_up_after_seconds = v;
+        }
+        Ok(s)
+    }
+}
+
+/// Sets `to` when a flag gave `from`.
+pub fn set(to: &mut Option<String>, from: &Option<String>) {
+    if from.is_some() {
+        to.clone_from(from);
+    }
+}
+
+/// A worker that stopped because its receives kept failing with an error a retry cannot fix.
+#[derive(Debug)]
+pub struct GaveUp(pub String);
+
+impl std::fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "gave up: {}", self.0)
+    }
+}
+
+impl std::error::Error for GaveUp {}
+
+/// Exit code of a worker that could not start (bad settings, a queue or database it cannot use).
+pub const EXIT_CANNOT_START: u8 = 2;
+/// Exit code of a worker that ran and gave up ([`GaveUp`]).
+pub const EXIT_GAVE_UP: u8 = 3;
+
+/// The process's exit: `0`, or one line on stderr naming what is wrong (the errors never carry a secret) and
+/// [`EXIT_GAVE_UP`] or [`EXIT_CANNOT_START`].
+pub fn exit(program: &str, result: Result<(), Error>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let line = e
+                .to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            eprintln!("{program}: {line}");
+            std::process::ExitCode::from(if e.downcast_ref::<GaveUp>().is_some() {
+                EXIT_GAVE_UP
+            } else {
+                EXIT_CANNOT_START
+            })
+        }
+    }
+}
+
+/// Logs to stdout through `tracing-subscriber`, at `RUST_LOG` (default `info`).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+}
+
+/// The worker's end: the report on stdout, and [`GaveUp`] when it stopped on persistent receive errors.
+pub fn finish(report: &WorkerReport) -> Result<(), Error> {
+    println!("{report}");
+    match &report.gave_up {
+        Some(why) => Err(GaveUp(why.clone()).into()),
+        None => Ok(()),
+    }
+}
+
+/// Serves Prometheus metrics (`GET /metrics`) on `addr` through `metrics-exporter-prometheus`, with buckets for
+/// the histograms, and registers the metric descriptions.
+pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), Error> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    const SECONDS: &[f64] = &[
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ];
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Full(txinbox::metrics::RECEIVE_TO_COMMIT.to_owned()),
+            SECONDS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Full(txinbox::metrics::MAINTENANCE_DURATION.to_owned()),
+            SECONDS,
+        )?
+        .install()?;
+    txinbox::metrics::describe();
+    tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+    Ok(())
+}
