@@ -1,11 +1,11 @@
 //! The CRM API over HTTP: idempotency, searches, faults, refusals and the binary.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use txinbox_crm_api::CrmApi;
+use txinbox_testkit::child::Running;
 
 async fn start(idempotency: bool) -> CrmApi {
     CrmApi::builder()
@@ -329,63 +329,19 @@ async fn clones_share_the_state_and_non_loopback_addresses_are_refused() {
     );
 }
 
-/// Kills the child if the test fails before it exits.
-struct Running(Option<Child>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(child) = self.0.as_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Running {
-    /// Starts the binary on a free loopback port and returns it with the first line it printed.
-    async fn start() -> (Running, String) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
+/// Starts the binary on a free loopback port.
+fn start_binary() -> Running {
+    Running::spawn(
+        Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
             .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the binary starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let running = Running(Some(child));
-        let line = tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            BufReader::new(stdout).read_line(&mut line).map(|_| line)
-        })
-        .await
-        .expect("reader task")
-        .expect("a line on stdout");
-        (running, line)
-    }
-
-    /// Sends SIGTERM and waits for the exit.
-    async fn sigterm(mut self) -> std::process::ExitStatus {
-        let mut child = self.0.take().expect("the child");
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(killed.success());
-        tokio::task::spawn_blocking(move || child.wait())
-            .await
-            .expect("waiter task")
-            .expect("the exit status")
-    }
+            .env("RUST_LOG", "warn"),
+    )
 }
 
 #[tokio::test]
 async fn the_binary_prints_its_url_serves_and_stops_on_sigterm() {
-    let (running, line) = Running::start().await;
-    let url = line
-        .trim_end()
-        .strip_prefix("export TXINBOX_CRM_URL=")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let mut running = start_binary();
+    let url = running.first_line_after("export TXINBOX_CRM_URL=").await;
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 
     let http = reqwest::Client::new();
@@ -417,8 +373,8 @@ async fn post_url(http: &reqwest::Client, url: &str, body: &Value) -> (StatusCod
 #[tokio::test]
 async fn a_sigterm_sent_as_soon_as_the_url_is_read_is_a_clean_stop() {
     for attempt in 0..20 {
-        let (running, line) = Running::start().await;
-        assert!(line.starts_with("export TXINBOX_CRM_URL="), "{line:?}");
+        let mut running = start_binary();
+        running.first_line_after("export TXINBOX_CRM_URL=").await;
         let exit = running.sigterm().await;
         assert_eq!(exit.code(), Some(0), "start {attempt}: {exit:?}");
     }

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -11,6 +10,7 @@ use common::{answer, get, post_legacy, post_v1, upsert};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use txinbox_crm_api::{CrmApi, FaultRates};
+use txinbox_testkit::child::Running;
 
 async fn start() -> CrmApi {
     CrmApi::builder().start().await.expect("the CRM API starts")
@@ -265,52 +265,27 @@ async fn random_faults_are_deterministic_for_a_seed() {
     );
 }
 
-/// Kills the child if the test fails before it exits.
-struct Running(std::process::Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn the_binary_takes_the_new_flags() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
-        .args([
-            "--key",
-            "body:idempotency_key",
-            "--processing-ms",
-            "10",
-            "--search-lag-ms",
-            "0",
-            "--random-faults",
-            "rate_limited=1",
-            "--seed",
-            "3",
-            "--retry-after-secs",
-            "7",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the binary starts");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let _running = Running(child);
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("reader task")
-    .expect("a line on stdout");
-    let url = line
-        .trim_end()
-        .strip_prefix("export TXINBOX_CRM_URL=")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let mut running = Running::spawn(
+        Command::new(env!("CARGO_BIN_EXE_txinbox-crm-api"))
+            .args([
+                "--key",
+                "body:idempotency_key",
+                "--processing-ms",
+                "10",
+                "--search-lag-ms",
+                "0",
+                "--random-faults",
+                "rate_limited=1",
+                "--seed",
+                "3",
+                "--retry-after-secs",
+                "7",
+            ])
+            .env("RUST_LOG", "warn"),
+    );
+    let url = running.first_line_after("export TXINBOX_CRM_URL=").await;
     let http = reqwest::Client::new();
     let limited = answer(
         http.post(format!("{url}/v1/tasks"))

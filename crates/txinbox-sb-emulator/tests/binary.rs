@@ -2,61 +2,36 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use reqwest::{Method, StatusCode};
-
-/// Kills the child when the test ends, whatever happens.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use txinbox_testkit::child::Running;
 
 #[tokio::test]
 async fn the_binary_prints_its_address_and_serves() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_txinbox-sb-emulator"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--namespace",
-            common::NAMESPACE,
-            "--sas-key-name",
-            common::KEY_NAME,
-            "--sas-key",
-            common::KEY,
-            "--accept-bearer",
-            "cli-token",
-            "--queue",
-            "orders",
-            "--queue",
-            r#"fast={"lockDuration":"PT1.5S","maxDeliveryCount":3}"#,
-            "--location",
-            "request",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let running = Running(child);
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("reader task")
-    .expect("a line on stdout");
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
+    let mut running = Running::spawn(
+        Command::new(env!("CARGO_BIN_EXE_txinbox-sb-emulator"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--namespace",
+                common::NAMESPACE,
+                "--sas-key-name",
+                common::KEY_NAME,
+                "--sas-key",
+                common::KEY,
+                "--accept-bearer",
+                "cli-token",
+                "--queue",
+                "orders",
+                "--queue",
+                r#"fast={"lockDuration":"PT1.5S","maxDeliveryCount":3}"#,
+                "--location",
+                "request",
+            ])
+            .env("RUST_LOG", "warn"),
+    );
+    let base = running.first_line_after("listening on ").await;
     assert!(base.starts_with("http://127.0.0.1:"), "{base}");
 
     let http = reqwest::Client::new();

@@ -1,6 +1,6 @@
 //! Test support shared by the txinbox test suites: the PostgreSQL they must have, fresh stores, polling,
-//! metric totals, deliveries whose settles do nothing or never arrive, and a hook in front of the AWS SDKs'
-//! HTTP requests.
+//! metric totals, deliveries whose settles do nothing or never arrive, a hook in front of the AWS SDKs' HTTP
+//! requests, and the binaries a test starts.
 //!
 //! The inbox lab, the failure windows and the crash injection they use are `txinbox-lab`.
 //!
@@ -181,6 +181,92 @@ impl<D: txinbox_core::Delivery> txinbox_core::Delivery for NeverSettled<D> {
     }
     fn lease(&self) -> Option<std::sync::Arc<dyn txinbox_core::Lease>> {
         self.0.lease()
+    }
+}
+
+/// A binary started by a test: its stdout piped for the line it prints when ready, killed and reaped when the
+/// test ends (a failing assertion never leaves it running).
+pub mod child {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+
+    /// A running child process, killed when dropped.
+    #[derive(Debug)]
+    pub struct Running {
+        child: Option<Child>,
+        stdout: Option<ChildStdout>,
+    }
+
+    impl Running {
+        /// Starts `command` with stdout piped and stderr discarded.
+        ///
+        /// # Panics
+        /// When the binary cannot start.
+        pub fn spawn(command: &mut Command) -> Self {
+            let mut child = command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("the binary {command:?} starts: {e}"));
+            let stdout = child.stdout.take();
+            Self {
+                child: Some(child),
+                stdout,
+            }
+        }
+
+        /// The first line the child prints, without its line ending.
+        ///
+        /// # Panics
+        /// When stdout is closed before a line, or was already read.
+        pub async fn first_line(&mut self) -> String {
+            let stdout = self.stdout.take().expect("the first line is read once");
+            let line = tokio::task::spawn_blocking(move || {
+                let mut line = String::new();
+                BufReader::new(stdout).read_line(&mut line).map(|_| line)
+            })
+            .await
+            .expect("the reader task")
+            .expect("a line on stdout");
+            line.trim_end().to_owned()
+        }
+
+        /// The first line with `prefix` removed.
+        ///
+        /// # Panics
+        /// When the first line does not start with `prefix`.
+        pub async fn first_line_after(&mut self, prefix: &str) -> String {
+            let line = self.first_line().await;
+            line.strip_prefix(prefix)
+                .unwrap_or_else(|| panic!("the first line {line:?} does not start with {prefix:?}"))
+                .to_owned()
+        }
+
+        /// Sends SIGTERM and waits for the exit.
+        ///
+        /// # Panics
+        /// When `kill` cannot run or the child cannot be waited for.
+        pub async fn sigterm(mut self) -> ExitStatus {
+            let mut child = self.child.take().expect("the child");
+            let sent = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(sent.success(), "kill -TERM {} failed", child.id());
+            tokio::task::spawn_blocking(move || child.wait())
+                .await
+                .expect("the waiter task")
+                .expect("the exit status")
+        }
+    }
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            if let Some(child) = self.child.as_mut() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
     }
 }
 
