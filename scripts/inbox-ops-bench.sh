@@ -104,7 +104,7 @@ for c in "stats" "show --consumer orders --message-id evt-500174" "show --consum
   echo
 done
 
-# The queries of crates/txinbox-store/src/ops.rs with the parameters of the commands above.
+# The queries of crates/txinbox-store/src/ops/ with the parameters of the commands above.
 hour_ago="now() - interval '1 hour'"
 skip='WITH RECURSIVE c(name) AS (SELECT min(consumer_name) FROM %s UNION ALL SELECT (SELECT min(consumer_name) FROM %s WHERE consumer_name > c.name) FROM c WHERE c.name IS NOT NULL) SELECT name FROM c WHERE name IS NOT NULL LIMIT 10000'
 marker_cols='i.consumer_name, i.source, i.message_id, i.event_type, i.business_key, i.payload_hash, i.contract_version, i.tenant_id, i.received_at, i.processed_at, i.result_reference, i.retention_until, i.id_origin, i.delivery_count'

@@ -22,7 +22,9 @@ use txinbox_dynamodb::{DynamoOptions, DynamoStore, DynamoTx};
 use txinbox_lab::lab::LabError;
 use txinbox_testkit::NoopDelivery;
 
-use crate::{measure, median_rate, message, BenchArgs, Rate, CONSUMER};
+use crate::fixture::{message, CONSUMER};
+use crate::rate::{measure, median_rate, Rate};
+use crate::BenchArgs;
 
 fn usage(e: impl std::fmt::Display) -> LabError {
     LabError::Usage(e.to_string())

@@ -19,7 +19,9 @@ use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_lab::lab::LabError;
 use txinbox_store::{PartitionOptions, Store};
 
-use crate::{bench_inbox, bench_store, drop_schema, expect, measure, message, BenchArgs};
+use crate::fixture::{bench_inbox, bench_store, drop_schema, expect, message};
+use crate::rate::measure;
+use crate::BenchArgs;
 
 /// Bytes of the markers' partitions whose bucket ends before `live` (every partition but the live and future
 /// ones), and their dead tuples.
@@ -149,7 +151,7 @@ struct DropWindow {
 /// applies counted per 100 ms slot, so that the drop's own cost is read within one window (against the
 /// slots it did not overlap), apart from the drift between windows.
 async fn drop_window<H>(
-    inbox: &Arc<crate::BenchInbox<H>>,
+    inbox: &Arc<crate::fixture::BenchInbox<H>>,
     c: usize,
     secs: u64,
     tag: &str,

@@ -23,7 +23,8 @@ use txinbox_core::{Worker, WorkerOptions};
 use txinbox_lab::lab::LabError;
 use txinbox_store::Store;
 
-use crate::{bench_inbox, bench_store, drop_schema, BenchArgs, CONSUMER};
+use crate::fixture::{bench_inbox, bench_store, drop_schema, CONSUMER};
+use crate::BenchArgs;
 
 /// Busy and total jiffies of the whole machine (`/proc/stat`'s first line).
 fn machine_cpu() -> Option<(u64, u64)> {

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use txinbox_core::{CancellationToken, Delivery, OutcomeKind, Receiver, Worker, WorkerOptions};
 use txinbox_lab::lab::LabError;
 
-use crate::{bench_inbox, bench_store, drop_schema, BenchArgs, CONSUMER};
+use crate::fixture::{bench_inbox, bench_store, drop_schema, CONSUMER};
+use crate::BenchArgs;
 
 /// The broker of an end-to-end line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -1,184 +1,19 @@
-//! Reads Terraform: a directory (its `*.tf` files, variables files and local modules) or a plan in JSON
-//! (`terraform show -json PLAN`, see [`crate::plan`]), into resources with the line of every block and
-//! attribute and the scope (module instance) their expressions are evaluated in.
-//!
-//! Line numbers come from the spans that hcl-rs's own parser (`hcl::edit`,
-//! the `hcl-edit` crate that hcl-rs re-exports and uses for `hcl::from_str`)
-//! records: each block and attribute carries the byte range it was parsed
-//! from, which is mapped to a 1-based line with a table of line starts. No
-//! text search is needed, so a commented-out attribute or the same attribute
-//! name in another block cannot be picked by mistake.
+//! Reading a Terraform directory into a [`Module`]: its `*.tf` files, variables files and local modules.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use hcl::edit::structure::{Block, Body, Structure};
 use hcl::edit::Span;
-use hcl::eval::{Context, Evaluate, FuncArgs, FuncDef, ParamType};
-use hcl::expr::{Expression, TraversalOperator};
+use hcl::eval::{Context, Evaluate};
+use hcl::expr::Expression;
 use hcl::Value;
 
+use super::{Attr, AttrValue, Location, Module, NestedBlock, Resource, Scope, SourceFile};
 use crate::CheckError;
-
-/// Prefix of the placeholder strings that stand for a resource's computed attributes
-/// (`aws_sqs_queue.NAME.arn`, `azurerm_servicebus_queue.NAME.id`, `data.aws_iam_policy_document.NAME.json`,
-/// inside a module `module.M.aws_sqs_queue.NAME.arn`), so that references between resources can be
-/// followed.
-const REF_PREFIX: &str = "txinbox-check:";
-
-/// The computed attributes a placeholder is made for.
-const REF_ATTRS: [&str; 9] = [
-    "arn",
-    "id",
-    "url",
-    "name",
-    "json",
-    "principal_id",
-    "namespace_id",
-    "queue_id",
-    "object_id",
-];
 
 /// How deep local modules may nest.
 const MAX_MODULE_DEPTH: usize = 8;
-
-/// One file read (a `.tf`, `.tfvars` or plan JSON file).
-#[derive(Debug)]
-pub(crate) struct SourceFile {
-    pub(crate) path: PathBuf,
-    line_starts: Vec<usize>,
-}
-
-impl SourceFile {
-    pub(crate) fn new(path: PathBuf, text: &str) -> Self {
-        let line_starts = std::iter::once(0)
-            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
-            .collect();
-        Self { path, line_starts }
-    }
-
-    /// 1-based line of a byte offset.
-    pub(crate) fn line_of(&self, offset: usize) -> usize {
-        self.line_starts.partition_point(|&start| start <= offset)
-    }
-
-    fn line_of_span(&self, span: Option<std::ops::Range<usize>>) -> usize {
-        span.map_or(1, |s| self.line_of(s.start))
-    }
-
-    /// The file's name, for messages.
-    pub(crate) fn name(&self) -> String {
-        self.path.file_name().map_or_else(
-            || self.path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        )
-    }
-}
-
-/// Where something is: a file index and a line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Location {
-    pub(crate) file: usize,
-    pub(crate) line: usize,
-}
-
-/// What an attribute holds.
-#[derive(Debug, Clone)]
-pub(crate) enum AttrValue {
-    /// An expression, evaluated in the resource's scope.
-    Expr(Expression),
-    /// A value a plan does not know yet (`after_unknown`), with the references of its configuration
-    /// expression (`aws_sqs_queue.dlq.arn`, `var.x`, ...).
-    Unknown { references: Vec<String> },
-}
-
-/// An attribute of a resource or of a nested block.
-#[derive(Debug, Clone)]
-pub(crate) struct Attr {
-    pub(crate) value: AttrValue,
-    pub(crate) line: usize,
-}
-
-/// A nested block (`statement { ... }`, or the `content` of a `dynamic "statement"`).
-#[derive(Debug, Clone)]
-pub(crate) struct NestedBlock {
-    pub(crate) ident: String,
-    pub(crate) attrs: BTreeMap<String, Attr>,
-    /// A `dynamic` block: its content depends on an iterator this reader does not expand.
-    pub(crate) dynamic: bool,
-    /// 1-based line of the block's first line.
-    pub(crate) line: usize,
-}
-
-/// A `resource "KIND" "NAME"` or `data "KIND" "NAME"` block.
-#[derive(Debug)]
-pub(crate) struct Resource {
-    /// `data.` for a data source, empty for a managed resource.
-    pub(crate) mode: &'static str,
-    pub(crate) kind: String,
-    pub(crate) name: String,
-    /// `module.NAME.` per enclosing module call; empty in the root module.
-    pub(crate) module: String,
-    /// Index of the scope its expressions are evaluated in.
-    pub(crate) scope: usize,
-    pub(crate) at: Location,
-    pub(crate) attrs: BTreeMap<String, Attr>,
-    pub(crate) blocks: Vec<NestedBlock>,
-}
-
-impl Resource {
-    /// The address as Terraform prints it: `module.queues.aws_sqs_queue.main`, `data.KIND.NAME`.
-    pub(crate) fn address(&self) -> String {
-        format!("{}{}{}.{}", self.module, self.mode, self.kind, self.name)
-    }
-}
-
-/// What an attribute evaluates to.
-#[derive(Debug)]
-pub(crate) enum Resolved {
-    /// The attribute is not set.
-    Missing,
-    /// The value, and where a `var.x`/`local.x` it came from is set.
-    Known {
-        value: Value,
-        line: usize,
-        origin: String,
-    },
-    /// The value cannot be known without planning (e.g. it depends on a
-    /// variable without default or on a function this checker does not know),
-    /// or a plan says it is known only after apply (`references` then lists what it depends on).
-    Unknown {
-        line: usize,
-        why: String,
-        references: Vec<String>,
-    },
-}
-
-/// The variables, locals and module outputs of one module instance.
-#[derive(Debug, Default)]
-pub(crate) struct Scope {
-    /// `module.NAME.` prefix of this instance (empty for the root).
-    prefix: String,
-    vars: hcl::Map<String, Value>,
-    var_origins: BTreeMap<String, Location>,
-    locals: hcl::Map<String, Value>,
-    local_origins: BTreeMap<String, Location>,
-    /// Outputs of the module calls in this scope, by call name.
-    modules: hcl::Map<String, Value>,
-    /// (mode, kind, name, whether it has `count`) of the resources declared in this scope.
-    declared: Vec<(&'static str, String, String, bool)>,
-}
-
-/// What was read: one module with its local child modules, or a plan.
-#[derive(Debug, Default)]
-pub(crate) struct Module {
-    pub(crate) files: Vec<SourceFile>,
-    pub(crate) resources: Vec<Resource>,
-    pub(crate) scopes: Vec<Scope>,
-    /// What could not be read and why (a registry module, a module nested too deep): reported as
-    /// advisories, since what is in them is not checked.
-    pub(crate) notes: Vec<String>,
-}
 
 fn read(path: &Path) -> Result<String, CheckError> {
     std::fs::read_to_string(path).map_err(|source| CheckError::Io {
@@ -202,14 +37,6 @@ fn parse(path: &Path, text: &str) -> Result<Body, CheckError> {
 
 fn labels(block: &Block) -> Vec<&str> {
     block.labels.iter().map(|l| l.as_str()).collect()
-}
-
-/// `jsonencode(value)`.
-fn jsonencode(args: FuncArgs) -> Result<Value, String> {
-    let value = args.into_values().into_iter().next().unwrap_or(Value::Null);
-    serde_json::to_string(&value)
-        .map(Value::String)
-        .map_err(|e| e.to_string())
 }
 
 /// A module input evaluated in the caller's scope: name, value (or why it is unknown), where it is set.
@@ -581,119 +408,6 @@ impl Module {
         ));
         self.resources.push(resource);
     }
-
-    fn context(&self, scope: usize) -> Context<'static> {
-        let s = &self.scopes[scope];
-        let mut ctx = Context::new();
-        ctx.declare_var("var", Value::Object(s.vars.clone()));
-        ctx.declare_var("local", Value::Object(s.locals.clone()));
-        ctx.declare_var("module", Value::Object(s.modules.clone()));
-        let mut managed: BTreeMap<&str, hcl::Map<String, Value>> = BTreeMap::new();
-        let mut data: hcl::Map<String, Value> = hcl::Map::new();
-        for (mode, kind, name, counted) in &s.declared {
-            let attrs: hcl::Map<String, Value> = REF_ATTRS
-                .into_iter()
-                .map(|a| {
-                    (
-                        a.to_owned(),
-                        Value::String(placeholder(&format!("{}{mode}{kind}.{name}", s.prefix), a)),
-                    )
-                })
-                .collect();
-            // With `count`, `KIND.NAME[0].arn`: one instance is read, all its instances stand for it.
-            let value = if *counted {
-                Value::Array(vec![Value::Object(attrs)])
-            } else {
-                Value::Object(attrs)
-            };
-            if mode.is_empty() {
-                managed.entry(kind).or_default().insert(name.clone(), value);
-            } else {
-                let entry = data
-                    .entry(kind.clone())
-                    .or_insert_with(|| Value::Object(hcl::Map::new()));
-                if let Value::Object(map) = entry {
-                    map.insert(name.clone(), value);
-                }
-            }
-        }
-        for (kind, names) in managed {
-            ctx.declare_var(kind.to_owned(), Value::Object(names));
-        }
-        ctx.declare_var("data", Value::Object(data));
-        ctx.declare_func(
-            "jsonencode",
-            FuncDef::builder().param(ParamType::Any).build(jsonencode),
-        );
-        ctx
-    }
-
-    /// Evaluates a resource's attribute.
-    pub(crate) fn resolve(&self, resource: &Resource, key: &str) -> Resolved {
-        self.resolve_attr(resource.scope, resource.attrs.get(key))
-    }
-
-    /// Evaluates an attribute (of a resource or a nested block) in `scope`.
-    pub(crate) fn resolve_attr(&self, scope: usize, attr: Option<&Attr>) -> Resolved {
-        let Some(attr) = attr else {
-            return Resolved::Missing;
-        };
-        match &attr.value {
-            AttrValue::Unknown { references } => Resolved::Unknown {
-                line: attr.line,
-                why: format!(
-                    "known only after apply; it depends on {}",
-                    if references.is_empty() {
-                        "values the plan does not show".to_owned()
-                    } else {
-                        references.join(", ")
-                    }
-                ),
-                references: references.clone(),
-            },
-            AttrValue::Expr(expr) => match expr.evaluate(&self.context(scope)) {
-                Ok(value) => Resolved::Known {
-                    value,
-                    line: attr.line,
-                    origin: self.origin(scope, expr),
-                },
-                Err(e) => Resolved::Unknown {
-                    line: attr.line,
-                    why: e.to_string().lines().next().unwrap_or_default().to_owned(),
-                    references: Vec::new(),
-                },
-            },
-        }
-    }
-
-    /// ` (var.x, set at variables.tf:12)` when the expression is exactly a
-    /// variable or a local; empty otherwise.
-    fn origin(&self, scope: usize, expr: &Expression) -> String {
-        let Expression::Traversal(traversal) = expr else {
-            return String::new();
-        };
-        let (Expression::Variable(root), [TraversalOperator::GetAttr(name)]) =
-            (&traversal.expr, traversal.operators.as_slice())
-        else {
-            return String::new();
-        };
-        let s = &self.scopes[scope];
-        let origins = match root.as_str() {
-            "var" => &s.var_origins,
-            "local" => &s.local_origins,
-            _ => return String::new(),
-        };
-        match origins.get(name.as_str()) {
-            Some(at) => format!(
-                " ({}.{}, set at {}:{})",
-                root.as_str(),
-                name.as_str(),
-                self.files[at.file].name(),
-                at.line
-            ),
-            None => String::new(),
-        }
-    }
 }
 
 /// `dir` joined with a relative module source, without `.` and with `..` applied where it can be.
@@ -712,19 +426,4 @@ fn join(dir: &Path, source: &str) -> PathBuf {
         }
     }
     out
-}
-
-/// The placeholder string of `address`'s attribute `attr`.
-pub(crate) fn placeholder(address: &str, attr: &str) -> String {
-    format!("{REF_PREFIX}{address}.{attr}")
-}
-
-/// The resource address and attribute a placeholder string stands for.
-pub(crate) fn referenced(value: &str) -> Option<(&str, &str)> {
-    value.strip_prefix(REF_PREFIX)?.rsplit_once('.')
-}
-
-/// The resource address a placeholder string stands for.
-pub(crate) fn referenced_resource(value: &str) -> Option<&str> {
-    referenced(value).map(|(address, _)| address)
 }

@@ -1,0 +1,274 @@
+//! The commit: one `TransactWriteItems` call with its retries, and the classification of a cancelled one.
+
+use std::collections::HashSet;
+
+use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use chrono::Utc;
+use txinbox_core::store::Commit;
+use txinbox_core::HandlerError;
+
+use super::limits::{action_table, check_limits, check_total_size};
+use super::DynamoStore;
+use crate::error::call;
+use crate::layout::{n, Item, Reader};
+use crate::tx::DynamoTx;
+use crate::DynamoError;
+
+impl DynamoStore {
+    fn now_epoch() -> i64 {
+        Utc::now().timestamp()
+    }
+
+    /// The conditional put of a marker or a business key item: absent, or present but expired (DynamoDB's
+    /// TTL deletes expired items up to days late; the condition keeps the window exact).
+    fn absent_or_expired(&self, item: Item) -> Result<TransactWriteItem, DynamoError> {
+        let put = Put::builder()
+            .table_name(&*self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk) OR expires_at < :now")
+            .expression_attribute_values(":now", n(Self::now_epoch()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .build()?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    /// One `TransactWriteItems` call of the transaction as it stands, under a fresh token.
+    async fn send(
+        &self,
+        items: Vec<TransactWriteItem>,
+        token: &str,
+    ) -> Result<
+        (),
+        aws_sdk_dynamodb::error::SdkError<
+            aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError,
+            aws_sdk_dynamodb::config::http::HttpResponse,
+        >,
+    > {
+        self.client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .client_request_token(token)
+            .send()
+            .await
+            .map(|_| ())
+    }
+
+    async fn pause(&self, attempt: u32) {
+        let base = self.options.backoff.saturating_mul(1 << attempt.min(6));
+        let jitter = (uuid::Uuid::new_v4().as_u128() % 1000) as u32;
+        tokio::time::sleep(base.mul_f64(0.5 + f64::from(jitter) / 2000.0)).await;
+    }
+
+    pub(super) async fn commit_inner(&self, tx: DynamoTx) -> Result<Commit, DynamoError> {
+        let (mut pending, actions) = {
+            let mut st = tx.lock();
+            if st.closed {
+                return Err(DynamoError::Closed);
+            }
+            st.closed = true;
+            (
+                std::mem::take(&mut st.pending),
+                std::mem::take(&mut st.actions),
+            )
+        };
+        if pending.is_empty() {
+            // Nothing of the inbox's to write: the handler's actions alone (the pipeline never does this).
+            if actions.is_empty() {
+                return Ok(Commit::Done);
+            }
+            let token = uuid::Uuid::new_v4().to_string();
+            return self
+                .send(actions, &token)
+                .await
+                .map(|_| Commit::Done)
+                .map_err(|e| call("TransactWriteItems", e));
+        }
+        let share: usize = pending
+            .iter()
+            .map(|p| 1 + usize::from(p.marker.identity.business_key.is_some()) + p.effects.len())
+            .sum();
+        if let Err(e) = check_limits(&actions, share) {
+            return Ok(Commit::HandlerFailed(HandlerError::permanent(e)));
+        }
+        let mut tokens: Vec<String> = Vec::new();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let token = uuid::Uuid::new_v4().to_string();
+            tokens.push(token.clone());
+            // What each of the store's items stands for, by its position in the call.
+            let mut slots = Vec::with_capacity(share);
+            let mut items = Vec::with_capacity(share + actions.len());
+            for (i, p) in pending.iter().enumerate() {
+                let reference = p.result_reference.as_deref();
+                items
+                    .push(self.absent_or_expired(Self::marker_item(&p.marker, reference, &token))?);
+                slots.push(Slot::Marker);
+                if let Some(k) = &p.marker.identity.business_key {
+                    items.push(
+                        self.absent_or_expired(Self::business_item(&p.marker, k, reference))?,
+                    );
+                    slots.push(Slot::BusinessKey);
+                }
+                for (j, e) in p.effects.iter().enumerate() {
+                    let put = Put::builder()
+                        .table_name(&*self.table)
+                        .set_item(Some(e.clone()))
+                        .condition_expression("attribute_not_exists(pk)")
+                        .build()?;
+                    items.push(TransactWriteItem::builder().put(put).build());
+                    slots.push(Slot::Effect(i, j));
+                }
+            }
+            let first_action = items.len();
+            items.extend(actions.iter().cloned());
+            if let Err(e) = check_total_size(&items) {
+                return Ok(Commit::HandlerFailed(HandlerError::permanent(e)));
+            }
+            let err = match self.send(items, &token).await {
+                Ok(()) => return Ok(Commit::Done),
+                Err(e) => e,
+            };
+            let last = attempt >= self.options.commit_attempts;
+            let reasons = cancellation_reasons(&err);
+            let Some(reasons) = reasons else {
+                let e = call("TransactWriteItems", err);
+                if e.is_transient() && !last {
+                    tracing::debug!(error = %e, attempt, "commit: transient error, trying again with a new token");
+                    self.pause(attempt).await;
+                    continue;
+                }
+                return Err(e);
+            };
+            let refused =
+                |i: usize| reasons.get(i).and_then(|r| r.code()) == Some("ConditionalCheckFailed");
+            // A marker written under one of this commit's own tokens: an earlier attempt committed (all of
+            // its items, the transaction being atomic) and its answer was lost.
+            let own = slots.iter().enumerate().any(|(i, slot)| {
+                *slot == Slot::Marker
+                    && refused(i)
+                    && reasons[i].item().is_some_and(|item| {
+                        Reader::new(item)
+                            .opt_s("token")
+                            .ok()
+                            .flatten()
+                            .is_some_and(|t| tokens.contains(&t))
+                    })
+            });
+            if own {
+                tracing::info!(
+                    attempts = attempt,
+                    "commit: found the marker of an earlier attempt of this commit; it committed"
+                );
+                return Ok(Commit::Done);
+            }
+            // The first marker or business key item refused, with its holder as it was.
+            if let Some((i, slot)) = slots
+                .iter()
+                .enumerate()
+                .find(|(i, slot)| !matches!(slot, Slot::Effect(..)) && refused(*i))
+            {
+                return Ok(Commit::Conflict(
+                    reasons[i]
+                        .item()
+                        .map(|item| Self::holder(item, *slot == Slot::Marker))
+                        .transpose()?,
+                ));
+            }
+            // An effect recorded before under the same key (its message applied before, its marker since
+            // expired): kept as it is, as the SQL stores' `ON CONFLICT DO NOTHING` does.
+            let taken: HashSet<(usize, usize)> = slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, slot)| match slot {
+                    Slot::Effect(p, e) if refused(i) => Some((*p, *e)),
+                    _ => None,
+                })
+                .collect();
+            if !taken.is_empty() {
+                for (pi, p) in pending.iter_mut().enumerate() {
+                    let mut j = 0;
+                    p.effects.retain(|_| {
+                        let keep = !taken.contains(&(pi, j));
+                        j += 1;
+                        keep
+                    });
+                }
+                attempt -= 1;
+                continue;
+            }
+            for (i, r) in reasons.iter().enumerate().skip(first_action) {
+                let c = r.code().unwrap_or("None");
+                let index = i - first_action;
+                let table = action_table(&actions[index]).to_owned();
+                let message = r.message().unwrap_or(c).to_owned();
+                if c == "ConditionalCheckFailed" {
+                    return Ok(Commit::HandlerFailed(HandlerError::from(
+                        DynamoError::HandlerCondition {
+                            index,
+                            table,
+                            message,
+                        },
+                    )));
+                }
+                if c == "ValidationError" {
+                    return Ok(Commit::HandlerFailed(HandlerError::permanent(
+                        DynamoError::HandlerInvalid {
+                            index,
+                            table,
+                            message,
+                        },
+                    )));
+                }
+            }
+            let e = call("TransactWriteItems", err);
+            let transient = reasons
+                .iter()
+                .any(|r| crate::error::transient_code(r.code().unwrap_or("")));
+            if transient && !last {
+                tracing::debug!(error = %e, attempt, "commit: cancelled by a conflict or throttling, trying again");
+                self.pause(attempt).await;
+                continue;
+            }
+            return Err(match e {
+                DynamoError::Call {
+                    op,
+                    message,
+                    source,
+                    ..
+                } => DynamoError::Call {
+                    op,
+                    transient,
+                    message,
+                    source,
+                },
+                other => other,
+            });
+        }
+    }
+}
+
+/// What one of the store's items in a `TransactWriteItems` call stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Marker,
+    BusinessKey,
+    /// The effect `.1` of the delivery `.0`.
+    Effect(usize, usize),
+}
+
+/// The cancellation reasons of a cancelled transaction, in the order of its actions.
+fn cancellation_reasons<R>(
+    e: &aws_sdk_dynamodb::error::SdkError<
+        aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError,
+        R,
+    >,
+) -> Option<Vec<aws_sdk_dynamodb::types::CancellationReason>> {
+    use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+    match e.as_service_error()? {
+        TransactWriteItemsError::TransactionCanceledException(c) => {
+            Some(c.cancellation_reasons().to_vec())
+        }
+        _ => None,
+    }
+}

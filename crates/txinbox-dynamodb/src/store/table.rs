@@ -1,0 +1,153 @@
+//! The table's check at start-up and its creation for tests and development.
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
+};
+use aws_sdk_dynamodb::Client;
+
+use super::DynamoStore;
+use crate::error::call;
+use crate::layout as l;
+use crate::DynamoError;
+
+impl DynamoStore {
+    /// Checks that the table exists with the store's layout: hash key `pk` (string) and no range key, the
+    /// indexes `by_consumer`, `due` and `by_group` with their keys, and TTL enabled on `expires_at`
+    /// (`DescribeTable`, `DescribeTimeToLive`).
+    pub async fn check_table(&self) -> Result<(), DynamoError> {
+        let table = self.table.to_string();
+        let bad = |detail: String| DynamoError::Table {
+            table: table.clone(),
+            detail,
+        };
+        let desc = self
+            .client
+            .describe_table()
+            .table_name(&*self.table)
+            .send()
+            .await
+            .map_err(|e| call("DescribeTable", e))?;
+        let t = desc
+            .table()
+            .ok_or_else(|| bad("DescribeTable answered without a table".into()))?;
+        let keys: Vec<(&str, &KeyType)> = t
+            .key_schema()
+            .iter()
+            .map(|k| (k.attribute_name(), k.key_type()))
+            .collect();
+        if keys != [(l::PK, &KeyType::Hash)] {
+            return Err(bad(format!(
+                "the key schema is {keys:?}; the store needs a hash key \"pk\" (string) and no range key"
+            )));
+        }
+        let string_attr = |name: &str| {
+            t.attribute_definitions().iter().any(|a| {
+                a.attribute_name() == name && a.attribute_type() == &ScalarAttributeType::S
+            })
+        };
+        if !string_attr(l::PK) {
+            return Err(bad("attribute \"pk\" is not a string (S)".into()));
+        }
+        for (name, hash, range) in l::INDEXES {
+            let Some(ix) = t
+                .global_secondary_indexes()
+                .iter()
+                .find(|g| g.index_name() == Some(name))
+            else {
+                return Err(bad(format!("global secondary index {name:?} is missing ({hash} HASH, {range} RANGE, strings)")));
+            };
+            let keys: Vec<(&str, &KeyType)> = ix
+                .key_schema()
+                .iter()
+                .map(|k| (k.attribute_name(), k.key_type()))
+                .collect();
+            if keys != [(hash, &KeyType::Hash), (range, &KeyType::Range)]
+                || !string_attr(hash)
+                || !string_attr(range)
+            {
+                return Err(bad(format!(
+                    "index {name:?} has keys {keys:?}; the store needs {hash} HASH and {range} RANGE, both strings"
+                )));
+            }
+        }
+        let ttl = self
+            .client
+            .describe_time_to_live()
+            .table_name(&*self.table)
+            .send()
+            .await
+            .map_err(|e| call("DescribeTimeToLive", e))?;
+        let d = ttl.time_to_live_description();
+        let status = d.and_then(|d| d.time_to_live_status()).map(|s| s.as_str());
+        let attr = d.and_then(|d| d.attribute_name());
+        if !matches!(status, Some("ENABLED") | Some("ENABLING")) || attr != Some(l::EXPIRES_AT) {
+            return Err(bad(format!(
+                "TTL is {} on {:?}; the store needs it enabled on \"expires_at\" (expired markers are otherwise never deleted)",
+                status.unwrap_or("off"),
+                attr.unwrap_or("no attribute")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates `table` with the store's layout (on-demand billing) and enables TTL on `expires_at`: for
+    /// tests, emulators and development. Production tables come from your infrastructure code (the
+    /// Terraform sample creates one), with point-in-time recovery and encryption.
+    pub async fn create_table(client: &Client, table: &str) -> Result<(), DynamoError> {
+        let attr = |name: &str| {
+            AttributeDefinition::builder()
+                .attribute_name(name)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+        };
+        let key = |name: &str, kt: KeyType| {
+            KeySchemaElement::builder()
+                .attribute_name(name)
+                .key_type(kt)
+                .build()
+        };
+        let mut req = client
+            .create_table()
+            .table_name(table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(attr(l::PK)?)
+            .key_schema(key(l::PK, KeyType::Hash)?);
+        for (name, hash, range) in l::INDEXES {
+            let projection = if name == l::BY_CONSUMER {
+                Projection::builder()
+                    .projection_type(ProjectionType::All)
+                    .build()
+            } else {
+                Projection::builder()
+                    .projection_type(ProjectionType::KeysOnly)
+                    .build()
+            };
+            req = req
+                .attribute_definitions(attr(hash)?)
+                .attribute_definitions(attr(range)?)
+                .global_secondary_indexes(
+                    GlobalSecondaryIndex::builder()
+                        .index_name(name)
+                        .key_schema(key(hash, KeyType::Hash)?)
+                        .key_schema(key(range, KeyType::Range)?)
+                        .projection(projection)
+                        .build()?,
+                );
+        }
+        req.send().await.map_err(|e| call("CreateTable", e))?;
+        client
+            .update_time_to_live()
+            .table_name(table)
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .enabled(true)
+                    .attribute_name(l::EXPIRES_AT)
+                    .build()?,
+            )
+            .send()
+            .await
+            .map_err(|e| call("UpdateTimeToLive", e))?;
+        Ok(())
+    }
+}

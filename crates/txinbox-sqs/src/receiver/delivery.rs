@@ -1,0 +1,251 @@
+//! One received message ([`SqsDelivery`]) and its visibility timeout as a renewable lease ([`SqsLease`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{Message, MessageAttributeValue};
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, Delivery, Lease, ReceivedMessage};
+
+use super::deleter::{delete_one, DeleteRequest};
+use super::{received_message, secs, Shared};
+use crate::dlq;
+use crate::error::sdk_error;
+use crate::options::MAX_VISIBILITY;
+
+/// One received SQS message and its receipt handle. Settling consumes it: `ack` deletes (after COMMIT, as
+/// the inbox calls it), `release` sets the visibility to the backoff, `dead_letter` forwards a copy to the
+/// dead-letter queue and then deletes.
+#[derive(Debug)]
+pub struct SqsDelivery {
+    shared: Arc<Shared>,
+    message: ReceivedMessage,
+    body: String,
+    receipt: String,
+    raw_attributes: HashMap<String, MessageAttributeValue>,
+    /// The deduplication id SQS returned (unless AWS replaced it): a forward to the DLQ carries it, whether or
+    /// not it is the identity.
+    dedup_id: Option<String>,
+    pub(super) lease: Arc<SqsLease>,
+}
+
+impl SqsDelivery {
+    pub(super) fn from_message(
+        shared: Arc<Shared>,
+        m: Message,
+        received: Instant,
+        now: DateTime<Utc>,
+    ) -> Result<Self, BrokerError> {
+        let receipt = m
+            .receipt_handle()
+            .ok_or_else(|| {
+                BrokerError::new(
+                    BrokerErrorKind::Protocol,
+                    "ReceiveMessage",
+                    "SQS returned a message without a receipt handle",
+                )
+            })?
+            .to_owned();
+        let mut message = received_message(&m, now);
+        let dedup_id = message.producer_id.clone();
+        if !shared.opts.deduplication_id_identity {
+            // Not an identity unless the consumer opted in: it does not survive the DLQ path (see
+            // `SqsOptions::deduplication_id_identity`).
+            message.producer_id = None;
+        }
+        let expires =
+            now + chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
+        let lease = Arc::new(SqsLease {
+            client: shared.client.clone(),
+            queue_url: shared.queue_url.clone(),
+            receipt: receipt.clone(),
+            received,
+            duration: shared.opts.visibility_timeout,
+            expires: Mutex::new(expires),
+            settled: AtomicBool::new(false),
+        });
+        Ok(Self {
+            body: m.body.unwrap_or_default(),
+            raw_attributes: m.message_attributes.unwrap_or_default(),
+            shared,
+            message,
+            receipt,
+            dedup_id,
+            lease,
+        })
+    }
+
+    /// The `MessageDeduplicationId` SQS returned, unless AWS replaced it on a move to a FIFO DLQ (see
+    /// [`deduplication_id_replaced`](super::deduplication_id_replaced)). It is the message's identity only
+    /// when the consumer opted in with
+    /// [`SqsOptions::deduplication_id_identity`](crate::SqsOptions::deduplication_id_identity).
+    pub fn deduplication_id(&self) -> Option<&str> {
+        self.dedup_id.as_deref()
+    }
+
+    /// The receipt handle of this delivery.
+    pub fn receipt_handle(&self) -> &str {
+        &self.receipt
+    }
+
+    /// The message attributes as SQS returned them (names and data types untouched).
+    pub fn raw_attributes(&self) -> &HashMap<String, MessageAttributeValue> {
+        &self.raw_attributes
+    }
+
+    async fn delete(&self) -> Result<(), BrokerError> {
+        let (reply, rx) = oneshot::channel();
+        let req = DeleteRequest {
+            receipt: self.receipt.clone(),
+            reply,
+        };
+        if self.shared.deletes.send(req).is_err() {
+            // The batching task is gone (its runtime is shutting down): delete directly.
+            return delete_one(&self.shared.client, &self.shared.queue_url, &self.receipt).await;
+        }
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => delete_one(&self.shared.client, &self.shared.queue_url, &self.receipt).await,
+        }
+    }
+
+    async fn set_visibility(&self, d: Duration) -> Result<(), BrokerError> {
+        self.shared
+            .client
+            .change_message_visibility()
+            .queue_url(&self.shared.queue_url)
+            .receipt_handle(&self.receipt)
+            .visibility_timeout(secs(d.min(MAX_VISIBILITY)))
+            .send()
+            .await
+            .map_err(|e| sdk_error("ChangeMessageVisibility", e))?;
+        Ok(())
+    }
+}
+
+impl Delivery for SqsDelivery {
+    fn message(&self) -> &ReceivedMessage {
+        &self.message
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        self.lease.settled.store(true, Ordering::SeqCst);
+        self.delete().await
+    }
+
+    async fn release(self, delay: Duration) -> Result<(), BrokerError> {
+        self.lease.settled.store(true, Ordering::SeqCst);
+        self.set_visibility(delay).await
+    }
+
+    async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
+        self.lease.settled.store(true, Ordering::SeqCst);
+        let Some(dlq_url) = self.shared.dead_letter_queue.clone() else {
+            // Without a DLQ to forward to, leave the message to its visibility timeout: it comes back at most
+            // once per timeout (never in a hot loop) until the queue's maxReceiveCount, if any, moves it.
+            return Err(BrokerError::new(
+                BrokerErrorKind::Configuration,
+                "dead-letter",
+                format!(
+                    "no dead-letter queue configured; left to its visibility timeout, the queue's maxReceiveCount decides ({}: {})",
+                    why.reason, why.detail
+                ),
+            ));
+        };
+        dlq::forward(
+            &self.shared.client,
+            &dlq_url,
+            &self.body,
+            &self.raw_attributes,
+            &self.message,
+            self.dedup_id.as_deref(),
+            &why,
+        )
+        .await?;
+        metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
+            .increment(1);
+        tracing::warn!(
+            reason = %why.reason,
+            message_id = self.message.broker_id.as_deref().unwrap_or(""),
+            "forwarded to the dead-letter queue with its identity attributes; deleting the original"
+        );
+        // If this delete fails the message comes back; its next forward carries the same deduplication id, so
+        // the DLQ keeps one copy.
+        self.delete().await
+    }
+
+    fn lease(&self) -> Option<Arc<dyn Lease>> {
+        Some(self.lease.clone())
+    }
+}
+
+/// The visibility timeout of one delivery as a renewable lease (`ChangeMessageVisibility`).
+#[derive(Debug)]
+pub struct SqsLease {
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    receipt: String,
+    received: Instant,
+    duration: Duration,
+    expires: Mutex<DateTime<Utc>>,
+    pub(super) settled: AtomicBool,
+}
+
+impl SqsLease {
+    pub(super) fn current(&self) -> DateTime<Utc> {
+        *self.expires.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Lease for SqsLease {
+    /// The visibility timeout set on the receive
+    /// ([`SqsOptions::visibility_timeout`](crate::SqsOptions::visibility_timeout)).
+    fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    fn expires_at(&self) -> Option<DateTime<Utc>> {
+        Some(self.current())
+    }
+
+    fn renew(&self, by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+        Box::pin(async move {
+            // A settled delivery has nothing left to extend (and its receipt may be gone).
+            if self.settled.load(Ordering::SeqCst) {
+                return Ok(self.current());
+            }
+            let left = MAX_VISIBILITY.saturating_sub(self.received.elapsed());
+            let by = by.min(left);
+            if by < Duration::from_secs(1) {
+                return Err(BrokerError::new(
+                    BrokerErrorKind::LockLost,
+                    "ChangeMessageVisibility",
+                    "SQS's 12 h visibility ceiling for this receive is reached",
+                ));
+            }
+            let asked = Utc::now();
+            let r = self
+                .client
+                .change_message_visibility()
+                .queue_url(&self.queue_url)
+                .receipt_handle(&self.receipt)
+                .visibility_timeout(secs(by))
+                .send()
+                .await;
+            match r {
+                Ok(_) => {
+                    let until = asked + chrono::Duration::from_std(by).unwrap_or_default();
+                    *self.expires.lock().unwrap_or_else(|p| p.into_inner()) = until;
+                    Ok(until)
+                }
+                // Settled while the call was in flight: the failure says nothing about the lease.
+                Err(_) if self.settled.load(Ordering::SeqCst) => Ok(self.current()),
+                Err(e) => Err(sdk_error("ChangeMessageVisibility", e)),
+            }
+        })
+    }
+}

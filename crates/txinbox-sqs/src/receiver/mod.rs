@@ -1,0 +1,357 @@
+//! Receiving, settling and the visibility heartbeat.
+
+mod deleter;
+mod delivery;
+mod message;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use chrono::Utc;
+use tokio::sync::mpsc;
+use txinbox_core::{BrokerError, BrokerErrorKind, Receiver};
+
+use crate::dlq;
+use crate::error::sdk_error;
+use crate::options::SqsOptions;
+
+pub(crate) use deleter::delete_one;
+use deleter::{run_deleter, DeleteRequest};
+pub use delivery::{SqsDelivery, SqsLease};
+pub use message::{deduplication_id_replaced, received_message};
+
+/// What every delivery of one receiver shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) client: aws_sdk_sqs::Client,
+    pub(crate) queue_url: String,
+    pub(crate) opts: SqsOptions,
+    pub(crate) dead_letter_queue: Option<String>,
+    deletes: mpsc::UnboundedSender<DeleteRequest>,
+}
+
+/// Receives from one SQS queue (FIFO or standard) and hands out [`SqsDelivery`]s.
+///
+/// Deletes of settled deliveries go through one background task that sends a `DeleteMessageBatch` when
+/// several are ready at once and a `DeleteMessage` otherwise.
+///
+/// FIFO group order is kept: SQS may return several messages of one group in one batch; the receiver hands
+/// out only the first and holds the others (renewing their visibility when needed) until the one before
+/// settles, so a worker with any concurrency processes a group in order.
+///
+/// A receive may ask for more than one `ReceiveMessage` returns ([`SqsOptions::batch_size`], at most 10): when
+/// the last receive came back full (the queue has a backlog) the receiver sends as many calls as it takes at
+/// once, one long poll and the others without a wait, and hands out what they brought together (at most
+/// [`MAX_CALLS_PER_RECEIVE`] calls). Otherwise it sends one call, so an idle queue costs one long poll per
+/// wait.
+#[derive(Debug)]
+pub struct SqsReceiver {
+    shared: Arc<Shared>,
+    /// Messages received while an earlier message of their group was in flight, in arrival order.
+    held: VecDeque<(Message, Instant)>,
+    /// The last delivery handed out per group; the group is busy until it settles, is dropped unsettled (a
+    /// crash) or its visibility runs out.
+    in_flight: HashMap<String, Weak<SqsLease>>,
+    /// Whether the last receive came back full: the next may send several calls at once.
+    backlog: bool,
+}
+
+/// Most `ReceiveMessage` calls one receive sends at once (100 messages).
+pub const MAX_CALLS_PER_RECEIVE: usize = 10;
+
+impl SqsReceiver {
+    /// A receiver on `queue_url`. Checks the options (an invalid one is a
+    /// [`Configuration`](BrokerErrorKind::Configuration) error whose source is the
+    /// [`SqsError`](crate::SqsError)) and that the queue exists; when no dead-letter queue is
+    /// configured, it is discovered from the queue's `RedrivePolicy`. Call within a Tokio runtime.
+    pub async fn connect(
+        client: aws_sdk_sqs::Client,
+        queue_url: impl Into<String>,
+        opts: SqsOptions,
+    ) -> Result<Self, BrokerError> {
+        opts.validate()
+            .map_err(|e| e.broker(BrokerErrorKind::Configuration, "connect"))?;
+        let queue_url = queue_url.into();
+        let attrs = client
+            .get_queue_attributes()
+            .queue_url(&queue_url)
+            .attribute_names(QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .map_err(|e| sdk_error("GetQueueAttributes", e))?;
+        let dead_letter_queue = match &opts.dead_letter_queue {
+            Some(url) => Some(url.clone()),
+            None => match attrs
+                .attributes()
+                .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
+            {
+                Some(policy) => dlq::queue_url_of_redrive_policy(&client, policy).await?,
+                None => None,
+            },
+        };
+        if dead_letter_queue.is_none() {
+            tracing::warn!(queue_url, "no dead-letter queue: payload collisions and permanent errors are released and reach a DLQ only through the queue's maxReceiveCount");
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_deleter(client.clone(), queue_url.clone(), rx));
+        Ok(Self {
+            shared: Arc::new(Shared {
+                client,
+                queue_url,
+                opts,
+                dead_letter_queue,
+                deletes: tx,
+            }),
+            held: VecDeque::new(),
+            in_flight: HashMap::new(),
+            backlog: false,
+        })
+    }
+
+    /// The queue URL.
+    pub fn queue_url(&self) -> &str {
+        &self.shared.queue_url
+    }
+
+    /// The dead-letter queue explicit forwards go to, if any.
+    pub fn dead_letter_queue(&self) -> Option<&str> {
+        self.shared.dead_letter_queue.as_deref()
+    }
+
+    /// The options.
+    pub fn options(&self) -> &SqsOptions {
+        &self.shared.opts
+    }
+}
+
+impl Receiver for SqsReceiver {
+    type Delivery = SqsDelivery;
+
+    /// A receiver on the same queue sharing the client and the background deleter, with its own held-back
+    /// messages: SQS hands a FIFO group's next message to no receive while one of the group is in flight, so
+    /// each loop holds back only what its own receives brought.
+    fn fork(&self) -> Option<Self> {
+        Some(Self {
+            shared: self.shared.clone(),
+            held: VecDeque::new(),
+            in_flight: HashMap::new(),
+            backlog: false,
+        })
+    }
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<SqsDelivery>, BrokerError> {
+        let per_call = self.shared.opts.batch_size.clamp(1, 10);
+        let n = max.clamp(1, per_call * MAX_CALLS_PER_RECEIVE);
+        let now = Utc::now();
+        self.in_flight.retain(|_, lease| {
+            lease
+                .upgrade()
+                .is_some_and(|l| !l.settled.load(Ordering::SeqCst) && l.current() > now)
+        });
+        let mut out = self.release_held(n).await;
+        if !out.is_empty() {
+            return Ok(out);
+        }
+        let s = self.shared.clone();
+        // While messages are held, poll briefly so they are handed out soon after their predecessor settles.
+        let wait = if self.held.is_empty() {
+            s.opts.wait
+        } else {
+            s.opts.wait.min(Duration::from_secs(1))
+        };
+        // One long poll; with a backlog, the rest of `n` in calls that do not wait, all at once.
+        let calls = if self.backlog {
+            n.div_ceil(per_call)
+        } else {
+            1
+        };
+        let asks = (0..calls).map(|i| {
+            let ask = (n - i * per_call).min(per_call);
+            let wait = if i == 0 { wait } else { Duration::ZERO };
+            s.client
+                .receive_message()
+                .queue_url(&s.queue_url)
+                .max_number_of_messages(ask as i32)
+                .wait_time_seconds(wait.as_secs() as i32)
+                .visibility_timeout(secs(s.opts.visibility_timeout))
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .message_attribute_names("All")
+                .send()
+        });
+        let answers = futures::future::join_all(asks).await;
+        let received = Instant::now();
+        let mut first_error = None;
+        let mut got = Vec::new();
+        let mut full = false;
+        for a in answers {
+            match a {
+                Ok(a) => {
+                    let msgs = a.messages.unwrap_or_default();
+                    full |= msgs.len() >= per_call;
+                    got.extend(msgs);
+                }
+                Err(e) => {
+                    let e = sdk_error("ReceiveMessage", e);
+                    tracing::debug!(error = %e, "a ReceiveMessage call of a receive failed");
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        self.backlog = full;
+        if let Some(e) = first_error {
+            if got.is_empty() {
+                return Err(e);
+            }
+            // What the other calls brought is handed out; the next receive reports a lasting failure.
+            tracing::warn!(queue_url = %s.queue_url, error = %e, received = got.len(), "one ReceiveMessage call of a receive failed");
+        }
+        for m in got {
+            let group = group_of(&m);
+            if group
+                .as_ref()
+                .is_some_and(|g| self.in_flight.contains_key(g))
+            {
+                self.held.push_back((m, received));
+                continue;
+            }
+            self.hand_out(m, received, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// `GetQueueAttributes` on the queue (it exists; the credentials are accepted and allowed to read it) and
+    /// on the dead-letter queue explicit forwards go to; then the dead-letter path: a dead-letter queue (set,
+    /// or the queue's `RedrivePolicy`), else refused ([`Configuration`](BrokerErrorKind::Configuration), a
+    /// [`SqsError::NoDeadLetterPath`](crate::SqsError::NoDeadLetterPath)) unless
+    /// [`SqsOptions::allow_no_dead_letter`]. Takes no message.
+    async fn check(&mut self) -> Result<(), BrokerError> {
+        let s = self.shared.clone();
+        // One attribute of `url`, read as the start-up check: its failure names the queue's role and URL.
+        let read = |role: &'static str, url: String, name: QueueAttributeName| {
+            let client = s.client.clone();
+            async move {
+                client
+                    .get_queue_attributes()
+                    .queue_url(&url)
+                    .attribute_names(name)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        let e = sdk_error("GetQueueAttributes", e);
+                        let kind = e.kind();
+                        let why = crate::SqsError::Unusable {
+                            role,
+                            queue_url: url.clone(),
+                            error: e.to_string(),
+                        };
+                        BrokerError::new(kind, "start-up check", why)
+                    })
+            }
+        };
+        let attrs = read(
+            "queue",
+            s.queue_url.clone(),
+            QueueAttributeName::RedrivePolicy,
+        )
+        .await?;
+        let redrive_policy = attrs
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::RedrivePolicy))
+            .is_some_and(|p| !p.trim().is_empty());
+        if let Some(dlq) = &s.dead_letter_queue {
+            read(
+                "dead-letter queue",
+                dlq.clone(),
+                QueueAttributeName::QueueArn,
+            )
+            .await?;
+        } else if !redrive_policy {
+            if !s.opts.allow_no_dead_letter {
+                return Err(crate::SqsError::NoDeadLetterPath {
+                    queue_url: s.queue_url.clone(),
+                }
+                .broker(BrokerErrorKind::Configuration, "start-up check"));
+            }
+            tracing::warn!(queue_url = %s.queue_url, "no dead-letter path (allowed by SqsOptions::allow_no_dead_letter): a payload collision or a permanent error comes back once per visibility timeout, forever");
+        }
+        Ok(())
+    }
+}
+
+fn group_of(m: &Message) -> Option<String> {
+    m.attributes()
+        .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+        .cloned()
+}
+
+impl SqsReceiver {
+    fn hand_out(&mut self, m: Message, received: Instant, out: &mut Vec<SqsDelivery>) {
+        let group = group_of(&m);
+        match SqsDelivery::from_message(self.shared.clone(), m, received, Utc::now()) {
+            Ok(d) => {
+                if let Some(g) = group {
+                    self.in_flight.insert(g, Arc::downgrade(&d.lease));
+                }
+                out.push(d);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a message SQS returned without a receipt handle")
+            }
+        }
+    }
+
+    /// Hands out held messages whose group is free, first of each group only, at most `n`.
+    async fn release_held(&mut self, n: usize) -> Vec<SqsDelivery> {
+        let mut out = Vec::new();
+        let vt = self.shared.opts.visibility_timeout;
+        let mut i = 0;
+        while i < self.held.len() && out.len() < n {
+            let group = group_of(&self.held[i].0);
+            if group
+                .as_ref()
+                .is_some_and(|g| self.in_flight.contains_key(g))
+            {
+                i += 1;
+                continue;
+            }
+            let Some((m, received)) = self.held.remove(i) else {
+                break;
+            };
+            let waited = received.elapsed();
+            if waited + Duration::from_secs(1) >= vt {
+                // Its visibility ran out while held: SQS hands it out again, still first of its group.
+                tracing::warn!(
+                    group = group.as_deref().unwrap_or(""),
+                    "held message's visibility expired; leaving it to SQS"
+                );
+                continue;
+            }
+            let mut received = received;
+            if waited >= vt / 2 {
+                let r = self
+                    .shared
+                    .client
+                    .change_message_visibility()
+                    .queue_url(&self.shared.queue_url)
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .visibility_timeout(secs(vt))
+                    .send()
+                    .await;
+                if let Err(e) = r {
+                    tracing::warn!(error = %sdk_error("ChangeMessageVisibility", e), "cannot extend a held message; leaving it to SQS");
+                    continue;
+                }
+                received = Instant::now();
+            }
+            self.hand_out(m, received, &mut out);
+        }
+        out
+    }
+}
+
+fn secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}

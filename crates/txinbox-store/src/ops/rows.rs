@@ -1,0 +1,80 @@
+//! Reading rows of either backend: typed column reads, the store the queries run on, and the result rows.
+
+use chrono::{DateTime, Utc};
+
+use super::sql::Param;
+use super::{EffectView, MarkerView, RejectionRow};
+
+/// Typed reads of a result row; SQLite's times are RFC 3339 text, PostgreSQL's are `timestamptz`.
+pub(super) trait Cols {
+    fn text(&self, i: usize) -> Result<String, sqlx::Error>;
+    fn opt_text(&self, i: usize) -> Result<Option<String>, sqlx::Error>;
+    fn int(&self, i: usize) -> Result<i64, sqlx::Error>;
+    fn opt_time(&self, i: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
+    fn time(&self, i: usize) -> Result<DateTime<Utc>, sqlx::Error> {
+        self.opt_time(i)?
+            .ok_or_else(|| sqlx::Error::Decode(format!("column {i} is NULL").into()))
+    }
+}
+
+/// A store the operator queries run on.
+pub(super) trait OpsDb {
+    type Row: Cols;
+    async fn fetch(&self, sql: &str, params: &[Param]) -> Result<Vec<Self::Row>, sqlx::Error>;
+}
+
+pub(super) fn marker_from<R: Cols>(r: &R) -> Result<MarkerView, sqlx::Error> {
+    Ok(MarkerView {
+        consumer: r.text(0)?,
+        source: r.text(1)?,
+        message_id: r.text(2)?,
+        event_type: r.opt_text(3)?,
+        business_key: r.opt_text(4)?,
+        payload_hash: r.text(5)?,
+        contract_version: r.opt_text(6)?,
+        tenant_id: r.opt_text(7)?,
+        received_at: r.time(8)?,
+        processed_at: r.time(9)?,
+        result_reference: r.opt_text(10)?,
+        retention_until: r.time(11)?,
+        id_origin: r.text(12)?,
+        delivery_count: r.int(13)?,
+    })
+}
+
+pub(super) fn rejection_from<R: Cols>(r: &R) -> Result<RejectionRow, sqlx::Error> {
+    Ok(RejectionRow {
+        id: r.int(0)?,
+        consumer: r.text(1)?,
+        source: r.text(2)?,
+        message_id: r.text(3)?,
+        kind: r.text(4)?,
+        business_key: r.opt_text(5)?,
+        payload_hash: r.text(6)?,
+        conflicts_with: r.text(7)?,
+        detail: r.text(8)?,
+        recorded_at: r.time(9)?,
+    })
+}
+
+pub(super) fn effect_from<R: Cols>(r: &R) -> Result<EffectView, sqlx::Error> {
+    Ok(EffectView {
+        id: r.int(0)?,
+        key: r.text(1)?,
+        name: r.text(2)?,
+        destination: r.text(3)?,
+        external_ref: r.text(4)?,
+        group_key: r.opt_text(5)?,
+        state: r.text(6)?,
+        attempts: r.int(7)?,
+        reconciliations: r.int(8)?,
+        next_attempt_at: r.time(9)?,
+        claimed_by: r.opt_text(10)?,
+        claim_until: r.opt_time(11)?,
+        reference: r.opt_text(12)?,
+        last_error: r.opt_text(13)?,
+        created_at: r.time(14)?,
+        updated_at: r.time(15)?,
+        finished_at: r.opt_time(16)?,
+    })
+}

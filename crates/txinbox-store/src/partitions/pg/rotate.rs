@@ -1,0 +1,190 @@
+//! The rotation: partitions created ahead of now, whole partitions dropped past their retention.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Row};
+use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
+
+use super::{attach_new, buckets, partition_bucket, partition_name, EFFECTS, INBOX, REJECTIONS};
+use crate::partitions::{bucket_of, ROTATION_LOCK};
+
+/// Creates the partitions ahead of `now` and drops whole the ones past their retention (markers: the
+/// layout's keep; evidence: `rejections_keep`), and the frozen legacy table once its last marker
+/// expired: one node at a time (a session advisory lock per schema; another node's pass is `skipped`). `None` for a
+/// row-by-row database. The maintenance runs it before each pass.
+pub(crate) async fn rotate_partitions(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    opts: &MaintenanceOptions,
+) -> Result<Option<PartitionRotation>, sqlx::Error> {
+    {
+        let mut conn = pool.acquire().await?;
+        let layouts = match sqlx::query("SELECT tbl, width_secs, ahead, keep_secs, low, high, legacy FROM txinbox_partition_layout")
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Ok(r) => r,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        if layouts.is_empty() {
+            return Ok(None);
+        }
+        let mut report = PartitionRotation::default();
+        let locked: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext(current_schema()))")
+                .bind(ROTATION_LOCK)
+                .fetch_one(&mut *conn)
+                .await?;
+        if !locked {
+            report.skipped = true;
+            return Ok(Some(report));
+        }
+        let done = rotate(&mut conn, &layouts, now, opts, &mut report).await;
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
+            .bind(ROTATION_LOCK)
+            .execute(&mut *conn)
+            .await;
+        if unlocked.is_err() {
+            // The lock lives as long as the session: do not give this connection back with it.
+            conn.detach();
+        }
+        done?;
+        Ok(Some(report))
+    }
+}
+
+async fn rotate(
+    conn: &mut PgConnection,
+    layouts: &[sqlx::postgres::PgRow],
+    now: DateTime<Utc>,
+    opts: &MaintenanceOptions,
+    report: &mut PartitionRotation,
+) -> Result<(), sqlx::Error> {
+    sqlx::Executor::execute(&mut *conn, "SET client_min_messages TO warning").await?;
+    for l in layouts {
+        let tbl: String = l.try_get(0)?;
+        let (width, ahead, keep): (i64, i32, i64) = (l.try_get(1)?, l.try_get(2)?, l.try_get(3)?);
+        let low: DateTime<Utc> = l.try_get(4)?;
+        let since = |d: Duration| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        let (table, parent, keep) = match tbl.as_str() {
+            INBOX => (Table::Markers, INBOX, chrono::Duration::seconds(keep)),
+            REJECTIONS => (Table::Rejections, REJECTIONS, since(opts.rejections_keep)),
+            EFFECTS => (Table::Effects, EFFECTS, since(opts.effects_keep)),
+            _ => continue,
+        };
+        let w = chrono::Duration::seconds(width);
+        // Detaches a crash left half done are finished, and tables detached but not dropped are dropped.
+        let parts = sqlx::query("SELECT c.relname::text, i.inhdetachpending FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)")
+            .bind(parent)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut attached = Vec::new();
+        for p in &parts {
+            let (name, pending): (String, bool) = (p.try_get(0)?, p.try_get(1)?);
+            if pending {
+                let sql = format!("ALTER TABLE {parent} DETACH PARTITION {name} FINALIZE");
+                sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
+                sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
+            } else if let Some(b) = partition_bucket(parent, &name) {
+                attached.push(b);
+            }
+        }
+        let orphans: Vec<String> = sqlx::query_scalar("SELECT c.relname::text FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relkind = 'r' AND NOT c.relispartition AND starts_with(c.relname::text, $1)")
+            .bind(format!("{parent}_p"))
+            .fetch_all(&mut *conn)
+            .await?;
+        for name in orphans {
+            if partition_bucket(parent, &name).is_some() {
+                sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
+            }
+        }
+        // Ahead: every bucket from now's to `ahead` past it.
+        let target = bucket_of(now, width) + w * (ahead + 1);
+        let mut created = 0;
+        for b in buckets(bucket_of(now, width).max(low), target, width) {
+            if !attached.contains(&b) {
+                attach_new(&mut *conn, parent, b, width).await?;
+                attached.push(b);
+                created += 1;
+            }
+        }
+        let high = attached.iter().max().map_or(target, |b| *b + w);
+        sqlx::query("UPDATE txinbox_partition_layout SET high = $2 WHERE tbl = $1")
+            .bind(parent)
+            .bind(high)
+            .execute(&mut *conn)
+            .await?;
+        report.created.insert(table, created);
+        report.ends.insert(table, high);
+        // Behind: whole partitions past their retention, oldest first. `low` moves first, so a store
+        // refuses a copy of a dropped bucket before the partition goes.
+        attached.sort();
+        let (mut dropped, mut held) = (0, 0);
+        for b in attached.iter().copied() {
+            if b + w + keep > now {
+                break;
+            }
+            let name = partition_name(parent, b);
+            if table == Table::Effects {
+                // Effects leave with their partition only when every one is finished and was finished
+                // longer ago than the keep: a failed or needs-attention effect holds it for an operator.
+                let check = format!("SELECT EXISTS (SELECT 1 FROM {name} WHERE state <> 'done' AND (state <> 'compensated' OR finished_at IS NULL OR finished_at >= $1)) OR EXISTS (SELECT 1 FROM {name} WHERE state = 'done' AND finished_at >= $1)");
+                let busy: bool = sqlx::query_scalar(&check)
+                    .bind(now - keep)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if busy {
+                    held += 1;
+                    continue;
+                }
+            } else {
+                // `low` first: a store that reads it refuses a copy of this bucket before the partition
+                // goes.
+                sqlx::query(
+                    "UPDATE txinbox_partition_layout SET low = GREATEST(low, $2) WHERE tbl = $1",
+                )
+                .bind(parent)
+                .bind(b + w)
+                .execute(&mut *conn)
+                .await?;
+            }
+            let detach = format!("ALTER TABLE {parent} DETACH PARTITION {name} CONCURRENTLY");
+            sqlx::Executor::execute(&mut *conn, detach.as_str()).await?;
+            sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
+            dropped += 1;
+        }
+        report.dropped.insert(table, dropped);
+        report.held.insert(table, held);
+        if table == Table::Markers {
+            let legacy: bool = l.try_get(6)?;
+            if legacy {
+                let live: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM txinbox_inbox_legacy WHERE retention_until >= $1)",
+                )
+                .bind(now)
+                .fetch_one(&mut *conn)
+                .await?;
+                if !live {
+                    // The flag first: a store that reads it stops looking there before the table goes.
+                    sqlx::query(
+                        "UPDATE txinbox_partition_layout SET legacy = FALSE WHERE tbl = $1",
+                    )
+                    .bind(parent)
+                    .execute(&mut *conn)
+                    .await?;
+                    sqlx::Executor::execute(
+                        &mut *conn,
+                        "DROP TABLE IF EXISTS txinbox_inbox_legacy",
+                    )
+                    .await?;
+                    report.legacy_dropped = true;
+                }
+            }
+        }
+    }
+    Ok(())
+}
