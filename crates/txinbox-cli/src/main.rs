@@ -13,7 +13,6 @@ mod partition;
 mod purge;
 mod redrive;
 mod targets;
-mod views;
 
 #[derive(Parser)]
 #[command(

@@ -69,6 +69,10 @@ pub enum DynamoError {
         /// What is wrong.
         detail: String,
     },
+    /// An operator query no key of the table answers (the rejections of every consumer): the store never
+    /// scans the table, so the query must name what the key needs.
+    #[error("{0}: no key of the table answers it, and the store never scans the table")]
+    NeedsKey(&'static str),
     /// The store URL is not `dynamodb://TABLE`.
     #[error("store URL {0:?} is not dynamodb://TABLE (a table name of 3 to 255 letters, digits, '_', '-' or '.')")]
     Url(String),

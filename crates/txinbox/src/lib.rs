@@ -65,6 +65,9 @@ pub mod prelude {
 
 /// The stores: [`Store`] over sqlx, and [`Backend`](store::Backend) for code generic over the database.
 pub mod store {
+    /// What the operator queries return (`Store::consumer_stats`, `message_story`, `rejections`): the same
+    /// types on every store.
+    pub use txinbox_core::store::ops;
     #[doc(inline)]
     pub use txinbox_store::{Backend, Migrations, Store, StoreError, StoreOptions, Tx};
 }

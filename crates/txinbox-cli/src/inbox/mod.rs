@@ -14,11 +14,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use txinbox_core::store::ops::{ConsumerStats, MessageStory, RejectionFilter, RejectionRow};
 use txinbox_dynamodb::DynamoStore;
-use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{Backend, Migrations, Store};
-
-use crate::views::{Rejection as RejectionRow, Stats, Story};
 
 mod print;
 
@@ -311,14 +309,14 @@ impl Ops {
         &self,
         consumer: Option<&str>,
         now: DateTime<Utc>,
-    ) -> Result<Vec<Stats>, String> {
+    ) -> Result<Vec<ConsumerStats>, String> {
         let q = |e: &dyn std::fmt::Display| format!("query: {e}");
-        let rows: Vec<Stats> = match self {
-            Ops::Postgres(s) => conv(s.consumer_stats(consumer, now).await.map_err(|e| q(&e))?),
-            Ops::Sqlite(s) => conv(s.consumer_stats(consumer, now).await.map_err(|e| q(&e))?),
+        let rows: Vec<ConsumerStats> = match self {
+            Ops::Postgres(s) => s.consumer_stats(consumer, now).await.map_err(|e| q(&e))?,
+            Ops::Sqlite(s) => s.consumer_stats(consumer, now).await.map_err(|e| q(&e))?,
             Ops::Dynamo(s) => {
                 let c = consumer.ok_or_else(|| format!("inbox stats {DYNAMO_NEEDS_CONSUMER}"))?;
-                vec![s.consumer_stats(c, now).await.map_err(|e| q(&e))?.into()]
+                vec![s.consumer_stats(c, now).await.map_err(|e| q(&e))?]
             }
         };
         Ok(rows)
@@ -330,29 +328,26 @@ impl Ops {
         message_id: &str,
         source: Option<&str>,
         effects: &[String],
-    ) -> Result<Story, String> {
+    ) -> Result<MessageStory, String> {
         let q = |e: &dyn std::fmt::Display| format!("query: {e}");
-        let mut story: Story = match self {
+        let mut story: MessageStory = match self {
             Ops::Postgres(s) => s
                 .message_story(consumer, message_id, source)
                 .await
-                .map_err(|e| q(&e))?
-                .into(),
+                .map_err(|e| q(&e))?,
             Ops::Sqlite(s) => s
                 .message_story(consumer, message_id, source)
                 .await
-                .map_err(|e| q(&e))?
-                .into(),
+                .map_err(|e| q(&e))?,
             Ops::Dynamo(s) => {
                 let source = source.ok_or(
                     "inbox show needs --source on a DynamoDB store: the marker's key is consumer, source and message id (a rejection of the message names its source); without it the consumer's whole marker partition would be read",
                 )?;
                 let names = (!effects.is_empty()).then_some(effects);
-                return Ok(s
+                return s
                     .message_story(consumer, message_id, source, names)
                     .await
-                    .map_err(|e| q(&e))?
-                    .into());
+                    .map_err(|e| q(&e));
             }
         };
         if !effects.is_empty() {
@@ -364,24 +359,13 @@ impl Ops {
     async fn rejections(&self, f: &RejectionFilter) -> Result<Vec<RejectionRow>, String> {
         let q = |e: &dyn std::fmt::Display| format!("query: {e}");
         Ok(match self {
-            Ops::Postgres(s) => conv(s.rejections(f).await.map_err(|e| q(&e))?),
-            Ops::Sqlite(s) => conv(s.rejections(f).await.map_err(|e| q(&e))?),
+            Ops::Postgres(s) => s.rejections(f).await.map_err(|e| q(&e))?,
+            Ops::Sqlite(s) => s.rejections(f).await.map_err(|e| q(&e))?,
             Ops::Dynamo(s) => {
-                let c = f
-                    .consumer
-                    .as_deref()
-                    .ok_or_else(|| format!("inbox rejections {DYNAMO_NEEDS_CONSUMER}"))?;
-                let mut d = txinbox_dynamodb::ops::RejectionFilter::new(c).limit(f.limit);
-                if let Some(k) = &f.kind {
-                    d = d.kind(k);
+                if f.consumer.is_none() {
+                    return Err(format!("inbox rejections {DYNAMO_NEEDS_CONSUMER}"));
                 }
-                if let Some(t) = f.since {
-                    d = d.since(t);
-                }
-                if let Some(t) = f.until {
-                    d = d.until(t);
-                }
-                conv(s.rejections(&d).await.map_err(|e| q(&e))?)
+                s.rejections(f).await.map_err(|e| q(&e))?
             }
         })
     }
@@ -393,11 +377,6 @@ impl Ops {
             Ops::Dynamo(_) => {}
         }
     }
-}
-
-/// The views of a store's rows.
-fn conv<T, V: From<T>>(rows: Vec<T>) -> Vec<V> {
-    rows.into_iter().map(Into::into).collect()
 }
 
 /// The URL's scheme only (the URL may hold a password).

@@ -2,9 +2,7 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::views::{
-    Effect as EffectView, Marker as MarkerView, Rejection as RejectionRow, Stats, Story,
-};
+use txinbox_core::store::ops::{ConsumerStats, EffectView, MarkerView, MessageStory, RejectionRow};
 
 pub(super) fn print_json(v: &serde_json::Value) -> Result<(), String> {
     let s = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
@@ -67,7 +65,7 @@ fn print_table(headers: &[&str], right: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-pub(super) fn print_stats(stats: &[Stats]) {
+pub(super) fn print_stats(stats: &[ConsumerStats]) {
     let headers = [
         "consumer",
         "rows",
@@ -184,7 +182,7 @@ fn effect_fields(e: &EffectView) -> Vec<(&'static str, String)> {
     ]
 }
 
-pub(super) fn print_story(s: &Story) {
+pub(super) fn print_story(s: &MessageStory) {
     println!(
         "message {} of consumer {} ({})",
         s.message_id,

@@ -1,14 +1,14 @@
 //! The operator queries on [`DynamoStore`]: a consumer's figures, a message's story, the rejections.
 
 use chrono::{DateTime, Utc};
-use txinbox_core::effects::{idempotency_key, EffectState, EffectStore};
+use txinbox_core::effects::{idempotency_key, EffectStore};
 use txinbox_core::pipeline::identity::{IdOrigin, Identity};
 use txinbox_core::ConsumerName;
 
 use super::partition::PartitionQuery;
 use super::rows::{effect_from, expired, marker_from, rejection_from, sk_time};
 use super::{
-    ConsumerStats, MessageStory, RejectionFilter, RejectionRow, MAX_REJECTIONS, REJECTION_KINDS,
+    ConsumerStats, MessageStory, RejectionFilter, RejectionRow, MAX_REJECTIONS,
     WAITING_EFFECT_STATES,
 };
 use crate::error::call;
@@ -29,25 +29,7 @@ impl DynamoStore {
     ) -> Result<ConsumerStats, DynamoError> {
         let now_epoch = now.timestamp();
         let hour_ago = l::ts(now - chrono::Duration::hours(1));
-        let mut stats = ConsumerStats {
-            consumer: consumer.to_owned(),
-            inbox_rows: 0,
-            oldest_processed_at: None,
-            newest_processed_at: None,
-            rows_last_hour: 0,
-            rejections: REJECTION_KINDS
-                .iter()
-                .map(|k| ((*k).to_owned(), 0))
-                .collect(),
-            last_rejection_at: None,
-            effects: EffectState::ALL
-                .iter()
-                .map(|s| (s.as_str().to_owned(), 0))
-                .collect(),
-            oldest_pending_effect_at: None,
-            effect_lag_seconds: None,
-            measured_at: now,
-        };
+        let mut stats = ConsumerStats::new(consumer, now);
         let live = "attribute_not_exists(#expires_at) OR #expires_at >= :now";
 
         // Markers: one pass over the partition, oldest first. The last hour comes from the same items (a
@@ -218,6 +200,9 @@ impl DynamoStore {
     /// `ScanIndexForward=false`, bounded on the sort key by `since` and `until`, filtered on the kind, page
     /// after page until `limit` rows are found. It reads the partition's items between the bounds up to the
     /// last row returned (of every kind, when a kind is asked).
+    ///
+    /// # Errors
+    /// [`DynamoError::NeedsKey`] when the filter names no consumer; the call's error otherwise.
     pub async fn rejections(
         &self,
         filter: &RejectionFilter,
@@ -228,7 +213,11 @@ impl DynamoStore {
             }
         }
         let now_epoch = Utc::now().timestamp();
-        let mut q = PartitionQuery::new(l::rejections_of(&filter.consumer));
+        let consumer = filter
+            .consumer
+            .as_deref()
+            .ok_or(DynamoError::NeedsKey("the rejections of every consumer"))?;
+        let mut q = PartitionQuery::new(l::rejections_of(consumer));
         q.from = filter.since.map(l::ts);
         q.before = filter.until.map(l::ts);
         q.newest_first = true;

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{EffectView, MarkerView, RejectionRow};
+use super::{EffectView, MarkerView, RejectionId, RejectionRow};
 use crate::layout::{self as l, Item, Reader};
 use crate::DynamoError;
 
@@ -38,7 +38,7 @@ pub(super) fn rejection_from(item: &Item) -> Result<RejectionRow, DynamoError> {
     let r = Reader::new(item);
     let pk = r.s(l::PK)?;
     Ok(RejectionRow {
-        id: pk.strip_prefix("r#").unwrap_or(&pk).to_owned(),
+        id: RejectionId::Uuid(pk.strip_prefix("r#").unwrap_or(&pk).to_owned()),
         consumer: r.s("consumer")?,
         source: r.s("source")?,
         message_id: r.s("message_id")?,

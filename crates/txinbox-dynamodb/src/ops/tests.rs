@@ -1,7 +1,8 @@
-//! Unit tests of the operator queries' sort keys and filter.
+//! Unit tests of the operator queries' sort keys.
+
+use chrono::{DateTime, Utc};
 
 use super::rows::sk_time;
-use super::*;
 use crate::layout as l;
 
 #[test]
@@ -15,13 +16,4 @@ fn sort_keys_give_their_time_and_bound_as_text() {
     assert!(sk.as_str() >= l::ts(t).as_str());
     assert!(sk.as_str() > l::ts(t).as_str(), "until == t excludes t");
     assert!(sk.as_str() < l::ts(t + chrono::Duration::microseconds(1)).as_str());
-}
-
-#[test]
-fn the_filter_clamps_its_limit() {
-    assert_eq!(RejectionFilter::new("c").limit(0).limit, 1);
-    assert_eq!(
-        RejectionFilter::new("c").limit(1_000_000).limit,
-        MAX_REJECTIONS
-    );
 }

@@ -4,7 +4,7 @@ use super::queries::{consumer_stats, message_story, ops_methods, rejections};
 use super::rows::{Cols, OpsDb};
 use super::sql::Param;
 use super::*;
-use chrono::SecondsFormat;
+use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 

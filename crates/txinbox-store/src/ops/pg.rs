@@ -4,6 +4,7 @@ use super::queries::{consumer_stats, message_story, ops_methods, rejections};
 use super::rows::{Cols, OpsDb};
 use super::sql::Param;
 use super::*;
+use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 

@@ -35,7 +35,7 @@ pub(super) async fn consumer_stats<S: OpsDb>(
     let hour_ago = now - chrono::Duration::hours(1);
     let mut out = Vec::with_capacity(consumers.len());
     for c in consumers {
-        let mut s = ConsumerStats::empty(c.clone(), now);
+        let mut s = ConsumerStats::new(c.clone(), now);
         let name = Param::Text(c);
         if let Some(r) = db
             .fetch(INBOX_STATS, &[name.clone(), Param::Time(hour_ago)])
@@ -98,7 +98,7 @@ pub(super) async fn message_story<S: OpsDb>(
         .iter()
         .map(rejection_from)
         .collect::<Result<_, _>>()?;
-    rejections.sort_by_key(|r| (r.recorded_at, r.id));
+    rejections.sort_by(|a, b| (a.recorded_at, &a.id).cmp(&(b.recorded_at, &b.id)));
     let mut effects: Vec<EffectView> = db
         .fetch(&message_effects_sql(), &params[..2])
         .await?

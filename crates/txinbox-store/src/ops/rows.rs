@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::sql::Param;
-use super::{EffectView, MarkerView, RejectionRow};
+use super::{EffectView, MarkerView, RejectionId, RejectionRow};
 
 /// Typed reads of a result row; SQLite's times are RFC 3339 text, PostgreSQL's are `timestamptz`.
 pub(super) trait Cols {
@@ -44,7 +44,7 @@ pub(super) fn marker_from<R: Cols>(r: &R) -> Result<MarkerView, sqlx::Error> {
 
 pub(super) fn rejection_from<R: Cols>(r: &R) -> Result<RejectionRow, sqlx::Error> {
     Ok(RejectionRow {
-        id: r.int(0)?,
+        id: RejectionId::Number(r.int(0)?),
         consumer: r.text(1)?,
         source: r.text(2)?,
         message_id: r.text(3)?,

@@ -1,5 +1,7 @@
 //! Unit tests of the SQL the operator queries build.
 
+use chrono::Utc;
+
 use super::sql::{rejections_sql, Param};
 use super::*;
 

@@ -17,6 +17,8 @@ use chrono::{DateTime, Utc};
 use crate::effects::NewEffect;
 use crate::pipeline::identity::Identity;
 
+pub mod ops;
+
 /// The inbox row to insert.
 #[derive(Debug)]
 #[non_exhaustive]
