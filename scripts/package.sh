@@ -4,10 +4,7 @@
 # crate (an include_str! of the repository's README), a dependency without a version, a dependency on a crate
 # that is not published or a feature a crate uses without enabling it fails here rather than at `cargo publish`.
 #
-#   bash scripts/package.sh [--target-dir DIR]
-#
-# DIR (default target/) holds the packages (DIR/package/) and the checks' build; the test command gives it a
-# directory of its own so that the check runs beside the tests without waiting on their build directory's lock.
+#   bash scripts/package.sh
 #
 # The crates depend on each other by path and none is on crates.io yet: cargo packages them together
 # (`cargo package -p A -p B ...`) and resolves each one's dependencies on the others from the packages it has
@@ -16,7 +13,7 @@
 #
 # The crates meant for crates.io are listed below; every other workspace member must say `publish = false`, so
 # that a new crate is a decision, not an accident. The working tree may be dirty (this checks that the crates
-# can be packaged; `cargo publish` itself refuses uncommitted files). The packages land in DIR/package/.
+# can be packaged; `cargo publish` itself refuses uncommitted files). The packages land in target/package/.
 set -euo pipefail
 
 # In dependency order: the core, the stores, the adapters, the Terraform checks, the facade.
@@ -26,12 +23,6 @@ FACADE_FEATURES=(sqlite postgres dynamodb sqs servicebus http health-server)
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-tdir=$root/target
-if [[ ${1:-} == --target-dir ]]; then
-  [[ -n ${2:-} ]] || { echo "package.sh: --target-dir needs a directory" >&2; exit 2; }
-  mkdir -p "$2"
-  tdir=$(cd "$2" && pwd)
-fi
 
 say() { echo "package.sh: $*" >&2; }
 fail() {
@@ -73,8 +64,8 @@ PY
 
 args=()
 for c in "${PUBLISHED[@]}"; do args+=(-p "$c"); done
-say "cargo package --offline --locked --allow-dirty --no-verify --target-dir $tdir ${args[*]}"
-cargo package --offline --locked --allow-dirty --no-verify --target-dir "$tdir" "${args[@]}" ||
+say "cargo package --offline --locked --allow-dirty --no-verify ${args[*]}"
+cargo package --offline --locked --allow-dirty --no-verify "${args[@]}" ||
   fail "cargo package failed for the crates meant for crates.io (see above)"
 
 # The verification, done here rather than by cargo's own: cargo builds each package in a workspace of its own,
@@ -90,7 +81,7 @@ cargo package --offline --locked --allow-dirty --no-verify --target-dir "$tdir" 
 # than builds (no code generation), and all the checks share target/, so a dependency is checked once per set
 # of features, not once per package.
 version=$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); print({p["name"]: p["version"] for p in m["packages"]}[sys.argv[2]])' "$meta" txinbox-core)
-scratch=$tdir/package/verify
+scratch=$root/target/package/verify
 rm -rf "$scratch"
 mkdir -p "$scratch"
 {
@@ -104,17 +95,17 @@ mkdir -p "$scratch"
   for c in "${PUBLISHED[@]}"; do echo "$c = { path = \"$c-$version\" }"; done
 } >"$scratch/Cargo.toml"
 for c in "${PUBLISHED[@]}"; do
-  crate=$tdir/package/$c-$version.crate
+  crate=$root/target/package/$c-$version.crate
   [[ -f $crate ]] || fail "cargo package made no $crate"
   tar -xzf "$crate" -C "$scratch" || fail "cannot unpack $crate"
 done
 cp Cargo.lock "$scratch/Cargo.lock"
 lint() {
-  cargo clippy --offline --manifest-path "$scratch/Cargo.toml" --target-dir "$tdir" --quiet "$@" -- -D warnings
+  cargo clippy --offline --manifest-path "$scratch/Cargo.toml" --target-dir "$root/target" --quiet "$@" -- -D warnings
 }
 for c in "${PUBLISHED[@]}"; do
   say "clippy -D warnings: $c from its package alone, all features"
-  lint -p "$c" --all-features || fail "$c does not build from its package without warnings ($tdir/package/$c-$version.crate; see above)"
+  lint -p "$c" --all-features || fail "$c does not build from its package without warnings (target/package/$c-$version.crate; see above)"
 done
 # The adapters without their default feature (the credential chains: aws-config, azure_identity), as a user who
 # builds the SDK client alone gets them.
@@ -139,4 +130,4 @@ for name, version in extra:
     print(f"package.sh: {name} {version} is not in Cargo.lock", file=sys.stderr)
 sys.exit(1 if extra else 0)
 PY
-say "ok: ${PUBLISHED[*]} packaged ($tdir/package/) and each checked from its package alone"
+say "ok: ${PUBLISHED[*]} packaged (target/package/) and each checked from its package alone"

@@ -168,10 +168,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 say "dependency policy: licenses, bans, sources (cargo-deny, offline)"
 bash scripts/deny.sh || die "the dependency policy in deny.toml does not hold"
-# The packages' check (clippy of each published crate from its package alone, 16 runs) runs in the background at
-# `nice 19` from here, in a build directory of its own (so that it never holds the tests' build directory's
-# lock): the tests spend most of their time waiting on brokers, databases and processes, and leave it the CPU.
-start_background packages .build/package.log bash scripts/package.sh --target-dir target/package-check
+say "cargo package: the crates meant for crates.io, each checked from its package alone (clippy -D warnings, all features), the facade with each feature alone"
+bash scripts/package.sh || die "a crate meant for crates.io does not package"
 
 # --- the tests -----------------------------------------------------------------------------------------------
 say "cargo nextest (every crate, every test, each in its own process, the files side by side: .config/nextest.toml; the examples as real processes, their readiness and the agent under kill -9 included)"
@@ -206,9 +204,5 @@ bash scripts/infra-check.sh
 say "fuzzing: every parser of outside input for 10 s (cargo-fuzz on nightly, in the background since the lab; the 10-minute run: bash scripts/fuzz.sh 600)"
 await_background fuzz-run .build/fuzz-run.log "a fuzz target found a crash (its input is under fuzz/artifacts/)"
 grep -a '^fuzz.sh:' .build/fuzz-run.log >&2 || true
-
-say "cargo package: the crates meant for crates.io, each checked from its package alone (clippy -D warnings, all features), the facade with each feature alone (in the background since the tests)"
-await_background packages .build/package.log "a crate meant for crates.io does not package"
-grep -a '^package.sh: ok' .build/package.log >&2 || true
 
 say "all tests passed"
