@@ -6,6 +6,7 @@
 //! TXINBOX_TEST_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p txinbox-servicebus
 //! ```
 
+mod batch;
 mod common;
 mod contract;
 mod faults;

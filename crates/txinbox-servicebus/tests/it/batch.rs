@@ -4,20 +4,17 @@
 //! COMMIT.
 //!
 //! ```sh
-//! TXINBOX_TEST_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p txinbox-servicebus --test batch
+//! TXINBOX_TEST_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p txinbox-servicebus --test it batch::
 //! ```
-
-#[allow(dead_code, unused_imports)]
-#[path = "it/common.rs"]
-mod common;
 
 use std::time::Duration;
 
-use common::*;
 use serde_json::json;
 use txinbox_core::{metrics as m, Delivery, OutcomeKind, Receiver, Worker, WorkerOptions};
 use txinbox_servicebus::ServiceBusReceiver;
 use txinbox_testkit::NeverSettled;
+
+use crate::common::*;
 
 const LOCK: Duration = Duration::from_secs(2);
 
