@@ -272,11 +272,7 @@ impl Ops {
                 .connect_with(opts)
                 .await
                 .map_err(|e| err(&e))?;
-            let store = Store::from_pool_with(pool, Migrations::Skip)
-                .await
-                .map_err(|e| err(&e))?;
-            check_schema(&store).await.map_err(|e| err(&e))?;
-            Ops::Postgres(store)
+            Ops::Postgres(checked_store(pool).await.map_err(|e| err(&e))?)
         } else if url.starts_with("sqlite:") {
             let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
                 .map_err(|e| err(&e))?
@@ -288,11 +284,7 @@ impl Ops {
                 .connect_with(opts)
                 .await
                 .map_err(|e| err(&e))?;
-            let store = Store::from_pool_with(pool, Migrations::Skip)
-                .await
-                .map_err(|e| err(&e))?;
-            check_schema(&store).await.map_err(|e| err(&e))?;
-            Ops::Sqlite(store)
+            Ops::Sqlite(checked_store(pool).await.map_err(|e| err(&e))?)
         } else if url.starts_with("dynamodb://") {
             // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is checked.
             Ops::Dynamo(DynamoStore::connect(url).await.map_err(|e| err(&e))?)
@@ -382,6 +374,15 @@ impl Ops {
 /// The URL's scheme only (the URL may hold a password).
 fn scheme(url: &str) -> &str {
     url.split(':').next().unwrap_or_default()
+}
+
+/// The store on `pool`, its schema left as it is and checked.
+async fn checked_store<DB: Backend>(pool: sqlx::Pool<DB>) -> Result<Store<DB>, String> {
+    let store = Store::from_pool_with(pool, Migrations::Skip)
+        .await
+        .map_err(|e| e.to_string())?;
+    check_schema(&store).await?;
+    Ok(store)
 }
 
 /// Refuses a database without the inbox's tables; warns when the operator indexes (migration 3) are missing.
