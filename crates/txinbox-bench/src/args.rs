@@ -87,9 +87,16 @@ pub struct BenchArgs {
     /// latency proxy).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "memory")]
     pub e2e_broker: Vec<E2eBroker>,
-    /// The SQS emulator of `--e2e-broker sqs` (moto: `eval "$(bash scripts/moto.sh start)"` exports it).
+    /// The SQS endpoint of `--e2e-broker sqs`: `builtin`, the benchmark's own SQS server started in this process
+    /// (answers at once: the line measures the adapter), or an emulator's URL (moto:
+    /// `eval "$(bash scripts/moto.sh start)"` exports it; LocalStack), which the line then measures too.
     #[arg(long, env = "TXINBOX_SQS_ENDPOINT")]
     pub sqs_endpoint: Option<String>,
+    /// Message groups of `--e2e-broker sqs`'s FIFO queue, the messages spread over them in turn: SQS hands out no
+    /// message of a group while an earlier one of it is in flight, and the adapter hands a group's messages to
+    /// the worker one after another, so fewer groups than places in flight leave places empty.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sqs_groups: u64,
     /// Only the end-to-end lines.
     #[arg(long)]
     pub e2e_only: bool,

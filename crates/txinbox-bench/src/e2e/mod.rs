@@ -8,8 +8,9 @@
 //! * `servicebus`: the Service Bus adapter over REST against the Service Bus emulator, started in this process
 //!   on a runtime of its own, every data-plane request delayed by the round trip (the emulator's `delay`
 //!   fault); the line adds the requests the adapter sent per message, as the emulator counted them;
-//! * `sqs`: the SQS adapter against an SQS emulator (`--sqs-endpoint`, moto) through a latency proxy of our own
-//!   (half the round trip each way); the line adds the requests per message, as the proxy counted them.
+//! * `sqs`: the SQS adapter against an SQS server (`--sqs-endpoint`: `builtin`, the benchmark's own in this
+//!   process, or an emulator's URL, moto or LocalStack) through a latency proxy of our own (half the round trip
+//!   each way); the line adds the requests per message, as the proxy counted them.
 //!
 //! The producer keeps at most a few thousand messages waiting in the broker, as a steady stream does, so that
 //! the broker's own memory does not hide the worker's.
@@ -17,6 +18,7 @@
 mod proxy;
 mod servicebus;
 mod sqs;
+mod sqs_server;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,7 +39,8 @@ pub enum E2eBroker {
     Memory,
     /// The Service Bus adapter (REST) against the in-process emulator, each request delayed by the round trip.
     Servicebus,
-    /// The SQS adapter against an SQS emulator (`--sqs-endpoint`, moto) behind a latency proxy.
+    /// The SQS adapter against an SQS server (`--sqs-endpoint builtin` or an emulator's URL) behind a latency
+    /// proxy.
     Sqs,
 }
 

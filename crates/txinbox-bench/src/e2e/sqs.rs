@@ -1,6 +1,7 @@
-//! The end-to-end line through the SQS adapter: a FIFO queue on an SQS emulator (moto), reached through the
-//! latency proxy, the adapter with its defaults. The producer sends past the proxy (`SendMessageBatch`, ten at
-//! a time, 64 message groups): it is not what is measured.
+//! The end-to-end line through the SQS adapter: a FIFO queue on an SQS server (`--sqs-endpoint builtin`, the
+//! benchmark's own in this process, or an emulator such as moto), reached through the latency proxy, the
+//! adapter with its defaults. The producer sends past the proxy (`SendMessageBatch`, ten at a time, over
+//! `--sqs-groups` message groups): it is not what is measured.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,12 +12,9 @@ use txinbox_lab::lab::LabError;
 use txinbox_sqs::{SqsOptions, SqsReceiver};
 
 use super::proxy::{Counts, LatencyProxy};
+use super::sqs_server::SqsServer;
 use super::{drive, Feed};
 use crate::BenchArgs;
-
-/// Message groups of the FIFO queue: SQS hands out no message of a group while an earlier one of the group is
-/// in flight, so the groups must outnumber the places in flight.
-const GROUPS: u64 = 64;
 
 #[derive(Clone)]
 struct Sqs {
@@ -27,6 +25,10 @@ struct Sqs {
     queue_url: String,
     sent: Arc<AtomicU64>,
     counts: Arc<Counts>,
+    /// On the benchmark's own server (`--sqs-endpoint builtin`).
+    builtin: bool,
+    /// Message groups (`--sqs-groups`).
+    groups: u64,
 }
 
 impl Feed for Sqs {
@@ -44,7 +46,7 @@ impl Feed for Sqs {
                 let mut entry = SendMessageBatchRequestEntry::builder()
                     .id(i.to_string())
                     .message_body(body)
-                    .message_group_id(format!("g-{}", n % GROUPS))
+                    .message_group_id(format!("g-{}", n % self.groups))
                     .message_deduplication_id(id);
                 // The CloudEvents attributes the identity is read from, as the in-memory line's messages carry.
                 for (name, value) in [
@@ -92,9 +94,14 @@ impl Feed for Sqs {
         }
     }
 
-    /// A small backlog: moto's FIFO receive slows down as its queue grows.
+    /// The other lines' backlog on the benchmark's own server; a small one on an emulator: moto's FIFO receive
+    /// slows down as its queue grows.
     fn depth(&self, in_flight: usize) -> u64 {
-        (in_flight as u64 * 4).max(100)
+        if self.builtin {
+            2_000.max(in_flight as u64 * 20)
+        } else {
+            (in_flight as u64 * 4).max(100)
+        }
     }
 
     fn waiting(&self) -> u64 {
@@ -118,10 +125,18 @@ impl Feed for Sqs {
 pub(super) async fn run(args: &BenchArgs) -> Result<(), LabError> {
     let endpoint = args.sqs_endpoint.clone().ok_or_else(|| {
         LabError::Usage(
-            "--e2e-broker sqs needs an SQS emulator: --sqs-endpoint URL or TXINBOX_SQS_ENDPOINT (moto: eval \"$(bash scripts/moto.sh start)\")"
+            "--e2e-broker sqs needs an SQS endpoint: --sqs-endpoint builtin (the benchmark's own SQS server, in this process) or --sqs-endpoint URL / TXINBOX_SQS_ENDPOINT of an emulator (moto: eval \"$(bash scripts/moto.sh start)\")"
                 .into(),
         )
     })?;
+    // `builtin`: the benchmark's own server, kept until the line is printed.
+    let (server, endpoint) = if endpoint == "builtin" {
+        let server = SqsServer::start().await?;
+        let url = server.url.clone();
+        (Some(server), url)
+    } else {
+        (None, endpoint)
+    };
     let direct = txinbox_sqs::emulator_client(&endpoint);
     let name = format!(
         "txinbox-bench-{}.fifo",
@@ -151,6 +166,8 @@ pub(super) async fn run(args: &BenchArgs) -> Result<(), LabError> {
         queue_url: queue_url.clone(),
         sent: Arc::default(),
         counts: proxy.counts.clone(),
+        builtin: server.is_some(),
+        groups: args.sqs_groups,
     };
     let result = drive(args, feed).await;
     let _ = direct.delete_queue().queue_url(&queue_url).send().await;
