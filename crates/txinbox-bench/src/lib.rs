@@ -27,9 +27,10 @@
 //! the Service Bus emulator started in this process, every data-plane request delayed by the round trip, and
 //! its line starts with the requests the adapter sent per message (`peek_locks_per_msg`,
 //! `completes_per_msg`, `abandons_per_msg`, `renewals_per_msg`) as the emulator counted them; `sqs` is the SQS
-//! adapter with its default options against the SQS emulator at `--sqs-endpoint` (moto), a FIFO queue of 64
-//! message groups reached through a latency proxy of our own (half the round trip each way), its line
-//! starting with the requests per message the proxy counted. Each line gives
+//! adapter with its default options against `--sqs-endpoint` (`builtin`: an SQS server of the benchmark's own,
+//! in this process, that answers at once; or an emulator's URL, moto or LocalStack), a FIFO queue of
+//! `--sqs-groups` message groups (64) reached through a latency proxy of our own (half the round trip each
+//! way), its line starting with the requests per message the proxy counted. Each line gives
 //! messages per second applied (until the last message is settled), and the process's resident memory (VmRSS)
 //! at the start, after the first tenth, at the end and at its highest; the `memory` line adds the most
 //! messages the broker saw in flight at once (`queue_in_flight_max`: received and not yet settled, round trips
