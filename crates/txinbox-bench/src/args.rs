@@ -97,6 +97,12 @@ pub struct BenchArgs {
     /// the worker one after another, so fewer groups than places in flight leave places empty.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     pub sqs_groups: u64,
+    /// How long `--sqs-endpoint builtin` remembers a deduplication id (SQS: 5 minutes). The server runs in the
+    /// benchmark's process and keeps about 200 bytes a message for this long, which the RSS figures count:
+    /// a short window (1) keeps the broker's memory out of the worker's figures (the benchmark sends no message
+    /// twice).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub sqs_dedup_window_secs: u64,
     /// Only the end-to-end lines.
     #[arg(long)]
     pub e2e_only: bool,

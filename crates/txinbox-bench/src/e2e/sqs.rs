@@ -131,7 +131,9 @@ pub(super) async fn run(args: &BenchArgs) -> Result<(), LabError> {
     })?;
     // `builtin`: the benchmark's own server, kept until the line is printed.
     let (server, endpoint) = if endpoint == "builtin" {
-        let server = SqsServer::start().await?;
+        let server =
+            SqsServer::start_with_dedup_window(Duration::from_secs(args.sqs_dedup_window_secs))
+                .await?;
         let url = server.url.clone();
         (Some(server), url)
     } else {

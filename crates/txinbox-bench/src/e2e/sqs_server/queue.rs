@@ -68,10 +68,12 @@ impl Queue {
         let dedup = std::mem::take(&mut state.dedup);
         let dedup_order = std::mem::take(&mut state.dedup_order);
         let next_seq = state.next_seq;
+        let dedup_window = state.dedup_window;
         *state = QueueState {
             attributes,
             dedup,
             dedup_order,
+            dedup_window,
             next_seq,
             ..QueueState::default()
         };
@@ -252,6 +254,8 @@ pub(super) struct QueueState {
     /// Deduplication id → (when first seen, its message id).
     dedup: HashMap<String, (Instant, String)>,
     dedup_order: VecDeque<(Instant, String)>,
+    /// How long a deduplication id is remembered.
+    dedup_window: Duration,
     next_seq: u64,
 }
 
@@ -262,10 +266,15 @@ pub(super) struct Sent {
 }
 
 impl QueueState {
-    /// An empty queue with the attributes it was created with.
-    pub(super) fn with_attributes(attributes: BTreeMap<String, String>) -> Self {
+    /// An empty queue with the attributes it was created with, remembering deduplication ids for
+    /// `dedup_window`.
+    pub(super) fn with_attributes(
+        attributes: BTreeMap<String, String>,
+        dedup_window: Duration,
+    ) -> Self {
         Self {
             attributes,
+            dedup_window,
             ..Self::default()
         }
     }
@@ -329,7 +338,7 @@ impl QueueState {
             while self
                 .dedup_order
                 .front()
-                .is_some_and(|(at, _)| now.duration_since(*at) >= DEDUP_WINDOW)
+                .is_some_and(|(at, _)| now.duration_since(*at) >= self.dedup_window)
             {
                 if let Some((at, id)) = self.dedup_order.pop_front() {
                     if self.dedup.get(&id).is_some_and(|(first, _)| *first == at) {
