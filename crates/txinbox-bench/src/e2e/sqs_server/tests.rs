@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{
@@ -72,6 +73,19 @@ async fn receive(
         .unwrap_or_default()
 }
 
+/// Every attribute of the queue, as `GetQueueAttributes` with `All` answers them.
+async fn all_attributes(client: &Client, url: &str) -> HashMap<QueueAttributeName, String> {
+    client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::All)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap_or_default()
+}
+
 fn sys(m: &aws_sdk_sqs::types::Message, k: MessageSystemAttributeName) -> Option<String> {
     m.attributes().and_then(|a| a.get(&k)).cloned()
 }
@@ -135,14 +149,7 @@ async fn a_batch_sent_is_received_in_order_with_its_attributes() {
     assert_eq!(rm.group_id.as_deref(), Some("g"));
     assert!(rm.enqueued_at.is_some());
     // Both in flight: counted as such.
-    let attrs = client
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .unwrap();
-    let a = attrs.attributes().unwrap();
+    let a = all_attributes(&client, &url).await;
     assert_eq!(a[&QueueAttributeName::FifoQueue], "true");
     assert_eq!(a[&QueueAttributeName::VisibilityTimeout], "60");
     assert_eq!(a[&QueueAttributeName::ApproximateNumberOfMessages], "0");
@@ -473,14 +480,7 @@ async fn the_adapter_connects_receives_and_deletes() {
     for d in got {
         d.ack().await.unwrap();
     }
-    let attrs = client
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .unwrap();
-    let a = attrs.attributes().unwrap();
+    let a = all_attributes(&client, &url).await;
     assert_eq!(a[&QueueAttributeName::ApproximateNumberOfMessages], "0");
     assert_eq!(
         a[&QueueAttributeName::ApproximateNumberOfMessagesNotVisible],
