@@ -29,17 +29,11 @@ async fn lab_over_service_bus_in_batch_mode() {
     let store = pg().await;
     let (n, k) = (24, 2);
     for _ in 0..k {
-        for i in 0..n {
-            publish(
-                &client,
-                &event(&q, &format!("evt-{i}"), &format!("{{\"meeting\":{i}}}")),
-            )
-            .await;
-        }
+        publish_meetings(&client, &q, n).await;
     }
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
     let done = until(Duration::from_secs(60), || async {
-        emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n as i64
+        emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
     });
     let report = Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
         .options(WorkerOptions::default().concurrency(16).batch_commit(10))
@@ -47,8 +41,8 @@ async fn lab_over_service_bus_in_batch_mode() {
             done.await;
         })
         .await;
-    assert_eq!(inbox_rows(&store).await, n as i64);
-    assert_eq!(effects(&store).await, (n as i64, n as i64));
+    assert_eq!(inbox_rows(&store).await, n);
+    assert_eq!(effects(&store).await, (n, n));
     assert_eq!(emu.counts(&q).await, (0, 0));
     assert_eq!(report.count(OutcomeKind::Applied), n as u64, "{report}");
     assert_eq!(
@@ -180,13 +174,7 @@ async fn commit_then_crash_before_complete_of_a_batch_is_absorbed() {
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     let n = 6;
-    for i in 0..n {
-        publish(
-            &client,
-            &event(&q, &format!("evt-{i}"), &format!("{{\"meeting\":{i}}}")),
-        )
-        .await;
-    }
+    publish_meetings(&client, &q, n as i64).await;
     let mut r = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
     let mut batch = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

@@ -321,10 +321,20 @@ pub async fn publish(client: &ServiceBusClient, msg: &OutboxMessage) {
 
 /// Publishes `n` events (`evt-0` .., body `{"i":i}`) to `queue`, in order.
 pub async fn publish_events(client: &ServiceBusClient, queue: &str, n: i64) {
+    publish_numbered(client, queue, n, "i").await;
+}
+
+/// Publishes `n` meeting events (`evt-0` .., body `{"meeting":i}`) to `queue`, in order.
+pub async fn publish_meetings(client: &ServiceBusClient, queue: &str, n: i64) {
+    publish_numbered(client, queue, n, "meeting").await;
+}
+
+/// `evt-0` .. `evt-{n-1}`, body `{FIELD:i}`, in order.
+async fn publish_numbered(client: &ServiceBusClient, queue: &str, n: i64, field: &str) {
     for i in 0..n {
         publish(
             client,
-            &event(queue, &format!("evt-{i}"), &format!("{{\"i\":{i}}}")),
+            &event(queue, &format!("evt-{i}"), &format!("{{\"{field}\":{i}}}")),
         )
         .await;
     }

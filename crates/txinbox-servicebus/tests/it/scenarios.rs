@@ -24,13 +24,7 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
     let store = pg().await;
     let (n, k) = (12, 3);
     for copy in 0..k {
-        for i in 0..n {
-            publish(
-                &client,
-                &event(&q, &format!("evt-{i}"), &format!("{{\"meeting\":{i}}}")),
-            )
-            .await;
-        }
+        publish_meetings(&client, &q, n).await;
         assert_eq!(
             emu.counts(&q).await.0,
             (n * (copy + 1)) as u64,
@@ -40,7 +34,7 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
     let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
     let opts = txinbox_core::WorkerOptions::default().concurrency(4);
     let done = until(Duration::from_secs(60), || async {
-        emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n as i64
+        emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
     });
     let report = Worker::new(receiver, inbox(&store).bind_handler(Effects::default()))
         .options(opts)
@@ -48,8 +42,8 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
             done.await;
         })
         .await;
-    assert_eq!(inbox_rows(&store).await, n as i64);
-    assert_eq!(effects(&store).await, (n as i64, n as i64));
+    assert_eq!(inbox_rows(&store).await, n);
+    assert_eq!(effects(&store).await, (n, n));
     assert_eq!(emu.counts(&q).await, (0, 0));
     assert_eq!(report.count(txinbox_core::OutcomeKind::Applied), n as u64);
     assert_eq!(

@@ -93,6 +93,27 @@ impl Queue {
     }
 
     pub(super) fn send_batch(&self, input: &Value) -> Answer {
+        let fifo = self.fifo;
+        self.each_entry(input, |state, e, now| {
+            let sent = state.send(e, fifo, now)?;
+            let mut entry = json!({
+                "MessageId": sent.message_id,
+                "MD5OfMessageBody": sent.md5,
+            });
+            if let Some(s) = sent.sequence_number {
+                entry["SequenceNumber"] = Value::String(s);
+            }
+            Ok(entry)
+        })
+    }
+
+    /// A batch action: `apply` on each entry under one lock, its answer (a JSON object) with the entry's `Id`
+    /// in `Successful`, its fault in `Failed`; waiting receives are woken once.
+    fn each_entry(
+        &self,
+        input: &Value,
+        mut apply: impl FnMut(&mut QueueState, &Value, Instant) -> Result<Value, Fault>,
+    ) -> Answer {
         let entries = entries_of(input)?;
         let (mut ok, mut failed) = (Vec::new(), Vec::new());
         {
@@ -100,16 +121,9 @@ impl Queue {
             let mut state = self.state();
             for e in entries {
                 let id = str_of(e, "Id").unwrap_or_default();
-                match state.send(e, self.fifo, now) {
-                    Ok(sent) => {
-                        let mut entry = json!({
-                            "Id": id,
-                            "MessageId": sent.message_id,
-                            "MD5OfMessageBody": sent.md5,
-                        });
-                        if let Some(s) = sent.sequence_number {
-                            entry["SequenceNumber"] = Value::String(s);
-                        }
+                match apply(&mut state, e, now) {
+                    Ok(mut entry) => {
+                        entry["Id"] = Value::String(id.to_owned());
                         ok.push(entry);
                     }
                     Err(f) => failed.push(failed_entry(id, f)),
@@ -128,23 +142,12 @@ impl Queue {
     }
 
     pub(super) fn delete_batch(&self, input: &Value) -> Answer {
-        let entries = entries_of(input)?;
-        let (mut ok, mut failed) = (Vec::new(), Vec::new());
-        {
-            let mut state = self.state();
-            for e in entries {
-                let id = str_of(e, "Id").unwrap_or_default();
-                let r = str_of(e, "ReceiptHandle")
-                    .ok_or_else(|| Fault::missing("ReceiptHandle"))
-                    .and_then(|h| state.delete(h));
-                match r {
-                    Ok(()) => ok.push(json!({ "Id": id })),
-                    Err(f) => failed.push(failed_entry(id, f)),
-                }
-            }
-        }
-        self.changed.notify_waiters();
-        Ok(json!({"Successful": ok, "Failed": failed}))
+        self.each_entry(input, |state, e, _| {
+            let handle =
+                str_of(e, "ReceiptHandle").ok_or_else(|| Fault::missing("ReceiptHandle"))?;
+            state.delete(handle)?;
+            Ok(json!({}))
+        })
     }
 
     pub(super) fn change_visibility_one(&self, input: &Value) -> Answer {
@@ -158,27 +161,13 @@ impl Queue {
     }
 
     pub(super) fn change_visibility_batch(&self, input: &Value) -> Answer {
-        let entries = entries_of(input)?;
-        let (mut ok, mut failed) = (Vec::new(), Vec::new());
-        {
-            let now = Instant::now();
-            let mut state = self.state();
-            for e in entries {
-                let id = str_of(e, "Id").unwrap_or_default();
-                let r = (|| {
-                    let handle = required(e, "ReceiptHandle")?;
-                    let secs = int_of(e, "VisibilityTimeout")?
-                        .ok_or_else(|| Fault::missing("VisibilityTimeout"))?;
-                    state.change_visibility(handle, secs, now)
-                })();
-                match r {
-                    Ok(()) => ok.push(json!({ "Id": id })),
-                    Err(f) => failed.push(failed_entry(id, f)),
-                }
-            }
-        }
-        self.changed.notify_waiters();
-        Ok(json!({"Successful": ok, "Failed": failed}))
+        self.each_entry(input, |state, e, now| {
+            let handle = required(e, "ReceiptHandle")?;
+            let secs = int_of(e, "VisibilityTimeout")?
+                .ok_or_else(|| Fault::missing("VisibilityTimeout"))?;
+            state.change_visibility(handle, secs, now)?;
+            Ok(json!({}))
+        })
     }
 }
 
