@@ -219,7 +219,15 @@ async fn lines(
                     let (cl, tk, tb) = (cl.clone(), tk.clone(), tb.clone());
                     let id = format!("mk-{tg}-{th}-{i}");
                     let mut marker = (*tpl).clone();
-                    marker.insert("pk".into(), AttributeValue::S(format!("m#bench#{id}")));
+                    let pk = format!("m#bench#{id}");
+                    marker.insert(
+                        "gsi1pk".into(),
+                        AttributeValue::S(txinbox_dynamodb::layout::markers_of(
+                            CONSUMER,
+                            txinbox_dynamodb::layout::marker_shard(&pk),
+                        )),
+                    );
+                    marker.insert("pk".into(), AttributeValue::S(pk));
                     marker.insert("gsi1sk".into(), AttributeValue::S(format!("2026#{id}")));
                     Box::pin(async move {
                         let put = Put::builder()
@@ -307,26 +315,25 @@ async fn lines(
     Ok(())
 }
 
-/// One marker the run wrote, as stored.
+/// One marker the run wrote, as stored: the first found in the consumer's marker partitions.
 async fn sample_marker(
     client: &Client,
     table: &str,
 ) -> Result<txinbox_dynamodb::layout::Item, LabError> {
-    let out = client
-        .query()
-        .table_name(table)
-        .index_name(txinbox_dynamodb::layout::BY_CONSUMER)
-        .key_condition_expression("gsi1pk = :p")
-        .expression_attribute_values(
-            ":p",
-            AttributeValue::S(txinbox_dynamodb::layout::markers_of(CONSUMER)),
-        )
-        .limit(1)
-        .send()
-        .await
-        .map_err(|e| usage(aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;
-    out.items()
-        .first()
-        .cloned()
-        .ok_or_else(|| usage("no marker found after the warm-up message"))
+    for partition in txinbox_dynamodb::layout::marker_partitions(CONSUMER) {
+        let out = client
+            .query()
+            .table_name(table)
+            .index_name(txinbox_dynamodb::layout::BY_CONSUMER)
+            .key_condition_expression("gsi1pk = :p")
+            .expression_attribute_values(":p", AttributeValue::S(partition))
+            .limit(1)
+            .send()
+            .await
+            .map_err(|e| usage(aws_sdk_dynamodb::error::DisplayErrorContext(e)))?;
+        if let Some(item) = out.items().first() {
+            return Ok(item.clone());
+        }
+    }
+    Err(usage("no marker found after the warm-up message"))
 }

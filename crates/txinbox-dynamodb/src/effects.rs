@@ -150,6 +150,25 @@ impl DynamoStore {
         Ok(counts.into_values().collect())
     }
 
+    /// [`partition_stats`](Self::partition_stats) of several partitions, summed.
+    async fn partitions_stats(
+        &self,
+        partitions: impl Iterator<Item = String>,
+        filter_consumer: Option<&str>,
+    ) -> Result<(i64, Option<DateTime<Utc>>), DynamoError> {
+        let mut count = 0;
+        let mut oldest: Option<DateTime<Utc>> = None;
+        for p in partitions {
+            let (c, o) = self.partition_stats(&p, filter_consumer).await?;
+            count += c;
+            oldest = match (oldest, o) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok((count, oldest))
+    }
+
     /// Items of one `by_consumer` partition not yet expired: how many, and the oldest sort key's time.
     async fn partition_stats(
         &self,
@@ -477,33 +496,26 @@ impl MaintenanceStore for DynamoStore {
         Ok(Vec::new())
     }
 
-    /// Counts through the `by_consumer` index (a query of the consumer's partition, filtered on
-    /// `expires_at`): it reads every item of the partition, about 0.5 read unit per 4 KB read.
+    /// Counts through the `by_consumer` index (a query of each of the consumer's partitions: 16 for markers,
+    /// one for evidence; filtered on `expires_at`): it reads every item of those partitions, about 0.5 read
+    /// unit per 4 KB read.
     async fn table_stats(
         &self,
         table: Table,
         consumer: &str,
     ) -> Result<(i64, Option<DateTime<Utc>>), DynamoError> {
         match table {
-            Table::Markers => self.partition_stats(&l::markers_of(consumer), None).await,
+            Table::Markers => {
+                self.partitions_stats(l::marker_partitions(consumer), None)
+                    .await
+            }
             Table::Rejections => {
                 self.partition_stats(&l::rejections_of(consumer), None)
                     .await
             }
             _ => {
-                let mut count = 0;
-                let mut oldest: Option<DateTime<Utc>> = None;
-                for shard in 0..l::EFFECT_SHARDS {
-                    let (c, o) = self
-                        .partition_stats(&l::effect_shard(shard), Some(consumer))
-                        .await?;
-                    count += c;
-                    oldest = match (oldest, o) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                }
-                Ok((count, oldest))
+                let shards = (0..l::EFFECT_SHARDS).map(l::effect_shard);
+                self.partitions_stats(shards, Some(consumer)).await
             }
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! | item | `pk` | `gsi1pk` / `gsi1sk` (`by_consumer`) | `gsi2pk` / `gsi2sk` (`due`) | `gsi3pk` / `gsi3sk` (`by_group`) |
 //! |---|---|---|---|---|
-//! | marker | `m#` consumer, source, message id | `m#` consumer / processed at, message id | | |
+//! | marker | `m#` consumer, source, message id | `m#` consumer, shard / processed at, message id | | |
 //! | business key | `b#` consumer, tenant, business key | | | |
 //! | evidence | `r#` uuid | `r#` consumer / recorded at, uuid | | |
 //! | effect | `e#` id | `fx#` shard / created at, id | `due#` destination / due at, id (while due) | `g#` consumer, group / created at, order (grouped only) |
@@ -40,6 +40,15 @@ pub const INDEXES: [(&str, &str, &str); 3] = [
 /// How many partitions of `by_consumer` the effects spread over (so that no one index partition takes every
 /// effect write); counting effects reads all of them.
 pub const EFFECT_SHARDS: u64 = 8;
+/// How many partitions of `by_consumer` one consumer's markers spread over.
+///
+/// Every applied message writes its marker's index entry, and DynamoDB limits each partition of a table or
+/// of an index to 1,000 write units a second; when an index cannot take its writes, the writes to the
+/// table are throttled ("GSI back-pressure"). With one partition per consumer and a time-ordered sort key
+/// (new entries always at the end of the range, where splitting a hot partition does not help), one
+/// consumer would stop near 1,000 applied messages a second. Sixteen partitions put that at about 16,000;
+/// counting a consumer's markers reads the sixteen (one `Query` each, paged).
+pub const MARKER_SHARDS: u64 = 16;
 
 fn part(out: &mut String, s: &str) {
     out.push_str(&s.len().to_string());
@@ -68,9 +77,23 @@ pub fn business_pk(consumer: &str, tenant: Option<&str>, business_key: &str) -> 
     key("b#", &[consumer, tenant.unwrap_or(""), business_key])
 }
 
-/// The `by_consumer` partition of a consumer's markers.
-pub fn markers_of(consumer: &str) -> String {
-    key("m#", &[consumer])
+/// The `by_consumer` partition of shard `shard` (below [`MARKER_SHARDS`]) of a consumer's markers.
+pub fn markers_of(consumer: &str, shard: u64) -> String {
+    key("m#", &[consumer, &shard.to_string()])
+}
+
+/// The `by_consumer` partitions of a consumer's markers, every shard.
+pub fn marker_partitions(consumer: &str) -> impl Iterator<Item = String> + '_ {
+    (0..MARKER_SHARDS).map(move |shard| markers_of(consumer, shard))
+}
+
+/// The shard of a marker, from its key (so every copy of a message has the same): the first 64 bits of the
+/// key's SHA-256, modulo [`MARKER_SHARDS`].
+pub fn marker_shard(marker_pk: &str) -> u64 {
+    let d = Sha256::digest(marker_pk.as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    u64::from_be_bytes(b) % MARKER_SHARDS
 }
 
 /// The `by_consumer` partition of a consumer's evidence.
@@ -307,6 +330,29 @@ mod tests {
             .map(|i| shard_of(effect_id(&format!("k{i}"))))
             .collect();
         assert_eq!(shards.len() as u64, EFFECT_SHARDS);
+    }
+
+    #[test]
+    fn marker_shards_follow_the_key_and_spread() {
+        let pk = marker_pk("crm-followup", "crm", "m-1");
+        assert_eq!(marker_shard(&pk), marker_shard(&pk.clone()));
+        let mut per_shard = [0u32; MARKER_SHARDS as usize];
+        for i in 0..1600 {
+            per_shard
+                [marker_shard(&marker_pk("crm-followup", "crm", &format!("m-{i}"))) as usize] += 1;
+        }
+        // 100 a shard on average; a uniform hash keeps every shard well within 50..150.
+        assert!(
+            per_shard.iter().all(|&n| (50..150).contains(&n)),
+            "{per_shard:?}"
+        );
+        let partitions: std::collections::BTreeSet<String> = marker_partitions("c").collect();
+        assert_eq!(partitions.len() as u64, MARKER_SHARDS);
+        assert!(
+            !partitions.contains(&markers_of("c#2:", 1)),
+            "no consumer's partition is another's"
+        );
+        assert_ne!(markers_of("c", 12), markers_of("c#2:1", 2));
     }
 
     #[test]

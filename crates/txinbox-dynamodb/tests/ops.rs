@@ -369,3 +369,54 @@ async fn stats_story_and_rejections_give_exact_figures_through_keys_only() {
 fn parse(t: &str) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(t).unwrap().with_timezone(&Utc)
 }
+
+/// A consumer's markers are spread over `layout::MARKER_SHARDS` partitions of `by_consumer` (DynamoDB limits
+/// each partition of an index to 1,000 write units a second, and a throttled index throttles the table's
+/// writes): each marker's index entry is in the partition its key names, and the counts read every one.
+#[tokio::test]
+async fn markers_spread_over_their_index_partitions_and_every_one_is_counted() {
+    use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
+    let c = client();
+    let table = format!("txinbox-ops-{}", uuid::Uuid::new_v4().simple());
+    DynamoStore::create_table(&c, &table).await.unwrap();
+    let store = DynamoStore::open(c.clone(), &table, DynamoOptions::default())
+        .await
+        .unwrap();
+    const N: usize = 48;
+    let msgs = (0..N)
+        .map(|i| meeting(&format!("s-{i}"), &format!("o-{i}"), "x"))
+        .collect();
+    let report = apply(&store, CONSUMER, msgs).await;
+    assert_eq!(report.count(OutcomeKind::Applied), N as u64, "{report:?}");
+
+    // What the layout says each partition holds, against what the index holds.
+    let mut expected = vec![0usize; layout::MARKER_SHARDS as usize];
+    for i in 0..N {
+        let pk = layout::marker_pk(CONSUMER, SOURCE, &format!("s-{i}"));
+        expected[layout::marker_shard(&pk) as usize] += 1;
+    }
+    let mut found = Vec::new();
+    for partition in layout::marker_partitions(CONSUMER) {
+        let out = c
+            .query()
+            .table_name(&table)
+            .index_name(layout::BY_CONSUMER)
+            .key_condition_expression("gsi1pk = :p")
+            .expression_attribute_values(":p", AttributeValue::S(partition))
+            .select(aws_sdk_dynamodb::types::Select::Count)
+            .send()
+            .await
+            .unwrap();
+        assert!(out.last_evaluated_key().is_none(), "one page holds them");
+        found.push(out.count() as usize);
+    }
+    assert_eq!(found, expected);
+    let used = expected.iter().filter(|&&n| n > 0).count();
+    assert!(used > layout::MARKER_SHARDS as usize / 2, "{expected:?}");
+
+    let s = store.consumer_stats(CONSUMER, Utc::now()).await.unwrap();
+    assert_eq!((s.inbox_rows, s.rows_last_hour), (N as i64, N as i64));
+    let (markers, oldest) = store.table_stats(Table::Markers, CONSUMER).await.unwrap();
+    assert_eq!(markers, N as i64);
+    assert_eq!(oldest, s.oldest_processed_at);
+}

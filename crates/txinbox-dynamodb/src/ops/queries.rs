@@ -18,7 +18,7 @@ use crate::{DynamoError, DynamoStore};
 impl DynamoStore {
     /// One consumer's figures, `now` being the reference of the last hour and of the effect lag.
     ///
-    /// Reads the consumer's marker partition of `by_consumer` (every marker not yet deleted by the TTL,
+    /// Reads the consumer's 16 marker partitions of `by_consumer` (every marker not yet deleted by the TTL,
     /// projected to its sort key), its evidence partition, and the 8 effect shards through
     /// [`EffectStore::effect_counts`] (every effect of every consumer): about 0.5 read unit per 4 KB of
     /// items read.
@@ -32,14 +32,18 @@ impl DynamoStore {
         let mut stats = ConsumerStats::new(consumer, now);
         let live = "attribute_not_exists(#expires_at) OR #expires_at >= :now";
 
-        // Markers: one pass over the partition, oldest first. The last hour comes from the same items (a
-        // second query with `gsi1sk >= now-1h` would read those items twice).
-        let mut q = PartitionQuery::new(l::markers_of(consumer));
-        q.filter = Some(live);
-        q.values = vec![(":now", n(now_epoch))];
-        q.names = &["expires_at"];
-        q.projection = Some("gsi1sk");
-        for item in self.query_partition(q).await? {
+        // Markers: one pass over each of the consumer's marker partitions. The last hour comes from the same
+        // items (a second query with `gsi1sk >= now-1h` would read those items twice).
+        let mut markers = Vec::new();
+        for partition in l::marker_partitions(consumer) {
+            let mut q = PartitionQuery::new(partition);
+            q.filter = Some(live);
+            q.values = vec![(":now", n(now_epoch))];
+            q.names = &["expires_at"];
+            q.projection = Some("gsi1sk");
+            markers.extend(self.query_partition(q).await?);
+        }
+        for item in markers {
             let sk = Reader::new(&item).s("gsi1sk")?;
             stats.inbox_rows += 1;
             if sk.as_str() >= hour_ago.as_str() {

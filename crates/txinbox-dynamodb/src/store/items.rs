@@ -13,10 +13,9 @@ impl DynamoStore {
         let id = &m.identity;
         let consumer = id.consumer.as_str();
         let mut item = Item::new();
-        item.insert(
-            l::PK.into(),
-            s(l::marker_pk(consumer, &id.source, &id.message_id)),
-        );
+        let pk = l::marker_pk(consumer, &id.source, &id.message_id);
+        let shard = l::marker_shard(&pk);
+        item.insert(l::PK.into(), s(pk));
         item.insert("kind".into(), s("marker"));
         item.insert("consumer".into(), s(consumer));
         item.insert("source".into(), s(&id.source));
@@ -42,7 +41,7 @@ impl DynamoStore {
         item.insert(l::EXPIRES_AT.into(), n(l::epoch_ceil(m.retention_until)));
         item.insert("delivery_count".into(), n(m.delivery_count));
         item.insert("token".into(), s(token));
-        item.insert("gsi1pk".into(), s(l::markers_of(consumer)));
+        item.insert("gsi1pk".into(), s(l::markers_of(consumer, shard)));
         item.insert(
             "gsi1sk".into(),
             s(format!("{}#{}", l::ts(m.processed_at), id.message_id)),
