@@ -6,7 +6,11 @@
 //! * `put`: the item alone in a `PutItem`;
 //! * `marker_tx`: the item and a copy of a real marker (new key, same attributes and size, the marker's
 //!   condition) in a `TransactWriteItems` sent with the SDK directly: what DynamoDB charges for the marker,
-//!   without the inbox's pipeline, so that `inbox/marker_tx` is the pipeline's own share of the gap.
+//!   without the inbox's pipeline, so that `inbox/marker_tx` is the pipeline's own share of the gap;
+//! * `pair_same_table`, `pair_two_tables`: the item and a second plain item of its size (no condition, no
+//!   index entry) in one `TransactWriteItems`, the second in the business table or in the inbox's table:
+//!   what the service charges for any second item, against which `marker_tx` shows what the marker's own
+//!   condition, index entry and size add.
 //!
 //! The figures are medians over the rounds; the target is inbox / same_tx >= 0.80. It also prints the write
 //! units each way costs on the service by DynamoDB's rules (a transactional write costs two units per KB of
@@ -80,6 +84,42 @@ struct Round {
     same_tx: Rate,
     put: Rate,
     marker_tx: Rate,
+    pair_same_table: Rate,
+    pair_two_tables: Rate,
+}
+
+/// The business item and a second plain item of its size in one `TransactWriteItems`: in the business
+/// table (`inbox_table` `None`) or in the inbox's table (keyed `pk`).
+async fn pair_tx(
+    cl: &Client,
+    tasks: &str,
+    inbox_table: Option<&str>,
+    id: &str,
+) -> Result<(), String> {
+    let second = match inbox_table {
+        None => business_item(tasks, &format!("{id}-2")),
+        Some(t) => {
+            let mut item = business_item(t, id).item().clone();
+            item.insert("pk".into(), AttributeValue::S(format!("x#{id}")));
+            Put::builder()
+                .table_name(t)
+                .set_item(Some(item))
+                .build()
+                .map_err(|e| e.to_string())?
+        }
+    };
+    cl.transact_write_items()
+        .transact_items(TransactWriteItem::builder().put(second).build())
+        .transact_items(
+            TransactWriteItem::builder()
+                .put(business_item(tasks, id))
+                .build(),
+        )
+        .client_request_token(uuid::Uuid::new_v4().to_string())
+        .send()
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e)))
 }
 
 /// Write units per message by DynamoDB's rules: a transactional write 2 per KB (rounded up) of each item, a
@@ -260,6 +300,22 @@ async fn lines(
                     })
                 })
             };
+            let (cl, tk, tg, tb) = (
+                client.clone(),
+                tasks.to_owned(),
+                tag.clone(),
+                table.to_owned(),
+            );
+            let run_pair = |two_tables: bool| {
+                let (cl, tk, tg, tb) = (cl.clone(), tk.clone(), tg.clone(), tb.clone());
+                measure(c, args.seconds, move |th, i| {
+                    let (cl, tk, tb) = (cl.clone(), tk.clone(), tb.clone());
+                    let id = format!("pr{}-{tg}-{th}-{i}", u8::from(two_tables));
+                    Box::pin(async move {
+                        pair_tx(&cl, &tk, two_tables.then_some(tb.as_str()), &id).await
+                    })
+                })
+            };
             // The two figures of the target back to back, in alternating order from round to round.
             let (inbox_rate, same_tx) = if round % 2 == 0 {
                 let a = run_inbox().await?;
@@ -273,12 +329,16 @@ async fn lines(
                 same_tx,
                 put: run_put().await?,
                 marker_tx: run_marker_tx().await?,
+                pair_same_table: run_pair(false).await?,
+                pair_two_tables: run_pair(true).await?,
             });
         }
         let inbox_rate = median_rate(&rounds, |r| r.inbox);
         let same_tx = median_rate(&rounds, |r| r.same_tx);
         let put = median_rate(&rounds, |r| r.put);
         let marker_tx = median_rate(&rounds, |r| r.marker_tx);
+        let pair_same = median_rate(&rounds, |r| r.pair_same_table);
+        let pair_two = median_rate(&rounds, |r| r.pair_two_tables);
         let per_round: Vec<String> = rounds
             .iter()
             .map(|r| format!("{:.2}", r.inbox.per_sec / r.same_tx.per_sec))
@@ -297,6 +357,14 @@ async fn lines(
             marker_tx.per_sec,
             marker_tx.per_sec / same_tx.per_sec,
             inbox_rate.per_sec / marker_tx.per_sec,
+        );
+        println!(
+            "#   c={c} pair_same_table={:.0} pair_two_tables={:.0} pair_same_table/same_tx={:.2} pair_two_tables/same_tx={:.2} marker_tx/pair_two_tables={:.2} (any second item, then what the marker adds to one)",
+            pair_same.per_sec,
+            pair_two.per_sec,
+            pair_same.per_sec / same_tx.per_sec,
+            pair_two.per_sec / same_tx.per_sec,
+            marker_tx.per_sec / pair_two.per_sec,
         );
     }
     // What each way costs on the service, from the sizes of the items this run wrote.
