@@ -37,9 +37,11 @@ fi
 # panics, overflows (debug assertions are on), timeouts and the allocation limit are what is caught.
 FLAGS=(--sanitizer none)
 # cargo-fuzz has no --locked: a fuzz/Cargo.lock that no longer matches the workspace would be rewritten by the
-# build (a clean clone's test run changing a tracked file). Checked first, offline, as the workspace's builds are.
-if ! cargo metadata --manifest-path fuzz/Cargo.toml --format-version 1 --locked --offline >/dev/null; then
-  echo "fuzz.sh: fuzz/Cargo.lock is out of date with the crates it fuzzes: cargo update --manifest-path fuzz/Cargo.toml --workspace, and commit it" >&2
+# build (a clean clone's test run changing a tracked file). So the locked crates are fetched first with
+# --locked, which fails when the lock file would change (and downloads what a fresh machine lacks: the fuzz
+# crates, libfuzzer-sys among them, are not the workspace's, so the workspace's fetch does not bring them).
+if ! cargo fetch --manifest-path fuzz/Cargo.toml --locked; then
+  echo "fuzz.sh: fetching the fuzz crates failed (cargo's message above); if it says the lock file needs to be updated: cargo update --manifest-path fuzz/Cargo.toml --workspace, and commit fuzz/Cargo.lock" >&2
   exit 1
 fi
 start=$(date +%s)
