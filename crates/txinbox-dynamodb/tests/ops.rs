@@ -92,14 +92,20 @@ async fn set_marker(
     req.send().await.unwrap();
 }
 
-#[tokio::test]
-async fn stats_story_and_rejections_give_exact_figures_through_keys_only() {
+/// A client, and a store on a fresh table of its own.
+async fn fresh_store() -> (Client, String, DynamoStore) {
     let c = client();
     let table = format!("txinbox-ops-{}", uuid::Uuid::new_v4().simple());
     DynamoStore::create_table(&c, &table).await.unwrap();
     let store = DynamoStore::open(c.clone(), &table, DynamoOptions::default())
         .await
         .unwrap();
+    (c, table, store)
+}
+
+#[tokio::test]
+async fn stats_story_and_rejections_give_exact_figures_through_keys_only() {
+    let (c, table, store) = fresh_store().await;
     let started = Utc::now();
 
     let report = apply(
@@ -376,12 +382,7 @@ fn parse(t: &str) -> DateTime<Utc> {
 #[tokio::test]
 async fn markers_spread_over_their_index_partitions_and_every_one_is_counted() {
     use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
-    let c = client();
-    let table = format!("txinbox-ops-{}", uuid::Uuid::new_v4().simple());
-    DynamoStore::create_table(&c, &table).await.unwrap();
-    let store = DynamoStore::open(c.clone(), &table, DynamoOptions::default())
-        .await
-        .unwrap();
+    let (c, table, store) = fresh_store().await;
     const N: usize = 48;
     let msgs = (0..N)
         .map(|i| meeting(&format!("s-{i}"), &format!("o-{i}"), "x"))
