@@ -6,13 +6,18 @@ use crate::E2eBroker;
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// PostgreSQL URL (the benchmark works in its own schema, dropped at the end), or `dynamodb://TABLE` for
-    /// the DynamoDB store's lines (in tables `TABLE-<random>` and `TABLE-<random>-tasks`, deleted at the end).
+    /// the DynamoDB store's lines (in tables `TABLE-<random>` and `TABLE-<random>-tasks`, deleted at the end;
+    /// see `--dynamodb-single-table`).
     #[arg(long, env = "TXINBOX_BENCH_STORE_URL")]
     pub store: String,
     /// The DynamoDB endpoint of a `dynamodb://` store (DynamoDB Local: `eval "$(bash scripts/dynamodb.sh
     /// start)"` exports it); unset: the standard AWS configuration chain.
     #[arg(long, env = "TXINBOX_DYNAMODB_ENDPOINT")]
     pub dynamodb_endpoint: Option<String>,
+    /// With a `dynamodb://` store: the business items in the inbox's own table (a single-table design,
+    /// keyed `pk` beside the markers) instead of a table of their own.
+    #[arg(long)]
+    pub dynamodb_single_table: bool,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 5)]
     pub seconds: u64,

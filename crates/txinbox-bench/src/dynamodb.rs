@@ -16,6 +16,8 @@
 //! units each way costs on the service by DynamoDB's rules (a transactional write costs two units per KB of
 //! each item, a standard write one; the marker's `by_consumer` index entry one more), from the items' sizes.
 //! It makes a fresh table (`TABLE-<random>`) and a business table beside it, and deletes both at the end.
+//! With `--dynamodb-single-table` the business items go into the inbox's own table instead (keyed `pk`, as
+//! in a single-table design), and both pair lines then put their two items in that one table.
 
 use std::sync::Arc;
 
@@ -34,19 +36,29 @@ fn usage(e: impl std::fmt::Display) -> LabError {
     LabError::Usage(e.to_string())
 }
 
-/// The business item every way writes: about the size of a follow-up task.
-fn business_item(table: &str, id: &str) -> Put {
-    Put::builder()
-        .table_name(table)
-        .item("id", AttributeValue::S(id.to_owned()))
-        .item("opportunity", AttributeValue::S("o-123456".into()))
-        .item("meeting", AttributeValue::S("m-123456".into()))
-        .item(
-            "title",
-            AttributeValue::S("Follow up the meeting of the opportunity".into()),
-        )
-        .build()
-        .expect("a put with a table and an item")
+/// Where the business items go: their table and its key attribute (`id` in a table of their own, `pk` in
+/// the inbox's table with `--dynamodb-single-table`).
+#[derive(Clone)]
+struct Business {
+    table: String,
+    key: &'static str,
+}
+
+impl Business {
+    /// The business item every way writes: about the size of a follow-up task.
+    fn item(&self, id: &str) -> Put {
+        Put::builder()
+            .table_name(&self.table)
+            .item(self.key, AttributeValue::S(format!("t#{id}")))
+            .item("opportunity", AttributeValue::S("o-123456".into()))
+            .item("meeting", AttributeValue::S("m-123456".into()))
+            .item(
+                "title",
+                AttributeValue::S("Follow up the meeting of the opportunity".into()),
+            )
+            .build()
+            .expect("a put with a table and an item")
+    }
 }
 
 async fn business_table(client: &Client, name: &str) -> Result<(), LabError> {
@@ -88,33 +100,16 @@ struct Round {
     pair_two_tables: Rate,
 }
 
-/// The business item and a second plain item of its size in one `TransactWriteItems`: in the business
-/// table (`inbox_table` `None`) or in the inbox's table (keyed `pk`).
-async fn pair_tx(
-    cl: &Client,
-    tasks: &str,
-    inbox_table: Option<&str>,
-    id: &str,
-) -> Result<(), String> {
-    let second = match inbox_table {
-        None => business_item(tasks, &format!("{id}-2")),
-        Some(t) => {
-            let mut item = business_item(t, id).item().clone();
-            item.insert("pk".into(), AttributeValue::S(format!("x#{id}")));
-            Put::builder()
-                .table_name(t)
-                .set_item(Some(item))
-                .build()
-                .map_err(|e| e.to_string())?
-        }
-    };
+/// The business item and a second plain item of its size in one `TransactWriteItems`, the second in
+/// `second`'s table.
+async fn pair_tx(cl: &Client, tasks: &Business, second: &Business, id: &str) -> Result<(), String> {
     cl.transact_write_items()
-        .transact_items(TransactWriteItem::builder().put(second).build())
         .transact_items(
             TransactWriteItem::builder()
-                .put(business_item(tasks, id))
+                .put(second.item(&format!("{id}-2")))
                 .build(),
         )
+        .transact_items(TransactWriteItem::builder().put(tasks.item(id)).build())
         .client_request_token(uuid::Uuid::new_v4().to_string())
         .send()
         .await
@@ -142,14 +137,26 @@ pub async fn run(args: &BenchArgs, table: &str) -> Result<(), LabError> {
     };
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let inbox_table = format!("{table}-{}", &suffix[..12]);
-    let tasks = format!("{inbox_table}-tasks");
     DynamoStore::create_table(&client, &inbox_table)
         .await
         .map_err(usage)?;
-    business_table(&client, &tasks).await?;
+    let tasks = if args.dynamodb_single_table {
+        Business {
+            table: inbox_table.clone(),
+            key: txinbox_dynamodb::layout::PK,
+        }
+    } else {
+        let tasks = format!("{inbox_table}-tasks");
+        business_table(&client, &tasks).await?;
+        Business {
+            table: tasks,
+            key: "id",
+        }
+    };
     let result = lines(args, &client, &inbox_table, &tasks).await;
-    for t in [&inbox_table, &tasks] {
-        let _ = client.delete_table().table_name(t.as_str()).send().await;
+    let _ = client.delete_table().table_name(&inbox_table).send().await;
+    if tasks.table != inbox_table {
+        let _ = client.delete_table().table_name(&tasks.table).send().await;
     }
     result
 }
@@ -158,24 +165,25 @@ async fn lines(
     args: &BenchArgs,
     client: &Client,
     table: &str,
-    tasks: &str,
+    tasks: &Business,
 ) -> Result<(), LabError> {
     let store = DynamoStore::open(client.clone(), table, DynamoOptions::default())
         .await
         .map_err(usage)?;
     let consumer = ConsumerName::new(CONSUMER).map_err(usage)?;
-    let t = tasks.to_owned();
+    let t = tasks.clone();
     let inbox = Arc::new(Inbox::new(store, IdentityPolicy::new(consumer)).bind(
         move |tx: DynamoTx, msg: Message<Raw>| {
             let t = t.clone();
             async move {
-                tx.put(business_item(&t, &format!("t-{}", msg.identity.message_id)))?;
+                tx.put(t.item(&format!("in-{}", msg.identity.message_id)))?;
                 Ok::<_, HandlerError>(())
             }
         },
     ));
     println!(
-        "# txinbox bench: DynamoDB (table {table}), {}s per figure, median of {} rounds, messages per second; target inbox/same_tx >= 0.80",
+        "# txinbox bench: DynamoDB (table {table}, business items in {}), {}s per figure, median of {} rounds, messages per second; target inbox/same_tx >= 0.80",
+        if tasks.table == table { "the inbox's table" } else { "a table of their own" },
         args.seconds, args.rounds
     );
     // One message first: its marker is the template of `marker_tx`.
@@ -206,18 +214,14 @@ async fn lines(
                     })
                 })
             };
-            let (cl, tk, tg) = (client.clone(), tasks.to_owned(), tag.clone());
+            let (cl, tk, tg) = (client.clone(), tasks.clone(), tag.clone());
             let run_same_tx = || {
                 measure(c, args.seconds, move |th, i| {
                     let (cl, tk) = (cl.clone(), tk.clone());
                     let id = format!("tx-{tg}-{th}-{i}");
                     Box::pin(async move {
                         cl.transact_write_items()
-                            .transact_items(
-                                TransactWriteItem::builder()
-                                    .put(business_item(&tk, &id))
-                                    .build(),
-                            )
+                            .transact_items(TransactWriteItem::builder().put(tk.item(&id)).build())
                             .client_request_token(uuid::Uuid::new_v4().to_string())
                             .send()
                             .await
@@ -228,12 +232,12 @@ async fn lines(
                     })
                 })
             };
-            let (cl, tk, tg) = (client.clone(), tasks.to_owned(), tag.clone());
+            let (cl, tk, tg) = (client.clone(), tasks.clone(), tag.clone());
             let run_put = || {
                 measure(c, args.seconds, move |th, i| {
                     let (cl, tk) = (cl.clone(), tk.clone());
                     let id = format!("put-{tg}-{th}-{i}");
-                    let p = business_item(&tk, &id);
+                    let p = tk.item(&id);
                     Box::pin(async move {
                         cl.put_item()
                             .table_name(p.table_name())
@@ -249,7 +253,7 @@ async fn lines(
             };
             let (cl, tk, tg, tb, tpl) = (
                 client.clone(),
-                tasks.to_owned(),
+                tasks.clone(),
                 tag.clone(),
                 table.to_owned(),
                 template.clone(),
@@ -285,11 +289,7 @@ async fn lines(
                             .map_err(|e| e.to_string())?;
                         cl.transact_write_items()
                             .transact_items(TransactWriteItem::builder().put(put).build())
-                            .transact_items(
-                                TransactWriteItem::builder()
-                                    .put(business_item(&tk, &id))
-                                    .build(),
-                            )
+                            .transact_items(TransactWriteItem::builder().put(tk.item(&id)).build())
                             .client_request_token(uuid::Uuid::new_v4().to_string())
                             .send()
                             .await
@@ -300,20 +300,23 @@ async fn lines(
                     })
                 })
             };
-            let (cl, tk, tg, tb) = (
-                client.clone(),
-                tasks.to_owned(),
-                tag.clone(),
-                table.to_owned(),
-            );
+            // The second item of a pair: in the business items' table, or in the inbox's (keyed as it is).
+            let in_inbox_table = Business {
+                table: table.to_owned(),
+                key: txinbox_dynamodb::layout::PK,
+            };
+            let (cl, tk, tg) = (client.clone(), tasks.clone(), tag.clone());
             let run_pair = |two_tables: bool| {
-                let (cl, tk, tg, tb) = (cl.clone(), tk.clone(), tg.clone(), tb.clone());
+                let (cl, tk, tg) = (cl.clone(), tk.clone(), tg.clone());
+                let second = if two_tables {
+                    in_inbox_table.clone()
+                } else {
+                    tk.clone()
+                };
                 measure(c, args.seconds, move |th, i| {
-                    let (cl, tk, tb) = (cl.clone(), tk.clone(), tb.clone());
+                    let (cl, tk, second) = (cl.clone(), tk.clone(), second.clone());
                     let id = format!("pr{}-{tg}-{th}-{i}", u8::from(two_tables));
-                    Box::pin(async move {
-                        pair_tx(&cl, &tk, two_tables.then_some(tb.as_str()), &id).await
-                    })
+                    Box::pin(async move { pair_tx(&cl, &tk, &second, &id).await })
                 })
             };
             // The two figures of the target back to back, in alternating order from round to round.
@@ -368,8 +371,7 @@ async fn lines(
         );
     }
     // What each way costs on the service, from the sizes of the items this run wrote.
-    let business =
-        txinbox_dynamodb::layout::item_size(business_item(tasks, "t-in-32-0-0-1000").item());
+    let business = txinbox_dynamodb::layout::item_size(tasks.item("in-32-0-0-1000").item());
     let marker = txinbox_dynamodb::layout::item_size(&template);
     println!(
         "# write units per message on DynamoDB (its rules, these items: business item {business} B, marker {marker} B): put={} same_tx={} inbox={} (marker {} + its by_consumer entry {} + business item {})",
