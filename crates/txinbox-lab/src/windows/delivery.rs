@@ -352,12 +352,14 @@ pub(crate) async fn run<S: LabStore>(
                 0,
             )
             .ok_or_else(|| LabError::Usage("time out of range".into()))?;
-            // A: an event whose CloudEvents `time` is one second before the boundary. B: an event of the lab's
-            // own time (before the boundary).
+            // A: an event whose CloudEvents `time` is one second before the boundary. B: an event of this
+            // window's start (before the boundary). Not the lab's own event time, which is taken once per
+            // process: a process that began in the hour before `now` would put B's marker in a partition
+            // that is past its keep at this boundary, and the maintenance would rightly drop it.
             let event_time = (boundary - chrono::Duration::seconds(1)).to_rfc3339();
             let a = || lab_message(0).attribute("ce-time", event_time.clone());
             q.send(a());
-            q.send(lab_message(1));
+            q.send(lab_message(1).attribute("ce-time", now.to_rfc3339()));
             for what in ["first copy of A", "first copy of B"] {
                 let d = one(q.receive_now(1), what)?;
                 let crashed = crash_at(&faulty, &faults, d, FaultPoint::AfterCommit).await;
