@@ -45,6 +45,20 @@ pub enum E2eBroker {
 }
 
 /// Runs the end-to-end line of each `--e2e-broker`.
+/// A listener on a free loopback port and its `http://` URL, for the benchmark's own servers (`what` names
+/// the server in the error).
+pub(crate) async fn loopback_listener(
+    what: &str,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr), LabError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| LabError::Usage(format!("{what} cannot listen: {e}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| LabError::Usage(format!("{what}'s address: {e}")))?;
+    Ok((listener, addr))
+}
+
 pub(crate) async fn run(args: &BenchArgs) -> Result<(), LabError> {
     if args.e2e_messages == 0 {
         return Ok(());

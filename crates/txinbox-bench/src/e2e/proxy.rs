@@ -16,7 +16,6 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
 use txinbox_lab::lab::LabError;
 
 /// Requests seen, by action, and messages the upstream answered as deleted.
@@ -71,12 +70,7 @@ impl LatencyProxy {
     /// A proxy on a loopback port in front of `upstream` (`http://host:port`), adding `round_trip` to every
     /// request and its answer (half each way).
     pub(crate) async fn start(upstream: &str, round_trip: Duration) -> Result<Self, LabError> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| LabError::Usage(format!("the latency proxy cannot listen: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| LabError::Usage(format!("the latency proxy's address: {e}")))?;
+        let (listener, addr) = super::loopback_listener("the latency proxy").await?;
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .build()

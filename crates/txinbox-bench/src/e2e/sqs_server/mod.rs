@@ -33,7 +33,6 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Map, Value};
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use txinbox_lab::lab::LabError;
 
@@ -72,12 +71,7 @@ impl SqsServer {
     /// (about 200 bytes a message): in the benchmark's process that is memory of the broker's, which a shorter
     /// interval keeps out of the worker's RSS figures when no message is sent twice.
     pub(crate) async fn start_with_dedup_window(dedup_window: Duration) -> Result<Self, LabError> {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| LabError::Usage(format!("the SQS server cannot listen: {e}")))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| LabError::Usage(format!("the SQS server's address: {e}")))?;
+        let (listener, addr) = super::loopback_listener("the SQS server").await?;
         let url = format!("http://{addr}");
         let server = Arc::new(Server {
             url: url.clone(),

@@ -53,6 +53,25 @@ async fn send(client: &Client, url: &str, entries: Vec<SendMessageBatchRequestEn
     assert!(out.failed().is_empty(), "{:?}", out.failed());
 }
 
+/// One `SendMessage` (not a batch): its answer.
+async fn send_one(
+    client: &Client,
+    url: &str,
+    body: &str,
+    group: &str,
+    dedup: &str,
+) -> aws_sdk_sqs::operation::send_message::SendMessageOutput {
+    client
+        .send_message()
+        .queue_url(url)
+        .message_body(body)
+        .message_group_id(group)
+        .message_deduplication_id(dedup)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn receive(
     client: &Client,
     url: &str,
@@ -324,24 +343,8 @@ async fn a_second_send_with_the_same_deduplication_id_is_dropped() {
     let server = SqsServer::start().await.unwrap();
     let client = txinbox_sqs::emulator_client(&server.url);
     let url = fifo_queue(&client, "dedup.fifo").await;
-    let first = client
-        .send_message()
-        .queue_url(&url)
-        .message_body("one")
-        .message_group_id("g")
-        .message_deduplication_id("same")
-        .send()
-        .await
-        .unwrap();
-    let second = client
-        .send_message()
-        .queue_url(&url)
-        .message_body("two")
-        .message_group_id("g")
-        .message_deduplication_id("same")
-        .send()
-        .await
-        .unwrap();
+    let first = send_one(&client, &url, "one", "g", "same").await;
+    let second = send_one(&client, &url, "two", "g", "same").await;
     assert_eq!(first.message_id(), second.message_id());
     let got = receive(&client, &url, 10, 30).await;
     assert_eq!(got.len(), 1);
