@@ -48,6 +48,12 @@ pub struct BenchArgs {
     /// `--purge-impact 416667 --width-hours 1` is a day of ten million markers in hourly partitions).
     #[arg(long, default_value_t = 24, requires = "partitioned")]
     pub width_hours: u64,
+    /// With `--partitioned`: each cycle also runs a control, the same three windows with the maintenance's
+    /// rotation in the middle one at a moment when nothing has expired (it drops nothing), so that the spread
+    /// of `middle/without` there shows the drift between windows the drop's figure stands against. Odd
+    /// cycles run the control first, even ones the drop first.
+    #[arg(long, requires = "partitioned")]
+    pub controls: bool,
     /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64; 1 skips the batch
     /// lines and runs the end-to-end worker without batch commit).
     #[arg(long, default_value_t = 10)]

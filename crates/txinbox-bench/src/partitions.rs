@@ -8,8 +8,12 @@
 //! partition expires (its drop), and without again; and the sizes: the markers' partitions other than the
 //! live one, before the load, after it and after the drop, and their dead tuples. One line per cycle. In the
 //! drop's window the applies are also counted per 100 ms slot: `drop_slots/other_slots` is the rate in the
-//! slots the drop overlapped against the window's other slots, the drop's own cost read apart from the drift
-//! between windows.
+//! slots the drop overlapped against the window's other slots, `window/other_slots` the whole window's rate
+//! against its slots outside the drop (the drop's cost as a share of the window, read apart from the drift
+//! between windows), and `after_drop/before_drop` the slots after the drop against those before it (below 1
+//! when the cost outlasts the drop). With `--controls` each cycle also runs the same three windows with a
+//! rotation that drops nothing: their `middle/without` is the drift between windows on the machine, their
+//! `window/other_slots` what the in-window figure reads when nothing is dropped.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,6 +103,10 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         sqlx::Executor::execute(store.pool(), "ANALYZE txinbox_inbox").await?;
         sqlx::Executor::execute(store.pool(), "CHECKPOINT").await?;
         let (loaded_bytes, _) = old_partitions(&store, live).await?;
+        let control_first = args.controls && k % 2 == 0;
+        if control_first {
+            control(&window, &inbox, c, secs, k, &store).await?;
+        }
         let before = window(format!("before-{k}")).await?;
         // The maintenance's rotation at the moment this partition's last marker expires (it drops exactly
         // it), started a quarter into the window; applies counted per 100 ms slot.
@@ -114,22 +122,60 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         .await?;
         let baseline = (before.per_sec + after.per_sec) / 2.0;
         println!(
-            "purge_impact_partitioned cycle={} markers={rows} load_seconds={load_seconds:.0} apply_before={:.0} apply_during_drop={:.0} apply_after={:.0} during/without={:.2} drop_slots/other_slots={:.2} partitions_dropped={} drop_seconds={:.2} expired_left={left} old_partition_bytes empty={} loaded={} after_drop={} dead_tuples={dead}",
+            "purge_impact_partitioned cycle={} markers={rows} load_seconds={load_seconds:.0} apply_before={:.0} apply_during_drop={:.0} apply_after={:.0} during/without={:.2} window/other_slots={:.3} drop_slots/other_slots={:.2} after_drop/before_drop={:.2} partitions_dropped={} drop_seconds={:.2} expired_left={left} old_partition_bytes empty={} loaded={} after_drop={} dead_tuples={dead}",
             k + 1,
             before.per_sec,
             during.per_sec,
             after.per_sec,
             during.per_sec / baseline,
+            during.per_sec / during.other_slots,
             during.drop_slots / during.other_slots,
+            during.after_before,
             rotation.dropped.get(&Table::Markers).copied().unwrap_or(0),
             during.drop_time.as_secs_f64(),
             empty_bytes,
             loaded_bytes,
             dropped_bytes,
         );
+        if args.controls && !control_first {
+            control(&window, &inbox, c, secs, k, &store).await?;
+        }
     }
     store.close().await;
     drop_schema(&args.store, &schema).await;
+    Ok(())
+}
+
+/// A control of cycle `k`: the drop's three windows with a rotation in the middle one that drops nothing (it
+/// runs at the present moment, when no kept partition has expired), printed as one line.
+async fn control<W, F, H>(
+    window: &W,
+    inbox: &Arc<crate::fixture::BenchInbox<H>>,
+    c: usize,
+    secs: u64,
+    k: u32,
+    store: &Store<sqlx::Postgres>,
+) -> Result<(), LabError>
+where
+    W: Fn(String) -> F,
+    F: std::future::Future<Output = Result<crate::rate::Rate, LabError>>,
+    H: txinbox_core::Handler<Store<sqlx::Postgres>, txinbox_core::Raw> + Send + Sync + 'static,
+{
+    let before = window(format!("control-before-{k}")).await?;
+    let middle = drop_window(inbox, c, secs, &format!("control-{k}"), store, Utc::now()).await?;
+    let after = window(format!("control-after-{k}")).await?;
+    let dropped: u32 = middle.rotation.dropped.values().sum();
+    println!(
+        "purge_impact_control cycle={} apply_before={:.0} apply_middle={:.0} apply_after={:.0} middle/without={:.2} window/other_slots={:.3} after_rotation/before_rotation={:.2} partitions_dropped={dropped} rotation_seconds={:.2}",
+        k + 1,
+        before.per_sec,
+        middle.per_sec,
+        after.per_sec,
+        middle.per_sec / ((before.per_sec + after.per_sec) / 2.0),
+        middle.per_sec / middle.other_slots,
+        middle.after_before,
+        middle.drop_time.as_secs_f64(),
+    );
     Ok(())
 }
 
@@ -141,6 +187,9 @@ struct DropWindow {
     drop_slots: f64,
     /// Applies per second in the window's other slots.
     other_slots: f64,
+    /// Applies per second in the slots after the drop against the slots before it: below 1 when the drop's
+    /// cost outlasts it (which `other_slots` would then hide).
+    after_before: f64,
     /// How long the rotation took.
     drop_time: std::time::Duration,
     /// What it did.
@@ -212,22 +261,27 @@ where
     }
     let samples = sampler.await.map_err(|e| LabError::Usage(e.to_string()))?;
     let per_sec = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
-    let (mut drop_n, mut drop_s, mut other_n, mut other_s) = (0u64, 0f64, 0u64, 0f64);
+    // Slots before the drop, overlapping it, after it: (applies, seconds).
+    let mut slots = [(0u64, 0f64); 3];
     for w in samples.windows(2) {
         let ((t0, n0), (t1, n1)) = (w[0], w[1]);
-        if t1 > from && t0 < to {
-            drop_n += n1 - n0;
-            drop_s += t1 - t0;
+        let i = if t1 <= from {
+            0
+        } else if t0 >= to {
+            2
         } else {
-            other_n += n1 - n0;
-            other_s += t1 - t0;
-        }
+            1
+        };
+        slots[i].0 += n1 - n0;
+        slots[i].1 += t1 - t0;
     }
-    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+    let rate = |(n, s): (u64, f64)| if s > 0.0 { n as f64 / s } else { 0.0 };
+    let other = (slots[0].0 + slots[2].0, slots[0].1 + slots[2].1);
     Ok(DropWindow {
         per_sec,
-        drop_slots: rate(drop_n, drop_s),
-        other_slots: rate(other_n, other_s),
+        drop_slots: rate(slots[1]),
+        other_slots: rate(other),
+        after_before: rate(slots[2]) / rate(slots[0]),
         drop_time: std::time::Duration::from_secs_f64(to - from),
         rotation: rotation
             .ok_or_else(|| LabError::Usage("the store did not rotate its partitions".into()))?,
