@@ -104,8 +104,12 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         sqlx::Executor::execute(store.pool(), "CHECKPOINT").await?;
         let (loaded_bytes, _) = old_partitions(&store, live).await?;
         let control_first = args.controls && k % 2 == 0;
+        // The control's rotation runs a second before this cycle's partition expires: the earlier ones are
+        // gone, this one is not due. (Not at the present moment: a run of hourly partitions that crosses an
+        // hour would see the oldest partition expire for real and drop it in the control.)
+        let quiet = bucket + width + keep - chrono::Duration::seconds(1);
         if control_first {
-            control(&window, &inbox, c, secs, k, &store).await?;
+            control(&window, &inbox, c, secs, k, &store, quiet).await?;
         }
         let before = window(format!("before-{k}")).await?;
         // The maintenance's rotation at the moment this partition's last marker expires (it drops exactly
@@ -113,6 +117,13 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         let at = bucket + width + keep + chrono::Duration::seconds(1);
         let during = drop_window(&inbox, c, secs, &format!("during-{k}"), &store, at).await?;
         let rotation = during.rotation;
+        let dropped = rotation.dropped.get(&Table::Markers).copied().unwrap_or(0);
+        if dropped != 1 {
+            return Err(LabError::Usage(format!(
+                "cycle {} dropped {dropped} marker partitions, not its one",
+                k + 1
+            )));
+        }
         let after = window(format!("after-{k}")).await?;
         let (dropped_bytes, dead) = old_partitions(&store, live).await?;
         let left: i64 = sqlx::query_scalar(
@@ -131,14 +142,14 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
             during.per_sec / during.other_slots,
             during.drop_slots / during.other_slots,
             during.after_before,
-            rotation.dropped.get(&Table::Markers).copied().unwrap_or(0),
+            dropped,
             during.drop_time.as_secs_f64(),
             empty_bytes,
             loaded_bytes,
             dropped_bytes,
         );
         if args.controls && !control_first {
-            control(&window, &inbox, c, secs, k, &store).await?;
+            control(&window, &inbox, c, secs, k, &store, quiet).await?;
         }
     }
     store.close().await;
@@ -147,7 +158,7 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
 }
 
 /// A control of cycle `k`: the drop's three windows with a rotation in the middle one that drops nothing (it
-/// runs at the present moment, when no kept partition has expired), printed as one line.
+/// runs at `quiet`, when no kept partition has expired), printed as one line.
 async fn control<W, F, H>(
     window: &W,
     inbox: &Arc<crate::fixture::BenchInbox<H>>,
@@ -155,6 +166,7 @@ async fn control<W, F, H>(
     secs: u64,
     k: u32,
     store: &Store<sqlx::Postgres>,
+    quiet: DateTime<Utc>,
 ) -> Result<(), LabError>
 where
     W: Fn(String) -> F,
@@ -162,9 +174,15 @@ where
     H: txinbox_core::Handler<Store<sqlx::Postgres>, txinbox_core::Raw> + Send + Sync + 'static,
 {
     let before = window(format!("control-before-{k}")).await?;
-    let middle = drop_window(inbox, c, secs, &format!("control-{k}"), store, Utc::now()).await?;
+    let middle = drop_window(inbox, c, secs, &format!("control-{k}"), store, quiet).await?;
     let after = window(format!("control-after-{k}")).await?;
     let dropped: u32 = middle.rotation.dropped.values().sum();
+    if dropped != 0 {
+        return Err(LabError::Usage(format!(
+            "the control of cycle {} dropped {dropped} partitions: it measures nothing",
+            k + 1
+        )));
+    }
     println!(
         "purge_impact_control cycle={} apply_before={:.0} apply_middle={:.0} apply_after={:.0} middle/without={:.2} window/other_slots={:.3} after_rotation/before_rotation={:.2} partitions_dropped={dropped} rotation_seconds={:.2}",
         k + 1,
