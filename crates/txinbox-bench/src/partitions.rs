@@ -179,7 +179,7 @@ where
     let dropped: u32 = middle.rotation.dropped.values().sum();
     if dropped != 0 {
         return Err(LabError::Usage(format!(
-            "the control of cycle {} dropped {dropped} partitions: it measures nothing",
+            "the control of cycle {} dropped {dropped} partition(s): it would measure a drop",
             k + 1
         )));
     }

@@ -59,3 +59,60 @@ fn help_lists_the_flags_of_the_benchmark() {
         );
     }
 }
+
+/// The partition benchmark's bookkeeping on a small load (its figures are not asserted: a timing is not a
+/// test): every cycle drops its one loaded partition and leaves no expired marker and no dead tuple behind,
+/// and every control's rotation drops nothing, or the control would measure a drop.
+#[test]
+fn the_partition_benchmark_drops_one_partition_a_cycle_and_none_in_its_controls() {
+    let url = txinbox_testkit::pg_url();
+    let (code, out, err) = bench(&[
+        "--store",
+        &url,
+        "--purge-impact",
+        "2000",
+        "--partitioned",
+        "--cycles",
+        "2",
+        "--seconds",
+        "1",
+        "--concurrency",
+        "2",
+        "--controls",
+    ]);
+    assert_eq!(code, 0, "{err}\n{out}");
+    let lines = |prefix: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_owned)
+            .collect()
+    };
+    let drops = lines("purge_impact_partitioned ");
+    let controls = lines("purge_impact_control ");
+    assert_eq!(drops.len(), 2, "{out}");
+    assert_eq!(controls.len(), 2, "{out}");
+    for l in &drops {
+        for field in ["partitions_dropped=1 ", "expired_left=0 ", "markers=2000 "] {
+            assert!(l.contains(field), "{field}: {l}");
+        }
+        assert!(l.ends_with("dead_tuples=0"), "{l}");
+    }
+    for l in &controls {
+        assert!(l.contains("partitions_dropped=0 "), "{l}");
+    }
+    // Odd cycles run the control first, even ones the drop first.
+    let order: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once(" cycle=").map(|(kind, _)| kind))
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "purge_impact_control",
+            "purge_impact_partitioned",
+            "purge_impact_partitioned",
+            "purge_impact_control"
+        ],
+        "{out}"
+    );
+}
