@@ -49,8 +49,21 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         ));
     }
     let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
-    let secs = args.seconds.max(1);
     let (schema, store) = bench_store(&args.store, c as u32 + 4).await?;
+    // The schema is dropped whether the measurement ends well or not.
+    let result = cycles(args, rows, c, &store).await;
+    store.close().await;
+    drop_schema(&args.store, &schema).await;
+    result
+}
+
+async fn cycles(
+    args: &BenchArgs,
+    rows: i64,
+    c: usize,
+    store: &Store<sqlx::Postgres>,
+) -> Result<(), LabError> {
+    let secs = args.seconds.max(1);
     let opts = PartitionOptions::new().width(Duration::from_secs(args.width_hours.max(1) * 3600));
     let _ = store.partition(&opts).await?;
     let status = store
@@ -66,7 +79,7 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         width.num_seconds(),
         keep.num_seconds()
     );
-    let inbox = Arc::new(bench_inbox(&store)?);
+    let inbox = Arc::new(bench_inbox(store)?);
     let window = |tag: String| {
         let ib = inbox.clone();
         measure(c, secs, move |t, i| {
@@ -83,7 +96,7 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
     };
     for k in 0..args.cycles {
         let bucket = status.low + width * k as i32;
-        let (empty_bytes, _) = old_partitions(&store, live).await?;
+        let (empty_bytes, _) = old_partitions(store, live).await?;
         let loaded = Instant::now();
         sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin, origin_bucket) SELECT 'expired', '', 'm-' || g, 'h', $2, $2, $2 + $3 * interval '1 second', 'producer_id', $2 FROM generate_series(1, $1) g")
             .bind(rows)
@@ -102,20 +115,20 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         .await?;
         sqlx::Executor::execute(store.pool(), "ANALYZE txinbox_inbox").await?;
         sqlx::Executor::execute(store.pool(), "CHECKPOINT").await?;
-        let (loaded_bytes, _) = old_partitions(&store, live).await?;
+        let (loaded_bytes, _) = old_partitions(store, live).await?;
         let control_first = args.controls && k % 2 == 0;
         // The control's rotation runs a second before this cycle's partition expires: the earlier ones are
         // gone, this one is not due. (Not at the present moment: a run of hourly partitions that crosses an
         // hour would see the oldest partition expire for real and drop it in the control.)
         let quiet = bucket + width + keep - chrono::Duration::seconds(1);
         if control_first {
-            control(&window, &inbox, c, secs, k, &store, quiet).await?;
+            control(&window, &inbox, c, secs, k, store, quiet).await?;
         }
         let before = window(format!("before-{k}")).await?;
         // The maintenance's rotation at the moment this partition's last marker expires (it drops exactly
         // it), started a quarter into the window; applies counted per 100 ms slot.
         let at = bucket + width + keep + chrono::Duration::seconds(1);
-        let during = drop_window(&inbox, c, secs, &format!("during-{k}"), &store, at).await?;
+        let during = drop_window(&inbox, c, secs, &format!("during-{k}"), store, at).await?;
         let rotation = during.rotation;
         let dropped = rotation.dropped.get(&Table::Markers).copied().unwrap_or(0);
         if dropped != 1 {
@@ -125,7 +138,7 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
             )));
         }
         let after = window(format!("after-{k}")).await?;
-        let (dropped_bytes, dead) = old_partitions(&store, live).await?;
+        let (dropped_bytes, dead) = old_partitions(store, live).await?;
         let left: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM txinbox_inbox WHERE consumer_name = 'expired'",
         )
@@ -149,11 +162,9 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
             dropped_bytes,
         );
         if args.controls && !control_first {
-            control(&window, &inbox, c, secs, k, &store, quiet).await?;
+            control(&window, &inbox, c, secs, k, store, quiet).await?;
         }
     }
-    store.close().await;
-    drop_schema(&args.store, &schema).await;
     Ok(())
 }
 

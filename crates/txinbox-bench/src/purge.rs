@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use txinbox_lab::lab::LabError;
+use txinbox_store::Store;
 
 use crate::fixture::{bench_inbox, bench_store, drop_schema, expect, message};
 use crate::rate::measure;
@@ -12,11 +13,24 @@ use crate::BenchArgs;
 /// `--purge-impact N`: N expired markers (another consumer's), then the apply rate without a purge, during the
 /// maintenance's purge of them, and without again; prints one `purge_impact` line.
 pub(super) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
+    let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
+    let (schema, store) = bench_store(&args.store, c as u32 + 4).await?;
+    // The schema is dropped whether the measurement ends well or not.
+    let result = measure_purge(args, rows, c, &store).await;
+    store.close().await;
+    drop_schema(&args.store, &schema).await;
+    result
+}
+
+async fn measure_purge(
+    args: &BenchArgs,
+    rows: i64,
+    c: usize,
+    store: &Store<sqlx::Postgres>,
+) -> Result<(), LabError> {
     use txinbox_core::runtime::maintenance::Table;
     use txinbox_core::{Maintenance, MaintenanceOptions};
-    let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
     let secs = args.seconds.max(1);
-    let (schema, store) = bench_store(&args.store, c as u32 + 4).await?;
     let pool = store.pool().clone();
     let loaded = Instant::now();
     sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) SELECT 'expired', '', 'm-' || g, 'h', now() - interval '40 days', now() - interval '40 days', now() - interval '10 days', 'producer_id' FROM generate_series(1, $1) g")
@@ -28,7 +42,7 @@ pub(super) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         "# purge impact: {rows} expired markers loaded in {:.1}s; apply rate at c={c}, {secs}s per window",
         loaded.elapsed().as_secs_f64()
     );
-    let inbox = Arc::new(bench_inbox(&store)?);
+    let inbox = Arc::new(bench_inbox(store)?);
     let window = |tag: &'static str| {
         let ib = inbox.clone();
         measure(c, secs, move |t, i| {
@@ -59,7 +73,5 @@ pub(super) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         report.batches,
         purge_running_at_end
     );
-    store.close().await;
-    drop_schema(&args.store, &schema).await;
     Ok(())
 }

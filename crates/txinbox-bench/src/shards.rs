@@ -56,8 +56,13 @@ async fn open(
 ) -> Result<Vec<(String, String, Store<sqlx::Postgres>)>, LabError> {
     let mut out = Vec::new();
     for url in urls {
-        let (schema, store) = bench_store(url, connections).await?;
-        out.push((url.clone(), schema, store));
+        match bench_store(url, connections).await {
+            Ok((schema, store)) => out.push((url.clone(), schema, store)),
+            Err(e) => {
+                close(out).await;
+                return Err(e);
+            }
+        }
     }
     Ok(out)
 }
@@ -279,15 +284,19 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<(), LabError> {
     let connections = args.e2e_in_flight as u32 + 2;
     let (mut one, mut many, mut down) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..args.rounds.max(1) {
+        // Every schema is dropped, whether the measurement ends well or not.
         let single = open(&urls[..1], connections).await?;
-        let (r1, busy1) = drain(args, &single, n, true).await?;
+        let r = drain(args, &single, n, true).await;
         close(single).await;
+        let (r1, busy1) = r?;
         let all = open(urls, connections).await?;
-        let (rn, busyn) = drain(args, &all, n, false).await?;
+        let r = drain(args, &all, n, false).await;
         close(all).await;
+        let (rn, busyn) = r?;
         let all = open(urls, connections).await?;
-        let (rd, down_rows, busyd) = one_down(args, &all, n).await?;
+        let r = one_down(args, &all, n).await;
         close(all).await;
+        let (rd, down_rows, busyd) = r?;
         println!(
             "# round {round}: shards=1 {r1:.0} msg/s (cpu busy {busy1}); shards={n} {rn:.0} msg/s (cpu busy {busyn}); shards={n} one_unavailable: the others {rd:.0} msg/s (cpu busy {busyd}), the unavailable shard applied {down_rows}"
         );
