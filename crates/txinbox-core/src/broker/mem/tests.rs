@@ -87,25 +87,40 @@ async fn every_call_takes_the_round_trip() {
 
 /// Concurrent waits end in the order of their deadlines, whatever the order they began in, and a wait
 /// given up (its future dropped) leaves the others alone.
+///
+/// Each wait's deadline is its start plus its delay, and the starts are the tasks' first polls: on a loaded
+/// machine the thread can be descheduled between two of them for longer than the delays differ (a CI run
+/// saw the 40 ms wait start more than 20 ms after the 60 ms one, so it was due later). The order checked is
+/// therefore that of the deadlines the waits really had, not that of their delays.
 #[tokio::test]
 async fn exact_delays_end_in_deadline_order() {
-    let order = Arc::new(Mutex::new(Vec::new()));
+    let ended = Arc::new(Mutex::new(Vec::new()));
     let given_up = tokio::spawn(exact_delay(Duration::from_millis(15)));
     let mut tasks = Vec::new();
     for ms in [60u64, 20, 40] {
-        let order = order.clone();
+        let ended = ended.clone();
         tasks.push(tokio::spawn(async move {
             let t = std::time::Instant::now();
             exact_delay(Duration::from_millis(ms)).await;
             assert!(t.elapsed() >= Duration::from_millis(ms));
-            order.lock().unwrap().push(ms);
+            ended
+                .lock()
+                .unwrap()
+                .push((t + Duration::from_millis(ms), ms));
         }));
     }
     given_up.abort();
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(*order.lock().unwrap(), vec![20, 40, 60]);
+    let ended = ended.lock().unwrap().clone();
+    let mut delays: Vec<u64> = ended.iter().map(|(_, ms)| *ms).collect();
+    delays.sort_unstable();
+    assert_eq!(delays, [20, 40, 60], "every wait ended once: {ended:?}");
+    assert!(
+        ended.windows(2).all(|w| w[0].0 <= w[1].0),
+        "the waits ended out of their deadlines' order: {ended:?}"
+    );
 }
 
 #[tokio::test]
