@@ -123,6 +123,20 @@ pub(crate) async fn bench_store(
     Ok((schema, store))
 }
 
+/// Runs `body` on a fresh [`bench_store`] of `connections`, then closes the store and drops its schema,
+/// whether `body` ended well or not.
+pub(crate) async fn in_bench_schema<T>(
+    url: &str,
+    connections: u32,
+    body: impl AsyncFnOnce(&Store<sqlx::Postgres>) -> Result<T, LabError>,
+) -> Result<T, LabError> {
+    let (schema, store) = bench_store(url, connections).await?;
+    let result = body(&store).await;
+    store.close().await;
+    drop_schema(url, &schema).await;
+    result
+}
+
 /// Drops a schema [`bench_store`] made (best effort: the benchmark's figures are already printed).
 pub(crate) async fn drop_schema(url: &str, schema: &str) {
     if let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(url).await {

@@ -23,7 +23,7 @@ use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_lab::lab::LabError;
 use txinbox_store::{PartitionOptions, Store};
 
-use crate::fixture::{bench_inbox, bench_store, drop_schema, expect, message};
+use crate::fixture::{bench_inbox, expect, in_bench_schema, message};
 use crate::rate::measure;
 use crate::BenchArgs;
 
@@ -49,12 +49,10 @@ pub(crate) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabE
         ));
     }
     let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
-    let (schema, store) = bench_store(&args.store, c as u32 + 4).await?;
-    // The schema is dropped whether the measurement ends well or not.
-    let result = cycles(args, rows, c, &store).await;
-    store.close().await;
-    drop_schema(&args.store, &schema).await;
-    result
+    in_bench_schema(&args.store, c as u32 + 4, async |store| {
+        cycles(args, rows, c, store).await
+    })
+    .await
 }
 
 async fn cycles(

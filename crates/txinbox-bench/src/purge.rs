@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use txinbox_lab::lab::LabError;
 use txinbox_store::Store;
 
-use crate::fixture::{bench_inbox, bench_store, drop_schema, expect, message};
+use crate::fixture::{bench_inbox, expect, in_bench_schema, message};
 use crate::rate::measure;
 use crate::BenchArgs;
 
@@ -14,12 +14,10 @@ use crate::BenchArgs;
 /// maintenance's purge of them, and without again; prints one `purge_impact` line.
 pub(super) async fn purge_impact(args: &BenchArgs, rows: i64) -> Result<(), LabError> {
     let c = args.concurrency.iter().copied().max().unwrap_or(8).max(1);
-    let (schema, store) = bench_store(&args.store, c as u32 + 4).await?;
-    // The schema is dropped whether the measurement ends well or not.
-    let result = measure_purge(args, rows, c, &store).await;
-    store.close().await;
-    drop_schema(&args.store, &schema).await;
-    result
+    in_bench_schema(&args.store, c as u32 + 4, async |store| {
+        measure_purge(args, rows, c, store).await
+    })
+    .await
 }
 
 async fn measure_purge(
