@@ -51,6 +51,69 @@ impl DynamoStore {
         (l::PK.to_owned(), s(l::effect_pk(id)))
     }
 
+    /// Claims effect `id` for `holder` if it is still claimable and not held back by its group.
+    async fn claim_one(
+        &self,
+        id: i64,
+        holder: &str,
+        now_s: &str,
+        claim_until: DateTime<Utc>,
+    ) -> Result<Option<ClaimedEffect>, DynamoError> {
+        let (k, v) = Self::effect_key(id);
+        let current = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .key(k.clone(), v.clone())
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| call("GetItem", e))?;
+        let Some(item) = current.item() else {
+            return Ok(None);
+        };
+        if self.blocked_by_group(item).await? {
+            return Ok(None);
+        }
+        let res = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .key(k, v)
+            .update_expression("SET #state = :in_flight, claimed_by = :h, claim_until = :cu, updated_at = :now, gsi2sk = :due")
+            .condition_expression(CLAIMABLE)
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_values(":pending", s("pending"))
+            .expression_attribute_values(":uncertain", s("uncertain"))
+            .expression_attribute_values(":in_flight", s("in_flight"))
+            .expression_attribute_values(":now", s(now_s))
+            .expression_attribute_values(":h", s(holder))
+            .expression_attribute_values(":cu", s(l::ts(claim_until)))
+            .expression_attribute_values(":due", s(format!("{}#{id}", l::ts(claim_until))))
+            .return_values(ReturnValue::AllOld)
+            .send()
+            .await;
+        match res {
+            Ok(r) => {
+                let Some(old) = r.attributes() else {
+                    return Ok(None);
+                };
+                let from = state_of(&Reader::new(old))?;
+                let mut c = claimed(old, from)?;
+                c.reference = None;
+                Ok(Some(c))
+            }
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                // Another runner claimed it first, or it is not due any more.
+                Ok(None)
+            }
+            Err(e) => Err(call("UpdateItem", e)),
+        }
+    }
+
     /// Whether an older effect of the same consumer and group is unfinished (read from `by_group`, which is
     /// eventually consistent: an older effect just finished may still look unfinished for a moment, which
     /// only delays this one).
@@ -220,10 +283,10 @@ impl DynamoStore {
 impl EffectStore for DynamoStore {
     type Error = DynamoError;
 
-    /// Queries the `due` index of each destination for effects due by `now` (oldest first), then claims each
-    /// with a conditional update (`pending`/`uncertain` and due, or `in_flight` with an expired claim): two
-    /// runners that find the same effect race on the condition, and one wins. An effect behind an older
-    /// unfinished one of its group is left for later.
+    /// Queries the `due` partitions of each destination for effects due by `now`, a page of each partition
+    /// at a time, and claims them oldest first with a conditional update (`pending`/`uncertain` and due, or
+    /// `in_flight` with an expired claim): two runners that find the same effect race on the condition, and
+    /// one wins. An effect behind an older unfinished one of its group is left for later.
     async fn claim_effects(
         &self,
         holder: &str,
@@ -236,90 +299,55 @@ impl EffectStore for DynamoStore {
         let now_s = l::ts(now);
         let bound = format!("{now_s}#~");
         for dest in destinations {
-            if out.len() as i64 >= limit {
-                break;
-            }
-            let mut start = None;
-            'pages: loop {
-                let page = self
-                    .client
-                    .query()
-                    .table_name(&*self.table)
-                    .index_name(l::DUE)
-                    .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
-                    .expression_attribute_values(":d", s(l::due_of(dest)))
-                    .expression_attribute_values(":bound", s(&bound))
-                    .limit(limit.clamp(1, 100) as i32)
-                    .set_exclusive_start_key(start)
-                    .send()
-                    .await
-                    .map_err(|e| call("Query", e))?;
-                for key in page.items() {
-                    if out.len() as i64 >= limit {
-                        break 'pages;
-                    }
-                    let Some(pk) = key.get(l::PK) else { continue };
-                    let Some(id) = pk
-                        .as_s()
-                        .ok()
-                        .and_then(|p| p.strip_prefix("e#"))
-                        .and_then(|i| i.parse::<i64>().ok())
-                    else {
-                        continue;
-                    };
-                    let current = self
+            // Each partition's cursor; a round reads one page of every partition that has more, then tries
+            // the keys it found in the order they fell due.
+            let mut open: Vec<(String, Option<Item>)> =
+                l::due_partitions(dest).map(|p| (p, None)).collect();
+            while !open.is_empty() && (out.len() as i64) < limit {
+                let mut due = Vec::new();
+                let mut more = Vec::new();
+                for (partition, start) in open {
+                    let page = self
                         .client
-                        .get_item()
+                        .query()
                         .table_name(&*self.table)
-                        .key(l::PK, pk.clone())
-                        .consistent_read(true)
+                        .index_name(l::DUE)
+                        .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
+                        .expression_attribute_values(":d", s(&partition))
+                        .expression_attribute_values(":bound", s(&bound))
+                        .limit(limit.clamp(1, 100) as i32)
+                        .set_exclusive_start_key(start)
                         .send()
                         .await
-                        .map_err(|e| call("GetItem", e))?;
-                    let Some(item) = current.item() else { continue };
-                    if self.blocked_by_group(item).await? {
-                        continue;
+                        .map_err(|e| call("Query", e))?;
+                    for key in page.items() {
+                        let Some(sk) = key.get("gsi2sk").and_then(|v| v.as_s().ok()) else {
+                            continue;
+                        };
+                        let Some(id) = key
+                            .get(l::PK)
+                            .and_then(|v| v.as_s().ok())
+                            .and_then(|p| p.strip_prefix("e#"))
+                            .and_then(|i| i.parse::<i64>().ok())
+                        else {
+                            continue;
+                        };
+                        due.push((sk.clone(), id));
                     }
-                    let (k, v) = Self::effect_key(id);
-                    let res = self
-                        .client
-                        .update_item()
-                        .table_name(&*self.table)
-                        .key(k, v)
-                        .update_expression("SET #state = :in_flight, claimed_by = :h, claim_until = :cu, updated_at = :now, gsi2sk = :due")
-                        .condition_expression(CLAIMABLE)
-                        .expression_attribute_names("#state", "state")
-                        .expression_attribute_values(":pending", s("pending"))
-                        .expression_attribute_values(":uncertain", s("uncertain"))
-                        .expression_attribute_values(":in_flight", s("in_flight"))
-                        .expression_attribute_values(":now", s(&now_s))
-                        .expression_attribute_values(":h", s(holder))
-                        .expression_attribute_values(":cu", s(l::ts(claim_until)))
-                        .expression_attribute_values(":due", s(format!("{}#{id}", l::ts(claim_until))))
-                        .return_values(ReturnValue::AllOld)
-                        .send()
-                        .await;
-                    match res {
-                        Ok(r) => {
-                            let Some(old) = r.attributes() else { continue };
-                            let from = state_of(&Reader::new(old))?;
-                            let mut c = claimed(old, from)?;
-                            c.reference = None;
-                            out.push(c);
-                        }
-                        Err(e)
-                            if e.as_service_error()
-                                .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-                        {
-                            // Another runner claimed it first, or it is not due any more.
-                        }
-                        Err(e) => return Err(call("UpdateItem", e)),
+                    if let Some(k) = page.last_evaluated_key() {
+                        more.push((partition, Some(k.clone())));
                     }
                 }
-                match page.last_evaluated_key() {
-                    Some(k) => start = Some(k.clone()),
-                    None => break,
+                due.sort();
+                for (_, id) in due {
+                    if out.len() as i64 >= limit {
+                        break;
+                    }
+                    if let Some(c) = self.claim_one(id, holder, &now_s, claim_until).await? {
+                        out.push(c);
+                    }
                 }
+                open = more;
             }
         }
         Ok(out)

@@ -5,7 +5,7 @@
 //! | marker | `m#` consumer, source, message id | `m#` consumer, shard / processed at, message id | | |
 //! | business key | `b#` consumer, tenant, business key | | | |
 //! | evidence | `r#` uuid | `r#` consumer / recorded at, uuid | | |
-//! | effect | `e#` id | `fx#` shard / created at, id | `due#` destination / due at, id (while due) | `g#` consumer, group / created at, order (grouped only) |
+//! | effect | `e#` id | `fx#` shard / created at, id | `due#` destination, shard / due at, id (while due or held) | `g#` consumer, group / created at, order (grouped only) |
 //!
 //! Every variable part of a key is length-prefixed (`12:crm-followup`), so no value can forge another's key
 //! whatever characters it holds. Times in sort keys are RFC 3339 UTC with microseconds, which sort as text
@@ -116,9 +116,29 @@ pub fn effect_pk(id: i64) -> String {
     format!("e#{id}")
 }
 
-/// The `due` partition of a destination.
-pub fn due_of(destination: &str) -> String {
-    key("due#", &[destination])
+/// How many partitions of the `due` index one destination's effects spread over.
+///
+/// An effect writes its destination's `due` partition about four times (its entry when recorded, a delete
+/// and a put when a claim moves its sort key, a delete when it finishes), one write unit each: with one
+/// partition per destination, DynamoDB's 1,000 write units a second per partition would hold one destination
+/// near 250 effects a second. Four partitions put that near 1,000; a runner's poll queries the four (one
+/// `Query` each, 0.5 read units when nothing is due).
+pub const DUE_SHARDS: u64 = 4;
+
+/// The `due` partition `shard` (below [`DUE_SHARDS`]) of a destination.
+pub fn due_of(destination: &str, shard: u64) -> String {
+    key("due#", &[destination, &shard.to_string()])
+}
+
+/// The `due` partitions of a destination, every shard.
+pub fn due_partitions(destination: &str) -> impl Iterator<Item = String> + '_ {
+    (0..DUE_SHARDS).map(move |shard| due_of(destination, shard))
+}
+
+/// The `due` shard of an effect id: bits 32 and up of the id, modulo [`DUE_SHARDS`] (the low bits pick its
+/// `by_consumer` shard, [`shard_of`]; the two spreads are independent).
+pub fn due_shard(id: i64) -> u64 {
+    ((id as u64) >> 32) % DUE_SHARDS
 }
 
 /// The `by_group` partition of a consumer's group.
@@ -358,6 +378,22 @@ mod tests {
             "no consumer's partition is another's"
         );
         assert_ne!(markers_of("c", 12), markers_of("c#2:1", 2));
+    }
+
+    #[test]
+    fn due_shards_spread_and_are_independent_of_the_effect_shards() {
+        let mut due = [0u32; DUE_SHARDS as usize];
+        let mut pairs = std::collections::HashSet::new();
+        for i in 0..1_600 {
+            let id = effect_id(&format!("effect-{i}"));
+            due[due_shard(id) as usize] += 1;
+            pairs.insert((shard_of(id), due_shard(id)));
+        }
+        assert!(due.iter().all(|&c| (300..=500).contains(&c)), "{due:?}");
+        assert_eq!(pairs.len() as u64, EFFECT_SHARDS * DUE_SHARDS);
+        assert_ne!(due_of("mail", 0), due_of("mail", 1));
+        assert_eq!(due_partitions("mail").count() as u64, DUE_SHARDS);
+        assert!(due_partitions("mail").all(|p| p.starts_with("due#4:mail#")));
     }
 
     #[test]

@@ -89,6 +89,7 @@ on_both_backends!(
     a_lost_commit_answer_is_recognised_by_the_token_in_the_marker,
     an_expired_marker_counts_as_absent_before_the_ttl_deletes_it,
     effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order,
+    one_destinations_effects_spread_over_its_due_partitions_and_are_claimed_oldest_first,
     the_table_check_names_what_does_not_match,
     a_batch_commits_every_marker_of_its_transaction_or_none,
     a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_finds_every_marker,
@@ -742,6 +743,74 @@ async fn effects_are_claimed_once_through_the_due_index_and_groups_keep_their_or
     // The store's own write of an effect uses a condition; ReturnValue is the SDK's, named here so the
     // import stays used on every SDK version.
     let _ = ReturnValue::None;
+}
+
+async fn one_destinations_effects_spread_over_its_due_partitions_and_are_claimed_oldest_first(
+    b: Backend,
+) {
+    use txinbox_dynamodb::layout;
+    let c = b.client();
+    let (store, table) = store_on(c.clone()).await;
+    let consumer = ConsumerName::new("crm-followup").unwrap();
+    let inbox = Inbox::new(store.clone(), IdentityPolicy::new(consumer));
+    let processor = inbox.bind(
+        |_tx: DynamoTx, msg: Message<txinbox_core::Raw>| async move {
+            let e = Effect::new("notify", "mail", msg.id().as_bytes().to_vec());
+            Ok::<_, HandlerError>(Handled::default().effect(e))
+        },
+    );
+    const N: usize = 12;
+    let queue = MemoryQueue::new(QueueOptions::default());
+    for i in 0..N {
+        let id = format!("m-{i}");
+        queue.send(OutgoingMessage::new(id.clone()).cloudevent("crm", &id, "t"));
+    }
+    let r = Worker::new(queue.receiver(), processor)
+        .run_until_idle()
+        .await;
+    assert_eq!(r.count(OutcomeKind::Applied), N as u64);
+
+    // Every entry sits in the partition its id names, and the effects use more than one partition.
+    let mut due = Vec::new();
+    let mut used = 0;
+    for (shard, partition) in layout::due_partitions("mail").enumerate() {
+        let out = c
+            .query()
+            .table_name(&table)
+            .index_name(layout::DUE)
+            .key_condition_expression("gsi2pk = :p")
+            .expression_attribute_values(":p", AttributeValue::S(partition))
+            .send()
+            .await
+            .unwrap();
+        used += usize::from(out.count() > 0);
+        for key in out.items() {
+            let id: i64 = key[layout::PK].as_s().unwrap()["e#".len()..]
+                .parse()
+                .unwrap();
+            assert_eq!(layout::due_shard(id), shard as u64);
+            due.push((key["gsi2sk"].as_s().unwrap().clone(), id));
+        }
+    }
+    assert_eq!(due.len(), N);
+    assert!(used > 1, "{due:?}");
+    due.sort();
+
+    // Claims of five at a time take them in the order they fell due, across the partitions.
+    let dests = vec!["mail".to_owned()];
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let until = now + chrono::Duration::seconds(60);
+    let mut claimed = Vec::new();
+    for want in [5, 5, 2, 0] {
+        let got = store
+            .claim_effects("runner-x", &dests, now, until, 5)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), want);
+        claimed.extend(got.iter().map(|e| e.id));
+    }
+    let oldest_first: Vec<i64> = due.iter().map(|(_, id)| *id).collect();
+    assert_eq!(claimed, oldest_first);
 }
 
 async fn the_table_check_names_what_does_not_match(b: Backend) {

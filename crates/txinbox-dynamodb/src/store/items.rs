@@ -116,7 +116,10 @@ pub(crate) fn effect_item(e: &NewEffect<'_>, order: usize) -> Item {
     item.insert("updated_at".into(), s(&created));
     item.insert("gsi1pk".into(), s(l::effect_shard(l::shard_of(id))));
     item.insert("gsi1sk".into(), s(format!("{created}#{id}")));
-    item.insert("gsi2pk".into(), s(l::due_of(&fx.destination)));
+    item.insert(
+        "gsi2pk".into(),
+        s(l::due_of(&fx.destination, l::due_shard(id))),
+    );
     item.insert("gsi2sk".into(), s(format!("{created}#{id}")));
     if let Some(g) = &fx.group {
         item.insert("group_key".into(), s(g));
