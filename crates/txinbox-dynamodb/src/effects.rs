@@ -51,6 +51,73 @@ impl DynamoStore {
         (l::PK.to_owned(), s(l::effect_pk(id)))
     }
 
+    /// The claim of [`EffectStore::claim_effects`], into `out` (kept by the caller whatever the result).
+    async fn claim_into(
+        &self,
+        out: &mut Vec<ClaimedEffect>,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<(), DynamoError> {
+        let now_s = l::ts(now);
+        let bound = format!("{now_s}#~");
+        for dest in destinations {
+            // Each partition's cursor; a round reads one page of every partition that has more, then tries
+            // the keys it found in the order they fell due.
+            let mut open: Vec<(String, Option<Item>)> =
+                l::due_partitions(dest).map(|p| (p, None)).collect();
+            while !open.is_empty() && (out.len() as i64) < limit {
+                let mut due = Vec::new();
+                let mut more = Vec::new();
+                for (partition, start) in open {
+                    let page = self
+                        .client
+                        .query()
+                        .table_name(&*self.table)
+                        .index_name(l::DUE)
+                        .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
+                        .expression_attribute_values(":d", s(&partition))
+                        .expression_attribute_values(":bound", s(&bound))
+                        .limit(limit.clamp(1, 100) as i32)
+                        .set_exclusive_start_key(start)
+                        .send()
+                        .await
+                        .map_err(|e| call("Query", e))?;
+                    for key in page.items() {
+                        let Some(sk) = key.get("gsi2sk").and_then(|v| v.as_s().ok()) else {
+                            continue;
+                        };
+                        let Some(id) = key
+                            .get(l::PK)
+                            .and_then(|v| v.as_s().ok())
+                            .and_then(|p| p.strip_prefix("e#"))
+                            .and_then(|i| i.parse::<i64>().ok())
+                        else {
+                            continue;
+                        };
+                        due.push((sk.clone(), id));
+                    }
+                    if let Some(k) = page.last_evaluated_key() {
+                        more.push((partition, Some(k.clone())));
+                    }
+                }
+                due.sort();
+                for (_, id) in due {
+                    if out.len() as i64 >= limit {
+                        break;
+                    }
+                    if let Some(c) = self.claim_one(id, holder, &now_s, claim_until).await? {
+                        out.push(c);
+                    }
+                }
+                open = more;
+            }
+        }
+        Ok(())
+    }
+
     /// Claims effect `id` for `holder` if it is still claimable and not held back by its group.
     async fn claim_one(
         &self,
@@ -296,61 +363,18 @@ impl EffectStore for DynamoStore {
         limit: i64,
     ) -> Result<Vec<ClaimedEffect>, DynamoError> {
         let mut out = Vec::new();
-        let now_s = l::ts(now);
-        let bound = format!("{now_s}#~");
-        for dest in destinations {
-            // Each partition's cursor; a round reads one page of every partition that has more, then tries
-            // the keys it found in the order they fell due.
-            let mut open: Vec<(String, Option<Item>)> =
-                l::due_partitions(dest).map(|p| (p, None)).collect();
-            while !open.is_empty() && (out.len() as i64) < limit {
-                let mut due = Vec::new();
-                let mut more = Vec::new();
-                for (partition, start) in open {
-                    let page = self
-                        .client
-                        .query()
-                        .table_name(&*self.table)
-                        .index_name(l::DUE)
-                        .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
-                        .expression_attribute_values(":d", s(&partition))
-                        .expression_attribute_values(":bound", s(&bound))
-                        .limit(limit.clamp(1, 100) as i32)
-                        .set_exclusive_start_key(start)
-                        .send()
-                        .await
-                        .map_err(|e| call("Query", e))?;
-                    for key in page.items() {
-                        let Some(sk) = key.get("gsi2sk").and_then(|v| v.as_s().ok()) else {
-                            continue;
-                        };
-                        let Some(id) = key
-                            .get(l::PK)
-                            .and_then(|v| v.as_s().ok())
-                            .and_then(|p| p.strip_prefix("e#"))
-                            .and_then(|i| i.parse::<i64>().ok())
-                        else {
-                            continue;
-                        };
-                        due.push((sk.clone(), id));
-                    }
-                    if let Some(k) = page.last_evaluated_key() {
-                        more.push((partition, Some(k.clone())));
-                    }
-                }
-                due.sort();
-                for (_, id) in due {
-                    if out.len() as i64 >= limit {
-                        break;
-                    }
-                    if let Some(c) = self.claim_one(id, holder, &now_s, claim_until).await? {
-                        out.push(c);
-                    }
-                }
-                open = more;
+        match self
+            .claim_into(&mut out, holder, destinations, now, claim_until, limit)
+            .await
+        {
+            Ok(()) => Ok(out),
+            Err(e) if out.is_empty() => Err(e),
+            // What was claimed is held: hand it to the runner rather than leave it until its claim expires.
+            Err(e) => {
+                tracing::warn!(error = %e, claimed = out.len(), "claim: an error after some effects were claimed; those run, the others wait for the next poll");
+                Ok(out)
             }
         }
-        Ok(out)
     }
 
     async fn finish_effect(

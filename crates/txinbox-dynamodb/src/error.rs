@@ -46,6 +46,17 @@ pub enum DynamoError {
         /// DynamoDB's reason.
         message: String,
     },
+    /// DynamoDB refused the transaction as a whole as invalid (a `ValidationException`, such as two actions
+    /// on one item that the check before sending could not see, or a `ValidationError` on one of the
+    /// store's own items): nothing was written; the same transaction would be refused again.
+    #[error("DynamoDB refused the transaction as invalid: {message}")]
+    Refused {
+        /// DynamoDB's error code and reason.
+        message: String,
+        /// The SDK's error, when DynamoDB refused the whole call.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The transaction was committed or rolled back: a clone of it kept past the handler cannot write.
     #[error("the transaction is over (committed or rolled back): nothing was added to it")]
     Closed,

@@ -93,6 +93,7 @@ on_both_backends!(
     the_table_check_names_what_does_not_match,
     a_batch_commits_every_marker_of_its_transaction_or_none,
     a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_finds_every_marker,
+    a_batch_whose_deliveries_put_one_item_applies_each_delivery_alone,
 );
 
 async fn fresh_table(client: &Client) -> String {
@@ -482,12 +483,64 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     );
     assert!(msg.contains("4194304"), "{msg}");
     assert_eq!(count_of(&c, &tasks, "big-0").await, None);
+    // The store's own item over 400 KB: an effect whose payload the handler made too large. Refused before
+    // anything is sent, and the message is dead-lettered with the reason, not released again and again.
+    let consumer = ConsumerName::new("crm-followup").unwrap();
+    let processor = Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
+        |_tx: DynamoTx, _msg: Message<txinbox_core::Raw>| async move {
+            let e = Effect::new("notify", "mail", vec![b'x'; 410 * 1024]);
+            Ok::<_, HandlerError>(Handled::default().effect(e))
+        },
+    );
+    let queue = MemoryQueue::new(QueueOptions::default());
+    queue.send(OutgoingMessage::new("big").cloudevent("crm", "m-5", "t"));
+    let r = Worker::new(queue.receiver(), processor)
+        .run_until_idle()
+        .await;
+    assert_eq!(r.count(OutcomeKind::DeadLettered), 1, "{r:?}");
+    let dead = queue.dead_letters();
+    let detail = &dead[0].1.detail;
+    assert_eq!(dead[0].1.reason, "handler_permanent", "{detail}");
+    assert!(
+        detail.contains("an effect") && detail.contains("400"),
+        "{detail}"
+    );
     // Nothing of the four refused transactions reached the table: the first message still applies.
     assert!(matches!(
         commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-0")).unwrap()).await,
         Commit::Done
     ));
     assert_eq!(count_of(&c, &tasks, "t-0").await, Some(1));
+    // A put and an update of one item: the check before sending sees a put's whole item, not its key
+    // (a handler's table may have any key), so DynamoDB refuses the call. AWS: "no two actions can target
+    // the same item. For example, you cannot both ConditionCheck and Update the same item." The refusal is
+    // permanent and names DynamoDB's reason; nothing was written.
+    let c6 = commit_with(&store, &txinbox_test_identity("m-6"), |tx| {
+        tx.put(
+            Put::builder()
+                .table_name(&tasks)
+                .item("id", AttributeValue::S("both".into()))
+                .item("n", AttributeValue::N("5".into()))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        tx.update(add_one(&tasks, "both")).unwrap();
+    })
+    .await;
+    match c6 {
+        Commit::HandlerFailed(e) => {
+            assert_eq!(e.retry_kind(), txinbox_core::Retry::No, "{e}");
+            let d = e
+                .source()
+                .downcast_ref::<DynamoError>()
+                .expect("a DynamoError");
+            assert!(matches!(d, DynamoError::Refused { .. }), "{d}");
+            assert!(d.to_string().contains("ValidationException"), "{d}");
+        }
+        other => panic!("expected a permanent refusal, got {other:?}"),
+    }
+    assert_eq!(count_of(&c, &tasks, "both").await, None);
 }
 
 mod lost_answer {
@@ -1011,4 +1064,67 @@ async fn a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_find
         assert_eq!(count_of(&c, &tasks, t).await, Some(1), "{t}");
     }
     assert_eq!(markers(store.clone()).await, 4);
+}
+
+/// Two deliveries of one batch that each put the same item (the account's latest meeting) make one
+/// transaction with two actions on one item, which DynamoDB refuses ("no two actions can target the same
+/// item"); the check before sending cannot see it (a put's key is inside its item, and a handler's table
+/// may have any key). The refusal is permanent for the transaction, not for the messages: the batch falls
+/// back to one delivery at a time, and both apply. Before, the refusal was an error of the call, the batch
+/// was released, and came back as the same batch, without end.
+async fn a_batch_whose_deliveries_put_one_item_applies_each_delivery_alone(b: Backend) {
+    let c = b.client();
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let queue = MemoryQueue::new(QueueOptions::default().max_receive_count(Some(3)));
+    for id in ["m-1", "m-2"] {
+        // No FIFO group: one receive hands out both, so they share one transaction.
+        let mut msg = OutgoingMessage::new(id).cloudevent("crm", id, "t");
+        msg.group_id = None;
+        queue.send(msg);
+    }
+    let table = tasks.clone();
+    let processor = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap()),
+    )
+    .bind(move |tx: DynamoTx, msg: Message<txinbox_core::Raw>| {
+        let table = table.clone();
+        async move {
+            tx.put(
+                Put::builder()
+                    .table_name(&table)
+                    .item("id", AttributeValue::S("account-1".into()))
+                    .item("last", AttributeValue::S(msg.id().to_owned()))
+                    .build()
+                    .unwrap(),
+            )?;
+            Ok::<_, HandlerError>(Handled::default())
+        }
+    });
+    let report = Worker::new(queue.receiver(), processor)
+        .options(WorkerOptions::default().concurrency(10).batch_commit(10))
+        .run_until_idle()
+        .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 2, "{report:?}");
+    assert_eq!(report.count(OutcomeKind::Retry), 0, "{report:?}");
+    assert_eq!(queue.state().dead_lettered, 0);
+    let item = c
+        .get_item()
+        .table_name(&tasks)
+        .key("id", AttributeValue::S("account-1".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    let last = item.item().unwrap()["last"].as_s().unwrap().clone();
+    assert!(last == "m-1" || last == "m-2", "{last}");
+    assert_eq!(
+        store
+            .table_stats(Table::Markers, "crm-followup")
+            .await
+            .unwrap()
+            .0,
+        2
+    );
 }

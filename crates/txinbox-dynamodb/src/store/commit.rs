@@ -7,7 +7,7 @@ use chrono::Utc;
 use txinbox_core::store::Commit;
 use txinbox_core::HandlerError;
 
-use super::limits::{action_table, check_limits, check_total_size};
+use super::limits::{action_table, check_item_sizes, check_limits, check_total_size};
 use super::DynamoStore;
 use crate::error::call;
 use crate::layout::{n, Item, Reader};
@@ -122,7 +122,7 @@ impl DynamoStore {
             }
             let first_action = items.len();
             items.extend(actions.iter().cloned());
-            if let Err(e) = check_total_size(&items) {
+            if let Err(e) = check_item_sizes(&items, first_action).and(check_total_size(&items)) {
                 return Ok(Commit::HandlerFailed(HandlerError::permanent(e)));
             }
             let err = match self.send(items, &token).await {
@@ -132,6 +132,20 @@ impl DynamoStore {
             let last = attempt >= self.options.commit_attempts;
             let reasons = cancellation_reasons(&err);
             let Some(reasons) = reasons else {
+                if is_validation(&err) {
+                    // The request itself is invalid (two actions on one item that the check before sending
+                    // could not see, say): the same transaction would be refused again.
+                    let refused = match call("TransactWriteItems", err) {
+                        DynamoError::Call {
+                            message, source, ..
+                        } => DynamoError::Refused {
+                            message,
+                            source: Some(source),
+                        },
+                        other => other,
+                    };
+                    return Ok(Commit::HandlerFailed(HandlerError::permanent(refused)));
+                }
                 let e = call("TransactWriteItems", err);
                 if e.is_transient() && !last {
                     tracing::debug!(error = %e, attempt, "commit: transient error, trying again with a new token");
@@ -197,6 +211,22 @@ impl DynamoStore {
                 attempt -= 1;
                 continue;
             }
+            // One of the store's own items refused as invalid: permanent, as for the handler's.
+            if let Some(r) = reasons
+                .iter()
+                .take(first_action)
+                .find(|r| r.code() == Some("ValidationError"))
+            {
+                return Ok(Commit::HandlerFailed(HandlerError::permanent(
+                    DynamoError::Refused {
+                        message: format!(
+                            "ValidationError on the store's own item: {}",
+                            r.message().unwrap_or("no reason given")
+                        ),
+                        source: None,
+                    },
+                )));
+            }
             for (i, r) in reasons.iter().enumerate().skip(first_action) {
                 let c = r.code().unwrap_or("None");
                 let index = i - first_action;
@@ -255,6 +285,18 @@ enum Slot {
     BusinessKey,
     /// The effect `.1` of the delivery `.0`.
     Effect(usize, usize),
+}
+
+/// Whether DynamoDB refused the call as invalid (`ValidationException`), not cancelled it.
+fn is_validation<R>(
+    e: &aws_sdk_dynamodb::error::SdkError<
+        aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError,
+        R,
+    >,
+) -> bool {
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+    e.as_service_error()
+        .is_some_and(|se| se.code() == Some("ValidationException"))
 }
 
 /// The cancellation reasons of a cancelled transaction, in the order of its actions.

@@ -27,7 +27,9 @@ pub(super) fn action_table(a: &TransactWriteItem) -> &str {
 fn action_key(a: &TransactWriteItem) -> Option<String> {
     let (table, key) = if let Some(p) = a.put() {
         // A put's key is inside its item; the store's items carry `pk`, a handler's may use any key: the
-        // whole item then stands for it, which can only miss a duplicate, never invent one.
+        // whole item then stands for it, which can only miss a duplicate (DynamoDB then refuses the call
+        // with a `ValidationException`, which the commit turns into `DynamoError::Refused`), never invent
+        // one.
         (p.table_name(), p.item())
     } else if let Some(u) = a.update() {
         (u.table_name(), u.key())
@@ -76,6 +78,35 @@ pub(super) fn check_limits(
                     p.table_name()
                 )));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Every item the call puts, the store's own included (an effect's payload and metadata are the
+/// handler's), against DynamoDB's 400 KB per item. `first_action` is the position of the handler's first
+/// action; the store's items come before it.
+pub(super) fn check_item_sizes(
+    items: &[TransactWriteItem],
+    first_action: usize,
+) -> Result<(), DynamoError> {
+    for (i, a) in items.iter().enumerate().take(first_action) {
+        let Some(p) = a.put() else { continue };
+        let size = l::item_size(p.item());
+        if size > MAX_ITEM_BYTES {
+            let what = p
+                .item()
+                .get(l::PK)
+                .and_then(|v| v.as_s().ok())
+                .map(|pk| match pk.get(..2) {
+                    Some("e#") => "an effect (its payload and metadata)",
+                    Some("m#") => "the marker (its result reference)",
+                    _ => "an item",
+                })
+                .unwrap_or("an item");
+            return Err(DynamoError::Limit(format!(
+                "the store's item {i} of the call, {what}, is about {size} bytes: more than the 400 KB ({MAX_ITEM_BYTES} bytes) DynamoDB stores"
+            )));
         }
     }
     Ok(())
