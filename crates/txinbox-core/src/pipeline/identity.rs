@@ -286,6 +286,17 @@ impl IdentityPolicy {
     }
 }
 
+/// The tenant of a message as [`IdentityPolicy::resolve`] reads it: the `ce-tenantid` attribute of a
+/// binary-mode event (one with a `ce-id` attribute), else the `tenantid` of a structured CloudEvent body;
+/// a message identified otherwise has none. The shard router reads it with this same function, so a
+/// message's shard and its marker's tenant always agree.
+pub(crate) fn tenant_of(msg: &ReceivedMessage) -> Option<String> {
+    if msg.attribute(ce::ID).is_some() {
+        return msg.attribute(ce::TENANT_ID).map(str::to_owned);
+    }
+    structured_cloudevent(&msg.body).and_then(|ev| ev.tenant)
+}
+
 /// A CloudEvents `time` (RFC 3339); an invalid one is ignored (the event is placed by its broker time).
 fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     chrono::DateTime::parse_from_rfc3339(s.trim())
@@ -349,6 +360,44 @@ fn structured_cloudevent(body: &[u8]) -> Option<StructuredEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The shard router and the identity read one tenant, whatever shape the message has.
+    #[test]
+    fn the_tenant_of_a_message_is_the_tenant_of_its_identity() {
+        let structured = r#"{"specversion":"1.0","id":"e1","source":"crm","tenantid":"globex"}"#;
+        /// A body, its attributes and its producer id.
+        type Shape<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>);
+        let shapes: Vec<Shape<'_>> = vec![
+            (
+                "{}",
+                vec![("ce-id", "a"), ("ce-source", "s"), ("ce-tenantid", "acme")],
+                None,
+            ),
+            (
+                structured,
+                vec![("ce-id", "a"), ("ce-source", "s"), ("ce-tenantid", "acme")],
+                None,
+            ),
+            (structured, vec![("ce-tenantid", "acme")], None),
+            (structured, vec![], None),
+            ("{}", vec![("ce-tenantid", "acme")], Some("p-1")),
+            (
+                r#"{"specversion":"1.0","tenantid":"globex"}"#,
+                vec![],
+                Some("p-2"),
+            ),
+            ("{}", vec![("ce-id", "a"), ("ce-source", "s")], None),
+        ];
+        for (body, attrs, producer_id) in shapes {
+            let mut m = ReceivedMessage::new(body.as_bytes().to_vec());
+            for (k, v) in &attrs {
+                m.attributes.insert((*k).into(), (*v).into());
+            }
+            m.producer_id = producer_id.map(str::to_owned);
+            let identity = policy().resolve(&m).unwrap();
+            assert_eq!(tenant_of(&m), identity.tenant_id, "{body} {attrs:?}");
+        }
+    }
 
     fn policy() -> IdentityPolicy {
         IdentityPolicy::new(ConsumerName::new("c").unwrap())

@@ -51,6 +51,10 @@ fn shards_resolve_their_url_from_the_environment_and_bad_claims_are_one_line() {
     ("[store.shards.a]\nurl = \"sqlite:a.db\"\ntenants = [\"x\"]\n", "PostgreSQL"),
     ("[store.shards.a]\nurl = \"postgres://h/d\"\n", "claims no tenant"),
     (
+        "[store.shards.a]\nurl = \"postgres://h/d\"\ntenants = [\"acme\", \"acme\"]\n",
+        r#"shard "a" lists tenant "acme" twice"#,
+    ),
+    (
         "[store.shards.a]\nurl = \"postgres://h/d\"\nrest = true\n[store.shards.b]\nurl = \"postgres://h/e\"\nrest = true\n",
         "both take the unclaimed tenants",
     ),

@@ -90,6 +90,14 @@ pub enum ShardConfigError {
         /// The second.
         second: String,
     },
+    /// One shard lists a key twice (a typing mistake, most likely of another tenant).
+    #[error("shard {shard:?} lists tenant {key:?} twice")]
+    ListedTwice {
+        /// The key.
+        key: String,
+        /// The shard.
+        shard: String,
+    },
     /// Two shards take the rest.
     #[error("shards {first:?} and {second:?} both take the unclaimed tenants; at most one may")]
     TwoRests {
@@ -223,6 +231,12 @@ pub(super) fn check_claims<'a, K: AsRef<str> + 'a>(
         for key in claims {
             let key = key.as_ref();
             if let Some(&first) = by_key.get(key) {
+                if first == i {
+                    return Err(ShardConfigError::ListedTwice {
+                        key: key.to_owned(),
+                        shard: name.to_owned(),
+                    });
+                }
                 return Err(ShardConfigError::ClaimedTwice {
                     key: key.to_owned(),
                     first: names[first].to_owned(),

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use crate::pipeline::identity::ce;
+use crate::pipeline::identity::tenant_of;
 use crate::ReceivedMessage;
 
 type KeyFn = dyn Fn(&ReceivedMessage) -> Option<String> + Send + Sync;
@@ -24,9 +24,11 @@ impl std::fmt::Debug for ShardRouter {
 }
 
 impl ShardRouter {
-    /// Routes by tenant: the CloudEvents `tenantid` extension, from the `ce-tenantid` attribute (binary mode)
-    /// or the `tenantid` member of a structured CloudEvent body (JSON with `specversion`), as the inbox reads
-    /// the tenant of a message's identity.
+    /// Routes by tenant: the CloudEvents `tenantid` extension, read exactly as the inbox reads the tenant of
+    /// a message's identity (the same function), so a message's business data goes to the shard of the
+    /// tenant its marker records: the `ce-tenantid` attribute of a binary-mode event (one with a `ce-id`
+    /// attribute), else the `tenantid` member of a structured CloudEvent body (JSON with `specversion`, `id`
+    /// and `source`); a message identified otherwise (a producer id) has no tenant.
     pub fn tenant() -> Self {
         Self {
             key: Arc::new(tenant_of),
@@ -56,27 +58,4 @@ impl Default for ShardRouter {
     fn default() -> Self {
         Self::tenant()
     }
-}
-
-/// The tenant of a message: the `ce-tenantid` attribute, else a structured CloudEvent's `tenantid`.
-fn tenant_of(msg: &ReceivedMessage) -> Option<String> {
-    if let Some(t) = msg.attribute(ce::TENANT_ID) {
-        return Some(t.to_owned());
-    }
-    #[derive(serde::Deserialize)]
-    struct Structured {
-        specversion: Option<serde::de::IgnoredAny>,
-        tenantid: Option<String>,
-    }
-    // Only a JSON object can be a structured CloudEvent; anything else has no tenant.
-    if msg
-        .body
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .is_none_or(|b| *b != b'{')
-    {
-        return None;
-    }
-    let s: Structured = serde_json::from_slice(&msg.body).ok()?;
-    s.specversion.and(s.tenantid)
 }

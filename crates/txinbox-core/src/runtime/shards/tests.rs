@@ -3,11 +3,20 @@ use std::time::Duration;
 use super::*;
 use crate::pipeline::identity::ce;
 
-fn msg(body: &str, tenant: Option<&str>) -> ReceivedMessage {
+/// A message that is no binary-mode CloudEvent (no `ce-id`), with a `ce-tenantid` attribute if `tenant`.
+fn plain(body: &str, tenant: Option<&str>) -> ReceivedMessage {
     let mut m = ReceivedMessage::new(body.as_bytes().to_vec());
     if let Some(t) = tenant {
         m.attributes.insert(ce::TENANT_ID.into(), t.into());
     }
+    m
+}
+
+/// A binary-mode CloudEvent (`ce-id`, `ce-source`) of `tenant`.
+fn msg(body: &str, tenant: Option<&str>) -> ReceivedMessage {
+    let mut m = plain(body, tenant);
+    m.attributes.insert(ce::ID.into(), "e1".into());
+    m.attributes.insert(ce::SOURCE.into(), "crm".into());
     m
 }
 
@@ -17,16 +26,28 @@ fn the_tenant_comes_from_the_attribute_or_a_structured_cloudevent() {
     assert_eq!(r.key(&msg("{}", Some("acme"))).as_deref(), Some("acme"));
     let structured =
         r#" {"specversion":"1.0","id":"e1","source":"crm","tenantid":"globex","data":{}}"#;
-    assert_eq!(r.key(&msg(structured, None)).as_deref(), Some("globex"));
-    // The attribute wins over the body, as in the identity.
+    assert_eq!(r.key(&plain(structured, None)).as_deref(), Some("globex"));
+    // As in the identity: a binary-mode event (ce-id) takes the attribute, whatever its body holds; a
+    // structured one its body, whatever the attributes say.
     assert_eq!(
         r.key(&msg(structured, Some("acme"))).as_deref(),
         Some("acme")
     );
+    assert_eq!(
+        r.key(&plain(structured, Some("acme"))).as_deref(),
+        Some("globex")
+    );
+    // A ce-tenantid attribute on a message that is no CloudEvent (identified by its producer id): no tenant.
+    assert_eq!(r.key(&plain("{}", Some("acme"))), None);
+    // A body with specversion and tenantid but no id is no structured CloudEvent the identity accepts.
+    assert_eq!(
+        r.key(&plain(r#"{"specversion":"1.0","tenantid":"globex"}"#, None)),
+        None
+    );
     // A JSON body that is not a CloudEvent names no tenant, nor does a body that is not JSON.
-    assert_eq!(r.key(&msg(r#"{"tenantid":"globex"}"#, None)), None);
-    assert_eq!(r.key(&msg("tenantid=globex", None)), None);
-    assert_eq!(r.key(&msg("{not json", None)), None);
+    assert_eq!(r.key(&plain(r#"{"tenantid":"globex"}"#, None)), None);
+    assert_eq!(r.key(&plain("tenantid=globex", None)), None);
+    assert_eq!(r.key(&plain("{not json", None)), None);
 }
 
 #[test]
