@@ -308,6 +308,78 @@ async fn the_rotation_creates_ahead_and_drops_whole_partitions_never_rows() {
     s.drop().await;
 }
 
+/// A maintenance down for longer than the partitions ahead cover: markers of the buckets past the end are
+/// released as unplaced meanwhile, and the first rotation after it creates every bucket from the oldest kept
+/// one, those it missed included, so their copies apply once they come back (it created from now's bucket
+/// only, and a copy of a missed bucket then failed on insert, retried until dead-lettered).
+#[tokio::test]
+async fn after_a_maintenance_outage_the_rotation_creates_the_buckets_it_missed() {
+    let s = Schema::new().await;
+    let _ = s
+        .store
+        .partition(&PartitionOptions::new().keep(Duration::from_secs(2 * DAY as u64)))
+        .await
+        .unwrap();
+    let today = next_midnight() - Cd::days(1);
+    // Partitions from today - 2 to today + 3; an event of today + 4 has none yet.
+    let missed = today + Cd::days(4) + Cd::hours(12);
+    let id = identity("evt-late", None);
+    let a = insert(&s.store, &id, "h", missed).await;
+    assert!(matches!(a, MarkerInsert::Unplaced(_)), "{a:?}");
+    // The maintenance comes back six days later.
+    let back = today + Cd::days(6) + Cd::hours(1);
+    let r = rotate(&s, back).await;
+    assert!(r.created[&Table::Markers] >= 2, "{r:?}");
+    assert_eq!(
+        insert(&s.store, &id, "h", missed).await,
+        MarkerInsert::Inserted,
+        "the missed bucket has its partition"
+    );
+    // Every bucket from the oldest kept one to the end exists, each once.
+    let buckets: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass('txinbox_inbox') ORDER BY 1",
+    )
+    .fetch_all(s.store.pool())
+    .await
+    .unwrap();
+    let expected: Vec<String> = (4..10)
+        .map(|d| {
+            format!(
+                "txinbox_inbox_p{}",
+                (today + Cd::days(d)).format("%Y%m%dt%H%M%S")
+            )
+        })
+        .collect();
+    assert_eq!(buckets, expected);
+    s.drop().await;
+}
+
+/// A keep too long for a date ("for ever") drops nothing and fails nothing.
+#[tokio::test]
+async fn a_keep_of_for_ever_drops_nothing() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let opts = MaintenanceOptions::default()
+        .rejections_keep(Duration::MAX)
+        .effects_keep(Duration::MAX);
+    let before = s.partitions("txinbox_rejections").await;
+    let p = s
+        .store
+        .rotate_partitions(Utc::now() + Cd::days(40), &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.dropped[&Table::Rejections], 0, "{p:?}");
+    assert_eq!(p.dropped[&Table::Effects], 0, "{p:?}");
+    assert!(s.partitions("txinbox_rejections").await >= before);
+    let report = Maintenance::new(s.store.clone())
+        .options(opts)
+        .run_once_at(Utc::now() + Cd::days(40), &mut |_| {})
+        .await;
+    assert_eq!(report.error, None);
+    s.drop().await;
+}
+
 #[tokio::test]
 async fn markers_of_the_row_by_row_layout_stay_duplicates_until_their_table_expires() {
     let s = Schema::new().await;

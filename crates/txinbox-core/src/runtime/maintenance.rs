@@ -294,8 +294,13 @@ impl<S: MaintenanceStore> Maintenance<S> {
     ) -> MaintenanceReport {
         let started = Instant::now();
         let mut report = MaintenanceReport::default();
-        let since =
-            |d: Duration| now - chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        // A keep too long for a date (`Duration::MAX` for "for ever") keeps everything.
+        let since = |d: Duration| {
+            chrono::Duration::from_std(d)
+                .ok()
+                .and_then(|d| now.checked_sub_signed(d))
+                .unwrap_or(DateTime::<Utc>::MIN_UTC)
+        };
         match self.store.rotate_partitions(now, &self.opts).await {
             Ok(p) => report.partitions = p,
             Err(e) => {

@@ -85,11 +85,17 @@ async fn rotate(
         let mut attached = Vec::new();
         for p in &parts {
             let (name, pending): (String, bool) = (p.try_get(0)?, p.try_get(1)?);
+            let Some(b) = partition_bucket(parent, &name) else {
+                // Not one of the rotation's (an operator's own table, detached for archiving, say): left
+                // as it is. The names the rotation acts on are its own, letters and digits only, so they
+                // go into the statements below as they are.
+                continue;
+            };
             if pending {
                 let sql = format!("ALTER TABLE {parent} DETACH PARTITION {name} FINALIZE");
                 sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
                 sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
-            } else if let Some(b) = partition_bucket(parent, &name) {
+            } else {
                 attached.push(b);
             }
         }
@@ -102,10 +108,20 @@ async fn rotate(
                 sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
             }
         }
-        // Ahead: every bucket from now's to `ahead` past it.
+        // Ahead: every bucket from now's to `ahead` past it. For markers, from `low`: a marker is placed by
+        // its event's time, so every bucket between `low` and the end must exist, including those a
+        // maintenance that was down for longer than `width x ahead` did not create in time (their
+        // markers were released as unplaced meanwhile; without their partitions they would fail on
+        // insert once `high` moved past them). Evidence and effects are placed by the time of their
+        // commit: from now's bucket.
         let target = bucket_of(now, width) + w * (ahead + 1);
+        let from = if table == Table::Markers {
+            low
+        } else {
+            bucket_of(now, width).max(low)
+        };
         let mut created = 0;
-        for b in buckets(bucket_of(now, width).max(low), target, width) {
+        for b in buckets(from, target, width) {
             if !attached.contains(&b) {
                 attach_new(&mut *conn, parent, b, width).await?;
                 attached.push(b);
@@ -125,7 +141,8 @@ async fn rotate(
         attached.sort();
         let (mut dropped, mut held) = (0, 0);
         for b in attached.iter().copied() {
-            if b + w + keep > now {
+            // A keep too long for a date (`Duration::MAX` for "for ever") never expires anything.
+            if (b + w).checked_add_signed(keep).is_none_or(|end| end > now) {
                 break;
             }
             let name = partition_name(parent, b);
@@ -134,7 +151,10 @@ async fn rotate(
                 // longer ago than the keep: a failed or needs-attention effect holds it for an operator.
                 let check = format!("SELECT EXISTS (SELECT 1 FROM {name} WHERE state <> 'done' AND (state <> 'compensated' OR finished_at IS NULL OR finished_at >= $1)) OR EXISTS (SELECT 1 FROM {name} WHERE state = 'done' AND finished_at >= $1)");
                 let busy: bool = sqlx::query_scalar(&check)
-                    .bind(now - keep)
+                    .bind(
+                        now.checked_sub_signed(keep)
+                            .unwrap_or(DateTime::<Utc>::MIN_UTC),
+                    )
                     .fetch_one(&mut *conn)
                     .await?;
                 if busy {
