@@ -58,6 +58,7 @@ pub mod pipeline;
 pub mod runtime;
 pub mod settings;
 pub mod store;
+pub mod time;
 
 pub use broker::message::ReceivedMessage;
 pub use broker::redrive::{

@@ -433,9 +433,7 @@ impl EffectStore for DynamoStore {
             set.push("finished_at = :now");
         }
         if t.state == EffectState::Done {
-            let until = now
-                + chrono::Duration::from_std(self.options.effects_keep)
-                    .unwrap_or(chrono::Duration::MAX);
+            let until = txinbox_core::time::after(now, self.options.effects_keep);
             set.push("expires_at = :expires");
             req = req.expression_attribute_values(":expires", n(l::epoch_ceil(until)));
         }

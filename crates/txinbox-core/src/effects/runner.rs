@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::gauges::publish_shard_gauges;
 use super::{
@@ -166,8 +166,7 @@ impl<S: EffectStore> EffectRunner<S> {
 
     /// Purges done effects past their retention (bounded batches) and publishes the gauges.
     async fn housekeeping(&self) {
-        let before = Utc::now()
-            - chrono::Duration::from_std(self.opts.done_retention).unwrap_or(chrono::Duration::MAX);
+        let before = crate::time::before(Utc::now(), self.opts.done_retention);
         loop {
             match self.store.purge_done_effects(before, 500).await {
                 Ok(n) if n >= 500 => continue,
@@ -188,8 +187,7 @@ impl<S: EffectStore> EffectRunner<S> {
     pub async fn run_pass(&self) -> EffectReport {
         let mut report = EffectReport::default();
         let now = Utc::now();
-        let until =
-            now + chrono::Duration::from_std(self.opts.claim_for).unwrap_or(chrono::Duration::MAX);
+        let until = crate::time::after(now, self.opts.claim_for);
         let claimed = match self
             .store
             .claim_effects(
@@ -269,7 +267,7 @@ impl<S: EffectStore> EffectRunner<S> {
                         }
                     } else {
                         Transition::Uncertain {
-                            next_at: Utc::now() + self.backoff(reconciliations),
+                            next_at: self.backoff(Utc::now(), reconciliations),
                             error: error.to_string(),
                             attempts: e.attempts,
                             reconciliations,
@@ -318,8 +316,7 @@ impl<S: EffectStore> EffectRunner<S> {
     ) -> Transition {
         let now = Utc::now();
         let at_limit = attempts >= self.opts.max_attempts;
-        let later =
-            |d: Duration| now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        let later = |d: Duration| crate::time::after(now, d);
         match result {
             Execution::Done { reference } => Transition::Done {
                 reference,
@@ -339,7 +336,7 @@ impl<S: EffectStore> EffectRunner<S> {
                 attempts,
             },
             Execution::NotSent { error, retry_after } => Transition::Retry {
-                next_at: (now + self.backoff(attempts)).max(later(retry_after.unwrap_or_default())),
+                next_at: self.backoff(now, attempts).max(later(retry_after.unwrap_or_default())),
                 error: error.to_string(),
                 attempts,
                 reconciliations,
@@ -366,7 +363,7 @@ impl<S: EffectStore> EffectRunner<S> {
             }
             Execution::InProgress { error, retry_after } => Transition::Uncertain {
                 // The destination is working on it: come back after a backoff, and ask before calling.
-                next_at: (now + self.backoff(attempts))
+                next_at: self.backoff(now, attempts)
                     .max(later(retry_after.unwrap_or_default()))
                     .max(later(reconcile_after)),
                 error: format!("key in progress at the destination: {error}"),
@@ -380,7 +377,7 @@ impl<S: EffectStore> EffectRunner<S> {
                 next_at: if attempts <= 1 {
                     later(reconcile_after)
                 } else {
-                    (now + self.backoff(attempts - 1)).max(later(reconcile_after))
+                    self.backoff(now, attempts - 1).max(later(reconcile_after))
                 },
                 error: error.to_string(),
                 attempts,
@@ -389,8 +386,9 @@ impl<S: EffectStore> EffectRunner<S> {
         }
     }
 
-    fn backoff(&self, n: i32) -> chrono::Duration {
-        chrono::Duration::from_std(self.opts.backoff_for(n)).unwrap_or(chrono::Duration::MAX)
+    /// When attempt `n` may run again, counted from `from`.
+    fn backoff(&self, from: DateTime<Utc>, n: i32) -> DateTime<Utc> {
+        crate::time::after(from, self.opts.backoff_for(n))
     }
 
     async fn finish(

@@ -295,12 +295,7 @@ impl<S: MaintenanceStore> Maintenance<S> {
         let started = Instant::now();
         let mut report = MaintenanceReport::default();
         // A keep too long for a date (`Duration::MAX` for "for ever") keeps everything.
-        let since = |d: Duration| {
-            chrono::Duration::from_std(d)
-                .ok()
-                .and_then(|d| now.checked_sub_signed(d))
-                .unwrap_or(DateTime::<Utc>::MIN_UTC)
-        };
+        let since = |d: Duration| crate::time::before(now, d);
         match self.store.rotate_partitions(now, &self.opts).await {
             Ok(p) => report.partitions = p,
             Err(e) => {

@@ -132,9 +132,7 @@ impl InboxStore for DynamoStore {
         item.insert("conflicts_with".into(), s(r.conflicts_with));
         item.insert("detail".into(), s(r.detail));
         item.insert("recorded_at".into(), s(l::ts(r.recorded_at)));
-        let until = r.recorded_at
-            + chrono::Duration::from_std(self.options.rejections_keep)
-                .unwrap_or(chrono::Duration::MAX);
+        let until = txinbox_core::time::after(r.recorded_at, self.options.rejections_keep);
         item.insert(l::EXPIRES_AT.into(), n(l::epoch_ceil(until)));
         item.insert("gsi1pk".into(), s(l::rejections_of(consumer)));
         item.insert("gsi1sk".into(), s(format!("{}#{id}", l::ts(r.recorded_at))));

@@ -256,8 +256,7 @@ impl<S: InboxStore> Inbox<S> {
             payload_hash: &prepared.hash,
             received_at: msg.received_at,
             processed_at: now,
-            retention_until: now
-                + chrono::Duration::from_std(self.retention.keep).unwrap_or(chrono::Duration::MAX),
+            retention_until: crate::time::after(now, self.retention.keep),
             delivery_count: msg.delivery_count,
             origin_at: prepared
                 .identity

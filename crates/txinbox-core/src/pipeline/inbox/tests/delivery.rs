@@ -182,6 +182,19 @@ async fn a_delivery_older_than_the_retention_is_refused() {
     assert_eq!(store.state().begins, 0);
 }
 
+/// A retention too long for a date ("for ever") keeps the marker until the latest date there is: the
+/// delivery applies (adding it to the processing time overflowed and panicked).
+#[tokio::test]
+async fn a_retention_of_for_ever_applies() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = inbox(&store)
+        .retention(RetentionPolicy::default().keep(Duration::MAX))
+        .bind(|_tx: MemTx, _m: Message<Raw>| async move { Ok(()) });
+    q.send(event("evt-1", "1"));
+    let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
+    assert!(matches!(&o, Outcome::Applied { .. }), "{o:?}");
+}
+
 #[tokio::test]
 async fn a_stop_before_commit_rolls_back_and_releases() {
     let (store, q) = (MemStore::default(), MemoryQueue::default());
