@@ -5,20 +5,32 @@ use txinbox_core::runtime::health::{CheckFuture, HealthCheck};
 use crate::backend::Backend;
 use crate::store::Store;
 
-/// Readiness depends on the database: a connection from the pool answers a ping. The error says what failed
-/// (`pool timed out`, `connection refused`, ...) and never holds the URL.
+/// Readiness depends on the database: the check's own connection, opened outside the pool and kept
+/// between checks, answers a ping. A pool that is busy (every connection in a transaction, or held by a
+/// rotation's `DETACH ... CONCURRENTLY`) is not a database that is down, so the check never waits for one.
+/// A connection whose ping fails, or whose check was given up on (a timeout drops the check mid-ping), is
+/// dropped, and the next check opens a new one. The error says what failed (`connection refused`, ...) and
+/// never holds the URL.
 impl<DB: Backend> HealthCheck for Store<DB> {
     fn check(&self) -> CheckFuture<'_> {
         Box::pin(async move {
-            use sqlx::Connection;
-            let mut conn = self
-                .pool()
-                .acquire()
-                .await
-                .map_err(|e| format!("no connection: {}", redact(&e)))?;
+            use sqlx::{ConnectOptions, Connection};
+            let mut slot = self.probe.lock().await;
+            // Out of the slot while in use: a check dropped mid-ping leaves nothing half used behind.
+            let mut conn = match slot.take() {
+                Some(c) => c,
+                None => self
+                    .pool()
+                    .connect_options()
+                    .connect()
+                    .await
+                    .map_err(|e| format!("no connection: {}", redact(&e)))?,
+            };
             conn.ping()
                 .await
-                .map_err(|e| format!("no answer: {}", redact(&e)))
+                .map_err(|e| format!("no answer: {}", redact(&e)))?;
+            *slot = Some(conn);
+            Ok(())
         })
     }
 }

@@ -22,6 +22,8 @@ pub struct Store<DB: Backend> {
     pool: sqlx::Pool<DB>,
     conns: Arc<KeptConnections<DB>>,
     layout: Arc<Layout>,
+    /// The readiness check's own connection, outside the pool (see [`crate::health`]).
+    pub(crate) probe: Arc<tokio::sync::Mutex<Option<DB::Connection>>>,
 }
 
 // Manual: a derive would require `DB: Clone`, which the database marker types are not.
@@ -31,6 +33,7 @@ impl<DB: Backend> Clone for Store<DB> {
             pool: self.pool.clone(),
             conns: self.conns.clone(),
             layout: self.layout.clone(),
+            probe: self.probe.clone(),
         }
     }
 }
@@ -180,6 +183,7 @@ impl<DB: Backend> Store<DB> {
             pool,
             conns: KeptConnections::new(DEFAULT_KEEP_IDLE),
             layout: Arc::new(Layout::default()),
+            probe: Arc::new(tokio::sync::Mutex::new(None)),
         }
     }
 
