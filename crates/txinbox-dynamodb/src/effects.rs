@@ -181,53 +181,32 @@ impl DynamoStore {
         }
     }
 
-    /// Whether an older effect of the same consumer and group is unfinished (read from `by_group`, which is
-    /// eventually consistent: an older effect just finished may still look unfinished for a moment, which
-    /// only delays this one).
+    /// Whether the effect recorded before this one in its group (`prev`, written in the transaction that
+    /// recorded this one, from the group's tail item) is unfinished. Read strongly consistent: an effect is
+    /// never claimed while the one before it is unfinished, whatever the indexes show. A `prev` that is gone
+    /// (done, and deleted by the TTL since) holds nothing back.
     async fn blocked_by_group(&self, item: &Item) -> Result<bool, DynamoError> {
-        let r = Reader::new(item);
-        let (Some(pk), Some(sk)) = (r.opt_s("gsi3pk")?, r.opt_s("gsi3sk")?) else {
+        let Some(prev) = item.get("prev") else {
             return Ok(false);
         };
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&*self.table)
-                .index_name(l::BY_GROUP)
-                .key_condition_expression("gsi3pk = :g AND gsi3sk < :me")
-                .expression_attribute_values(":g", s(&pk))
-                .expression_attribute_values(":me", s(&sk))
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| call("Query", e))?;
-            for key in out.items() {
-                let Some(pk) = key.get(l::PK) else { continue };
-                let older = self
-                    .client
-                    .get_item()
-                    .table_name(&*self.table)
-                    .key(l::PK, pk.clone())
-                    .projection_expression("#state")
-                    .expression_attribute_names("#state", "state")
-                    .consistent_read(true)
-                    .send()
-                    .await
-                    .map_err(|e| call("GetItem", e))?;
-                if let Some(o) = older.item() {
-                    let st = state_of(&Reader::new(o))?;
-                    if !matches!(st, EffectState::Done | EffectState::Failed) {
-                        return Ok(true);
-                    }
-                }
-            }
-            match out.last_evaluated_key() {
-                Some(k) => start = Some(k.clone()),
-                None => return Ok(false),
-            }
-        }
+        let older = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .key(l::PK, prev.clone())
+            .projection_expression("#state")
+            .expression_attribute_names("#state", "state")
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| call("GetItem", e))?;
+        Ok(match older.item() {
+            Some(o) => !matches!(
+                state_of(&Reader::new(o))?,
+                EffectState::Done | EffectState::Failed
+            ),
+            None => false,
+        })
     }
 
     async fn effect_counts_inner(&self) -> Result<Vec<EffectCount>, DynamoError> {

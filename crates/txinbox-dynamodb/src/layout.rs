@@ -5,6 +5,7 @@
 //! | marker | `m#` consumer, source, message id | `m#` consumer, shard / processed at, message id | | |
 //! | business key | `b#` consumer, tenant, business key | | | |
 //! | evidence | `r#` uuid | `r#` consumer / recorded at, uuid | | |
+//! | group tail | `gt#` consumer, group | | | |
 //! | effect | `e#` id | `fx#` shard / created at, id | `due#` destination, shard / due at, id (while due or held) | `g#` consumer, group / created at, order (grouped only) |
 //!
 //! Every variable part of a key is length-prefixed (`12:crm-followup`), so no value can forge another's key
@@ -139,6 +140,13 @@ pub fn due_partitions(destination: &str) -> impl Iterator<Item = String> + '_ {
 /// `by_consumer` shard, [`shard_of`]; the two spreads are independent).
 pub fn due_shard(id: i64) -> u64 {
     ((id as u64) >> 32) % DUE_SHARDS
+}
+
+/// The key of a group's tail item: the key of the group's latest recorded effect (`tail`), read and
+/// conditionally replaced in the transaction that records the group's next effects, which point back at it
+/// (`prev`). A runner reads an effect's `prev` with a strongly consistent `GetItem`, never an index.
+pub fn group_tail_pk(consumer: &str, group: &str) -> String {
+    key("gt#", &[consumer, group])
 }
 
 /// The `by_group` partition of a consumer's group.

@@ -90,6 +90,7 @@ on_both_backends!(
     an_expired_marker_counts_as_absent_before_the_ttl_deletes_it,
     effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order,
     one_destinations_effects_spread_over_its_due_partitions_and_are_claimed_oldest_first,
+    a_groups_effects_form_one_chain_read_strongly_consistent,
     the_table_check_names_what_does_not_match,
     a_batch_commits_every_marker_of_its_transaction_or_none,
     a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_finds_every_marker,
@@ -864,6 +865,121 @@ async fn one_destinations_effects_spread_over_its_due_partitions_and_are_claimed
     }
     let oldest_first: Vec<i64> = due.iter().map(|(_, id)| *id).collect();
     assert_eq!(claimed, oldest_first);
+}
+
+/// Every effect of a group points at the one recorded before it (`prev`, from the group's tail item, replaced
+/// under a condition in the same transaction), so a runner decides whether an effect may go with a strongly
+/// consistent read, never an index: AWS, "All reads from GSIs and streams are eventually consistent", and an
+/// older effect whose `by_group` entry had not arrived let a newer one of its group run first. Here the
+/// first effect's index entries are removed, as a lagging index would not yet show them: the second still
+/// waits. Two commits into one group at once (DynamoDB Local; moto does not isolate conditions) both apply,
+/// one chaining on the other.
+async fn a_groups_effects_form_one_chain_read_strongly_consistent(b: Backend) {
+    let c = b.client();
+    let (store, table) = store_on(c.clone()).await;
+    let consumer = ConsumerName::new("crm-followup").unwrap();
+    let processor = Inbox::new(store.clone(), IdentityPolicy::new(consumer)).bind(
+        |_tx: DynamoTx, msg: Message<txinbox_core::Raw>| async move {
+            let e = Effect::new("notify", "mail", msg.id().as_bytes().to_vec()).group("account-1");
+            Ok::<_, HandlerError>(Handled::default().effect(e))
+        },
+    );
+    let queue = MemoryQueue::new(QueueOptions::default());
+    for id in ["g-1", "g-2"] {
+        queue.send(OutgoingMessage::new(id).cloudevent("crm", id, "t"));
+        let d = queue.receive_now(1).pop().unwrap();
+        assert!(matches!(
+            processor.process_one(d).await,
+            txinbox_core::Outcome::Applied { .. }
+        ));
+    }
+    if b.atomic_conditions {
+        for id in ["g-3", "g-4"] {
+            let mut m = OutgoingMessage::new(id).cloudevent("crm", id, "t");
+            m.group_id = None;
+            queue.send(m);
+        }
+        let mut ds = queue.receive_now(2);
+        assert_eq!(ds.len(), 2);
+        let (d4, d3) = (ds.pop().unwrap(), ds.pop().unwrap());
+        let (x, y) = tokio::join!(processor.process_one(d3), processor.process_one(d4));
+        for o in [x, y] {
+            assert!(matches!(o, txinbox_core::Outcome::Applied { .. }), "{o:?}");
+        }
+    }
+    // The effects by message, and the chain from the group's tail back to the first.
+    let items = c
+        .scan()
+        .table_name(&table)
+        .filter_expression("kind = :k")
+        .expression_attribute_values(":k", AttributeValue::S("effect".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    let by_pk: std::collections::HashMap<String, (String, Option<String>)> = items
+        .items()
+        .iter()
+        .map(|i| {
+            (
+                i["pk"].as_s().unwrap().clone(),
+                (
+                    i["message_id"].as_s().unwrap().clone(),
+                    i.get("prev").map(|p| p.as_s().unwrap().clone()),
+                ),
+            )
+        })
+        .collect();
+    let tail = c
+        .get_item()
+        .table_name(&table)
+        .key(
+            "pk",
+            AttributeValue::S(txinbox_dynamodb::layout::group_tail_pk(
+                "crm-followup",
+                "account-1",
+            )),
+        )
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    let mut at = Some(tail.item().unwrap()["tail"].as_s().unwrap().clone());
+    let mut chain = Vec::new();
+    while let Some(pk) = at {
+        let (message, prev) = &by_pk[&pk];
+        chain.push(message.clone());
+        at = prev.clone();
+    }
+    chain.reverse();
+    let n = if b.atomic_conditions { 4 } else { 2 };
+    assert_eq!(chain.len(), n, "every effect once: {chain:?}");
+    assert_eq!(by_pk.len(), n);
+    assert_eq!(chain[..2], ["g-1", "g-2"]);
+
+    // g-1 out of the `by_group` index, as a lagging index shows it: g-2 still waits for it.
+    let g1 = by_pk.iter().find(|(_, (m, _))| m == "g-1").unwrap().0;
+    c.update_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S(g1.clone()))
+        .update_expression("REMOVE gsi3pk, gsi3sk")
+        .send()
+        .await
+        .unwrap();
+    let dests = vec!["mail".to_owned()];
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let claimed = store
+        .claim_effects(
+            "runner-x",
+            &dests,
+            now,
+            now + chrono::Duration::seconds(60),
+            10,
+        )
+        .await
+        .unwrap();
+    let ids: Vec<&str> = claimed.iter().map(|e| e.message_id.as_str()).collect();
+    assert_eq!(ids, ["g-1"], "only the head of the chain may go");
 }
 
 async fn the_table_check_names_what_does_not_match(b: Backend) {

@@ -1,8 +1,10 @@
 //! The commit: one `TransactWriteItems` call with its retries, and the classification of a cancelled one.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
-use aws_sdk_dynamodb::types::{Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
+};
 use chrono::Utc;
 use txinbox_core::store::Commit;
 use txinbox_core::HandlerError;
@@ -10,7 +12,7 @@ use txinbox_core::HandlerError;
 use super::limits::{action_table, check_item_sizes, check_limits, check_total_size};
 use super::DynamoStore;
 use crate::error::call;
-use crate::layout::{n, Item, Reader};
+use crate::layout::{self as l, n, s, Item, Reader};
 use crate::tx::DynamoTx;
 use crate::DynamoError;
 
@@ -83,10 +85,16 @@ impl DynamoStore {
                 .map(|_| Commit::Done)
                 .map_err(|e| call("TransactWriteItems", e));
         }
+        let groups: HashSet<String> = pending
+            .iter()
+            .flat_map(|p| &p.effects)
+            .filter_map(group_tail_of)
+            .collect();
         let share: usize = pending
             .iter()
             .map(|p| 1 + usize::from(p.marker.identity.business_key.is_some()) + p.effects.len())
-            .sum();
+            .sum::<usize>()
+            + groups.len();
         if let Err(e) = check_limits(&actions, share) {
             return Ok(Commit::HandlerFailed(HandlerError::permanent(e)));
         }
@@ -99,6 +107,9 @@ impl DynamoStore {
             // What each of the store's items stands for, by its position in the call.
             let mut slots = Vec::with_capacity(share);
             let mut items = Vec::with_capacity(share + actions.len());
+            // Each group's tail as it is now: the effects of this transaction chain on from it.
+            let mut tails = self.group_tails(&pending).await?;
+            let seen = tails.clone();
             for (i, p) in pending.iter().enumerate() {
                 let reference = p.result_reference.as_deref();
                 items
@@ -111,14 +122,25 @@ impl DynamoStore {
                     slots.push(Slot::BusinessKey);
                 }
                 for (j, e) in p.effects.iter().enumerate() {
+                    let mut e = e.clone();
+                    if let Some(tail) = group_tail_of(&e).and_then(|g| tails.get_mut(&g)) {
+                        if let Some(prev) = tail.replace(e[l::PK].clone()) {
+                            e.insert("prev".into(), prev);
+                        }
+                    }
                     let put = Put::builder()
                         .table_name(&*self.table)
-                        .set_item(Some(e.clone()))
+                        .set_item(Some(e))
                         .condition_expression("attribute_not_exists(pk)")
                         .build()?;
                     items.push(TransactWriteItem::builder().put(put).build());
                     slots.push(Slot::Effect(i, j));
                 }
+            }
+            for (group, tail) in &tails {
+                let Some(tail) = tail else { continue };
+                items.push(self.group_tail_put(group, tail.clone(), seen[group].clone())?);
+                slots.push(Slot::GroupTail);
             }
             let first_action = items.len();
             items.extend(actions.iter().cloned());
@@ -180,7 +202,7 @@ impl DynamoStore {
             if let Some((i, slot)) = slots
                 .iter()
                 .enumerate()
-                .find(|(i, slot)| !matches!(slot, Slot::Effect(..)) && refused(*i))
+                .find(|(i, slot)| matches!(slot, Slot::Marker | Slot::BusinessKey) && refused(*i))
             {
                 return Ok(Commit::Conflict(
                     reasons[i]
@@ -188,6 +210,25 @@ impl DynamoStore {
                         .map(|item| Self::holder(item, *slot == Slot::Marker))
                         .transpose()?,
                 ));
+            }
+            // Another commit recorded effects of one of these groups since its tail was read: chain on from
+            // the new tail.
+            if slots
+                .iter()
+                .enumerate()
+                .any(|(i, slot)| *slot == Slot::GroupTail && refused(i))
+                && !last
+                && slots
+                    .iter()
+                    .enumerate()
+                    .all(|(i, slot)| *slot == Slot::GroupTail || !refused(i))
+            {
+                tracing::debug!(
+                    attempt,
+                    "commit: a group's tail moved, trying again from the new one"
+                );
+                self.pause(attempt).await;
+                continue;
             }
             // An effect recorded before under the same key (its message applied before, its marker since
             // expired): kept as it is, as the SQL stores' `ON CONFLICT DO NOTHING` does.
@@ -285,6 +326,67 @@ enum Slot {
     BusinessKey,
     /// The effect `.1` of the delivery `.0`.
     Effect(usize, usize),
+    /// A group's tail item.
+    GroupTail,
+}
+
+/// The key of the tail item of an effect item's group, if it has one.
+fn group_tail_of(e: &Item) -> Option<String> {
+    let r = Reader::new(e);
+    let group = r.opt_s("group_key").ok()??;
+    let consumer = r.opt_s("consumer").ok()??;
+    Some(l::group_tail_pk(&consumer, &group))
+}
+
+impl DynamoStore {
+    /// The tail of every group the deliveries' effects belong to, read strongly consistent (`None`: the
+    /// group has no effect yet).
+    async fn group_tails(
+        &self,
+        pending: &[crate::tx::Pending],
+    ) -> Result<BTreeMap<String, Option<AttributeValue>>, DynamoError> {
+        let mut tails = BTreeMap::new();
+        for e in pending.iter().flat_map(|p| &p.effects) {
+            let Some(group) = group_tail_of(e) else {
+                continue;
+            };
+            if tails.contains_key(&group) {
+                continue;
+            }
+            let out = self
+                .client
+                .get_item()
+                .table_name(&*self.table)
+                .key(l::PK, s(&group))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| call("GetItem", e))?;
+            tails.insert(group, out.item().and_then(|i| i.get("tail").cloned()));
+        }
+        Ok(tails)
+    }
+
+    /// The put of a group's tail item naming `tail`, on the condition that it still names `seen`.
+    fn group_tail_put(
+        &self,
+        group: &str,
+        tail: AttributeValue,
+        seen: Option<AttributeValue>,
+    ) -> Result<TransactWriteItem, DynamoError> {
+        let mut put = Put::builder()
+            .table_name(&*self.table)
+            .item(l::PK, s(group))
+            .item("kind", s("group_tail"))
+            .item("tail", tail);
+        put = match seen {
+            None => put.condition_expression("attribute_not_exists(pk)"),
+            Some(v) => put
+                .condition_expression("tail = :seen")
+                .expression_attribute_values(":seen", v),
+        };
+        Ok(TransactWriteItem::builder().put(put.build()?).build())
+    }
 }
 
 /// Whether DynamoDB refused the call as invalid (`ValidationException`), not cancelled it.
