@@ -31,16 +31,6 @@ resource "aws_dynamodb_table" "inbox" {
     type = "S"
   }
 
-  attribute {
-    name = "gsi3pk"
-    type = "S"
-  }
-
-  attribute {
-    name = "gsi3sk"
-    type = "S"
-  }
-
   # Markers and evidence by consumer, oldest first (counts without a scan).
   global_secondary_index {
     name            = "by_consumer"
@@ -54,14 +44,6 @@ resource "aws_dynamodb_table" "inbox" {
     name            = "due"
     hash_key        = "gsi2pk"
     range_key       = "gsi2sk"
-    projection_type = "KEYS_ONLY"
-  }
-
-  # Effects of one consumer's group, in order (an effect waits while an older one of its group is unfinished).
-  global_secondary_index {
-    name            = "by_group"
-    hash_key        = "gsi3pk"
-    range_key       = "gsi3sk"
     projection_type = "KEYS_ONLY"
   }
 

@@ -1,12 +1,15 @@
-//! The table's layout: one table, hash key `pk`, three sparse global secondary indexes, TTL on `expires_at`.
+//! The table's layout: one table, hash key `pk`, two sparse global secondary indexes, TTL on `expires_at`.
 //!
-//! | item | `pk` | `gsi1pk` / `gsi1sk` (`by_consumer`) | `gsi2pk` / `gsi2sk` (`due`) | `gsi3pk` / `gsi3sk` (`by_group`) |
-//! |---|---|---|---|---|
-//! | marker | `m#` consumer, source, message id | `m#` consumer, shard / processed at, message id | | |
-//! | business key | `b#` consumer, tenant, business key | | | |
-//! | evidence | `r#` uuid | `r#` consumer / recorded at, uuid | | |
-//! | group tail | `gt#` consumer, group | | | |
-//! | effect | `e#` id | `fx#` shard / created at, id | `due#` destination, shard / due at, id (while due or held) | `g#` consumer, group / created at, order (grouped only) |
+//! | item | `pk` | `gsi1pk` / `gsi1sk` (`by_consumer`) | `gsi2pk` / `gsi2sk` (`due`) |
+//! |---|---|---|---|
+//! | marker | `m#` consumer, source, message id | `m#` consumer, shard / processed at, message id | |
+//! | business key | `b#` consumer, tenant, business key | | |
+//! | evidence | `r#` uuid | `r#` consumer / recorded at, uuid | |
+//! | group tail | `gt#` consumer, group | | |
+//! | effect | `e#` id | `fx#` shard / created at, id | `due#` destination, shard / due at, id (while due or held) |
+//!
+//! A grouped effect also holds `prev`, the key of the effect recorded before it in its group; the group's
+//! tail item holds `tail`, the key of the last.
 //!
 //! Every variable part of a key is length-prefixed (`12:crm-followup`), so no value can forge another's key
 //! whatever characters it holds. Times in sort keys are RFC 3339 UTC with microseconds, which sort as text
@@ -30,14 +33,9 @@ pub const EXPIRES_AT: &str = "expires_at";
 pub const BY_CONSUMER: &str = "by_consumer";
 /// The index of effects that are due, by destination and time.
 pub const DUE: &str = "due";
-/// The index of grouped effects, by consumer and group, in order.
-pub const BY_GROUP: &str = "by_group";
 /// The global secondary indexes and their (hash, range) attributes.
-pub const INDEXES: [(&str, &str, &str); 3] = [
-    (BY_CONSUMER, "gsi1pk", "gsi1sk"),
-    (DUE, "gsi2pk", "gsi2sk"),
-    (BY_GROUP, "gsi3pk", "gsi3sk"),
-];
+pub const INDEXES: [(&str, &str, &str); 2] =
+    [(BY_CONSUMER, "gsi1pk", "gsi1sk"), (DUE, "gsi2pk", "gsi2sk")];
 /// How many partitions of `by_consumer` the effects spread over (so that no one index partition takes every
 /// effect write); counting effects reads all of them.
 pub const EFFECT_SHARDS: u64 = 8;
@@ -147,11 +145,6 @@ pub fn due_shard(id: i64) -> u64 {
 /// (`prev`). A runner reads an effect's `prev` with a strongly consistent `GetItem`, never an index.
 pub fn group_tail_pk(consumer: &str, group: &str) -> String {
     key("gt#", &[consumer, group])
-}
-
-/// The `by_group` partition of a consumer's group.
-pub fn group_of(consumer: &str, group: &str) -> String {
-    key("g#", &[consumer, group])
 }
 
 /// An effect's id: the first 63 bits of the SHA-256 of its idempotency key, so that the key alone finds the

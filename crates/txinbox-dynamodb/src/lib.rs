@@ -60,7 +60,7 @@
 //!
 //! ## The table
 //!
-//! One table, hash key `pk` (string), three global secondary indexes and TTL on `expires_at`; see
+//! One table, hash key `pk` (string), two global secondary indexes and TTL on `expires_at`; see
 //! [`layout`] for what each item holds. [`DynamoStore::connect`] checks it (`DescribeTable`,
 //! `DescribeTimeToLive`) and refuses to start when it does not match, with one line saying what differs.
 //! [`DynamoStore::create_table`] makes one for tests and development.

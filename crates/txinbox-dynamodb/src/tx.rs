@@ -25,7 +25,7 @@ pub(crate) struct PendingMarker {
 pub(crate) struct Pending {
     pub marker: PendingMarker,
     pub result_reference: Option<String>,
-    /// Effect items, each with its group order key (none when ungrouped).
+    /// Effect items (a grouped one gets its `prev` when the transaction is sent).
     pub effects: Vec<Item>,
 }
 
@@ -91,7 +91,7 @@ impl DynamoTx {
     }
 
     /// The inbox's table, for a single-table design that keeps business items beside the store's. The store
-    /// owns the keys that start with `m#`, `b#`, `e#`, `r#`, `fx#`, `due#` and `g#` (see
+    /// owns the keys that start with `m#`, `b#`, `e#`, `r#`, `fx#`, `due#` and `gt#` (see
     /// [`layout`](crate::layout)): give business items a prefix of their own.
     pub fn inbox_table(&self) -> &str {
         &self.table

@@ -91,15 +91,15 @@
 //! | `servicebus-worker-role-missing` | a principal with `Azure Service Bus Data Receiver` (or Data Owner) on a queue (or its namespace) has no `Azure Service Bus Data Sender` (or Data Owner) on the queue's poison queue; or `servicebus.dead_letter_to` names a queue that is not declared. |
 //! | `dynamodb-inbox-table-missing` | the settings' `store.url` is `dynamodb://TABLE` and no `aws_dynamodb_table` has the name `TABLE`. |
 //! | `dynamodb-key-schema` | the inbox table's `hash_key` is not `pk`, its `attribute` `pk` is not of type `S`, or it has a `range_key`. |
-//! | `dynamodb-index-mismatch` | the inbox table has no `global_secondary_index` `by_consumer` (hash `gsi1pk`, range `gsi1sk`, both `S`, projection `ALL`) `due` (hash `gsi2pk`, range `gsi2sk`, both `S`, projection `KEYS_ONLY`) or `by_group` (hash `gsi3pk`, range `gsi3sk`, both `S`, projection `KEYS_ONLY`), or one with other keys, key types or projection. |
+//! | `dynamodb-index-mismatch` | the inbox table has no `global_secondary_index` `by_consumer` (hash `gsi1pk`, range `gsi1sk`, both `S`, projection `ALL`) or `due` (hash `gsi2pk`, range `gsi2sk`, both `S`, projection `KEYS_ONLY`), or one with other keys, key types or projection. |
 //! | `dynamodb-ttl-off` | the inbox table has no `ttl` block, or its `enabled` is not true, or its `attribute_name` is not `expires_at`. |
 //! | `dynamodb-pitr-off` | the inbox table has no `point_in_time_recovery` block with `enabled = true`. |
 //! | `dynamodb-encryption-off` | the inbox table has no `server_side_encryption` block with `enabled = true` (a KMS key: the customer-managed `kms_key_arn`, else the AWS managed key). |
-//! | `dynamodb-worker-policy-missing-action` | an IAM policy that allows `dynamodb:PutItem` on the inbox table does not allow each of [`DYNAMODB_WORKER_TABLE_ACTIONS`] on it and each of [`DYNAMODB_WORKER_INDEX_ACTIONS`] on its indexes `by_consumer`, `due` and `by_group` (`TABLE_ARN/index/NAME`). |
+//! | `dynamodb-worker-policy-missing-action` | an IAM policy that allows `dynamodb:PutItem` on the inbox table does not allow each of [`DYNAMODB_WORKER_TABLE_ACTIONS`] on it and each of [`DYNAMODB_WORKER_INDEX_ACTIONS`] on its indexes `by_consumer` and `due` (`TABLE_ARN/index/NAME`). |
 //! | `dynamodb-worker-policy-too-broad` | such a policy allows, on the inbox table or its indexes, a DynamoDB action that is not one of those (`dynamodb:*`, `dynamodb:Scan`, `BatchWriteItem`, `UpdateTable`, `UpdateTimeToLive`, `DeleteTable`, ...; an action pattern `*` counts). |
 //!
 //! The inbox table is the `aws_dynamodb_table` named by the settings' `store.url` (`dynamodb://TABLE`); with
-//! another store, every `aws_dynamodb_table` that declares an index `by_consumer`, `due` or `by_group` is checked as one.
+//! another store, every `aws_dynamodb_table` that declares an index `by_consumer` or `due` is checked as one.
 //!
 //! Advice (not violations) is printed as `advice: ...` lines: producers must
 //! carry `ce-id`; a registry module was not read; a first plan's redrive

@@ -59,7 +59,7 @@ pub enum RuleId {
     /// `dynamodb-key-schema`: the inbox table's key is not the store's (hash key `pk` of type `S`, no
     /// range key).
     DynamoDbKeySchema,
-    /// `dynamodb-index-mismatch`: an index the store queries (`by_consumer`, `due`, `by_group`) is missing or has
+    /// `dynamodb-index-mismatch`: an index the store queries (`by_consumer`, `due`) is missing or has
     /// other keys or another projection.
     DynamoDbIndexMismatch,
     /// `dynamodb-ttl-off`: time to live is not enabled on `expires_at`, so expired markers are never

@@ -212,7 +212,7 @@ fn index_due_missing() {
     let start = main.find("  # Effects that are due").unwrap();
     let end = start
         + main[start..]
-            .find("  # Effects of one consumer's group")
+            .find("  # Expired markers")
             .unwrap();
     dir.write("main.tf", &format!("{}{}", &main[..start], &main[end..]));
     let v = only_violation(&dir);
@@ -577,7 +577,6 @@ fn other_tables_are_not_the_inbox() {
         [
             RuleId::DynamoDbIndexMismatch,
             RuleId::DynamoDbIndexMismatch,
-            RuleId::DynamoDbIndexMismatch,
             RuleId::DynamoDbTtlOff,
             RuleId::DynamoDbPitrOff,
             RuleId::DynamoDbEncryptionOff,
@@ -621,13 +620,11 @@ fn plan_of_a_broken_table() {
                 "attribute": [
                     {"name": "gsi1pk", "type": "S"}, {"name": "gsi1sk", "type": "S"},
                     {"name": "gsi2pk", "type": "S"}, {"name": "gsi2sk", "type": "S"},
-                    {"name": "gsi3pk", "type": "S"}, {"name": "gsi3sk", "type": "S"},
                     {"name": "pk", "type": "S"}
                 ],
                 "global_secondary_index": [
                     {"name": "by_consumer", "hash_key": "gsi1pk", "range_key": "gsi1sk", "projection_type": "ALL", "non_key_attributes": []},
-                    {"name": "due", "hash_key": "gsi2pk", "range_key": "gsi2sk", "projection_type": "KEYS_ONLY", "non_key_attributes": []},
-                    {"name": "by_group", "hash_key": "gsi3pk", "range_key": "gsi3sk", "projection_type": "KEYS_ONLY", "non_key_attributes": []}
+                    {"name": "due", "hash_key": "gsi2pk", "range_key": "gsi2sk", "projection_type": "KEYS_ONLY", "non_key_attributes": []}
                 ],
                 "ttl": [{"attribute_name": "expires_at", "enabled": ttl}],
                 "point_in_time_recovery": if pitr { serde_json::json!([{"enabled": true}]) } else { serde_json::json!([]) },

@@ -96,11 +96,7 @@ impl InboxStore for DynamoStore {
             return Err(DynamoError::NoMarker);
         };
         p.result_reference = result_reference.map(str::to_owned);
-        p.effects = effects
-            .iter()
-            .enumerate()
-            .map(|(i, e)| effect_item(e, i))
-            .collect();
+        p.effects = effects.iter().map(effect_item).collect();
         Ok(())
     }
 

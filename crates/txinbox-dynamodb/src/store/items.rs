@@ -82,7 +82,7 @@ impl DynamoStore {
     }
 }
 
-pub(crate) fn effect_item(e: &NewEffect<'_>, order: usize) -> Item {
+pub(crate) fn effect_item(e: &NewEffect<'_>) -> Item {
     let fx = e.effect;
     let id = l::effect_id(&e.key);
     let created = l::ts(e.created_at);
@@ -123,8 +123,6 @@ pub(crate) fn effect_item(e: &NewEffect<'_>, order: usize) -> Item {
     item.insert("gsi2sk".into(), s(format!("{created}#{id}")));
     if let Some(g) = &fx.group {
         item.insert("group_key".into(), s(g));
-        item.insert("gsi3pk".into(), s(l::group_of(e.consumer, g)));
-        item.insert("gsi3sk".into(), s(format!("{created}#{order:04}#{id}")));
     }
     item
 }

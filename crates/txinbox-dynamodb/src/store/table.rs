@@ -13,7 +13,7 @@ use crate::DynamoError;
 
 impl DynamoStore {
     /// Checks that the table exists with the store's layout: hash key `pk` (string) and no range key, the
-    /// indexes `by_consumer`, `due` and `by_group` with their keys, and TTL enabled on `expires_at`
+    /// indexes `by_consumer` and `due` with their keys, and TTL enabled on `expires_at`
     /// (`DescribeTable`, `DescribeTimeToLive`).
     pub async fn check_table(&self) -> Result<(), DynamoError> {
         let table = self.table.to_string();

@@ -1,10 +1,9 @@
-//! The DynamoDB store's inbox table (`dynamodb://TABLE`): its key schema, its three indexes, time to live,
+//! The DynamoDB store's inbox table (`dynamodb://TABLE`): its key schema, its two indexes, time to live,
 //! point-in-time recovery, encryption, and the worker's IAM policy on it.
 //!
 //! The layout is the store's (crate `txinbox-dynamodb`): hash key `pk` (S) and no range key; index
 //! `by_consumer` (hash `gsi1pk`, range `gsi1sk`, projection ALL); index `due` (hash `gsi2pk`, range
-//! `gsi2sk`, projection KEYS_ONLY); index `by_group` (hash `gsi3pk`, range `gsi3sk`, projection KEYS_ONLY); time
-//! to live on `expires_at`.
+//! `gsi2sk`, projection KEYS_ONLY); time to live on `expires_at`.
 
 mod policy;
 mod table;
@@ -63,7 +62,7 @@ struct Index {
     purpose: &'static str,
 }
 
-const INDEXES: [Index; 3] = [
+const INDEXES: [Index; 2] = [
     Index {
         name: "by_consumer",
         hash: "gsi1pk",
@@ -77,13 +76,6 @@ const INDEXES: [Index; 3] = [
         range: "gsi2sk",
         projection: "KEYS_ONLY",
         purpose: "the effect runner finds the effects that are due, by destination and time",
-    },
-    Index {
-        name: "by_group",
-        hash: "gsi3pk",
-        range: "gsi3sk",
-        projection: "KEYS_ONLY",
-        purpose: "the effect runner keeps the order of an effect group (an effect waits while an older one of its group is unfinished)",
     },
 ];
 
@@ -239,7 +231,7 @@ pub(crate) fn check(c: &mut Checker<'_>) {
             .any(|r| r.kind == "aws_sqs_queue" || r.kind == "azurerm_servicebus_queue")
     {
         c.advice.push(format!(
-            "no aws_dynamodb_table in what was read is the inbox's: store.url is not dynamodb://TABLE ({:?}) and no table declares the index by_consumer, due or by_group, so no table was checked; pass the worker's settings with --config",
+            "no aws_dynamodb_table in what was read is the inbox's: store.url is not dynamodb://TABLE ({:?}) and no table declares the index by_consumer or due, so no table was checked; pass the worker's settings with --config",
             c.settings.store.url
         ));
     }
