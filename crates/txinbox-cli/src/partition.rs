@@ -84,7 +84,7 @@ async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<St
         let r = store
             .partition(opts)
             .await
-            .map_err(|e| format!("conversion failed, nothing changed: {e}"))?;
+            .map_err(|e| format!("conversion failed, nothing changed in this store: {e}"))?;
         out = if r.already {
             "already partitioned: nothing changed\n".to_owned()
         } else {

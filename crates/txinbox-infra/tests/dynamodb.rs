@@ -210,10 +210,7 @@ fn index_due_missing() {
     let dir = copy_of(&dynamodb_sample(), "ddb-no-due");
     let main = dir.read("main.tf");
     let start = main.find("  # Effects that are due").unwrap();
-    let end = start
-        + main[start..]
-            .find("  # Expired markers")
-            .unwrap();
+    let end = start + main[start..].find("  # Expired markers").unwrap();
     dir.write("main.tf", &format!("{}{}", &main[..start], &main[end..]));
     let v = only_violation(&dir);
     let line = dir.line_of("main.tf", TABLE);
