@@ -218,11 +218,18 @@ async fn run_sharded<R: Receiver>(
     use txinbox::store::StoreOptions;
     let resolved = opts.store_settings.resolved_shards()?;
     let mut stores = Vec::with_capacity(resolved.len());
+    // Per shard: whether its schema is in place. A shard reached late answers its ping before its
+    // migration has run; its check fails until then, so its deliveries wait instead of failing on tables
+    // that are not there yet.
+    let mut migrated = Vec::with_capacity(resolved.len());
     for shard in &resolved {
         let options = StoreOptions::new().max_connections(shard.max_connections);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        migrated.push(done.clone());
         let store = match Store::<sqlx::Postgres>::connect_with(&shard.url, options.clone()).await {
             Ok(store) => {
                 sqlx::query(TASKS_PG).execute(store.pool()).await?;
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
                 store
             }
             Err(e) if opts.store_settings.require_all_shards => {
@@ -242,6 +249,7 @@ async fn run_sharded<R: Receiver>(
                         if late.migrate().await.is_ok()
                             && sqlx::query(TASKS_PG).execute(late.pool()).await.is_ok()
                         {
+                            done.store(true, std::sync::atomic::Ordering::SeqCst);
                             tracing::info!(shard = %name, "shard reachable: migrated");
                             return;
                         }
@@ -260,16 +268,29 @@ async fn run_sharded<R: Receiver>(
         .business_key(business_key);
     let shards = Shards::new(
         ShardRouter::tenant(),
-        resolved.iter().zip(&stores).map(|(r, store)| {
-            let shard = Shard::new(r.name.clone(), base.on_store(store.clone()))
-                .claims(r.tenants.clone())
-                .check(store.clone());
-            if r.rest {
-                shard.rest()
-            } else {
-                shard
-            }
-        }),
+        resolved
+            .iter()
+            .zip(&stores)
+            .zip(&migrated)
+            .map(|((r, store), done)| {
+                let (check, done) = (store.clone(), done.clone());
+                let shard = Shard::new(r.name.clone(), base.on_store(store.clone()))
+                    .claims(r.tenants.clone())
+                    .check(move || {
+                        let (store, done) = (check.clone(), done.clone());
+                        async move {
+                            if !done.load(std::sync::atomic::Ordering::SeqCst) {
+                                return Err("reachable, not migrated yet".to_owned());
+                            }
+                            store.check().await
+                        }
+                    });
+                if r.rest {
+                    shard.rest()
+                } else {
+                    shard
+                }
+            }),
     )?
     .options(
         txinbox::shards::ShardOptions::new().require_all(opts.store_settings.require_all_shards),
