@@ -399,7 +399,8 @@ async fn commit_with(
     store.commit(tx).await.unwrap()
 }
 
-fn limit_error(c: Commit) -> String {
+/// The message of a permanent refusal of the store's, which `is` must recognise.
+fn refusal(c: Commit, is: fn(&DynamoError) -> bool) -> String {
     match c {
         Commit::HandlerFailed(e) => {
             assert_eq!(e.retry_kind(), txinbox_core::Retry::No, "{e}");
@@ -407,11 +408,15 @@ fn limit_error(c: Commit) -> String {
                 .source()
                 .downcast_ref::<DynamoError>()
                 .expect("a DynamoError");
-            assert!(matches!(d, DynamoError::Limit(_)), "{d}");
+            assert!(is(d), "{d}");
             d.to_string()
         }
         other => panic!("expected a permanent refusal, got {other:?}"),
     }
+}
+
+fn limit_error(c: Commit) -> String {
+    refusal(c, |d| matches!(d, DynamoError::Limit(_)))
 }
 
 async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_sent(b: Backend) {
@@ -529,18 +534,8 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
         tx.update(add_one(&tasks, "both")).unwrap();
     })
     .await;
-    match c6 {
-        Commit::HandlerFailed(e) => {
-            assert_eq!(e.retry_kind(), txinbox_core::Retry::No, "{e}");
-            let d = e
-                .source()
-                .downcast_ref::<DynamoError>()
-                .expect("a DynamoError");
-            assert!(matches!(d, DynamoError::Refused { .. }), "{d}");
-            assert!(d.to_string().contains("ValidationException"), "{d}");
-        }
-        other => panic!("expected a permanent refusal, got {other:?}"),
-    }
+    let msg = refusal(c6, |d| matches!(d, DynamoError::Refused { .. }));
+    assert!(msg.contains("ValidationException"), "{msg}");
     assert_eq!(count_of(&c, &tasks, "both").await, None);
 }
 
@@ -653,6 +648,19 @@ async fn an_expired_marker_counts_as_absent_before_the_ttl_deletes_it(b: Backend
         commit(chrono::Duration::hours(1)).await,
         Commit::Conflict(Some(h)) if h.same_identity && h.payload_hash == "hash-1"
     ));
+}
+
+/// What runner `holder` claims of `dests` at `at` (up to 10, for 60 s).
+async fn claim_at(
+    store: &DynamoStore,
+    holder: &str,
+    dests: &[String],
+    at: chrono::DateTime<Utc>,
+) -> Vec<txinbox_core::effects::ClaimedEffect> {
+    store
+        .claim_effects(holder, dests, at, at + chrono::Duration::seconds(60), 10)
+        .await
+        .unwrap()
 }
 
 async fn effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order(b: Backend) {
@@ -769,16 +777,7 @@ async fn effects_are_claimed_once_through_the_due_index_and_groups_keep_their_or
     );
     // A claim that expired is taken over, and the effect says it may have happened.
     let later = until + chrono::Duration::seconds(1);
-    let taken = store
-        .claim_effects(
-            "runner-w",
-            &dests,
-            later,
-            later + chrono::Duration::seconds(60),
-            10,
-        )
-        .await
-        .unwrap();
+    let taken = claim_at(&store, "runner-w", &dests, later).await;
     assert_eq!(taken.len(), 4, "a-1..a-3 of x/y and g-2 of z");
     assert!(taken
         .iter()
@@ -958,17 +957,13 @@ async fn a_groups_effects_form_one_chain_read_strongly_consistent(b: Backend) {
 
     // g-2 waits for g-1, read from g-2's `prev`: no index takes part.
     let dests = vec!["mail".to_owned()];
-    let now = Utc::now() + chrono::Duration::seconds(1);
-    let claimed = store
-        .claim_effects(
-            "runner-x",
-            &dests,
-            now,
-            now + chrono::Duration::seconds(60),
-            10,
-        )
-        .await
-        .unwrap();
+    let claimed = claim_at(
+        &store,
+        "runner-x",
+        &dests,
+        Utc::now() + chrono::Duration::seconds(1),
+    )
+    .await;
     let ids: Vec<&str> = claimed.iter().map(|e| e.message_id.as_str()).collect();
     assert_eq!(ids, ["g-1"], "only the head of the chain may go");
 }

@@ -33,6 +33,17 @@ impl Schema {
         Self { store, name }
     }
 
+    /// A fresh schema converted to partitions of a day, markers kept two days.
+    async fn kept_two_days() -> Self {
+        let s = Self::new().await;
+        let _ = s
+            .store
+            .partition(&PartitionOptions::new().keep(Duration::from_secs(2 * DAY as u64)))
+            .await
+            .unwrap();
+        s
+    }
+
     async fn drop(self) {
         self.store.close().await;
         let mut c = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
@@ -256,12 +267,7 @@ async fn outside_the_partitions_nothing_is_written_and_the_answer_says_why() {
 
 #[tokio::test]
 async fn the_rotation_creates_ahead_and_drops_whole_partitions_never_rows() {
-    let s = Schema::new().await;
-    let _ = s
-        .store
-        .partition(&PartitionOptions::new().keep(Duration::from_secs(2 * DAY as u64)))
-        .await
-        .unwrap();
+    let s = Schema::kept_two_days().await;
     assert_eq!(s.partitions("txinbox_inbox").await, 2 + 1 + 3);
     let origin = Utc::now();
     let id = identity("evt-r", None);
@@ -314,12 +320,7 @@ async fn the_rotation_creates_ahead_and_drops_whole_partitions_never_rows() {
 /// only, and a copy of a missed bucket then failed on insert, retried until dead-lettered).
 #[tokio::test]
 async fn after_a_maintenance_outage_the_rotation_creates_the_buckets_it_missed() {
-    let s = Schema::new().await;
-    let _ = s
-        .store
-        .partition(&PartitionOptions::new().keep(Duration::from_secs(2 * DAY as u64)))
-        .await
-        .unwrap();
+    let s = Schema::kept_two_days().await;
     let today = next_midnight() - Cd::days(1);
     // Partitions from today - 2 to today + 3; an event of today + 4 has none yet.
     let missed = today + Cd::days(4) + Cd::hours(12);
