@@ -107,17 +107,8 @@ async fn run(
             let sys =
                 |k: MessageSystemAttributeName| m.attributes().and_then(|a| a.get(&k)).cloned();
             let position = m.message_id().unwrap_or_default();
-            let mut attrs = m.message_attributes().cloned().unwrap_or_default();
-            attrs.retain(|k, _| !dead_letter::is_bookkeeping(k));
-            // Net one attribute fewer than the dead-letter copy had (its reason and detail are dropped), so the
-            // SQS limit of 10 still holds.
-            if let Ok(v) = aws_sdk_sqs::types::MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(from)
-                .build()
-            {
-                attrs.insert(dead_letter::REDRIVEN_FROM.to_owned(), v);
-            }
+            let attrs =
+                redriven_attributes(m.message_attributes().cloned().unwrap_or_default(), from);
             let mut send = client
                 .send_message()
                 .queue_url(to)
@@ -212,9 +203,55 @@ fn structured_cloudevent(body: &str) -> bool {
     })
 }
 
+/// The attributes a redriven copy carries: the message's own, less the dead-letter bookkeeping, and where it
+/// came from when there is room. A message that reached the DLQ with 10 attributes of its own (moved there by
+/// `maxReceiveCount`, or forwarded without room for its reason) has none: AWS, "Each message can have up to
+/// 10 attributes", and an 11th would make SQS refuse the send and the redrive stop at this message every
+/// time.
+fn redriven_attributes(
+    mut attrs: std::collections::HashMap<String, aws_sdk_sqs::types::MessageAttributeValue>,
+    from: &str,
+) -> std::collections::HashMap<String, aws_sdk_sqs::types::MessageAttributeValue> {
+    attrs.retain(|k, _| !dead_letter::is_bookkeeping(k));
+    if attrs.len() < crate::dlq::MAX_MESSAGE_ATTRIBUTES {
+        if let Ok(v) = aws_sdk_sqs::types::MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(from)
+            .build()
+        {
+            attrs.insert(dead_letter::REDRIVEN_FROM.to_owned(), v);
+        }
+    }
+    attrs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redriven_copy_never_carries_more_than_ten_attributes() {
+        let value = || {
+            aws_sdk_sqs::types::MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value("v")
+                .build()
+                .unwrap()
+        };
+        let full: std::collections::HashMap<_, _> =
+            (0..10).map(|i| (format!("a{i}"), value())).collect();
+        let out = redriven_attributes(full, "dlq-url");
+        assert_eq!(out.len(), 10);
+        assert!(!out.contains_key(dead_letter::REDRIVEN_FROM));
+        let few: std::collections::HashMap<_, _> =
+            (0..3).map(|i| (format!("a{i}"), value())).collect();
+        let out = redriven_attributes(few, "dlq-url");
+        assert_eq!(out.len(), 4);
+        assert_eq!(
+            out[dead_letter::REDRIVEN_FROM].string_value(),
+            Some("dlq-url")
+        );
+    }
 
     #[test]
     fn structured_cloudevents_bodies_are_recognised() {

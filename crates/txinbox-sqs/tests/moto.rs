@@ -1064,3 +1064,90 @@ async fn receive_loops_keep_each_fifo_group_in_order() {
     }
     assert_eq!(pg_rows(&store, &consumer).await, 12);
 }
+
+/// A FIFO group's first message released (a retry after a transient failure) while the receiver holds the
+/// group's next one: the held one goes back to SQS rather than out, so the released message comes back and
+/// is handed out first. AWS: "Messages within the same message group are always processed one at a time, in
+/// strict order", and "Inflight messages block delivery of available messages within the same message
+/// group". The receiver handed out the held message as soon as the first was settled, release or not, and
+/// the group's order was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_fifo_message_comes_back_before_the_later_ones_of_its_group() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    for i in 1..=2 {
+        send(
+            &c,
+            &q.url,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&format!("evt-{i}")),
+            &format!("d-{i}"),
+            "one-group",
+        )
+        .await;
+    }
+    let mut r = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let id = |d: &txinbox_sqs::SqsDelivery| {
+        d.message()
+            .attribute("ce-id")
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut first = receive_until(&mut r, 1, LONG).await;
+    assert_eq!(first.len(), 1, "the second of the group is held");
+    assert_eq!(id(&first[0]), "evt-1");
+    first
+        .pop()
+        .unwrap()
+        .release(Duration::from_secs(2))
+        .await
+        .unwrap();
+    let next = receive_until(&mut r, 1, LONG).await;
+    assert_eq!(
+        next.iter().map(id).collect::<Vec<_>>(),
+        ["evt-1"],
+        "the released message first"
+    );
+}
+
+/// A standard queue whose producer sets `MessageGroupId` (a fair queue): the messages of one group are
+/// handed out together, not one at a time. AWS: "In standard queues, using MessageGroupId enables fair
+/// queues [...] messages with the same MessageGroupId can be processed in parallel." The receiver held all
+/// but one back, as for a FIFO queue, and a busy tenant's held messages timed out in the receiver, counted
+/// receives and could reach the dead-letter queue without being processed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standard_queue_s_message_groups_are_not_held_back() {
+    let c = client().await;
+    let url = c
+        .create_queue()
+        .queue_name(unique("fair"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_owned();
+    for i in 1..=3 {
+        c.send_message()
+            .queue_url(&url)
+            .message_body(body(&format!("o{i}"), "m", json!({})))
+            .message_group_id("tenant-a")
+            .send()
+            .await
+            .unwrap();
+    }
+    let mut r = SqsReceiver::connect(
+        c.clone(),
+        &url,
+        SqsOptions::default().wait(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let got = receive_until(&mut r, 3, LONG).await;
+    assert_eq!(got.len(), 3);
+    assert!(got
+        .iter()
+        .all(|d| d.message().group_id.as_deref() == Some("tenant-a")));
+}

@@ -139,12 +139,15 @@ impl Delivery for SqsDelivery {
 
     async fn release(self, delay: Duration) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
+        // Whether the visibility change succeeds or not, the message comes back.
+        self.shared.group_returns(self.message.group_id.as_deref());
         self.set_visibility(delay).await
     }
 
     async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
         let Some(dlq_url) = self.shared.dead_letter_queue.clone() else {
+            self.shared.group_returns(self.message.group_id.as_deref());
             // Without a DLQ to forward to, leave the message to its visibility timeout: it comes back at most
             // once per timeout (never in a hot loop) until the queue's maxReceiveCount, if any, moves it.
             return Err(BrokerError::new(
@@ -165,7 +168,8 @@ impl Delivery for SqsDelivery {
             self.dedup_id.as_deref(),
             &why,
         )
-        .await?;
+        .await
+        .inspect_err(|_| self.shared.group_returns(self.message.group_id.as_deref()))?;
         metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
             .increment(1);
         tracing::warn!(

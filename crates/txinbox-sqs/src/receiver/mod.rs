@@ -31,6 +31,32 @@ pub(crate) struct Shared {
     pub(crate) opts: SqsOptions,
     pub(crate) dead_letter_queue: Option<String>,
     deletes: mpsc::UnboundedSender<DeleteRequest>,
+    /// FIFO groups whose delivery was released, or left to its visibility timeout, since the last receive:
+    /// that message comes back, so the messages of its group held here must not go before it.
+    pub(crate) returning_groups: std::sync::Mutex<Vec<String>>,
+    /// Whether the queue is FIFO: only there does a message group mean an order (in a standard queue, a
+    /// group makes a fair queue, whose messages of one group may be processed in parallel).
+    pub(crate) fifo: bool,
+}
+
+impl Shared {
+    /// The group a message of this queue must keep the order of: its `MessageGroupId` on a FIFO queue.
+    pub(crate) fn ordered_group(&self, m: &Message) -> Option<String> {
+        if self.fifo {
+            group_of(m)
+        } else {
+            None
+        }
+    }
+
+    /// Notes that the delivery of FIFO group `group` comes back (released, or left to its timeout).
+    pub(crate) fn group_returns(&self, group: Option<&str>) {
+        if let (true, Some(g)) = (self.fifo, group) {
+            if let Ok(mut v) = self.returning_groups.lock() {
+                v.push(g.to_owned());
+            }
+        }
+    }
 }
 
 /// Receives from one SQS queue (FIFO or standard) and hands out [`SqsDelivery`]s.
@@ -100,10 +126,12 @@ impl SqsReceiver {
         Ok(Self {
             shared: Arc::new(Shared {
                 client,
+                fifo: crate::dlq::is_fifo(&queue_url),
                 queue_url,
                 opts,
                 dead_letter_queue,
                 deletes: tx,
+                returning_groups: std::sync::Mutex::new(Vec::new()),
             }),
             held: VecDeque::new(),
             in_flight: HashMap::new(),
@@ -151,6 +179,7 @@ impl Receiver for SqsReceiver {
                 .upgrade()
                 .is_some_and(|l| !l.settled.load(Ordering::SeqCst) && l.current() > now)
         });
+        self.give_back_returning_groups().await;
         let mut out = self.release_held(n).await;
         if !out.is_empty() {
             return Ok(out);
@@ -209,7 +238,7 @@ impl Receiver for SqsReceiver {
             tracing::warn!(queue_url = %s.queue_url, error = %e, received = got.len(), "one ReceiveMessage call of a receive failed");
         }
         for m in got {
-            let group = group_of(&m);
+            let group = s.ordered_group(&m);
             if group
                 .as_ref()
                 .is_some_and(|g| self.in_flight.contains_key(g))
@@ -288,8 +317,43 @@ fn group_of(m: &Message) -> Option<String> {
 }
 
 impl SqsReceiver {
+    /// The held messages of a group whose delivery was released (or left to its visibility timeout) go back
+    /// to SQS at once: that message comes back, and SQS hands out none of its group before it. AWS: "Inflight
+    /// messages block delivery of available messages within the same message group." Handing them out here
+    /// would let a later message of the group go first.
+    async fn give_back_returning_groups(&mut self) {
+        let groups = match self.shared.returning_groups.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(_) => return,
+        };
+        if groups.is_empty() {
+            return;
+        }
+        let mut kept = VecDeque::with_capacity(self.held.len());
+        for (m, received) in std::mem::take(&mut self.held) {
+            if !group_of(&m).is_some_and(|g| groups.contains(&g)) {
+                kept.push_back((m, received));
+                continue;
+            }
+            let r = self
+                .shared
+                .client
+                .change_message_visibility()
+                .queue_url(&self.shared.queue_url)
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .visibility_timeout(0)
+                .send()
+                .await;
+            if let Err(e) = r {
+                // It comes back when its visibility runs out, behind the message of its group that returns.
+                tracing::warn!(error = %sdk_error("ChangeMessageVisibility", e), "cannot give back a held message; it returns with its visibility timeout");
+            }
+        }
+        self.held = kept;
+    }
+
     fn hand_out(&mut self, m: Message, received: Instant, out: &mut Vec<SqsDelivery>) {
-        let group = group_of(&m);
+        let group = self.shared.ordered_group(&m);
         match SqsDelivery::from_message(self.shared.clone(), m, received, Utc::now()) {
             Ok(d) => {
                 if let Some(g) = group {
@@ -309,7 +373,7 @@ impl SqsReceiver {
         let vt = self.shared.opts.visibility_timeout;
         let mut i = 0;
         while i < self.held.len() && out.len() < n {
-            let group = group_of(&self.held[i].0);
+            let group = self.shared.ordered_group(&self.held[i].0);
             if group
                 .as_ref()
                 .is_some_and(|g| self.in_flight.contains_key(g))
