@@ -503,10 +503,17 @@ impl Delivery for ServiceBusDelivery {
         self.complete().await
     }
 
-    /// REST abandon has no delay: the backoff is served by keeping the lock (the lease keeper goes on renewing
-    /// it) for `delay`, at most [`ServiceBusOptions::max_release_delay`], then abandoning.
+    /// REST abandon has no delay: the backoff is served by keeping the lock for `delay`, at most
+    /// [`ServiceBusOptions::max_release_delay`], then abandoning. Nothing renews the lock while it is kept (the
+    /// lease keeper stops when the delivery is settled), so the hold also ends a second before the lock does:
+    /// Microsoft, "When the lock expires, the message becomes available to other receivers", and the abandon
+    /// would then find no lock.
     async fn release(self, delay: Duration) -> Result<(), BrokerError> {
-        let hold = delay.min(self.max_release_delay);
+        let lock_left = (self.state.until() - chrono::Utc::now())
+            .to_std()
+            .unwrap_or_default()
+            .saturating_sub(Duration::from_secs(1));
+        let hold = delay.min(self.max_release_delay).min(lock_left);
         if !hold.is_zero() {
             tokio::time::sleep(hold).await;
         }

@@ -125,16 +125,27 @@ impl Transport {
             .as_ref()
             .is_some_and(|t| t.expires_on.unix_timestamp() - TOKEN_REFRESH_MARGIN_SECS > now);
         if !fresh {
-            let token = credential
-                .get_token(&[SERVICE_BUS_SCOPE])
-                .await
-                .map_err(|e| {
-                    azure_core::Error::full(
-                        ErrorKind::Credential,
-                        e,
-                        "cannot get an Azure AD token for Service Bus",
-                    )
-                })?;
+            // Within the request's own budget: a token endpoint that does not answer would otherwise hold
+            // every request (renewals, settlements, receives) behind this lock for ever.
+            let token = tokio::time::timeout(
+                self.request_timeout,
+                credential.get_token(&[SERVICE_BUS_SCOPE]),
+            )
+            .await
+            .map_err(|_| {
+                azure_core::Error::full(
+                    ErrorKind::Credential,
+                    RequestTimedOut(self.request_timeout),
+                    "the Azure AD token for Service Bus did not come in time",
+                )
+            })?
+            .map_err(|e| {
+                azure_core::Error::full(
+                    ErrorKind::Credential,
+                    e,
+                    "cannot get an Azure AD token for Service Bus",
+                )
+            })?;
             *cached = Some(token);
         }
         Ok(cached
@@ -206,6 +217,45 @@ mod tests {
         let mut other = Url::parse("https://elsewhere.example/x").unwrap();
         t.rewrite(&mut other).unwrap();
         assert_eq!(other.as_str(), "https://elsewhere.example/x");
+    }
+
+    /// A credential whose token never comes (a workload identity endpoint that hangs).
+    #[derive(Debug)]
+    struct Hangs;
+
+    #[async_trait::async_trait]
+    impl TokenCredential for Hangs {
+        async fn get_token(&self, _: &[&str]) -> azure_core::Result<AccessToken> {
+            std::future::pending().await
+        }
+        async fn clear_cache(&self) -> azure_core::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The token is fetched within the request's budget: a hanging token endpoint fails the request (and
+    /// releases the token's lock for the next one) instead of holding every request behind it.
+    #[tokio::test]
+    async fn a_token_that_never_comes_fails_the_request_in_its_budget() {
+        let t = Transport::new(
+            Arc::new(Never),
+            "ns.servicebus.windows.net".into(),
+            None,
+            Auth::Bearer {
+                credential: Arc::new(Hangs),
+                cached: tokio::sync::Mutex::new(None),
+            },
+            Duration::from_millis(50),
+            Duration::from_secs(10),
+        );
+        let req = Request::new(
+            Url::parse("https://ns.servicebus.windows.net/q/messages/3/tok").unwrap(),
+            azure_core::Method::Delete,
+        );
+        for _ in 0..2 {
+            let e = t.execute_request(&req).await.unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Credential);
+        }
     }
 
     #[tokio::test]

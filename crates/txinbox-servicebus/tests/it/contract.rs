@@ -101,6 +101,37 @@ async fn the_lease_says_the_lock_the_broker_granted() {
     d.ack().await.unwrap();
 }
 
+/// A release whose backoff is longer than what is left of the lock: nothing renews the lock while it is held,
+/// so the hold ends before the lock does and the abandon finds it. Microsoft: "When the lock expires, the
+/// message becomes available to other receivers." The hold slept its whole delay, and the abandon found
+/// no lock (`LockLost`).
+#[tokio::test]
+async fn a_release_longer_than_the_lock_abandons_before_the_lock_ends() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT3S"})).await;
+    publish(&client, &event(&q, "evt-hold", "{}")).await;
+    let opts = ServiceBusOptions::default()
+        .wait(Duration::from_secs(1))
+        .max_release_delay(Duration::from_secs(10));
+    let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("a message");
+    d.release(Duration::from_secs(10))
+        .await
+        .expect("abandoned while the lock was held");
+    let again = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("the message, abandoned");
+    assert_eq!(again.message().delivery_count, 2);
+    again.ack().await.unwrap();
+}
+
 /// A handler that runs 2.5 times the lock duration, with default worker options: renewed, applied once.
 #[tokio::test]
 async fn default_worker_options_keep_a_slow_message_locked() {
