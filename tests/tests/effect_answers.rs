@@ -274,6 +274,49 @@ on_both!(
     a_refusal_after_a_call_that_may_have_happened_needs_attention_on_postgres
 );
 
+// A call that may have happened (a gateway's 504), repeated under its kept key, and the repeat refused
+// as not sent (429): the next call waits for a confirmation, which the destination cannot give once the
+// key is older than it keeps keys, so nothing is sent again blind (the repeat's retry went out without
+// asking, after the key could have been forgotten).
+async fn not_sent_after_maybe<DB: FxDb>(store: Store<DB>) {
+    let key = one_effect(&store, crm_effect).await;
+    let (url, hits) = canned(vec![
+        "HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    ])
+    .await;
+    let kept = HttpEffect::post(format!("{url}/tasks")).key(Key::header("Idempotency-Key"));
+    let _report = runner(&store, kept).run_until_idle().await;
+    let e = state(&store, &key).await;
+    assert_eq!(e.claimed_from, EffectState::Uncertain, "{e:?}");
+    assert!(last_error(&store).await.contains("may have done it"));
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "the 504, then the repeat");
+    // Due again after the Retry-After; by then the destination keeps keys for less than the effect's age.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let forgotten = HttpEffect::post(format!("{url}/tasks"))
+        .key(Key::header("Idempotency-Key").kept_for(Duration::ZERO));
+    let _report = runner(&store, forgotten).run_until_idle().await;
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        2,
+        "no call without a confirmation"
+    );
+    let e = state(&store, &key).await;
+    assert!(
+        matches!(
+            e.claimed_from,
+            EffectState::Uncertain | EffectState::NeedsAttention
+        ),
+        "{e:?}"
+    );
+    assert!(e.maybe_happened);
+}
+on_both!(
+    not_sent_after_maybe,
+    a_repeat_not_sent_is_confirmed_before_the_next_call_on_sqlite,
+    a_repeat_not_sent_is_confirmed_before_the_next_call_on_postgres
+);
+
 // Redirects are not followed (a POST redirected as a GET could read as done), and a 2xx that is not the
 // destination's (an HTML page) carries no reference: both uncertain, never done.
 async fn not_the_destinations_answer<DB: FxDb>(store: Store<DB>) {

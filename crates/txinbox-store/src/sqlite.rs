@@ -19,7 +19,16 @@ pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name
 const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = ?2 AND message_id = ?3) AS same_identity, result_reference FROM txinbox_inbox WHERE consumer_name = ?1 AND ((source = ?2 AND message_id = ?3) OR (?4 IS NOT NULL AND business_key = ?4 AND COALESCE(tenant_id, '') = COALESCE(?5, ''))) ORDER BY same_identity DESC LIMIT 1";
 
 pub(crate) fn ts(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+    // Stored as text, compared as text: only four-digit years sort in time order ("+262143-..." sorts
+    // before "2026-..."). A date beyond (a keep of "for ever") is kept as the last instant of year 9999,
+    // one before year 1 as its first.
+    let (first, last) = (
+        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC),
+        DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC),
+    );
+    t.clamp(first, last)
+        .to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
 fn parse_ts(s: &str) -> Result<DateTime<Utc>, sqlx::Error> {

@@ -335,6 +335,14 @@ impl<S: EffectStore> EffectRunner<S> {
                 error: format!("{attempts} attempts, none reached the destination: {error}"),
                 attempts,
             },
+            // Nothing reached the destination this time, but an earlier call may have: ask it again before
+            // the next call, which may come after the destination has forgotten the key.
+            Execution::NotSent { error, retry_after } if maybe_happened => Transition::Uncertain {
+                next_at: self.backoff(now, attempts).max(later(retry_after.unwrap_or_default())),
+                error: format!("not sent, and an earlier call may have done it: {error}"),
+                attempts,
+                reconciliations,
+            },
             Execution::NotSent { error, retry_after } => Transition::Retry {
                 next_at: self.backoff(now, attempts).max(later(retry_after.unwrap_or_default())),
                 error: error.to_string(),

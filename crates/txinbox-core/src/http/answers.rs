@@ -154,12 +154,19 @@ impl FromStr for StatusMatch {
     }
 }
 
+/// The longest delay a `Retry-After` is taken at: a day. A longer one (a hostile or broken answer, up to
+/// `u64::MAX` seconds) would park the effect beyond any alert; at a day it is tried again, and counts its
+/// attempts towards `max_attempts` as any call that reached nobody.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
 /// The delay a `Retry-After` value asks for: delta-seconds or an HTTP-date (IMF-fixdate, and the obsolete
-/// RFC 850 and asctime forms), from `now`; a date in the past asks for none. `None` when the value is neither.
+/// RFC 850 and asctime forms), from `now`, at most [`MAX_RETRY_AFTER`]; a date in the past asks for none.
+/// `None` when the value is neither.
 pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
     let v = value.trim();
     if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
-        return Some(Duration::from_secs(v.parse().unwrap_or(u64::MAX)));
+        let secs = v.parse().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER));
     }
     let at = DateTime::parse_from_rfc2822(v)
         .map(|d| d.with_timezone(&Utc))
@@ -170,7 +177,12 @@ pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
                 .find_map(|f| NaiveDateTime::parse_from_str(v, f).ok())
                 .map(|n| n.and_utc())
         })?;
-    Some((at - now).to_std().unwrap_or(Duration::ZERO))
+    Some(
+        (at - now)
+            .to_std()
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
 }
 
 #[cfg(test)]
@@ -231,6 +243,14 @@ mod tests {
             Some(Duration::from_secs(120))
         );
         assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        // A delay beyond a day, in seconds or as a date, is taken as a day.
+        for far in [
+            "99999999999999999999999",
+            "86401",
+            "Fri, 31 Dec 9999 23:59:59 GMT",
+        ] {
+            assert_eq!(parse_retry_after(far, now), Some(MAX_RETRY_AFTER), "{far}");
+        }
         for date in [
             "Sun, 06 Nov 1994 08:49:37 GMT",
             "Sunday, 06-Nov-94 08:49:37 GMT",

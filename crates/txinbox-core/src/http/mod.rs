@@ -57,7 +57,7 @@ use futures::future::BoxFuture;
 use reqwest::header::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-pub use answers::{parse_retry_after, Answer, AnswerTable};
+pub use answers::{parse_retry_after, Answer, AnswerTable, MAX_RETRY_AFTER};
 pub use builder::{HttpConfigError, HttpEffectBuilder};
 pub use confirm::{Confirm, ReadFn};
 pub use key::{Key, DEFAULT_KEY_KEPT_FOR};
@@ -154,10 +154,11 @@ impl HttpEffect {
     }
 }
 
-/// Reads up to [`MAX_ANSWER`] bytes of an answer.
+/// Reads up to [`MAX_ANSWER`] bytes of an answer (an error without the URL, which may carry a secret in its
+/// query string).
 async fn read_body(resp: &mut reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
     let mut out = Vec::new();
-    while let Some(chunk) = resp.chunk().await? {
+    while let Some(chunk) = resp.chunk().await.map_err(reqwest::Error::without_url)? {
         let room = MAX_ANSWER.saturating_sub(out.len());
         out.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if out.len() >= MAX_ANSWER {
@@ -206,7 +207,13 @@ impl EffectExecutor for HttpEffect {
                 }
             }
             let hash = sha256_hex(&body);
-            let mut resp = match req.body(body).send().await {
+            // reqwest's error text ends with the URL, query string and all: the redacted one is `shown`.
+            let mut resp = match req
+                .body(body)
+                .send()
+                .await
+                .map_err(reqwest::Error::without_url)
+            {
                 Ok(r) => r,
                 Err(e) if e.is_connect() => return Execution::not_sent(format!("{shown}: {e}")),
                 // Nothing was sent: a header the metadata gave that HTTP does not allow.
@@ -295,7 +302,8 @@ impl EffectExecutor for HttpEffect {
                 .request(reqwest::Method::DELETE, &url)
                 .header("Idempotency-Key", format!("{}-compensate", effect.key))
                 .send()
-                .await?;
+                .await
+                .map_err(reqwest::Error::without_url)?;
             if r.status().is_success() || r.status() == reqwest::StatusCode::NOT_FOUND {
                 Ok(())
             } else {
@@ -341,7 +349,7 @@ impl EffectExecutor for HttpEffect {
                         .header(reqwest::header::CONTENT_TYPE, "application/json")
                         .body(b);
                 }
-                match req.send().await {
+                match req.send().await.map_err(reqwest::Error::without_url) {
                     Ok(mut r) => {
                         let status = r.status().as_u16();
                         match read_body(&mut r).await {
