@@ -1151,3 +1151,71 @@ async fn a_standard_queue_s_message_groups_are_not_held_back() {
         .iter()
         .all(|d| d.message().group_id.as_deref() == Some("tenant-a")));
 }
+
+/// A receive sent as several calls (a backlog): the long poll can wait its whole wait while the calls beside it
+/// answer at once, and a message's visibility runs from the answer that brought it. Each delivery's lease
+/// says so: it was counted from the end of the slowest call, later than the truth by up to the whole wait,
+/// so a renewal could come after SQS had made the message visible to other receivers again. Here the long
+/// poll is held back by 3 s before it reaches moto, then waits 2 s on an empty queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_message_s_visibility_runs_from_the_answer_that_brought_it() {
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+    let c = client().await;
+    let inner = c.config().http_client().expect("an HTTP client");
+    let slow_polls = with_hook(inner, |request, connector| {
+        let long_poll = request
+            .body()
+            .bytes()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+            .and_then(|v| v["WaitTimeSeconds"].as_i64())
+            .is_some_and(|w| w > 0);
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            if long_poll {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            connector.call(request).await
+        })
+    });
+    let slow =
+        aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(slow_polls).build());
+    let q = queue_pair(&c, 5, 30).await;
+    for i in 0..15 {
+        let id = format!("evt-{i}");
+        send(
+            &c,
+            &q.url,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&id),
+            &id,
+            &format!("g{i}"),
+        )
+        .await;
+    }
+    let mut r = SqsReceiver::connect(
+        slow,
+        &q.url,
+        fast_options(30, &q.dlq).wait(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let first = r.receive(25).await.unwrap();
+    assert_eq!(first.len(), 10, "one call, full: the queue has a backlog");
+    let started = chrono::Utc::now();
+    let second = r.receive(25).await.unwrap();
+    assert_eq!(
+        second.len(),
+        5,
+        "the calls that do not wait brought the rest"
+    );
+    for d in &second {
+        let expires = d.lease().unwrap().expires_at().unwrap();
+        assert!(
+            expires <= started + chrono::Duration::seconds(32),
+            "the lease runs from its own call's answer: expires {expires}, receive started {started}"
+        );
+    }
+    for d in first.into_iter().chain(second) {
+        d.ack().await.unwrap();
+    }
+}

@@ -57,8 +57,12 @@ impl SqsDelivery {
             // `SqsOptions::deduplication_id_identity`).
             message.producer_id = None;
         }
+        // The visibility runs from the answer that brought the message (or from the last extension of a held
+        // one), not from this moment: a receive of several calls, or a message held behind its group, is
+        // handed out later than that.
+        let since = now - chrono::Duration::from_std(received.elapsed()).unwrap_or_default();
         let expires =
-            now + chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
+            since + chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
         let lease = Arc::new(SqsLease {
             client: shared.client.clone(),
             queue_url: shared.queue_url.clone(),

@@ -49,6 +49,19 @@ impl Shared {
         }
     }
 
+    /// Sets the visibility of a message the receiver holds to `seconds` from now.
+    async fn held_visibility(&self, m: &Message, seconds: i32) -> Result<(), BrokerError> {
+        self.client
+            .change_message_visibility()
+            .queue_url(&self.queue_url)
+            .receipt_handle(m.receipt_handle().unwrap_or_default())
+            .visibility_timeout(seconds)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| sdk_error("ChangeMessageVisibility", e))
+    }
+
     /// Notes that the delivery of FIFO group `group` comes back (released, or left to its timeout).
     pub(crate) fn group_returns(&self, group: Option<&str>) {
         if let (true, Some(g)) = (self.fifo, group) {
@@ -71,8 +84,8 @@ impl Shared {
 /// A receive may ask for more than one `ReceiveMessage` returns ([`SqsOptions::batch_size`], at most 10): when
 /// the last receive came back full (the queue has a backlog) the receiver sends as many calls as it takes at
 /// once, one long poll and the others without a wait, and hands out what they brought together (at most
-/// [`MAX_CALLS_PER_RECEIVE`] calls). Otherwise it sends one call, so an idle queue costs one long poll per
-/// wait.
+/// [`MAX_CALLS_PER_RECEIVE`] calls; each delivery's visibility is counted from the answer of its own call).
+/// Otherwise it sends one call, so an idle queue costs one long poll per wait.
 #[derive(Debug)]
 pub struct SqsReceiver {
     shared: Arc<Shared>,
@@ -200,7 +213,8 @@ impl Receiver for SqsReceiver {
         let asks = (0..calls).map(|i| {
             let ask = (n - i * per_call).min(per_call);
             let wait = if i == 0 { wait } else { Duration::ZERO };
-            s.client
+            let call = s
+                .client
                 .receive_message()
                 .queue_url(&s.queue_url)
                 .max_number_of_messages(ask as i32)
@@ -208,19 +222,25 @@ impl Receiver for SqsReceiver {
                 .visibility_timeout(secs(s.opts.visibility_timeout))
                 .message_system_attribute_names(MessageSystemAttributeName::All)
                 .message_attribute_names("All")
-                .send()
+                .send();
+            // Each call's own answer time: a message's visibility runs from the answer that brought it, not
+            // from the slowest call of the receive (the long poll can wait its whole wait while the calls
+            // beside it answered at once).
+            async move {
+                let answer = call.await;
+                (Instant::now(), answer)
+            }
         });
         let answers = futures::future::join_all(asks).await;
-        let received = Instant::now();
         let mut first_error = None;
         let mut got = Vec::new();
         let mut full = false;
-        for a in answers {
+        for (received, a) in answers {
             match a {
                 Ok(a) => {
                     let msgs = a.messages.unwrap_or_default();
                     full |= msgs.len() >= per_call;
-                    got.extend(msgs);
+                    got.extend(msgs.into_iter().map(|m| (m, received)));
                 }
                 Err(e) => {
                     let e = sdk_error("ReceiveMessage", e);
@@ -237,7 +257,7 @@ impl Receiver for SqsReceiver {
             // What the other calls brought is handed out; the next receive reports a lasting failure.
             tracing::warn!(queue_url = %s.queue_url, error = %e, received = got.len(), "one ReceiveMessage call of a receive failed");
         }
-        for m in got {
+        for (m, received) in got {
             let group = s.ordered_group(&m);
             if group
                 .as_ref()
@@ -335,18 +355,9 @@ impl SqsReceiver {
                 kept.push_back((m, received));
                 continue;
             }
-            let r = self
-                .shared
-                .client
-                .change_message_visibility()
-                .queue_url(&self.shared.queue_url)
-                .receipt_handle(m.receipt_handle().unwrap_or_default())
-                .visibility_timeout(0)
-                .send()
-                .await;
-            if let Err(e) = r {
+            if let Err(e) = self.shared.held_visibility(&m, 0).await {
                 // It comes back when its visibility runs out, behind the message of its group that returns.
-                tracing::warn!(error = %sdk_error("ChangeMessageVisibility", e), "cannot give back a held message; it returns with its visibility timeout");
+                tracing::warn!(error = %e, "cannot give back a held message; it returns with its visibility timeout");
             }
         }
         self.held = kept;
@@ -395,17 +406,8 @@ impl SqsReceiver {
             }
             let mut received = received;
             if waited >= vt / 2 {
-                let r = self
-                    .shared
-                    .client
-                    .change_message_visibility()
-                    .queue_url(&self.shared.queue_url)
-                    .receipt_handle(m.receipt_handle().unwrap_or_default())
-                    .visibility_timeout(secs(vt))
-                    .send()
-                    .await;
-                if let Err(e) = r {
-                    tracing::warn!(error = %sdk_error("ChangeMessageVisibility", e), "cannot extend a held message; leaving it to SQS");
+                if let Err(e) = self.shared.held_visibility(&m, secs(vt)).await {
+                    tracing::warn!(error = %e, "cannot extend a held message; leaving it to SQS");
                     continue;
                 }
                 received = Instant::now();
