@@ -437,6 +437,51 @@ on_both!(
     a_kept_key_is_repeated_only_while_the_destination_keeps_it_on_postgres
 );
 
+// A call that outlasts the claim (a destination that takes the request and never answers, a timeout longer
+// than `claim_for`): the holder gives the work up at `claim_for`, and the claim it took outlasts that by the
+// destination's `reconcile_after`, so the next holder asks the destination no sooner than that after the
+// call. The claim ended at `claim_for`, possibly while the call was still out, and the next holder could
+// search a lagging destination before the call showed there, and call again.
+async fn a_call_longer_than_its_claim<DB: FxDb>(store: Store<DB>) {
+    let key = one_effect(&store, crm_effect).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    let d = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::none())
+        .confirm(Confirm::search(format!(
+            "{url}/v1/tasks?external_ref={{external_ref}}"
+        )))
+        .timeout(Duration::from_secs(30))
+        .reconcile_after(Duration::from_secs(5));
+    let runner = EffectRunner::new(store.clone())
+        .executor("crm", d.build().expect("a valid destination"))
+        .options(opts().claim_for(Duration::from_millis(300)));
+    let before = chrono::Utc::now();
+    let r = runner.run_pass().await;
+    assert_eq!(r.claims_lost, 1, "{r:?}");
+    let row = DB::effect_rows(&store).await.remove(0);
+    assert_eq!(row.state, "in_flight");
+    let until = row.claim_until.expect("claimed");
+    assert!(
+        until >= before + chrono::Duration::milliseconds(5_300),
+        "the claim outlasts the work by reconcile_after: until {until}, claimed at {before}"
+    );
+    let e = state(&store, &key).await;
+    assert_eq!(e.claimed_from, EffectState::InFlight);
+    silent.abort();
+}
+on_both!(
+    a_call_longer_than_its_claim,
+    a_call_longer_than_its_claim_is_given_up_and_its_claim_outlasts_it_on_sqlite,
+    a_call_longer_than_its_claim_is_given_up_and_its_claim_outlasts_it_on_postgres
+);
+
 // A search that lags behind the writes would not find a fresh task: reconcile_after waits for it. Without
 // it, a destination with no key gets the task twice (what the setting is for).
 async fn a_lagging_search<DB: FxDb>(store: Store<DB>) {

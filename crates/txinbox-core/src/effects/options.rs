@@ -143,7 +143,8 @@ pub struct EffectReport {
     pub claimed: u64,
     /// Transitions recorded, by the state they led to.
     pub transitions: BTreeMap<EffectState, u64>,
-    /// Results dropped because the claim had expired and another holder took the effect.
+    /// Results dropped because the claim had expired and another holder took the effect, or work given up
+    /// because it outlasted `claim_for` (the effect's next holder reconciles it).
     pub claims_lost: u64,
     /// Store errors met (the pass goes on with the next effect; the claim expires and is reconciled).
     pub store_errors: u64,

@@ -187,7 +187,16 @@ impl<S: EffectStore> EffectRunner<S> {
     pub async fn run_pass(&self) -> EffectReport {
         let mut report = EffectReport::default();
         let now = Utc::now();
-        let until = crate::time::after(now, self.opts.claim_for);
+        // A claim outlasts the holder's work on it (at most `claim_for`, below) by the longest time a
+        // destination's answers lag behind its writes: a holder that dies mid-call leaves the effect to the
+        // next holder, which asks the destination no sooner than that after the call.
+        let lag = self
+            .executors
+            .values()
+            .map(|x| x.reconcile_after())
+            .max()
+            .unwrap_or_default();
+        let until = crate::time::after(now, self.opts.claim_for.saturating_add(lag));
         let claimed = match self
             .store
             .claim_effects(
@@ -207,12 +216,21 @@ impl<S: EffectStore> EffectRunner<S> {
             }
         };
         report.claimed = claimed.len() as u64;
-        let results = futures::future::join_all(claimed.iter().map(|e| self.run_one(e))).await;
+        // Each effect's work is bounded by `claim_for`: past it, the work is given up (a call may have gone
+        // out), and the effect stays in flight until its claim ends, then is reconciled by its next holder.
+        let results = futures::future::join_all(claimed.iter().map(|e| async move {
+            let run = tokio::time::timeout(self.opts.claim_for, self.run_one(e)).await;
+            if run.is_err() {
+                tracing::warn!(key = %e.key, destination = %e.destination, claim_for = ?self.opts.claim_for, "an effect's work outlasted claim_for: given up, its next holder reconciles it");
+            }
+            run
+        }))
+        .await;
         for r in results {
             match r {
-                Ok(Some(state)) => *report.transitions.entry(state).or_default() += 1,
-                Ok(None) => report.claims_lost += 1,
-                Err(()) => report.store_errors += 1,
+                Ok(Ok(Some(state))) => *report.transitions.entry(state).or_default() += 1,
+                Ok(Ok(None)) | Err(_) => report.claims_lost += 1,
+                Ok(Err(())) => report.store_errors += 1,
             }
         }
         report
