@@ -482,6 +482,38 @@ on_both!(
     a_call_longer_than_its_claim_is_given_up_and_its_claim_outlasts_it_on_postgres
 );
 
+// A search the destination answers with other objects (it ignored a filter it does not know): with
+// `matches_at`, what was found must carry the effect's reference, else the answer is unknown; never done
+// with another object's id. Without it, the first object of an unfiltered list read as this effect, done.
+async fn a_search_that_ignores_its_filter<DB: FxDb>(store: Store<DB>) {
+    let key = one_effect(&store, crm_effect).await;
+    let (url, hits) = canned(vec![
+        "HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 50\r\nConnection: close\r\n\r\n{\"data\":[{\"id\":\"t-other\",\"external_ref\":\"other\"}]}",
+    ])
+    .await;
+    let d = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::none())
+        .confirm(
+            Confirm::search(format!("{url}/v1/tasks?externl_ref={{external_ref}}"))
+                .matches_at("/data/0/external_ref"),
+        );
+    let _report = runner(&store, d).run_until_idle().await;
+    let e = state(&store, &key).await;
+    assert_ne!(e.claimed_from, EffectState::Done, "{e:?}");
+    assert_eq!(e.reference, None);
+    assert!(last_error(&store).await.contains("not this effect"));
+    assert!(
+        hits.load(Ordering::SeqCst) >= 2,
+        "the call, then the search"
+    );
+}
+on_both!(
+    a_search_that_ignores_its_filter,
+    a_search_answered_with_another_object_is_never_done_on_sqlite,
+    a_search_answered_with_another_object_is_never_done_on_postgres
+);
+
 // A search that lags behind the writes would not find a fresh task: reconcile_after waits for it. Without
 // it, a destination with no key gets the task twice (what the setting is for).
 async fn a_lagging_search<DB: FxDb>(store: Store<DB>) {

@@ -70,6 +70,8 @@ pub struct Confirm {
     pub(crate) url: String,
     pub(crate) body: Option<String>,
     pub(crate) rule: Rule,
+    /// Where what was found carries the effect's external reference or key, checked before it counts.
+    pub(crate) match_at: Option<String>,
 }
 
 impl Confirm {
@@ -82,6 +84,7 @@ impl Confirm {
             rule: Rule::Lookup {
                 found_at: "/id".into(),
             },
+            match_at: None,
         }
     }
 
@@ -121,6 +124,16 @@ impl Confirm {
                 }
             }
         }
+        self
+    }
+
+    /// Where what was found carries the effect's external reference or its key (`/data/0/external_ref`): a
+    /// found answer counts as done only when the value there is one of them, and is unknown otherwise. A
+    /// destination that ignores a filter it does not know (a misspelt query parameter, an API version
+    /// without it) answers a search with other objects: without this check the first of them would read
+    /// as this effect, done. Set it whenever the answer carries the reference.
+    pub fn matches_at(mut self, pointer: impl Into<String>) -> Self {
+        self.match_at = Some(pointer.into());
         self
     }
 
@@ -192,6 +205,9 @@ impl Confirm {
         if let Some(b) = &body {
             b.check_json("confirmation body")?;
         }
+        if let Some(m) = &self.match_at {
+            check_pointer("matches_at", m, false)?;
+        }
         match &self.rule {
             Rule::Lookup { found_at } => check_pointer("found_at", found_at, false),
             Rule::Search {
@@ -221,6 +237,34 @@ impl Confirm {
             template::fill_url(&self.url, effect),
             self.body.as_deref().map(|b| template::fill_json(b, effect)),
         )
+    }
+
+    /// What the answer says of `effect`: [`read`](Self::read), and a found answer that
+    /// [`matches_at`](Self::matches_at) shows to be another object is unknown.
+    pub(crate) fn read_for(
+        &self,
+        effect: &ClaimedEffect,
+        status: u16,
+        body: &[u8],
+    ) -> Confirmation {
+        let answer = self.read(status, body);
+        let (Confirmation::Done { .. }, Some(at)) = (&answer, &self.match_at) else {
+            return answer;
+        };
+        let found = serde_json::from_slice::<Value>(body)
+            .ok()
+            .and_then(|v| v.pointer(at).and_then(Value::as_str).map(str::to_owned));
+        match found {
+            Some(r) if r == effect.external_ref || r == effect.key => answer,
+            Some(r) => unknown(format!(
+                "what the confirmation found is not this effect: {at} is {:?}, not its reference {:?} (does the destination know the filter?)",
+                r.chars().take(100).collect::<String>(),
+                effect.external_ref
+            )),
+            None => unknown(format!(
+                "the confirmation found something without a reference at {at}"
+            )),
+        }
     }
 
     /// What the answer says.

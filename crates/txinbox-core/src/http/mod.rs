@@ -353,7 +353,7 @@ impl EffectExecutor for HttpEffect {
                     Ok(mut r) => {
                         let status = r.status().as_u16();
                         match read_body(&mut r).await {
-                            Ok(b) => c.read(status, &b),
+                            Ok(b) => c.read_for(effect, status, &b),
                             Err(e) => Confirmation::Unknown { error: e.into() },
                         }
                     }

@@ -151,6 +151,9 @@ fn confirm_from(c: &crate::settings::ConfirmSettings) -> Result<Confirm, String>
         }
         confirm = confirm.absent_list_is_empty();
     }
+    if let Some(m) = &c.matches_at {
+        confirm = confirm.matches_at(m);
+    }
     Ok(confirm)
 }
 

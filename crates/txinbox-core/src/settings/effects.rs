@@ -144,4 +144,7 @@ pub struct ConfirmSettings {
     pub count_at: Option<String>,
     /// A search answer that leaves the list out when nothing matches (Square's `{}`) is not found.
     pub absent_list_is_empty: bool,
+    /// Where what was found carries the effect's external reference or key (`/data/0/external_ref`): a found
+    /// answer counts only when it is one of them.
+    pub matches_at: Option<String>,
 }
