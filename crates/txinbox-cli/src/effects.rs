@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// `NAME=POINTER`: where a search's count is (`/total`).
     #[arg(long = "count-at", value_parser = parse_pair)]
     pub count_at: Vec<(String, String)>,
+    /// `NAME=POINTER`: where what the confirmation found carries the effect's external reference or key
+    /// (`/data/0/external_ref`); a found object without it is not this effect.
+    #[arg(long = "matches-at", value_parser = parse_pair)]
+    pub matches_at: Vec<(String, String)>,
     /// `NAME`: the search leaves the list out when nothing matches (Square's `{}`): read as not found.
     #[arg(long = "absent-list-is-empty")]
     pub absent_list_is_empty: Vec<String>,
@@ -157,6 +161,7 @@ impl RunArgs {
             ("--confirm-body", &self.confirm_body),
             ("--found-at", &self.found_at),
             ("--count-at", &self.count_at),
+            ("--matches-at", &self.matches_at),
             ("--answer", &self.answer),
             ("--reconcile-after-secs", &self.reconcile_after_secs),
             ("--header", &self.header),
@@ -235,6 +240,7 @@ fn apply(d: &mut HttpDestinationSettings, flag: &str, v: &str) -> Result<(), Str
         "--confirm-body" => confirm(d).body = Some(v.to_owned()),
         "--found-at" => confirm(d).found_at = Some(v.to_owned()),
         "--count-at" => confirm(d).count_at = Some(v.to_owned()),
+        "--matches-at" => confirm(d).matches_at = Some(v.to_owned()),
         "--answer" => {
             let (status, answer) = v
                 .split_once(':')

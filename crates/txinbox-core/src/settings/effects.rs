@@ -28,6 +28,7 @@ use crate::effects::EffectOptions;
 /// url = "https://crm.example/v1/tasks?external_ref={external_ref}"
 /// rule = "search"                         # or "lookup" (404 = not found)
 /// found_at = "/data/0/id"
+/// matches_at = "/data/0/external_ref"     # what was found must carry the effect's reference
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
