@@ -267,6 +267,11 @@ async fn refused_after_maybe<DB: FxDb>(store: Store<DB>) {
     assert_eq!(e.claimed_from, EffectState::NeedsAttention, "{e:?}");
     assert!(last_error(&store).await.contains("may have done it"));
     assert_eq!(hits.load(Ordering::SeqCst), 2, "the 504, then the repeat");
+    assert_eq!(
+        DB::effect_rows(&store).await[0].attempts,
+        2,
+        "both calls counted"
+    );
 }
 on_both!(
     refused_after_maybe,

@@ -281,6 +281,7 @@ impl<S: EffectStore> EffectRunner<S> {
                     let t = if reconciliations >= self.opts.max_reconciliations {
                         Transition::NeedsAttention {
                             error: error.to_string(),
+                            attempts: e.attempts,
                             reconciliations,
                         }
                     } else {
@@ -346,6 +347,7 @@ impl<S: EffectStore> EffectRunner<S> {
                     error: format!(
                         "{attempts} attempts; the last one reached nobody, an earlier one may have done it: {error}"
                     ),
+                    attempts,
                     reconciliations,
                 }
             }
@@ -373,6 +375,7 @@ impl<S: EffectStore> EffectRunner<S> {
                     "refused, but an earlier call under key {} may have done it: {error}",
                     e.key
                 ),
+                attempts,
                 reconciliations,
             },
             Execution::Rejected { error } => Transition::Failed {
@@ -384,6 +387,7 @@ impl<S: EffectStore> EffectRunner<S> {
             Execution::InProgress { error, .. } | Execution::Uncertain { error } if at_limit => {
                 Transition::NeedsAttention {
                     error: format!("{attempts} attempts, the last one not final: {error}"),
+                    attempts,
                     reconciliations,
                 }
             }

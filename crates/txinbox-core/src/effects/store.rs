@@ -106,6 +106,8 @@ pub enum Transition {
     NeedsAttention {
         /// Why.
         error: String,
+        /// Executions, this one included.
+        attempts: i32,
         /// Reconciliations, this one included.
         reconciliations: i32,
     },
@@ -205,8 +207,10 @@ impl Transition {
             },
             Transition::NeedsAttention {
                 error,
+                attempts,
                 reconciliations,
             } => TransitionColumns {
+                attempts: Some(*attempts),
                 reconciliations: Some(*reconciliations),
                 error: Some(error),
                 ..base
