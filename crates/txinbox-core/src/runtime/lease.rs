@@ -219,6 +219,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!g.lost());
         // Stopped: at most the renewal that was under way when it stopped.
-        assert!(g.renewals() <= renewed + 1, "{} after {renewed}", g.renewals());
+        assert!(
+            g.renewals() <= renewed + 1,
+            "{} after {renewed}",
+            g.renewals()
+        );
     }
 }
