@@ -61,6 +61,22 @@ async fn receive_until(
     got
 }
 
+/// Sends `n` messages `evt-0`.. to `url`, each in a group of its own (so the receiver holds nothing back).
+async fn send_one_per_group(c: &aws_sdk_sqs::Client, url: &str, n: usize) {
+    for i in 0..n {
+        let id = format!("evt-{i}");
+        send(
+            c,
+            url,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&id),
+            &id,
+            &format!("g{i}"),
+        )
+        .await;
+    }
+}
+
 async fn queue_empty(c: &aws_sdk_sqs::Client, url: &str) -> bool {
     counts(c, url).await == (0, 0)
 }
@@ -963,19 +979,7 @@ async fn missing_queue_is_entity_not_found_and_options_are_checked() {
 async fn a_receive_over_ten_is_sent_as_concurrent_calls_once_the_queue_has_a_backlog() {
     let c = client().await;
     let q = queue_pair(&c, 5, 30).await;
-    for i in 0..25 {
-        let id = format!("evt-{i}");
-        // One group per message, so the receiver holds nothing back.
-        send(
-            &c,
-            &q.url,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&id),
-            &id,
-            &format!("g{i}"),
-        )
-        .await;
-    }
+    send_one_per_group(&c, &q.url, 25).await;
     let mut r = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
         .await
         .unwrap();
@@ -1180,18 +1184,7 @@ async fn each_message_s_visibility_runs_from_the_answer_that_brought_it() {
     let slow =
         aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(slow_polls).build());
     let q = queue_pair(&c, 5, 30).await;
-    for i in 0..15 {
-        let id = format!("evt-{i}");
-        send(
-            &c,
-            &q.url,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&id),
-            &id,
-            &format!("g{i}"),
-        )
-        .await;
-    }
+    send_one_per_group(&c, &q.url, 15).await;
     let mut r = SqsReceiver::connect(
         slow,
         &q.url,
