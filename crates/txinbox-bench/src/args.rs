@@ -54,8 +54,8 @@ pub struct BenchArgs {
     /// cycles run the control first, even ones the drop first.
     #[arg(long, requires = "partitioned")]
     pub controls: bool,
-    /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64; 1 skips the batch
-    /// lines and runs the end-to-end worker without batch commit).
+    /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64, at most 50 with a
+    /// `dynamodb://` store; 1 skips the batch lines and runs the end-to-end worker without batch commit).
     #[arg(long, default_value_t = 10)]
     pub batch: usize,
     /// Messages of the end-to-end run through the worker and the in-memory broker (0 skips it).

@@ -12,6 +12,17 @@
 //!   what the service charges for any second item, against which `marker_tx` shows what the marker's own
 //!   condition, index entry and size add.
 //!
+//! With `--batch B` above 1, each round also runs two batch lines, in messages per second:
+//!
+//! * `inbox_batchB`: B new messages through
+//!   [`InboxProcessor::process_batch`](txinbox_core::InboxProcessor::process_batch), the store's batch mode
+//!   ([`WorkerOptions::batch_commit`](txinbox_core::WorkerOptions::batch_commit)): one `TransactWriteItems`
+//!   with B markers and B business items;
+//! * `same_tx_batchB`: the B business items alone in one `TransactWriteItems`.
+//!
+//! `inbox_batchB/same_tx` sets the batched inbox against the per-message transaction a consumer without the
+//! inbox would send; `inbox_batchB/same_tx_batchB` against the same batch without the markers.
+//!
 //! The figures are medians over the rounds; the target is inbox / same_tx >= 0.80. It also prints the write
 //! units each way costs on the service by DynamoDB's rules (a transactional write costs two units per KB of
 //! each item, a standard write one; the marker's `by_consumer` index entry one more), from the items' sizes.
@@ -29,7 +40,7 @@ use txinbox_lab::lab::LabError;
 use txinbox_testkit::NoopDelivery;
 
 use crate::fixture::{message, CONSUMER};
-use crate::rate::{measure, median_rate, Rate};
+use crate::rate::{measure, median_rate, per_message, Rate};
 use crate::BenchArgs;
 
 fn usage(e: impl std::fmt::Display) -> LabError {
@@ -98,7 +109,13 @@ struct Round {
     marker_tx: Rate,
     pair_same_table: Rate,
     pair_two_tables: Rate,
+    /// `inbox_batchB` and `same_tx_batchB`, in messages per second (with `--batch` above 1).
+    batch: Option<(Rate, Rate)>,
 }
+
+/// The most messages a batch line holds: two actions each (the marker and the business item) within
+/// DynamoDB's 100 actions per transaction.
+const MAX_BATCH: usize = 50;
 
 /// The business item and a second plain item of its size in one `TransactWriteItems`, the second in
 /// `second`'s table.
@@ -167,6 +184,13 @@ async fn lines(
     table: &str,
     tasks: &Business,
 ) -> Result<(), LabError> {
+    if args.batch > MAX_BATCH {
+        return Err(usage(format!(
+            "--batch {} is over {MAX_BATCH} on DynamoDB: a batch's marker and business item per message must fit \
+             DynamoDB's 100 actions per transaction",
+            args.batch
+        )));
+    }
     let store = DynamoStore::open(client.clone(), table, DynamoOptions::default())
         .await
         .map_err(usage)?;
@@ -327,6 +351,62 @@ async fn lines(
                 let b = run_same_tx().await?;
                 (run_inbox().await?, b)
             };
+            let b = args.batch;
+            let ib = inbox.clone();
+            let tg = tag.clone();
+            let run_inbox_batch = || {
+                measure(c, args.seconds, move |th, i| {
+                    let ib = ib.clone();
+                    let batch: Vec<NoopDelivery> = (0..b)
+                        .map(|k| NoopDelivery(message(&format!("ib-{tg}-{th}-{i}-{k}"), i)))
+                        .collect();
+                    Box::pin(async move {
+                        let out = ib
+                            .process_batch(batch, &txinbox_core::CancellationToken::new())
+                            .await;
+                        match out.iter().find(|o| o.label() != "applied") {
+                            None => Ok(()),
+                            Some(o) => {
+                                Err(format!("unexpected outcome {o} in a batch, wanted applied"))
+                            }
+                        }
+                    })
+                })
+            };
+            let (cl, tk, tg) = (client.clone(), tasks.clone(), tag.clone());
+            let run_same_tx_batch = || {
+                measure(c, args.seconds, move |th, i| {
+                    let (cl, tk) = (cl.clone(), tk.clone());
+                    let items: Vec<TransactWriteItem> = (0..b)
+                        .map(|k| {
+                            TransactWriteItem::builder()
+                                .put(tk.item(&format!("txb-{tg}-{th}-{i}-{k}")))
+                                .build()
+                        })
+                        .collect();
+                    Box::pin(async move {
+                        cl.transact_write_items()
+                            .set_transact_items(Some(items))
+                            .client_request_token(uuid::Uuid::new_v4().to_string())
+                            .send()
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| {
+                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
+                            })
+                    })
+                })
+            };
+            // The two batch lines back to back too, in the same alternating order.
+            let batch = if b < 2 {
+                None
+            } else if round % 2 == 0 {
+                let a = per_message(run_inbox_batch().await?, b);
+                Some((a, per_message(run_same_tx_batch().await?, b)))
+            } else {
+                let s = per_message(run_same_tx_batch().await?, b);
+                Some((per_message(run_inbox_batch().await?, b), s))
+            };
             rounds.push(Round {
                 inbox: inbox_rate,
                 same_tx,
@@ -334,6 +414,7 @@ async fn lines(
                 marker_tx: run_marker_tx().await?,
                 pair_same_table: run_pair(false).await?,
                 pair_two_tables: run_pair(true).await?,
+                batch,
             });
         }
         let inbox_rate = median_rate(&rounds, |r| r.inbox);
@@ -369,6 +450,30 @@ async fn lines(
             pair_two.per_sec / same_tx.per_sec,
             marker_tx.per_sec / pair_two.per_sec,
         );
+        if rounds.iter().all(|r| r.batch.is_some()) && !rounds.is_empty() {
+            let b = args.batch;
+            let inbox_batch = median_rate(&rounds, |r| r.batch.expect("checked").0);
+            let same_batch = median_rate(&rounds, |r| r.batch.expect("checked").1);
+            let per_round: Vec<String> = rounds
+                .iter()
+                .map(|r| {
+                    let (ib, sb) = r.batch.expect("checked");
+                    format!(
+                        "{:.2}/{:.2}",
+                        ib.per_sec / r.same_tx.per_sec,
+                        ib.per_sec / sb.per_sec
+                    )
+                })
+                .collect();
+            println!(
+                "#   c={c} inbox_batch{b}={:.0} same_tx_batch{b}={:.0} inbox_batch{b}/same_tx={:.2} inbox_batch{b}/same_tx_batch{b}={:.2} per_round=[{}] (the store's batch mode: {b} messages a transaction)",
+                inbox_batch.per_sec,
+                same_batch.per_sec,
+                inbox_batch.per_sec / same_tx.per_sec,
+                inbox_batch.per_sec / same_batch.per_sec,
+                per_round.join(" ")
+            );
+        }
     }
     // What each way costs on the service, from the sizes of the items this run wrote.
     let business = txinbox_dynamodb::layout::item_size(tasks.item("in-32-0-0-1000").item());

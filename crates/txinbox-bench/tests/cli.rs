@@ -116,3 +116,66 @@ fn the_partition_benchmark_drops_one_partition_a_cycle_and_none_in_its_controls(
         "{out}"
     );
 }
+
+/// The DynamoDB benchmark's bookkeeping on DynamoDB Local (its figures are not asserted): every line of each
+/// concurrency is printed, the batch line among them, and both of its tables are deleted at the end; a batch
+/// over DynamoDB's 100 actions is refused before anything is created.
+#[test]
+fn the_dynamodb_benchmark_prints_its_lines_and_deletes_its_tables() {
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start DynamoDB Local with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
+    });
+    let prefix = format!(
+        "benchtest{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let store = format!("dynamodb://{prefix}");
+    let client = txinbox_dynamodb::emulator_client(&endpoint);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tables = || {
+        rt.block_on(client.list_tables().send())
+            .unwrap()
+            .table_names()
+            .iter()
+            .filter(|t| t.starts_with(&prefix))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+
+    let (code, out, err) = bench(&["--store", &store, "--batch", "51"]);
+    assert_eq!(code, 2, "{err}\n{out}");
+    assert!(err.contains("--batch 51 is over 50"), "{err}");
+    assert_eq!(tables(), Vec::<String>::new());
+
+    let (code, out, err) = bench(&[
+        "--store",
+        &store,
+        "--seconds",
+        "1",
+        "--rounds",
+        "1",
+        "--concurrency",
+        "2",
+        "--batch",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}\n{out}");
+    for line in [
+        "c=2 put=",
+        "#   c=2 marker_tx=",
+        "#   c=2 pair_same_table=",
+        "#   c=2 inbox_batch3=",
+        "# write units per message on DynamoDB",
+    ] {
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with(line)).count(),
+            1,
+            "{line}: {out}"
+        );
+    }
+    assert!(out.contains("inbox_batch3/same_tx_batch3="), "{out}");
+    assert_eq!(tables(), Vec::<String>::new(), "both tables deleted");
+}
