@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, Delivery, Lease, ReceivedMessage};
 
 use super::deleter::{delete_one, DeleteRequest};
-use super::{received_message, secs, Shared};
+use super::{received_message, secs, Received, Shared};
 use crate::dlq;
 use crate::error::sdk_error;
 use crate::options::MAX_VISIBILITY;
@@ -37,7 +37,7 @@ impl SqsDelivery {
     pub(super) fn from_message(
         shared: Arc<Shared>,
         m: Message,
-        received: Instant,
+        received: Received,
         now: DateTime<Utc>,
     ) -> Result<Self, BrokerError> {
         let receipt = m
@@ -60,14 +60,15 @@ impl SqsDelivery {
         // The visibility runs from the answer that brought the message (or from the last extension of a held
         // one), not from this moment: a receive of several calls, or a message held behind its group, is
         // handed out later than that.
-        let since = now - chrono::Duration::from_std(received.elapsed()).unwrap_or_default();
+        let since =
+            now - chrono::Duration::from_std(received.visible_from.elapsed()).unwrap_or_default();
         let expires =
             since + chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
         let lease = Arc::new(SqsLease {
             client: shared.client.clone(),
             queue_url: shared.queue_url.clone(),
             receipt: receipt.clone(),
-            received,
+            received: received.at,
             duration: shared.opts.visibility_timeout,
             expires: Mutex::new(expires),
             settled: AtomicBool::new(false),

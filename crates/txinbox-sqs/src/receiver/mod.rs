@@ -17,6 +17,7 @@ use txinbox_core::{BrokerError, BrokerErrorKind, Receiver};
 use crate::dlq;
 use crate::error::sdk_error;
 use crate::options::SqsOptions;
+use crate::options::MAX_VISIBILITY;
 
 pub(crate) use deleter::delete_one;
 use deleter::{run_deleter, DeleteRequest};
@@ -90,7 +91,7 @@ impl Shared {
 pub struct SqsReceiver {
     shared: Arc<Shared>,
     /// Messages received while an earlier message of their group was in flight, in arrival order.
-    held: VecDeque<(Message, Instant)>,
+    held: VecDeque<(Message, Received)>,
     /// The last delivery handed out per group; the group is busy until it settles, is dropped unsettled (a
     /// crash) or its visibility runs out.
     in_flight: HashMap<String, Weak<SqsLease>>,
@@ -240,7 +241,7 @@ impl Receiver for SqsReceiver {
                 Ok(a) => {
                     let msgs = a.messages.unwrap_or_default();
                     full |= msgs.len() >= per_call;
-                    got.extend(msgs.into_iter().map(|m| (m, received)));
+                    got.extend(msgs.into_iter().map(|m| (m, Received::at(received))));
                 }
                 Err(e) => {
                     let e = sdk_error("ReceiveMessage", e);
@@ -363,7 +364,7 @@ impl SqsReceiver {
         self.held = kept;
     }
 
-    fn hand_out(&mut self, m: Message, received: Instant, out: &mut Vec<SqsDelivery>) {
+    fn hand_out(&mut self, m: Message, received: Received, out: &mut Vec<SqsDelivery>) {
         let group = self.shared.ordered_group(&m);
         match SqsDelivery::from_message(self.shared.clone(), m, received, Utc::now()) {
             Ok(d) => {
@@ -395,7 +396,7 @@ impl SqsReceiver {
             let Some((m, received)) = self.held.remove(i) else {
                 break;
             };
-            let waited = received.elapsed();
+            let waited = received.visible_from.elapsed();
             if waited + Duration::from_secs(1) >= vt {
                 // Its visibility ran out while held: SQS hands it out again, still first of its group.
                 tracing::warn!(
@@ -406,15 +407,44 @@ impl SqsReceiver {
             }
             let mut received = received;
             if waited >= vt / 2 {
-                if let Err(e) = self.shared.held_visibility(&m, secs(vt)).await {
+                // Within SQS's ceiling, which counts from the receive, not from this extension.
+                let left = MAX_VISIBILITY.saturating_sub(received.at.elapsed());
+                if left < Duration::from_secs(1) {
+                    tracing::warn!(
+                        group = group.as_deref().unwrap_or(""),
+                        "held message reached SQS's 12 h visibility ceiling; leaving it to SQS"
+                    );
+                    continue;
+                }
+                if let Err(e) = self.shared.held_visibility(&m, secs(vt.min(left))).await {
                     tracing::warn!(error = %e, "cannot extend a held message; leaving it to SQS");
                     continue;
                 }
-                received = Instant::now();
+                received.visible_from = Instant::now();
             }
             self.hand_out(m, received, &mut out);
         }
         out
+    }
+}
+
+/// When a received message's times run from.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Received {
+    /// The answer of the `ReceiveMessage` call that brought it: SQS's 12 h ceiling on its visibility counts
+    /// from here, however often it is extended. AWS (`ChangeMessageVisibility`): "you can't extend the
+    /// timeout of a message in an existing queue to more than a total visibility timeout of 12 hours".
+    pub(super) at: Instant,
+    /// The start of its current visibility: the receive, or the last extension while it was held.
+    pub(super) visible_from: Instant,
+}
+
+impl Received {
+    pub(super) fn at(at: Instant) -> Self {
+        Self {
+            at,
+            visible_from: at,
+        }
     }
 }
 
