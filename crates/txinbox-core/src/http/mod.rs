@@ -136,12 +136,9 @@ impl HttpEffect {
     /// Whether the payload carries the external reference (as is, JSON-escaped or percent-encoded, as a form
     /// body carries it), or the call's URL does, so a destination can be searched by it.
     fn payload_carries_ref(&self, e: &ClaimedEffect) -> bool {
-        let needle = e.external_ref.as_bytes();
         let escaped = serde_json::Value::String(e.external_ref.clone()).to_string();
-        let escaped = escaped.as_bytes();
-        let has = |n: &[u8]| !n.is_empty() && e.payload.windows(n.len()).any(|w| w == n);
-        has(needle)
-            || has(&escaped[1..escaped.len() - 1])
+        carries_token(&e.payload, e.external_ref.as_bytes())
+            || carries_token(&e.payload, &escaped.as_bytes()[1..escaped.len() - 1])
             || self.url.contains(template::EXTERNAL_REF)
     }
 
@@ -152,6 +149,21 @@ impl HttpEffect {
             _ => None,
         }
     }
+}
+
+/// Whether `payload` holds `needle` as a whole token: not inside a longer run of letters and digits, so
+/// that a short reference (`12`) is not found in unrelated text (`"amount":120`) that a search by it would
+/// never match.
+fn carries_token(payload: &[u8], needle: &[u8]) -> bool {
+    if needle.is_empty() || needle.len() > payload.len() {
+        return false;
+    }
+    let word = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_alphanumeric());
+    payload.windows(needle.len()).enumerate().any(|(i, w)| {
+        w == needle
+            && !(word(needle.first()) && i > 0 && word(payload.get(i - 1)))
+            && !(word(needle.last()) && word(payload.get(i + needle.len())))
+    })
 }
 
 /// Reads up to [`MAX_ANSWER`] bytes of an answer (an error without the URL, which may carry a secret in its

@@ -144,3 +144,30 @@ fn the_settings_say_what_the_builder_says() {
     s.url = String::new();
     assert!(line(&s).contains("url is required"));
 }
+
+#[test]
+fn a_reference_is_found_in_a_payload_only_as_a_whole_token() {
+    let p = br#"{"amount":120,"ref":"12","note":"see ab-7 and x12y"}"#;
+    assert!(carries_token(p, b"12"), "a whole string value");
+    assert!(carries_token(p, b"ab-7"), "a token inside text");
+    assert!(!carries_token(p, b"se"), "the start of a longer word");
+    assert!(!carries_token(p, b"mount"), "the end of a longer word");
+    assert!(
+        !carries_token(br#"{"amount":120}"#, b"12"),
+        "inside a number"
+    );
+    assert!(!carries_token(br#"{"n":"x12y"}"#, b"12"), "inside a word");
+    assert!(
+        carries_token(br#"{"n":"-7"}"#, b"-7"),
+        "a reference that starts with punctuation"
+    );
+    assert!(
+        carries_token(br#"{"n":"a-7"}"#, b"-7"),
+        "punctuation is its own boundary"
+    );
+    assert!(!carries_token(b"", b"12"));
+    assert!(
+        !carries_token(p, b""),
+        "an empty reference is never carried"
+    );
+}
