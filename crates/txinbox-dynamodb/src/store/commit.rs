@@ -1,6 +1,6 @@
 //! The commit: one `TransactWriteItems` call with its retries, and the classification of a cancelled one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use aws_sdk_dynamodb::types::{
     AttributeValue, Put, ReturnValuesOnConditionCheckFailure, TransactWriteItem,
@@ -85,11 +85,12 @@ impl DynamoStore {
                 .map(|_| Commit::Done)
                 .map_err(|e| call("TransactWriteItems", e));
         }
-        let groups: HashSet<String> = pending
+        // Each effect's group tail key, worked out once: by delivery, then by effect.
+        let effect_groups: Vec<Vec<Option<String>>> = pending
             .iter()
-            .flat_map(|p| &p.effects)
-            .filter_map(group_tail_of)
+            .map(|p| p.effects.iter().map(group_tail_of).collect())
             .collect();
+        let groups: BTreeSet<String> = effect_groups.iter().flatten().flatten().cloned().collect();
         let share: usize = pending
             .iter()
             .map(|p| 1 + usize::from(p.marker.identity.business_key.is_some()) + p.effects.len())
@@ -108,7 +109,7 @@ impl DynamoStore {
             let mut slots = Vec::with_capacity(share);
             let mut items = Vec::with_capacity(share + actions.len());
             // Each group's tail as it is now: the effects of this transaction chain on from it.
-            let mut tails = self.group_tails(&pending).await?;
+            let mut tails = self.group_tails(&groups).await?;
             let seen = tails.clone();
             for (i, p) in pending.iter().enumerate() {
                 let reference = p.result_reference.as_deref();
@@ -123,7 +124,8 @@ impl DynamoStore {
                 }
                 for (j, e) in p.effects.iter().enumerate() {
                     let mut e = e.clone();
-                    if let Some(tail) = group_tail_of(&e).and_then(|g| tails.get_mut(&g)) {
+                    if let Some(tail) = effect_groups[i][j].as_ref().and_then(|g| tails.get_mut(g))
+                    {
                         if let Some(prev) = tail.replace(e[l::PK].clone()) {
                             e.insert("prev".into(), prev);
                         }
@@ -339,30 +341,27 @@ fn group_tail_of(e: &Item) -> Option<String> {
 }
 
 impl DynamoStore {
-    /// The tail of every group the deliveries' effects belong to, read strongly consistent (`None`: the
-    /// group has no effect yet).
+    /// The tail of each of `groups` (their tail items' keys), read strongly consistent (`None`: the group
+    /// has no effect yet).
     async fn group_tails(
         &self,
-        pending: &[crate::tx::Pending],
+        groups: &BTreeSet<String>,
     ) -> Result<BTreeMap<String, Option<AttributeValue>>, DynamoError> {
         let mut tails = BTreeMap::new();
-        for e in pending.iter().flat_map(|p| &p.effects) {
-            let Some(group) = group_tail_of(e) else {
-                continue;
-            };
-            if tails.contains_key(&group) {
-                continue;
-            }
+        for group in groups {
             let out = self
                 .client
                 .get_item()
                 .table_name(&*self.table)
-                .key(l::PK, s(&group))
+                .key(l::PK, s(group))
                 .consistent_read(true)
                 .send()
                 .await
                 .map_err(|e| call("GetItem", e))?;
-            tails.insert(group, out.item().and_then(|i| i.get("tail").cloned()));
+            tails.insert(
+                group.clone(),
+                out.item().and_then(|i| i.get("tail").cloned()),
+            );
         }
         Ok(tails)
     }
