@@ -107,7 +107,8 @@ impl StoreOptions {
         self.max_connections = n.max(1);
         self
     }
-    /// Puts the inbox's tables in this PostgreSQL schema (ASCII letters, digits and `_`).
+    /// Puts the inbox's tables in this PostgreSQL schema (ASCII letters, digits and `_`; the name as spelt,
+    /// capitals kept, as if quoted).
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = Some(schema.into());
         self
@@ -359,6 +360,36 @@ fn pg_pool_options(max_connections: u32) -> sqlx::postgres::PgPoolOptions {
         .test_before_acquire(false)
 }
 
+/// Refuses a schema name the store cannot use: 1 to 63 ASCII letters, digits and underscores.
+#[cfg(feature = "postgres")]
+fn check_schema(schema: &str) -> Result<(), StoreError> {
+    if schema.is_empty()
+        || schema.len() > 63
+        || !schema
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+    {
+        return Err(StoreError::Config(
+            txinbox_core::BadInput::InvalidIdentityField {
+                field: "schema",
+                reason: "must be 1 to 63 ASCII letters, digits and underscores",
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// `opts` with every connection's `search_path` set to `schema`, quoted: the schema is created quoted, and
+/// PostgreSQL folds an unquoted name in `search_path` to lower case (`Inbox` would name `inbox`).
+#[cfg(feature = "postgres")]
+fn in_schema(
+    opts: sqlx::postgres::PgConnectOptions,
+    schema: &str,
+) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
+    check_schema(schema)?;
+    Ok(opts.options([("search_path", format!("\"{schema}\""))]))
+}
+
 #[cfg(feature = "postgres")]
 impl Store<sqlx::Postgres> {
     /// Connects to a `postgres://` URL with up to `max_connections` connections and migrates.
@@ -390,7 +421,7 @@ impl Store<sqlx::Postgres> {
         use std::str::FromStr;
         let mut opts = PgConnectOptions::from_str(url)?;
         if let Some(schema) = &options.schema {
-            opts = opts.options([("search_path", schema.as_str())]);
+            opts = in_schema(opts, schema)?;
         }
         Ok(Self::new_unchecked(
             pg_pool_options(options.max_connections).connect_lazy_with(opts),
@@ -405,19 +436,7 @@ impl Store<sqlx::Postgres> {
         use std::str::FromStr;
         let mut opts = PgConnectOptions::from_str(url)?;
         if let Some(schema) = &options.schema {
-            if schema.is_empty()
-                || schema.len() > 63
-                || !schema
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
-                return Err(StoreError::Config(
-                    txinbox_core::BadInput::InvalidIdentityField {
-                        field: "schema",
-                        reason: "must be 1 to 63 ASCII letters, digits and underscores",
-                    },
-                ));
-            }
+            check_schema(schema)?;
             if options.migrations == Migrations::Apply {
                 let mut conn = sqlx::PgConnection::connect_with(&opts).await?;
                 sqlx::Executor::execute(
@@ -427,7 +446,7 @@ impl Store<sqlx::Postgres> {
                 .await?;
                 conn.close().await?;
             }
-            opts = opts.options([("search_path", schema.as_str())]);
+            opts = in_schema(opts, schema)?;
         }
         let pool = pg_pool_options(options.max_connections)
             .connect_with(opts)

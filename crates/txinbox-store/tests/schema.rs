@@ -132,3 +132,42 @@ async fn sqlite_accepts_its_exported_script_under_verify() {
         let _ = std::fs::remove_file(format!("{}{suffix}", dir.display()));
     }
 }
+
+#[tokio::test]
+async fn a_schema_name_with_capitals_is_the_schema_created_and_used() {
+    let url = txinbox_testkit::pg_url();
+    let s = format!("T_{}", uuid::Uuid::new_v4().simple());
+    let opts = StoreOptions::new().schema(&s).max_connections(2);
+    let store = Store::<sqlx::Postgres>::connect_with(&url, opts.clone())
+        .await
+        .expect("the store opens in the schema it created");
+    let (tables, current): (i64, String) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name = 'txinbox_inbox'), current_schema()::text",
+    )
+    .bind(&s)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(tables, 1, "the inbox's table is in {s}");
+    assert_eq!(current, s, "the connections' search_path is {s}, as spelt");
+    store.close().await;
+    // A lazy store names the same schema.
+    let lazy = Store::<sqlx::Postgres>::connect_lazy_with(&url, opts).unwrap();
+    let current: String = sqlx::query_scalar("SELECT current_schema()::text")
+        .fetch_one(lazy.pool())
+        .await
+        .unwrap();
+    assert_eq!(current, s);
+    lazy.close().await;
+    drop_schema(&s).await;
+}
+
+#[tokio::test]
+async fn a_lazy_store_refuses_a_bad_schema_name() {
+    let err = Store::<sqlx::Postgres>::connect_lazy_with(
+        &txinbox_testkit::pg_url(),
+        StoreOptions::new().schema("inbox, public"),
+    )
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+}
