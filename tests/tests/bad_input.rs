@@ -68,6 +68,23 @@ fn cases() -> Vec<(&'static str, OutgoingMessage, &'static str)> {
             ),
             "invalid_identity",
         ),
+        // Fields the marker row keeps beside the id: a NUL is refused by PostgreSQL's text and an oversized
+        // tenant by the business-key index, so these must be refused before the transaction (not retried).
+        (
+            "control characters in the tenant",
+            versioned(lab_message(0), "1").attribute("ce-tenantid", "ac\u{0}me"),
+            "invalid_identity",
+        ),
+        (
+            "oversized tenant",
+            versioned(lab_message(0), "1").attribute("ce-tenantid", "t".repeat(4096)),
+            "invalid_identity",
+        ),
+        (
+            "control characters in the event type",
+            versioned(lab_message(0), "1").attribute("ce-type", "crm.\u{0}ended"),
+            "invalid_identity",
+        ),
         (
             "body not UTF-8",
             versioned(lab_message(0), "1").body_bytes(vec![0xff, 0xfe, 0x00]),
@@ -150,7 +167,7 @@ async fn run<DB: LabDb>(store: Store<DB>) {
     assert_eq!(store.inbox_rows(CONSUMER).await.unwrap(), 0);
     assert_eq!(DB::count_tasks(&store).await.unwrap(), 0);
     assert_eq!(metrics.counter("txinbox_dead_letters_total", &[]), n as u64);
-    assert_eq!(metrics.counter("txinbox_unknown_identity_total", &[]), 3);
+    assert_eq!(metrics.counter("txinbox_unknown_identity_total", &[]), 6);
     assert_eq!(
         metrics.counter("txinbox_contract_version_failures_total", &[]),
         2

@@ -272,6 +272,17 @@ impl IdentityPolicy {
         if let Some(k) = &bkey {
             check_field("business_key", k, false)?;
         }
+        // The marker row keeps these too (the tenant in the business-key index): a NUL or an oversized value
+        // would fail the insert on every redelivery, so they are refused here, before the transaction.
+        for (field, value) in [
+            ("tenant_id", &tenant),
+            ("event_type", &event_type),
+            ("contract_version", &contract_version),
+        ] {
+            if let Some(v) = value {
+                check_field(field, v, true)?;
+            }
+        }
         Ok(Identity {
             consumer: self.consumer.clone(),
             source,
