@@ -128,14 +128,16 @@ fn print_report(report: &MaintenanceReport, json: bool) {
 }
 
 async fn pass<S: MaintenanceStore>(store: S, args: &PurgeArgs) -> MaintenanceReport {
-    let day = Duration::from_secs(24 * 3600);
+    // Saturating, not `as u32`: a day count past u32 would wrap to a short keep and delete recent rows; a
+    // keep too long for a date keeps everything.
+    let days = |n: u64| Duration::from_secs(n.saturating_mul(24 * 3600));
     let m = Maintenance::new(store).options(
         MaintenanceOptions::default()
             .batch(args.batch)
             .pause(Duration::from_millis(args.pause_ms))
             .budget(Duration::from_secs(args.budget_secs.max(1)))
-            .rejections_keep(day * args.rejections_keep_days as u32)
-            .effects_keep(day * args.effects_keep_days as u32),
+            .rejections_keep(days(args.rejections_keep_days))
+            .effects_keep(days(args.effects_keep_days)),
     );
     let tty = std::io::stderr().is_terminal();
     let report = m

@@ -248,3 +248,60 @@ async fn on_shards_a_pass_runs_on_each_shard_of_the_settings_file() {
     assert_eq!(left(&shards[0].0).await, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A keep of more days than a u32 holds keeps everything (it once wrapped to a keep of 0 days, and the pass
+/// deleted evidence recorded an hour ago).
+#[test]
+fn a_keep_of_more_days_than_u32_holds_keeps_recent_evidence() {
+    let file = std::env::temp_dir().join(format!(
+        "txinbox-purge-keep-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let url = format!("sqlite:{}", file.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let count = |url: String| async move {
+        let store = Store::<sqlx::Sqlite>::connect(&url).await.unwrap();
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM txinbox_rejections")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        store.close().await;
+        n
+    };
+    rt.block_on(async {
+        let store = Store::<sqlx::Sqlite>::connect(&url).await.unwrap();
+        let an_hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1))
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, payload_hash, conflicts_with, detail, recorded_at) VALUES ('c', '', 'm-1', 'payload_collision', 'h', 'h0', '', ?)")
+            .bind(an_hour_ago)
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.close().await;
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args([
+            "inbox",
+            "purge",
+            "--store",
+            &url,
+            "--json",
+            "--rejections-keep-days",
+            "4294967296",
+        ])
+        .env_remove("TXINBOX_STORE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["rejections"], 0, "{report}");
+    assert_eq!(rt.block_on(count(url.clone())), 1, "the evidence is kept");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+    }
+}
