@@ -101,6 +101,23 @@ fn cases() -> Vec<(&'static str, OutgoingMessage, &'static str)> {
             "invalid_business_key",
         ),
         (
+            "business key too long",
+            versioned(lab_message(0), "1").body_bytes(
+                format!(
+                    r#"{{"opportunity":"{}","meeting":"reuniao_1"}}"#,
+                    "o".repeat(600)
+                )
+                .into_bytes(),
+            ),
+            "invalid_business_key",
+        ),
+        (
+            "control characters in the business key",
+            versioned(lab_message(0), "1")
+                .body_bytes(br#"{"opportunity":"o\u0007","meeting":"reuniao_1"}"#.to_vec()),
+            "invalid_business_key",
+        ),
+        (
             "oversized payload",
             versioned(lab_message(0), "1").body_bytes(vec![b' '; 2048]),
             "payload_too_large",

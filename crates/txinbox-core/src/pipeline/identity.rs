@@ -270,7 +270,7 @@ impl IdentityPolicy {
         check_field("message_id", &message_id, false)?;
         check_field("source", &source, true)?;
         if let Some(k) = &bkey {
-            check_field("business_key", k, false)?;
+            check_business_key(k)?;
         }
         // The marker row keeps these too (the tenant in the business-key index): a NUL or an oversized value
         // would fail the insert on every redelivery, so they are refused here, before the transaction.
@@ -316,12 +316,24 @@ fn parse_time(s: &str) -> Option<chrono::DateTime<chrono::Utc>> {
 }
 
 impl Identity {
-    /// Sets the business key after checking it like every identity field.
+    /// Sets the business key after checking it like every identity field ([`BadInput::BusinessKey`] when it
+    /// is empty, over 512 bytes or has a control character).
     pub fn set_business_key(&mut self, key: String) -> Result<(), BadInput> {
-        check_field("business_key", &key, false)?;
+        check_business_key(&key)?;
         self.business_key = Some(key);
         Ok(())
     }
+}
+
+/// A business key is checked like an identity field, but refused as a business key (`invalid_business_key`):
+/// the message has an identity, only its key is unusable.
+fn check_business_key(key: &str) -> Result<(), BadInput> {
+    check_field("business_key", key, false).map_err(|_| BadInput::BusinessKey {
+        detail: format!(
+            "the key must be non-empty, at most {MAX_ID_LEN} bytes, without control characters (it has {} bytes)",
+            key.len()
+        ),
+    })
 }
 
 fn check_field(field: &'static str, value: &str, may_be_empty: bool) -> Result<(), BadInput> {
