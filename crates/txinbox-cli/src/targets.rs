@@ -6,11 +6,17 @@ use std::path::PathBuf;
 
 use txinbox_core::settings::WorkerSettings;
 
+/// The variable that stands for `--store` when neither `--store` nor `--config` is given.
+pub const STORE_URL_VAR: &str = "TXINBOX_STORE_URL";
+
 /// `--store`, or `--config` with an optional `--shard`.
 #[derive(Debug, Default, clap::Args)]
 pub struct StoreArgs {
-    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`), the workers' own.
-    #[arg(long, env = "TXINBOX_STORE_URL")]
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`), the workers' own; without
+    /// `--store` and `--config`, `TXINBOX_STORE_URL`.
+    // Not clap's `env`: clap counts a value from the environment as given, so a TXINBOX_STORE_URL exported
+    // in the operator's shell would refuse every `--config` as a conflict with `--store`.
+    #[arg(long)]
     pub store: Option<String>,
     /// The workers' settings file instead of `--store`: its `[store] url`, or every shard of `[store.shards]`.
     #[arg(long, conflicts_with = "store")]
@@ -39,7 +45,10 @@ impl StoreArgs {
             }]);
         }
         let Some(path) = &self.config else {
-            return Err("no store: give --store, TXINBOX_STORE_URL or --config".into());
+            return match std::env::var(STORE_URL_VAR) {
+                Ok(url) if !url.is_empty() => Ok(vec![StoreTarget { shard: None, url }]),
+                _ => Err("no store: give --store, TXINBOX_STORE_URL or --config".into()),
+            };
         };
         let settings = WorkerSettings::load(path).map_err(|e| e.to_string())?;
         if settings.store.shards.is_empty() {

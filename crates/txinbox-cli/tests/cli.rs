@@ -272,3 +272,65 @@ fn check_infra_reads_var_files_and_plans() {
     assert_eq!(code, 0, "a plan JSON: {out}{err}");
     assert!(out.contains("check-infra: ok"), "{out}");
 }
+
+/// A fresh folder of its own for a test (removed by the test).
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("txinbox-cli-{name}-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Creates the inbox's schema in a SQLite file and returns its URL.
+fn sqlite_store(dir: &std::path::Path, name: &str) -> String {
+    let url = format!("sqlite:{}", dir.join(name).display());
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        txinbox_store::Store::<sqlx::Sqlite>::connect(&url)
+            .await
+            .unwrap()
+            .close()
+            .await;
+    });
+    url
+}
+
+#[test]
+fn an_exported_txinbox_store_url_gives_way_to_config() {
+    let dir = scratch("env-config");
+    let url = sqlite_store(&dir, "inbox.db");
+    let config = dir.join("worker.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n")).unwrap();
+    let config = config.display().to_string();
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_txinbox"));
+        c.args(args).env_remove("TXINBOX_STORE_URL");
+        if let Some(v) = env {
+            c.env("TXINBOX_STORE_URL", v);
+        }
+        let out = c.output().expect("run txinbox");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let elsewhere = "postgres://crm:s3cret@127.0.0.1:1/elsewhere";
+    for command in [
+        &["inbox", "stats", "--config", &config][..],
+        &["inbox", "purge", "--config", &config][..],
+    ] {
+        let (code, out, err) = run(command, Some(elsewhere));
+        assert_eq!(code, 0, "{command:?} reads --config: {out}{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+    // The variable still stands for --store when neither is given.
+    let (code, out, err) = run(&["inbox", "stats"], Some(&url));
+    assert_eq!(code, 0, "{out}{err}");
+    // Both given on the command line: a usage error.
+    let (code, _, err) = run(
+        &["inbox", "stats", "--store", &url, "--config", &config],
+        None,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
