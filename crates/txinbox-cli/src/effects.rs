@@ -22,6 +22,10 @@ pub struct RunArgs {
     /// The settings file (its `[effects]` section: runner options and `[effects.destinations.NAME]`).
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
+    /// With `--config` on shards (`[store.shards]`): the shard whose effects this runner runs (its URL, in
+    /// place of `--store`). One runner per shard: without `--store`, a file with shards needs it.
+    #[arg(long, requires = "config")]
+    pub shard: Option<String>,
     /// An HTTP destination: `NAME=URL` (effects of destination NAME are POSTed to URL). Repeat for several.
     #[arg(long = "http", value_parser = parse_pair)]
     pub http: Vec<(String, String)>,
@@ -114,13 +118,30 @@ impl RunArgs {
             .map_err(|e| e.to_string())
     }
 
-    /// The store URL: `--store`, else the settings file's.
+    /// The store URL: `--shard`'s, else `--store`, else the settings file's (a file with shards needs
+    /// `--shard`: its `[store] url` is none of them).
     pub fn store_url(&self) -> Result<String, String> {
-        match (&self.store, self.file()?) {
-            (Some(s), _) => Ok(s.clone()),
-            (None, Some(f)) => Ok(f.store.url),
-            (None, None) => Err("no store: give --store, TXINBOX_STORE_URL or --config".into()),
+        if self.store.is_some() && self.shard.is_none() {
+            return Ok(self.store.clone().unwrap_or_default());
         }
+        let Some(path) = &self.config else {
+            return Err("no store: give --store, TXINBOX_STORE_URL or --config".into());
+        };
+        let args = crate::targets::StoreArgs {
+            store: None,
+            config: Some(path.clone()),
+            shard: self.shard.clone(),
+        };
+        let mut targets = args.targets()?;
+        if targets.len() != 1 {
+            let names: Vec<String> = targets.into_iter().filter_map(|t| t.shard).collect();
+            return Err(format!(
+                "{} has shards ({}): a runner runs the effects of one, name it with --shard NAME (one `txinbox effects run` per shard)",
+                path.display(),
+                names.join(", ")
+            ));
+        }
+        Ok(targets.remove(0).url)
     }
 
     /// The runner's settings: the file's `[effects]`, then the flags. Every destination's rules are checked.

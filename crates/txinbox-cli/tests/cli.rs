@@ -334,3 +334,65 @@ fn an_exported_txinbox_store_url_gives_way_to_config() {
     assert!(err.contains("cannot be used with"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn effects_run_on_a_settings_file_with_shards_runs_the_shard_named_and_never_a_default_store() {
+    let dir = scratch("effects-shards");
+    // Shards are PostgreSQL stores: each in a schema of its own.
+    let base = pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let [eu1, eu2] = ["eu1", "eu2"].map(|_| {
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        rt.block_on(async {
+            txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1)
+                .await
+                .expect("PostgreSQL at TXINBOX_TEST_PG_URL")
+                .close()
+                .await;
+        });
+        format!("{base}{sep}options=-csearch_path%3D{schema}")
+    });
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store.shards.eu-1]\nurl = \"{eu1}\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"{eu2}\"\nrest = true\n"
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+            .args(["effects", "run", "--once", "--config", &config])
+            .args(["--http", "crm=http://127.0.0.1:9/tasks"])
+            .args(extra)
+            .env_remove("TXINBOX_STORE_URL")
+            .current_dir(&dir)
+            .output()
+            .expect("run txinbox");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, 2, "no shard named: {out}{err}");
+    assert!(
+        err.contains("--shard") && err.contains("eu-1, eu-2"),
+        "{err}"
+    );
+    assert!(
+        !dir.join("txinbox.db").exists(),
+        "no store of the default URL was made and run"
+    );
+    let (code, out, err) = run(&["--shard", "eu-2"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("EffectReport"), "{out}");
+    let (code, _, err) = run(&["--shard", "us-1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no such shard"), "{err}");
+    assert!(!dir.join("txinbox.db").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
