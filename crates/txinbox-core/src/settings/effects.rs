@@ -34,18 +34,18 @@ use crate::effects::EffectOptions;
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct EffectsSettings {
-    /// Effects claimed per pass (32).
+    /// Effects claimed per pass (32; at least 1).
     pub batch: i64,
     /// How long a claim lasts before another runner may reconcile the effect, in seconds (60; longer than any
-    /// call).
+    /// call; at least 1).
     pub claim_seconds: u64,
-    /// Calls before an effect that never reached its destination is failed (10).
+    /// Calls before an effect that never reached its destination is failed (10; at least 1).
     pub max_attempts: i32,
-    /// Reconciliations without an answer before an effect needs attention (10).
+    /// Reconciliations without an answer before an effect needs attention (10; at least 1).
     pub max_reconciliations: i32,
     /// First backoff in milliseconds, doubled each attempt (1000).
     pub backoff_ms: u64,
-    /// Longest backoff in seconds (300).
+    /// Longest backoff in seconds (300; at least the first backoff).
     pub max_backoff_seconds: u64,
     /// How long done effects are kept, in seconds (7 days).
     pub done_retention_seconds: u64,

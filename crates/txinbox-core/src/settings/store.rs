@@ -55,7 +55,7 @@ pub struct ShardSettings {
     pub tenants: Vec<String>,
     /// This shard also takes every tenant no shard claims, and messages without a tenant (at most one shard).
     pub rest: bool,
-    /// Most connections in this shard's pool (unset: `[store] max_connections`).
+    /// Most connections in this shard's pool (at least 1; unset: `[store] max_connections`).
     pub max_connections: Option<u32>,
 }
 

@@ -227,3 +227,45 @@ fn unknown_keys_and_bad_addresses_name_the_key() {
         .to_string();
     assert!(e.contains("worker.health_addr"), "{e}");
 }
+
+/// A value the runtime would raise to its floor without a word (a claim of 0 s run as 1 s, a shard's pool of 0
+/// connections run as 1, a purge every 0 s run back to back) is refused, naming its key.
+#[test]
+fn values_the_runtime_would_raise_are_refused_naming_the_key() {
+    for (toml, key) in [
+        ("[effects]\nbatch = 0\n", "effects.batch"),
+        ("[effects]\nclaim_seconds = 0\n", "effects.claim_seconds"),
+        ("[effects]\nmax_attempts = 0\n", "effects.max_attempts"),
+        ("[effects]\nmax_attempts = -3\n", "effects.max_attempts"),
+        (
+            "[effects]\nmax_reconciliations = 0\n",
+            "effects.max_reconciliations",
+        ),
+        (
+            "[effects]\nbackoff_ms = 5000\nmax_backoff_seconds = 1\n",
+            "effects.max_backoff_seconds",
+        ),
+        (
+            "[worker]\npurge_interval_seconds = 0\n",
+            "worker.purge_interval_seconds",
+        ),
+        (
+            "[store.shards.eu-1]\nurl = \"postgres://db/eu\"\nrest = true\nmax_connections = 0\n",
+            "store.shards",
+        ),
+    ] {
+        match WorkerSettings::from_toml_str(toml) {
+            Err(e @ SettingsError::Value { .. }) => {
+                assert!(e.to_string().contains(key), "{toml}: {e}")
+            }
+            other => panic!("{toml}: {other:?}"),
+        }
+    }
+    // Their floors are accepted.
+    let s = WorkerSettings::from_toml_str(
+        "[effects]\nbatch = 1\nclaim_seconds = 1\nmax_attempts = 1\nmax_reconciliations = 1\n\
+         backoff_ms = 1000\nmax_backoff_seconds = 1\n[worker]\npurge_interval_seconds = 1\n",
+    )
+    .unwrap();
+    assert_eq!(s.effects.options().claim_for, Duration::from_secs(1));
+}

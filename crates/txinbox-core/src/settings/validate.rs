@@ -107,6 +107,44 @@ impl WorkerSettings {
                 ),
             );
         }
+        // The runtime would raise these to their floor without a word: refused instead, so the value in the
+        // file is the value run.
+        let e = &self.effects;
+        for (key, at_least_one) in [
+            ("effects.batch", e.batch >= 1),
+            ("effects.claim_seconds", e.claim_seconds >= 1),
+            ("effects.max_attempts", e.max_attempts >= 1),
+            ("effects.max_reconciliations", e.max_reconciliations >= 1),
+            (
+                "worker.purge_interval_seconds",
+                self.worker.purge_interval_seconds != Some(0),
+            ),
+        ] {
+            if !at_least_one {
+                return bad(key, "must be at least 1".into());
+            }
+        }
+        if u128::from(self.effects.max_backoff_seconds) * 1000 < u128::from(self.effects.backoff_ms)
+        {
+            return bad(
+                "effects.max_backoff_seconds",
+                format!(
+                    "{} s is below backoff_ms ({} ms): the longest pause cannot be shorter than the first",
+                    self.effects.max_backoff_seconds, self.effects.backoff_ms
+                ),
+            );
+        }
+        if let Some((name, _)) = self
+            .store
+            .shards
+            .iter()
+            .find(|(_, s)| s.max_connections == Some(0))
+        {
+            return bad(
+                "store.shards",
+                format!("shard {name:?}: max_connections must be at least 1"),
+            );
+        }
         if self.store.max_connections == 0 {
             return bad("store.max_connections", "must be at least 1".into());
         }

@@ -36,8 +36,8 @@ pub struct WorkerSection {
     pub health_addr: Option<String>,
     /// Serve Prometheus metrics on this address (unset: off).
     pub metrics_addr: Option<String>,
-    /// Run the maintenance (retention purge) beside the worker this often, in seconds (unset: another process
-    /// purges).
+    /// Run the maintenance (retention purge) beside the worker this often, in seconds (at least 1;
+    /// unset: another process purges).
     pub purge_interval_seconds: Option<u64>,
     /// Stop the worker when receives have failed this long with an error a retry cannot fix (a key rotated, a
     /// permission removed, the queue deleted), so that its supervisor sees it, in seconds (300; 0: never).
