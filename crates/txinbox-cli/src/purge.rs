@@ -97,34 +97,40 @@ async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, Stri
 
 fn print_report(report: &MaintenanceReport, json: bool) {
     if json {
-        let removed: Vec<_> = report
-            .removed
-            .iter()
-            .map(
-                |((t, c), n)| serde_json::json!({"table": t.as_str(), "consumer": c, "removed": n}),
-            )
-            .collect();
-        println!(
-            "{}",
-            serde_json::json!({
-                "removed": removed,
-                "markers": report.removed_from(Table::Markers),
-                "rejections": report.removed_from(Table::Rejections),
-                "effects": report.removed_from(Table::Effects),
-                "batches": report.batches,
-                "seconds": report.elapsed.as_secs_f64(),
-                "budget_exhausted": report.budget_exhausted,
-                "partitions": report.partitions.as_ref().map(|p| serde_json::json!({
-                    "skipped": p.skipped,
-                    "created": p.created.iter().map(|(t, n)| (t.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
-                    "dropped": p.dropped.iter().map(|(t, n)| (t.as_str(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
-                    "legacy_dropped": p.legacy_dropped,
-                })),
-            })
-        );
+        println!("{}", report_json(report));
     } else {
         println!("{report}");
     }
+}
+
+/// The report as one JSON document: every count the line has, and the removals by consumer.
+fn report_json(report: &MaintenanceReport) -> serde_json::Value {
+    let by_table = |m: &std::collections::BTreeMap<Table, u32>| {
+        m.iter()
+            .map(|(t, n)| (t.as_str(), *n))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let removed: Vec<_> = report
+        .removed
+        .iter()
+        .map(|((t, c), n)| serde_json::json!({"table": t.as_str(), "consumer": c, "removed": n}))
+        .collect();
+    serde_json::json!({
+        "removed": removed,
+        "markers": report.removed_from(Table::Markers),
+        "rejections": report.removed_from(Table::Rejections),
+        "effects": report.removed_from(Table::Effects),
+        "batches": report.batches,
+        "seconds": report.elapsed.as_secs_f64(),
+        "budget_exhausted": report.budget_exhausted,
+        "partitions": report.partitions.as_ref().map(|p| serde_json::json!({
+            "skipped": p.skipped,
+            "created": by_table(&p.created),
+            "dropped": by_table(&p.dropped),
+            "held": by_table(&p.held),
+            "legacy_dropped": p.legacy_dropped,
+        })),
+    })
 }
 
 async fn pass<S: MaintenanceStore>(store: S, args: &PurgeArgs) -> MaintenanceReport {
@@ -153,4 +159,23 @@ async fn pass<S: MaintenanceStore>(store: S, args: &PurgeArgs) -> MaintenanceRep
         eprintln!();
     }
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use txinbox_core::runtime::maintenance::PartitionRotation;
+
+    #[test]
+    fn the_json_report_has_the_partitions_held_the_line_shows() {
+        let mut rotation = PartitionRotation::default();
+        rotation.dropped.insert(Table::Markers, 2);
+        rotation.held.insert(Table::Effects, 1);
+        let mut report = MaintenanceReport::default();
+        report.partitions = Some(rotation);
+        assert!(report.to_string().contains("held=1"), "{report}");
+        let doc = report_json(&report);
+        assert_eq!(doc["partitions"]["held"]["effects"], 1, "{doc}");
+        assert_eq!(doc["partitions"]["dropped"]["markers"], 2, "{doc}");
+    }
 }
