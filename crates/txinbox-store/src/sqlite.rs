@@ -37,13 +37,60 @@ fn parse_ts(s: &str) -> Result<DateTime<Utc>, sqlx::Error> {
         .map_err(|e| sqlx::Error::Decode(Box::new(e)))
 }
 
+/// The claim of [`Backend::claim_effects`] in one `BEGIN IMMEDIATE` transaction (the write lock up front: one
+/// claimer at a time, so no effect is claimed twice), rolled back when `reply`'s receiver is gone.
+async fn claim_in_transaction(
+    pool: &SqlitePool,
+    holder: &str,
+    dests: &str,
+    now: DateTime<Utc>,
+    claim_until: DateTime<Utc>,
+    limit: i64,
+    reply: &tokio::sync::oneshot::Sender<Result<Vec<ClaimedEffect>, sqlx::Error>>,
+) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+    use sqlx::Connection;
+    let mut conn = pool.acquire().await?;
+    // A sqlx transaction: a failed COMMIT rolls back too.
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed'))) ORDER BY next_attempt_at, id LIMIT ?3")
+        .bind(dests)
+        .bind(ts(now))
+        .bind(limit)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut out = Vec::with_capacity(due.len());
+    for (id, from) in due {
+        let sql = format!("UPDATE txinbox_effects SET state = 'in_flight', claimed_by = ?2, claim_until = ?3, updated_at = ?4 WHERE id = ?1 RETURNING {CLAIMED_COLUMNS}, created_at");
+        let r = sqlx::query(&sql)
+            .bind(id)
+            .bind(holder)
+            .bind(ts(claim_until))
+            .bind(ts(now))
+            .fetch_one(&mut *tx)
+            .await?;
+        let created: String = r.try_get(AFTER_CLAIMED)?;
+        out.push(claimed_from_row(&r, &from, parse_ts(&created)?)?);
+    }
+    if reply.is_closed() {
+        // Nobody would run what this claims: it stays due instead of held until its claim expires.
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+
 impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
 
     async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
+        use sqlx::Connection;
         let mut conn = pool.acquire().await?;
-        // IMMEDIATE takes the write lock up front: one migrator at a time.
-        sqlx::Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
+        // IMMEDIATE takes the write lock up front: one migrator at a time. A sqlx transaction, so that a
+        // failed COMMIT or a dropped future rolls back instead of leaving the write lock on a pooled
+        // connection.
+        let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+        let conn = &mut *tx;
         let result = async {
             sqlx::Executor::execute(&mut *conn, "CREATE TABLE IF NOT EXISTS txinbox_schema_version (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)")
                 .await?;
@@ -72,9 +119,13 @@ impl Backend for Sqlite {
             Ok(())
         }
         .await;
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        sqlx::Executor::execute(&mut *conn, end).await?;
-        result
+        match result {
+            Ok(()) => Ok(tx.commit().await?),
+            Err(e) => {
+                tx.rollback().await?;
+                Err(e)
+            }
+        }
     }
 
     async fn schema_version(pool: &SqlitePool) -> Result<Option<i64>, sqlx::Error> {
@@ -232,36 +283,24 @@ impl Backend for Sqlite {
         claim_until: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        // The claim's transaction runs in a task of its own, to its COMMIT or ROLLBACK, whatever becomes of
+        // this future: dropped half way (a runner's task aborted), it would hand the pool a connection in
+        // an open transaction holding the database's write lock (every other writer busy; that
+        // connection's later writes, an effect's finish among them, never committed). A claim whose caller
+        // is gone before its COMMIT rolls back.
+        let (pool, holder) = (pool.clone(), holder.to_owned());
         let dests = serde_json::to_string(destinations).unwrap_or_else(|_| "[]".into());
-        let mut conn = pool.acquire().await?;
-        // IMMEDIATE takes the write lock up front: one claimer at a time, so no effect is claimed twice.
-        sqlx::Executor::execute(&mut *conn, "BEGIN IMMEDIATE").await?;
-        let result = async {
-            let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed'))) ORDER BY next_attempt_at, id LIMIT ?3")
-                .bind(&dests)
-                .bind(ts(now))
-                .bind(limit)
-                .fetch_all(&mut *conn)
-                .await?;
-            let mut out = Vec::with_capacity(due.len());
-            for (id, from) in due {
-                let sql = format!("UPDATE txinbox_effects SET state = 'in_flight', claimed_by = ?2, claim_until = ?3, updated_at = ?4 WHERE id = ?1 RETURNING {CLAIMED_COLUMNS}, created_at");
-                let r = sqlx::query(&sql)
-                    .bind(id)
-                    .bind(holder)
-                    .bind(ts(claim_until))
-                    .bind(ts(now))
-                    .fetch_one(&mut *conn)
-                    .await?;
-                let created: String = r.try_get(AFTER_CLAIMED)?;
-                out.push(claimed_from_row(&r, &from, parse_ts(&created)?)?);
-            }
-            Ok::<_, sqlx::Error>(out)
-        }
-        .await;
-        let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        sqlx::Executor::execute(&mut *conn, end).await?;
-        result
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let r =
+                claim_in_transaction(&pool, &holder, &dests, now, claim_until, limit, &reply).await;
+            let _ = reply.send(r);
+        });
+        answer.await.unwrap_or_else(|_| {
+            Err(sqlx::Error::Protocol(
+                "the effect claim's task ended without an answer".into(),
+            ))
+        })
     }
 
     async fn finish_effect(
