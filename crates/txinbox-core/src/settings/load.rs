@@ -49,24 +49,48 @@ impl WorkerSettings {
                     detail: format!("[{section}] is not a table in the file"),
                 });
             };
-            t.insert(key, scalar(&value));
-            applied.push((var, value));
+            t.insert(key.clone(), scalar(&value));
+            applied.push((var, value, format!("{section}.{key}")));
         }
         let origin = if applied.is_empty() {
             origin
         } else {
-            let names: Vec<&str> = applied.iter().map(|(v, _)| v.as_str()).collect();
+            let names: Vec<&str> = applied.iter().map(|(v, _, _)| v.as_str()).collect();
             format!("{origin} with {}", names.join(", "))
         };
-        let s: Self = table.try_into().map_err(|source: toml::de::Error| {
+        // An override that reads as a number or a boolean is still a string where its key takes one (a
+        // consumer or a queue named with digits): the key the error names is given its text instead.
+        let mut as_text = Vec::new();
+        let typed = loop {
+            let source = match table.clone().try_into::<Self>() {
+                Ok(s) => break Ok(s),
+                Err(source) => source,
+            };
+            let msg = source.to_string();
+            let retry = applied.iter().find(|(_, value, path)| {
+                !matches!(scalar(value), toml::Value::String(_))
+                    && !as_text.contains(path)
+                    && msg.contains(&format!("in `{path}`"))
+                    && msg.contains("expected a string")
+            });
+            let Some((_, value, path)) = retry else {
+                break Err(source);
+            };
+            let (section, key) = path.split_once('.').unwrap_or_default();
+            if let Some(toml::Value::Table(t)) = table.get_mut(section) {
+                t.insert(key.to_owned(), toml::Value::String(value.clone()));
+            }
+            as_text.push(path.clone());
+        };
+        let s: Self = typed.map_err(|source: toml::de::Error| {
             // A TOML type error quotes the value; an override's value may be a password, so such an error is
             // reported without it, naming the variable instead.
             let msg = source.to_string();
             match applied
                 .iter()
-                .find(|(_, value)| !value.is_empty() && msg.contains(value.as_str()))
+                .find(|(_, value, _)| !value.is_empty() && msg.contains(value.as_str()))
             {
-                Some((var, value)) => SettingsError::Override {
+                Some((var, value, _)) => SettingsError::Override {
                     var: var.clone(),
                     detail: msg.replace(value.as_str(), "<redacted>").trim().to_owned(),
                 },

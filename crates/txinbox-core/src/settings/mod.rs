@@ -65,7 +65,8 @@
 //! ```
 //!
 //! **Environment overrides**: `TXINBOX_<SECTION>__<KEY>=value` sets `[section] key` (upper or lower case; the
-//! value is read as a TOML integer or boolean when it parses as one, else as a string), for example
+//! value is read as a TOML integer or boolean when it parses as one, else as a string, and as a string too
+//! where the key takes one: `TXINBOX_WORKER__CONSUMER=2024`), for example
 //! `TXINBOX_SQS__VISIBILITY_TIMEOUT_SECONDS=120` or `TXINBOX_STORE__URL=postgres://...` (the way to keep a
 //! password out of the file). An override of a key that does not exist is an error naming the variable.
 //!

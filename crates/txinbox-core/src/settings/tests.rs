@@ -269,3 +269,33 @@ fn values_the_runtime_would_raise_are_refused_naming_the_key() {
     .unwrap();
     assert_eq!(s.effects.options().claim_for, Duration::from_secs(1));
 }
+
+/// An override's value that reads as a number or a boolean is still a string where the key takes one (a
+/// consumer or a queue named with digits).
+#[test]
+fn an_override_of_a_string_key_may_be_all_digits() {
+    let s = WorkerSettings::parse(
+        "",
+        "<text>".into(),
+        env(&[
+            ("TXINBOX_WORKER__CONSUMER", "2024"),
+            ("TXINBOX_SERVICEBUS__QUEUE", "true"),
+            ("TXINBOX_WORKER__CONCURRENCY", "4"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(s.worker.consumer, "2024");
+    assert_eq!(s.servicebus.queue.as_deref(), Some("true"));
+    assert_eq!(s.worker.concurrency, 4);
+    // A number where a number is wanted is still checked as one.
+    let e = WorkerSettings::parse(
+        "",
+        "<text>".into(),
+        env(&[("TXINBOX_WORKER__CONCURRENCY", "many")]),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, SettingsError::Override { var, .. } if var == "TXINBOX_WORKER__CONCURRENCY"),
+        "{e:?}"
+    );
+}
