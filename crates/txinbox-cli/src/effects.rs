@@ -87,7 +87,8 @@ pub struct RunArgs {
     /// Destinations that ignore idempotency keys (`--key NAME=none`): only the confirmation protects them.
     #[arg(long = "no-idempotency")]
     pub no_idempotency: Vec<String>,
-    /// Run until nothing is due, then exit (else until SIGTERM / Ctrl-C).
+    /// Run until nothing is due, then exit (else until SIGTERM / Ctrl-C); exit 2 when a store error met may
+    /// have left effects unrun.
     #[arg(long)]
     pub once: bool,
     /// Effects claimed per pass (`[effects] batch`).
@@ -290,6 +291,13 @@ pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String>
         runner.run_until(txinbox_core::shutdown_signal()).await
     };
     println!("{report}");
+    // `--once` promises nothing due is left: a store error (a claim that failed) may have left effects unrun.
+    if args.once && report.store_errors > 0 {
+        return Err(format!(
+            "{} store error(s) during the run: effects may be left unrun (TXINBOX_LOG=warn shows the errors)",
+            report.store_errors
+        ));
+    }
     Ok(())
 }
 

@@ -396,3 +396,33 @@ fn effects_run_on_a_settings_file_with_shards_runs_the_shard_named_and_never_a_d
     assert!(!dir.join("txinbox.db").exists());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn effects_run_once_exits_non_zero_when_the_store_failed() {
+    let dir = scratch("effects-store-error");
+    let url = sqlite_store(&dir, "fx.db");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let store = txinbox_store::Store::<sqlx::Sqlite>::connect(&url)
+            .await
+            .unwrap();
+        // Every claim now fails on the store.
+        sqlx::query("DROP TABLE txinbox_effects")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.close().await;
+    });
+    let (code, out, err) = txinbox(&[
+        "effects",
+        "run",
+        "--once",
+        "--store",
+        &url,
+        "--http",
+        "crm=http://127.0.0.1:9/tasks",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("store_errors=1"), "{out}");
+    assert!(err.contains("store error"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
