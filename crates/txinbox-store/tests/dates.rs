@@ -48,3 +48,57 @@ async fn a_marker_kept_for_ever_is_never_purged_on_sqlite() {
 async fn a_marker_kept_for_ever_is_never_purged_on_postgres() {
     kept_for_ever(txinbox_testkit::pg_store(2).await).await;
 }
+
+/// A filter's time written with an offset can be past year 9999 in UTC: every rejection is before it, on
+/// SQLite as on PostgreSQL.
+fn end_of_time() -> chrono::DateTime<Utc> {
+    chrono::DateTime::parse_from_rfc3339("9999-12-31T23:00:00-05:00")
+        .unwrap()
+        .with_timezone(&Utc)
+}
+
+#[tokio::test]
+async fn a_rejection_filter_past_year_9999_in_utc_reads_the_same_on_sqlite() {
+    use txinbox_store::ops::RejectionFilter;
+    let store = txinbox_testkit::sqlite_store().await;
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, payload_hash, conflicts_with, detail, recorded_at) VALUES ('c', 's', 'm', 'payload_collision', 'h', 'h2', 'd', ?1)")
+        .bind(now)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let f = RejectionFilter::new().consumer("c");
+    let before = store
+        .rejections(&f.clone().until(end_of_time()))
+        .await
+        .unwrap();
+    let after = store.rejections(&f.since(end_of_time())).await.unwrap();
+    assert_eq!(
+        (before.len(), after.len()),
+        (1, 0),
+        "before and after {}",
+        end_of_time()
+    );
+}
+
+#[tokio::test]
+async fn a_rejection_filter_past_year_9999_in_utc_reads_the_same_on_postgres() {
+    use txinbox_store::ops::RejectionFilter;
+    let store = txinbox_testkit::pg_store(2).await;
+    sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, payload_hash, conflicts_with, detail, recorded_at) VALUES ('c', 's', 'm', 'payload_collision', 'h', 'h2', 'd', now())")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let f = RejectionFilter::new().consumer("c");
+    let before = store
+        .rejections(&f.clone().until(end_of_time()))
+        .await
+        .unwrap();
+    let after = store.rejections(&f.since(end_of_time())).await.unwrap();
+    assert_eq!(
+        (before.len(), after.len()),
+        (1, 0),
+        "before and after {}",
+        end_of_time()
+    );
+}

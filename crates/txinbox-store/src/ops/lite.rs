@@ -4,14 +4,13 @@ use super::queries::{consumer_stats, message_story, ops_methods, rejections};
 use super::rows::{Cols, OpsDb};
 use super::sql::Param;
 use super::*;
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-/// SQLite's stored form of a time (fixed-width RFC 3339 UTC, so that text order is time order).
-fn ts(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Micros, true)
-}
+// SQLite's stored form of a time: the store's own (`crate::sqlite::ts`), so that a parameter compares with
+// the stored times in time order even past year 9999 (which it stores as its last instant).
+use crate::sqlite::ts;
 
 impl Cols for SqliteRow {
     fn text(&self, i: usize) -> Result<String, sqlx::Error> {
