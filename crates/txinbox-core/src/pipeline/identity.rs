@@ -118,8 +118,8 @@ pub struct Identity {
 /// A function from a message to its business key (for example
 /// `criar_tarefa_followup:oportunidade_2481:reuniao_184`).
 ///
-/// Returning `Ok(None)` means the message has no business key. Returning an error dead-letters the message
-/// as bad input. The key must never contain free text from a model, a timestamp, an attempt number or a
+/// Returning `Ok(None)` means the message has no business key. Returning an error (or panicking) dead-letters
+/// the message as bad input. The key must never contain free text from a model, a timestamp, an attempt number or a
 /// consumer-generated id.
 pub type BusinessKeyFn =
     std::sync::Arc<dyn Fn(&ReceivedMessage) -> Result<Option<String>, String> + Send + Sync>;
@@ -262,7 +262,8 @@ impl IdentityPolicy {
                 });
             };
         if let Some(f) = &self.business_key {
-            bkey = f(msg).map_err(|detail| BadInput::BusinessKey { detail })?;
+            bkey =
+                contain_key_panic(|| f(msg))?.map_err(|detail| BadInput::BusinessKey { detail })?;
         }
         if contract_version.as_deref() == Some("") {
             contract_version = None;
@@ -323,6 +324,21 @@ impl Identity {
         self.business_key = Some(key);
         Ok(())
     }
+}
+
+/// Runs a business-key function, the user's code on an outside message: a panic (an index past the end of a
+/// hostile body) is that message's bad input, not the worker task's end with its deliveries unsettled.
+pub(crate) fn contain_key_panic<T>(f: impl FnOnce() -> T) -> Result<T, BadInput> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        let why = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        BadInput::BusinessKey {
+            detail: format!("the business key function panicked: {why}"),
+        }
+    })
 }
 
 /// A business key is checked like an identity field, but refused as a business key (`invalid_business_key`):

@@ -394,7 +394,7 @@ impl<S: InboxStore> Inbox<S> {
         let mut identity = self.policy.resolve(msg)?;
         let body = body_of::<T>(msg, json.as_ref(), identity.origin)?;
         if let Some(f) = key {
-            if let Some(k) = f(&body) {
+            if let Some(k) = crate::pipeline::identity::contain_key_panic(|| f(&body))? {
                 identity.set_business_key(k)?;
             }
         }

@@ -289,7 +289,8 @@ impl<S: InboxStore, T: Payload, H: Handler<S, T>> InboxProcessor<S, T, H> {
     }
 
     /// Computes the business key from the typed body (it replaces a key from the message's attributes or the
-    /// identity policy). `None` means the message has none. The key must never hold free text from a model,
+    /// identity policy). `None` means the message has none; a panic dead-letters the message as bad input
+    /// (`invalid_business_key`). The key must never hold free text from a model,
     /// a timestamp, an attempt number or a consumer-generated id.
     pub fn business_key(
         mut self,

@@ -181,3 +181,62 @@ async fn a_batch_stopped_before_commit_rolls_back_whole() {
     assert!(store.state().markers.is_empty());
     assert_eq!(q.state().visible, 3);
 }
+
+/// A business-key function that panics on one message (an index past the end of a hostile body) dead-letters
+/// that message as bad input; its batch-mates are applied and nothing is left unsettled.
+#[tokio::test]
+async fn a_business_key_function_that_panics_dead_letters_its_message_only() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = inbox(&store)
+        .bind(|tx: MemTx, msg: Message<Meeting>| async move {
+            tx.write(format!("task-{}", msg.body.opportunity));
+            Ok(())
+        })
+        .business_key(|m: &Meeting| {
+            let digits: Vec<char> = m.opportunity.chars().collect();
+            Some(format!("followup:{}:{}", digits[3], m.meeting))
+        });
+    // Alone, through the identity policy's key function too.
+    let policy_key = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm").unwrap()).business_key(|m| {
+            let body: serde_json::Value =
+                serde_json::from_slice(&m.body).map_err(|e| e.to_string())?;
+            Ok(Some(body["opportunity"].as_str().unwrap().to_owned()))
+        }),
+    )
+    .bind(|_tx: MemTx, _msg: Message<Meeting>| async move { Ok(()) });
+    q.send(
+        OutgoingMessage::new(r#"{"opportunity":7,"meeting":"184"}"#)
+            .cloudevent("urn:crm", "evt-0", "t"),
+    );
+    let o = policy_key
+        .process_one(q.receive_now(1).pop().unwrap())
+        .await;
+    assert!(
+        matches!(&o, Outcome::DeadLettered { reason, .. } if reason == "invalid_business_key"),
+        "{o:?}"
+    );
+    q.send(event("evt-1", "2481"));
+    q.send(event("evt-2", "24"));
+    q.send(event("evt-3", "2483"));
+    let o = p
+        .process_batch(q.receive_now(3), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["applied", "dead_lettered", "applied"]);
+    match &o[1] {
+        Outcome::DeadLettered { reason, detail } => {
+            assert_eq!(reason, "invalid_business_key");
+            assert!(detail.contains("panicked"), "{detail}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        q.state(),
+        QueueState {
+            dead_lettered: 2,
+            ..QueueState::default()
+        }
+    );
+}
