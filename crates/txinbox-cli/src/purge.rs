@@ -69,17 +69,47 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
     }
 }
 
-/// One pass on the store at `url`.
+/// One pass on the store at `url`. The store is opened as it is: never created nor migrated, and refused
+/// without the inbox's schema (a mistyped URL would otherwise get a fresh, empty inbox, and the pass would
+/// report nothing expired with exit code 0).
 async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, String> {
+    use std::str::FromStr;
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = txinbox_store::Store::<sqlx::Postgres>::connect(url, 2)
+        let err = |e: &dyn std::fmt::Display| format!("store (postgres): {e}");
+        let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+            .map_err(|e| err(&e))?
+            .application_name("txinbox-purge");
+        // One connection first: the pool retries a refused connection until its acquire timeout, while an
+        // operator wants the error at once.
+        let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)
             .await
-            .map_err(|e| format!("store (postgres): {e}"))?;
+            .map_err(|e| err(&e))?;
+        let _ = sqlx::Connection::close(probe).await;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(opts)
+            .await
+            .map_err(|e| err(&e))?;
+        let store = crate::inbox::checked_store(pool)
+            .await
+            .map_err(|e| err(&e))?;
         Ok(pass(store, args).await)
     } else if url.starts_with("sqlite:") {
-        let store = txinbox_store::Store::<sqlx::Sqlite>::connect(url)
+        let err = |e: &dyn std::fmt::Display| format!("store (sqlite): {e}");
+        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(|e| err(&e))?
+            .create_if_missing(false)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(opts)
             .await
-            .map_err(|e| format!("store (sqlite): {e}"))?;
+            .map_err(|e| err(&e))?;
+        let store = crate::inbox::checked_store(pool)
+            .await
+            .map_err(|e| err(&e))?;
         Ok(pass(store, args).await)
     } else if url.starts_with("dynamodb://") {
         let store = txinbox_dynamodb::DynamoStore::connect(url)

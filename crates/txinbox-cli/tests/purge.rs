@@ -305,3 +305,54 @@ fn a_keep_of_more_days_than_u32_holds_keeps_recent_evidence() {
         let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
     }
 }
+
+/// A store URL without the inbox's schema is refused: a mistyped SQLite path is not created, a PostgreSQL
+/// schema without the inbox's tables does not get them, and the exit code says so.
+#[tokio::test]
+async fn a_purge_refuses_a_store_without_the_inbox_and_creates_nothing() {
+    let run = |url: &str| {
+        Command::new(env!("CARGO_BIN_EXE_txinbox"))
+            .args(["inbox", "purge", "--store", url])
+            .env_remove("TXINBOX_STORE_URL")
+            .output()
+            .expect("run txinbox inbox purge")
+    };
+    let file = std::env::temp_dir().join(format!(
+        "txinbox-purge-typo-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let o = run(&format!("sqlite:{}", file.display()));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(!file.exists(), "no SQLite file was created");
+
+    let base = txinbox_testkit::pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let pool = sqlx::PgPool::connect(&base).await.unwrap();
+    sqlx::query(&format!("CREATE SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let o = run(&format!("{base}{sep}options=-csearch_path%3D{schema}"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("no txinbox schema"), "{err}");
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+    )
+    .bind(&schema)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "no table was created in {schema}");
+    sqlx::query(&format!("DROP SCHEMA {schema}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+}

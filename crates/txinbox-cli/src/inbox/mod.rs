@@ -377,7 +377,7 @@ fn scheme(url: &str) -> &str {
 }
 
 /// The store on `pool`, its schema left as it is and checked.
-async fn checked_store<DB: Backend>(pool: sqlx::Pool<DB>) -> Result<Store<DB>, String> {
+pub(crate) async fn checked_store<DB: Backend>(pool: sqlx::Pool<DB>) -> Result<Store<DB>, String> {
     let store = Store::from_pool_with(pool, Migrations::Skip)
         .await
         .map_err(|e| e.to_string())?;
