@@ -438,12 +438,17 @@ impl Store<sqlx::Postgres> {
         if let Some(schema) = &options.schema {
             check_schema(schema)?;
             if options.migrations == Migrations::Apply {
+                // Under the migrations' lock: `CREATE SCHEMA IF NOT EXISTS` is not safe against itself
+                // (two stores opening at once in a new schema, one failed on pg_namespace's unique index).
                 let mut conn = sqlx::PgConnection::connect_with(&opts).await?;
+                let mut tx = conn.begin().await?;
+                crate::postgres::schema_change(&mut tx).await?;
                 sqlx::Executor::execute(
-                    &mut conn,
-                    format!("SET client_min_messages TO warning; CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str(),
+                    &mut *tx,
+                    format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str(),
                 )
                 .await?;
+                tx.commit().await?;
                 conn.close().await?;
             }
             opts = in_schema(opts, schema)?;

@@ -171,3 +171,23 @@ async fn a_lazy_store_refuses_a_bad_schema_name() {
     .unwrap_err();
     assert!(matches!(err, StoreError::Config(_)), "{err}");
 }
+
+#[tokio::test]
+async fn stores_opening_at_once_in_a_new_schema_all_open() {
+    let url = txinbox_testkit::pg_url();
+    let s = schema();
+    let opens = (0..8).map(|_| {
+        let (url, opts) = (
+            url.clone(),
+            StoreOptions::new().schema(&s).max_connections(1),
+        );
+        tokio::spawn(async move { Store::<sqlx::Postgres>::connect_with(&url, opts).await })
+    });
+    for r in futures::future::join_all(opens).await {
+        let store = r
+            .unwrap()
+            .expect("every replica opens: one creates the schema, the others find it");
+        store.close().await;
+    }
+    drop_schema(&s).await;
+}
