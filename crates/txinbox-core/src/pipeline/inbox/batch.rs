@@ -480,16 +480,32 @@ impl<S: InboxStore> Inbox<S> {
             // A store that checks its conditions (or the handler's writes) at commit cannot say which
             // delivery failed them: nothing was written, so each delivery of the transaction is applied again
             // on its own.
+            // What each delivery already resolved is kept (its identity is not resolved again, which counts
+            // and logs), and a FIFO group's later messages are held back behind a released one, as in the
+            // savepoint pass.
             Ok(Commit::Conflict(_) | Commit::HandlerFailed(_)) => {
+                let mut held: HashMap<String, Duration> = HashMap::new();
                 let mut out = Vec::with_capacity(slots.len());
                 for (i, s) in slots.into_iter().enumerate() {
-                    out.push(match s {
-                        Slot::Decided(d) => d,
-                        _ => {
-                            self.decide(deliveries[i].message(), handler, key, stop)
-                                .await
-                        }
-                    });
+                    let msg = deliveries[i].message();
+                    let behind = msg.group_id.as_ref().and_then(|g| held.get(g)).copied();
+                    let d = match (s, behind) {
+                        (Slot::Decided(d), _) => d,
+                        (_, Some(delay)) => held_back(delay),
+                        (
+                            Slot::Written(Done { prepared, .. }) | Slot::Conflicted(prepared, _),
+                            _,
+                        ) => match self.prepared_again::<T>(msg, prepared) {
+                            Err(bad) => self.bad_input(bad),
+                            Ok(_) if stop.is_cancelled() => self.interrupted(),
+                            Ok(p) => self.decide_prepared(p, msg, handler, stop).await,
+                        },
+                        (Slot::Pending, _) => self.decide(msg, handler, key, stop).await,
+                    };
+                    if let (Decision::Release(_, delay), Some(g)) = (&d, &msg.group_id) {
+                        held.entry(g.clone()).or_insert(*delay);
+                    }
+                    out.push(d);
                 }
                 return out;
             }

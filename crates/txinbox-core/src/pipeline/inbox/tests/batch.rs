@@ -240,3 +240,44 @@ async fn a_business_key_function_that_panics_dead_letters_its_message_only() {
         }
     );
 }
+
+/// A batch refused at COMMIT is applied again one delivery at a time from what it already resolved: a
+/// delivery identified by its broker id is counted (and warned about) once, not once per pass.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_refused_at_commit_resolves_each_identity_once() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm").unwrap()).allow_broker_id(true),
+    )
+    .bind(|tx: MemTx, msg: Message<Meeting>| async move {
+        tx.write(format!("task-{}", msg.body.opportunity));
+        Ok(())
+    });
+    q.send(event("evt-1", "2481"));
+    assert!(matches!(one(&q, &p).await, Outcome::Applied { .. }));
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    q.send(event("evt-1", "2481"));
+    q.send(OutgoingMessage::new(
+        r#"{"opportunity":"2490","meeting":"184"}"#,
+    ));
+    let o = p
+        .process_batch(q.receive_now(2), &CancellationToken::new())
+        .await;
+    assert_eq!(labels(&o), ["duplicate", "applied"]);
+    let fallbacks: u64 = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == m::IDENTITY_BROKER_FALLBACK)
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(fallbacks, 1, "one delivery identified by its broker id");
+    assert_eq!(store.state().effects, ["task-2481", "task-2490"]);
+}
