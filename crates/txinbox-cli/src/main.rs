@@ -319,7 +319,7 @@ fn main() -> ExitCode {
                     match a.store_url().and_then(|u| a.effects().map(|_| u)) {
                         Ok(url) => vec![targets::StoreTarget { shard: None, url }],
                         Err(e) => {
-                            eprintln!("error: {e}");
+                            eprintln!("error: {}", targets::redact(&e));
                             return ExitCode::from(2);
                         }
                     }
@@ -331,7 +331,7 @@ fn main() -> ExitCode {
                 EffectsCommand::Stats { store } => match store.targets() {
                     Ok(t) => t,
                     Err(e) => {
-                        eprintln!("error: {e}");
+                        eprintln!("error: {}", targets::redact(&e));
                         return ExitCode::from(2);
                     }
                 },
@@ -348,7 +348,7 @@ fn main() -> ExitCode {
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", targets::redact(&e));
                     ExitCode::from(2)
                 }
             }
@@ -438,6 +438,7 @@ fn check_infra(
     }
 }
 
+/// Prints the error and its sources, its secrets masked, and exits 2.
 fn fail(e: &dyn std::error::Error) -> ExitCode {
     let mut msg = format!("error: {e}");
     let mut src = e.source();
@@ -445,6 +446,6 @@ fn fail(e: &dyn std::error::Error) -> ExitCode {
         msg.push_str(&format!("\n  caused by: {s}"));
         src = s.source();
     }
-    eprintln!("{msg}");
+    eprintln!("{}", targets::redact(&msg));
     ExitCode::from(2)
 }

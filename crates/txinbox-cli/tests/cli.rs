@@ -426,3 +426,32 @@ fn effects_run_once_exits_non_zero_when_the_store_failed() {
     assert!(err.contains("store error"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_settings_file_error_never_prints_the_store_password() {
+    let dir = scratch("settings-secret");
+    let config = dir.join("worker.toml");
+    // A stray token after the URL: TOML's error quotes the line.
+    std::fs::write(
+        &config,
+        "[store]\nurl = \"postgres://crm:s3cret@db/crm\" x\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let infra = concat!(env!("CARGO_MANIFEST_DIR"), "/../../infra/aws-sqs-fifo");
+    for args in [
+        &["inbox", "stats", "--config", &config][..],
+        &["inbox", "purge", "--config", &config][..],
+        &["effects", "stats", "--config", &config][..],
+        &["check-infra", infra, "--config", &config][..],
+    ] {
+        let (code, _, err) = txinbox(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("line 2"), "{args:?} names the line: {err}");
+        assert!(
+            !err.contains("s3cret"),
+            "{args:?} leaked the password: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

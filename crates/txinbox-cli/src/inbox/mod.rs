@@ -232,11 +232,9 @@ pub fn run(command: InboxCommand) -> ExitCode {
     }
 }
 
-/// One line on stderr, exit code 2.
+/// One line on stderr, its secrets masked, exit code 2.
 fn error(msg: &str) -> ExitCode {
-    let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("error: {one_line}");
-    ExitCode::from(2)
+    crate::targets::fail(msg)
 }
 
 /// A store opened for the operator's queries.
