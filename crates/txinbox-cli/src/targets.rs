@@ -50,7 +50,7 @@ impl StoreArgs {
                 _ => Err("no store: give --store, TXINBOX_STORE_URL or --config".into()),
             };
         };
-        let settings = WorkerSettings::load(path).map_err(|e| e.to_string())?;
+        let mut settings = WorkerSettings::load(path).map_err(|e| e.to_string())?;
         if settings.store.shards.is_empty() {
             if let Some(name) = &self.shard {
                 return Err(format!(
@@ -72,6 +72,11 @@ impl StoreArgs {
                     names.join(", ")
                 ));
             }
+        }
+        // Only the shard named is resolved: the others' `url_env` variables need not be set where the
+        // operator runs the command.
+        if let Some(name) = &self.shard {
+            settings.store.shards.retain(|n, _| n == name);
         }
         Ok(settings
             .store
@@ -231,6 +236,34 @@ mod tests {
             "{e}"
         );
         assert!(StoreArgs::default().targets().is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn shard_resolves_only_the_shard_named() {
+        let dir = std::env::temp_dir().join(format!("txinbox-targets-env-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("worker.toml");
+        std::fs::write(
+            &file,
+            "[store.shards.eu-1]\nurl_env = \"TXINBOX_TEST_NEVER_SET_EU_1\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@db2/crm\"\nrest = true\n",
+        )
+        .unwrap();
+        let one = StoreArgs {
+            config: Some(file.clone()),
+            shard: Some("eu-2".into()),
+            ..Default::default()
+        };
+        let t = one.targets().unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].url, "postgres://crm@db2/crm");
+        // Every shard: the unset variable is an error naming it.
+        let all = StoreArgs {
+            config: Some(file),
+            ..Default::default()
+        };
+        let e = all.targets().unwrap_err();
+        assert!(e.contains("TXINBOX_TEST_NEVER_SET_EU_1"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
