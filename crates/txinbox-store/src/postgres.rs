@@ -457,9 +457,11 @@ impl Backend for Postgres {
         limit: i64,
     ) -> Result<Vec<String>, sqlx::Error> {
         // One short statement per batch; SKIP LOCKED: a row another transaction holds is left for later,
-        // so the purge never waits on an applying transaction (nor one on the purge for long).
+        // so the purge never waits on an applying transaction (nor one on the purge for long). A row is
+        // named by its table and its place in it: a place alone repeats in every partition of a partitioned
+        // inbox (a store that last read the row-by-row layout purges one), and would delete live markers.
         let sql = match table {
-            Table::Markers => "DELETE FROM txinbox_inbox WHERE ctid IN (SELECT ctid FROM txinbox_inbox WHERE retention_until < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
+            Table::Markers => "WITH doomed AS (SELECT tableoid, ctid FROM txinbox_inbox WHERE retention_until < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) DELETE FROM txinbox_inbox t USING doomed d WHERE t.ctid = d.ctid AND t.tableoid = d.tableoid RETURNING t.consumer_name",
             Table::Rejections => "DELETE FROM txinbox_rejections WHERE id IN (SELECT id FROM txinbox_rejections WHERE recorded_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
             Table::Effects => "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
             _ => return Ok(Vec::new()),

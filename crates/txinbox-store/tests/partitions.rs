@@ -699,3 +699,56 @@ async fn one_node_rotates_at_a_time() {
     assert!(!p.skipped && p.dropped[&Table::Markers] > 0, "{p:?}");
     s.drop().await;
 }
+
+/// A store that last read the row-by-row layout (a maintenance started before the conversion, not restarted)
+/// purges by retention row by row: it deletes the expired marker only, never a marker of another partition
+/// that sits at the same place in its own table.
+#[tokio::test]
+async fn a_row_by_row_purge_on_partitions_deletes_only_expired_markers() {
+    let s = Schema::new().await;
+    let now = Utc::now();
+    // The maintenance's store reads the row-by-row layout.
+    assert!(s
+        .store
+        .purge_batch(Table::Markers, now, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    // Another process converts the inbox.
+    let converter = Store::<sqlx::Postgres>::connect_with(
+        &txinbox_testkit::pg_url(),
+        StoreOptions::new().schema(&s.name).max_connections(1),
+    )
+    .await
+    .unwrap();
+    let _ = converter
+        .partition(&PartitionOptions::new().keep(Duration::from_secs(2 * DAY as u64)))
+        .await
+        .unwrap();
+    // Yesterday's event, past its retention; today's, kept for 30 days: each the first row of its partition.
+    for (id, origin, until) in [
+        ("expired", now - Cd::days(1), now - Cd::hours(1)),
+        ("live", now, now + Cd::days(30)),
+    ] {
+        let id = timed(&identity(id, None), origin);
+        let row = MarkerRow::new(&id, "h", now, now, until, 1).origin_at(origin);
+        let tx = converter.begin().await.unwrap();
+        assert_eq!(
+            converter.insert_marker(&tx, &row).await.unwrap(),
+            MarkerInsert::Inserted
+        );
+        converter.commit(tx).await.unwrap();
+    }
+    converter.close().await;
+    let purged = s.store.purge_batch(Table::Markers, now, 100).await.unwrap();
+    assert!(purged.len() <= 1, "{purged:?}");
+    let left: Vec<String> = sqlx::query_scalar("SELECT message_id FROM txinbox_inbox")
+        .fetch_all(s.store.pool())
+        .await
+        .unwrap();
+    assert!(
+        left.iter().any(|m| m == "live"),
+        "the live marker is kept: {left:?}"
+    );
+    s.drop().await;
+}
