@@ -168,6 +168,13 @@ pub(crate) async fn schema_change(tx: &mut PgConnection) -> Result<(), sqlx::Err
     Ok(())
 }
 
+/// `t`, or PostgreSQL's earliest `timestamptz` (4713 BC) when it is before it: the bound of a purge kept "for
+/// ever" (`txinbox_core::time::before` gives `DateTime::MIN_UTC`, year -262144) compares the same, where
+/// PostgreSQL refuses the parameter itself ("timestamp out of range").
+fn from_first_timestamp(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(-210_866_803_200, 0).map_or(t, |first| t.max(first))
+}
+
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
 where
     T: sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres> + 'q,
@@ -417,7 +424,7 @@ impl Backend for Postgres {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query("DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < $1 LIMIT $2)")
-            .bind(before)
+            .bind(from_first_timestamp(before))
             .bind(limit)
             .execute(pool)
             .await?;
@@ -467,7 +474,7 @@ impl Backend for Postgres {
             _ => return Ok(Vec::new()),
         };
         sqlx::query_scalar(sql)
-            .bind(before)
+            .bind(from_first_timestamp(before))
             .bind(limit)
             .fetch_all(pool)
             .await

@@ -102,3 +102,29 @@ async fn a_rejection_filter_past_year_9999_in_utc_reads_the_same_on_postgres() {
         end_of_time()
     );
 }
+
+/// A keep of "for ever" purges before the earliest date there is (`txinbox_core::time::before` saturates to
+/// `DateTime::MIN_UTC`): nothing is purged, and the purge is no error, on PostgreSQL as on SQLite.
+async fn purged_before_the_first_date<DB: txinbox_store::Backend>(store: Store<DB>) {
+    use txinbox_core::effects::EffectStore;
+    let first = chrono::DateTime::<Utc>::MIN_UTC;
+    for table in [Table::Markers, Table::Rejections, Table::Effects] {
+        let purged = store.purge_batch(table, first, 100).await;
+        assert!(
+            matches!(&purged, Ok(p) if p.is_empty()),
+            "{table:?}: {purged:?}"
+        );
+    }
+    let done = store.purge_done_effects(first, 100).await;
+    assert!(matches!(done, Ok(0)), "{done:?}");
+}
+
+#[tokio::test]
+async fn a_purge_before_the_first_date_purges_nothing_on_sqlite() {
+    purged_before_the_first_date(txinbox_testkit::sqlite_store().await).await;
+}
+
+#[tokio::test]
+async fn a_purge_before_the_first_date_purges_nothing_on_postgres() {
+    purged_before_the_first_date(txinbox_testkit::pg_store(2).await).await;
+}
