@@ -149,6 +149,10 @@ impl<W: Write + Send> RedriveProgress for SqsProgress<W> {
                 self.draw(report, false);
             }
             RedriveEvent::Finished { error: None } => self.draw(report, true),
+            // The updating line ends here, so that the error printed next starts a line of its own.
+            RedriveEvent::Finished { error: Some(_) } if self.terminal => {
+                self.sink.write(format_args!("\n"))
+            }
             _ => {}
         }
     }
@@ -251,6 +255,13 @@ mod tests {
         );
         assert!(p.sink.out.starts_with(b"\r\x1b[2Kredrive: moved 1/2"));
         assert!(!p.sink.out.ends_with(b"\n"));
+        let err = BrokerError::new(BrokerErrorKind::Throttled, "send", "429");
+        p.event(RedriveEvent::Finished { error: Some(&err) }, &report(1, 0));
+        assert!(
+            p.sink.out.ends_with(b"\n"),
+            "a stopped redrive ends its line: {:?}",
+            String::from_utf8_lossy(&p.sink.out)
+        );
     }
 
     #[test]
