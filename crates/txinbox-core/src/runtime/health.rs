@@ -8,8 +8,10 @@
 //!
 //! * **Liveness** (`/livez`): the worker's loop is running and has turned within
 //!   [`live_timeout`](Health::live_timeout) (default 2 min; a long poll lasts at most 20 s, so a loop silent for
-//!   longer is stuck). Map it to the liveness probe: failing, the orchestrator restarts the process. A loop that
-//!   ended (shutdown, or gave up on persistent errors) is not live.
+//!   longer is stuck). A loop waiting for a place out of the queue, every one held by a delivery in progress,
+//!   is busy, not stuck: live however long the handlers take. Map it to the liveness probe: failing, the
+//!   orchestrator restarts the process. A loop that ended (shutdown, or gave up on persistent errors) is not
+//!   live.
 //! * **Readiness** (`/readyz`): the worker has started, is not stopping, its last receive succeeded (the queue is
 //!   reachable and the worker is receiving), and every registered check passes, each within
 //!   [`check_timeout`](Health::check_timeout) (default 2 s): add the database with
@@ -59,6 +61,8 @@ struct Inner {
     state: AtomicU8,
     last_turn: Mutex<Instant>,
     receive_ok: AtomicBool,
+    /// The loop waits for a place out of the queue: every place holds a delivery in progress.
+    waiting_for_place: AtomicBool,
     receive_error: Mutex<Option<String>>,
     checks: Mutex<Vec<Registered>>,
     live_timeout: Mutex<Duration>,
@@ -142,6 +146,7 @@ impl Health {
                 state: AtomicU8::new(NOT_STARTED),
                 last_turn: Mutex::new(Instant::now()),
                 receive_ok: AtomicBool::new(true),
+                waiting_for_place: AtomicBool::new(false),
                 receive_error: Mutex::new(None),
                 checks: Mutex::new(Vec::new()),
                 live_timeout: Mutex::new(Duration::from_secs(120)),
@@ -186,6 +191,18 @@ impl Health {
         *lock(&self.inner.last_turn) = Instant::now();
     }
 
+    /// The loop waits for a place out of the queue (`true`: every place holds a delivery being applied,
+    /// settled or waiting for its slot), or has one (`false`, a turn). Busy, not stuck: live meanwhile, however
+    /// long the handlers take.
+    pub(crate) fn worker_waiting_for_place(&self, waiting: bool) {
+        if !waiting {
+            self.worker_turned();
+        }
+        self.inner
+            .waiting_for_place
+            .store(waiting, Ordering::SeqCst);
+    }
+
     /// A receive succeeded (even when it brought nothing).
     pub fn receive_succeeded(&self) {
         self.worker_turned();
@@ -218,15 +235,20 @@ impl Health {
         let c = match state {
             NOT_STARTED => result("worker", true, ""), // starting: give it time (a startup probe's job)
             STOPPED => result("worker", false, "the worker's loop has ended"),
-            _ if state == RUNNING && silent > limit => result(
-                "worker",
-                false,
-                format!(
-                    "the worker's loop has not turned for {} s (limit {} s)",
-                    silent.as_secs(),
-                    limit.as_secs()
-                ),
-            ),
+            _ if state == RUNNING
+                && silent > limit
+                && !self.inner.waiting_for_place.load(Ordering::SeqCst) =>
+            {
+                result(
+                    "worker",
+                    false,
+                    format!(
+                        "the worker's loop has not turned for {} s (limit {} s)",
+                        silent.as_secs(),
+                        limit.as_secs()
+                    ),
+                )
+            }
             _ => result("worker", true, ""),
         };
         HealthStatus {

@@ -80,7 +80,16 @@ impl<P> LoopContext<'_, P> {
         most: usize,
     ) -> Option<Vec<tokio::sync::OwnedSemaphorePermit>> {
         let _turn = self.places_gate.lock().await;
-        let first = self.out_of_queue.clone().acquire_owned().await.ok()?;
+        let first = match self.out_of_queue.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                // Every place holds a delivery in progress: the loop is busy, not stuck (see Health). The
+                // guard ends the wait however it ends, this future dropped by the loop's select included.
+                let _waiting = WaitingForPlace::new(self.health);
+                self.out_of_queue.clone().acquire_owned().await.ok()?
+            }
+        };
         let mut permits = vec![first];
         while permits.len() < most {
             match self.out_of_queue.clone().try_acquire_owned() {
@@ -310,6 +319,26 @@ impl<D> Lingering<D> {
         self.until = None;
         self.waiting.decrement(self.batch.len() as f64);
         std::mem::take(&mut self.batch)
+    }
+}
+
+/// A receive loop waiting for a place out of the queue, told to the health while it lives.
+struct WaitingForPlace<'a>(Option<&'a crate::runtime::health::Health>);
+
+impl<'a> WaitingForPlace<'a> {
+    fn new(health: Option<&'a crate::runtime::health::Health>) -> Self {
+        if let Some(h) = health {
+            h.worker_waiting_for_place(true);
+        }
+        Self(health)
+    }
+}
+
+impl Drop for WaitingForPlace<'_> {
+    fn drop(&mut self) {
+        if let Some(h) = self.0 {
+            h.worker_waiting_for_place(false);
+        }
     }
 }
 

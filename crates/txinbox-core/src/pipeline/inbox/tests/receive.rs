@@ -321,3 +321,53 @@ async fn a_worker_of_several_receive_loops_stops_cleanly() {
     assert_eq!(applied + s.visible, 20, "{s:?} {report}");
     assert_eq!(store.state().effects.len(), applied);
 }
+
+/// A worker whose every slot holds a delivery still being applied is busy, not stuck: its receive loop waits
+/// for a free place and stays live however long the handler takes (a lease is renewed that long), so a
+/// liveness probe does not restart it in the middle of the work.
+#[tokio::test]
+async fn a_worker_waiting_for_a_free_slot_is_live() {
+    use crate::runtime::health::Health;
+    use crate::{Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(
+        crate::broker::mem::QueueOptions::default().wait(Duration::from_millis(5)),
+    );
+    q.send(event("evt-1", "2481"));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let finish = Arc::new(tokio::sync::Notify::new());
+    let (s, f) = (started.clone(), finish.clone());
+    let p = inbox(&store).bind(move |tx: MemTx, msg: Message<Meeting>| {
+        let (s, f) = (s.clone(), f.clone());
+        async move {
+            s.notify_one();
+            f.notified().await;
+            tx.write(format!("task-{}", msg.body.opportunity));
+            Ok(())
+        }
+    });
+    let live_timeout = Duration::from_millis(20);
+    let health = Health::new().live_timeout(live_timeout);
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(
+        Worker::new(q.receiver(), p)
+            .options(WorkerOptions::default().concurrency(1))
+            .health(health.clone())
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    started.notified().await;
+    // Well past the live timeout while the one slot is busy.
+    let busy_since = std::time::Instant::now();
+    while busy_since.elapsed() < live_timeout * 5 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let live = health.liveness();
+    assert!(live.ok, "{live}");
+    finish.notify_one();
+    while store.state().effects.is_empty() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.cancel();
+    let report = worker.await.unwrap();
+    assert_eq!(report.outcomes.get(&crate::OutcomeKind::Applied), Some(&1));
+}
