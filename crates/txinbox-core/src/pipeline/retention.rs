@@ -56,7 +56,8 @@ impl RetentionPolicy {
         dlq_retention: Duration,
         redrive_delay: Duration,
     ) -> Result<(), String> {
-        let longest = queue_retention.max(dlq_retention + redrive_delay);
+        // Saturating: a path "for ever" (Duration::MAX) is longer than any retention but a MAX one.
+        let longest = queue_retention.max(dlq_retention.saturating_add(redrive_delay));
         if self.keep < longest {
             return Err(format!(
                 "inbox retention {}s is shorter than the longest redelivery path {}s: a redriven or late message would look new",
@@ -65,5 +66,22 @@ impl RetentionPolicy {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A retention "for ever" (`Duration::MAX`, or years read from a file) is compared, never overflowed.
+    #[test]
+    fn paths_too_long_to_add_are_compared_without_a_panic() {
+        let p = RetentionPolicy::default().keep(Duration::MAX);
+        assert!(p
+            .check_covers(Duration::MAX, Duration::MAX, Duration::MAX)
+            .is_ok());
+        let day = Duration::from_secs(86_400);
+        let p = RetentionPolicy::default().keep(30 * day);
+        assert!(p.check_covers(day, Duration::MAX, day).is_err());
     }
 }
