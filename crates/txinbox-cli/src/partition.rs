@@ -76,9 +76,15 @@ async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<St
             url.split(':').next().unwrap_or_default()
         ));
     }
-    let store = Store::<sqlx::Postgres>::connect(url, 2)
-        .await
-        .map_err(|e| format!("store (postgres): {e}"))?;
+    // `--status` changes nothing: the store as it is, refused without the inbox (a conversion migrates
+    // first, as a worker would).
+    let store = if status_only {
+        crate::inbox::postgres_as_is(url, "txinbox-partition").await?
+    } else {
+        Store::<sqlx::Postgres>::connect(url, 2)
+            .await
+            .map_err(|e| format!("store (postgres): {e}"))?
+    };
     let mut out = String::new();
     if !status_only {
         let r = store

@@ -75,25 +75,7 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
 async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, String> {
     use std::str::FromStr;
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let err = |e: &dyn std::fmt::Display| format!("store (postgres): {e}");
-        let opts = sqlx::postgres::PgConnectOptions::from_str(url)
-            .map_err(|e| err(&e))?
-            .application_name("txinbox-purge");
-        // One connection first: the pool retries a refused connection until its acquire timeout, while an
-        // operator wants the error at once.
-        let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)
-            .await
-            .map_err(|e| err(&e))?;
-        let _ = sqlx::Connection::close(probe).await;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(opts)
-            .await
-            .map_err(|e| err(&e))?;
-        let store = crate::inbox::checked_store(pool)
-            .await
-            .map_err(|e| err(&e))?;
+        let store = crate::inbox::postgres_as_is(url, "txinbox-purge").await?;
         Ok(pass(store, args).await)
     } else if url.starts_with("sqlite:") {
         let err = |e: &dyn std::fmt::Display| format!("store (sqlite): {e}");

@@ -455,3 +455,31 @@ fn a_settings_file_error_never_prints_the_store_password() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn partition_status_changes_nothing_in_a_store_without_the_inbox() {
+    let base = pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool))
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let (code, out, err) = txinbox(&["inbox", "partition", "--status", "--store", &url]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("no txinbox schema"), "{err}");
+    let tables: i64 = rt
+        .block_on(
+            sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+            )
+            .bind(&schema)
+            .fetch_one(&pool),
+        )
+        .unwrap();
+    assert_eq!(tables, 0, "--status created tables in {schema}");
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema}")).execute(&pool))
+        .unwrap();
+    rt.block_on(pool.close());
+}

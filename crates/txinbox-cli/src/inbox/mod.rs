@@ -374,6 +374,31 @@ fn scheme(url: &str) -> &str {
     url.split(':').next().unwrap_or_default()
 }
 
+/// The PostgreSQL store at `url` as it is: connected at once (a refused connection is an error now, not after
+/// the pool's timeout), its schema neither created nor migrated, and refused without the inbox's tables.
+/// Errors name the scheme, never the URL.
+pub(crate) async fn postgres_as_is(
+    url: &str,
+    application_name: &str,
+) -> Result<Store<sqlx::Postgres>, String> {
+    use std::str::FromStr;
+    let err = |e: &dyn std::fmt::Display| format!("store (postgres): {e}");
+    let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+        .map_err(|e| err(&e))?
+        .application_name(application_name);
+    let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)
+        .await
+        .map_err(|e| err(&e))?;
+    let _ = sqlx::Connection::close(probe).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(opts)
+        .await
+        .map_err(|e| err(&e))?;
+    checked_store(pool).await.map_err(|e| err(&e))
+}
+
 /// The store on `pool`, its schema left as it is and checked.
 pub(crate) async fn checked_store<DB: Backend>(pool: sqlx::Pool<DB>) -> Result<Store<DB>, String> {
     let store = Store::from_pool_with(pool, Migrations::Skip)
