@@ -40,6 +40,22 @@ proptest! {
     }
 }
 
+/// A cap "for ever" (`Duration::MAX`) is a pause, never a panic converting it through seconds as a float.
+#[test]
+fn the_longest_pauses_do_not_overflow() {
+    for unit in [0.0, 0.5, 0.999, 1.0] {
+        for failures in [1, 2, 64, u32::MAX] {
+            let pause = receive_backoff(Duration::MAX, Duration::MAX, failures, unit);
+            assert!(
+                pause >= Duration::MAX / 2 - Duration::from_secs(1),
+                "{pause:?}"
+            );
+            let pause = receive_backoff(Duration::from_secs(1), Duration::MAX, failures, unit);
+            assert!(pause >= Duration::from_millis(500), "{pause:?}");
+        }
+    }
+}
+
 #[test]
 fn only_errors_a_retry_cannot_fix_are_persistent() {
     use BrokerErrorKind::*;

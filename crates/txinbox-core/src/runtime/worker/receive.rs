@@ -33,7 +33,15 @@ pub fn receive_backoff(first: Duration, max: Duration, failures: u32, unit: f64)
     let max = max.max(first);
     let doubled = first.saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(31)));
     let full = doubled.min(max);
-    full.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+    // `mul_f64` goes through seconds as a float, which rounds a pause near `Duration::MAX` above it (a panic):
+    // half of it, plus a share of the other half that cannot exceed it.
+    let unit = unit.clamp(0.0, 1.0);
+    if unit == 1.0 {
+        return full;
+    }
+    let half = full / 2;
+    let rest = full - half;
+    half + Duration::try_from_secs_f64(rest.as_secs_f64() * unit).map_or(rest, |d| d.min(rest))
 }
 
 /// A random draw in `0.0..1.0` for the jitter (std's per-process random hash keys; no RNG dependency).
