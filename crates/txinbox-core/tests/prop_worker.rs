@@ -264,3 +264,31 @@ async fn a_zero_shutdown_receive_wait_stops_at_once_and_leaves_the_poll_s_messag
         "the dropped poll's message waits for its timeout"
     );
 }
+
+/// A prefetch or a concurrency too large for a semaphore (read from a settings file, or `usize::MAX` for "no
+/// limit") runs the worker instead of panicking at its start.
+#[tokio::test]
+async fn the_largest_concurrency_and_prefetch_run() {
+    for opts in [
+        fast().prefetch(usize::MAX),
+        fast().concurrency(usize::MAX).prefetch(usize::MAX),
+    ] {
+        let queue = MemoryQueue::new(QueueOptions {
+            wait: Duration::from_millis(10),
+            ..QueueOptions::default()
+        });
+        queue.send(OutgoingMessage::new("m1").producer_id("p1"));
+        let applied = Arc::new(AtomicU64::new(0));
+        let _ = opts.get_receive_loops();
+        let report = tokio::time::timeout(
+            Duration::from_secs(30),
+            Worker::new(queue.receiver(), Ack(applied.clone()))
+                .options(opts)
+                .run_until_idle(),
+        )
+        .await
+        .expect("the worker stops once the queue is idle");
+        assert_eq!(report.outcomes.values().sum::<u64>(), 1);
+        assert_eq!(applied.load(Ordering::SeqCst), 1);
+    }
+}

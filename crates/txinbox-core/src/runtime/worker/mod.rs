@@ -192,13 +192,19 @@ where
         // `out_of_queue`: messages out of the queue (from the receive request to the settle's answer); `slots`:
         // deliveries being applied or settled. Without prefetch the two are the same number, and a delivery
         // never waits for its slot.
+        // A semaphore holds at most MAX_PERMITS (2^61 on 64 bits): more is "no limit" in practice.
         let out_of_queue = Arc::new(Semaphore::new(
-            self.opts.concurrency.saturating_add(self.opts.prefetch),
+            self.opts
+                .concurrency
+                .saturating_add(self.opts.prefetch)
+                .min(Semaphore::MAX_PERMITS),
         ));
         let consumer = self.processor.consumer().to_owned();
         let dispatch = Dispatch {
             processor: self.processor.clone(),
-            slots: Arc::new(Semaphore::new(self.opts.concurrency)),
+            slots: Arc::new(Semaphore::new(
+                self.opts.concurrency.min(Semaphore::MAX_PERMITS),
+            )),
             concurrency: self.opts.concurrency,
             stop: CancellationToken::new(),
             // Cancelled when the receives end: a delivery still waiting for its slot is handed back unapplied.

@@ -192,7 +192,8 @@ impl WorkerOptions {
     /// [`receive_loops`](Self::receive_loops)).
     pub fn get_receive_loops(&self) -> usize {
         self.receive_loops.unwrap_or_else(|| {
-            (self.concurrency + self.prefetch)
+            self.concurrency
+                .saturating_add(self.prefetch)
                 .div_ceil(self.batch_size.max(1))
                 .clamp(1, MAX_RECEIVE_LOOPS)
         })
