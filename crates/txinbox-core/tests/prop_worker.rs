@@ -292,3 +292,53 @@ async fn the_largest_concurrency_and_prefetch_run() {
         assert_eq!(applied.load(Ordering::SeqCst), 1);
     }
 }
+
+/// Panics on the message `boom` (a hand-written `Deserialize`, a router: the user's code outside the handler).
+struct PanicsOn(Arc<AtomicU64>);
+
+impl<D: Delivery> Processor<D> for PanicsOn {
+    fn consumer(&self) -> &str {
+        "prop-worker"
+    }
+    async fn process(&self, delivery: D, _stop: CancellationToken) -> Outcome {
+        assert!(delivery.message().body != b"boom", "a processor panicked");
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let _ = delivery.ack().await;
+        Outcome::Applied {
+            result_reference: None,
+        }
+    }
+}
+
+/// A processor that panics leaves its delivery unsettled (it comes back after its visibility timeout): the
+/// worker says so and counts it as a retry, and goes on with the others.
+#[tokio::test]
+async fn a_processor_that_panics_is_reported_and_the_worker_goes_on() {
+    let queue = MemoryQueue::new(QueueOptions {
+        wait: Duration::from_millis(10),
+        visibility_timeout: Duration::from_secs(300),
+        ..QueueOptions::default()
+    });
+    queue.send(OutgoingMessage::new("boom").producer_id("p1"));
+    queue.send(OutgoingMessage::new("fine").producer_id("p2"));
+    let applied = Arc::new(AtomicU64::new(0));
+    let report = tokio::time::timeout(
+        Duration::from_secs(30),
+        Worker::new(queue.receiver(), PanicsOn(applied.clone()))
+            .options(fast())
+            .run_until_idle(),
+    )
+    .await
+    .expect("the worker stops once the queue is idle");
+    assert_eq!(applied.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        report.outcomes.get(&txinbox_core::OutcomeKind::Applied),
+        Some(&1)
+    );
+    assert_eq!(
+        report.outcomes.get(&txinbox_core::OutcomeKind::Retry),
+        Some(&1),
+        "{report}"
+    );
+    assert_eq!(queue.state().in_flight, 1, "left to its visibility timeout");
+}

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::broker::{Delivery, Receiver};
 use crate::error::{BrokerError, BrokerErrorKind};
+use crate::pipeline::outcome::Outcome;
 use crate::runtime::lease::{keep_alive, LeaseGuard};
 
 use super::{LeasedDelivery, Processor, WorkerOptions, WorkerReport};
@@ -394,9 +395,30 @@ impl<P> Dispatch<P> {
                 guards.push(r.guard);
                 permits.push(r.permit);
             }
-            let outcomes = match <[_; 1]>::try_from(leased) {
-                Ok([one]) => vec![processor.process(one, slot.stop.clone()).await],
-                Err(batch) => processor.process_batch(batch, slot.stop.clone()).await,
+            let processed = std::panic::AssertUnwindSafe(async {
+                match <[_; 1]>::try_from(leased) {
+                    Ok([one]) => vec![processor.process(one, slot.stop.clone()).await],
+                    Err(batch) => processor.process_batch(batch, slot.stop.clone()).await,
+                }
+            });
+            let outcomes = match futures::FutureExt::catch_unwind(processed).await {
+                Ok(outcomes) => outcomes,
+                Err(_) => {
+                    // The user's code outside the handler (a body type, a router) panicked: what was not settled
+                    // comes back after its lock or visibility timeout. Said, and counted, rather than lost quietly.
+                    tracing::error!(
+                        consumer,
+                        deliveries = n,
+                        "processing panicked: the deliveries not yet settled come back after their lock or visibility timeout"
+                    );
+                    metrics::counter!(crate::metrics::RETRIES, "consumer" => consumer.clone(), "reason" => "panic")
+                        .increment(n as u64);
+                    (0..n)
+                        .map(|_| Outcome::Retry {
+                            reason: "processing panicked".into(),
+                        })
+                        .collect()
+                }
             };
             let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
             drop(guards);
