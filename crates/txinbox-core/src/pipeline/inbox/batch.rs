@@ -392,7 +392,7 @@ impl<S: InboxStore> Inbox<S> {
         for (i, prepared) in work {
             let msg = deliveries[i].message();
             if let Some(delay) = msg.group_id.as_ref().and_then(|g| held.get(g)) {
-                slots[i] = Slot::Decided(held_back(*delay));
+                slots[i] = Slot::Decided(self.held_back(*delay));
                 continue;
             }
             let opened = if first {
@@ -491,7 +491,7 @@ impl<S: InboxStore> Inbox<S> {
                     let behind = msg.group_id.as_ref().and_then(|g| held.get(g)).copied();
                     let d = match (s, behind) {
                         (Slot::Decided(d), _) => d,
-                        (_, Some(delay)) => held_back(delay),
+                        (_, Some(delay)) => self.held_back(delay),
                         (
                             Slot::Written(Done { prepared, .. }) | Slot::Conflicted(prepared, _),
                             _,
@@ -544,7 +544,7 @@ impl<S: InboxStore> Inbox<S> {
         for (i, prepared) in work {
             let msg = deliveries[i].message();
             if let Some(delay) = msg.group_id.as_ref().and_then(|g| held.get(g)) {
-                slots[i] = Slot::Decided(held_back(*delay));
+                slots[i] = Slot::Decided(self.held_back(*delay));
                 continue;
             }
             let d = if stop.is_cancelled() {
@@ -578,13 +578,17 @@ impl<S: InboxStore> Inbox<S> {
     }
 }
 
-/// A delivery behind an earlier message of its FIFO group that this batch released: released too, with the
-/// same delay, so that the group is applied in order.
-fn held_back(delay: Duration) -> Decision {
-    Decision::Release(
-        Outcome::Retry {
-            reason: "an earlier message of its FIFO group in this batch was released".into(),
-        },
-        delay,
-    )
+impl<S: InboxStore> Inbox<S> {
+    /// A delivery behind an earlier message of its FIFO group that this batch released: released too, with
+    /// the same delay, so that the group is applied in order; counted as the retry it is.
+    fn held_back(&self, delay: Duration) -> Decision {
+        metrics::counter!(m::RETRIES, "consumer" => self.label(), "reason" => "fifo_group")
+            .increment(1);
+        Decision::Release(
+            Outcome::Retry {
+                reason: "an earlier message of its FIFO group in this batch was released".into(),
+            },
+            delay,
+        )
+    }
 }

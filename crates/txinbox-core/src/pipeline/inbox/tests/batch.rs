@@ -281,3 +281,35 @@ async fn a_batch_refused_at_commit_resolves_each_identity_once() {
     assert_eq!(fallbacks, 1, "one delivery identified by its broker id");
     assert_eq!(store.state().effects, ["task-2481", "task-2490"]);
 }
+
+/// A delivery held behind an earlier message of its FIFO group that the batch released is released too, and
+/// counted as a retry like it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_delivery_held_behind_its_group_is_counted_as_a_retry() {
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    let p = failing_processor(&store);
+    // Two queues, so that one batch holds two messages of one group (a queue hands out one at a time).
+    let (a, b) = (MemoryQueue::default(), MemoryQueue::default());
+    a.send(event("evt-1", "fail").group("opp"));
+    b.send(event("evt-2", "2482").group("opp"));
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let mut batch = a.receive_now(1);
+    batch.extend(b.receive_now(1));
+    let o = p.process_batch(batch, &CancellationToken::new()).await;
+    assert_eq!(labels(&o), ["retry", "retry"]);
+    let retries: u64 = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == m::RETRIES)
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(retries, 2, "both released for a retry");
+    assert!(store.state().effects.is_empty());
+}
