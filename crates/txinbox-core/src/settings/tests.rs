@@ -299,3 +299,20 @@ fn an_override_of_a_string_key_may_be_all_digits() {
         "{e:?}"
     );
 }
+
+/// A consumer name refused says the rule it breaks, not another one.
+#[test]
+fn a_bad_consumer_name_is_refused_with_its_rule() {
+    for (name, rule) in [
+        ("crm followup", "A-Z a-z 0-9 . _ - :"),
+        ("", "1 to 128 characters"),
+    ] {
+        let e = WorkerSettings::from_toml_str(&format!("[worker]\nconsumer = {name:?}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("worker.consumer") && e.contains(rule),
+            "{name:?}: {e}"
+        );
+    }
+}

@@ -148,10 +148,15 @@ impl WorkerSettings {
         if self.store.max_connections == 0 {
             return bad("store.max_connections", "must be at least 1".into());
         }
-        if crate::ConsumerName::new(&self.worker.consumer).is_err() {
+        if let Err(e) = crate::ConsumerName::new(&self.worker.consumer) {
+            // The rule broken, without the name: it may come from an environment override.
+            let rule = match e {
+                crate::BadInput::InvalidConsumerName { reason, .. } => reason,
+                _ => "not a valid consumer name",
+            };
             return bad(
                 "worker.consumer",
-                "must be a valid consumer name (non-empty, no control characters)".into(),
+                format!("not a valid consumer name: {rule}"),
             );
         }
         for (key, addr) in [
