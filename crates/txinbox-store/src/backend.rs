@@ -237,6 +237,18 @@ where
     })
 }
 
+/// Free text from outside (a destination's reference, an executor's error, a note) as the stores keep it: a
+/// NUL character, which PostgreSQL's `text` refuses (so the write failed on every try) and SQLite keeps, is
+/// U+FFFD on both.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn text(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\u{fffd}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// The metadata column of an effect.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn metadata_json(e: &NewEffect<'_>) -> String {

@@ -6,7 +6,7 @@ use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::{
-    claimed_from_row, metadata_json, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS, MIGRATIONS,
+    claimed_from_row, metadata_json, text, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS, MIGRATIONS,
 };
 use crate::error::StoreError;
 use txinbox_core::effects::{
@@ -215,7 +215,7 @@ impl Backend for Sqlite {
             .bind(id.consumer.as_str())
             .bind(&id.source)
             .bind(&id.message_id)
-            .bind(reference)
+            .bind(text(reference))
             .execute(conn)
             .await?;
         Ok(())
@@ -261,7 +261,7 @@ impl Backend for Sqlite {
             .bind(&r.identity.business_key)
             .bind(r.payload_hash)
             .bind(r.conflicts_with)
-            .bind(r.detail)
+            .bind(text(r.detail))
             .bind(ts(r.recorded_at))
             .execute(pool)
             .await?;
@@ -317,8 +317,8 @@ impl Backend for Sqlite {
             .bind(t.attempts)
             .bind(t.reconciliations)
             .bind(t.next_at.map(ts))
-            .bind(t.reference)
-            .bind(t.error)
+            .bind(t.reference.map(text))
+            .bind(t.error.map(text))
             .bind(ts(now))
             .bind(t.finished)
             .bind(t.maybe_happened)
@@ -364,7 +364,7 @@ impl Backend for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         let r = sqlx::query("UPDATE txinbox_effects SET state = 'compensated', last_error = ?2, updated_at = ?3 WHERE id = ?1 AND state = 'done'")
             .bind(id)
-            .bind(note)
+            .bind(text(note))
             .bind(ts(now))
             .execute(pool)
             .await?;

@@ -1,0 +1,74 @@
+//! Text a store is handed from outside (a destination's reference, an executor's error) holds whatever the
+//! outside sent, a NUL character included: PostgreSQL's text refuses it where SQLite keeps it, so both
+//! stores keep it as U+FFFD, and an effect a destination did is recorded done on either.
+
+use chrono::Utc;
+use txinbox_core::effects::{EffectStore, Transition};
+use txinbox_store::Store;
+
+async fn finished_with_a_nul<DB: txinbox_store::Backend>(store: Store<DB>, insert: &str)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let destinations = vec!["d".to_owned()];
+    let until = now + chrono::Duration::minutes(1);
+    let claimed = store
+        .claim_effects("runner", &destinations, now, until, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let id = claimed[0].id;
+    let retry = Transition::Retry {
+        next_at: now,
+        error: "refused: \0 in the answer".into(),
+        attempts: 1,
+        reconciliations: 0,
+        maybe_happened: false,
+    };
+    let done = store
+        .finish_effect(id, "runner", &retry.columns(), now)
+        .await;
+    assert!(matches!(done, Ok(true)), "{done:?}");
+    let claimed = store
+        .claim_effects("runner", &destinations, now, until, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let done = Transition::Done {
+        reference: Some("task\0-1".into()),
+        attempts: 2,
+        reconciliations: 0,
+    };
+    let finished = store
+        .finish_effect(id, "runner", &done.columns(), now)
+        .await;
+    assert!(matches!(finished, Ok(true)), "{finished:?}");
+    let e = store.find_effect("k").await.unwrap().unwrap();
+    assert_eq!(e.reference.as_deref(), Some("task\u{fffd}-1"));
+}
+
+const EFFECT: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k', 'n', 'd', x'00', '{}', 'k', 'pending', NOW, NOW, NOW)";
+
+#[tokio::test]
+async fn a_nul_from_a_destination_is_kept_as_a_replacement_on_sqlite() {
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    finished_with_a_nul(
+        txinbox_testkit::sqlite_store().await,
+        &EFFECT.replace("NOW", &format!("'{now}'")),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_nul_from_a_destination_is_kept_as_a_replacement_on_postgres() {
+    finished_with_a_nul(
+        txinbox_testkit::pg_store(2).await,
+        &EFFECT
+            .replace("x'00'", "'\\x00'::bytea")
+            .replace("NOW", "now()"),
+    )
+    .await;
+}
