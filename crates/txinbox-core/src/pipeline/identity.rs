@@ -269,7 +269,10 @@ impl IdentityPolicy {
             contract_version = None;
         }
         check_field("message_id", &message_id, false)?;
-        check_field("source", &source, true)?;
+        // Only an identity without a source (a producer or broker id) has the empty one: a CloudEvent's
+        // source is required, and an empty one would share the producer ids' namespace.
+        let sourceless = matches!(origin, IdOrigin::ProducerId | IdOrigin::BrokerId);
+        check_field("source", &source, sourceless)?;
         if let Some(k) = &bkey {
             check_business_key(k)?;
         }
@@ -500,6 +503,33 @@ mod tests {
             policy().resolve(&m),
             Err(BadInput::NoIdentity { .. })
         ));
+    }
+
+    /// A CloudEvent's source is required: an empty one would give the identity of a producer id (source "")
+    /// and make another message with that id look like a duplicate of this one.
+    #[test]
+    fn a_cloudevent_with_an_empty_source_has_no_identity() {
+        let mut m = ReceivedMessage::new(b"x".to_vec());
+        m.attributes.insert("ce-id".into(), "42".into());
+        m.attributes.insert("ce-source".into(), "  ".into());
+        assert!(matches!(
+            policy().resolve(&m),
+            Err(BadInput::InvalidIdentityField {
+                field: "source",
+                ..
+            })
+        ));
+        let m = ReceivedMessage::new(br#"{"specversion":"1.0","id":"42","source":""}"#.to_vec());
+        assert!(matches!(
+            policy().resolve(&m),
+            Err(BadInput::InvalidIdentityField {
+                field: "source",
+                ..
+            })
+        ));
+        let mut m = ReceivedMessage::new(b"x".to_vec());
+        m.producer_id = Some("42".into());
+        assert_eq!(policy().resolve(&m).unwrap().source, "");
     }
 
     #[test]
