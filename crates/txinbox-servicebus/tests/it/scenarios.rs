@@ -581,6 +581,45 @@ async fn redrive_after_some_were_applied() {
     assert_eq!(emu.counts(&q).await, (0, 0));
 }
 
+/// A dead letter whose body is not UTF-8 (another producer's binary message) cannot be received through the
+/// REST crate, which reads bodies as text: the redrive stops on it with a `Protocol` error, and the message
+/// stays locked for its lock duration, so a run started within it moves the messages behind it.
+#[tokio::test]
+async fn redrive_stops_on_a_body_that_is_not_text_and_a_second_run_moves_the_others() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let from = emu.queue(json!({"lockDuration": "PT60S"})).await;
+    let to = emu.queue(json!({})).await;
+    // The binary message first, so that the redrive meets it before the text one.
+    let sent = reqwest::Client::new()
+        .post(format!("{}/{from}/messages", emu.url))
+        .bearer_auth(&emu.bearer)
+        .header("Content-Type", "application/octet-stream")
+        .header("BrokerProperties", r#"{"MessageId":"evt-binary"}"#)
+        .body(vec![0xff_u8, 0xfe, 0x00, 0x80])
+        .send()
+        .await
+        .unwrap();
+    assert!(sent.status().is_success(), "{}", sent.status());
+    publish(&client, &event(&from, "evt-text", r#"{"id":"evt-text"}"#)).await;
+    let opts = RedriveOptions::default()
+        .wait(Duration::from_secs(1))
+        .duplicate_detection_window(Duration::ZERO);
+    let err = redrive(&client, &from, &to, &opts, &mut ())
+        .await
+        .expect_err("the binary body cannot be read");
+    assert_eq!(err.kind(), txinbox_core::BrokerErrorKind::Protocol, "{err}");
+    assert_eq!(emu.counts(&to).await, (0, 0), "nothing moved");
+    let second = redrive(&client, &from, &to, &opts, &mut ())
+        .await
+        .expect("the binary message is still locked: the second run moves the one behind it");
+    assert_eq!(second.moved_ids, ["evt-text"]);
+    assert_eq!(emu.counts(&to).await, (1, 0));
+    let left = emu.state(&from).await;
+    assert_eq!(left["messages"][0]["messageId"], "evt-binary", "{left}");
+    assert_eq!(left["activeMessageCount"], 1, "{left}");
+}
+
 /// Two worker instances on one queue, every message sent twice: exactly one effect per message.
 #[tokio::test]
 async fn two_workers_with_duplicates_make_one_effect_per_message() {
