@@ -328,7 +328,11 @@ impl Store<sqlx::Sqlite> {
             opts.journal_mode(SqliteJournalMode::Wal)
         };
         let pool = SqlitePoolOptions::new()
-            .max_connections(if memory { 1 } else { options.max_connections })
+            .max_connections(if memory {
+                1
+            } else {
+                options.max_connections.max(1)
+            })
             // No ping before each acquire: a broken connection fails that delivery's transaction, which
             // is then retried.
             .test_before_acquire(false)

@@ -191,3 +191,21 @@ async fn stores_opening_at_once_in_a_new_schema_all_open() {
     }
     drop_schema(&s).await;
 }
+
+#[tokio::test]
+async fn a_pool_size_of_zero_opens_a_pool_of_one_on_sqlite() {
+    let path =
+        std::env::temp_dir().join(format!("txinbox-pool-{}.db", uuid::Uuid::new_v4().simple()));
+    let mut opts = StoreOptions::new();
+    // The field is public: a size of zero set on it is taken as one, as the setter does (sqlx's
+    // pool panics on a capacity of zero).
+    opts.max_connections = 0;
+    let store = Store::<sqlx::Sqlite>::connect_with(&format!("sqlite:{}", path.display()), opts)
+        .await
+        .expect("the store opens");
+    assert_eq!(store.pool().options().get_max_connections(), 1);
+    store.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
