@@ -88,7 +88,8 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         consumer: &str,
     ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
 
-    /// Claims due effects (see [`txinbox_core::effects::EffectStore::claim_effects`]).
+    /// Claims due effects (see [`txinbox_core::effects::EffectStore::claim_effects`]); a `limit` below one
+    /// is one (here and in the purges: a negative LIMIT is an error on PostgreSQL and none on SQLite).
     fn claim_effects(
         pool: &sqlx::Pool<Self>,
         holder: &str,

@@ -382,7 +382,7 @@ impl Backend for Postgres {
             .bind(destinations)
             .bind(now)
             .bind(claim_until)
-            .bind(limit)
+            .bind(limit.max(1))
             .fetch_all(pool)
             .await?;
         rows.iter()
@@ -425,7 +425,7 @@ impl Backend for Postgres {
     ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query("DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < $1 LIMIT $2)")
             .bind(from_first_timestamp(before))
-            .bind(limit)
+            .bind(limit.max(1))
             .execute(pool)
             .await?;
         Ok(r.rows_affected())
@@ -475,7 +475,7 @@ impl Backend for Postgres {
         };
         sqlx::query_scalar(sql)
             .bind(from_first_timestamp(before))
-            .bind(limit)
+            .bind(limit.max(1))
             .fetch_all(pool)
             .await
     }

@@ -55,7 +55,7 @@ async fn claim_in_transaction(
     let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed'))) ORDER BY next_attempt_at, id LIMIT ?3")
         .bind(dests)
         .bind(ts(now))
-        .bind(limit)
+        .bind(limit.max(1))
         .fetch_all(&mut *tx)
         .await?;
     let mut out = Vec::with_capacity(due.len());
@@ -335,7 +335,7 @@ impl Backend for Sqlite {
     ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query("DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < ?1 LIMIT ?2)")
             .bind(ts(before))
-            .bind(limit)
+            .bind(limit.max(1))
             .execute(pool)
             .await?;
         Ok(r.rows_affected())
@@ -385,7 +385,7 @@ impl Backend for Sqlite {
         };
         sqlx::query_scalar(sql)
             .bind(ts(before))
-            .bind(limit)
+            .bind(limit.max(1))
             .fetch_all(pool)
             .await
     }

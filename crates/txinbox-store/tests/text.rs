@@ -72,3 +72,50 @@ async fn a_nul_from_a_destination_is_kept_as_a_replacement_on_postgres() {
     )
     .await;
 }
+
+/// A limit below one (the options' public fields take any number) claims one effect, on PostgreSQL as on
+/// SQLite, where one refused the statement (a negative LIMIT) and the other claimed every due effect.
+async fn claimed_with_a_negative_limit<DB: txinbox_store::Backend>(store: Store<DB>, insert: &str)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    for key in ["k1", "k2"] {
+        sqlx::query(&insert.replace("'k'", &format!("'{key}'")))
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let claimed = store
+        .claim_effects(
+            "runner",
+            &["d".to_owned()],
+            now,
+            now + chrono::Duration::minutes(1),
+            -1,
+        )
+        .await;
+    assert!(matches!(&claimed, Ok(c) if c.len() == 1), "{claimed:?}");
+}
+
+#[tokio::test]
+async fn a_negative_claim_limit_claims_one_on_sqlite() {
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    claimed_with_a_negative_limit(
+        txinbox_testkit::sqlite_store().await,
+        &EFFECT.replace("NOW", &format!("'{now}'")),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_negative_claim_limit_claims_one_on_postgres() {
+    claimed_with_a_negative_limit(
+        txinbox_testkit::pg_store(2).await,
+        &EFFECT
+            .replace("x'00'", "'\\x00'::bytea")
+            .replace("NOW", "now()"),
+    )
+    .await;
+}
