@@ -91,7 +91,7 @@ impl EffectsSettings {
 
 /// One HTTP destination (`[effects.destinations.NAME]`): the call, where its key goes, how its answers and
 /// its confirmation are read. Every key but `url` is optional.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct HttpDestinationSettings {
@@ -126,7 +126,7 @@ pub struct HttpDestinationSettings {
 }
 
 /// A destination's confirmation (`[effects.destinations.NAME.confirm]`).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ConfirmSettings {
@@ -148,4 +148,44 @@ pub struct ConfirmSettings {
     /// Where what was found carries the effect's external reference or key (`/data/0/external_ref`): a found
     /// answer counts only when it is one of them.
     pub matches_at: Option<String>,
+}
+
+// Debug for a log line: URLs without user info or query values, headers without their values (an API key
+// or a token may be any of them).
+impl std::fmt::Debug for HttpDestinationSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpDestinationSettings")
+            .field("url", &super::redacted_url(&self.url))
+            .field("method", &self.method)
+            .field("upsert", &self.upsert)
+            .field("key", &self.key)
+            .field("key_kept_seconds", &self.key_kept_seconds)
+            .field("reference", &self.reference)
+            .field("reference_optional", &self.reference_optional)
+            .field("timeout_seconds", &self.timeout_seconds)
+            .field("reconcile_after_seconds", &self.reconcile_after_seconds)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("answers", &self.answers)
+            .field("confirm", &self.confirm)
+            .field(
+                "compensate_url",
+                &self.compensate_url.as_deref().map(super::redacted_url),
+            )
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ConfirmSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfirmSettings")
+            .field("url", &super::redacted_url(&self.url))
+            .field("method", &self.method)
+            .field("body", &self.body)
+            .field("rule", &self.rule)
+            .field("found_at", &self.found_at)
+            .field("count_at", &self.count_at)
+            .field("absent_list_is_empty", &self.absent_list_is_empty)
+            .field("matches_at", &self.matches_at)
+            .finish()
+    }
 }

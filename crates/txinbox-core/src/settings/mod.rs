@@ -249,3 +249,44 @@ impl WorkerSettings {
         self.worker.metrics_addr.as_ref()?.parse().ok()
     }
 }
+
+/// `url` for a log line: a password in its user info and every query value hidden (`{placeholders}` kept),
+/// the rest as written.
+pub(crate) fn redacted_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((user_info, host)) => {
+                    let user = user_info.split_once(':').map_or(user_info, |(u, _)| u);
+                    let hidden = if user_info.contains(':') {
+                        ":<redacted>"
+                    } else {
+                        ""
+                    };
+                    format!("{scheme}://{user}{hidden}@{host}{path}")
+                }
+                None => base.to_owned(),
+            }
+        }
+        // `sqlite:FILE` and other forms without an authority.
+        None => base.to_owned(),
+    };
+    if let Some(q) = query {
+        let parts: Vec<String> = q
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) if v.starts_with('{') && v.ends_with('}') => format!("{k}={v}"),
+                Some((k, _)) => format!("{k}=<redacted>"),
+                None => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&parts.join("&"));
+    }
+    out
+}

@@ -3,7 +3,7 @@ use serde::Deserialize;
 use super::SettingsError;
 
 /// The store (`[store]`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct StoreSettings {
@@ -43,7 +43,7 @@ impl Default for StoreSettings {
 /// tenants = ["initech"]
 /// rest = true                         # and every tenant no shard claims, and messages without a tenant
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ShardSettings {
@@ -130,5 +130,30 @@ impl StoreSettings {
                 })
             })
             .collect()
+    }
+}
+
+// Debug for a log line: the URLs without their password or query values (TXINBOX_STORE__URL is where a
+// password belongs, and it ends up here).
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("url", &super::redacted_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("shards", &self.shards)
+            .field("require_all_shards", &self.require_all_shards)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for ShardSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardSettings")
+            .field("url", &self.url.as_deref().map(super::redacted_url))
+            .field("url_env", &self.url_env)
+            .field("tenants", &self.tenants)
+            .field("rest", &self.rest)
+            .field("max_connections", &self.max_connections)
+            .finish()
     }
 }

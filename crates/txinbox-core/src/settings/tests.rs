@@ -316,3 +316,35 @@ fn a_bad_consumer_name_is_refused_with_its_rule() {
         );
     }
 }
+
+/// The settings in a log line (`{:?}`, `tracing::info!(?settings)`) never show a password, a header's value
+/// or a query's: the store's URL (TXINBOX_STORE__URL is where a password belongs), a shard's, a destination's.
+#[test]
+fn debug_never_shows_a_secret() {
+    let s = WorkerSettings::parse(
+        "[store.shards.eu-1]\nurl = \"postgres://app:sh4rdpw@db-eu/crm\"\nrest = true\n\
+         [effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks?api_key=k3y999&x={external_ref}\"\n\
+         headers = { Authorization = \"Bearer t0ken42\" }\n\
+         compensate_url = \"https://crm.example/v1/undo?token=c0mp77\"\n\
+         confirm = { url = \"https://crm.example/v1/find?sig=s1g55\" }\n",
+        "<text>".into(),
+        env(&[("TXINBOX_STORE__URL", "postgres://app:s3cretpw@db/crm?sslpassword=ssl88")]),
+    )
+    .unwrap();
+    let shown = format!("{s:?} {:#?}", s.store);
+    for secret in [
+        "s3cretpw", "ssl88", "sh4rdpw", "k3y999", "t0ken42", "c0mp77", "s1g55",
+    ] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+    // What helps reading it stays: hosts, paths, header names, placeholders.
+    for kept in [
+        "db/crm",
+        "db-eu/crm",
+        "crm.example/v1/tasks",
+        "Authorization",
+        "{external_ref}",
+    ] {
+        assert!(shown.contains(kept), "{kept} not in {shown}");
+    }
+}
