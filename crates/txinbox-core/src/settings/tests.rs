@@ -207,6 +207,8 @@ fn the_delivery_pipeline_keys_reach_the_worker_options() {
         "[worker]\nbatch_commit = 0\n",
         "[worker]\nreceive_max = 0\n",
         "[worker]\nbatch_linger_ms = 1001\n",
+        // A linger without batch commit would be ignored.
+        "[worker]\nbatch_linger_ms = 50\n",
         "[worker]\nreceive_loops = 0\n",
         "[worker]\nreceive_loops = 17\n",
     ] {

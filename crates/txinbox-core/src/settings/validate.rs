@@ -107,6 +107,15 @@ impl WorkerSettings {
                 ),
             );
         }
+        if self.worker.batch_linger_ms > 0 && self.worker.batch_commit == 1 {
+            return bad(
+                "worker.batch_linger_ms",
+                format!(
+                    "{} ms with batch_commit = 1: a linger gathers a batch, and without batch commit there is none (set batch_commit above 1, or remove the key)",
+                    self.worker.batch_linger_ms
+                ),
+            );
+        }
         // The runtime would raise these to their floor without a word: refused instead, so the value in the
         // file is the value run.
         let e = &self.effects;

@@ -28,7 +28,8 @@ pub struct WorkerSection {
     /// transaction per delivery; at most 64).
     pub batch_commit: usize,
     /// How long a batch that one receive did not fill waits for the following receives, in milliseconds (0:
-    /// a batch is what one receive brought; at most 1000). Only with `batch_commit` above 1.
+    /// a batch is what one receive brought; at most 1000). Only with `batch_commit` above 1 (refused
+    /// otherwise: it would be ignored).
     pub batch_linger_ms: u64,
     /// How long in-flight deliveries may run after shutdown begins, in seconds (30).
     pub shutdown_timeout_seconds: u64,
