@@ -229,12 +229,16 @@ impl<S: InboxStore> Inbox<S> {
                 let decision = self.failed(failure);
                 // Its FIFO group's later messages are released with it, as in the savepoint pass.
                 let mut held = HashMap::new();
-                if let (Decision::Release(_, delay), Some(g)) =
-                    (&decision, &deliveries[i].message().group_id)
-                {
-                    held.insert(g.clone(), *delay);
-                }
                 slots[i] = Slot::Decided(decision);
+                // Every group a decided delivery released (this failure, a marker not placed) holds its later
+                // messages back in the savepoint pass.
+                for (j, slot) in slots.iter().enumerate() {
+                    if let (Slot::Decided(Decision::Release(_, delay)), Some(g)) =
+                        (slot, &deliveries[j].message().group_id)
+                    {
+                        held.entry(g.clone()).or_insert(*delay);
+                    }
+                }
                 let mut work = Vec::with_capacity(again.len());
                 for (j, entry) in again {
                     match entry {
@@ -296,9 +300,12 @@ impl<S: InboxStore> Inbox<S> {
             }
             Err(e) => return FirstPass::StoreFailed("insert markers", e),
         };
+        // FIFO groups whose message this pass released (a marker it could not place).
+        let mut released: HashMap<String, Duration> = HashMap::new();
         let mut rest = work.into_iter().zip(answers);
         while let Some(((i, prepared), answer)) = rest.next() {
             let msg = deliveries[i].message();
+            let behind = msg.group_id.as_ref().and_then(|g| released.get(g)).copied();
             match answer {
                 MarkerInsert::Inserted => {}
                 MarkerInsert::Conflict(holder) => {
@@ -307,27 +314,37 @@ impl<S: InboxStore> Inbox<S> {
                 }
                 // Nothing of it was written: decided here, the batch goes on.
                 other => {
-                    slots[i] = Slot::Decided(self.unplaced(&prepared.identity, other));
+                    let decision = self.unplaced(&prepared.identity, other);
+                    if let (Decision::Release(_, delay), Some(g)) = (&decision, &msg.group_id) {
+                        released.entry(g.clone()).or_insert(*delay);
+                    }
+                    slots[i] = Slot::Decided(decision);
                     continue;
                 }
             }
-            let item_span = tracing::info_span!(
-                "txinbox.process",
-                consumer = %self.consumer,
-                message_id = %prepared.identity.message_id,
-                delivery_count = msg.delivery_count,
-            );
-            let failure = match self
-                .handle(tx, prepared, msg, handler, stop)
-                .instrument(item_span)
-                .await
-            {
-                Handling::Done(done) => {
-                    slots[i] = Slot::Written(done);
-                    continue;
+            let failure = if let Some(delay) = behind {
+                // Its marker is in, behind a message of its group this pass released: the pass gives up
+                // (its writes rolled back) and this delivery is held back with that message.
+                Failure::Refused(self.held_back(delay))
+            } else {
+                let item_span = tracing::info_span!(
+                    "txinbox.process",
+                    consumer = %self.consumer,
+                    message_id = %prepared.identity.message_id,
+                    delivery_count = msg.delivery_count,
+                );
+                match self
+                    .handle(tx, prepared, msg, handler, stop)
+                    .instrument(item_span)
+                    .await
+                {
+                    Handling::Done(done) => {
+                        slots[i] = Slot::Written(done);
+                        continue;
+                    }
+                    Handling::Interrupted => return FirstPass::Interrupted,
+                    Handling::Failed(f) => f,
                 }
-                Handling::Interrupted => return FirstPass::Interrupted,
-                Handling::Failed(f) => f,
             };
             tracing::debug!(
                 consumer = %self.consumer,

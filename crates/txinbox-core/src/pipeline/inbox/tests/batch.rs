@@ -313,3 +313,25 @@ async fn a_delivery_held_behind_its_group_is_counted_as_a_retry() {
     assert_eq!(retries, 2, "both released for a retry");
     assert!(store.state().effects.is_empty());
 }
+
+/// A marker the store cannot place yet releases its delivery in the first pass: the later messages of its
+/// FIFO group in the batch are released with it (none applied ahead of it), the others applied.
+#[tokio::test]
+async fn a_delivery_released_in_the_first_pass_holds_its_group_back() {
+    let store = MemStore::default();
+    store.state().savepoints = true;
+    store.state().unplaced.push("evt-1".into());
+    let p = failing_processor(&store);
+    // Two queues, so that one batch holds two messages of one group (a queue hands out one at a time).
+    let (a, b) = (MemoryQueue::default(), MemoryQueue::default());
+    a.send(event("evt-1", "2481").group("opp"));
+    b.send(event("evt-2", "2482").group("opp"));
+    b.send(event("evt-3", "2483"));
+    let mut batch = a.receive_now(1);
+    batch.extend(b.receive_now(2));
+    assert_eq!(batch.len(), 3);
+    let o = p.process_batch(batch, &CancellationToken::new()).await;
+    assert_eq!(labels(&o), ["retry", "retry", "applied"]);
+    assert_eq!(store.state().effects, ["task-2483"]);
+    assert_eq!(store.state().markers.len(), 1);
+}

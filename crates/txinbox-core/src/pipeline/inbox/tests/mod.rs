@@ -43,6 +43,8 @@ struct State {
     savepoints: bool,
     /// Savepoints opened.
     savepoints_opened: u32,
+    /// Message ids whose marker has no partition (`MarkerInsert::Unplaced`).
+    unplaced: Vec<String>,
 }
 
 #[derive(Clone, Default, Debug)]
@@ -125,6 +127,12 @@ impl InboxStore for MemStore {
         row: &MarkerRow<'_>,
     ) -> Result<MarkerInsert, Unavailable> {
         let id = row.identity;
+        if self.state().unplaced.contains(&id.message_id) {
+            return Ok(MarkerInsert::Unplaced(format!(
+                "no partition for {}",
+                id.message_id
+            )));
+        }
         let key = (
             id.consumer.as_str().to_owned(),
             id.source.clone(),
