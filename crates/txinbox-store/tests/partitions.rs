@@ -752,3 +752,77 @@ async fn a_row_by_row_purge_on_partitions_deletes_only_expired_markers() {
     );
     s.drop().await;
 }
+
+/// A rotation given up half way (the maintenance's pass cut at shutdown, or a node that stops rotating but
+/// keeps its store) lets its lock go: another node rotates again, instead of skipping for as long as the
+/// pooled connection that held the lock lives.
+#[tokio::test]
+async fn a_rotation_dropped_half_way_lets_its_lock_go() {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+    let s = Schema::kept_two_days().await;
+    let opts = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
+        &txinbox_testkit::pg_url(),
+    )
+    .unwrap()
+    .options([("search_path", format!("\"{}\"", s.name))]);
+    let connect = || async { sqlx::ConnectOptions::connect(&opts).await.unwrap() };
+    // Another session holds the layout's rows: the rotation waits in its update of `high`, lock held.
+    let mut blocker = connect().await;
+    let mut hold = blocker.begin().await.unwrap();
+    sqlx::query("SELECT tbl FROM txinbox_partition_layout FOR UPDATE")
+        .fetch_all(&mut *hold)
+        .await
+        .unwrap();
+    let mut probe = connect().await;
+    {
+        let maintenance = MaintenanceOptions::default();
+        let rotation = s.store.rotate_partitions(Utc::now(), &maintenance);
+        let mut rotation = std::pin::pin!(rotation);
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Poll::Ready(r) = rotation.as_mut().poll(&mut cx) {
+                panic!("the rotation finished while the layout was held: {r:?}");
+            }
+            if rotation_lock_held(&mut probe).await {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the rotation never took its lock"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    hold.rollback().await.unwrap();
+    // Another node takes the lock.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mine: bool = sqlx::query_scalar(
+            "SELECT pg_try_advisory_lock(741823091, hashtext(current_schema()))",
+        )
+        .fetch_one(&mut probe)
+        .await
+        .unwrap();
+        if mine {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped rotation's lock is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop((probe, blocker));
+    s.drop().await;
+}
+
+/// Whether a session holds the rotation's lock of `conn`'s schema.
+async fn rotation_lock_held(conn: &mut sqlx::PgConnection) -> bool {
+    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 741823091 AND objid::int = hashtext(current_schema()) AND granted")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+        > 0
+}

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
 
 use super::{attach_new, buckets, partition_bucket, partition_name, EFFECTS, INBOX, REJECTIONS};
@@ -34,26 +35,58 @@ pub(crate) async fn rotate_partitions(
             return Ok(None);
         }
         let mut report = PartitionRotation::default();
+        // From the lock's request to its release, the connection is closed if this future is dropped (a
+        // maintenance pass cut at shutdown): the lock lives as long as the session, and a pooled connection
+        // that kept it would make every other node skip its rotation for as long as it lives.
+        let mut held = Held(Some(conn));
+        let conn = held.conn()?;
         let locked: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext(current_schema()))")
                 .bind(ROTATION_LOCK)
                 .fetch_one(&mut *conn)
                 .await?;
         if !locked {
+            held.release();
             report.skipped = true;
             return Ok(Some(report));
         }
-        let done = rotate(&mut conn, &layouts, now, opts, &mut report).await;
+        let done = rotate(&mut *conn, &layouts, now, opts, &mut report).await;
         let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
             .bind(ROTATION_LOCK)
             .execute(&mut *conn)
             .await;
-        if unlocked.is_err() {
-            // The lock lives as long as the session: do not give this connection back with it.
-            conn.detach();
+        if unlocked.is_ok() {
+            held.release();
         }
         done?;
         Ok(Some(report))
+    }
+}
+
+/// A connection that may hold the rotation's session lock: closed when dropped, unless released back to the
+/// pool once the lock is known to be let go.
+struct Held(Option<PoolConnection<Postgres>>);
+
+impl Held {
+    /// The connection (there from its creation until `release` or drop, which take `self`).
+    fn conn(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
+        self.0
+            .as_deref_mut()
+            .ok_or_else(|| sqlx::Error::Protocol("the rotation's connection is gone".into()))
+    }
+
+    /// Hands the connection back to the pool: it holds no lock.
+    fn release(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            // Closing the session lets its advisory locks go.
+            drop(c.detach());
+        }
     }
 }
 
