@@ -342,3 +342,58 @@ async fn a_processor_that_panics_is_reported_and_the_worker_goes_on() {
     );
     assert_eq!(queue.state().in_flight, 1, "left to its visibility timeout");
 }
+
+/// A receiver whose every receive waits until the test lets it answer (empty): a long poll in flight.
+struct HeldPoll(Arc<tokio::sync::Notify>);
+
+impl Receiver for HeldPoll {
+    type Delivery = txinbox_core::broker::mem::MemoryDelivery;
+    async fn receive(&mut self, _max: usize) -> Result<Vec<Self::Delivery>, BrokerError> {
+        self.0.notified().await;
+        Ok(Vec::new())
+    }
+}
+
+/// From the stop signal on, readiness says `stopping` (a load balancer or a rollout stops counting on the
+/// worker at once), also while the long poll in flight is let finish.
+#[tokio::test]
+async fn readiness_turns_false_at_the_stop_signal_while_the_poll_finishes() {
+    use txinbox_core::runtime::health::Health;
+    let answer = Arc::new(tokio::sync::Notify::new());
+    let health = Health::new();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(
+        Worker::new(HeldPoll(answer.clone()), Ack(Arc::new(AtomicU64::new(0))))
+            .options(fast().shutdown_timeout(Duration::from_secs(60)))
+            .health(health.clone())
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !health.readiness().await.ok {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.cancel();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = health.readiness().await;
+        if !r.ok {
+            assert!(r.to_string().contains("fail worker: stopping"), "{r}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still ready with the stop signal given: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        !worker.is_finished(),
+        "the poll in flight is still waited for"
+    );
+    answer.notify_one();
+    let _report = tokio::time::timeout(Duration::from_secs(10), worker)
+        .await
+        .expect("the worker stops once the poll answered")
+        .expect("no panic");
+}

@@ -257,6 +257,10 @@ where
         tokio::select! {
             _ = &mut loops => {}
             _ = shutdown => {
+                // Not ready from the signal on, also while a long poll in flight is let finish.
+                if let Some(h) = &health {
+                    h.worker_stopping();
+                }
                 stopping.cancel();
                 loops.await;
             }
