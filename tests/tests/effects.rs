@@ -867,6 +867,58 @@ async fn duplicate_effect_names_dead_letter_the_message_on_postgres() {
     duplicate_effect_names_dead_letter(pg_store(4).await).await;
 }
 
+/// An effect whose external reference or group a store cannot keep (a control character, over 512 bytes; on
+/// PostgreSQL a NUL is refused in text and a long value in an index, on every delivery) dead-letters its message
+/// with the reason, never releases it for ever; the control message's effect is recorded.
+async fn an_effect_a_store_cannot_keep_dead_letters<DB: FxDb>(store: Store<DB>) {
+    DB::create_tables(&store).await.unwrap();
+    let (h, _) = recording::<DB>(|msg| {
+        let e = Effect::new(CRM_TASK, "crm", br#"{"task":"x"}"#.to_vec());
+        match msg.identity.message_id.as_str() {
+            "evt-482" => vec![e.external_ref("ref\0with a NUL")],
+            "evt-483" => vec![e.group("g".repeat(600))],
+            _ => vec![e.external_ref("ref-484").group("g")],
+        }
+    });
+    let p = lab_processor(store.clone(), h);
+    let q = MemoryQueue::default();
+    for i in 0..3 {
+        q.send(lab_message(i));
+    }
+    for (field, n) in [("external reference", 14), ("group", 600)] {
+        let d = q.receive_now(1).pop().unwrap();
+        match p.process_one(d).await {
+            Outcome::DeadLettered { reason, detail } => {
+                assert_eq!(reason, "handler_permanent");
+                assert!(
+                    detail.contains(&format!("{field} is not 1 to 512 bytes")),
+                    "{detail}"
+                );
+                assert!(detail.contains(&format!("it has {n} bytes")), "{detail}");
+            }
+            other => panic!("expected a dead letter for the {field}, got {other:?}"),
+        }
+    }
+    assert_eq!(q.state().dead_lettered, 2);
+    assert_eq!(DB::count(&store, "txinbox_effects").await, 0);
+    assert_eq!(store.inbox_rows(CONSUMER).await.unwrap(), 0);
+
+    let d = q.receive_now(1).pop().unwrap();
+    let o = p.process_one(d).await;
+    assert!(matches!(o, Outcome::Applied { .. }), "{o:?}");
+    assert_eq!(DB::count(&store, "txinbox_effects").await, 1);
+}
+
+#[tokio::test]
+async fn an_effect_a_store_cannot_keep_dead_letters_its_message_on_sqlite() {
+    an_effect_a_store_cannot_keep_dead_letters(sqlite_store().await).await;
+}
+
+#[tokio::test]
+async fn an_effect_a_store_cannot_keep_dead_letters_its_message_on_postgres() {
+    an_effect_a_store_cannot_keep_dead_letters(pg_store(4).await).await;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // 10. A destination that keeps failing before doing anything (503) is held to the attempt limit.
 // ---------------------------------------------------------------------------------------------------------

@@ -304,6 +304,12 @@ impl<S: InboxStore> Inbox<S> {
         let now = Utc::now();
         let mut effects = Vec::with_capacity(handled.effects.len());
         for e in &handled.effects {
+            if let Err(why) = check_effect(e) {
+                return Handling::Failed(Failure::Refused(dead_letter(
+                    "handler_permanent",
+                    format!("the handler recorded an effect whose {why}"),
+                )));
+            }
             let key = crate::effects::idempotency_key(&identity, &e.name);
             if effects.iter().any(|n: &NewEffect<'_>| n.key == key) {
                 return Handling::Failed(Failure::Refused(dead_letter(
@@ -499,4 +505,30 @@ pub(super) fn body_of<T: Payload>(
         (None, _) => None,
     };
     T::from_delivery(msg, data)
+}
+
+/// Whether an effect's names can be stored and indexed by every store: its name and destination non-empty,
+/// these and its external reference and group at most [`MAX_ID_LEN`](crate::pipeline::identity::MAX_ID_LEN)
+/// bytes without control characters. PostgreSQL refuses a NUL in text and an index entry over about 2.7 KB,
+/// on every delivery of the message: refused here, the message is dead-lettered with the reason instead of
+/// being released for ever.
+fn check_effect(e: &crate::effects::Effect) -> Result<(), String> {
+    use crate::pipeline::identity::MAX_ID_LEN;
+    let fields = [
+        ("name", Some(e.name.as_str())),
+        ("destination", Some(e.destination.as_str())),
+        ("external reference", e.external_ref.as_deref()),
+        ("group", e.group.as_deref()),
+    ];
+    for (field, value) in fields {
+        let Some(v) = value else { continue };
+        if v.is_empty() || v.len() > MAX_ID_LEN || v.chars().any(char::is_control) {
+            return Err(format!(
+                "{field} is not 1 to {MAX_ID_LEN} bytes without control characters (it has {} bytes): {:?}",
+                v.len(),
+                v.chars().take(64).collect::<String>()
+            ));
+        }
+    }
+    Ok(())
 }
