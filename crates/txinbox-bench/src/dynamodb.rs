@@ -131,7 +131,14 @@ async fn pair_tx(cl: &Client, tasks: &Business, second: &Business, id: &str) -> 
         .send()
         .await
         .map(|_| ())
-        .map_err(|e| format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e)))
+        .map_err(sdk_error)
+}
+
+/// An SDK error with its whole chain, as a measurement's error.
+fn sdk_error<E: std::error::Error + 'static, R: std::fmt::Debug>(
+    e: aws_sdk_dynamodb::error::SdkError<E, R>,
+) -> String {
+    aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()
 }
 
 /// Write units per message by DynamoDB's rules: a transactional write 2 per KB (rounded up) of each item, a
@@ -250,9 +257,7 @@ async fn lines(
                             .send()
                             .await
                             .map(|_| ())
-                            .map_err(|e| {
-                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
-                            })
+                            .map_err(sdk_error)
                     })
                 })
             };
@@ -269,9 +274,7 @@ async fn lines(
                             .send()
                             .await
                             .map(|_| ())
-                            .map_err(|e| {
-                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
-                            })
+                            .map_err(sdk_error)
                     })
                 })
             };
@@ -318,9 +321,7 @@ async fn lines(
                             .send()
                             .await
                             .map(|_| ())
-                            .map_err(|e| {
-                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
-                            })
+                            .map_err(sdk_error)
                     })
                 })
             };
@@ -391,9 +392,7 @@ async fn lines(
                             .send()
                             .await
                             .map(|_| ())
-                            .map_err(|e| {
-                                format!("{}", aws_sdk_dynamodb::error::DisplayErrorContext(e))
-                            })
+                            .map_err(sdk_error)
                     })
                 })
             };

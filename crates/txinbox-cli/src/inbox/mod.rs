@@ -254,23 +254,7 @@ impl Ops {
         use std::str::FromStr;
         let err = |e: &dyn std::fmt::Display| format!("store ({}): {e}", scheme(url));
         let ops = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let opts = sqlx::postgres::PgConnectOptions::from_str(url)
-                .map_err(|e| err(&e))?
-                .application_name("txinbox-inbox")
-                .options([("default_transaction_read_only", "on")]);
-            // One connection first: the pool retries a refused connection until its acquire timeout, while
-            // an operator wants the error at once.
-            let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)
-                .await
-                .map_err(|e| err(&e))?;
-            let _ = sqlx::Connection::close(probe).await;
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(2)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_with(opts)
-                .await
-                .map_err(|e| err(&e))?;
-            Ops::Postgres(checked_store(pool).await.map_err(|e| err(&e))?)
+            Ops::Postgres(postgres_opened(url, "txinbox-inbox", true).await?)
         } else if url.starts_with("sqlite:") {
             let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
                 .map_err(|e| err(&e))?
@@ -381,11 +365,25 @@ pub(crate) async fn postgres_as_is(
     url: &str,
     application_name: &str,
 ) -> Result<Store<sqlx::Postgres>, String> {
+    postgres_opened(url, application_name, false).await
+}
+
+/// [`postgres_as_is`], its sessions read-only (`default_transaction_read_only`) when `read_only`.
+async fn postgres_opened(
+    url: &str,
+    application_name: &str,
+    read_only: bool,
+) -> Result<Store<sqlx::Postgres>, String> {
     use std::str::FromStr;
-    let err = |e: &dyn std::fmt::Display| format!("store (postgres): {e}");
-    let opts = sqlx::postgres::PgConnectOptions::from_str(url)
+    let err = |e: &dyn std::fmt::Display| format!("store ({}): {e}", scheme(url));
+    let mut opts = sqlx::postgres::PgConnectOptions::from_str(url)
         .map_err(|e| err(&e))?
         .application_name(application_name);
+    if read_only {
+        opts = opts.options([("default_transaction_read_only", "on")]);
+    }
+    // One connection first: the pool retries a refused connection until its acquire timeout, while an
+    // operator wants the error at once.
     let probe = <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)
         .await
         .map_err(|e| err(&e))?;
