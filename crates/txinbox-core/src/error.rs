@@ -305,3 +305,94 @@ mod tests {
         assert!(!k(400).is_retryable());
     }
 }
+
+/// `text` with the secrets an error may quote masked as `***`: the password of a URL
+/// (`postgres://user:PASSWORD@host`), a Service Bus `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`.
+/// An error can quote them from where they were read: a settings file's line in a TOML parse error, a
+/// connection string, a driver's message. The rest of the text is kept as it is.
+pub fn redact_secrets(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        // The authority ends at the path, the query, or anything a URL does not hold.
+        let end = tail
+            .find(|c: char| {
+                matches!(c, '/' | '?' | '#' | '"' | '\'' | '`' | '<' | '>') || c.is_whitespace()
+            })
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(userinfo_end) => match authority[..userinfo_end].find(':') {
+                Some(colon) => {
+                    out.push_str(&authority[..=colon]);
+                    out.push_str("***");
+                    out.push_str(&authority[userinfo_end..]);
+                }
+                None => out.push_str(authority),
+            },
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    for key in ["SharedAccessKey=", "sig="] {
+        out = mask_after(&out, key);
+    }
+    out
+}
+
+/// `text` with the value after each `key` (up to `;`, `&`, a quote or a space) masked.
+fn mask_after(text: &str, key: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(key) {
+        let (head, tail) = rest.split_at(at + key.len());
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| matches!(c, ';' | '&' | '"' | '\'') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        if end > 0 {
+            out.push_str("***");
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_secrets as redact;
+
+    #[test]
+    fn redact_masks_url_passwords_and_sas_keys_and_keeps_the_rest() {
+        assert_eq!(
+            redact("2 | url = \"postgres://crm:s3cret@db/crm\" x"),
+            "2 | url = \"postgres://crm:***@db/crm\" x"
+        );
+        assert_eq!(
+            redact("postgresql://u:p:w@h:5432/db?x=1 and sqlite:file.db"),
+            "postgresql://u:***@h:5432/db?x=1 and sqlite:file.db"
+        );
+        assert_eq!(
+            redact("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=abc+/=;"),
+            "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=***;"
+        );
+        assert_eq!(
+            redact("SharedAccessSignature sr=x&sig=AbC%3D&se=1"),
+            "SharedAccessSignature sr=x&sig=***&se=1"
+        );
+        for plain in [
+            "postgres://crm@db/crm",
+            "http://127.0.0.1:9/tasks",
+            "no url here: é ü",
+            "a://",
+            "x://@",
+            "",
+        ] {
+            assert_eq!(redact(plain), plain);
+        }
+    }
+}

@@ -1,4 +1,4 @@
-use super::{SettingsError, WorkerSettings, ENV_PREFIX};
+use super::{SettingsError, TomlError, WorkerSettings, ENV_PREFIX};
 
 impl WorkerSettings {
     pub(super) fn parse(
@@ -6,11 +6,10 @@ impl WorkerSettings {
         origin: String,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, SettingsError> {
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|source| SettingsError::Invalid {
-                origin: origin.clone(),
-                source,
-            })?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| SettingsError::Invalid {
+            origin: origin.clone(),
+            source: TomlError::new(&e),
+        })?;
         let mut applied = Vec::new();
         let mut overrides: Vec<(String, String)> = env
             .into_iter()
@@ -96,7 +95,7 @@ impl WorkerSettings {
                 },
                 None => SettingsError::Invalid {
                     origin: origin.clone(),
-                    source,
+                    source: TomlError::new(&source),
                 },
             }
         })?;

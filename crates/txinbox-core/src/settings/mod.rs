@@ -122,9 +122,9 @@ pub enum SettingsError {
     Invalid {
         /// The file, and the overrides applied to it.
         origin: String,
-        /// The TOML error (it names the key and, for the file, the line).
+        /// The TOML error (it names the key and, for the file, the line), its secrets masked.
         #[source]
-        source: toml::de::Error,
+        source: TomlError,
     },
     /// An environment override that cannot apply (`TXINBOX_FOO` without `__`, an unknown section).
     #[error("environment override {var}: {detail}")]
@@ -144,6 +144,19 @@ pub enum SettingsError {
         /// Why.
         detail: String,
     },
+}
+
+/// A TOML error of a settings file, as TOML reported it (the key, the line it quotes, what was expected)
+/// with the secrets that line may hold masked ([`redact_secrets`](crate::error::redact_secrets)): a store URL's
+/// password, a Service Bus key. A settings error is printed at start and lands in the logs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TomlError(String);
+
+impl TomlError {
+    pub(crate) fn new(e: &toml::de::Error) -> Self {
+        Self(crate::error::redact_secrets(&e.to_string()))
+    }
 }
 
 /// The whole settings file: see the [module docs](self).

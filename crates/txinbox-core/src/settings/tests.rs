@@ -350,3 +350,25 @@ fn debug_never_shows_a_secret() {
         assert!(shown.contains(kept), "{kept} not in {shown}");
     }
 }
+
+#[test]
+fn a_toml_error_never_carries_the_password_of_the_line_it_quotes() {
+    let text = "[store]\nurl = \"postgres://crm:s3cret@db/crm\" x\n";
+    let e = WorkerSettings::from_toml_str(text).unwrap_err();
+    let mut chain = vec![e.to_string(), format!("{e:?}")];
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        chain.push(s.to_string());
+        chain.push(format!("{s:?}"));
+        source = s.source();
+    }
+    assert!(chain.len() > 2, "the TOML error is the source");
+    for text in &chain {
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+    assert!(
+        chain[0].contains("postgres://crm:***@db/crm"),
+        "the line is still quoted: {}",
+        chain[0]
+    );
+}
