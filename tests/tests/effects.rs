@@ -702,6 +702,85 @@ async fn groups_keep_their_recorded_order_on_postgres() {
     groups_keep_order(pg_store(4).await).await;
 }
 
+/// A destination whose calls are done and whose compensation succeeds.
+#[derive(Clone, Default)]
+struct Undoable {
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl EffectExecutor for Undoable {
+    fn execute<'a>(&'a self, e: &'a ClaimedEffect) -> BoxFuture<'a, Execution> {
+        Box::pin(async move {
+            self.seen.lock().unwrap().push(e.name.clone());
+            Execution::Done {
+                reference: Some(format!("ref-{}", e.name)),
+            }
+        })
+    }
+    fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
+        Box::pin(async { Confirmation::NotFound })
+    }
+    fn compensate<'a>(
+        &'a self,
+        _: &'a ClaimedEffect,
+    ) -> BoxFuture<'a, Result<(), txinbox::effects::BoxError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A compensated effect is finished for its group's order, as a done or failed one is: the next effect of its
+/// group runs. (It held its group for good: a later effect still pending when an operator compensated the one
+/// before it never ran.)
+async fn a_compensated_effect_lets_its_group_go_on<DB: FxDb>(store: Store<DB>) {
+    DB::create_tables(&store).await.unwrap();
+    let (h, ids) = recording::<DB>(|_| {
+        let g = |n: usize| Effect::new(format!("g{n}"), "ordered", b"{}".to_vec()).group("g");
+        vec![g(0), g(1)]
+    });
+    assert_all_applied(&deliver(&store, h, 0..1).await, 1);
+    let exec = Undoable::default();
+    let runner = EffectRunner::new(store.clone()).executor("ordered", exec.clone());
+    // One pass claims the group's head only; the second effect waits while the head is in flight.
+    let first = runner.run_pass().await;
+    assert_eq!(first.claimed, 1, "{first}");
+    assert_eq!(*exec.seen.lock().unwrap(), ["g0"]);
+    assert_eq!(
+        runner
+            .compensate(&keys(&ids, "g0")[0])
+            .await
+            .expect("compensated"),
+        EffectState::Compensated
+    );
+    let second = runner.run_pass().await;
+    assert_eq!(
+        second.claimed, 1,
+        "the group goes on past the compensated effect: {second}"
+    );
+    assert_eq!(*exec.seen.lock().unwrap(), ["g0", "g1"]);
+    let states: Vec<(String, String)> = DB::effect_rows(&store)
+        .await
+        .into_iter()
+        .map(|r| (r.name, r.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("g0".to_owned(), "compensated".to_owned()),
+            ("g1".to_owned(), "done".to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_compensated_effect_lets_its_group_go_on_on_sqlite() {
+    a_compensated_effect_lets_its_group_go_on(sqlite_store().await).await;
+}
+
+#[tokio::test]
+async fn a_compensated_effect_lets_its_group_go_on_on_postgres() {
+    a_compensated_effect_lets_its_group_go_on(pg_store(4).await).await;
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // 7. Done effects are purged after their retention.
 // ---------------------------------------------------------------------------------------------------------

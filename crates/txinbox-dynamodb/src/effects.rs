@@ -203,7 +203,7 @@ impl DynamoStore {
         Ok(match older.item() {
             Some(o) => !matches!(
                 state_of(&Reader::new(o))?,
-                EffectState::Done | EffectState::Failed
+                EffectState::Done | EffectState::Failed | EffectState::Compensated
             ),
             None => false,
         })

@@ -966,6 +966,44 @@ async fn a_groups_effects_form_one_chain_read_strongly_consistent(b: Backend) {
     .await;
     let ids: Vec<&str> = claimed.iter().map(|e| e.message_id.as_str()).collect();
     assert_eq!(ids, ["g-1"], "only the head of the chain may go");
+
+    // g-1 done, then compensated by an operator before g-2 was claimed: a compensated effect is finished for
+    // its group, as a done one is, so g-2 goes (it held the group for good).
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let done = Transition::Done {
+        reference: Some("mail-1".into()),
+        attempts: 1,
+        reconciliations: 0,
+    };
+    assert!(store
+        .finish_effect(claimed[0].id, "runner-x", &done.columns(), now)
+        .await
+        .unwrap());
+    assert!(store
+        .mark_compensated(claimed[0].id, "undone by an operator", now)
+        .await
+        .unwrap());
+    // The `due` index is eventually consistent on the service: poll.
+    let mut next = Vec::new();
+    for _ in 0..50 {
+        next = claim_at(
+            &store,
+            "runner-x",
+            &dests,
+            now + chrono::Duration::seconds(1),
+        )
+        .await;
+        if !next.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ids: Vec<&str> = next.iter().map(|e| e.message_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["g-2"],
+        "the group goes on past the compensated effect"
+    );
 }
 
 async fn the_table_check_names_what_does_not_match(b: Backend) {

@@ -368,7 +368,7 @@ impl Backend for Postgres {
         // One statement: the due rows are locked and skipped by any other claimer (SKIP LOCKED), then
         // marked in flight under this holder; `due.state` is the state before the claim.
         let sql = format!(
-            "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= $3) OR (state = 'in_flight' AND claim_until < $3)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed'))) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
+            "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= $3) OR (state = 'in_flight' AND claim_until < $3)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
              UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = $4, updated_at = $3 FROM due WHERE t.id = due.id \
              RETURNING {}, due.state, t.created_at",
             CLAIMED_COLUMNS

@@ -52,7 +52,7 @@ async fn claim_in_transaction(
     let mut conn = pool.acquire().await?;
     // A sqlx transaction: a failed COMMIT rolls back too.
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed'))) ORDER BY next_attempt_at, id LIMIT ?3")
+    let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT ?3")
         .bind(dests)
         .bind(ts(now))
         .bind(limit.max(1))

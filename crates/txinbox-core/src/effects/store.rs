@@ -255,7 +255,8 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
 
     /// Claims up to `limit` due effects for `destinations` on behalf of `holder` until `claim_until`: pending
     /// and uncertain ones whose time has come, and in-flight ones whose holder's claim expired. Within a group
-    /// only the oldest unfinished effect is due. No effect is held by two holders at once.
+    /// only the oldest unfinished effect is due (done, failed and compensated ones are finished). No effect is
+    /// held by two holders at once.
     fn claim_effects(
         &self,
         holder: &str,
