@@ -355,11 +355,14 @@ fn check_business_key(key: &str) -> Result<(), BadInput> {
     })
 }
 
+/// Whether `value` fits the rule every identity field shares: at most [`MAX_ID_LEN`] bytes, no control
+/// character (emptiness is each caller's own rule).
+pub(crate) fn fits_id_field(value: &str) -> bool {
+    value.len() <= MAX_ID_LEN && !value.chars().any(char::is_control)
+}
+
 fn check_field(field: &'static str, value: &str, may_be_empty: bool) -> Result<(), BadInput> {
-    if (!may_be_empty && value.trim().is_empty())
-        || value.len() > MAX_ID_LEN
-        || value.chars().any(char::is_control)
-    {
+    if (!may_be_empty && value.trim().is_empty()) || !fits_id_field(value) {
         return Err(BadInput::InvalidIdentityField {
             field,
             reason: "must be non-empty, at most 512 bytes, without control characters",

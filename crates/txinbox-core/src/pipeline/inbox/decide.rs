@@ -513,7 +513,7 @@ pub(super) fn body_of<T: Payload>(
 /// on every delivery of the message: refused here, the message is dead-lettered with the reason instead of
 /// being released for ever.
 fn check_effect(e: &crate::effects::Effect) -> Result<(), String> {
-    use crate::pipeline::identity::MAX_ID_LEN;
+    use crate::pipeline::identity::{fits_id_field, MAX_ID_LEN};
     let fields = [
         ("name", Some(e.name.as_str())),
         ("destination", Some(e.destination.as_str())),
@@ -522,7 +522,7 @@ fn check_effect(e: &crate::effects::Effect) -> Result<(), String> {
     ];
     for (field, value) in fields {
         let Some(v) = value else { continue };
-        if v.is_empty() || v.len() > MAX_ID_LEN || v.chars().any(char::is_control) {
+        if v.is_empty() || !fits_id_field(v) {
             return Err(format!(
                 "{field} is not 1 to {MAX_ID_LEN} bytes without control characters (it has {} bytes): {:?}",
                 v.len(),

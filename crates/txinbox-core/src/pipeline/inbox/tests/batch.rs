@@ -21,6 +21,19 @@ fn labels(o: &[Outcome]) -> Vec<&'static str> {
     o.iter().map(Outcome::label).collect()
 }
 
+/// The counter `name` summed over its labels, as `snap` sees it now.
+fn counter_total(snap: &metrics_util::debugging::Snapshotter, name: &str) -> u64 {
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == name)
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum()
+}
+
 /// A batch whose handlers all succeed is one transaction with no savepoint: the markers in one call, then
 /// the handlers.
 #[tokio::test]
@@ -71,16 +84,7 @@ async fn a_batch_is_one_transaction_and_a_failure_undoes_only_its_own_writes() {
         2,
         "one per delivery applied again"
     );
-    let retries: u64 = snap
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == m::RETRIES)
-        .map(|(.., v)| match v {
-            metrics_util::debugging::DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
+    let retries: u64 = counter_total(&snap, m::RETRIES);
     assert_eq!(retries, 1, "the failure counted once");
     assert_eq!(store.state().effects, ["task-2481", "task-2483"]);
     assert_eq!(store.state().markers.len(), 2);
@@ -268,16 +272,7 @@ async fn a_batch_refused_at_commit_resolves_each_identity_once() {
         .process_batch(q.receive_now(2), &CancellationToken::new())
         .await;
     assert_eq!(labels(&o), ["duplicate", "applied"]);
-    let fallbacks: u64 = snap
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == m::IDENTITY_BROKER_FALLBACK)
-        .map(|(.., v)| match v {
-            metrics_util::debugging::DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
+    let fallbacks: u64 = counter_total(&snap, m::IDENTITY_BROKER_FALLBACK);
     assert_eq!(fallbacks, 1, "one delivery identified by its broker id");
     assert_eq!(store.state().effects, ["task-2481", "task-2490"]);
 }
@@ -300,16 +295,7 @@ async fn a_delivery_held_behind_its_group_is_counted_as_a_retry() {
     batch.extend(b.receive_now(1));
     let o = p.process_batch(batch, &CancellationToken::new()).await;
     assert_eq!(labels(&o), ["retry", "retry"]);
-    let retries: u64 = snap
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, ..)| k.key().name() == m::RETRIES)
-        .map(|(.., v)| match v {
-            metrics_util::debugging::DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
+    let retries: u64 = counter_total(&snap, m::RETRIES);
     assert_eq!(retries, 2, "both released for a retry");
     assert!(store.state().effects.is_empty());
 }
