@@ -311,6 +311,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: include_str!("../migrations/postgres/0005_effect_truth.sql"),
         sqlite: include_str!("../migrations/sqlite/0005_effect_truth.sql"),
     },
+    Migration {
+        version: 6,
+        name: "finished_effects",
+        postgres: include_str!("../migrations/postgres/0006_finished_effects.sql"),
+        sqlite: include_str!("../migrations/sqlite/0006_finished_effects.sql"),
+    },
 ];
 
 /// The latest schema version this build knows.

@@ -34,6 +34,8 @@ pub mod error;
 mod health;
 pub mod ops;
 pub mod partitions;
+#[cfg(all(test, feature = "postgres", feature = "sqlite"))]
+mod plans;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]

@@ -14,6 +14,13 @@ use txinbox_core::effects::{
     ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
 };
 
+/// The effects runner's purge: done effects finished before $1, at most $2 (index `txinbox_effects_finished`).
+pub(crate) const PURGE_DONE_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < $1 LIMIT $2)";
+
+/// Maintenance's purge: effects done or compensated before $1, at most $2 (index
+/// `txinbox_effects_finished`).
+pub(crate) const PURGE_FINISHED_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name";
+
 /// The conditional insert. Without a conflict target, `ON CONFLICT DO NOTHING` covers both the primary key and
 /// the business-key index; a concurrent insert of the same key waits for the other transaction and then
 /// either conflicts (it committed) or proceeds (it rolled back).
@@ -423,7 +430,7 @@ impl Backend for Postgres {
         before: DateTime<Utc>,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let r = sqlx::query("DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < $1 LIMIT $2)")
+        let r = sqlx::query(PURGE_DONE_EFFECTS)
             .bind(from_first_timestamp(before))
             .bind(limit.max(1))
             .execute(pool)
@@ -470,7 +477,7 @@ impl Backend for Postgres {
         let sql = match table {
             Table::Markers => "WITH doomed AS (SELECT tableoid, ctid FROM txinbox_inbox WHERE retention_until < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) DELETE FROM txinbox_inbox t USING doomed d WHERE t.ctid = d.ctid AND t.tableoid = d.tableoid RETURNING t.consumer_name",
             Table::Rejections => "DELETE FROM txinbox_rejections WHERE id IN (SELECT id FROM txinbox_rejections WHERE recorded_at < $1 ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
-            Table::Effects => "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name",
+            Table::Effects => PURGE_FINISHED_EFFECTS,
             _ => return Ok(Vec::new()),
         };
         sqlx::query_scalar(sql)

@@ -13,6 +13,13 @@ use txinbox_core::effects::{
     ClaimedEffect, EffectCount, EffectState, NewEffect, TransitionColumns,
 };
 
+/// The effects runner's purge: done effects finished before ?1, at most ?2 (index `txinbox_effects_finished`).
+pub(crate) const PURGE_DONE_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < ?1 LIMIT ?2)";
+
+/// Maintenance's purge: effects done or compensated before ?1, at most ?2 (index
+/// `txinbox_effects_finished`).
+pub(crate) const PURGE_FINISHED_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < ?1 LIMIT ?2) RETURNING consumer_name";
+
 /// The conditional insert; `ON CONFLICT DO NOTHING` covers the primary key and the business-key index.
 pub(crate) const INSERT_MARKER: &str = "INSERT INTO txinbox_inbox (consumer_name, source, message_id, event_type, business_key, payload_hash, contract_version, tenant_id, received_at, processed_at, retention_until, id_origin, delivery_count) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) ON CONFLICT DO NOTHING";
 
@@ -333,7 +340,7 @@ impl Backend for Sqlite {
         before: DateTime<Utc>,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
-        let r = sqlx::query("DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < ?1 LIMIT ?2)")
+        let r = sqlx::query(PURGE_DONE_EFFECTS)
             .bind(ts(before))
             .bind(limit.max(1))
             .execute(pool)
@@ -380,7 +387,7 @@ impl Backend for Sqlite {
         let sql = match table {
             Table::Markers => "DELETE FROM txinbox_inbox WHERE rowid IN (SELECT rowid FROM txinbox_inbox WHERE retention_until < ?1 LIMIT ?2) RETURNING consumer_name",
             Table::Rejections => "DELETE FROM txinbox_rejections WHERE id IN (SELECT id FROM txinbox_rejections WHERE recorded_at < ?1 ORDER BY id LIMIT ?2) RETURNING consumer_name",
-            Table::Effects => "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < ?1 LIMIT ?2) RETURNING consumer_name",
+            Table::Effects => PURGE_FINISHED_EFFECTS,
             _ => return Ok(Vec::new()),
         };
         sqlx::query_scalar(sql)
