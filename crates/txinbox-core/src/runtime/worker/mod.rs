@@ -1,17 +1,23 @@
 //! The worker runtime: receive with bounded concurrency, keep leases alive, process through the inbox, and
 //! shut down gracefully.
 //!
-//! Shutdown: when the shutdown future resolves the worker stops receiving and lets in-flight deliveries finish
-//! (commit, then settle) for up to [`WorkerOptions::shutdown_timeout`]. Past that deadline it signals the
-//! processors to stop: a delivery that has not committed rolls back and is released; one that has committed
-//! always goes on to settle. The worker never stops between COMMIT and settle.
+//! Shutdown: when the shutdown future resolves (the stop signal) the worker stops receiving and lets in-flight
+//! deliveries finish (commit, then settle) until the shutdown deadline, [`WorkerOptions::shutdown_timeout`]
+//! after the signal. Everything the stop waits for counts in that time, the long poll in flight below
+//! included, so a worker whose timeout is a few seconds under its orchestrator's grace period (Kubernetes sends
+//! SIGKILL 30 s after SIGTERM by default) is done before it. At the deadline the worker signals the processors
+//! to stop: a delivery that has not committed rolls back and is released with no delay (outcome
+//! [`Outcome::Interrupted`]; never acknowledged, it is received again); one that has committed always goes on
+//! to settle. The worker never stops between COMMIT and settle: it returns once those last rollbacks and
+//! settles have answered, the only work past the deadline.
 //!
-//! A receive (long poll) still in flight when shutdown begins is let finish (it lasts at most the adapter's
-//! long-poll wait, and never longer than [`WorkerOptions::shutdown_timeout`] or
-//! [`WorkerOptions::shutdown_receive_wait`]); whatever it brought is handed straight back to the broker
-//! ([`Delivery::release`] with no delay: SQS visibility 0, Service Bus unlock), so another worker receives
-//! those messages at once instead of after their lock or visibility timeout. An idle worker therefore takes up
-//! to the long-poll wait to stop.
+//! A receive (long poll) still in flight when shutdown begins is let finish, at most until the deadline (and
+//! for at most [`WorkerOptions::shutdown_receive_wait`] when set); whatever it brought is handed back to the
+//! broker ([`Delivery::release`] with no delay: SQS visibility 0, Service Bus unlock), so another worker
+//! receives those messages at once instead of after their lock or visibility timeout. A poll still running at
+//! the deadline is dropped: what the broker hands it then waits for its lock or visibility timeout. An idle
+//! worker therefore takes up to the long-poll wait (or the shutdown timeout, if shorter) to stop. A worker that
+//! gives up on receives (below) stops the same way, its deadline counted from the moment it gives up.
 //!
 //! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
 //! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
@@ -65,7 +71,7 @@ pub use options::{WorkerOptions, MAX_BATCH_COMMIT, MAX_BATCH_LINGER, MAX_RECEIVE
 pub use receive::{is_persistent_receive_error, receive_backoff};
 pub use report::WorkerReport;
 
-use receive::{Dispatch, Holding, LoopContext};
+use receive::{Dispatch, Holding, LoopContext, Stopping};
 
 /// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
 /// begins, so a renewal racing with the settle is never mistaken for a lost lock.
@@ -240,8 +246,9 @@ where
         if let Some(h) = &health {
             h.worker_started();
         }
-        // Cancelled by the shutdown, or by a loop that gives up: every loop stops receiving.
-        let stopping = CancellationToken::new();
+        // Signalled by the shutdown, or by a loop that gives up: every loop stops receiving, and the
+        // shutdown deadline starts.
+        let stopping = Stopping::new(self.opts.shutdown_timeout);
         let places_gate = tokio::sync::Mutex::new(());
         let ctx = LoopContext {
             opts: &self.opts,
@@ -261,7 +268,7 @@ where
                 if let Some(h) = &health {
                     h.worker_stopping();
                 }
-                stopping.cancel();
+                stopping.stop();
                 loops.await;
             }
         }
@@ -276,7 +283,8 @@ where
         }
         dispatch.draining.cancel();
         tracker.close();
-        if tokio::time::timeout(self.opts.shutdown_timeout, tracker.wait())
+        // `shutdown_timeout` from the stop signal, the loops' exit (a long poll let finish) included.
+        if tokio::time::timeout_at(stopping.deadline(), tracker.wait())
             .await
             .is_err()
         {

@@ -25,7 +25,8 @@ pub struct WorkerOptions {
     pub(crate) concurrency: usize,
     /// Most deliveries asked for in one receive (default 10, the SQS maximum).
     pub(crate) batch_size: usize,
-    /// How long in-flight deliveries may run after shutdown begins (default 30 s).
+    /// How long the worker may take to stop, counted from the stop signal (default 30 s). See
+    /// [`WorkerOptions::shutdown_timeout`].
     pub(crate) shutdown_timeout: Duration,
     /// What the lease keeper cannot learn from a lease (the maximum total hold). The cadence and the
     /// extension come from each delivery's [`Lease::duration`](crate::Lease::duration): renewed every third of
@@ -53,9 +54,9 @@ pub struct WorkerOptions {
     /// `None`: never give up).
     pub(crate) give_up_after: Option<Duration>,
     /// How long a receive (long poll) still in flight at shutdown is waited for, so that what it brings is
-    /// handed back at once (default `None`: until it ends, at most the adapter's long-poll wait and never
-    /// longer than [`shutdown_timeout`](Self::shutdown_timeout)). An idle worker therefore takes up to the
-    /// long-poll wait (20 s by default) to stop. `Some(Duration::ZERO)` stops at once and drops the poll:
+    /// handed back at once (default `None`: until it ends, at most the adapter's long-poll wait and never past
+    /// the shutdown deadline, [`shutdown_timeout`](Self::shutdown_timeout) after the signal). An idle worker
+    /// therefore takes up to the long-poll wait (20 s by default) to stop. `Some(Duration::ZERO)` stops at once and drops the poll:
     /// messages the broker hands to it then wait for their visibility timeout or lock.
     pub(crate) shutdown_receive_wait: Option<Duration>,
 }
@@ -90,7 +91,13 @@ impl WorkerOptions {
         self.batch_size = n.max(1);
         self
     }
-    /// Sets the shutdown timeout.
+    /// Sets how long the worker may take to stop, counted from the stop signal (the shutdown future resolving,
+    /// or the worker giving up on receives): the long poll in flight is let finish and the in-flight
+    /// deliveries commit and settle within it. At its end a delivery that has not committed rolls back and is
+    /// released (outcome `interrupted`, received again later, never acknowledged), a long poll still running is
+    /// dropped, and the worker returns once the last rollbacks and settles have answered (a delivery that
+    /// committed is always settled). Set it a few seconds under the grace period your orchestrator gives before
+    /// it kills the process (Kubernetes: `terminationGracePeriodSeconds`, 30 s by default).
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
         self.shutdown_timeout = d;
         self
@@ -162,8 +169,8 @@ impl WorkerOptions {
         self.give_up_after = d;
         self
     }
-    /// Sets how long a receive in flight at shutdown is waited for (`None`: until it ends, within the
-    /// shutdown timeout; zero: dropped at once).
+    /// Sets how long a receive in flight at shutdown is waited for (`None`: until it ends, never past the
+    /// shutdown deadline; zero: dropped at once).
     pub fn shutdown_receive_wait(mut self, d: Option<Duration>) -> Self {
         self.shutdown_receive_wait = d;
         self
@@ -176,7 +183,7 @@ impl WorkerOptions {
     pub fn get_batch_size(&self) -> usize {
         self.batch_size
     }
-    /// How long in-flight deliveries may run after shutdown begins.
+    /// How long the worker may take to stop, counted from the stop signal.
     pub fn get_shutdown_timeout(&self) -> Duration {
         self.shutdown_timeout
     }

@@ -75,8 +75,51 @@ pub(super) struct LoopContext<'a, P> {
     pub(super) places_gate: &'a tokio::sync::Mutex<()>,
     pub(super) dispatch: &'a Dispatch<P>,
     pub(super) health: Option<&'a crate::runtime::health::Health>,
-    pub(super) stopping: &'a CancellationToken,
+    pub(super) stopping: &'a Stopping,
     pub(super) until_idle: bool,
+}
+
+/// The worker's stop: the signal every receive loop watches, and the deadline it sets.
+pub(super) struct Stopping {
+    token: CancellationToken,
+    /// `shutdown_timeout` after the stop was signalled: the receive loops' exit and the drain end by then.
+    deadline: std::sync::OnceLock<Instant>,
+    timeout: Duration,
+}
+
+impl Stopping {
+    pub(super) fn new(timeout: Duration) -> Self {
+        Self {
+            token: CancellationToken::new(),
+            deadline: std::sync::OnceLock::new(),
+            timeout,
+        }
+    }
+
+    /// Signals the stop (the shutdown, or a loop that gives up): the deadline starts now.
+    pub(super) fn stop(&self) {
+        self.deadline();
+        self.token.cancel();
+    }
+
+    pub(super) fn cancelled(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.token.cancelled()
+    }
+
+    /// When the drain ends: `shutdown_timeout` after the stop was signalled (or, when the loops ended by
+    /// themselves, after this was first asked).
+    pub(super) fn deadline(&self) -> Instant {
+        *self.deadline.get_or_init(|| {
+            Instant::now()
+                .checked_add(self.timeout)
+                .unwrap_or_else(far_future)
+        })
+    }
+}
+
+/// An instant too far away to matter (about 30 years), for a timeout too large to add to now.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 impl<P> LoopContext<'_, P> {
@@ -144,10 +187,10 @@ impl<P> LoopContext<'_, P> {
                     biased;
                     _ = stopping.cancelled() => {
                         // Let the long poll finish and hand back what it brought, so that those messages are
-                        // received again at once rather than after their lock or visibility timeout.
-                        let wait = opts
-                            .shutdown_receive_wait
-                            .map_or(opts.shutdown_timeout, |w| w.min(opts.shutdown_timeout));
+                        // received again at once rather than after their lock or visibility timeout; never past
+                        // the shutdown deadline, which counts from the signal.
+                        let left = stopping.deadline().saturating_duration_since(Instant::now());
+                        let wait = opts.shutdown_receive_wait.map_or(left, |w| w.min(left));
                         dispatch.spawn(pending.take());
                         hand_back(receive, wait, consumer).await;
                         break 'receiving;
@@ -225,7 +268,7 @@ impl<P> LoopContext<'_, P> {
                                     .gave_up
                                     .get_or_insert(why);
                                 // The worker stops as on shutdown: its other loops too.
-                                stopping.cancel();
+                                stopping.stop();
                                 break;
                             }
                         }

@@ -1,0 +1,118 @@
+//! `WorkerOptions::shutdown_timeout` counts from the stop signal: the receive loops' exit (a long poll still
+//! in flight) and the in-flight deliveries' drain end within it, so a worker stops inside an orchestrator's
+//! grace period (Kubernetes: SIGKILL 30 s after SIGTERM) however long its broker's long poll. On tokio's
+//! paused clock: the durations are the ones a real worker runs with, and nothing waits for them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+use txinbox_core::{Delivery, Outcome, OutcomeKind, Processor, Worker, WorkerOptions};
+
+/// A handler that never finishes by itself: it honours the worker's stop as the inbox does before COMMIT
+/// (rolls back, releases with no delay, [`Outcome::Interrupted`]).
+struct Blocks(Arc<tokio::sync::Notify>);
+
+impl<D: Delivery> Processor<D> for Blocks {
+    fn consumer(&self) -> &str {
+        "shutdown-deadline"
+    }
+    async fn process(&self, delivery: D, stop: CancellationToken) -> Outcome {
+        self.0.notify_one();
+        stop.cancelled().await;
+        let _ = delivery.release(Duration::ZERO).await;
+        Outcome::Interrupted
+    }
+}
+
+/// A delivery in flight and a long poll in flight when the signal comes: the worker returns
+/// `shutdown_timeout` after the signal (the delivery had all of it), not after the poll's end plus
+/// `shutdown_timeout`; the delivery is released, never acknowledged.
+#[tokio::test(start_paused = true)]
+async fn the_shutdown_timeout_counts_from_the_signal_not_from_the_end_of_the_long_poll() {
+    let poll_wait = Duration::from_secs(20);
+    let timeout = Duration::from_secs(30);
+    let queue = MemoryQueue::new(QueueOptions {
+        wait: poll_wait,
+        visibility_timeout: Duration::from_secs(300),
+        ..QueueOptions::default()
+    });
+    queue.send(OutgoingMessage::new("m1").producer_id("p1"));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let stop = CancellationToken::new();
+    // Two places, receives of one, one loop: once the message is in its handler, the loop long-polls for
+    // the second place.
+    let worker = tokio::spawn(
+        Worker::new(queue.receiver(), Blocks(started.clone()))
+            .options(
+                WorkerOptions::default()
+                    .concurrency(2)
+                    .batch_size(1)
+                    .receive_loops(1)
+                    .shutdown_timeout(timeout),
+            )
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    started.notified().await;
+    // Well into the next long poll (it ends 20 s after it began, empty).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let signalled = Instant::now();
+    stop.cancel();
+    let report = worker.await.expect("no panic");
+    let took = signalled.elapsed();
+    assert!(
+        took >= timeout,
+        "the delivery in flight had the whole shutdown timeout: stopped {took:?} after the signal"
+    );
+    assert!(
+        took < timeout + Duration::from_secs(1),
+        "stopped {took:?} after the signal: the shutdown timeout ({timeout:?}) began when the long poll ended"
+    );
+    assert_eq!(report.count(OutcomeKind::Interrupted), 1, "{report}");
+    let state = queue.state();
+    assert_eq!(
+        (state.visible, state.in_flight),
+        (1, 0),
+        "released at the deadline, not acknowledged: {state:?}"
+    );
+}
+
+/// A long poll in flight at the signal is waited for only until the deadline: a broker whose poll outlasts
+/// `shutdown_timeout` does not hold the worker past it, nor does it eat into the drain of what is in flight.
+#[tokio::test(start_paused = true)]
+async fn a_long_poll_longer_than_the_shutdown_timeout_is_cut_at_the_deadline() {
+    let timeout = Duration::from_secs(5);
+    let queue = MemoryQueue::new(QueueOptions {
+        wait: Duration::from_secs(20),
+        visibility_timeout: Duration::from_secs(300),
+        ..QueueOptions::default()
+    });
+    queue.send(OutgoingMessage::new("m1").producer_id("p1"));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(
+        Worker::new(queue.receiver(), Blocks(started.clone()))
+            .options(
+                WorkerOptions::default()
+                    .concurrency(2)
+                    .batch_size(1)
+                    .receive_loops(1)
+                    .shutdown_timeout(timeout),
+            )
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    started.notified().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let signalled = Instant::now();
+    stop.cancel();
+    let report = worker.await.expect("no panic");
+    let took = signalled.elapsed();
+    assert!(
+        took <= timeout,
+        "stopped {took:?} after the signal, past the shutdown timeout ({timeout:?})"
+    );
+    assert_eq!(report.count(OutcomeKind::Interrupted), 1, "{report}");
+    assert_eq!(queue.state().visible, 1, "released, not acknowledged");
+}
