@@ -119,3 +119,33 @@ async fn a_negative_claim_limit_claims_one_on_postgres() {
     )
     .await;
 }
+
+/// An operator's query naming a consumer, a message or a kind with a NUL in it finds nothing, on PostgreSQL
+/// as on SQLite: no stored name or id holds a NUL, and PostgreSQL refused the parameter itself.
+macro_rules! queried_with_a_nul {
+    ($store:expr) => {{
+        use txinbox_store::ops::RejectionFilter;
+        let store = $store;
+        let now = Utc::now();
+        let f = RejectionFilter::new().consumer("c\0").kind("payload_collision\0");
+        let rejections = store.rejections(&f).await;
+        assert!(matches!(&rejections, Ok(r) if r.is_empty()), "{rejections:?}");
+        let stats = store.consumer_stats(Some("\0"), now).await;
+        assert!(
+            matches!(&stats, Ok(s) if s.len() == 1 && s[0].inbox_rows == 0),
+            "{stats:?}"
+        );
+        let story = store.message_story("c", "m\0", Some("s\0")).await;
+        assert!(matches!(&story, Ok(s) if !s.found()), "{story:?}");
+    }};
+}
+
+#[tokio::test]
+async fn an_operator_query_with_a_nul_finds_nothing_on_sqlite() {
+    queried_with_a_nul!(txinbox_testkit::sqlite_store().await);
+}
+
+#[tokio::test]
+async fn an_operator_query_with_a_nul_finds_nothing_on_postgres() {
+    queried_with_a_nul!(txinbox_testkit::pg_store(2).await);
+}

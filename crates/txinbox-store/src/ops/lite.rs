@@ -35,7 +35,7 @@ impl Cols for SqliteRow {
 
 impl OpsDb for crate::Store<sqlx::Sqlite> {
     type Row = SqliteRow;
-    async fn fetch(&self, sql: &str, params: &[Param]) -> Result<Vec<SqliteRow>, sqlx::Error> {
+    async fn query(&self, sql: &str, params: &[Param]) -> Result<Vec<SqliteRow>, sqlx::Error> {
         // `$N` is PostgreSQL's placeholder; SQLite numbers them `?N`.
         let sql = sql.replace('$', "?");
         let mut q = sqlx::query(&sql);

@@ -27,7 +27,7 @@ impl Cols for PgRow {
 
 impl OpsDb for crate::Store<sqlx::Postgres> {
     type Row = PgRow;
-    async fn fetch(&self, sql: &str, params: &[Param]) -> Result<Vec<PgRow>, sqlx::Error> {
+    async fn query(&self, sql: &str, params: &[Param]) -> Result<Vec<PgRow>, sqlx::Error> {
         let mut q = sqlx::query(sql);
         for p in params {
             q = match p {

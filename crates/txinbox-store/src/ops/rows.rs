@@ -20,7 +20,21 @@ pub(super) trait Cols {
 /// A store the operator queries run on.
 pub(super) trait OpsDb {
     type Row: Cols;
-    async fn fetch(&self, sql: &str, params: &[Param]) -> Result<Vec<Self::Row>, sqlx::Error>;
+    /// Runs `sql` with `params`.
+    async fn query(&self, sql: &str, params: &[Param]) -> Result<Vec<Self::Row>, sqlx::Error>;
+
+    /// The rows of `sql` with `params`; none when a text parameter holds a NUL: no stored name or id has one
+    /// (PostgreSQL's text cannot hold it, and the pipeline refuses it in every identity field), so nothing
+    /// matches, on SQLite as on PostgreSQL, which refused the parameter itself.
+    async fn fetch(&self, sql: &str, params: &[Param]) -> Result<Vec<Self::Row>, sqlx::Error> {
+        if params
+            .iter()
+            .any(|p| matches!(p, Param::Text(s) if s.contains('\0')))
+        {
+            return Ok(Vec::new());
+        }
+        self.query(sql, params).await
+    }
 }
 
 pub(super) fn marker_from<R: Cols>(r: &R) -> Result<MarkerView, sqlx::Error> {
