@@ -10,6 +10,8 @@ use txinbox_core::settings::{
 };
 use txinbox_core::{EffectRunner, EffectState};
 
+use crate::out::outln;
+
 /// Arguments of `txinbox effects run`. The destinations come from the settings file's `[effects]` section
 /// (`--config`), and from the flags below, which say the same thing per destination NAME and win over the file:
 /// every rule of the file can be given on the command line.
@@ -290,7 +292,7 @@ pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String>
     } else {
         runner.run_until(txinbox_core::shutdown_signal()).await
     };
-    println!("{report}");
+    outln!("{report}");
     // `--once` promises nothing due is left: a store error (a claim that failed) may have left effects unrun.
     if args.once && report.store_errors > 0 {
         return Err(format!(
@@ -335,7 +337,7 @@ pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Resu
         .compensate(&args.key)
         .await
         .map_err(|e| e.to_string())?;
-    println!("effect {} {state}", args.key);
+    outln!("effect {} {state}", args.key);
     Ok(())
 }
 
@@ -343,9 +345,12 @@ pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Resu
 /// destination are shown on a row of their own (`done_without_reference`), apart from the uncertain ones.
 pub async fn stats<S: EffectStore>(store: S) -> Result<(), String> {
     let mut counts = store.effect_counts().await.map_err(|e| e.to_string())?;
-    println!(
+    outln!(
         "{:<24} {:<20} {:<24} {:>8}  oldest",
-        "consumer", "destination", "state", "effects"
+        "consumer",
+        "destination",
+        "state",
+        "effects"
     );
     counts.sort_by(|a, b| {
         (&a.consumer, &a.destination, a.state).cmp(&(&b.consumer, &b.destination, b.state))
@@ -357,14 +362,20 @@ pub async fn stats<S: EffectStore>(store: S) -> Result<(), String> {
         } else {
             c.count
         };
-        println!(
+        outln!(
             "{:<24} {:<20} {:<24} {:>8}  {oldest}",
-            c.consumer, c.destination, c.state, with_reference
+            c.consumer,
+            c.destination,
+            c.state,
+            with_reference
         );
         if c.state == EffectState::Done && c.without_reference > 0 {
-            println!(
+            outln!(
                 "{:<24} {:<20} {:<24} {:>8}",
-                c.consumer, c.destination, "done_without_reference", c.without_reference
+                c.consumer,
+                c.destination,
+                "done_without_reference",
+                c.without_reference
             );
         }
     }

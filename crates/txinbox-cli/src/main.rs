@@ -1,5 +1,8 @@
 //! `txinbox`: the lab, the failure windows and operator tools.
 
+// Standard output goes through `out` (a closed pipe ends the command quietly), never `println!`.
+#![deny(clippy::print_stdout)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -7,8 +10,11 @@ use redrive::{ServiceBusProgress, SqsProgress};
 use txinbox_lab::lab::{run_lab_on, Target};
 use txinbox_lab::windows;
 
+use out::{out, outln};
+
 mod effects;
 mod inbox;
+mod out;
 mod partition;
 mod purge;
 mod redrive;
@@ -185,9 +191,11 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
                 txinbox_servicebus::redrive(&client, &from, &queue, &opts, &mut progress).await;
             match progress.finish(result) {
                 Ok(r) => {
-                    println!(
+                    outln!(
                         "moved={} deferred={} complete_failed={}",
-                        r.moved, r.deferred, r.settle_failed
+                        r.moved,
+                        r.deferred,
+                        r.settle_failed
                     );
                     ExitCode::SUCCESS
                 }
@@ -212,7 +220,7 @@ fn sqs(command: SqsCommand) -> ExitCode {
             let result = txinbox_sqs::redrive(&client, &from, &to, &opts, &mut progress).await;
             match progress.finish(result) {
                 Ok(r) => {
-                    println!(
+                    outln!(
                         "moved={} new_dedup_id={} deferred={} initially_visible={}{}",
                         r.moved,
                         r.new_dedup_id,
@@ -279,7 +287,7 @@ fn main() -> ExitCode {
                     Ok(rows) => {
                         let mut ok = true;
                         for r in &rows {
-                            println!("{r}");
+                            outln!("{r}");
                             ok &= r.ok();
                         }
                         if ok {
@@ -294,7 +302,7 @@ fn main() -> ExitCode {
                 let r = rt.block_on(run_lab_on(&target, messages, copies));
                 match r {
                     Ok(report) => {
-                        println!("{report}");
+                        outln!("{report}");
                         ExitCode::SUCCESS
                     }
                     Err(e) => fail(&e),
@@ -339,7 +347,7 @@ fn main() -> ExitCode {
             let result = rt.block_on(async {
                 for t in &targets {
                     if let Some(shard) = &t.shard {
-                        println!("shard {shard}:");
+                        outln!("shard {shard}:");
                     }
                     effects_on(&t.url, &command).await?;
                 }
@@ -355,12 +363,12 @@ fn main() -> ExitCode {
         }
         Command::Schema { backend } => {
             if backend == "postgres" {
-                print!(
+                out!(
                     "{}",
                     txinbox_store::Store::<sqlx::Postgres>::migration_sql()
                 );
             } else {
-                print!("{}", txinbox_store::Store::<sqlx::Sqlite>::migration_sql());
+                out!("{}", txinbox_store::Store::<sqlx::Sqlite>::migration_sql());
             }
             ExitCode::SUCCESS
         }
@@ -430,8 +438,7 @@ fn check_infra(
         .fold(txinbox_infra::Input::detect(dir), |input, file| {
             input.var_file(file)
         });
-    let mut out = std::io::stdout().lock();
-    match txinbox_infra::run(&input, config, &mut out) {
+    match txinbox_infra::run(&input, config, &mut out::Stdout::lock()) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => fail(&e),

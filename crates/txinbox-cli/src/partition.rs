@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::out::outln;
 use crate::targets::fail;
 
 use txinbox_store::{PartitionOptions, Store};
@@ -59,10 +60,10 @@ pub fn run(args: &PartitionArgs) -> ExitCode {
     }
     for t in &targets {
         if let Some(shard) = &t.shard {
-            println!("shard {shard}:");
+            outln!("shard {shard}:");
         }
         match rt.block_on(one(&t.url, &opts, args.status)) {
-            Ok(line) => println!("{line}"),
+            Ok(line) => outln!("{line}"),
             Err(e) => return fail(&e),
         }
     }

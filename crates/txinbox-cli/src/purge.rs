@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::out::outln;
 use crate::targets::fail;
 
 use txinbox_core::runtime::maintenance::Table;
@@ -50,7 +51,7 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
     let mut budget_exhausted = false;
     for t in &targets {
         if let (Some(shard), false) = (&t.shard, args.json) {
-            println!("shard {shard}:");
+            outln!("shard {shard}:");
         }
         let report = match rt.block_on(one_pass(&t.url, args)) {
             Ok(r) => r,
@@ -109,9 +110,9 @@ async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, Stri
 
 fn print_report(report: &MaintenanceReport, json: bool) {
     if json {
-        println!("{}", report_json(report));
+        outln!("{}", report_json(report));
     } else {
-        println!("{report}");
+        outln!("{report}");
     }
 }
 

@@ -1,6 +1,6 @@
 //! The `txinbox` binary: the lab's exact output, its arguments, and its errors.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 fn txinbox(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
@@ -482,4 +482,81 @@ fn partition_status_changes_nothing_in_a_store_without_the_inbox() {
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema}")).execute(&pool))
         .unwrap();
     rt.block_on(pool.close());
+}
+
+/// A pipe whose only reader (`true`) has exited: a write to it is a broken pipe, whenever it comes.
+fn closed_pipe() -> std::process::ChildStdin {
+    let mut reader = Command::new("true")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("run true");
+    let writer = reader.stdin.take().expect("the pipe to true");
+    reader.wait().expect("true exits");
+    writer
+}
+
+/// Runs txinbox with `stdout` as its standard output: (exit code, stderr).
+fn txinbox_to(args: &[&str], stdout: impl Into<Stdio>) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args(args)
+        .env_remove("TXINBOX_STORE_URL")
+        .stdout(stdout)
+        .output()
+        .expect("run txinbox");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_closed_pipe_on_stdout_ends_every_command_quietly_with_141() {
+    let dir = scratch("closed-pipe");
+    let url = sqlite_store(&dir, "inbox.db");
+    let infra = concat!(env!("CARGO_MANIFEST_DIR"), "/../../infra/aws-sqs-fifo");
+    for args in [
+        &["lab", "--messages", "50"][..],
+        &["schema", "--backend", "postgres"][..],
+        &["inbox", "stats", "--store", &url][..],
+        &[
+            "inbox",
+            "show",
+            "--consumer",
+            "c",
+            "--message-id",
+            "m",
+            "--store",
+            &url,
+        ][..],
+        &["effects", "stats", "--store", &url][..],
+        &["check-infra", infra][..],
+    ] {
+        let (code, err) = txinbox_to(args, closed_pipe());
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert_eq!(code, 141, "{args:?}: {err}");
+        assert_eq!(err, "", "{args:?} printed nothing on stderr");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn another_write_error_on_stdout_is_reported_with_exit_2() {
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let (code, err) = txinbox_to(&["lab"], full());
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("error: writing to standard output") && err.contains("No space left"),
+        "{err}"
+    );
+    let infra = concat!(env!("CARGO_MANIFEST_DIR"), "/../../infra/aws-sqs-fifo");
+    let (code, err) = txinbox_to(&["check-infra", infra], full());
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("No space left"), "{err}");
 }

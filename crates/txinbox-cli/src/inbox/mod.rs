@@ -20,6 +20,8 @@ use txinbox_store::{Backend, Migrations, Store};
 
 mod print;
 
+use crate::out::outln;
+
 use print::{print_json, print_rejections, print_stats, print_story};
 
 /// `txinbox inbox ...`: the operator's commands on the workers' store.
@@ -215,7 +217,7 @@ pub fn run(command: InboxCommand) -> ExitCode {
         for t in &targets {
             if let Some(shard) = &t.shard {
                 if !command.common().json {
-                    println!("shard {shard}:");
+                    outln!("shard {shard}:");
                 }
             }
             let store = Ops::open(&t.url).await?;

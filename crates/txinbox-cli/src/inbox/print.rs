@@ -4,9 +4,11 @@ use chrono::{DateTime, SecondsFormat, Utc};
 
 use txinbox_core::store::ops::{ConsumerStats, EffectView, MarkerView, MessageStory, RejectionRow};
 
+use crate::out::outln;
+
 pub(super) fn print_json(v: &serde_json::Value) -> Result<(), String> {
     let s = serde_json::to_string_pretty(v).map_err(|e| e.to_string())?;
-    println!("{s}");
+    outln!("{s}");
     Ok(())
 }
 
@@ -57,7 +59,7 @@ fn print_table(headers: &[&str], right: &[&str], rows: &[Vec<String>]) {
                 out.push_str(&format!("{c:<w$}"));
             }
         }
-        println!("{}", out.trim_end());
+        outln!("{}", out.trim_end());
     };
     line(&mut headers.iter().copied());
     for r in rows {
@@ -124,7 +126,7 @@ pub(super) fn print_stats(stats: &[ConsumerStats]) {
 fn print_fields(indent: &str, fields: &[(&str, String)]) {
     let w = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in fields {
-        println!("{indent}{k:<w$}  {v}");
+        outln!("{indent}{k:<w$}  {v}");
     }
 }
 
@@ -183,7 +185,7 @@ fn effect_fields(e: &EffectView) -> Vec<(&'static str, String)> {
 }
 
 pub(super) fn print_story(s: &MessageStory) {
-    println!(
+    outln!(
         "message {} of consumer {} ({})",
         s.message_id,
         s.consumer,
@@ -192,27 +194,27 @@ pub(super) fn print_story(s: &MessageStory) {
             .map_or("any source".to_owned(), |src| format!("source {src}"))
     );
     if !s.found() {
-        println!("not found: no marker, rejection or effect");
+        outln!("not found: no marker, rejection or effect");
         return;
     }
     if s.markers.is_empty() {
-        println!("\nmarker: none (not applied, or purged after its retention)");
+        outln!("\nmarker: none (not applied, or purged after its retention)");
     }
     for m in &s.markers {
-        println!("\nmarker");
+        outln!("\nmarker");
         print_fields("  ", &marker_fields(m));
     }
-    println!("\nrejections: {}", s.rejections.len());
+    outln!("\nrejections: {}", s.rejections.len());
     for (i, r) in s.rejections.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!();
         }
         print_fields("  ", &rejection_fields(r));
     }
-    println!("\neffects: {}", s.effects.len());
+    outln!("\neffects: {}", s.effects.len());
     for (i, e) in s.effects.iter().enumerate() {
         if i > 0 {
-            println!();
+            outln!();
         }
         print_fields("  ", &effect_fields(e));
     }
