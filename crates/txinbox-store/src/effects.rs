@@ -19,6 +19,16 @@ impl<DB: Backend> EffectStore for Store<DB> {
         claim_until: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        // A destination with a NUL is no effect's (the pipeline refuses control characters in one): it
+        // claims nothing, on PostgreSQL, whose text refused it, as on SQLite.
+        if destinations.iter().any(|d| d.contains('\0')) {
+            let named: Vec<String> = destinations
+                .iter()
+                .filter(|d| !d.contains('\0'))
+                .cloned()
+                .collect();
+            return DB::claim_effects(self.pool(), holder, &named, now, claim_until, limit).await;
+        }
         DB::claim_effects(self.pool(), holder, destinations, now, claim_until, limit).await
     }
 

@@ -149,3 +149,57 @@ async fn an_operator_query_with_a_nul_finds_nothing_on_sqlite() {
 async fn an_operator_query_with_a_nul_finds_nothing_on_postgres() {
     queried_with_a_nul!(txinbox_testkit::pg_store(2).await);
 }
+
+/// A runner's destination with a NUL in it is no effect's: it claims nothing and the others' effects are
+/// claimed, on PostgreSQL as on SQLite, where PostgreSQL refused the whole claim.
+async fn claimed_for_a_destination_with_a_nul<DB: txinbox_store::Backend>(
+    store: Store<DB>,
+    insert: &str,
+) where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let claimed = store
+        .claim_effects(
+            "runner",
+            &["d\0".to_owned(), "d".to_owned()],
+            now,
+            now + chrono::Duration::minutes(1),
+            10,
+        )
+        .await;
+    assert!(matches!(&claimed, Ok(c) if c.len() == 1), "{claimed:?}");
+    let none = store
+        .claim_effects(
+            "runner",
+            &["\0".to_owned()],
+            now,
+            now + chrono::Duration::minutes(1),
+            10,
+        )
+        .await;
+    assert!(matches!(&none, Ok(c) if c.is_empty()), "{none:?}");
+}
+
+#[tokio::test]
+async fn a_destination_with_a_nul_claims_nothing_on_sqlite() {
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    claimed_for_a_destination_with_a_nul(
+        txinbox_testkit::sqlite_store().await,
+        &EFFECT.replace("NOW", &format!("'{now}'")),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_destination_with_a_nul_claims_nothing_on_postgres() {
+    claimed_for_a_destination_with_a_nul(
+        txinbox_testkit::pg_store(2).await,
+        &EFFECT
+            .replace("x'00'", "'\\x00'::bytea")
+            .replace("NOW", "now()"),
+    )
+    .await;
+}
