@@ -1,4 +1,18 @@
-//! ISO 8601 durations as Azure Service Bus uses them (`PT1M`, `P14D`, ...).
+//! ISO 8601 durations as Azure Service Bus uses them (`PT1M`, `P14D`, ...), and the redelivery path in
+//! seconds.
+
+use std::time::Duration;
+
+/// The longest redelivery path in whole seconds (`dead` the dead-letter or poison queue's retention, if the
+/// queue has one), by the workers' own rule: [`txinbox_core::RetentionPolicy::longest_redelivery_path`].
+pub(crate) fn redelivery_path(own: u64, dead: Option<u64>, grace: u64) -> u64 {
+    txinbox_core::RetentionPolicy::longest_redelivery_path(
+        Duration::from_secs(own),
+        dead.map(Duration::from_secs),
+        Duration::from_secs(grace),
+    )
+    .as_secs()
+}
 
 /// Parses an ISO 8601 duration (`PnYnMnWnDTnHnMnS`) into whole seconds,
 /// rounding a fractional second up. A year counts as 365 days and a month as

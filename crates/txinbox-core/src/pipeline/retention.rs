@@ -39,15 +39,40 @@ impl RetentionPolicy {
         self
     }
 
-    /// Checks that markers outlive every redelivery path: the queue's retention, the DLQ's retention plus
-    /// the redrive delay an operator may take.
+    /// The longest time between a message's first apply and a copy of it coming back, which markers must
+    /// outlive. Without a dead-letter queue, the queue's retention: an applied message whose delete was lost
+    /// can be received again until it expires. With one, a copy can wait in the queue its whole retention,
+    /// then in the dead-letter queue its whole retention, then for an operator's redrive
+    /// (`redrive_grace`): the sum. The dead-letter queue's time is counted from the move, as SQS does for FIFO
+    /// queues ("For FIFO queues, the enqueue timestamp resets when the message is moved to a dead-letter
+    /// queue"). Saturating: a retention "for ever" (`Duration::MAX`) makes the path for ever.
+    ///
+    /// `txinbox check-infra` compares the same sum with `inbox.retention_seconds`.
+    pub fn longest_redelivery_path(
+        queue_retention: Duration,
+        dead_letter_retention: Option<Duration>,
+        redrive_grace: Duration,
+    ) -> Duration {
+        match dead_letter_retention {
+            None => queue_retention,
+            Some(dead) => queue_retention
+                .saturating_add(dead)
+                .saturating_add(redrive_grace),
+        }
+    }
+
+    /// Checks that markers outlive every redelivery path through a queue with a dead-letter queue
+    /// ([`longest_redelivery_path`](Self::longest_redelivery_path)): the queue's retention, plus the
+    /// dead-letter queue's, plus the redrive delay an operator may take.
     ///
     /// ```
     /// use std::time::Duration;
     /// use txinbox_core::RetentionPolicy;
     /// let day = Duration::from_secs(86_400);
-    /// let p = RetentionPolicy::default().keep(7 * day);
-    /// assert!(p.check_covers(4 * day, 30 * day, day).is_err());
+    /// let p = RetentionPolicy::default().keep(14 * day);
+    /// // 4 days in the queue + 14 in the dead-letter queue + 1 to redrive: 19 days.
+    /// assert!(p.check_covers(4 * day, 14 * day, day).is_err());
+    /// // 4 + 5 + 1: 10 days.
     /// assert!(p.check_covers(4 * day, 5 * day, day).is_ok());
     /// ```
     pub fn check_covers(
@@ -56,11 +81,11 @@ impl RetentionPolicy {
         dlq_retention: Duration,
         redrive_delay: Duration,
     ) -> Result<(), String> {
-        // Saturating: a path "for ever" (Duration::MAX) is longer than any retention but a MAX one.
-        let longest = queue_retention.max(dlq_retention.saturating_add(redrive_delay));
+        let longest =
+            Self::longest_redelivery_path(queue_retention, Some(dlq_retention), redrive_delay);
         if self.keep < longest {
             return Err(format!(
-                "inbox retention {}s is shorter than the longest redelivery path {}s: a redriven or late message would look new",
+                "inbox retention {}s is shorter than the longest redelivery path {}s (queue retention + dead-letter queue retention + redrive delay): a redriven or late message would look new",
                 self.keep.as_secs(),
                 longest.as_secs()
             ));
@@ -83,5 +108,20 @@ mod tests {
         let day = Duration::from_secs(86_400);
         let p = RetentionPolicy::default().keep(30 * day);
         assert!(p.check_covers(day, Duration::MAX, day).is_err());
+    }
+
+    /// A copy can wait the queue's retention, then the dead-letter queue's (FIFO: counted again from the
+    /// move), then the redrive: markers kept for the longer of the two retentions alone do not cover it.
+    #[test]
+    fn the_path_through_a_dead_letter_queue_is_the_sum_of_its_parts() {
+        let day = Duration::from_secs(86_400);
+        let p = RetentionPolicy::default().keep(14 * day);
+        assert!(p.check_covers(4 * day, 14 * day, day).is_err());
+        assert!(p.check_covers(7 * day, 6 * day, day).is_ok());
+        assert!(p.check_covers(7 * day, 7 * day, day).is_err());
+        assert_eq!(
+            RetentionPolicy::longest_redelivery_path(4 * day, None, day),
+            4 * day
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use super::topology::{read_redrive, sqs_topology, strip_attr, Redrive, SqsTopology};
 use super::{as_bool, as_u64, show, Checker};
-use crate::duration::human;
+use crate::duration::{human, redelivery_path};
 use crate::terraform::{Resolved, Resource};
 use crate::{RuleId, SqsIdentity};
 
@@ -247,7 +247,7 @@ fn check_retention_path(c: &mut Checker<'_>, queue: &Resource, dlq: Option<&Reso
         return;
     };
     let Some(dlq) = dlq else {
-        if own > inbox {
+        if redelivery_path(own, None, grace) > inbox {
             c.at(RULE, queue, own_line, format!(
                 "{own_shown}: the queue keeps messages longer than the inbox keeps processed markers (inbox.retention_seconds = {}); a message redelivered after the inbox forgot its id would be processed again as new",
                 human(inbox)
@@ -259,7 +259,7 @@ fn check_retention_path(c: &mut Checker<'_>, queue: &Resource, dlq: Option<&Reso
     else {
         return;
     };
-    let path = own.saturating_add(dead).saturating_add(grace);
+    let path = redelivery_path(own, Some(dead), grace);
     if path > inbox {
         // Reported on the longer of the two retentions (the one to shorten first), naming the other.
         let (at, line, other) = if own > dead {
