@@ -306,6 +306,54 @@ mod tests {
     }
 }
 
+/// `url` for a log line, an error or a `Debug`: the password of its user info and every query value masked as
+/// `***` (an API key or a SAS signature may be one), `{placeholders}` of a URL template kept, the rest as
+/// written. `sqlite:FILE` and other forms without an authority are kept whole, but their query values.
+///
+/// ```
+/// use txinbox_core::error::redact_url;
+/// assert_eq!(
+///     redact_url("postgres://crm:s3cret@db/crm?sslmode=require"),
+///     "postgres://crm:***@db/crm?sslmode=***"
+/// );
+/// assert_eq!(
+///     redact_url("https://crm.example/v1/tasks?ref={external_ref}&api_key=k"),
+///     "https://crm.example/v1/tasks?ref={external_ref}&api_key=***"
+/// );
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rsplit_once('@') {
+                Some((user_info, host)) => match user_info.split_once(':') {
+                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
+                    None => base.to_owned(),
+                },
+                None => base.to_owned(),
+            }
+        }
+        None => base.to_owned(),
+    };
+    if let Some(q) = query {
+        let parts: Vec<String> = q
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) if v.starts_with('{') && v.ends_with('}') => format!("{k}={v}"),
+                Some((k, _)) => format!("{k}=***"),
+                None => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&parts.join("&"));
+    }
+    out
+}
+
 /// `text` with the secrets an error may quote masked as `***`: the password of a URL
 /// (`postgres://user:PASSWORD@host`), a Service Bus `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`.
 /// An error can quote them from where they were read: a settings file's line in a TOML parse error, a

@@ -244,7 +244,7 @@ impl HttpEffectBuilder {
         if self.upsert && !url.names_effect() {
             return Err(HttpConfigError::NoPlaceholder {
                 what: "the upsert URL",
-                url: template::redact(&self.url),
+                url: crate::error::redact_url(&self.url),
             });
         }
         confirm::check_pointer("reference", &self.reference, false)?;

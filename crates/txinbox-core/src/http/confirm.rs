@@ -198,7 +198,7 @@ impl Confirm {
         if !url.names_effect() && !body.as_ref().is_some_and(Template::names_effect) {
             return Err(HttpConfigError::NoPlaceholder {
                 what: "the confirmation",
-                url: template::redact(&self.url),
+                url: crate::error::redact_url(&self.url),
             });
         }
         template::check_url("confirmation URL", &url)?;

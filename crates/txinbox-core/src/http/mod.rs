@@ -202,7 +202,7 @@ impl EffectExecutor for HttpEffect {
                 Err(error) => return Execution::rejected(error),
             };
             let url = template::fill_url(&self.url, effect);
-            let shown = template::redact(&self.url);
+            let shown = crate::error::redact_url(&self.url);
             let content_type = effect
                 .metadata
                 .get(meta::CONTENT_TYPE)
@@ -370,7 +370,7 @@ impl EffectExecutor for HttpEffect {
                         }
                     }
                     Err(e) => Confirmation::Unknown {
-                        error: format!("{}: {e}", template::redact(&c.url)).into(),
+                        error: format!("{}: {e}", crate::error::redact_url(&c.url)).into(),
                     },
                 }
             };

@@ -76,12 +76,12 @@ pub(crate) fn check_url(what: &'static str, t: &Template<'_>) -> Result<(), Http
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
         Ok(u) => Err(HttpConfigError::Url {
             what,
-            url: redact(t.text()),
+            url: crate::error::redact_url(t.text()),
             detail: format!("the scheme must be http or https, not {:?}", u.scheme()),
         }),
         Err(e) => Err(HttpConfigError::Url {
             what,
-            url: redact(t.text()),
+            url: crate::error::redact_url(t.text()),
             detail: e.to_string(),
         }),
     }
@@ -124,37 +124,6 @@ pub(crate) fn encode(s: &str) -> String {
     out
 }
 
-/// `url` for an error or a log: without user info, query values hidden (an API key may be one), placeholders
-/// kept.
-pub(crate) fn redact(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let base = match base.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            format!("{scheme}://{host}{path}")
-        }
-        None => base.to_owned(),
-    };
-    match query {
-        None => base,
-        Some(q) => {
-            let parts: Vec<String> = q
-                .split('&')
-                .map(|p| match p.split_once('=') {
-                    Some((k, v)) if v.starts_with('{') && v.ends_with('}') => format!("{k}={v}"),
-                    Some((k, _)) => format!("{k}=…"),
-                    None => p.to_owned(),
-                })
-                .collect();
-            format!("{base}?{}", parts.join("&"))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,12 +131,15 @@ mod tests {
     #[test]
     fn urls_are_shown_without_secrets() {
         assert_eq!(
-            redact(
+            crate::error::redact_url(
                 "https://user:pw@crm.example/v1/tasks?external_ref={external_ref}&api_key=s3cret"
             ),
-            "https://crm.example/v1/tasks?external_ref={external_ref}&api_key=…"
+            "https://user:***@crm.example/v1/tasks?external_ref={external_ref}&api_key=***"
         );
-        assert_eq!(redact("http://h:8080/a/{key}"), "http://h:8080/a/{key}");
+        assert_eq!(
+            crate::error::redact_url("http://h:8080/a/{key}"),
+            "http://h:8080/a/{key}"
+        );
     }
 
     #[test]

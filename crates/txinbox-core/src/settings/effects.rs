@@ -155,7 +155,7 @@ pub struct ConfirmSettings {
 impl std::fmt::Debug for HttpDestinationSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpDestinationSettings")
-            .field("url", &super::redacted_url(&self.url))
+            .field("url", &crate::error::redact_url(&self.url))
             .field("method", &self.method)
             .field("upsert", &self.upsert)
             .field("key", &self.key)
@@ -169,7 +169,7 @@ impl std::fmt::Debug for HttpDestinationSettings {
             .field("confirm", &self.confirm)
             .field(
                 "compensate_url",
-                &self.compensate_url.as_deref().map(super::redacted_url),
+                &self.compensate_url.as_deref().map(crate::error::redact_url),
             )
             .finish()
     }
@@ -178,7 +178,7 @@ impl std::fmt::Debug for HttpDestinationSettings {
 impl std::fmt::Debug for ConfirmSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConfirmSettings")
-            .field("url", &super::redacted_url(&self.url))
+            .field("url", &crate::error::redact_url(&self.url))
             .field("method", &self.method)
             .field("body", &self.body)
             .field("rule", &self.rule)

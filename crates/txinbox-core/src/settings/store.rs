@@ -138,7 +138,7 @@ impl StoreSettings {
 impl std::fmt::Debug for StoreSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreSettings")
-            .field("url", &super::redacted_url(&self.url))
+            .field("url", &crate::error::redact_url(&self.url))
             .field("max_connections", &self.max_connections)
             .field("shards", &self.shards)
             .field("require_all_shards", &self.require_all_shards)
@@ -149,7 +149,7 @@ impl std::fmt::Debug for StoreSettings {
 impl std::fmt::Debug for ShardSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShardSettings")
-            .field("url", &self.url.as_deref().map(super::redacted_url))
+            .field("url", &self.url.as_deref().map(crate::error::redact_url))
             .field("url_env", &self.url_env)
             .field("tenants", &self.tenants)
             .field("rest", &self.rest)
