@@ -341,6 +341,10 @@ where
         self.inbox.consumer()
     }
 
+    fn max_payload_bytes(&self) -> Option<usize> {
+        Some(self.inbox.rules.max_payload_bytes)
+    }
+
     fn started(&self) {
         let c = self.inbox.label();
         for name in [

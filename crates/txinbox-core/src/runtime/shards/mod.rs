@@ -3,7 +3,8 @@
 //! sharding **with** the business data, never by a transaction across databases.
 //!
 //! ```text
-//! receive ─► route (ShardRouter: the tenant, or your function of the message)
+//! receive ─► a body larger than every shard accepts: unread, to the shard with the largest limit (below)
+//!         ─► route (ShardRouter: the tenant, or your function of the message)
 //!              ├─ a shard claims the key ......... that shard's processor: BEGIN, marker, handler, COMMIT, settle
 //!              ├─ that shard is unavailable ...... released with ShardOptions::unavailable_backoff, the others flow
 //!              └─ no shard claims it ............. dead-lettered, reason `no_shard` (nothing was written)
@@ -15,6 +16,12 @@
 //! tenants it claims, and a [`HealthCheck`] (the stores implement it). A tenant claimed twice, or two
 //! shards taking the rest, is refused when the [`Shards`] are built, with one line; a message whose tenant no
 //! shard claims can only be known from the message, so it is dead-lettered with a reason that names the tenant.
+//!
+//! **The size limit comes before the router.** When every shard's processor has a body limit
+//! ([`Processor::max_payload_bytes`](crate::runtime::worker::Processor::max_payload_bytes): an inbox's
+//! [`InputRules::max_payload_bytes`](crate::InputRules)), a larger body is never read by the router (a
+//! structured CloudEvent's tenant is in its JSON body): it goes unread to the shard whose limit is largest,
+//! whose inbox dead-letters it `payload_too_large` before any transaction, as a worker on one store does.
 //!
 //! **A shard that is down delays only its own messages.** The shards' checks are probed every
 //! [`ShardOptions::probe_interval`] while the worker runs (and at once after a delivery of a shard ended in a
@@ -129,6 +136,8 @@ enum Route {
     Shard(usize),
     Down(usize, String),
     Nowhere(String),
+    /// Larger than every shard accepts: to this shard's processor, which refuses it unread.
+    TooLarge(usize),
 }
 
 impl<P> Shards<P> {

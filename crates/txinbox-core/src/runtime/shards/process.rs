@@ -19,6 +19,11 @@ where
         self.inner.processors[0].consumer()
     }
 
+    /// The largest of the shards' limits, when each has one: a larger body is refused by every shard.
+    fn max_payload_bytes(&self) -> Option<usize> {
+        self.widest::<D>().map(|(_, limit)| limit)
+    }
+
     fn started(&self) {
         let consumer = self.inner.processors[0].consumer().to_owned();
         let _ = self.inner.consumer.set(consumer.clone());
@@ -49,7 +54,7 @@ where
     ) -> impl Future<Output = Outcome> + Send {
         let this = self.clone();
         async move {
-            match this.route(delivery.message()) {
+            match this.route_checked::<D>(delivery.message()) {
                 Route::Shard(i) => {
                     let outcome = this.inner.processors[i].process(delivery, stop).await;
                     if matches!(outcome, Outcome::Retry { .. }) {
@@ -59,6 +64,7 @@ where
                 }
                 Route::Down(i, why) => this.unavailable(delivery, i, &why).await,
                 Route::Nowhere(why) => this.nowhere(delivery, why).await,
+                Route::TooLarge(i) => this.inner.processors[i].process(delivery, stop).await,
             }
         }
         .boxed()
@@ -77,7 +83,7 @@ where
                 .collect();
             let mut elsewhere = Vec::new();
             for (at, d) in deliveries.into_iter().enumerate() {
-                match this.route(d.message()) {
+                match this.route_checked::<D>(d.message()) {
                     Route::Shard(i) => {
                         groups[i].0.push(at);
                         groups[i].1.push(d);
@@ -103,10 +109,12 @@ where
                 });
             let others = elsewhere.into_iter().map(|(at, d, route)| {
                 let this = this.clone();
+                let stop = stop.clone();
                 async move {
                     let o = match route {
                         Route::Down(i, why) => this.unavailable(d, i, &why).await,
                         Route::Nowhere(why) => this.nowhere(d, why).await,
+                        Route::TooLarge(i) => this.inner.processors[i].process(d, stop).await,
                         Route::Shard(_) => unreachable_route(),
                     };
                     (at, o)
@@ -142,6 +150,36 @@ fn unreachable_route() -> Outcome {
 }
 
 impl<P> Shards<P> {
+    /// The shard whose processor accepts the largest body, and that size, when every shard's processor
+    /// refuses a larger one itself ([`Processor::max_payload_bytes`]); `None` when one of them has no limit.
+    fn widest<D: Delivery>(&self) -> Option<(usize, usize)>
+    where
+        P: Processor<D>,
+    {
+        let mut widest: Option<(usize, usize)> = None;
+        for (i, p) in self.inner.processors.iter().enumerate() {
+            let limit = p.max_payload_bytes()?;
+            if widest.is_none_or(|(_, most)| limit > most) {
+                widest = Some((i, limit));
+            }
+        }
+        widest
+    }
+
+    /// Where `msg` goes, its size checked before the router reads it: a body every shard refuses goes, unread,
+    /// to the shard with the largest limit, which refuses it as a worker on one store would (dead-lettered
+    /// `payload_too_large`, its store untouched). The router (a structured CloudEvent's tenant is in its JSON
+    /// body) never parses more than a shard accepts.
+    fn route_checked<D: Delivery>(&self, msg: &crate::ReceivedMessage) -> Route
+    where
+        P: Processor<D>,
+    {
+        match self.widest::<D>() {
+            Some((i, limit)) if msg.body.len() > limit => Route::TooLarge(i),
+            _ => self.route(msg),
+        }
+    }
+
     fn consumer_of<D: Delivery>(&self) -> String
     where
         P: Processor<D>,

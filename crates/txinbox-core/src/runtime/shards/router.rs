@@ -7,7 +7,8 @@ type KeyFn = dyn Fn(&ReceivedMessage) -> Option<String> + Send + Sync;
 
 /// How a delivery names its shard: a key read from the message (the tenant by default), which a [`Shard`](super::Shard)
 /// claims. The key is read before any transaction opens, from the message alone, so every copy of a message
-/// goes to the same shard.
+/// goes to the same shard. A message whose body is larger than every shard accepts is never given to the
+/// router (see [the module docs](super)).
 #[derive(Clone)]
 #[must_use = "a ShardRouter does nothing until given to Shards::new"]
 pub struct ShardRouter {

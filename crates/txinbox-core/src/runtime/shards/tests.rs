@@ -100,3 +100,154 @@ fn every_key_goes_to_its_claimant_and_the_rest_to_the_rest() {
     m.attributes.insert("region".into(), "eu".into());
     assert_eq!(by_region.shard_of(&m), Ok("eu"));
 }
+
+/// A store the inbox must never reach: every call is counted and fails.
+#[derive(Clone, Default)]
+struct Untouched(Arc<std::sync::atomic::AtomicU32>);
+
+#[derive(Debug, thiserror::Error)]
+#[error("the store was reached")]
+struct Reached;
+
+impl Untouched {
+    fn reached<T>(&self) -> Result<T, Reached> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(Reached)
+    }
+}
+
+impl crate::store::InboxStore for Untouched {
+    type Tx = ();
+    type Error = Reached;
+    fn name(&self) -> &'static str {
+        "untouched"
+    }
+    async fn begin(&self) -> Result<(), Reached> {
+        self.reached()
+    }
+    async fn insert_marker(
+        &self,
+        _: &(),
+        _: &crate::store::MarkerRow<'_>,
+    ) -> Result<crate::store::MarkerInsert, Reached> {
+        self.reached()
+    }
+    async fn record_result(
+        &self,
+        _: &(),
+        _: &crate::Identity,
+        _: Option<&str>,
+        _: &[crate::effects::NewEffect<'_>],
+    ) -> Result<(), Reached> {
+        self.reached()
+    }
+    async fn commit(&self, _: ()) -> Result<crate::store::Commit, Reached> {
+        self.reached()
+    }
+    async fn rollback(&self, _: (), _: bool) -> Result<(), Reached> {
+        self.reached()
+    }
+    async fn record_rejection(&self, _: &crate::store::Rejection<'_>) -> Result<(), Reached> {
+        self.reached()
+    }
+    fn is_transient(_: &Reached) -> bool {
+        false
+    }
+}
+
+/// Two structured CloudEvents over `limit` bytes: one of a tenant a shard claims, one of a tenant none does.
+fn oversized(q: &crate::broker::mem::MemoryQueue, limit: usize) {
+    for (id, tenant) in [("e1", "acme"), ("e2", "umbrella")] {
+        let body = format!(
+            r#"{{"specversion":"1.0","id":"{id}","source":"crm","tenantid":"{tenant}","data":"{}"}}"#,
+            "x".repeat(limit)
+        );
+        q.send(crate::broker::mem::OutgoingMessage::new(body));
+    }
+}
+
+/// A body over the inbox's `max_payload_bytes` is refused before the router reads it (a structured
+/// CloudEvent's tenant is in its JSON: a hostile body would be parsed in full first), with the outcome a
+/// worker on one store gives it: dead-lettered `payload_too_large`, the store never reached. One delivery at
+/// a time and in batches.
+#[tokio::test]
+async fn an_oversized_body_is_refused_before_the_router_reads_it() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use crate::broker::mem::{MemoryQueue, QueueOptions};
+    use crate::{
+        ConsumerName, IdentityPolicy, Inbox, InputRules, Message, OutcomeKind, Worker,
+        WorkerOptions,
+    };
+
+    let limit = 1024;
+    let queue = || {
+        MemoryQueue::new(QueueOptions {
+            wait: Duration::from_millis(10),
+            ..QueueOptions::default()
+        })
+    };
+    let reached = Untouched::default();
+    let base = Inbox::new(
+        reached.clone(),
+        IdentityPolicy::new(ConsumerName::new("shards-limit").unwrap()),
+    )
+    .input_rules(InputRules::default().max_payload_bytes(limit))
+    .bind(|_tx, _m: Message<serde_json::Value>| async move { Ok(()) });
+
+    // One store: what an oversized message gets.
+    let single = queue();
+    oversized(&single, limit);
+    let report = Worker::new(single.receiver(), base.clone())
+        .run_until_idle()
+        .await;
+    assert_eq!(report.count(OutcomeKind::DeadLettered), 2, "{report}");
+    let dead_letters = |q: &MemoryQueue| {
+        let mut d: Vec<_> = q.dead_letters().into_iter().map(|(_, d)| d).collect();
+        d.sort_by(|a, b| a.detail.cmp(&b.detail));
+        d
+    };
+    let expected = dead_letters(&single);
+    assert!(
+        expected.iter().all(|d| d.reason == "payload_too_large"),
+        "{expected:?}"
+    );
+
+    for batch in [1, 4] {
+        let reads = Arc::new(AtomicU32::new(0));
+        let counted = reads.clone();
+        let shards = Shards::new(
+            ShardRouter::by("tenant", move |m| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                ShardRouter::tenant().key(m)
+            }),
+            [
+                Shard::new("eu-1", base.on_store(reached.clone())).claims(["acme"]),
+                Shard::new("us-1", base.on_store(reached.clone())).claims(["initech"]),
+            ],
+        )
+        .unwrap();
+        let sharded = queue();
+        oversized(&sharded, limit);
+        let report = Worker::new(sharded.receiver(), shards)
+            .options(WorkerOptions::default().batch_commit(batch))
+            .run_until_idle()
+            .await;
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            0,
+            "the router read an oversized message (batch {batch})"
+        );
+        assert_eq!(
+            report.count(OutcomeKind::DeadLettered),
+            2,
+            "batch {batch}: {report}"
+        );
+        assert_eq!(
+            dead_letters(&sharded),
+            expected,
+            "batch {batch}: as on one store"
+        );
+    }
+    assert_eq!(reached.0.load(Ordering::SeqCst), 0, "the store was reached");
+}

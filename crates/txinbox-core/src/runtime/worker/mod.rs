@@ -119,6 +119,15 @@ pub trait Processor<D: Delivery>: Send + Sync + 'static {
     fn process(&self, delivery: D, stop: CancellationToken)
         -> impl Future<Output = Outcome> + Send;
 
+    /// The largest message body this processor accepts, when it refuses a larger one itself without reading
+    /// it or touching its store (the inbox: [`InputRules::max_payload_bytes`](crate::InputRules), dead-lettered
+    /// `payload_too_large`). What reads the message before the processor does (the
+    /// [shard router](crate::runtime::shards)) hands a larger body to it unread. `None` (the default): no
+    /// limit known, the message is read whatever its size.
+    fn max_payload_bytes(&self) -> Option<usize> {
+        None
+    }
+
     /// Called once when a worker starts, before its first receive: a processor registers its metrics here
     /// (at zero, so that a monitoring system sees the first event as an increase).
     fn started(&self) {}
