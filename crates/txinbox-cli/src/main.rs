@@ -375,17 +375,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// Opens the store at `url` and runs one `txinbox effects` command on it.
+/// Opens the store at `url` and runs one `txinbox effects` command on it. The store is opened as it is, as
+/// `inbox purge` opens it: never created nor migrated, and refused without the inbox's schema (a mistyped URL
+/// would otherwise get a fresh, empty store, and the command would answer as if on it with exit code 0).
 async fn effects_on(url: &str, command: &EffectsCommand) -> Result<(), String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = txinbox_store::Store::<sqlx::Postgres>::connect(url, 8)
-            .await
-            .map_err(|e| e.to_string())?;
+        let store = inbox::postgres_as_is(url, "txinbox-effects", 8).await?;
         effects_command(store, command).await
     } else if url.starts_with("sqlite:") {
-        let store = txinbox_store::Store::<sqlx::Sqlite>::connect(url)
-            .await
-            .map_err(|e| e.to_string())?;
+        let store = inbox::sqlite_as_is(url, 8).await?;
         effects_command(store, command).await
     } else if url.starts_with("dynamodb://") {
         // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is checked.

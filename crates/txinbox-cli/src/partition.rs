@@ -80,7 +80,7 @@ async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<St
     // `--status` changes nothing: the store as it is, refused without the inbox (a conversion migrates
     // first, as a worker would).
     let store = if status_only {
-        crate::inbox::postgres_as_is(url, "txinbox-partition").await?
+        crate::inbox::postgres_as_is(url, "txinbox-partition", 2).await?
     } else {
         Store::<sqlx::Postgres>::connect(url, 2)
             .await

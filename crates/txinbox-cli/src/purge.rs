@@ -74,25 +74,11 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
 /// without the inbox's schema (a mistyped URL would otherwise get a fresh, empty inbox, and the pass would
 /// report nothing expired with exit code 0).
 async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, String> {
-    use std::str::FromStr;
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = crate::inbox::postgres_as_is(url, "txinbox-purge").await?;
+        let store = crate::inbox::postgres_as_is(url, "txinbox-purge", 2).await?;
         Ok(pass(store, args).await)
     } else if url.starts_with("sqlite:") {
-        let err = |e: &dyn std::fmt::Display| format!("store (sqlite): {e}");
-        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
-            .map_err(|e| err(&e))?
-            .create_if_missing(false)
-            .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true);
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(2)
-            .connect_with(opts)
-            .await
-            .map_err(|e| err(&e))?;
-        let store = crate::inbox::checked_store(pool)
-            .await
-            .map_err(|e| err(&e))?;
+        let store = crate::inbox::sqlite_as_is(url, 2).await?;
         Ok(pass(store, args).await)
     } else if url.starts_with("dynamodb://") {
         let store = txinbox_dynamodb::DynamoStore::connect(url)

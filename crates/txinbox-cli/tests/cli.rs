@@ -141,26 +141,32 @@ fn effects_commands_refuse_bad_input_without_leaking_the_url() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("\"mysql\""), "{err}");
     assert!(!err.contains("s3cret"), "{err}");
+    let dir = scratch("effects-bad-input");
+    let url = sqlite_store(&dir, "fx.db");
     let (code, _, err) = txinbox(&[
         "effects",
         "run",
         "--store",
-        "sqlite::memory:",
+        &url,
         "--http",
         "no-equals-sign",
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("expected NAME=VALUE"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn effects_run_refuses_a_rule_that_cannot_work_at_start_with_one_line_naming_it() {
+    // A store with the inbox: what is refused is the rule, not the store.
+    let dir = scratch("effects-rules");
+    let url = sqlite_store(&dir, "fx.db");
     let run = |extra: &[&str]| {
         let mut args = vec![
             "effects",
             "run",
             "--store",
-            "sqlite::memory:",
+            &url,
             "--once",
             "--http",
             "crm=https://crm.example/v1/tasks",
@@ -211,12 +217,10 @@ fn effects_run_refuses_a_rule_that_cannot_work_at_start_with_one_line_naming_it(
         assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
     // The settings file says the same, and is refused the same way.
-    let dir = std::env::temp_dir().join(format!("txinbox-fx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("settings.toml");
     std::fs::write(
         &file,
-        "[store]\nurl = \"sqlite::memory:\"\n[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks\"\n[effects.destinations.crm.confirm]\nurl = \"https://crm.example/v1/tasks?ref={externalref}\"\n",
+        format!("[store]\nurl = \"{url}\"\n[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks\"\n[effects.destinations.crm.confirm]\nurl = \"https://crm.example/v1/tasks?ref={{externalref}}\"\n"),
     )
     .unwrap();
     let (code, _, err) = txinbox(&[
@@ -235,11 +239,93 @@ fn effects_run_refuses_a_rule_that_cannot_work_at_start_with_one_line_naming_it(
 }
 
 #[test]
-fn effects_stats_lists_nothing_on_a_fresh_store() {
-    let (code, out, err) = txinbox(&["effects", "stats", "--store", "sqlite::memory:"]);
+fn effects_stats_lists_nothing_on_a_store_without_effects() {
+    let dir = scratch("effects-stats-empty");
+    let url = sqlite_store(&dir, "fx.db");
+    let (code, out, err) = txinbox(&["effects", "stats", "--store", &url]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.lines().count(), 1, "only the header: {out}");
     assert!(out.starts_with("consumer"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Each `txinbox effects` command on `url`, none of which may answer.
+fn effects_commands_on(url: &str) -> Vec<(i32, String, String)> {
+    [
+        &["effects", "stats", "--store", url][..],
+        &[
+            "effects",
+            "run",
+            "--once",
+            "--store",
+            url,
+            "--http",
+            "crm=http://127.0.0.1:9/tasks",
+        ][..],
+        &[
+            "effects",
+            "compensate",
+            "--store",
+            url,
+            "--key",
+            "k",
+            "--compensate",
+            "crm=http://127.0.0.1:9/tasks/{reference}",
+        ][..],
+    ]
+    .into_iter()
+    .map(txinbox)
+    .collect()
+}
+
+/// A store URL without the inbox's schema is refused by every effects command (as by `inbox purge`): a
+/// mistyped SQLite path is not created, an in-memory database is not made, a PostgreSQL schema without the
+/// inbox's tables does not get them, and none answers as if on an empty store.
+#[test]
+fn effects_commands_refuse_a_store_without_the_inbox_and_create_nothing() {
+    let dir = scratch("effects-typo");
+    let typo = dir.join("typo.db");
+    for (code, out, err) in effects_commands_on(&format!("sqlite:{}", typo.display())) {
+        assert_eq!(code, 2, "{out}{err}");
+        assert_eq!(out, "", "nothing answered: {err}");
+        assert!(err.starts_with("error: store (sqlite)"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(!typo.exists(), "no SQLite file was created");
+    }
+    for (code, out, err) in effects_commands_on("sqlite::memory:") {
+        assert_eq!(code, 2, "{out}{err}");
+        assert_eq!(out, "", "nothing answered: {err}");
+        assert!(err.contains("no txinbox schema"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+
+    let base = pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool))
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    for (code, out, err) in
+        effects_commands_on(&format!("{base}{sep}options=-csearch_path%3D{schema}"))
+    {
+        assert_eq!(code, 2, "{out}{err}");
+        assert_eq!(out, "", "nothing answered: {err}");
+        assert!(err.contains("no txinbox schema"), "{err}");
+    }
+    let tables: i64 = rt
+        .block_on(
+            sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+            )
+            .bind(&schema)
+            .fetch_one(&pool),
+        )
+        .unwrap();
+    assert_eq!(tables, 0, "no table was created in {schema}");
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema}")).execute(&pool))
+        .unwrap();
+    rt.block_on(pool.close());
 }
 
 #[test]

@@ -253,22 +253,11 @@ impl Ops {
     /// Opens `url` read-only, without touching the schema (a PostgreSQL session with
     /// `default_transaction_read_only`, a SQLite file opened read-only). Errors never hold the URL.
     async fn open(url: &str) -> Result<Self, String> {
-        use std::str::FromStr;
         let err = |e: &dyn std::fmt::Display| format!("store ({}): {e}", scheme(url));
         let ops = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ops::Postgres(postgres_opened(url, "txinbox-inbox", true).await?)
+            Ops::Postgres(postgres_opened(url, "txinbox-inbox", true, 2).await?)
         } else if url.starts_with("sqlite:") {
-            let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
-                .map_err(|e| err(&e))?
-                .create_if_missing(false)
-                .read_only(true)
-                .busy_timeout(Duration::from_secs(5));
-            let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(1)
-                .connect_with(opts)
-                .await
-                .map_err(|e| err(&e))?;
-            Ops::Sqlite(checked_store(pool).await.map_err(|e| err(&e))?)
+            Ops::Sqlite(sqlite_opened(url, true, 1).await?)
         } else if url.starts_with("dynamodb://") {
             // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is checked.
             Ops::Dynamo(DynamoStore::connect(url).await.map_err(|e| err(&e))?)
@@ -360,14 +349,48 @@ fn scheme(url: &str) -> &str {
     url.split(':').next().unwrap_or_default()
 }
 
-/// The PostgreSQL store at `url` as it is: connected at once (a refused connection is an error now, not after
-/// the pool's timeout), its schema neither created nor migrated, and refused without the inbox's tables.
-/// Errors name the scheme, never the URL.
+/// The PostgreSQL store at `url` as it is, in a pool of `max_connections`: connected at once (a refused
+/// connection is an error now, not after the pool's timeout), its schema neither created nor migrated, and
+/// refused without the inbox's tables (a mistyped URL would otherwise be answered as an empty inbox, or
+/// migrated). Errors name the scheme, never the URL.
 pub(crate) async fn postgres_as_is(
     url: &str,
     application_name: &str,
+    max_connections: u32,
 ) -> Result<Store<sqlx::Postgres>, String> {
-    postgres_opened(url, application_name, false).await
+    postgres_opened(url, application_name, false, max_connections).await
+}
+
+/// The SQLite store at `url` as it is, in a pool of `max_connections`: never created (a mistyped path is an
+/// error, not a new empty file) nor migrated, and refused without the inbox's tables (an in-memory database
+/// never has them). Errors name the scheme, never the URL.
+pub(crate) async fn sqlite_as_is(
+    url: &str,
+    max_connections: u32,
+) -> Result<Store<sqlx::Sqlite>, String> {
+    sqlite_opened(url, false, max_connections).await
+}
+
+/// [`sqlite_as_is`], the file opened read-only when `read_only`.
+async fn sqlite_opened(
+    url: &str,
+    read_only: bool,
+    max_connections: u32,
+) -> Result<Store<sqlx::Sqlite>, String> {
+    use std::str::FromStr;
+    let err = |e: &dyn std::fmt::Display| format!("store ({}): {e}", scheme(url));
+    let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+        .map_err(|e| err(&e))?
+        .create_if_missing(false)
+        .read_only(read_only)
+        .busy_timeout(Duration::from_secs(5))
+        .foreign_keys(true);
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .connect_with(opts)
+        .await
+        .map_err(|e| err(&e))?;
+    checked_store(pool).await.map_err(|e| err(&e))
 }
 
 /// [`postgres_as_is`], its sessions read-only (`default_transaction_read_only`) when `read_only`.
@@ -375,6 +398,7 @@ async fn postgres_opened(
     url: &str,
     application_name: &str,
     read_only: bool,
+    max_connections: u32,
 ) -> Result<Store<sqlx::Postgres>, String> {
     use std::str::FromStr;
     let err = |e: &dyn std::fmt::Display| format!("store ({}): {e}", scheme(url));
@@ -391,7 +415,7 @@ async fn postgres_opened(
         .map_err(|e| err(&e))?;
     let _ = sqlx::Connection::close(probe).await;
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
+        .max_connections(max_connections.max(1))
         .acquire_timeout(Duration::from_secs(10))
         .connect_with(opts)
         .await
@@ -400,7 +424,7 @@ async fn postgres_opened(
 }
 
 /// The store on `pool`, its schema left as it is and checked.
-pub(crate) async fn checked_store<DB: Backend>(pool: sqlx::Pool<DB>) -> Result<Store<DB>, String> {
+async fn checked_store<DB: Backend>(pool: sqlx::Pool<DB>) -> Result<Store<DB>, String> {
     let store = Store::from_pool_with(pool, Migrations::Skip)
         .await
         .map_err(|e| e.to_string())?;
