@@ -210,7 +210,21 @@ impl<P> Shards<P> {
 
     fn index_of(&self, msg: &ReceivedMessage) -> Result<usize, String> {
         let inner = &self.inner;
-        match inner.router.key(msg) {
+        // The router's function is the user's code on an outside message: a panic (an index past the end of a
+        // hostile body) is this message's, which no shard can take, not its whole batch's, left unsettled.
+        let key = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.router.key(msg)))
+            .map_err(|payload| {
+                let why = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                format!(
+                    "the shard router's function ({}) panicked on this message: {why}",
+                    inner.router.what
+                )
+            })?;
+        match key {
             Some(key) => match inner.by_key.get(&key).copied().or(inner.rest) {
                 Some(i) => Ok(i),
                 None => Err(format!(

@@ -38,7 +38,9 @@ impl ShardRouter {
     }
 
     /// Routes by your function of the message (`None`: the message has no key; it goes to the shard that
-    /// takes the rest, or is dead-lettered). `what` names the key in logs and dead-letter details.
+    /// takes the rest, or is dead-lettered). `what` names the key in logs and dead-letter details. A panic in
+    /// `f` (on a hostile message) dead-letters that message `no_shard`, the detail saying it panicked; the
+    /// other deliveries of its batch go on.
     pub fn by(
         what: impl Into<String>,
         f: impl Fn(&ReceivedMessage) -> Option<String> + Send + Sync + 'static,

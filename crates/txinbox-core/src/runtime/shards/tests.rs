@@ -251,3 +251,72 @@ async fn an_oversized_body_is_refused_before_the_router_reads_it() {
     }
     assert_eq!(reached.0.load(Ordering::SeqCst), 0, "the store was reached");
 }
+
+/// Acknowledges every delivery.
+struct Acks;
+
+impl<D: crate::Delivery> crate::Processor<D> for Acks {
+    fn consumer(&self) -> &str {
+        "shards-panic"
+    }
+    async fn process(&self, delivery: D, _stop: CancellationToken) -> crate::Outcome {
+        let _ = delivery.ack().await;
+        crate::Outcome::Applied {
+            result_reference: None,
+        }
+    }
+}
+
+/// A router function that panics on a message (the user's code on a hostile body) dead-letters that message
+/// `no_shard`, saying why; the other deliveries of its batch go on, rather than the whole batch being left
+/// unsettled until its visibility timeout.
+#[tokio::test]
+async fn a_router_that_panics_dead_letters_that_message_alone() {
+    use crate::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+
+    for batch in [1, 4] {
+        let shards = Shards::new(
+            ShardRouter::by("region", |m| {
+                assert!(m.body != b"boom", "a router function panicked");
+                m.attribute("region").map(str::to_owned)
+            }),
+            [Shard::new("eu", Acks).claims(["eu"]).rest()],
+        )
+        .unwrap();
+        let q = MemoryQueue::new(QueueOptions {
+            wait: Duration::from_millis(10),
+            visibility_timeout: Duration::from_secs(300),
+            ..QueueOptions::default()
+        });
+        q.send(OutgoingMessage::new("boom").producer_id("p1"));
+        q.send(OutgoingMessage::new("fine").producer_id("p2"));
+        let report = Worker::new(q.receiver(), shards)
+            .options(WorkerOptions::default().batch_commit(batch))
+            .run_until_idle()
+            .await;
+        assert_eq!(
+            report.count(OutcomeKind::Applied),
+            1,
+            "batch {batch}: {report}"
+        );
+        assert_eq!(
+            report.count(OutcomeKind::DeadLettered),
+            1,
+            "batch {batch}: {report}"
+        );
+        let dead = q.dead_letters();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].1.reason, NO_SHARD);
+        assert!(
+            dead[0].1.detail.contains("panicked") && dead[0].1.detail.contains("region"),
+            "{:?}",
+            dead[0].1
+        );
+        assert_eq!(
+            q.state().in_flight,
+            0,
+            "batch {batch}: nothing left unsettled"
+        );
+    }
+}
