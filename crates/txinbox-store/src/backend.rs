@@ -238,6 +238,22 @@ where
     })
 }
 
+/// A date as both stores keep it: within years 1 to 9999, to the microsecond (rounded down). A date past
+/// the last instant of year 9999 (a keep of "for ever") is that instant, one before year 1 its first.
+/// SQLite's dates are text, in time order only with four-digit years; PostgreSQL keeps the same dates, so
+/// that both compare and read back alike (it refused a date before 4713 BC, "timestamp out of range", and
+/// rounded one before 2000 towards 2000).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn kept_time(t: DateTime<Utc>) -> DateTime<Utc> {
+    let (first, last) = (
+        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC),
+        DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC),
+    );
+    let t = t.clamp(first, last);
+    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
+}
+
 /// Free text from outside (a destination's reference, an executor's error, a note) as the stores keep it: a
 /// NUL character, which PostgreSQL's `text` refuses (so the write failed on every try) and SQLite keeps, is
 /// U+FFFD on both.

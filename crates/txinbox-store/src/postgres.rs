@@ -7,7 +7,8 @@ use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::{
-    claimed_from_row, metadata_json, text, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS, MIGRATIONS,
+    claimed_from_row, kept_time, metadata_json, text, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS,
+    MIGRATIONS,
 };
 use crate::error::StoreError;
 use txinbox_core::effects::{
@@ -98,7 +99,7 @@ pub(crate) fn marker_arrays(
         rows.iter().map(|r| f(r)).collect()
     };
     let times = |f: fn(&MarkerRow<'_>) -> DateTime<Utc>| -> Vec<DateTime<Utc>> {
-        rows.iter().map(|r| f(r)).collect()
+        rows.iter().map(|r| kept_time(f(r))).collect()
     };
     let mut args = PgArguments::default();
     add(&mut args, column(|r| Some(r.identity.consumer.as_str())))?;
@@ -173,13 +174,6 @@ pub(crate) async fn schema_change(tx: &mut PgConnection) -> Result<(), sqlx::Err
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// `t`, or PostgreSQL's earliest `timestamptz` (4713 BC) when it is before it: the bound of a purge kept "for
-/// ever" (`txinbox_core::time::before` gives `DateTime::MIN_UTC`, year -262144) compares the same, where
-/// PostgreSQL refuses the parameter itself ("timestamp out of range").
-fn from_first_timestamp(t: DateTime<Utc>) -> DateTime<Utc> {
-    DateTime::<Utc>::from_timestamp(-210_866_803_200, 0).map_or(t, |first| t.max(first))
 }
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
@@ -261,9 +255,9 @@ impl Backend for Postgres {
         add(&mut args, row.payload_hash)?;
         add(&mut args, &id.contract_version)?;
         add(&mut args, &id.tenant_id)?;
-        add(&mut args, row.received_at)?;
-        add(&mut args, row.processed_at)?;
-        add(&mut args, row.retention_until)?;
+        add(&mut args, kept_time(row.received_at))?;
+        add(&mut args, kept_time(row.processed_at))?;
+        add(&mut args, kept_time(row.retention_until))?;
         add(&mut args, id.origin.as_str())?;
         add(
             &mut args,
@@ -325,7 +319,7 @@ impl Backend for Postgres {
             .bind(metadata_json(e))
             .bind(fx.external_ref.as_deref().unwrap_or(&e.key))
             .bind(&fx.group)
-            .bind(e.created_at)
+            .bind(kept_time(e.created_at))
             .execute(conn)
             .await?;
         Ok(())
@@ -351,7 +345,7 @@ impl Backend for Postgres {
             .bind(r.payload_hash)
             .bind(r.conflicts_with)
             .bind(text(r.detail))
-            .bind(r.recorded_at)
+            .bind(kept_time(r.recorded_at))
             .execute(pool)
             .await?;
         Ok(())
@@ -387,8 +381,8 @@ impl Backend for Postgres {
         let rows = sqlx::query(&sql)
             .bind(holder)
             .bind(destinations)
-            .bind(now)
-            .bind(claim_until)
+            .bind(kept_time(now))
+            .bind(kept_time(claim_until))
             .bind(limit.max(1))
             .fetch_all(pool)
             .await?;
@@ -413,10 +407,10 @@ impl Backend for Postgres {
             .bind(t.state.as_str())
             .bind(t.attempts)
             .bind(t.reconciliations)
-            .bind(t.next_at)
+            .bind(t.next_at.map(kept_time))
             .bind(t.reference.map(text))
             .bind(t.error.map(text))
-            .bind(now)
+            .bind(kept_time(now))
             .bind(t.finished)
             .bind(t.maybe_happened)
             .bind(t.sent_hash)
@@ -431,7 +425,7 @@ impl Backend for Postgres {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query(PURGE_DONE_EFFECTS)
-            .bind(from_first_timestamp(before))
+            .bind(kept_time(before))
             .bind(limit.max(1))
             .execute(pool)
             .await?;
@@ -458,7 +452,7 @@ impl Backend for Postgres {
         let r = sqlx::query("UPDATE txinbox_effects SET state = 'compensated', last_error = $2, updated_at = $3 WHERE id = $1 AND state = 'done'")
             .bind(id)
             .bind(text(note))
-            .bind(now)
+            .bind(kept_time(now))
             .execute(pool)
             .await?;
         Ok(r.rows_affected() == 1)
@@ -481,7 +475,7 @@ impl Backend for Postgres {
             _ => return Ok(Vec::new()),
         };
         sqlx::query_scalar(sql)
-            .bind(from_first_timestamp(before))
+            .bind(kept_time(before))
             .bind(limit.max(1))
             .fetch_all(pool)
             .await

@@ -6,7 +6,8 @@ use txinbox_core::runtime::maintenance::Table;
 use txinbox_core::{ExistingMarker, Identity, MarkerInsert, MarkerRow, Rejection};
 
 use crate::backend::{
-    claimed_from_row, metadata_json, text, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS, MIGRATIONS,
+    claimed_from_row, kept_time, metadata_json, text, Backend, AFTER_CLAIMED, CLAIMED_COLUMNS,
+    MIGRATIONS,
 };
 use crate::error::StoreError;
 use txinbox_core::effects::{
@@ -28,14 +29,8 @@ const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = ?
 pub(crate) fn ts(t: DateTime<Utc>) -> String {
     // Stored as text, compared as text: only four-digit years sort in time order ("+262143-..." sorts
     // before "2026-..."). A date beyond (a keep of "for ever") is kept as the last instant of year 9999,
-    // one before year 1 as its first.
-    let (first, last) = (
-        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC),
-        DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
-            .unwrap_or(DateTime::<Utc>::MAX_UTC),
-    );
-    t.clamp(first, last)
-        .to_rfc3339_opts(SecondsFormat::Micros, true)
+    // one before year 1 as its first (`kept_time`, PostgreSQL's dates too).
+    kept_time(t).to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
 fn parse_ts(s: &str) -> Result<DateTime<Utc>, sqlx::Error> {

@@ -128,3 +128,81 @@ async fn a_purge_before_the_first_date_purges_nothing_on_sqlite() {
 async fn a_purge_before_the_first_date_purges_nothing_on_postgres() {
     purged_before_the_first_date(txinbox_testkit::pg_store(2).await).await;
 }
+
+const EFFECT: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k', 'n', 'd', x'00', '{}', 'k', 'pending', NOW, NOW, NOW)";
+
+/// Dates before year 1 in what a runner writes (a claim held until then, a retry due then, a compensation
+/// at that time) are kept as year 1, on PostgreSQL as on SQLite, where PostgreSQL refused one before 4713
+/// BC ("timestamp out of range"); and a date before 2000 is kept to the microsecond rounded down on both,
+/// where PostgreSQL rounded it towards 2000: a purge just after a finish does not purge it on one and not
+/// the other.
+async fn runner_dates_before_year_1<DB: txinbox_store::Backend>(store: Store<DB>, insert: &str)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    use txinbox_core::effects::{EffectStore, Transition};
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let first = chrono::DateTime::<Utc>::MIN_UTC;
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let d = vec!["d".to_owned()];
+    let claimed = store.claim_effects("runner", &d, now, first, 10).await;
+    assert!(matches!(&claimed, Ok(c) if c.len() == 1), "{claimed:?}");
+    let id = claimed.unwrap()[0].id;
+    // Its claim ended before it began: another runner takes it over.
+    let again = store.claim_effects("other", &d, now, first, 10).await;
+    assert!(matches!(&again, Ok(c) if c.len() == 1), "{again:?}");
+    let retry = Transition::Retry {
+        next_at: first,
+        error: "e".into(),
+        attempts: 1,
+        reconciliations: 0,
+        maybe_happened: false,
+    };
+    let r = store
+        .finish_effect(id, "other", &retry.columns(), first)
+        .await;
+    assert!(matches!(r, Ok(true)), "{r:?}");
+    let until = now + chrono::Duration::minutes(1);
+    let claimed = store.claim_effects("runner", &d, now, until, 10).await;
+    assert!(matches!(&claimed, Ok(c) if c.len() == 1), "{claimed:?}");
+    let done = Transition::Done {
+        reference: None,
+        attempts: 2,
+        reconciliations: 0,
+    };
+    let finished_at = chrono::DateTime::parse_from_rfc3339("1999-12-31T23:59:59.999999Z")
+        .unwrap()
+        .with_timezone(&Utc);
+    let r = store
+        .finish_effect(id, "runner", &done.columns(), finished_at)
+        .await;
+    assert!(matches!(r, Ok(true)), "{r:?}");
+    let purged = store
+        .purge_done_effects(finished_at + chrono::Duration::nanoseconds(500), 10)
+        .await;
+    assert!(matches!(purged, Ok(0)), "{purged:?}");
+    let r = store.mark_compensated(id, "undone", first).await;
+    assert!(matches!(r, Ok(true)), "{r:?}");
+}
+
+#[tokio::test]
+async fn runner_dates_before_year_1_are_kept_alike_on_sqlite() {
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    runner_dates_before_year_1(
+        txinbox_testkit::sqlite_store().await,
+        &EFFECT.replace("NOW", &format!("'{now}'")),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn runner_dates_before_year_1_are_kept_alike_on_postgres() {
+    runner_dates_before_year_1(
+        txinbox_testkit::pg_store(2).await,
+        &EFFECT
+            .replace("x'00'", "'\\x00'::bytea")
+            .replace("NOW", "now()"),
+    )
+    .await;
+}

@@ -32,7 +32,8 @@ impl OpsDb for crate::Store<sqlx::Postgres> {
         for p in params {
             q = match p {
                 Param::Text(s) => q.bind(s.clone()),
-                Param::Time(t) => q.bind(*t),
+                // Dates as the stores keep them (`kept_time`), as SQLite compares them.
+                Param::Time(t) => q.bind(crate::backend::kept_time(*t)),
                 Param::Int(n) => q.bind(*n),
             };
         }
