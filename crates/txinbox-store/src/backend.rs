@@ -254,9 +254,9 @@ pub(crate) fn kept_time(t: DateTime<Utc>) -> DateTime<Utc> {
     t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
 }
 
-/// Free text from outside (a destination's reference, an executor's error, a note) as the stores keep it: a
-/// NUL character, which PostgreSQL's `text` refuses (so the write failed on every try) and SQLite keeps, is
-/// U+FFFD on both.
+/// Free text from outside (a destination's reference, an executor's error or request hash, a note) as the
+/// stores keep it: a NUL character, which PostgreSQL's `text` refuses (so the write failed on every try) and
+/// SQLite keeps, is U+FFFD on both.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn text(s: &str) -> std::borrow::Cow<'_, str> {
     if s.contains('\0') {

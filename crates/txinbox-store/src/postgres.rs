@@ -413,7 +413,7 @@ impl Backend for Postgres {
             .bind(kept_time(now))
             .bind(t.finished)
             .bind(t.maybe_happened)
-            .bind(t.sent_hash)
+            .bind(t.sent_hash.map(text))
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)

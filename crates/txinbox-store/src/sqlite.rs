@@ -324,7 +324,7 @@ impl Backend for Sqlite {
             .bind(ts(now))
             .bind(t.finished)
             .bind(t.maybe_happened)
-            .bind(t.sent_hash)
+            .bind(t.sent_hash.map(text))
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)

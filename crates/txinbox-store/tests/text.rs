@@ -203,3 +203,57 @@ async fn a_destination_with_a_nul_claims_nothing_on_postgres() {
     )
     .await;
 }
+
+/// An executor's request hash is its own text: one with a NUL is kept as U+FFFD and the effect recorded
+/// done, on PostgreSQL as on SQLite, where PostgreSQL refused the finish on every try.
+async fn finished_with_a_nul_in_its_hash<DB: txinbox_store::Backend>(store: Store<DB>, insert: &str)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let claimed = store
+        .claim_effects(
+            "runner",
+            &["d".to_owned()],
+            now,
+            now + chrono::Duration::minutes(1),
+            10,
+        )
+        .await
+        .unwrap();
+    let done = Transition::Done {
+        reference: None,
+        attempts: 1,
+        reconciliations: 0,
+    };
+    let cols = done.columns().sent_hash(Some("ab\0cd"));
+    let finished = store
+        .finish_effect(claimed[0].id, "runner", &cols, now)
+        .await;
+    assert!(matches!(finished, Ok(true)), "{finished:?}");
+    let e = store.find_effect("k").await.unwrap().unwrap();
+    assert_eq!(e.sent_hash.as_deref(), Some("ab\u{fffd}cd"));
+}
+
+#[tokio::test]
+async fn a_request_hash_with_a_nul_is_kept_as_a_replacement_on_sqlite() {
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    finished_with_a_nul_in_its_hash(
+        txinbox_testkit::sqlite_store().await,
+        &EFFECT.replace("NOW", &format!("'{now}'")),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_request_hash_with_a_nul_is_kept_as_a_replacement_on_postgres() {
+    finished_with_a_nul_in_its_hash(
+        txinbox_testkit::pg_store(2).await,
+        &EFFECT
+            .replace("x'00'", "'\\x00'::bytea")
+            .replace("NOW", "now()"),
+    )
+    .await;
+}
