@@ -118,6 +118,59 @@ fn bad_arguments_are_clear_errors_and_urls_keep_their_secrets() {
     assert!(!err.contains("hunter2"), "the password leaked: {err}");
 }
 
+/// The lab's counts are bounded and refused before anything is opened: the store here refuses connections,
+/// so an error that is not the usage error would be the store's.
+#[test]
+fn lab_refuses_counts_beyond_its_bound_before_opening_the_store() {
+    let nowhere = "postgres://postgres@127.0.0.1:1/nope";
+    for (args, says) in [
+        (&["--messages", "100001"][..], "at most 100000"),
+        (&["--copies", "100001"][..], "at most 100000"),
+        (&["--messages", "0"][..], "at least 1"),
+        (&["--copies", "0"][..], "at least 1"),
+        (
+            &["--messages", "18446744073709551615"][..],
+            "at most 100000",
+        ),
+        (
+            &["--messages", "1000", "--copies", "101"][..],
+            "101000 deliveries, more than the 100000",
+        ),
+        (
+            &["--messages", "100000", "--copies", "100000"][..],
+            "more than the 100000",
+        ),
+    ] {
+        let mut all = vec!["lab", "--store", nowhere];
+        all.extend_from_slice(args);
+        let (code, out, err) = txinbox(&all);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(out, "", "{args:?}: nothing ran");
+    }
+    // The largest run allowed is taken (refused here by the store, not by the bound).
+    let (code, _, err) = txinbox(&[
+        "lab",
+        "--store",
+        nowhere,
+        "--messages",
+        "1000",
+        "--copies",
+        "100",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        !err.contains("at most") && !err.contains("more than"),
+        "{err}"
+    );
+    // --batch was bounded already (2 to 64), before any store is opened.
+    for n in ["1", "65"] {
+        let (code, out, err) = txinbox(&["lab", "--windows", "--batch", n, "--store", nowhere]);
+        assert_eq!(code, 2, "--batch {n}: {out}{err}");
+        assert!(err.contains("--batch must be 2 to 64"), "{err}");
+    }
+}
+
 #[test]
 fn check_infra_passes_the_samples_and_fails_a_missing_folder() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../infra");
