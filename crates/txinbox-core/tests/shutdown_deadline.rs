@@ -116,3 +116,44 @@ async fn a_long_poll_longer_than_the_shutdown_timeout_is_cut_at_the_deadline() {
     assert_eq!(report.count(OutcomeKind::Interrupted), 1, "{report}");
     assert_eq!(queue.state().visible, 1, "released, not acknowledged");
 }
+
+/// A prefetched delivery still waiting for its slot when the signal comes is handed back at once (released,
+/// `interrupted`), not when the long poll in flight ends, nor applied in a slot the drain frees meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_prefetched_delivery_is_handed_back_at_the_signal_while_a_long_poll_is_in_flight() {
+    let queue = MemoryQueue::new(QueueOptions {
+        wait: Duration::from_secs(20),
+        visibility_timeout: Duration::from_secs(300),
+        ..QueueOptions::default()
+    });
+    queue.send(OutgoingMessage::new("m1").producer_id("p1"));
+    queue.send(OutgoingMessage::new("m2").producer_id("p2"));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let stop = CancellationToken::new();
+    // One slot, two more places: one receive brings both messages (one applied, one waiting for the slot),
+    // then the loop long-polls for the third place.
+    let worker = tokio::spawn(
+        Worker::new(queue.receiver(), Blocks(started.clone()))
+            .options(
+                WorkerOptions::default()
+                    .concurrency(1)
+                    .prefetch(2)
+                    .receive_loops(1)
+                    .shutdown_timeout(Duration::from_secs(30)),
+            )
+            .run_until(stop.clone().cancelled_owned()),
+    );
+    started.notified().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(queue.state().in_flight, 2, "one applied, one prefetched");
+    stop.cancel();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let state = queue.state();
+    assert_eq!(
+        (state.visible, state.in_flight),
+        (1, 1),
+        "the prefetched delivery is handed back at the signal: {state:?}"
+    );
+    let report = worker.await.expect("no panic");
+    assert_eq!(report.count(OutcomeKind::Interrupted), 2, "{report}");
+}

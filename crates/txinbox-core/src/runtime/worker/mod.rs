@@ -215,6 +215,9 @@ where
                 .min(Semaphore::MAX_PERMITS),
         ));
         let consumer = self.processor.consumer().to_owned();
+        // Signalled by the shutdown, or by a loop that gives up: every loop stops receiving, and the
+        // shutdown deadline starts.
+        let stopping = Stopping::new(self.opts.shutdown_timeout);
         let dispatch = Dispatch {
             processor: self.processor.clone(),
             slots: Arc::new(Semaphore::new(
@@ -222,8 +225,9 @@ where
             )),
             concurrency: self.opts.concurrency,
             stop: CancellationToken::new(),
-            // Cancelled when the receives end: a delivery still waiting for its slot is handed back unapplied.
-            draining: CancellationToken::new(),
+            // Cancelled at the stop signal (or when the receives end by themselves): a delivery still waiting
+            // for its slot is handed back unapplied.
+            draining: stopping.token(),
             report: Arc::default(),
             consumer: consumer.clone(),
             tracker: TaskTracker::new(),
@@ -255,9 +259,6 @@ where
         if let Some(h) = &health {
             h.worker_started();
         }
-        // Signalled by the shutdown, or by a loop that gives up: every loop stops receiving, and the
-        // shutdown deadline starts.
-        let stopping = Stopping::new(self.opts.shutdown_timeout);
         let places_gate = tokio::sync::Mutex::new(());
         let ctx = LoopContext {
             opts: &self.opts,

@@ -129,7 +129,8 @@ impl WorkerOptions {
     /// arrive a few at a time: fewer, larger transactions for up to `d` more latency per message. The
     /// deliveries' leases are kept alive while they wait; a receive still waiting (long poll) when the linger
     /// ends is not cut short (what it brings goes to the next batch); at shutdown a waiting batch is processed
-    /// at once.
+    /// at once (with [`prefetch`](Self::prefetch), handed back instead when no slot is free, as a prefetched
+    /// delivery is).
     pub fn batch_linger(mut self, d: Duration) -> Self {
         self.batch_linger = d.min(MAX_BATCH_LINGER);
         self

@@ -106,6 +106,11 @@ impl Stopping {
         self.token.cancelled()
     }
 
+    /// A token cancelled with the stop signal.
+    pub(super) fn token(&self) -> CancellationToken {
+        self.token.clone()
+    }
+
     /// When the drain ends: `shutdown_timeout` after the stop was signalled (or, when the loops ended by
     /// themselves, after this was first asked).
     pub(super) fn deadline(&self) -> Instant {
@@ -509,7 +514,7 @@ impl Drop for Holding {
 
 /// The processing slots of a received delivery or batch, counted in `txinbox_worker_deliveries` while held.
 pub(super) struct Slot {
-    /// `None` when the worker stopped receiving before a slot was free.
+    /// `None` when the stop was signalled before a slot was free.
     pub(super) _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     pub(super) _processing: Holding,
     /// What the processor is given: the worker's stop token, or, when no slot was taken, the cancelled
@@ -518,7 +523,7 @@ pub(super) struct Slot {
 }
 
 /// Waits for `n` processing slots (at most `all`, the worker's concurrency) for a received delivery or batch,
-/// counted as `waiting` meanwhile. Gives up when the worker stops receiving first (`draining`); a slot free at
+/// counted as `waiting` meanwhile. Gives up when the stop is signalled first (`draining`); a slot free at
 /// once is taken even then (without prefetch a delivery never waits for its slot).
 pub(super) async fn take_slots(
     slots: &Arc<Semaphore>,
