@@ -206,3 +206,29 @@ async fn runner_dates_before_year_1_are_kept_alike_on_postgres() {
     )
     .await;
 }
+
+/// An operator's figures measured at the earliest date there is (the last hour before it is before every
+/// date): no panic, every row counted and none in the last hour, on SQLite as on PostgreSQL.
+macro_rules! stats_at_the_first_date {
+    ($store:expr) => {{
+        let store = $store;
+        let first = chrono::DateTime::<Utc>::MIN_UTC;
+        for consumer in [None, Some("c")] {
+            let stats = store.consumer_stats(consumer, first).await;
+            assert!(
+                matches!(&stats, Ok(s) if s.iter().all(|s| s.rows_last_hour == 0)),
+                "{stats:?}"
+            );
+        }
+    }};
+}
+
+#[tokio::test]
+async fn stats_at_the_first_date_do_not_panic_on_sqlite() {
+    stats_at_the_first_date!(txinbox_testkit::sqlite_store().await);
+}
+
+#[tokio::test]
+async fn stats_at_the_first_date_do_not_panic_on_postgres() {
+    stats_at_the_first_date!(txinbox_testkit::pg_store(2).await);
+}

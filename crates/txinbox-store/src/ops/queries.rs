@@ -32,7 +32,8 @@ pub(super) async fn consumer_stats<S: OpsDb>(
             all.into_iter().take(MAX_CONSUMERS as usize).collect()
         }
     };
-    let hour_ago = now - chrono::Duration::hours(1);
+    // Saturated: `now` is the caller's, the earliest date there is included.
+    let hour_ago = txinbox_core::time::before(now, std::time::Duration::from_secs(3600));
     let mut out = Vec::with_capacity(consumers.len());
     for c in consumers {
         let mut s = ConsumerStats::new(c.clone(), now);
