@@ -110,7 +110,17 @@ async fn insert(
     hash: &str,
     origin: DateTime<Utc>,
 ) -> MarkerInsert {
-    let now = Utc::now();
+    insert_at(store, id, hash, origin, Utc::now()).await
+}
+
+/// [`insert`] by a worker whose clock reads `now`.
+async fn insert_at(
+    store: &Store<sqlx::Postgres>,
+    id: &Identity,
+    hash: &str,
+    origin: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> MarkerInsert {
     let id = &timed(id, origin);
     let row = MarkerRow::new(id, hash, now, now, now + Cd::days(30), 1).origin_at(origin);
     let tx = store.begin().await.unwrap();
@@ -232,8 +242,23 @@ async fn outside_the_partitions_nothing_is_written_and_the_answer_says_why() {
         Utc::now() + Cd::days(9),
     )
     .await;
+    let MarkerInsert::Refused { reason, detail } = a else {
+        panic!("an origin past any partition the maintenance makes by now: {a:?}")
+    };
+    assert_eq!(reason, "event_time_in_future", "{detail}");
+    // Two days on with no maintenance pass since (the partitions still end 4 days from the conversion), an
+    // origin 3 days ahead of that clock is one the maintenance would have made: released, not refused.
+    let later = Utc::now() + Cd::days(2);
+    let a = insert_at(
+        &s.store,
+        &identity("evt-behind", None),
+        "h",
+        later + Cd::days(3),
+        later,
+    )
+    .await;
     let MarkerInsert::Unplaced(why) = a else {
-        panic!("an origin past the partitions ahead: {a:?}")
+        panic!("an origin past the partitions made so far: {a:?}")
     };
     assert!(why.contains("no partition yet"), "{why}");
     assert_eq!(s.markers().await, 0);
@@ -258,7 +283,7 @@ async fn outside_the_partitions_nothing_is_written_and_the_answer_says_why() {
         "{answers:?}"
     );
     assert!(
-        matches!(answers[2], MarkerInsert::Unplaced(_)),
+        matches!(&answers[2], MarkerInsert::Refused { reason, .. } if reason == "event_time_in_future"),
         "{answers:?}"
     );
     assert_eq!(s.markers().await, 1);
@@ -325,7 +350,8 @@ async fn after_a_maintenance_outage_the_rotation_creates_the_buckets_it_missed()
     // Partitions from today - 2 to today + 3; an event of today + 4 has none yet.
     let missed = today + Cd::days(4) + Cd::hours(12);
     let id = identity("evt-late", None);
-    let a = insert(&s.store, &id, "h", missed).await;
+    // A worker whose clock reads that time, the maintenance down since today.
+    let a = insert_at(&s.store, &id, "h", missed, missed).await;
     assert!(matches!(a, MarkerInsert::Unplaced(_)), "{a:?}");
     // The maintenance comes back six days later.
     let back = today + Cd::days(6) + Cd::hours(1);
@@ -489,7 +515,9 @@ async fn every_failure_window_holds_on_the_partitioned_layout() {
 
 /// Through the pipeline: a delivery the broker enqueued just now whose event `time` lies in a dropped
 /// partition is dead-lettered `retention_expired` (an earlier copy's marker may have gone with it); one whose
-/// `time` lies past the partitions ahead is released for a retry and counted; neither writes anything.
+/// `time` lies past the partitions made so far while the maintenance is behind is released for a retry and
+/// counted; one whose `time` lies past any partition the maintenance makes by now (its `ahead` past today) is
+/// dead-lettered `event_time_in_future`, never released for good; none writes anything.
 #[tokio::test(flavor = "current_thread")]
 async fn the_pipeline_refuses_an_expired_bucket_and_releases_a_missing_one() {
     use txinbox_core::broker::mem::{MemoryQueue, QueueOptions};
@@ -508,12 +536,39 @@ async fn the_pipeline_refuses_an_expired_bucket_and_releases_a_missing_one() {
     let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
     assert_eq!(o.label(), "dead_lettered");
     assert!(o.to_string().contains("retention_expired"), "{o}");
+    // Default layout: buckets of a day, 3 ahead, so partitions exist to the end of today + 3 days. Past
+    // them, by a producer's wrong clock, a retry would wait days for a partition: dead-lettered.
     q.send(txinbox_lab::lab::lab_message(1).attribute("ce-time", at(9)));
     let o = p.process_one(q.receive_now(1).pop().unwrap()).await;
+    let txinbox_core::Outcome::DeadLettered { reason, detail } = &o else {
+        panic!("not dead-lettered: {o}")
+    };
+    assert_eq!(reason, "event_time_in_future", "{detail}");
+    // The maintenance behind (the layout's partitions end with today, as read by a worker that opens now):
+    // a time within its `ahead` waits for the partition the next pass makes.
+    sqlx::query(
+        "UPDATE txinbox_partition_layout SET high = date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '1 day' WHERE tbl = 'txinbox_inbox'",
+    )
+    .execute(s.store.pool())
+    .await
+    .unwrap();
+    let behind = Store::<sqlx::Postgres>::connect_with(
+        &txinbox_testkit::pg_url(),
+        StoreOptions::new().schema(&s.name).max_connections(2),
+    )
+    .await
+    .unwrap();
+    let pb = txinbox_lab::lab::lab_processor(
+        behind.clone(),
+        txinbox_lab::lab::task_handler::<Store<sqlx::Postgres>>(),
+    );
+    q.send(txinbox_lab::lab::lab_message(3).attribute("ce-time", at(2)));
+    let o = pb.process_one(q.receive_now(1).pop().unwrap()).await;
     let txinbox_core::Outcome::Retry { reason } = &o else {
         panic!("not released: {o}")
     };
     assert!(reason.contains("no partition yet"), "{reason}");
+    behind.close().await;
     assert_eq!(
         metrics.counter(
             "txinbox_partition_missing_total",

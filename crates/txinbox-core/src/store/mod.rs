@@ -82,12 +82,13 @@ pub enum MarkerInsert {
     /// partition past its retention): a marker of an earlier copy may have been dropped with it, so the
     /// delivery is refused (`retention_expired`), never applied again. The text says why.
     Expired(String),
-    /// The store has no place for this marker yet (a partition not created: the maintenance is behind or
-    /// the message's origin time is far in the future): nothing was written; the delivery is released and
-    /// retried. The text says why.
+    /// The store has no place for this marker yet (a partition not created: the maintenance is behind):
+    /// nothing was written; the delivery is released and retried. The text says why. (An origin time past
+    /// any partition the maintenance makes by now is [`Refused`](Self::Refused), `event_time_in_future`.)
     Unplaced(String),
     /// The store cannot hold a marker for the message as it is (a partitioned store that places markers by
-    /// the event's own time, given a message without one): nothing was written; the delivery is
+    /// the event's own time, given a message without one, or with one past its partitions' horizon):
+    /// nothing was written; the delivery is
     /// dead-lettered with `reason`.
     Refused {
         /// The dead-letter reason code.

@@ -21,7 +21,9 @@
 //! whose bucket is gone is refused ([`txinbox_core::MarkerInsert::Expired`], dead-lettered
 //! `retention_expired`), never applied again. A marker whose partition does not exist yet is released
 //! ([`txinbox_core::MarkerInsert::Unplaced`], `txinbox_partition_missing_total`); there is no default
-//! partition.
+//! partition. One whose origin time lies past any partition the maintenance makes by now (more than
+//! [`PartitionOptions::ahead`] buckets past the worker's clock's) is refused as bad input
+//! ([`txinbox_core::MarkerInsert::Refused`], dead-lettered `event_time_in_future`).
 //!
 //! [`Store::partition`](crate::Store::partition) converts an existing inbox in one transaction: its markers
 //! stay in a frozen `txinbox_inbox_legacy` that every insert also looks up until its last marker expires (a
@@ -206,6 +208,9 @@ pub struct LayoutState {
     pub(crate) low: DateTime<Utc>,
     /// Buckets from this one on have no partition yet.
     pub(crate) high: DateTime<Utc>,
+    /// Partitions the maintenance keeps ahead of now's: buckets from `ahead + 1` past now's on are past any
+    /// partition it makes.
+    pub(crate) ahead: i32,
     /// Whether the frozen row-by-row table still holds markers to check.
     pub(crate) legacy: bool,
     /// Whether the effects are partitioned too (their done rows leave with their partition).
@@ -218,6 +223,13 @@ impl LayoutState {
     /// The start of the bucket of `at`.
     pub(crate) fn bucket(&self, at: DateTime<Utc>) -> DateTime<Utc> {
         bucket_of(at, self.width)
+    }
+
+    /// The first bucket past those the maintenance creates by `now` (its `ahead` past now's): a marker
+    /// placed there waits for no partition it will make in time; its event time is wrong.
+    pub(crate) fn horizon(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        let buckets = i64::from(self.ahead.max(0)) + 1;
+        self.bucket(now) + chrono::Duration::seconds(self.width.saturating_mul(buckets))
     }
 }
 

@@ -27,7 +27,7 @@ pub(crate) async fn load(conn: &mut PgConnection) -> Result<Option<LayoutState>,
     if !exists {
         return Ok(None);
     }
-    let row = sqlx::query("SELECT width_secs, low, high, legacy, EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_effects'), broker_time FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
+    let row = sqlx::query("SELECT width_secs, low, high, legacy, EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_effects'), broker_time, ahead FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
         .fetch_optional(&mut *conn)
         .await?;
     Ok(match row {
@@ -39,6 +39,7 @@ pub(crate) async fn load(conn: &mut PgConnection) -> Result<Option<LayoutState>,
             legacy: r.try_get(3)?,
             effects: r.try_get(4)?,
             broker_time: r.try_get(5)?,
+            ahead: r.try_get(6)?,
         }),
     })
 }
@@ -80,11 +81,23 @@ pub(crate) async fn insert_markers(
                 state.low.to_rfc3339()
             )))
         } else if *bucket >= state.high {
-            Some(MarkerInsert::Unplaced(format!(
-                "no partition yet for origin time {} (partitions end at {})",
-                row.origin_at.to_rfc3339(),
-                state.high.to_rfc3339()
-            )))
+            let horizon = state.horizon(row.processed_at);
+            Some(if *bucket >= horizon {
+                MarkerInsert::Refused {
+                    reason: "event_time_in_future".into(),
+                    detail: format!(
+                        "event time {} is past the partitions the maintenance creates ahead of now (to {}): the producer's clock or the event's time is wrong, and a retry would wait for a partition made only when that time comes",
+                        row.origin_at.to_rfc3339(),
+                        horizon.to_rfc3339()
+                    ),
+                }
+            } else {
+                MarkerInsert::Unplaced(format!(
+                    "no partition yet for origin time {} (partitions end at {})",
+                    row.origin_at.to_rfc3339(),
+                    state.high.to_rfc3339()
+                ))
+            })
         } else if state.legacy {
             holder_in(&mut *conn, LEGACY_HOLDER, row.identity, None)
                 .await?
