@@ -59,6 +59,10 @@ impl<DB: Backend> EffectStore for Store<DB> {
     }
 
     async fn find_effect(&self, key: &str) -> Result<Option<ClaimedEffect>, sqlx::Error> {
+        // No effect's key holds a NUL (PostgreSQL's text cannot): none is found, on SQLite too.
+        if key.contains('\0') {
+            return Ok(None);
+        }
         DB::find_effect(self.pool(), key).await
     }
 
@@ -107,6 +111,10 @@ impl<DB: Backend> MaintenanceStore for Store<DB> {
         table: Table,
         consumer: &str,
     ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+        // No consumer's name holds a NUL: it has no rows, on PostgreSQL (which refused it) as on SQLite.
+        if consumer.contains('\0') {
+            return Ok((0, None));
+        }
         DB::table_stats(self.pool(), table, consumer).await
     }
 }

@@ -257,3 +257,27 @@ async fn a_request_hash_with_a_nul_is_kept_as_a_replacement_on_postgres() {
     )
     .await;
 }
+
+/// A look-up by an effect's key or a consumer's name with a NUL in it finds nothing, on PostgreSQL as on
+/// SQLite, where PostgreSQL refused the parameter.
+async fn looked_up_with_a_nul<DB: txinbox_store::Backend>(store: Store<DB>) {
+    use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
+    let found = store.find_effect("k\0").await;
+    assert!(matches!(found, Ok(None)), "{found:?}");
+    let rows = store.inbox_rows("c\0").await;
+    assert!(matches!(rows, Ok(0)), "{rows:?}");
+    for table in Table::ALL {
+        let stats = store.table_stats(table, "c\0").await;
+        assert!(matches!(stats, Ok((0, None))), "{table:?}: {stats:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_look_up_with_a_nul_finds_nothing_on_sqlite() {
+    looked_up_with_a_nul(txinbox_testkit::sqlite_store().await).await;
+}
+
+#[tokio::test]
+async fn a_look_up_with_a_nul_finds_nothing_on_postgres() {
+    looked_up_with_a_nul(txinbox_testkit::pg_store(2).await).await;
+}
