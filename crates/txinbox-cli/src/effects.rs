@@ -18,8 +18,10 @@ use crate::out::outln;
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`); default: the settings file's
-    /// `[store] url`.
-    #[arg(long, env = "TXINBOX_STORE_URL")]
+    /// `[store] url`; without `--store` and `--config`, `TXINBOX_STORE_URL`.
+    // Not clap's `env`, as for the other commands (`targets::StoreArgs`): a TXINBOX_STORE_URL exported in the
+    // operator's shell would stand for `--store` and win over `--config`'s store.
+    #[arg(long)]
     pub store: Option<String>,
     /// The settings file (its `[effects]` section: runner options and `[effects.destinations.NAME]`).
     #[arg(long)]
@@ -122,13 +124,15 @@ impl RunArgs {
     }
 
     /// The store URL: `--shard`'s, else `--store`, else the settings file's (a file with shards needs
-    /// `--shard`: its `[store] url` is none of them).
+    /// `--shard`: its `[store] url` is none of them), else `TXINBOX_STORE_URL`.
     pub fn store_url(&self) -> Result<String, String> {
-        if self.store.is_some() && self.shard.is_none() {
-            return Ok(self.store.clone().unwrap_or_default());
+        if let (Some(url), None) = (&self.store, &self.shard) {
+            return Ok(url.clone());
         }
         let Some(path) = &self.config else {
-            return Err("no store: give --store, TXINBOX_STORE_URL or --config".into());
+            return crate::targets::StoreArgs::default()
+                .targets()
+                .map(|mut t| t.remove(0).url);
         };
         let args = crate::targets::StoreArgs {
             store: None,

@@ -453,9 +453,12 @@ fn an_exported_txinbox_store_url_gives_way_to_config() {
         )
     };
     let elsewhere = "postgres://crm:s3cret@127.0.0.1:1/elsewhere";
+    let http = "crm=http://127.0.0.1:9/tasks";
     for command in [
         &["inbox", "stats", "--config", &config][..],
         &["inbox", "purge", "--config", &config][..],
+        &["effects", "stats", "--config", &config][..],
+        &["effects", "run", "--once", "--config", &config, "--http", http][..],
     ] {
         let (code, out, err) = run(command, Some(elsewhere));
         assert_eq!(code, 0, "{command:?} reads --config: {out}{err}");
@@ -463,6 +466,8 @@ fn an_exported_txinbox_store_url_gives_way_to_config() {
     }
     // The variable still stands for --store when neither is given.
     let (code, out, err) = run(&["inbox", "stats"], Some(&url));
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = run(&["effects", "run", "--once", "--http", http], Some(&url));
     assert_eq!(code, 0, "{out}{err}");
     // Both given on the command line: a usage error.
     let (code, _, err) = run(
