@@ -458,7 +458,9 @@ fn an_exported_txinbox_store_url_gives_way_to_config() {
         &["inbox", "stats", "--config", &config][..],
         &["inbox", "purge", "--config", &config][..],
         &["effects", "stats", "--config", &config][..],
-        &["effects", "run", "--once", "--config", &config, "--http", http][..],
+        &[
+            "effects", "run", "--once", "--config", &config, "--http", http,
+        ][..],
     ] {
         let (code, out, err) = run(command, Some(elsewhere));
         assert_eq!(code, 0, "{command:?} reads --config: {out}{err}");
