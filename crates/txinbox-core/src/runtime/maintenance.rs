@@ -345,8 +345,8 @@ impl<S: MaintenanceStore> Maintenance<S> {
         self.run_once_at(Utc::now(), &mut |_| {}).await
     }
 
-    /// A pass every [`MaintenanceOptions::every`] until `shutdown` resolves (a pass in progress is cut at
-    /// its next batch).
+    /// A pass every [`MaintenanceOptions::every`] until `shutdown` resolves. A pass in progress is dropped at
+    /// once, with its store call in flight: what that batch did not remove is purged by the next pass.
     pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
         tokio::pin!(shutdown);
         loop {
