@@ -379,7 +379,7 @@ impl Backend for Postgres {
                 .join(", ")
         );
         let rows = sqlx::query(&sql)
-            .bind(holder)
+            .bind(text(holder))
             .bind(destinations)
             .bind(kept_time(now))
             .bind(kept_time(claim_until))
@@ -403,7 +403,7 @@ impl Backend for Postgres {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE($6, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN $9 ELSE finished_at END, maybe_happened = COALESCE($11, maybe_happened), sent_hash = COALESCE(sent_hash, $12) WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'")
             .bind(id)
-            .bind(holder)
+            .bind(text(holder))
             .bind(t.state.as_str())
             .bind(t.attempts)
             .bind(t.reconciliations)

@@ -290,7 +290,7 @@ impl Backend for Sqlite {
         // an open transaction holding the database's write lock (every other writer busy; that
         // connection's later writes, an effect's finish among them, never committed). A claim whose caller
         // is gone before its COMMIT rolls back.
-        let (pool, holder) = (pool.clone(), holder.to_owned());
+        let (pool, holder) = (pool.clone(), text(holder).into_owned());
         let dests = serde_json::to_string(destinations).unwrap_or_else(|_| "[]".into());
         let (reply, answer) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
@@ -314,7 +314,7 @@ impl Backend for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query("UPDATE txinbox_effects SET state = ?3, attempts = COALESCE(?4, attempts), reconciliations = COALESCE(?5, reconciliations), next_attempt_at = COALESCE(?6, next_attempt_at), result_reference = COALESCE(?7, result_reference), last_error = ?8, claimed_by = NULL, claim_until = NULL, updated_at = ?9, finished_at = CASE WHEN ?10 THEN ?9 ELSE finished_at END, maybe_happened = COALESCE(?11, maybe_happened), sent_hash = COALESCE(sent_hash, ?12) WHERE id = ?1 AND claimed_by = ?2 AND state = 'in_flight'")
             .bind(id)
-            .bind(holder)
+            .bind(text(holder))
             .bind(t.state.as_str())
             .bind(t.attempts)
             .bind(t.reconciliations)

@@ -281,3 +281,54 @@ async fn a_look_up_with_a_nul_finds_nothing_on_sqlite() {
 async fn a_look_up_with_a_nul_finds_nothing_on_postgres() {
     looked_up_with_a_nul(txinbox_testkit::pg_store(2).await).await;
 }
+
+/// A runner's name is its own text: one with a NUL claims and finishes its effects (kept with U+FFFD), on
+/// PostgreSQL as on SQLite, where PostgreSQL refused every claim of that runner.
+async fn held_by_a_name_with_a_nul<DB: txinbox_store::Backend>(store: Store<DB>, insert: &str)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let claimed = store
+        .claim_effects(
+            "run\0ner",
+            &["d".to_owned()],
+            now,
+            now + chrono::Duration::minutes(1),
+            10,
+        )
+        .await;
+    assert!(matches!(&claimed, Ok(c) if c.len() == 1), "{claimed:?}");
+    let done = Transition::Done {
+        reference: None,
+        attempts: 1,
+        reconciliations: 0,
+    };
+    let finished = store
+        .finish_effect(claimed.unwrap()[0].id, "run\0ner", &done.columns(), now)
+        .await;
+    assert!(matches!(finished, Ok(true)), "{finished:?}");
+}
+
+#[tokio::test]
+async fn a_runner_named_with_a_nul_claims_and_finishes_on_sqlite() {
+    let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    held_by_a_name_with_a_nul(
+        txinbox_testkit::sqlite_store().await,
+        &EFFECT.replace("NOW", &format!("'{now}'")),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_runner_named_with_a_nul_claims_and_finishes_on_postgres() {
+    held_by_a_name_with_a_nul(
+        txinbox_testkit::pg_store(2).await,
+        &EFFECT
+            .replace("x'00'", "'\\x00'::bytea")
+            .replace("NOW", "now()"),
+    )
+    .await;
+}
