@@ -38,10 +38,12 @@ enum Command {
         /// Logical messages (1 to 100000, and at most 100000 deliveries with `--copies`: every delivery is
         /// queued in memory before the run and applied in a transaction of its own, so 100000 already take a
         /// minute or more; the lab shows duplicates dropped with far fewer).
-        #[arg(long, default_value_t = 2, value_parser = lab_count)]
+        /// Not with `--windows`, whose windows choose their own messages.
+        #[arg(long, default_value_t = 2, value_parser = lab_count, conflicts_with = "windows")]
         messages: usize,
-        /// Copies delivered of each message (1 to 100000; see `--messages` for the bound on both).
-        #[arg(long, default_value_t = 2, value_parser = lab_count)]
+        /// Copies delivered of each message (1 to 100000; see `--messages` for the bound on both). Not with
+        /// `--windows`.
+        #[arg(long, default_value_t = 2, value_parser = lab_count, conflicts_with = "windows")]
         copies: usize,
         /// Store URL: `sqlite::memory:` (default), `sqlite:path.db`, `postgres://...` (a fresh schema per run)
         /// or `dynamodb://TABLE` (a fresh table `TABLE-lab-...` per run, deleted after it;

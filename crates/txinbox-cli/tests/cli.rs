@@ -169,6 +169,12 @@ fn lab_refuses_counts_beyond_its_bound_before_opening_the_store() {
         assert_eq!(code, 2, "--batch {n}: {out}{err}");
         assert!(err.contains("--batch must be 2 to 64"), "{err}");
     }
+    // The windows choose their own messages: a count given with them is refused, not ignored.
+    for flag in ["--messages", "--copies"] {
+        let (code, out, err) = txinbox(&["lab", "--windows", flag, "5", "--store", nowhere]);
+        assert_eq!(code, 2, "{flag}: {out}{err}");
+        assert!(err.contains("cannot be used with"), "{flag}: {err}");
+    }
 }
 
 #[test]
