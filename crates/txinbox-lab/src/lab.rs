@@ -36,6 +36,33 @@ pub enum LabError {
     /// Bad arguments.
     #[error("{0}")]
     Usage(String),
+    /// A lab run of no message, no copy or more than [`MAX_DELIVERIES`] deliveries: refused before any store
+    /// is created.
+    #[error(
+        "the lab sends 1 to {max} deliveries (messages x copies, each at least 1); {messages} messages x {copies} copies is not",
+        max = MAX_DELIVERIES
+    )]
+    Deliveries {
+        /// The logical messages asked for.
+        messages: usize,
+        /// The copies of each asked for.
+        copies: usize,
+    },
+}
+
+/// The most deliveries (messages × copies) one lab run makes. Every delivery is queued in the in-memory
+/// broker before the run starts (about 1.5 KB each) and applied in a transaction of its own: a million already
+/// take about 1.5 GB and a quarter of an hour; more is refused rather than allocated. The `txinbox lab`
+/// command bounds its runs lower, at 100,000.
+pub const MAX_DELIVERIES: usize = 1_000_000;
+
+/// `messages × copies`, or [`LabError::Deliveries`] when either is 0 or the product is above
+/// [`MAX_DELIVERIES`] (or overflows).
+pub fn lab_deliveries(messages: usize, copies: usize) -> Result<u64, LabError> {
+    match messages.checked_mul(copies) {
+        Some(n) if (1..=MAX_DELIVERIES).contains(&n) => Ok(n as u64),
+        _ => Err(LabError::Deliveries { messages, copies }),
+    }
 }
 
 /// The lab's event: a meeting of an opportunity ended; the agent creates a follow-up task.
@@ -132,17 +159,14 @@ impl fmt::Display for LabReport {
 }
 
 /// Sends `messages` logical messages `copies` times each through the in-memory broker and runs a worker
-/// until every delivery is processed.
+/// until every delivery is processed. [`LabError::Deliveries`] (before the tables are created) unless both
+/// are at least 1 and their product at most [`MAX_DELIVERIES`].
 pub async fn run_lab<S: LabStore>(
     store: S,
     messages: usize,
     copies: usize,
 ) -> Result<LabReport, LabError> {
-    if messages == 0 || copies == 0 {
-        return Err(LabError::Usage(
-            "--messages and --copies must be at least 1".into(),
-        ));
-    }
+    let expected = lab_deliveries(messages, copies)?;
     store.create_tables().await?;
     let queue = MemoryQueue::new(QueueOptions {
         wait: Duration::from_millis(50),
@@ -153,7 +177,6 @@ pub async fn run_lab<S: LabStore>(
             queue.send(lab_message(i));
         }
     }
-    let expected = (messages * copies) as u64;
     let processor = lab_processor(store.clone(), task_handler::<S>());
     let q = queue.clone();
     let drained = async move {
@@ -184,12 +207,14 @@ pub async fn run_lab<S: LabStore>(
     })
 }
 
-/// [`run_lab`] on a fresh database of `target`, removed afterwards.
+/// [`run_lab`] on a fresh database of `target`, removed afterwards. [`LabError::Deliveries`] before anything
+/// is created unless both counts are at least 1 and their product at most [`MAX_DELIVERIES`].
 pub async fn run_lab_on(
     target: &Target,
     messages: usize,
     copies: usize,
 ) -> Result<LabReport, LabError> {
+    lab_deliveries(messages, copies)?;
     struct Lab(usize, usize);
     impl OnFresh for Lab {
         type Output = LabReport;
