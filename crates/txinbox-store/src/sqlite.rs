@@ -167,7 +167,8 @@ impl Backend for Sqlite {
             .bind(ts(row.processed_at))
             .bind(ts(row.retention_until))
             .bind(id.origin.as_str())
-            .bind(i64::from(row.delivery_count))
+            // PostgreSQL's INTEGER column, and so the count both stores keep: at most i32::MAX.
+            .bind(i32::try_from(row.delivery_count).unwrap_or(i32::MAX))
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 1 {

@@ -822,3 +822,42 @@ fn sqlite_and_postgres_agree_on_hostile_operations() {
         panic!("{e}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// What the property found, one by one.
+
+/// A broker's delivery count past `i32::MAX` is kept as `i32::MAX` (PostgreSQL's INTEGER column) on SQLite
+/// too, where SQLite kept it whole: the same message showed two counts.
+macro_rules! counted_past_i32 {
+    ($store:expr) => {{
+        use txinbox_core::{InboxStore, MarkerInsert, MarkerRow};
+        let store = $store;
+        let mut m = ReceivedMessage::new(b"{}".to_vec());
+        m.attributes.insert("ce-id".into(), "m".into());
+        m.attributes.insert("ce-source".into(), "s".into());
+        let id = IdentityPolicy::new(ConsumerName::new("c").unwrap())
+            .resolve(&m)
+            .unwrap();
+        let now = Utc::now();
+        let row = MarkerRow::new(&id, "h", now, now, now, u32::MAX);
+        let tx = store.begin().await.unwrap();
+        assert_eq!(
+            store.insert_marker(&tx, &row).await.unwrap(),
+            MarkerInsert::Inserted
+        );
+        store.commit(tx).await.unwrap();
+        let story = store.message_story("c", "m", None).await.unwrap();
+        assert_eq!(story.markers.len(), 1);
+        assert_eq!(story.markers[0].delivery_count, i64::from(i32::MAX));
+    }};
+}
+
+#[tokio::test]
+async fn a_delivery_count_past_i32_is_kept_as_i32_max_on_sqlite() {
+    counted_past_i32!(txinbox_testkit::sqlite_store().await);
+}
+
+#[tokio::test]
+async fn a_delivery_count_past_i32_is_kept_as_i32_max_on_postgres() {
+    counted_past_i32!(txinbox_testkit::pg_store(2).await);
+}
