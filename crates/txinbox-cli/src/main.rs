@@ -1,7 +1,7 @@
 //! `txinbox`: the lab, the failure windows and operator tools.
 
 // Standard output goes through `out` (a closed pipe ends the command quietly), never `println!`.
-#![deny(clippy::print_stdout)]
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 use std::process::ExitCode;
 
@@ -338,7 +338,7 @@ fn main() -> ExitCode {
                     match a.store_url().and_then(|u| a.effects().map(|_| u)) {
                         Ok(url) => vec![targets::StoreTarget { shard: None, url }],
                         Err(e) => {
-                            eprintln!("error: {}", targets::redact(&e));
+                            crate::out::errln!("error: {}", targets::redact(&e));
                             return ExitCode::from(2);
                         }
                     }
@@ -350,7 +350,7 @@ fn main() -> ExitCode {
                 EffectsCommand::Stats { store } => match store.targets() {
                     Ok(t) => t,
                     Err(e) => {
-                        eprintln!("error: {}", targets::redact(&e));
+                        crate::out::errln!("error: {}", targets::redact(&e));
                         return ExitCode::from(2);
                     }
                 },
@@ -367,7 +367,7 @@ fn main() -> ExitCode {
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {}", targets::redact(&e));
+                    crate::out::errln!("error: {}", targets::redact(&e));
                     ExitCode::from(2)
                 }
             }
@@ -478,6 +478,6 @@ fn fail(e: &dyn std::error::Error) -> ExitCode {
         msg.push_str(&format!("\n  caused by: {s}"));
         src = s.source();
     }
-    eprintln!("{}", targets::redact(&msg));
+    crate::out::errln!("{}", targets::redact(&msg));
     ExitCode::from(2)
 }

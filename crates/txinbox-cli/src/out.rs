@@ -6,6 +6,9 @@
 //!   stops writing and exits at once with [`BROKEN_PIPE_EXIT`], printing nothing;
 //! * any other write error (a full disk under `> file`) is reported, `error: writing to standard output: ...`
 //!   on stderr, and the process exits 2.
+//!
+//! What goes to standard error goes through [`errln!`], never `eprintln!` (`clippy::print_stderr` refuses it):
+//! a message to a standard error that is gone is dropped, not a panic.
 
 use std::io::{self, Write};
 
@@ -41,7 +44,23 @@ macro_rules! out {
     };
 }
 
-pub(crate) use {out, outln};
+/// `eprintln!` without its panic: a message to standard error, dropped if standard error is gone (there is
+/// nowhere left to report it; the exit status still tells).
+macro_rules! errln {
+    () => {
+        $crate::out::write_err(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::out::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {errln, out, outln};
+
+/// Writes `args` to standard error, ignoring a failed write; see [`errln!`].
+pub fn write_err(args: std::fmt::Arguments<'_>) {
+    let _ = io::stderr().lock().write_fmt(args);
+}
 
 /// Standard output as a writer, for code that writes to an `impl Write` (check-infra's report): a broken pipe
 /// ends the process as [`write_fmt`] does; any other error is returned to the caller, which reports it.
@@ -73,7 +92,6 @@ fn end_on_broken_pipe(e: &io::Error) {
 /// Ends the process on a failed write to standard output.
 fn stop(e: &io::Error) -> ! {
     end_on_broken_pipe(e);
-    // Not `eprintln!`: it would panic in turn when stderr is gone too.
-    let _ = writeln!(io::stderr(), "error: writing to standard output: {e}");
+    write_err(format_args!("error: writing to standard output: {e}\n"));
     std::process::exit(2)
 }

@@ -84,7 +84,7 @@ async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, Stri
         let store = txinbox_dynamodb::DynamoStore::connect(url)
             .await
             .map_err(|e| format!("store (dynamodb): {e}"))?;
-        eprintln!("note: on DynamoDB expiry is the TTL's (expires_at): expired items are absent to the store from that second on and DynamoDB deletes them in the background; this pass deletes nothing");
+        crate::out::errln!("note: on DynamoDB expiry is the TTL's (expires_at): expired items are absent to the store from that second on and DynamoDB deletes them in the background; this pass deletes nothing");
         Ok(pass(store, args).await)
     } else {
         Err(format!(
@@ -155,7 +155,7 @@ async fn pass<S: MaintenanceStore>(store: S, args: &PurgeArgs) -> MaintenanceRep
         })
         .await;
     if tty {
-        eprintln!();
+        crate::out::errln!();
     }
     report
 }

@@ -107,7 +107,7 @@ pub fn runtime_and_targets(
 /// ([`redact`]), and exits 2.
 pub fn fail(msg: &str) -> std::process::ExitCode {
     let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("error: {}", redact(&one_line));
+    crate::out::errln!("error: {}", redact(&one_line));
     std::process::ExitCode::from(2)
 }
 

@@ -442,7 +442,7 @@ async fn check_schema<DB: Backend>(store: &Store<DB>) -> Result<(), String> {
             Err("no txinbox schema at this store URL (txinbox_schema_version is missing)".into())
         }
         Some(v) if v < 3 => {
-            eprintln!("warning: schema version {v}: the operator indexes of migration 3 are missing, queries may scan whole tables (start a worker of this version to migrate)");
+            crate::out::errln!("warning: schema version {v}: the operator indexes of migration 3 are missing, queries may scan whole tables (start a worker of this version to migrate)");
             Ok(())
         }
         Some(_) => Ok(()),
