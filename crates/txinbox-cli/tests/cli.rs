@@ -691,6 +691,31 @@ fn a_closed_pipe_on_stdout_ends_every_command_quietly_with_141() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// An error for a standard error that is gone: the exit status still says so (a panic in `eprintln!` made it
+/// 101, a crash).
+#[test]
+fn an_error_with_standard_error_closed_still_exits_with_its_status() {
+    for args in [
+        &[
+            "inbox",
+            "stats",
+            "--store",
+            "sqlite:/definitely/not/here.db",
+        ][..],
+        &["inbox", "stats"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+            .args(args)
+            .env_remove("TXINBOX_STORE_URL")
+            .stdout(Stdio::piped())
+            .stderr(closed_pipe())
+            .output()
+            .expect("run txinbox");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
 #[test]
 fn another_write_error_on_stdout_is_reported_with_exit_2() {
     let full = || {
