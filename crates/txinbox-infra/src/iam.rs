@@ -27,8 +27,42 @@ pub const SQS_WORKER_DLQ_ACTIONS: [&str; 3] = [
 /// One statement of a policy.
 pub(crate) struct Statement {
     pub(crate) allow: bool,
+    /// `Action`, or with `not_actions` the `NotAction` list.
     pub(crate) actions: Vec<String>,
+    /// `NotAction`: IAM "explicitly matches everything except the specified list of actions".
+    pub(crate) not_actions: bool,
+    /// `Resource`, or with `not_resources` the `NotResource` list.
     pub(crate) resources: Vec<String>,
+    /// `NotResource`: every resource but those listed.
+    pub(crate) not_resources: bool,
+    /// A `Condition`: whether it applies depends on the request, so a Deny with one is not taken as denying.
+    pub(crate) conditional: bool,
+}
+
+impl Statement {
+    /// Whether the statement's `Action` (or `NotAction`) matches `action`.
+    pub(crate) fn covers_action(&self, action: &str) -> bool {
+        self.actions.iter().any(|a| glob(a, action, true)) != self.not_actions
+    }
+
+    /// Whether the statement's `Resource` (or `NotResource`) matches what `names` recognises.
+    pub(crate) fn covers_resource(&self, names: impl Fn(&str) -> bool) -> bool {
+        self.resources.iter().any(|r| names(r)) != self.not_resources
+    }
+}
+
+/// Whether `policy` lets its holder call `action` on what `names` recognises: an Allow statement covers it and
+/// no Deny statement without a condition does. AWS IAM: "If policies that apply to a request include an
+/// `Allow` statement and a `Deny` statement, the `Deny` statement trumps the `Allow` statement. The request is
+/// explicitly denied." A Deny with a condition (`aws:SecureTransport`, ...) is not taken as denying, since
+/// whether it applies depends on the request.
+pub(crate) fn allows(policy: &Policy<'_>, action: &str, names: impl Fn(&str) -> bool) -> bool {
+    let covers = |s: &Statement| s.covers_action(action) && s.covers_resource(&names);
+    policy.statements.iter().any(|s| s.allow && covers(s))
+        && !policy
+            .statements
+            .iter()
+            .any(|s| !s.allow && !s.conditional && covers(s))
 }
 
 /// A policy read from what was checked.
@@ -76,10 +110,23 @@ fn json_statements(text: &str) -> Option<Vec<Statement>> {
     Some(
         statements
             .iter()
-            .map(|s| Statement {
-                allow: s.get("Effect").and_then(|e| e.as_str()) != Some("Deny"),
-                actions: json_strings(s.get("Action")),
-                resources: json_strings(s.get("Resource")),
+            .map(|s| {
+                let not_actions = s.get("Action").is_none() && s.get("NotAction").is_some();
+                let not_resources = s.get("Resource").is_none() && s.get("NotResource").is_some();
+                Statement {
+                    allow: s.get("Effect").and_then(|e| e.as_str()) != Some("Deny"),
+                    actions: json_strings(s.get(if not_actions { "NotAction" } else { "Action" })),
+                    not_actions,
+                    resources: json_strings(s.get(if not_resources {
+                        "NotResource"
+                    } else {
+                        "Resource"
+                    })),
+                    not_resources,
+                    conditional: s
+                        .get("Condition")
+                        .is_some_and(|c| c.as_object().is_none_or(|o| !o.is_empty())),
+                }
             })
             .collect(),
     )
@@ -90,10 +137,24 @@ fn object_statement(value: &Value) -> Option<Statement> {
     let Value::Object(map) = value else {
         return None;
     };
+    let listed = |key: &str| map.get(key).map(strings).unwrap_or_default();
+    let (actions, not_actions) = match (listed("actions"), listed("not_actions")) {
+        (actions, not) if actions.is_empty() && !not.is_empty() => (not, true),
+        (actions, _) => (actions, false),
+    };
+    let (resources, not_resources) = match (listed("resources"), listed("not_resources")) {
+        (resources, not) if resources.is_empty() && !not.is_empty() => (not, true),
+        (resources, _) => (resources, false),
+    };
     Some(Statement {
         allow: map.get("effect").and_then(Value::as_str) != Some("Deny"),
-        actions: map.get("actions").map(strings).unwrap_or_default(),
-        resources: map.get("resources").map(strings).unwrap_or_default(),
+        actions,
+        not_actions,
+        resources,
+        not_resources,
+        conditional: map.get("condition").is_some_and(|c| {
+            !matches!(c, Value::Null) && c.as_array().is_none_or(|a| !a.is_empty())
+        }),
     })
 }
 
@@ -112,13 +173,29 @@ pub(crate) fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
                     Resolved::Known { value, .. } => Some(value),
                     _ => None,
                 };
+                let listed = |key| get(key).map(|v| strings(&v)).unwrap_or_default();
+                let not_actions =
+                    !block.attrs.contains_key("actions") && block.attrs.contains_key("not_actions");
+                let not_resources = !block.attrs.contains_key("resources")
+                    && block.attrs.contains_key("not_resources");
                 statements.push(Statement {
                     allow: get("effect")
                         .and_then(|v| v.as_str().map(str::to_owned))
                         .as_deref()
                         != Some("Deny"),
-                    actions: get("actions").map(|v| strings(&v)).unwrap_or_default(),
-                    resources: get("resources").map(|v| strings(&v)).unwrap_or_default(),
+                    actions: listed(if not_actions {
+                        "not_actions"
+                    } else {
+                        "actions"
+                    }),
+                    not_actions,
+                    resources: listed(if not_resources {
+                        "not_resources"
+                    } else {
+                        "resources"
+                    }),
+                    not_resources,
+                    conditional: block.children.iter().any(|c| c == "condition"),
                 });
             }
             if let Resolved::Known {
@@ -215,11 +292,7 @@ fn names_queue(c: &Checker<'_>, pattern: &str, queue: &Resource) -> bool {
 }
 
 fn grants(c: &Checker<'_>, policy: &Policy<'_>, action: &str, queue: &Resource) -> bool {
-    policy.statements.iter().any(|s| {
-        s.allow
-            && s.actions.iter().any(|a| glob(a, action, true))
-            && s.resources.iter().any(|r| names_queue(c, r, queue))
-    })
+    allows(policy, action, |r| names_queue(c, r, queue))
 }
 
 pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {

@@ -674,3 +674,44 @@ fn plan_of_a_broken_table() {
         report.violations
     );
 }
+
+/// An Allow with `NotAction` grants every action but those listed ("explicitly matches everything except the
+/// specified list of actions"): on the inbox table it lets the worker delete markers.
+#[test]
+fn worker_policy_with_not_action_is_too_broad() {
+    let dir = copy_of(&dynamodb_sample(), "ddb-not-action");
+    dir.edit(
+        "iam.tf",
+        "  statement {\n    sid = \"InboxTable\"\n",
+        "  statement {\n    sid           = \"AllButIam\"\n    not_actions   = [\"iam:*\"]\n    resources     = [aws_dynamodb_table.inbox.arn]\n  }\n\n  statement {\n    sid = \"InboxTable\"\n",
+    );
+    let v = only_violation(&dir);
+    assert_eq!(v.rule, RuleId::DynamoDbWorkerPolicyTooBroad, "{v}");
+    for what in [
+        "NotAction [iam:*]",
+        "(DeleteItem;",
+        "(Scan)",
+        "(DeleteTable)",
+    ] {
+        assert!(v.message.contains(what), "{what}: {}", v.message);
+    }
+}
+
+/// An explicit Deny of a needed action overrides the Allow; a denied forbidden action is not named.
+#[test]
+fn worker_policy_with_a_deny_on_the_table() {
+    let dir = copy_of(&dynamodb_sample(), "ddb-deny");
+    dir.edit(
+        "iam.tf",
+        "  statement {\n    sid = \"InboxTable\"\n",
+        "  statement {\n    sid       = \"NoQuery\"\n    effect    = \"Deny\"\n    actions   = [\"dynamodb:Query\", \"dynamodb:DeleteItem\"]\n    resources = [\"*\"]\n  }\n\n  statement {\n    sid = \"InboxTable\"\n",
+    );
+    let v = only_violation(&dir);
+    assert_eq!(v.rule, RuleId::DynamoDbWorkerPolicyMissingAction, "{v}");
+    assert!(
+        v.message
+            .contains("dynamodb:Query on aws_dynamodb_table.inbox"),
+        "{}",
+        v.message
+    );
+}

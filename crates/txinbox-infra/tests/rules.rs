@@ -681,3 +681,89 @@ fn worker_policy_with_literal_arns() {
     assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction);
     assert!(v.message.contains("does not grant sqs:SendMessage, sqs:GetQueueUrl, sqs:GetQueueAttributes on the dead-letter queue aws_sqs_queue.dlq"), "{}", v.message);
 }
+
+/// An explicit Deny in the worker's policy overrides its Allow (AWS IAM: "the `Deny` statement trumps the
+/// `Allow` statement"); a Deny under a condition may not apply and is not taken as denying.
+#[test]
+fn worker_policy_with_a_deny_of_a_needed_action() {
+    let dir = copy_of(&aws_sample(), "iam-deny");
+    let deny = r#"
+  statement {
+    sid       = "NoDelete"
+    effect    = "Deny"
+    actions   = ["sqs:DeleteMessage"]
+    resources = ["*"]
+  }
+"#;
+    dir.edit(
+        "iam.tf",
+        "    resources = [aws_sqs_queue.dlq.arn]\n  }\n",
+        &format!("    resources = [aws_sqs_queue.dlq.arn]\n  }}\n{deny}"),
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction, "{v}");
+    assert_eq!(v.resource, "data.aws_iam_policy_document.worker");
+    assert!(
+        v.message
+            .contains("does not grant sqs:DeleteMessage on aws_sqs_queue.main"),
+        "{}",
+        v.message
+    );
+
+    // Under a condition the Deny may not apply to the worker's requests: not a finding.
+    dir.edit(
+        "iam.tf",
+        "    resources = [\"*\"]\n  }\n",
+        "    resources = [\"*\"]\n    condition {\n      test     = \"Bool\"\n      variable = \"aws:SecureTransport\"\n      values   = [\"false\"]\n    }\n  }\n",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+}
+
+/// `NotAction` matches every action but those listed: an Allow with it grants the others, a Deny with it
+/// denies them; a JSON policy's Deny is read as the document's is.
+#[test]
+fn worker_policy_with_not_action() {
+    let dir = copy_of(&aws_sample(), "iam-not-action");
+    dir.write(
+        "iam.tf",
+        r#"resource "aws_iam_policy" "worker" {
+  name = "worker"
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      { Effect = "Allow", NotAction = ["sqs:DeleteMessage", "iam:*"], Resource = "*" },
+    ]
+  })
+}
+"#,
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction, "{v}");
+    assert!(
+        v.message
+            .contains("does not grant sqs:DeleteMessage on aws_sqs_queue.main"),
+        "{}",
+        v.message
+    );
+
+    // Allow everything, then deny every SQS action but ReceiveMessage on the queue.
+    let text = dir.read("iam.tf").replace(
+        r#"{ Effect = "Allow", NotAction = ["sqs:DeleteMessage", "iam:*"], Resource = "*" },"#,
+        r#"{ Effect = "Allow", Action = "sqs:*", Resource = "*" },
+      { Effect = "Deny", NotAction = "sqs:ReceiveMessage", Resource = aws_sqs_queue.main.arn },"#,
+    );
+    dir.write("iam.tf", &text);
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert!(
+        v.message.contains("does not grant sqs:DeleteMessage, sqs:ChangeMessageVisibility, sqs:GetQueueAttributes on aws_sqs_queue.main"),
+        "{}",
+        v.message
+    );
+    assert!(
+        !v.message
+            .contains("on the dead-letter queue aws_sqs_queue.dlq"),
+        "{}",
+        v.message
+    );
+}

@@ -1,7 +1,7 @@
 //! The worker's IAM policy on the inbox table and its indexes: every action the store calls, no other.
 
 use super::{known_string, DYNAMODB_WORKER_INDEX_ACTIONS, DYNAMODB_WORKER_TABLE_ACTIONS, INDEXES};
-use crate::iam::{glob, Policy};
+use crate::iam::{allows, glob, Policy};
 use crate::rules::Checker;
 use crate::terraform::{placeholder, Resource};
 use crate::RuleId;
@@ -49,11 +49,7 @@ fn grants(
     table: &Resource,
     suffix: &str,
 ) -> bool {
-    policy.statements.iter().any(|s| {
-        s.allow
-            && s.actions.iter().any(|a| glob(a, action, true))
-            && s.resources.iter().any(|r| names_table(c, r, table, suffix))
-    })
+    allows(policy, action, |r| names_table(c, r, table, suffix))
 }
 
 /// An action pattern that covers a DynamoDB action (`dynamodb:...`, `dynamo*:*`, `*`).
@@ -118,13 +114,23 @@ pub(super) fn check_policies(c: &mut Checker<'_>, table: &Resource, policies: &[
         }
         let mut broad: Vec<String> = Vec::new();
         for s in policy.statements.iter().filter(|s| s.allow) {
-            let on_table = s.resources.iter().any(|r| {
-                names_table(c, r, table, "")
-                    || index_suffixes
-                        .iter()
-                        .any(|suffix| names_table(c, r, table, suffix))
-            });
+            let on_table = s.covers_resource(|r| names_table(c, r, table, ""))
+                || index_suffixes
+                    .iter()
+                    .any(|suffix| s.covers_resource(|r| names_table(c, r, table, suffix)));
             if !on_table {
+                continue;
+            }
+            if s.not_actions {
+                // Every action but those listed: too broad when it leaves one the store does not call.
+                let beyond = FORBIDDEN
+                    .iter()
+                    .chain(&["dynamodb:BatchGetItem", "dynamodb:ConditionCheckItem"])
+                    .any(|a| s.covers_action(a));
+                let shown = format!("NotAction [{}]", s.actions.join(", "));
+                if beyond && !broad.contains(&shown) {
+                    broad.push(shown);
+                }
                 continue;
             }
             for a in &s.actions {
@@ -141,7 +147,12 @@ pub(super) fn check_policies(c: &mut Checker<'_>, table: &Resource, policies: &[
         if !broad.is_empty() {
             let forbidden: Vec<&str> = FORBIDDEN
                 .into_iter()
-                .filter(|f| broad.iter().any(|a| glob(a, f, true)))
+                .filter(|f| {
+                    allows(policy, f, |r| names_table(c, r, table, ""))
+                        || index_suffixes
+                            .iter()
+                            .any(|suffix| allows(policy, f, |r| names_table(c, r, table, suffix)))
+                })
                 .collect();
             c.at(
                 RuleId::DynamoDbWorkerPolicyTooBroad,

@@ -71,6 +71,16 @@ fn attrs_of(body: &Body, file: &SourceFile) -> BTreeMap<String, Attr> {
         .collect()
 }
 
+/// The kinds of the blocks in `body` (a `dynamic "condition"` counts as a `condition`).
+fn children_of(body: &Body) -> Vec<String> {
+    body.blocks()
+        .map(|b| match (b.ident.as_str(), labels(b).as_slice()) {
+            ("dynamic", [ident]) => (*ident).to_owned(),
+            (ident, _) => ident.to_owned(),
+        })
+        .collect()
+}
+
 fn nested_blocks(body: &Body, file: &SourceFile) -> Vec<NestedBlock> {
     let mut out = Vec::new();
     for block in body.blocks() {
@@ -80,6 +90,7 @@ fn nested_blocks(body: &Body, file: &SourceFile) -> Vec<NestedBlock> {
                     out.push(NestedBlock {
                         ident: (*ident).to_owned(),
                         attrs: attrs_of(&content.body, file),
+                        children: children_of(&content.body),
                         dynamic: true,
                         line: file.line_of_span(block.span()),
                     });
@@ -88,6 +99,7 @@ fn nested_blocks(body: &Body, file: &SourceFile) -> Vec<NestedBlock> {
             (ident, _) => out.push(NestedBlock {
                 ident: ident.to_owned(),
                 attrs: attrs_of(&block.body, file),
+                children: children_of(&block.body),
                 dynamic: false,
                 line: file.line_of_span(block.span()),
             }),

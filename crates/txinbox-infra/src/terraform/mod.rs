@@ -99,6 +99,8 @@ pub(crate) struct Attr {
 pub(crate) struct NestedBlock {
     pub(crate) ident: String,
     pub(crate) attrs: BTreeMap<String, Attr>,
+    /// The kinds of the blocks nested in it (`condition` in a `statement`).
+    pub(crate) children: Vec<String>,
     /// A `dynamic` block: its content depends on an iterator this reader does not expand.
     pub(crate) dynamic: bool,
     /// 1-based line of the block's first line.
