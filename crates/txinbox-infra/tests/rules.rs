@@ -767,3 +767,47 @@ fn worker_policy_with_not_action() {
         v.message
     );
 }
+
+/// A queue whose redrive allow policy is `denyAll` is no dead-letter queue (AWS: "No source queues can
+/// specify this queue as the dead-letter queue"): it is checked as a queue, here for its missing redrive.
+#[test]
+fn queue_that_denies_all_redrive_is_checked_as_a_queue() {
+    let dir = copy_of(&aws_sample(), "deny-all");
+    dir.edit(
+        "main.tf",
+        "  redrive_policy = jsonencode({\n    deadLetterTargetArn = aws_sqs_queue.dlq.arn\n    maxReceiveCount     = var.max_receive_count\n  })\n",
+        "  redrive_allow_policy = jsonencode({ redrivePermission = \"denyAll\" })\n",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    let line = dir.line_of("main.tf", r#"resource "aws_sqs_queue" "main""#);
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.rule == RuleId::SqsFifoMissingRedrive
+                && v.resource == "aws_sqs_queue.main"
+                && v.line == line),
+        "{:#?}",
+        report.violations
+    );
+
+    // The same in its own resource.
+    dir.edit(
+        "main.tf",
+        "  redrive_allow_policy = jsonencode({ redrivePermission = \"denyAll\" })\n",
+        "",
+    );
+    dir.write(
+        "deny.tf",
+        "resource \"aws_sqs_queue_redrive_allow_policy\" \"main\" {\n  queue_url            = aws_sqs_queue.main.id\n  redrive_allow_policy = jsonencode({ redrivePermission = \"denyAll\" })\n}\n",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.rule == RuleId::SqsFifoMissingRedrive && v.resource == "aws_sqs_queue.main"),
+        "{:#?}",
+        report.violations
+    );
+}

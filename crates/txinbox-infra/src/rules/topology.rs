@@ -109,6 +109,31 @@ pub(super) fn strip_attr(reference: &str) -> String {
     parts[..n.min(parts.len())].join(".")
 }
 
+/// Whether a redrive allow policy lets some queue use its queue as a dead-letter queue: set, and not
+/// `redrivePermission = "denyAll"` (AWS: "No source queues can specify this queue as the dead-letter queue").
+/// A queue that denies them all is a queue like any other, checked as one.
+fn allows_redrive(resolved: &Resolved) -> bool {
+    match resolved {
+        Resolved::Missing
+        | Resolved::Known {
+            value: Value::Null, ..
+        } => false,
+        // A plan shows an unset policy as "".
+        Resolved::Known {
+            value: Value::String(s),
+            ..
+        } => {
+            !s.is_empty()
+                && serde_json::from_str::<serde_json::Value>(s)
+                    .ok()
+                    .is_none_or(|json| {
+                        json.get("redrivePermission").and_then(|p| p.as_str()) != Some("denyAll")
+                    })
+        }
+        _ => true,
+    }
+}
+
 /// The queues of an SQS module: which are dead-letter queues, which redrive policy each source has.
 pub(crate) struct SqsTopology<'a> {
     pub(crate) queues: Vec<&'a Resource>,
@@ -139,7 +164,7 @@ pub(crate) fn sqs_topology(module: &Module) -> SqsTopology<'_> {
         _ => true,
     };
     for queue in &queues {
-        if set(&module.resolve(queue, "redrive_allow_policy")) {
+        if allows_redrive(&module.resolve(queue, "redrive_allow_policy")) {
             dlqs.insert(queue.address());
         }
         let resolved = module.resolve(queue, "redrive_policy");
@@ -167,7 +192,9 @@ pub(crate) fn sqs_topology(module: &Module) -> SqsTopology<'_> {
                     ));
                 }
             }
-            "aws_sqs_queue_redrive_allow_policy" => {
+            "aws_sqs_queue_redrive_allow_policy"
+                if allows_redrive(&module.resolve(resource, "redrive_allow_policy")) =>
+            {
                 if let Some(address) = queue_of(module, resource) {
                     dlqs.insert(address);
                 }
