@@ -18,8 +18,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use txinbox_core::effects::{idempotency_key, Effect, EffectStore, Transition};
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_core::{
-    ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message, ReceivedMessage,
-    RetentionPolicy,
+    CancellationToken, ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message,
+    ReceivedMessage, RetentionPolicy,
 };
 use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{Backend, Store, StoreOptions};
@@ -52,6 +52,21 @@ fn opt_text() -> impl Strategy<Value = Option<String>> {
     prop_oneof![2 => Just(None), 3 => text().prop_map(Some)]
 }
 
+/// A name or id a message or a handler gives: mostly one of a few plain ones (so that most deliveries are
+/// applied and meet each other), sometimes any [`text`].
+fn field(plain: &'static [&'static str]) -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => prop::sample::select(plain).prop_map(String::from),
+        1 => text(),
+    ]
+}
+
+fn opt_field(plain: &'static [&'static str]) -> impl Strategy<Value = Option<String>> {
+    prop_oneof![3 => Just(None), 2 => field(plain).prop_map(Some)]
+}
+
+const IDS: &[&str] = &["a", "b", "evt-1"];
+
 /// A date near the run's base (so that claims are due and purges meet rows) or at an edge.
 fn time() -> impl Strategy<Value = DateTime<Utc>> {
     let base = base();
@@ -66,19 +81,30 @@ fn time() -> impl Strategy<Value = DateTime<Utc>> {
     ]
 }
 
-/// The run's start, to the second: the pipeline writes its own times (`Utc::now()`) just after it, and a
-/// generated date near it is a whole number of hours away, never in the minutes the run takes.
+/// Ten minutes before the run's start, to the second. The pipeline writes its own times (`Utc::now()`,
+/// plus a keep of whole hours): each is some whole hours and 10 to 50 minutes past this base, where no
+/// generated date near it is (those are whole hours from it, to the second).
 fn base() -> DateTime<Utc> {
     static BASE: std::sync::OnceLock<DateTime<Utc>> = std::sync::OnceLock::new();
     *BASE.get_or_init(|| {
-        let now = Utc::now();
+        let now = Utc::now() - chrono::Duration::minutes(10);
         now - chrono::Duration::nanoseconds(i64::from(now.timestamp_subsec_nanos()))
     })
 }
 
-/// Whether `t` is a time the pipeline wrote (the run's wall clock).
-fn written_now(t: DateTime<Utc>) -> bool {
-    t >= base() - chrono::Duration::seconds(1) && t <= base() + chrono::Duration::minutes(30)
+/// A time the pipeline wrote (the run's wall clock, which differs between the two runs of a step), as the
+/// whole hour after the base it is in; any other time as it is.
+fn wall_clock_masked(t: DateTime<Utc>) -> DateTime<Utc> {
+    let Some(off) = (t - base()).num_microseconds() else {
+        return t;
+    };
+    let hour = 3_600_000_000i64;
+    let within = off.rem_euclid(hour);
+    if (5 * 60_000_000..55 * 60_000_000).contains(&within) {
+        base() + chrono::Duration::microseconds(off - within)
+    } else {
+        t
+    }
 }
 
 fn edges() -> Vec<DateTime<Utc>> {
@@ -109,7 +135,7 @@ fn hours() -> impl Strategy<Value = i64> {
 fn duration() -> impl Strategy<Value = Duration> {
     prop_oneof![
         Just(Duration::ZERO),
-        (0u64..100_000).prop_map(Duration::from_secs),
+        (0u64..100).prop_map(|h| Duration::from_secs(h * 3600)),
         Just(Duration::from_secs(u64::MAX)),
         Just(Duration::MAX),
         Just(Duration::from_secs(400 * 365 * 86_400 * 100)),
@@ -151,12 +177,12 @@ fn msg() -> impl Strategy<Value = Msg> {
     (
         (
             prop::sample::select(vec!["c", "d"]),
-            text(),
-            text(),
-            opt_text(),
-            opt_text(),
-            opt_text(),
-            opt_text(),
+            field(IDS),
+            field(&["s", "x y"]),
+            opt_field(&["t"]),
+            opt_field(&["acme", ""]),
+            opt_field(&["k1", "k2"]),
+            opt_field(&["v1"]),
         ),
         (
             prop_oneof![
@@ -206,21 +232,23 @@ struct Fx {
 
 fn fx() -> impl Strategy<Value = Fx> {
     (
-        prop_oneof![3 => prop::sample::select(vec!["a", "b"]).prop_map(String::from), 1 => text()],
-        prop_oneof![3 => prop::sample::select(vec!["d1", "d2"]).prop_map(String::from), 1 => text()],
+        field(&["a", "b", "c"]),
+        field(&["d1", "d2"]),
         prop::collection::vec(any::<u8>(), 0..16),
         prop::collection::vec((text(), text()), 0..3),
-        opt_text(),
-        prop_oneof![Just(None), prop::sample::select(vec!["g"]).prop_map(|g| Some(g.to_owned())), opt_text()],
+        opt_field(&["ref-1"]),
+        opt_field(&["g"]),
     )
-        .prop_map(|(name, destination, payload, metadata, external_ref, group)| Fx {
-            name,
-            destination,
-            payload,
-            metadata,
-            external_ref,
-            group,
-        })
+        .prop_map(
+            |(name, destination, payload, metadata, external_ref, group)| Fx {
+                name,
+                destination,
+                payload,
+                metadata,
+                external_ref,
+                group,
+            },
+        )
 }
 
 #[derive(Clone, Debug)]
@@ -287,7 +315,8 @@ fn table() -> impl Strategy<Value = Table> {
 #[derive(Clone, Debug)]
 enum Op {
     Deliver {
-        msg: Msg,
+        msgs: Vec<Msg>,
+        batch: bool,
         result_reference: Option<String>,
         effects: Vec<Fx>,
     },
@@ -351,7 +380,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (msg(), opt_text(), prop::collection::vec(fx(), 0..3)).prop_map(|(msg, result_reference, effects)| Op::Deliver { msg, result_reference, effects }),
+        8 => (prop::collection::vec(msg(), 1..4), any::<bool>(), opt_text(), prop::collection::vec(fx(), 0..3))
+            .prop_map(|(msgs, batch, result_reference, effects)| Op::Deliver { msgs, batch, result_reference, effects }),
         3 => (
             prop_oneof![3 => Just("runner".to_owned()), 1 => text()],
             prop_oneof![
@@ -389,12 +419,9 @@ fn op() -> impl Strategy<Value = Op> {
 // Observable outcomes, as values comparable across backends.
 
 /// A date as both stores keep it: SQLite's range (years 1 to 9999), to the microsecond (rounded down); a
-/// time the pipeline wrote (the wall clock, which differs between the two runs of a step) is one value,
-/// `MIN_UTC`, that no kept date has.
+/// time the pipeline wrote as the hour it is in ([`wall_clock_masked`]).
 fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
-    if written_now(t) {
-        return DateTime::<Utc>::MIN_UTC;
-    }
+    let t = wall_clock_masked(t);
     let first = Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap();
     let last = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()
         + chrono::Duration::microseconds(999_999);
@@ -519,11 +546,12 @@ fn story(mut s: txinbox_store::ops::MessageStory) -> txinbox_store::ops::Message
 // Running the operations.
 
 /// What one backend remembers between steps: the effects' keys it was asked to record, and the last
-/// claim's holder.
+/// claim's holder and keys.
 #[derive(Default)]
 struct Seen {
     keys: Vec<String>,
     holder: String,
+    claimed: Vec<String>,
 }
 
 /// The operator queries are inherent methods of each backend's store.
@@ -596,7 +624,8 @@ where
 {
     match op {
         Op::Deliver {
-            msg,
+            msgs,
+            batch,
             result_reference,
             effects,
         } => {
@@ -617,21 +646,39 @@ where
                 }
                 handled = handled.effect(e);
             }
-            let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
-            let r = received(msg);
-            if let Ok(identity) = policy.resolve(&r) {
-                for f in effects {
-                    seen.keys.push(idempotency_key(&identity, &f.name));
+            // One consumer for the whole call: the first message's.
+            let first = &msgs[0];
+            let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
+            let received: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
+            for r in &received {
+                if let Ok(identity) = policy.resolve(r) {
+                    for f in effects {
+                        seen.keys.push(idempotency_key(&identity, &f.name));
+                    }
                 }
             }
             let inbox = Inbox::new(store.clone(), policy)
-                .retention(RetentionPolicy::default().keep(msg.keep));
+                .retention(RetentionPolicy::default().keep(first.keep));
             let handler = move |_tx: txinbox_store::Tx<DB>, _m: Message<serde_json::Value>| {
                 let h = handled.clone();
                 async move { Ok::<_, HandlerError>(h) }
             };
-            let o = inbox.process(NoopDelivery(r), &handler).await;
-            outcome(Ok(delivered(o)))
+            let outcomes = if *batch {
+                inbox
+                    .bind_handler(handler)
+                    .process_batch(
+                        received.into_iter().map(NoopDelivery).collect(),
+                        &CancellationToken::new(),
+                    )
+                    .await
+            } else {
+                let mut out = Vec::new();
+                for r in received {
+                    out.push(inbox.process(NoopDelivery(r), &handler).await);
+                }
+                out
+            };
+            outcome(Ok(outcomes.into_iter().map(delivered).collect::<Vec<_>>()))
         }
         Op::Claim {
             holder,
@@ -644,6 +691,7 @@ where
             let r = store
                 .claim_effects(holder, destinations, *now, *until, *limit)
                 .await
+                .inspect(|v| seen.claimed = v.iter().map(|e| e.key.clone()).collect())
                 .map(|v| {
                     let mut v: Vec<String> = v.iter().map(claimed).collect();
                     v.sort();
@@ -658,7 +706,13 @@ where
             sent_hash,
             now,
         } => {
-            let Some(id) = picked(store, seen, *pick).await else {
+            // One of the last claim's effects, when it claimed any.
+            let from = if seen.claimed.is_empty() {
+                &seen.keys
+            } else {
+                &seen.claimed
+            };
+            let Some(id) = picked(store, from, *pick).await else {
                 return outcome(Ok("no effect"));
             };
             let holder = holder.clone().unwrap_or_else(|| seen.holder.clone());
@@ -667,7 +721,7 @@ where
             outcome(store.finish_effect(id, &holder, &cols, *now).await)
         }
         Op::Compensate { pick, note, now } => {
-            let Some(id) = picked(store, seen, *pick).await else {
+            let Some(id) = picked(store, &seen.keys, *pick).await else {
                 return outcome(Ok("no effect"));
             };
             outcome(store.mark_compensated(id, note, *now).await)
@@ -755,12 +809,12 @@ where
     }
 }
 
-/// The id, in this store, of the effect `pick` designates among those recorded so far.
-async fn picked<DB: Backend>(store: &Store<DB>, seen: &Seen, pick: usize) -> Option<i64> {
-    if seen.keys.is_empty() {
+/// The id, in this store, of the effect `pick` designates among `keys`.
+async fn picked<DB: Backend>(store: &Store<DB>, keys: &[String], pick: usize) -> Option<i64> {
+    if keys.is_empty() {
         return None;
     }
-    let key = &seen.keys[pick % seen.keys.len()];
+    let key = &keys[pick % keys.len()];
     store.find_effect(key).await.ok().flatten().map(|e| e.id)
 }
 
