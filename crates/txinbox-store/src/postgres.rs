@@ -164,6 +164,21 @@ pub(crate) fn inserted_rows(
     Ok(inserted)
 }
 
+/// Whether two of `rows` meet under the inbox's unique constraints (one consumer, and one identity or one
+/// business key of one tenant), as [`HOLDER`] finds them.
+fn rows_meet(rows: &[MarkerRow<'_>]) -> bool {
+    let mut seen = std::collections::HashSet::with_capacity(rows.len() * 2);
+    rows.iter().any(|r| {
+        let id = r.identity;
+        let consumer = id.consumer.as_str();
+        let by_key = id
+            .business_key
+            .as_deref()
+            .is_some_and(|k| !seen.insert((consumer, 1, id.tenant_id.as_deref().unwrap_or(""), k)));
+        !seen.insert((consumer, 0, id.source.as_str(), id.message_id.as_str())) || by_key
+    })
+}
+
 /// Opens a change of the inbox's schema in `tx`: one changer at a time across processes (a transaction
 /// advisory lock), and quiet on what already exists (no "relation already exists, skipping" notices).
 pub(crate) async fn schema_change(tx: &mut PgConnection) -> Result<(), sqlx::Error> {
@@ -276,6 +291,16 @@ impl Backend for Postgres {
         conn: &mut PgConnection,
         rows: &[MarkerRow<'_>],
     ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
+        // Rows of the batch that meet each other go in one after the other: the one statement reads each
+        // refused row's holder after every row went in, and would name a later row of the batch, which one
+        // insert after the other had not met yet (a business duplicate answered as a plain duplicate).
+        if rows_meet(rows) {
+            let mut out = Vec::with_capacity(rows.len());
+            for row in rows {
+                out.push(Self::insert_marker(&mut *conn, row).await?);
+            }
+            return Ok(out);
+        }
         let rows: Vec<&MarkerRow<'_>> = rows.iter().collect();
         let returned = sqlx::query_with(INSERT_MARKERS, marker_arrays(&rows, None)?)
             .fetch_all(&mut *conn)

@@ -915,3 +915,62 @@ async fn a_delivery_count_past_i32_is_kept_as_i32_max_on_sqlite() {
 async fn a_delivery_count_past_i32_is_kept_as_i32_max_on_postgres() {
     counted_past_i32!(txinbox_testkit::pg_store(2).await);
 }
+
+/// A batch whose first row is refused for a business key another message holds, and whose later row (the
+/// same identity, without that key) goes in: the first row's holder is the other message, as one insert
+/// after the other finds it, on PostgreSQL as on SQLite, where PostgreSQL's one statement read the holder
+/// after the whole batch went in and named the later row (a plain duplicate).
+macro_rules! batch_meeting_itself {
+    ($store:expr) => {{
+        use txinbox_core::{InboxStore, MarkerInsert, MarkerRow};
+        let store = $store;
+        let identity = |id: &str, key: Option<&str>| {
+            let mut m = ReceivedMessage::new(b"{}".to_vec());
+            m.attributes.insert("ce-id".into(), id.into());
+            m.attributes.insert("ce-source".into(), "s".into());
+            if let Some(k) = key {
+                m.attributes.insert("ce-businesskey".into(), k.into());
+            }
+            IdentityPolicy::new(ConsumerName::new("c").unwrap())
+                .resolve(&m)
+                .unwrap()
+        };
+        let now = Utc::now();
+        let (holder, keyed, plain) = (
+            identity("a", Some("k")),
+            identity("b", Some("k")),
+            identity("b", None),
+        );
+        let tx = store.begin().await.unwrap();
+        let row = MarkerRow::new(&holder, "h", now, now, now, 1);
+        assert_eq!(
+            store.insert_marker(&tx, &row).await.unwrap(),
+            MarkerInsert::Inserted
+        );
+        store.commit(tx).await.unwrap();
+        let tx = store.begin().await.unwrap();
+        let rows = [
+            MarkerRow::new(&keyed, "h", now, now, now, 1),
+            MarkerRow::new(&plain, "h", now, now, now, 1),
+        ];
+        let answers = store.insert_markers(&tx, &rows).await.unwrap();
+        store.commit(tx).await.unwrap();
+        match &answers[..] {
+            [MarkerInsert::Conflict(Some(h)), MarkerInsert::Inserted] => {
+                assert!(!h.same_identity, "{h:?}");
+                assert_eq!(h.message_id, "a");
+            }
+            other => panic!("{other:?}"),
+        }
+    }};
+}
+
+#[tokio::test]
+async fn a_batch_row_refused_before_a_later_one_names_the_holder_it_met_on_sqlite() {
+    batch_meeting_itself!(txinbox_testkit::sqlite_store().await);
+}
+
+#[tokio::test]
+async fn a_batch_row_refused_before_a_later_one_names_the_holder_it_met_on_postgres() {
+    batch_meeting_itself!(txinbox_testkit::pg_store(2).await);
+}
