@@ -811,3 +811,29 @@ fn queue_that_denies_all_redrive_is_checked_as_a_queue() {
         report.violations
     );
 }
+
+/// An argument set to null is omitted (Terraform: "If you set an argument of a resource or module to null,
+/// Terraform behaves as though you had completely omitted it"): the provider's default applies, as in a plan.
+#[test]
+fn argument_set_to_null_is_the_default() {
+    // SQS's default content_based_deduplication is false: fine with producers' own ids.
+    let dir = copy_of(&aws_sample(), "null-dedup");
+    dir.edit_after(
+        "main.tf",
+        r#"resource "aws_sqs_queue" "main""#,
+        "content_based_deduplication       = false",
+        "content_based_deduplication       = var.kms_master_key_id == null ? null : false",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+
+    // Service Bus's default lock duration is PT1M, twice the default renewal interval and more.
+    let dir = copy_of(&azure_sample(), "null-lock");
+    dir.edit(
+        "main.tf",
+        "  lock_duration      = var.lock_duration\n",
+        "  lock_duration      = null\n",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+}

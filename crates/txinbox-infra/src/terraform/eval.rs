@@ -87,6 +87,10 @@ impl Module {
                 references: references.clone(),
             },
             AttrValue::Expr(expr) => match expr.evaluate(&self.context(scope)) {
+                // Terraform: "If you set an argument of a resource or module to null, Terraform behaves as
+                // though you had completely omitted it — it will use the argument's default value if it has
+                // one" (as a plan shows it: without the attribute).
+                Ok(Value::Null) => Resolved::Missing,
                 Ok(value) => Resolved::Known {
                     value,
                     line: attr.line,
