@@ -4,12 +4,16 @@
 //! Shutdown: when the shutdown future resolves (the stop signal) the worker stops receiving and lets in-flight
 //! deliveries finish (commit, then settle) until the shutdown deadline, [`WorkerOptions::shutdown_timeout`]
 //! after the signal. Everything the stop waits for counts in that time, the long poll in flight below
-//! included, so a worker whose timeout is a few seconds under its orchestrator's grace period (Kubernetes sends
-//! SIGKILL 30 s after SIGTERM by default) is done before it. At the deadline the worker signals the processors
-//! to stop: a delivery that has not committed rolls back and is released with no delay (outcome
-//! [`Outcome::Interrupted`]; never acknowledged, it is received again); one that has committed always goes on
-//! to settle. The worker never stops between COMMIT and settle: it returns once those last rollbacks and
-//! settles have answered, the only work past the deadline.
+//! included. At the deadline the worker signals the processors to stop: a delivery that has not committed
+//! rolls back and is released with no delay (outcome [`Outcome::Interrupted`]; never acknowledged, it is
+//! received again); one that has committed goes on to settle. Those last rollbacks and settles (and the
+//! hand-back below) are the only work past the deadline, and they have [`SHUTDOWN_GRACE`] (5 s) to answer:
+//! what has not answered by then (a hung database connection or broker call) is abandoned, each task dropped
+//! where it waits, and counted in [`WorkerReport::abandoned`]. That is what a SIGKILL does, and the inbox is
+//! built for it: uncommitted work is rolled back and received again, work committed but not acknowledged is
+//! received again and found as a duplicate. A worker therefore returns at the latest `shutdown_timeout +
+//! SHUTDOWN_GRACE` after the signal: set the timeout at least that much under its orchestrator's grace period
+//! (Kubernetes sends SIGKILL 30 s after SIGTERM by default).
 //!
 //! A receive (long poll) still in flight when shutdown begins is let finish, at most until the deadline (and
 //! for at most [`WorkerOptions::shutdown_receive_wait`] when set); whatever it brought is handed back to the
@@ -67,7 +71,9 @@ mod options;
 mod receive;
 mod report;
 
-pub use options::{WorkerOptions, MAX_BATCH_COMMIT, MAX_BATCH_LINGER, MAX_RECEIVE_LOOPS};
+pub use options::{
+    WorkerOptions, MAX_BATCH_COMMIT, MAX_BATCH_LINGER, MAX_RECEIVE_LOOPS, SHUTDOWN_GRACE,
+};
 pub use receive::{is_persistent_receive_error, receive_backoff};
 pub use report::WorkerReport;
 
@@ -228,6 +234,7 @@ where
             // Cancelled at the stop signal (or when the receives end by themselves): a delivery still waiting
             // for its slot is handed back unapplied.
             draining: stopping.token(),
+            abandon: CancellationToken::new(),
             report: Arc::default(),
             consumer: consumer.clone(),
             tracker: TaskTracker::new(),
@@ -271,16 +278,30 @@ where
         };
         let loops = futures::future::join_all(receivers.into_iter().map(|r| ctx.receive(r)));
         tokio::pin!(loops);
+        // The shutdown only starts the stop: the loops end by themselves once they see it.
+        let signal = async {
+            shutdown.await;
+            // Not ready from the signal on, also while a long poll in flight is let finish.
+            if let Some(h) = &health {
+                h.worker_stopping();
+            }
+            stopping.stop();
+            std::future::pending::<()>().await
+        };
+        // Once stopped (the signal, or a loop that gave up), the loops have until the end of the grace: past it
+        // a hand-back still waiting for the broker is dropped, its messages back after their lock or
+        // visibility timeout.
+        let bound = async {
+            stopping.cancelled().await;
+            tokio::time::sleep_until(stopping.abandon_at()).await
+        };
         tokio::select! {
             _ = &mut loops => {}
-            _ = shutdown => {
-                // Not ready from the signal on, also while a long poll in flight is let finish.
-                if let Some(h) = &health {
-                    h.worker_stopping();
-                }
-                stopping.stop();
-                loops.await;
-            }
+            _ = bound => tracing::warn!(
+                consumer,
+                "the receive loops did not end by the end of the shutdown grace (a broker call not answering): dropped"
+            ),
+            _ = signal => {}
         }
         let tracker = &dispatch.tracker;
         tracing::info!(
@@ -304,7 +325,31 @@ where
                 "shutdown deadline reached: uncommitted deliveries roll back and are released"
             );
             dispatch.stop.cancel();
-            tracker.wait().await;
+            // The rollbacks and settles have SHUTDOWN_GRACE to answer. Past it, what has not answered (a hung
+            // database connection or broker call: the store's begin, insert and commit and the broker's settle
+            // are not raced against the stop) is abandoned: each task is dropped where it waits, exactly what a
+            // SIGKILL does, which the inbox is built for. A delivery that had not committed is rolled back by
+            // its database when the connection goes and, never settled, is received again after its lock or
+            // visibility timeout; one that had committed but was not acknowledged is received again the same
+            // way and found as a duplicate. Nothing is lost and nothing is applied twice; the report says how
+            // many were abandoned instead of the worker waiting for the orchestrator's SIGKILL.
+            if tokio::time::timeout_at(stopping.abandon_at(), tracker.wait())
+                .await
+                .is_err()
+            {
+                let abandoned = dispatch
+                    .report
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .abandon();
+                dispatch.abandon.cancel();
+                tracing::warn!(
+                    consumer,
+                    abandoned,
+                    grace_s = SHUTDOWN_GRACE.as_secs(),
+                    "deliveries still in flight past the shutdown grace are abandoned: received again after their lock or visibility timeout (a committed one as a duplicate)"
+                );
+            }
         }
         if let Some(h) = &health {
             h.worker_stopped();
@@ -313,6 +358,7 @@ where
             .report
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .report
             .clone();
         r
     }

@@ -15,6 +15,13 @@ pub const MAX_BATCH_LINGER: Duration = Duration::from_secs(1);
 /// The most [`WorkerOptions::receive_loops`].
 pub const MAX_RECEIVE_LOOPS: usize = 16;
 
+/// How long past the shutdown deadline ([`WorkerOptions::shutdown_timeout`] after the stop signal) the worker
+/// waits for the rollbacks and settles the deadline asked for, and for the hand-back of what a last receive
+/// brought: 5 s. Then it abandons whatever has not answered (a hung database connection or broker call) and
+/// returns, counting those deliveries in [`WorkerReport::abandoned`](super::WorkerReport::abandoned). A worker
+/// therefore returns at the latest `shutdown_timeout + SHUTDOWN_GRACE` after the stop signal.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// How a [`Worker`](super::Worker) runs. The fields are private: every value goes through a setter, which keeps
 /// it in range (documented on each), so a worker never runs with settings it cannot honour
 /// (`concurrency(0)` is 1). The `get_*` methods read the values back.
@@ -96,8 +103,11 @@ impl WorkerOptions {
     /// deliveries commit and settle within it. At its end a delivery that has not committed rolls back and is
     /// released (outcome `interrupted`, received again later, never acknowledged), a long poll still running is
     /// dropped, and the worker returns once the last rollbacks and settles have answered (a delivery that
-    /// committed is always settled). Set it a few seconds under the grace period your orchestrator gives before
-    /// it kills the process (Kubernetes: `terminationGracePeriodSeconds`, 30 s by default).
+    /// committed is settled then), at most [`SHUTDOWN_GRACE`] (5 s) later: what has still not answered is
+    /// abandoned, as a SIGKILL would abandon it, and counted in
+    /// [`WorkerReport::abandoned`](super::WorkerReport::abandoned). Set it at least [`SHUTDOWN_GRACE`] under the
+    /// grace period your orchestrator gives before it kills the process (Kubernetes:
+    /// `terminationGracePeriodSeconds`, 30 s by default: a `shutdown_timeout` of 25 s or less).
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
         self.shutdown_timeout = d;
         self

@@ -15,7 +15,8 @@ use crate::error::{BrokerError, BrokerErrorKind};
 use crate::pipeline::outcome::Outcome;
 use crate::runtime::lease::{keep_alive, LeaseGuard};
 
-use super::{LeasedDelivery, Processor, WorkerOptions, WorkerReport};
+use super::report::Tally;
+use super::{LeasedDelivery, Processor, WorkerOptions};
 
 /// Whether a receive error is one a retry cannot fix: the worker gives up on it after
 /// [`WorkerOptions::give_up_after`].
@@ -119,6 +120,14 @@ impl Stopping {
                 .checked_add(self.timeout)
                 .unwrap_or_else(far_future)
         })
+    }
+
+    /// When the worker stops waiting: [`SHUTDOWN_GRACE`](super::SHUTDOWN_GRACE) after the deadline.
+    pub(super) fn abandon_at(&self) -> Instant {
+        let deadline = self.deadline();
+        deadline
+            .checked_add(super::SHUTDOWN_GRACE)
+            .unwrap_or(deadline)
     }
 }
 
@@ -247,6 +256,7 @@ impl<P> LoopContext<'_, P> {
                     report
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
+                        .report
                         .receive_errors += 1;
                     let now = Instant::now();
                     let f = failing.get_or_insert(Failing {
@@ -270,6 +280,7 @@ impl<P> LoopContext<'_, P> {
                                 report
                                     .lock()
                                     .unwrap_or_else(|p| p.into_inner())
+                                    .report
                                     .gave_up
                                     .get_or_insert(why);
                                 // The worker stops as on shutdown: its other loops too.
@@ -406,7 +417,10 @@ pub(super) struct Dispatch<P> {
     pub(super) concurrency: usize,
     pub(super) stop: CancellationToken,
     pub(super) draining: CancellationToken,
-    pub(super) report: Arc<Mutex<WorkerReport>>,
+    /// Cancelled when the worker gives up waiting, [`SHUTDOWN_GRACE`](super::SHUTDOWN_GRACE) after the
+    /// shutdown deadline: every processing task drops its work where it is.
+    pub(super) abandon: CancellationToken,
+    pub(super) report: Arc<Mutex<Tally>>,
     pub(super) consumer: String,
     pub(super) tracker: TaskTracker,
 }
@@ -425,10 +439,13 @@ impl<P> Dispatch<P> {
         let processor = self.processor.clone();
         let slots = self.slots.clone();
         let (all, stop, draining) = (self.concurrency, self.stop.clone(), self.draining.clone());
+        let abandon = self.abandon.clone();
         let report = self.report.clone();
         let consumer = self.consumer.clone();
-        self.tracker.spawn(async move {
-            let n = received.len();
+        let n = received.len();
+        // Counted before the task runs, so that a worker abandoning it before its first poll counts it too.
+        report.lock().unwrap_or_else(|p| p.into_inner()).in_flight += n as u64;
+        let work = async move {
             let slot = take_slots(&slots, n, all, &consumer, &stop, &draining).await;
             let (mut leased, mut guards, mut permits) = (
                 Vec::with_capacity(n),
@@ -470,12 +487,26 @@ impl<P> Dispatch<P> {
             };
             let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
             drop(guards);
-            let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-            for o in outcomes {
-                *r.outcomes.entry(o.kind()).or_default() += 1;
+            let mut t = report.lock().unwrap_or_else(|p| p.into_inner());
+            // Abandoned meanwhile (it answered too late): already counted in `abandoned`, never twice.
+            if !t.closed {
+                t.in_flight = t.in_flight.saturating_sub(n as u64);
+                for o in outcomes {
+                    *t.report.outcomes.entry(o.kind()).or_default() += 1;
+                }
+                t.report.leases_lost += lost;
             }
-            r.leases_lost += lost;
+            drop(t);
             drop((slot, permits));
+        };
+        self.tracker.spawn(async move {
+            tokio::select! {
+                biased;
+                // Dropped where it waits, as a SIGKILL would stop it (see `Worker::run`): the worker counted
+                // these deliveries in `abandoned` before it cancelled the token.
+                _ = abandon.cancelled() => {}
+                _ = work => {}
+            }
         });
     }
 }

@@ -21,6 +21,32 @@ pub struct WorkerReport {
     /// [`WorkerOptions::give_up_after`]): `None` when it stopped on shutdown or when idle. A process should
     /// exit non-zero when this is set.
     pub gave_up: Option<String>,
+    /// Deliveries still in flight [`SHUTDOWN_GRACE`](super::SHUTDOWN_GRACE) after the shutdown deadline (a store
+    /// or broker call that did not answer): the worker stopped waiting for them and returned, as a SIGKILL
+    /// would have. They have no outcome in [`outcomes`](Self::outcomes): one that had not committed was rolled
+    /// back by its database and comes back after its lock or visibility timeout; one that had committed comes
+    /// back the same way and is found as a duplicate. Zero when everything in flight answered.
+    pub abandoned: u64,
+}
+
+/// A worker's report while it runs, with the deliveries handed to processors and not yet counted.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    pub(super) report: WorkerReport,
+    /// Deliveries in the processing tasks (waiting for a slot, applied or settled), not yet in `outcomes`.
+    pub(super) in_flight: u64,
+    /// Set when the worker abandons what is in flight: a task ending after that records nothing, its
+    /// deliveries already counted in `abandoned`.
+    pub(super) closed: bool,
+}
+
+impl Tally {
+    /// Abandons what is in flight: counted in `abandoned`, never in `outcomes`. Returns how many.
+    pub(super) fn abandon(&mut self) -> u64 {
+        self.closed = true;
+        self.report.abandoned += std::mem::take(&mut self.in_flight);
+        self.report.abandoned
+    }
 }
 
 impl WorkerReport {
@@ -35,7 +61,7 @@ impl WorkerReport {
 }
 
 /// `WorkerReport applied=3 duplicate=1 receive_errors=0 leases_lost=0`: every outcome seen, then the
-/// worker's own counts, one line.
+/// worker's own counts, one line; ` abandoned=N` and ` gave_up="..."` follow when they are set.
 impl std::fmt::Display for WorkerReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("WorkerReport")?;
@@ -47,6 +73,9 @@ impl std::fmt::Display for WorkerReport {
             " receive_errors={} leases_lost={}",
             self.receive_errors, self.leases_lost
         )?;
+        if self.abandoned > 0 {
+            write!(f, " abandoned={}", self.abandoned)?;
+        }
         if let Some(why) = &self.gave_up {
             write!(f, " gave_up={why:?}")?;
         }
