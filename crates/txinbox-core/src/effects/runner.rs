@@ -13,6 +13,18 @@ use super::{
 };
 use super::{CompensateError, EffectOptions, EffectReport};
 
+/// Done effects deleted per purge statement (see [`EffectRunner::run_until`]).
+const PURGE_BATCH: i64 = 500;
+
+/// How a purge ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Purged {
+    /// Nothing past the retention left, or a store error (tried again at the next housekeeping).
+    Done,
+    /// The runner was asked to stop: the rest is for its next run.
+    Stopped,
+}
+
 /// Runs the effects of a store through the executors registered per destination.
 #[must_use = "an EffectRunner does nothing until run_until or run_until_idle is awaited"]
 pub struct EffectRunner<S: EffectStore> {
@@ -119,11 +131,16 @@ impl<S: EffectStore> EffectRunner<S> {
 
     /// Runs until `shutdown` resolves: claims due effects, runs them, records the results, purges done ones
     /// past their retention, and publishes the effect gauges. An effect claimed when shutdown comes is
-    /// finished first (its call is not cut off mid-way).
+    /// finished first (its call is not cut off mid-way). The purge (every 20 passes, in batches of 500) goes
+    /// on until nothing past the retention is left, unless shutdown comes first: it stops then, its batch in
+    /// flight dropped (what it deleted stays deleted, nothing else is touched), and what is left is purged by
+    /// the next run. At the stop the runner only publishes the gauges.
     pub async fn run_until(
         &self,
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> EffectReport {
+        // Fused: once resolved (in the purge or in the loop), it is never polled again.
+        let shutdown = futures::FutureExt::fuse(shutdown);
         tokio::pin!(shutdown);
         let mut report = EffectReport::default();
         let mut passes: u64 = 0;
@@ -131,8 +148,8 @@ impl<S: EffectStore> EffectRunner<S> {
             let pass = self.run_pass().await;
             let idle = pass.claimed == 0;
             report.add(&pass);
-            if passes % 20 == 0 {
-                self.housekeeping().await;
+            if passes % 20 == 0 && self.purge(Some(&mut shutdown)).await == Purged::Stopped {
+                break;
             }
             passes += 1;
             if idle {
@@ -144,12 +161,13 @@ impl<S: EffectStore> EffectRunner<S> {
                 break;
             }
         }
-        self.housekeeping().await;
+        self.publish_gauges().await;
         report
     }
 
     /// Runs passes until nothing is due now (effects waiting for a backoff stay for a later pass), then
-    /// publishes the gauges. For tests, the lab and the `txinbox effects run --once` command.
+    /// purges every done effect past its retention and publishes the gauges. For tests, the lab and the
+    /// `txinbox effects run --once` command.
     pub async fn run_until_idle(&self) -> EffectReport {
         let mut report = EffectReport::default();
         loop {
@@ -160,23 +178,41 @@ impl<S: EffectStore> EffectRunner<S> {
                 break;
             }
         }
-        self.housekeeping().await;
+        self.purge(None::<&mut std::future::Pending<()>>).await;
+        self.publish_gauges().await;
         report
     }
 
-    /// Purges done effects past their retention (bounded batches) and publishes the gauges.
-    async fn housekeeping(&self) {
+    /// Purges done effects past their retention, `PURGE_BATCH` at a time, until a batch is not full, a
+    /// store error, or `stop` resolves (checked during each batch: the batch in flight is dropped).
+    async fn purge<F>(&self, mut stop: Option<&mut F>) -> Purged
+    where
+        F: std::future::Future<Output = ()> + Unpin,
+    {
         let before = crate::time::before(Utc::now(), self.opts.done_retention);
         loop {
-            match self.store.purge_done_effects(before, 500).await {
-                Ok(n) if n >= 500 => continue,
-                Ok(_) => break,
+            let batch = self.store.purge_done_effects(before, PURGE_BATCH);
+            let purged = match stop.as_deref_mut() {
+                Some(stop) => tokio::select! {
+                    biased;
+                    _ = stop => return Purged::Stopped,
+                    r = batch => r,
+                },
+                None => batch.await,
+            };
+            match purged {
+                Ok(n) if n >= PURGE_BATCH as u64 => continue,
+                Ok(_) => return Purged::Done,
                 Err(e) => {
                     tracing::warn!(error = %e, "purging done effects failed");
-                    break;
+                    return Purged::Done;
                 }
             }
         }
+    }
+
+    /// Publishes the effect gauges.
+    async fn publish_gauges(&self) {
         match self.store.effect_counts().await {
             Ok(counts) => publish_shard_gauges(&counts, self.opts.shard.as_deref()),
             Err(e) => tracing::warn!(error = %e, "reading effect counts failed"),
@@ -476,4 +512,114 @@ fn labels_with(
         metrics::Label::new(base[1].0, base[1].1.clone()),
         metrics::Label::new(k, v),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::effects::{EffectCount, TransitionColumns};
+
+    /// An effect store with nothing to claim and `backlog` done effects past their retention, each purge
+    /// batch taking a second; counts the purge calls.
+    #[derive(Clone, Default)]
+    struct Backlog {
+        backlog: Arc<AtomicU64>,
+        purges: Arc<AtomicU64>,
+    }
+
+    impl EffectStore for Backlog {
+        type Error = std::convert::Infallible;
+        async fn claim_effects(
+            &self,
+            _: &str,
+            _: &[String],
+            _: DateTime<Utc>,
+            _: DateTime<Utc>,
+            _: i64,
+        ) -> Result<Vec<ClaimedEffect>, Self::Error> {
+            Ok(Vec::new())
+        }
+        async fn finish_effect(
+            &self,
+            _: i64,
+            _: &str,
+            _: &TransitionColumns<'_>,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+        async fn purge_done_effects(
+            &self,
+            _: DateTime<Utc>,
+            limit: i64,
+        ) -> Result<u64, Self::Error> {
+            self.purges.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let limit = limit as u64;
+            let left = self.backlog.load(Ordering::SeqCst);
+            let n = left.min(limit);
+            self.backlog.store(left - n, Ordering::SeqCst);
+            Ok(n)
+        }
+        async fn effect_counts(&self) -> Result<Vec<EffectCount>, Self::Error> {
+            Ok(Vec::new())
+        }
+        async fn find_effect(&self, _: &str) -> Result<Option<ClaimedEffect>, Self::Error> {
+            Ok(None)
+        }
+        async fn mark_compensated(
+            &self,
+            _: i64,
+            _: &str,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+    }
+
+    /// A backlog of done effects far larger than one purge can delete before the stop: the runner stops
+    /// purging when asked to stop and returns, the rest left for its next run.
+    #[tokio::test(start_paused = true)]
+    async fn the_purge_stops_when_the_runner_is_asked_to_stop() {
+        let store = Backlog::default();
+        store.backlog.store(u64::MAX, Ordering::SeqCst);
+        let runner = EffectRunner::new(store.clone());
+        let stop_after = Duration::from_secs(10);
+        // Bounded, so that a purge that ignores the stop fails here instead of hanging the test.
+        let report = tokio::time::timeout(
+            Duration::from_secs(600),
+            runner.run_until(tokio::time::sleep(stop_after)),
+        )
+        .await
+        .expect("the runner stopped: its purge does not go on past the stop");
+        assert_eq!(report.claimed, 0, "{report}");
+        let purges = store.purges.load(Ordering::SeqCst);
+        assert!(
+            (1..=11).contains(&purges),
+            "purged up to the stop (a batch a second for 10 s), not beyond: {purges} batches"
+        );
+        assert!(store.backlog.load(Ordering::SeqCst) > 0, "the rest is left");
+    }
+
+    /// Without a stop the purge goes on until nothing past the retention is left, however many batches
+    /// that takes.
+    #[tokio::test(start_paused = true)]
+    async fn the_purge_goes_on_until_the_backlog_is_gone_while_the_runner_runs() {
+        let store = Backlog::default();
+        let backlog = 50 * PURGE_BATCH as u64 + 7;
+        store.backlog.store(backlog, Ordering::SeqCst);
+        let runner = EffectRunner::new(store.clone());
+        let report = runner
+            .run_until(tokio::time::sleep(Duration::from_secs(3600)))
+            .await;
+        assert_eq!(report.claimed, 0, "{report}");
+        assert_eq!(store.backlog.load(Ordering::SeqCst), 0);
+        assert!(store.purges.load(Ordering::SeqCst) >= 51);
+        // `run_until_idle` (`txinbox effects run --once`) purges it all too.
+        store.backlog.store(backlog, Ordering::SeqCst);
+        let _ = runner.run_until_idle().await;
+        assert_eq!(store.backlog.load(Ordering::SeqCst), 0);
+    }
 }
