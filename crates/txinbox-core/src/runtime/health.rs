@@ -9,9 +9,12 @@
 //! * **Liveness** (`/livez`): the worker's loop is running and has turned within
 //!   [`live_timeout`](Health::live_timeout) (default 2 min; a long poll lasts at most 20 s, so a loop silent for
 //!   longer is stuck). A loop waiting for a place out of the queue, every one held by a delivery in progress,
-//!   is busy, not stuck: live however long the handlers take. Map it to the liveness probe: failing, the
-//!   orchestrator restarts the process. A loop that ended (shutdown, or gave up on persistent errors) is not
-//!   live.
+//!   is busy, not stuck: live however long the handlers take. A loop pausing after a failed receive (the
+//!   back-off, up to [`WorkerOptions::receive_error_backoff_max`](crate::WorkerOptions::receive_error_backoff_max),
+//!   which may be longer than the live timeout) waits on purpose: live until the pause ends and for the live
+//!   timeout after it, since a restart would not bring the broker back (readiness says the queue fails). Map it
+//!   to the liveness probe: failing, the orchestrator restarts the process. A loop that ended (shutdown, or gave
+//!   up on persistent errors) is not live.
 //! * **Readiness** (`/readyz`): the worker has started, is not stopping, its last receive succeeded (the queue is
 //!   reachable and the worker is receiving), and every registered check passes, each within
 //!   [`check_timeout`](Health::check_timeout) (default 2 s): add the database with
@@ -27,7 +30,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Tokio's clock (the system's outside a paused test runtime), so that the liveness follows a paused clock.
+use tokio::time::Instant;
 
 /// A boxed future, as a [`HealthCheck`] returns it.
 pub type CheckFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
@@ -59,6 +65,8 @@ type Registered = (String, Arc<dyn HealthCheck>, bool);
 
 struct Inner {
     state: AtomicU8,
+    /// When the loop last turned, or, while it pauses on purpose after a failed receive, when that pause ends
+    /// (a time to come): the live timeout counts from there.
     last_turn: Mutex<Instant>,
     receive_ok: AtomicBool,
     /// The loop waits for a place out of the queue: every place holds a delivery in progress.
@@ -188,7 +196,22 @@ impl Health {
 
     /// The worker's loop turned (it is about to receive, or has just received).
     pub fn worker_turned(&self) {
-        *lock(&self.inner.last_turn) = Instant::now();
+        self.turn_by(Instant::now());
+    }
+
+    /// The loop pauses on purpose for `pause` after a failed receive (the back-off): live until the pause ends
+    /// and for the live timeout after it, however long the pause (up to
+    /// [`WorkerOptions::receive_error_backoff_max`](crate::WorkerOptions::receive_error_backoff_max)).
+    pub(crate) fn worker_backing_off(&self, pause: Duration) {
+        let now = Instant::now();
+        self.turn_by(now.checked_add(pause).unwrap_or(now));
+    }
+
+    /// The loop turned, or will have by `at`: never moves the promise back (several loops share it, and one
+    /// turning does not cut another's pause short).
+    fn turn_by(&self, at: Instant) {
+        let mut last = lock(&self.inner.last_turn);
+        *last = (*last).max(at);
     }
 
     /// The loop waits for a place out of the queue (`true`: every place holds a delivery being applied,
@@ -227,10 +250,11 @@ impl Health {
         self.inner.state.store(STOPPED, Ordering::SeqCst);
     }
 
-    /// Liveness: the loop runs (or drains) and turned within the live timeout.
+    /// Liveness: the loop runs (or drains) and turned within the live timeout, counted from the end of its
+    /// back-off pause while it backs off after a failed receive.
     pub fn liveness(&self) -> HealthStatus {
         let state = self.inner.state.load(Ordering::SeqCst);
-        let silent = lock(&self.inner.last_turn).elapsed();
+        let silent = Instant::now().saturating_duration_since(*lock(&self.inner.last_turn));
         let limit = *lock(&self.inner.live_timeout);
         let c = match state {
             NOT_STARTED => result("worker", true, ""), // starting: give it time (a startup probe's job)

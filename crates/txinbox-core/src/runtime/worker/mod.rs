@@ -25,7 +25,8 @@
 //!
 //! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
 //! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
-//! it). The worker logs once when receives start failing, once when the kind of error changes and once when
+//! it). While it pauses the worker is live and not ready ([`health`](crate::runtime::health)), however long
+//! the pause. The worker logs once when receives start failing, once when the kind of error changes and once when
 //! they recover, never once per retry; every failure is counted in `txinbox_receive_errors_total{consumer,
 //! kind}`. When receives keep failing with an error a retry cannot fix (unauthorized, entity not found,
 //! configuration: a key rotated, a permission removed, a queue deleted) for

@@ -169,7 +169,9 @@ impl WorkerOptions {
         self.receive_loops = Some(n.clamp(1, MAX_RECEIVE_LOOPS));
         self
     }
-    /// Sets the longest pause between failed receives (at least the first pause).
+    /// Sets the longest pause between failed receives (at least the first pause). It may be longer than the
+    /// health's [`live_timeout`](crate::runtime::health::Health::live_timeout): a worker backing off is live
+    /// through its pause (and the live timeout after it), only not ready.
     pub fn receive_error_backoff_max(mut self, d: Duration) -> Self {
         self.receive_error_backoff_max = d;
         self

@@ -300,6 +300,11 @@ impl<P> LoopContext<'_, P> {
                             .unwrap_or_default()
                             .min(opts.receive_error_backoff_max),
                     );
+                    // Waiting on purpose, however long the pause: live meanwhile (a restart would not bring
+                    // the broker back, only churn), not ready (the last receive failed).
+                    if let Some(h) = self.health {
+                        h.worker_backing_off(pause);
+                    }
                     tokio::select! {
                         _ = stopping.cancelled() => break,
                         _ = tokio::time::sleep(pause) => {}
