@@ -11,7 +11,8 @@
 //! what has not answered by then (a hung database connection or broker call) is abandoned, each task dropped
 //! where it waits, and counted in [`WorkerReport::abandoned`]. That is what a SIGKILL does, and the inbox is
 //! built for it: uncommitted work is rolled back and received again, work committed but not acknowledged is
-//! received again and found as a duplicate. A worker therefore returns at the latest `shutdown_timeout +
+//! received again and found as a duplicate. The process should exit once the worker returns: its exit closes
+//! the connections the abandoned work held, which is when their databases roll it back. A worker therefore returns at the latest `shutdown_timeout +
 //! SHUTDOWN_GRACE` after the signal: set the timeout at least that much under its orchestrator's grace period
 //! (Kubernetes sends SIGKILL 30 s after SIGTERM by default).
 //!
@@ -330,7 +331,8 @@ where
             // database connection or broker call: the store's begin, insert and commit and the broker's settle
             // are not raced against the stop) is abandoned: each task is dropped where it waits, exactly what a
             // SIGKILL does, which the inbox is built for. A delivery that had not committed is rolled back by
-            // its database when the connection goes and, never settled, is received again after its lock or
+            // its database when the connection goes (the process exiting after the worker returns) and, never
+            // settled, is received again after its lock or
             // visibility timeout; one that had committed but was not acknowledged is received again the same
             // way and found as a duplicate. Nothing is lost and nothing is applied twice; the report says how
             // many were abandoned instead of the worker waiting for the orchestrator's SIGKILL.

@@ -23,9 +23,10 @@ pub struct WorkerReport {
     pub gave_up: Option<String>,
     /// Deliveries still in flight [`SHUTDOWN_GRACE`](super::SHUTDOWN_GRACE) after the shutdown deadline (a store
     /// or broker call that did not answer): the worker stopped waiting for them and returned, as a SIGKILL
-    /// would have. They have no outcome in [`outcomes`](Self::outcomes): one that had not committed was rolled
-    /// back by its database and comes back after its lock or visibility timeout; one that had committed comes
-    /// back the same way and is found as a duplicate. Zero when everything in flight answered.
+    /// would have. They have no outcome in [`outcomes`](Self::outcomes): one that had not committed is rolled
+    /// back by its database when its connection closes (the process exiting) and comes back after its lock or
+    /// visibility timeout; one that had committed comes back the same way and is found as a duplicate. Zero
+    /// when everything in flight answered.
     pub abandoned: u64,
 }
 
