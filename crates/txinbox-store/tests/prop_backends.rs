@@ -545,6 +545,9 @@ fn story(mut s: txinbox_store::ops::MessageStory) -> txinbox_store::ops::Message
 // ---------------------------------------------------------------------------------------------------------
 // Running the operations.
 
+/// The most batches a purge step runs (a batch purges at least one row; a case writes fewer rows).
+const PURGE_BATCHES: usize = 200;
+
 /// What one backend remembers between steps: the effects' keys it was asked to record, and the last
 /// claim's holder and keys.
 #[derive(Default)]
@@ -726,20 +729,38 @@ where
             };
             outcome(store.mark_compensated(id, note, *now).await)
         }
+        // Which expired rows a batch smaller than their number purges is each database's choice: the
+        // purge runs to its end, batch after batch, as the maintenance does; every batch's answer is kept.
         Op::Purge {
             table,
             before,
             limit,
-        } => outcome(
-            store
-                .purge_batch(*table, *before, *limit)
-                .await
-                .map(|mut v| {
-                    v.sort();
-                    v
-                }),
-        ),
-        Op::PurgeDone { before, limit } => outcome(store.purge_done_effects(*before, *limit).await),
+        } => {
+            let (mut consumers, mut batches) = (Vec::new(), 0);
+            for _ in 0..PURGE_BATCHES {
+                match store.purge_batch(*table, *before, *limit).await {
+                    Ok(v) if v.is_empty() => break,
+                    Ok(v) => {
+                        consumers.extend(v);
+                        batches += 1;
+                    }
+                    Err(e) => return outcome::<()>(Err(e)),
+                }
+            }
+            consumers.sort();
+            outcome(Ok((batches, consumers)))
+        }
+        Op::PurgeDone { before, limit } => {
+            let mut all = Vec::new();
+            for _ in 0..PURGE_BATCHES {
+                match store.purge_done_effects(*before, *limit).await {
+                    Ok(0) => break,
+                    Ok(n) => all.push(n),
+                    Err(e) => return outcome::<()>(Err(e)),
+                }
+            }
+            outcome(Ok(all))
+        }
         Op::Stats { consumer, now } => store.stats(consumer.as_deref(), *now).await,
         Op::Show {
             consumer,
