@@ -468,3 +468,31 @@ fn servicebus_plan_and_its_broken_copies() {
         report.violations
     );
 }
+
+/// A remote module's source may hold credentials (a token in an HTTPS Git URL's user info, Git's `sshkey`, S3's
+/// `aws_access_key_secret`): the advice that names the source never prints them.
+#[test]
+fn remote_module_source_credentials_are_not_printed() {
+    let dir = copy_of(&aws_sample(), "remote-secret");
+    dir.write(
+        "extra.tf",
+        concat!(
+            "module \"a\" {\n  source = \"git::https://oauth2:glpat-SECRET1@gitlab.example.com/infra/sqs.git?ref=v1.2.0\"\n}\n",
+            "module \"b\" {\n  source = \"git::ssh://git@example.com/sqs.git?ref=v1&sshkey=U0VDUkVUMg\"\n}\n",
+            "module \"c\" {\n  source = \"s3::https://s3.amazonaws.com/bucket/sqs.zip?aws_access_key_id=AKIAEXAMPLE&aws_access_key_secret=SECRET3\"\n}\n",
+        ),
+    );
+    let report = check(&Input::dir(dir.path()), &settings()).unwrap();
+    let advice = report.advice.join("\n");
+    for secret in ["glpat-SECRET1", "U0VDUkVUMg", "SECRET3", "AKIAEXAMPLE"] {
+        assert!(!advice.contains(secret), "{secret} printed in {advice}");
+    }
+    // What identifies the module is kept.
+    for kept in [
+        "git::https://oauth2:***@gitlab.example.com/infra/sqs.git?ref=v1.2.0",
+        "git::ssh://git@example.com/sqs.git?ref=v1&sshkey=***\"",
+        "s3::https://s3.amazonaws.com/bucket/sqs.zip?aws_access_key_id=***&aws_access_key_secret=***",
+    ] {
+        assert!(advice.contains(kept), "{kept} not in {advice}");
+    }
+}

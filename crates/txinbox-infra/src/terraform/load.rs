@@ -355,7 +355,7 @@ impl Module {
                 "module \"{}\" ({file}:{}): its source {} is not a local path; check-infra reads no registry or remote module (no network): check the plan JSON instead (terraform show -json PLAN), which has the module's resources",
                 call.name,
                 call.at.line,
-                call.source.as_ref().map_or_else(|| "(none)".to_owned(), |s| s.to_string()),
+                call.source.as_ref().map_or_else(|| "(none)".to_owned(), |s| redact_source(&s.to_string())),
             ));
             return Ok(());
         };
@@ -420,6 +420,59 @@ impl Module {
         ));
         self.resources.push(resource);
     }
+}
+
+/// A module source as it may be printed: without the password of a URL's user info (`https://user:TOKEN@...`)
+/// and with the value of every query argument but `ref` and `depth` replaced by `***`. Terraform's module
+/// sources carry credentials there: "sshkey: An SSH private key to use during clones", `aws_access_key_secret`
+/// for S3, a token in the user info of an HTTPS Git URL.
+pub(crate) fn redact_source(source: &str) -> String {
+    // As the expression prints: a string literal in its quotes.
+    if let Some(inner) = source
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .filter(|s| !s.is_empty())
+    {
+        return format!("\"{}\"", redact_source(inner));
+    }
+    let (base, query) = match source.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (source, None),
+    };
+    let mut out = String::with_capacity(source.len());
+    // The user info: between "://" and the first '@' of the authority (before any '/').
+    match base.find("://") {
+        Some(i) => {
+            let after = &base[i + 3..];
+            let authority_end = after.find('/').unwrap_or(after.len());
+            match after[..authority_end].rfind('@') {
+                Some(at) => {
+                    let user = after[..at].split(':').next().unwrap_or_default();
+                    out.push_str(&base[..i + 3]);
+                    out.push_str(user);
+                    if after[..at].contains(':') {
+                        out.push_str(":***");
+                    }
+                    out.push_str(&after[at..]);
+                }
+                None => out.push_str(base),
+            }
+        }
+        None => out.push_str(base),
+    }
+    if let Some(query) = query {
+        out.push('?');
+        let args: Vec<String> = query
+            .split('&')
+            .map(|arg| match arg.split_once('=') {
+                Some((k, v)) if k == "ref" || k == "depth" => format!("{k}={v}"),
+                Some((k, _)) => format!("{k}=***"),
+                None => arg.to_owned(),
+            })
+            .collect();
+        out.push_str(&args.join("&"));
+    }
+    out
 }
 
 /// `dir` joined with a relative module source, without `.` and with `..` applied where it can be.
