@@ -715,3 +715,25 @@ fn worker_policy_with_a_deny_on_the_table() {
         v.message
     );
 }
+
+/// The settings' store URL of another store (PostgreSQL, with its password) is named in the advice that no table
+/// was checked, without the password.
+#[test]
+fn another_stores_url_is_named_without_its_password() {
+    let dir = TempDir::new("ddb-pg-url");
+    dir.write(
+        "main.tf",
+        "resource \"aws_dynamodb_table\" \"other\" {\n  name     = \"other\"\n  hash_key = \"id\"\n  attribute {\n    name = \"id\"\n    type = \"S\"\n  }\n}\n",
+    );
+    let settings = WorkerSettings::from_toml_str(
+        "[store]\nurl = \"postgres://inbox:s3cret-pw@db.internal/inbox\"\n",
+    )
+    .unwrap();
+    let report = check_dir(dir.path(), &settings).unwrap();
+    let advice = report.advice.join("\n");
+    assert!(
+        advice.contains("postgres://inbox:***@db.internal/inbox"),
+        "{advice}"
+    );
+    assert!(!advice.contains("s3cret-pw"), "{advice}");
+}

@@ -232,7 +232,8 @@ pub(crate) fn check(c: &mut Checker<'_>) {
     {
         c.advice.push(format!(
             "no aws_dynamodb_table in what was read is the inbox's: store.url is not dynamodb://TABLE ({:?}) and no table declares the index by_consumer or due, so no table was checked; pass the worker's settings with --config",
-            c.settings.store.url
+            // The URL of another store may hold its password.
+            txinbox_core::error::redact_url(&c.settings.store.url)
         ));
     }
     let policies = policies(c);
