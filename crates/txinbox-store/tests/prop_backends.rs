@@ -18,8 +18,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use txinbox_core::effects::{idempotency_key, Effect, EffectStore, Transition};
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_core::{
-    CancellationToken, ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message,
-    ReceivedMessage, RetentionPolicy,
+    CancellationToken, ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, InboxStore,
+    MarkerInsert, MarkerRow, Message, ReceivedMessage, RetentionPolicy,
 };
 use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{Backend, Store, StoreOptions};
@@ -320,6 +320,12 @@ enum Op {
         result_reference: Option<String>,
         effects: Vec<Fx>,
     },
+    /// A marker written through the store's own API, with any dates.
+    Mark {
+        msg: Msg,
+        processed_at: DateTime<Utc>,
+        retention_until: DateTime<Utc>,
+    },
     Claim {
         holder: String,
         destinations: Vec<String>,
@@ -382,6 +388,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (prop::collection::vec(msg(), 1..4), any::<bool>(), opt_text(), prop::collection::vec(fx(), 0..3))
             .prop_map(|(msgs, batch, result_reference, effects)| Op::Deliver { msgs, batch, result_reference, effects }),
+        2 => (msg(), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
         3 => (
             prop_oneof![3 => Just("runner".to_owned()), 1 => text()],
             prop_oneof![
@@ -682,6 +689,38 @@ where
                 out
             };
             outcome(Ok(outcomes.into_iter().map(delivered).collect::<Vec<_>>()))
+        }
+        Op::Mark {
+            msg,
+            processed_at,
+            retention_until,
+        } => {
+            let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
+            let Ok(identity) = policy.resolve(&received(msg)) else {
+                return outcome(Ok("refused before the store"));
+            };
+            let row = MarkerRow::new(
+                &identity,
+                msg.body,
+                msg.received_at,
+                *processed_at,
+                *retention_until,
+                msg.delivery_count,
+            );
+            let r = async {
+                let tx = store.begin().await?;
+                let answer = match store.insert_marker(&tx, &row).await? {
+                    MarkerInsert::Conflict(Some(mut h)) => {
+                        h.processed_at = kept(h.processed_at);
+                        MarkerInsert::Conflict(Some(h))
+                    }
+                    other => other,
+                };
+                store.commit(tx).await?;
+                Ok(format!("{answer:?}"))
+            }
+            .await;
+            outcome(r)
         }
         Op::Claim {
             holder,
