@@ -63,6 +63,17 @@ fn components(mut text: &str, units: &[(char, f64)]) -> Option<f64> {
     Some(total)
 }
 
+/// Formats an interval that may have a fraction of a second for messages: `20 s`, `16.666 s` (to the
+/// millisecond, rounded down).
+pub(crate) fn exact(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 == 0 {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{}.{:03} s", ms / 1000, ms % 1000)
+    }
+}
+
 /// Formats seconds for messages: `60 s`, `10 min`, `14 d`.
 pub(crate) fn human(seconds: u64) -> String {
     if seconds >= 86400 && seconds % 86400 == 0 {

@@ -837,3 +837,46 @@ fn argument_set_to_null_is_the_default() {
     let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
     assert!(report.is_clean(), "{:#?}", report.violations);
 }
+
+/// The heartbeat is a third of the worker's visibility timeout, exactly: 50 s gives 16.666 s, two of them
+/// 33.333 s, so a queue's 33 s is short (in whole seconds, 33 >= 2 x 16 let it pass). The same for the
+/// Service Bus lock renewal.
+#[test]
+fn visibility_and_lock_compared_to_exact_intervals() {
+    let dir = copy_of(&aws_sample(), "heartbeat-exact");
+    dir.edit("variables.tf", "default     = 60", "default     = 33");
+    let settings =
+        WorkerSettings::from_toml_str("[sqs]\nvisibility_timeout_seconds = 50\n").unwrap();
+    let v = only_violation(&dir, &settings);
+    assert_eq!(v.rule, RuleId::SqsVisibilityTimeoutTooShort, "{v}");
+    assert!(
+        v.message.contains("visibility_timeout_seconds = 33"),
+        "{}",
+        v.message
+    );
+    assert!(
+        v.message.contains("(2 x 16.666 s = 33.333 s)"),
+        "{}",
+        v.message
+    );
+    // 34 s is enough.
+    dir.edit("variables.tf", "default     = 33", "default     = 34");
+    let report = check_dir(dir.path(), &settings).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+
+    let dir = copy_of(&azure_sample(), "lock-exact");
+    dir.edit(
+        "variables.tf",
+        "default     = \"PT1M\"",
+        "default     = \"PT33S\"",
+    );
+    let settings =
+        WorkerSettings::from_toml_str("[servicebus]\nlock_duration_seconds = 50\n").unwrap();
+    let v = only_violation(&dir, &settings);
+    assert_eq!(v.rule, RuleId::ServiceBusLockDurationTooShort, "{v}");
+    assert!(
+        v.message.contains("(2 x 16.666 s = 33.333 s)"),
+        "{}",
+        v.message
+    );
+}

@@ -1,9 +1,11 @@
 //! The Service Bus queue rules: duplicate detection, lock duration, dead-lettering on expiry, time to live.
 
+use std::time::Duration;
+
 use hcl::Value;
 
 use super::{as_bool, show, Checker};
-use crate::duration::{human, parse_iso8601_seconds};
+use crate::duration::{exact, human, parse_iso8601_seconds};
 use crate::terraform::{Module, Resolved, Resource};
 use crate::RuleId;
 
@@ -71,7 +73,8 @@ pub(super) fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
 
     // Lock duration against the renewal interval.
     const LOCK: &str = "lock_duration";
-    let renewal = settings.servicebus.lock_renewal_interval().as_secs();
+    // Exact, not in whole seconds (a third of a 50 s lock is 16.666 s).
+    let renewal = settings.servicebus.lock_renewal_interval();
     let minimum = renewal.saturating_mul(2);
     let lock = match duration(module, queue, LOCK) {
         Ok(Some(found)) => Some(found),
@@ -91,10 +94,12 @@ pub(super) fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
         }
     };
     if let Some((seconds, line, shown)) = lock {
-        if seconds < minimum {
+        if Duration::from_secs(seconds) < minimum {
             c.at(RuleId::ServiceBusLockDurationTooShort, queue, Some(line), format!(
-                "{shown} is {}, shorter than 2 x the worker's lock renewal interval (2 x {renewal} s = {minimum} s): the lock can expire before it is renewed and the message is delivered to another receiver while the handler still runs",
-                human(seconds)
+                "{shown} is {}, shorter than 2 x the worker's lock renewal interval (2 x {} = {}): the lock can expire before it is renewed and the message is delivered to another receiver while the handler still runs",
+                human(seconds),
+                exact(renewal),
+                exact(minimum)
             ));
         }
     }

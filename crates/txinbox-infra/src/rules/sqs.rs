@@ -1,8 +1,10 @@
 //! The SQS queue rules: redrive, identity on the DLQ move, content deduplication, visibility, retention.
 
+use std::time::Duration;
+
 use super::topology::{read_redrive, sqs_topology, strip_attr, Redrive, SqsTopology};
 use super::{as_bool, as_u64, show, Checker};
-use crate::duration::{human, redelivery_path};
+use crate::duration::{exact, human, redelivery_path};
 use crate::terraform::{Resolved, Resource};
 use crate::{RuleId, SqsIdentity};
 
@@ -221,15 +223,19 @@ fn sqs_seconds(
 fn check_visibility(c: &mut Checker<'_>, queue: &Resource) {
     const RULE: RuleId = RuleId::SqsVisibilityTimeoutTooShort;
     const KEY: &str = "visibility_timeout_seconds";
-    let heartbeat = c.settings.sqs.heartbeat_interval().as_secs();
+    // Exact, not in whole seconds: a third of a 50 s visibility timeout is 16.666 s, so a queue's 33 s is
+    // short of two heartbeats (33.333 s) though 33 >= 2 x 16.
+    let heartbeat = c.settings.sqs.heartbeat_interval();
     let minimum = heartbeat.saturating_mul(2);
     let Some((seconds, line, shown)) = sqs_seconds(c, queue, RULE, KEY, SQS_DEFAULT_VISIBILITY)
     else {
         return;
     };
-    if seconds < minimum {
+    if Duration::from_secs(seconds) < minimum {
         c.at(RULE, queue, line, format!(
-            "{shown} is shorter than 2 x the worker's heartbeat interval (2 x {heartbeat} s = {minimum} s): a message can become visible to another consumer before the heartbeat extends it, so two handlers run it at once"
+            "{shown} is shorter than 2 x the worker's heartbeat interval (2 x {} = {}): a message can become visible to another consumer before the heartbeat extends it, so two handlers run it at once",
+            exact(heartbeat),
+            exact(minimum)
         ));
     }
 }
