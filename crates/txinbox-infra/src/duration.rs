@@ -18,7 +18,19 @@ pub(crate) fn redelivery_path(own: u64, dead: Option<u64>, grace: u64) -> u64 {
 /// rounding a fractional second up. A year counts as 365 days and a month as
 /// 30 days (Service Bus values are given in days or smaller units in practice).
 /// Returns `None` for anything that is not such a duration.
+#[cfg(test)]
 pub(crate) fn parse_iso8601_seconds(text: &str) -> Option<u64> {
+    parse_iso8601(text).map(ceil_secs)
+}
+
+/// Whole seconds of `d`, a fraction rounded up: what an upper bound (a time to live) is compared with.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Parses an ISO 8601 duration (`PnYnMnWnDTnHnMnS`) exactly (to the nanosecond), as
+/// [`parse_iso8601_seconds`] does: a lower bound (a lock duration) is compared with it, fraction included.
+pub(crate) fn parse_iso8601(text: &str) -> Option<Duration> {
     let rest = text.trim().strip_prefix('P')?;
     if rest.is_empty() {
         return None;
@@ -41,10 +53,10 @@ pub(crate) fn parse_iso8601_seconds(text: &str) -> Option<u64> {
     if let Some(time) = time {
         total += components(time, &[('H', 3600.0), ('M', 60.0), ('S', 1.0)])?;
     }
-    if !total.is_finite() || total > u64::MAX as f64 {
+    if !total.is_finite() || total.ceil() >= u64::MAX as f64 {
         return None;
     }
-    Some(total.ceil() as u64)
+    Duration::try_from_secs_f64(total).ok()
 }
 
 /// Sums `<number><unit>` pairs whose units appear in `units`' order.

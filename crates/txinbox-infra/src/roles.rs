@@ -3,7 +3,7 @@
 
 use hcl::Value;
 
-use crate::duration::{human, redelivery_path};
+use crate::duration::{ceil_secs, human, redelivery_path};
 use crate::rules::{duration, Checker};
 use crate::terraform::{placeholder, AttrValue, Resolved, Resource};
 use crate::RuleId;
@@ -196,7 +196,7 @@ fn check_path(c: &mut Checker<'_>, queue: &Resource, poison: &Resource) {
     };
     let inbox = c.settings.inbox.retention_seconds;
     let grace = c.settings.inbox.redrive_grace_seconds;
-    let path = redelivery_path(own, Some(dead), grace);
+    let path = redelivery_path(ceil_secs(own), Some(ceil_secs(dead)), grace);
     if path > inbox {
         let own_at = format!("{}:{own_line}", c.module.files[queue.at.file].name());
         c.at(RuleId::ServiceBusRetentionPathExceedsInbox, poison, Some(dead_line), format!(

@@ -880,3 +880,31 @@ fn visibility_and_lock_compared_to_exact_intervals() {
         v.message
     );
 }
+
+/// A lock duration with a fraction of a second is compared as it is: PT39.5S is short of 2 x 20 s (rounded up
+/// to 40 s it passed); a time to live is still rounded up (PT0.5S past the retention is past it).
+#[test]
+fn fractional_lock_duration_is_not_rounded_up() {
+    let dir = copy_of(&azure_sample(), "lock-fraction");
+    dir.edit(
+        "variables.tf",
+        "default     = \"PT1M\"",
+        "default     = \"PT39.5S\"",
+    );
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::ServiceBusLockDurationTooShort, "{v}");
+    assert!(
+        v.message.contains(
+            "is 39.500 s, shorter than 2 x the worker's lock renewal interval (2 x 20 s = 40 s)"
+        ),
+        "{}",
+        v.message
+    );
+    dir.edit(
+        "variables.tf",
+        "default     = \"PT39.5S\"",
+        "default     = \"PT40S\"",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+}

@@ -5,15 +5,15 @@ use std::time::Duration;
 use hcl::Value;
 
 use super::{as_bool, show, Checker};
-use crate::duration::{exact, human, parse_iso8601_seconds};
+use crate::duration::{ceil_secs, exact, human, parse_iso8601};
 use crate::terraform::{Module, Resolved, Resource};
 use crate::RuleId;
 
 /// Service Bus's lock duration when `lock_duration` is unset.
 const SB_DEFAULT_LOCK: u64 = 60;
 
-/// A duration in seconds, its line, and how to show it.
-type Found = (u64, usize, String);
+/// A duration (exact: `PT39.5S` is 39.5 s), its line, and how to show it.
+type Found = (Duration, usize, String);
 /// The line and message of a duration that cannot be used.
 type Unusable = (usize, String);
 
@@ -29,7 +29,7 @@ pub(crate) fn duration(
         Resolved::Unknown { line, why, .. } => Err((line, format!("{key} cannot be resolved statically ({why}); set it to a literal or a variable with a default so the guarantee can be checked"))),
         Resolved::Known { value, line, origin } => {
             let parsed = match &value {
-                Value::String(s) => parse_iso8601_seconds(s),
+                Value::String(s) => parse_iso8601(s),
                 _ => None,
             };
             match parsed {
@@ -79,7 +79,7 @@ pub(super) fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
     let lock = match duration(module, queue, LOCK) {
         Ok(Some(found)) => Some(found),
         Ok(None) => Some((
-            SB_DEFAULT_LOCK,
+            Duration::from_secs(SB_DEFAULT_LOCK),
             queue.at.line,
             format!("{LOCK} is not set (Service Bus default PT1M)"),
         )),
@@ -93,11 +93,12 @@ pub(super) fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
             None
         }
     };
-    if let Some((seconds, line, shown)) = lock {
-        if Duration::from_secs(seconds) < minimum {
+    if let Some((lock, line, shown)) = lock {
+        // A fraction of a second counts: PT39.5S is short of 2 x 20 s.
+        if lock < minimum {
             c.at(RuleId::ServiceBusLockDurationTooShort, queue, Some(line), format!(
                 "{shown} is {}, shorter than 2 x the worker's lock renewal interval (2 x {} = {}): the lock can expire before it is renewed and the message is delivered to another receiver while the handler still runs",
-                human(seconds),
+                exact(lock),
                 exact(renewal),
                 exact(minimum)
             ));
@@ -129,9 +130,9 @@ pub(super) fn check_servicebus_queue(c: &mut Checker<'_>, queue: &Resource) {
             "{TTL} is not set (Service Bus default: practically forever), longer than the inbox keeps processed markers (inbox.retention_seconds = {}): a message redelivered after the inbox forgot its id would be processed again as new",
             human(inbox)
         )),
-        Ok(Some((seconds, line, shown))) if seconds > inbox => c.at(RuleId::ServiceBusTtlExceedsInbox, queue, Some(line), format!(
+        Ok(Some((ttl, line, shown))) if ceil_secs(ttl) > inbox => c.at(RuleId::ServiceBusTtlExceedsInbox, queue, Some(line), format!(
             "{shown} is {}, longer than the inbox keeps processed markers (inbox.retention_seconds = {}): a message redelivered after the inbox forgot its id would be processed again as new",
-            human(seconds),
+            human(ceil_secs(ttl)),
             human(inbox)
         )),
         Ok(Some(_)) => {}
