@@ -32,7 +32,7 @@ pub struct WorkerOptions {
     pub(crate) concurrency: usize,
     /// Most deliveries asked for in one receive (default 10, the SQS maximum).
     pub(crate) batch_size: usize,
-    /// How long the worker may take to stop, counted from the stop signal (default 30 s). See
+    /// How long the worker may take to stop, counted from the stop signal (default 25 s). See
     /// [`WorkerOptions::shutdown_timeout`].
     pub(crate) shutdown_timeout: Duration,
     /// What the lease keeper cannot learn from a lease (the maximum total hold). The cadence and the
@@ -73,7 +73,7 @@ impl Default for WorkerOptions {
         Self {
             concurrency: 8,
             batch_size: 10,
-            shutdown_timeout: Duration::from_secs(30),
+            shutdown_timeout: Duration::from_secs(25),
             lease: LeaseOptions::default(),
             receive_error_backoff: Duration::from_secs(1),
             prefetch: 0,
@@ -107,7 +107,8 @@ impl WorkerOptions {
     /// abandoned, as a SIGKILL would abandon it, and counted in
     /// [`WorkerReport::abandoned`](super::WorkerReport::abandoned). Set it at least [`SHUTDOWN_GRACE`] under the
     /// grace period your orchestrator gives before it kills the process (Kubernetes:
-    /// `terminationGracePeriodSeconds`, 30 s by default: a `shutdown_timeout` of 25 s or less).
+    /// `terminationGracePeriodSeconds`, and ECS's `stopTimeout`, 30 s by default: a `shutdown_timeout` of 25 s
+    /// or less, the default).
     pub fn shutdown_timeout(mut self, d: Duration) -> Self {
         self.shutdown_timeout = d;
         self
