@@ -244,3 +244,16 @@ impl WorkerOptions {
         self.shutdown_receive_wait
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker stopped with the defaults returns before the grace Kubernetes (`terminationGracePeriodSeconds`)
+    /// and ECS (`stopTimeout`) give by default, 30 s, ends in a SIGKILL.
+    #[test]
+    fn the_default_stop_ends_within_the_orchestrators_default_grace() {
+        let stop = WorkerOptions::default().get_shutdown_timeout() + SHUTDOWN_GRACE;
+        assert!(stop < Duration::from_secs(30), "{stop:?}");
+    }
+}
