@@ -737,3 +737,47 @@ fn another_stores_url_is_named_without_its_password() {
     );
     assert!(!advice.contains("s3cret-pw"), "{advice}");
 }
+
+/// A `dynamic` block is as many blocks as its for_each has elements: `for_each = var.pitr ? [1] : []` with
+/// `pitr = false` leaves the table without point-in-time recovery, whatever its content says; a for_each that
+/// cannot be resolved statically is reported so.
+#[test]
+fn dynamic_block_counts_its_for_each() {
+    let dir = copy_of(&dynamodb_sample(), "ddb-dynamic-pitr");
+    dir.edit(
+        "main.tf",
+        "  point_in_time_recovery {\n    enabled = true\n  }\n",
+        "  dynamic \"point_in_time_recovery\" {\n    for_each = var.pitr ? [1] : []\n    content {\n      enabled = true\n    }\n  }\n",
+    );
+    dir.write(
+        "pitr.tf",
+        "variable \"pitr\" {\n  type    = bool\n  default = false\n}\n",
+    );
+    let v = only_violation(&dir);
+    assert_violation(
+        &v,
+        RuleId::DynamoDbPitrOff,
+        "main.tf",
+        dir.line_of("main.tf", TABLE),
+        "no point_in_time_recovery block",
+    );
+
+    // With the block made: clean.
+    dir.write(
+        "pitr.tf",
+        "variable \"pitr\" {\n  type    = bool\n  default = true\n}\n",
+    );
+    let report = check_dir(dir.path(), &dynamodb_settings("txinbox-inbox")).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+
+    // Not known statically: reported so.
+    dir.write("pitr.tf", "variable \"pitr\" {\n  type = bool\n}\n");
+    let v = only_violation(&dir);
+    assert_eq!(v.rule, RuleId::DynamoDbPitrOff, "{v}");
+    assert!(
+        v.message
+            .contains("in a dynamic block whose for_each cannot be resolved statically"),
+        "{}",
+        v.message
+    );
+}

@@ -111,26 +111,44 @@ impl View {
 /// The nested blocks `ident` of a table: static and `dynamic` blocks of HCL, or a plan's list of objects.
 fn views(c: &Checker<'_>, table: &Resource, ident: &str) -> Vec<View> {
     let module = c.module;
-    let mut out: Vec<View> = table
-        .blocks
-        .iter()
-        .filter(|b| b.ident == ident)
-        .map(|b| View {
+    let mut out: Vec<View> = Vec::new();
+    for b in table.blocks.iter().filter(|b| b.ident == ident) {
+        let view = |unknown: Option<&str>| View {
             fields: b
                 .attrs
                 .iter()
                 .map(|(k, a)| {
-                    let field = match module.resolve_attr(table.scope, Some(a)) {
-                        Resolved::Known { value, line, .. } => Field::Known(value, line),
-                        Resolved::Unknown { line, why, .. } => Field::Unknown(line, why),
-                        Resolved::Missing => Field::Unknown(a.line, "not set".into()),
+                    let field = match (unknown, module.resolve_attr(table.scope, Some(a))) {
+                        (Some(why), _) => Field::Unknown(a.line, why.to_owned()),
+                        (None, Resolved::Known { value, line, .. }) => Field::Known(value, line),
+                        (None, Resolved::Unknown { line, why, .. }) => Field::Unknown(line, why),
+                        (None, Resolved::Missing) => Field::Unknown(a.line, "not set".into()),
                     };
                     (k.clone(), field)
                 })
                 .collect(),
             line: b.line,
-        })
-        .collect();
+        };
+        if !b.dynamic {
+            out.push(view(None));
+            continue;
+        }
+        // A `dynamic` block is as many blocks as its for_each has elements: none for an empty one (a
+        // `for_each = var.pitr ? [1] : []` with pitr false leaves the table without the block).
+        match module.resolve_attr(table.scope, b.for_each.as_ref()) {
+            Resolved::Known {
+                value: Value::Array(items),
+                ..
+            } => out.extend(items.iter().map(|_| view(None))),
+            Resolved::Known {
+                value: Value::Object(items),
+                ..
+            } => out.extend(items.iter().map(|_| view(None))),
+            _ => out.push(view(Some(
+                "in a dynamic block whose for_each cannot be resolved statically",
+            ))),
+        }
+    }
     match module.resolve(table, ident) {
         Resolved::Known {
             value: Value::Array(items),

@@ -92,6 +92,7 @@ fn nested_blocks(body: &Body, file: &SourceFile) -> Vec<NestedBlock> {
                         attrs: attrs_of(&content.body, file),
                         children: children_of(&content.body),
                         dynamic: true,
+                        for_each: attrs_of(&block.body, file).remove("for_each"),
                         line: file.line_of_span(block.span()),
                     });
                 }
@@ -101,6 +102,7 @@ fn nested_blocks(body: &Body, file: &SourceFile) -> Vec<NestedBlock> {
                 attrs: attrs_of(&block.body, file),
                 children: children_of(&block.body),
                 dynamic: false,
+                for_each: None,
                 line: file.line_of_span(block.span()),
             }),
         }

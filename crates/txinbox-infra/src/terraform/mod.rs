@@ -103,6 +103,8 @@ pub(crate) struct NestedBlock {
     pub(crate) children: Vec<String>,
     /// A `dynamic` block: its content depends on an iterator this reader does not expand.
     pub(crate) dynamic: bool,
+    /// A `dynamic` block's `for_each`: how many blocks it makes (none for an empty collection).
+    pub(crate) for_each: Option<Attr>,
     /// 1-based line of the block's first line.
     pub(crate) line: usize,
 }
