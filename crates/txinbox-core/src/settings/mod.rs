@@ -15,7 +15,7 @@
 //!                                      # unset: enough for every place out of the queue)
 //! batch_commit = 1                     # deliveries of a receive applied in one transaction (1 to 64)
 //! batch_linger_ms = 0                  # how long a batch not full waits for the next receives (at most 1000)
-//! shutdown_timeout_seconds = 25        # + 5 s of grace: under the orchestrator's 30 s
+//! shutdown_timeout_seconds = 20        # + 5 s of grace, well under an orchestrator's 30 s
 //! health_addr = "0.0.0.0:8080"         # GET /livez, /readyz (unset: off)
 //! metrics_addr = "0.0.0.0:9464"        # GET /metrics (unset: off)
 //! give_up_after_seconds = 300          # exit when receives fail this long with a fatal error (0: never)
