@@ -164,10 +164,26 @@ pub(crate) fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
     for r in &module.resources {
         if r.mode == "data." && r.kind == "aws_iam_policy_document" {
             let mut statements = Vec::new();
+            // A `dynamic "statement"` counts when its for_each is known and not empty (its content's
+            // references to the iterator are not known and match nothing); an unknown for_each is left out.
+            let made = |b: &crate::terraform::NestedBlock| {
+                !b.dynamic
+                    || match module.resolve_attr(r.scope, b.for_each.as_ref()) {
+                        Resolved::Known {
+                            value: Value::Array(items),
+                            ..
+                        } => !items.is_empty(),
+                        Resolved::Known {
+                            value: Value::Object(items),
+                            ..
+                        } => !items.is_empty(),
+                        _ => false,
+                    }
+            };
             for block in r
                 .blocks
                 .iter()
-                .filter(|b| b.ident == "statement" && !b.dynamic)
+                .filter(|b| b.ident == "statement" && made(b))
             {
                 let get = |key| match module.resolve_attr(r.scope, block.attrs.get(key)) {
                     Resolved::Known { value, .. } => Some(value),

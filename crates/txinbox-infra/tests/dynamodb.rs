@@ -781,3 +781,25 @@ fn dynamic_block_counts_its_for_each() {
         v.message
     );
 }
+
+/// A `dynamic "statement"` whose for_each is known and not empty is read: one that allows `dynamodb:*` on the
+/// inbox table is too broad; with an empty for_each it makes no statement.
+#[test]
+fn dynamic_statement_with_a_known_for_each_is_read() {
+    let dir = copy_of(&dynamodb_sample(), "ddb-dynamic-statement");
+    dir.edit(
+        "iam.tf",
+        "  statement {\n    sid = \"InboxTable\"\n",
+        "  dynamic \"statement\" {\n    for_each = [\"all\"]\n    content {\n      sid       = \"Everything\"\n      actions   = [\"dynamodb:*\"]\n      resources = [aws_dynamodb_table.inbox.arn]\n    }\n  }\n\n  statement {\n    sid = \"InboxTable\"\n",
+    );
+    let v = only_violation(&dir);
+    assert_eq!(v.rule, RuleId::DynamoDbWorkerPolicyTooBroad, "{v}");
+    assert!(v.message.contains("dynamodb:*"), "{}", v.message);
+
+    let text = dir
+        .read("iam.tf")
+        .replace("for_each = [\"all\"]", "for_each = []");
+    dir.write("iam.tf", &text);
+    let report = check_dir(dir.path(), &dynamodb_settings("txinbox-inbox")).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+}
