@@ -908,3 +908,46 @@ fn fractional_lock_duration_is_not_rounded_up() {
     let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
     assert!(report.is_clean(), "{:#?}", report.violations);
 }
+
+/// A dead-letter queue in another state (a literal ARN): the move to it replaces the deduplication id all the
+/// same, and a FIFO queue's dead-letter queue must be FIFO, whose name ends in .fifo.
+#[test]
+fn dead_letter_queue_given_by_a_literal_arn() {
+    let dir = copy_of(&aws_sample(), "external-dlq");
+    dir.edit(
+        "main.tf",
+        "    deadLetterTargetArn = aws_sqs_queue.dlq.arn\n",
+        "    deadLetterTargetArn = \"arn:aws:sqs:eu-west-1:123456789012:orders-dlq.fifo\"\n",
+    );
+    let settings =
+        WorkerSettings::from_toml_str("[sqs]\nidentity = \"deduplication-id\"\n").unwrap();
+    let v = only_violation(&dir, &settings);
+    assert_eq!(v.rule, RuleId::SqsIdentityLostOnDlqMove, "{v}");
+    assert!(
+        v.message
+            .contains("arn:aws:sqs:eu-west-1:123456789012:orders-dlq.fifo"),
+        "{}",
+        v.message
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "its dead-letter queue arn:aws:sqs:eu-west-1:123456789012:orders-dlq.fifo is not in what was read"
+        )),
+        "{:#?}",
+        report.advice
+    );
+
+    // Not a FIFO queue.
+    dir.edit("main.tf", "orders-dlq.fifo\"", "orders-dlq\"");
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsFifoMissingRedrive, "{v}");
+    assert!(
+        v.message.contains(
+            "dead-letter queue arn:aws:sqs:eu-west-1:123456789012:orders-dlq is not a FIFO queue"
+        ),
+        "{}",
+        v.message
+    );
+}

@@ -41,7 +41,13 @@ pub(super) fn check_sqs(c: &mut Checker<'_>) {
                 queues,
                 &is_fifo,
             );
-            if let Some(dlq) = topology.dlq_of.get(&address) {
+            // The dead-letter queue may live elsewhere (another state, a literal ARN): the move replaces the
+            // deduplication id all the same.
+            if let Some(dlq) = topology
+                .dlq_of
+                .get(&address)
+                .or_else(|| topology.external_dlq.get(&address))
+            {
                 check_identity(c, queue, dlq, &topology);
             }
         }
@@ -54,6 +60,12 @@ pub(super) fn check_sqs(c: &mut Checker<'_>) {
                 .dlq_of
                 .get(&address)
                 .and_then(|d| queues.iter().find(|q| q.address() == *d).copied());
+            if let Some(arn) = topology.external_dlq.get(&address) {
+                c.advice.push(format!(
+                    "{}: {address}: its dead-letter queue {arn} is not in what was read, so the longest redelivery path (this queue's retention + that queue's + inbox.redrive_grace_seconds) is not checked against inbox.retention_seconds; check the two together",
+                    c.place(queue)
+                ));
+            }
             check_retention_path(c, queue, dlq);
         }
     }
@@ -152,6 +164,12 @@ fn check_redrive<'a>(
                     if !is_fifo(dlq_queue) {
                         problem(format!("dead-letter queue {dlq} is not a FIFO queue; the dead-letter queue of a FIFO queue must be FIFO"));
                     }
+                }
+            } else if let Some(arn) = target.external {
+                // AWS: "The name of a FIFO queue must end with the .fifo suffix."
+                let name = arn.rsplit([':', '/']).next().unwrap_or_default();
+                if !name.ends_with(".fifo") {
+                    problem(format!("dead-letter queue {arn} is not a FIFO queue (a FIFO queue's name ends in .fifo); the dead-letter queue of a FIFO queue must be FIFO"));
                 }
             }
         }

@@ -19,6 +19,8 @@ pub(super) struct RedriveTarget {
     pub(super) dlq: Option<String>,
     pub(super) max_receive_count: Option<u64>,
     pub(super) has_target: bool,
+    /// The ARN of a dead-letter queue that is not in what was read (another state, a literal ARN).
+    pub(super) external: Option<String>,
 }
 
 /// The address of the queue of `module` an ARN (or placeholder) names.
@@ -62,8 +64,12 @@ pub(super) fn read_redrive(module: &Module, value: &Value) -> Result<RedriveTarg
         serde_json::Value::String(s) => s.trim().parse().ok(),
         _ => None,
     });
+    let dlq = target.and_then(|arn| queue_by_arn(module, arn));
     Ok(RedriveTarget {
-        dlq: target.and_then(|arn| queue_by_arn(module, arn)),
+        external: target
+            .filter(|arn| dlq.is_none() && referenced_resource(arn).is_none())
+            .map(str::to_owned),
+        dlq,
         max_receive_count: max,
         has_target: target.is_some(),
     })
@@ -141,6 +147,8 @@ pub(crate) struct SqsTopology<'a> {
     pub(crate) dlqs: BTreeSet<String>,
     /// Source queue address -> its dead-letter queue's address, where known.
     pub(crate) dlq_of: BTreeMap<String, String>,
+    /// Source queue address -> the ARN of its dead-letter queue when that queue is not in what was read.
+    pub(crate) external_dlq: BTreeMap<String, String>,
 }
 
 pub(crate) fn sqs_topology(module: &Module) -> SqsTopology<'_> {
@@ -203,9 +211,20 @@ pub(crate) fn sqs_topology(module: &Module) -> SqsTopology<'_> {
         }
     }
     let mut dlq_of = BTreeMap::new();
+    let mut external_dlq = BTreeMap::new();
     for (source, redrive) in &redrives {
         let dlq = match &redrive.resolved {
-            Resolved::Known { value, .. } => read_redrive(module, value).ok().and_then(|t| t.dlq),
+            Resolved::Known { value, .. } => match read_redrive(module, value) {
+                Ok(RedriveTarget {
+                    external: Some(arn),
+                    ..
+                }) => {
+                    external_dlq.insert(source.clone(), arn);
+                    None
+                }
+                Ok(t) => t.dlq,
+                Err(_) => None,
+            },
             // A plan: the policy is known after apply; its references name the dead-letter queue.
             Resolved::Unknown { references, .. } => references
                 .iter()
@@ -224,5 +243,6 @@ pub(crate) fn sqs_topology(module: &Module) -> SqsTopology<'_> {
         redrives,
         dlqs,
         dlq_of,
+        external_dlq,
     }
 }
