@@ -63,3 +63,30 @@ async fn run_lab_on_runs_counts_within_the_bound() {
     assert_eq!(r.duplicates, 3);
     assert_eq!(r.business_effects, 3);
 }
+
+/// A batch window's batch outside 2 to MAX_BATCH_COMMIT is refused before any store is created: a window sends
+/// twice its batch through the in-memory broker, so `usize::MAX` would allocate without end (or overflow).
+#[tokio::test]
+async fn batch_windows_refuse_a_batch_out_of_bounds_before_creating_the_store() {
+    use txinbox_lab::windows::{run_on_batch, run_window_batch, Window};
+    let max = txinbox_core::runtime::worker::MAX_BATCH_COMMIT;
+    let dir = std::env::temp_dir().join(format!("txinbox-lab-absent-b-{}", std::process::id()));
+    let target = Target::Sqlite(format!("sqlite:{}", dir.join("lab.db").display()));
+    let store = Store::<sqlx::Sqlite>::connect("sqlite::memory:")
+        .await
+        .unwrap();
+    store.close().await;
+    for batch in [0, 1, max + 1, usize::MAX] {
+        for w in Window::BATCH {
+            match run_on_batch(&target, w, batch).await {
+                Err(LabError::Usage(m)) => assert!(m.contains("must be 2 to"), "{m}"),
+                other => panic!("{batch}: {other:?}"),
+            }
+            match run_window_batch(store.clone(), w, batch).await {
+                Err(LabError::Usage(m)) => assert!(m.contains("must be 2 to"), "{m}"),
+                other => panic!("{batch}: {other:?}"),
+            }
+        }
+    }
+    assert!(!dir.exists());
+}

@@ -233,12 +233,7 @@ pub const DEFAULT_BATCH: usize = 10;
 /// Runs every window, then the batch windows with batches of `batch` deliveries (at least 2; the mixed
 /// window uses at least 6), on fresh databases of `target`.
 pub async fn run_all_batch(target: &Target, batch: usize) -> Result<Vec<WindowRow>, LabError> {
-    if !(2..=txinbox_core::runtime::worker::MAX_BATCH_COMMIT).contains(&batch) {
-        return Err(LabError::Usage(format!(
-            "--batch must be 2 to {}",
-            txinbox_core::runtime::worker::MAX_BATCH_COMMIT
-        )));
-    }
+    check_batch(batch)?;
     let mut rows = run_all(target).await?;
     for w in Window::BATCH {
         rows.push(run_on_batch(target, w, batch).await?);
@@ -246,8 +241,26 @@ pub async fn run_all_batch(target: &Target, batch: usize) -> Result<Vec<WindowRo
     Ok(rows)
 }
 
-/// Runs one window on a fresh database of `target`, a batch window with batches of `batch` deliveries.
+/// A batch windows' batch size: 2 to [`MAX_BATCH_COMMIT`](txinbox_core::runtime::worker::MAX_BATCH_COMMIT),
+/// what a worker commits at most in one transaction; [`LabError::Usage`] otherwise, before any store is
+/// created (a window sends twice its batch through the in-memory broker, so an unbounded one would allocate
+/// without limit).
+fn check_batch(batch: usize) -> Result<(), LabError> {
+    if (2..=txinbox_core::runtime::worker::MAX_BATCH_COMMIT).contains(&batch) {
+        Ok(())
+    } else {
+        Err(LabError::Usage(format!(
+            "--batch must be 2 to {}",
+            txinbox_core::runtime::worker::MAX_BATCH_COMMIT
+        )))
+    }
+}
+
+/// Runs one window on a fresh database of `target`, a batch window with batches of `batch` deliveries (2 to
+/// [`MAX_BATCH_COMMIT`](txinbox_core::runtime::worker::MAX_BATCH_COMMIT), else [`LabError::Usage`] before
+/// any store is created).
 pub async fn run_on_batch(target: &Target, w: Window, batch: usize) -> Result<WindowRow, LabError> {
+    check_batch(batch)?;
     struct Run(Window, usize);
     impl OnFresh for Run {
         type Output = WindowRow;
@@ -353,14 +366,15 @@ pub async fn run_window<S: LabStore>(store: S, w: Window) -> Result<WindowRow, L
     run_window_batch(store, w, DEFAULT_BATCH).await
 }
 
-/// Runs window `w` on `pool` (fresh and migrated), a batch window with batches of `batch` deliveries, and
-/// checks its expectations.
+/// Runs window `w` on `pool` (fresh and migrated), a batch window with batches of `batch` deliveries (2 to
+/// [`MAX_BATCH_COMMIT`](txinbox_core::runtime::worker::MAX_BATCH_COMMIT), else [`LabError::Usage`] before
+/// the tables are created), and checks its expectations.
 pub async fn run_window_batch<S: LabStore>(
     store: S,
     w: Window,
     batch: usize,
 ) -> Result<WindowRow, LabError> {
-    let batch = batch.max(2);
+    check_batch(batch)?;
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
