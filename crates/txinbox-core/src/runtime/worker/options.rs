@@ -255,6 +255,9 @@ mod tests {
     #[test]
     fn the_default_stop_ends_within_the_orchestrators_default_grace() {
         let stop = WorkerOptions::default().get_shutdown_timeout() + SHUTDOWN_GRACE;
-        assert!(stop + Duration::from_secs(5) <= Duration::from_secs(30), "{stop:?}");
+        assert!(
+            stop + Duration::from_secs(5) <= Duration::from_secs(30),
+            "{stop:?}"
+        );
     }
 }
