@@ -165,10 +165,13 @@ pub(crate) fn inserted_rows(
 }
 
 /// Whether two of `rows` meet under the inbox's unique constraints (one consumer, and one identity or one
-/// business key of one tenant), as [`HOLDER`] finds them.
-fn rows_meet(rows: &[MarkerRow<'_>]) -> bool {
-    let mut seen = std::collections::HashSet::with_capacity(rows.len() * 2);
-    rows.iter().any(|r| {
+/// business key of one tenant), as [`HOLDER`] finds them. Such rows go in one after the other (the row-by-row
+/// layout here, the partitioned one in `partitions::pg`): one statement reads each refused row's holder after
+/// every row went in, and would name a later row of the batch, which one insert after the other had not met
+/// yet (a business duplicate answered as a plain duplicate).
+pub(crate) fn rows_meet<'r, 'a: 'r>(rows: impl IntoIterator<Item = &'r MarkerRow<'a>>) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    rows.into_iter().any(|r| {
         let id = r.identity;
         let consumer = id.consumer.as_str();
         let by_key = id
@@ -291,9 +294,7 @@ impl Backend for Postgres {
         conn: &mut PgConnection,
         rows: &[MarkerRow<'_>],
     ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
-        // Rows of the batch that meet each other go in one after the other: the one statement reads each
-        // refused row's holder after every row went in, and would name a later row of the batch, which one
-        // insert after the other had not met yet (a business duplicate answered as a plain duplicate).
+        // Rows of the batch that meet each other go in one after the other (`rows_meet`).
         if rows_meet(rows) {
             let mut out = Vec::with_capacity(rows.len());
             for row in rows {

@@ -881,3 +881,37 @@ async fn rotation_lock_held(conn: &mut sqlx::PgConnection) -> bool {
         .unwrap()
         > 0
 }
+
+/// A batch whose rows meet each other, on the partitioned layout: the first row is refused by a marker
+/// already there (its business key), the second, of the first row's identity, goes in. The first is answered
+/// with the marker it met, as one insert after the other names it, never with the batch's later row.
+#[tokio::test]
+async fn a_batch_row_refused_before_a_later_one_names_the_holder_it_met() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let now = Utc::now();
+    let (holder, keyed, plain) = (
+        timed(&identity("a", Some("k")), now),
+        timed(&identity("b", Some("k")), now),
+        timed(&identity("b", None), now),
+    );
+    assert_eq!(
+        insert(&s.store, &holder, "h", now).await,
+        MarkerInsert::Inserted
+    );
+    let tx = s.store.begin().await.unwrap();
+    let rows = [
+        MarkerRow::new(&keyed, "h", now, now, now + Cd::days(30), 1).origin_at(now),
+        MarkerRow::new(&plain, "h", now, now, now + Cd::days(30), 1).origin_at(now),
+    ];
+    let answers = s.store.insert_markers(&tx, &rows).await.unwrap();
+    s.store.commit(tx).await.unwrap();
+    match &answers[..] {
+        [MarkerInsert::Conflict(Some(h)), MarkerInsert::Inserted] => {
+            assert!(!h.same_identity, "{h:?}");
+            assert_eq!(h.message_id, "a");
+        }
+        other => panic!("{other:?}"),
+    }
+    s.drop().await;
+}

@@ -108,7 +108,17 @@ pub(crate) async fn insert_markers(
         out.push(answer);
     }
     let todo: Vec<usize> = (0..rows.len()).filter(|i| out[*i].is_none()).collect();
-    if !todo.is_empty() {
+    // Rows that meet each other go in one after the other, each refused one answered with the holder it met
+    // (`postgres::rows_meet`); the others in one statement.
+    let statements: Vec<Vec<usize>> = if crate::postgres::rows_meet(todo.iter().map(|i| &rows[*i]))
+    {
+        todo.into_iter().map(|i| vec![i]).collect()
+    } else if todo.is_empty() {
+        Vec::new()
+    } else {
+        vec![todo]
+    };
+    for todo in statements {
         let batch: Vec<&MarkerRow<'_>> = todo.iter().map(|i| &rows[*i]).collect();
         let placed: Vec<DateTime<Utc>> = todo.iter().map(|i| buckets[*i]).collect();
         let returned = sqlx::query_with(INSERT_MARKERS, marker_arrays(&batch, Some(&placed))?)
