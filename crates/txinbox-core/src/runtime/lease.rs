@@ -86,9 +86,13 @@ impl Drop for LeaseGuard {
 }
 
 /// Starts renewing `lease` by its [`Lease::duration`] every [`renewal_interval`] of it until the guard is
-/// stopped or dropped, a renewal fails, or `opts.max_total` is reached. A lease of zero duration is not renewed. A transient failure ([`crate::BrokerError::is_retryable`]) is retried on the
-/// next tick while the lease has not expired. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; the
-/// delivery's outcome stays correct because the inbox absorbs the redelivery that may follow.
+/// stopped or dropped, a renewal fails, or `opts.max_total` is reached. A lease of zero duration is not renewed.
+/// A transient failure ([`crate::BrokerError::is_retryable`]) is retried on the next tick while the lease has not
+/// expired. Each renewal call is bounded by the renewal interval and by the time left on the lease: a call that
+/// does not answer by then is a transient failure retried at once while the lease has time left, and a lost lease
+/// once it has none, so a broker that never answers is noticed when the lease runs out, not when (if ever) the
+/// call returns. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; the delivery's
+/// outcome stays correct because the inbox absorbs the redelivery that may follow.
 pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -> LeaseGuard {
     let cancel = CancellationToken::new();
     let state = Arc::new(LeaseState::default());
@@ -101,10 +105,19 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
     let interval = renewal_interval(duration);
     tokio::spawn(async move {
         let started = tokio::time::Instant::now();
+        // The keeper's own reckoning of the expiry, on the runtime's clock: the lease lasts `duration` from the
+        // receive (a little before `started`) and from the start of each renewal that succeeded (the broker
+        // extends it at some point after the call starts). It bounds a renewal that does not answer and ends the
+        // keeper when a lease was not renewed in time, whatever the adapter's `expires_at` says (it may not know).
+        let mut held_until = started + duration;
+        // After a renewal that did not answer, the tick has passed already: retry without sleeping again.
+        let mut retry_now = false;
         loop {
-            tokio::select! {
-                _ = c.cancelled() => return,
-                _ = tokio::time::sleep(interval) => {}
+            if !std::mem::take(&mut retry_now) {
+                tokio::select! {
+                    _ = c.cancelled() => return,
+                    _ = tokio::time::sleep(interval) => {}
+                }
             }
             if started.elapsed() + interval > opts.max_total {
                 tracing::warn!(
@@ -113,35 +126,49 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
                 );
                 return;
             }
+            // A renewal that has not answered by the next tick, or by the end of the lease, is given up: waiting
+            // longer would leave the lease unrenewed (and a lost lock unnoticed) for as long as the call hangs.
+            let call_started = tokio::time::Instant::now();
+            let bound = interval.min(held_until.saturating_duration_since(call_started));
             let renewed = tokio::select! {
                 _ = c.cancelled() => return,
-                r = lease.renew(duration) => r,
+                r = tokio::time::timeout(bound, lease.renew(duration)) => r,
             };
-            match renewed {
-                Ok(until) => {
+            let (failure, retryable) = match renewed {
+                Ok(Ok(until)) => {
+                    held_until = call_started + duration;
                     s.renewals.fetch_add(1, Ordering::SeqCst);
                     metrics::counter!(crate::metrics::LEASE_RENEWALS, "consumer" => consumer.clone())
                         .increment(1);
                     tracing::debug!(consumer, %until, "lease renewed");
+                    continue;
                 }
-                Err(e) => {
-                    if c.is_cancelled() {
-                        return;
-                    }
-                    // A transient failure (throttling, a lost answer) is retried on the next tick while the
-                    // lease may still be ours; a lost lock, or a lease that has run out, ends the keeper.
-                    let still_held = lease.expires_at().is_none_or(|t| t > chrono::Utc::now());
-                    if e.is_retryable() && still_held {
-                        tracing::warn!(consumer, error = %e, "lease renewal failed transiently; retrying on the next tick");
-                        continue;
-                    }
-                    s.lost.store(true, Ordering::SeqCst);
-                    metrics::counter!(crate::metrics::LEASE_LOST, "consumer" => consumer.clone())
-                        .increment(1);
-                    tracing::warn!(consumer, error = %e, "lease renewal failed; lock presumed lost, a redelivery will be absorbed by the inbox");
-                    return;
+                Ok(Err(e)) => (e.to_string(), e.is_retryable()),
+                Err(_) => {
+                    retry_now = true;
+                    let waited = bound.as_millis();
+                    (
+                        format!("the broker did not answer the renewal within {waited} ms"),
+                        true,
+                    )
                 }
+            };
+            if c.is_cancelled() {
+                return;
             }
+            // A transient failure (throttling, a lost answer, no answer in time) is retried while the lease may
+            // still be ours; a lost lock, or a lease that has run out, ends the keeper.
+            let still_held = tokio::time::Instant::now() < held_until
+                && lease.expires_at().is_none_or(|t| t > chrono::Utc::now());
+            if retryable && still_held {
+                tracing::warn!(consumer, error = %failure, "lease renewal failed transiently; retrying");
+                continue;
+            }
+            s.lost.store(true, Ordering::SeqCst);
+            metrics::counter!(crate::metrics::LEASE_LOST, "consumer" => consumer.clone())
+                .increment(1);
+            tracing::warn!(consumer, error = %failure, "lease renewal failed; lock presumed lost, a redelivery will be absorbed by the inbox");
+            return;
         }
     });
     LeaseGuard { cancel, state }
@@ -190,7 +217,7 @@ mod tests {
         assert_eq!(renewal_interval(Duration::ZERO), MIN_RENEWAL_INTERVAL);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn transient_failures_are_retried_and_a_lost_lock_ends_the_keeper() {
         // Popped from the end: ok, throttled, ok, lost.
         let lease = Arc::new(Scripted(Mutex::new(vec![
@@ -206,7 +233,7 @@ mod tests {
         assert_eq!(g.renewals(), 2);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn stopping_is_not_a_lost_lease() {
         let lease = Arc::new(Scripted(Mutex::new(vec![])));
         let g = keep_alive(lease, fast(), "t".into());
@@ -224,5 +251,44 @@ mod tests {
             "{} after {renewed}",
             g.renewals()
         );
+    }
+
+    /// A broker whose renewal call never answers; counts the calls.
+    struct Hangs(AtomicU32);
+
+    impl Lease for Hangs {
+        fn duration(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        fn expires_at(&self) -> Option<DateTime<Utc>> {
+            None
+        }
+        fn renew(&self, _: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_that_never_answers_is_retried_and_the_lease_is_lost_when_it_runs_out() {
+        let lease = Arc::new(Hangs(AtomicU32::new(0)));
+        let g = keep_alive(lease.clone(), fast(), "t".into());
+        // The first renewal starts at 10 s (a third of 30 s) and hangs.
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        assert_eq!(lease.0.load(Ordering::SeqCst), 1);
+        assert!(!g.lost(), "the lease still has 15 s left");
+        // Given up at 20 s, when the next renewal was due: retried at once.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            lease.0.load(Ordering::SeqCst),
+            2,
+            "retried at the next tick"
+        );
+        assert!(!g.lost(), "the lease still has 5 s left");
+        // The lease received at 0 s runs out at 30 s with no renewal: lost then, not whenever the call returns.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(g.lost(), "no renewal answered within the lease");
+        assert_eq!(g.renewals(), 0);
+        assert_eq!(lease.0.load(Ordering::SeqCst), 2, "the keeper has ended");
     }
 }
