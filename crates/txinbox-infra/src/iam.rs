@@ -37,6 +37,10 @@ pub(crate) struct Statement {
     pub(crate) not_resources: bool,
     /// A `Condition`: whether it applies depends on the request, so a Deny with one is not taken as denying.
     pub(crate) conditional: bool,
+    /// Why its `actions` or `resources` cannot be resolved statically (a variable without a default, ...):
+    /// it is then read as covering every action (resource) and only ever makes a grant uncertain, never
+    /// a clean pass nor a violation.
+    pub(crate) unresolved: Option<String>,
 }
 
 impl Statement {
@@ -51,19 +55,67 @@ impl Statement {
     }
 }
 
+/// Whether a policy grants an action on a resource, as far as what was read tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// An Allow statement covers it and no Deny statement without a condition does.
+    Granted,
+    /// Not granted (no Allow covers it, or a Deny without a condition does).
+    Refused,
+    /// A statement whose actions or resources cannot be resolved statically may grant (an Allow) or
+    /// deny (a Deny) it: why.
+    Unresolved(String),
+}
+
 /// Whether `policy` lets its holder call `action` on what `names` recognises: an Allow statement covers it and
 /// no Deny statement without a condition does. AWS IAM: "If policies that apply to a request include an
 /// `Allow` statement and a `Deny` statement, the `Deny` statement trumps the `Allow` statement. The request is
 /// explicitly denied." A Deny with a condition (`aws:SecureTransport`, ...) is not taken as denying, since
-/// whether it applies depends on the request.
-pub(crate) fn allows(policy: &Policy<'_>, action: &str, names: impl Fn(&str) -> bool) -> bool {
+/// whether it applies depends on the request. A statement that cannot be resolved makes the answer
+/// [`Grant::Unresolved`] where it would decide it.
+pub(crate) fn grant(policy: &Policy<'_>, action: &str, names: impl Fn(&str) -> bool) -> Grant {
     let covers = |s: &Statement| s.covers_action(action) && s.covers_resource(&names);
-    policy.statements.iter().any(|s| s.allow && covers(s))
-        && !policy
-            .statements
-            .iter()
-            .any(|s| !s.allow && !s.conditional && covers(s))
+    let denies = |s: &&Statement| !s.allow && !s.conditional && covers(s);
+    if policy
+        .statements
+        .iter()
+        .filter(denies)
+        .any(|s| s.unresolved.is_none())
+    {
+        return Grant::Refused;
+    }
+    let maybe_denied = policy.statements.iter().filter(denies).find_map(|s| {
+        s.unresolved
+            .as_ref()
+            .map(|why| format!("a Deny statement may refuse it: {why}"))
+    });
+    let allows = |s: &&Statement| s.allow && covers(s);
+    if policy
+        .statements
+        .iter()
+        .filter(allows)
+        .any(|s| s.unresolved.is_none())
+    {
+        return maybe_denied.map_or(Grant::Granted, Grant::Unresolved);
+    }
+    match policy
+        .statements
+        .iter()
+        .filter(allows)
+        .find_map(|s| s.unresolved.clone())
+    {
+        Some(why) => Grant::Unresolved(format!("an Allow statement may grant it: {why}")),
+        None => Grant::Refused,
+    }
 }
+
+/// Whether `policy` surely lets its holder call `action` on what `names` recognises ([`Grant::Granted`]).
+pub(crate) fn allows(policy: &Policy<'_>, action: &str, names: impl Fn(&str) -> bool) -> bool {
+    grant(policy, action, names) == Grant::Granted
+}
+
+/// The ARN pattern an unresolved `actions`/`resources` is read as: it may cover anything.
+const ANYTHING: &str = "*";
 
 /// A policy read from what was checked.
 pub(crate) struct Policy<'a> {
@@ -126,6 +178,7 @@ fn json_statements(text: &str) -> Option<Vec<Statement>> {
                     conditional: s
                         .get("Condition")
                         .is_some_and(|c| c.as_object().is_none_or(|o| !o.is_empty())),
+                    unresolved: None,
                 }
             })
             .collect(),
@@ -155,6 +208,7 @@ fn object_statement(value: &Value) -> Option<Statement> {
         conditional: map.get("condition").is_some_and(|c| {
             !matches!(c, Value::Null) && c.as_array().is_none_or(|a| !a.is_empty())
         }),
+        unresolved: None,
     })
 }
 
@@ -165,7 +219,8 @@ pub(crate) fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
         if r.mode == "data." && r.kind == "aws_iam_policy_document" {
             let mut statements = Vec::new();
             // A `dynamic "statement"` counts when its for_each is known and not empty (its content's
-            // references to the iterator are not known and match nothing); an unknown for_each is left out.
+            // references to the iterator are not known: the statement is unresolved); an unknown for_each is
+            // left out.
             let made = |b: &crate::terraform::NestedBlock| {
                 !b.dynamic
                     || match module.resolve_attr(r.scope, b.for_each.as_ref()) {
@@ -189,29 +244,60 @@ pub(crate) fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
                     Resolved::Known { value, .. } => Some(value),
                     _ => None,
                 };
-                let listed = |key| get(key).map(|v| strings(&v)).unwrap_or_default();
+                let mut unresolved = None;
+                // An unresolved list is read as covering everything (see `Statement::unresolved`).
+                let mut listed =
+                    |key: &str| match module.resolve_attr(r.scope, block.attrs.get(key)) {
+                        Resolved::Known { value, .. } => strings(&value),
+                        Resolved::Missing => Vec::new(),
+                        Resolved::Unknown { line, why, .. } => {
+                            unresolved.get_or_insert_with(|| {
+                                format!(
+                                    "{}:{line}: {key} of {} cannot be resolved statically ({why})",
+                                    module.files[r.at.file].name(),
+                                    r.address()
+                                )
+                            });
+                            vec![ANYTHING.to_owned()]
+                        }
+                    };
                 let not_actions =
                     !block.attrs.contains_key("actions") && block.attrs.contains_key("not_actions");
                 let not_resources = !block.attrs.contains_key("resources")
                     && block.attrs.contains_key("not_resources");
+                let actions = if not_actions {
+                    listed("not_actions")
+                } else {
+                    listed("actions")
+                };
+                let resources = if not_resources {
+                    listed("not_resources")
+                } else {
+                    listed("resources")
+                };
+                // Unresolved: a NotAction/NotResource list is read as covering everything too (the statement
+                // may then cover anything, which only ever makes a grant uncertain).
+                let any = || vec![ANYTHING.to_owned()];
+                let (actions, not_actions, resources, not_resources) = match unresolved {
+                    Some(_) => (
+                        if not_actions { any() } else { actions },
+                        false,
+                        if not_resources { any() } else { resources },
+                        false,
+                    ),
+                    None => (actions, not_actions, resources, not_resources),
+                };
                 statements.push(Statement {
                     allow: get("effect")
                         .and_then(|v| v.as_str().map(str::to_owned))
                         .as_deref()
                         != Some("Deny"),
-                    actions: listed(if not_actions {
-                        "not_actions"
-                    } else {
-                        "actions"
-                    }),
+                    actions,
                     not_actions,
-                    resources: listed(if not_resources {
-                        "not_resources"
-                    } else {
-                        "resources"
-                    }),
+                    resources,
                     not_resources,
                     conditional: block.children.iter().any(|c| c == "condition"),
+                    unresolved,
                 });
             }
             if let Resolved::Known {
@@ -276,39 +362,94 @@ pub(crate) fn glob(pattern: &str, text: &str, case_insensitive: bool) -> bool {
     p[pi..].iter().all(|c| *c == '*')
 }
 
-/// The strings a policy resource may use to name `queue`: its ARN placeholder, its known ARN, or an ARN
-/// pattern ending in its name.
-fn names_queue(c: &Checker<'_>, pattern: &str, queue: &Resource) -> bool {
-    if pattern == placeholder(&queue.address(), "arn") || pattern == "*" {
-        return true;
-    }
-    let known = |key| match c.module.resolve(queue, key) {
+fn known_string(c: &Checker<'_>, resource: &Resource, key: &str) -> Option<String> {
+    match c.module.resolve(resource, key) {
         Resolved::Known {
             value: Value::String(s),
             ..
-        } => Some(s),
+        } if referenced_resource(&s).is_none() => Some(s),
         _ => None,
-    };
-    if let Some(arn) = known("arn").filter(|a| referenced_resource(a).is_none()) {
-        if glob(pattern, &arn, false) {
+    }
+}
+
+/// Whether a policy's resource pattern names `resource`'s ARN followed by `suffix` (`/index/NAME` for a
+/// DynamoDB index, empty otherwise): its ARN placeholder (also inside a pattern, `"${aws_sqs_queue.q.arn}*"`),
+/// its known ARN, or a literal ARN pattern `arn:PARTITION:SERVICE:REGION:ACCOUNT:{prefix}NAME{suffix}`
+/// matched on the service and the name (the region and the account are not known statically). AWS IAM: "You
+/// can use wildcard characters (* and ?) within the individual segments of an ARN (the parts separated by
+/// colons)"; `*` also matches `*`.
+pub(crate) fn names_arn(
+    c: &Checker<'_>,
+    pattern: &str,
+    resource: &Resource,
+    service: &str,
+    prefix: &str,
+    suffix: &str,
+) -> bool {
+    if glob(
+        pattern,
+        &format!("{}{suffix}", placeholder(&resource.address(), "arn")),
+        false,
+    ) {
+        return true;
+    }
+    if let Some(arn) = known_string(c, resource, "arn") {
+        if glob(pattern, &format!("{arn}{suffix}"), false) {
             return true;
         }
     }
-    // A literal ARN or ARN pattern: `arn:PARTITION:sqs:REGION:ACCOUNT:NAME`, matched on the service and the
-    // queue's name (the region and the account are not known statically).
     let parts: Vec<&str> = pattern.splitn(6, ':').collect();
-    known("name")
-        .filter(|n| referenced_resource(n).is_none())
-        .is_some_and(|name| {
-            parts.len() == 6
-                && parts[0] == "arn"
-                && glob(parts[2], "sqs", false)
-                && glob(parts[5], &name, false)
-        })
+    known_string(c, resource, "name").is_some_and(|name| {
+        parts.len() == 6
+            && parts[0] == "arn"
+            && glob(parts[2], service, false)
+            && glob(parts[5], &format!("{prefix}{name}{suffix}"), false)
+    })
 }
 
-fn grants(c: &Checker<'_>, policy: &Policy<'_>, action: &str, queue: &Resource) -> bool {
-    allows(policy, action, |r| names_queue(c, r, queue))
+/// The actions of `needed` that `policy` does not grant on what `names` recognises, and those it may or may
+/// not grant (a statement that cannot be resolved decides), with why.
+pub(crate) fn lacking<'n>(
+    policy: &Policy<'_>,
+    needed: &[&'n str],
+    names: impl Fn(&str) -> bool,
+) -> (Vec<&'n str>, Vec<(&'n str, String)>) {
+    let mut refused = Vec::new();
+    let mut uncertain = Vec::new();
+    for action in needed {
+        match grant(policy, action, &names) {
+            Grant::Granted => {}
+            Grant::Refused => refused.push(*action),
+            Grant::Unresolved(why) => uncertain.push((*action, why)),
+        }
+    }
+    (refused, uncertain)
+}
+
+/// Advice for the actions a worker's policy may not grant: `uncertain` from [`lacking`], on `on`.
+pub(crate) fn uncertain_advice(
+    c: &mut Checker<'_>,
+    policy: &Policy<'_>,
+    on: &str,
+    uncertain: &[(&str, String)],
+) {
+    let mut whys: Vec<&str> = uncertain.iter().map(|(_, w)| w.as_str()).collect();
+    whys.dedup();
+    if uncertain.is_empty() {
+        return;
+    }
+    c.advice.push(format!(
+        "{}: {}: whether this policy grants {} on {on} is not known statically ({}); check it does, the worker calls them",
+        c.place(policy.holder),
+        policy.holder.address(),
+        uncertain.iter().map(|(a, _)| *a).collect::<Vec<_>>().join(", "),
+        whys.join("; ")
+    ));
+}
+
+/// Whether a policy resource pattern names `queue`.
+fn names_queue(c: &Checker<'_>, pattern: &str, queue: &Resource) -> bool {
+    names_arn(c, pattern, queue, "sqs", "", "")
 }
 
 pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
@@ -322,12 +463,23 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
             .dlq_of
             .get(&address)
             .and_then(|d| topology.queues.iter().find(|q| q.address() == *d));
+        let receive = |p: &Policy<'_>| grant(p, "sqs:ReceiveMessage", |r| names_queue(c, r, queue));
         let workers: Vec<&Policy<'_>> = policies
             .iter()
-            .filter(|p| grants(c, p, "sqs:ReceiveMessage", queue))
+            .filter(|p| receive(p) == Grant::Granted)
             .collect();
+        let maybe: Vec<(&Policy<'_>, String)> = policies
+            .iter()
+            .filter_map(|p| match receive(p) {
+                Grant::Unresolved(why) => Some((p, why)),
+                _ => None,
+            })
+            .collect();
+        for (policy, why) in &maybe {
+            uncertain_advice(c, policy, &address, &[("sqs:ReceiveMessage", why.clone())]);
+        }
         if workers.is_empty() {
-            if !policies.is_empty() {
+            if !policies.is_empty() && maybe.is_empty() {
                 c.advice.push(format!(
                     "{}: {address}: no IAM policy in what was read grants sqs:ReceiveMessage on this queue, so the worker's permissions are not checked (the worker needs {} on it{})",
                     c.place(queue),
@@ -339,24 +491,20 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
         }
         for policy in workers {
             let mut missing = Vec::new();
-            let on_queue: Vec<&str> = SQS_WORKER_QUEUE_ACTIONS
-                .into_iter()
-                .filter(|a| !grants(c, policy, a, queue))
-                .collect();
+            let (on_queue, uncertain) = lacking(policy, &SQS_WORKER_QUEUE_ACTIONS, |r| {
+                names_queue(c, r, queue)
+            });
+            uncertain_advice(c, policy, &address, &uncertain);
             if !on_queue.is_empty() {
                 missing.push(format!("{} on {address}", on_queue.join(", ")));
             }
             if let Some(dlq) = dlq {
-                let on_dlq: Vec<&str> = SQS_WORKER_DLQ_ACTIONS
-                    .into_iter()
-                    .filter(|a| !grants(c, policy, a, dlq))
-                    .collect();
+                let (on_dlq, uncertain) =
+                    lacking(policy, &SQS_WORKER_DLQ_ACTIONS, |r| names_queue(c, r, dlq));
+                let shown = format!("the dead-letter queue {}", dlq.address());
+                uncertain_advice(c, policy, &shown, &uncertain);
                 if !on_dlq.is_empty() {
-                    missing.push(format!(
-                        "{} on the dead-letter queue {}",
-                        on_dlq.join(", "),
-                        dlq.address()
-                    ));
+                    missing.push(format!("{} on {shown}", on_dlq.join(", ")));
                 }
             }
             if !missing.is_empty() {

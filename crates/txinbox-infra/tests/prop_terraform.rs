@@ -156,6 +156,8 @@ fn wide_value() -> impl Strategy<Value = String> {
         Just("aws_servicebus_queue.q.id".to_owned()),
         Just("[\"dynamodb:*\", \"sqs:Receive?essage\", \"\"]".to_owned()),
         Just("\"arn:aws:sqs:*:*:*\"".to_owned()),
+        Just("[\"${aws_sqs_queue.q.arn}*\", var.missing]".to_owned()),
+        Just("\"${aws_sqs_queue.dlq.arn}?\"".to_owned()),
         Just("\"arn:::::\"".to_owned()),
         "\"[A-Za-z:*?/.-]{0,12}\"",
     ]

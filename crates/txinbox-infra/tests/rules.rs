@@ -951,3 +951,90 @@ fn dead_letter_queue_given_by_a_literal_arn() {
         v.message
     );
 }
+
+/// A Resource given as an ARN pattern names the queue (AWS IAM: "You can use wildcard characters (* and ?)
+/// within the individual segments of an ARN"): `"${aws_sqs_queue.main.arn}*"`, `arn:aws:sqs:*:*:NAME`, `*`.
+#[test]
+fn worker_policy_with_arn_patterns() {
+    let dir = copy_of(&aws_sample(), "iam-arn-pattern");
+    dir.edit(
+        "iam.tf",
+        "resources = [aws_sqs_queue.main.arn]\n  }\n\n  statement {\n    sid       = \"ForwardToDeadLetterQueue\"",
+        "resources = [\"${aws_sqs_queue.main.arn}*\"]\n  }\n\n  statement {\n    sid       = \"ForwardToDeadLetterQueue\"",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        !report.advice.iter().any(|a| a.contains("no IAM policy")),
+        "{:#?}",
+        report.advice
+    );
+    // The pattern is read as naming the queue: a missing action on it is found.
+    dir.edit("iam.tf", "      \"sqs:DeleteMessage\",\n", "");
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction, "{v}");
+    assert!(
+        v.message
+            .contains("does not grant sqs:DeleteMessage on aws_sqs_queue.main"),
+        "{}",
+        v.message
+    );
+    for pattern in [r#""arn:aws:sqs:*:*:txinbox-orders.fifo""#, r#""*""#] {
+        let text = dir
+            .read("iam.tf")
+            .replace(r#""${aws_sqs_queue.main.arn}*""#, pattern);
+        let dir = copy_of(&aws_sample(), "iam-arn-pattern-2");
+        dir.write("iam.tf", &text);
+        let v = only_violation(&dir, &WorkerSettings::default());
+        assert!(
+            v.message
+                .contains("does not grant sqs:DeleteMessage on aws_sqs_queue.main"),
+            "{pattern}: {}",
+            v.message
+        );
+    }
+}
+
+/// A Resource that cannot be resolved statically (a variable without a default) may or may not name the
+/// queue: neither a violation nor a clean pass, but advice saying what is not known.
+#[test]
+fn worker_policy_with_an_unresolved_resource() {
+    let dir = copy_of(&aws_sample(), "iam-unresolved");
+    dir.edit(
+        "iam.tf",
+        "resources = [aws_sqs_queue.dlq.arn]",
+        "resources = [var.dlq_arn]",
+    );
+    let text = dir.read("variables.tf") + "\nvariable \"dlq_arn\" {\n  type = string\n}\n";
+    dir.write("variables.tf", &text);
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "data.aws_iam_policy_document.worker: whether this policy grants sqs:SendMessage, sqs:GetQueueUrl, sqs:GetQueueAttributes on the dead-letter queue aws_sqs_queue.dlq is not known statically (an Allow statement may grant it: iam.tf:"
+        ) && a.contains("resources of data.aws_iam_policy_document.worker cannot be resolved statically")),
+        "{:#?}",
+        report.advice
+    );
+
+    // A Deny whose resource cannot be resolved makes a granted action uncertain, not refused.
+    dir.edit(
+        "iam.tf",
+        "resources = [var.dlq_arn]",
+        "resources = [aws_sqs_queue.dlq.arn]",
+    );
+    dir.edit(
+        "iam.tf",
+        "    resources = [aws_sqs_queue.dlq.arn]\n  }\n",
+        "    resources = [aws_sqs_queue.dlq.arn]\n  }\n  statement {\n    effect    = \"Deny\"\n    actions   = [\"sqs:DeleteMessage\"]\n    resources = [var.dlq_arn]\n  }\n",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "whether this policy grants sqs:DeleteMessage on aws_sqs_queue.main is not known statically (a Deny statement may refuse it"
+        )),
+        "{:#?}",
+        report.advice
+    );
+}

@@ -1,9 +1,9 @@
 //! The worker's IAM policy on the inbox table and its indexes: every action the store calls, no other.
 
-use super::{known_string, DYNAMODB_WORKER_INDEX_ACTIONS, DYNAMODB_WORKER_TABLE_ACTIONS, INDEXES};
-use crate::iam::{allows, glob, Policy};
+use super::{DYNAMODB_WORKER_INDEX_ACTIONS, DYNAMODB_WORKER_TABLE_ACTIONS, INDEXES};
+use crate::iam::{allows, glob, lacking, names_arn, uncertain_advice, Policy};
 use crate::rules::Checker;
-use crate::terraform::{placeholder, Resource};
+use crate::terraform::Resource;
 use crate::RuleId;
 
 /// Actions a worker must not have on the inbox table: the too-broad finding says what each would let the worker
@@ -18,28 +18,9 @@ const FORBIDDEN: [&str; 6] = [
 ];
 
 /// Whether a policy's resource pattern names the table (`suffix` empty) or one of its indexes
-/// (`suffix` = `/index/NAME`): the ARN placeholder (also inside `"${...arn}/index/*"`), a known ARN, or
-/// a literal ARN pattern `arn:PARTITION:dynamodb:REGION:ACCOUNT:table/NAME[/index/INDEX]`.
+/// (`suffix` = `/index/NAME`), as [`names_arn`] reads it (`arn:PARTITION:dynamodb:REGION:ACCOUNT:table/NAME`).
 fn names_table(c: &Checker<'_>, pattern: &str, table: &Resource, suffix: &str) -> bool {
-    if glob(
-        pattern,
-        &format!("{}{suffix}", placeholder(&table.address(), "arn")),
-        false,
-    ) {
-        return true;
-    }
-    if let Some(arn) = known_string(c, table, "arn") {
-        if glob(pattern, &format!("{arn}{suffix}"), false) {
-            return true;
-        }
-    }
-    let parts: Vec<&str> = pattern.splitn(6, ':').collect();
-    known_string(c, table, "name").is_some_and(|name| {
-        parts.len() == 6
-            && parts[0] == "arn"
-            && glob(parts[2], "dynamodb", false)
-            && glob(parts[5], &format!("table/{name}{suffix}"), false)
-    })
+    names_arn(c, pattern, table, "dynamodb", "table/", suffix)
 }
 
 fn grants(
@@ -80,18 +61,23 @@ pub(super) fn check_policies(c: &mut Checker<'_>, table: &Resource, policies: &[
     }
     for policy in workers {
         let mut missing = Vec::new();
-        let on_table: Vec<&str> = DYNAMODB_WORKER_TABLE_ACTIONS
-            .into_iter()
-            .filter(|a| !grants(c, policy, a, table, ""))
-            .collect();
+        let (on_table, uncertain) = lacking(policy, &DYNAMODB_WORKER_TABLE_ACTIONS, |r| {
+            names_table(c, r, table, "")
+        });
+        uncertain_advice(c, policy, &address, &uncertain);
         if !on_table.is_empty() {
             missing.push(format!("{} on {address}", on_table.join(", ")));
         }
         for (index, suffix) in INDEXES.iter().zip(&index_suffixes) {
-            let on_index: Vec<&str> = DYNAMODB_WORKER_INDEX_ACTIONS
-                .into_iter()
-                .filter(|a| !grants(c, policy, a, table, suffix))
-                .collect();
+            let (on_index, uncertain) = lacking(policy, &DYNAMODB_WORKER_INDEX_ACTIONS, |r| {
+                names_table(c, r, table, suffix)
+            });
+            uncertain_advice(
+                c,
+                policy,
+                &format!("its index {} (TABLE_ARN/index/{})", index.name, index.name),
+                &uncertain,
+            );
             if !on_index.is_empty() {
                 missing.push(format!(
                     "{} on its index {} (TABLE_ARN/index/{})",
@@ -113,7 +99,11 @@ pub(super) fn check_policies(c: &mut Checker<'_>, table: &Resource, policies: &[
             );
         }
         let mut broad: Vec<String> = Vec::new();
-        for s in policy.statements.iter().filter(|s| s.allow) {
+        for s in policy
+            .statements
+            .iter()
+            .filter(|s| s.allow && s.unresolved.is_none())
+        {
             let on_table = s.covers_resource(|r| names_table(c, r, table, ""))
                 || index_suffixes
                     .iter()
