@@ -463,6 +463,9 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
             .dlq_of
             .get(&address)
             .and_then(|d| topology.queues.iter().find(|q| q.address() == *d));
+        // A dead-letter queue given as a literal ARN (it lives elsewhere): the worker's actions on it are
+        // checked against that ARN, with the same wildcards.
+        let external = topology.external_dlq.get(&address);
         let receive = |p: &Policy<'_>| grant(p, "sqs:ReceiveMessage", |r| names_queue(c, r, queue));
         let workers: Vec<&Policy<'_>> = policies
             .iter()
@@ -484,7 +487,7 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
                     "{}: {address}: no IAM policy in what was read grants sqs:ReceiveMessage on this queue, so the worker's permissions are not checked (the worker needs {} on it{})",
                     c.place(queue),
                     SQS_WORKER_QUEUE_ACTIONS.join(", "),
-                    if dlq.is_some() { format!(" and {} on its dead-letter queue", SQS_WORKER_DLQ_ACTIONS.join(", ")) } else { String::new() }
+                    if dlq.is_some() || external.is_some() { format!(" and {} on its dead-letter queue", SQS_WORKER_DLQ_ACTIONS.join(", ")) } else { String::new() }
                 ));
             }
             continue;
@@ -498,10 +501,18 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
             if !on_queue.is_empty() {
                 missing.push(format!("{} on {address}", on_queue.join(", ")));
             }
-            if let Some(dlq) = dlq {
-                let (on_dlq, uncertain) =
-                    lacking(policy, &SQS_WORKER_DLQ_ACTIONS, |r| names_queue(c, r, dlq));
-                let shown = format!("the dead-letter queue {}", dlq.address());
+            let on_dlq = match (dlq, external) {
+                (Some(dlq), _) => Some((
+                    format!("the dead-letter queue {}", dlq.address()),
+                    lacking(policy, &SQS_WORKER_DLQ_ACTIONS, |r| names_queue(c, r, dlq)),
+                )),
+                (None, Some(arn)) => Some((
+                    format!("the dead-letter queue {arn}"),
+                    lacking(policy, &SQS_WORKER_DLQ_ACTIONS, |r| glob(r, arn, false)),
+                )),
+                (None, None) => None,
+            };
+            if let Some((shown, (on_dlq, uncertain))) = on_dlq {
                 uncertain_advice(c, policy, &shown, &uncertain);
                 if !on_dlq.is_empty() {
                     missing.push(format!("{} on {shown}", on_dlq.join(", ")));

@@ -919,6 +919,12 @@ fn dead_letter_queue_given_by_a_literal_arn() {
         "    deadLetterTargetArn = aws_sqs_queue.dlq.arn\n",
         "    deadLetterTargetArn = \"arn:aws:sqs:eu-west-1:123456789012:orders-dlq.fifo\"\n",
     );
+    // The worker's policy names that queue (its actions on it are checked, see below).
+    dir.edit(
+        "iam.tf",
+        "resources = [aws_sqs_queue.dlq.arn]",
+        "resources = [\"arn:aws:sqs:eu-west-1:123456789012:orders-dlq.fifo\"]",
+    );
     let settings =
         WorkerSettings::from_toml_str("[sqs]\nidentity = \"deduplication-id\"\n").unwrap();
     let v = only_violation(&dir, &settings);
@@ -941,6 +947,7 @@ fn dead_letter_queue_given_by_a_literal_arn() {
 
     // Not a FIFO queue.
     dir.edit("main.tf", "orders-dlq.fifo\"", "orders-dlq\"");
+    dir.edit("iam.tf", "orders-dlq.fifo\"", "orders-dlq\"");
     let v = only_violation(&dir, &WorkerSettings::default());
     assert_eq!(v.rule, RuleId::SqsFifoMissingRedrive, "{v}");
     assert!(
@@ -1037,4 +1044,41 @@ fn worker_policy_with_an_unresolved_resource() {
         "{:#?}",
         report.advice
     );
+}
+
+/// A dead-letter queue given as a literal ARN: the worker's actions on it are checked against that ARN.
+#[test]
+fn worker_policy_on_a_dead_letter_queue_given_by_a_literal_arn() {
+    let dir = copy_of(&aws_sample(), "external-dlq-iam");
+    let arn = "arn:aws:sqs:eu-west-1:123456789012:orders-dlq.fifo";
+    dir.edit(
+        "main.tf",
+        "    deadLetterTargetArn = aws_sqs_queue.dlq.arn\n",
+        &format!("    deadLetterTargetArn = \"{arn}\"\n"),
+    );
+    // The policy still names the sample's own dead-letter queue, not the one the queue moves messages to.
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction, "{v}");
+    assert!(
+        v.message.contains(&format!(
+            "does not grant sqs:SendMessage, sqs:GetQueueUrl, sqs:GetQueueAttributes on the dead-letter queue {arn}"
+        )),
+        "{}",
+        v.message
+    );
+    // Named by the same ARN, or by a pattern matching it: clean.
+    for resource in [
+        format!("\"{arn}\""),
+        "\"arn:aws:sqs:*:123456789012:orders-dlq*\"".to_owned(),
+    ] {
+        let text = dir.read("iam.tf").replace(
+            "resources = [aws_sqs_queue.dlq.arn]",
+            &format!("resources = [{resource}]"),
+        );
+        let other = copy_of(&aws_sample(), "external-dlq-iam-2");
+        other.write("main.tf", &dir.read("main.tf"));
+        other.write("iam.tf", &text);
+        let report = check_dir(other.path(), &WorkerSettings::default()).unwrap();
+        assert!(report.is_clean(), "{resource}: {:#?}", report.violations);
+    }
 }
