@@ -98,6 +98,11 @@ pub const RECEIVE_ERRORS: &str = "txinbox_receive_errors_total";
 /// at the worker's concurrency all the time means the worker is saturated (gauge).
 pub const WORKER_DELIVERIES: &str = "txinbox_worker_deliveries";
 
+/// Deliveries a worker abandoned at shutdown, by `consumer`: still in flight `SHUTDOWN_GRACE` after the shutdown
+/// deadline (a store or broker call that did not answer), dropped where they waited as a SIGKILL would. They come
+/// back after their lock or visibility timeout (a committed one as a duplicate); `WorkerReport::abandoned`.
+pub const DELIVERIES_ABANDONED: &str = "txinbox_deliveries_abandoned_total";
+
 /// Registers descriptions for every metric with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
@@ -161,6 +166,10 @@ pub fn describe() {
     describe_gauge!(
         WORKER_DELIVERIES,
         "Deliveries a worker holds, waiting (for a slot or in a lingering batch) or processing"
+    );
+    describe_counter!(
+        DELIVERIES_ABANDONED,
+        "Deliveries abandoned at shutdown, still in flight past the shutdown grace"
     );
     describe_counter!(
         INTERRUPTED,

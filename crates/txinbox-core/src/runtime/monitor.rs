@@ -17,7 +17,7 @@
 //!         .run_until(txinbox_core::shutdown_signal())
 //!         .await;
 //!     println!("{report}");
-//!     report.exit_code() // 3 when the worker gave up
+//!     report.exit_code() // 3 when the worker gave up, 4 when it abandoned deliveries at shutdown
 //! }
 //! ```
 //!
@@ -79,24 +79,36 @@ pub struct MonitorReport {
 }
 
 impl MonitorReport {
-    /// Whether every part ended as asked: `false` when a worker gave up.
+    /// Whether every part ended as asked: `false` when a worker gave up, or when a worker abandoned deliveries
+    /// at shutdown ([`WorkerReport::abandoned`]: still in flight past the shutdown grace, a store or broker call
+    /// that did not answer). Abandoned deliveries are not lost (they come back after their lock or visibility
+    /// timeout), but the shutdown did not settle them, and a hung call is worth a look.
     pub fn ok(&self) -> bool {
-        self.workers.iter().all(|w| w.gave_up.is_none())
+        self.workers
+            .iter()
+            .all(|w| w.gave_up.is_none() && w.abandoned == 0)
     }
 
-    /// The process's exit status: success, or 3 when the worker gave up (receives kept failing with an error a
-    /// retry cannot fix), so that a supervisor sees it.
+    /// The process's exit status, so that a supervisor sees what [`ok`](Self::ok) says: success,
+    /// [`EXIT_GAVE_UP`] (3) when a worker gave up (receives kept failing with an error a retry cannot fix), else
+    /// [`EXIT_ABANDONED`] (4) when a worker abandoned deliveries at shutdown.
     pub fn exit_code(&self) -> std::process::ExitCode {
-        if self.ok() {
+        if self.workers.iter().any(|w| w.gave_up.is_some()) {
+            std::process::ExitCode::from(EXIT_GAVE_UP)
+        } else if self.ok() {
             std::process::ExitCode::SUCCESS
         } else {
-            std::process::ExitCode::from(EXIT_GAVE_UP)
+            std::process::ExitCode::from(EXIT_ABANDONED)
         }
     }
 }
 
 /// The exit status of a process whose worker gave up ([`MonitorReport::exit_code`]).
 pub const EXIT_GAVE_UP: u8 = 3;
+
+/// The exit status of a process whose worker abandoned deliveries at shutdown, past the shutdown grace
+/// ([`MonitorReport::exit_code`], [`WorkerReport::abandoned`]).
+pub const EXIT_ABANDONED: u8 = 4;
 
 impl fmt::Display for MonitorReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -406,5 +418,71 @@ mod tests {
         assert_eq!(report.workers[1].total(), 4, "{report}");
         assert_eq!(report.worker.as_ref().map(WorkerReport::total), Some(3));
         assert_eq!(seen.load(Ordering::SeqCst), 7);
+    }
+
+    /// Never answers, whatever the stop (a hung store or broker call).
+    struct Hangs;
+
+    impl<D: Delivery> Processor<D> for Hangs {
+        fn consumer(&self) -> &str {
+            "monitor-hangs"
+        }
+        async fn process(&self, _delivery: D, _stop: CancellationToken) -> Outcome {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_abandons_deliveries_at_shutdown_is_not_ok_and_counts_them() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let q = MemoryQueue::new(crate::broker::mem::QueueOptions {
+            wait: Duration::from_secs(1),
+            visibility_timeout: Duration::from_secs(300),
+            ..Default::default()
+        });
+        q.send(OutgoingMessage::new("m1"));
+        q.send(OutgoingMessage::new("m2"));
+        let q2 = q.clone();
+        let report = Monitor::new()
+            .worker(
+                Worker::new(q.receiver(), Hangs)
+                    .options(WorkerOptions::default().shutdown_timeout(Duration::from_secs(5))),
+            )
+            .run_until(async move {
+                while q2.state().in_flight < 2 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+        assert_eq!(report.worker.as_ref().unwrap().abandoned, 2, "{report}");
+        assert!(!report.ok(), "{report}");
+        assert_eq!(
+            report.exit_code(),
+            std::process::ExitCode::from(EXIT_ABANDONED)
+        );
+        let abandoned: Vec<_> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == crate::metrics::DELIVERIES_ABANDONED)
+            .map(|(k, _, _, v)| {
+                (
+                    k.key()
+                        .labels()
+                        .map(|l| l.value().to_owned())
+                        .collect::<Vec<_>>(),
+                    v,
+                )
+            })
+            .collect();
+        assert_eq!(
+            abandoned,
+            vec![(
+                vec!["monitor-hangs".to_owned()],
+                metrics_util::debugging::DebugValue::Counter(2)
+            )]
+        );
     }
 }

@@ -346,6 +346,8 @@ where
                     .unwrap_or_else(|p| p.into_inner())
                     .abandon();
                 dispatch.abandon.cancel();
+                metrics::counter!(crate::metrics::DELIVERIES_ABANDONED, "consumer" => consumer.clone())
+                    .increment(abandoned);
                 tracing::warn!(
                     consumer,
                     abandoned,

@@ -26,7 +26,8 @@ pub struct WorkerReport {
     /// would have. They have no outcome in [`outcomes`](Self::outcomes): one that had not committed is rolled
     /// back by its database when its connection closes (the process exiting) and comes back after its lock or
     /// visibility timeout; one that had committed comes back the same way and is found as a duplicate. Zero
-    /// when everything in flight answered.
+    /// when everything in flight answered. Also counted in `txinbox_deliveries_abandoned_total`; when it is not
+    /// zero, [`MonitorReport::ok`](crate::MonitorReport::ok) is `false`.
     pub abandoned: u64,
 }
 
@@ -42,11 +43,13 @@ pub(super) struct Tally {
 }
 
 impl Tally {
-    /// Abandons what is in flight: counted in `abandoned`, never in `outcomes`. Returns how many.
+    /// Abandons what is in flight: counted in `abandoned`, never in `outcomes`. Returns how many it abandoned
+    /// now.
     pub(super) fn abandon(&mut self) -> u64 {
         self.closed = true;
-        self.report.abandoned += std::mem::take(&mut self.in_flight);
-        self.report.abandoned
+        let now = std::mem::take(&mut self.in_flight);
+        self.report.abandoned += now;
+        now
     }
 }
 
