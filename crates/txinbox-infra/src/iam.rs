@@ -4,7 +4,7 @@
 use hcl::Value;
 
 use crate::rules::{Checker, SqsTopology};
-use crate::terraform::{placeholder, referenced_resource, Resolved, Resource};
+use crate::terraform::{placeholder, referenced_resource, Module, Resolved, Resource};
 use crate::RuleId;
 
 /// IAM actions the SQS adapter's worker calls on the queue it consumes (`txinbox_sqs::iam::QUEUE_ACTIONS`;
@@ -26,6 +26,8 @@ pub const SQS_WORKER_DLQ_ACTIONS: [&str; 3] = [
 
 /// One statement of a policy.
 pub(crate) struct Statement {
+    /// `Sid` (`sid`): a statement of an override document replaces the one of the same sid.
+    pub(crate) sid: Option<String>,
     pub(crate) allow: bool,
     /// `Action`, or with `not_actions` the `NotAction` list.
     pub(crate) actions: Vec<String>,
@@ -166,6 +168,7 @@ fn json_statements(text: &str) -> Option<Vec<Statement>> {
                 let not_actions = s.get("Action").is_none() && s.get("NotAction").is_some();
                 let not_resources = s.get("Resource").is_none() && s.get("NotResource").is_some();
                 Statement {
+                    sid: s.get("Sid").and_then(|v| v.as_str()).map(str::to_owned),
                     allow: s.get("Effect").and_then(|e| e.as_str()) != Some("Deny"),
                     actions: json_strings(s.get(if not_actions { "NotAction" } else { "Action" })),
                     not_actions,
@@ -200,6 +203,7 @@ fn object_statement(value: &Value) -> Option<Statement> {
         (resources, _) => (resources, false),
     };
     Some(Statement {
+        sid: map.get("sid").and_then(Value::as_str).map(str::to_owned),
         allow: map.get("effect").and_then(Value::as_str) != Some("Deny"),
         actions,
         not_actions,
@@ -212,101 +216,225 @@ fn object_statement(value: &Value) -> Option<Statement> {
     })
 }
 
+/// How deep `source_policy_documents`/`override_policy_documents` are followed (documents built on
+/// documents): past it, the document is reported as unresolved.
+const MAX_DOCUMENT_DEPTH: usize = 4;
+
+/// The statements of a `data "aws_iam_policy_document"`, merged as the AWS provider documents it: the
+/// statements of `source_policy_documents` first ("Statements defined in source_policy_documents must have
+/// unique sids"), the document's own statements replacing a source statement of the same `sid`, then each of
+/// `override_policy_documents` in order ("statements with non-blank sids will override statements with the
+/// same sid from earlier documents in the list. Statements with non-blank sids will also override statements
+/// with the same sid from source_policy_documents. Non-overriding statements will be added to the exported
+/// document"). A document given as another `aws_iam_policy_document` of what was read is followed; one given
+/// as JSON is read; any other is unresolved (it may allow or deny anything).
+fn document_statements(module: &Module, r: &Resource, depth: usize) -> Vec<Statement> {
+    let sources = merged_documents(module, r, "source_policy_documents", depth);
+    let own = own_statements(module, r);
+    let overrides = merged_documents(module, r, "override_policy_documents", depth);
+    let mut statements: Vec<Statement> = sources.into_iter().flatten().collect();
+    merge(&mut statements, own);
+    for document in overrides {
+        merge(&mut statements, document);
+    }
+    statements
+}
+
+/// Adds `later` to `statements`, a statement with a non-blank `sid` replacing the one of the same `sid`.
+fn merge(statements: &mut Vec<Statement>, later: Vec<Statement>) {
+    for statement in later {
+        match statement
+            .sid
+            .as_deref()
+            .filter(|sid| !sid.is_empty())
+            .and_then(|sid| {
+                statements
+                    .iter()
+                    .position(|s| s.sid.as_deref() == Some(sid))
+            }) {
+            Some(i) => statements[i] = statement,
+            None => statements.push(statement),
+        }
+    }
+}
+
+/// A document that cannot be read: an Allow and a Deny of anything, both unresolved.
+fn unresolved_document(why: String) -> Vec<Statement> {
+    [true, false]
+        .into_iter()
+        .map(|allow| Statement {
+            sid: None,
+            allow,
+            actions: vec![ANYTHING.to_owned()],
+            not_actions: false,
+            resources: vec![ANYTHING.to_owned()],
+            not_resources: false,
+            conditional: false,
+            unresolved: Some(why.clone()),
+        })
+        .collect()
+}
+
+/// The documents of `r`'s `key` (`source_policy_documents`, `override_policy_documents`), each as its
+/// statements (source documents all together, as one).
+fn merged_documents(module: &Module, r: &Resource, key: &str, depth: usize) -> Vec<Vec<Statement>> {
+    let place = |line: usize| format!("{}:{line}", module.files[r.at.file].name());
+    let items = match module.resolve(r, key) {
+        Resolved::Missing => return Vec::new(),
+        Resolved::Known {
+            value: Value::Array(items),
+            line,
+            ..
+        } => items.into_iter().map(|v| (v, line)).collect::<Vec<_>>(),
+        Resolved::Known { line, .. } => {
+            return vec![unresolved_document(format!(
+                "{}: {key} of {} is not a list",
+                place(line),
+                r.address()
+            ))]
+        }
+        Resolved::Unknown { line, why, .. } => {
+            return vec![unresolved_document(format!(
+                "{}: {key} of {} cannot be resolved statically ({why})",
+                place(line),
+                r.address()
+            ))]
+        }
+    };
+    let documents = items.into_iter().map(|(item, line)| {
+        let unreadable = |what: &str| {
+            unresolved_document(format!(
+                "{}: {key} of {} names {what}, which is not read",
+                place(line),
+                r.address()
+            ))
+        };
+        let Some(text) = item.as_str() else {
+            return unreadable("a document that is not a string");
+        };
+        match crate::terraform::referenced(text) {
+            Some((address, "json")) => match module.resources.iter().find(|d| {
+                d.mode == "data." && d.kind == "aws_iam_policy_document" && d.address() == address
+            }) {
+                Some(_) if depth >= MAX_DOCUMENT_DEPTH => unreadable(&format!(
+                    "{address}, past {MAX_DOCUMENT_DEPTH} documents deep"
+                )),
+                Some(d) => document_statements(module, d, depth + 1),
+                None => unreadable(address),
+            },
+            Some((address, _)) => unreadable(address),
+            None => json_statements(text)
+                .unwrap_or_else(|| unreadable("a document that is not a JSON policy")),
+        }
+    });
+    if key == "source_policy_documents" {
+        vec![documents.flatten().collect()]
+    } else {
+        documents.collect()
+    }
+}
+
+/// The statements written in `r` itself (`statement` blocks, or a plan's `statement` list).
+fn own_statements(module: &Module, r: &Resource) -> Vec<Statement> {
+    let mut statements = Vec::new();
+    // A `dynamic "statement"` counts when its for_each is known and not empty (its content's
+    // references to the iterator are not known: the statement is unresolved); an unknown for_each is
+    // left out.
+    let made = |b: &crate::terraform::NestedBlock| {
+        !b.dynamic
+            || match module.resolve_attr(r.scope, b.for_each.as_ref()) {
+                Resolved::Known {
+                    value: Value::Array(items),
+                    ..
+                } => !items.is_empty(),
+                Resolved::Known {
+                    value: Value::Object(items),
+                    ..
+                } => !items.is_empty(),
+                _ => false,
+            }
+    };
+    for block in r
+        .blocks
+        .iter()
+        .filter(|b| b.ident == "statement" && made(b))
+    {
+        let get = |key| match module.resolve_attr(r.scope, block.attrs.get(key)) {
+            Resolved::Known { value, .. } => Some(value),
+            _ => None,
+        };
+        let mut unresolved = None;
+        // An unresolved list is read as covering everything (see `Statement::unresolved`).
+        let mut listed = |key: &str| match module.resolve_attr(r.scope, block.attrs.get(key)) {
+            Resolved::Known { value, .. } => strings(&value),
+            Resolved::Missing => Vec::new(),
+            Resolved::Unknown { line, why, .. } => {
+                unresolved.get_or_insert_with(|| {
+                    format!(
+                        "{}:{line}: {key} of {} cannot be resolved statically ({why})",
+                        module.files[r.at.file].name(),
+                        r.address()
+                    )
+                });
+                vec![ANYTHING.to_owned()]
+            }
+        };
+        let not_actions =
+            !block.attrs.contains_key("actions") && block.attrs.contains_key("not_actions");
+        let not_resources =
+            !block.attrs.contains_key("resources") && block.attrs.contains_key("not_resources");
+        let actions = if not_actions {
+            listed("not_actions")
+        } else {
+            listed("actions")
+        };
+        let resources = if not_resources {
+            listed("not_resources")
+        } else {
+            listed("resources")
+        };
+        // Unresolved: a NotAction/NotResource list is read as covering everything too (the statement
+        // may then cover anything, which only ever makes a grant uncertain).
+        let any = || vec![ANYTHING.to_owned()];
+        let (actions, not_actions, resources, not_resources) = match unresolved {
+            Some(_) => (
+                if not_actions { any() } else { actions },
+                false,
+                if not_resources { any() } else { resources },
+                false,
+            ),
+            None => (actions, not_actions, resources, not_resources),
+        };
+        statements.push(Statement {
+            sid: get("sid").and_then(|v| v.as_str().map(str::to_owned)),
+            allow: get("effect")
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .as_deref()
+                != Some("Deny"),
+            actions,
+            not_actions,
+            resources,
+            not_resources,
+            conditional: block.children.iter().any(|c| c == "condition"),
+            unresolved,
+        });
+    }
+    if let Resolved::Known {
+        value: Value::Array(items),
+        ..
+    } = module.resolve(r, "statement")
+    {
+        statements.extend(items.iter().filter_map(object_statement));
+    }
+    statements
+}
+
 pub(crate) fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
     let module = c.module;
     let mut out = Vec::new();
     for r in &module.resources {
         if r.mode == "data." && r.kind == "aws_iam_policy_document" {
-            let mut statements = Vec::new();
-            // A `dynamic "statement"` counts when its for_each is known and not empty (its content's
-            // references to the iterator are not known: the statement is unresolved); an unknown for_each is
-            // left out.
-            let made = |b: &crate::terraform::NestedBlock| {
-                !b.dynamic
-                    || match module.resolve_attr(r.scope, b.for_each.as_ref()) {
-                        Resolved::Known {
-                            value: Value::Array(items),
-                            ..
-                        } => !items.is_empty(),
-                        Resolved::Known {
-                            value: Value::Object(items),
-                            ..
-                        } => !items.is_empty(),
-                        _ => false,
-                    }
-            };
-            for block in r
-                .blocks
-                .iter()
-                .filter(|b| b.ident == "statement" && made(b))
-            {
-                let get = |key| match module.resolve_attr(r.scope, block.attrs.get(key)) {
-                    Resolved::Known { value, .. } => Some(value),
-                    _ => None,
-                };
-                let mut unresolved = None;
-                // An unresolved list is read as covering everything (see `Statement::unresolved`).
-                let mut listed =
-                    |key: &str| match module.resolve_attr(r.scope, block.attrs.get(key)) {
-                        Resolved::Known { value, .. } => strings(&value),
-                        Resolved::Missing => Vec::new(),
-                        Resolved::Unknown { line, why, .. } => {
-                            unresolved.get_or_insert_with(|| {
-                                format!(
-                                    "{}:{line}: {key} of {} cannot be resolved statically ({why})",
-                                    module.files[r.at.file].name(),
-                                    r.address()
-                                )
-                            });
-                            vec![ANYTHING.to_owned()]
-                        }
-                    };
-                let not_actions =
-                    !block.attrs.contains_key("actions") && block.attrs.contains_key("not_actions");
-                let not_resources = !block.attrs.contains_key("resources")
-                    && block.attrs.contains_key("not_resources");
-                let actions = if not_actions {
-                    listed("not_actions")
-                } else {
-                    listed("actions")
-                };
-                let resources = if not_resources {
-                    listed("not_resources")
-                } else {
-                    listed("resources")
-                };
-                // Unresolved: a NotAction/NotResource list is read as covering everything too (the statement
-                // may then cover anything, which only ever makes a grant uncertain).
-                let any = || vec![ANYTHING.to_owned()];
-                let (actions, not_actions, resources, not_resources) = match unresolved {
-                    Some(_) => (
-                        if not_actions { any() } else { actions },
-                        false,
-                        if not_resources { any() } else { resources },
-                        false,
-                    ),
-                    None => (actions, not_actions, resources, not_resources),
-                };
-                statements.push(Statement {
-                    allow: get("effect")
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .as_deref()
-                        != Some("Deny"),
-                    actions,
-                    not_actions,
-                    resources,
-                    not_resources,
-                    conditional: block.children.iter().any(|c| c == "condition"),
-                    unresolved,
-                });
-            }
-            if let Resolved::Known {
-                value: Value::Array(items),
-                ..
-            } = module.resolve(r, "statement")
-            {
-                statements.extend(items.iter().filter_map(object_statement));
-            }
+            let statements = document_statements(module, r, 0);
             out.push(Policy {
                 holder: r,
                 statements,

@@ -158,6 +158,9 @@ fn wide_value() -> impl Strategy<Value = String> {
         Just("\"arn:aws:sqs:*:*:*\"".to_owned()),
         Just("[\"${aws_sqs_queue.q.arn}*\", var.missing]".to_owned()),
         Just("\"${aws_sqs_queue.dlq.arn}?\"".to_owned()),
+        Just("[data.aws_iam_policy_document.d.json, data.aws_iam_policy_document.d.json]".to_owned()),
+        Just("[aws_sqs_queue.q.arn, 5, \"{}\", var.missing]".to_owned()),
+        Just("[jsonencode({ Statement = [{ Sid = \"a\", Effect = \"Deny\", Action = \"sqs:*\", Resource = \"*\" }] })]".to_owned()),
         Just("\"arn:::::\"".to_owned()),
         "\"[A-Za-z:*?/.-]{0,12}\"",
     ]
@@ -179,6 +182,9 @@ fn wide_attribute() -> impl Strategy<Value = String> {
         Just("not_actions".to_owned()),
         Just("resources".to_owned()),
         Just("not_resources".to_owned()),
+        Just("sid".to_owned()),
+        Just("source_policy_documents".to_owned()),
+        Just("override_policy_documents".to_owned()),
         Just("duplicate_detection_history_time_window".to_owned()),
     ]
 }

@@ -1082,3 +1082,103 @@ fn worker_policy_on_a_dead_letter_queue_given_by_a_literal_arn() {
         assert!(report.is_clean(), "{resource}: {:#?}", report.violations);
     }
 }
+
+/// `source_policy_documents` and `override_policy_documents` are merged as the AWS provider documents it:
+/// source statements first, the document's own replacing a source statement of the same sid, override
+/// statements replacing any of the same sid; a document that cannot be read is advice.
+#[test]
+fn worker_policy_merged_from_source_and_override_documents() {
+    let dir = copy_of(&aws_sample(), "iam-merge");
+    let base = r#"
+data "aws_iam_policy_document" "base" {
+  statement {
+    sid       = "NoDelete"
+    effect    = "Deny"
+    actions   = ["sqs:DeleteMessage"]
+    resources = ["*"]
+  }
+}
+"#;
+    let text = dir.read("iam.tf").replacen(
+        "data \"aws_iam_policy_document\" \"worker\" {\n",
+        "data \"aws_iam_policy_document\" \"worker\" {\n  source_policy_documents = [data.aws_iam_policy_document.base.json]\n",
+        1,
+    ) + base;
+    dir.write("iam.tf", &text);
+    // The Deny merged in from the source document refuses DeleteMessage.
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert_eq!(v.rule, RuleId::SqsWorkerPolicyMissingAction, "{v}");
+    assert_eq!(v.resource, "data.aws_iam_policy_document.worker");
+    assert!(
+        v.message
+            .contains("does not grant sqs:DeleteMessage on aws_sqs_queue.main"),
+        "{}",
+        v.message
+    );
+
+    // The document's own statement of the same sid replaces the source's.
+    let own = text.replacen(
+        "  statement {\n    sid       = \"ForwardToDeadLetterQueue\"",
+        "  statement {\n    sid       = \"NoDelete\"\n    actions   = [\"sqs:ListQueues\"]\n    resources = [\"*\"]\n  }\n\n  statement {\n    sid       = \"ForwardToDeadLetterQueue\"",
+        1,
+    );
+    dir.write("iam.tf", &own);
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+
+    // An override document's statement replaces the document's own of the same sid.
+    let overridden = text
+        .replace(
+            "source_policy_documents = [data.aws_iam_policy_document.base.json]",
+            "override_policy_documents = [data.aws_iam_policy_document.base.json]",
+        )
+        .replace(
+            "sid       = \"NoDelete\"",
+            "sid       = \"ConsumeMainQueue\"",
+        );
+    dir.write("iam.tf", &overridden);
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    // The worker's ConsumeMainQueue is replaced by the Deny: no policy receives from the queue any more.
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "aws_sqs_queue.main: no IAM policy in what was read grants sqs:ReceiveMessage on this queue"
+        )),
+        "{:#?}",
+        report.advice
+    );
+
+    // A JSON override document without a sid is added: its Deny counts.
+    let json = text.replace(
+        "source_policy_documents = [data.aws_iam_policy_document.base.json]",
+        r#"override_policy_documents = [jsonencode({ Statement = [{ Effect = "Deny", Action = "sqs:GetQueueUrl", Resource = "*" }] })]"#,
+    );
+    dir.write("iam.tf", &json);
+    let v = only_violation(&dir, &WorkerSettings::default());
+    assert!(
+        v.message
+            .contains("does not grant sqs:GetQueueUrl on the dead-letter queue aws_sqs_queue.dlq"),
+        "{}",
+        v.message
+    );
+
+    // A document that cannot be read: advice, not a violation nor a clean pass.
+    let unknown = text.replace(
+        "source_policy_documents = [data.aws_iam_policy_document.base.json]",
+        "source_policy_documents = [var.base_policy]",
+    );
+    dir.write("iam.tf", &unknown);
+    dir.write(
+        "variables.tf",
+        &(dir.read("variables.tf") + "\nvariable \"base_policy\" {\n  type = string\n}\n"),
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "source_policy_documents of data.aws_iam_policy_document.worker cannot be resolved statically"
+        )),
+        "{:#?}",
+        report.advice
+    );
+}
