@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
 
 use super::gauges::publish_shard_gauges;
 use super::{
@@ -15,6 +16,17 @@ use super::{CompensateError, EffectOptions, EffectReport};
 
 /// Done effects deleted per purge statement (see [`EffectRunner::run_until`]).
 const PURGE_BATCH: i64 = 500;
+
+/// How long a pass in progress when the runner is asked to stop may go on ([`EffectRunner::run_until`]): 20 s,
+/// a worker's default `shutdown_timeout`. Past it the effects still in flight are given up as an effect whose work
+/// outlasts `claim_for` is (counted in `claims_lost`, left in flight for their next holder to reconcile), so a
+/// runner beside a worker stops within the orchestrator's grace period however long its calls.
+pub(crate) const STOP_WAIT: Duration = Duration::from_secs(20);
+
+/// How long the effect gauges are given at the stop ([`EffectRunner::run_until`]): the worker's
+/// [`SHUTDOWN_GRACE`](crate::runtime::worker::SHUTDOWN_GRACE) (5 s). Not published then, they keep their last
+/// values.
+pub(crate) const STOP_GAUGES_WAIT: Duration = crate::runtime::worker::SHUTDOWN_GRACE;
 
 /// How a purge ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -130,11 +142,15 @@ impl<S: EffectStore> EffectRunner<S> {
     }
 
     /// Runs until `shutdown` resolves: claims due effects, runs them, records the results, purges done ones
-    /// past their retention, and publishes the effect gauges. An effect claimed when shutdown comes is
-    /// finished first (its call is not cut off mid-way). The purge (every 20 passes, in batches of 500) goes
-    /// on until nothing past the retention is left, unless shutdown comes first: it stops then, its batch in
-    /// flight dropped (what it deleted stays deleted, nothing else is touched), and what is left is purged by
-    /// the next run. At the stop the runner only publishes the gauges.
+    /// past their retention, and publishes the effect gauges. The effects of a pass in progress when shutdown
+    /// comes are finished first (their calls are not cut off mid-way) for up to 20 s; what is still in
+    /// flight then is given up (counted in `claims_lost`): nothing is recorded for it, it stays in flight until
+    /// its claim ends, and its next holder asks the destination before any new call, as after a runner killed
+    /// mid-call. The purge (every 20 passes, in batches of 500) goes on until nothing past the retention is left,
+    /// unless shutdown comes first: it stops then, its batch in flight dropped (what it deleted stays deleted,
+    /// nothing else is touched), and what is left is purged by the next run. At the stop the runner only
+    /// publishes the gauges, for up to 5 s (they keep their last values if the store does not answer): it
+    /// returns at the latest 25 s after the stop, as a worker with the default `shutdown_timeout` does.
     pub async fn run_until(
         &self,
         shutdown: impl std::future::Future<Output = ()> + Send,
@@ -145,9 +161,30 @@ impl<S: EffectStore> EffectRunner<S> {
         let mut report = EffectReport::default();
         let mut passes: u64 = 0;
         loop {
-            let pass = self.run_pass().await;
+            // Cancelled `STOP_WAIT` after a stop that comes during the pass: the work still in flight is given up.
+            let cut = CancellationToken::new();
+            let pass = self.run_pass_until(&cut);
+            tokio::pin!(pass);
+            let mut stopped = false;
+            let pass = tokio::select! {
+                p = &mut pass => p,
+                _ = &mut shutdown => {
+                    stopped = true;
+                    match tokio::time::timeout(STOP_WAIT, &mut pass).await {
+                        Ok(p) => p,
+                        Err(_) => {
+                            cut.cancel();
+                            pass.await
+                        }
+                    }
+                }
+            };
             let idle = pass.claimed == 0;
             report.add(&pass);
+            // The shutdown future has resolved and, fused, is never polled again: stop now.
+            if stopped {
+                break;
+            }
             if passes % 20 == 0 && self.purge(Some(&mut shutdown)).await == Purged::Stopped {
                 break;
             }
@@ -161,7 +198,15 @@ impl<S: EffectStore> EffectRunner<S> {
                 break;
             }
         }
-        self.publish_gauges().await;
+        if tokio::time::timeout(STOP_GAUGES_WAIT, self.publish_gauges())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                wait_s = STOP_GAUGES_WAIT.as_secs(),
+                "reading effect counts did not answer at the stop: the effect gauges keep their last values"
+            );
+        }
         report
     }
 
@@ -221,6 +266,13 @@ impl<S: EffectStore> EffectRunner<S> {
 
     /// One pass: claim a batch and run it, concurrently within the batch.
     pub async fn run_pass(&self) -> EffectReport {
+        self.run_pass_until(&CancellationToken::new()).await
+    }
+
+    /// One pass whose work in flight is given up when `cut` is cancelled (counted in `claims_lost`): nothing is
+    /// recorded for an effect cut mid-call, so it stays in flight until its claim ends and its next holder
+    /// reconciles it, as after a runner killed mid-call.
+    async fn run_pass_until(&self, cut: &CancellationToken) -> EffectReport {
         let mut report = EffectReport::default();
         let now = Utc::now();
         // A claim outlasts the holder's work on it (at most `claim_for`, below) by the longest time a
@@ -233,17 +285,18 @@ impl<S: EffectStore> EffectRunner<S> {
             .max()
             .unwrap_or_default();
         let until = crate::time::after(now, self.opts.claim_for.saturating_add(lag));
-        let claimed = match self
-            .store
-            .claim_effects(
-                &self.holder,
-                &self.destinations,
-                now,
-                until,
-                self.opts.batch,
-            )
-            .await
-        {
+        let claim = self.store.claim_effects(
+            &self.holder,
+            &self.destinations,
+            now,
+            until,
+            self.opts.batch,
+        );
+        let claimed = match tokio::select! {
+            r = claim => r,
+            // A claim cut off may have been recorded: its effects are reconciled once it ends.
+            _ = cut.cancelled() => return report,
+        } {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "claiming effects failed");
@@ -254,19 +307,26 @@ impl<S: EffectStore> EffectRunner<S> {
         report.claimed = claimed.len() as u64;
         // Each effect's work is bounded by `claim_for`: past it, the work is given up (a call may have gone
         // out), and the effect stays in flight until its claim ends, then is reconciled by its next holder.
+        // The same holds for the work still in flight when the runner, asked to stop, stops waiting (`cut`).
         let results = futures::future::join_all(claimed.iter().map(|e| async move {
-            let run = tokio::time::timeout(self.opts.claim_for, self.run_one(e)).await;
+            let run = tokio::select! {
+                r = tokio::time::timeout(self.opts.claim_for, self.run_one(e)) => r,
+                _ = cut.cancelled() => {
+                    tracing::warn!(key = %e.key, destination = %e.destination, wait_s = STOP_WAIT.as_secs(), "the runner stopped with an effect's work in flight: given up, its next holder reconciles it");
+                    return None;
+                }
+            };
             if run.is_err() {
                 tracing::warn!(key = %e.key, destination = %e.destination, claim_for = ?self.opts.claim_for, "an effect's work outlasted claim_for: given up, its next holder reconciles it");
             }
-            run
+            Some(run)
         }))
         .await;
         for r in results {
             match r {
-                Ok(Ok(Some(state))) => *report.transitions.entry(state).or_default() += 1,
-                Ok(Ok(None)) | Err(_) => report.claims_lost += 1,
-                Ok(Err(())) => report.store_errors += 1,
+                Some(Ok(Ok(Some(state)))) => *report.transitions.entry(state).or_default() += 1,
+                Some(Ok(Ok(None)) | Err(_)) | None => report.claims_lost += 1,
+                Some(Ok(Err(()))) => report.store_errors += 1,
             }
         }
         report
@@ -621,5 +681,171 @@ mod tests {
         store.backlog.store(backlog, Ordering::SeqCst);
         let _ = runner.run_until_idle().await;
         assert_eq!(store.backlog.load(Ordering::SeqCst), 0);
+    }
+
+    /// An effect store with one due effect (claimed once) whose effect counts may never answer; records what
+    /// the runner finished.
+    #[derive(Clone, Default)]
+    struct OneEffect {
+        claimed: Arc<std::sync::atomic::AtomicBool>,
+        finished: Arc<AtomicU64>,
+        counts_hang: bool,
+    }
+
+    impl EffectStore for OneEffect {
+        type Error = std::convert::Infallible;
+        async fn claim_effects(
+            &self,
+            _: &str,
+            _: &[String],
+            _: DateTime<Utc>,
+            _: DateTime<Utc>,
+            _: i64,
+        ) -> Result<Vec<ClaimedEffect>, Self::Error> {
+            if self.claimed.swap(true, Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
+            Ok(vec![ClaimedEffect {
+                id: 1,
+                consumer: "c".into(),
+                message_id: "m1".into(),
+                key: "k1".into(),
+                name: "n".into(),
+                destination: "slow".into(),
+                payload: Vec::new(),
+                metadata: Default::default(),
+                external_ref: "r1".into(),
+                claimed_from: EffectState::Pending,
+                attempts: 0,
+                reconciliations: 0,
+                created_at: Utc::now(),
+                reference: None,
+                maybe_happened: false,
+                sent_hash: None,
+            }])
+        }
+        async fn finish_effect(
+            &self,
+            _: i64,
+            _: &str,
+            _: &TransitionColumns<'_>,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            self.finished.fetch_add(1, Ordering::SeqCst);
+            Ok(true)
+        }
+        async fn purge_done_effects(&self, _: DateTime<Utc>, _: i64) -> Result<u64, Self::Error> {
+            Ok(0)
+        }
+        async fn effect_counts(&self) -> Result<Vec<EffectCount>, Self::Error> {
+            if self.counts_hang {
+                std::future::pending::<()>().await;
+            }
+            Ok(Vec::new())
+        }
+        async fn find_effect(&self, _: &str) -> Result<Option<ClaimedEffect>, Self::Error> {
+            Ok(None)
+        }
+        async fn mark_compensated(
+            &self,
+            _: i64,
+            _: &str,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+    }
+
+    /// A destination whose call takes `takes` (an HTTP request to a slow destination).
+    struct Slow {
+        takes: Duration,
+        calls: Arc<AtomicU64>,
+    }
+
+    impl EffectExecutor for Slow {
+        fn execute<'a>(
+            &'a self,
+            _: &'a ClaimedEffect,
+        ) -> futures::future::BoxFuture<'a, Execution> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                tokio::time::sleep(self.takes).await;
+                Execution::Done { reference: None }
+            })
+        }
+        fn confirm<'a>(
+            &'a self,
+            _: &'a ClaimedEffect,
+        ) -> futures::future::BoxFuture<'a, Confirmation> {
+            Box::pin(async { Confirmation::NotFound })
+        }
+    }
+
+    /// Runs `store` with a destination whose call takes `takes`, stopping once the call has begun; returns the
+    /// report and how long after the stop the runner returned.
+    async fn stop_mid_call(store: OneEffect, takes: Duration) -> (EffectReport, Duration) {
+        let calls = Arc::new(AtomicU64::new(0));
+        let runner = EffectRunner::new(store).executor(
+            "slow",
+            Slow {
+                takes,
+                calls: calls.clone(),
+            },
+        );
+        let stop = CancellationToken::new();
+        let stopped_at = Arc::new(std::sync::Mutex::new(None));
+        let (s, at) = (stop.clone(), stopped_at.clone());
+        let c = calls.clone();
+        let stopper = async move {
+            while c.load(Ordering::SeqCst) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            *at.lock().unwrap() = Some(tokio::time::Instant::now());
+            s.cancel();
+        };
+        // Bounded, so that a runner that waits without limit fails here instead of hanging the test.
+        let (report, ()) = tokio::time::timeout(
+            Duration::from_secs(3600),
+            futures::future::join(runner.run_until(stop.cancelled_owned()), stopper),
+        )
+        .await
+        .expect("the runner returned");
+        let took = stopped_at.lock().unwrap().expect("stopped").elapsed();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        (report, took)
+    }
+
+    /// A call in flight at the stop is let finish when it ends within the stop's wait: its result is recorded.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_in_flight_at_the_stop_is_finished_and_recorded() {
+        let store = OneEffect::default();
+        let (report, took) = stop_mid_call(store.clone(), Duration::from_secs(3)).await;
+        assert_eq!(report.count(EffectState::Done), 1, "{report}");
+        assert_eq!(store.finished.load(Ordering::SeqCst), 1);
+        assert!(took < STOP_WAIT, "returned {took:?} after the stop");
+    }
+
+    /// A call that outlasts the stop's wait (up to `claim_for`, 60 s) is given up at it: nothing recorded (the
+    /// effect stays in flight for its next holder to reconcile), counted in `claims_lost`; and gauges whose
+    /// store never answers do not hold the runner either.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_outlasting_the_stop_wait_is_given_up_and_nothing_is_recorded() {
+        let store = OneEffect {
+            counts_hang: true,
+            ..OneEffect::default()
+        };
+        let (report, took) = stop_mid_call(store.clone(), Duration::from_secs(55)).await;
+        assert_eq!(report.claims_lost, 1, "{report}");
+        assert!(report.transitions.is_empty(), "{report}");
+        assert_eq!(
+            store.finished.load(Ordering::SeqCst),
+            0,
+            "nothing is recorded for a call cut off"
+        );
+        assert!(
+            took <= STOP_WAIT + STOP_GAUGES_WAIT,
+            "returned {took:?} after the stop, past its wait and the gauges' ({:?})",
+            STOP_WAIT + STOP_GAUGES_WAIT
+        );
     }
 }

@@ -24,7 +24,8 @@
 //! When the shutdown future resolves, or the worker stops by itself (it gave up on receives a retry cannot fix,
 //! or ran out of work with [`Worker::run_until_idle`](super::worker::Worker::run_until_idle)'s semantics),
 //! every part is stopped: the worker drains (commit, then settle), the effect runner finishes the effects it
-//! claimed, the maintenance ends its pass, the health endpoint closes.
+//! claimed (for up to 20 s, then gives up what is still in flight to its next holder's reconciliation), the
+//! maintenance ends its pass, the health endpoint closes.
 
 use std::fmt;
 use std::future::Future;
