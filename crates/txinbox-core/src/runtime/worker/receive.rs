@@ -610,7 +610,17 @@ pub(super) async fn hand_back<D: Delivery>(
     }
     let deliveries = match tokio::time::timeout(limit, receive).await {
         Ok(Ok(d)) => d,
-        Ok(Err(_)) => return,
+        Ok(Err(e)) => {
+            // Nothing was received (or it is not known what): whatever the broker locked comes back after its
+            // timeout. The error's text may quote an endpoint: masked.
+            tracing::warn!(
+                consumer,
+                kind = e.kind().as_str(),
+                error = %crate::error::redact_secrets(&e.to_string()),
+                "the receive in flight at shutdown failed; what it may have locked comes back after its timeout"
+            );
+            return;
+        }
         Err(_) => {
             tracing::warn!(
                 consumer,
@@ -625,11 +635,113 @@ pub(super) async fn hand_back<D: Delivery>(
     let n = deliveries.len();
     let results =
         futures::future::join_all(deliveries.into_iter().map(|d| d.release(Duration::ZERO))).await;
-    let failed = results.iter().filter(|r| r.is_err()).count();
+    let mut failed = 0;
+    for e in results.into_iter().filter_map(Result::err) {
+        failed += 1;
+        // Not handed back: the message stays locked until its lock or visibility timeout, then comes back.
+        tracing::warn!(
+            consumer,
+            kind = e.kind().as_str(),
+            error = %crate::error::redact_secrets(&e.to_string()),
+            "handing back a message received after the stop signal failed; it comes back after its lock or visibility timeout"
+        );
+    }
     tracing::info!(
         consumer,
         handed_back = n - failed,
         failed,
         "messages received after the stop signal handed back to the broker"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use crate::broker::{DeadLetter, Lease, ReceivedMessage};
+
+    /// A delivery whose hand-back fails with an error quoting a signed endpoint.
+    struct ReleaseFails(ReceivedMessage);
+
+    fn refused() -> BrokerError {
+        BrokerError::new(
+            BrokerErrorKind::ServerError,
+            "abandon",
+            "HTTP 503 from https://ns.servicebus.windows.net/q/messages/1?sig=S3CRET&se=1",
+        )
+    }
+
+    impl Delivery for ReleaseFails {
+        fn message(&self) -> &ReceivedMessage {
+            &self.0
+        }
+        async fn ack(self) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn release(self, _: Duration) -> Result<(), BrokerError> {
+            Err(refused())
+        }
+        async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        fn lease(&self) -> Option<Arc<dyn Lease>> {
+            None
+        }
+    }
+
+    /// Keeps the warnings' `error` fields.
+    #[derive(Default)]
+    struct Warnings(Mutex<Vec<String>>, AtomicU64);
+
+    struct ErrorField<'a>(&'a mut Option<String>);
+
+    impl tracing::field::Visit for ErrorField<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "error" {
+                *self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl tracing::Subscriber for &'static Warnings {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(self.1.fetch_add(1, Ordering::SeqCst) + 1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() != tracing::Level::WARN {
+                return;
+            }
+            let mut error = None;
+            event.record(&mut ErrorField(&mut error));
+            if let Some(e) = error {
+                self.0.lock().unwrap().push(e);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A message received after the stop whose hand-back fails is said at warn, with the error (its secret
+    /// masked), not dropped quietly; so is a receive in flight at the stop that fails.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failed_hand_back_at_shutdown_is_logged_with_its_error() {
+        let warnings: &'static Warnings = Box::leak(Box::default());
+        let _guard = tracing::subscriber::set_default(warnings);
+        let received = async { Ok(vec![ReleaseFails(ReceivedMessage::default())]) };
+        hand_back(received, Duration::from_secs(1), "c").await;
+        let failed = async { Err::<Vec<ReleaseFails>, _>(refused()) };
+        hand_back(failed, Duration::from_secs(1), "c").await;
+        let logged = warnings.0.lock().unwrap().clone();
+        assert_eq!(logged.len(), 2, "{logged:?}");
+        for line in &logged {
+            assert!(line.contains("HTTP 503"), "{line}");
+            assert!(!line.contains("S3CRET"), "a secret in a log line: {line}");
+        }
+    }
 }
