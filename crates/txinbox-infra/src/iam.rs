@@ -67,13 +67,24 @@ pub(crate) enum Grant {
     /// A statement whose actions or resources cannot be resolved statically may grant (an Allow) or
     /// deny (a Deny) it: why.
     Unresolved(String),
+    /// Only an Allow with a `Condition` covers it (which statement): whether it holds depends on the
+    /// request, so the grant is not taken as sure.
+    Conditional(String),
+}
+
+impl Grant {
+    /// Granted, surely or under a condition: the policy is read as meant to grant it.
+    pub(crate) fn meant(&self) -> bool {
+        matches!(self, Grant::Granted | Grant::Conditional(_))
+    }
 }
 
 /// Whether `policy` lets its holder call `action` on what `names` recognises: an Allow statement covers it and
 /// no Deny statement without a condition does. AWS IAM: "If policies that apply to a request include an
 /// `Allow` statement and a `Deny` statement, the `Deny` statement trumps the `Allow` statement. The request is
 /// explicitly denied." A Deny with a condition (`aws:SecureTransport`, ...) is not taken as denying, since
-/// whether it applies depends on the request. A statement that cannot be resolved makes the answer
+/// whether it applies depends on the request; an Allow with a condition is not taken as surely granting
+/// either ([`Grant::Conditional`]). A statement that cannot be resolved makes the answer
 /// [`Grant::Unresolved`] where it would decide it.
 pub(crate) fn grant(policy: &Policy<'_>, action: &str, names: impl Fn(&str) -> bool) -> Grant {
     let covers = |s: &Statement| s.covers_action(action) && s.covers_resource(&names);
@@ -96,9 +107,22 @@ pub(crate) fn grant(policy: &Policy<'_>, action: &str, names: impl Fn(&str) -> b
         .statements
         .iter()
         .filter(allows)
-        .any(|s| s.unresolved.is_none())
+        .any(|s| s.unresolved.is_none() && !s.conditional)
     {
         return maybe_denied.map_or(Grant::Granted, Grant::Unresolved);
+    }
+    // An Allow with a condition may not grant at runtime: neither a sure grant nor a refusal.
+    if let Some(s) = policy
+        .statements
+        .iter()
+        .filter(allows)
+        .find(|s| s.unresolved.is_none())
+    {
+        let which = s.sid.as_ref().map_or_else(
+            || "a statement".to_owned(),
+            |sid| format!("statement {sid:?}"),
+        );
+        return maybe_denied.map_or(Grant::Conditional(which), Grant::Unresolved);
     }
     match policy
         .statements
@@ -536,19 +560,20 @@ pub(crate) fn names_arn(
 }
 
 /// The actions of `needed` that `policy` does not grant on what `names` recognises, and those it may or may
-/// not grant (a statement that cannot be resolved decides), with why.
+/// not grant (a statement that cannot be resolved decides, or only an Allow with a condition grants it), each
+/// with its [`Grant`].
 pub(crate) fn lacking<'n>(
     policy: &Policy<'_>,
     needed: &[&'n str],
     names: impl Fn(&str) -> bool,
-) -> (Vec<&'n str>, Vec<(&'n str, String)>) {
+) -> (Vec<&'n str>, Vec<(&'n str, Grant)>) {
     let mut refused = Vec::new();
     let mut uncertain = Vec::new();
     for action in needed {
         match grant(policy, action, &names) {
             Grant::Granted => {}
             Grant::Refused => refused.push(*action),
-            Grant::Unresolved(why) => uncertain.push((*action, why)),
+            other => uncertain.push((*action, other)),
         }
     }
     (refused, uncertain)
@@ -559,20 +584,43 @@ pub(crate) fn uncertain_advice(
     c: &mut Checker<'_>,
     policy: &Policy<'_>,
     on: &str,
-    uncertain: &[(&str, String)],
+    uncertain: &[(&str, Grant)],
 ) {
-    let mut whys: Vec<&str> = uncertain.iter().map(|(_, w)| w.as_str()).collect();
-    whys.dedup();
-    if uncertain.is_empty() {
-        return;
+    for conditional in [false, true] {
+        let mut actions = Vec::new();
+        let mut whys: Vec<&str> = Vec::new();
+        for (action, grant) in uncertain {
+            match grant {
+                Grant::Conditional(why) if conditional => {
+                    actions.push(*action);
+                    whys.push(why);
+                }
+                Grant::Unresolved(why) if !conditional => {
+                    actions.push(*action);
+                    whys.push(why);
+                }
+                _ => {}
+            }
+        }
+        if actions.is_empty() {
+            continue;
+        }
+        whys.dedup();
+        let (place, address) = (c.place(policy.holder), policy.holder.address());
+        c.advice.push(if conditional {
+            format!(
+                "{place}: {address}: this policy grants {} on {on} only under a condition ({}): check it holds for the worker's requests, the worker calls them",
+                actions.join(", "),
+                whys.join("; ")
+            )
+        } else {
+            format!(
+                "{place}: {address}: whether this policy grants {} on {on} is not known statically ({}); check it does, the worker calls them",
+                actions.join(", "),
+                whys.join("; ")
+            )
+        });
     }
-    c.advice.push(format!(
-        "{}: {}: whether this policy grants {} on {on} is not known statically ({}); check it does, the worker calls them",
-        c.place(policy.holder),
-        policy.holder.address(),
-        uncertain.iter().map(|(a, _)| *a).collect::<Vec<_>>().join(", "),
-        whys.join("; ")
-    ));
 }
 
 /// Whether a policy resource pattern names `queue`.
@@ -595,10 +643,7 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
         // checked against that ARN, with the same wildcards.
         let external = topology.external_dlq.get(&address);
         let receive = |p: &Policy<'_>| grant(p, "sqs:ReceiveMessage", |r| names_queue(c, r, queue));
-        let workers: Vec<&Policy<'_>> = policies
-            .iter()
-            .filter(|p| receive(p) == Grant::Granted)
-            .collect();
+        let workers: Vec<&Policy<'_>> = policies.iter().filter(|p| receive(p).meant()).collect();
         let maybe: Vec<(&Policy<'_>, String)> = policies
             .iter()
             .filter_map(|p| match receive(p) {
@@ -607,7 +652,12 @@ pub(crate) fn check(c: &mut Checker<'_>, topology: &SqsTopology<'_>) {
             })
             .collect();
         for (policy, why) in &maybe {
-            uncertain_advice(c, policy, &address, &[("sqs:ReceiveMessage", why.clone())]);
+            uncertain_advice(
+                c,
+                policy,
+                &address,
+                &[("sqs:ReceiveMessage", Grant::Unresolved(why.clone()))],
+            );
         }
         if workers.is_empty() {
             if !policies.is_empty() && maybe.is_empty() {

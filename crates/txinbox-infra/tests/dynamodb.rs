@@ -803,3 +803,24 @@ fn dynamic_statement_with_a_known_for_each_is_read() {
     let report = check_dir(dir.path(), &dynamodb_settings("txinbox-inbox")).unwrap();
     assert!(report.is_clean(), "{:#?}", report.violations);
 }
+
+/// An Allow with a condition (`dynamodb:LeadingKeys`, ...) may not grant at runtime: the worker's actions it
+/// alone grants are advice, not a clean pass nor a violation.
+#[test]
+fn worker_policy_granting_under_a_condition() {
+    let dir = copy_of(&dynamodb_sample(), "ddb-conditional-allow");
+    dir.edit(
+        "iam.tf",
+        "      \"${aws_dynamodb_table.inbox.arn}/index/*\",\n    ]\n",
+        "      \"${aws_dynamodb_table.inbox.arn}/index/*\",\n    ]\n    condition {\n      test     = \"ForAllValues:StringLike\"\n      variable = \"dynamodb:LeadingKeys\"\n      values   = [\"orders#*\"]\n    }\n",
+    );
+    let report = check_dir(dir.path(), &dynamodb_settings("txinbox-inbox")).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "data.aws_iam_policy_document.worker: this policy grants dynamodb:PutItem, dynamodb:UpdateItem, dynamodb:GetItem, dynamodb:Query, dynamodb:DescribeTable, dynamodb:DescribeTimeToLive on aws_dynamodb_table.inbox only under a condition (statement \"InboxTable\")"
+        )),
+        "{:#?}",
+        report.advice
+    );
+}

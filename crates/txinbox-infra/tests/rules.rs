@@ -1182,3 +1182,24 @@ data "aws_iam_policy_document" "base" {
         report.advice
     );
 }
+
+/// An Allow with a condition may not grant at runtime: the actions only it grants are advice ("granted only
+/// under a condition"), neither a clean pass nor a violation.
+#[test]
+fn worker_policy_granting_under_a_condition() {
+    let dir = copy_of(&aws_sample(), "iam-conditional-allow");
+    dir.edit(
+        "iam.tf",
+        "    resources = [aws_sqs_queue.dlq.arn]\n  }\n",
+        "    resources = [aws_sqs_queue.dlq.arn]\n    condition {\n      test     = \"StringEquals\"\n      variable = \"aws:PrincipalTag/team\"\n      values   = [\"orders\"]\n    }\n  }\n",
+    );
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "data.aws_iam_policy_document.worker: this policy grants sqs:SendMessage, sqs:GetQueueUrl, sqs:GetQueueAttributes on the dead-letter queue aws_sqs_queue.dlq only under a condition (statement \"ForwardToDeadLetterQueue\"): check it holds for the worker's requests"
+        )),
+        "{:#?}",
+        report.advice
+    );
+}

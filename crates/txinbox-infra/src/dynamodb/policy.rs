@@ -1,7 +1,7 @@
 //! The worker's IAM policy on the inbox table and its indexes: every action the store calls, no other.
 
 use super::{DYNAMODB_WORKER_INDEX_ACTIONS, DYNAMODB_WORKER_TABLE_ACTIONS, INDEXES};
-use crate::iam::{allows, glob, lacking, names_arn, uncertain_advice, Policy};
+use crate::iam::{allows, glob, grant, lacking, names_arn, uncertain_advice, Policy};
 use crate::rules::Checker;
 use crate::terraform::Resource;
 use crate::RuleId;
@@ -23,16 +23,6 @@ fn names_table(c: &Checker<'_>, pattern: &str, table: &Resource, suffix: &str) -
     names_arn(c, pattern, table, "dynamodb", "table/", suffix)
 }
 
-fn grants(
-    c: &Checker<'_>,
-    policy: &Policy<'_>,
-    action: &str,
-    table: &Resource,
-    suffix: &str,
-) -> bool {
-    allows(policy, action, |r| names_table(c, r, table, suffix))
-}
-
 /// An action pattern that covers a DynamoDB action (`dynamodb:...`, `dynamo*:*`, `*`).
 pub(super) fn is_dynamodb(action: &str) -> bool {
     action.to_ascii_lowercase().starts_with("dynamodb:") || glob(action, "dynamodb:Scan", true)
@@ -46,7 +36,7 @@ pub(super) fn check_policies(c: &mut Checker<'_>, table: &Resource, policies: &[
         .collect();
     let workers: Vec<&Policy<'_>> = policies
         .iter()
-        .filter(|p| grants(c, p, "dynamodb:PutItem", table, ""))
+        .filter(|p| grant(p, "dynamodb:PutItem", |r| names_table(c, r, table, "")).meant())
         .collect();
     if workers.is_empty() {
         if !policies.is_empty() {
