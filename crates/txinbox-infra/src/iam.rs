@@ -464,20 +464,47 @@ pub(crate) fn policies<'a>(c: &Checker<'a>) -> Vec<Policy<'a>> {
                 statements,
             });
         } else if r.mode.is_empty() && POLICY_RESOURCES.contains(&r.kind.as_str()) {
-            if let Resolved::Known {
-                value: Value::String(text),
-                ..
-            } = module.resolve(r, "policy")
-            {
-                // A reference to a policy document: the document is read as its own policy.
-                if referenced_resource(&text).is_none() {
-                    if let Some(statements) = json_statements(&text) {
-                        out.push(Policy {
-                            holder: r,
-                            statements,
+            let unresolved = |line: usize, why: &str| Policy {
+                holder: r,
+                statements: unresolved_document(format!(
+                    "{}:{line}: policy of {} {why}",
+                    module.files[r.at.file].name(),
+                    r.address()
+                )),
+            };
+            match module.resolve(r, "policy") {
+                Resolved::Known {
+                    value: Value::String(text),
+                    line,
+                    ..
+                } => {
+                    // A reference to a policy document: the document is read as its own policy.
+                    if referenced_resource(&text).is_none() {
+                        out.push(match json_statements(&text) {
+                            Some(statements) => Policy {
+                                holder: r,
+                                statements,
+                            },
+                            None => unresolved(line, "is not a JSON policy document"),
                         });
                     }
                 }
+                Resolved::Known { line, .. } => {
+                    out.push(unresolved(line, "is not a JSON policy document"));
+                }
+                // A plan's policy known only after apply from a policy document: the document is read.
+                Resolved::Unknown { references, .. }
+                    if references
+                        .iter()
+                        .any(|r| r.contains("aws_iam_policy_document.")) => {}
+                // Anything else cannot be read: it may allow or deny anything (advice where it decides).
+                Resolved::Unknown { line, why, .. } => {
+                    out.push(unresolved(
+                        line,
+                        &format!("cannot be resolved statically ({why})"),
+                    ));
+                }
+                Resolved::Missing => {}
             }
         }
     }

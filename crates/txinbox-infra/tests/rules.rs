@@ -1203,3 +1203,34 @@ fn worker_policy_granting_under_a_condition() {
         report.advice
     );
 }
+
+/// A policy whose JSON cannot be resolved statically (a variable without a default inside `jsonencode`) may
+/// grant or refuse anything: advice saying so, not silence.
+#[test]
+fn worker_policy_that_cannot_be_resolved() {
+    let dir = copy_of(&aws_sample(), "iam-unresolved-policy");
+    dir.write(
+        "iam.tf",
+        r#"resource "aws_iam_policy" "worker" {
+  name = "worker"
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      { Effect = "Allow", Action = "sqs:*", Resource = [aws_sqs_queue.main.arn, var.dlq_arn] },
+    ]
+  })
+}
+"#,
+    );
+    let text = dir.read("variables.tf") + "\nvariable \"dlq_arn\" {\n  type = string\n}\n";
+    dir.write("variables.tf", &text);
+    let report = check_dir(dir.path(), &WorkerSettings::default()).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert!(
+        report.advice.iter().any(|a| a.contains(
+            "aws_iam_policy.worker: whether this policy grants sqs:ReceiveMessage on aws_sqs_queue.main is not known statically"
+        ) && a.contains("policy of aws_iam_policy.worker cannot be resolved statically")),
+        "{:#?}",
+        report.advice
+    );
+}
