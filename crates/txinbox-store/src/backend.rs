@@ -90,7 +90,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 
     /// Claims due effects (see [`txinbox_core::effects::EffectStore::claim_effects`]); a `limit` below one
     /// is one (here and in the purges: a negative LIMIT is an error on PostgreSQL and none on SQLite). The
-    /// holder's name is free text ([`text`]: a NUL is U+FFFD), here and in [`Backend::finish_effect`].
+    /// holder's name is free text (a NUL is kept as U+FFFD), here and in [`Backend::finish_effect`].
     fn claim_effects(
         pool: &sqlx::Pool<Self>,
         holder: &str,
