@@ -93,13 +93,32 @@ impl std::fmt::Display for GaveUp {
 
 impl std::error::Error for GaveUp {}
 
+/// A worker that stopped with deliveries abandoned past its shutdown grace ([`WorkerReport::abandoned`]):
+/// they come back from the broker (a committed one as a duplicate), but the stop was not clean.
+#[derive(Debug)]
+pub struct Abandoned(pub u64);
+
+impl std::fmt::Display for Abandoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "abandoned {} deliveries still in flight past the shutdown grace (received again after their lock or visibility timeout)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Abandoned {}
+
 /// Exit code of a worker that could not start (bad settings, a queue or database it cannot use).
 pub const EXIT_CANNOT_START: u8 = 2;
 /// Exit code of a worker that ran and gave up ([`GaveUp`]).
 pub const EXIT_GAVE_UP: u8 = 3;
+/// Exit code of a worker that abandoned deliveries at shutdown ([`Abandoned`]), as `Monitor`'s.
+pub const EXIT_ABANDONED: u8 = 4;
 
 /// The process's exit: `0`, or one line on stderr naming what is wrong (the errors never carry a secret) and
-/// [`EXIT_GAVE_UP`] or [`EXIT_CANNOT_START`].
+/// [`EXIT_GAVE_UP`], [`EXIT_ABANDONED`] or [`EXIT_CANNOT_START`].
 pub fn exit(program: &str, result: Result<(), Error>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -112,6 +131,8 @@ pub fn exit(program: &str, result: Result<(), Error>) -> std::process::ExitCode 
             eprintln!("{program}: {line}");
             std::process::ExitCode::from(if e.downcast_ref::<GaveUp>().is_some() {
                 EXIT_GAVE_UP
+            } else if e.downcast_ref::<Abandoned>().is_some() {
+                EXIT_ABANDONED
             } else {
                 EXIT_CANNOT_START
             })
@@ -128,11 +149,13 @@ pub fn init_logging() {
         .init();
 }
 
-/// The worker's end: the report on stdout, and [`GaveUp`] when it stopped on persistent receive errors.
+/// The worker's end: the report on stdout, and [`GaveUp`] when it stopped on persistent receive errors, else
+/// [`Abandoned`] when it abandoned deliveries at shutdown.
 pub fn finish(report: &WorkerReport) -> Result<(), Error> {
     println!("{report}");
     match &report.gave_up {
         Some(why) => Err(GaveUp(why.clone()).into()),
+        None if report.abandoned > 0 => Err(Abandoned(report.abandoned).into()),
         None => Ok(()),
     }
 }
@@ -158,4 +181,26 @@ pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), Error> {
     txinbox::metrics::describe();
     tracing::info!(%addr, "serving Prometheus metrics on /metrics");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker that abandoned deliveries at shutdown does not end as a clean stop; one that gave up says so
+    /// first.
+    #[test]
+    fn a_worker_that_abandoned_deliveries_ends_with_its_own_error() {
+        let mut report = WorkerReport::default();
+        assert!(finish(&report).is_ok());
+        report.abandoned = 2;
+        let e = finish(&report).unwrap_err();
+        assert!(
+            matches!(e.downcast_ref::<Abandoned>(), Some(Abandoned(2))),
+            "{e}"
+        );
+        report.gave_up = Some("no queue".into());
+        let e = finish(&report).unwrap_err();
+        assert!(e.downcast_ref::<GaveUp>().is_some(), "{e}");
+    }
 }
