@@ -227,6 +227,7 @@ impl LayoutState {
 
     /// The first bucket past those the maintenance creates by `now` (its `ahead` past now's): a marker
     /// placed there waits for no partition it will make in time; its event time is wrong.
+    #[cfg(feature = "postgres")]
     pub(crate) fn horizon(&self, now: DateTime<Utc>) -> DateTime<Utc> {
         let buckets = i64::from(self.ahead.max(0)) + 1;
         self.bucket(now) + chrono::Duration::seconds(self.width.saturating_mul(buckets))
