@@ -439,8 +439,15 @@ async fn problem(prom: &Prometheus, client: &reqwest::Client, expr: &str) -> Opt
 }
 
 /// Every dashboard query has finite data, and every required series exists for `consumer`; retried until all
-/// pass or `wait` has passed (the scrapes and rate windows fill in).
-async fn check_dashboard(prom: &Prometheus, consumer: &str, wait: Duration) {
+/// pass or `wait` has passed (the scrapes and rate windows fill in). A quantile over a rate window with no
+/// observation in it is NaN, which an idle worker shows too: while some query fails, `traffic` sends one more
+/// event every 10 s, so a slow run (the test command's processes side by side) still has traffic in its
+/// windows.
+async fn check_dashboard<F, Fut>(prom: &Prometheus, consumer: &str, wait: Duration, mut traffic: F)
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let mut checks = dashboard_queries(consumer);
     assert!(checks.len() >= 2, "ops/dashboard.json has no queries");
     checks.extend(REQUIRED_SERIES.iter().map(|m| {
@@ -451,6 +458,8 @@ async fn check_dashboard(prom: &Prometheus, consumer: &str, wait: Duration) {
     }));
     let client = http();
     let deadline = Deadline::after(wait);
+    let mut sent = 0;
+    let mut next_traffic = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let mut failures = Vec::new();
         for (title, expr) in &checks {
@@ -467,9 +476,14 @@ async fn check_dashboard(prom: &Prometheus, consumer: &str, wait: Duration) {
         }
         assert!(
             !deadline.passed(),
-            "a dashboard query has no data:\n{}",
+            "a dashboard query has no data ({sent} more events sent while checking):\n{}",
             failures.join("\n")
         );
+        if tokio::time::Instant::now() >= next_traffic {
+            sent += 1;
+            traffic(sent).await;
+            next_traffic = tokio::time::Instant::now() + Duration::from_secs(10);
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
@@ -590,7 +604,31 @@ async fn prometheus_scrapes_the_worker_every_dashboard_query_has_data_and_no_ale
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    check_dashboard(&prom, "crm-followup", Duration::from_secs(40)).await;
+    check_dashboard(&prom, "crm-followup", Duration::from_secs(40), |n| {
+        let id = format!("evt-metrics-more-{n}-{q}");
+        let opportunity = format!("op_metrics_more_{n}");
+        let (env, q) = (env.clone(), q.clone());
+        async move {
+            run(
+                dir,
+                "producer-more",
+                "sqs-producer",
+                &[
+                    "--queue-name",
+                    q.as_str(),
+                    "--opportunity",
+                    &opportunity,
+                    "--meeting",
+                    "m_more",
+                    "--id",
+                    &id,
+                ],
+                &env,
+            )
+            .await;
+        }
+    })
+    .await;
     let firing = prom
         .query(&client, "ALERTS{alertstate=\"firing\"}")
         .await
