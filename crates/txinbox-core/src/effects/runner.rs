@@ -185,8 +185,13 @@ impl<S: EffectStore> EffectRunner<S> {
             if stopped {
                 break;
             }
-            if passes % 20 == 0 && self.purge(Some(&mut shutdown)).await == Purged::Stopped {
-                break;
+            if passes % 20 == 0 {
+                if self.purge(Some(&mut shutdown)).await == Purged::Stopped {
+                    break;
+                }
+                // The gauges while the runner runs (`txinbox_effects`, the oldest pending effect's age):
+                // every 20 passes, with the purge, and once more at the stop.
+                self.publish_gauges().await;
             }
             passes += 1;
             if idle {
@@ -587,6 +592,7 @@ mod tests {
     struct Backlog {
         backlog: Arc<AtomicU64>,
         purges: Arc<AtomicU64>,
+        counts: Arc<AtomicU64>,
     }
 
     impl EffectStore for Backlog {
@@ -624,6 +630,7 @@ mod tests {
             Ok(n)
         }
         async fn effect_counts(&self) -> Result<Vec<EffectCount>, Self::Error> {
+            self.counts.fetch_add(1, Ordering::SeqCst);
             Ok(Vec::new())
         }
         async fn find_effect(&self, _: &str) -> Result<Option<ClaimedEffect>, Self::Error> {
@@ -637,6 +644,33 @@ mod tests {
         ) -> Result<bool, Self::Error> {
             Ok(false)
         }
+    }
+
+    /// The effect gauges are published while the runner runs (every 20 passes, with the purge), not only at
+    /// its stop: a dashboard of a running consumer shows its effects.
+    #[tokio::test(start_paused = true)]
+    async fn the_gauges_are_published_while_the_runner_runs() {
+        let store = Backlog::default();
+        let runner = EffectRunner::new(store.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let counts = store.counts.clone();
+        let watch = tokio::spawn(async move {
+            // Idle passes, one per `idle_poll`: long enough for two rounds of 20.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            let before_stop = counts.load(Ordering::SeqCst);
+            let _ = stop.send(());
+            before_stop
+        });
+        let _ = runner
+            .run_until(async {
+                let _ = stopped.await;
+            })
+            .await;
+        let before_stop = watch.await.unwrap();
+        assert!(
+            before_stop >= 2,
+            "the gauges were read {before_stop} times before the stop"
+        );
     }
 
     /// A backlog of done effects far larger than one purge can delete before the stop: the runner stops
