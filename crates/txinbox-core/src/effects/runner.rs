@@ -1,4 +1,14 @@
 //! The effect runner: claims due effects, runs or reconciles them through their executors, records the truth.
+//!
+//! The claim and the work on it count from one instant: the moment the runner asks for the claim, before the
+//! claim call. The claim lasts until `claim_for` plus the longest
+//! [`reconcile_after`](super::EffectExecutor::reconcile_after) of the runner's destinations after it; the work on
+//! every effect of the claim (its confirmation, its call and the record of its result) ends `claim_for` after it,
+//! so a claim call that is slow to answer eats into the work's time, never into the claim's margin. An effect is
+//! not started once that deadline has passed (the claim answered too late: it is counted in `claims_lost` and
+//! its claim is left to expire), and work still running at the deadline is given up (also `claims_lost`,
+//! nothing recorded: its next holder reconciles it). The runner therefore never works on an effect past its
+//! claim, and no two runners ever hold one effect's work at once.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -279,6 +289,9 @@ impl<S: EffectStore> EffectRunner<S> {
     /// reconciles it, as after a runner killed mid-call.
     async fn run_pass_until(&self, cut: &CancellationToken) -> EffectReport {
         let mut report = EffectReport::default();
+        // The claim's expiry and the work's deadline count from this one instant, before the claim call (see the
+        // module docs): a slow claim call shortens the work, never the margin the claim keeps over it.
+        let asked = tokio::time::Instant::now();
         let now = Utc::now();
         // A claim outlasts the holder's work on it (at most `claim_for`, below) by the longest time a
         // destination's answers lag behind its writes: a holder that dies mid-call leaves the effect to the
@@ -310,19 +323,34 @@ impl<S: EffectStore> EffectRunner<S> {
             }
         };
         report.claimed = claimed.len() as u64;
-        // Each effect's work is bounded by `claim_for`: past it, the work is given up (a call may have gone
-        // out), and the effect stays in flight until its claim ends, then is reconciled by its next holder.
-        // The same holds for the work still in flight when the runner, asked to stop, stops waiting (`cut`).
+        // Each effect's work ends `claim_for` after the claim was asked for, `lag` before the claim does: past
+        // it, the work is given up (a call may have gone out), and the effect stays in flight until its claim
+        // ends, then is reconciled by its next holder. The same holds for the work still in flight when the
+        // runner, asked to stop, stops waiting (`cut`).
+        let deadline = asked
+            .checked_add(self.opts.claim_for)
+            .unwrap_or_else(far_future);
+        if !claimed.is_empty() && tokio::time::Instant::now() >= deadline {
+            // The claim answered with no time left for any work: nothing is started, the claims expire and
+            // their next holder takes the effects (as possibly started, so it asks the destination first).
+            tracing::warn!(
+                claimed = claimed.len(),
+                claim_for = ?self.opts.claim_for,
+                "the claim call answered after claim_for: no effect started, the claims are left to expire"
+            );
+            report.claims_lost += claimed.len() as u64;
+            return report;
+        }
         let results = futures::future::join_all(claimed.iter().map(|e| async move {
             let run = tokio::select! {
-                r = tokio::time::timeout(self.opts.claim_for, self.run_one(e)) => r,
+                r = tokio::time::timeout_at(deadline, self.run_one(e)) => r,
                 _ = cut.cancelled() => {
                     tracing::warn!(key = %e.key, destination = %e.destination, wait_s = STOP_WAIT.as_secs(), "the runner stopped with an effect's work in flight: given up, its next holder reconciles it");
                     return None;
                 }
             };
             if run.is_err() {
-                tracing::warn!(key = %e.key, destination = %e.destination, claim_for = ?self.opts.claim_for, "an effect's work outlasted claim_for: given up, its next holder reconciles it");
+                tracing::warn!(key = %e.key, destination = %e.destination, claim_for = ?self.opts.claim_for, "an effect's work outlasted claim_for (counted from the claim's request): given up, its next holder reconciles it");
             }
             Some(run)
         }))
@@ -565,6 +593,11 @@ impl<S: EffectStore> EffectRunner<S> {
             }
         }
     }
+}
+
+/// An instant too far away to matter (about 30 years), for a `claim_for` too large to add to now.
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 fn labels_with(
@@ -881,5 +914,175 @@ mod tests {
             "returned {took:?} after the stop, past its wait and the gauges' ({:?})",
             STOP_WAIT + STOP_GAUGES_WAIT
         );
+    }
+
+    /// A store whose claim call takes `takes` to answer (a slow database) and hands out one effect; records when
+    /// the claim it granted expires and when a result was recorded, on the paused clock.
+    #[derive(Clone)]
+    struct SlowClaim {
+        takes: Duration,
+        claimed: Arc<std::sync::atomic::AtomicBool>,
+        expires_at: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+        finished_at: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    }
+
+    impl EffectStore for SlowClaim {
+        type Error = std::convert::Infallible;
+        async fn claim_effects(
+            &self,
+            _: &str,
+            _: &[String],
+            now: DateTime<Utc>,
+            until: DateTime<Utc>,
+            _: i64,
+        ) -> Result<Vec<ClaimedEffect>, Self::Error> {
+            // The claim is granted from `now` (the runner's) for `until - now`: on the test's clock, it ends
+            // that long after the call began, however long the call takes to answer.
+            let length = (until - now)
+                .to_std()
+                .expect("a claim ends after it begins");
+            *self.expires_at.lock().unwrap() = Some(tokio::time::Instant::now() + length);
+            tokio::time::sleep(self.takes).await;
+            if self.claimed.swap(true, Ordering::SeqCst) {
+                return Ok(Vec::new());
+            }
+            let store = OneEffect::default();
+            store
+                .claim_effects("", &[], now, until, 1)
+                .await
+                .map(|mut v| {
+                    v[0].destination = "slow".into();
+                    v
+                })
+        }
+        async fn finish_effect(
+            &self,
+            _: i64,
+            _: &str,
+            _: &TransitionColumns<'_>,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            *self.finished_at.lock().unwrap() = Some(tokio::time::Instant::now());
+            Ok(true)
+        }
+        async fn purge_done_effects(&self, _: DateTime<Utc>, _: i64) -> Result<u64, Self::Error> {
+            Ok(0)
+        }
+        async fn effect_counts(&self) -> Result<Vec<EffectCount>, Self::Error> {
+            Ok(Vec::new())
+        }
+        async fn find_effect(&self, _: &str) -> Result<Option<ClaimedEffect>, Self::Error> {
+            Ok(None)
+        }
+        async fn mark_compensated(
+            &self,
+            _: i64,
+            _: &str,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+    }
+
+    /// Records when the work on an effect ended: the call answered, or was given up (dropped).
+    struct Ends(Arc<std::sync::Mutex<Option<tokio::time::Instant>>>);
+
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(tokio::time::Instant::now());
+        }
+    }
+
+    /// A destination whose call takes `takes`, recording when the call ended or was given up.
+    struct SlowCall {
+        takes: Duration,
+        ended_at: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+    }
+
+    impl EffectExecutor for SlowCall {
+        fn execute<'a>(
+            &'a self,
+            _: &'a ClaimedEffect,
+        ) -> futures::future::BoxFuture<'a, Execution> {
+            let ends = Ends(self.ended_at.clone());
+            Box::pin(async move {
+                let _ends = ends;
+                tokio::time::sleep(self.takes).await;
+                Execution::Done { reference: None }
+            })
+        }
+        fn confirm<'a>(
+            &'a self,
+            _: &'a ClaimedEffect,
+        ) -> futures::future::BoxFuture<'a, Confirmation> {
+            Box::pin(async { Confirmation::NotFound })
+        }
+    }
+
+    /// A claim call that takes half of `claim_for` to answer: the work on the effect it claimed counts from the
+    /// claim's request, as the claim does, so it is given up by the claim's end (nothing recorded, counted in
+    /// `claims_lost`) instead of running, and recording, past it, when another runner may hold the effect.
+    #[tokio::test(start_paused = true)]
+    async fn the_work_on_an_effect_ends_before_its_claim_however_slow_the_claim_call() {
+        let claim_for = Duration::from_secs(60);
+        let store = SlowClaim {
+            takes: Duration::from_secs(30),
+            claimed: Arc::default(),
+            expires_at: Arc::default(),
+            finished_at: Arc::default(),
+        };
+        let ended_at = Arc::new(std::sync::Mutex::new(None));
+        let runner = EffectRunner::new(store.clone())
+            .executor(
+                "slow",
+                SlowCall {
+                    takes: Duration::from_secs(45),
+                    ended_at: ended_at.clone(),
+                },
+            )
+            .options(EffectOptions::default().claim_for(claim_for));
+        let report = runner.run_pass().await;
+        assert_eq!(report.claimed, 1, "{report}");
+        let expires_at = store.expires_at.lock().unwrap().expect("claimed");
+        let ended_at = ended_at.lock().unwrap().expect("the call began");
+        assert!(
+            ended_at <= expires_at,
+            "the call ran {:?} past its claim",
+            ended_at - expires_at
+        );
+        if let Some(at) = *store.finished_at.lock().unwrap() {
+            assert!(
+                at <= expires_at,
+                "a result recorded {:?} past the claim",
+                at - expires_at
+            );
+        }
+        assert_eq!(report.claims_lost, 1, "{report}");
+    }
+
+    /// A claim call that answers after `claim_for` has gone by: no effect of it is started.
+    #[tokio::test(start_paused = true)]
+    async fn no_effect_starts_when_the_claim_call_answers_after_claim_for() {
+        let store = SlowClaim {
+            takes: Duration::from_secs(61),
+            claimed: Arc::default(),
+            expires_at: Arc::default(),
+            finished_at: Arc::default(),
+        };
+        let ended_at = Arc::new(std::sync::Mutex::new(None));
+        let runner = EffectRunner::new(store.clone())
+            .executor(
+                "slow",
+                SlowCall {
+                    takes: Duration::from_secs(1),
+                    ended_at: ended_at.clone(),
+                },
+            )
+            .options(EffectOptions::default().claim_for(Duration::from_secs(60)));
+        let report = runner.run_pass().await;
+        assert_eq!(report.claimed, 1, "{report}");
+        assert_eq!(report.claims_lost, 1, "{report}");
+        assert!(ended_at.lock().unwrap().is_none(), "no call began");
+        assert!(store.finished_at.lock().unwrap().is_none());
     }
 }
