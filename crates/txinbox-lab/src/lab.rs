@@ -433,9 +433,10 @@ pub async fn with_fresh<F: OnFresh>(target: &Target, f: F) -> Result<F::Output, 
     }
 }
 
-/// Creates a fresh table `BASE-lab-<random>` with the store's layout, waits until DynamoDB has it `ACTIVE`
-/// (at once on DynamoDB Local; seconds to a minute on the service, its indexes included) and opens it, through
-/// `endpoint` (an emulator) or else the AWS configuration chain.
+/// Creates a fresh table `BASE-lab-<random>` with the store's layout ([`DynamoStore::create_table`]: it
+/// waits until DynamoDB has the table `ACTIVE`, at once on DynamoDB Local, seconds to a minute on the service)
+/// and opens it, through `endpoint` (an emulator) or else the AWS configuration chain. A table whose opening
+/// fails is deleted before the error is returned.
 pub async fn fresh_dynamodb(
     base: &str,
     endpoint: Option<&str>,
@@ -447,36 +448,13 @@ pub async fn fresh_dynamodb(
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let table = format!("{base}-lab-{}", &suffix[..12]);
     DynamoStore::create_table(&client, &table).await?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    loop {
-        let out = client
-            .describe_table()
-            .table_name(&table)
-            .send()
-            .await
-            .map_err(|e| txinbox_dynamodb::DynamoError::from_sdk("DescribeTable", e))?;
-        let t = out.table();
-        let active = t.and_then(|t| t.table_status()).map(|s| s.as_str()) == Some("ACTIVE")
-            && t.map(|t| t.global_secondary_indexes())
-                .unwrap_or_default()
-                .iter()
-                .all(|i| i.index_status().map(|s| s.as_str()) == Some("ACTIVE"));
-        if active {
-            break;
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(LabError::Usage(format!(
-                "table {table} was not ACTIVE after 300 s"
-            )));
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let store = DynamoStore::open(
+    let opened = DynamoStore::open(
         client.clone(),
-        table,
+        table.clone(),
         txinbox_dynamodb::DynamoOptions::default(),
     )
-    .await?;
+    .await;
+    let store = DynamoStore::delete_on_error(&client, &table, opened).await?;
     Ok((store, client))
 }
 

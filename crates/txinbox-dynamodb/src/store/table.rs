@@ -91,9 +91,16 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Creates `table` with the store's layout (on-demand billing) and enables TTL on `expires_at`: for
-    /// tests, emulators and development. Production tables come from your infrastructure code (the
-    /// Terraform sample creates one), with point-in-time recovery and encryption.
+    /// Creates `table` with the store's layout (on-demand billing), waits until it and its indexes are
+    /// `ACTIVE` (at once on DynamoDB Local; seconds to a minute on the service; at most
+    /// [`CREATE_TABLE_DEADLINE`](Self::CREATE_TABLE_DEADLINE)) and enables TTL on `expires_at`: for tests,
+    /// emulators and development. Production tables come from your infrastructure code (the Terraform
+    /// sample creates one), with point-in-time recovery and encryption.
+    ///
+    /// When a step after `CreateTable` fails, the table is deleted before the error is returned (a
+    /// `DeleteTable` that fails too is logged with the table's name), so a failed creation leaves nothing
+    /// behind. The service refuses to delete a table still `CREATING` (`ResourceInUseException`): past the
+    /// deadline the table may be left, and the error names it.
     pub async fn create_table(client: &Client, table: &str) -> Result<(), DynamoError> {
         let attr = |name: &str| {
             AttributeDefinition::builder()
@@ -136,6 +143,71 @@ impl DynamoStore {
                 );
         }
         req.send().await.map_err(|e| call("CreateTable", e))?;
+        let rest = async {
+            Self::wait_active(client, table, Self::CREATE_TABLE_DEADLINE).await?;
+            Self::enable_ttl(client, table).await
+        };
+        Self::delete_on_error(client, table, rest.await).await
+    }
+
+    /// How long [`create_table`](Self::create_table) waits for a new table and its indexes to be `ACTIVE`.
+    pub const CREATE_TABLE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
+    /// Deletes `table` when `result` is an error, then returns `result`: the clean-up of a table created
+    /// by the caller whose next step failed. A `DeleteTable` that fails is logged with the table's name and
+    /// does not hide the first error.
+    pub async fn delete_on_error<T>(
+        client: &Client,
+        table: &str,
+        result: Result<T, DynamoError>,
+    ) -> Result<T, DynamoError> {
+        if result.is_err() {
+            if let Err(e) = client.delete_table().table_name(table).send().await {
+                let e = call("DeleteTable", e);
+                tracing::warn!(table, error = %e, "a table created for a step that failed could not be deleted");
+            }
+        }
+        result
+    }
+
+    /// Polls `DescribeTable` every second until the table and each of its indexes are `ACTIVE`.
+    async fn wait_active(
+        client: &Client,
+        table: &str,
+        deadline: std::time::Duration,
+    ) -> Result<(), DynamoError> {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let out = client
+                .describe_table()
+                .table_name(table)
+                .send()
+                .await
+                .map_err(|e| call("DescribeTable", e))?;
+            let t = out.table();
+            let active = t.and_then(|t| t.table_status()).map(|s| s.as_str()) == Some("ACTIVE")
+                && t.map(|t| t.global_secondary_indexes())
+                    .unwrap_or_default()
+                    .iter()
+                    .all(|i| i.index_status().map(|s| s.as_str()) == Some("ACTIVE"));
+            if active {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= until {
+                return Err(DynamoError::Table {
+                    table: table.to_owned(),
+                    detail: format!(
+                        "the new table or one of its indexes was not ACTIVE after {} s; delete it once it is",
+                        deadline.as_secs()
+                    ),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Enables TTL on `expires_at` (`UpdateTimeToLive`, on an `ACTIVE` table).
+    async fn enable_ttl(client: &Client, table: &str) -> Result<(), DynamoError> {
         client
             .update_time_to_live()
             .table_name(table)

@@ -1,0 +1,79 @@
+//! The store's table helpers against DynamoDB Local (`TXINBOX_DYNAMODB_ENDPOINT`, started by
+//! `scripts/dynamodb.sh`): `create_table` returns a table the store opens (ACTIVE, TTL on `expires_at`), and
+//! `delete_on_error` removes a table created for a step that then failed, so a failed set-up (the lab's fresh
+//! table, a test's) leaves nothing behind.
+
+use aws_sdk_dynamodb::Client;
+use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore};
+
+fn client() -> Client {
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start it with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
+    });
+    txinbox_dynamodb::emulator_client(&endpoint)
+}
+
+async fn exists(client: &Client, table: &str) -> bool {
+    match client.describe_table().table_name(table).send().await {
+        Ok(_) => true,
+        Err(e)
+            if e.as_service_error()
+                .is_some_and(|e| e.is_resource_not_found_exception()) =>
+        {
+            false
+        }
+        Err(e) => panic!("DescribeTable {table}: {e:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_table_whose_next_step_failed_is_deleted_and_one_whose_step_succeeded_is_kept() {
+    let client = client();
+    let failed = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
+    DynamoStore::create_table(&client, &failed).await.unwrap();
+    // The table is ready for the store: it opens with the table check on.
+    DynamoStore::open(client.clone(), failed.clone(), DynamoOptions::default())
+        .await
+        .unwrap();
+    let step: Result<(), DynamoError> = Err(DynamoError::Table {
+        table: failed.clone(),
+        detail: "the step after the creation failed".into(),
+    });
+    let r = DynamoStore::delete_on_error(&client, &failed, step).await;
+    assert!(
+        matches!(&r, Err(DynamoError::Table { detail, .. }) if detail == "the step after the creation failed"),
+        "the step's own error is returned: {r:?}"
+    );
+    assert!(!exists(&client, &failed).await, "{failed} was left behind");
+
+    let kept = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
+    DynamoStore::create_table(&client, &kept).await.unwrap();
+    let r = DynamoStore::delete_on_error(&client, &kept, Ok(7)).await;
+    assert_eq!(r.unwrap(), 7);
+    assert!(
+        exists(&client, &kept).await,
+        "{kept} was deleted after a step that succeeded"
+    );
+    client
+        .delete_table()
+        .table_name(&kept)
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_clean_up_does_not_hide_the_first_error() {
+    let client = client();
+    // No such table: DeleteTable fails (ResourceNotFoundException), the caller still gets its own error.
+    let missing = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
+    let step: Result<(), DynamoError> = Err(DynamoError::Table {
+        table: missing.clone(),
+        detail: "first".into(),
+    });
+    let r = DynamoStore::delete_on_error(&client, &missing, step).await;
+    assert!(
+        matches!(&r, Err(DynamoError::Table { detail, .. }) if detail == "first"),
+        "{r:?}"
+    );
+}
