@@ -84,6 +84,11 @@ pub const MAINTENANCE_DURATION: &str = "txinbox_maintenance_duration_seconds";
 pub const MAINTENANCE_ROWS: &str = "txinbox_maintenance_rows";
 /// Age in seconds of the oldest row left, by `table` and `consumer`.
 pub const MAINTENANCE_OLDEST: &str = "txinbox_maintenance_oldest_row_seconds";
+/// Background maintenance passes that failed, by `reason`: `timeout` (given up past
+/// `MaintenanceOptions::pass_timeout`, a store call that did not answer) or `store_error` (stopped at a store
+/// error); with `shard` on shards, no `consumer` label (a maintenance is its store's). The next pass runs as
+/// usual.
+pub const MAINTENANCE_FAILED: &str = "txinbox_maintenance_failed_passes_total";
 
 /// Messages a redrive tool moved back from a dead-letter queue, by `queue` (the queue they were sent to).
 pub const REDRIVE_MOVED: &str = "txinbox_redrive_moved_total";
@@ -192,6 +197,10 @@ pub fn describe() {
         "Duration of a maintenance pass"
     );
     describe_gauge!(MAINTENANCE_ROWS, "Rows left after a maintenance pass");
+    describe_counter!(
+        MAINTENANCE_FAILED,
+        "Maintenance passes that failed (timed out or stopped at a store error)"
+    );
     describe_gauge!(
         MAINTENANCE_OLDEST,
         Unit::Seconds,

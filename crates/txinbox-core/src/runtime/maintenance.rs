@@ -13,12 +13,24 @@
 //!
 //! The marker keeps only the key and minimal metadata (the payload is never stored); the evidence keeps a hash
 //! and a detail, not the payload.
+//!
+//! In the background ([`Maintenance::run_until`]) each pass is bounded: a pass still running
+//! [`PASS_OVERRUN`] past its time budget ([`MaintenanceOptions::pass_timeout`]: a store call that does not
+//! answer) is given up, logged and counted in `txinbox_maintenance_failed_passes_total{reason="timeout"}`, and
+//! the next pass runs [`MaintenanceOptions::every`] later as after any other pass. A pass stopped by a store
+//! error is counted there too (`reason="store_error"`).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+
+/// How long past its time budget ([`MaintenanceOptions::budget`]) a background pass may run before it is given up
+/// (60 s): the budget is checked between batches, so a pass may overrun it by its last batch, the partition
+/// rotation and the row counts it publishes, all short statements; a pass still running then has a store call
+/// that does not answer. See [`MaintenanceOptions::pass_timeout`].
+pub const PASS_OVERRUN: Duration = Duration::from_secs(60);
 
 /// A table the maintenance cleans.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -191,6 +203,12 @@ impl MaintenanceOptions {
         self.consumers.push(consumer.into());
         self
     }
+    /// How long one background pass ([`Maintenance::run_until`]) may take before it is given up, its store call
+    /// in flight dropped: the [`budget`](Self::budget) plus [`PASS_OVERRUN`] (default 90 s). What that pass did
+    /// not remove is purged by the next one.
+    pub fn pass_timeout(&self) -> Duration {
+        self.budget.saturating_add(PASS_OVERRUN)
+    }
 }
 
 /// What one pass did.
@@ -346,20 +364,54 @@ impl<S: MaintenanceStore> Maintenance<S> {
     }
 
     /// A pass every [`MaintenanceOptions::every`] until `shutdown` resolves. A pass in progress is dropped at
-    /// once, with its store call in flight: what that batch did not remove is purged by the next pass.
+    /// once, with its store call in flight: what that batch did not remove is purged by the next pass. A pass
+    /// that outlasts [`MaintenanceOptions::pass_timeout`] (a store call that does not answer) is dropped the same
+    /// way, logged and counted in `txinbox_maintenance_failed_passes_total{reason="timeout"}`, and the next pass
+    /// runs as after any other: a hung call never stops the retention for good.
     pub async fn run_until(&self, shutdown: impl std::future::Future<Output = ()> + Send) {
         tokio::pin!(shutdown);
+        // Registered at zero, so a first failure shows as an increase.
+        for reason in [FAILED_TIMEOUT, FAILED_STORE_ERROR] {
+            self.failed_pass(reason).increment(0);
+        }
+        let timeout = self.opts.pass_timeout();
         loop {
-            let pass = self.run_once();
+            let pass = tokio::time::timeout(timeout, self.run_once());
             tokio::select! {
                 _ = &mut shutdown => return,
-                r = pass => tracing::info!(%r, "maintenance pass"),
+                r = pass => match r {
+                    Ok(r) => {
+                        if r.error.is_some() {
+                            self.failed_pass(FAILED_STORE_ERROR).increment(1);
+                        }
+                        tracing::info!(%r, "maintenance pass");
+                    }
+                    Err(_) => {
+                        self.failed_pass(FAILED_TIMEOUT).increment(1);
+                        tracing::warn!(
+                            timeout_s = timeout.as_secs(),
+                            every_s = self.opts.every.as_secs(),
+                            "maintenance pass given up: still running past its budget and the overrun (a store call not answering); the next pass runs as usual"
+                        );
+                    }
+                },
             }
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(self.opts.every) => {}
             }
         }
+    }
+
+    /// `txinbox_maintenance_failed_passes_total{reason}` (with the shard's label).
+    fn failed_pass(&self, reason: &'static str) -> metrics::Counter {
+        metrics::counter!(
+            crate::metrics::MAINTENANCE_FAILED,
+            shard_labels(
+                vec![metrics::Label::new("reason", reason)],
+                self.opts.shard.as_deref()
+            )
+        )
     }
 
     async fn publish(&self, report: &MaintenanceReport) {
@@ -445,6 +497,11 @@ impl<S: MaintenanceStore> Maintenance<S> {
     }
 }
 
+/// `reason` of a background pass given up past [`MaintenanceOptions::pass_timeout`].
+const FAILED_TIMEOUT: &str = "timeout";
+/// `reason` of a pass stopped by a store error.
+const FAILED_STORE_ERROR: &str = "store_error";
+
 /// `labels`, with `shard` added when there is one.
 pub(crate) fn shard_labels(
     mut labels: Vec<metrics::Label>,
@@ -454,4 +511,88 @@ pub(crate) fn shard_labels(
         labels.push(metrics::Label::new("shard", s.to_owned()));
     }
     labels
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A store whose first purge call never answers (a hung connection); every later one finds nothing to
+    /// remove. Counts the purge calls.
+    #[derive(Clone, Default)]
+    struct HangsOnce {
+        purges: Arc<AtomicU64>,
+    }
+
+    impl MaintenanceStore for HangsOnce {
+        type Error = std::io::Error;
+        async fn purge_batch(
+            &self,
+            _: Table,
+            _: DateTime<Utc>,
+            _: i64,
+        ) -> Result<Vec<String>, Self::Error> {
+            if self.purges.fetch_add(1, Ordering::SeqCst) == 0 {
+                std::future::pending::<()>().await;
+            }
+            Ok(Vec::new())
+        }
+        async fn table_stats(
+            &self,
+            _: Table,
+            _: &str,
+        ) -> Result<(i64, Option<DateTime<Utc>>), Self::Error> {
+            Ok((0, None))
+        }
+    }
+
+    /// A pass whose store call hangs while the maintenance runs (not at its stop) is given up at its timeout,
+    /// counted as a failed pass, and the next passes run.
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_whose_store_call_hangs_is_given_up_and_the_next_pass_runs() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let store = HangsOnce::default();
+        let opts = MaintenanceOptions::default()
+            .every(Duration::from_secs(60))
+            .shard("s1");
+        // Long enough for the hung pass's timeout and two passes after it.
+        let runs_for = opts.pass_timeout() + 3 * opts.every;
+        Maintenance::new(store.clone())
+            .options(opts)
+            .run_until(tokio::time::sleep(runs_for))
+            .await;
+        let purges = store.purges.load(Ordering::SeqCst);
+        assert!(
+            purges >= 1 + 2 * Table::ALL.len() as u64,
+            "passes after the hung one purged: {purges} purge calls"
+        );
+        let failed: Vec<_> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, ..)| k.key().name() == crate::metrics::MAINTENANCE_FAILED)
+            .map(|(k, _, _, v)| {
+                let mut labels: Vec<_> = k
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                (labels, v)
+            })
+            .filter(|(_, v)| *v != metrics_util::debugging::DebugValue::Counter(0))
+            .collect();
+        assert_eq!(
+            failed,
+            vec![(
+                vec!["reason=timeout".to_owned(), "shard=s1".to_owned()],
+                metrics_util::debugging::DebugValue::Counter(1)
+            )]
+        );
+    }
 }
