@@ -77,3 +77,24 @@ async fn a_failed_clean_up_does_not_hide_the_first_error() {
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn a_missing_table_is_named_in_the_error() {
+    let client = client();
+    let missing = format!("txinbox-missing-{}", uuid::Uuid::new_v4().simple());
+    let e = DynamoStore::open(client, missing.clone(), DynamoOptions::default())
+        .await
+        .unwrap_err();
+    // DynamoDB Local answers "Cannot do operations on a non-existent table", without the name.
+    assert!(
+        matches!(&e, DynamoError::Table { table, .. } if *table == missing),
+        "{e:?}"
+    );
+    let line = e.to_string();
+    assert!(
+        line.contains(&missing)
+            && line.contains("ResourceNotFoundException")
+            && !line.contains('\n'),
+        "{line}"
+    );
+}

@@ -27,7 +27,18 @@ impl DynamoStore {
             .table_name(&*self.table)
             .send()
             .await
-            .map_err(|e| call("DescribeTable", e))?;
+            .map_err(|e| {
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_resource_not_found_exception())
+                {
+                    // The answer's own message may not name the table (DynamoDB Local's does not).
+                    bad("no such table in this account and region (DescribeTable: ResourceNotFoundException); \
+                         create it with the Terraform sample (infra/aws-dynamodb) or, for tests and development, \
+                         DynamoStore::create_table".into())
+                } else {
+                    call("DescribeTable", e)
+                }
+            })?;
         let t = desc
             .table()
             .ok_or_else(|| bad("DescribeTable answered without a table".into()))?;
