@@ -41,7 +41,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::runtime::health::{Health, HealthCheck};
 use crate::{CancellationToken, ReceivedMessage};
@@ -312,24 +312,25 @@ impl<P> Shards<P> {
             health = health.check("shards", move || {
                 let (watch, checked) = (watch.clone(), checked.clone());
                 async move {
-                    let answers = join_all(checked.iter().map(|&i| {
-                        let w = &watch[i];
-                        async move {
-                            match &w.check {
-                                Some(c) => matches!(
-                                    tokio::time::timeout(timeout, c.check()).await,
-                                    Ok(Ok(()))
-                                ),
-                                None => true,
-                            }
-                        }
-                    }))
-                    .await;
-                    if answers.iter().any(|up| *up) || watch.iter().any(|w| w.check.is_none()) {
-                        Ok(())
-                    } else {
-                        Err("every shard is unavailable".into())
+                    if watch.iter().any(|w| w.check.is_none()) {
+                        return Ok(());
                     }
+                    // Ready on the first shard that answers: a shard whose check never answers (a host that
+                    // drops packets) must not hold this line past the readiness check's own timeout, which
+                    // would fail it, and readiness with it, while another shard serves.
+                    let mut answers: FuturesUnordered<_> = checked
+                        .iter()
+                        .filter_map(|&i| watch[i].check.clone())
+                        .map(|c| async move {
+                            matches!(tokio::time::timeout(timeout, c.check()).await, Ok(Ok(())))
+                        })
+                        .collect();
+                    while let Some(up) = answers.next().await {
+                        if up {
+                            return Ok(());
+                        }
+                    }
+                    Err("every shard is unavailable".into())
                 }
             });
         }

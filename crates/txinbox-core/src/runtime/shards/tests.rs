@@ -320,3 +320,55 @@ async fn a_router_that_panics_dead_letters_that_message_alone() {
         );
     }
 }
+
+/// Readiness on shards stays ready while one shard answers, however long another takes to fail: a shard whose
+/// host drops packets (its check never answers) shows as `degraded shard b: no answer ...`, and the `shards`
+/// line passes on shard a's answer alone, without waiting out shard b's probe timeout (longer here than the
+/// readiness check timeout, which would fail the line, and with it readiness, for the whole worker).
+#[tokio::test(start_paused = true)]
+async fn readiness_stays_ready_while_one_shard_answers_and_another_never_does() {
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("a", ())
+                .claims(["acme"])
+                .check(|| async { Ok::<(), String>(()) }),
+            Shard::new("b", ())
+                .claims(["globex"])
+                .check(std::future::pending::<Result<(), String>>),
+        ],
+    )
+    .unwrap()
+    .options(ShardOptions::new().probe_timeout(Duration::from_secs(5)));
+    let health = shards.health(Health::new().check_timeout(Duration::from_secs(1)));
+    let ready = health.readiness().await;
+    let body = ready.to_string();
+    assert!(body.contains("ok shard a"), "{body}");
+    assert!(body.contains("degraded shard b: no answer"), "{body}");
+    assert!(body.contains("ok shards"), "{body}");
+    assert!(
+        ready
+            .checks
+            .iter()
+            .all(|c| c.ok || !c.required || c.name == "worker"),
+        "{body}"
+    );
+    // Every shard silent: the `shards` line fails.
+    let silent = Shards::new(
+        ShardRouter::tenant(),
+        [Shard::new("b", ())
+            .claims(["globex"])
+            .check(std::future::pending::<Result<(), String>>)],
+    )
+    .unwrap()
+    .options(ShardOptions::new().probe_timeout(Duration::from_millis(500)));
+    let body = silent
+        .health(Health::new().check_timeout(Duration::from_secs(1)))
+        .readiness()
+        .await
+        .to_string();
+    assert!(
+        body.contains("fail shards: every shard is unavailable"),
+        "{body}"
+    );
+}
