@@ -109,10 +109,27 @@ impl StoreSettings {
             .iter()
             .map(|(name, s)| {
                 let url = match (&s.url, &s.url_env) {
-                    (_, Some(var)) => env(var).ok_or_else(|| SettingsError::Override {
-                        var: var.clone(),
-                        detail: format!("not set; [store.shards.{name}] url_env names it"),
-                    })?,
+                    (_, Some(var)) => {
+                        let url = env(var).ok_or_else(|| SettingsError::Override {
+                            var: var.clone(),
+                            detail: format!("not set; [store.shards.{name}] url_env names it"),
+                        })?;
+                        // Checked as the file's `url` is, never quoted: the value may be a password alone.
+                        let wrong = if url.trim().is_empty() {
+                            Some("set but empty")
+                        } else if !is_postgres_url(&url) {
+                            Some("holds no postgres:// URL (shards are PostgreSQL stores)")
+                        } else {
+                            None
+                        };
+                        if let Some(wrong) = wrong {
+                            return Err(SettingsError::Override {
+                                var: var.clone(),
+                                detail: format!("{wrong}; [store.shards.{name}] url_env names it"),
+                            });
+                        }
+                        url
+                    }
                     (Some(url), None) => url.clone(),
                     (None, None) => {
                         return Err(SettingsError::Override {
@@ -131,6 +148,11 @@ impl StoreSettings {
             })
             .collect()
     }
+}
+
+/// Whether `url` names a PostgreSQL store (`postgres://` or `postgresql://`), the only kind a shard can be.
+pub(super) fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 // Debug for a log line: the URLs without their password or query values (TXINBOX_STORE__URL is where a

@@ -64,6 +64,43 @@ fn shards_resolve_their_url_from_the_environment_and_bad_claims_are_one_line() {
 }
 }
 
+/// A shard's `url_env` variable that is set but empty, or holds something else than a PostgreSQL URL (a
+/// `sqlite:` file, a password alone), is refused at start naming the variable and the shard, never quoting the
+/// value; as is a file's `url` that is no `postgres://` URL.
+#[test]
+fn a_shard_s_url_variable_set_empty_or_to_another_store_is_refused_naming_it() {
+    let s = WorkerSettings::from_toml_str("[store.shards.eu-1]\nurl_env = \"EU1\"\nrest = true\n")
+        .unwrap();
+    for value in ["", "  ", "sqlite:eu1.db", "hunter2pw", "postgresfoo:x"] {
+        let e = s
+            .store
+            .resolved_shards_with(|v| (v == "EU1").then(|| value.to_owned()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("EU1") && e.contains("store.shards.eu-1"),
+            "{value:?}: {e}"
+        );
+        assert!(!e.contains("not set"), "{value:?}: {e}");
+        if !value.trim().is_empty() {
+            assert!(!e.contains(value), "the value is quoted: {e}");
+        }
+    }
+    for value in ["postgres://crm:pw@db/crm", "postgresql://crm@db/crm"] {
+        let r = s
+            .store
+            .resolved_shards_with(|v| (v == "EU1").then(|| value.to_owned()))
+            .unwrap();
+        assert_eq!(r[0].url, value);
+    }
+    let e = WorkerSettings::from_toml_str(
+        "[store.shards.a]\nurl = \"postgresfoo:x\"\ntenants = [\"x\"]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("PostgreSQL"), "{e}");
+}
+
 #[test]
 fn defaults_come_from_the_library() {
     let s = WorkerSettings::default();

@@ -50,7 +50,7 @@ impl WorkerSettings {
                             format!("shard {name:?} has no url and no url_env"),
                         )
                     }
-                    (Some(url), None) if !url.starts_with("postgres") => {
+                    (Some(url), None) if !super::store::is_postgres_url(url) => {
                         return bad(
                             "store.shards",
                             format!(
