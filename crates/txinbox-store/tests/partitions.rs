@@ -915,3 +915,37 @@ async fn a_batch_row_refused_before_a_later_one_names_the_holder_it_met() {
     }
     s.drop().await;
 }
+
+/// A re-send of an event with its id and another `time` in another bucket is another message on the
+/// partitioned layout (documented), and each keeps its own result reference: the second's handler wrote its
+/// reference on every marker of the identity, the first message's in its own partition too, so a later copy
+/// of the first was answered with the re-send's result (found by the layouts' property test).
+#[tokio::test]
+async fn a_result_reference_goes_to_the_marker_of_its_own_partition() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let now = Utc::now();
+    let (first, resent) = (now, now - Cd::days(1));
+    let id = identity("evt-ref", None);
+    for (origin, reference) in [(first, "first"), (resent, "resent")] {
+        let id = timed(&id, origin);
+        let row = MarkerRow::new(&id, "h", now, now, now + Cd::days(30), 1).origin_at(origin);
+        let tx = s.store.begin().await.unwrap();
+        assert_eq!(
+            s.store.insert_marker(&tx, &row).await.unwrap(),
+            MarkerInsert::Inserted
+        );
+        s.store
+            .record_result(&tx, &id, Some(reference), &[])
+            .await
+            .unwrap();
+        s.store.commit(tx).await.unwrap();
+    }
+    let refs: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT result_reference FROM txinbox_inbox ORDER BY origin_bucket")
+            .fetch_all(s.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(refs, [Some("resent".to_owned()), Some("first".to_owned())]);
+    s.drop().await;
+}
