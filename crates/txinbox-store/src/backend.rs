@@ -53,11 +53,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         rows: &[MarkerRow<'_>],
     ) -> impl Future<Output = Result<Vec<MarkerInsert>, sqlx::Error>> + Send;
 
-    /// Stores the handler's result reference on the marker (same transaction).
+    /// Stores the handler's result reference on the marker (same transaction): the one of the partition
+    /// starting at `bucket` when the layout is partitioned (an identity may have a marker in each of several
+    /// buckets, each another message's), else the identity's.
     fn set_result_reference(
         conn: &mut Self::Connection,
         identity: &Identity,
         reference: &str,
+        bucket: Option<DateTime<Utc>>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Writes an effect intent (same transaction).

@@ -322,14 +322,22 @@ impl Backend for Postgres {
         conn: &mut PgConnection,
         id: &Identity,
         reference: &str,
+        bucket: Option<DateTime<Utc>>,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE txinbox_inbox SET result_reference = $4 WHERE consumer_name = $1 AND source = $2 AND message_id = $3")
+        // Partitioned: the marker of this transaction's partition, never another bucket's message.
+        let sql = match bucket {
+            None => "UPDATE txinbox_inbox SET result_reference = $4 WHERE consumer_name = $1 AND source = $2 AND message_id = $3",
+            Some(_) => "UPDATE txinbox_inbox SET result_reference = $4 WHERE consumer_name = $1 AND source = $2 AND message_id = $3 AND origin_bucket = $5",
+        };
+        let mut q = sqlx::query(sql)
             .bind(id.consumer.as_str())
             .bind(&id.source)
             .bind(&id.message_id)
-            .bind(text(reference))
-            .execute(conn)
-            .await?;
+            .bind(text(reference));
+        if let Some(b) = bucket {
+            q = q.bind(b);
+        }
+        q.execute(conn).await?;
         Ok(())
     }
 

@@ -213,6 +213,7 @@ impl Backend for Sqlite {
         conn: &mut SqliteConnection,
         id: &Identity,
         reference: &str,
+        _bucket: Option<DateTime<Utc>>,
     ) -> Result<(), sqlx::Error> {
         sqlx::query("UPDATE txinbox_inbox SET result_reference = ?4 WHERE consumer_name = ?1 AND source = ?2 AND message_id = ?3")
             .bind(id.consumer.as_str())

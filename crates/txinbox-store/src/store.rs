@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::conns::KeptConnections;
 use crate::error::StoreError;
 use crate::partitions::{Layout, LayoutState};
-use crate::tx::{conn, Tx};
+use crate::tx::{conn, open, placed, Placed, Tx};
 
 /// How long a connection is kept for the next delivery by default.
 const DEFAULT_KEEP_IDLE: Duration = Duration::from_millis(500);
@@ -209,10 +209,12 @@ impl<DB: Backend> Store<DB> {
         }
     }
 
-    /// The marker inserts in whichever layout the database has.
+    /// The marker inserts in whichever layout the database has; with the partitioned layout, the markers
+    /// that went in are noted in `placed` with their buckets.
     async fn insert_rows(
         &self,
         conn: &mut DB::Connection,
+        placed: &mut Placed,
         rows: &[MarkerRow<'_>],
     ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
         let answer = match self.layout_on(conn).await? {
@@ -230,7 +232,15 @@ impl<DB: Backend> Store<DB> {
                         state = s;
                     }
                 }
-                DB::insert_markers_partitioned(conn, rows, &state).await
+                let answers = DB::insert_markers_partitioned(conn, rows, &state).await;
+                if let Ok(answers) = &answers {
+                    for (row, answer) in rows.iter().zip(answers) {
+                        if *answer == MarkerInsert::Inserted {
+                            placed.push(row.identity, state.bucket(row.origin_at));
+                        }
+                    }
+                }
+                answers
             }
         };
         self.noticed(answer)
@@ -500,12 +510,14 @@ impl<DB: Backend> InboxStore for Store<DB> {
         row: &MarkerRow<'_>,
     ) -> Result<MarkerInsert, sqlx::Error> {
         let mut g = tx.lock().await;
-        let c = conn(&mut g)?;
         if let Ok(None) = self.layout.current() {
             // Row-by-row (the default): the single-row statement.
-            return self.noticed(DB::insert_marker(c, row).await);
+            return self.noticed(DB::insert_marker(conn(&mut g)?, row).await);
         }
-        let mut answers = self.insert_rows(c, std::slice::from_ref(row)).await?;
+        let (c, placed) = open(&mut g)?;
+        let mut answers = self
+            .insert_rows(c, placed, std::slice::from_ref(row))
+            .await?;
         answers
             .pop()
             .ok_or_else(|| sqlx::Error::Protocol("no answer for the marker insert".into()))
@@ -517,7 +529,8 @@ impl<DB: Backend> InboxStore for Store<DB> {
         rows: &[MarkerRow<'_>],
     ) -> Result<Vec<MarkerInsert>, sqlx::Error> {
         let mut g = tx.lock().await;
-        self.insert_rows(conn(&mut g)?, rows).await
+        let (c, placed) = open(&mut g)?;
+        self.insert_rows(c, placed, rows).await
     }
 
     async fn record_result(
@@ -528,9 +541,11 @@ impl<DB: Backend> InboxStore for Store<DB> {
         effects: &[NewEffect<'_>],
     ) -> Result<(), sqlx::Error> {
         let mut g = tx.lock().await;
+        // The bucket of this delivery's marker, when the layout placed it in a partition.
+        let bucket = placed(&mut g)?.take(identity);
         let c = conn(&mut g)?;
         if let Some(r) = result_reference {
-            DB::set_result_reference(c, identity, r).await?;
+            DB::set_result_reference(c, identity, r, bucket).await?;
         }
         for e in effects {
             DB::insert_effect(c, e).await?;
@@ -572,12 +587,15 @@ impl<DB: Backend> InboxStore for Store<DB> {
     async fn savepoint(&self, tx: &Tx<DB>) -> Result<bool, sqlx::Error> {
         let mut g = tx.lock().await;
         DB::savepoint(conn(&mut g)?).await?;
+        placed(&mut g)?.savepoint();
         Ok(true)
     }
 
     async fn rollback_to_savepoint(&self, tx: &Tx<DB>) -> Result<(), sqlx::Error> {
         let mut g = tx.lock().await;
-        DB::rollback_to_savepoint(conn(&mut g)?).await
+        DB::rollback_to_savepoint(conn(&mut g)?).await?;
+        placed(&mut g)?.rolled_back();
+        Ok(())
     }
 
     fn is_transient(e: &sqlx::Error) -> bool {

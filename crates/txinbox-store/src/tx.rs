@@ -3,10 +3,12 @@
 use std::fmt;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, StreamExt, TryStreamExt};
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Describe, Either, Execute, Executor, TransactionManager};
+use txinbox_core::Identity;
 
 use crate::backend::Backend;
 
@@ -38,8 +40,50 @@ impl<DB: Backend> fmt::Debug for Tx<DB> {
 }
 
 /// A connection with an open transaction; dropping it queues the rollback (a no-op after COMMIT), which the
-/// pool flushes before the connection serves anyone else.
-pub(crate) struct Open<DB: Backend>(Option<PoolConnection<DB>>);
+/// pool flushes before the connection serves anyone else. With it, the markers the transaction placed in a
+/// partitioned layout ([`Placed`]).
+pub(crate) struct Open<DB: Backend>(Option<PoolConnection<DB>>, Placed);
+
+/// The markers a transaction inserted in the partitioned layout, each with its partition's bucket, in the
+/// order they went in, not yet given their result; and how many there were at the latest savepoint. An
+/// identity may have a marker in several buckets, each another message's (a re-send with another event
+/// time): a result reference goes to the marker of its own delivery, in its bucket.
+#[derive(Default)]
+pub(crate) struct Placed {
+    markers: Vec<(String, String, String, DateTime<Utc>)>,
+    at_savepoint: usize,
+}
+
+impl Placed {
+    /// A marker of `identity` went in, in the partition of `bucket`.
+    pub(crate) fn push(&mut self, identity: &Identity, bucket: DateTime<Utc>) {
+        self.markers.push((
+            identity.consumer.as_str().to_owned(),
+            identity.source.clone(),
+            identity.message_id.clone(),
+            bucket,
+        ));
+    }
+
+    /// The bucket of the first marker of `identity` not given its result yet, now given it (the handlers run
+    /// in the order the markers went in); `None` when there is none (the row-by-row layout).
+    pub(crate) fn take(&mut self, identity: &Identity) -> Option<DateTime<Utc>> {
+        let i = self.markers.iter().position(|(c, s, m, _)| {
+            c == identity.consumer.as_str() && *s == identity.source && *m == identity.message_id
+        })?;
+        Some(self.markers.remove(i).3)
+    }
+
+    /// A savepoint was opened.
+    pub(crate) fn savepoint(&mut self) {
+        self.at_savepoint = self.markers.len();
+    }
+
+    /// The transaction rolled back to its latest savepoint: the markers placed since are gone.
+    pub(crate) fn rolled_back(&mut self) {
+        self.markers.truncate(self.at_savepoint);
+    }
+}
 
 impl<DB: Backend> Drop for Open<DB> {
     fn drop(&mut self) {
@@ -61,7 +105,10 @@ fn ended() -> sqlx::Error {
 impl<DB: Backend> Tx<DB> {
     pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
         Self {
-            inner: Arc::new(tokio::sync::Mutex::new(Some(Open(Some(conn))))),
+            inner: Arc::new(tokio::sync::Mutex::new(Some(Open(
+                Some(conn),
+                Placed::default(),
+            )))),
         }
     }
 
@@ -74,6 +121,26 @@ impl<DB: Backend> Tx<DB> {
     /// Locks the transaction for one statement; [`conn`] gives its connection.
     pub(crate) async fn lock(&self) -> tokio::sync::MutexGuard<'_, Option<Open<DB>>> {
         self.inner.lock().await
+    }
+}
+
+/// The markers a locked transaction placed, or the error of one that has ended.
+pub(crate) fn placed<DB: Backend>(
+    guard: &mut Option<Open<DB>>,
+) -> Result<&mut Placed, sqlx::Error> {
+    match guard.as_mut() {
+        Some(o) if o.0.is_some() => Ok(&mut o.1),
+        _ => Err(ended()),
+    }
+}
+
+/// The connection of a locked transaction and the markers it placed, or the error of one that has ended.
+pub(crate) fn open<DB: Backend>(
+    guard: &mut Option<Open<DB>>,
+) -> Result<(&mut DB::Connection, &mut Placed), sqlx::Error> {
+    match guard.as_mut() {
+        Some(Open(Some(c), placed)) => Ok((&mut **c, placed)),
+        _ => Err(ended()),
     }
 }
 
