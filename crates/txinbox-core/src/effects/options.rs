@@ -57,7 +57,9 @@ pub struct EffectOptions {
     pub backoff: Duration,
     /// Longest backoff (default 5 min).
     pub max_backoff: Duration,
-    /// How long done effects are kept (default 7 days).
+    /// How long done effects are kept (default 7 days). The maintenance removes done and compensated effects
+    /// too, after [`MaintenanceOptions::effects_keep`](crate::runtime::maintenance::MaintenanceOptions::effects_keep):
+    /// where both run, a done effect goes at the shorter of the two.
     pub done_retention: Duration,
     /// Pause when nothing is due (default 500 ms).
     pub idle_poll: Duration,
