@@ -355,21 +355,24 @@ fn main() -> ExitCode {
                     }
                 },
             };
-            let result = rt.block_on(async {
+            // A shard that cannot be read is named on stderr; the others still are.
+            let failed = rt.block_on(async {
+                let mut failed = false;
                 for t in &targets {
                     if let Some(shard) = &t.shard {
                         outln!("shard {shard}:");
                     }
-                    effects_on(&t.url, &command).await?;
+                    if let Err(e) = effects_on(&t.url, &command).await {
+                        targets::target_failed(t, &e);
+                        failed = true;
+                    }
                 }
-                Ok::<(), String>(())
+                failed
             });
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    crate::out::errln!("error: {}", targets::redact(&e));
-                    ExitCode::from(2)
-                }
+            if failed {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
             }
         }
         Command::Schema { backend } => {

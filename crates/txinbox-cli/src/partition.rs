@@ -58,16 +58,25 @@ pub fn run(args: &PartitionArgs) -> ExitCode {
     if let Err(e) = opts.check() {
         return fail(&e);
     }
+    // A shard that cannot be converted is named on stderr; the others still are.
+    let mut failed = false;
     for t in &targets {
         if let Some(shard) = &t.shard {
             outln!("shard {shard}:");
         }
         match rt.block_on(one(&t.url, &opts, args.status)) {
             Ok(line) => outln!("{line}"),
-            Err(e) => return fail(&e),
+            Err(e) => {
+                crate::targets::target_failed(t, &e);
+                failed = true;
+            }
         }
     }
-    ExitCode::SUCCESS
+    if failed {
+        ExitCode::from(2)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<String, String> {

@@ -48,22 +48,31 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
     if args.json && targets.len() > 1 {
         return fail("--json prints one document: with several shards, name one with --shard");
     }
-    let mut budget_exhausted = false;
+    // A shard that cannot be purged is named on stderr; the others still get their pass.
+    let (mut budget_exhausted, mut failed) = (false, false);
     for t in &targets {
         if let (Some(shard), false) = (&t.shard, args.json) {
             outln!("shard {shard}:");
         }
         let report = match rt.block_on(one_pass(&t.url, args)) {
             Ok(r) => r,
-            Err(e) => return fail(&e),
+            Err(e) => {
+                crate::targets::target_failed(t, &e);
+                failed = true;
+                continue;
+            }
         };
         if let Some(e) = &report.error {
-            return fail(&format!("purge stopped: {e} ({report})"));
+            crate::targets::target_failed(t, &format!("purge stopped: {e} ({report})"));
+            failed = true;
+            continue;
         }
         print_report(&report, args.json);
         budget_exhausted |= report.budget_exhausted;
     }
-    if budget_exhausted {
+    if failed {
+        ExitCode::from(2)
+    } else if budget_exhausted {
         ExitCode::from(3)
     } else {
         ExitCode::SUCCESS

@@ -106,9 +106,23 @@ pub fn runtime_and_targets(
 /// Prints `error: MSG` on one line (a driver's message may hold line breaks), its secrets masked
 /// ([`redact`]), and exits 2.
 pub fn fail(msg: &str) -> std::process::ExitCode {
+    error_line(msg);
+    std::process::ExitCode::from(2)
+}
+
+/// Prints `error: MSG` on one line, its secrets masked.
+fn error_line(msg: &str) {
     let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
     crate::out::errln!("error: {}", redact(&one_line));
-    std::process::ExitCode::from(2)
+}
+
+/// Prints the error of one store of the command as [`fail`] does, naming its shard (`error: shard NAME:
+/// MSG`): on several shards the command goes on with the next one, and exits 2 at the end.
+pub fn target_failed(target: &StoreTarget, msg: &str) {
+    match &target.shard {
+        Some(shard) => error_line(&format!("shard {shard}: {msg}")),
+        None => error_line(msg),
+    }
 }
 
 /// `text` with the secrets an error may quote masked as `***` (see

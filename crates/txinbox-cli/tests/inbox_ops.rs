@@ -511,3 +511,103 @@ async fn on_shards_the_commands_read_each_shard_of_the_settings_file() {
     assert!(err.contains("TXINBOX_TEST_SHARD_EU_1"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--config` on shards, one of them down: every command still runs on the others, and says on one line which
+/// shard failed (never its password); the exit code is 2 because one shard could not be read, except `show`
+/// finding the message in a shard that answered (a message lives in one shard).
+#[tokio::test]
+async fn on_shards_a_shard_that_is_down_is_named_and_the_others_are_still_read() {
+    let base = txinbox_testkit::pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let store = Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 4)
+        .await
+        .expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+    populate(store).await;
+    let up = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let dir = std::env::temp_dir().join(format!("txinbox-shard-down-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("worker.toml");
+    // eu-1 comes first and refuses every connection (nothing listens on port 1).
+    std::fs::write(
+        &file,
+        format!(
+            "[store.shards.eu-1]\nurl_env = \"TXINBOX_TEST_SHARD_DOWN\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"{up}\"\ntenants = [\"globex\"]\n"
+        ),
+    )
+    .unwrap();
+    let config = file.display().to_string();
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+            .args(args)
+            .args(["--config", &config])
+            .env_remove("TXINBOX_STORE_URL")
+            .env(
+                "TXINBOX_TEST_SHARD_DOWN",
+                "postgres://crm:s3cretpw@127.0.0.1:1/crm",
+            )
+            .output()
+            .expect("run txinbox");
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        );
+        assert!(
+            !out.contains("s3cretpw") && !err.contains("s3cretpw"),
+            "{out}{err}"
+        );
+        assert!(
+            err.lines().any(|l| l.starts_with("error: shard eu-1: ")),
+            "{args:?}: the failed shard is named: {err}"
+        );
+        (code(&o), out)
+    };
+    for (args, exit) in [
+        (&["inbox", "stats"][..], 2),
+        (&["inbox", "rejections"][..], 2),
+        (&["effects", "stats"][..], 2),
+        (
+            &[
+                "inbox",
+                "show",
+                "--consumer",
+                CONSUMER,
+                "--source",
+                SOURCE,
+                "--message-id",
+                "evt-482",
+            ][..],
+            0,
+        ),
+    ] {
+        let (got, out) = run(args);
+        assert_eq!(got, exit, "{args:?}: {out}");
+        let (_, eu2) = out
+            .split_once("shard eu-2:")
+            .unwrap_or_else(|| panic!("{args:?}: shard eu-2 was not read: {out}"));
+        assert!(
+            eu2.contains(CONSUMER) || eu2.contains("crm"),
+            "{args:?}: {out}"
+        );
+    }
+    // Not found in the shard that answered: unknown, since the other could not be read.
+    let (got, _) = run(&[
+        "inbox",
+        "show",
+        "--consumer",
+        CONSUMER,
+        "--message-id",
+        "evt-never-sent",
+    ]);
+    assert_eq!(got, 2);
+    // A maintenance pass runs on the shard that answers.
+    let (got, out) = run(&["inbox", "purge"]);
+    assert_eq!(got, 2, "{out}");
+    assert!(out.contains("shard eu-2:"), "{out}");
+    let pool = sqlx::PgPool::connect(&base).await.unwrap();
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -212,24 +212,37 @@ pub fn run(command: InboxCommand) -> ExitCode {
                 "--json prints one document: with several shards, name one with --shard".into(),
             );
         }
-        // A message lives in one shard: `show` finds it when any shard knows it.
-        let mut found = false;
+        // A message lives in one shard: `show` finds it when any shard knows it. A shard that cannot be read
+        // is named on stderr and the others are still read.
+        let (mut found, mut failed) = (false, false);
         for t in &targets {
             if let Some(shard) = &t.shard {
                 if !command.common().json {
                     outln!("shard {shard}:");
                 }
             }
-            let store = Ops::open(&t.url).await?;
-            let r = command.run_on(&store).await;
-            store.close().await;
-            found |= r?;
+            let read = async {
+                let store = Ops::open(&t.url).await?;
+                let r = command.run_on(&store).await;
+                store.close().await;
+                r
+            };
+            match read.await {
+                Ok(f) => found |= f,
+                Err(e) => {
+                    crate::targets::target_failed(t, &e);
+                    failed = true;
+                }
+            }
         }
-        Ok::<bool, String>(found)
+        Ok::<(bool, bool), String>((found, failed))
     });
     match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
+        // `show` found the message: the answer, whatever another shard said.
+        Ok((true, _)) if matches!(command, ReadCommand::Show(_)) => ExitCode::SUCCESS,
+        Ok((_, true)) => ExitCode::from(2),
+        Ok((true, false)) => ExitCode::SUCCESS,
+        Ok((false, false)) => ExitCode::from(1),
         Err(e) => error(&e),
     }
 }
