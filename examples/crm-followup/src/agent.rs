@@ -273,18 +273,9 @@ async fn run_sharded<R: Receiver>(
             .zip(&stores)
             .zip(&migrated)
             .map(|((r, store), done)| {
-                let (check, done) = (store.clone(), done.clone());
                 let shard = Shard::new(r.name.clone(), base.on_store(store.clone()))
                     .claims(r.tenants.clone())
-                    .check(move || {
-                        let (store, done) = (check.clone(), done.clone());
-                        async move {
-                            if !done.load(std::sync::atomic::Ordering::SeqCst) {
-                                return Err("reachable, not migrated yet".to_owned());
-                            }
-                            store.check().await
-                        }
-                    });
+                    .check(shard_check(store.clone(), done.clone()));
                 if r.rest {
                     shard.rest()
                 } else {
@@ -323,6 +314,26 @@ async fn run_sharded<R: Receiver>(
         store.close().await;
     }
     Ok(report)
+}
+
+/// A shard's readiness check: its store answers and its schema is in place. A shard reached late fails it until
+/// its migration has run, so its deliveries wait instead of failing on tables that are not there yet; the
+/// reason given is the store's own while it does not answer (`no connection: ...`), and `reachable, not
+/// migrated yet` only once it does.
+fn shard_check(
+    store: Store<sqlx::Postgres>,
+    migrated: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> impl HealthCheck {
+    move || {
+        let (store, migrated) = (store.clone(), migrated.clone());
+        async move {
+            store.check().await?;
+            if !migrated.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err("reachable, not migrated yet".to_owned());
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Runs the worker and, with effects, the effect runners and the maintenances beside it (one of each per store),
@@ -380,4 +391,27 @@ where
         "worker stopped"
     );
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard that cannot be reached at start is said to be unreachable, with the driver's reason and never
+    /// its password, not `reachable, not migrated yet`, in readiness and in the probe's log line.
+    #[tokio::test]
+    async fn a_shard_unreachable_at_start_is_not_said_to_be_reachable() {
+        use txinbox::store::StoreOptions;
+        // Nothing listens on port 1: every connection is refused.
+        let store = Store::<sqlx::Postgres>::connect_lazy_with(
+            "postgres://crm:s3cretpw@127.0.0.1:1/crm",
+            StoreOptions::new().max_connections(1),
+        )
+        .unwrap();
+        let migrated = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let why = shard_check(store, migrated).check().await.unwrap_err();
+        assert!(!why.contains("reachable"), "{why}");
+        assert!(why.contains("no connection"), "{why}");
+        assert!(!why.contains("s3cretpw"), "{why}");
+    }
 }
