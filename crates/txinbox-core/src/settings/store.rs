@@ -13,7 +13,8 @@ pub struct StoreSettings {
     /// Most connections in the pool (10); each shard's pool too, unless the shard sets its own.
     pub max_connections: u32,
     /// Several PostgreSQL stores behind one worker (`[store.shards.NAME]`), each delivery applied in the one that
-    /// claims its tenant ([`crate::runtime::shards`]). Empty (the default): one store, `url`.
+    /// claims its tenant ([`crate::runtime::shards`]), `url` then left unset (refused beside them: it would never be
+    /// used). Empty (the default): one store, `url`.
     pub shards: std::collections::BTreeMap<String, ShardSettings>,
     /// Refuse to start while a shard cannot be reached (false: start for the others; the unreachable shard's
     /// deliveries are released until it answers, and readiness names it).

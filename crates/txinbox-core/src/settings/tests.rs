@@ -101,6 +101,37 @@ fn a_shard_s_url_variable_set_empty_or_to_another_store_is_refused_naming_it() {
     assert!(e.contains("PostgreSQL"), "{e}");
 }
 
+/// A `[store] url` beside `[store.shards]`, in the file or by `TXINBOX_STORE__URL`, is refused at start: the
+/// worker and the operator commands would run on the shards and never on it, without a word.
+#[test]
+fn a_store_url_beside_shards_is_refused_naming_the_key_not_the_url() {
+    let shards = "[store.shards.eu-1]\nurl = \"postgres://crm@db-eu-1/crm\"\nrest = true\n";
+    let in_file = format!("[store]\nurl = \"postgres://crm:filepw@db/crm\"\n{shards}");
+    let e = WorkerSettings::from_toml_str(&in_file)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("store.url") && e.contains("[store.shards]"),
+        "{e}"
+    );
+    assert!(!e.contains("filepw"), "{e}");
+    let e = WorkerSettings::parse(
+        shards,
+        "<text>".into(),
+        env(&[("TXINBOX_STORE__URL", "postgres://crm:envpw@db/crm")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("store.url") && e.contains("TXINBOX_STORE__URL"),
+        "{e}"
+    );
+    assert!(!e.contains("envpw"), "{e}");
+    // Shards alone, or a store alone, are fine.
+    WorkerSettings::from_toml_str(shards).unwrap();
+    WorkerSettings::from_toml_str("[store]\nurl = \"postgres://crm@db/crm\"\n").unwrap();
+}
+
 #[test]
 fn defaults_come_from_the_library() {
     let s = WorkerSettings::default();
@@ -367,10 +398,20 @@ fn debug_never_shows_a_secret() {
          compensate_url = \"https://crm.example/v1/undo?token=c0mp77\"\n\
          confirm = { url = \"https://crm.example/v1/find?sig=s1g55\" }\n",
         "<text>".into(),
-        env(&[("TXINBOX_STORE__URL", "postgres://app:s3cretpw@db/crm?sslpassword=ssl88")]),
+        env(&[]),
     )
     .unwrap();
-    let shown = format!("{s:?} {:#?}", s.store);
+    // The store's own URL (never beside shards).
+    let one = WorkerSettings::parse(
+        "",
+        "<text>".into(),
+        env(&[(
+            "TXINBOX_STORE__URL",
+            "postgres://app:s3cretpw@db/crm?sslpassword=ssl88",
+        )]),
+    )
+    .unwrap();
+    let shown = format!("{s:?} {:#?} {one:?} {:#?}", s.store, one.store);
     for secret in [
         "s3cretpw", "ssl88", "sh4rdpw", "k3y999", "t0ken42", "c0mp77", "s1g55",
     ] {

@@ -36,6 +36,14 @@ impl WorkerSettings {
             }
         }
         if !self.store.shards.is_empty() {
+            // The worker and the operator commands never use it with shards: one given anyway (in the file,
+            // or by TXINBOX_STORE__URL) is a store someone expects to be used.
+            if self.store.url != super::StoreSettings::default().url {
+                return bad(
+                    "store.url",
+                    "set with [store.shards]: a worker on shards uses each shard's url and never this one; remove it (or TXINBOX_STORE__URL)".into(),
+                );
+            }
             for (name, shard) in &self.store.shards {
                 match (&shard.url, &shard.url_env) {
                     (Some(_), Some(_)) => {
