@@ -56,6 +56,12 @@ impl CommonArgs {
         set(&mut s.worker.metrics_addr, &self.metrics_addr);
         set(&mut s.worker.health_addr, &self.health_addr);
         if let Some(v) = &self.store {
+            // A worker on shards never uses `[store] url`: the flag would be ignored without a word.
+            if !s.store.shards.is_empty() {
+                return Err(
+                    "--store with a settings file that has [store.shards]: the worker runs on each shard's url; remove --store, or use a file without shards".into(),
+                );
+            }
             s.store.url.clone_from(v);
         }
         if let Some(v) = &self.consumer {
@@ -186,6 +192,42 @@ pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--store` with a settings file that has shards is refused with one line (never the URL), where the worker
+    /// would have run on the shards and ignored it.
+    #[test]
+    fn store_flag_with_a_sharded_settings_file_is_refused() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            common: CommonArgs,
+        }
+        let dir =
+            std::env::temp_dir().join(format!("crm-followup-store-flag-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("worker.toml");
+        std::fs::write(
+            &file,
+            "[store.shards.eu-1]\nurl = \"postgres://crm@db-eu-1/crm\"\nrest = true\n",
+        )
+        .unwrap();
+        let config = file.display().to_string();
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["crm-worker", "--config", &config];
+            args.extend_from_slice(extra);
+            <Cli as clap::Parser>::try_parse_from(args)
+                .unwrap()
+                .common
+                .settings()
+        };
+        let e = parse(&["--store", "postgres://crm:s3cretpw@db/crm"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--store") && e.contains("[store.shards]"), "{e}");
+        assert!(!e.contains("s3cretpw"), "{e}");
+        assert_eq!(parse(&[]).unwrap().store.shards.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A worker that abandoned deliveries at shutdown does not end as a clean stop; one that gave up says so
     /// first.
