@@ -106,6 +106,18 @@ pub enum ShardConfigError {
         /// The second.
         second: String,
     },
+    /// A claimed tenant that is no message's tenant as the inbox reads it (empty, with a control character, over
+    /// an identity field's 512 bytes), or one with whitespace around it (tenants are matched exactly: `"acme "`
+    /// never takes `acme`'s messages, which would go to the rest or be dead-lettered).
+    #[error("shard {shard:?} claims tenant {key:?}, which {why}")]
+    InvalidTenant {
+        /// The shard.
+        shard: String,
+        /// The claim, as written.
+        key: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A shard claims nothing and does not take the rest: it would never receive a delivery.
     #[error("shard {0:?} claims no tenant and does not take the rest")]
     ClaimsNothing(String),
@@ -230,6 +242,13 @@ pub(super) fn check_claims<'a, K: AsRef<str> + 'a>(
         }
         for key in claims {
             let key = key.as_ref();
+            if let Some(why) = unusable_claim(key) {
+                return Err(ShardConfigError::InvalidTenant {
+                    shard: name.to_owned(),
+                    key: key.to_owned(),
+                    why,
+                });
+            }
             if let Some(&first) = by_key.get(key) {
                 if first == i {
                     return Err(ShardConfigError::ListedTwice {
@@ -260,6 +279,21 @@ pub(super) fn check_claims<'a, K: AsRef<str> + 'a>(
         return Err(ShardConfigError::NoShards);
     }
     Ok(Claims { by_key, rest })
+}
+
+/// Why a claimed key can never take a message's key as it is written, if so.
+fn unusable_claim(key: &str) -> Option<&'static str> {
+    if key.trim().is_empty() {
+        Some("is empty")
+    } else if key.len() > crate::pipeline::identity::MAX_ID_LEN {
+        Some("is longer than a tenant can be (512 bytes)")
+    } else if key.chars().any(char::is_control) {
+        Some("has a control character, which no tenant can have")
+    } else if key.trim() != key {
+        Some("has whitespace around it (tenants are matched exactly)")
+    } else {
+        None
+    }
 }
 
 fn valid_name(name: &str) -> bool {

@@ -372,3 +372,48 @@ async fn readiness_stays_ready_while_one_shard_answers_and_another_never_does() 
         "{body}"
     );
 }
+
+/// A claimed tenant that no message's tenant can match as written is refused when the shards are built (and so
+/// at start from the settings file), with one line naming the shard and the claim: an empty one, one with
+/// whitespace around it (`"acme "` would leave `acme`'s messages to the rest or to the dead-letter queue), one
+/// with a control character or longer than the inbox lets a tenant be.
+#[test]
+fn a_claim_no_tenant_can_match_is_refused_with_one_line() {
+    let long = "t".repeat(513);
+    for (claim, says) in [
+        ("", "is empty"),
+        ("  ", "is empty"),
+        ("acme ", "whitespace"),
+        ("\tacme", "control character"),
+        ("ac\0me", "control character"),
+        (long.as_str(), "longer"),
+    ] {
+        let e = Shards::new(
+            ShardRouter::tenant(),
+            [
+                Shard::new("eu-1", ()).claims(["globex"]),
+                Shard::new("eu-2", ()).claims(["initech", claim]),
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ShardConfigError::InvalidTenant { shard, key, .. } if shard == "eu-2" && key == claim),
+            "{claim:?}: {e:?}"
+        );
+        let line = e.to_string();
+        assert!(line.contains(says) && !line.contains('\n'), "{line}");
+    }
+    // What a tenant may be: kept as written, inner spaces and any letters included.
+    let ok = Shards::new(
+        ShardRouter::tenant(),
+        [Shard::new("eu-1", ()).claims(["acme corp", "Ünïcode", &"t".repeat(512)])],
+    )
+    .unwrap();
+    assert_eq!(ok.shard_of(&msg("{}", Some("acme corp"))), Ok("eu-1"));
+    let e = crate::settings::WorkerSettings::from_toml_str(
+        "[store.shards.eu-1]\nurl = \"postgres://crm@db/crm\"\ntenants = [\"acme \"]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(r#"shard "eu-1" claims tenant "acme ""#), "{e}");
+}
