@@ -38,7 +38,7 @@
 //! add beside the ones already there).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -67,6 +67,10 @@ struct Watch {
     check: Option<Arc<dyn HealthCheck>>,
     down: Mutex<Option<String>>,
     probing: AtomicBool,
+    /// The probes begun (each one's ticket) and the ticket of the last one whose answer was recorded: a probe
+    /// that began before it answers an older question, and is not recorded.
+    begun: AtomicU64,
+    recorded: AtomicU64,
 }
 
 struct Inner<P> {
@@ -161,6 +165,8 @@ impl<P> Shards<P> {
                 check: s.check,
                 down: Mutex::new(None),
                 probing: AtomicBool::new(false),
+                begun: AtomicU64::new(0),
+                recorded: AtomicU64::new(0),
             });
             processors.push(s.processor);
         }

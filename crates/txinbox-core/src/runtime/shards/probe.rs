@@ -6,14 +6,21 @@ use futures::future::join_all;
 use super::{lock, Shards, Watch};
 use crate::metrics as m;
 
-/// Probes one shard and records the result (logging and counting a change).
-async fn probe_one(w: &Watch, timeout: Duration, consumer: Option<&str>) {
+/// Probes one shard and records the result (logging and counting a change), unless a probe that began after
+/// this one has already recorded its own: the periodic probe and the one after a retry can overlap, and the
+/// older answer (a timeout that began while the shard was down) must not undo the newer (it is back).
+pub(super) async fn probe_one(w: &Watch, timeout: Duration, consumer: Option<&str>) {
     let Some(check) = &w.check else { return };
+    let ticket = w.begun.fetch_add(1, Ordering::SeqCst) + 1;
     let result = match tokio::time::timeout(timeout, check.check()).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
     };
     let mut down = lock(&w.down);
+    if w.recorded.load(Ordering::SeqCst) > ticket {
+        return;
+    }
+    w.recorded.store(ticket, Ordering::SeqCst);
     match (&*down, result) {
         (None, Err(why)) => {
             tracing::warn!(shard = %w.name, error = %why, "shard unavailable: its deliveries are released until it answers");

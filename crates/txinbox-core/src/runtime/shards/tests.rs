@@ -417,3 +417,53 @@ fn a_claim_no_tenant_can_match_is_refused_with_one_line() {
     .to_string();
     assert!(e.contains(r#"shard "eu-1" claims tenant "acme ""#), "{e}");
 }
+
+/// Two probes of one shard that overlap (the periodic one and the one after a retry): the answer of the probe
+/// that began last is the shard's state, whichever answers last. A probe begun while the shard was down and
+/// timing out after a newer probe found it back does not mark it down again (its deliveries would be released,
+/// each with its growing delay, until the next probe).
+#[tokio::test]
+async fn an_older_probe_answering_last_does_not_undo_a_newer_one() {
+    use std::collections::VecDeque;
+    use tokio::sync::oneshot;
+
+    type Answer = oneshot::Receiver<Result<(), String>>;
+    for older_says_up in [false, true] {
+        let answers: Arc<Mutex<VecDeque<Answer>>> = Arc::default();
+        let (older_tx, older_rx) = oneshot::channel();
+        let (newer_tx, newer_rx) = oneshot::channel();
+        lock(&answers).extend([older_rx, newer_rx]);
+        let queue = answers.clone();
+        let check = move || {
+            let next = lock(&queue).pop_front().expect("one answer per probe");
+            async move { next.await.unwrap_or_else(|_| Err("no answer".into())) }
+        };
+        let w = Watch {
+            name: "b".into(),
+            check: Some(Arc::new(check)),
+            down: Mutex::new((!older_says_up).then(|| "down before".to_owned())),
+            probing: AtomicBool::new(false),
+            begun: AtomicU64::new(0),
+            recorded: AtomicU64::new(0),
+        };
+        let timeout = Duration::from_secs(3600);
+        let mut older = Box::pin(probe::probe_one(&w, timeout, None));
+        let mut newer = Box::pin(probe::probe_one(&w, timeout, None));
+        assert!(futures::poll!(older.as_mut()).is_pending());
+        assert!(futures::poll!(newer.as_mut()).is_pending());
+        let (older_says, newer_says) = if older_says_up {
+            (Ok(()), Err("connection refused".to_owned()))
+        } else {
+            (Err("no answer within 2000 ms".to_owned()), Ok(()))
+        };
+        newer_tx.send(newer_says.clone()).unwrap();
+        newer.await;
+        older_tx.send(older_says).unwrap();
+        older.await;
+        assert_eq!(
+            lock(&w.down).clone(),
+            newer_says.err(),
+            "the newer probe's answer stands (older says up: {older_says_up})"
+        );
+    }
+}
