@@ -134,9 +134,10 @@ pub struct ShardOptions {
     pub probe_timeout: Duration,
     /// The delay with which a delivery of an unavailable shard is released the first time (default 5 s); it
     /// doubles with each delivery of the same message, up to [`unavailable_backoff_max`](Self::unavailable_backoff_max),
-    /// so that an outage spends the queue's receive count (SQS `maxReceiveCount`, Service Bus
-    /// `MaxDeliveryCount`) slowly: with 5 s, 5 min and a count of 10 a message rides out about 20 minutes of
-    /// outage before the broker dead-letters it.
+    /// so that an outage spends the queue's receive count (SQS `maxReceiveCount`) slowly: with 5 s, 5 min and a
+    /// count of 10 a message rides out about 20 minutes of outage before the broker dead-letters it. A broker
+    /// without a delayed release (Service Bus) serves the delay by holding the delivery, and its worker slot, up
+    /// to its own bound (`max_release_delay`, 10 s), which then caps this delay.
     pub unavailable_backoff: Duration,
     /// The longest such delay (default 5 min).
     pub unavailable_backoff_max: Duration,

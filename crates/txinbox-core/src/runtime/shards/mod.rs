@@ -26,7 +26,9 @@
 //! **A shard that is down delays only its own messages.** The shards' checks are probed every
 //! [`ShardOptions::probe_interval`] while the worker runs (and at once after a delivery of a shard ended in a
 //! retry); while a shard's last probe failed, its deliveries are released without touching its store, so they
-//! neither wait for a connection nor hold a worker slot, and the other shards' deliveries keep every slot.
+//! never wait for a connection, and where the broker releases with a delay at once (SQS) they do not hold a
+//! worker slot, so the other shards' deliveries keep every slot. (Service Bus serves a release's delay by
+//! holding the lock, and the slot, up to `max_release_delay`: see `docs/shards.md`.)
 //! Readiness names the shard ([`Shards::health`]), the gauge `txinbox_shard_up` says which is down, and
 //! `txinbox_shard_unavailable_total` counts the deliveries it released.
 //!
