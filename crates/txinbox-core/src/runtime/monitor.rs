@@ -17,7 +17,7 @@
 //!         .run_until(txinbox_core::shutdown_signal())
 //!         .await;
 //!     println!("{report}");
-//!     report.exit_code() // 3 when the worker gave up, 4 when it abandoned deliveries at shutdown
+//!     report.exit_code() // 3 when the worker gave up, 4 when it (or a part) was abandoned at shutdown
 //! }
 //! ```
 //!
@@ -26,42 +26,74 @@
 //! every part is stopped: the worker drains (commit, then settle), the effect runner finishes the effects it
 //! claimed (for up to 20 s, then gives up what is still in flight to its next holder's reconciliation), the
 //! maintenance ends its pass, the health endpoint closes.
+//!
+//! Every part is bounded the way the worker bounds its own work: from the stop signal, the shutdown timeout
+//! ([`Monitor::shutdown_timeout`]; by default the longest [`WorkerOptions::shutdown_timeout`] of the
+//! workers), then [`SHUTDOWN_GRACE`], then [`PART_REPORT_WAIT`] for a part that bounds itself to exactly that
+//! (the worker, the effect runner) to hand in its report. A part still running then ignored the stop (a call
+//! that does not answer): its task is aborted (dropped where it waits, as a SIGKILL would), it is logged and
+//! named in [`MonitorReport::abandoned_parts`], and the report is not [`ok`](MonitorReport::ok) (exit status
+//! [`EXIT_ABANDONED`]). The monitor therefore returns at the latest `shutdown_timeout + SHUTDOWN_GRACE +
+//! PART_REPORT_WAIT` after the stop signal.
+//!
+//! [`WorkerOptions::shutdown_timeout`]: crate::WorkerOptions::shutdown_timeout
 
 use std::fmt;
 use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Receiver;
 use crate::effects::{EffectReport, EffectRunner, EffectStore};
 use crate::runtime::maintenance::{Maintenance, MaintenanceStore};
-use crate::runtime::worker::{LeasedDelivery, Processor, Worker, WorkerReport};
+use crate::runtime::worker::{
+    LeasedDelivery, Processor, Worker, WorkerOptions, WorkerReport, SHUTDOWN_GRACE,
+};
 
 type Part<T> = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, T> + Send>;
+
+/// How long past the shutdown grace ([`SHUTDOWN_GRACE`] after the shutdown deadline) the monitor still waits for
+/// its parts (1 s): the worker and the effect runner bound themselves to that grace, counted from the moment
+/// they see the stop, and this lets them hand in their report (the deliveries a worker abandoned, the effects a
+/// runner gave up) before a part still running is abandoned. See the [module docs](self).
+pub const PART_REPORT_WAIT: Duration = Duration::from_secs(1);
 
 /// Runs a consumer's worker, effect runner, maintenance and health endpoint under one shutdown. See the
 /// [module docs](self).
 #[must_use = "a Monitor does nothing until run_until is awaited"]
 #[derive(Default)]
 pub struct Monitor {
-    workers: Vec<Part<WorkerReport>>,
+    /// Each worker, named `worker CONSUMER`.
+    workers: Vec<(String, Part<WorkerReport>)>,
     effects: Vec<Part<EffectReport>>,
     maintenance: Vec<Part<()>>,
     others: Vec<(&'static str, Part<()>)>,
+    /// The longest shutdown timeout of the workers.
+    workers_timeout: Option<Duration>,
+    /// Set by [`Monitor::shutdown_timeout`].
+    shutdown_timeout: Option<Duration>,
 }
 
 impl fmt::Debug for Monitor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Monitor")
-            .field("workers", &self.workers.len())
+            .field(
+                "workers",
+                &self.workers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
             .field("effects", &self.effects.len())
             .field("maintenance", &self.maintenance.len())
             .field(
                 "others",
                 &self.others.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
             )
+            .field("shutdown_timeout", &self.timeout())
             .finish()
     }
 }
@@ -77,22 +109,31 @@ pub struct MonitorReport {
     pub workers: Vec<WorkerReport>,
     /// The effect runners' report, summed over the runners (`None` without one).
     pub effects: Option<EffectReport>,
+    /// The parts still running past the monitor's bound (the shutdown timeout after the stop signal, then
+    /// [`SHUTDOWN_GRACE`] and [`PART_REPORT_WAIT`]: see the [module docs](self)), whose tasks were aborted:
+    /// `worker CONSUMER`, `effects`, `maintenance` (numbered from 1 when there are several: `effects 2`),
+    /// `health`, or the name given to [`Monitor::part`]. An abandoned worker's entry in
+    /// [`workers`](Self::workers) is empty (its report was lost with it); an abandoned effect runner is not in
+    /// [`effects`](Self::effects).
+    pub abandoned_parts: Vec<String>,
 }
 
 impl MonitorReport {
-    /// Whether every part ended as asked: `false` when a worker gave up, or when a worker abandoned deliveries
+    /// Whether every part ended as asked: `false` when a worker gave up, when a worker abandoned deliveries
     /// at shutdown ([`WorkerReport::abandoned`]: still in flight past the shutdown grace, a store or broker call
-    /// that did not answer). Abandoned deliveries are not lost (they come back after their lock or visibility
-    /// timeout), but the shutdown did not settle them, and a hung call is worth a look.
+    /// that did not answer), or when a part was abandoned ([`abandoned_parts`](Self::abandoned_parts): still
+    /// running past the monitor's bound). Abandoned deliveries are not lost (they come back after their lock or
+    /// visibility timeout), but the shutdown did not settle them, and a hung call is worth a look.
     pub fn ok(&self) -> bool {
         self.workers
             .iter()
             .all(|w| w.gave_up.is_none() && w.abandoned == 0)
+            && self.abandoned_parts.is_empty()
     }
 
     /// The process's exit status, so that a supervisor sees what [`ok`](Self::ok) says: success,
     /// [`EXIT_GAVE_UP`] (3) when a worker gave up (receives kept failing with an error a retry cannot fix), else
-    /// [`EXIT_ABANDONED`] (4) when a worker abandoned deliveries at shutdown.
+    /// [`EXIT_ABANDONED`] (4) when a worker abandoned deliveries or a part was abandoned at shutdown.
     pub fn exit_code(&self) -> std::process::ExitCode {
         if self.workers.iter().any(|w| w.gave_up.is_some()) {
             std::process::ExitCode::from(EXIT_GAVE_UP)
@@ -108,7 +149,8 @@ impl MonitorReport {
 pub const EXIT_GAVE_UP: u8 = 3;
 
 /// The exit status of a process whose worker abandoned deliveries at shutdown, past the shutdown grace
-/// ([`MonitorReport::exit_code`], [`WorkerReport::abandoned`]).
+/// ([`MonitorReport::exit_code`], [`WorkerReport::abandoned`]), or one of whose parts was abandoned, still
+/// running past the monitor's bound ([`MonitorReport::abandoned_parts`]).
 pub const EXIT_ABANDONED: u8 = 4;
 
 impl fmt::Display for MonitorReport {
@@ -125,6 +167,16 @@ impl fmt::Display for MonitorReport {
             }
             f.write_str(&line)?;
             first = false;
+        }
+        if !self.abandoned_parts.is_empty() {
+            if !first {
+                f.write_str("\n")?;
+            }
+            write!(
+                f,
+                "abandoned parts (still running past the shutdown grace, aborted): {}",
+                self.abandoned_parts.join(", ")
+            )?;
         }
         Ok(())
     }
@@ -144,10 +196,33 @@ impl Monitor {
         R: Receiver,
         P: Processor<LeasedDelivery<R::Delivery>>,
     {
-        self.workers.push(Box::new(move |stop: CancellationToken| {
-            worker.run_until(stop.cancelled_owned()).boxed()
-        }));
+        let timeout = worker.shutdown_timeout();
+        self.workers_timeout = Some(self.workers_timeout.map_or(timeout, |t| t.max(timeout)));
+        let name = format!("worker {}", worker.consumer());
+        self.workers.push((
+            name,
+            Box::new(move |stop: CancellationToken| {
+                worker.run_until(stop.cancelled_owned()).boxed()
+            }),
+        ));
         self
+    }
+
+    /// Sets the shutdown timeout the monitor bounds its parts by: a part still running this long after the stop
+    /// signal, then [`SHUTDOWN_GRACE`] and [`PART_REPORT_WAIT`], is abandoned (see the [module docs](self)).
+    /// Default: the longest [`WorkerOptions::shutdown_timeout`] of the workers given, or its default (20 s)
+    /// without one. A value below a worker's own shutdown timeout cuts that worker's drain short (it is then
+    /// abandoned, its report lost).
+    pub fn shutdown_timeout(mut self, d: Duration) -> Self {
+        self.shutdown_timeout = Some(d);
+        self
+    }
+
+    /// The shutdown timeout in force (see [`Monitor::shutdown_timeout`]).
+    fn timeout(&self) -> Duration {
+        self.shutdown_timeout
+            .or(self.workers_timeout)
+            .unwrap_or_else(|| WorkerOptions::default().get_shutdown_timeout())
     }
 
     /// An effect runner, beside the worker. Each call adds one (one per store when the worker runs
@@ -196,74 +271,87 @@ impl Monitor {
     }
 
     /// Runs every part until `shutdown` resolves or the worker stops by itself, then stops them all and
-    /// returns what they did.
+    /// returns what they did. A part still running past the bound (see the [module docs](self)) is abandoned.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> MonitorReport {
         let stop = CancellationToken::new();
+        let bound = Bound {
+            stop: stop.clone(),
+            stopped_at: OnceLock::new(),
+            limit: self
+                .timeout()
+                .saturating_add(SHUTDOWN_GRACE)
+                .saturating_add(PART_REPORT_WAIT),
+        };
+        let bound = &bound;
         // Each part is a task of its own: parts polled side by side in one task would share its cooperative
         // budget, and a busy first part would starve the next (seen with two workers under `join_all`); as
         // tasks they also spread over a multi-threaded runtime's threads.
         let workers: Vec<_> = self
             .workers
             .into_iter()
-            .map(|w| {
-                let s = stop.clone();
+            .map(|(name, w)| {
                 let run = tokio::spawn(w(stop.clone()));
                 // A worker that stops by itself (it gave up) stops the others too.
                 async move {
-                    let report = run.await.unwrap_or_else(|e| WorkerReport {
-                        gave_up: Some(format!("the worker's task ended abnormally: {e}")),
-                        ..WorkerReport::default()
-                    });
-                    s.cancel();
-                    report
+                    let ended = bound.watch(&name, run).await;
+                    bound.stop();
+                    (name, ended)
                 }
             })
             .collect();
-        let effects: Vec<_> = self
-            .effects
-            .into_iter()
-            .map(|e| tokio::spawn(e(stop.clone())))
-            .collect();
-        let maintenance: Vec<_> = self
-            .maintenance
-            .into_iter()
-            .map(|m| tokio::spawn(m(stop.clone())))
-            .collect();
+        let effects = spawn_named("effects", self.effects, &stop);
+        let maintenance = spawn_named("maintenance", self.maintenance, &stop);
         let others: Vec<_> = self
             .others
             .into_iter()
-            .map(|(_, p)| tokio::spawn(p(stop.clone())))
+            .map(|(name, p)| (name.to_owned(), tokio::spawn(p(stop.clone()))))
             .collect();
-        let signal = {
-            let s = stop.clone();
-            async move {
-                tokio::select! {
-                    _ = shutdown => s.cancel(),
-                    _ = s.cancelled() => {}
-                }
+        let signal = async {
+            tokio::select! {
+                _ = shutdown => bound.stop(),
+                _ = stop.cancelled() => {}
             }
         };
-        let (workers, effects, _, _, _) = tokio::join!(
+        let (workers, effects, maintenance, others, ()) = tokio::join!(
             futures::future::join_all(workers),
-            async {
-                if effects.is_empty() {
-                    return None;
-                }
-                let mut sum = EffectReport::default();
-                for r in futures::future::join_all(effects).await {
-                    match r {
-                        Ok(r) => sum.add(&r),
-                        Err(e) => {
-                            tracing::error!(error = %e, "an effect runner's task ended abnormally")
-                        }
-                    }
-                }
-                Some(sum)
-            },
-            futures::future::join_all(maintenance),
-            futures::future::join_all(others),
+            bound.watch_all(effects),
+            bound.watch_all(maintenance),
+            bound.watch_all(others),
             signal,
         );
+        let mut abandoned_parts = Vec::new();
+        let workers: Vec<WorkerReport> = workers
+            .into_iter()
+            .map(|(name, ended)| match ended {
+                Ended::Done(report) => report,
+                Ended::Failed(e) => WorkerReport {
+                    gave_up: Some(format!("the worker's task ended abnormally: {e}")),
+                    ..WorkerReport::default()
+                },
+                Ended::Abandoned => {
+                    abandoned_parts.push(name);
+                    WorkerReport::default()
+                }
+            })
+            .collect();
+        let effects = (!effects.is_empty()).then(|| {
+            let mut sum = EffectReport::default();
+            for (ended, name) in effects {
+                match ended {
+                    Ended::Done(r) => sum.add(&r),
+                    Ended::Failed(e) => {
+                        tracing::error!(error = %e, "an effect runner's task ended abnormally")
+                    }
+                    Ended::Abandoned => abandoned_parts.push(name),
+                }
+            }
+            sum
+        });
+        for (ended, name) in maintenance.into_iter().chain(others) {
+            if let Ended::Abandoned = ended {
+                abandoned_parts.push(name);
+            }
+        }
         for w in &workers {
             if let Some(why) = &w.gave_up {
                 tracing::error!(reason = %why, "a worker gave up; every part stopped");
@@ -273,6 +361,92 @@ impl Monitor {
             worker: workers.first().cloned(),
             workers,
             effects,
+            abandoned_parts,
+        }
+    }
+}
+
+/// Spawns each part of one kind, named `kind`, or `kind 1`, `kind 2`... when there are several.
+fn spawn_named<T: Send + 'static>(
+    kind: &str,
+    parts: Vec<Part<T>>,
+    stop: &CancellationToken,
+) -> Vec<(String, JoinHandle<T>)> {
+    let several = parts.len() > 1;
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let name = if several {
+                format!("{kind} {}", i + 1)
+            } else {
+                kind.to_owned()
+            };
+            (name, tokio::spawn(p(stop.clone())))
+        })
+        .collect()
+}
+
+/// How a part's task ended.
+enum Ended<T> {
+    /// It returned.
+    Done(T),
+    /// It panicked or was cancelled.
+    Failed(JoinError),
+    /// It was still running past the bound and was aborted.
+    Abandoned,
+}
+
+/// The monitor's stop and the bound it sets on every part: `limit` after the stop signal.
+struct Bound {
+    stop: CancellationToken,
+    /// When the stop was signalled (the shutdown, or a worker that stopped by itself).
+    stopped_at: OnceLock<Instant>,
+    limit: Duration,
+}
+
+impl Bound {
+    /// Signals the stop: the bound starts now (if it has not already).
+    fn stop(&self) {
+        self.stopped_at.get_or_init(Instant::now);
+        self.stop.cancel();
+    }
+
+    /// Waits for every part of `parts` ([`Bound::watch`]), each with its name.
+    async fn watch_all<T>(&self, parts: Vec<(String, JoinHandle<T>)>) -> Vec<(Ended<T>, String)> {
+        futures::future::join_all(
+            parts
+                .into_iter()
+                .map(|(name, run)| async move { (self.watch(&name, run).await, name) }),
+        )
+        .await
+    }
+
+    /// Waits for the part `name` to end, at most until `limit` after the stop signal: past it, its task is
+    /// aborted (dropped where it waits, as a SIGKILL would drop it).
+    async fn watch<T>(&self, name: &str, mut run: JoinHandle<T>) -> Ended<T> {
+        let past = async {
+            self.stop.cancelled().await;
+            let at = *self.stopped_at.get_or_init(Instant::now);
+            match at.checked_add(self.limit) {
+                Some(end) => tokio::time::sleep_until(end).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = &mut run => match r {
+                Ok(v) => Ended::Done(v),
+                Err(e) => Ended::Failed(e),
+            },
+            () = past => {
+                run.abort();
+                tracing::error!(
+                    part = name,
+                    limit_s = self.limit.as_secs(),
+                    "a part still running past the shutdown deadline and its grace ignored the stop (a call not answering): abandoned, its task aborted"
+                );
+                Ended::Abandoned
+            }
         }
     }
 }
@@ -485,5 +659,57 @@ mod tests {
                 metrics_util::debugging::DebugValue::Counter(2)
             )]
         );
+    }
+
+    /// A part that ignores its stop (a call that never answers).
+    fn deaf() -> impl FnOnce(CancellationToken) -> BoxFuture<'static, ()> {
+        |_stop: CancellationToken| std::future::pending().boxed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_part_that_ignores_the_stop_is_abandoned_past_the_grace_and_the_report_is_not_ok() {
+        // A receive waits (a long poll), so that the paused clock moves while the worker has nothing to do.
+        let q = MemoryQueue::new(crate::broker::mem::QueueOptions {
+            wait: Duration::from_secs(1),
+            ..Default::default()
+        });
+        let (ran, stopped) = (Arc::default(), Arc::default());
+        let timeout = Duration::from_secs(3);
+        let signalled = Arc::new(std::sync::Mutex::new(None));
+        let at = Arc::clone(&signalled);
+        let monitor = Monitor::new()
+            .worker(
+                Worker::new(q.receiver(), Ack(Arc::default()))
+                    .options(WorkerOptions::default().shutdown_timeout(timeout)),
+            )
+            .part("deaf", deaf())
+            .part("watched", watched(Arc::clone(&ran), Arc::clone(&stopped)))
+            .run_until(async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                *at.lock().unwrap() = Some(Instant::now());
+            });
+        // Bounded, so that a monitor waiting for the deaf part without limit fails here instead of hanging.
+        let report = tokio::time::timeout(Duration::from_secs(3600), monitor)
+            .await
+            .expect("the monitor returned: a part that ignores the stop does not hold it");
+        let took = signalled.lock().unwrap().expect("signalled").elapsed();
+        assert_eq!(report.abandoned_parts, vec!["deaf".to_owned()], "{report}");
+        assert!(!report.ok(), "{report}");
+        assert_eq!(
+            report.exit_code(),
+            std::process::ExitCode::from(EXIT_ABANDONED)
+        );
+        assert!(
+            took <= timeout + SHUTDOWN_GRACE + PART_REPORT_WAIT,
+            "returned {took:?} after the signal"
+        );
+        // The other parts stopped as asked, the worker with its report.
+        assert!(ran.load(Ordering::SeqCst) && stopped.load(Ordering::SeqCst));
+        let worker = report.worker.as_ref().expect("the worker's report");
+        assert!(
+            worker.gave_up.is_none() && worker.abandoned == 0,
+            "{report}"
+        );
+        assert!(report.to_string().contains("abandoned parts"), "{report}");
     }
 }

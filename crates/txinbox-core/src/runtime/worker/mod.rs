@@ -195,6 +195,17 @@ where
         self
     }
 
+    /// How long this worker may take to stop, counted from the stop signal
+    /// ([`WorkerOptions::shutdown_timeout`]): the [`Monitor`](crate::Monitor) bounds its parts by it.
+    pub(crate) fn shutdown_timeout(&self) -> Duration {
+        self.opts.shutdown_timeout
+    }
+
+    /// The consumer name its processor reports (the [`Monitor`](crate::Monitor) names the worker's part by it).
+    pub(crate) fn consumer(&self) -> &str {
+        self.processor.consumer()
+    }
+
     /// Runs until `shutdown` resolves, then drains as described in the module docs.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send) -> WorkerReport {
         self.run(shutdown, false).await
