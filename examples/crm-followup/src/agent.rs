@@ -228,7 +228,10 @@ async fn run_sharded<R: Receiver>(
         migrated.push(done.clone());
         let store = match Store::<sqlx::Postgres>::connect_with(&shard.url, options.clone()).await {
             Ok(store) => {
-                sqlx::query(TASKS_PG).execute(store.pool()).await?;
+                sqlx::query(TASKS_PG)
+                    .execute(store.pool())
+                    .await
+                    .map_err(|e| format!("shard {}: {e}", shard.name))?;
                 done.store(true, std::sync::atomic::Ordering::SeqCst);
                 store
             }
@@ -241,7 +244,10 @@ async fn run_sharded<R: Receiver>(
             }
             Err(e) => {
                 tracing::warn!(shard = %shard.name, error = %e, "shard unreachable at start: starting for the others; its deliveries are released until it answers");
-                let store = Store::<sqlx::Postgres>::connect_lazy_with(&shard.url, options)?;
+                // A URL that cannot be used at all (a bad port, an unknown option) stops the worker here,
+                // naming the shard, as an unset variable does.
+                let store = Store::<sqlx::Postgres>::connect_lazy_with(&shard.url, options)
+                    .map_err(|e| format!("shard {}: {e}", shard.name))?;
                 let (late, name) = (store.clone(), shard.name.clone());
                 tokio::spawn(async move {
                     loop {
@@ -413,5 +419,25 @@ mod tests {
         assert!(!why.contains("reachable"), "{why}");
         assert!(why.contains("no connection"), "{why}");
         assert!(!why.contains("s3cretpw"), "{why}");
+    }
+
+    /// A shard whose URL cannot be used at all stops the agent with an error that names the shard (and never the
+    /// URL), not the driver's bare `invalid port number`.
+    #[tokio::test]
+    async fn a_shard_whose_url_cannot_be_used_is_named_in_the_error() {
+        let settings = WorkerSettings::from_toml_str(
+            "[store.shards.eu-2]\nurl = \"postgres://crm:s3cretpw@127.0.0.1:notaport/crm\"\nrest = true\n",
+        )
+        .unwrap();
+        let queue = txinbox::mem::MemoryQueue::new(txinbox::mem::QueueOptions::default());
+        let e = run(
+            queue.receiver(),
+            AgentOptions::from_settings(&settings, None),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("shard eu-2"), "{e}");
+        assert!(!e.contains("s3cretpw"), "{e}");
     }
 }
