@@ -228,16 +228,18 @@ impl<P> Shards<P> {
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 format!(
-                    "the shard router's function ({}) panicked on this message: {why}",
-                    inner.router.what
+                    "the shard router's function ({}) panicked on this message: {}",
+                    inner.router.what,
+                    shown(&why)
                 )
             })?;
         match key {
             Some(key) => match inner.by_key.get(&key).copied().or(inner.rest) {
                 Some(i) => Ok(i),
                 None => Err(format!(
-                    "{} {key:?} is claimed by no shard and no shard takes the rest",
-                    inner.router.what
+                    "{} {} is claimed by no shard and no shard takes the rest",
+                    inner.router.what,
+                    shown(&key)
                 )),
             },
             None => inner.rest.ok_or_else(|| {
@@ -344,6 +346,23 @@ impl<P> Shards<P> {
         }
         health
     }
+}
+
+/// The most of a message's key (or of a router's panic) a dead-letter detail and its log line quote: a key is
+/// the sender's text, as long as the broker lets an attribute be.
+const SHOWN_KEY: usize = 128;
+
+/// `key` quoted for a detail: whole when short, else its first [`SHOWN_KEY`] bytes (on a character boundary)
+/// and its length.
+fn shown(key: &str) -> String {
+    if key.len() <= SHOWN_KEY {
+        return format!("{key:?}");
+    }
+    let mut end = SHOWN_KEY;
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &key[..end], key.len())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

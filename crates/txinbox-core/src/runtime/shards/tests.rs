@@ -467,3 +467,36 @@ async fn an_older_probe_answering_last_does_not_undo_a_newer_one() {
         );
     }
 }
+
+/// A message whose key no shard takes is dead-lettered with a detail that quotes the key, up to 128 bytes and
+/// its length: a sender's key can be as long as the broker lets an attribute be (256 KiB on SQS), and the
+/// detail is logged too, once per delivery. A router's panic message is bounded the same way.
+#[test]
+fn a_long_unclaimed_key_is_quoted_in_part() {
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [Shard::new("eu-1", ()).claims(["acme"])],
+    )
+    .unwrap();
+    let long = format!("é{}", "x".repeat(200_000));
+    let why = shards.shard_of(&msg("{}", Some(&long))).unwrap_err();
+    assert!(why.len() < 400, "{} bytes", why.len());
+    assert!(
+        why.contains("\"éxxx") && why.contains("(200002 bytes)"),
+        "{why}"
+    );
+    let why = shards.shard_of(&msg("{}", Some("umbrella"))).unwrap_err();
+    assert!(
+        why.contains(r#""umbrella" is claimed by no shard"#),
+        "{why}"
+    );
+    let panicky = Shards::new(
+        ShardRouter::by("region", |m| panic!("{}", "y".repeat(m.body.len()))),
+        [Shard::new("eu", ()).claims(["eu"]).rest()],
+    )
+    .unwrap();
+    let why = panicky
+        .shard_of(&plain(&"b".repeat(100_000), None))
+        .unwrap_err();
+    assert!(why.len() < 400 && why.contains("panicked"), "{why}");
+}
