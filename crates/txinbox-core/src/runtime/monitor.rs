@@ -17,7 +17,7 @@
 //!         .run_until(txinbox_core::shutdown_signal())
 //!         .await;
 //!     println!("{report}");
-//!     report.exit_code() // 3 when the worker gave up, 4 when it (or a part) was abandoned at shutdown
+//!     report.exit_code() // 3 the worker gave up, 4 it (or a part) was abandoned at shutdown, 5 a part panicked
 //! }
 //! ```
 //!
@@ -36,6 +36,12 @@
 //! [`EXIT_ABANDONED`]). The monitor therefore returns at the latest `shutdown_timeout + SHUTDOWN_GRACE +
 //! PART_REPORT_WAIT` after the stop signal.
 //!
+//! A part whose task panics (a bug) stops the others, as a worker that gives up does: they stop as on the
+//! shutdown, each with its report. The panicking part is logged by name (its panic message is what the panic
+//! hook printed; the monitor repeats none of it, since a message may carry a connection string) and named in
+//! [`MonitorReport::panicked_parts`], and the report is not [`ok`](MonitorReport::ok) (exit status
+//! [`EXIT_PANICKED`]).
+//!
 //! [`WorkerOptions::shutdown_timeout`]: crate::WorkerOptions::shutdown_timeout
 
 use std::fmt;
@@ -45,7 +51,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tokio::task::{JoinError, JoinHandle};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -116,6 +122,10 @@ pub struct MonitorReport {
     /// [`workers`](Self::workers) is empty (its report was lost with it); an abandoned effect runner is not in
     /// [`effects`](Self::effects).
     pub abandoned_parts: Vec<String>,
+    /// The parts whose task panicked (named as in [`abandoned_parts`](Self::abandoned_parts)): a bug, which
+    /// stopped every other part. A panicked worker's entry in [`workers`](Self::workers) is empty; a panicked
+    /// effect runner is not in [`effects`](Self::effects).
+    pub panicked_parts: Vec<String>,
 }
 
 impl MonitorReport {
@@ -123,20 +133,25 @@ impl MonitorReport {
     /// at shutdown ([`WorkerReport::abandoned`]: still in flight past the shutdown grace, a store or broker call
     /// that did not answer), or when a part was abandoned ([`abandoned_parts`](Self::abandoned_parts): still
     /// running past the monitor's bound). Abandoned deliveries are not lost (they come back after their lock or
-    /// visibility timeout), but the shutdown did not settle them, and a hung call is worth a look.
+    /// visibility timeout), but the shutdown did not settle them, and a hung call is worth a look. `false` too
+    /// when a part panicked ([`panicked_parts`](Self::panicked_parts)).
     pub fn ok(&self) -> bool {
         self.workers
             .iter()
             .all(|w| w.gave_up.is_none() && w.abandoned == 0)
             && self.abandoned_parts.is_empty()
+            && self.panicked_parts.is_empty()
     }
 
     /// The process's exit status, so that a supervisor sees what [`ok`](Self::ok) says: success,
     /// [`EXIT_GAVE_UP`] (3) when a worker gave up (receives kept failing with an error a retry cannot fix), else
-    /// [`EXIT_ABANDONED`] (4) when a worker abandoned deliveries or a part was abandoned at shutdown.
+    /// [`EXIT_PANICKED`] (5) when a part panicked, else [`EXIT_ABANDONED`] (4) when a worker abandoned
+    /// deliveries or a part was abandoned at shutdown.
     pub fn exit_code(&self) -> std::process::ExitCode {
         if self.workers.iter().any(|w| w.gave_up.is_some()) {
             std::process::ExitCode::from(EXIT_GAVE_UP)
+        } else if !self.panicked_parts.is_empty() {
+            std::process::ExitCode::from(EXIT_PANICKED)
         } else if self.ok() {
             std::process::ExitCode::SUCCESS
         } else {
@@ -147,6 +162,10 @@ impl MonitorReport {
 
 /// The exit status of a process whose worker gave up ([`MonitorReport::exit_code`]).
 pub const EXIT_GAVE_UP: u8 = 3;
+
+/// The exit status of a process one of whose parts panicked ([`MonitorReport::exit_code`],
+/// [`MonitorReport::panicked_parts`]).
+pub const EXIT_PANICKED: u8 = 5;
 
 /// The exit status of a process whose worker abandoned deliveries at shutdown, past the shutdown grace
 /// ([`MonitorReport::exit_code`], [`WorkerReport::abandoned`]), or one of whose parts was abandoned, still
@@ -177,6 +196,13 @@ impl fmt::Display for MonitorReport {
                 "abandoned parts (still running past the shutdown grace, aborted): {}",
                 self.abandoned_parts.join(", ")
             )?;
+            first = false;
+        }
+        if !self.panicked_parts.is_empty() {
+            if !first {
+                f.write_str("\n")?;
+            }
+            write!(f, "panicked parts: {}", self.panicked_parts.join(", "))?;
         }
         Ok(())
     }
@@ -320,14 +346,15 @@ impl Monitor {
             signal,
         );
         let mut abandoned_parts = Vec::new();
+        let mut panicked_parts = Vec::new();
         let workers: Vec<WorkerReport> = workers
             .into_iter()
             .map(|(name, ended)| match ended {
                 Ended::Done(report) => report,
-                Ended::Failed(e) => WorkerReport {
-                    gave_up: Some(format!("the worker's task ended abnormally: {e}")),
-                    ..WorkerReport::default()
-                },
+                Ended::Panicked => {
+                    panicked_parts.push(name);
+                    WorkerReport::default()
+                }
                 Ended::Abandoned => {
                     abandoned_parts.push(name);
                     WorkerReport::default()
@@ -339,17 +366,17 @@ impl Monitor {
             for (ended, name) in effects {
                 match ended {
                     Ended::Done(r) => sum.add(&r),
-                    Ended::Failed(e) => {
-                        tracing::error!(error = %e, "an effect runner's task ended abnormally")
-                    }
+                    Ended::Panicked => panicked_parts.push(name),
                     Ended::Abandoned => abandoned_parts.push(name),
                 }
             }
             sum
         });
         for (ended, name) in maintenance.into_iter().chain(others) {
-            if let Ended::Abandoned = ended {
-                abandoned_parts.push(name);
+            match ended {
+                Ended::Done(()) => {}
+                Ended::Panicked => panicked_parts.push(name),
+                Ended::Abandoned => abandoned_parts.push(name),
             }
         }
         for w in &workers {
@@ -362,6 +389,7 @@ impl Monitor {
             workers,
             effects,
             abandoned_parts,
+            panicked_parts,
         }
     }
 }
@@ -391,8 +419,8 @@ fn spawn_named<T: Send + 'static>(
 enum Ended<T> {
     /// It returned.
     Done(T),
-    /// It panicked or was cancelled.
-    Failed(JoinError),
+    /// It panicked (or its task was cancelled by the runtime).
+    Panicked,
     /// It was still running past the bound and was aborted.
     Abandoned,
 }
@@ -436,7 +464,18 @@ impl Bound {
         tokio::select! {
             r = &mut run => match r {
                 Ok(v) => Ended::Done(v),
-                Err(e) => Ended::Failed(e),
+                Err(e) => {
+                    // Neither the panic's message nor the error's (which quotes it): it may carry a secret, and
+                    // the panic hook has printed it already.
+                    tracing::error!(
+                        part = name,
+                        panicked = e.is_panic(),
+                        "a part's task ended abnormally (a panic: a bug); every part is stopped"
+                    );
+                    // The others stop as on the shutdown.
+                    self.stop();
+                    Ended::Panicked
+                }
             },
             () = past => {
                 run.abort();
@@ -711,5 +750,153 @@ mod tests {
             "{report}"
         );
         assert!(report.to_string().contains("abandoned parts"), "{report}");
+    }
+
+    /// An effect store whose claim panics (a bug), with a connection string in its message.
+    #[derive(Clone)]
+    struct PanicsOnClaim;
+
+    impl EffectStore for PanicsOnClaim {
+        type Error = std::convert::Infallible;
+        async fn claim_effects(
+            &self,
+            _: &str,
+            _: &[String],
+            _: chrono::DateTime<chrono::Utc>,
+            _: chrono::DateTime<chrono::Utc>,
+            _: i64,
+        ) -> Result<Vec<crate::effects::ClaimedEffect>, Self::Error> {
+            panic!("lost postgres://txinbox:hunter2@db.internal/app")
+        }
+        async fn finish_effect(
+            &self,
+            _: i64,
+            _: &str,
+            _: &crate::effects::TransitionColumns<'_>,
+            _: chrono::DateTime<chrono::Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+        async fn purge_done_effects(
+            &self,
+            _: chrono::DateTime<chrono::Utc>,
+            _: i64,
+        ) -> Result<u64, Self::Error> {
+            Ok(0)
+        }
+        async fn effect_counts(&self) -> Result<Vec<crate::effects::EffectCount>, Self::Error> {
+            Ok(Vec::new())
+        }
+        async fn find_effect(
+            &self,
+            _: &str,
+        ) -> Result<Option<crate::effects::ClaimedEffect>, Self::Error> {
+            Ok(None)
+        }
+        async fn mark_compensated(
+            &self,
+            _: i64,
+            _: &str,
+            _: chrono::DateTime<chrono::Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+    }
+
+    /// A destination the panicking store never lets the runner call.
+    struct Unused;
+
+    impl crate::effects::EffectExecutor for Unused {
+        fn execute<'a>(
+            &'a self,
+            _: &'a crate::effects::ClaimedEffect,
+        ) -> BoxFuture<'a, crate::effects::Execution> {
+            unreachable!("nothing is claimed")
+        }
+        fn confirm<'a>(
+            &'a self,
+            _: &'a crate::effects::ClaimedEffect,
+        ) -> BoxFuture<'a, crate::effects::Confirmation> {
+            unreachable!("nothing is claimed")
+        }
+    }
+
+    /// A queue whose receive waits (a long poll), so that the paused clock moves while a worker has nothing to
+    /// do.
+    fn waiting_queue() -> MemoryQueue {
+        MemoryQueue::new(crate::broker::mem::QueueOptions {
+            wait: Duration::from_secs(1),
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_effect_runner_stops_every_part_and_the_report_is_not_ok() {
+        let q = waiting_queue();
+        q.send(OutgoingMessage::new("m1"));
+        let seen = Arc::new(AtomicU64::new(0));
+        let (ran, stopped) = (Arc::default(), Arc::default());
+        let monitor = Monitor::new()
+            .worker(Worker::new(q.receiver(), Ack(Arc::clone(&seen))))
+            .effects(EffectRunner::new(PanicsOnClaim).executor("crm", Unused))
+            .part("watched", watched(Arc::clone(&ran), Arc::clone(&stopped)))
+            .run_until(std::future::pending());
+        // Bounded, so that a monitor that goes on without its effect runner fails here instead of hanging.
+        let report = tokio::time::timeout(Duration::from_secs(3600), monitor)
+            .await
+            .expect("the panic stopped every part");
+        assert_eq!(
+            report.panicked_parts,
+            vec!["effects".to_owned()],
+            "{report}"
+        );
+        assert!(report.abandoned_parts.is_empty(), "{report}");
+        assert!(!report.ok(), "{report}");
+        assert_eq!(
+            report.exit_code(),
+            std::process::ExitCode::from(EXIT_PANICKED)
+        );
+        // The other parts stopped as on a shutdown: the watched part saw its stop, the worker drained with
+        // its report.
+        assert!(ran.load(Ordering::SeqCst) && stopped.load(Ordering::SeqCst));
+        let worker = report.worker.as_ref().expect("the worker's report");
+        assert!(
+            worker.gave_up.is_none() && worker.abandoned == 0,
+            "{report}"
+        );
+        assert!(!report.to_string().contains("hunter2"), "{report}");
+    }
+
+    /// A receiver that panics (a bug), with a connection string in its message.
+    struct PanicsOnReceive;
+
+    impl Receiver for PanicsOnReceive {
+        type Delivery = MemoryDelivery;
+        async fn receive(&mut self, _max: usize) -> Result<Vec<MemoryDelivery>, BrokerError> {
+            panic!("lost postgres://txinbox:hunter2@db.internal/app")
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_worker_is_named_without_its_message_and_stops_every_part() {
+        let (ran, stopped) = (Arc::default(), Arc::default());
+        let report = Monitor::new()
+            .worker(Worker::new(PanicsOnReceive, Ack(Arc::default())))
+            .part("watched", watched(Arc::clone(&ran), Arc::clone(&stopped)))
+            .run_until(std::future::pending())
+            .await;
+        assert_eq!(
+            report.panicked_parts,
+            vec!["worker monitor".to_owned()],
+            "{report}"
+        );
+        assert!(!report.ok(), "{report}");
+        assert_eq!(
+            report.exit_code(),
+            std::process::ExitCode::from(EXIT_PANICKED)
+        );
+        assert!(ran.load(Ordering::SeqCst) && stopped.load(Ordering::SeqCst));
+        assert!(!report.to_string().contains("hunter2"), "{report}");
+        assert!(!format!("{report:?}").contains("hunter2"), "{report:?}");
     }
 }
