@@ -40,7 +40,8 @@ impl ShardRouter {
     /// Routes by your function of the message (`None`: the message has no key; it goes to the shard that
     /// takes the rest, or is dead-lettered). `what` names the key in logs and dead-letter details. A panic in
     /// `f` (on a hostile message) dead-letters that message `no_shard`, the detail saying it panicked; the
-    /// other deliveries of its batch go on.
+    /// other deliveries of its batch go on. `f` runs on the worker's async runtime for every delivery (for
+    /// each of a batch in turn): keep it to reading the message, with no I/O and nothing that blocks.
     pub fn by(
         what: impl Into<String>,
         f: impl Fn(&ReceivedMessage) -> Option<String> + Send + Sync + 'static,
