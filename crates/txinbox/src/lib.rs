@@ -111,6 +111,12 @@ pub mod settings {
     pub use txinbox_core::settings::*;
 }
 
+/// Masking the secrets a URL or an error text may hold, for a log line or a `Debug`.
+pub mod error {
+    #[doc(inline)]
+    pub use txinbox_core::error::{redact_secrets, redact_url};
+}
+
 /// The metric names, and [`describe`](metrics::describe) to register their descriptions.
 pub mod metrics {
     #[doc(inline)]

@@ -16,8 +16,9 @@ use crate::handler::{TASKS_PG, TASKS_SQLITE};
 use crate::Error;
 use crate::*;
 
-/// Where and how the agent runs.
-#[derive(Clone, Debug)]
+/// Where and how the agent runs. Its `Debug` masks the store's password (`TXINBOX_STORE__URL` is where one
+/// belongs, and it ends up in `store`).
+#[derive(Clone)]
 pub struct AgentOptions {
     /// `sqlite:crm.db` or `postgres://user@host/db`.
     pub store: String,
@@ -42,6 +43,23 @@ pub struct AgentOptions {
     /// The store section, for its shards (`[store.shards.NAME]`): when there are, `store` is not used and each
     /// delivery is applied in the shard that claims its tenant.
     pub store_settings: txinbox::settings::StoreSettings,
+}
+
+impl std::fmt::Debug for AgentOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentOptions")
+            .field("store", &txinbox::error::redact_url(&self.store))
+            .field("consumer", &self.consumer)
+            .field("worker", &self.worker)
+            .field("retry_backoff", &self.retry_backoff)
+            .field("effects", &self.effects)
+            .field("maintenance_every", &self.maintenance_every)
+            .field("retention", &self.retention)
+            .field("max_connections", &self.max_connections)
+            .field("health_addr", &self.health_addr)
+            .field("store_settings", &self.store_settings)
+            .finish()
+    }
 }
 
 impl AgentOptions {
@@ -419,6 +437,27 @@ mod tests {
         assert!(!why.contains("reachable"), "{why}");
         assert!(why.contains("no connection"), "{why}");
         assert!(!why.contains("s3cretpw"), "{why}");
+    }
+
+    /// The options in a log line (`{:?}`) never show a password: the store's (from `TXINBOX_STORE__URL`) nor a
+    /// shard's.
+    #[test]
+    fn debug_never_shows_a_password() {
+        let one =
+            WorkerSettings::from_toml_str("[store]\nurl = \"postgres://crm:st0repw@db/crm\"\n")
+                .unwrap();
+        let sharded = WorkerSettings::from_toml_str(
+            "[store.shards.eu-1]\nurl = \"postgres://crm:sh4rdpw@db-eu-1/crm\"\nrest = true\n",
+        )
+        .unwrap();
+        for s in [one, sharded] {
+            let shown = format!("{:?}", AgentOptions::from_settings(&s, None));
+            assert!(
+                !shown.contains("st0repw") && !shown.contains("sh4rdpw"),
+                "{shown}"
+            );
+            assert!(shown.contains("crm:***@db"), "{shown}");
+        }
     }
 
     /// A shard whose URL cannot be used at all stops the agent with an error that names the shard (and never the
