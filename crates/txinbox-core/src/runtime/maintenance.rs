@@ -372,7 +372,7 @@ impl<S: MaintenanceStore> Maintenance<S> {
         tokio::pin!(shutdown);
         // Registered at zero, so a first failure shows as an increase.
         for reason in [FAILED_TIMEOUT, FAILED_STORE_ERROR] {
-            self.failed_pass(reason).increment(0);
+            self.failed_pass(reason, 0);
         }
         let timeout = self.opts.pass_timeout();
         loop {
@@ -382,12 +382,12 @@ impl<S: MaintenanceStore> Maintenance<S> {
                 r = pass => match r {
                     Ok(r) => {
                         if r.error.is_some() {
-                            self.failed_pass(FAILED_STORE_ERROR).increment(1);
+                            self.failed_pass(FAILED_STORE_ERROR, 1);
                         }
                         tracing::info!(%r, "maintenance pass");
                     }
                     Err(_) => {
-                        self.failed_pass(FAILED_TIMEOUT).increment(1);
+                        self.failed_pass(FAILED_TIMEOUT, 1);
                         tracing::warn!(
                             timeout_s = timeout.as_secs(),
                             every_s = self.opts.every.as_secs(),
@@ -403,15 +403,30 @@ impl<S: MaintenanceStore> Maintenance<S> {
         }
     }
 
-    /// `txinbox_maintenance_failed_passes_total{reason}` (with the shard's label).
-    fn failed_pass(&self, reason: &'static str) -> metrics::Counter {
-        metrics::counter!(
-            crate::metrics::MAINTENANCE_FAILED,
-            shard_labels(
-                vec![metrics::Label::new("reason", reason)],
-                self.opts.shard.as_deref()
+    /// Adds `n` to `txinbox_maintenance_failed_passes_total{reason}`, once per consumer the options name
+    /// (their `consumer` label, so that the alert reaches the consumer's owner; no `consumer` label when
+    /// they name none), with the shard's label.
+    fn failed_pass(&self, reason: &'static str, n: u64) {
+        let mut consumers: Vec<Option<&str>> = self
+            .opts
+            .consumers
+            .iter()
+            .map(|c| Some(c.as_str()))
+            .collect();
+        if consumers.is_empty() {
+            consumers.push(None);
+        }
+        for consumer in consumers {
+            let mut labels = vec![metrics::Label::new("reason", reason)];
+            if let Some(c) = consumer {
+                labels.push(metrics::Label::new("consumer", c.to_owned()));
+            }
+            metrics::counter!(
+                crate::metrics::MAINTENANCE_FAILED,
+                shard_labels(labels, self.opts.shard.as_deref())
             )
-        )
+            .increment(n);
+        }
     }
 
     async fn publish(&self, report: &MaintenanceReport) {
@@ -559,6 +574,8 @@ mod tests {
         let store = HangsOnce::default();
         let opts = MaintenanceOptions::default()
             .every(Duration::from_secs(60))
+            .consumer("crm-followup")
+            .consumer("billing")
             .shard("s1");
         // Long enough for the hung pass's timeout and two passes after it.
         let runs_for = opts.pass_timeout() + 3 * opts.every;
@@ -588,12 +605,19 @@ mod tests {
             })
             .filter(|(_, v)| *v != metrics_util::debugging::DebugValue::Counter(0))
             .collect();
-        assert_eq!(
-            failed,
-            vec![(
-                vec!["reason=timeout".to_owned(), "shard=s1".to_owned()],
-                metrics_util::debugging::DebugValue::Counter(1)
-            )]
-        );
+        let mut failed = failed;
+        failed.sort_by(|a, b| a.0.cmp(&b.0));
+        // One series per consumer the maintenance serves, so that the alert reaches each consumer's owner.
+        let series = |consumer: &str| {
+            (
+                vec![
+                    format!("consumer={consumer}"),
+                    "reason=timeout".to_owned(),
+                    "shard=s1".to_owned(),
+                ],
+                metrics_util::debugging::DebugValue::Counter(1),
+            )
+        };
+        assert_eq!(failed, vec![series("billing"), series("crm-followup")]);
     }
 }
