@@ -9,7 +9,7 @@ use txinbox::settings::{EffectsSettings, WorkerSettings};
 use txinbox::sqlx;
 use txinbox::{
     ConsumerName, EffectRunner, IdentityPolicy, Inbox, LeasedDelivery, Maintenance,
-    MaintenanceOptions, OutcomeKind, RetentionPolicy, Store, Worker, WorkerOptions, WorkerReport,
+    MaintenanceOptions, MonitorReport, OutcomeKind, RetentionPolicy, Store, Worker, WorkerOptions,
 };
 
 use crate::handler::{TASKS_PG, TASKS_SQLITE};
@@ -120,7 +120,7 @@ impl AgentOptions {
 
 /// Runs the agent on `receiver` until SIGTERM or Ctrl-C, then drains (commit, then settle) and returns the
 /// report.
-pub async fn run<R>(receiver: R, opts: AgentOptions) -> Result<WorkerReport, Error>
+pub async fn run<R>(receiver: R, opts: AgentOptions) -> Result<MonitorReport, Error>
 where
     R: Receiver,
 {
@@ -231,7 +231,7 @@ async fn run_sharded<R: Receiver>(
     policy: IdentityPolicy,
     opts: &AgentOptions,
     health_listener: Option<tokio::net::TcpListener>,
-) -> Result<WorkerReport, Error> {
+) -> Result<MonitorReport, Error> {
     use txinbox::shards::{Shard, ShardRouter, Shards};
     use txinbox::store::StoreOptions;
     let resolved = opts.store_settings.resolved_shards()?;
@@ -370,7 +370,7 @@ async fn drive<R, P, S>(
     health: Health,
     opts: &AgentOptions,
     health_listener: Option<tokio::net::TcpListener>,
-) -> WorkerReport
+) -> MonitorReport
 where
     R: Receiver,
     P: txinbox::Processor<LeasedDelivery<R::Delivery>>,
@@ -404,7 +404,7 @@ where
         tracing::info!(%e, "effect runner stopped");
         println!("{e}");
     }
-    let report = done.worker.unwrap_or_default();
+    let report = done.worker.clone().unwrap_or_default();
     tracing::info!(
         applied = report.count(OutcomeKind::Applied),
         duplicates = report.count(OutcomeKind::Duplicate),
@@ -414,7 +414,7 @@ where
         leases_lost = report.leases_lost,
         "worker stopped"
     );
-    report
+    done
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@ pub use handler::{
     MeetingEnded, CRM,
 };
 pub use process::{
-    exit, finish, init_logging, serve_metrics, set, Abandoned, CommonArgs, GaveUp, EXIT_ABANDONED,
-    EXIT_CANNOT_START, EXIT_GAVE_UP,
+    exit, finish, init_logging, serve_metrics, set, Abandoned, CommonArgs, GaveUp, PartsFailed,
+    EXIT_ABANDONED, EXIT_CANNOT_START, EXIT_GAVE_UP, EXIT_PANICKED,
 };
 
 /// An error starting the agent.

@@ -1,7 +1,7 @@
 //! The process around the agent: the flags both workers share, exit codes, logging, metrics.
 
 use txinbox::settings::WorkerSettings;
-use txinbox::WorkerReport;
+use txinbox::MonitorReport;
 
 use crate::Error;
 
@@ -99,7 +99,7 @@ impl std::fmt::Display for GaveUp {
 
 impl std::error::Error for GaveUp {}
 
-/// A worker that stopped with deliveries abandoned past its shutdown grace ([`WorkerReport::abandoned`]):
+/// A worker that stopped with deliveries abandoned past its shutdown grace ([`txinbox::WorkerReport::abandoned`]):
 /// they come back from the broker (a committed one as a duplicate), but the stop was not clean.
 #[derive(Debug)]
 pub struct Abandoned(pub u64);
@@ -116,15 +116,49 @@ impl std::fmt::Display for Abandoned {
 
 impl std::error::Error for Abandoned {}
 
+/// A part beside the worker (the effect runner, the maintenance, the health endpoint) that panicked (a bug) or
+/// was still running past the shutdown's bound and was abandoned ([`MonitorReport::panicked_parts`],
+/// [`MonitorReport::abandoned_parts`]).
+#[derive(Debug)]
+pub struct PartsFailed {
+    /// The parts that panicked.
+    pub panicked: Vec<String>,
+    /// The parts abandoned at shutdown.
+    pub abandoned: Vec<String>,
+}
+
+impl std::fmt::Display for PartsFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut sep = "";
+        if !self.panicked.is_empty() {
+            write!(f, "panicked: {}", self.panicked.join(", "))?;
+            sep = "; ";
+        }
+        if !self.abandoned.is_empty() {
+            write!(
+                f,
+                "{sep}abandoned at shutdown (still running past the grace): {}",
+                self.abandoned.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PartsFailed {}
+
 /// Exit code of a worker that could not start (bad settings, a queue or database it cannot use).
 pub const EXIT_CANNOT_START: u8 = 2;
-/// Exit code of a worker that ran and gave up ([`GaveUp`]).
+/// Exit code of a worker that ran and gave up ([`GaveUp`]), as `Monitor`'s.
 pub const EXIT_GAVE_UP: u8 = 3;
-/// Exit code of a worker that abandoned deliveries at shutdown ([`Abandoned`]), as `Monitor`'s.
+/// Exit code of a worker that abandoned deliveries or a part at shutdown ([`Abandoned`], [`PartsFailed`]
+/// without a panic), as `Monitor`'s.
 pub const EXIT_ABANDONED: u8 = 4;
+/// Exit code of a worker one of whose parts panicked ([`PartsFailed`]), as `Monitor`'s.
+pub const EXIT_PANICKED: u8 = 5;
 
 /// The process's exit: `0`, or one line on stderr naming what is wrong (the errors never carry a secret) and
-/// [`EXIT_GAVE_UP`], [`EXIT_ABANDONED`] or [`EXIT_CANNOT_START`].
+/// [`EXIT_GAVE_UP`], [`EXIT_PANICKED`], [`EXIT_ABANDONED`] or [`EXIT_CANNOT_START`].
 pub fn exit(program: &str, result: Result<(), Error>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -137,6 +171,12 @@ pub fn exit(program: &str, result: Result<(), Error>) -> std::process::ExitCode 
             eprintln!("{program}: {line}");
             std::process::ExitCode::from(if e.downcast_ref::<GaveUp>().is_some() {
                 EXIT_GAVE_UP
+            } else if let Some(p) = e.downcast_ref::<PartsFailed>() {
+                if p.panicked.is_empty() {
+                    EXIT_ABANDONED
+                } else {
+                    EXIT_PANICKED
+                }
             } else if e.downcast_ref::<Abandoned>().is_some() {
                 EXIT_ABANDONED
             } else {
@@ -155,13 +195,20 @@ pub fn init_logging() {
         .init();
 }
 
-/// The worker's end: the report on stdout, and [`GaveUp`] when it stopped on persistent receive errors, else
-/// [`Abandoned`] when it abandoned deliveries at shutdown.
-pub fn finish(report: &WorkerReport) -> Result<(), Error> {
-    println!("{report}");
-    match &report.gave_up {
+/// The consumer's end: the worker's report on stdout, and [`GaveUp`] when it stopped on persistent receive
+/// errors, else [`PartsFailed`] when a part beside it panicked or was abandoned at shutdown, else [`Abandoned`]
+/// when it abandoned deliveries at shutdown: the order of [`MonitorReport::exit_code`].
+pub fn finish(report: &MonitorReport) -> Result<(), Error> {
+    let worker = report.worker.clone().unwrap_or_default();
+    println!("{worker}");
+    let parts = PartsFailed {
+        panicked: report.panicked_parts.clone(),
+        abandoned: report.abandoned_parts.clone(),
+    };
+    match &worker.gave_up {
         Some(why) => Err(GaveUp(why.clone()).into()),
-        None if report.abandoned > 0 => Err(Abandoned(report.abandoned).into()),
+        None if !parts.panicked.is_empty() || !parts.abandoned.is_empty() => Err(parts.into()),
+        None if worker.abandoned > 0 => Err(Abandoned(worker.abandoned).into()),
         None => Ok(()),
     }
 }
@@ -232,17 +279,68 @@ mod tests {
     /// A worker that abandoned deliveries at shutdown does not end as a clean stop; one that gave up says so
     /// first.
     #[test]
+    #[allow(clippy::field_reassign_with_default)] // the reports are #[non_exhaustive]
     fn a_worker_that_abandoned_deliveries_ends_with_its_own_error() {
-        let mut report = WorkerReport::default();
+        let mut report = MonitorReport::default();
         assert!(finish(&report).is_ok());
-        report.abandoned = 2;
+        let mut worker = txinbox::WorkerReport::default();
+        worker.abandoned = 2;
+        report.worker = Some(worker.clone());
+        report.workers = vec![worker.clone()];
         let e = finish(&report).unwrap_err();
         assert!(
             matches!(e.downcast_ref::<Abandoned>(), Some(Abandoned(2))),
             "{e}"
         );
-        report.gave_up = Some("no queue".into());
+        assert_eq!(exit_status(e), EXIT_ABANDONED);
+        worker.gave_up = Some("no queue".into());
+        report.worker = Some(worker.clone());
+        report.workers = vec![worker];
         let e = finish(&report).unwrap_err();
         assert!(e.downcast_ref::<GaveUp>().is_some(), "{e}");
+    }
+
+    /// A part beside the worker that panicked or was abandoned makes the process fail with the monitor's
+    /// status, though the worker itself stopped cleanly.
+    #[test]
+    #[allow(clippy::field_reassign_with_default)] // the reports are #[non_exhaustive]
+    fn a_part_that_panicked_or_was_abandoned_ends_with_the_monitors_status() {
+        let mut report = MonitorReport::default();
+        report.worker = Some(txinbox::WorkerReport::default());
+        report.panicked_parts = vec!["effects".into()];
+        let e = finish(&report).unwrap_err();
+        assert!(e.to_string().contains("panicked: effects"), "{e}");
+        assert_eq!(exit_status(e), EXIT_PANICKED);
+        assert_eq!(
+            report.exit_code(),
+            std::process::ExitCode::from(EXIT_PANICKED),
+            "the example agrees with the monitor"
+        );
+
+        report.panicked_parts.clear();
+        report.abandoned_parts = vec!["maintenance".into()];
+        let e = finish(&report).unwrap_err();
+        assert!(e.to_string().contains("maintenance"), "{e}");
+        assert_eq!(exit_status(e), EXIT_ABANDONED);
+        assert_eq!(
+            report.exit_code(),
+            std::process::ExitCode::from(EXIT_ABANDONED),
+            "the example agrees with the monitor"
+        );
+    }
+
+    /// The status `exit` gives an error, read back through a process's exit code.
+    fn exit_status(e: Error) -> u8 {
+        let code = exit("test", Err(e));
+        [
+            0u8,
+            EXIT_CANNOT_START,
+            EXIT_GAVE_UP,
+            EXIT_ABANDONED,
+            EXIT_PANICKED,
+        ]
+        .into_iter()
+        .find(|c| std::process::ExitCode::from(*c) == code)
+        .expect("a known exit status")
     }
 }
