@@ -322,23 +322,24 @@ mod tests {
 /// );
 /// ```
 pub fn redact_url(url: &str) -> String {
+    // The password first: one written with a `/`, `?` or `#` unencoded would otherwise be read as a path or a
+    // query and shown.
+    let unmasked;
+    let url = match url.split_once("://") {
+        Some((scheme, rest)) => match password_at(rest) {
+            Some((colon, at)) => {
+                unmasked = format!("{scheme}://{}***{}", &rest[..=colon], &rest[at..]);
+                unmasked.as_str()
+            }
+            None => url,
+        },
+        None => url,
+    };
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),
     };
-    let mut out = match base.split_once("://") {
-        Some((scheme, rest)) => {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            match authority.rsplit_once('@') {
-                Some((user_info, host)) => match user_info.split_once(':') {
-                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{path}"),
-                    None => base.to_owned(),
-                },
-                None => base.to_owned(),
-            }
-        }
-        None => base.to_owned(),
-    };
+    let mut out = base.to_owned();
     if let Some(q) = query {
         let parts: Vec<String> = q
             .split('&')
@@ -364,23 +365,18 @@ pub fn redact_secrets(text: &str) -> String {
     while let Some(at) = rest.find("://") {
         let (head, tail) = rest.split_at(at + 3);
         out.push_str(head);
-        // The authority ends at the path, the query, or anything a URL does not hold.
+        // The URL ends at anything a URL does not hold; its password, if any, is masked.
         let end = tail
-            .find(|c: char| {
-                matches!(c, '/' | '?' | '#' | '"' | '\'' | '`' | '<' | '>') || c.is_whitespace()
-            })
+            .find(|c: char| matches!(c, '"' | '\'' | '`' | '<' | '>') || c.is_whitespace())
             .unwrap_or(tail.len());
-        let authority = &tail[..end];
-        match authority.rfind('@') {
-            Some(userinfo_end) => match authority[..userinfo_end].find(':') {
-                Some(colon) => {
-                    out.push_str(&authority[..=colon]);
-                    out.push_str("***");
-                    out.push_str(&authority[userinfo_end..]);
-                }
-                None => out.push_str(authority),
-            },
-            None => out.push_str(authority),
+        let url = &tail[..end];
+        match password_at(url) {
+            Some((colon, userinfo_end)) => {
+                out.push_str(&url[..=colon]);
+                out.push_str("***");
+                out.push_str(&url[userinfo_end..]);
+            }
+            None => out.push_str(url),
         }
         rest = &tail[end..];
     }
@@ -389,6 +385,26 @@ pub fn redact_secrets(text: &str) -> String {
         out = mask_after(&out, key);
     }
     out
+}
+
+/// Where the password of a URL is, given what follows its `://`: (the colon before it, the `@` after it). As a
+/// URL parser reads it, the user info ends at the last `@` of the authority, which ends at the first `/`, `?` or
+/// `#`; when there is none there but the authority is `user:` then an `@` further on, the password was written
+/// with one of those unencoded (no parser reads such a URL, but a log line or an error quotes it as written),
+/// and it runs to that first `@`, unless what follows the colon is a port (`host:8080/a@b`).
+fn password_at(rest: &str) -> Option<(usize, usize)> {
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    if let Some(at) = authority.rfind('@') {
+        return authority[..at].find(':').map(|colon| (colon, at));
+    }
+    let colon = authority.find(':')?;
+    let at = colon + rest[colon..].find('@')?;
+    let port = &rest[colon + 1..authority_end];
+    if !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((colon, at))
 }
 
 /// `text` with the value after each `key` (up to `;`, `&`, a quote or a space) masked.
@@ -432,7 +448,31 @@ mod redact_tests {
             redact("SharedAccessSignature sr=x&sig=AbC%3D&se=1"),
             "SharedAccessSignature sr=x&sig=***&se=1"
         );
+        // A password written with a `/`, `?` or `#` unencoded (no parser reads it, a line quotes it as written).
+        for (url, masked) in [
+            ("postgres://crm:pa/ss@db/crm", "postgres://crm:***@db/crm"),
+            ("postgres://crm:pa?ss@db/crm", "postgres://crm:***@db/crm"),
+            ("postgres://crm:pa#ss@db/crm", "postgres://crm:***@db/crm"),
+            (
+                "postgres://crm:pa/s?s#@db:5432/crm?x=1",
+                "postgres://crm:***@db:5432/crm?x=1",
+            ),
+        ] {
+            assert_eq!(
+                redact(&format!("url = \"{url}\" x")),
+                format!("url = \"{masked}\" x")
+            );
+            assert_eq!(
+                super::redact_url(url).split('?').next(),
+                masked.split('?').next()
+            );
+            for shown in [redact(url), super::redact_url(url)] {
+                assert!(!shown.contains("pa") && !shown.contains("ss@"), "{shown}");
+            }
+        }
         for plain in [
+            "http://h:8080/a@b",
+            "https://crm.example/v1/users/@me?x={key}",
             "postgres://crm@db/crm",
             "http://127.0.0.1:9/tasks",
             "no url here: é ü",
