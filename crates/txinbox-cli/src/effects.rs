@@ -134,6 +134,19 @@ impl RunArgs {
                 .targets()
                 .map(|mut t| t.remove(0).url);
         };
+        // Several shards and none named: said before any shard's URL is read (their variables need not be
+        // set where the command runs).
+        if self.shard.is_none() {
+            let shards = self.file()?.map(|f| f.store.shards).unwrap_or_default();
+            if shards.len() > 1 {
+                let names: Vec<&str> = shards.keys().map(String::as_str).collect();
+                return Err(format!(
+                    "{} has shards ({}): a runner runs the effects of one, name it with --shard NAME (one `txinbox effects run` per shard)",
+                    path.display(),
+                    names.join(", ")
+                ));
+            }
+        }
         let args = crate::targets::StoreArgs {
             store: None,
             config: Some(path.clone()),
@@ -141,12 +154,7 @@ impl RunArgs {
         };
         let mut targets = args.targets()?;
         if targets.len() != 1 {
-            let names: Vec<String> = targets.into_iter().filter_map(|t| t.shard).collect();
-            return Err(format!(
-                "{} has shards ({}): a runner runs the effects of one, name it with --shard NAME (one `txinbox effects run` per shard)",
-                path.display(),
-                names.join(", ")
-            ));
+            return Err(format!("{}: no store", path.display()));
         }
         Ok(targets.remove(0).url)
     }

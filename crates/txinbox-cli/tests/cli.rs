@@ -549,6 +549,35 @@ fn effects_run_on_a_settings_file_with_shards_runs_the_shard_named_and_never_a_d
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `effects run --config` on a file with several shards and no `--shard` says to name one, whatever the shards'
+/// variables hold where the command runs (a shard's `url_env` unset there is no reason to ask about it).
+#[test]
+fn effects_run_on_shards_without_shard_asks_for_one_before_reading_their_variables() {
+    let dir = scratch("effects-shards-unset");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        "[store.shards.eu-1]\nurl_env = \"TXINBOX_TEST_NEVER_SET_SHARD\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@127.0.0.1:1/crm\"\nrest = true\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args(["effects", "run", "--once", "--config"])
+        .arg(&config)
+        .args(["--http", "crm=http://127.0.0.1:9/tasks"])
+        .env_remove("TXINBOX_STORE_URL")
+        .env_remove("TXINBOX_TEST_NEVER_SET_SHARD")
+        .output()
+        .expect("run txinbox");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--shard") && err.contains("eu-1, eu-2"),
+        "{err}"
+    );
+    assert!(!err.contains("TXINBOX_TEST_NEVER_SET_SHARD"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn effects_run_once_exits_non_zero_when_the_store_failed() {
     let dir = scratch("effects-store-error");
