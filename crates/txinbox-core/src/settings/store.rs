@@ -32,7 +32,8 @@ impl Default for StoreSettings {
     }
 }
 
-/// One shard of the store (`[store.shards.NAME]`, the name a metric label: letters, digits, `-`, `_`, `.`).
+/// One shard of the store (`[store.shards.NAME]`, the name a metric label: 1 to 64 letters, digits, `-`, `_`,
+/// `.`).
 ///
 /// ```toml
 /// [store.shards.eu-1]

@@ -26,7 +26,7 @@ impl<P> std::fmt::Debug for Shard<P> {
 }
 
 impl<P> Shard<P> {
-    /// A shard named `name` (letters, digits, `-`, `_`, `.`: it is a metric label) applying its deliveries
+    /// A shard named `name` (1 to 64 letters, digits, `-`, `_`, `.`: it is a metric label) applying its deliveries
     /// with `processor`.
     pub fn new(name: impl Into<String>, processor: P) -> Self {
         Self {
@@ -74,8 +74,8 @@ pub enum ShardConfigError {
     /// No shard at all.
     #[error("no shard is configured")]
     NoShards,
-    /// A shard's name is empty or has a character a metric label cannot carry.
-    #[error("shard name {0:?} is not valid: use letters, digits, '-', '_' and '.'")]
+    /// A shard's name is empty, longer than 64 bytes, or has a character a metric label cannot carry.
+    #[error("shard name {0:?} is not valid: use 1 to 64 letters, digits, '-', '_' and '.'")]
     InvalidName(String),
     /// Two shards have one name.
     #[error("two shards are named {0:?}")]

@@ -500,3 +500,18 @@ fn a_long_unclaimed_key_is_quoted_in_part() {
         .unwrap_err();
     assert!(why.len() < 400 && why.contains("panicked"), "{why}");
 }
+
+/// A shard name refused says what a name may be, its length included: a name of 65 letters is refused as one
+/// with a space is, and the line says why.
+#[test]
+fn a_shard_name_refused_for_its_length_says_so() {
+    let long = "e".repeat(65);
+    let e = Shards::new(
+        ShardRouter::tenant(),
+        [Shard::new(long.as_str(), ()).rest()],
+    )
+    .unwrap_err();
+    assert_eq!(e, ShardConfigError::InvalidName(long.clone()));
+    assert!(e.to_string().contains("1 to 64"), "{e}");
+    Shards::new(ShardRouter::tenant(), [Shard::new(&long[..64], ()).rest()]).unwrap();
+}
