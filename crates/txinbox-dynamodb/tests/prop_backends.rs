@@ -1,0 +1,1580 @@
+//! The DynamoDB store (on DynamoDB Local) and the SQLite store (in memory) give the same observable outcome
+//! for the same operations: a generated sequence of deliveries through the pipeline (one by one or as a
+//! batch: markers, result references, effects, and the rejections of collisions and business duplicates),
+//! markers written through the store's own insert with any dates, effect claims, finishes and compensations,
+//! purges, and the operator queries the DynamoDB store answers (stats, show, rejections, effect counts,
+//! table figures, an effect by its key), with hostile values (text with NUL, control characters, U+FFFD,
+//! the last code points, empty and long strings; result references and effect payloads on both sides of
+//! DynamoDB's 400 KB item; deliveries of 95 to 101 effects, around its 100 actions; operator keys past its
+//! 2048-byte key; integers at their extremes; dates at the epoch, before it, at year 1, past year 9999 and
+//! at the ends of chrono's range). Each step must give the same `Ok`/`Err` (error kinds, not messages) and
+//! the same values read back: text as given, or with U+FFFD for a NUL (the SQL stores' documented form); a
+//! date as both stores keep it (years 1 to 9999, to the microsecond); a time the pipeline took from the wall
+//! clock as the hour it is in.
+//!
+//! Where the two stores are documented to differ, the property compares against the difference:
+//!
+//! * **Expiry is the clock's on DynamoDB** (`docs/dynamodb.md`, "Retention by TTL"): an item past its
+//!   `expires_at` is absent from that second on, and the maintenance's purge deletes nothing. SQLite is
+//!   therefore compared as the maintenance leaves it when it runs at the wall clock before every step
+//!   (markers past `retention_until`, done effects finished more than `effects_keep` ago, evidence older than
+//!   `rejections_keep`), and a generated purge must delete nothing on DynamoDB (`purge_batch` no row,
+//!   `purge_done_effects` 0) and is not run on SQLite.
+//! * **Conditions are checked at commit on DynamoDB** (`MarkerInsert::Inserted`: "or will be checked at
+//!   commit"; `Commit::HandlerFailed`): a delivery whose handler fails permanently there (an effect the
+//!   pipeline refuses, or a transaction over the service's limits, `DynamoError::Limit`) is dead-lettered
+//!   with `handler_permanent` even when a marker of the message is already held, where SQLite finds the
+//!   marker before the handler runs. Such a delivery (one that passes the pipeline's checks before the
+//!   store) is expected dead-lettered and is not run on SQLite. A marker inserted through the store's API
+//!   answers at commit on DynamoDB, and that answer is compared with SQLite's insert.
+//! * **Every operator query names its key on DynamoDB** (`docs/operations.md`): stats and rejections of one
+//!   consumer (the rejections of every consumer are refused with `DynamoError::NeedsKey`), a message's story
+//!   with its source, and with `--effect NAME` only the effects so named (by idempotency key).
+//! * **Which of several effects due at the same instant a claim smaller than their number takes** is each
+//!   store's choice (SQLite by row id, DynamoDB by the effect's hashed id): a claim whose limit would cut
+//!   through such a tie claims to its end on both.
+//!
+//! Each case runs on a DynamoDB table of its own, created for it and deleted after it, and a fresh SQLite in
+//! memory. 24 cases by default; `TXINBOX_PROP_CASES` sets another number (a longer search by hand).
+//! DynamoDB Local's endpoint comes from `TXINBOX_DYNAMODB_ENDPOINT` (`scripts/dynamodb.sh`); the test fails
+//! without it. Below the property, a deterministic test of each disagreement it found.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
+
+use aws_sdk_dynamodb::Client;
+use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use txinbox_core::effects::{idempotency_key, Effect, EffectStore, Transition};
+use txinbox_core::pipeline::identity::Identity;
+use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
+use txinbox_core::store::ops::{ConsumerStats, EffectView, MessageStory, RejectionRow};
+use txinbox_core::store::{Commit, MarkerInsert};
+use txinbox_core::{
+    CancellationToken, ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, InboxStore,
+    MarkerRow, Message, ReceivedMessage, RetentionPolicy,
+};
+use txinbox_dynamodb::ops::{RejectionFilter, RejectionId};
+use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
+use txinbox_store::Store;
+use txinbox_testkit::NoopDelivery;
+
+type Lite = Store<sqlx::Sqlite>;
+
+// ---------------------------------------------------------------------------------------------------------
+// Generated values.
+
+/// Text from outside: a few plain values (so that steps meet each other's rows), the empty string, short
+/// strings of awkward characters, long strings (past DynamoDB's 2048-byte key), and anything.
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => prop::sample::select(vec!["a", "b", "evt-1", "x y"]).prop_map(String::from),
+        1 => Just(String::new()),
+        2 => prop::collection::vec(
+            prop::sample::select(vec![
+                'a', '\0', '\u{1}', '\t', '\u{1f}', '\u{7f}', '\u{85}', '\u{fffd}', '\u{ffff}',
+                '\u{fffe}', '\u{10ffff}', '\u{2028}', 'é', '\\', '\'', '"', '%', '_', '#', ':',
+            ]),
+            1..8,
+        )
+        .prop_map(|v| v.into_iter().collect()),
+        1 => (1usize..4000, prop::sample::select(vec!["x", "é", "\u{10ffff}", "\0"]))
+            .prop_map(|(n, s)| s.repeat(n)),
+        1 => any::<String>(),
+    ]
+}
+
+fn opt_text() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![2 => Just(None), 3 => text().prop_map(Some)]
+}
+
+/// A length on either side of DynamoDB's 400 KB item, with room for the rest of the item: well below
+/// (the rest of the store's item fits beside it) or well above.
+fn big_len() -> impl Strategy<Value = usize> {
+    prop_oneof![380_000usize..399_000, 412_000usize..430_000]
+}
+
+/// Whether a value of `len` bytes makes the store's item exceed 400 KB (see [`big_len`]: no length this
+/// test makes falls between).
+fn over_item(len: usize) -> bool {
+    len > 405_000
+}
+
+/// A name or id a message or a handler gives: mostly one of a few plain ones (so that most deliveries are
+/// applied and meet each other), sometimes any [`text`].
+fn field(plain: &'static [&'static str]) -> impl Strategy<Value = String> {
+    prop_oneof![
+        8 => prop::sample::select(plain).prop_map(String::from),
+        1 => text(),
+    ]
+}
+
+fn opt_field(plain: &'static [&'static str]) -> impl Strategy<Value = Option<String>> {
+    prop_oneof![3 => Just(None), 2 => field(plain).prop_map(Some)]
+}
+
+const IDS: &[&str] = &["a", "b", "evt-1"];
+
+/// A date near the run's base (so that claims are due and purges meet rows) or at an edge.
+fn time() -> impl Strategy<Value = DateTime<Utc>> {
+    let base = base();
+    prop_oneof![
+        4 => hours().prop_map(move |h| base + chrono::Duration::hours(h)),
+        1 => (hours(), 0u32..1_000_000_000).prop_map(move |(h, n)| {
+            base + chrono::Duration::hours(h) + chrono::Duration::nanoseconds(i64::from(n))
+        }),
+        2 => prop::sample::select(edges()),
+        1 => (-100_000_000_000i64..300_000_000_000, 0u32..1_000_000_000)
+            .prop_map(|(s, n)| Utc.timestamp_opt(s, n).single().unwrap_or(DateTime::<Utc>::MIN_UTC)),
+    ]
+}
+
+/// Ten minutes before the run's start, to the second. The pipeline writes its own times (`Utc::now()`,
+/// plus a keep of whole hours): each is some whole hours and 10 to 50 minutes past this base, where no
+/// generated date near it is (those are whole hours from it, to the second).
+fn base() -> DateTime<Utc> {
+    static BASE: std::sync::OnceLock<DateTime<Utc>> = std::sync::OnceLock::new();
+    *BASE.get_or_init(|| {
+        let now = Utc::now() - chrono::Duration::minutes(10);
+        now - chrono::Duration::nanoseconds(i64::from(now.timestamp_subsec_nanos()))
+    })
+}
+
+/// A time the pipeline wrote (the run's wall clock, which differs between the two runs of a step), as the
+/// whole hour after the base it is in; any other time as it is.
+fn wall_clock_masked(t: DateTime<Utc>) -> DateTime<Utc> {
+    let Some(off) = (t - base()).num_microseconds() else {
+        return t;
+    };
+    let hour = 3_600_000_000i64;
+    let within = off.rem_euclid(hour);
+    if (5 * 60_000_000..55 * 60_000_000).contains(&within) {
+        base() + chrono::Duration::microseconds(off - within)
+    } else {
+        t
+    }
+}
+
+fn edges() -> Vec<DateTime<Utc>> {
+    let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+    vec![
+        DateTime::<Utc>::UNIX_EPOCH,
+        DateTime::<Utc>::UNIX_EPOCH - chrono::Duration::nanoseconds(1),
+        DateTime::<Utc>::UNIX_EPOCH - chrono::Duration::seconds(1),
+        at("1999-12-31T23:59:59.9999995Z"),
+        at("2000-01-01T00:00:00Z"),
+        at("0001-01-01T00:00:00Z"),
+        at("9999-12-31T23:59:59.999999999Z"),
+        at("9999-12-31T23:00:00-05:00"),
+        Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap(),
+        Utc.with_ymd_and_hms(-4714, 11, 24, 0, 0, 0).unwrap(),
+        Utc.with_ymd_and_hms(-4713, 11, 24, 0, 0, 0).unwrap(),
+        Utc.with_ymd_and_hms(200_000, 12, 31, 23, 59, 59).unwrap(),
+        DateTime::<Utc>::MIN_UTC,
+        DateTime::<Utc>::MAX_UTC,
+    ]
+}
+
+/// Whole hours before or after the run's start, never zero.
+fn hours() -> impl Strategy<Value = i64> {
+    prop_oneof![-48i64..0, 1i64..49]
+}
+
+/// The pipeline's retention. Not zero: a marker that expires at the wall-clock second it is written is
+/// absent from the next second on DynamoDB and from the next microsecond on the SQL stores (each exact to
+/// its own unit), so whether a step a moment later meets it is a matter of timing.
+fn keep() -> impl Strategy<Value = Duration> {
+    prop_oneof![
+        (1u64..100).prop_map(|h| Duration::from_secs(h * 3600)),
+        Just(Duration::from_secs(u64::MAX)),
+        Just(Duration::MAX),
+        Just(Duration::from_secs(400 * 365 * 86_400 * 100)),
+    ]
+}
+
+fn limit() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => -2i64..5,
+        1 => prop::sample::select(vec![i64::MIN, i64::MIN + 1, -1, 0, i64::from(i32::MAX), i64::MAX]),
+        1 => any::<i64>(),
+    ]
+}
+
+fn int32() -> impl Strategy<Value = i32> {
+    prop_oneof![3 => 0i32..5, 1 => prop::sample::select(vec![i32::MIN, -1, i32::MAX]), 1 => any::<i32>()]
+}
+
+/// A delivery as a broker hands it out: identity attributes, body, the broker's times and count. The
+/// pipeline resolves and checks it as for any message (a value it refuses never reaches a store).
+#[derive(Clone, Debug)]
+struct Msg {
+    consumer: &'static str,
+    id: String,
+    source: String,
+    event_type: Option<String>,
+    tenant: Option<String>,
+    business_key: Option<String>,
+    contract: Option<String>,
+    event_time: Option<String>,
+    body: &'static str,
+    received_at: DateTime<Utc>,
+    enqueued_at: Option<DateTime<Utc>>,
+    keep: Duration,
+    delivery_count: u32,
+}
+
+fn msg() -> impl Strategy<Value = Msg> {
+    (
+        (
+            prop::sample::select(vec!["c", "d"]),
+            field(IDS),
+            field(&["s", "x y"]),
+            opt_field(&["t"]),
+            opt_field(&["acme", ""]),
+            opt_field(&["k1", "k2"]),
+            opt_field(&["v1"]),
+        ),
+        (
+            prop_oneof![
+                Just(None),
+                time().prop_map(|t| Some(t.to_rfc3339())),
+                opt_text()
+            ],
+            prop::sample::select(vec!["{\"v\":1}", "{\"v\":2}"]),
+            time(),
+            prop::option::of(time()),
+            keep(),
+            prop_oneof![3 => 1u32..4, 1 => prop::sample::select(vec![0, i32::MAX as u32, i32::MAX as u32 + 1, u32::MAX])],
+        ),
+    )
+        .prop_map(
+            |(
+                (consumer, id, source, event_type, tenant, business_key, contract),
+                (event_time, body, received_at, enqueued_at, keep, delivery_count),
+            )| Msg {
+                consumer,
+                id,
+                source,
+                event_type,
+                tenant,
+                business_key,
+                contract,
+                event_time,
+                body,
+                received_at,
+                enqueued_at,
+                keep,
+                delivery_count,
+            },
+        )
+}
+
+/// An effect a handler records (the pipeline dead-letters a message with one it refuses).
+#[derive(Clone, Debug)]
+struct Fx {
+    name: String,
+    destination: String,
+    payload: Vec<u8>,
+    metadata: Vec<(String, String)>,
+    external_ref: Option<String>,
+    group: Option<String>,
+}
+
+fn fx() -> impl Strategy<Value = Fx> {
+    (
+        field(&["a", "b", "c"]),
+        field(&["d1", "d2"]),
+        prop_oneof![
+            12 => prop::collection::vec(any::<u8>(), 0..16),
+            1 => big_len().prop_map(|n| vec![0xa5u8; n]),
+        ],
+        prop::collection::vec((text(), text()), 0..3),
+        opt_field(&["ref-1"]),
+        opt_field(&["g"]),
+    )
+        .prop_map(
+            |(name, destination, payload, metadata, external_ref, group)| {
+                // A payload near the item limit comes alone: the rest of the item stays small.
+                let metadata = if payload.len() > 1000 {
+                    Vec::new()
+                } else {
+                    metadata
+                };
+                Fx {
+                    name,
+                    destination,
+                    payload,
+                    metadata,
+                    external_ref,
+                    group,
+                }
+            },
+        )
+}
+
+/// Around DynamoDB's 100 actions a transaction: `n` effects of distinct names, grouped or not.
+fn many_effects() -> impl Strategy<Value = Vec<Fx>> {
+    (95usize..=101, any::<bool>()).prop_map(|(n, grouped)| {
+        (0..n)
+            .map(|i| Fx {
+                name: format!("m{i}"),
+                destination: if i % 2 == 0 { "d1" } else { "d2" }.to_owned(),
+                payload: vec![i as u8],
+                metadata: Vec::new(),
+                external_ref: None,
+                group: grouped.then(|| "g".to_owned()),
+            })
+            .collect()
+    })
+}
+
+fn result_reference() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        12 => opt_text(),
+        1 => big_len().prop_map(|n| Some("r".repeat(n))),
+    ]
+}
+
+#[derive(Clone, Debug)]
+enum Tr {
+    Done(Option<String>, i32, i32),
+    Retry(DateTime<Utc>, String, i32, i32, bool),
+    Uncertain(DateTime<Utc>, String, i32, i32),
+    Failed(String, i32),
+    NeedsAttention(String, i32, i32),
+}
+
+fn tr() -> impl Strategy<Value = Tr> {
+    prop_oneof![
+        2 => (opt_text(), int32(), int32()).prop_map(|(r, a, c)| Tr::Done(r, a, c)),
+        1 => (time(), text(), int32(), int32(), any::<bool>()).prop_map(|(t, e, a, c, m)| Tr::Retry(t, e, a, c, m)),
+        1 => (time(), text(), int32(), int32()).prop_map(|(t, e, a, c)| Tr::Uncertain(t, e, a, c)),
+        1 => (text(), int32()).prop_map(|(e, a)| Tr::Failed(e, a)),
+        1 => (text(), int32(), int32()).prop_map(|(e, a, c)| Tr::NeedsAttention(e, a, c)),
+    ]
+}
+
+impl Tr {
+    fn transition(&self) -> Transition {
+        match self.clone() {
+            Tr::Done(reference, attempts, reconciliations) => Transition::Done {
+                reference,
+                attempts,
+                reconciliations,
+            },
+            Tr::Retry(next_at, error, attempts, reconciliations, maybe_happened) => {
+                Transition::Retry {
+                    next_at,
+                    error,
+                    attempts,
+                    reconciliations,
+                    maybe_happened,
+                }
+            }
+            Tr::Uncertain(next_at, error, attempts, reconciliations) => Transition::Uncertain {
+                next_at,
+                error,
+                attempts,
+                reconciliations,
+            },
+            Tr::Failed(error, attempts) => Transition::Failed { error, attempts },
+            Tr::NeedsAttention(error, attempts, reconciliations) => Transition::NeedsAttention {
+                error,
+                attempts,
+                reconciliations,
+            },
+        }
+    }
+}
+
+/// A consumer an operator asks about: one of the test's, or anything.
+fn asked_consumer() -> impl Strategy<Value = String> {
+    prop_oneof![3 => prop::sample::select(vec!["c", "d"]).prop_map(String::from), 1 => text()]
+}
+
+fn table() -> impl Strategy<Value = Table> {
+    prop::sample::select(Table::ALL.to_vec())
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Deliver {
+        msgs: Vec<Msg>,
+        batch: bool,
+        result_reference: Option<String>,
+        effects: Vec<Fx>,
+    },
+    /// A marker written through the store's own API, with any dates.
+    Mark {
+        msg: Msg,
+        processed_at: DateTime<Utc>,
+        retention_until: DateTime<Utc>,
+    },
+    Claim {
+        holder: String,
+        destinations: Vec<String>,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+        limit: i64,
+    },
+    Finish {
+        pick: usize,
+        holder: Option<String>,
+        tr: Tr,
+        sent_hash: Option<String>,
+        now: DateTime<Utc>,
+    },
+    Compensate {
+        pick: usize,
+        note: String,
+        now: DateTime<Utc>,
+    },
+    Purge {
+        table: Table,
+        before: DateTime<Utc>,
+        limit: i64,
+    },
+    PurgeDone {
+        before: DateTime<Utc>,
+        limit: i64,
+    },
+    Stats {
+        consumer: String,
+        now: DateTime<Utc>,
+    },
+    Show {
+        consumer: String,
+        message_id: String,
+        source: String,
+        names: Option<Vec<String>>,
+    },
+    Rejections {
+        consumer: Option<String>,
+        kind: Option<String>,
+        since: Option<DateTime<Utc>>,
+        until: Option<DateTime<Utc>>,
+        limit: i64,
+    },
+    EffectCounts,
+    TableStats {
+        table: Table,
+        consumer: String,
+    },
+    FindEffect {
+        pick: usize,
+        key: Option<String>,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (
+            prop::collection::vec(msg(), 1..4),
+            any::<bool>(),
+            result_reference(),
+            prop_oneof![12 => prop::collection::vec(fx(), 0..3), 1 => many_effects()],
+        )
+            .prop_map(|(msgs, batch, result_reference, effects)| Op::Deliver { msgs, batch, result_reference, effects }),
+        2 => (msg(), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
+        3 => (
+            prop_oneof![3 => Just("runner".to_owned()), 1 => text()],
+            prop_oneof![
+                3 => Just(vec!["d1".to_owned(), "d2".to_owned()]),
+                1 => prop::collection::vec(prop_oneof![Just("d1".to_owned()), Just("d2".to_owned()), text()], 0..3),
+            ],
+            time(),
+            time(),
+            limit(),
+        )
+            .prop_map(|(holder, destinations, now, until, limit)| Op::Claim { holder, destinations, now, until, limit }),
+        3 => (any::<usize>(), prop_oneof![3 => Just(None), 1 => text().prop_map(Some)], tr(), opt_text(), time())
+            .prop_map(|(pick, holder, tr, sent_hash, now)| Op::Finish { pick, holder, tr, sent_hash, now }),
+        1 => (any::<usize>(), text(), time()).prop_map(|(pick, note, now)| Op::Compensate { pick, note, now }),
+        1 => (table(), time(), limit()).prop_map(|(table, before, limit)| Op::Purge { table, before, limit }),
+        1 => (time(), limit()).prop_map(|(before, limit)| Op::PurgeDone { before, limit }),
+        1 => (asked_consumer(), time()).prop_map(|(consumer, now)| Op::Stats { consumer, now }),
+        2 => (
+            asked_consumer(),
+            field(IDS),
+            field(&["s", "x y"]),
+            prop::option::of(prop::collection::vec(field(&["a", "b", "c"]), 0..3)),
+        )
+            .prop_map(|(consumer, message_id, source, names)| Op::Show { consumer, message_id, source, names }),
+        1 => (
+            prop_oneof![1 => Just(None), 4 => asked_consumer().prop_map(Some)],
+            prop_oneof![Just(None), Just(Some("payload_collision".to_owned())), Just(Some("business_duplicate".to_owned())), opt_text()],
+            prop::option::of(time()),
+            prop::option::of(time()),
+            limit(),
+        )
+            .prop_map(|(consumer, kind, since, until, limit)| Op::Rejections { consumer, kind, since, until, limit }),
+        1 => Just(Op::EffectCounts),
+        1 => (table(), asked_consumer()).prop_map(|(table, consumer)| Op::TableStats { table, consumer }),
+        1 => (any::<usize>(), opt_text()).prop_map(|(pick, key)| Op::FindEffect { pick, key }),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Observable outcomes, as values comparable across stores.
+
+/// A date as both stores keep it: years 1 to 9999, to the microsecond (rounded down); a time the pipeline
+/// wrote as the hour it is in ([`wall_clock_masked`]).
+fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
+    stored(wall_clock_masked(t))
+}
+
+/// A date as the stores keep it.
+fn stored(t: DateTime<Utc>) -> DateTime<Utc> {
+    let first = Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap();
+    let last = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()
+        + chrono::Duration::microseconds(999_999);
+    let t = t.clamp(first, last);
+    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
+}
+
+fn kept_opt(t: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    t.map(kept)
+}
+
+/// An outcome: `Ok` with the value's normalized debug text, or the error's kind. `detail` is the error
+/// message, shown when the outcomes differ but not compared.
+#[derive(Debug)]
+struct Outcome {
+    answer: Result<String, String>,
+    // Read in a failure's message (the Debug output), never compared.
+    #[allow(dead_code)]
+    detail: String,
+}
+
+impl PartialEq for Outcome {
+    fn eq(&self, other: &Self) -> bool {
+        self.answer == other.answer
+    }
+}
+
+/// A value's debug text with every NUL as U+FFFD (the SQL stores keep free text so; DynamoDB as given).
+fn debug_text<T: std::fmt::Debug>(v: &T) -> String {
+    let s = format!("{v:?}");
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('0') => out.push('\u{fffd}'),
+            Some(n) => {
+                out.push('\\');
+                out.push(n);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+fn ok<T: std::fmt::Debug>(v: T) -> Outcome {
+    Outcome {
+        answer: Ok(debug_text(&v)),
+        detail: String::new(),
+    }
+}
+
+fn lite_out<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => Outcome {
+            answer: Err(format!(
+                "error (transient: {})",
+                txinbox_store::is_transient(&e)
+            )),
+            detail: e.to_string().chars().take(300).collect(),
+        },
+    }
+}
+
+fn dyn_out<T: std::fmt::Debug>(r: Result<T, DynamoError>) -> Outcome {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => Outcome {
+            answer: Err(match &e {
+                DynamoError::NeedsKey(_) => "needs a key".to_owned(),
+                other => format!("error (transient: {})", other.is_transient()),
+            }),
+            detail: e.to_string().chars().take(300).collect(),
+        },
+    }
+}
+
+fn claimed(e: &txinbox_core::effects::ClaimedEffect) -> String {
+    format!(
+        "{}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
+        e.key,
+        e.consumer,
+        e.message_id,
+        e.name,
+        e.destination,
+        e.payload,
+        e.metadata,
+        e.external_ref,
+        e.claimed_from,
+        e.attempts,
+        e.reconciliations,
+        kept(e.created_at),
+        e.reference,
+        e.maybe_happened,
+        e.sent_hash
+    )
+}
+
+fn stats(mut s: ConsumerStats) -> ConsumerStats {
+    s.oldest_processed_at = kept_opt(s.oldest_processed_at);
+    s.newest_processed_at = kept_opt(s.newest_processed_at);
+    s.last_rejection_at = kept_opt(s.last_rejection_at);
+    s.oldest_pending_effect_at = kept_opt(s.oldest_pending_effect_at);
+    // The lag is measured from the oldest date kept.
+    s.effect_lag_seconds = s.effect_lag_seconds.map(|_| 0.0);
+    s
+}
+
+fn rejection(mut r: RejectionRow) -> RejectionRow {
+    // Ids are each store's own: a number on SQLite, the evidence item's UUID on DynamoDB.
+    r.id = RejectionId::Number(0);
+    r.recorded_at = kept(r.recorded_at);
+    r
+}
+
+fn effect_view(mut e: EffectView) -> EffectView {
+    e.id = 0;
+    e.next_attempt_at = kept(e.next_attempt_at);
+    e.claim_until = kept_opt(e.claim_until);
+    e.created_at = kept(e.created_at);
+    e.updated_at = kept(e.updated_at);
+    e.finished_at = kept_opt(e.finished_at);
+    e
+}
+
+fn story(mut s: MessageStory) -> MessageStory {
+    for m in &mut s.markers {
+        m.received_at = kept(m.received_at);
+        m.processed_at = kept(m.processed_at);
+        m.retention_until = kept(m.retention_until);
+    }
+    s.rejections = s.rejections.into_iter().map(rejection).collect();
+    s.rejections
+        .sort_by(|a, b| (a.recorded_at, &a.kind).cmp(&(b.recorded_at, &b.kind)));
+    s.effects = s.effects.into_iter().map(effect_view).collect();
+    s.effects.sort_by(|a, b| a.key.cmp(&b.key));
+    s
+}
+
+fn counts(v: Vec<txinbox_core::effects::EffectCount>) -> Vec<String> {
+    let mut v: Vec<String> = v
+        .into_iter()
+        .map(|c| {
+            format!(
+                "{}|{}|{:?}|{}|{:?}|{}",
+                c.consumer,
+                c.destination,
+                c.state,
+                c.count,
+                kept_opt(c.oldest),
+                c.without_reference
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Running the operations.
+
+/// What one store remembers between steps: the effects' keys it was asked to record, and the last claim's
+/// holder and keys.
+#[derive(Default)]
+struct Seen {
+    keys: Vec<String>,
+    holder: String,
+    claimed: Vec<String>,
+}
+
+/// The store's keeps (DynamoDB's defaults), which the SQLite side's maintenance applies.
+fn dynamo_options() -> DynamoOptions {
+    DynamoOptions::default()
+}
+
+/// SQLite as the maintenance leaves it when it runs at the wall clock: DynamoDB's items are absent from
+/// their `expires_at` on.
+async fn expire(lite: &Lite) -> Result<(), sqlx::Error> {
+    let now = Utc::now();
+    let o = dynamo_options();
+    for (table, before) in [
+        (Table::Markers, now),
+        (
+            Table::Effects,
+            txinbox_core::time::before(now, o.effects_keep),
+        ),
+        (
+            Table::Rejections,
+            txinbox_core::time::before(now, o.rejections_keep),
+        ),
+    ] {
+        while !lite.purge_batch(table, before, 1000).await?.is_empty() {}
+    }
+    Ok(())
+}
+
+fn received(m: &Msg) -> ReceivedMessage {
+    let mut r = ReceivedMessage::new(m.body.as_bytes().to_vec());
+    r.attributes.insert("ce-id".into(), m.id.clone());
+    r.attributes.insert("ce-source".into(), m.source.clone());
+    for (k, v) in [
+        ("ce-type", &m.event_type),
+        ("ce-tenantid", &m.tenant),
+        ("ce-businesskey", &m.business_key),
+        ("ce-contractversion", &m.contract),
+        ("ce-time", &m.event_time),
+    ] {
+        if let Some(v) = v {
+            r.attributes.insert(k.into(), v.clone());
+        }
+    }
+    r.received_at = m.received_at;
+    r.enqueued_at = m.enqueued_at;
+    r.delivery_count = m.delivery_count;
+    r
+}
+
+/// A delivery's outcome without what names the store (a store error's text).
+fn delivered(o: txinbox_core::Outcome) -> String {
+    use txinbox_core::Outcome as O;
+    match o {
+        O::Retry { .. } => "retry".into(),
+        O::DeadLettered { reason, .. } => format!("dead-lettered: {reason}"),
+        other => debug_text(&other),
+    }
+}
+
+fn handled(result_reference: &Option<String>, effects: &[Fx]) -> Handled {
+    let mut handled = match result_reference {
+        Some(r) => Handled::reference(r),
+        None => Handled::done(),
+    };
+    for f in effects {
+        let mut e = Effect::new(&f.name, &f.destination, f.payload.clone());
+        for (k, v) in &f.metadata {
+            e = e.metadata(k, v);
+        }
+        if let Some(r) = &f.external_ref {
+            e = e.external_ref(r);
+        }
+        if let Some(g) = &f.group {
+            e = e.group(g);
+        }
+        handled = handled.effect(e);
+    }
+    handled
+}
+
+/// Whether the handler's answer fails on DynamoDB, where it is decided at commit (see the header): an
+/// effect the pipeline refuses (a field empty, over 512 bytes or with a control character; two of one
+/// name), or a transaction over the service's limits (more than 100 actions: the marker, the business key
+/// item, each effect and each group's tail item; an item over 400 KB: the marker or the business key item
+/// with the result reference, an effect with its payload).
+fn fails_at_commit(id: &Identity, result_reference: &Option<String>, effects: &[Fx]) -> bool {
+    let bad = |v: &str| v.is_empty() || v.len() > 512 || v.chars().any(char::is_control);
+    let mut names = HashSet::new();
+    for f in effects {
+        if bad(&f.name)
+            || bad(&f.destination)
+            || f.external_ref.as_deref().is_some_and(bad)
+            || f.group.as_deref().is_some_and(bad)
+            || !names.insert(&f.name)
+        {
+            return true;
+        }
+    }
+    let groups: HashSet<&String> = effects.iter().filter_map(|f| f.group.as_ref()).collect();
+    let actions = 1 + usize::from(id.business_key.is_some()) + effects.len() + groups.len();
+    actions > txinbox_dynamodb::MAX_ACTIONS
+        || result_reference
+            .as_ref()
+            .is_some_and(|r| over_item(r.len()))
+        || effects.iter().any(|f| over_item(f.payload.len()))
+}
+
+/// Whether the pipeline refuses the delivery before the store (its age past the retention).
+fn refused_before_store(m: &Msg) -> bool {
+    m.enqueued_at.is_some_and(|enq| {
+        m.received_at
+            .signed_duration_since(enq)
+            .to_std()
+            .unwrap_or_default()
+            > m.keep
+    })
+}
+
+/// The effects' keys of the deliveries the pipeline can resolve.
+fn keys_of(msgs: &[Msg], effects: &[Fx]) -> Vec<String> {
+    let mut keys = Vec::new();
+    for m in msgs {
+        let policy = IdentityPolicy::new(ConsumerName::new(msgs[0].consumer).unwrap());
+        if let Ok(identity) = policy.resolve(&received(m)) {
+            for f in effects {
+                keys.push(idempotency_key(&identity, &f.name));
+            }
+        }
+    }
+    keys
+}
+
+/// The SQLite text of a time (the store's own form: `stored`, RFC 3339 with microseconds).
+fn lite_ts(t: DateTime<Utc>) -> String {
+    stored(t).to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// The limit a claim runs with on both stores: the one asked, or, when it would cut through effects due at
+/// the same instant (which each store orders its own way), the end of that tie. Read from SQLite's rows.
+async fn claim_limit(
+    lite: &Lite,
+    destinations: &[String],
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<i64, sqlx::Error> {
+    let dests = serde_json::to_string(destinations).unwrap();
+    let due: Vec<(i64, String, String, String, Option<String>)> = sqlx::query_as("SELECT id, idempotency_key, state, next_attempt_at, claim_until FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id")
+        .bind(dests)
+        .bind(lite_ts(now))
+        .fetch_all(lite.pool())
+        .await?;
+    let wanted = limit.max(1);
+    if wanted as usize >= due.len() {
+        return Ok(limit);
+    }
+    // SQLite's order: by due time, then row id. DynamoDB's: by the time it fell due (an expired claim's
+    // end for an effect in flight), then its hashed id, as the text of the `due` index's sort key.
+    let lite_order: Vec<i64> = due.iter().map(|d| d.0).collect();
+    let mut dyn_order: Vec<(String, i64)> = due
+        .iter()
+        .map(|(id, key, state, next_at, claim_until)| {
+            let at = if state == "in_flight" {
+                claim_until.clone().unwrap_or_default()
+            } else {
+                next_at.clone()
+            };
+            // The `due` index's sort key, compared as text.
+            (
+                format!("{at}#{}", txinbox_dynamodb::layout::effect_id(key)),
+                *id,
+            )
+        })
+        .collect();
+    dyn_order.sort();
+    let dyn_order: Vec<i64> = dyn_order.into_iter().map(|d| d.1).collect();
+    let mut n = wanted as usize;
+    while n < due.len() {
+        let a: BTreeSet<i64> = lite_order[..n].iter().copied().collect();
+        let b: BTreeSet<i64> = dyn_order[..n].iter().copied().collect();
+        if a == b {
+            break;
+        }
+        n += 1;
+    }
+    Ok(if n == wanted as usize {
+        limit
+    } else {
+        n as i64
+    })
+}
+
+async fn deliver_lite(
+    lite: &Lite,
+    msgs: &[Msg],
+    batch: bool,
+    result_reference: &Option<String>,
+    effects: &[Fx],
+) -> Vec<String> {
+    let first = &msgs[0];
+    let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
+    // The deliveries DynamoDB dead-letters at commit whatever the markers hold are expected so, and not run.
+    let mut expected: Vec<Option<String>> = Vec::new();
+    let mut run = Vec::new();
+    for m in msgs {
+        let fails = match policy.resolve(&received(m)) {
+            Ok(id) => {
+                !refused_before_store(&Msg {
+                    keep: first.keep,
+                    ..m.clone()
+                }) && fails_at_commit(&id, result_reference, effects)
+            }
+            Err(_) => false,
+        };
+        if fails {
+            expected.push(Some("dead-lettered: handler_permanent".into()));
+        } else {
+            expected.push(None);
+            run.push(received(m));
+        }
+    }
+    let inbox =
+        Inbox::new(lite.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
+    let h = handled(result_reference, effects);
+    let handler = move |_tx: txinbox_store::Tx<sqlx::Sqlite>, _m: Message<serde_json::Value>| {
+        let h = h.clone();
+        async move { Ok::<_, HandlerError>(h) }
+    };
+    let outcomes = if batch {
+        if run.is_empty() {
+            Vec::new()
+        } else {
+            inbox
+                .bind_handler(handler)
+                .process_batch(
+                    run.into_iter().map(NoopDelivery).collect(),
+                    &CancellationToken::new(),
+                )
+                .await
+        }
+    } else {
+        let mut out = Vec::new();
+        for r in run {
+            out.push(inbox.process(NoopDelivery(r), &handler).await);
+        }
+        out
+    };
+    let mut outcomes = outcomes.into_iter().map(delivered);
+    expected
+        .into_iter()
+        .map(|e| e.unwrap_or_else(|| outcomes.next().unwrap_or_default()))
+        .collect()
+}
+
+async fn deliver_dyn(
+    store: &DynamoStore,
+    msgs: &[Msg],
+    batch: bool,
+    result_reference: &Option<String>,
+    effects: &[Fx],
+) -> Vec<String> {
+    let first = &msgs[0];
+    let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
+    let inbox =
+        Inbox::new(store.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
+    let h = handled(result_reference, effects);
+    let handler = move |_tx: DynamoTx, _m: Message<serde_json::Value>| {
+        let h = h.clone();
+        async move { Ok::<_, HandlerError>(h) }
+    };
+    let received: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
+    let outcomes = if batch {
+        inbox
+            .bind_handler(handler)
+            .process_batch(
+                received.into_iter().map(NoopDelivery).collect(),
+                &CancellationToken::new(),
+            )
+            .await
+    } else {
+        let mut out = Vec::new();
+        for r in received {
+            out.push(inbox.process(NoopDelivery(r), &handler).await);
+        }
+        out
+    };
+    outcomes.into_iter().map(delivered).collect()
+}
+
+fn marker_row<'a>(
+    msg: &Msg,
+    identity: &'a Identity,
+    processed_at: DateTime<Utc>,
+    retention_until: DateTime<Utc>,
+) -> MarkerRow<'a> {
+    MarkerRow::new(
+        identity,
+        msg.body,
+        msg.received_at,
+        processed_at,
+        retention_until,
+        msg.delivery_count,
+    )
+}
+
+fn masked_insert(answer: MarkerInsert) -> MarkerInsert {
+    match answer {
+        MarkerInsert::Conflict(Some(mut h)) => {
+            h.processed_at = kept(h.processed_at);
+            MarkerInsert::Conflict(Some(h))
+        }
+        other => other,
+    }
+}
+
+/// The effect ids (each store's own) of the effects with these keys.
+async fn picked<S: EffectStore>(store: &S, keys: &[String], pick: usize) -> Option<i64> {
+    if keys.is_empty() {
+        return None;
+    }
+    let key = &keys[pick % keys.len()];
+    store.find_effect(key).await.ok().flatten().map(|e| e.id)
+}
+
+/// The idempotency keys of the effects named `names` of one message, as `--effect NAME` asks for them.
+fn named_keys(consumer: &str, source: &str, message_id: &str, names: &[String]) -> Vec<String> {
+    let Ok(consumer) = ConsumerName::new(consumer) else {
+        return Vec::new();
+    };
+    let identity = Identity {
+        consumer,
+        source: source.to_owned(),
+        message_id: message_id.to_owned(),
+        origin: txinbox_core::pipeline::identity::IdOrigin::ProducerId,
+        event_type: None,
+        contract_version: None,
+        tenant_id: None,
+        business_key: None,
+        event_time: None,
+    };
+    names
+        .iter()
+        .map(|n| idempotency_key(&identity, n))
+        .collect()
+}
+
+async fn step_lite(lite: &Lite, seen: &mut Seen, op: &Op) -> Outcome {
+    if let Err(e) = expire(lite).await {
+        return lite_out::<()>(Err(e));
+    }
+    match op {
+        Op::Deliver {
+            msgs,
+            batch,
+            result_reference,
+            effects,
+        } => {
+            seen.keys.extend(keys_of(msgs, effects));
+            ok(deliver_lite(lite, msgs, *batch, result_reference, effects).await)
+        }
+        Op::Mark {
+            msg,
+            processed_at,
+            retention_until,
+        } => {
+            let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
+            let Ok(identity) = policy.resolve(&received(msg)) else {
+                return ok("refused before the store");
+            };
+            let row = marker_row(msg, &identity, *processed_at, *retention_until);
+            let r = async {
+                let tx = lite.begin().await?;
+                let answer = masked_insert(lite.insert_marker(&tx, &row).await?);
+                lite.commit(tx).await?;
+                Ok(answer)
+            }
+            .await;
+            lite_out(r)
+        }
+        Op::Claim {
+            holder,
+            destinations,
+            now,
+            until,
+            limit,
+        } => {
+            seen.holder = holder.clone();
+            let limit = match claim_limit(lite, destinations, *now, *limit).await {
+                Ok(l) => l,
+                Err(e) => return lite_out::<()>(Err(e)),
+            };
+            let r = lite
+                .claim_effects(holder, destinations, *now, *until, limit)
+                .await
+                .inspect(|v| {
+                    seen.claimed = v.iter().map(|e| e.key.clone()).collect();
+                    seen.claimed.sort();
+                })
+                .map(|v| {
+                    let mut v: Vec<String> = v.iter().map(claimed).collect();
+                    v.sort();
+                    v
+                });
+            lite_out(r)
+        }
+        Op::Finish {
+            pick,
+            holder,
+            tr,
+            sent_hash,
+            now,
+        } => {
+            let from = if seen.claimed.is_empty() {
+                &seen.keys
+            } else {
+                &seen.claimed
+            };
+            let Some(id) = picked(lite, from, *pick).await else {
+                return ok("no effect");
+            };
+            let holder = holder.clone().unwrap_or_else(|| seen.holder.clone());
+            let t = tr.transition();
+            let cols = t.columns().sent_hash(sent_hash.as_deref());
+            lite_out(lite.finish_effect(id, &holder, &cols, *now).await)
+        }
+        Op::Compensate { pick, note, now } => {
+            let Some(id) = picked(lite, &seen.keys, *pick).await else {
+                return ok("no effect");
+            };
+            lite_out(lite.mark_compensated(id, note, *now).await)
+        }
+        // DynamoDB's purge deletes nothing (the TTL does, and the steps' expiry is the clock's): not run here.
+        Op::Purge { .. } => ok((0usize, Vec::<String>::new())),
+        Op::PurgeDone { .. } => ok(Vec::<u64>::new()),
+        Op::Stats { consumer, now } => lite_out(
+            lite.consumer_stats(Some(consumer), *now)
+                .await
+                .map(|v| v.into_iter().map(stats).collect::<Vec<_>>()),
+        ),
+        Op::Show {
+            consumer,
+            message_id,
+            source,
+            names,
+        } => lite_out(
+            lite.message_story(consumer, message_id, Some(source))
+                .await
+                .map(|mut s| {
+                    if let Some(names) = names {
+                        let keys = named_keys(consumer, source, message_id, names);
+                        s.effects.retain(|e| keys.contains(&e.key));
+                    }
+                    story(s)
+                }),
+        ),
+        Op::Rejections {
+            consumer,
+            kind,
+            since,
+            until,
+            limit,
+        } => {
+            if consumer.is_none() {
+                return Outcome {
+                    answer: Err("needs a key".into()),
+                    detail: String::new(),
+                };
+            }
+            lite_out(
+                lite.rejections(&filter(consumer, kind, since, until, *limit))
+                    .await
+                    .map(|v| v.into_iter().map(rejection).collect::<Vec<_>>()),
+            )
+        }
+        Op::EffectCounts => lite_out(lite.effect_counts().await.map(counts)),
+        Op::TableStats { table, consumer } => lite_out(
+            lite.table_stats(*table, consumer)
+                .await
+                .map(|(n, t)| (n, kept_opt(t))),
+        ),
+        Op::FindEffect { pick, key } => {
+            let Some(key) = find_key(seen, *pick, key) else {
+                return ok("no effect");
+            };
+            lite_out(
+                lite.find_effect(&key)
+                    .await
+                    .map(|e| e.as_ref().map(claimed)),
+            )
+        }
+    }
+}
+
+fn filter(
+    consumer: &Option<String>,
+    kind: &Option<String>,
+    since: &Option<DateTime<Utc>>,
+    until: &Option<DateTime<Utc>>,
+    limit: i64,
+) -> RejectionFilter {
+    let mut f = RejectionFilter::new().limit(limit);
+    if let Some(c) = consumer {
+        f = f.consumer(c);
+    }
+    if let Some(k) = kind {
+        f = f.kind(k);
+    }
+    if let Some(t) = since {
+        f = f.since(*t);
+    }
+    if let Some(t) = until {
+        f = f.until(*t);
+    }
+    f
+}
+
+fn find_key(seen: &Seen, pick: usize, key: &Option<String>) -> Option<String> {
+    match key {
+        Some(k) => Some(k.clone()),
+        None if seen.keys.is_empty() => None,
+        None => Some(seen.keys[pick % seen.keys.len()].clone()),
+    }
+}
+
+async fn step_dyn(store: &DynamoStore, seen: &mut Seen, op: &Op, claim: i64) -> Outcome {
+    match op {
+        Op::Deliver {
+            msgs,
+            batch,
+            result_reference,
+            effects,
+        } => {
+            seen.keys.extend(keys_of(msgs, effects));
+            ok(deliver_dyn(store, msgs, *batch, result_reference, effects).await)
+        }
+        Op::Mark {
+            msg,
+            processed_at,
+            retention_until,
+        } => {
+            let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
+            let Ok(identity) = policy.resolve(&received(msg)) else {
+                return ok("refused before the store");
+            };
+            let row = marker_row(msg, &identity, *processed_at, *retention_until);
+            let r = async {
+                let tx = store.begin().await?;
+                match store.insert_marker(&tx, &row).await? {
+                    MarkerInsert::Inserted => {}
+                    other => return Ok(Ok(masked_insert(other))),
+                }
+                // DynamoDB answers at commit.
+                Ok(match store.commit(tx).await? {
+                    Commit::Done => Ok(MarkerInsert::Inserted),
+                    Commit::Conflict(h) => Ok(masked_insert(MarkerInsert::Conflict(h))),
+                    other => Err(format!("{other:?}")),
+                })
+            }
+            .await;
+            match r {
+                Ok(Err(refused)) => Outcome {
+                    answer: Err("refused at commit".into()),
+                    detail: refused,
+                },
+                Ok(Ok(answer)) => ok(answer),
+                Err(e) => dyn_out::<()>(Err(e)),
+            }
+        }
+        Op::Claim {
+            holder,
+            destinations,
+            now,
+            until,
+            ..
+        } => {
+            seen.holder = holder.clone();
+            let r = store
+                .claim_effects(holder, destinations, *now, *until, claim)
+                .await
+                .inspect(|v| {
+                    seen.claimed = v.iter().map(|e| e.key.clone()).collect();
+                    seen.claimed.sort();
+                })
+                .map(|v| {
+                    let mut v: Vec<String> = v.iter().map(claimed).collect();
+                    v.sort();
+                    v
+                });
+            dyn_out(r)
+        }
+        Op::Finish {
+            pick,
+            holder,
+            tr,
+            sent_hash,
+            now,
+        } => {
+            let from = if seen.claimed.is_empty() {
+                &seen.keys
+            } else {
+                &seen.claimed
+            };
+            let Some(id) = picked(store, from, *pick).await else {
+                return ok("no effect");
+            };
+            let holder = holder.clone().unwrap_or_else(|| seen.holder.clone());
+            let t = tr.transition();
+            let cols = t.columns().sent_hash(sent_hash.as_deref());
+            dyn_out(store.finish_effect(id, &holder, &cols, *now).await)
+        }
+        Op::Compensate { pick, note, now } => {
+            let Some(id) = picked(store, &seen.keys, *pick).await else {
+                return ok("no effect");
+            };
+            dyn_out(store.mark_compensated(id, note, *now).await)
+        }
+        Op::Purge {
+            table,
+            before,
+            limit,
+        } => dyn_out(
+            store
+                .purge_batch(*table, *before, *limit)
+                .await
+                .map(|v| (v.len(), v)),
+        ),
+        Op::PurgeDone { before, limit } => {
+            dyn_out(store.purge_done_effects(*before, *limit).await.map(|n| {
+                if n == 0 {
+                    Vec::new()
+                } else {
+                    vec![n]
+                }
+            }))
+        }
+        Op::Stats { consumer, now } => dyn_out(
+            store
+                .consumer_stats(consumer, *now)
+                .await
+                .map(|s| vec![stats(s)]),
+        ),
+        Op::Show {
+            consumer,
+            message_id,
+            source,
+            names,
+        } => dyn_out(
+            store
+                .message_story(consumer, message_id, source, names.as_deref())
+                .await
+                .map(story),
+        ),
+        Op::Rejections {
+            consumer,
+            kind,
+            since,
+            until,
+            limit,
+        } => dyn_out(
+            store
+                .rejections(&filter(consumer, kind, since, until, *limit))
+                .await
+                .map(|v| v.into_iter().map(rejection).collect::<Vec<_>>()),
+        ),
+        Op::EffectCounts => dyn_out(store.effect_counts().await.map(counts)),
+        Op::TableStats { table, consumer } => dyn_out(
+            store
+                .table_stats(*table, consumer)
+                .await
+                .map(|(n, t)| (n, kept_opt(t))),
+        ),
+        Op::FindEffect { pick, key } => {
+            let Some(key) = find_key(seen, *pick, key) else {
+                return ok("no effect");
+            };
+            dyn_out(
+                store
+                    .find_effect(&key)
+                    .await
+                    .map(|e| e.as_ref().map(claimed)),
+            )
+        }
+    }
+}
+
+fn endpoint() -> String {
+    std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start DynamoDB Local with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
+    })
+}
+
+async fn fresh_table(client: &Client) -> String {
+    let name = format!("txinbox-prop-{}", uuid::Uuid::new_v4().simple());
+    DynamoStore::create_table(client, &name)
+        .await
+        .unwrap_or_else(|e| panic!("DynamoDB Local at TXINBOX_DYNAMODB_ENDPOINT: {e}"));
+    name
+}
+
+async fn drop_table(client: &Client, name: &str) {
+    client
+        .delete_table()
+        .table_name(name)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("deleting table {name}: {e:?}"));
+}
+
+/// One case on a table of its own, deleted afterwards whatever the case did (a panic included).
+async fn run_case(client: Client, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let table = fresh_table(&client).await;
+    let case = tokio::spawn({
+        let (client, table) = (client.clone(), table.clone());
+        async move {
+            let store = DynamoStore::open(client, table, dynamo_options())
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let lite = Lite::connect("sqlite::memory:")
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let (mut seen_lite, mut seen_dyn) = (Seen::default(), Seen::default());
+            let mut result = Ok(());
+            for (i, op) in ops.iter().enumerate() {
+                // The claim's limit as SQLite's rows decide it, before the step changes them.
+                let claim = match op {
+                    Op::Claim {
+                        destinations,
+                        now,
+                        limit,
+                        ..
+                    } => {
+                        expire(&lite)
+                            .await
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        claim_limit(&lite, destinations, *now, *limit)
+                            .await
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?
+                    }
+                    _ => 0,
+                };
+                let a = step_lite(&lite, &mut seen_lite, op).await;
+                let b = step_dyn(&store, &mut seen_dyn, op, claim).await;
+                if a != b {
+                    result = Err(TestCaseError::fail(format!(
+                        "step {i} of {}: {op:?}\n  SQLite:   {a:?}\n  DynamoDB: {b:?}",
+                        ops.len()
+                    )));
+                    break;
+                }
+            }
+            lite.close().await;
+            result
+        }
+    })
+    .await;
+    drop_table(&client, &table).await;
+    match case {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(TestCaseError::fail(e.to_string())),
+    }
+}
+
+#[test]
+fn sqlite_and_dynamodb_agree_on_hostile_operations() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = txinbox_dynamodb::emulator_client(&endpoint());
+    let cases = std::env::var("TXINBOX_PROP_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&prop::collection::vec(op(), 1..24), |ops| {
+        rt.block_on(run_case(client.clone(), ops))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// What the property found, one by one.
+
+/// A store for a test of its own: SQLite in memory, or DynamoDB Local on a fresh table (deleted by
+/// [`done_with`]).
+async fn lite_store() -> Lite {
+    Lite::connect("sqlite::memory:").await.unwrap()
+}
+
+async fn dynamo_store() -> DynamoStore {
+    let client = txinbox_dynamodb::emulator_client(&endpoint());
+    let table = fresh_table(&client).await;
+    DynamoStore::open(client, table, dynamo_options())
+        .await
+        .unwrap()
+}
+
+trait DoneWith {
+    async fn done_with(self);
+}
+
+impl DoneWith for Lite {
+    async fn done_with(self) {
+        self.close().await;
+    }
+}
+
+impl DoneWith for DynamoStore {
+    async fn done_with(self) {
+        drop_table(self.client(), self.table()).await;
+    }
+}
+
+fn copy(id: &str, business_key: Option<&str>) -> NoopDelivery {
+    let mut m = ReceivedMessage::new(b"{}".to_vec());
+    m.attributes.insert("ce-id".into(), id.into());
+    m.attributes.insert("ce-source".into(), "s".into());
+    if let Some(k) = business_key {
+        m.attributes.insert("ce-businesskey".into(), k.into());
+    }
+    NoopDelivery(m)
+}
+
+/// A copy of a message, or a message of the same business key, refused within the batch that applies the
+/// holder answers the result reference the holder recorded, as it would alone (`Inbox::process_batch`: "Each
+/// delivery gets the outcome it would get ... alone"); the batch answered none (the holder read when the
+/// markers went in, before its handler ran) on the stores that keep the batch whole, SQLite's and
+/// DynamoDB's.
+macro_rules! refused_within_the_batch {
+    ($store:expr, $tx:ty) => {{
+        let store = $store;
+        let inbox = Inbox::new(
+            store.clone(),
+            IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+        );
+        let handler = |_tx: $tx, m: Message<serde_json::Value>| async move {
+            Ok::<_, HandlerError>(Handled::reference(format!("ref-{}", m.identity.message_id)))
+        };
+        let outcomes = inbox
+            .bind_handler(handler)
+            .process_batch(
+                vec![
+                    copy("a", None),
+                    copy("a", None),
+                    copy("b", Some("k")),
+                    copy("c", Some("k")),
+                ],
+                &CancellationToken::new(),
+            )
+            .await;
+        assert_eq!(
+            outcomes.into_iter().map(delivered).collect::<Vec<_>>(),
+            [
+                "Applied { result_reference: Some(\"ref-a\") }",
+                "Duplicate { result_reference: Some(\"ref-a\") }",
+                "Applied { result_reference: Some(\"ref-b\") }",
+                "BusinessDuplicate { holder_message_id: \"b\", result_reference: Some(\"ref-b\") }",
+            ]
+        );
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_delivery_refused_within_its_batch_answers_the_holders_reference_on_sqlite() {
+    refused_within_the_batch!(lite_store().await, txinbox_store::Tx<sqlx::Sqlite>);
+}
+
+#[tokio::test]
+async fn a_delivery_refused_within_its_batch_answers_the_holders_reference_on_dynamodb() {
+    refused_within_the_batch!(dynamo_store().await, DynamoTx);
+}
