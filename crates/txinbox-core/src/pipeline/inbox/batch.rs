@@ -41,6 +41,7 @@ use super::decide::*;
 use crate::broker::Delivery;
 use crate::metrics as m;
 use crate::pipeline::handler::{Handler, Payload};
+use crate::pipeline::identity::Identity;
 use crate::pipeline::outcome::Outcome;
 use crate::store::{Commit, ExistingMarker, InboxStore, MarkerInsert, MarkerRow};
 use crate::CancellationToken;
@@ -529,13 +530,37 @@ impl<S: InboxStore> Inbox<S> {
             // The COMMIT's fate is unknown: release; the redelivery finds the markers or applies them.
             Err(e) => return finish(slots, &|| self.store_retry("commit", &e)),
         }
+        // A delivery refused by a marker of this very batch read its holder before the holder's handler
+        // recorded its result reference: it gets the reference the holder committed, as it would alone.
+        let written: Vec<(&Identity, &Option<String>)> = slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Written(done) => Some((&done.prepared.identity, &done.result_reference)),
+                _ => None,
+            })
+            .collect();
+        let held_by_batch: Vec<Option<Option<String>>> = slots
+            .iter()
+            .map(|s| match s {
+                Slot::Conflicted(p, Some(h)) => written
+                    .iter()
+                    .find(|(w, _)| holds(w, &p.identity, h))
+                    .map(|(_, r)| (*r).clone()),
+                _ => None,
+            })
+            .collect();
         let mut out = Vec::with_capacity(slots.len());
         for (i, s) in slots.into_iter().enumerate() {
             let msg = deliveries[i].message();
             out.push(match s {
                 Slot::Decided(d) => d,
                 Slot::Written(done) => self.applied(msg, done.result_reference),
-                Slot::Conflicted(p, holder) => self.conflict(&p, holder, msg.received_at).await,
+                Slot::Conflicted(p, mut holder) => {
+                    if let (Some(h), Some(reference)) = (holder.as_mut(), &held_by_batch[i]) {
+                        h.result_reference = reference.clone();
+                    }
+                    self.conflict(&p, holder, msg.received_at).await
+                }
                 Slot::Pending => self.interrupted(),
             });
         }
@@ -607,5 +632,20 @@ impl<S: InboxStore> Inbox<S> {
             },
             delay,
         )
+    }
+}
+
+/// Whether `written`, a delivery of the batch whose marker went in, is the holder `h` that refused
+/// `refused`: the same message (consumer, source, id), or the same business key of the same tenant.
+fn holds(written: &Identity, refused: &Identity, h: &ExistingMarker) -> bool {
+    if written.message_id != h.message_id {
+        return false;
+    }
+    if h.same_identity {
+        written.source == refused.source && written.message_id == refused.message_id
+    } else {
+        refused.business_key.is_some()
+            && written.business_key == refused.business_key
+            && written.tenant_id == refused.tenant_id
     }
 }
