@@ -1578,3 +1578,50 @@ async fn a_delivery_refused_within_its_batch_answers_the_holders_reference_on_sq
 async fn a_delivery_refused_within_its_batch_answers_the_holders_reference_on_dynamodb() {
     refused_within_the_batch!(dynamo_store().await, DynamoTx);
 }
+
+/// An effect's metadata keeps every key, the empty one included: DynamoDB refuses an empty key in a map
+/// attribute (`ValidationException`), so a message whose handler recorded one was dead-lettered
+/// (`handler_permanent`) on DynamoDB where SQLite applied it.
+macro_rules! metadata_with_an_empty_key {
+    ($store:expr, $tx:ty) => {{
+        let store = $store;
+        let policy = IdentityPolicy::new(ConsumerName::new("c").unwrap());
+        let delivery = copy("a", None);
+        let identity = policy.resolve(&delivery.0).unwrap();
+        let inbox = Inbox::new(store.clone(), policy);
+        let handler = |_tx: $tx, _m: Message<serde_json::Value>| async move {
+            Ok::<_, HandlerError>(
+                Handled::done().effect(
+                    Effect::new("notify", "d1", b"x".to_vec())
+                        .metadata("", "empty key")
+                        .metadata("k", ""),
+                ),
+            )
+        };
+        let outcome = inbox.process(delivery, &handler).await;
+        assert_eq!(delivered(outcome), "Applied { result_reference: None }");
+        let e = store
+            .find_effect(&idempotency_key(&identity, "notify"))
+            .await
+            .unwrap()
+            .expect("the effect was recorded");
+        assert_eq!(
+            e.metadata.into_iter().collect::<Vec<_>>(),
+            [
+                (String::new(), "empty key".to_owned()),
+                ("k".to_owned(), String::new())
+            ]
+        );
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn an_effects_metadata_keeps_an_empty_key_on_sqlite() {
+    metadata_with_an_empty_key!(lite_store().await, txinbox_store::Tx<sqlx::Sqlite>);
+}
+
+#[tokio::test]
+async fn an_effects_metadata_keeps_an_empty_key_on_dynamodb() {
+    metadata_with_an_empty_key!(dynamo_store().await, DynamoTx);
+}
