@@ -268,7 +268,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// A map of strings (absent is empty).
+    /// A map of strings (absent is empty): a map attribute, or a list of [key, value] pairs (how a map with
+    /// an empty key is stored: DynamoDB refuses an empty key in a map).
     pub fn string_map(
         &self,
         name: &str,
@@ -280,6 +281,16 @@ impl<'a> Reader<'a> {
                 .map(|(k, v)| match v {
                     AttributeValue::S(s) => Ok((k.clone(), s.clone())),
                     _ => Err(self.bad(name, "holds a value that is not a string")),
+                })
+                .collect(),
+            Some(AttributeValue::L(pairs)) => pairs
+                .iter()
+                .map(|p| match p.as_l().map(Vec::as_slice) {
+                    Ok([AttributeValue::S(k), AttributeValue::S(v)]) => Ok((k.clone(), v.clone())),
+                    _ => Err(self.bad(
+                        name,
+                        "holds an entry that is not a [key, value] pair of strings",
+                    )),
                 })
                 .collect(),
             Some(_) => Err(self.bad(name, "is not a map")),

@@ -97,12 +97,20 @@ pub(crate) fn effect_item(e: &NewEffect<'_>) -> Item {
     item.insert("destination".into(), s(&fx.destination));
     item.insert("payload".into(), b(&fx.payload));
     if !fx.metadata.is_empty() {
-        item.insert(
-            "metadata".into(),
-            aws_sdk_dynamodb::types::AttributeValue::M(
-                fx.metadata.iter().map(|(k, v)| (k.clone(), s(v))).collect(),
-            ),
-        );
+        use aws_sdk_dynamodb::types::AttributeValue;
+        // A map, unless a key is empty: DynamoDB refuses an empty key in a map attribute, so such metadata is
+        // a list of [key, value] pairs (`Reader::string_map` reads both).
+        let value = if fx.metadata.keys().any(String::is_empty) {
+            AttributeValue::L(
+                fx.metadata
+                    .iter()
+                    .map(|(k, v)| AttributeValue::L(vec![s(k), s(v)]))
+                    .collect(),
+            )
+        } else {
+            AttributeValue::M(fx.metadata.iter().map(|(k, v)| (k.clone(), s(v))).collect())
+        };
+        item.insert("metadata".into(), value);
     }
     item.insert(
         "external_ref".into(),
