@@ -1625,3 +1625,109 @@ async fn an_effects_metadata_keeps_an_empty_key_on_sqlite() {
 async fn an_effects_metadata_keeps_an_empty_key_on_dynamodb() {
     metadata_with_an_empty_key!(dynamo_store().await, DynamoTx);
 }
+
+/// A delivery applied by `store` for consumer `c`, message `id`, with the effects `handled` records.
+async fn apply<S>(store: &S, id: &str, handled: Handled) -> String
+where
+    S: InboxStore + Clone,
+    S::Tx: Clone + Send + Sync + 'static,
+{
+    let inbox = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+    );
+    let handler = move |_tx: S::Tx, _m: Message<serde_json::Value>| {
+        let h = handled.clone();
+        async move { Ok::<_, HandlerError>(h) }
+    };
+    delivered(inbox.process(copy(id, None), &handler).await)
+}
+
+/// Dates past year 9999 or before year 1 are kept as the last or first instant of that range, as the SQL
+/// stores keep them: DynamoDB wrote them as they came (`+10000-01-01T...`, which sorts before `2026-...`
+/// as text and does not parse back as RFC 3339), so a claim at such a `now` found nothing due, and a marker
+/// written with such dates could not be read back.
+macro_rules! dates_past_the_four_digit_years {
+    ($store:expr) => {{
+        let store = $store;
+        let far = Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap();
+        assert_eq!(
+            apply(
+                &store,
+                "a",
+                Handled::done().effect(Effect::new("n", "d1", vec![]))
+            )
+            .await,
+            "Applied { result_reference: None }"
+        );
+        let claimed = store
+            .claim_effects("runner", &["d1".to_owned()], far, far, 10)
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1, "the effect is due at any later date");
+        let mut m = ReceivedMessage::new(b"{}".to_vec());
+        m.attributes.insert("ce-id".into(), "m".into());
+        m.attributes.insert("ce-source".into(), "s".into());
+        let identity = IdentityPolicy::new(ConsumerName::new("c").unwrap())
+            .resolve(&m)
+            .unwrap();
+        let ancient = DateTime::<Utc>::MIN_UTC;
+        let row = MarkerRow::new(&identity, "h", ancient, far, DateTime::<Utc>::MAX_UTC, 1);
+        let tx = store.begin().await.unwrap();
+        assert_eq!(
+            store.insert_marker(&tx, &row).await.unwrap(),
+            MarkerInsert::Inserted
+        );
+        assert!(matches!(store.commit(tx).await.unwrap(), Commit::Done));
+        let story = show(&store, "c", "m", "s").await;
+        assert_eq!(story.markers.len(), 1);
+        let last = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()
+            + chrono::Duration::microseconds(999_999);
+        let first = Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap();
+        let marker = &story.markers[0];
+        assert_eq!(
+            (
+                marker.received_at,
+                marker.processed_at,
+                marker.retention_until
+            ),
+            (first, last, last)
+        );
+        store.done_with().await;
+    }};
+}
+
+/// A message's story, through each store's own query.
+trait Show {
+    async fn story(&self, consumer: &str, id: &str, source: &str) -> MessageStory;
+}
+
+impl Show for Lite {
+    async fn story(&self, consumer: &str, id: &str, source: &str) -> MessageStory {
+        self.message_story(consumer, id, Some(source))
+            .await
+            .unwrap()
+    }
+}
+
+impl Show for DynamoStore {
+    async fn story(&self, consumer: &str, id: &str, source: &str) -> MessageStory {
+        self.message_story(consumer, id, source, None)
+            .await
+            .unwrap()
+    }
+}
+
+async fn show<S: Show>(store: &S, consumer: &str, id: &str, source: &str) -> MessageStory {
+    store.story(consumer, id, source).await
+}
+
+#[tokio::test]
+async fn dates_past_the_four_digit_years_are_kept_at_their_edge_on_sqlite() {
+    dates_past_the_four_digit_years!(lite_store().await);
+}
+
+#[tokio::test]
+async fn dates_past_the_four_digit_years_are_kept_at_their_edge_on_dynamodb() {
+    dates_past_the_four_digit_years!(dynamo_store().await);
+}
