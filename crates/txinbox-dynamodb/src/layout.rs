@@ -160,9 +160,17 @@ pub fn shard_of(id: i64) -> u64 {
     (id as u64) % EFFECT_SHARDS
 }
 
-/// A time as stored (and sorted).
+/// A time as stored (and sorted): RFC 3339 UTC to the microsecond (rounded down), years 1 to 9999. Only
+/// four-digit years sort as text in time order and read back as RFC 3339 (`+10000-01-01T...` sorts before
+/// `2026-...`), so a date beyond (a keep of "for ever") is kept as the last instant of year 9999 and one
+/// before year 1 as its first, as the SQL stores keep them.
 pub fn ts(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+    let first =
+        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let last = DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    t.clamp(first, last)
+        .to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
 /// Epoch seconds for the TTL attribute, rounded up (an item never expires before its time).
@@ -416,6 +424,8 @@ mod tests {
         let t2 = t1 + chrono::Duration::microseconds(999_999);
         assert!(ts(t1) < ts(t2));
         assert_eq!(epoch_ceil(t1), t1.timestamp() + 1);
+        assert_eq!(ts(DateTime::<Utc>::MAX_UTC), "9999-12-31T23:59:59.999999Z");
+        assert_eq!(ts(DateTime::<Utc>::MIN_UTC), "0001-01-01T00:00:00.000000Z");
     }
 
     #[test]
