@@ -1731,3 +1731,44 @@ async fn dates_past_the_four_digit_years_are_kept_at_their_edge_on_sqlite() {
 async fn dates_past_the_four_digit_years_are_kept_at_their_edge_on_dynamodb() {
     dates_past_the_four_digit_years!(dynamo_store().await);
 }
+
+/// A claim with a limit of zero or less claims one effect, as the SQL stores read it (a limit at least 1,
+/// as every purge batch too): DynamoDB claimed none, so a runner configured with a batch of 0 never ran an
+/// effect there.
+macro_rules! a_claim_below_one {
+    ($store:expr) => {{
+        let store = $store;
+        let fx = |n: &str| Effect::new(n, "d1", vec![]);
+        assert_eq!(
+            apply(&store, "a", Handled::done().effect(fx("x")).effect(fx("y"))).await,
+            "Applied { result_reference: None }"
+        );
+        let now = Utc::now() + chrono::Duration::hours(1);
+        let until = now + chrono::Duration::hours(1);
+        // Two effects due: one for each claim, then none left.
+        for (limit, expected) in [(0, 1), (-1, 1), (i64::MIN, 0)] {
+            let claimed = store
+                .claim_effects(
+                    &format!("runner{limit}"),
+                    &["d1".to_owned()],
+                    now,
+                    until,
+                    limit,
+                )
+                .await
+                .unwrap();
+            assert_eq!(claimed.len(), expected, "limit {limit}");
+        }
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_claim_with_a_limit_below_one_claims_one_effect_on_sqlite() {
+    a_claim_below_one!(lite_store().await);
+}
+
+#[tokio::test]
+async fn a_claim_with_a_limit_below_one_claims_one_effect_on_dynamodb() {
+    a_claim_below_one!(dynamo_store().await);
+}
