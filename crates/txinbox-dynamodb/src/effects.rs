@@ -332,7 +332,8 @@ impl EffectStore for DynamoStore {
     /// Queries the `due` partitions of each destination for effects due by `now`, a page of each partition
     /// at a time, and claims them oldest first with a conditional update (`pending`/`uncertain` and due, or
     /// `in_flight` with an expired claim): two runners that find the same effect race on the condition, and
-    /// one wins. An effect behind an older unfinished one of its group is left for later.
+    /// one wins. An effect behind an older unfinished one of its group is left for later. A limit below one
+    /// is one, as on the SQL stores.
     async fn claim_effects(
         &self,
         holder: &str,
@@ -341,6 +342,7 @@ impl EffectStore for DynamoStore {
         claim_until: DateTime<Utc>,
         limit: i64,
     ) -> Result<Vec<ClaimedEffect>, DynamoError> {
+        let limit = limit.max(1);
         let mut out = Vec::new();
         match self
             .claim_into(&mut out, holder, destinations, now, claim_until, limit)
