@@ -1772,3 +1772,24 @@ async fn a_claim_with_a_limit_below_one_claims_one_effect_on_sqlite() {
 async fn a_claim_with_a_limit_below_one_claims_one_effect_on_dynamodb() {
     a_claim_below_one!(dynamo_store().await);
 }
+
+/// The story of a message of a consumer no message can have (an invalid consumer name), with its effects
+/// asked by name, is empty, as on SQLite: DynamoDB answered an error (`Corrupt`, "consumer name is not
+/// valid") to an operator's query that only had nothing to find.
+#[tokio::test]
+async fn the_story_of_an_invalid_consumers_message_by_effect_names_is_empty_on_dynamodb() {
+    let store = dynamo_store().await;
+    let lite = lite_store().await;
+    let names = ["notify".to_owned()];
+    for consumer in ["", "no spaces allowed", "\0"] {
+        let story = store
+            .message_story(consumer, "a", "s", Some(&names))
+            .await
+            .unwrap();
+        let expected = lite.message_story(consumer, "a", Some("s")).await.unwrap();
+        assert_eq!(story, expected);
+        assert!(!story.found(), "{story:?}");
+    }
+    store.done_with().await;
+    lite.done_with().await;
+}
