@@ -140,6 +140,8 @@ impl DynamoStore {
 
         let mut items = Vec::new();
         match effect_names {
+            // A consumer name no message can have: no effect of it exists (nothing to look up).
+            Some(_) if ConsumerName::new(consumer).is_err() => {}
             Some(names) => {
                 let identity = Identity {
                     consumer: ConsumerName::new(consumer).map_err(|e| DynamoError::Corrupt {
