@@ -1793,3 +1793,24 @@ async fn the_story_of_an_invalid_consumers_message_by_effect_names_is_empty_on_d
     store.done_with().await;
     lite.done_with().await;
 }
+
+/// The rejections of every consumer are refused with `NeedsKey` whatever the time bounds (the query's
+/// documented error): an empty range (`since` at or after `until`) answered an empty list instead.
+#[tokio::test]
+async fn the_rejections_of_every_consumer_need_a_key_even_in_an_empty_range_on_dynamodb() {
+    let store = dynamo_store().await;
+    let t = Utc::now();
+    for (since, until) in [
+        (t, t),
+        (t, t - chrono::Duration::hours(1)),
+        (t - chrono::Duration::hours(1), t),
+    ] {
+        let f = RejectionFilter::new().since(since).until(until);
+        let r = store.rejections(&f).await;
+        assert!(
+            matches!(r, Err(DynamoError::NeedsKey(_))),
+            "{since} .. {until}: {r:?}"
+        );
+    }
+    store.done_with().await;
+}
