@@ -213,16 +213,16 @@ impl DynamoStore {
         &self,
         filter: &RejectionFilter,
     ) -> Result<Vec<RejectionRow>, DynamoError> {
+        let consumer = filter
+            .consumer
+            .as_deref()
+            .ok_or(DynamoError::NeedsKey("the rejections of every consumer"))?;
         if let (Some(a), Some(b)) = (filter.since, filter.until) {
             if a >= b {
                 return Ok(Vec::new());
             }
         }
         let now_epoch = Utc::now().timestamp();
-        let consumer = filter
-            .consumer
-            .as_deref()
-            .ok_or(DynamoError::NeedsKey("the rejections of every consumer"))?;
         let mut q = PartitionQuery::new(l::rejections_of(consumer));
         q.from = filter.since.map(l::ts);
         q.before = filter.until.map(l::ts);
