@@ -1814,3 +1814,20 @@ async fn the_rejections_of_every_consumer_need_a_key_even_in_an_empty_range_on_d
     }
     store.done_with().await;
 }
+
+/// A consumer's figures at the ends of chrono's range answer, as on SQLite (the last hour saturates):
+/// DynamoDB's `now - 1 hour` panicked at the earliest date (`DateTime - TimeDelta overflowed`).
+#[tokio::test]
+async fn a_consumers_stats_at_the_earliest_date_answer_on_dynamodb() {
+    let store = dynamo_store().await;
+    assert_eq!(
+        apply(&store, "a", Handled::done()).await,
+        "Applied { result_reference: None }"
+    );
+    let s = store
+        .consumer_stats("c", DateTime::<Utc>::MIN_UTC)
+        .await
+        .unwrap();
+    assert_eq!((s.inbox_rows, s.rows_last_hour), (1, 1));
+    store.done_with().await;
+}
