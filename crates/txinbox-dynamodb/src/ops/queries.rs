@@ -28,7 +28,11 @@ impl DynamoStore {
         now: DateTime<Utc>,
     ) -> Result<ConsumerStats, DynamoError> {
         let now_epoch = now.timestamp();
-        let hour_ago = l::ts(now - chrono::Duration::hours(1));
+        // Saturated: `now` is the caller's, the earliest date there is included.
+        let hour_ago = l::ts(txinbox_core::time::before(
+            now,
+            std::time::Duration::from_secs(3600),
+        ));
         let mut stats = ConsumerStats::new(consumer, now);
         let live = "attribute_not_exists(#expires_at) OR #expires_at >= :now";
 
