@@ -1831,3 +1831,32 @@ async fn a_consumers_stats_at_the_earliest_date_answer_on_dynamodb() {
     assert_eq!((s.inbox_rows, s.rows_last_hour), (1, 1));
     store.done_with().await;
 }
+
+/// A consumer's figures count the markers not yet expired by the clock, whatever `now` the caller gives
+/// (the reference of the last hour and of the effect lag), as every other query and SQLite's maintenance
+/// count them: DynamoDB left out a marker whose retention ends before that `now`, so figures asked for a
+/// later `now` missed live markers (and for an earlier one counted expired ones).
+#[tokio::test]
+async fn a_consumers_stats_count_the_markers_live_by_the_clock_on_dynamodb() {
+    let store = dynamo_store().await;
+    let inbox = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+    )
+    .retention(RetentionPolicy::default().keep(Duration::from_secs(3600)));
+    let handler = |_tx: DynamoTx, _m: Message<serde_json::Value>| async move {
+        Ok::<_, HandlerError>(Handled::done())
+    };
+    assert_eq!(
+        delivered(inbox.process(copy("a", None), &handler).await),
+        "Applied { result_reference: None }"
+    );
+    for now in [
+        Utc::now() + chrono::Duration::days(2),
+        DateTime::<Utc>::MAX_UTC,
+    ] {
+        let s = store.consumer_stats("c", now).await.unwrap();
+        assert_eq!((s.inbox_rows, s.rows_last_hour), (1, 0), "{now}");
+    }
+    store.done_with().await;
+}
