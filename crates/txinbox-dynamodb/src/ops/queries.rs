@@ -16,7 +16,8 @@ use crate::layout::{self as l, n, s, Reader};
 use crate::{DynamoError, DynamoStore};
 
 impl DynamoStore {
-    /// One consumer's figures, `now` being the reference of the last hour and of the effect lag.
+    /// One consumer's figures, `now` being the reference of the last hour and of the effect lag (the items
+    /// counted are those not expired by the clock).
     ///
     /// Reads the consumer's 16 marker partitions of `by_consumer` (every marker not yet deleted by the TTL,
     /// projected to its sort key), its evidence partition, and the 8 effect shards through
@@ -27,7 +28,8 @@ impl DynamoStore {
         consumer: &str,
         now: DateTime<Utc>,
     ) -> Result<ConsumerStats, DynamoError> {
-        let now_epoch = now.timestamp();
+        // Expiry is the clock's, whatever `now` the caller gives (as in every other query).
+        let now_epoch = Utc::now().timestamp();
         // Saturated: `now` is the caller's, the earliest date there is included.
         let hour_ago = l::ts(txinbox_core::time::before(
             now,
