@@ -1860,3 +1860,35 @@ async fn a_consumers_stats_count_the_markers_live_by_the_clock_on_dynamodb() {
     }
     store.done_with().await;
 }
+
+/// A broker's delivery count past `i32::MAX` is kept as `i32::MAX`, as the SQL stores keep it (their
+/// INTEGER column): DynamoDB kept it whole, so the same message showed another count there.
+#[tokio::test]
+async fn a_delivery_count_past_i32_is_kept_as_i32_max_on_dynamodb() {
+    let store = dynamo_store().await;
+    let mut m = ReceivedMessage::new(b"{}".to_vec());
+    m.attributes.insert("ce-id".into(), "m".into());
+    m.attributes.insert("ce-source".into(), "s".into());
+    let id = IdentityPolicy::new(ConsumerName::new("c").unwrap())
+        .resolve(&m)
+        .unwrap();
+    let now = Utc::now();
+    let row = MarkerRow::new(
+        &id,
+        "h",
+        now,
+        now,
+        now + chrono::Duration::hours(1),
+        u32::MAX,
+    );
+    let tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.insert_marker(&tx, &row).await.unwrap(),
+        MarkerInsert::Inserted
+    );
+    assert!(matches!(store.commit(tx).await.unwrap(), Commit::Done));
+    let story = show(&store, "c", "m", "s").await;
+    assert_eq!(story.markers.len(), 1);
+    assert_eq!(story.markers[0].delivery_count, i64::from(i32::MAX));
+    store.done_with().await;
+}
