@@ -39,7 +39,11 @@ impl DynamoStore {
         item.insert("processed_at".into(), s(l::ts(m.processed_at)));
         item.insert("retention_until".into(), s(l::ts(m.retention_until)));
         item.insert(l::EXPIRES_AT.into(), n(l::epoch_ceil(m.retention_until)));
-        item.insert("delivery_count".into(), n(m.delivery_count));
+        // Kept as the SQL stores keep it (their INTEGER column): at most `i32::MAX`.
+        item.insert(
+            "delivery_count".into(),
+            n(m.delivery_count.min(i32::MAX as u32)),
+        );
         item.insert("token".into(), s(token));
         item.insert("gsi1pk".into(), s(l::markers_of(consumer, shard)));
         item.insert(
