@@ -1892,3 +1892,43 @@ async fn a_delivery_count_past_i32_is_kept_as_i32_max_on_dynamodb() {
     assert_eq!(story.markers[0].delivery_count, i64::from(i32::MAX));
     store.done_with().await;
 }
+
+/// Operator queries and claims whose key would be longer than DynamoDB takes (2048 bytes for a partition
+/// key: a consumer, source, message id or destination of kilobytes, which no stored item can have) find
+/// nothing, as on SQLite: DynamoDB refused them (`ValidationException`, "Hash primary key values must be
+/// under 2048 bytes") and the query failed.
+#[tokio::test]
+async fn queries_with_keys_longer_than_dynamodb_takes_find_nothing_on_dynamodb() {
+    let store = dynamo_store().await;
+    let lite = lite_store().await;
+    let long = "x".repeat(3000);
+    let story = store.message_story(&long, "a", "s", None).await.unwrap();
+    assert_eq!(
+        story,
+        lite.message_story(&long, "a", Some("s")).await.unwrap()
+    );
+    let story = store.message_story("c", &long, &long, None).await.unwrap();
+    assert!(!story.found());
+    let now = Utc::now();
+    let stats = store.consumer_stats(&long, now).await.unwrap();
+    assert_eq!(
+        stats,
+        lite.consumer_stats(Some(&long), now).await.unwrap()[0]
+    );
+    let f = RejectionFilter::new().consumer(&long);
+    assert_eq!(store.rejections(&f).await.unwrap(), []);
+    for table in Table::ALL {
+        assert_eq!(
+            store.table_stats(table, &long).await.unwrap(),
+            (0, None),
+            "{table}"
+        );
+    }
+    let claimed = store
+        .claim_effects("runner", &[long.clone(), "d1".to_owned()], now, now, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 0);
+    store.done_with().await;
+    lite.done_with().await;
+}
