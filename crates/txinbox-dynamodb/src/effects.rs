@@ -66,8 +66,10 @@ impl DynamoStore {
         for dest in destinations {
             // Each partition's cursor; a round reads one page of every partition that has more, then tries
             // the keys it found in the order they fell due.
-            let mut open: Vec<(String, Option<Item>)> =
-                l::due_partitions(dest).map(|p| (p, None)).collect();
+            let mut open: Vec<(String, Option<Item>)> = l::due_partitions(dest)
+                .filter(|p| l::fits_key(p))
+                .map(|p| (p, None))
+                .collect();
             while !open.is_empty() && (out.len() as i64) < limit {
                 let mut due = Vec::new();
                 let mut more = Vec::new();
@@ -287,6 +289,9 @@ impl DynamoStore {
         let now = Utc::now().timestamp();
         let mut count = 0i64;
         let mut oldest: Option<DateTime<Utc>> = None;
+        if !l::fits_key(partition) {
+            return Ok((count, oldest));
+        }
         let mut start = None;
         loop {
             let mut q = self

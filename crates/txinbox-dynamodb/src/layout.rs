@@ -49,6 +49,15 @@ pub const EFFECT_SHARDS: u64 = 8;
 /// counting a consumer's markers reads the sixteen (one `Query` each, paged).
 pub const MARKER_SHARDS: u64 = 16;
 
+/// The longest partition key value DynamoDB takes (bytes), of the table and of an index alike.
+pub const MAX_KEY_BYTES: usize = 2048;
+
+/// Whether `key` can be a partition key value: one longer is refused by every call that names it
+/// (`ValidationException`), and no stored item has it, so a read for it finds nothing without asking.
+pub fn fits_key(key: &str) -> bool {
+    key.len() <= MAX_KEY_BYTES
+}
+
 fn part(out: &mut String, s: &str) {
     out.push_str(&s.len().to_string());
     out.push(':');

@@ -52,6 +52,9 @@ impl DynamoStore {
             (Some(_), Some(_)) => "gsi1pk = :p AND gsi1sk BETWEEN :from AND :before",
         };
         let mut out = Vec::new();
+        if !l::fits_key(&q.partition) {
+            return Ok(out);
+        }
         let mut start = None;
         loop {
             let mut req = self

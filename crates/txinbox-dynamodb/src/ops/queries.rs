@@ -113,17 +113,20 @@ impl DynamoStore {
     ) -> Result<MessageStory, DynamoError> {
         let now_epoch = Utc::now().timestamp();
         let mut markers = Vec::new();
-        let out = self
-            .client
-            .get_item()
-            .table_name(&*self.table)
-            .key(l::PK, s(l::marker_pk(consumer, source, message_id)))
-            .send()
-            .await
-            .map_err(|e| call("GetItem", e))?;
-        if let Some(item) = out.item() {
-            if !expired(item, now_epoch)? {
-                markers.push(marker_from(item)?);
+        let pk = l::marker_pk(consumer, source, message_id);
+        if l::fits_key(&pk) {
+            let out = self
+                .client
+                .get_item()
+                .table_name(&*self.table)
+                .key(l::PK, s(pk))
+                .send()
+                .await
+                .map_err(|e| call("GetItem", e))?;
+            if let Some(item) = out.item() {
+                if !expired(item, now_epoch)? {
+                    markers.push(marker_from(item)?);
+                }
             }
         }
 
