@@ -1932,3 +1932,66 @@ async fn queries_with_keys_longer_than_dynamodb_takes_find_nothing_on_dynamodb()
     store.done_with().await;
     lite.done_with().await;
 }
+
+/// A claim takes the effects that fell due first across all its destinations, as on SQLite: DynamoDB filled
+/// the claim from its first destination before it looked at the next, so a destination listed later waited
+/// behind every effect due at the one before it, however much older its own were.
+macro_rules! oldest_across_destinations {
+    ($store:expr) => {{
+        let store = $store;
+        assert_eq!(
+            apply(
+                &store,
+                "a",
+                Handled::done().effect(Effect::new("n", "d2", vec![]))
+            )
+            .await,
+            "Applied { result_reference: None }"
+        );
+        assert_eq!(
+            apply(
+                &store,
+                "b",
+                Handled::done().effect(Effect::new("n", "d1", vec![]))
+            )
+            .await,
+            "Applied { result_reference: None }"
+        );
+        let now = Utc::now() + chrono::Duration::hours(1);
+        let until = now + chrono::Duration::hours(1);
+        let dests = ["d1".to_owned(), "d2".to_owned()];
+        let first = store
+            .claim_effects("r", &dests, now, until, 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            first
+                .iter()
+                .map(|e| (e.message_id.as_str(), e.destination.as_str()))
+                .collect::<Vec<_>>(),
+            [("a", "d2")]
+        );
+        let second = store
+            .claim_effects("r", &dests, now, until, 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            second
+                .iter()
+                .map(|e| (e.message_id.as_str(), e.destination.as_str()))
+                .collect::<Vec<_>>(),
+            [("b", "d1")]
+        );
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_claim_takes_the_oldest_effects_across_its_destinations_on_sqlite() {
+    oldest_across_destinations!(lite_store().await);
+}
+
+#[tokio::test]
+async fn a_claim_takes_the_oldest_effects_across_its_destinations_on_dynamodb() {
+    oldest_across_destinations!(dynamo_store().await);
+}
