@@ -63,59 +63,61 @@ impl DynamoStore {
     ) -> Result<(), DynamoError> {
         let now_s = l::ts(now);
         let bound = format!("{now_s}#~");
-        for dest in destinations {
-            // Each partition's cursor; a round reads one page of every partition that has more, then tries
-            // the keys it found in the order they fell due.
-            let mut open: Vec<(String, Option<Item>)> = l::due_partitions(dest)
-                .filter(|p| l::fits_key(p))
-                .map(|p| (p, None))
-                .collect();
-            while !open.is_empty() && (out.len() as i64) < limit {
-                let mut due = Vec::new();
-                let mut more = Vec::new();
-                for (partition, start) in open {
-                    let page = self
-                        .client
-                        .query()
-                        .table_name(&*self.table)
-                        .index_name(l::DUE)
-                        .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
-                        .expression_attribute_values(":d", s(&partition))
-                        .expression_attribute_values(":bound", s(&bound))
-                        .limit(limit.clamp(1, 100) as i32)
-                        .set_exclusive_start_key(start)
-                        .send()
-                        .await
-                        .map_err(|e| call("Query", e))?;
-                    for key in page.items() {
-                        let Some(sk) = key.get("gsi2sk").and_then(|v| v.as_s().ok()) else {
-                            continue;
-                        };
-                        let Some(id) = key
-                            .get(l::PK)
-                            .and_then(|v| v.as_s().ok())
-                            .and_then(|p| p.strip_prefix("e#"))
-                            .and_then(|i| i.parse::<i64>().ok())
-                        else {
-                            continue;
-                        };
-                        due.push((sk.clone(), id));
-                    }
-                    if let Some(k) = page.last_evaluated_key() {
-                        more.push((partition, Some(k.clone())));
-                    }
+        // Each partition's cursor, every destination's partitions together (each once): a round reads one
+        // page of every partition that has more, then tries the keys it found in the order they fell due,
+        // whatever their destination.
+        let partitions: std::collections::BTreeSet<String> = destinations
+            .iter()
+            .flat_map(|d| l::due_partitions(d))
+            .filter(|p| l::fits_key(p))
+            .collect();
+        let mut open: Vec<(String, Option<Item>)> =
+            partitions.into_iter().map(|p| (p, None)).collect();
+        while !open.is_empty() && (out.len() as i64) < limit {
+            let mut due = Vec::new();
+            let mut more = Vec::new();
+            for (partition, start) in open {
+                let page = self
+                    .client
+                    .query()
+                    .table_name(&*self.table)
+                    .index_name(l::DUE)
+                    .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
+                    .expression_attribute_values(":d", s(&partition))
+                    .expression_attribute_values(":bound", s(&bound))
+                    .limit(limit.clamp(1, 100) as i32)
+                    .set_exclusive_start_key(start)
+                    .send()
+                    .await
+                    .map_err(|e| call("Query", e))?;
+                for key in page.items() {
+                    let Some(sk) = key.get("gsi2sk").and_then(|v| v.as_s().ok()) else {
+                        continue;
+                    };
+                    let Some(id) = key
+                        .get(l::PK)
+                        .and_then(|v| v.as_s().ok())
+                        .and_then(|p| p.strip_prefix("e#"))
+                        .and_then(|i| i.parse::<i64>().ok())
+                    else {
+                        continue;
+                    };
+                    due.push((sk.clone(), id));
                 }
-                due.sort();
-                for (_, id) in due {
-                    if out.len() as i64 >= limit {
-                        break;
-                    }
-                    if let Some(c) = self.claim_one(id, holder, &now_s, claim_until).await? {
-                        out.push(c);
-                    }
+                if let Some(k) = page.last_evaluated_key() {
+                    more.push((partition, Some(k.clone())));
                 }
-                open = more;
             }
+            due.sort();
+            for (_, id) in due {
+                if out.len() as i64 >= limit {
+                    break;
+                }
+                if let Some(c) = self.claim_one(id, holder, &now_s, claim_until).await? {
+                    out.push(c);
+                }
+            }
+            open = more;
         }
         Ok(())
     }
@@ -334,11 +336,11 @@ impl DynamoStore {
 impl EffectStore for DynamoStore {
     type Error = DynamoError;
 
-    /// Queries the `due` partitions of each destination for effects due by `now`, a page of each partition
-    /// at a time, and claims them oldest first with a conditional update (`pending`/`uncertain` and due, or
-    /// `in_flight` with an expired claim): two runners that find the same effect race on the condition, and
-    /// one wins. An effect behind an older unfinished one of its group is left for later. A limit below one
-    /// is one, as on the SQL stores.
+    /// Queries the `due` partitions of every destination for effects due by `now`, a page of each partition
+    /// at a time, and claims them oldest first across the destinations with a conditional update
+    /// (`pending`/`uncertain` and due, or `in_flight` with an expired claim): two runners that find the same
+    /// effect race on the condition, and one wins. An effect behind an older unfinished one of its group is
+    /// left for later. A limit below one is one, as on the SQL stores.
     async fn claim_effects(
         &self,
         holder: &str,
