@@ -1995,3 +1995,73 @@ async fn a_claim_takes_the_oldest_effects_across_its_destinations_on_sqlite() {
 async fn a_claim_takes_the_oldest_effects_across_its_destinations_on_dynamodb() {
     oldest_across_destinations!(dynamo_store().await);
 }
+
+/// An effect done longer ago than the effects' keep is gone for every query and for a compensation, as
+/// the maintenance leaves the SQL stores (its `expires_at` has passed: absent from that second on, before
+/// the TTL deletes it): DynamoDB still counted it in the effect gauges, found it by its key and let an
+/// operator compensate it, where its message's story no longer showed it.
+macro_rules! done_past_the_keep {
+    ($store:expr, $expire:expr) => {{
+        let store = $store;
+        let policy = IdentityPolicy::new(ConsumerName::new("c").unwrap());
+        let identity = policy.resolve(&copy("a", None).0).unwrap();
+        assert_eq!(
+            apply(
+                &store,
+                "a",
+                Handled::done().effect(Effect::new("n", "d1", vec![]))
+            )
+            .await,
+            "Applied { result_reference: None }"
+        );
+        let now = Utc::now() + chrono::Duration::hours(1);
+        let claimed = store
+            .claim_effects(
+                "r",
+                &["d1".to_owned()],
+                now,
+                now + chrono::Duration::hours(1),
+                10,
+            )
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1);
+        let long_ago = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).unwrap();
+        let done = Transition::Done {
+            reference: Some("ref".into()),
+            attempts: 1,
+            reconciliations: 0,
+        };
+        assert!(store
+            .finish_effect(claimed[0].id, "r", &done.columns(), long_ago)
+            .await
+            .unwrap());
+        $expire(&store).await;
+        let key = idempotency_key(&identity, "n");
+        assert_eq!(store.effect_counts().await.unwrap(), []);
+        assert!(store.find_effect(&key).await.unwrap().is_none());
+        assert!(!store
+            .mark_compensated(claimed[0].id, "undo", Utc::now())
+            .await
+            .unwrap());
+        assert_eq!(
+            store.table_stats(Table::Effects, "c").await.unwrap(),
+            (0, None)
+        );
+        assert!(show(&store, "c", "a", "s").await.effects.is_empty());
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn an_effect_done_past_the_keep_is_gone_on_sqlite_after_the_maintenance() {
+    done_past_the_keep!(lite_store().await, |s: &Lite| {
+        let s = s.clone();
+        async move { expire(&s).await.unwrap() }
+    });
+}
+
+#[tokio::test]
+async fn an_effect_done_past_the_keep_is_gone_on_dynamodb() {
+    done_past_the_keep!(dynamo_store().await, |_: &DynamoStore| async {});
+}
