@@ -24,6 +24,11 @@ fn state_of(r: &Reader<'_>) -> Result<EffectState, DynamoError> {
     })
 }
 
+/// Whether an item is past its `expires_at` at `now` (epoch seconds): the store treats it as absent.
+fn expired(r: &Reader<'_>, now: i64) -> Result<bool, DynamoError> {
+    Ok(r.opt_i64(l::EXPIRES_AT)?.is_some_and(|e| e < now))
+}
+
 fn claimed(item: &Item, from: EffectState) -> Result<ClaimedEffect, DynamoError> {
     let r = Reader::new(item);
     Ok(ClaimedEffect {
@@ -213,7 +218,10 @@ impl DynamoStore {
         })
     }
 
+    /// Effects by consumer, destination and state, those past their `expires_at` left out (absent from that
+    /// second on, as the store treats them, until the TTL deletes them).
     async fn effect_counts_inner(&self) -> Result<Vec<EffectCount>, DynamoError> {
+        let now = Utc::now().timestamp();
         let mut counts: BTreeMap<(String, String, EffectState), EffectCount> = BTreeMap::new();
         for shard in 0..l::EFFECT_SHARDS {
             let mut start = None;
@@ -226,7 +234,7 @@ impl DynamoStore {
                     .key_condition_expression("gsi1pk = :p")
                     .expression_attribute_values(":p", s(l::effect_shard(shard)))
                     .projection_expression(
-                        "consumer, destination, #state, created_at, result_reference",
+                        "consumer, destination, #state, created_at, result_reference, expires_at",
                     )
                     .expression_attribute_names("#state", "state")
                     .set_exclusive_start_key(start)
@@ -235,6 +243,9 @@ impl DynamoStore {
                     .map_err(|e| call("Query", e))?;
                 for item in out.items() {
                     let r = Reader::new(item);
+                    if expired(&r, now)? {
+                        continue;
+                    }
                     let (consumer, destination, state) =
                         (r.s("consumer")?, r.s("destination")?, state_of(&r)?);
                     let created = r.time("created_at")?;
@@ -462,6 +473,8 @@ impl EffectStore for DynamoStore {
         self.effect_counts_inner().await
     }
 
+    /// One `GetItem` by the key's id; an effect past its `expires_at` (done longer ago than
+    /// [`DynamoOptions::effects_keep`](crate::DynamoOptions::effects_keep)) is absent, as everywhere.
     async fn find_effect(&self, key: &str) -> Result<Option<ClaimedEffect>, DynamoError> {
         let id = l::effect_id(key);
         let (k, v) = Self::effect_key(id);
@@ -478,13 +491,14 @@ impl EffectStore for DynamoStore {
             return Ok(None);
         };
         let r = Reader::new(item);
-        if r.s("key")? != key {
+        if r.s("key")? != key || expired(&r, Utc::now().timestamp())? {
             return Ok(None);
         }
         let from = state_of(&r)?;
         claimed(item, from).map(Some)
     }
 
+    /// Conditional on the effect being done and not past its `expires_at` (absent from that second on).
     async fn mark_compensated(
         &self,
         id: i64,
@@ -498,7 +512,11 @@ impl EffectStore for DynamoStore {
             .table_name(&*self.table)
             .key(k, v)
             .update_expression("SET #state = :comp, last_error = :note, updated_at = :now")
-            .condition_expression("#state = :done")
+            // Done, and not past its `expires_at` (absent from that second on).
+            .condition_expression(
+                "#state = :done AND (attribute_not_exists(expires_at) OR expires_at >= :epoch)",
+            )
+            .expression_attribute_values(":epoch", n(Utc::now().timestamp()))
             .expression_attribute_names("#state", "state")
             .expression_attribute_values(":comp", s("compensated"))
             .expression_attribute_values(":done", s("done"))
