@@ -242,7 +242,7 @@ async fn run_sharded<R: Receiver>(
     let mut migrated = Vec::with_capacity(resolved.len());
     for shard in &resolved {
         let options = StoreOptions::new().max_connections(shard.max_connections);
-        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = std::sync::Arc::new(Migration::default());
         migrated.push(done.clone());
         let store = match Store::<sqlx::Postgres>::connect_with(&shard.url, options.clone()).await {
             Ok(store) => {
@@ -250,7 +250,7 @@ async fn run_sharded<R: Receiver>(
                     .execute(store.pool())
                     .await
                     .map_err(|e| format!("shard {}: {e}", shard.name))?;
-                done.store(true, std::sync::atomic::Ordering::SeqCst);
+                done.done.store(true, std::sync::atomic::Ordering::SeqCst);
                 store
             }
             Err(e) if opts.store_settings.require_all_shards => {
@@ -270,12 +270,24 @@ async fn run_sharded<R: Receiver>(
                 tokio::spawn(async move {
                     loop {
                         tokio::time::sleep(Duration::from_secs(2)).await;
-                        if late.migrate().await.is_ok()
-                            && sqlx::query(TASKS_PG).execute(late.pool()).await.is_ok()
-                        {
-                            done.store(true, std::sync::atomic::Ordering::SeqCst);
-                            tracing::info!(shard = %name, "shard reachable: migrated");
-                            return;
+                        let migrated = async {
+                            late.migrate().await.map_err(|e| e.to_string())?;
+                            sqlx::query(TASKS_PG)
+                                .execute(late.pool())
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            Ok::<(), String>(())
+                        };
+                        match migrated.await {
+                            Ok(()) => {
+                                done.done.store(true, std::sync::atomic::Ordering::SeqCst);
+                                tracing::info!(shard = %name, "shard reachable: migrated");
+                                return;
+                            }
+                            // Reachable, and its migration failed: why, in readiness and once in the log
+                            // (unreachable, the check says so itself).
+                            Err(why) if late.check().await.is_ok() => done.failed(&name, why),
+                            Err(_) => {}
                         }
                     }
                 });
@@ -343,20 +355,48 @@ async fn run_sharded<R: Receiver>(
 /// A shard's readiness check: its store answers and its schema is in place. A shard reached late fails it until
 /// its migration has run, so its deliveries wait instead of failing on tables that are not there yet; the
 /// reason given is the store's own while it does not answer (`no connection: ...`), and `reachable, not
-/// migrated yet` only once it does.
+/// migrated yet` only once it does (`reachable, not migrated: why` when its migration failed).
 fn shard_check(
     store: Store<sqlx::Postgres>,
-    migrated: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    migrated: std::sync::Arc<Migration>,
 ) -> impl HealthCheck {
     move || {
         let (store, migrated) = (store.clone(), migrated.clone());
         async move {
             store.check().await?;
-            if !migrated.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err("reachable, not migrated yet".to_owned());
+            if !migrated.done.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(match migrated.why() {
+                    Some(why) => format!("reachable, not migrated: {why}"),
+                    None => "reachable, not migrated yet".to_owned(),
+                });
             }
             Ok(())
         }
+    }
+}
+
+/// Whether a shard's schema is in place, and why not when its migration failed.
+#[derive(Default)]
+struct Migration {
+    done: std::sync::atomic::AtomicBool,
+    failed: std::sync::Mutex<Option<String>>,
+}
+
+impl Migration {
+    /// Records why the migration failed, logged when it differs from the last time.
+    fn failed(&self, shard: &str, why: String) {
+        let mut last = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() != Some(why.as_str()) {
+            tracing::warn!(shard, error = %why, "shard reachable, its migration failed: trying again");
+        }
+        *last = Some(why);
+    }
+
+    fn why(&self) -> Option<String> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -432,11 +472,45 @@ mod tests {
             StoreOptions::new().max_connections(1),
         )
         .unwrap();
-        let migrated = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let migrated = std::sync::Arc::new(Migration::default());
         let why = shard_check(store, migrated).check().await.unwrap_err();
         assert!(!why.contains("reachable"), "{why}");
         assert!(why.contains("no connection"), "{why}");
         assert!(!why.contains("s3cretpw"), "{why}");
+    }
+
+    /// A shard that answers but whose migration failed (a permission, a schema newer than this build) says why in
+    /// readiness, not only `reachable, not migrated yet`.
+    #[tokio::test]
+    async fn a_reachable_shard_whose_migration_failed_says_why() {
+        use txinbox::store::StoreOptions;
+        let url = std::env::var("TXINBOX_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let store = Store::<sqlx::Postgres>::connect_lazy_with(
+            &url,
+            StoreOptions::new().max_connections(1),
+        )
+        .unwrap();
+        let migrated = std::sync::Arc::new(Migration::default());
+        let check = shard_check(store, migrated.clone());
+        assert_eq!(
+            check.check().await.unwrap_err(),
+            "reachable, not migrated yet",
+            "PostgreSQL at TXINBOX_TEST_PG_URL"
+        );
+        migrated.failed(
+            "eu-1",
+            "migration 6 failed: permission denied for schema public".into(),
+        );
+        let why = check.check().await.unwrap_err();
+        assert!(
+            why.starts_with("reachable, not migrated: ") && why.contains("permission denied"),
+            "{why}"
+        );
+        migrated
+            .done
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        check.check().await.unwrap();
     }
 
     /// The options in a log line (`{:?}`) never show a password: the store's (from `TXINBOX_STORE__URL`) nor a
