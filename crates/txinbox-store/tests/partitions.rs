@@ -949,3 +949,57 @@ async fn a_result_reference_goes_to_the_marker_of_its_own_partition() {
     assert_eq!(refs, [Some("resent".to_owned()), Some("first".to_owned())]);
     s.drop().await;
 }
+
+/// What an operator and the maintenance read of consumer `c`'s markers and of message `evt-frozen`: the
+/// inbox's rows, the table figures, the stats' rows, the consumers listed, the message's markers with and
+/// without its source.
+async fn marker_figures(store: &Store<sqlx::Postgres>) -> (i64, i64, i64, usize, usize, usize) {
+    let now = Utc::now();
+    let stats = store.consumer_stats(Some("c"), now).await.unwrap();
+    (
+        store.inbox_rows("c").await.unwrap(),
+        store.table_stats(Table::Markers, "c").await.unwrap().0,
+        stats[0].inbox_rows,
+        store.consumer_stats(None, now).await.unwrap().len(),
+        store
+            .message_story("c", "evt-frozen", None)
+            .await
+            .unwrap()
+            .markers
+            .len(),
+        store
+            .message_story("c", "evt-frozen", Some("crm"))
+            .await
+            .unwrap()
+            .markers
+            .len(),
+    )
+}
+
+/// The markers of the row-by-row layout stay in the frozen table after the conversion and still decide
+/// duplicates: the operator queries (stats, show, the inbox's rows) and the maintenance's table figures count
+/// them too, where they read the partitioned table alone and showed no marker for a message whose copies
+/// were refused as duplicates (found by the layouts' property test).
+#[tokio::test]
+async fn markers_of_the_frozen_table_are_in_the_operator_figures() {
+    let s = Schema::new().await;
+    let id = identity("evt-frozen", None);
+    assert_eq!(
+        insert(&s.store, &id, "h", Utc::now()).await,
+        MarkerInsert::Inserted
+    );
+    assert_eq!(marker_figures(&s.store).await, (1, 1, 1, 1, 1, 1));
+    let r = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    assert!(r.legacy_kept, "{r:?}");
+    assert_eq!(marker_figures(&s.store).await, (1, 1, 1, 1, 1, 1));
+    assert_eq!(
+        insert(&s.store, &identity("evt-new", None), "h", Utc::now()).await,
+        MarkerInsert::Inserted
+    );
+    assert_eq!(marker_figures(&s.store).await, (2, 2, 2, 1, 1, 1));
+    // Once the frozen table is dropped (its last marker expired), only the partitioned table counts.
+    let p = rotate(&s, Utc::now() + Cd::days(31)).await;
+    assert!(p.legacy_dropped, "{p:?}");
+    assert_eq!(marker_figures(&s.store).await.4, 0);
+    s.drop().await;
+}
