@@ -142,6 +142,16 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
+    /// The markers of `consumer` in the frozen row-by-row table of a converted inbox, and the oldest one's
+    /// processing time ([`crate::partitions`]; only PostgreSQL has one): none without it.
+    fn legacy_markers(
+        pool: &sqlx::Pool<Self>,
+        consumer: &str,
+    ) -> impl Future<Output = Result<(i64, Option<DateTime<Utc>>), sqlx::Error>> + Send {
+        let _ = (pool, consumer);
+        async { Ok((0, None)) }
+    }
+
     /// Rows of `table` for `consumer`, and the time of the oldest.
     fn table_stats(
         pool: &sqlx::Pool<Self>,

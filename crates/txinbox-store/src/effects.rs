@@ -115,6 +115,16 @@ impl<DB: Backend> MaintenanceStore for Store<DB> {
         if consumer.contains('\0') {
             return Ok((0, None));
         }
-        DB::table_stats(self.pool(), table, consumer).await
+        let (n, oldest) = DB::table_stats(self.pool(), table, consumer).await?;
+        if table != Table::Markers {
+            return Ok((n, oldest));
+        }
+        // With the markers a converted inbox keeps in its frozen row-by-row table (they decide duplicates).
+        let (legacy, legacy_oldest) = DB::legacy_markers(self.pool(), consumer).await?;
+        let oldest = match (oldest, legacy_oldest) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok((n + legacy, oldest))
     }
 }

@@ -535,6 +535,13 @@ impl Backend for Postgres {
         sqlx::query_as(sql).bind(consumer).fetch_one(pool).await
     }
 
+    async fn legacy_markers(
+        pool: &PgPool,
+        consumer: &str,
+    ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+        crate::partitions::legacy_markers(pool, consumer).await
+    }
+
     async fn load_layout(
         conn: &mut PgConnection,
     ) -> Result<Option<crate::partitions::LayoutState>, sqlx::Error> {

@@ -309,7 +309,9 @@ impl<DB: Backend> Store<DB> {
         if consumer.contains('\0') {
             return Ok(0);
         }
-        DB::count_markers(&self.pool, consumer).await
+        // With the markers a converted inbox keeps in its frozen row-by-row table (they decide duplicates).
+        let (legacy, _) = DB::legacy_markers(&self.pool, consumer).await?;
+        Ok(DB::count_markers(&self.pool, consumer).await? + legacy)
     }
 
     /// Closes the pool, waiting for connections in use to come back.

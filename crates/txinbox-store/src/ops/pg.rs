@@ -39,6 +39,20 @@ impl OpsDb for crate::Store<sqlx::Postgres> {
         }
         q.fetch_all(self.pool()).await
     }
+
+    async fn fetch_legacy(&self, sql: &str, params: &[Param]) -> Result<Vec<PgRow>, sqlx::Error> {
+        if !crate::partitions::has_legacy(self.pool()).await? {
+            return Ok(Vec::new());
+        }
+        // The frozen table has the row-by-row table's columns; the marker queries name no other table
+        // whose name begins like it.
+        let legacy = sql.replace("txinbox_inbox", "txinbox_inbox_legacy");
+        match self.fetch(&legacy, params).await {
+            // Dropped since (its last marker expired).
+            Err(e) if crate::partitions::is_missing_legacy(&e) => Ok(Vec::new()),
+            r => r,
+        }
+    }
 }
 
 /// Operator queries on PostgreSQL (see [`crate::ops`]).

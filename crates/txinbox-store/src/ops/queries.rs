@@ -8,8 +8,8 @@ use super::sql::{
     EFFECT_STATS, INBOX_STATS, REJECTION_STATS,
 };
 use super::{
-    ConsumerStats, EffectView, MessageStory, RejectionFilter, RejectionRow, MAX_CONSUMERS,
-    WAITING_EFFECT_STATES,
+    ConsumerStats, EffectView, MarkerView, MessageStory, RejectionFilter, RejectionRow,
+    MAX_CONSUMERS, WAITING_EFFECT_STATES,
 };
 
 pub(super) async fn consumer_stats<S: OpsDb>(
@@ -22,10 +22,13 @@ pub(super) async fn consumer_stats<S: OpsDb>(
         None => {
             let mut all = std::collections::BTreeSet::new();
             for table in ["txinbox_inbox", "txinbox_rejections", "txinbox_effects"] {
-                for r in db
-                    .fetch(&consumers_sql(table), &[Param::Int(MAX_CONSUMERS)])
-                    .await?
-                {
+                let sql = consumers_sql(table);
+                let params = [Param::Int(MAX_CONSUMERS)];
+                let mut rows = db.fetch(&sql, &params).await?;
+                if table == "txinbox_inbox" {
+                    rows.extend(db.fetch_legacy(&sql, &params).await?);
+                }
+                for r in rows {
                     all.insert(r.text(0)?);
                 }
             }
@@ -38,15 +41,18 @@ pub(super) async fn consumer_stats<S: OpsDb>(
     for c in consumers {
         let mut s = ConsumerStats::new(c.clone(), now);
         let name = Param::Text(c);
-        if let Some(r) = db
-            .fetch(INBOX_STATS, &[name.clone(), Param::Time(hour_ago)])
-            .await?
-            .first()
-        {
-            s.inbox_rows = r.int(0)?;
-            s.oldest_processed_at = r.opt_time(1)?;
-            s.newest_processed_at = r.opt_time(2)?;
-            s.rows_last_hour = r.int(3)?;
+        let params = [name.clone(), Param::Time(hour_ago)];
+        let mut rows = db.fetch(INBOX_STATS, &params).await?;
+        rows.extend(db.fetch_legacy(INBOX_STATS, &params).await?);
+        for r in &rows {
+            let (oldest, newest) = (r.opt_time(1)?, r.opt_time(2)?);
+            s.inbox_rows += r.int(0)?;
+            s.oldest_processed_at = match (s.oldest_processed_at, oldest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            s.newest_processed_at = s.newest_processed_at.max(newest);
+            s.rows_last_hour += r.int(3)?;
         }
         for r in db
             .fetch(REJECTION_STATS, std::slice::from_ref(&name))
@@ -87,12 +93,16 @@ pub(super) async fn message_story<S: OpsDb>(
     if let Some(s) = source {
         params.push(Param::Text(s.to_owned()));
     }
-    let markers = db
-        .fetch(&marker_sql(source.is_some()), &params)
-        .await?
-        .iter()
-        .map(marker_from)
-        .collect::<Result<_, _>>()?;
+    let sql = marker_sql(source.is_some());
+    let mut rows = db.fetch(&sql, &params).await?;
+    let legacy = db.fetch_legacy(&sql, &params).await?;
+    let sort = !legacy.is_empty();
+    rows.extend(legacy);
+    let mut markers: Vec<MarkerView> = rows.iter().map(marker_from).collect::<Result<_, _>>()?;
+    if sort {
+        // One per source: a marker of the frozen table is never also in the partitioned one.
+        markers.sort_by(|a, b| a.source.cmp(&b.source));
+    }
     let mut rejections: Vec<RejectionRow> = db
         .fetch(&message_rejections_sql(source.is_some()), &params)
         .await?

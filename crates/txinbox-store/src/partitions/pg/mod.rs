@@ -8,6 +8,39 @@ mod insert;
 mod rotate;
 
 pub(crate) use insert::{insert_markers, is_layout_error, load};
+
+/// Whether the frozen row-by-row table of a converted inbox is still there ([`crate::partitions`]): its
+/// markers decide duplicates until the last expires, and the operator's figures count them.
+pub(crate) async fn has_legacy(pool: &sqlx::PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT to_regclass('txinbox_inbox_legacy') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+}
+
+/// Whether `e` says the frozen table is gone (dropped by the maintenance since it was found).
+pub(crate) fn is_missing_legacy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("42P01") && d.message().contains(LEGACY))
+}
+
+/// The markers of `consumer` in the frozen table, and the oldest one's processing time; none without it.
+pub(crate) async fn legacy_markers(
+    pool: &sqlx::PgPool,
+    consumer: &str,
+) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+    if !has_legacy(pool).await? {
+        return Ok((0, None));
+    }
+    match sqlx::query_as(
+        "SELECT count(*), min(processed_at) FROM txinbox_inbox_legacy WHERE consumer_name = $1",
+    )
+    .bind(consumer)
+    .fetch_one(pool)
+    .await
+    {
+        Err(e) if is_missing_legacy(&e) => Ok((0, None)),
+        r => r,
+    }
+}
 pub(crate) use rotate::rotate_partitions;
 
 /// The partition of `parent` for the bucket starting at `bucket`.
