@@ -2065,3 +2065,49 @@ async fn an_effect_done_past_the_keep_is_gone_on_sqlite_after_the_maintenance() 
 async fn an_effect_done_past_the_keep_is_gone_on_dynamodb() {
     done_past_the_keep!(dynamo_store().await, |_: &DynamoStore| async {});
 }
+
+/// A copy of a message applied before, whose business key an earlier message of its batch takes, is a
+/// plain duplicate of its own marker, as it would be alone (a store answers the holder of the message's own
+/// identity before the business key's): DynamoDB, which refuses it within the batch without reading the
+/// table, answered a business duplicate of the other message.
+macro_rules! a_copy_whose_key_its_batch_takes {
+    ($store:expr, $tx:ty) => {{
+        let store = $store;
+        let inbox = Inbox::new(
+            store.clone(),
+            IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+        );
+        let handler = |_tx: $tx, m: Message<serde_json::Value>| async move {
+            Ok::<_, HandlerError>(Handled::reference(format!("ref-{}", m.identity.message_id)))
+        };
+        assert_eq!(
+            delivered(inbox.process(copy("a", None), &handler).await),
+            "Applied { result_reference: Some(\"ref-a\") }"
+        );
+        let outcomes = inbox
+            .bind_handler(handler)
+            .process_batch(
+                vec![copy("b", Some("k")), copy("a", Some("k"))],
+                &CancellationToken::new(),
+            )
+            .await;
+        assert_eq!(
+            outcomes.into_iter().map(delivered).collect::<Vec<_>>(),
+            [
+                "Applied { result_reference: Some(\"ref-b\") }",
+                "Duplicate { result_reference: Some(\"ref-a\") }",
+            ]
+        );
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_copy_whose_business_key_its_batch_takes_is_a_duplicate_of_its_marker_on_sqlite() {
+    a_copy_whose_key_its_batch_takes!(lite_store().await, txinbox_store::Tx<sqlx::Sqlite>);
+}
+
+#[tokio::test]
+async fn a_copy_whose_business_key_its_batch_takes_is_a_duplicate_of_its_marker_on_dynamodb() {
+    a_copy_whose_key_its_batch_takes!(dynamo_store().await, DynamoTx);
+}
