@@ -12,6 +12,29 @@ use crate::layout::{self as l, n, s, Item};
 use crate::tx::{DynamoTx, Pending, PendingMarker};
 use crate::DynamoError;
 
+impl DynamoStore {
+    /// The marker `pk` as its holder, read strongly consistent, if it is there and not expired.
+    async fn live_marker(&self, pk: &str) -> Result<Option<ExistingMarker>, DynamoError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .key(l::PK, s(pk))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| call("GetItem", e))?;
+        let Some(item) = out.item() else {
+            return Ok(None);
+        };
+        let expires = crate::layout::Reader::new(item).opt_i64(l::EXPIRES_AT)?;
+        if expires.is_some_and(|e| e < chrono::Utc::now().timestamp()) {
+            return Ok(None);
+        }
+        Self::holder(item, true).map(Some)
+    }
+}
+
 impl InboxStore for DynamoStore {
     type Tx = DynamoTx;
     type Error = DynamoError;
@@ -29,37 +52,56 @@ impl InboxStore for DynamoStore {
     /// batch (several markers in one transaction), a marker whose item an earlier marker of the same
     /// transaction already writes (the same message twice, or the same business key) is refused here, as a
     /// unique constraint would refuse it: DynamoDB allows one action per item in a transaction.
+    ///
+    /// A marker refused for its business key alone (an earlier marker of the transaction has the key, not
+    /// the identity) may also meet a marker of its own identity already in the table, which a store answers
+    /// first (a copy of a message applied before is a plain duplicate): that one is read (one strongly
+    /// consistent `GetItem`, on this path only).
     async fn insert_marker(
         &self,
         tx: &DynamoTx,
         row: &MarkerRow<'_>,
     ) -> Result<MarkerInsert, DynamoError> {
+        let id = row.identity;
+        let consumer = id.consumer.as_str();
+        let pk = l::marker_pk(consumer, &id.source, &id.message_id);
+        let in_batch = {
+            let st = tx.lock();
+            if st.closed {
+                return Err(DynamoError::Closed);
+            }
+            let business = |i: &Identity| {
+                i.business_key
+                    .as_deref()
+                    .map(|k| l::business_pk(i.consumer.as_str(), i.tenant_id.as_deref(), k))
+            };
+            let bpk = business(id);
+            st.pending.iter().find_map(|p| {
+                let other = &p.marker.identity;
+                let same_identity =
+                    l::marker_pk(other.consumer.as_str(), &other.source, &other.message_id) == pk;
+                (same_identity || (bpk.is_some() && business(other) == bpk)).then(|| {
+                    ExistingMarker::new(
+                        same_identity,
+                        other.message_id.clone(),
+                        p.marker.payload_hash.clone(),
+                        p.marker.processed_at,
+                        p.result_reference.clone(),
+                    )
+                })
+            })
+        };
+        if let Some(holder) = in_batch {
+            if !holder.same_identity {
+                if let Some(own) = self.live_marker(&pk).await? {
+                    return Ok(MarkerInsert::Conflict(Some(own)));
+                }
+            }
+            return Ok(MarkerInsert::Conflict(Some(holder)));
+        }
         let mut st = tx.lock();
         if st.closed {
             return Err(DynamoError::Closed);
-        }
-        let id = row.identity;
-        let consumer = id.consumer.as_str();
-        let business = |i: &Identity| {
-            i.business_key
-                .as_deref()
-                .map(|k| l::business_pk(i.consumer.as_str(), i.tenant_id.as_deref(), k))
-        };
-        let pk = l::marker_pk(consumer, &id.source, &id.message_id);
-        let bpk = business(id);
-        for p in &st.pending {
-            let other = &p.marker.identity;
-            let same_identity =
-                l::marker_pk(other.consumer.as_str(), &other.source, &other.message_id) == pk;
-            if same_identity || (bpk.is_some() && business(other) == bpk) {
-                return Ok(MarkerInsert::Conflict(Some(ExistingMarker::new(
-                    same_identity,
-                    other.message_id.clone(),
-                    p.marker.payload_hash.clone(),
-                    p.marker.processed_at,
-                    p.result_reference.clone(),
-                ))));
-            }
         }
         st.pending.push(Pending {
             marker: PendingMarker {
