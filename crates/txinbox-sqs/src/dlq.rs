@@ -24,6 +24,33 @@ pub(crate) fn string_attribute(value: &str) -> Result<MessageAttributeValue, Bro
         .map_err(|e| BrokerError::new(BrokerErrorKind::Configuration, "SendMessage", e))
 }
 
+/// `text` with each character SQS refuses in a message body or a string attribute written as `\u{HEX}`.
+/// Amazon SQS API Reference, SendMessage: "The following Unicode characters are allowed: #x9 | #xA | #xD |
+/// #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF. Any characters not included in this list will be
+/// rejected."; MessageAttributeValue: "For string data types, the Value attribute has the same restrictions on
+/// the content as the message body." A dead letter's reason and detail carry text from outside (a handler's
+/// error, a parser's message quoting the body): unescaped, one NUL in it would make SQS refuse the forward.
+pub(crate) fn sqs_text(text: &str) -> std::borrow::Cow<'_, str> {
+    fn allowed(c: char) -> bool {
+        matches!(c, '\t' | '\n' | '\r')
+            || ('\u{20}'..='\u{D7FF}').contains(&c)
+            || ('\u{E000}'..='\u{FFFD}').contains(&c)
+            || c >= '\u{10000}'
+    }
+    if text.chars().all(allowed) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if allowed(c) {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// The attributes of a dead-letter copy: every original attribute (identity first, earlier dead-letter
 /// bookkeeping dropped), then the reason and the detail ([`txinbox_core::dead_letter`]) as far as SQS's
 /// 10-attribute limit allows. Identity attributes are never dropped for the reason.
@@ -37,14 +64,14 @@ pub(crate) fn dead_letter_attributes(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if attrs.len() < MAX_MESSAGE_ATTRIBUTES && !why.reason.is_empty() {
-        attrs.insert(REASON.into(), string_attribute(&why.reason)?);
+        attrs.insert(REASON.into(), string_attribute(&sqs_text(&why.reason))?);
     } else {
         tracing::error!(reason = %why.reason, detail = %why.detail, "no room for the dead-letter reason attribute (10 attributes already); the reason is only in this log");
     }
     if attrs.len() < MAX_MESSAGE_ATTRIBUTES && !why.detail.is_empty() {
         attrs.insert(
             DETAIL.into(),
-            string_attribute(dead_letter::truncate_detail(&why.detail))?,
+            string_attribute(dead_letter::truncate_detail(&sqs_text(&why.detail)))?,
         );
     }
     Ok(attrs)
@@ -135,5 +162,39 @@ mod tests {
         assert_eq!(a.len(), 3);
         let detail = a[DETAIL].string_value().unwrap();
         assert!(detail.len() <= dead_letter::MAX_DETAIL_LEN && detail.starts_with('é'));
+    }
+
+    /// moto accepts any character in a string attribute; SQS does not (SendMessage: "The following Unicode
+    /// characters are allowed: #x9 | #xA | #xD | #x20 to #xD7FF | #xE000 to #xFFFD | #x10000 to #x10FFFF. Any
+    /// characters not included in this list will be rejected.", which MessageAttributeValue applies to string
+    /// values). A detail quoting hostile text must still be forwarded: what SQS would refuse is escaped.
+    #[test]
+    fn a_detail_with_characters_sqs_refuses_is_escaped_and_the_rest_kept() {
+        let allowed = |c: char| {
+            matches!(c, '\t' | '\n' | '\r')
+                || ('\u{20}'..='\u{D7FF}').contains(&c)
+                || ('\u{E000}'..='\u{FFFD}').contains(&c)
+                || c >= '\u{10000}'
+        };
+        let why = DeadLetter::new(
+            "invalid_json",
+            "bad \0 byte \u{1}\u{1f}\u{7f}\u{fffe}\u{ffff} kept: \t\n\r é \u{fffd} \u{10ffff}",
+        );
+        let a = dead_letter_attributes(&HashMap::new(), &why).unwrap();
+        let detail = a[DETAIL].string_value().unwrap();
+        assert!(detail.chars().all(allowed), "{detail:?}");
+        assert_eq!(
+            detail,
+            "bad \\u{0} byte \\u{1}\\u{1f}\u{7f}\\u{fffe}\\u{ffff} kept: \t\n\r é \u{fffd} \u{10ffff}"
+        );
+        // A reason from outside (a handler's own) is escaped the same way.
+        let why = DeadLetter::new("mine\0", "");
+        let a = dead_letter_attributes(&HashMap::new(), &why).unwrap();
+        assert_eq!(a[REASON].string_value(), Some("mine\\u{0}"));
+        // A detail long with escapes is still cut to the limit, on a character boundary.
+        let why = DeadLetter::new("r", "\0".repeat(2000));
+        let a = dead_letter_attributes(&HashMap::new(), &why).unwrap();
+        let detail = a[DETAIL].string_value().unwrap();
+        assert!(detail.len() <= dead_letter::MAX_DETAIL_LEN && detail.starts_with("\\u{0}"));
     }
 }
