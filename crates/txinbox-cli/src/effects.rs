@@ -27,8 +27,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
     /// With `--config` on shards (`[store.shards]`): the shard whose effects this runner runs (its URL, in
-    /// place of `--store`). One runner per shard: without `--store`, a file with shards needs it.
-    #[arg(long, requires = "config")]
+    /// place of `--store`, which it refuses beside it). One runner per shard: without `--store`, a file with
+    /// shards needs it.
+    #[arg(long, requires = "config", conflicts_with = "store")]
     pub shard: Option<String>,
     /// An HTTP destination: `NAME=URL` (effects of destination NAME are POSTed to URL). Repeat for several.
     #[arg(long = "http", value_parser = parse_pair)]

@@ -578,6 +578,37 @@ fn effects_run_on_shards_without_shard_asks_for_one_before_reading_their_variabl
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `effects run --store URL --config F --shard NAME` names two stores: the shard's URL used to win silently, so
+/// the runner ran the effects of a store the operator had not asked for. It is refused.
+#[test]
+fn effects_run_refuses_store_beside_shard() {
+    let dir = scratch("effects-store-and-shard");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        "[store.shards.eu-1]\nurl = \"postgres://crm@127.0.0.1:1/crm\"\nrest = true\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args([
+            "effects",
+            "run",
+            "--once",
+            "--store",
+            "sqlite::memory:",
+            "--config",
+        ])
+        .arg(&config)
+        .args(["--shard", "eu-1", "--http", "crm=http://127.0.0.1:9/tasks"])
+        .env_remove("TXINBOX_STORE_URL")
+        .output()
+        .expect("run txinbox");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--shard") && err.contains("--store"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn effects_run_once_exits_non_zero_when_the_store_failed() {
     let dir = scratch("effects-store-error");
