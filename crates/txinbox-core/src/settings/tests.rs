@@ -132,6 +132,22 @@ fn a_store_url_beside_shards_is_refused_naming_the_key_not_the_url() {
     WorkerSettings::from_toml_str("[store]\nurl = \"postgres://crm@db/crm\"\n").unwrap();
 }
 
+/// `require_all_shards` without shards was accepted and did nothing: a file that asks for every shard (a shards
+/// section left out, say in a per-environment copy) ran on the single store without a word.
+#[test]
+fn require_all_shards_without_shards_is_refused() {
+    let e = WorkerSettings::from_toml_str(
+        "[store]\nurl = \"postgres://crm@db/crm\"\nrequire_all_shards = true\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("store.require_all_shards"), "{e}");
+    WorkerSettings::from_toml_str(
+        "[store]\nrequire_all_shards = true\n[store.shards.eu-1]\nurl = \"postgres://crm@db/crm\"\nrest = true\n",
+    )
+    .unwrap();
+}
+
 #[test]
 fn defaults_come_from_the_library() {
     let s = WorkerSettings::default();

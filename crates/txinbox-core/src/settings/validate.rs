@@ -35,6 +35,12 @@ impl WorkerSettings {
                 );
             }
         }
+        if self.store.shards.is_empty() && self.store.require_all_shards {
+            return bad(
+                "store.require_all_shards",
+                "set without [store.shards]: it says whether a worker on shards may start without one of them, and there are none; remove it, or describe the shards".into(),
+            );
+        }
         if !self.store.shards.is_empty() {
             // The worker and the operator commands never use it with shards: one given anyway (in the file,
             // or by TXINBOX_STORE__URL) is a store someone expects to be used.
