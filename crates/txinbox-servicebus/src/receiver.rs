@@ -520,6 +520,12 @@ impl Delivery for ServiceBusDelivery {
         self.abandon().await
     }
 
+    /// `true` unless [`ServiceBusOptions::max_release_delay`] is zero: a release holds the lock (and its
+    /// caller) up to that long.
+    fn release_holds(&self) -> bool {
+        !self.max_release_delay.is_zero()
+    }
+
     async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
         let Some(forwarder) = self.forwarder.clone() else {
             tracing::warn!(

@@ -102,6 +102,7 @@ trait DynDelivery: Send + Sync + 'static {
         why: DeadLetter,
     ) -> BoxFuture<'static, Result<(), BrokerError>>;
     fn lease(&self) -> Option<Arc<dyn Lease>>;
+    fn release_holds(&self) -> bool;
 }
 
 impl<D: Delivery> DynDelivery for D {
@@ -126,6 +127,9 @@ impl<D: Delivery> DynDelivery for D {
     fn lease(&self) -> Option<Arc<dyn Lease>> {
         Delivery::lease(self)
     }
+    fn release_holds(&self) -> bool {
+        Delivery::release_holds(self)
+    }
 }
 
 impl Delivery for BoxDelivery {
@@ -143,6 +147,9 @@ impl Delivery for BoxDelivery {
     }
     fn lease(&self) -> Option<Arc<dyn Lease>> {
         self.0.lease()
+    }
+    fn release_holds(&self) -> bool {
+        self.0.release_holds()
     }
 }
 

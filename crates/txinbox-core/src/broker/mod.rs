@@ -64,6 +64,14 @@ pub trait Delivery: Send + Sync + 'static {
 
     /// The lease (lock or visibility) of this delivery, if the broker has one that can be extended.
     fn lease(&self) -> Option<Arc<dyn Lease>>;
+
+    /// Whether [`release`](Self::release) with a delay keeps its caller waiting out the delay: a broker
+    /// without a delayed release (Service Bus over REST) serves the delay by holding the lock, then
+    /// abandoning. A caller that must not hold a worker slot that long (the shard router releasing the
+    /// deliveries of a shard that is down) settles such a release in the background. Default `false`.
+    fn release_holds(&self) -> bool {
+        false
+    }
 }
 
 /// An extendable lock or visibility timeout.

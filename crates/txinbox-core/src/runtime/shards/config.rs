@@ -136,8 +136,9 @@ pub struct ShardOptions {
     /// doubles with each delivery of the same message, up to [`unavailable_backoff_max`](Self::unavailable_backoff_max),
     /// so that an outage spends the queue's receive count (SQS `maxReceiveCount`) slowly: with 5 s, 5 min and a
     /// count of 10 a message rides out about 20 minutes of outage before the broker dead-letters it. A broker
-    /// without a delayed release (Service Bus) serves the delay by holding the delivery, and its worker slot, up
-    /// to its own bound (`max_release_delay`, 10 s), which then caps this delay.
+    /// without a delayed release (Service Bus) serves the delay by holding the delivery's lock up to its own
+    /// bound (`max_release_delay`, 10 s), which then caps this delay; such a release waits in the background,
+    /// not in a worker slot ([`MAX_BACKGROUND_RELEASES`](super::MAX_BACKGROUND_RELEASES)).
     pub unavailable_backoff: Duration,
     /// The longest such delay (default 5 min).
     pub unavailable_backoff_max: Duration,

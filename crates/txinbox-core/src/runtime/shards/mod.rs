@@ -63,6 +63,13 @@ pub use router::ShardRouter;
 /// The dead-letter reason of a delivery no shard takes.
 pub const NO_SHARD: &str = "no_shard";
 
+/// How many releases of a down shard's deliveries may wait out their delay in the background at once, on a
+/// broker whose release holds its caller ([`crate::Delivery::release_holds`]: Service Bus over REST holds the
+/// lock up to its `max_release_delay`, 10 s): each would otherwise keep a worker slot for that long, and a
+/// shard that is down would take the slots of the shards that are up. Past this many, a release waits in its
+/// slot, as on one store (the bound keeps the locks a worker holds finite).
+pub const MAX_BACKGROUND_RELEASES: usize = 1024;
+
 /// What the probe loop needs, apart from the processors (so that it never keeps them alive).
 struct Watch {
     name: Arc<str>,
@@ -86,6 +93,8 @@ struct Inner<P> {
     /// The consumer label, known once the worker started the processor.
     consumer: std::sync::OnceLock<String>,
     stop: CancellationToken,
+    /// Permits for the releases waiting out their delay in the background ([`MAX_BACKGROUND_RELEASES`]).
+    releasing: Arc<tokio::sync::Semaphore>,
 }
 
 impl<P> Drop for Inner<P> {
@@ -184,6 +193,7 @@ impl<P> Shards<P> {
                 started: AtomicBool::new(false),
                 consumer: std::sync::OnceLock::new(),
                 stop: CancellationToken::new(),
+                releasing: Arc::new(tokio::sync::Semaphore::new(MAX_BACKGROUND_RELEASES)),
             }),
         })
     }

@@ -193,6 +193,7 @@ impl<P> Shards<P> {
     {
         let consumer = self.consumer_of::<D>();
         let shard = self.inner.watch[i].name.to_string();
+        let holds = delivery.release_holds();
         metrics::counter!(m::SHARD_UNAVAILABLE, "consumer" => consumer.clone(), "shard" => shard.clone())
             .increment(1);
         metrics::counter!(m::RETRIES, "consumer" => consumer.clone(), "reason" => "shard_unavailable")
@@ -200,10 +201,28 @@ impl<P> Shards<P> {
         let delay = self
             .opts()
             .unavailable_delay(delivery.message().delivery_count);
-        if let Err(e) = delivery.release(delay).await {
-            metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => "release")
-                .increment(1);
-            tracing::warn!(op = "release", error = %e, "settle failed; the broker will redeliver");
+        let release = async move {
+            if let Err(e) = delivery.release(delay).await {
+                metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => "release")
+                    .increment(1);
+                tracing::warn!(op = "release", error = %e, "settle failed; the broker will redeliver");
+            }
+        };
+        // A release that holds its caller for the delay (Service Bus) waits it out in the background, so that
+        // the down shard's deliveries do not take the worker slots of the shards that are up; past
+        // MAX_BACKGROUND_RELEASES it waits in its slot. A background release dropped with the process leaves
+        // the lock to lapse: the message comes back then, a little later than the delay said.
+        match holds
+            .then(|| self.inner.releasing.clone().try_acquire_owned().ok())
+            .flatten()
+        {
+            Some(permit) => {
+                tokio::spawn(async move {
+                    release.await;
+                    drop(permit);
+                });
+            }
+            None => release.await,
         }
         Outcome::Retry {
             reason: format!("shard {shard} is unavailable: {why}"),

@@ -515,3 +515,101 @@ fn a_shard_name_refused_for_its_length_says_so() {
     assert!(e.to_string().contains("1 to 64"), "{e}");
     Shards::new(ShardRouter::tenant(), [Shard::new(&long[..64], ()).rest()]).unwrap();
 }
+
+/// A delivery whose release, as Service Bus's over REST, holds its caller for the delay (when `holds`), and
+/// records when it was released.
+struct Holding {
+    msg: ReceivedMessage,
+    holds: bool,
+    released_at: Arc<Mutex<Option<tokio::time::Instant>>>,
+}
+
+impl crate::Delivery for Holding {
+    fn message(&self) -> &ReceivedMessage {
+        &self.msg
+    }
+    async fn ack(self) -> Result<(), crate::BrokerError> {
+        Ok(())
+    }
+    async fn release(self, delay: Duration) -> Result<(), crate::BrokerError> {
+        tokio::time::sleep(delay).await;
+        *lock(&self.released_at) = Some(tokio::time::Instant::now());
+        Ok(())
+    }
+    async fn dead_letter(self, _: crate::DeadLetter) -> Result<(), crate::BrokerError> {
+        Ok(())
+    }
+    fn lease(&self) -> Option<Arc<dyn crate::Lease>> {
+        None
+    }
+    fn release_holds(&self) -> bool {
+        self.holds
+    }
+}
+
+/// On a broker whose release holds its caller for the delay (Service Bus over REST: the lock is kept, then
+/// abandoned), a down shard's delivery used to keep its worker slot for the whole delay (10 s), so a shard
+/// that was down took the slots of the shards that were up. Its release now waits in the background and the
+/// slot is free at once; the release still happens after the delay. A broker whose release returns at once,
+/// and a release past MAX_BACKGROUND_RELEASES, are settled in the slot as before.
+#[tokio::test(start_paused = true)]
+async fn a_down_shard_s_release_that_holds_does_not_hold_the_worker_slot() {
+    use crate::Processor;
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", Acks).claims(["acme"]),
+            Shard::new("us-1", Acks).claims(["initech"]),
+        ],
+    )
+    .unwrap()
+    .options(ShardOptions::new().unavailable_backoff(Duration::from_secs(5)));
+    *lock(&shards.inner.watch[0].down) = Some("connection refused".into());
+    let delay = Duration::from_secs(5);
+
+    let process = |holds: bool| {
+        let shards = shards.clone();
+        async move {
+            let released_at = Arc::new(Mutex::new(None));
+            let d = Holding {
+                msg: msg("{}", Some("acme")),
+                holds,
+                released_at: released_at.clone(),
+            };
+            let start = tokio::time::Instant::now();
+            let outcome = shards.process(d, CancellationToken::new()).await;
+            assert!(
+                matches!(&outcome, crate::Outcome::Retry { reason } if reason.contains("eu-1")),
+                "{outcome:?}"
+            );
+            (start, start.elapsed(), released_at)
+        }
+    };
+
+    // A release that holds: the slot is free at once, the release happens after the delay.
+    let (start, took, released_at) = process(true).await;
+    assert_eq!(took, Duration::ZERO, "the slot waited for the release");
+    assert_eq!(*lock(&released_at), None);
+    tokio::time::sleep(delay + Duration::from_secs(1)).await;
+    assert_eq!(
+        *lock(&released_at),
+        Some(start + delay),
+        "released after its delay"
+    );
+
+    // A release that returns at once (SQS, the memory broker) is settled in the slot, as before.
+    let (start, took, released_at) = process(false).await;
+    assert_eq!(took, delay);
+    assert_eq!(*lock(&released_at), Some(start + delay));
+
+    // Past the bound, a release that holds waits in its slot.
+    let all = shards
+        .inner
+        .releasing
+        .clone()
+        .try_acquire_many_owned(MAX_BACKGROUND_RELEASES as u32)
+        .unwrap();
+    let (_, took, _) = process(true).await;
+    assert_eq!(took, delay, "past the bound the release waits in its slot");
+    drop(all);
+}

@@ -115,6 +115,9 @@ impl<D: Delivery> Delivery for LeasedDelivery<D> {
     fn lease(&self) -> Option<Arc<dyn crate::Lease>> {
         self.inner.lease()
     }
+    fn release_holds(&self) -> bool {
+        self.inner.release_holds()
+    }
 }
 
 /// Processes one delivery to a known outcome, settling it. Implemented by the store's inbox.
