@@ -2111,3 +2111,44 @@ async fn a_copy_whose_business_key_its_batch_takes_is_a_duplicate_of_its_marker_
 async fn a_copy_whose_business_key_its_batch_takes_is_a_duplicate_of_its_marker_on_dynamodb() {
     a_copy_whose_key_its_batch_takes!(dynamo_store().await, DynamoTx);
 }
+
+/// One claim holds an effect once, even when the claim it takes ends before `now` (so that the effect is
+/// due again the moment it is claimed): DynamoDB's claim found the claimed effect again under its new sort
+/// key in a later page of the `due` index and claimed it a second time, so the runner got it twice in one
+/// batch (two calls at once of one effect), where SQLite claims each effect it selected once.
+macro_rules! claimed_once_per_claim {
+    ($store:expr) => {{
+        let store = $store;
+        let mut handled = Handled::done();
+        for i in 0..20 {
+            handled = handled.effect(Effect::new(format!("m{i}"), "d1", vec![i]).group("g"));
+        }
+        assert_eq!(
+            apply(&store, "a", handled).await,
+            "Applied { result_reference: None }"
+        );
+        let now = Utc::now() + chrono::Duration::hours(8);
+        let until = now - chrono::Duration::hours(7);
+        let claimed = store
+            .claim_effects("r", &["d1".to_owned()], now, until, 2)
+            .await
+            .unwrap();
+        let names: Vec<&str> = claimed.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["m0"],
+            "only the group's first is due, and it is claimed once"
+        );
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_claim_holds_each_effect_once_on_sqlite() {
+    claimed_once_per_claim!(lite_store().await);
+}
+
+#[tokio::test]
+async fn a_claim_holds_each_effect_once_on_dynamodb() {
+    claimed_once_per_claim!(dynamo_store().await);
+}
