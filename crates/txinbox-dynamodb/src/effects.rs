@@ -78,6 +78,9 @@ impl DynamoStore {
             .collect();
         let mut open: Vec<(String, Option<Item>)> =
             partitions.into_iter().map(|p| (p, None)).collect();
+        // The effects this claim took: a claim moves an effect's sort key (to its claim's end), where a later
+        // page may meet it again, due again at once if that end is before `now`; it is held once.
+        let mut taken = std::collections::HashSet::new();
         while !open.is_empty() && (out.len() as i64) < limit {
             let mut due = Vec::new();
             let mut more = Vec::new();
@@ -118,7 +121,11 @@ impl DynamoStore {
                 if out.len() as i64 >= limit {
                     break;
                 }
+                if taken.contains(&id) {
+                    continue;
+                }
                 if let Some(c) = self.claim_one(id, holder, &now_s, claim_until).await? {
+                    taken.insert(id);
                     out.push(c);
                 }
             }
