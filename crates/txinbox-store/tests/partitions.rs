@@ -1003,3 +1003,39 @@ async fn markers_of_the_frozen_table_are_in_the_operator_figures() {
     assert_eq!(marker_figures(&s.store).await.4, 0);
     s.drop().await;
 }
+
+/// A copy of a message applied after the conversion, now carrying a business key a marker of the frozen
+/// row-by-row table holds: the message's own marker answers it (a duplicate of itself), as the row-by-row
+/// layout's holder lookup puts a marker of the same identity before one of the business key; the frozen
+/// table was looked up first and answered with its business-key holder, so the copy was a business duplicate
+/// of another message, with that message's result (found by the layouts' property test).
+#[tokio::test]
+async fn a_copy_meets_its_own_marker_before_a_frozen_business_key() {
+    let s = Schema::new().await;
+    assert_eq!(
+        insert(&s.store, &identity("a", Some("k1")), "h", Utc::now()).await,
+        MarkerInsert::Inserted
+    );
+    let r = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    assert!(r.legacy_kept, "{r:?}");
+    let origin = Utc::now();
+    assert_eq!(
+        insert(&s.store, &identity("evt-1", None), "h", origin).await,
+        MarkerInsert::Inserted
+    );
+    let a = insert(&s.store, &identity("evt-1", Some("k1")), "h", origin).await;
+    let MarkerInsert::Conflict(Some(h)) = &a else {
+        panic!("the copy was not refused: {a:?}")
+    };
+    assert!(
+        h.same_identity && h.message_id == "evt-1" && h.is_same_message("h"),
+        "{h:?}"
+    );
+    // A new message with that business key still meets the frozen table's holder.
+    let b = insert(&s.store, &identity("evt-2", Some("k1")), "h", origin).await;
+    assert!(
+        matches!(&b, MarkerInsert::Conflict(Some(h)) if !h.same_identity && h.message_id == "a"),
+        "{b:?}"
+    );
+    s.drop().await;
+}
