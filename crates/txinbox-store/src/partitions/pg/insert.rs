@@ -99,9 +99,17 @@ pub(crate) async fn insert_markers(
                 ))
             })
         } else if state.legacy {
-            holder_in(&mut *conn, LEGACY_HOLDER, row.identity, None)
-                .await?
-                .map(|h| MarkerInsert::Conflict(Some(h)))
+            match holder_in(&mut *conn, LEGACY_HOLDER, row.identity, None).await? {
+                // The frozen table holds the business key only: a marker of the same identity in this
+                // partition comes first, as the row-by-row holder lookup puts one before the other.
+                Some(h) if !h.same_identity => {
+                    let own = holder_in(&mut *conn, HOLDER, row.identity, Some(*bucket))
+                        .await?
+                        .filter(|o| o.same_identity);
+                    Some(MarkerInsert::Conflict(Some(own.unwrap_or(h))))
+                }
+                other => other.map(|h| MarkerInsert::Conflict(Some(h))),
+            }
         } else {
             None
         };
