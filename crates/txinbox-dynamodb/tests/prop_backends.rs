@@ -2154,3 +2154,49 @@ async fn a_claim_holds_each_effect_once_on_sqlite() {
 async fn a_claim_holds_each_effect_once_on_dynamodb() {
     claimed_once_per_claim!(dynamo_store().await);
 }
+
+/// A copy of a message of its batch whose business key an earlier message of the batch takes is a plain
+/// duplicate of that copy's message, as it would be alone (the holder of the identity before the business
+/// key's, whichever came first in the batch): DynamoDB answered the first of the batch it met, a business
+/// duplicate of the key's holder.
+macro_rules! a_copy_within_its_batch_whose_key_is_taken {
+    ($store:expr, $tx:ty) => {{
+        let store = $store;
+        let inbox = Inbox::new(
+            store.clone(),
+            IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+        );
+        let handler = |_tx: $tx, m: Message<serde_json::Value>| async move {
+            Ok::<_, HandlerError>(Handled::reference(format!("ref-{}", m.identity.message_id)))
+        };
+        let outcomes = inbox
+            .bind_handler(handler)
+            .process_batch(
+                vec![copy("b", Some("k")), copy("a", None), copy("a", Some("k"))],
+                &CancellationToken::new(),
+            )
+            .await;
+        assert_eq!(
+            outcomes.into_iter().map(delivered).collect::<Vec<_>>(),
+            [
+                "Applied { result_reference: Some(\"ref-b\") }",
+                "Applied { result_reference: Some(\"ref-a\") }",
+                "Duplicate { result_reference: Some(\"ref-a\") }",
+            ]
+        );
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_copy_within_its_batch_whose_business_key_is_taken_is_a_duplicate_on_sqlite() {
+    a_copy_within_its_batch_whose_key_is_taken!(
+        lite_store().await,
+        txinbox_store::Tx<sqlx::Sqlite>
+    );
+}
+
+#[tokio::test]
+async fn a_copy_within_its_batch_whose_business_key_is_taken_is_a_duplicate_on_dynamodb() {
+    a_copy_within_its_batch_whose_key_is_taken!(dynamo_store().await, DynamoTx);
+}
