@@ -76,20 +76,28 @@ impl InboxStore for DynamoStore {
                     .map(|k| l::business_pk(i.consumer.as_str(), i.tenant_id.as_deref(), k))
             };
             let bpk = business(id);
-            st.pending.iter().find_map(|p| {
+            let same = |p: &&Pending| {
                 let other = &p.marker.identity;
-                let same_identity =
-                    l::marker_pk(other.consumer.as_str(), &other.source, &other.message_id) == pk;
-                (same_identity || (bpk.is_some() && business(other) == bpk)).then(|| {
-                    ExistingMarker::new(
-                        same_identity,
-                        other.message_id.clone(),
-                        p.marker.payload_hash.clone(),
-                        p.marker.processed_at,
-                        p.result_reference.clone(),
-                    )
-                })
-            })
+                l::marker_pk(other.consumer.as_str(), &other.source, &other.message_id) == pk
+            };
+            // The holder of the identity first, whichever came first in the transaction, as a store reads it.
+            let holder = |p: &Pending, same_identity: bool| {
+                ExistingMarker::new(
+                    same_identity,
+                    p.marker.identity.message_id.clone(),
+                    p.marker.payload_hash.clone(),
+                    p.marker.processed_at,
+                    p.result_reference.clone(),
+                )
+            };
+            match st.pending.iter().find(same) {
+                Some(p) => Some(holder(p, true)),
+                None => st
+                    .pending
+                    .iter()
+                    .find(|p| bpk.is_some() && business(&p.marker.identity) == bpk)
+                    .map(|p| holder(p, false)),
+            }
         };
         if let Some(holder) = in_batch {
             if !holder.same_identity {
