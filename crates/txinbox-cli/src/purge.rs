@@ -85,16 +85,16 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
 async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = crate::inbox::postgres_as_is(url, "txinbox-purge", 2).await?;
-        Ok(pass(store, args).await)
+        pass(store, args).await
     } else if url.starts_with("sqlite:") {
         let store = crate::inbox::sqlite_as_is(url, 2).await?;
-        Ok(pass(store, args).await)
+        pass(store, args).await
     } else if url.starts_with("dynamodb://") {
         let store = txinbox_dynamodb::DynamoStore::connect(url)
             .await
             .map_err(|e| format!("store (dynamodb): {e}"))?;
         crate::out::errln!("note: on DynamoDB expiry is the TTL's (expires_at): expired items are absent to the store from that second on and DynamoDB deletes them in the background; this pass deletes nothing");
-        Ok(pass(store, args).await)
+        pass(store, args).await
     } else {
         Err(format!(
             "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
@@ -141,38 +141,93 @@ fn report_json(report: &MaintenanceReport) -> serde_json::Value {
     })
 }
 
-async fn pass<S: MaintenanceStore>(store: S, args: &PurgeArgs) -> MaintenanceReport {
+/// One pass, bounded as the worker bounds its background passes ([`MaintenanceOptions::pass_timeout`]: the
+/// budget plus 60 s): a store call that never answers (a lock held by another session, a hung connection) ends
+/// the command with an error instead of holding it, and a cron job behind it, for ever.
+async fn pass<S: MaintenanceStore>(
+    store: S,
+    args: &PurgeArgs,
+) -> Result<MaintenanceReport, String> {
     // Saturating, not `as u32`: a day count past u32 would wrap to a short keep and delete recent rows; a
     // keep too long for a date keeps everything.
     let days = |n: u64| Duration::from_secs(n.saturating_mul(24 * 3600));
-    let m = Maintenance::new(store).options(
-        MaintenanceOptions::default()
-            .batch(args.batch)
-            .pause(Duration::from_millis(args.pause_ms))
-            .budget(Duration::from_secs(args.budget_secs.max(1)))
-            .rejections_keep(days(args.rejections_keep_days))
-            .effects_keep(days(args.effects_keep_days)),
-    );
+    let options = MaintenanceOptions::default()
+        .batch(args.batch)
+        .pause(Duration::from_millis(args.pause_ms))
+        .budget(Duration::from_secs(args.budget_secs.max(1)))
+        .rejections_keep(days(args.rejections_keep_days))
+        .effects_keep(days(args.effects_keep_days));
+    let timeout = options.pass_timeout();
+    let m = Maintenance::new(store).options(options);
     let tty = std::io::stderr().is_terminal();
-    let report = m
-        .run_once_at(chrono::Utc::now(), &mut |r: &MaintenanceReport| {
+    let report = tokio::time::timeout(
+        timeout,
+        m.run_once_at(chrono::Utc::now(), &mut |r: &MaintenanceReport| {
             if tty {
                 let mut e = std::io::stderr().lock();
                 let _ = write!(e, "\r{r}   ");
                 let _ = e.flush();
             }
-        })
-        .await;
+        }),
+    )
+    .await;
     if tty {
         crate::out::errln!();
     }
-    report
+    report.map_err(|_| {
+        format!(
+            "the pass did not end within {} s (its budget plus 60 s): a store call did not answer (a lock held by another session, a hung connection); nothing after it ran",
+            timeout.as_secs()
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use txinbox_core::runtime::maintenance::PartitionRotation;
+
+    /// A store whose every purge call never answers (a lock another session holds).
+    #[derive(Clone)]
+    struct Hangs;
+
+    impl MaintenanceStore for Hangs {
+        type Error = std::io::Error;
+        async fn purge_batch(
+            &self,
+            _: Table,
+            _: chrono::DateTime<chrono::Utc>,
+            _: i64,
+        ) -> Result<Vec<String>, Self::Error> {
+            std::future::pending().await
+        }
+        async fn table_stats(
+            &self,
+            _: Table,
+            _: &str,
+        ) -> Result<(i64, Option<chrono::DateTime<chrono::Utc>>), Self::Error> {
+            Ok((0, None))
+        }
+    }
+
+    /// `txinbox inbox purge` on a store whose call never answers ends with an error at the pass's bound (the
+    /// budget plus 60 s); it waited for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_whose_store_call_never_answers_ends_at_its_bound() {
+        let args = PurgeArgs {
+            store: Default::default(),
+            batch: 1000,
+            pause_ms: 50,
+            budget_secs: 5,
+            rejections_keep_days: 90,
+            effects_keep_days: 7,
+            json: false,
+        };
+        let start = tokio::time::Instant::now();
+        let e = pass(Hangs, &args).await.unwrap_err();
+        assert_eq!(start.elapsed(), Duration::from_secs(65), "{e}");
+        assert!(e.contains("did not end within 65 s"), "{e}");
+    }
 
     #[test]
     fn the_json_report_has_the_partitions_held_the_line_shows() {
