@@ -557,7 +557,11 @@ impl PartialEq for Outcome {
 
 /// A value's debug text with every NUL as U+FFFD (the SQL stores keep free text so; DynamoDB as given).
 fn debug_text<T: std::fmt::Debug>(v: &T) -> String {
-    let s = format!("{v:?}");
+    nul_as_fffd(&format!("{v:?}"))
+}
+
+/// A debug text with every escaped NUL (`\0`) as U+FFFD.
+fn nul_as_fffd(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
@@ -611,7 +615,7 @@ fn dyn_out<T: std::fmt::Debug>(r: Result<T, DynamoError>) -> Outcome {
 }
 
 fn claimed(e: &txinbox_core::effects::ClaimedEffect) -> String {
-    format!(
+    nul_as_fffd(&format!(
         "{}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
         e.key,
         e.consumer,
@@ -628,7 +632,7 @@ fn claimed(e: &txinbox_core::effects::ClaimedEffect) -> String {
         e.reference,
         e.maybe_happened,
         e.sent_hash
-    )
+    ))
 }
 
 fn stats(mut s: ConsumerStats) -> ConsumerStats {
