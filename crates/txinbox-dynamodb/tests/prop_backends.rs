@@ -313,9 +313,17 @@ fn fx() -> impl Strategy<Value = Fx> {
         )
 }
 
-/// Around DynamoDB's 100 actions a transaction: `n` effects of distinct names, grouped or not.
+/// Around DynamoDB's 100 actions a transaction: `n` effects of distinct names, grouped or not (the group's
+/// tail item is one more action). Never exactly 99 with the group: then a business key alone would decide
+/// whether a delivery fits, and the deliveries of one operation could fall on both sides, where DynamoDB
+/// refuses a copy within its batch before its handler runs (a case the model here does not follow).
 fn many_effects() -> impl Strategy<Value = Vec<Fx>> {
     (95usize..=101, any::<bool>()).prop_map(|(n, grouped)| {
+        let n = if n + usize::from(grouped) == 99 {
+            n + 1
+        } else {
+            n
+        };
         (0..n)
             .map(|i| Fx {
                 name: format!("m{i}"),
