@@ -26,7 +26,9 @@ pub(crate) async fn run<S: LabStore>(
 ) -> Result<(MemoryQueue, String, Expected), LabError> {
     let (key_mode, processing) = match w {
         Window::ExternalCallAnswerLost => (KeyMode::default(), Duration::ZERO),
-        Window::ExternalCallKeyInProgress => (KeyMode::default(), Duration::from_millis(600)),
+        // The runner must look again while the first call is still being processed: 1.5 s leaves it ten
+        // times the caller's timeout, on a machine busy with other tests (600 ms was once too short there).
+        Window::ExternalCallKeyInProgress => (KeyMode::default(), Duration::from_millis(1500)),
         _ => (KeyMode::None, Duration::ZERO),
     };
     let crm = CrmApi::builder()
@@ -52,7 +54,7 @@ pub(crate) async fn run<S: LabStore>(
                 Confirm::search(format!("{url}/v1/tasks?external_ref={{external_ref}}"))
                     .found_at("/data/0/id"),
             ),
-        // The draft's key, a slow destination (600 ms) and a caller that gives up after 150 ms; the list
+        // The draft's key, a slow destination (1,500 ms) and a caller that gives up after 150 ms; the list
         // search by key does not see a task still being processed.
         _ => HttpEffect::post(format!("{url}/v1/tasks"))
             .key(Key::header("Idempotency-Key"))
