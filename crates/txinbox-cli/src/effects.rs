@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use txinbox_core::effects::EffectStore;
+use txinbox_core::error::redact_url;
 use txinbox_core::http::{runner_from_settings, HttpEffect};
 use txinbox_core::settings::{
     ConfirmSettings, EffectsSettings, HttpDestinationSettings, WorkerSettings,
@@ -14,8 +15,9 @@ use crate::out::outln;
 
 /// Arguments of `txinbox effects run`. The destinations come from the settings file's `[effects]` section
 /// (`--config`), and from the flags below, which say the same thing per destination NAME and win over the file:
-/// every rule of the file can be given on the command line.
-#[derive(Debug, clap::Args)]
+/// every rule of the file can be given on the command line. Its `Debug` masks the URLs' passwords and query
+/// values and the headers' values.
+#[derive(clap::Args)]
 pub struct RunArgs {
     /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`); default: the settings file's
     /// `[store] url`; without `--store` and `--config`, `TXINBOX_STORE_URL`.
@@ -105,6 +107,69 @@ pub struct RunArgs {
     /// Seconds each HTTP request may take before the call is uncertain (every destination without its own).
     #[arg(long)]
     pub timeout_secs: Option<u64>,
+}
+
+/// `NAME=URL` pairs for a `Debug`: each URL's password and query values masked.
+fn redacted_urls(pairs: &[(String, String)]) -> Vec<(&str, String)> {
+    pairs
+        .iter()
+        .map(|(name, url)| (name.as_str(), redact_url(url)))
+        .collect()
+}
+
+impl std::fmt::Debug for RunArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A header's value may be a token: only its name is shown.
+        let headers: Vec<(&str, String)> = self
+            .header
+            .iter()
+            .map(|(name, h)| {
+                let header = h.split_once('=').map_or(h.as_str(), |(n, _)| n);
+                (name.as_str(), format!("{header}=***"))
+            })
+            .collect();
+        f.debug_struct("RunArgs")
+            .field("store", &self.store.as_deref().map(redact_url))
+            .field("config", &self.config)
+            .field("shard", &self.shard)
+            .field("http", &redacted_urls(&self.http))
+            .field("upsert", &redacted_urls(&self.upsert))
+            .field("method", &self.method)
+            .field("key", &self.key)
+            .field("key_kept_secs", &self.key_kept_secs)
+            .field("reference", &self.reference)
+            .field("reference_optional", &self.reference_optional)
+            .field("confirm", &redacted_urls(&self.confirm))
+            .field("confirm_search", &redacted_urls(&self.confirm_search))
+            .field(
+                "confirm_search_post",
+                &redacted_urls(&self.confirm_search_post),
+            )
+            .field("confirm_body", &self.confirm_body)
+            .field("found_at", &self.found_at)
+            .field("count_at", &self.count_at)
+            .field("matches_at", &self.matches_at)
+            .field("absent_list_is_empty", &self.absent_list_is_empty)
+            .field("answer", &self.answer)
+            .field("reconcile_after_secs", &self.reconcile_after_secs)
+            .field("header", &headers)
+            .field("no_idempotency", &self.no_idempotency)
+            .field("once", &self.once)
+            .field("batch", &self.batch)
+            .field("claim_secs", &self.claim_secs)
+            .field("timeout_secs", &self.timeout_secs)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for CompensateArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompensateArgs")
+            .field("store", &redact_url(&self.store))
+            .field("key", &self.key)
+            .field("compensate", &redacted_urls(&self.compensate))
+            .finish()
+    }
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -316,8 +381,8 @@ pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String>
     Ok(())
 }
 
-/// Arguments of `txinbox effects compensate`.
-#[derive(Debug, clap::Args)]
+/// Arguments of `txinbox effects compensate`. Its `Debug` masks the URLs' passwords and query values.
+#[derive(clap::Args)]
 pub struct CompensateArgs {
     /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`).
     #[arg(long, env = "TXINBOX_STORE_URL")]
@@ -393,4 +458,54 @@ pub async fn stats<S: EffectStore>(store: S) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: super::RunArgs,
+    }
+
+    #[derive(clap::Parser)]
+    struct Compensate {
+        #[command(flatten)]
+        args: super::CompensateArgs,
+    }
+
+    #[test]
+    fn debug_of_the_arguments_masks_passwords_query_values_and_header_values() {
+        let run = Run::try_parse_from([
+            "run",
+            "--store",
+            "postgres://crm:s3cretpw@db/crm",
+            "--http",
+            "crm=https://u:s3cretweb@crm.example/v1/tasks?api_key=s3cretkey",
+            "--confirm",
+            "crm=https://crm.example/v1/tasks/{key}?token=s3cretconfirm",
+            "--header",
+            "crm=Authorization=Bearer s3cretbearer",
+        ])
+        .unwrap();
+        let shown = format!("{:?}", run.args);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("postgres://crm:***@db/crm"), "{shown}");
+        assert!(shown.contains("Authorization"), "{shown}");
+        let compensate = Compensate::try_parse_from([
+            "compensate",
+            "--store",
+            "postgres://crm:s3cretpw@db/crm",
+            "--key",
+            "k1",
+            "--compensate",
+            "crm=https://crm.example/v1/tasks/{reference}?api_key=s3cretkey",
+        ])
+        .unwrap();
+        let shown = format!("{:?}", compensate.args);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("k1"), "{shown}");
+    }
 }

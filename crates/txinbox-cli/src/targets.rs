@@ -4,13 +4,14 @@
 
 use std::path::PathBuf;
 
+use txinbox_core::error::redact_url;
 use txinbox_core::settings::WorkerSettings;
 
 /// The variable that stands for `--store` when neither `--store` nor `--config` is given.
 pub const STORE_URL_VAR: &str = "TXINBOX_STORE_URL";
 
-/// `--store`, or `--config` with an optional `--shard`.
-#[derive(Debug, Default, clap::Args)]
+/// `--store`, or `--config` with an optional `--shard`. Its `Debug` masks the store's password and query values.
+#[derive(Default, clap::Args)]
 pub struct StoreArgs {
     /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`), the workers' own; without
     /// `--store` and `--config`, `TXINBOX_STORE_URL`.
@@ -26,13 +27,33 @@ pub struct StoreArgs {
     pub shard: Option<String>,
 }
 
-/// One store to read, and the shard it is (`None` for a store that is not one of several).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One store to read, and the shard it is (`None` for a store that is not one of several). Its `Debug` masks the
+/// URL's password and query values.
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoreTarget {
     /// The shard's name.
     pub shard: Option<String>,
     /// Its URL (it may hold a password: never printed).
     pub url: String,
+}
+
+impl std::fmt::Debug for StoreArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreArgs")
+            .field("store", &self.store.as_deref().map(redact_url))
+            .field("config", &self.config)
+            .field("shard", &self.shard)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for StoreTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreTarget")
+            .field("shard", &self.shard)
+            .field("url", &redact_url(&self.url))
+            .finish()
+    }
 }
 
 impl StoreArgs {
@@ -197,5 +218,23 @@ mod tests {
         let e = all.targets().unwrap_err();
         assert!(e.contains("TXINBOX_TEST_NEVER_SET_EU_1"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn debug_of_store_args_and_targets_masks_the_password() {
+        let url = "postgres://crm:s3cretpw@db1/crm?password=qs3cret";
+        let target = StoreTarget {
+            shard: Some("eu-1".into()),
+            url: url.into(),
+        };
+        let args = StoreArgs {
+            store: Some(url.into()),
+            ..Default::default()
+        };
+        for shown in [format!("{target:?}"), format!("{args:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("postgres://crm:***@db1/crm"), "{shown}");
+        }
+        assert!(format!("{target:?}").contains("eu-1"));
     }
 }
