@@ -6,8 +6,8 @@ use txinbox::MonitorReport;
 use crate::Error;
 
 /// The flags both example workers share (`#[command(flatten)]`): the settings file and the overrides that are
-/// not about a broker. Each worker adds its broker's own.
-#[derive(Debug, clap::Args)]
+/// not about a broker. Each worker adds its broker's own. Its `Debug` masks the URLs' passwords and query values.
+#[derive(clap::Args)]
 pub struct CommonArgs {
     /// The settings file (the one `txinbox check-infra --config` reads). Without it: the defaults and the
     /// `TXINBOX_<SECTION>__<KEY>` environment overrides.
@@ -43,6 +43,24 @@ pub struct CommonArgs {
     /// through an effect with its idempotency key, run beside the worker.
     #[arg(long, env = "TXINBOX_CRM_URL")]
     pub crm_url: Option<String>,
+}
+
+impl std::fmt::Debug for CommonArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use txinbox::error::redact_url;
+        f.debug_struct("CommonArgs")
+            .field("config", &self.config)
+            .field("print_config", &self.print_config)
+            .field("store", &self.store.as_deref().map(redact_url))
+            .field("consumer", &self.consumer)
+            .field("concurrency", &self.concurrency)
+            .field("metrics_addr", &self.metrics_addr)
+            .field("health_addr", &self.health_addr)
+            .field("purge_interval_secs", &self.purge_interval_secs)
+            .field("give_up_after_secs", &self.give_up_after_secs)
+            .field("crm_url", &self.crm_url.as_deref().map(redact_url))
+            .finish()
+    }
 }
 
 impl CommonArgs {
@@ -274,6 +292,28 @@ mod tests {
         assert!(!e.contains("s3cretpw"), "{e}");
         assert_eq!(parse(&[]).unwrap().store.shards.len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The flags' `Debug` shows the store's and the CRM's URLs without their password or query values.
+    #[test]
+    fn debug_of_the_flags_masks_the_urls_secrets() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            common: CommonArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "crm-worker",
+            "--store",
+            "postgres://crm:s3cretpw@db/crm",
+            "--crm-url",
+            "https://u:s3cretcrm@crm.example/v1?api_key=s3cretkey",
+        ])
+        .unwrap();
+        let shown = format!("{:?}", cli.common);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("postgres://crm:***@db/crm"), "{shown}");
+        assert!(shown.contains("crm.example"), "{shown}");
     }
 
     /// A worker that abandoned deliveries at shutdown does not end as a clean stop; one that gave up says so
