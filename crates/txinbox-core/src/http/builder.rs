@@ -80,8 +80,9 @@ pub enum HttpConfigError {
     Client(#[source] reqwest::Error),
 }
 
-/// Builds an [`HttpEffect`]; [`build`](Self::build) checks that every rule can work.
-#[derive(Clone, Debug)]
+/// Builds an [`HttpEffect`]; [`build`](Self::build) checks that every rule can work. Its `Debug` shows the URLs
+/// without their password or query values, and the headers without their values.
+#[derive(Clone)]
 #[must_use = "an HttpEffectBuilder does nothing until build() is called"]
 pub struct HttpEffectBuilder {
     client: Option<reqwest::Client>,
@@ -97,6 +98,34 @@ pub struct HttpEffectBuilder {
     reconcile_after: Duration,
     headers: Vec<(String, String)>,
     compensate: Option<String>,
+}
+
+impl std::fmt::Debug for HttpEffectBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(n, _)| (n.as_str(), "***"))
+            .collect();
+        f.debug_struct("HttpEffectBuilder")
+            .field("client", &self.client)
+            .field("method", &self.method)
+            .field("url", &crate::error::redact_url(&self.url))
+            .field("upsert", &self.upsert)
+            .field("key", &self.key)
+            .field("reference", &self.reference)
+            .field("reference_optional", &self.reference_optional)
+            .field("confirm", &self.confirm)
+            .field("answers", &self.answers)
+            .field("timeout", &self.timeout)
+            .field("reconcile_after", &self.reconcile_after)
+            .field("headers", &headers)
+            .field(
+                "compensate",
+                &self.compensate.as_deref().map(crate::error::redact_url),
+            )
+            .finish()
+    }
 }
 
 impl HttpEffect {

@@ -62,8 +62,8 @@ impl fmt::Debug for Rule {
 /// * [`read_with`](Confirm::read_with): your own reader of the status and body.
 ///
 /// `{key}` and `{external_ref}` in the URL are replaced, percent-encoded; in a body, as JSON string content.
-/// A confirmation must name one of them.
-#[derive(Clone, Debug)]
+/// A confirmation must name one of them. Its `Debug` shows the URL without its password or query values.
+#[derive(Clone)]
 #[must_use = "a Confirm does nothing until given to HttpEffectBuilder::confirm"]
 pub struct Confirm {
     pub(crate) method: reqwest::Method,
@@ -72,6 +72,18 @@ pub struct Confirm {
     pub(crate) rule: Rule,
     /// Where what was found carries the effect's external reference or key, checked before it counts.
     pub(crate) match_at: Option<String>,
+}
+
+impl fmt::Debug for Confirm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Confirm")
+            .field("method", &self.method)
+            .field("url", &crate::error::redact_url(&self.url))
+            .field("body", &self.body)
+            .field("rule", &self.rule)
+            .field("match_at", &self.match_at)
+            .finish()
+    }
 }
 
 impl Confirm {

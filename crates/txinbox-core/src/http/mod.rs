@@ -83,8 +83,9 @@ pub mod meta {
 const MAX_ANSWER: usize = 1024 * 1024;
 
 /// Calls an HTTP API for each effect of its destination. Built with [`HttpEffect::post`] or
-/// [`HttpEffect::upsert`] and [`HttpEffectBuilder::build`]; see the [module docs](self).
-#[derive(Clone, Debug)]
+/// [`HttpEffect::upsert`] and [`HttpEffectBuilder::build`]; see the [module docs](self). Its `Debug` shows the
+/// URLs without their password or query values (the headers' values are marked sensitive).
+#[derive(Clone)]
 pub struct HttpEffect {
     client: reqwest::Client,
     method: reqwest::Method,
@@ -99,6 +100,29 @@ pub struct HttpEffect {
     reconcile_after: Duration,
     headers: Vec<(HeaderName, HeaderValue)>,
     compensate: Option<String>,
+}
+
+impl std::fmt::Debug for HttpEffect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpEffect")
+            .field("client", &self.client)
+            .field("method", &self.method)
+            .field("url", &crate::error::redact_url(&self.url))
+            .field("upsert", &self.upsert)
+            .field("key", &self.key)
+            .field("reference", &self.reference)
+            .field("reference_optional", &self.reference_optional)
+            .field("confirm", &self.confirm)
+            .field("answers", &self.answers)
+            .field("timeout", &self.timeout)
+            .field("reconcile_after", &self.reconcile_after)
+            .field("headers", &self.headers)
+            .field(
+                "compensate",
+                &self.compensate.as_deref().map(crate::error::redact_url),
+            )
+            .finish()
+    }
 }
 
 impl HttpEffect {

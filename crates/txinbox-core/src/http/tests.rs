@@ -171,3 +171,24 @@ fn a_reference_is_found_in_a_payload_only_as_a_whole_token() {
         "an empty reference is never carried"
     );
 }
+
+#[test]
+fn debug_of_the_effect_its_builder_and_its_confirmation_masks_secrets() {
+    let confirm = Confirm::lookup(
+        "https://u:s3cretconfirmpw@crm.example/v1/tasks/{key}?api_key=s3cretconfirm",
+    );
+    let builder = HttpEffect::post("https://u:s3cretpw@crm.example/v1/tasks?api_key=s3cretkey")
+        .confirm(confirm.clone())
+        .header("Authorization", "Bearer s3cretbearer")
+        .compensate_url("https://crm.example/v1/tasks/{reference}?api_key=s3cretcompensate");
+    let effect = builder.clone().build().unwrap();
+    for shown in [
+        format!("{confirm:?}"),
+        format!("{builder:?}"),
+        format!("{effect:?}"),
+    ] {
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("crm.example/v1/tasks"), "{shown}");
+    }
+    assert!(format!("{builder:?}").contains("Authorization"));
+}
