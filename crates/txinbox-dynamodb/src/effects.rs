@@ -143,19 +143,10 @@ impl DynamoStore {
         claim_until: DateTime<Utc>,
     ) -> Result<Option<ClaimedEffect>, DynamoError> {
         let (k, v) = Self::effect_key(id);
-        let current = self
-            .client
-            .get_item()
-            .table_name(&*self.table)
-            .key(k.clone(), v.clone())
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| call("GetItem", e))?;
-        let Some(item) = current.item() else {
+        let Some(item) = self.get_consistent(v.clone(), &[]).await? else {
             return Ok(None);
         };
-        if self.blocked_by_group(item).await? {
+        if self.blocked_by_group(&item).await? {
             return Ok(None);
         }
         let res = self
@@ -205,20 +196,10 @@ impl DynamoStore {
         let Some(prev) = item.get("prev") else {
             return Ok(false);
         };
-        let older = self
-            .client
-            .get_item()
-            .table_name(&*self.table)
-            .key(l::PK, prev.clone())
-            .projection_expression("#state")
-            .expression_attribute_names("#state", "state")
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| call("GetItem", e))?;
-        Ok(match older.item() {
+        let older = self.get_consistent(prev.clone(), &["state"]).await?;
+        Ok(match older {
             Some(o) => !matches!(
-                state_of(&Reader::new(o))?,
+                state_of(&Reader::new(&o))?,
                 EffectState::Done | EffectState::Failed | EffectState::Compensated
             ),
             None => false,
@@ -484,25 +465,16 @@ impl EffectStore for DynamoStore {
     /// [`DynamoOptions::effects_keep`](crate::DynamoOptions::effects_keep)) is absent, as everywhere.
     async fn find_effect(&self, key: &str) -> Result<Option<ClaimedEffect>, DynamoError> {
         let id = l::effect_id(key);
-        let (k, v) = Self::effect_key(id);
-        let out = self
-            .client
-            .get_item()
-            .table_name(&*self.table)
-            .key(k, v)
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| call("GetItem", e))?;
-        let Some(item) = out.item() else {
+        let (_, v) = Self::effect_key(id);
+        let Some(item) = self.get_consistent(v, &[]).await? else {
             return Ok(None);
         };
-        let r = Reader::new(item);
+        let r = Reader::new(&item);
         if r.s("key")? != key || expired(&r, Utc::now().timestamp())? {
             return Ok(None);
         }
         let from = state_of(&r)?;
-        claimed(item, from).map(Some)
+        claimed(&item, from).map(Some)
     }
 
     /// Conditional on the effect being done and not past its `expires_at` (absent from that second on).

@@ -349,19 +349,8 @@ impl DynamoStore {
     ) -> Result<BTreeMap<String, Option<AttributeValue>>, DynamoError> {
         let mut tails = BTreeMap::new();
         for group in groups {
-            let out = self
-                .client
-                .get_item()
-                .table_name(&*self.table)
-                .key(l::PK, s(group))
-                .consistent_read(true)
-                .send()
-                .await
-                .map_err(|e| call("GetItem", e))?;
-            tails.insert(
-                group.clone(),
-                out.item().and_then(|i| i.get("tail").cloned()),
-            );
+            let out = self.get_consistent(s(group), &["tail"]).await?;
+            tails.insert(group.clone(), out.and_then(|mut i| i.remove("tail")));
         }
         Ok(tails)
     }

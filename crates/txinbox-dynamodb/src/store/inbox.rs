@@ -15,23 +15,14 @@ use crate::DynamoError;
 impl DynamoStore {
     /// The marker `pk` as its holder, read strongly consistent, if it is there and not expired.
     async fn live_marker(&self, pk: &str) -> Result<Option<ExistingMarker>, DynamoError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&*self.table)
-            .key(l::PK, s(pk))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| call("GetItem", e))?;
-        let Some(item) = out.item() else {
+        let Some(item) = self.get_consistent(s(pk), &[]).await? else {
             return Ok(None);
         };
-        let expires = crate::layout::Reader::new(item).opt_i64(l::EXPIRES_AT)?;
+        let expires = crate::layout::Reader::new(&item).opt_i64(l::EXPIRES_AT)?;
         if expires.is_some_and(|e| e < chrono::Utc::now().timestamp()) {
             return Ok(None);
         }
-        Self::holder(item, true).map(Some)
+        Self::holder(&item, true).map(Some)
     }
 }
 

@@ -7,8 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_dynamodb::Client;
 
+use crate::error::call;
+use crate::layout::{self as l, Item};
 use crate::DynamoError;
 
 mod commit;
@@ -183,5 +186,29 @@ impl DynamoStore {
     /// The client.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The item of key `pk` as it is now (a strongly consistent `GetItem`), `None` when there is none;
+    /// `only` names the attributes to read (every attribute when empty). Expiry is the caller's to judge.
+    pub(crate) async fn get_consistent(
+        &self,
+        pk: AttributeValue,
+        only: &[&str],
+    ) -> Result<Option<Item>, DynamoError> {
+        let mut get = self
+            .client
+            .get_item()
+            .table_name(&*self.table)
+            .key(l::PK, pk)
+            .consistent_read(true);
+        if !only.is_empty() {
+            let names: Vec<String> = (0..only.len()).map(|i| format!("#a{i}")).collect();
+            get = get.projection_expression(names.join(", "));
+            for (name, attribute) in names.into_iter().zip(only) {
+                get = get.expression_attribute_names(name, *attribute);
+            }
+        }
+        let out = get.send().await.map_err(|e| call("GetItem", e))?;
+        Ok(out.item)
     }
 }
