@@ -2,8 +2,8 @@
 
 use crate::E2eBroker;
 
-/// Arguments of `txinbox-bench`.
-#[derive(Debug, clap::Args)]
+/// Arguments of `txinbox-bench`. Its `Debug` masks the URLs' passwords and query values.
+#[derive(clap::Args)]
 pub struct BenchArgs {
     /// PostgreSQL URL (the benchmark works in its own schema, dropped at the end), or `dynamodb://TABLE` for
     /// the DynamoDB store's lines (in tables `TABLE-<random>` and `TABLE-<random>-tasks`, deleted at the end;
@@ -122,4 +122,81 @@ pub struct BenchArgs {
     /// rate while one is unavailable. `--store` is not used.
     #[arg(long, value_delimiter = ',')]
     pub shards: Vec<String>,
+}
+
+// Debug for a log line: the stores' URLs without their passwords or query values.
+impl std::fmt::Debug for BenchArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use txinbox_core::error::redact_url;
+        f.debug_struct("BenchArgs")
+            .field("store", &redact_url(&self.store))
+            .field(
+                "dynamodb_endpoint",
+                &self.dynamodb_endpoint.as_deref().map(redact_url),
+            )
+            .field("dynamodb_single_table", &self.dynamodb_single_table)
+            .field("seconds", &self.seconds)
+            .field("concurrency", &self.concurrency)
+            .field("rounds", &self.rounds)
+            .field("pgbench", &self.pgbench)
+            .field("purge_impact", &self.purge_impact)
+            .field("partitioned", &self.partitioned)
+            .field("cycles", &self.cycles)
+            .field("width_hours", &self.width_hours)
+            .field("controls", &self.controls)
+            .field("batch", &self.batch)
+            .field("e2e_messages", &self.e2e_messages)
+            .field("e2e_round_trip_ms", &self.e2e_round_trip_ms)
+            .field("e2e_in_flight", &self.e2e_in_flight)
+            .field("e2e_receive_max", &self.e2e_receive_max)
+            .field("e2e_receivers", &self.e2e_receivers)
+            .field("e2e_receive_loops", &self.e2e_receive_loops)
+            .field("e2e_prefetch", &self.e2e_prefetch)
+            .field("e2e_rate", &self.e2e_rate)
+            .field("e2e_linger_ms", &self.e2e_linger_ms)
+            .field("e2e_broker", &self.e2e_broker)
+            .field(
+                "sqs_endpoint",
+                &self.sqs_endpoint.as_deref().map(redact_url),
+            )
+            .field("sqs_groups", &self.sqs_groups)
+            .field("sqs_dedup_window_secs", &self.sqs_dedup_window_secs)
+            .field("e2e_only", &self.e2e_only)
+            .field(
+                "shards",
+                &self
+                    .shards
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::BenchArgs,
+    }
+
+    #[test]
+    fn debug_of_the_arguments_masks_the_stores_passwords() {
+        let cli = Cli::try_parse_from([
+            "bench",
+            "--store",
+            "postgres://bench:s3cretpw@db/bench",
+            "--shards",
+            "postgres://a:s3creta@db1/x,postgres://b:s3cretb@db2/x",
+        ])
+        .unwrap();
+        let shown = format!("{:?}", cli.args);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("postgres://bench:***@db/bench"), "{shown}");
+        assert!(shown.contains("postgres://b:***@db2/x"), "{shown}");
+    }
 }
