@@ -119,11 +119,17 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         limit: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
-    /// The effect with this key, as it is now.
+    /// The effect with this key, as it is now; of several (the partitioned layout), the newest by creation, then id.
     fn find_effect(
         pool: &sqlx::Pool<Self>,
         key: &str,
     ) -> impl Future<Output = Result<Option<ClaimedEffect>, sqlx::Error>> + Send;
+
+    /// Every effect with this key, as it is now, oldest first (by creation, then id).
+    fn find_effects(
+        pool: &sqlx::Pool<Self>,
+        key: &str,
+    ) -> impl Future<Output = Result<Vec<ClaimedEffect>, sqlx::Error>> + Send;
 
     /// Marks a done effect compensated.
     fn mark_compensated(

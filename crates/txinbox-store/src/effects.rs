@@ -66,6 +66,13 @@ impl<DB: Backend> EffectStore for Store<DB> {
         DB::find_effect(self.pool(), key).await
     }
 
+    async fn find_effects(&self, key: &str) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        if key.contains('\0') {
+            return Ok(Vec::new());
+        }
+        DB::find_effects(self.pool(), key).await
+    }
+
     async fn mark_compensated(
         &self,
         id: i64,

@@ -467,7 +467,7 @@ impl Backend for Postgres {
     }
 
     async fn find_effect(pool: &PgPool, key: &str) -> Result<Option<ClaimedEffect>, sqlx::Error> {
-        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = $1");
+        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = $1 ORDER BY created_at DESC, id DESC LIMIT 1");
         let Some(r) = sqlx::query(&sql).bind(key).fetch_optional(pool).await? else {
             return Ok(None);
         };
@@ -475,6 +475,19 @@ impl Backend for Postgres {
         let mut e = claimed_from_row(&r, &state, r.try_get(AFTER_CLAIMED + 1)?)?;
         e.reference = r.try_get(AFTER_CLAIMED + 2)?;
         Ok(Some(e))
+    }
+
+    async fn find_effects(pool: &PgPool, key: &str) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = $1 ORDER BY created_at, id");
+        let rows = sqlx::query(&sql).bind(key).fetch_all(pool).await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = r.try_get(AFTER_CLAIMED)?;
+                let mut e = claimed_from_row(r, &state, r.try_get(AFTER_CLAIMED + 1)?)?;
+                e.reference = r.try_get(AFTER_CLAIMED + 2)?;
+                Ok(e)
+            })
+            .collect()
     }
 
     async fn mark_compensated(

@@ -349,7 +349,7 @@ impl Backend for Sqlite {
         pool: &SqlitePool,
         key: &str,
     ) -> Result<Option<ClaimedEffect>, sqlx::Error> {
-        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = ?1");
+        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = ?1 ORDER BY created_at DESC, id DESC LIMIT 1");
         let Some(r) = sqlx::query(&sql).bind(key).fetch_optional(pool).await? else {
             return Ok(None);
         };
@@ -358,6 +358,20 @@ impl Backend for Sqlite {
         let mut e = claimed_from_row(&r, &state, parse_ts(&created)?)?;
         e.reference = r.try_get(AFTER_CLAIMED + 2)?;
         Ok(Some(e))
+    }
+
+    async fn find_effects(pool: &SqlitePool, key: &str) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        let sql = format!("SELECT {CLAIMED_COLUMNS}, state, created_at, result_reference FROM txinbox_effects WHERE idempotency_key = ?1 ORDER BY created_at, id");
+        let rows = sqlx::query(&sql).bind(key).fetch_all(pool).await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = r.try_get(AFTER_CLAIMED)?;
+                let created: String = r.try_get(AFTER_CLAIMED + 1)?;
+                let mut e = claimed_from_row(r, &state, parse_ts(&created)?)?;
+                e.reference = r.try_get(AFTER_CLAIMED + 2)?;
+                Ok(e)
+            })
+            .collect()
     }
 
     async fn mark_compensated(

@@ -1039,3 +1039,73 @@ async fn a_copy_meets_its_own_marker_before_a_frozen_business_key() {
     );
     s.drop().await;
 }
+
+/// A destination that counts the compensations it is asked for, by reference.
+#[derive(Clone, Default)]
+struct Undo(std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>);
+
+impl txinbox_core::effects::EffectExecutor for Undo {
+    fn execute<'a>(
+        &'a self,
+        _: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Execution> {
+        Box::pin(async { unreachable!("no effect is run here") })
+    }
+    fn confirm<'a>(
+        &'a self,
+        _: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Confirmation> {
+        Box::pin(async { unreachable!("no effect is confirmed here") })
+    }
+    fn compensate<'a>(
+        &'a self,
+        e: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, Result<(), txinbox_core::effects::BoxError>> {
+        self.0.lock().unwrap().push(e.reference.clone());
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A re-send in another bucket is another message there (documented) and records its effects again: a second
+/// effect row with the first's idempotency key (the key's unique index holds the creation time). A look-up by
+/// the key returned either row, as the scan met them (the older one); it is now the newest by creation time,
+/// `find_effects` lists both, oldest first, and an operator's compensation undoes the one effect the destination
+/// holds for the key once and marks both rows compensated (it marked one, leaving the other done).
+#[tokio::test]
+async fn two_effects_of_one_key_are_found_newest_first_and_compensated_once() {
+    use txinbox_core::effects::{EffectRunner, EffectState, EffectStore};
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let now = Utc::now();
+    let first = effect_row(&s.store, "k-two", "done", now - Cd::minutes(5), Some(now)).await;
+    let resent = effect_row(&s.store, "k-two", "done", now, Some(now)).await;
+    // The destination deduplicated the re-send's call on the key: both rows hold the first's task.
+    sqlx::query("UPDATE txinbox_effects SET result_reference = 'task-1'")
+        .execute(s.store.pool())
+        .await
+        .unwrap();
+    let found = s.store.find_effect("k-two").await.unwrap().unwrap();
+    assert_eq!(found.id, resent, "the newest of the key's effects");
+    let all: Vec<i64> = s
+        .store
+        .find_effects("k-two")
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(all, [first, resent]);
+    let undo = Undo::default();
+    let runner = EffectRunner::new(s.store.clone()).executor("crm", undo.clone());
+    assert_eq!(
+        runner.compensate("k-two").await.unwrap(),
+        EffectState::Compensated
+    );
+    assert_eq!(*undo.0.lock().unwrap(), [Some("task-1".to_owned())]);
+    let states: Vec<String> = sqlx::query_scalar("SELECT state FROM txinbox_effects ORDER BY id")
+        .fetch_all(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(states, ["compensated", "compensated"]);
+    s.drop().await;
+}

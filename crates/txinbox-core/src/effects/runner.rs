@@ -114,40 +114,69 @@ impl<S: EffectStore> EffectRunner<S> {
     /// An operator's compensation: undoes the done effect with idempotency key `key` through its destination's
     /// executor ([`EffectExecutor::compensate`]) and marks it compensated. Nothing is undone twice: a
     /// compensated effect is no longer done.
+    ///
+    /// A key with several effects (the partitioned PostgreSQL layout: a re-send in another bucket of event time
+    /// records its effects again, see [`EffectStore::find_effects`]) is one effect at the destination, which
+    /// deduplicates on the key: every done one is undone, oldest first, with one call per destination,
+    /// reference and external reference among them (the re-send's call was answered with the first's result,
+    /// so both hold one reference and the destination is asked once), and each is marked compensated. The
+    /// others (pending, failed, ...) are left as they are; when none is done, the newest's state is the answer.
     pub async fn compensate(&self, key: &str) -> Result<EffectState, CompensateError> {
         let store_err = |e: S::Error| CompensateError::Store(Box::new(e));
-        let e = self
-            .store
-            .find_effect(key)
-            .await
-            .map_err(store_err)?
+        let all = self.store.find_effects(key).await.map_err(store_err)?;
+        let newest = all
+            .last()
             .ok_or_else(|| CompensateError::NotFound(key.to_owned()))?;
-        if e.claimed_from != EffectState::Done {
+        let done: Vec<&ClaimedEffect> = all
+            .iter()
+            .filter(|e| e.claimed_from == EffectState::Done)
+            .collect();
+        if done.is_empty() {
             return Err(CompensateError::NotDone {
                 key: key.to_owned(),
-                state: e.claimed_from,
+                state: newest.claimed_from,
             });
         }
-        let exec = self
-            .executors
-            .get(&e.destination)
-            .ok_or_else(|| CompensateError::NoExecutor(e.destination.clone()))?;
-        exec.compensate(&e)
-            .await
-            .map_err(|source| CompensateError::Refused {
-                key: key.to_owned(),
-                source,
-            })?;
-        let note = format!("compensated by holder {}", self.holder);
-        if !self
-            .store
-            .mark_compensated(e.id, &note, Utc::now())
-            .await
-            .map_err(store_err)?
-        {
-            tracing::warn!(key, "effect changed state during its compensation");
+        // Every executor first: nothing is undone when one of them is missing.
+        let mut execs = Vec::with_capacity(done.len());
+        for e in &done {
+            let exec = self
+                .executors
+                .get(&e.destination)
+                .ok_or_else(|| CompensateError::NoExecutor(e.destination.clone()))?;
+            execs.push(exec);
         }
-        tracing::warn!(key, destination = %e.destination, reference = ?e.reference, "effect compensated");
+        let mut undone: Vec<(&str, Option<&str>, &str)> = Vec::new();
+        for (e, exec) in done.iter().zip(execs) {
+            let at_destination = (
+                e.destination.as_str(),
+                e.reference.as_deref(),
+                e.external_ref.as_str(),
+            );
+            if !undone.contains(&at_destination) {
+                exec.compensate(e)
+                    .await
+                    .map_err(|source| CompensateError::Refused {
+                        key: key.to_owned(),
+                        source,
+                    })?;
+                undone.push(at_destination);
+            }
+            let note = format!("compensated by holder {}", self.holder);
+            if !self
+                .store
+                .mark_compensated(e.id, &note, Utc::now())
+                .await
+                .map_err(store_err)?
+            {
+                tracing::warn!(
+                    key,
+                    id = e.id,
+                    "effect changed state during its compensation"
+                );
+            }
+            tracing::warn!(key, id = e.id, destination = %e.destination, reference = ?e.reference, "effect compensated");
+        }
         Ok(EffectState::Compensated)
     }
 

@@ -290,11 +290,24 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Result<Vec<EffectCount>, Self::Error>> + Send;
 
     /// The effect with idempotency key `key` as it is now (`claimed_from` is its current state, `reference`
-    /// the destination's), if any.
+    /// the destination's), if any. Where a key has several effects (see [`find_effects`](Self::find_effects)),
+    /// the newest: the latest created, of those the highest id.
     fn find_effect(
         &self,
         key: &str,
     ) -> impl std::future::Future<Output = Result<Option<ClaimedEffect>, Self::Error>> + Send;
+
+    /// Every effect with idempotency key `key`, oldest first (by creation, then id), as
+    /// [`find_effect`](Self::find_effect) reads each. One, or none, in a store whose key is unique; the
+    /// partitioned PostgreSQL layout may keep more than one: a re-send of a message in another bucket of event
+    /// time is another message there and records its effects again under the same keys. The default reads
+    /// [`find_effect`](Self::find_effect).
+    fn find_effects(
+        &self,
+        key: &str,
+    ) -> impl std::future::Future<Output = Result<Vec<ClaimedEffect>, Self::Error>> + Send {
+        async move { Ok(self.find_effect(key).await?.into_iter().collect()) }
+    }
 
     /// Marks a done effect compensated, keeping `note`; `false` when it is not done (any more).
     fn mark_compensated(
