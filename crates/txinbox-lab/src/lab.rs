@@ -231,8 +231,9 @@ pub async fn run_lab_on(
 /// A store the lab can open: SQLite (`sqlite:` URL, fresh in-memory database by default), PostgreSQL
 /// (`postgres://` URL; each run gets its own schema, dropped afterwards) or DynamoDB (`dynamodb://TABLE`:
 /// each run gets its own table, `TABLE-lab-` and a random suffix, deleted afterwards; the AWS configuration
-/// chain finds the account, `AWS_ENDPOINT_URL_DYNAMODB` an emulator).
-#[derive(Clone, Debug)]
+/// chain finds the account, `AWS_ENDPOINT_URL_DYNAMODB` an emulator). Its `Debug` masks the URLs' passwords and
+/// query values.
+#[derive(Clone)]
 pub enum Target {
     /// A `sqlite:` URL.
     Sqlite(String),
@@ -249,6 +250,25 @@ pub enum Target {
         /// An emulator's endpoint (DynamoDB Local, moto), with its dummy credentials.
         endpoint: Option<String>,
     },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use txinbox_core::error::redact_url;
+        match self {
+            Target::Sqlite(url) => f.debug_tuple("Sqlite").field(&redact_url(url)).finish(),
+            Target::Postgres(url) => f.debug_tuple("Postgres").field(&redact_url(url)).finish(),
+            Target::PostgresPartitioned(url) => f
+                .debug_tuple("PostgresPartitioned")
+                .field(&redact_url(url))
+                .finish(),
+            Target::Dynamodb { table, endpoint } => f
+                .debug_struct("Dynamodb")
+                .field("table", table)
+                .field("endpoint", &endpoint.as_deref().map(redact_url))
+                .finish(),
+        }
+    }
 }
 
 impl Target {
@@ -460,6 +480,22 @@ pub async fn fresh_dynamodb(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn debug_of_a_target_masks_the_urls_password() {
+        for target in [
+            super::Target::parse("postgres://lab:s3cretpw@db/lab").unwrap(),
+            super::Target::parse("postgres://lab:s3cretpw@db/lab")
+                .unwrap()
+                .partitioned()
+                .unwrap(),
+            super::Target::parse("sqlite:lab.db?key=s3cret").unwrap(),
+        ] {
+            let shown = format!("{target:?}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("lab"), "{shown}");
+        }
+    }
+
     #[test]
     fn lab_consumer_name_is_valid() {
         assert!(txinbox_core::ConsumerName::new(super::CONSUMER).is_ok());
