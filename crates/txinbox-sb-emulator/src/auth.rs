@@ -7,13 +7,24 @@ use hmac::{Hmac, Mac};
 use percent_encoding::percent_decode_str;
 use sha2::Sha256;
 
-/// Credentials the emulator accepts. With none configured every request is accepted.
-#[derive(Clone, Debug, Default)]
+/// Credentials the emulator accepts. With none configured every request is accepted. Its `Debug` shows the
+/// key names only.
+#[derive(Clone, Default)]
 pub(crate) struct AuthConfig {
     /// (key name, key) pairs: shared access authorization rules.
     pub sas_keys: Vec<(String, String)>,
     /// Bearer tokens accepted as-is.
     pub bearer_tokens: Vec<String>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.sas_keys.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("AuthConfig")
+            .field("sas_key_names", &names)
+            .field("bearer_tokens", &self.bearer_tokens.len())
+            .finish()
+    }
 }
 
 /// Why a request was refused; every variant answers 401 [doc SEND, PEEK: 401 Authorization failure].
@@ -188,6 +199,17 @@ fn resource_covers(sr: &str, target: &Target<'_>) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn debug_of_the_config_masks_keys_and_tokens() {
+        let config = AuthConfig {
+            sas_keys: vec![("Root".into(), "s3cretkey".into())],
+            bearer_tokens: vec!["s3cretbearer".into()],
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("Root"), "{shown}");
+    }
 
     /// Builds a token the way the crate does: sr form-urlencoded with upper-case hex.
     pub(crate) fn sas_token(resource: &str, key_name: &str, key: &str, expiry: i64) -> String {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use clap::Parser;
 use txinbox_sb_emulator::{Emulator, LocationStyle, QueueProperties};
 
-/// A local emulator of the Azure Service Bus REST data plane.
-#[derive(Debug, Parser)]
+/// A local emulator of the Azure Service Bus REST data plane. Its `Debug` shows neither the key nor the tokens.
+#[derive(Parser)]
 #[command(name = "txinbox-sb-emulator", version, about)]
 struct Cli {
     /// Address to listen on; port 0 picks a free port (see the `listening on` line).
@@ -81,6 +81,28 @@ struct Cli {
         default_value_t = 60.0
     )]
     max_receive_timeout_secs: f64,
+}
+
+impl std::fmt::Debug for Cli {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cli")
+            .field("listen", &self.listen)
+            .field("namespace", &self.namespace)
+            .field("sas_key_name", &self.sas_key_name)
+            .field("sas_key", &self.sas_key.as_ref().map(|_| "***"))
+            .field(
+                "accept_bearer",
+                &format!("{} token(s)", self.accept_bearer.len()),
+            )
+            .field("queues", &self.queues)
+            .field("location", &self.location)
+            .field(
+                "default_receive_timeout_secs",
+                &self.default_receive_timeout_secs,
+            )
+            .field("max_receive_timeout_secs", &self.max_receive_timeout_secs)
+            .finish()
+    }
 }
 
 fn seconds(value: f64, flag: &str) -> Result<Duration, String> {
@@ -157,4 +179,26 @@ async fn run(cli: Cli) -> Result<(), String> {
     tracing::info!("shutting down");
     handle.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    #[test]
+    fn debug_of_the_flags_masks_the_key_and_the_tokens() {
+        let cli = super::Cli::try_parse_from([
+            "txinbox-sb-emulator",
+            "--sas-key-name",
+            "Root",
+            "--sas-key",
+            "s3cretkey",
+            "--accept-bearer",
+            "s3cretbearer",
+        ])
+        .unwrap();
+        let shown = format!("{cli:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("Root"), "{shown}");
+    }
 }
