@@ -86,6 +86,7 @@ on_both_backends!(
     a_payload_collision_is_dead_lettered_and_a_business_duplicate_acknowledged_each_with_evidence,
     the_handlers_failed_condition_cancels_everything_and_is_the_handlers_retryable_error,
     a_transaction_over_the_services_limits_is_refused_whole_before_it_is_sent,
+    a_refused_transaction_of_a_message_applied_before_answers_its_marker,
     a_lost_commit_answer_is_recognised_by_the_token_in_the_marker,
     an_expired_marker_counts_as_absent_before_the_ttl_deletes_it,
     effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order,
@@ -537,6 +538,67 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     let msg = refusal(c6, |d| matches!(d, DynamoError::Refused { .. }));
     assert!(msg.contains("ValidationException"), "{msg}");
     assert_eq!(count_of(&c, &tasks, "both").await, None);
+}
+
+/// A transaction DynamoDB refuses as a whole (a put and an update of one item, which only DynamoDB sees;
+/// more than 100 actions, which the store sees) for a message whose marker is already held answers that
+/// marker, as a commit-time conflict does (`Commit::Conflict` with the holder, its result reference
+/// included), so that the pipeline decides a duplicate or a collision as the SQL stores do; without a marker
+/// it stays the permanent refusal.
+async fn a_refused_transaction_of_a_message_applied_before_answers_its_marker(b: Backend) {
+    let c = b.client();
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let id = txinbox_test_identity("m-1");
+    let tx = store.begin().await.unwrap();
+    store
+        .insert_marker(&tx, &row(&id, chrono::Duration::hours(1)))
+        .await
+        .unwrap();
+    tx.update(add_one(&tasks, "t")).unwrap();
+    store
+        .record_result(&tx, &id, Some("ref-1"), &[])
+        .await
+        .unwrap();
+    assert!(matches!(store.commit(tx).await.unwrap(), Commit::Done));
+    let both = |tx: &DynamoTx| {
+        tx.put(
+            Put::builder()
+                .table_name(&tasks)
+                .item("id", AttributeValue::S("both".into()))
+                .item("n", AttributeValue::N("5".into()))
+                .build()
+                .unwrap(),
+        )
+        .unwrap();
+        tx.update(add_one(&tasks, "both")).unwrap();
+    };
+    let too_many = |tx: &DynamoTx| {
+        for i in 0..100 {
+            tx.update(add_one(&tasks, &format!("t-{i}"))).unwrap();
+        }
+    };
+    for c in [
+        commit_with(&store, &id, both).await,
+        commit_with(&store, &id, too_many).await,
+    ] {
+        match c {
+            Commit::Conflict(Some(h)) => {
+                assert!(h.is_same_message("hash-1"), "{h:?}");
+                assert_eq!(h.result_reference.as_deref(), Some("ref-1"));
+            }
+            other => panic!("expected the marker held, got {other:?}"),
+        }
+    }
+    assert_eq!(count_of(&c, &tasks, "t").await, Some(1));
+    assert_eq!(count_of(&c, &tasks, "both").await, None);
+    assert_eq!(count_of(&c, &tasks, "t-0").await, None);
+    // No marker: the refusal as it was.
+    let fresh = txinbox_test_identity("m-2");
+    refusal(commit_with(&store, &fresh, both).await, |d| {
+        matches!(d, DynamoError::Refused { .. })
+    });
+    limit_error(commit_with(&store, &fresh, too_many).await);
 }
 
 mod lost_answer {

@@ -21,12 +21,16 @@
 //!   `rejections_keep`), and a generated purge must delete nothing on DynamoDB (`purge_batch` no row,
 //!   `purge_done_effects` 0) and is not run on SQLite.
 //! * **Conditions are checked at commit on DynamoDB** (`MarkerInsert::Inserted`: "or will be checked at
-//!   commit"; `Commit::HandlerFailed`): a delivery whose handler fails permanently there (an effect the
-//!   pipeline refuses, or a transaction over the service's limits, `DynamoError::Limit`) is dead-lettered
-//!   with `handler_permanent` even when a marker of the message is already held, where SQLite finds the
-//!   marker before the handler runs. Such a delivery (one that passes the pipeline's checks before the
-//!   store) is expected dead-lettered and is not run on SQLite. A marker inserted through the store's API
-//!   answers at commit on DynamoDB, and that answer is compared with SQLite's insert.
+//!   commit"), so DynamoDB runs the handler of a copy whose marker is held: a delivery whose effects the
+//!   pipeline refuses after the handler ran (a field empty, too long or with a control character; two of
+//!   one name) is dead-lettered with `handler_permanent` there even when a marker of the message is already
+//!   held, where SQLite finds the marker before the handler runs. Such a delivery (one that passes the
+//!   pipeline's checks before the store) is expected dead-lettered and is not run on SQLite. A transaction
+//!   DynamoDB refuses as a whole (over the service's limits, `DynamoError::Limit`) is no difference: a copy
+//!   whose marker or business key is held is decided by it on both (the store reads the holder after the
+//!   refusal), and one without is dead-lettered, which SQLite's handler answers for it (a permanent error
+//!   once its marker is placed). A marker inserted through the store's API answers at commit on DynamoDB,
+//!   and that answer is compared with SQLite's insert.
 //! * **Every operator query names its key on DynamoDB** (`docs/operations.md`): stats and rejections of one
 //!   consumer (the rejections of every consumer are refused with `DynamoError::NeedsKey`), a message's story
 //!   with its source, and with `--effect NAME` only the effects so named (by idempotency key).
@@ -314,16 +318,10 @@ fn fx() -> impl Strategy<Value = Fx> {
 }
 
 /// Around DynamoDB's 100 actions a transaction: `n` effects of distinct names, grouped or not (the group's
-/// tail item is one more action). Never exactly 99 with the group: then a business key alone would decide
-/// whether a delivery fits, and the deliveries of one operation could fall on both sides, where DynamoDB
-/// refuses a copy within its batch before its handler runs (a case the model here does not follow).
+/// tail item is one more action). At exactly 99 with the group a business key alone decides whether a
+/// delivery fits, so the deliveries of one operation may fall on both sides.
 fn many_effects() -> impl Strategy<Value = Vec<Fx>> {
     (95usize..=101, any::<bool>()).prop_map(|(n, grouped)| {
-        let n = if n + usize::from(grouped) == 99 {
-            n + 1
-        } else {
-            n
-        };
         (0..n)
             .map(|i| Fx {
                 name: format!("m{i}"),
@@ -793,24 +791,28 @@ fn handled(result_reference: &Option<String>, effects: &[Fx]) -> Handled {
     handled
 }
 
-/// Whether the handler's answer fails on DynamoDB, where it is decided at commit (see the header): an
-/// effect the pipeline refuses (a field empty, over 512 bytes or with a control character; two of one
-/// name), or a transaction over the service's limits (more than 100 actions: the marker, the business key
-/// item, each effect and each group's tail item; an item over 400 KB: the marker or the business key item
-/// with the result reference, an effect with its payload).
-fn fails_at_commit(id: &Identity, result_reference: &Option<String>, effects: &[Fx]) -> bool {
+/// Whether the pipeline refuses the handler's effects (a field empty, over 512 bytes or with a control
+/// character; two of one name), which it checks after the handler ran: DynamoDB runs the handler of a copy
+/// whose marker is held (the marker is checked at commit), so such a delivery is dead-lettered there whatever
+/// the markers hold (see the header).
+fn refused_by_pipeline(effects: &[Fx]) -> bool {
     let bad = |v: &str| v.is_empty() || v.len() > 512 || v.chars().any(char::is_control);
     let mut names = HashSet::new();
-    for f in effects {
-        if bad(&f.name)
+    effects.iter().any(|f| {
+        bad(&f.name)
             || bad(&f.destination)
             || f.external_ref.as_deref().is_some_and(bad)
             || f.group.as_deref().is_some_and(bad)
             || !names.insert(&f.name)
-        {
-            return true;
-        }
-    }
+    })
+}
+
+/// Whether DynamoDB refuses the delivery's transaction as a whole, before it is sent: over the service's
+/// limits (more than 100 actions: the marker, the business key item, each effect and each group's tail
+/// item; an item over 400 KB: the marker or the business key item with the result reference, an effect with
+/// its payload). Such a delivery is decided by the marker it meets, as on SQLite; without one it is
+/// dead-lettered (`handler_permanent`), which SQLite's handler answers for it.
+fn over_limits(id: &Identity, result_reference: &Option<String>, effects: &[Fx]) -> bool {
     let groups: HashSet<&String> = effects.iter().filter_map(|f| f.group.as_ref()).collect();
     let actions = 1 + usize::from(id.business_key.is_some()) + effects.len() + groups.len();
     actions > txinbox_dynamodb::MAX_ACTIONS
@@ -913,16 +915,17 @@ async fn deliver_lite(
 ) -> Vec<String> {
     let first = &msgs[0];
     let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
-    // The deliveries DynamoDB dead-letters at commit whatever the markers hold are expected so, and not run.
+    // The deliveries DynamoDB dead-letters whatever the markers hold (effects the pipeline refuses after
+    // the handler ran) are expected so, and not run.
     let mut expected: Vec<Option<String>> = Vec::new();
     let mut run = Vec::new();
     for m in msgs {
         let fails = match policy.resolve(&received(m)) {
-            Ok(id) => {
+            Ok(_) => {
                 !refused_before_store(&Msg {
                     keep: first.keep,
                     ..m.clone()
-                }) && fails_at_commit(&id, result_reference, effects)
+                }) && refused_by_pipeline(effects)
             }
             Err(_) => false,
         };
@@ -936,9 +939,19 @@ async fn deliver_lite(
     let inbox =
         Inbox::new(lite.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
     let h = handled(result_reference, effects);
-    let handler = move |_tx: txinbox_store::Tx<sqlx::Sqlite>, _m: Message<serde_json::Value>| {
+    let (reference, fx) = (result_reference.clone(), effects.to_vec());
+    // A transaction DynamoDB refuses as a whole: the handler fails for good, once the marker is placed.
+    let handler = move |_tx: txinbox_store::Tx<sqlx::Sqlite>, m: Message<serde_json::Value>| {
         let h = h.clone();
-        async move { Ok::<_, HandlerError>(h) }
+        let refused = over_limits(&m.identity, &reference, &fx);
+        async move {
+            if refused {
+                return Err(HandlerError::permanent(std::io::Error::other(
+                    "over DynamoDB's limits",
+                )));
+            }
+            Ok::<_, HandlerError>(h)
+        }
     };
     let outcomes = if batch {
         if run.is_empty() {
@@ -2211,4 +2224,101 @@ async fn a_copy_within_its_batch_whose_business_key_is_taken_is_a_duplicate_on_s
 #[tokio::test]
 async fn a_copy_within_its_batch_whose_business_key_is_taken_is_a_duplicate_on_dynamodb() {
     a_copy_within_its_batch_whose_key_is_taken!(dynamo_store().await, DynamoTx);
+}
+
+/// A copy of a message applied before, whose handler's transaction DynamoDB would refuse as a whole (more
+/// than 100 actions; a result reference that makes the marker an item over 400 KB), is decided by the
+/// marker it meets, as on SQLite, which finds the marker before the handler runs: a duplicate with the
+/// holder's reference, a payload collision, a business duplicate; alone and in a batch. DynamoDB, which
+/// decides duplicates at commit, dead-lettered each (`handler_permanent`), the message processed all the
+/// same. A message that has no marker yet still fails there (`fresh`: what each store answers).
+macro_rules! a_refused_copy_of_an_applied_message {
+    ($store:expr, $tx:ty, $fresh:expr) => {{
+        let store = $store;
+        let inbox = Inbox::new(
+            store.clone(),
+            IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+        );
+        // 0: a plain answer; 1: 100 effects (101 actions with the marker); 2: a 410 KB result reference.
+        let mode = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = mode.clone();
+        let handler = move |_tx: $tx, msg: Message<serde_json::Value>| {
+            let mode = m.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                Ok::<_, HandlerError>(match mode {
+                    0 => Handled::reference(format!("ref-{}", msg.identity.message_id)),
+                    1 => (0..100).fold(Handled::reference("too-many"), |h, i| {
+                        h.effect(Effect::new(format!("e{i}"), "d1", vec![]))
+                    }),
+                    _ => Handled::reference("r".repeat(410 * 1024)),
+                })
+            }
+        };
+        let set = |v: usize| mode.store(v, std::sync::atomic::Ordering::SeqCst);
+        let mut other = copy("a", None);
+        other.0.body = br#"{"other":1}"#.to_vec();
+        let mut outcomes = Vec::new();
+        for (m, delivery) in [
+            (0, copy("a", None)),
+            (0, copy("b", Some("k"))),
+            (1, copy("a", None)),
+            (1, other),
+            (1, copy("c", Some("k"))),
+            (2, copy("a", None)),
+            (2, copy("c", Some("k"))),
+        ] {
+            set(m);
+            let outcome = delivered(inbox.process(delivery, &handler).await);
+            // A collision's hashes are the copies' own (the same on both stores).
+            outcomes.push(match outcome.split_once(" {") {
+                Some(("PayloadCollision", _)) => "PayloadCollision".to_owned(),
+                _ => outcome,
+            });
+        }
+        set(1);
+        let batch = inbox
+            .clone()
+            .bind_handler(handler.clone())
+            .process_batch(
+                vec![copy("a", None), copy("c", Some("k"))],
+                &CancellationToken::new(),
+            )
+            .await;
+        outcomes.extend(batch.into_iter().map(delivered));
+        assert_eq!(
+            outcomes,
+            [
+                "Applied { result_reference: Some(\"ref-a\") }",
+                "Applied { result_reference: Some(\"ref-b\") }",
+                "Duplicate { result_reference: Some(\"ref-a\") }",
+                "PayloadCollision",
+                "BusinessDuplicate { holder_message_id: \"b\", result_reference: Some(\"ref-b\") }",
+                "Duplicate { result_reference: Some(\"ref-a\") }",
+                "BusinessDuplicate { holder_message_id: \"b\", result_reference: Some(\"ref-b\") }",
+                "Duplicate { result_reference: Some(\"ref-a\") }",
+                "BusinessDuplicate { holder_message_id: \"b\", result_reference: Some(\"ref-b\") }",
+            ]
+        );
+        let fresh = delivered(inbox.process(copy("d", None), &handler).await);
+        assert_eq!(fresh, $fresh);
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_refused_copy_of_an_applied_message_is_decided_by_its_marker_on_sqlite() {
+    a_refused_copy_of_an_applied_message!(
+        lite_store().await,
+        txinbox_store::Tx<sqlx::Sqlite>,
+        "Applied { result_reference: Some(\"too-many\") }"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_copy_of_an_applied_message_is_decided_by_its_marker_on_dynamodb() {
+    a_refused_copy_of_an_applied_message!(
+        dynamo_store().await,
+        DynamoTx,
+        "dead-lettered: handler_permanent"
+    );
 }

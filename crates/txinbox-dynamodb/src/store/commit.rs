@@ -7,13 +7,13 @@ use aws_sdk_dynamodb::types::{
 };
 use chrono::Utc;
 use txinbox_core::store::Commit;
-use txinbox_core::HandlerError;
+use txinbox_core::{HandlerError, Retry};
 
 use super::limits::{action_table, check_item_sizes, check_limits, check_total_size};
 use super::DynamoStore;
 use crate::error::call;
 use crate::layout::{self as l, n, s, Item, Reader};
-use crate::tx::DynamoTx;
+use crate::tx::{DynamoTx, Pending};
 use crate::DynamoError;
 
 impl DynamoStore {
@@ -62,7 +62,7 @@ impl DynamoStore {
     }
 
     pub(super) async fn commit_inner(&self, tx: DynamoTx) -> Result<Commit, DynamoError> {
-        let (mut pending, actions) = {
+        let (pending, actions) = {
             let mut st = tx.lock();
             if st.closed {
                 return Err(DynamoError::Closed);
@@ -73,6 +73,37 @@ impl DynamoStore {
                 std::mem::take(&mut st.actions),
             )
         };
+        let sole = match pending.as_slice() {
+            [p] => Some(p.marker.clone()),
+            _ => None,
+        };
+        let answer = self.send_all(pending, actions).await?;
+        // A transaction refused for good (over the service's limits, or invalid) says nothing of the marker:
+        // DynamoDB decides duplicates at commit, in the same call. A copy of a message applied before is
+        // decided by the marker it meets, as a commit-time conflict would be and as a store that checks the
+        // marker first decides it: the marker (or the business key item) is read once, on this path only. A
+        // batch's refusal needs no read: the pipeline then sends each delivery alone.
+        match (answer, sole) {
+            (Commit::HandlerFailed(e), Some(marker)) if e.retry_kind() == Retry::No => {
+                Ok(match self.live_holder(&marker).await? {
+                    Some(holder) => {
+                        tracing::debug!(error = %e, "commit: refused for good, but the message's marker or business key is held: decided by its holder");
+                        Commit::Conflict(Some(holder))
+                    }
+                    None => Commit::HandlerFailed(e),
+                })
+            }
+            (answer, _) => Ok(answer),
+        }
+    }
+
+    /// The commit of `pending` and the handler's `actions`, as [`Self::commit_inner`] answers it before a
+    /// permanent refusal is looked at.
+    async fn send_all(
+        &self,
+        mut pending: Vec<Pending>,
+        actions: Vec<TransactWriteItem>,
+    ) -> Result<Commit, DynamoError> {
         if pending.is_empty() {
             // Nothing of the inbox's to write: the handler's actions alone (the pipeline never does this).
             if actions.is_empty() {

@@ -24,6 +24,35 @@ impl DynamoStore {
         }
         Self::holder(&item, true).map(Some)
     }
+
+    /// What holds `m`'s message as a store that checks the marker first would find it: its own marker,
+    /// else the item of its business key (another message's), each read strongly consistent and absent once
+    /// past its `expires_at`; `None` when neither is held.
+    pub(super) async fn live_holder(
+        &self,
+        m: &PendingMarker,
+    ) -> Result<Option<ExistingMarker>, DynamoError> {
+        let id = &m.identity;
+        let consumer = id.consumer.as_str();
+        if let Some(own) = self
+            .live_marker(&l::marker_pk(consumer, &id.source, &id.message_id))
+            .await?
+        {
+            return Ok(Some(own));
+        }
+        let Some(key) = &id.business_key else {
+            return Ok(None);
+        };
+        let pk = l::business_pk(consumer, id.tenant_id.as_deref(), key);
+        let Some(item) = self.get_consistent(s(pk), &[]).await? else {
+            return Ok(None);
+        };
+        let expires = crate::layout::Reader::new(&item).opt_i64(l::EXPIRES_AT)?;
+        if expires.is_some_and(|e| e < chrono::Utc::now().timestamp()) {
+            return Ok(None);
+        }
+        Self::holder(&item, false).map(Some)
+    }
 }
 
 impl InboxStore for DynamoStore {
