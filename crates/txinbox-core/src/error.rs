@@ -308,7 +308,10 @@ mod tests {
 
 /// `url` for a log line, an error or a `Debug`: the password of its user info and every query value masked as
 /// `***` (an API key or a SAS signature may be one), `{placeholders}` of a URL template kept, the rest as
-/// written. `sqlite:FILE` and other forms without an authority are kept whole, but their query values.
+/// written. `sqlite:FILE` and other forms without an authority are kept whole, but their query values. A
+/// password written with a `/`, `?` or `#` unencoded is masked up to its `@`, even one of digits that reads like
+/// a port, and so is a port followed by an `@` further on (`http://h:***@b` for `http://h:8080/a@b`): see
+/// `password_at`.
 ///
 /// ```
 /// use txinbox_core::error::redact_url;
@@ -358,7 +361,8 @@ pub fn redact_url(url: &str) -> String {
 /// `text` with the secrets an error may quote masked as `***`: the password of a URL
 /// (`postgres://user:PASSWORD@host`), a Service Bus `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`.
 /// An error can quote them from where they were read: a settings file's line in a TOML parse error, a
-/// connection string, a driver's message. The rest of the text is kept as it is.
+/// connection string, a driver's message. The rest of the text is kept as it is. A URL's password is found as
+/// [`redact_url`] finds it.
 pub fn redact_secrets(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -387,11 +391,18 @@ pub fn redact_secrets(text: &str) -> String {
     out
 }
 
-/// Where the password of a URL is, given what follows its `://`: (the colon before it, the `@` after it). As a
-/// URL parser reads it, the user info ends at the last `@` of the authority, which ends at the first `/`, `?` or
-/// `#`; when there is none there but the authority is `user:` then an `@` further on, the password was written
-/// with one of those unencoded (no parser reads such a URL, but a log line or an error quotes it as written),
-/// and it runs to that first `@`, unless what follows the colon is a port (`host:8080/a@b`).
+/// Where the password of a URL is, given what follows its `://`: (the colon before it, the `@` after it).
+///
+/// As a URL parser reads it, the user info ends at the last `@` of the authority, which ends at the first `/`,
+/// `?` or `#`. When there is no `@` there but the authority holds a colon and an `@` comes further on, the
+/// password was written with a `/`, `?` or `#` unencoded (no parser reads such a URL, but a log line or an error
+/// quotes it as written), and it runs from that colon to that first `@`: `postgres://crm:123/x@db/app` is
+/// shown `postgres://crm:***@db/app`. A password of digits reads like a port there, and a port followed by an
+/// `@` in the path or query (`http://h:8080/a@b`, `https://h:443/users/@me`) cannot be told from it, so the
+/// rule never looks at what follows the colon: such a port is masked with the rest (`http://h:***@b`), the
+/// price of never showing a password. URLs with no `@` after a port (`https://h:8443/v1/tasks`), with their
+/// user info in the authority (`postgres://u:p@h:5432/db`), or with no port (`https://h/users/@me`) are read
+/// as a parser reads them.
 fn password_at(rest: &str) -> Option<(usize, usize)> {
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
@@ -400,10 +411,6 @@ fn password_at(rest: &str) -> Option<(usize, usize)> {
     }
     let colon = authority.find(':')?;
     let at = colon + rest[colon..].find('@')?;
-    let port = &rest[colon + 1..authority_end];
-    if !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
     Some((colon, at))
 }
 
@@ -471,8 +478,9 @@ mod redact_tests {
             }
         }
         for plain in [
-            "http://h:8080/a@b",
             "https://crm.example/v1/users/@me?x={key}",
+            "https://h:8443/v1/tasks",
+            "https://h/users/@me",
             "postgres://crm@db/crm",
             "http://127.0.0.1:9/tasks",
             "no url here: é ü",
@@ -481,6 +489,40 @@ mod redact_tests {
             "",
         ] {
             assert_eq!(redact(plain), plain);
+        }
+    }
+
+    /// A password of digits written with a `/`, `?` or `#` unencoded reads like a port (`crm:123/x@db`): it is
+    /// masked all the same, and so is a real port followed by an `@` further on (`h:8080/a@b`), which cannot be
+    /// told from it. URLs whose user info is where a parser reads it, and those with no `@` after a port, are
+    /// kept as they are.
+    #[test]
+    fn a_password_of_digits_is_masked_even_where_it_reads_as_a_port() {
+        for (url, masked) in [
+            ("postgres://crm:123/x@db/app", "postgres://crm:***@db/app"),
+            ("postgres://crm:1/@db/app", "postgres://crm:***@db/app"),
+            ("postgres://crm:65535?x@db/app", "postgres://crm:***@db/app"),
+            ("postgres://crm:12#x@db/app", "postgres://crm:***@db/app"),
+            ("postgres://crm:99999/@db", "postgres://crm:***@db"),
+            // The price of never showing such a password: a port before an `@` of the path is masked too.
+            ("http://h:8080/a@b", "http://h:***@b"),
+            ("https://h:443/users/@me", "https://h:***@me"),
+        ] {
+            assert_eq!(
+                redact(&format!("url = \"{url}\" x")),
+                format!("url = \"{masked}\" x")
+            );
+            assert_eq!(super::redact_url(url), masked);
+        }
+        for (url, shown) in [
+            ("https://h:8443/v1/tasks", "https://h:8443/v1/tasks"),
+            ("postgres://u:p@h:5432/db", "postgres://u:***@h:5432/db"),
+            ("postgres://crm@db:5432/crm", "postgres://crm@db:5432/crm"),
+            ("https://h/users/@me", "https://h/users/@me"),
+            ("http://127.0.0.1:9/tasks", "http://127.0.0.1:9/tasks"),
+        ] {
+            assert_eq!(redact(url), shown);
+            assert_eq!(super::redact_url(url), shown);
         }
     }
 }
