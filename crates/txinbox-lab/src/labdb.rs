@@ -52,6 +52,13 @@ pub trait LabStore: InboxStore + EffectStore + MaintenanceStore {
     fn drops_partitions(&self) -> bool {
         false
     }
+    /// How many sessions that hold the inbox's marker table wait on a lock: a copy whose marker insert waits
+    /// on another copy's uncommitted marker (PostgreSQL, `pg_locks`). `None` where the store cannot tell:
+    /// SQLite waits inside its busy handler (or for the pool's connection), and a store that decides at
+    /// commit (DynamoDB) takes no lock.
+    fn sessions_waiting_on_markers(&self) -> BoxFuture<'_, Result<Option<i64>, LabError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
 impl<DB: LabDb> LabStore for Store<DB> {
@@ -78,6 +85,9 @@ impl<DB: LabDb> LabStore for Store<DB> {
     }
     fn count_markers<'a>(&'a self, consumer: &'a str) -> BoxFuture<'a, Result<i64, LabError>> {
         Box::pin(async move { Ok(self.inbox_rows(consumer).await?) })
+    }
+    fn sessions_waiting_on_markers(&self) -> BoxFuture<'_, Result<Option<i64>, LabError>> {
+        Box::pin(async move { Ok(DB::sessions_waiting_on_markers(self).await?) })
     }
 }
 
@@ -220,6 +230,10 @@ pub trait LabDb: Backend {
         store: &'a Store<Self>,
         kind: &'a str,
     ) -> BoxFuture<'a, Result<i64, sqlx::Error>>;
+    /// See [`LabStore::sessions_waiting_on_markers`].
+    fn sessions_waiting_on_markers(
+        store: &Store<Self>,
+    ) -> BoxFuture<'_, Result<Option<i64>, sqlx::Error>>;
 }
 
 impl<DB> LabDb for DB
@@ -292,6 +306,23 @@ where
                 .bind(kind)
                 .fetch_one(store.pool())
                 .await
+        })
+    }
+
+    fn sessions_waiting_on_markers(
+        store: &Store<Self>,
+    ) -> BoxFuture<'_, Result<Option<i64>, sqlx::Error>> {
+        Box::pin(async move {
+            if <Self as Backend>::NAME != "postgres" {
+                return Ok(None);
+            }
+            // A session holding a lock on this schema's marker table (the insert's, on the partitioned table
+            // too) with a lock not granted: a marker insert waiting on another transaction's row. The table is
+            // named through the store's search_path, so the sessions of other schemas do not count.
+            sqlx::query_scalar("SELECT count(DISTINCT w.pid) FROM pg_locks w WHERE NOT w.granted AND w.pid IN (SELECT h.pid FROM pg_locks h WHERE h.granted AND h.relation = to_regclass('txinbox_inbox'))")
+                .fetch_one(store.pool())
+                .await
+                .map(Some)
         })
     }
 }

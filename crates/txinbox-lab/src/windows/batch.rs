@@ -12,7 +12,9 @@ use txinbox_core::{
     WorkerOptions,
 };
 
-use super::{one, queue, rows, Checks, Expected, Gated, Window, PAST_VISIBILITY};
+use super::{
+    one, queue, rows, second_copy_waits, Checks, Expected, Gated, Window, PAST_VISIBILITY,
+};
 use crate::faults::{FaultPoint, Faults, FaultyStore};
 use crate::lab::{lab_message, lab_processor, task_handler, LabError, LabEvent};
 use crate::labdb::LabStore;
@@ -183,8 +185,15 @@ pub(crate) async fn run<S: LabStore>(
             gated.wait_entered(1).await;
             let tb =
                 tokio::spawn(async move { pb.process_batch(b, &CancellationToken::new()).await });
-            // Give the second batch time to reach its marker inserts (and block on the first's keys).
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // The second batch reaches its first marker insert, the shared message's, and blocks on the first
+            // batch's key (PostgreSQL), or runs its handler up to the gate (a store that decides at commit).
+            if let Some(there) = second_copy_waits(&store, &gated).await? {
+                c.eq(
+                    "second batch waits on the first before it commits",
+                    there,
+                    true,
+                );
+            }
             gated.open(4 * n);
             let oa = ta.await.map_err(|e| LabError::Usage(e.to_string()))?;
             let ob = tb.await.map_err(|e| LabError::Usage(e.to_string()))?;

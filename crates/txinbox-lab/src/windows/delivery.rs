@@ -9,7 +9,9 @@ use txinbox_core::broker::mem::MemoryQueue;
 use txinbox_core::broker::mem::QueueState;
 use txinbox_core::{metrics as m, Delivery, OutcomeKind, RetentionPolicy, Worker, WorkerOptions};
 
-use super::{one, queue, rows, Checks, Expected, Gated, Window, PAST_VISIBILITY};
+use super::{
+    one, queue, rows, second_copy_waits, Checks, Expected, Gated, Window, PAST_VISIBILITY,
+};
 use crate::faults::{crash_at, FaultPoint, Faults, FaultyStore};
 use crate::lab::{
     followup_business_key, lab_inbox, lab_message, lab_processor, task_handler, LabError, CONSUMER,
@@ -94,6 +96,13 @@ pub(crate) async fn run<S: LabStore>(
             let tb = tokio::spawn(async move { pb.process_one(b).await });
             // The first worker finishes first. On a SQL store the second waits on the first's marker row
             // meanwhile; on a store that decides at commit it runs its handler and waits at the gate.
+            if let Some(there) = second_copy_waits(&store, &gated).await? {
+                c.eq(
+                    "second worker waits on the first before it commits",
+                    there,
+                    true,
+                );
+            }
             gated.open(1);
             let oa = ta.await.map_err(|e| LabError::Usage(e.to_string()))?;
             gated.open(1);
@@ -133,9 +142,15 @@ pub(crate) async fn run<S: LabStore>(
             gated.wait_entered(1).await;
             let pb = lab_processor(store.clone(), gated.clone());
             let tb = tokio::spawn(async move { pb.process_one(b).await });
-            // Give the second copy time to reach the marker insert and block on the first's key (SQL), or
-            // to run its handler up to the gate (a store that decides at commit).
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            // The second copy reaches the marker insert and blocks on the first's key (PostgreSQL), or runs
+            // its handler up to the gate (a store that decides at commit), before the first goes on.
+            if let Some(there) = second_copy_waits(&store, &gated).await? {
+                c.eq(
+                    "second copy waits on the first before it commits",
+                    there,
+                    true,
+                );
+            }
             gated.open(1);
             let oa = ta.await.map_err(|e| LabError::Usage(e.to_string()))?;
             gated.open(1);

@@ -351,6 +351,38 @@ impl<S: LabStore> Handler<S, LabEvent> for Gated {
     }
 }
 
+/// How long a window waits to see a second copy reach the place it means it to be when the first commits.
+const SECOND_COPY_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits, the first copy (or batch) held at the gate of `gated`, until the second is where the window means it
+/// to be when the first commits, so that it finds neither the first's marker committed nor its own way free:
+/// on PostgreSQL its marker insert waits on the first's uncommitted marker (`pg_locks`); on a store that
+/// decides at commit (DynamoDB) it has entered its handler and waits at the gate. Returns whether it got there
+/// within 10 s, or `None` where the store cannot tell (SQLite, whose wait is inside its busy handler): there
+/// the second is given 50 ms to get there, and may find the first's marker committed instead (the counts are
+/// the same either way).
+pub(crate) async fn second_copy_waits<S: LabStore>(
+    store: &S,
+    gated: &Gated,
+) -> Result<Option<bool>, LabError> {
+    if store.decides_at_commit() {
+        let entered = tokio::time::timeout(SECOND_COPY_WAIT, gated.wait_entered(1)).await;
+        return Ok(Some(entered.is_ok()));
+    }
+    let start = tokio::time::Instant::now();
+    loop {
+        match store.sessions_waiting_on_markers().await? {
+            None => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Ok(None);
+            }
+            Some(n) if n > 0 => return Ok(Some(true)),
+            Some(_) if start.elapsed() >= SECOND_COPY_WAIT => return Ok(Some(false)),
+            Some(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
 /// The lab consumer's inbox rows.
 pub(crate) async fn rows<S: LabStore>(store: &S) -> Result<i64, LabError> {
     store.count_markers(CONSUMER).await
