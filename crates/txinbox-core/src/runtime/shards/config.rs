@@ -118,6 +118,23 @@ pub enum ShardConfigError {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// Two shards claim one tenant written in two forms: equal in Unicode NFC (precomposed `é` and `e` with a
+    /// combining accent), or equal but for case (`Acme`, `ACME`; `ß`, `SS`). Tenants are matched exactly, so a
+    /// producer writing the other form would land on the other shard, its data and markers apart from the
+    /// tenant's. List every form on one shard.
+    #[error("tenant {first_key:?} of shard {first:?} and tenant {second_key:?} of shard {second:?} are {how}: a producer writing one would land on the other's shard; list both forms on one shard")]
+    ClaimedTwiceInAnotherForm {
+        /// The claim of the first shard, as written.
+        first_key: String,
+        /// The first shard.
+        first: String,
+        /// The claim of the second shard, as written.
+        second_key: String,
+        /// The second shard.
+        second: String,
+        /// `the same in Unicode NFC` or `equal but for case`.
+        how: &'static str,
+    },
     /// A shard claims nothing and does not take the rest: it would never receive a delivery.
     #[error("shard {0:?} claims no tenant and does not take the rest")]
     ClaimsNothing(String),
@@ -231,6 +248,10 @@ pub(super) fn check_claims<'a, K: AsRef<str> + 'a>(
 ) -> Result<Claims, ShardConfigError> {
     let mut names: Vec<&str> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
+    // Each claim's NFC form and its case-folded one, with the first shard (and claim) that has it: two shards
+    // whose claims meet there hold one tenant in two forms.
+    let mut nfc_forms: HashMap<String, (usize, String)> = HashMap::new();
+    let mut folded_forms: HashMap<String, (usize, String)> = HashMap::new();
     let mut rest: Option<usize> = None;
     for (i, (name, claims, takes_rest)) in shards.into_iter().enumerate() {
         if !valid_name(name) {
@@ -264,6 +285,26 @@ pub(super) fn check_claims<'a, K: AsRef<str> + 'a>(
                     second: name.to_owned(),
                 });
             }
+            for (forms, form, how) in [
+                (&mut nfc_forms, nfc(key), "the same in Unicode NFC"),
+                (&mut folded_forms, case_folded(key), "equal but for case"),
+            ] {
+                match forms.get(&form) {
+                    Some(&(first, ref first_key)) if first != i => {
+                        return Err(ShardConfigError::ClaimedTwiceInAnotherForm {
+                            first_key: first_key.clone(),
+                            first: names[first].to_owned(),
+                            second_key: key.to_owned(),
+                            second: name.to_owned(),
+                            how,
+                        });
+                    }
+                    Some(_) => {}
+                    None => {
+                        forms.insert(form, (i, key.to_owned()));
+                    }
+                }
+            }
             by_key.insert(key.to_owned(), i);
         }
         if takes_rest {
@@ -281,6 +322,18 @@ pub(super) fn check_claims<'a, K: AsRef<str> + 'a>(
         return Err(ShardConfigError::NoShards);
     }
     Ok(Claims { by_key, rest })
+}
+
+/// `key` in Unicode NFC.
+fn nfc(key: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    key.nfc().collect()
+}
+
+/// `key` case-folded, near enough for tenants: NFC, then upper case, then lower case (so `ß` meets `SS`, and
+/// `ſ`, `s` and `S` meet), where lower case alone would keep `ß` apart.
+fn case_folded(key: &str) -> String {
+    nfc(&nfc(key).to_uppercase().to_lowercase())
 }
 
 /// Why a claimed key can never take a message's key as it is written, if so.

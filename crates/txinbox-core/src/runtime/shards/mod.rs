@@ -13,9 +13,10 @@
 //! Each [`Shard`] is a name, a [`Processor`](crate::runtime::worker::Processor) (an
 //! [`InboxProcessor`](crate::InboxProcessor) on that shard's store:
 //! [`InboxProcessor::on_store`](crate::InboxProcessor::on_store) binds the same handler to another store), the
-//! tenants it claims, and a [`HealthCheck`] (the stores implement it). A tenant claimed twice, or two
-//! shards taking the rest, is refused when the [`Shards`] are built, with one line; a message whose tenant no
-//! shard claims can only be known from the message, so it is dead-lettered with a reason that names the tenant.
+//! tenants it claims, and a [`HealthCheck`] (the stores implement it). A tenant claimed twice (or by two
+//! shards in two forms equal in Unicode NFC or but for case), or two shards taking the rest, is refused when
+//! the [`Shards`] are built, with one line; a message whose tenant no shard claims can only be known from the
+//! message, so it is dead-lettered with a reason that names the tenant.
 //!
 //! **The size limit comes before the router.** When every shard's processor has a body limit
 //! ([`Processor::max_payload_bytes`](crate::runtime::worker::Processor::max_payload_bytes): an inbox's

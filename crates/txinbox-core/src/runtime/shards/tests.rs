@@ -418,6 +418,67 @@ fn a_claim_no_tenant_can_match_is_refused_with_one_line() {
     assert!(e.contains(r#"shard "eu-1" claims tenant "acme ""#), "{e}");
 }
 
+/// Two shards claiming one tenant written in two Unicode forms (NFC and NFD), or in two cases, are refused with
+/// one line naming both shards: a producer writing the other form would land on the other shard. One shard may
+/// list both forms (they go to the same place); tenants that only look alike stay apart.
+#[test]
+fn claims_equal_after_nfc_or_case_folding_on_two_shards_are_refused() {
+    let nfc = "Soci\u{e9}t\u{e9}"; // Société, precomposed
+    let nfd = "Socie\u{301}te\u{301}"; // Société, e + combining acute
+    assert_ne!(nfc, nfd);
+    for (first, second, says) in [
+        (nfc, nfd, "Unicode"),
+        ("Acme", "acme", "case"),
+        ("STRASSE", "stra\u{df}e", "case"),
+        ("SOCI\u{c9}T\u{c9}", nfd, "case"),
+    ] {
+        let e = Shards::new(
+            ShardRouter::tenant(),
+            [
+                Shard::new("eu-1", ()).claims(["globex", first]),
+                Shard::new("eu-2", ()).claims([second]),
+            ],
+        )
+        .unwrap_err();
+        let line = e.to_string();
+        assert!(
+            line.contains("\"eu-1\"") && line.contains("\"eu-2\"") && line.contains(says),
+            "{first:?} {second:?}: {line}"
+        );
+        assert!(!line.contains('\n'), "{line}");
+        // The settings file (and check-infra) refuse it too.
+        let toml = format!(
+            "[store.shards.eu-1]\nurl = \"postgres://crm@db1/crm\"\ntenants = [\"{first}\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@db2/crm\"\ntenants = [\"{second}\"]\n"
+        );
+        let e = crate::settings::WorkerSettings::from_toml_str(&toml)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("eu-1") && e.contains("eu-2"), "{e}");
+    }
+    // Both forms on one shard: every copy lands there, whichever form the producer writes.
+    let one = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", ()).claims([nfc, nfd, "Acme", "acme"]),
+            Shard::new("eu-2", ()).claims(["globex"]),
+        ],
+    )
+    .unwrap();
+    assert_eq!(one.shard_of(&msg("{}", Some(nfd))), Ok("eu-1"));
+    assert_eq!(one.shard_of(&msg("{}", Some("Acme"))), Ok("eu-1"));
+    // Still matched exactly: a form no shard lists is claimed by none.
+    assert!(one.shard_of(&msg("{}", Some("ACME"))).is_err());
+    // Tenants that only look alike (Latin and Cyrillic a) are different tenants.
+    Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", ()).claims(["acme"]),
+            Shard::new("eu-2", ()).claims(["\u{430}cme"]),
+        ],
+    )
+    .unwrap();
+}
+
 /// Two probes of one shard that overlap (the periodic one and the one after a retry): the answer of the probe
 /// that began last is the shard's state, whichever answers last. A probe begun while the shard was down and
 /// timing out after a newer probe found it back does not mark it down again (its deliveries would be released,
