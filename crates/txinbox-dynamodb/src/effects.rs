@@ -51,6 +51,19 @@ fn claimed(item: &Item, from: EffectState) -> Result<ClaimedEffect, DynamoError>
     })
 }
 
+/// One `due` partition as a claim reads it, a page at a time.
+struct Cursor {
+    partition: String,
+    /// Where its next page starts (DynamoDB's `LastEvaluatedKey`).
+    start: Option<Item>,
+    /// The greatest sort key read from it so far (empty before its first entry).
+    last: String,
+    /// Whether it has entries beyond `last`.
+    more: bool,
+    /// Whether the next round reads its next page.
+    read: bool,
+}
+
 impl DynamoStore {
     fn effect_key(id: i64) -> (String, AttributeValue) {
         (l::PK.to_owned(), s(l::effect_pk(id)))
@@ -68,33 +81,43 @@ impl DynamoStore {
     ) -> Result<(), DynamoError> {
         let now_s = l::ts(now);
         let bound = format!("{now_s}#~");
-        // Each partition's cursor, every destination's partitions together (each once): a round reads one
-        // page of every partition that has more, then tries the keys it found in the order they fell due,
-        // whatever their destination.
+        // The destinations' partitions (each once), merged in the order their effects fell due, whatever
+        // their destination: each partition is read a page at a time, and an entry is tried only once every
+        // partition that has more has been read past it, so that a page of one partition filled with effects
+        // held back by their group never lets a newer effect of another partition go before an older
+        // claimable one behind them.
         let partitions: std::collections::BTreeSet<String> = destinations
             .iter()
             .flat_map(|d| l::due_partitions(d))
             .filter(|p| l::fits_key(p))
             .collect();
-        let mut open: Vec<(String, Option<Item>)> =
-            partitions.into_iter().map(|p| (p, None)).collect();
+        let mut cursors: Vec<Cursor> = partitions
+            .into_iter()
+            .map(|partition| Cursor {
+                partition,
+                start: None,
+                last: String::new(),
+                more: true,
+                read: true,
+            })
+            .collect();
+        // Entries read and not tried yet, in the order they fell due (the sort key, then the id).
+        let mut pool: std::collections::BTreeSet<(String, i64)> = Default::default();
         // The effects this claim took: a claim moves an effect's sort key (to its claim's end), where a later
         // page may meet it again, due again at once if that end is before `now`; it is held once.
         let mut taken = std::collections::HashSet::new();
-        while !open.is_empty() && (out.len() as i64) < limit {
-            let mut due = Vec::new();
-            let mut more = Vec::new();
-            for (partition, start) in open {
+        while (out.len() as i64) < limit {
+            for cursor in cursors.iter_mut().filter(|c| c.read) {
                 let page = self
                     .client
                     .query()
                     .table_name(&*self.table)
                     .index_name(l::DUE)
                     .key_condition_expression("gsi2pk = :d AND gsi2sk <= :bound")
-                    .expression_attribute_values(":d", s(&partition))
+                    .expression_attribute_values(":d", s(&cursor.partition))
                     .expression_attribute_values(":bound", s(&bound))
                     .limit(limit.clamp(1, 100) as i32)
-                    .set_exclusive_start_key(start)
+                    .set_exclusive_start_key(cursor.start.take())
                     .send()
                     .await
                     .map_err(|e| call("Query", e))?;
@@ -102,6 +125,9 @@ impl DynamoStore {
                     let Some(sk) = key.get("gsi2sk").and_then(|v| v.as_s().ok()) else {
                         continue;
                     };
+                    if *sk > cursor.last {
+                        cursor.last.clone_from(sk);
+                    }
                     let Some(id) = key
                         .get(l::PK)
                         .and_then(|v| v.as_s().ok())
@@ -110,17 +136,26 @@ impl DynamoStore {
                     else {
                         continue;
                     };
-                    due.push((sk.clone(), id));
+                    pool.insert((sk.clone(), id));
                 }
-                if let Some(k) = page.last_evaluated_key() {
-                    more.push((partition, Some(k.clone())));
-                }
+                cursor.start = page.last_evaluated_key().cloned();
+                cursor.more = cursor.start.is_some();
+                cursor.read = false;
             }
-            due.sort();
-            for (_, id) in due {
-                if out.len() as i64 >= limit {
+            // How far every partition has been read: entries up to there are the oldest left.
+            let frontier = cursors
+                .iter()
+                .filter(|c| c.more)
+                .map(|c| c.last.clone())
+                .min();
+            while (out.len() as i64) < limit {
+                let Some(first) = pool.first() else { break };
+                if frontier.as_ref().is_some_and(|f| first.0 > *f) {
                     break;
                 }
+                let Some((_, id)) = pool.pop_first() else {
+                    break;
+                };
                 if taken.contains(&id) {
                     continue;
                 }
@@ -129,7 +164,14 @@ impl DynamoStore {
                     out.push(c);
                 }
             }
-            open = more;
+            let Some(frontier) = frontier else {
+                // Every partition read to its end, and everything read tried.
+                break;
+            };
+            // Read on the partitions that hold the frontier back.
+            for c in cursors.iter_mut() {
+                c.read = c.more && c.last == frontier;
+            }
         }
         Ok(())
     }

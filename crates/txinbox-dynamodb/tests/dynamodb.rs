@@ -91,6 +91,7 @@ on_both_backends!(
     an_expired_marker_counts_as_absent_before_the_ttl_deletes_it,
     effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order,
     one_destinations_effects_spread_over_its_due_partitions_and_are_claimed_oldest_first,
+    a_claim_past_a_page_of_held_back_effects_takes_the_oldest_claimable_ones,
     a_groups_effects_form_one_chain_read_strongly_consistent,
     the_table_check_names_what_does_not_match,
     a_batch_commits_every_marker_of_its_transaction_or_none,
@@ -926,6 +927,104 @@ async fn one_destinations_effects_spread_over_its_due_partitions_and_are_claimed
     }
     let oldest_first: Vec<i64> = due.iter().map(|(_, id)| *id).collect();
     assert_eq!(claimed, oldest_first);
+}
+
+/// A claim reads a page of each `due` partition at a time (as many entries as its limit). Effects held back by
+/// their group (an earlier effect of the group unfinished) that fill a partition's first page, older than
+/// everything else, must not let newer effects of another partition go before an older claimable one that
+/// sits behind them: the claim takes the oldest claimable effects across the partitions, and as many as its
+/// limit while there are that many.
+async fn a_claim_past_a_page_of_held_back_effects_takes_the_oldest_claimable_ones(b: Backend) {
+    use txinbox_dynamodb::layout;
+    let c = b.client();
+    let (store, _) = store_on(c.clone()).await;
+    let policy = IdentityPolicy::new(ConsumerName::new("c").unwrap());
+    let message = |id: &str, grouped: bool| {
+        let mut m = ReceivedMessage::new(if grouped {
+            b"g".to_vec()
+        } else {
+            b"-".to_vec()
+        });
+        m.attributes.insert("ce-id".into(), id.into());
+        m.attributes.insert("ce-source".into(), "s".into());
+        m
+    };
+    let shard = |id: &str| {
+        let identity = policy.resolve(&message(id, false)).unwrap();
+        let key = txinbox_core::effects::idempotency_key(&identity, "x");
+        layout::due_shard(layout::effect_id(&key))
+    };
+    // Messages whose effects fall in partition `a` (four: three held back, then the oldest claimable one)
+    // and in another partition (two claimable ones, newer).
+    let a = shard("m-0");
+    let mut in_a = Vec::new();
+    let mut in_b = Vec::new();
+    for i in 1.. {
+        let id = format!("m-{i}");
+        if shard(&id) == a {
+            if in_a.len() < 4 {
+                in_a.push(id);
+            }
+        } else if in_b.len() < 2 {
+            in_b.push(id);
+        }
+        if in_a.len() == 4 && in_b.len() == 2 {
+            break;
+        }
+    }
+    let inbox = Inbox::new(store.clone(), policy.clone());
+    let handler = |_tx: DynamoTx, msg: Message<txinbox_core::Raw>| async move {
+        let mut e = Effect::new("x", "mail", msg.id().as_bytes().to_vec());
+        if msg.raw.body == b"g" {
+            e = e.group("g");
+        }
+        Ok::<_, HandlerError>(Handled::default().effect(e))
+    };
+    let deliver = |id: String, grouped: bool| {
+        let inbox = inbox.clone();
+        let m = message(&id, grouped);
+        async move {
+            let o = inbox
+                .process(txinbox_testkit::NoopDelivery(m), &handler)
+                .await;
+            assert_eq!(o.kind(), OutcomeKind::Applied, "{o:?}");
+        }
+    };
+    let dests = vec!["mail".to_owned()];
+    let claim = |limit: i64| {
+        let store = store.clone();
+        let dests = dests.clone();
+        async move {
+            let now = Utc::now() + chrono::Duration::seconds(1);
+            let got = store
+                .claim_effects(
+                    "runner",
+                    &dests,
+                    now,
+                    now + chrono::Duration::seconds(60),
+                    limit,
+                )
+                .await
+                .unwrap();
+            got.into_iter()
+                .map(|e| String::from_utf8(e.payload).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    // The group's first effect, claimed and unfinished: the group's later effects wait behind it.
+    deliver("m-0".into(), true).await;
+    assert_eq!(claim(1).await, ["m-0"]);
+    for id in &in_a[..3] {
+        deliver(id.clone(), true).await;
+    }
+    deliver(in_a[3].clone(), false).await;
+    for id in &in_b {
+        deliver(id.clone(), false).await;
+    }
+    // Two at a time: partition `a`'s first page of two holds only held-back effects.
+    assert_eq!(claim(2).await, [in_a[3].as_str(), in_b[0].as_str()]);
+    assert_eq!(claim(2).await, [in_b[1].as_str()]);
+    assert_eq!(claim(2).await, Vec::<String>::new());
 }
 
 /// Every effect of a group points at the one recorded before it (`prev`, from the group's tail item, replaced
