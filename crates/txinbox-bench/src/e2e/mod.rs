@@ -421,6 +421,9 @@ impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for 
     fn started(&self) {
         self.inner.started()
     }
+    fn refused(&self) -> Option<String> {
+        self.inner.refused()
+    }
     async fn process_batch(
         &self,
         deliveries: Vec<D>,

@@ -188,6 +188,11 @@ impl Health {
         self
     }
 
+    /// Whether a check named `name` was added.
+    pub(crate) fn has_check(&self, name: &str) -> bool {
+        lock(&self.inner.checks).iter().any(|(n, _, _)| n == name)
+    }
+
     /// The worker started its loop.
     pub fn worker_started(&self) {
         *lock(&self.inner.last_turn) = Instant::now();

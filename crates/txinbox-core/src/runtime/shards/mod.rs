@@ -96,6 +96,8 @@ struct Inner<P> {
     stop: CancellationToken,
     /// Permits for the releases waiting out their delay in the background ([`MAX_BACKGROUND_RELEASES`]).
     releasing: Arc<tokio::sync::Semaphore>,
+    /// Why the worker must refuse to start, found when the checks were added to a readiness ([`Shards::health`]).
+    refused: Mutex<Option<String>>,
 }
 
 impl<P> Drop for Inner<P> {
@@ -195,6 +197,7 @@ impl<P> Shards<P> {
                 consumer: std::sync::OnceLock::new(),
                 stop: CancellationToken::new(),
                 releasing: Arc::new(tokio::sync::Semaphore::new(MAX_BACKGROUND_RELEASES)),
+                refused: Mutex::new(None),
             }),
         })
     }
@@ -304,10 +307,27 @@ impl<P> Shards<P> {
     /// store, run at each probe of readiness). By default an unavailable shard shows as `degraded shard NAME:
     /// why` and readiness stays true while another shard answers (the worker goes on for the others); with
     /// [`ShardOptions::require_all`] each shard is a required check.
+    ///
+    /// A readiness that already has a check of one of these names (another consumer's shards named alike, or
+    /// these shards added twice) gets none of these checks, and the worker of these shards refuses to start
+    /// with one line naming the check ([`Processor::refused`](crate::runtime::worker::Processor::refused)):
+    /// two lines `shard eu-1` could not be told apart. Give each consumer's worker its own [`Health`].
     pub fn health(&self, mut health: Health) -> Health {
         let checked: Vec<usize> = (0..self.inner.watch.len())
             .filter(|&i| self.inner.watch[i].check.is_some())
             .collect();
+        let names = checked
+            .iter()
+            .map(|&i| format!("shard {}", self.inner.watch[i].name))
+            .chain((!self.opts().require_all && !checked.is_empty()).then(|| "shards".to_owned()));
+        for name in names {
+            if health.has_check(&name) {
+                *lock(&self.inner.refused) = Some(format!(
+                    "readiness already has a check named {name:?} (the shards of another consumer, or these shards added twice, on one Health): give each consumer's worker its own Health"
+                ));
+                return health;
+            }
+        }
         for &i in &checked {
             let watch = self.inner.watch.clone();
             let name = format!("shard {}", watch[i].name);

@@ -19,6 +19,27 @@ where
         self.inner.processors[0].consumer()
     }
 
+    /// The shards of two consumers (one worker is one consumer: its metrics, its shards' series and its
+    /// readiness carry one consumer name), or shards whose checks were refused by a readiness
+    /// ([`Shards::health`]).
+    fn refused(&self) -> Option<String> {
+        let first = self.inner.processors[0].consumer();
+        if let Some(i) = self
+            .inner
+            .processors
+            .iter()
+            .position(|p| p.consumer() != first)
+        {
+            return Some(format!(
+                "shard {:?} is of consumer {first:?} and shard {:?} of consumer {:?}: the shards of one worker must be of one consumer; give each consumer its own Shards and worker",
+                &*self.inner.watch[0].name,
+                &*self.inner.watch[i].name,
+                self.inner.processors[i].consumer(),
+            ));
+        }
+        lock(&self.inner.refused).clone()
+    }
+
     /// The largest of the shards' limits, when each has one: a larger body is refused by every shard.
     fn max_payload_bytes(&self) -> Option<usize> {
         self.widest::<D>().map(|(_, limit)| limit)

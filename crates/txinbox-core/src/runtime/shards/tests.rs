@@ -674,3 +674,114 @@ async fn a_down_shard_s_release_that_holds_does_not_hold_the_worker_slot() {
     assert_eq!(took, delay, "past the bound the release waits in its slot");
     drop(all);
 }
+
+/// Acknowledges every delivery, as consumer `.0`.
+struct AcksAs(&'static str);
+
+impl<D: crate::Delivery> crate::Processor<D> for AcksAs {
+    fn consumer(&self) -> &str {
+        self.0
+    }
+    async fn process(&self, delivery: D, _stop: CancellationToken) -> crate::Outcome {
+        let _ = delivery.ack().await;
+        crate::Outcome::Applied {
+            result_reference: None,
+        }
+    }
+}
+
+/// A queue holding one CloudEvent of tenant `acme`.
+fn one_message_queue() -> crate::broker::mem::MemoryQueue {
+    use crate::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
+    let q = MemoryQueue::new(QueueOptions {
+        wait: Duration::from_millis(10),
+        ..QueueOptions::default()
+    });
+    q.send(
+        OutgoingMessage::new("{}")
+            .cloudevent("crm", "e1", "meeting.ended")
+            .attribute(ce::TENANT_ID, "acme"),
+    );
+    q
+}
+
+/// Shards whose processors are of two consumers are one worker with two consumer names: its metrics would
+/// carry the first's. The worker refuses to start with one line naming both shards and both consumers, and
+/// receives nothing.
+#[tokio::test]
+async fn shards_of_two_consumers_are_refused_when_the_worker_starts() {
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", AcksAs("crm-followup")).claims(["acme"]),
+            Shard::new("eu-2", AcksAs("billing")).claims(["globex"]),
+        ],
+    )
+    .unwrap();
+    let q = one_message_queue();
+    let report = crate::Worker::new(q.receiver(), shards)
+        .run_until_idle()
+        .await;
+    let why = report.gave_up.clone().expect("refused at start");
+    for word in ["eu-1", "eu-2", "crm-followup", "billing"] {
+        assert!(why.contains(word), "{why}");
+    }
+    assert!(!why.contains('\n'), "{why}");
+    assert_eq!(report.outcomes.values().sum::<u64>(), 0, "{report}");
+    assert_eq!(q.state().visible, 1, "nothing was received");
+    // One consumer: runs.
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", AcksAs("billing")).claims(["acme"]),
+            Shard::new("eu-2", AcksAs("billing")).claims(["globex"]),
+        ],
+    )
+    .unwrap();
+    let q = one_message_queue();
+    let report = crate::Worker::new(q.receiver(), shards)
+        .run_until_idle()
+        .await;
+    assert!(report.gave_up.is_none(), "{report}");
+    assert_eq!(report.count(crate::OutcomeKind::Applied), 1, "{report}");
+}
+
+/// Two consumers' shards named alike on one `Health` would give two lines `shard eu-1` that nobody can tell
+/// apart: the second set's checks are not added, and its worker refuses to start with one line naming the
+/// check.
+#[tokio::test]
+async fn two_shard_sets_on_one_health_never_give_two_checks_of_one_name() {
+    let set = |consumer: &'static str| {
+        Shards::new(
+            ShardRouter::tenant(),
+            [
+                Shard::new("eu-1", AcksAs(consumer))
+                    .claims(["acme"])
+                    .check(|| async { Ok::<(), String>(()) }),
+                Shard::new("eu-2", AcksAs(consumer))
+                    .claims(["globex"])
+                    .check(|| async { Ok::<(), String>(()) }),
+            ],
+        )
+        .unwrap()
+    };
+    let (crm, billing) = (set("crm-followup"), set("billing"));
+    let health = billing.health(crm.health(Health::new()));
+    let ready = health.readiness().await;
+    let mut names: Vec<&str> = ready.checks.iter().map(|c| c.name.as_str()).collect();
+    let all = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), all, "{ready}");
+    let q = one_message_queue();
+    let report = crate::Worker::new(q.receiver(), billing)
+        .run_until_idle()
+        .await;
+    let why = report.gave_up.clone().expect("refused at start");
+    assert!(why.contains("shard eu-1") && !why.contains('\n'), "{why}");
+    assert_eq!(q.state().visible, 1, "nothing was received");
+    // The first set's worker runs.
+    let q = one_message_queue();
+    let report = crate::Worker::new(q.receiver(), crm).run_until_idle().await;
+    assert!(report.gave_up.is_none(), "{report}");
+}

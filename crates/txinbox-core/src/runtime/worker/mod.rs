@@ -143,6 +143,13 @@ pub trait Processor<D: Delivery>: Send + Sync + 'static {
     /// (at zero, so that a monitoring system sees the first event as an increase).
     fn started(&self) {}
 
+    /// Why no worker can run this processor, when it was put together in a way that cannot work (the
+    /// [shards](crate::runtime::shards) of two consumers): the worker then refuses to start, receiving nothing,
+    /// and returns at once with this line in [`WorkerReport::gave_up`]. `None` (the default): it can run.
+    fn refused(&self) -> Option<String> {
+        None
+    }
+
     /// Process and settle the deliveries one receive brought together (in receive order), returning their
     /// outcomes in the same order. The default processes them one after the other; the inbox applies them
     /// in one transaction ([`WorkerOptions::batch_commit`]). `stop` means what it means for
@@ -226,6 +233,19 @@ where
         shutdown: impl Future<Output = ()> + Send,
         until_idle: bool,
     ) -> WorkerReport {
+        if let Some(why) = self.processor.refused() {
+            tracing::error!(
+                consumer = self.processor.consumer(),
+                "the worker refuses to start: {why}"
+            );
+            if let Some(h) = &self.health {
+                h.worker_stopped();
+            }
+            return WorkerReport {
+                gave_up: Some(why),
+                ..WorkerReport::default()
+            };
+        }
         // `out_of_queue`: messages out of the queue (from the receive request to the settle's answer); `slots`:
         // deliveries being applied or settled. Without prefetch the two are the same number, and a delivery
         // never waits for its slot.
