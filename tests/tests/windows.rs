@@ -288,5 +288,9 @@ window_test!(
     1,
     0,
     0,
-    [("txinbox_applied_total", 1)]
+    [
+        ("txinbox_applied_total", 1),
+        ("txinbox_effect_executions_total", 2),
+        ("txinbox_effect_reconciliations_total", 2)
+    ]
 );

@@ -74,15 +74,22 @@ pub(crate) async fn run(
 ) -> Result<Response<Body>, DropConnection> {
     let label = create.label();
     let processing = shared.processing;
-    let (fault, now_or_later) = {
+    let (fault, now_or_later, hold) = {
         let mut state = shared.state();
         let fault = state.begin_post();
         let step = if fault.before() {
             Ok(fault_response(fault, &state.faults))
         } else {
-            first_step(&mut state, create, processing.is_zero())
+            // A create to hold goes the way of one that takes processing time: its key reserved first.
+            let at_once = processing.is_zero() && !shared.holds.armed();
+            first_step(&mut state, create, at_once)
         };
-        (fault, step)
+        // Only a create left for later is held; one answered at once (a replay, a 409) is not.
+        let hold = match step {
+            Err(_) => shared.holds.take(),
+            Ok(_) => None,
+        };
+        (fault, step, hold)
     };
     if fault != Fault::None {
         tracing::warn!(fault = fault.name(), "{label}: injected fault");
@@ -93,6 +100,10 @@ pub(crate) async fn run(
             // Spawned: the processing completes even if the client goes away meanwhile.
             let shared = shared.clone();
             let finished = tokio::spawn(async move {
+                if let Some(release) = hold {
+                    tracing::info!("{label}: held until released");
+                    shared.holds.wait(release).await;
+                }
                 tokio::time::sleep(processing).await;
                 let mut state = shared.state();
                 finish(&mut state, job)

@@ -393,9 +393,30 @@ impl CrmApi {
         Ok(())
     }
 
+    /// Holds the next `n` creates that go on to their processing (a key reserved as in progress, the
+    /// task not there yet) before it, until [`CrmApi::release_held`]: meanwhile another create with the
+    /// key answers `409` and the searches do not find the task, however long the callers take. A create
+    /// answered at once (a replay, a `409`, a refusal, a fault before it) is not held. Replaces the
+    /// previous count; 0 disarms. Held creates complete even when their caller has gone away.
+    pub fn hold_next(&self, n: u64) {
+        self.shared.holds.arm(n);
+    }
+
+    /// How many creates are held now ([`CrmApi::hold_next`]).
+    pub fn held(&self) -> u64 {
+        self.shared.holds.held()
+    }
+
+    /// Lets every create held now go on: its processing time, then the task (and the answer, to a
+    /// caller still waiting).
+    pub fn release_held(&self) {
+        self.shared.holds.release();
+    }
+
     /// Stops accepting connections, closes open ones (for every clone of this handle) and waits
-    /// for the accept loop to end.
+    /// for the accept loop to end. Creates still held are released.
     pub async fn shutdown(self) {
+        self.shared.holds.release();
         let _ = self.server.shutdown.send(true);
         let task = self
             .server

@@ -35,6 +35,64 @@ pub(crate) struct Shared {
     pub(crate) latency: Duration,
     /// How long a create takes before the task exists (its key in progress meanwhile).
     pub(crate) processing: Duration,
+    /// Creates held before their processing until released ([`crate::CrmApi::hold_next`]).
+    pub(crate) holds: Holds,
+}
+
+/// The creates to hold, the ones held now, and their release: a generation each held create waits past.
+#[derive(Debug)]
+pub(crate) struct Holds {
+    next: Mutex<u64>,
+    held: Mutex<u64>,
+    released: watch::Sender<u64>,
+}
+
+impl Holds {
+    fn new() -> Self {
+        Self {
+            next: Mutex::new(0),
+            held: Mutex::new(0),
+            released: watch::channel(0).0,
+        }
+    }
+
+    /// Whether the next create that goes on to its processing is to be held.
+    pub(crate) fn armed(&self) -> bool {
+        *self.next.lock().unwrap_or_else(PoisonError::into_inner) > 0
+    }
+
+    /// Holds one create if armed: the release it waits for, `None` when it goes on at once.
+    pub(crate) fn take(&self) -> Option<watch::Receiver<u64>> {
+        let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
+        if *next == 0 {
+            return None;
+        }
+        *next -= 1;
+        *self.held.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        let mut rx = self.released.subscribe();
+        rx.mark_unchanged();
+        Some(rx)
+    }
+
+    /// Waits until the creates held when `rx` was taken are released (or the API stops).
+    pub(crate) async fn wait(&self, mut rx: watch::Receiver<u64>) {
+        let _ = rx.changed().await;
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        *held = held.saturating_sub(1);
+    }
+
+    pub(crate) fn arm(&self, n: u64) {
+        *self.next.lock().unwrap_or_else(PoisonError::into_inner) = n;
+    }
+
+    pub(crate) fn held(&self) -> u64 {
+        *self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Releases every create held now.
+    pub(crate) fn release(&self) {
+        self.released.send_modify(|g| *g += 1);
+    }
 }
 
 impl Shared {
@@ -43,6 +101,7 @@ impl Shared {
             state: Mutex::new(state),
             latency,
             processing,
+            holds: Holds::new(),
         }
     }
 

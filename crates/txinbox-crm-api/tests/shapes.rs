@@ -131,6 +131,36 @@ async fn a_key_in_progress_answers_409_and_the_task_then_exists_once() {
     assert_eq!((api.creates(), api.attempts()), (1, 3));
 }
 
+/// A held create keeps its key in progress until the caller releases it, whatever the time: no processing
+/// time to outlast. A create answered at once (the 409) is not held, and the hold is used up.
+#[tokio::test]
+async fn a_held_create_keeps_its_key_in_progress_until_released() {
+    let api = start(CrmApi::builder()).await;
+    api.hold_next(1);
+    let http = reqwest::Client::new();
+    let body = json!({"external_ref": "order-7"});
+    let first = {
+        let (http, api, body) = (http.clone(), api.clone(), body.clone());
+        tokio::spawn(async move { post_v1(&http, &api, Some("k-7"), &body).await })
+    };
+    while api.held() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let conflict = post_v1(&http, &api, Some("k-7"), &body).await.unwrap();
+    assert_eq!(conflict.status, StatusCode::CONFLICT);
+    assert_eq!(api.held(), 1, "the 409 is not held");
+    assert_eq!(search_by_ref(&http, &api, "order-7").await.json["total"], 0);
+    assert_eq!(api.creates(), 0);
+    api.release_held();
+    let first = first.await.expect("task").expect("an answer");
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!((api.creates_for_key("k-7"), api.held()), (1, 0));
+    // The hold was used up: the next create answers at once.
+    let other = post_v1(&http, &api, Some("k-8"), &body).await.unwrap();
+    assert_eq!(other.status, StatusCode::CREATED);
+    assert_eq!((api.creates(), api.attempts()), (2, 3));
+}
+
 #[tokio::test]
 async fn a_client_that_times_out_mid_processing_still_gets_its_task() {
     let api = start(CrmApi::builder().processing(Duration::from_millis(500))).await;
