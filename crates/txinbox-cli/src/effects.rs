@@ -172,6 +172,26 @@ impl std::fmt::Debug for CompensateArgs {
     }
 }
 
+/// Arguments of `txinbox effects show`. Its `Debug` masks the URL's password.
+#[derive(clap::Args)]
+pub struct ShowArgs {
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`).
+    #[arg(long, env = "TXINBOX_STORE_URL")]
+    pub store: String,
+    /// The idempotency key.
+    #[arg(long)]
+    pub key: String,
+}
+
+impl std::fmt::Debug for ShowArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShowArgs")
+            .field("store", &redact_url(&self.store))
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
 fn parse_pair(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_owned(), v.to_owned())),
@@ -416,6 +436,42 @@ pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Resu
         .await
         .map_err(|e| e.to_string())?;
     outln!("effect {} {state}", args.key);
+    Ok(())
+}
+
+/// Prints every effect with the key of `args`, oldest first: one, except on the partitioned PostgreSQL layout,
+/// where a re-send in another bucket of event time records its effects again under the same keys. None is an
+/// error.
+pub async fn show<S: EffectStore>(store: S, args: &ShowArgs) -> Result<(), String> {
+    let effects = store
+        .find_effects(&args.key)
+        .await
+        .map_err(|e| e.to_string())?;
+    if effects.is_empty() {
+        return Err(format!("no effect has the key {}", args.key.escape_debug()));
+    }
+    outln!(
+        "{:>10} {:<20} {:<16} {:<32} {:<24} reference",
+        "id",
+        "destination",
+        "state",
+        "created",
+        "message"
+    );
+    for e in &effects {
+        outln!(
+            "{:>10} {:<20} {:<16} {:<32} {:<24} {}",
+            e.id,
+            e.destination.escape_debug().to_string(),
+            e.claimed_from.to_string(),
+            e.created_at.to_rfc3339(),
+            e.message_id.escape_debug().to_string(),
+            e.reference
+                .as_deref()
+                .map(|r| r.escape_debug().to_string())
+                .unwrap_or_else(|| "-".to_owned())
+        );
+    }
     Ok(())
 }
 

@@ -114,6 +114,10 @@ enum EffectsCommand {
     Run(Box<effects::RunArgs>),
     /// Undo one done effect (an operator's compensation) through its destination, and mark it compensated.
     Compensate(effects::CompensateArgs),
+    /// Every effect with one idempotency key, oldest first: its id, destination, state, creation, message and
+    /// the destination's reference (several on the partitioned PostgreSQL layout after a re-send in another
+    /// bucket of event time).
+    Show(effects::ShowArgs),
     /// Effects by consumer, destination and state, with the oldest of each. On DynamoDB it reads the 8 effect
     /// shards of the `by_consumer` index: every effect item of the table.
     Stats {
@@ -347,6 +351,10 @@ fn main() -> ExitCode {
                     shard: None,
                     url: a.store.clone(),
                 }],
+                EffectsCommand::Show(a) => vec![targets::StoreTarget {
+                    shard: None,
+                    url: a.store.clone(),
+                }],
                 EffectsCommand::Stats { store } => match store.targets() {
                     Ok(t) => t,
                     Err(e) => {
@@ -421,6 +429,7 @@ async fn effects_command<S: txinbox_core::effects::EffectStore>(
     match command {
         EffectsCommand::Run(a) => effects::run(store, a).await,
         EffectsCommand::Compensate(a) => effects::compensate(store, a).await,
+        EffectsCommand::Show(a) => effects::show(store, a).await,
         EffectsCommand::Stats { .. } => effects::stats(store).await,
     }
 }

@@ -331,6 +331,7 @@ fn effects_commands_on(url: &str) -> Vec<(i32, String, String)> {
             "--compensate",
             "crm=http://127.0.0.1:9/tasks/{reference}",
         ][..],
+        &["effects", "show", "--store", url, "--key", "k"][..],
     ]
     .into_iter()
     .map(txinbox)
@@ -796,4 +797,55 @@ fn another_write_error_on_stdout_is_reported_with_exit_2() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("No space left"), "{err}");
+}
+
+/// `effects show` lists every effect of one key, oldest first: on the partitioned layout a re-send in another
+/// bucket of event time records a second effect under the key, and an operator sees both, with the state and
+/// the destination's reference of each. An unknown key is an error.
+#[test]
+fn effects_show_lists_every_effect_of_a_key() {
+    let base = pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
+            &base,
+            txinbox_store::StoreOptions::new().schema(&schema),
+        ))
+        .unwrap();
+    rt.block_on(store.partition(&txinbox_store::PartitionOptions::new()))
+        .unwrap();
+    for (minutes_ago, state, reference) in [(5, "done", "task-1"), (0, "pending", "")] {
+        rt.block_on(
+            sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, result_reference) VALUES ('c', 'm-1', 'k-two', 'crm', 'crm', '\\x00', '{}', 'r', $1, now(), now() - make_interval(mins => $2), now(), NULLIF($3, ''))")
+                .bind(state)
+                .bind(minutes_ago)
+                .bind(reference)
+                .execute(store.pool()),
+        )
+        .unwrap();
+    }
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let (code, out, err) = txinbox(&["effects", "show", "--store", &url, "--key", "k-two"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and two effects: {out}");
+    assert!(lines[0].trim_start().starts_with("id"), "{out}");
+    assert!(
+        lines[1].contains(" done ") && lines[1].ends_with("task-1"),
+        "{out}"
+    );
+    assert!(
+        lines[2].contains(" pending ") && lines[2].ends_with(" -"),
+        "{out}"
+    );
+    let (code, out, err) = txinbox(&["effects", "show", "--store", &url, "--key", "k-none"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("no effect has the key k-none"), "{err}");
+    rt.block_on(store.close());
+    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
+        .unwrap();
+    rt.block_on(pool.close());
 }
