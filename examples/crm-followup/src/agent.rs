@@ -244,7 +244,18 @@ async fn run_sharded<R: Receiver>(
         let options = StoreOptions::new().max_connections(shard.max_connections);
         let done = std::sync::Arc::new(Migration::default());
         migrated.push(done.clone());
-        let store = match Store::<sqlx::Postgres>::connect_with(&shard.url, options.clone()).await {
+        // A URL that cannot be used at all (a bad port, an unknown option) stops the worker here, naming the
+        // shard and what is wrong, as an unset variable does: read before any connection is tried, it is never
+        // taken for a shard that is down. The driver's message is masked (it may quote the URL).
+        let lazy = Store::<sqlx::Postgres>::connect_lazy_with(&shard.url, options.clone())
+            .map_err(|e| {
+                format!(
+                    "shard {}: its URL cannot be used: {}",
+                    shard.name,
+                    txinbox::error::redact_secrets(&e.to_string())
+                )
+            })?;
+        let store = match Store::<sqlx::Postgres>::connect_with(&shard.url, options).await {
             Ok(store) => {
                 sqlx::query(TASKS_PG)
                     .execute(store.pool())
@@ -261,11 +272,8 @@ async fn run_sharded<R: Receiver>(
                 .into())
             }
             Err(e) => {
-                tracing::warn!(shard = %shard.name, error = %e, "shard unreachable at start: starting for the others; its deliveries are released until it answers");
-                // A URL that cannot be used at all (a bad port, an unknown option) stops the worker here,
-                // naming the shard, as an unset variable does.
-                let store = Store::<sqlx::Postgres>::connect_lazy_with(&shard.url, options)
-                    .map_err(|e| format!("shard {}: {e}", shard.name))?;
+                tracing::warn!(shard = %shard.name, error = %txinbox::error::redact_secrets(&e.to_string()), "{}: starting for the others; its deliveries are released until it answers", at_start(&e));
+                let store = lazy;
                 let (late, name) = (store.clone(), shard.name.clone());
                 tokio::spawn(async move {
                     loop {
@@ -350,6 +358,25 @@ async fn run_sharded<R: Receiver>(
         store.close().await;
     }
     Ok(report)
+}
+
+/// What is wrong with a shard that could not be opened at start, for the log line (its URL was read already):
+/// unreachable only when no connection could be made; a server that answered and refused (a password, a
+/// database that is not there) or a schema this build cannot use is said so.
+fn at_start(e: &txinbox::StoreError) -> &'static str {
+    use txinbox::StoreError;
+    match e {
+        StoreError::Database(
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::Tls(_),
+        ) => "shard unreachable at start",
+        StoreError::Database(sqlx::Error::Database(_)) => {
+            "shard refused at start (it answered with an error)"
+        }
+        StoreError::Migration { .. }
+        | StoreError::SchemaTooNew { .. }
+        | StoreError::SchemaTooOld { .. } => "shard reachable at start, its schema cannot be used",
+        _ => "shard cannot be used at start",
+    }
 }
 
 /// A shard's readiness check: its store answers and its schema is in place. A shard reached late fails it until
@@ -534,10 +561,22 @@ mod tests {
         }
     }
 
-    /// A shard whose URL cannot be used at all stops the agent with an error that names the shard (and never the
-    /// URL), not the driver's bare `invalid port number`.
+    /// A shard whose URL cannot be used at all stops the agent with an error that names the shard and says its
+    /// URL is what is wrong (and never shows the URL), not the driver's bare `invalid port number`; nothing
+    /// before it calls the shard unreachable.
     #[tokio::test]
     async fn a_shard_whose_url_cannot_be_used_is_named_in_the_error() {
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let writer = {
+            let logs = logs.clone();
+            move || Captured(logs.clone())
+        };
+        let _guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_writer(writer)
+                .with_ansi(false)
+                .finish(),
+        );
         let settings = WorkerSettings::from_toml_str(
             "[store.shards.eu-2]\nurl = \"postgres://crm:s3cretpw@127.0.0.1:notaport/crm\"\nrest = true\n",
         )
@@ -550,7 +589,43 @@ mod tests {
         .await
         .unwrap_err()
         .to_string();
-        assert!(e.contains("shard eu-2"), "{e}");
+        assert!(e.contains("shard eu-2") && e.contains("URL"), "{e}");
         assert!(!e.contains("s3cretpw"), "{e}");
+        let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+        assert!(!logs.contains("unreachable"), "{logs}");
+        assert!(!logs.contains("s3cretpw"), "{logs}");
+    }
+
+    /// What the log says of a shard that could not be opened at start: unreachable only when no connection
+    /// could be made.
+    #[test]
+    fn a_shard_that_cannot_be_opened_is_said_unreachable_only_without_a_connection() {
+        use txinbox::StoreError;
+        let refused = StoreError::Database(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(at_start(&refused).contains("unreachable"));
+        assert!(at_start(&StoreError::Database(sqlx::Error::PoolTimedOut)).contains("unreachable"));
+        let protocol = StoreError::Database(sqlx::Error::Protocol("bad".into()));
+        assert!(
+            !at_start(&protocol).contains("unreachable"),
+            "{}",
+            at_start(&protocol)
+        );
+        let newer = StoreError::SchemaTooNew { found: 9, known: 8 };
+        assert!(at_start(&newer).contains("schema"), "{}", at_start(&newer));
+    }
+
+    /// A log line's writer appending to a shared buffer.
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 }
