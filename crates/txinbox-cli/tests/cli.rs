@@ -813,7 +813,8 @@ fn effects_show_lists_every_effect_of_a_key() {
             txinbox_store::StoreOptions::new().schema(&schema),
         ))
         .unwrap();
-    rt.block_on(store.partition(&txinbox_store::PartitionOptions::new()))
+    let _ = rt
+        .block_on(store.partition(&txinbox_store::PartitionOptions::new()))
         .unwrap();
     for (minutes_ago, state, reference) in [(5, "done", "task-1"), (0, "pending", "")] {
         rt.block_on(
