@@ -15,8 +15,8 @@ use txinbox_core::effects::{EffectState, EffectStore, Transition};
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_core::store::{Commit, MarkerInsert, MarkerRow};
 use txinbox_core::{
-    ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox, InboxStore, Message,
-    OutcomeKind, ReceivedMessage, Worker, WorkerOptions,
+    CancellationToken, ConsumerName, Effect, Handled, HandlerError, IdentityPolicy, Inbox,
+    InboxStore, Message, OutcomeKind, ReceivedMessage, Worker, WorkerOptions,
 };
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
 
@@ -87,6 +87,7 @@ on_both_backends!(
     the_handlers_failed_condition_cancels_everything_and_is_the_handlers_retryable_error,
     a_transaction_over_the_services_limits_is_refused_whole_before_it_is_sent,
     a_refused_transaction_of_a_message_applied_before_answers_its_marker,
+    a_held_copy_whose_handler_fails_for_good_is_decided_by_its_holder,
     a_lost_commit_answer_is_recognised_by_the_token_in_the_marker,
     an_expired_marker_counts_as_absent_before_the_ttl_deletes_it,
     effects_are_claimed_once_through_the_due_index_and_groups_keep_their_order,
@@ -600,6 +601,128 @@ async fn a_refused_transaction_of_a_message_applied_before_answers_its_marker(b:
         matches!(d, DynamoError::Refused { .. })
     });
     limit_error(commit_with(&store, &fresh, too_many).await);
+}
+
+/// A delivery for the pipeline: message `id` of source `s`, body `body`, with a business key when given.
+fn delivery(id: &str, body: &str, business_key: Option<&str>) -> txinbox_testkit::NoopDelivery {
+    let mut m = ReceivedMessage::new(body.as_bytes().to_vec());
+    m.attributes.insert("ce-id".into(), id.into());
+    m.attributes.insert("ce-source".into(), "s".into());
+    if let Some(k) = business_key {
+        m.attributes.insert("ce-businesskey".into(), k.into());
+    }
+    txinbox_testkit::NoopDelivery(m)
+}
+
+/// A copy of a message applied before whose handler returns a permanent error, or records effects the
+/// pipeline refuses after the handler ran (a name empty, a name over 512 bytes, a destination with a control
+/// character, two effects of one name), is decided by what holds its marker or business key, as a
+/// commit-time conflict is and as the SQL stores decide it (they find the marker before the handler runs):
+/// a duplicate with the holder's result reference, a payload collision, a business duplicate; alone and in a
+/// batch. DynamoDB, which decides duplicates at commit, runs that copy's handler, and the pipeline
+/// dead-lettered it (`handler_permanent`), the message applied all the same. A message without a holder is
+/// still dead-lettered, and a retryable failure is still released (no read). Nothing of a failed handler
+/// is written.
+async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_holder(b: Backend) {
+    use std::sync::atomic::AtomicU8;
+    let c = b.client();
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let inbox = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap()),
+    );
+    // 0: applies; 1: a permanent error; 2..=5: effects the pipeline refuses; 6: a retryable error.
+    let mode = Arc::new(AtomicU8::new(0));
+    let m = mode.clone();
+    let table = tasks.clone();
+    let handler = move |tx: DynamoTx, msg: Message<txinbox_core::Raw>| {
+        let mode = m.load(Ordering::SeqCst);
+        let table = table.clone();
+        async move {
+            tx.update(add_one(&table, msg.id()))?;
+            let fx = |name: &str, destination: &str| Effect::new(name, destination, vec![]);
+            let reference = Handled::reference(format!("ref-{}", msg.id()));
+            match mode {
+                0 => Ok(reference),
+                1 => Err(HandlerError::permanent(std::io::Error::other(
+                    "no such account",
+                ))),
+                2 => Ok(reference.effect(fx("", "crm"))),
+                3 => Ok(reference.effect(fx(&"n".repeat(513), "crm"))),
+                4 => Ok(reference.effect(fx("notify", "crm\n"))),
+                5 => Ok(reference
+                    .effect(fx("notify", "crm"))
+                    .effect(fx("notify", "mail"))),
+                _ => Err(HandlerError::retry(std::io::Error::other("not yet"))),
+            }
+        }
+    };
+    let label = |o: txinbox_core::Outcome| match o {
+        txinbox_core::Outcome::DeadLettered { reason, .. } => format!("dead-lettered: {reason}"),
+        txinbox_core::Outcome::PayloadCollision { .. } => "PayloadCollision".to_owned(),
+        txinbox_core::Outcome::Retry { .. } => "retry".to_owned(),
+        other => format!("{other:?}"),
+    };
+    for (id, key) in [("a", None), ("b", Some("k"))] {
+        assert_eq!(
+            label(inbox.process(delivery(id, "{}", key), &handler).await),
+            format!("Applied {{ result_reference: Some(\"ref-{id}\") }}")
+        );
+    }
+    let held = [
+        "Duplicate { result_reference: Some(\"ref-a\") }",
+        "PayloadCollision",
+        "BusinessDuplicate { holder_message_id: \"b\", result_reference: Some(\"ref-b\") }",
+        "dead-lettered: handler_permanent",
+    ];
+    for fails in 1..=5 {
+        mode.store(fails, Ordering::SeqCst);
+        let mut alone = Vec::new();
+        for d in [
+            delivery("a", "{}", None),
+            delivery("a", r#"{"other":1}"#, None),
+            delivery("c", "{}", Some("k")),
+            delivery(&format!("fresh-{fails}"), "{}", None),
+        ] {
+            alone.push(label(inbox.process(d, &handler).await));
+        }
+        assert_eq!(alone, held, "alone, mode {fails}");
+        let batch = inbox
+            .clone()
+            .bind_handler(handler.clone())
+            .process_batch(
+                vec![
+                    delivery("a", "{}", None),
+                    delivery("a", r#"{"other":1}"#, None),
+                    delivery("c", "{}", Some("k")),
+                    delivery(&format!("fresh-batch-{fails}"), "{}", None),
+                ],
+                &CancellationToken::new(),
+            )
+            .await;
+        let batch: Vec<String> = batch.into_iter().map(label).collect();
+        assert_eq!(batch, held, "in a batch, mode {fails}");
+    }
+    // A retryable failure is released as before, whatever holds the marker.
+    mode.store(6, Ordering::SeqCst);
+    assert_eq!(
+        label(inbox.process(delivery("a", "{}", None), &handler).await),
+        "retry"
+    );
+    // Only the two applied messages wrote; no failed handler's update reached the table.
+    assert_eq!(count_of(&c, &tasks, "a").await, Some(1));
+    assert_eq!(count_of(&c, &tasks, "b").await, Some(1));
+    assert_eq!(count_of(&c, &tasks, "c").await, None);
+    assert_eq!(count_of(&c, &tasks, "fresh-1").await, None);
+    assert_eq!(
+        store
+            .table_stats(Table::Markers, "crm-followup")
+            .await
+            .unwrap()
+            .0,
+        2
+    );
 }
 
 mod lost_answer {

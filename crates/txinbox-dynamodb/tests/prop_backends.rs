@@ -21,16 +21,15 @@
 //!   `rejections_keep`), and a generated purge must delete nothing on DynamoDB (`purge_batch` no row,
 //!   `purge_done_effects` 0) and is not run on SQLite.
 //! * **Conditions are checked at commit on DynamoDB** (`MarkerInsert::Inserted`: "or will be checked at
-//!   commit"), so DynamoDB runs the handler of a copy whose marker is held: a delivery whose effects the
-//!   pipeline refuses after the handler ran (a field empty, too long or with a control character; two of
-//!   one name) is dead-lettered with `handler_permanent` there even when a marker of the message is already
-//!   held, where SQLite finds the marker before the handler runs. Such a delivery (one that passes the
-//!   pipeline's checks before the store) is expected dead-lettered and is not run on SQLite. A transaction
-//!   DynamoDB refuses as a whole (over the service's limits, `DynamoError::Limit`) is no difference: a copy
-//!   whose marker or business key is held is decided by it on both (the store reads the holder after the
-//!   refusal), and one without is dead-lettered, which SQLite's handler answers for it (a permanent error
-//!   once its marker is placed). A marker inserted through the store's API answers at commit on DynamoDB,
-//!   and that answer is compared with SQLite's insert.
+//!   commit"), so DynamoDB runs the handler of a copy whose marker is held, which SQLite never runs. That
+//!   is no difference in the outcome: a delivery whose effects the pipeline refuses after the handler ran (a
+//!   field empty, too long or with a control character; two of one name) is decided by the marker or
+//!   business key that holds it on both (the pipeline asks the store, `InboxStore::holder_of`, before it
+//!   dead-letters), and one without a holder is dead-lettered (`handler_permanent`) on both; a transaction
+//!   DynamoDB refuses as a whole (over the service's limits, `DynamoError::Limit`) likewise (the store
+//!   reads the holder after the refusal), where SQLite's handler fails for good in its place (a permanent
+//!   error once its marker is placed). A marker inserted through the store's API answers at commit on
+//!   DynamoDB, and that answer is compared with SQLite's insert.
 //! * **Every operator query names its key on DynamoDB** (`docs/operations.md`): stats and rejections of one
 //!   consumer (the rejections of every consumer are refused with `DynamoError::NeedsKey`), a message's story
 //!   with its source, and with `--effect NAME` only the effects so named (by idempotency key).
@@ -791,22 +790,6 @@ fn handled(result_reference: &Option<String>, effects: &[Fx]) -> Handled {
     handled
 }
 
-/// Whether the pipeline refuses the handler's effects (a field empty, over 512 bytes or with a control
-/// character; two of one name), which it checks after the handler ran: DynamoDB runs the handler of a copy
-/// whose marker is held (the marker is checked at commit), so such a delivery is dead-lettered there whatever
-/// the markers hold (see the header).
-fn refused_by_pipeline(effects: &[Fx]) -> bool {
-    let bad = |v: &str| v.is_empty() || v.len() > 512 || v.chars().any(char::is_control);
-    let mut names = HashSet::new();
-    effects.iter().any(|f| {
-        bad(&f.name)
-            || bad(&f.destination)
-            || f.external_ref.as_deref().is_some_and(bad)
-            || f.group.as_deref().is_some_and(bad)
-            || !names.insert(&f.name)
-    })
-}
-
 /// Whether DynamoDB refuses the delivery's transaction as a whole, before it is sent: over the service's
 /// limits (more than 100 actions: the marker, the business key item, each effect and each group's tail
 /// item; an item over 400 KB: the marker or the business key item with the result reference, an effect with
@@ -820,17 +803,6 @@ fn over_limits(id: &Identity, result_reference: &Option<String>, effects: &[Fx])
             .as_ref()
             .is_some_and(|r| over_item(r.len()))
         || effects.iter().any(|f| over_item(f.payload.len()))
-}
-
-/// Whether the pipeline refuses the delivery before the store (its age past the retention).
-fn refused_before_store(m: &Msg) -> bool {
-    m.enqueued_at.is_some_and(|enq| {
-        m.received_at
-            .signed_duration_since(enq)
-            .to_std()
-            .unwrap_or_default()
-            > m.keep
-    })
 }
 
 /// The effects' keys of the deliveries the pipeline can resolve.
@@ -915,27 +887,7 @@ async fn deliver_lite(
 ) -> Vec<String> {
     let first = &msgs[0];
     let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
-    // The deliveries DynamoDB dead-letters whatever the markers hold (effects the pipeline refuses after
-    // the handler ran) are expected so, and not run.
-    let mut expected: Vec<Option<String>> = Vec::new();
-    let mut run = Vec::new();
-    for m in msgs {
-        let fails = match policy.resolve(&received(m)) {
-            Ok(_) => {
-                !refused_before_store(&Msg {
-                    keep: first.keep,
-                    ..m.clone()
-                }) && refused_by_pipeline(effects)
-            }
-            Err(_) => false,
-        };
-        if fails {
-            expected.push(Some("dead-lettered: handler_permanent".into()));
-        } else {
-            expected.push(None);
-            run.push(received(m));
-        }
-    }
+    let run: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
     let inbox =
         Inbox::new(lite.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
     let h = handled(result_reference, effects);
@@ -972,11 +924,7 @@ async fn deliver_lite(
         }
         out
     };
-    let mut outcomes = outcomes.into_iter().map(delivered);
-    expected
-        .into_iter()
-        .map(|e| e.unwrap_or_else(|| outcomes.next().unwrap_or_default()))
-        .collect()
+    outcomes.into_iter().map(delivered).collect()
 }
 
 async fn deliver_dyn(
@@ -2303,6 +2251,96 @@ macro_rules! a_refused_copy_of_an_applied_message {
         assert_eq!(fresh, $fresh);
         store.done_with().await;
     }};
+}
+
+/// A copy of a message applied before whose handler returns a permanent error, or records effects the
+/// pipeline refuses after the handler ran (an empty name; two of one name), is decided by what holds its
+/// marker or business key, as on SQLite, which finds the marker before the handler runs: a duplicate with
+/// the holder's reference, a payload collision, a business duplicate; alone and in a batch. DynamoDB, which
+/// decides duplicates at commit, runs that copy's handler, and the pipeline dead-lettered it
+/// (`handler_permanent`), the message applied all the same. A message without a marker is dead-lettered on
+/// both.
+macro_rules! a_held_copy_whose_handler_fails_for_good {
+    ($store:expr, $tx:ty) => {{
+        let store = $store;
+        let inbox = Inbox::new(
+            store.clone(),
+            IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+        );
+        // 0: a plain answer; 1: a permanent error; 2: an effect without a name; 3: two effects of one name.
+        let mode = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = mode.clone();
+        let handler = move |_tx: $tx, msg: Message<serde_json::Value>| {
+            let mode = m.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let reference = Handled::reference(format!("ref-{}", msg.identity.message_id));
+                match mode {
+                    0 => Ok(reference),
+                    1 => Err(HandlerError::permanent(std::io::Error::other("for good"))),
+                    2 => Ok(reference.effect(Effect::new("", "d1", vec![]))),
+                    _ => Ok(reference
+                        .effect(Effect::new("e", "d1", vec![]))
+                        .effect(Effect::new("e", "d2", vec![]))),
+                }
+            }
+        };
+        let set = |v: usize| mode.store(v, std::sync::atomic::Ordering::SeqCst);
+        let label = |o| {
+            let o = delivered(o);
+            // A collision's hashes are the copies' own (the same on both stores).
+            match o.split_once(" {") {
+                Some(("PayloadCollision", _)) => "PayloadCollision".to_owned(),
+                _ => o,
+            }
+        };
+        let other = || {
+            let mut other = copy("a", None);
+            other.0.body = br#"{"other":1}"#.to_vec();
+            other
+        };
+        set(0);
+        for d in [copy("a", None), copy("b", Some("k"))] {
+            inbox.process(d, &handler).await;
+        }
+        let held = [
+            "Duplicate { result_reference: Some(\"ref-a\") }",
+            "PayloadCollision",
+            "BusinessDuplicate { holder_message_id: \"b\", result_reference: Some(\"ref-b\") }",
+            "dead-lettered: handler_permanent",
+        ];
+        for fails in 1..=3 {
+            set(fails);
+            let mut alone = Vec::new();
+            for d in [copy("a", None), other(), copy("c", Some("k")), copy(&format!("d{fails}"), None)] {
+                alone.push(label(inbox.process(d, &handler).await));
+            }
+            assert_eq!(alone, held, "alone, mode {fails}");
+            let batch = inbox
+                .clone()
+                .bind_handler(handler.clone())
+                .process_batch(
+                    vec![copy("a", None), other(), copy("c", Some("k")), copy(&format!("e{fails}"), None)],
+                    &CancellationToken::new(),
+                )
+                .await;
+            assert_eq!(
+                batch.into_iter().map(label).collect::<Vec<_>>(),
+                held,
+                "in a batch, mode {fails}"
+            );
+        }
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_marker_on_sqlite() {
+    a_held_copy_whose_handler_fails_for_good!(lite_store().await, txinbox_store::Tx<sqlx::Sqlite>);
+}
+
+#[tokio::test]
+async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_marker_on_dynamodb() {
+    a_held_copy_whose_handler_fails_for_good!(dynamo_store().await, DynamoTx);
 }
 
 #[tokio::test]

@@ -74,7 +74,7 @@ impl DynamoStore {
             )
         };
         let sole = match pending.as_slice() {
-            [p] => Some(p.marker.clone()),
+            [p] => Some(p.marker.identity.clone()),
             _ => None,
         };
         let answer = self.send_all(pending, actions).await?;
@@ -84,8 +84,8 @@ impl DynamoStore {
         // marker first decides it: the marker (or the business key item) is read once, on this path only. A
         // batch's refusal needs no read: the pipeline then sends each delivery alone.
         match (answer, sole) {
-            (Commit::HandlerFailed(e), Some(marker)) if e.retry_kind() == Retry::No => {
-                Ok(match self.live_holder(&marker).await? {
+            (Commit::HandlerFailed(e), Some(identity)) if e.retry_kind() == Retry::No => {
+                Ok(match self.live_holder(&identity).await? {
                     Some(holder) => {
                         tracing::debug!(error = %e, "commit: refused for good, but the message's marker or business key is held: decided by its holder");
                         Commit::Conflict(Some(holder))

@@ -25,14 +25,13 @@ impl DynamoStore {
         Self::holder(&item, true).map(Some)
     }
 
-    /// What holds `m`'s message as a store that checks the marker first would find it: its own marker,
+    /// What holds `id`'s message as a store that checks the marker first would find it: its own marker,
     /// else the item of its business key (another message's), each read strongly consistent and absent once
     /// past its `expires_at`; `None` when neither is held.
     pub(super) async fn live_holder(
         &self,
-        m: &PendingMarker,
+        id: &Identity,
     ) -> Result<Option<ExistingMarker>, DynamoError> {
-        let id = &m.identity;
         let consumer = id.consumer.as_str();
         if let Some(own) = self
             .live_marker(&l::marker_pk(consumer, &id.source, &id.message_id))
@@ -210,6 +209,15 @@ impl InboxStore for DynamoStore {
             .await
             .map_err(|e| call("PutItem", e))?;
         Ok(())
+    }
+
+    /// The holder of `identity`'s message, read strongly consistent: its marker, then its business key's
+    /// item (one `GetItem` each, the second only when the first finds none and the message has a business
+    /// key), as a permanent refusal of the transaction reads it ([`InboxStore::commit`]). The pipeline asks
+    /// only when a delivery would be dead-lettered after its handler ran, which the marker's condition at
+    /// commit never got to decide.
+    async fn holder_of(&self, identity: &Identity) -> Result<Option<ExistingMarker>, DynamoError> {
+        self.live_holder(identity).await
     }
 
     fn is_transient(e: &DynamoError) -> bool {

@@ -56,9 +56,9 @@ enum FirstPass<T, E> {
     StoreFailed(&'static str, E),
     /// The store answered another number of marker inserts than it was given.
     Miscounted(String),
-    /// A handler failed: roll back, keep its failure, apply `again` under savepoints.
+    /// A handler failed: roll back, keep its failure (with its delivery), apply `again` under savepoints.
     GaveUp {
-        failed: (usize, Failure<E>),
+        failed: Box<(usize, Failure<E>, Prepared<()>)>,
         again: Vec<(usize, Again<T>)>,
     },
 }
@@ -226,8 +226,9 @@ impl<S: InboxStore> Inbox<S> {
             }
             FirstPass::GaveUp { failed, again } => {
                 let _ = self.store.rollback(tx, false).await;
-                let (i, failure) = failed;
-                let decision = self.failed(failure);
+                let (i, failure, prepared) = *failed;
+                let received_at = deliveries[i].message().received_at;
+                let decision = self.decide_failure(failure, &prepared, received_at).await;
                 // Its FIFO group's later messages are released with it, as in the savepoint pass.
                 let mut held = HashMap::new();
                 slots[i] = Slot::Decided(decision);
@@ -323,10 +324,10 @@ impl<S: InboxStore> Inbox<S> {
                     continue;
                 }
             }
-            let failure = if let Some(delay) = behind {
+            let (failure, prepared) = if let Some(delay) = behind {
                 // Its marker is in, behind a message of its group this pass released: the pass gives up
                 // (its writes rolled back) and this delivery is held back with that message.
-                Failure::Refused(self.held_back(delay))
+                (Failure::Refused(self.held_back(delay)), prepared.spent())
             } else {
                 let item_span = tracing::info_span!(
                     "txinbox.process",
@@ -344,7 +345,7 @@ impl<S: InboxStore> Inbox<S> {
                         continue;
                     }
                     Handling::Interrupted => return FirstPass::Interrupted,
-                    Handling::Failed(f) => f,
+                    Handling::Failed(f, p) => (f, p),
                 }
             };
             tracing::debug!(
@@ -362,7 +363,7 @@ impl<S: InboxStore> Inbox<S> {
             }
             again.extend(rest.map(|((j, p), _)| (j, Again::Fresh(p))));
             return FirstPass::GaveUp {
-                failed: (i, failure),
+                failed: Box::new((i, failure, prepared)),
                 again,
             };
         }
@@ -453,7 +454,8 @@ impl<S: InboxStore> Inbox<S> {
                     slots[i] = Slot::Conflicted(p, holder);
                     continue;
                 }
-                Step::Failed(decision) => decision,
+                Step::Failed(decision) => Err(decision),
+                Step::Unhandled(p, f) => Ok((p, f)),
                 Step::Interrupted => {
                     let _ = self.store.rollback(tx, false).await;
                     return finish(slots, &|| self.interrupted());
@@ -462,9 +464,25 @@ impl<S: InboxStore> Inbox<S> {
             if let Err(e) = self.store.rollback_to_savepoint(&tx).await {
                 // The transaction is lost with this delivery's writes: nothing of it is kept.
                 let _ = self.store.rollback(tx, false).await;
-                slots[i] = Slot::Decided(failed);
+                slots[i] = Slot::Decided(match failed {
+                    Err(decision) => decision,
+                    Ok((_, f)) => self.failed(f),
+                });
                 return finish(slots, &|| self.store_retry("rollback to savepoint", &e));
             }
+            let failed = match failed {
+                Err(decision) => decision,
+                // A holder found after a permanent failure is a conflict, decided after COMMIT like the
+                // others (its evidence in a transaction of its own).
+                Ok((p, f)) => match self.holder_after_failure(&f, &p).await {
+                    Ok(Some(holder)) => {
+                        slots[i] = Slot::Conflicted(p, Some(holder));
+                        continue;
+                    }
+                    Ok(None) => self.failed(f),
+                    Err(release) => release,
+                },
+            };
             if let (Decision::Release(_, delay), Some(g)) = (&failed, &msg.group_id) {
                 held.insert(g.clone(), *delay);
             }

@@ -30,13 +30,16 @@ pub(super) enum Decision {
 }
 
 /// Where the work of one delivery inside a transaction ended.
-pub(super) enum Step {
+pub(super) enum Step<E> {
     /// Marker, business change and result written; waiting for COMMIT.
     Applied(Done),
     /// A unique constraint refused the marker (nothing written).
     Conflict(Prepared<()>, Option<ExistingMarker>),
     /// Roll back (the delivery's writes) and settle this way.
     Failed(Decision),
+    /// The handler's part failed after the marker went in: roll back (the delivery's writes), then decide
+    /// it ([`Inbox::holder_after_failure`], [`Inbox::failed`]).
+    Unhandled(Prepared<()>, Failure<E>),
     /// Stopped (shutdown deadline) while the handler ran.
     Interrupted,
 }
@@ -45,8 +48,8 @@ pub(super) enum Step {
 pub(super) enum Handling<E> {
     /// Business change and result written; waiting for COMMIT.
     Done(Done),
-    /// Roll back; not yet counted (see [`Inbox::failed`]).
-    Failed(Failure<E>),
+    /// Roll back; not yet counted (see [`Inbox::failed`]). The delivery, its body spent.
+    Failed(Failure<E>, Prepared<()>),
     /// Stopped (shutdown deadline) while the handler ran.
     Interrupted,
 }
@@ -187,6 +190,11 @@ impl<S: InboxStore> Inbox<S> {
                 let _ = self.store.rollback(tx, false).await;
                 decision
             }
+            Step::Unhandled(prepared, failure) => {
+                let _ = self.store.rollback(tx, false).await;
+                self.decide_failure(failure, &prepared, msg.received_at)
+                    .await
+            }
             Step::Interrupted => {
                 let _ = self.store.rollback(tx, false).await;
                 self.interrupted()
@@ -203,7 +211,7 @@ impl<S: InboxStore> Inbox<S> {
         msg: &ReceivedMessage,
         handler: &H,
         stop: &CancellationToken,
-    ) -> Step {
+    ) -> Step<S::Error> {
         let inserted = {
             let row = self.marker_row(&prepared, msg, Utc::now());
             self.store.insert_marker(tx, &row).await
@@ -216,7 +224,7 @@ impl<S: InboxStore> Inbox<S> {
         }
         match self.handle(tx, prepared, msg, handler, stop).await {
             Handling::Done(done) => Step::Applied(done),
-            Handling::Failed(f) => Step::Failed(self.failed(f)),
+            Handling::Failed(f, p) => Step::Unhandled(p, f),
             Handling::Interrupted => Step::Interrupted,
         }
     }
@@ -287,7 +295,12 @@ impl<S: InboxStore> Inbox<S> {
             identity,
             raw: msg.clone(),
         };
-        let identity = message.identity.clone();
+        // The delivery without its body, handed back with a failure or kept for the COMMIT.
+        let spent = Prepared {
+            identity: message.identity.clone(),
+            hash,
+            body: (),
+        };
         // A panicking handler is contained: the transaction rolls back and the delivery is retried.
         let guarded =
             std::panic::AssertUnwindSafe(handler.handle(tx.clone(), message)).catch_unwind();
@@ -298,24 +311,22 @@ impl<S: InboxStore> Inbox<S> {
         };
         let handled: Handled = match handled {
             Ok(Ok(h)) => h.into(),
-            Ok(Err(e)) => return Handling::Failed(Failure::Handler(e)),
-            Err(_) => return Handling::Failed(Failure::Panicked),
+            Ok(Err(e)) => return Handling::Failed(Failure::Handler(e), spent),
+            Err(_) => return Handling::Failed(Failure::Panicked, spent),
         };
         let now = Utc::now();
+        let identity = &spent.identity;
         let mut effects = Vec::with_capacity(handled.effects.len());
+        let mut refused = None;
         for e in &handled.effects {
             if let Err(why) = check_effect(e) {
-                return Handling::Failed(Failure::Refused(dead_letter(
-                    "handler_permanent",
-                    format!("the handler recorded an effect whose {why}"),
-                )));
+                refused = Some(format!("the handler recorded an effect whose {why}"));
+                break;
             }
-            let key = crate::effects::idempotency_key(&identity, &e.name);
+            let key = crate::effects::idempotency_key(identity, &e.name);
             if effects.iter().any(|n: &NewEffect<'_>| n.key == key) {
-                return Handling::Failed(Failure::Refused(dead_letter(
-                    "handler_permanent",
-                    format!("the handler recorded two effects named {:?}: an effect's name must be unique within its message", e.name),
-                )));
+                refused = Some(format!("the handler recorded two effects named {:?}: an effect's name must be unique within its message", e.name));
+                break;
             }
             effects.push(NewEffect {
                 consumer: &self.consumer,
@@ -325,22 +336,74 @@ impl<S: InboxStore> Inbox<S> {
                 created_at: now,
             });
         }
-        if let Err(e) = self
-            .store
-            .record_result(tx, &identity, handled.result_reference.as_deref(), &effects)
-            .await
-        {
-            return Handling::Failed(Failure::Store("record result", e));
-        }
+        let recorded = match refused {
+            Some(why) => Err(Failure::Refused(dead_letter("handler_permanent", why))),
+            None => self
+                .store
+                .record_result(tx, identity, handled.result_reference.as_deref(), &effects)
+                .await
+                .map_err(|e| Failure::Store("record result", e)),
+        };
         drop(effects);
+        if let Err(f) = recorded {
+            return Handling::Failed(f, spent);
+        }
         Handling::Done(Done {
             result_reference: handled.result_reference,
-            prepared: Prepared {
-                identity,
-                hash,
-                body: (),
-            },
+            prepared: spent,
         })
+    }
+
+    /// A failure of the handler's part of `p` (its writes rolled back) as the decision it leads to: a
+    /// permanent one of a copy whose message is held is decided by its holder
+    /// ([`Inbox::holder_after_failure`]), as a commit-time conflict is; any other as [`Inbox::failed`] decides
+    /// it.
+    pub(super) async fn decide_failure(
+        &self,
+        f: Failure<S::Error>,
+        p: &Prepared<()>,
+        received_at: chrono::DateTime<Utc>,
+    ) -> Decision {
+        match self.holder_after_failure(&f, p).await {
+            Ok(Some(holder)) => self.conflict(p, Some(holder), received_at).await,
+            Ok(None) => self.failed(f),
+            Err(release) => release,
+        }
+    }
+
+    /// The holder of `p`'s message when `f` would dead-letter it after its handler ran (the handler's
+    /// permanent error, effects the pipeline refuses): a store that checks its markers at commit ran the
+    /// handler of a copy whose marker is held, which a store that inserts the marker first never runs. Asked
+    /// of [`InboxStore::holder_of`] on this path only (its default answers `None` without a round trip).
+    /// `Ok(None)`: the failure stands. `Err`: the store could not tell for now (a transient error): the
+    /// delivery is released, and its redelivery decides it; a store error that is not transient leaves the
+    /// failure standing.
+    pub(super) async fn holder_after_failure(
+        &self,
+        f: &Failure<S::Error>,
+        p: &Prepared<()>,
+    ) -> Result<Option<ExistingMarker>, Decision> {
+        // What failed, for the log: read only when it is written.
+        let why: &(dyn std::fmt::Display + Sync) = match f {
+            Failure::Handler(e) if self.retry_of(e).is_none() => e,
+            Failure::Refused(Decision::DeadLetter(_, dl)) => &dl.detail,
+            _ => return Ok(None),
+        };
+        match self.store.holder_of(&p.identity).await {
+            Ok(Some(holder)) => {
+                tracing::debug!(message_id = %p.identity.message_id, failure = %why, "the handler's part failed for good, but the message's marker or business key is held: decided by its holder");
+                Ok(Some(holder))
+            }
+            Ok(None) => Ok(None),
+            Err(e) if S::is_transient(&e) => {
+                tracing::warn!(message_id = %p.identity.message_id, failure = %why, "the handler's part failed for good; whether the message's marker is held could not be read for now: released");
+                Err(self.store_retry("read the marker's holder", &e))
+            }
+            Err(e) => {
+                tracing::warn!(message_id = %p.identity.message_id, error = %e, "whether the message's marker is held could not be read: the handler's failure stands");
+                Ok(None)
+            }
+        }
     }
 
     /// A failure of the work in the transaction, counted and logged, as the decision it leads to.

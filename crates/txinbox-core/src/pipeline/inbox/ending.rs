@@ -17,9 +17,10 @@ use super::decide::{Decision, Prepared};
 use super::Inbox;
 
 impl<S: InboxStore> Inbox<S> {
-    pub(super) fn handler_failed(&self, e: HandlerError) -> Decision {
-        // `Some(after)`: a retry can help; `None`: it cannot.
-        let retry = match e.retry_kind() {
+    /// Whether a retry of a delivery whose handler returned `e` can help: `Some(after)` when it can (with the
+    /// delay the handler asked for, if any), `None` when it cannot.
+    pub(super) fn retry_of(&self, e: &HandlerError) -> Option<Option<Duration>> {
+        match e.retry_kind() {
             Retry::Yes { after } => Some(after),
             Retry::No => None,
             // An error that came through `?`: the store knows its driver's errors; anything else is retried
@@ -28,8 +29,11 @@ impl<S: InboxStore> Inbox<S> {
                 Some(false) => None,
                 _ => Some(None),
             },
-        };
-        let Some(after) = retry else {
+        }
+    }
+
+    pub(super) fn handler_failed(&self, e: HandlerError) -> Decision {
+        let Some(after) = self.retry_of(&e) else {
             tracing::error!(error = %e, "handler failed permanently: rolled back, dead-lettering");
             return dead_letter("handler_permanent", e.to_string());
         };

@@ -321,3 +321,47 @@ async fn a_delivery_released_in_the_first_pass_holds_its_group_back() {
     assert_eq!(store.state().effects, ["task-2483"]);
     assert_eq!(store.state().markers.len(), 1);
 }
+
+/// In a batch, a held copy whose handler fails for good is decided by its holder wherever its failure is
+/// met: in the first pass (the batch gives up on it), in the savepoint pass (decided after COMMIT), and one
+/// by one on a store without savepoints. Before, each was dead-lettered (`handler_permanent`).
+#[tokio::test]
+async fn a_held_copy_whose_handler_fails_for_good_in_a_batch_is_decided_by_its_holder() {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    for savepoints in [true, false] {
+        let (store, q) = (MemStore::default(), MemoryQueue::default());
+        store.state().answers_holders = true;
+        store.state().savepoints = savepoints;
+        let mode = Arc::new(AtomicU8::new(0));
+        let p = failing_for_good(&store, mode.clone());
+        q.send(event("evt-1", "2481"));
+        assert_eq!(
+            labels(
+                &p.process_batch(q.receive_now(1), &CancellationToken::new())
+                    .await
+            ),
+            ["applied"]
+        );
+        mode.store(1, Ordering::SeqCst);
+        // The copy fails first (the first pass gives up), then a new message, then a business duplicate.
+        q.send(event("evt-1", "2481"));
+        q.send(event("evt-4", "4444"));
+        q.send(event("evt-2", "2481"));
+        let o = p
+            .process_batch(q.receive_now(3), &CancellationToken::new())
+            .await;
+        assert_eq!(
+            labels(&o),
+            ["duplicate", "dead_lettered", "business_duplicate"],
+            "savepoints: {savepoints}"
+        );
+        assert_eq!(
+            o[0],
+            Outcome::Duplicate {
+                result_reference: Some("task-2481".into())
+            }
+        );
+        assert_eq!(store.state().effects, ["task-2481"]);
+        assert_eq!(store.state().holder_reads, 3);
+    }
+}

@@ -239,3 +239,89 @@ async fn a_worker_runs_until_the_queue_is_idle() {
     assert_eq!(store.state().effects.len(), 5);
     assert_eq!(q.state(), QueueState::default());
 }
+
+/// A store that checks its markers at commit runs the handler of a copy whose marker is held. When that
+/// handler fails for good, or records effects the pipeline refuses, the pipeline asks the store for the
+/// holder (`InboxStore::holder_of`) and decides the copy by it, as a conflict found at commit: a duplicate
+/// with the holder's reference, a payload collision, a business duplicate. A success and a retryable
+/// failure never ask; a message without a holder is dead-lettered; a holder that cannot be read for now
+/// releases the copy. Before, each held copy was dead-lettered (`handler_permanent`).
+#[tokio::test]
+async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_holder() {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().answers_holders = true;
+    let mode = Arc::new(AtomicU8::new(0));
+    let p = failing_for_good(&store, mode.clone());
+    let reads = || store.state().holder_reads;
+    q.send(event("evt-1", "2481"));
+    assert_eq!(
+        one(&q, &p).await,
+        Outcome::Applied {
+            result_reference: Some("task-2481".into())
+        }
+    );
+    for fails in [1, 2] {
+        mode.store(fails, Ordering::SeqCst);
+        q.send(event("evt-1", "2481"));
+        assert_eq!(
+            one(&q, &p).await,
+            Outcome::Duplicate {
+                result_reference: Some("task-2481".into())
+            },
+            "mode {fails}"
+        );
+        q.send(event("evt-1", "9999"));
+        let o = one(&q, &p).await;
+        assert!(matches!(o, Outcome::PayloadCollision { .. }), "{o:?}");
+        q.send(event("evt-2", "2481"));
+        assert_eq!(
+            one(&q, &p).await,
+            Outcome::BusinessDuplicate {
+                holder_message_id: "evt-1".into(),
+                result_reference: Some("task-2481".into())
+            }
+        );
+        q.send(event("evt-3", "5555"));
+        let o = one(&q, &p).await;
+        assert!(
+            matches!(&o, Outcome::DeadLettered { reason, .. } if reason == "handler_permanent"),
+            "{o:?}"
+        );
+    }
+    assert_eq!(reads(), 8, "one read per permanent failure");
+    mode.store(3, Ordering::SeqCst);
+    q.send(event("evt-1", "2481"));
+    assert!(matches!(one(&q, &p).await, Outcome::Retry { .. }));
+    assert_eq!(reads(), 8, "a retryable failure is not looked up");
+    mode.store(1, Ordering::SeqCst);
+    store.state().fail_holder_reads = true;
+    q.send(event("evt-1", "2481"));
+    assert!(matches!(one(&q, &p).await, Outcome::Retry { .. }));
+    assert_eq!(reads(), 9);
+    assert_eq!(store.state().effects, ["task-2481"]);
+    assert_eq!(
+        store.state().rejections,
+        [
+            ("payload_collision", "evt-1".to_owned()),
+            ("business_duplicate", "evt-2".to_owned()),
+            ("payload_collision", "evt-1".to_owned()),
+            ("business_duplicate", "evt-2".to_owned()),
+        ]
+    );
+}
+
+/// A store that answers no holder (the trait's default, the SQL stores) keeps a permanent failure as it
+/// was: dead-lettered.
+#[tokio::test]
+async fn a_permanent_failure_stands_when_the_store_answers_no_holder() {
+    use std::sync::atomic::AtomicU8;
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    let p = failing_for_good(&store, Arc::new(AtomicU8::new(1)));
+    q.send(event("evt-1", "2481"));
+    let o = one(&q, &p).await;
+    assert!(
+        matches!(&o, Outcome::DeadLettered { reason, .. } if reason == "handler_permanent"),
+        "{o:?}"
+    );
+}

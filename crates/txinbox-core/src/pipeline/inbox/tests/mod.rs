@@ -45,6 +45,13 @@ struct State {
     savepoints_opened: u32,
     /// Message ids whose marker has no partition (`MarkerInsert::Unplaced`).
     unplaced: Vec<String>,
+    /// Whether `holder_of` answers the committed holder (as the DynamoDB store does); off: `None`, as the
+    /// trait's default.
+    answers_holders: bool,
+    /// Whether `holder_of` fails (transient).
+    fail_holder_reads: bool,
+    /// `holder_of` calls.
+    holder_reads: u32,
 }
 
 #[derive(Clone, Default, Debug)]
@@ -210,6 +217,26 @@ impl InboxStore for MemStore {
             .push((r.kind.as_str(), r.identity.message_id.clone()));
         Ok(())
     }
+    async fn holder_of(&self, id: &Identity) -> Result<Option<ExistingMarker>, Unavailable> {
+        let mut st = self.state();
+        st.holder_reads += 1;
+        if st.fail_holder_reads {
+            return Err(Unavailable);
+        }
+        if !st.answers_holders {
+            return Ok(None);
+        }
+        let key = (
+            id.consumer.as_str().to_owned(),
+            id.source.clone(),
+            id.message_id.clone(),
+        );
+        let bkey = id
+            .business_key
+            .as_ref()
+            .map(|k| format!("{}\u{0}{k}", id.tenant_id.as_deref().unwrap_or("")));
+        Ok(Self::holder(&st, &key, &bkey))
+    }
     fn is_transient(_: &Unavailable) -> bool {
         true
     }
@@ -247,6 +274,31 @@ fn processor(
         .bind(|tx: MemTx, msg: Message<Meeting>| async move {
             tx.write(format!("task-{}", msg.body.opportunity));
             Ok(Handled::reference(format!("task-{}", msg.body.opportunity)))
+        })
+        .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)))
+}
+
+/// A typed handler for a store that checks its markers at commit: it writes its effect, then succeeds
+/// (`mode` 0), fails for good (1), records two effects of one name, which the pipeline refuses (2), or fails
+/// retryably (3).
+fn failing_for_good(
+    store: &MemStore,
+    mode: Arc<std::sync::atomic::AtomicU8>,
+) -> InboxProcessor<MemStore, Meeting, impl Handler<MemStore, Meeting>> {
+    inbox(store)
+        .bind(move |tx: MemTx, msg: Message<Meeting>| {
+            let mode = mode.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                tx.write(format!("task-{}", msg.body.opportunity));
+                let done = Handled::reference(format!("task-{}", msg.body.opportunity));
+                let fx = |d: &str| crate::effects::Effect::new("notify", d, vec![]);
+                match mode {
+                    0 => Ok(done),
+                    1 => Err(HandlerError::permanent(std::io::Error::other("no account"))),
+                    2 => Ok(done.effect(fx("crm")).effect(fx("mail"))),
+                    _ => Err(HandlerError::retry(std::io::Error::other("busy"))),
+                }
+            }
         })
         .business_key(|m: &Meeting| Some(format!("followup:{}:{}", m.opportunity, m.meeting)))
 }
