@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use txinbox_core::effects::NewEffect;
 use txinbox_core::{
-    BrokerError, Commit, DeadLetter, Delivery, Handler, Identity, InboxProcessor, InboxStore,
-    Lease, MarkerInsert, MarkerRow, Outcome, Payload, ReceivedMessage, Rejection,
+    BrokerError, Commit, DeadLetter, Delivery, ExistingMarker, Handler, Identity, InboxProcessor,
+    InboxStore, Lease, MarkerInsert, MarkerRow, Outcome, Payload, ReceivedMessage, Rejection,
 };
 
 /// A point in the inbox transaction where a fault test can simulate a crash.
@@ -149,6 +149,12 @@ impl<S: InboxStore> InboxStore for FaultyStore<S> {
     async fn rollback_to_savepoint(&self, tx: &S::Tx) -> Result<(), S::Error> {
         self.inner.rollback_to_savepoint(tx).await
     }
+    // Forwarded, not left to the trait's default: the default answers `None`, and a store that decides
+    // duplicates at commit (DynamoDB) would then dead-letter, in the lab only, a held copy whose handler failed
+    // for good, where the worker acknowledges it as a duplicate.
+    async fn holder_of(&self, identity: &Identity) -> Result<Option<ExistingMarker>, S::Error> {
+        self.inner.holder_of(identity).await
+    }
     fn is_transient(e: &S::Error) -> bool {
         S::is_transient(e)
     }
@@ -212,5 +218,90 @@ where
         biased;
         _ = crashed.cancelled() => Err(Crashed(point)),
         o = run => Ok(o),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use txinbox_core::{ConsumerName, IdOrigin};
+
+    /// A store that decides duplicates at commit: it answers a holder for every identity, as DynamoDB's
+    /// strongly consistent read of a held marker does.
+    #[derive(Clone)]
+    struct HoldsEverything;
+
+    impl InboxStore for HoldsEverything {
+        type Tx = ();
+        type Error = std::io::Error;
+        fn name(&self) -> &'static str {
+            "holds-everything"
+        }
+        async fn begin(&self) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        async fn insert_marker(
+            &self,
+            _: &(),
+            _: &MarkerRow<'_>,
+        ) -> Result<MarkerInsert, Self::Error> {
+            Ok(MarkerInsert::Inserted)
+        }
+        async fn record_result(
+            &self,
+            _: &(),
+            _: &Identity,
+            _: Option<&str>,
+            _: &[NewEffect<'_>],
+        ) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        async fn commit(&self, _: ()) -> Result<Commit, Self::Error> {
+            Ok(Commit::Done)
+        }
+        async fn rollback(&self, _: (), _: bool) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        async fn record_rejection(&self, _: &Rejection<'_>) -> Result<(), Self::Error> {
+            Ok(())
+        }
+        async fn holder_of(
+            &self,
+            identity: &Identity,
+        ) -> Result<Option<ExistingMarker>, Self::Error> {
+            Ok(Some(ExistingMarker::new(
+                true,
+                identity.message_id.clone(),
+                "hash".into(),
+                chrono::DateTime::UNIX_EPOCH,
+                Some("task-1".into()),
+            )))
+        }
+        fn is_transient(_: &Self::Error) -> bool {
+            false
+        }
+    }
+
+    /// The lab's wrapper answers the holder its store answers: with the trait's default (`None`) a held copy
+    /// whose handler failed for good was dead-lettered in the lab on DynamoDB, and acknowledged by the worker.
+    #[tokio::test]
+    async fn the_faulty_store_answers_its_stores_holder() {
+        let store = FaultyStore::new(HoldsEverything, Faults::new());
+        let identity = Identity {
+            consumer: ConsumerName::new("lab").unwrap(),
+            source: "lab".into(),
+            message_id: "m-1".into(),
+            origin: IdOrigin::ProducerId,
+            event_type: None,
+            contract_version: None,
+            tenant_id: None,
+            business_key: None,
+            event_time: None,
+        };
+        let holder = store.holder_of(&identity).await.unwrap();
+        assert_eq!(
+            holder.map(|h| (h.message_id, h.result_reference)),
+            Some(("m-1".to_owned(), Some("task-1".to_owned())))
+        );
     }
 }
