@@ -48,7 +48,9 @@ impl<P> Shard<P> {
         self
     }
 
-    /// This shard also takes every key no shard claims, and the messages without a key (at most one shard).
+    /// This shard also takes every key no shard claims, and the messages without a key (at most one shard). A
+    /// claimed key written in another form (case, Unicode form) is not one of them: it is dead-lettered
+    /// `no_shard`, the detail naming the shard that claims it.
     pub fn rest(mut self) -> Self {
         self.rest = true;
         self
@@ -231,6 +233,8 @@ pub struct ShardStatus {
 /// Which shard holds each key, and which takes the rest.
 pub(super) struct Claims {
     pub(super) by_key: HashMap<String, usize>,
+    /// Each claim's case-folded NFC form ([`case_folded`]), with its shard and the claim as written.
+    pub(super) by_form: HashMap<String, (usize, String)>,
     pub(super) rest: Option<usize>,
 }
 
@@ -321,7 +325,11 @@ pub(super) fn check_claims<'a, K: AsRef<str> + 'a>(
     if names.is_empty() {
         return Err(ShardConfigError::NoShards);
     }
-    Ok(Claims { by_key, rest })
+    Ok(Claims {
+        by_key,
+        by_form: folded_forms,
+        rest,
+    })
 }
 
 /// `key` in Unicode NFC.
@@ -332,7 +340,7 @@ fn nfc(key: &str) -> String {
 
 /// `key` case-folded, near enough for tenants: NFC, then upper case, then lower case (so `ß` meets `SS`, and
 /// `ſ`, `s` and `S` meet), where lower case alone would keep `ß` apart.
-fn case_folded(key: &str) -> String {
+pub(super) fn case_folded(key: &str) -> String {
     nfc(&nfc(key).to_uppercase().to_lowercase())
 }
 

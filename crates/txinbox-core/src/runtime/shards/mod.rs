@@ -87,6 +87,8 @@ struct Inner<P> {
     processors: Vec<P>,
     watch: Arc<[Watch]>,
     by_key: HashMap<String, usize>,
+    /// Each claim's case-folded NFC form: a key claimed in another form is not given to the rest.
+    by_form: HashMap<String, (usize, String)>,
     rest: Option<usize>,
     router: ShardRouter,
     opts: Mutex<ShardOptions>,
@@ -184,12 +186,17 @@ impl<P> Shards<P> {
             });
             processors.push(s.processor);
         }
-        let Claims { by_key, rest } = claims;
+        let Claims {
+            by_key,
+            by_form,
+            rest,
+        } = claims;
         Ok(Self {
             inner: Arc::new(Inner {
                 processors,
                 watch: watch.into(),
                 by_key,
+                by_form,
                 rest,
                 router,
                 opts: Mutex::new(ShardOptions::default()),
@@ -248,14 +255,34 @@ impl<P> Shards<P> {
                 )
             })?;
         match key {
-            Some(key) => match inner.by_key.get(&key).copied().or(inner.rest) {
-                Some(i) => Ok(i),
-                None => Err(format!(
-                    "{} {} is claimed by no shard and no shard takes the rest",
-                    inner.router.what,
-                    shown(&key)
-                )),
-            },
+            Some(key) => {
+                if let Some(&i) = inner.by_key.get(&key) {
+                    return Ok(i);
+                }
+                let Some(rest) = inner.rest else {
+                    return Err(format!(
+                        "{} {} is claimed by no shard and no shard takes the rest",
+                        inner.router.what,
+                        shown(&key)
+                    ));
+                };
+                // A claimed tenant written in another form (case, Unicode form) is the claiming shard's tenant,
+                // not one for the rest, where its data and markers would be apart from the tenant's.
+                let other_form = (key.len() <= MAX_FOLDED_KEY)
+                    .then(|| inner.by_form.get(&config::case_folded(&key)))
+                    .flatten();
+                match other_form {
+                    Some((i, claim)) => Err(format!(
+                        "{} {} is claimed by no shard as written, but shard {:?} claims {}, the same in another form (case or Unicode form): not given to the rest, where its data would be apart from the tenant's; list this form on shard {:?}",
+                        inner.router.what,
+                        shown(&key),
+                        &*inner.watch[*i].name,
+                        shown(claim),
+                        &*inner.watch[*i].name,
+                    )),
+                    None => Ok(rest),
+                }
+            }
             None => inner.rest.ok_or_else(|| {
                 format!(
                     "the message has no {} and no shard takes the rest",
@@ -378,6 +405,10 @@ impl<P> Shards<P> {
         health
     }
 }
+
+/// The longest key compared with the claims in another form: a claim is at most 512 bytes, and its NFD form
+/// and case changes make one at most a few times longer; a longer key is no claim's other form.
+const MAX_FOLDED_KEY: usize = 8 * crate::pipeline::identity::MAX_ID_LEN;
 
 /// The most of a message's key (or of a router's panic) a dead-letter detail and its log line quote: a key is
 /// the sender's text, as long as the broker lets an attribute be.

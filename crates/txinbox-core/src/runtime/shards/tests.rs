@@ -479,6 +479,34 @@ fn claims_equal_after_nfc_or_case_folding_on_two_shards_are_refused() {
     .unwrap();
 }
 
+/// A tenant a shard claims, written in another form (another case, another Unicode form), is not given to the
+/// shard that takes the rest, where it would have its data and markers apart from the tenant's: it is
+/// dead-lettered `no_shard`, the detail naming the shard and the claim it meets.
+#[test]
+fn a_claimed_tenant_in_another_form_never_goes_to_the_rest() {
+    let nfc = "Soci\u{e9}t\u{e9}";
+    let nfd = "Socie\u{301}te\u{301}";
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", ()).claims(["acme", nfc]),
+            Shard::new("eu-2", ()).claims(["globex"]).rest(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(shards.shard_of(&msg("{}", Some("acme"))), Ok("eu-1"));
+    assert_eq!(shards.shard_of(&msg("{}", Some(nfc))), Ok("eu-1"));
+    assert_eq!(shards.shard_of(&msg("{}", Some("initech"))), Ok("eu-2"));
+    assert_eq!(shards.shard_of(&msg("{}", None)), Ok("eu-2"));
+    for other in ["ACME", "Acme", nfd, "SOCI\u{c9}T\u{c9}"] {
+        let why = shards.shard_of(&msg("{}", Some(other))).unwrap_err();
+        assert!(
+            why.contains("\"eu-1\"") && why.contains("another form"),
+            "{other:?}: {why}"
+        );
+    }
+}
+
 /// Two probes of one shard that overlap (the periodic one and the one after a retry): the answer of the probe
 /// that began last is the shard's state, whichever answers last. A probe begun while the shard was down and
 /// timing out after a newer probe found it back does not mark it down again (its deliveries would be released,
