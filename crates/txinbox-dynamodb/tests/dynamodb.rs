@@ -621,8 +621,8 @@ fn delivery(id: &str, body: &str, business_key: Option<&str>) -> txinbox_testkit
 /// a duplicate with the holder's result reference, a payload collision, a business duplicate; alone and in a
 /// batch. DynamoDB, which decides duplicates at commit, runs that copy's handler, and the pipeline
 /// dead-lettered it (`handler_permanent`), the message applied all the same. A message without a holder is
-/// still dead-lettered, and a retryable failure is still released (no read). Nothing of a failed handler
-/// is written.
+/// still dead-lettered; a retryable failure of a first delivery is still released (no read), of a
+/// redelivered copy decided by its holder as well. Nothing of a failed handler is written.
 async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_holder(b: Backend) {
     use std::sync::atomic::AtomicU8;
     let c = b.client();
@@ -704,10 +704,29 @@ async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_holder(b: Ba
         let batch: Vec<String> = batch.into_iter().map(label).collect();
         assert_eq!(batch, held, "in a batch, mode {fails}");
     }
-    // A retryable failure is released as before, whatever holds the marker.
+    // A retryable failure of a first delivery is released, whatever holds the marker (no read); of a copy
+    // the broker handed out before, it is decided by the holder too: it kept failing and circulated until the
+    // broker's delivery limit dead-lettered it. A redelivered copy nobody holds keeps its retry.
     mode.store(6, Ordering::SeqCst);
     assert_eq!(
         label(inbox.process(delivery("a", "{}", None), &handler).await),
+        "retry"
+    );
+    let redelivered = |id: &str, key: Option<&str>| {
+        let mut d = delivery(id, "{}", key);
+        d.0.delivery_count = 2;
+        d
+    };
+    assert_eq!(
+        label(inbox.process(redelivered("a", None), &handler).await),
+        held[0]
+    );
+    assert_eq!(
+        label(inbox.process(redelivered("c", Some("k")), &handler).await),
+        held[2]
+    );
+    assert_eq!(
+        label(inbox.process(redelivered("fresh-6", None), &handler).await),
         "retry"
     );
     // Only the two applied messages wrote; no failed handler's update reached the table.

@@ -283,8 +283,9 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
     /// else the marker of another message that holds its business key (same consumer and tenant). A store
     /// that checks its markers at commit ([`MarkerInsert::Inserted`] "or will be checked at commit") runs the
     /// handler of a copy whose marker is held; the pipeline asks it here only when such a delivery would be
-    /// dead-lettered after its handler ran (the handler's permanent error, effects the pipeline refuses),
-    /// once its transaction is rolled back, and decides a holder as a commit-time [`Commit::Conflict`]
+    /// dead-lettered after its handler ran (the handler's permanent error, effects the pipeline refuses), or
+    /// released when the broker had handed it out before (a retryable error or a panic of a redelivered
+    /// copy), once its transaction is rolled back, and decides a holder as a commit-time [`Commit::Conflict`]
     /// (duplicate, payload collision, business duplicate). The default answers `None` without a round trip:
     /// a store that inserts the marker before the handler (the SQL stores) has already answered a held one.
     fn holder_of(

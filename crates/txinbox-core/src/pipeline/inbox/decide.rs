@@ -76,6 +76,8 @@ pub(super) struct Done {
 pub(super) struct Prepared<T> {
     pub(super) identity: Identity,
     pub(super) hash: String,
+    /// The broker handed this message out before ([`ReceivedMessage::delivery_count`] over 1).
+    pub(super) redelivered: bool,
     pub(super) body: T,
 }
 
@@ -85,6 +87,7 @@ impl<T> Prepared<T> {
         Prepared {
             identity: self.identity,
             hash: self.hash,
+            redelivered: self.redelivered,
             body: (),
         }
     }
@@ -288,6 +291,7 @@ impl<S: InboxStore> Inbox<S> {
         let Prepared {
             identity,
             hash,
+            redelivered,
             body,
         } = prepared;
         let message = Message {
@@ -299,6 +303,7 @@ impl<S: InboxStore> Inbox<S> {
         let spent = Prepared {
             identity: message.identity.clone(),
             hash,
+            redelivered,
             body: (),
         };
         // A panicking handler is contained: the transaction rolls back and the delivery is retried.
@@ -372,9 +377,13 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// The holder of `p`'s message when `f` would dead-letter it after its handler ran (the handler's
-    /// permanent error, effects the pipeline refuses): a store that checks its markers at commit ran the
-    /// handler of a copy whose marker is held, which a store that inserts the marker first never runs. Asked
-    /// of [`InboxStore::holder_of`] on this path only (its default answers `None` without a round trip).
+    /// permanent error, effects the pipeline refuses), or would release a copy the broker handed out before
+    /// (a retryable error or a panic of a redelivered copy): a store that checks its markers at commit ran the
+    /// handler of a copy whose marker is held, which a store that inserts the marker first never runs; left
+    /// to its failure, such a copy would be dead-lettered, or released until the broker's delivery limit
+    /// dead-letters it, although its message was applied. A first delivery's retryable failure is not asked
+    /// about (its redelivery is): the read is paid on the retry path of a redelivered copy only. Asked of
+    /// [`InboxStore::holder_of`] on these paths only (its default answers `None` without a round trip).
     /// `Ok(None)`: the failure stands. `Err`: the store could not tell for now (a transient error): the
     /// delivery is released, and its redelivery decides it; a store error that is not transient leaves the
     /// failure standing.
@@ -385,18 +394,19 @@ impl<S: InboxStore> Inbox<S> {
     ) -> Result<Option<ExistingMarker>, Decision> {
         // What failed, for the log: read only when it is written.
         let why: &(dyn std::fmt::Display + Sync) = match f {
-            Failure::Handler(e) if self.retry_of(e).is_none() => e,
+            Failure::Handler(e) if p.redelivered || self.retry_of(e).is_none() => e,
+            Failure::Panicked if p.redelivered => &"the handler panicked",
             Failure::Refused(Decision::DeadLetter(_, dl)) => &dl.detail,
             _ => return Ok(None),
         };
         match self.store.holder_of(&p.identity).await {
             Ok(Some(holder)) => {
-                tracing::debug!(message_id = %p.identity.message_id, failure = %why, "the handler's part failed for good, but the message's marker or business key is held: decided by its holder");
+                tracing::debug!(message_id = %p.identity.message_id, failure = %why, "the handler's part failed, but the message's marker or business key is held: decided by its holder");
                 Ok(Some(holder))
             }
             Ok(None) => Ok(None),
             Err(e) if S::is_transient(&e) => {
-                tracing::warn!(message_id = %p.identity.message_id, failure = %why, "the handler's part failed for good; whether the message's marker is held could not be read for now: released");
+                tracing::warn!(message_id = %p.identity.message_id, failure = %why, "the handler's part failed; whether the message's marker is held could not be read for now: released");
                 Err(self.store_retry("read the marker's holder", &e))
             }
             Err(e) => {
@@ -487,6 +497,7 @@ impl<S: InboxStore> Inbox<S> {
         Ok(Prepared {
             identity,
             hash,
+            redelivered: msg.delivery_count > 1,
             body,
         })
     }
@@ -521,6 +532,7 @@ impl<S: InboxStore> Inbox<S> {
         Ok(Prepared {
             identity: p.identity,
             hash: p.hash,
+            redelivered: p.redelivered,
             body,
         })
     }

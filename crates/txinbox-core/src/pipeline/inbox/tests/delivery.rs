@@ -311,6 +311,63 @@ async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_holder() {
     );
 }
 
+/// A redelivered copy (the broker handed it out before) whose handler fails for a retry, or panics, is
+/// asked about too: on a store that checks its markers at commit such a copy of an applied message was
+/// released again and again, its handler failing each time, until the broker's delivery limit dead-lettered
+/// it; the SQL stores acknowledge it as a duplicate without running the handler. A first delivery's
+/// retryable failure is not asked about (its redelivery is), and a redelivered copy nobody holds keeps its
+/// retry.
+#[tokio::test]
+async fn a_redelivered_held_copy_whose_handler_keeps_failing_is_decided_by_its_holder() {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().answers_holders = true;
+    let mode = Arc::new(AtomicU8::new(0));
+    let p = failing_for_good(&store, mode.clone());
+    let reads = || store.state().holder_reads;
+    q.send(event("evt-1", "2481"));
+    assert_eq!(
+        one(&q, &p).await,
+        Outcome::Applied {
+            result_reference: Some("task-2481".into())
+        }
+    );
+    // 3: a retryable error; 4: a panic.
+    for fails in [3, 4] {
+        mode.store(fails, Ordering::SeqCst);
+        q.send(event("evt-1", "2481"));
+        let before = reads();
+        let o = one(&q, &p).await;
+        assert!(matches!(o, Outcome::Retry { .. }), "mode {fails}: {o:?}");
+        assert_eq!(
+            reads(),
+            before,
+            "mode {fails}: a first delivery is not looked up"
+        );
+        q.advance(Duration::from_secs(60));
+        assert_eq!(
+            one(&q, &p).await,
+            Outcome::Duplicate {
+                result_reference: Some("task-2481".into())
+            },
+            "mode {fails}: its redelivery is decided by the holder"
+        );
+        assert_eq!(reads(), before + 1);
+    }
+    mode.store(3, Ordering::SeqCst);
+    q.send(event("evt-5", "5555"));
+    assert!(matches!(one(&q, &p).await, Outcome::Retry { .. }));
+    q.advance(Duration::from_secs(60));
+    let before = reads();
+    assert!(matches!(one(&q, &p).await, Outcome::Retry { .. }));
+    assert_eq!(
+        reads(),
+        before + 1,
+        "asked, nobody holds it: its retry stands"
+    );
+    assert_eq!(store.state().effects, ["task-2481"]);
+}
+
 /// A store that answers no holder (the trait's default, the SQL stores) keeps a permanent failure as it
 /// was: dead-lettered.
 #[tokio::test]

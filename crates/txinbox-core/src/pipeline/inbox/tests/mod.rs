@@ -296,7 +296,8 @@ fn failing_for_good(
                     0 => Ok(done),
                     1 => Err(HandlerError::permanent(std::io::Error::other("no account"))),
                     2 => Ok(done.effect(fx("crm")).effect(fx("mail"))),
-                    _ => Err(HandlerError::retry(std::io::Error::other("busy"))),
+                    3 => Err(HandlerError::retry(std::io::Error::other("busy"))),
+                    _ => panic!("the handler panicked"),
                 }
             }
         })
