@@ -418,6 +418,9 @@ impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for 
         self.settled(&sent);
         o
     }
+    fn max_payload_bytes(&self) -> Option<usize> {
+        self.inner.max_payload_bytes()
+    }
     fn started(&self) {
         self.inner.started()
     }
@@ -440,6 +443,46 @@ impl<D: Delivery, P: txinbox_core::Processor<D>> txinbox_core::Processor<D> for 
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use txinbox_core::{CancellationToken, Outcome, Processor};
+    use txinbox_testkit::NoopDelivery;
+
+    /// A processor that answers every defaulted method of [`Processor`] with something else than the default.
+    struct Limited;
+
+    impl Processor<NoopDelivery> for Limited {
+        fn consumer(&self) -> &str {
+            "limited"
+        }
+        async fn process(&self, _: NoopDelivery, _: CancellationToken) -> Outcome {
+            Outcome::Interrupted
+        }
+        fn max_payload_bytes(&self) -> Option<usize> {
+            Some(4096)
+        }
+        fn refused(&self) -> Option<String> {
+            Some("limited refuses".to_owned())
+        }
+    }
+
+    /// The timing wrapper answers for its processor: its body limit (what the shard router reads before
+    /// routing) and its refusal, not the trait's defaults.
+    #[test]
+    fn the_timed_processor_answers_as_its_processor() {
+        let t = super::Timed {
+            inner: Limited,
+            timing: Arc::default(),
+            latency: Arc::new(super::Latency::new()),
+        };
+        assert_eq!(Processor::<NoopDelivery>::consumer(&t), "limited");
+        assert_eq!(Processor::<NoopDelivery>::max_payload_bytes(&t), Some(4096));
+        assert_eq!(
+            Processor::<NoopDelivery>::refused(&t).as_deref(),
+            Some("limited refuses")
+        );
+    }
+
     /// A quantile is the upper bound of the bucket holding it: at or above the true value, at most 2 % over.
     #[test]
     fn latency_quantiles_bound_the_true_value_within_one_bucket() {
