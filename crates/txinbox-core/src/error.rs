@@ -306,8 +306,9 @@ mod tests {
     }
 }
 
-/// `url` for a log line, an error or a `Debug`: the password of its user info and every query value masked as
-/// `***` (an API key or a SAS signature may be one), `{placeholders}` of a URL template kept, the rest as
+/// `url` for a log line, an error or a `Debug`: the password of its user info (on HTTP the whole user info,
+/// where APIs take a token as the user name: `userinfo_mask`) and every query value masked as `***` (an API
+/// key or a SAS signature may be one), `{placeholders}` of a URL template kept, the rest as
 /// written. `sqlite:FILE` and other forms without an authority are kept whole, but their query values. A
 /// password written with a `/`, `?` or `#` unencoded is masked up to its `@`, even one of digits that reads like
 /// a port, and so is a port followed by an `@` further on (`http://h:***@b` for `http://h:8080/a@b`): see
@@ -329,9 +330,9 @@ pub fn redact_url(url: &str) -> String {
     // query and shown.
     let unmasked;
     let url = match url.split_once("://") {
-        Some((scheme, rest)) => match password_at(rest) {
-            Some((colon, at)) => {
-                unmasked = format!("{scheme}://{}***{}", &rest[..=colon], &rest[at..]);
+        Some((scheme, rest)) => match userinfo_mask(scheme, rest) {
+            Some((from, to)) => {
+                unmasked = format!("{scheme}://{}***{}", &rest[..from], &rest[to..]);
                 unmasked.as_str()
             }
             None => url,
@@ -359,7 +360,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// `text` with the secrets an error may quote masked as `***`: the password of a URL
-/// (`postgres://user:PASSWORD@host`), a Service Bus `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`.
+/// (`postgres://user:PASSWORD@host`; on HTTP the whole user info, `https://***@host`), a Service Bus `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`.
 /// An error can quote them from where they were read: a settings file's line in a TOML parse error, a
 /// connection string, a driver's message. The rest of the text is kept as it is. A URL's password is found as
 /// [`redact_url`] finds it.
@@ -374,11 +375,14 @@ pub fn redact_secrets(text: &str) -> String {
             .find(|c: char| matches!(c, '"' | '\'' | '`' | '<' | '>') || c.is_whitespace())
             .unwrap_or(tail.len());
         let url = &tail[..end];
-        match password_at(url) {
-            Some((colon, userinfo_end)) => {
-                out.push_str(&url[..=colon]);
+        let scheme_at = head[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |i| i + 1);
+        match userinfo_mask(&head[scheme_at..at], url) {
+            Some((from, to)) => {
+                out.push_str(&url[..from]);
                 out.push_str("***");
-                out.push_str(&url[userinfo_end..]);
+                out.push_str(&url[to..]);
             }
             None => out.push_str(url),
         }
@@ -389,6 +393,28 @@ pub fn redact_secrets(text: &str) -> String {
         out = mask_after(&out, key);
     }
     out
+}
+
+/// What of a URL's user info to mask, given its scheme and what follows its `://`: the span of `rest` that
+/// `***` stands for. On HTTP (`http`, `https`, `ws`, `wss`, and `git+https` and the like) the whole user info,
+/// the user name with the password: APIs take a token as the user name (`https://TOKEN@api.example`,
+/// `https://TOKEN:x-oauth-basic@host`, an API key as the user of HTTP basic authentication), where a parser
+/// reads it (an `@` in the authority). On other schemes, and where the user info is written with a `/`, `?` or
+/// `#` unencoded, the password only ([`password_at`]): a database's or a broker's user name is not a secret, and it helps to
+/// read an error (`postgres://crm:***@db`).
+fn userinfo_mask(scheme: &str, rest: &str) -> Option<(usize, usize)> {
+    let http = scheme.rsplit('+').next().is_some_and(|s| {
+        ["http", "https", "ws", "wss"]
+            .iter()
+            .any(|h| s.eq_ignore_ascii_case(h))
+    });
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) if http && at > 0 => Some((0, at)),
+        // No `@` in the authority: a password written with a `/`, `?` or `#` unencoded, or a port and an `@`
+        // further on, which cannot be told apart; what comes before the colon may be the host, kept.
+        _ => password_at(rest).map(|(colon, at)| (colon + 1, at)),
+    }
 }
 
 /// Where the password of a URL is, given what follows its `://`: (the colon before it, the `@` after it).
@@ -489,6 +515,36 @@ mod redact_tests {
             "",
         ] {
             assert_eq!(redact(plain), plain);
+        }
+    }
+
+    /// On HTTP the user name is masked with the password: APIs take a token as the user name
+    /// (`https://TOKEN@api.example`, `https://TOKEN:x-oauth-basic@host`); a database's user name is kept.
+    #[test]
+    fn an_http_user_name_is_masked_as_a_token() {
+        for (url, masked) in [
+            (
+                "https://ghp_T0ken@crm.example/v1",
+                "https://***@crm.example/v1",
+            ),
+            ("https://ghp_T0ken:x-oauth-basic@h/x", "https://***@h/x"),
+            ("HTTP://sk_live_T0ken:@h:8443/v1", "HTTP://***@h:8443/v1"),
+            (
+                "git+https://ghp_T0ken@github.com/o/r",
+                "git+https://***@github.com/o/r",
+            ),
+            ("wss://ghp_T0ken@h/socket", "wss://***@h/socket"),
+            ("postgres://crm:s3cret@db/app", "postgres://crm:***@db/app"),
+            ("postgres://crm@db/app", "postgres://crm@db/app"),
+            ("https://h/users/@me", "https://h/users/@me"),
+            ("https://@h/x", "https://@h/x"),
+        ] {
+            assert_eq!(super::redact_url(url), masked);
+            assert_eq!(
+                redact(&format!("call {url} failed")),
+                format!("call {masked} failed")
+            );
+            assert!(!super::redact_url(url).contains("T0ken"), "{url}");
         }
     }
 

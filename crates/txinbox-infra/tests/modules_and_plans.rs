@@ -480,16 +480,25 @@ fn remote_module_source_credentials_are_not_printed() {
             "module \"a\" {\n  source = \"git::https://oauth2:glpat-SECRET1@gitlab.example.com/infra/sqs.git?ref=v1.2.0\"\n}\n",
             "module \"b\" {\n  source = \"git::ssh://git@example.com/sqs.git?ref=v1&sshkey=U0VDUkVUMg\"\n}\n",
             "module \"c\" {\n  source = \"s3::https://s3.amazonaws.com/bucket/sqs.zip?aws_access_key_id=AKIAEXAMPLE&aws_access_key_secret=SECRET3\"\n}\n",
+            // A token as the user name, as GitHub takes it over HTTPS.
+            "module \"d\" {\n  source = \"git::https://ghp_SECRET4@github.com/o/sqs.git?ref=v1\"\n}\n",
         ),
     );
     let report = check(&Input::dir(dir.path()), &settings()).unwrap();
     let advice = report.advice.join("\n");
-    for secret in ["glpat-SECRET1", "U0VDUkVUMg", "SECRET3", "AKIAEXAMPLE"] {
+    for secret in [
+        "glpat-SECRET1",
+        "U0VDUkVUMg",
+        "SECRET3",
+        "AKIAEXAMPLE",
+        "ghp_SECRET4",
+    ] {
         assert!(!advice.contains(secret), "{secret} printed in {advice}");
     }
     // What identifies the module is kept.
     for kept in [
-        "git::https://oauth2:***@gitlab.example.com/infra/sqs.git?ref=v1.2.0",
+        "git::https://***@gitlab.example.com/infra/sqs.git?ref=v1.2.0",
+        "git::https://***@github.com/o/sqs.git?ref=v1",
         "git::ssh://git@example.com/sqs.git?ref=v1&sshkey=***\"",
         "s3::https://s3.amazonaws.com/bucket/sqs.zip?aws_access_key_id=***&aws_access_key_secret=***",
     ] {

@@ -424,8 +424,8 @@ impl Module {
     }
 }
 
-/// A module source as it may be printed: without the password of a URL's user info (`https://user:TOKEN@...`)
-/// and with the value of every query argument but `ref` and `depth` replaced by `***`. Terraform's module
+/// A module source as it may be printed: without the password of a URL's user info (`ssh://git:***@...`), or
+/// over HTTP(S) without its whole user info (`https://***@...`: a token may be the user name), and with the value of every query argument but `ref` and `depth` replaced by `***`. Terraform's module
 /// sources carry credentials there: "sshkey: An SSH private key to use during clones", `aws_access_key_secret`
 /// for S3, a token in the user info of an HTTPS Git URL.
 pub(crate) fn redact_source(source: &str) -> String {
@@ -449,11 +449,18 @@ pub(crate) fn redact_source(source: &str) -> String {
             let authority_end = after.find('/').unwrap_or(after.len());
             match after[..authority_end].rfind('@') {
                 Some(at) => {
-                    let user = after[..at].split(':').next().unwrap_or_default();
                     out.push_str(&base[..i + 3]);
-                    out.push_str(user);
-                    if after[..at].contains(':') {
-                        out.push_str(":***");
+                    // Over HTTPS the user name is a secret too: GitHub and GitLab take a token there
+                    // (`https://TOKEN@github.com/...`, `https://TOKEN:x-oauth-basic@...`). Over SSH it is
+                    // `git`, kept.
+                    let scheme = base[..i].rsplit([':', '+']).next().unwrap_or_default();
+                    if scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("http") {
+                        out.push_str("***");
+                    } else {
+                        out.push_str(after[..at].split(':').next().unwrap_or_default());
+                        if after[..at].contains(':') {
+                            out.push_str(":***");
+                        }
                     }
                     out.push_str(&after[at..]);
                 }
