@@ -195,6 +195,9 @@ impl<D: Delivery> Delivery for FaultyDelivery<D> {
     fn lease(&self) -> Option<Arc<dyn Lease>> {
         self.inner.lease()
     }
+    fn release_holds(&self) -> bool {
+        self.inner.release_holds()
+    }
 }
 
 /// Processes `delivery` through `processor` (whose store is a [`FaultyStore`] sharing `faults`) with `point`
@@ -303,5 +306,40 @@ mod tests {
             holder.map(|h| (h.message_id, h.result_reference)),
             Some(("m-1".to_owned(), Some("task-1".to_owned())))
         );
+    }
+
+    /// A delivery whose release holds its caller for the delay, as Service Bus's over REST does.
+    struct HoldingRelease(ReceivedMessage);
+
+    impl Delivery for HoldingRelease {
+        fn message(&self) -> &ReceivedMessage {
+            &self.0
+        }
+        async fn ack(self) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn release(self, _: std::time::Duration) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        fn lease(&self) -> Option<Arc<dyn Lease>> {
+            None
+        }
+        fn release_holds(&self) -> bool {
+            true
+        }
+    }
+
+    /// The lab's delivery wrapper says what its delivery says of its release: one that holds its caller (the
+    /// shard router settles it in the background) is not taken for one that returns at once.
+    #[test]
+    fn the_faulty_delivery_answers_whether_its_release_holds() {
+        let d = FaultyDelivery::new(
+            HoldingRelease(ReceivedMessage::new(b"{}".to_vec())),
+            Faults::new(),
+        );
+        assert!(d.release_holds());
     }
 }
