@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use txinbox_core::broker::mem::{MemoryQueue, QueueState};
-use txinbox_core::effects::{BoxFuture, ClaimedEffect, Confirmation, EffectExecutor, Execution};
+use txinbox_core::effects::{
+    BoxError, BoxFuture, ClaimedEffect, Confirmation, EffectExecutor, Execution,
+};
 use txinbox_core::http::{Confirm, HttpEffect, HttpEffectBuilder, Key};
 use txinbox_core::{
     metrics as m, Effect, EffectOptions, EffectRunner, EffectState, Handled, HandlerError, Message,
@@ -274,10 +276,76 @@ impl<E: EffectExecutor> EffectExecutor for Told<E> {
             r
         })
     }
+    fn compensate<'a>(&'a self, e: &'a ClaimedEffect) -> BoxFuture<'a, Result<(), BoxError>> {
+        self.inner.compensate(e)
+    }
     fn reconcile_after(&self) -> Duration {
         self.inner.reconcile_after()
     }
     fn request_hash(&self, e: &ClaimedEffect) -> Option<String> {
         self.inner.request_hash(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An executor that can undo what it did, reconciles late and reports its bodies' hash.
+    struct Undoes;
+
+    impl EffectExecutor for Undoes {
+        fn execute<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Execution> {
+            Box::pin(async { Execution::not_sent("unused") })
+        }
+        fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
+            Box::pin(async { Confirmation::NotFound })
+        }
+        fn compensate<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Result<(), BoxError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn reconcile_after(&self) -> Duration {
+            Duration::from_secs(7)
+        }
+        fn request_hash(&self, _: &ClaimedEffect) -> Option<String> {
+            Some("abc".into())
+        }
+    }
+
+    fn effect() -> ClaimedEffect {
+        ClaimedEffect {
+            id: 1,
+            consumer: "lab".into(),
+            message_id: "m-1".into(),
+            key: "k".into(),
+            name: "crm.create_task".into(),
+            destination: "crm".into(),
+            payload: b"{}".to_vec(),
+            metadata: Default::default(),
+            external_ref: "followup:o:m".into(),
+            claimed_from: EffectState::Done,
+            attempts: 1,
+            reconciliations: 0,
+            created_at: chrono::Utc::now(),
+            reference: Some("task-1".into()),
+            maybe_happened: false,
+            sent_hash: None,
+        }
+    }
+
+    /// The story-telling wrapper answers for its executor wherever it adds nothing: an operator's compensation
+    /// reaches the destination's, and its reconciliation delay and body hash are the destination's.
+    #[tokio::test]
+    async fn the_told_executor_answers_as_its_executor() {
+        let told = Told {
+            inner: Undoes,
+            story: Story::default(),
+        };
+        let e = effect();
+        assert_eq!(told.reconcile_after(), Duration::from_secs(7));
+        assert_eq!(told.request_hash(&e).as_deref(), Some("abc"));
+        told.compensate(&e)
+            .await
+            .expect("the destination's compensation, not the trait's refusal");
     }
 }
