@@ -20,8 +20,8 @@ where
     }
 
     /// The shards of two consumers (one worker is one consumer: its metrics, its shards' series and its
-    /// readiness carry one consumer name), or shards whose checks were refused by a readiness
-    /// ([`Shards::health`]).
+    /// readiness carry one consumer name), a shard whose processor refuses to run (its line, the shard named),
+    /// or shards whose checks were refused by a readiness ([`Shards::health`]).
     fn refused(&self) -> Option<String> {
         let first = self.inner.processors[0].consumer();
         if let Some(i) = self
@@ -35,6 +35,18 @@ where
                 &*self.inner.watch[0].name,
                 &*self.inner.watch[i].name,
                 self.inner.processors[i].consumer(),
+            ));
+        }
+        if let Some((i, why)) = self
+            .inner
+            .processors
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| p.refused().map(|why| (i, why)))
+        {
+            return Some(format!(
+                "shard {:?} cannot run: {why}",
+                &*self.inner.watch[i].name
             ));
         }
         lock(&self.inner.refused).clone()

@@ -813,3 +813,62 @@ async fn two_shard_sets_on_one_health_never_give_two_checks_of_one_name() {
     let report = crate::Worker::new(q.receiver(), crm).run_until_idle().await;
     assert!(report.gave_up.is_none(), "{report}");
 }
+
+/// Acknowledges every delivery, as consumer `billing`; says no worker can run it when `.0` says why.
+struct MayRefuse(Option<&'static str>);
+
+impl<D: crate::Delivery> crate::Processor<D> for MayRefuse {
+    fn consumer(&self) -> &str {
+        "billing"
+    }
+    async fn process(&self, delivery: D, _stop: CancellationToken) -> crate::Outcome {
+        let _ = delivery.ack().await;
+        crate::Outcome::Applied {
+            result_reference: None,
+        }
+    }
+    fn refused(&self) -> Option<String> {
+        self.0.map(str::to_owned)
+    }
+}
+
+/// A shard whose processor refuses to run (the shards of two consumers nested in a shard, a processor of the
+/// user's) is not hidden by the shards around it: the worker refuses to start with that processor's line,
+/// naming the shard, and receives nothing.
+#[tokio::test]
+async fn a_shard_whose_processor_refuses_to_run_refuses_the_worker() {
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", MayRefuse(None)).claims(["acme"]),
+            Shard::new("eu-2", MayRefuse(Some("put together wrong"))).claims(["globex"]),
+        ],
+    )
+    .unwrap();
+    let q = one_message_queue();
+    let report = crate::Worker::new(q.receiver(), shards)
+        .run_until_idle()
+        .await;
+    let why = report.gave_up.clone().expect("refused at start");
+    assert!(
+        why.contains("eu-2") && why.contains("put together wrong") && !why.contains("eu-1"),
+        "{why}"
+    );
+    assert!(!why.contains('\n'), "{why}");
+    assert_eq!(q.state().visible, 1, "nothing was received");
+    // No shard's processor refuses: runs.
+    let shards = Shards::new(
+        ShardRouter::tenant(),
+        [
+            Shard::new("eu-1", MayRefuse(None)).claims(["acme"]),
+            Shard::new("eu-2", MayRefuse(None)).claims(["globex"]),
+        ],
+    )
+    .unwrap();
+    let q = one_message_queue();
+    let report = crate::Worker::new(q.receiver(), shards)
+        .run_until_idle()
+        .await;
+    assert!(report.gave_up.is_none(), "{report}");
+    assert_eq!(report.count(crate::OutcomeKind::Applied), 1, "{report}");
+}
