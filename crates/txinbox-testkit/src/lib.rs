@@ -182,6 +182,8 @@ impl<D: txinbox_core::Delivery> txinbox_core::Delivery for NeverSettled<D> {
     fn lease(&self) -> Option<std::sync::Arc<dyn txinbox_core::Lease>> {
         self.0.lease()
     }
+    // `release_holds` is left to the trait's default (`false`) on purpose, not forwarded: this release returns
+    // at once without reaching the broker, whatever the wrapped delivery's release would do.
 }
 
 /// A binary started by a test: its stdout piped for the line it prints when ready, killed and reaped when the

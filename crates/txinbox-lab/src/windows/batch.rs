@@ -487,6 +487,8 @@ impl<D: Delivery> Delivery for HaltingDelivery<D> {
     fn lease(&self) -> Option<Arc<dyn txinbox_core::Lease>> {
         self.inner.lease()
     }
+    // `release_holds` is left to the trait's default on purpose, not forwarded: this release never reaches the
+    // wrapped delivery's broker (the process dies there).
 }
 
 impl<D> HaltingDelivery<D> {
