@@ -192,4 +192,63 @@ mod tests {
             }
         );
     }
+
+    /// A receiver and a delivery answering every defaulted method of [`Receiver`] and [`Delivery`] otherwise
+    /// than the trait's default: its check fails, and its deliveries' release holds its caller.
+    struct Unlike;
+
+    struct UnlikeDelivery(ReceivedMessage);
+
+    impl Receiver for Unlike {
+        type Delivery = UnlikeDelivery;
+        async fn receive(&mut self, _: usize) -> Result<Vec<UnlikeDelivery>, BrokerError> {
+            Ok(vec![UnlikeDelivery(ReceivedMessage::new(b"{}".to_vec()))])
+        }
+        async fn check(&mut self) -> Result<(), BrokerError> {
+            Err(BrokerError::new(
+                crate::BrokerErrorKind::EntityNotFound,
+                "check",
+                "no such queue",
+            ))
+        }
+        fn fork(&self) -> Option<Self> {
+            Some(Unlike)
+        }
+    }
+
+    impl Delivery for UnlikeDelivery {
+        fn message(&self) -> &ReceivedMessage {
+            &self.0
+        }
+        async fn ack(self) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn release(self, _: Duration) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        fn lease(&self) -> Option<Arc<dyn Lease>> {
+            None
+        }
+        fn release_holds(&self) -> bool {
+            true
+        }
+    }
+
+    /// Boxing hides nothing a receiver or its deliveries say in place of a trait default: the start-up check's
+    /// failure, a fork, and a release that holds its caller (the shard router settles those in the background).
+    #[tokio::test]
+    async fn boxing_keeps_every_answer_that_is_not_the_default() {
+        let mut r = BoxReceiver::new(Unlike);
+        let e = r
+            .check()
+            .await
+            .expect_err("the receiver's check, not the default");
+        assert_eq!(e.kind(), crate::BrokerErrorKind::EntityNotFound);
+        assert!(r.fork().is_some());
+        let d = r.receive(1).await.unwrap().pop().unwrap();
+        assert!(Delivery::release_holds(&d));
+    }
 }

@@ -690,6 +690,41 @@ mod tests {
         }
     }
 
+    /// A delivery whose release holds its caller for the delay, as Service Bus's over REST does.
+    struct HoldsOnRelease(ReceivedMessage);
+
+    impl Delivery for HoldsOnRelease {
+        fn message(&self) -> &ReceivedMessage {
+            &self.0
+        }
+        async fn ack(self) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn release(self, _: Duration) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        fn lease(&self) -> Option<Arc<dyn Lease>> {
+            None
+        }
+        fn release_holds(&self) -> bool {
+            true
+        }
+    }
+
+    /// The worker's wrapper says what its delivery says of its release: the shard router settles a release
+    /// that holds its caller in the background, and the worker's deliveries are all wrapped.
+    #[test]
+    fn a_leased_delivery_answers_whether_its_release_holds() {
+        let d = LeasedDelivery {
+            inner: HoldsOnRelease(ReceivedMessage::new(b"{}".to_vec())),
+            stop_lease: None,
+        };
+        assert!(d.release_holds());
+    }
+
     /// Keeps the warnings' `error` fields.
     #[derive(Default)]
     struct Warnings(Mutex<Vec<String>>, AtomicU64);
