@@ -52,15 +52,20 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use txinbox_core::effects::{idempotency_key, Effect, EffectStore, Transition};
 use txinbox_core::pipeline::identity::Identity;
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
-use txinbox_core::store::ops::{ConsumerStats, EffectView, MessageStory, RejectionRow};
+use txinbox_core::store::ops::MessageStory;
 use txinbox_core::store::{Commit, MarkerInsert};
 use txinbox_core::{
     CancellationToken, ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, InboxStore,
     MarkerRow, Message, ReceivedMessage, RetentionPolicy,
 };
-use txinbox_dynamodb::ops::{RejectionFilter, RejectionId};
+use txinbox_dynamodb::ops::RejectionFilter;
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
 use txinbox_store::Store;
+use txinbox_testkit::prop::{
+    asked_consumer, counts, delivered_as, field, fx, handled, kept, kept_opt, limit, msg, opt_text,
+    picked, process_all, received, rejection, stats, stored, table, time, tr, Fx, Msg, Outcome,
+    Seen, Tr, Values, IDS,
+};
 use txinbox_testkit::NoopDelivery;
 
 type Lite = Store<sqlx::Sqlite>;
@@ -88,8 +93,13 @@ fn text() -> impl Strategy<Value = String> {
     ]
 }
 
-fn opt_text() -> impl Strategy<Value = Option<String>> {
-    prop_oneof![2 => Just(None), 3 => text().prop_map(Some)]
+/// The test's values: [`text`], and the shared model's dates.
+struct Hostile;
+
+impl Values for Hostile {
+    fn text() -> impl Strategy<Value = String> {
+        text()
+    }
 }
 
 /// A length on either side of DynamoDB's 400 KB item, with room for the rest of the item: well below
@@ -104,86 +114,6 @@ fn over_item(len: usize) -> bool {
     len > 405_000
 }
 
-/// A name or id a message or a handler gives: mostly one of a few plain ones (so that most deliveries are
-/// applied and meet each other), sometimes any [`text`].
-fn field(plain: &'static [&'static str]) -> impl Strategy<Value = String> {
-    prop_oneof![
-        8 => prop::sample::select(plain).prop_map(String::from),
-        1 => text(),
-    ]
-}
-
-fn opt_field(plain: &'static [&'static str]) -> impl Strategy<Value = Option<String>> {
-    prop_oneof![3 => Just(None), 2 => field(plain).prop_map(Some)]
-}
-
-const IDS: &[&str] = &["a", "b", "evt-1"];
-
-/// A date near the run's base (so that claims are due and purges meet rows) or at an edge.
-fn time() -> impl Strategy<Value = DateTime<Utc>> {
-    let base = base();
-    prop_oneof![
-        4 => hours().prop_map(move |h| base + chrono::Duration::hours(h)),
-        1 => (hours(), 0u32..1_000_000_000).prop_map(move |(h, n)| {
-            base + chrono::Duration::hours(h) + chrono::Duration::nanoseconds(i64::from(n))
-        }),
-        2 => prop::sample::select(edges()),
-        1 => (-100_000_000_000i64..300_000_000_000, 0u32..1_000_000_000)
-            .prop_map(|(s, n)| Utc.timestamp_opt(s, n).single().unwrap_or(DateTime::<Utc>::MIN_UTC)),
-    ]
-}
-
-/// Ten minutes before the run's start, to the second. The pipeline writes its own times (`Utc::now()`,
-/// plus a keep of whole hours): each is some whole hours and 10 to 50 minutes past this base, where no
-/// generated date near it is (those are whole hours from it, to the second).
-fn base() -> DateTime<Utc> {
-    static BASE: std::sync::OnceLock<DateTime<Utc>> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| {
-        let now = Utc::now() - chrono::Duration::minutes(10);
-        now - chrono::Duration::nanoseconds(i64::from(now.timestamp_subsec_nanos()))
-    })
-}
-
-/// A time the pipeline wrote (the run's wall clock, which differs between the two runs of a step), as the
-/// whole hour after the base it is in; any other time as it is.
-fn wall_clock_masked(t: DateTime<Utc>) -> DateTime<Utc> {
-    let Some(off) = (t - base()).num_microseconds() else {
-        return t;
-    };
-    let hour = 3_600_000_000i64;
-    let within = off.rem_euclid(hour);
-    if (5 * 60_000_000..55 * 60_000_000).contains(&within) {
-        base() + chrono::Duration::microseconds(off - within)
-    } else {
-        t
-    }
-}
-
-fn edges() -> Vec<DateTime<Utc>> {
-    let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
-    vec![
-        DateTime::<Utc>::UNIX_EPOCH,
-        DateTime::<Utc>::UNIX_EPOCH - chrono::Duration::nanoseconds(1),
-        DateTime::<Utc>::UNIX_EPOCH - chrono::Duration::seconds(1),
-        at("1999-12-31T23:59:59.9999995Z"),
-        at("2000-01-01T00:00:00Z"),
-        at("0001-01-01T00:00:00Z"),
-        at("9999-12-31T23:59:59.999999999Z"),
-        at("9999-12-31T23:00:00-05:00"),
-        Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap(),
-        Utc.with_ymd_and_hms(-4714, 11, 24, 0, 0, 0).unwrap(),
-        Utc.with_ymd_and_hms(-4713, 11, 24, 0, 0, 0).unwrap(),
-        Utc.with_ymd_and_hms(200_000, 12, 31, 23, 59, 59).unwrap(),
-        DateTime::<Utc>::MIN_UTC,
-        DateTime::<Utc>::MAX_UTC,
-    ]
-}
-
-/// Whole hours before or after the run's start, never zero.
-fn hours() -> impl Strategy<Value = i64> {
-    prop_oneof![-48i64..0, 1i64..49]
-}
-
 /// The pipeline's retention. Not zero: a marker that expires at the wall-clock second it is written is
 /// absent from the next second on DynamoDB and from the next microsecond on the SQL stores (each exact to
 /// its own unit), so whether a step a moment later meets it is a matter of timing.
@@ -196,124 +126,12 @@ fn keep() -> impl Strategy<Value = Duration> {
     ]
 }
 
-fn limit() -> impl Strategy<Value = i64> {
+/// An effect's payload: short, or (seldom) on either side of DynamoDB's 400 KB item.
+fn payload() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
-        3 => -2i64..5,
-        1 => prop::sample::select(vec![i64::MIN, i64::MIN + 1, -1, 0, i64::from(i32::MAX), i64::MAX]),
-        1 => any::<i64>(),
+        12 => prop::collection::vec(any::<u8>(), 0..16),
+        1 => big_len().prop_map(|n| vec![0xa5u8; n]),
     ]
-}
-
-fn int32() -> impl Strategy<Value = i32> {
-    prop_oneof![3 => 0i32..5, 1 => prop::sample::select(vec![i32::MIN, -1, i32::MAX]), 1 => any::<i32>()]
-}
-
-/// A delivery as a broker hands it out: identity attributes, body, the broker's times and count. The
-/// pipeline resolves and checks it as for any message (a value it refuses never reaches a store).
-#[derive(Clone, Debug)]
-struct Msg {
-    consumer: &'static str,
-    id: String,
-    source: String,
-    event_type: Option<String>,
-    tenant: Option<String>,
-    business_key: Option<String>,
-    contract: Option<String>,
-    event_time: Option<String>,
-    body: &'static str,
-    received_at: DateTime<Utc>,
-    enqueued_at: Option<DateTime<Utc>>,
-    keep: Duration,
-    delivery_count: u32,
-}
-
-fn msg() -> impl Strategy<Value = Msg> {
-    (
-        (
-            prop::sample::select(vec!["c", "d"]),
-            field(IDS),
-            field(&["s", "x y"]),
-            opt_field(&["t"]),
-            opt_field(&["acme", ""]),
-            opt_field(&["k1", "k2"]),
-            opt_field(&["v1"]),
-        ),
-        (
-            prop_oneof![
-                Just(None),
-                time().prop_map(|t| Some(t.to_rfc3339())),
-                opt_text()
-            ],
-            prop::sample::select(vec!["{\"v\":1}", "{\"v\":2}"]),
-            time(),
-            prop::option::of(time()),
-            keep(),
-            prop_oneof![3 => 1u32..4, 1 => prop::sample::select(vec![0, i32::MAX as u32, i32::MAX as u32 + 1, u32::MAX])],
-        ),
-    )
-        .prop_map(
-            |(
-                (consumer, id, source, event_type, tenant, business_key, contract),
-                (event_time, body, received_at, enqueued_at, keep, delivery_count),
-            )| Msg {
-                consumer,
-                id,
-                source,
-                event_type,
-                tenant,
-                business_key,
-                contract,
-                event_time,
-                body,
-                received_at,
-                enqueued_at,
-                keep,
-                delivery_count,
-            },
-        )
-}
-
-/// An effect a handler records (the pipeline dead-letters a message with one it refuses).
-#[derive(Clone, Debug)]
-struct Fx {
-    name: String,
-    destination: String,
-    payload: Vec<u8>,
-    metadata: Vec<(String, String)>,
-    external_ref: Option<String>,
-    group: Option<String>,
-}
-
-fn fx() -> impl Strategy<Value = Fx> {
-    (
-        field(&["a", "b", "c"]),
-        field(&["d1", "d2"]),
-        prop_oneof![
-            12 => prop::collection::vec(any::<u8>(), 0..16),
-            1 => big_len().prop_map(|n| vec![0xa5u8; n]),
-        ],
-        prop::collection::vec((text(), text()), 0..3),
-        opt_field(&["ref-1"]),
-        opt_field(&["g"]),
-    )
-        .prop_map(
-            |(name, destination, payload, metadata, external_ref, group)| {
-                // A payload near the item limit comes alone: the rest of the item stays small.
-                let metadata = if payload.len() > 1000 {
-                    Vec::new()
-                } else {
-                    metadata
-                };
-                Fx {
-                    name,
-                    destination,
-                    payload,
-                    metadata,
-                    external_ref,
-                    group,
-                }
-            },
-        )
 }
 
 /// Around DynamoDB's 100 actions a transaction: `n` effects of distinct names, grouped or not (the group's
@@ -336,70 +154,9 @@ fn many_effects() -> impl Strategy<Value = Vec<Fx>> {
 
 fn result_reference() -> impl Strategy<Value = Option<String>> {
     prop_oneof![
-        12 => opt_text(),
+        12 => opt_text::<Hostile>(),
         1 => big_len().prop_map(|n| Some("r".repeat(n))),
     ]
-}
-
-#[derive(Clone, Debug)]
-enum Tr {
-    Done(Option<String>, i32, i32),
-    Retry(DateTime<Utc>, String, i32, i32, bool),
-    Uncertain(DateTime<Utc>, String, i32, i32),
-    Failed(String, i32),
-    NeedsAttention(String, i32, i32),
-}
-
-fn tr() -> impl Strategy<Value = Tr> {
-    prop_oneof![
-        2 => (opt_text(), int32(), int32()).prop_map(|(r, a, c)| Tr::Done(r, a, c)),
-        1 => (time(), text(), int32(), int32(), any::<bool>()).prop_map(|(t, e, a, c, m)| Tr::Retry(t, e, a, c, m)),
-        1 => (time(), text(), int32(), int32()).prop_map(|(t, e, a, c)| Tr::Uncertain(t, e, a, c)),
-        1 => (text(), int32()).prop_map(|(e, a)| Tr::Failed(e, a)),
-        1 => (text(), int32(), int32()).prop_map(|(e, a, c)| Tr::NeedsAttention(e, a, c)),
-    ]
-}
-
-impl Tr {
-    fn transition(&self) -> Transition {
-        match self.clone() {
-            Tr::Done(reference, attempts, reconciliations) => Transition::Done {
-                reference,
-                attempts,
-                reconciliations,
-            },
-            Tr::Retry(next_at, error, attempts, reconciliations, maybe_happened) => {
-                Transition::Retry {
-                    next_at,
-                    error,
-                    attempts,
-                    reconciliations,
-                    maybe_happened,
-                }
-            }
-            Tr::Uncertain(next_at, error, attempts, reconciliations) => Transition::Uncertain {
-                next_at,
-                error,
-                attempts,
-                reconciliations,
-            },
-            Tr::Failed(error, attempts) => Transition::Failed { error, attempts },
-            Tr::NeedsAttention(error, attempts, reconciliations) => Transition::NeedsAttention {
-                error,
-                attempts,
-                reconciliations,
-            },
-        }
-    }
-}
-
-/// A consumer an operator asks about: one of the test's, or anything.
-fn asked_consumer() -> impl Strategy<Value = String> {
-    prop_oneof![3 => prop::sample::select(vec!["c", "d"]).prop_map(String::from), 1 => text()]
-}
-
-fn table() -> impl Strategy<Value = Table> {
-    prop::sample::select(Table::ALL.to_vec())
 }
 
 #[derive(Clone, Debug)]
@@ -477,13 +234,13 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (
-            prop::collection::vec(msg(), 1..4),
+            prop::collection::vec(msg::<Hostile>(keep()), 1..4),
             any::<bool>(),
             result_reference(),
-            prop_oneof![12 => prop::collection::vec(fx(), 0..3), 1 => many_effects()],
+            prop_oneof![12 => prop::collection::vec(fx::<Hostile>(payload()), 0..3), 1 => many_effects()],
         )
             .prop_map(|(msgs, batch, result_reference, effects)| Op::Deliver { msgs, batch, result_reference, effects }),
-        2 => (msg(), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
+        2 => (msg::<Hostile>(keep()), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
         6 => (
             prop_oneof![3 => Just("runner".to_owned()), 1 => text()],
             prop_oneof![
@@ -495,70 +252,35 @@ fn op() -> impl Strategy<Value = Op> {
             limit(),
         )
             .prop_map(|(holder, destinations, now, until, limit)| Op::Claim { holder, destinations, now, until, limit }),
-        6 => (any::<usize>(), prop_oneof![3 => Just(None), 1 => text().prop_map(Some)], tr(), opt_text(), time())
+        6 => (any::<usize>(), prop_oneof![3 => Just(None), 1 => text().prop_map(Some)], tr::<Hostile>(), opt_text::<Hostile>(), time())
             .prop_map(|(pick, holder, tr, sent_hash, now)| Op::Finish { pick, holder, tr, sent_hash, now }),
         2 => (any::<usize>(), text(), time()).prop_map(|(pick, note, now)| Op::Compensate { pick, note, now }),
         1 => (table(), time(), limit()).prop_map(|(table, before, limit)| Op::Purge { table, before, limit }),
         1 => (time(), limit()).prop_map(|(before, limit)| Op::PurgeDone { before, limit }),
-        1 => (asked_consumer(), time()).prop_map(|(consumer, now)| Op::Stats { consumer, now }),
+        1 => (asked_consumer::<Hostile>(), time()).prop_map(|(consumer, now)| Op::Stats { consumer, now }),
         2 => (
-            asked_consumer(),
-            field(IDS),
-            field(&["s", "x y"]),
-            prop::option::of(prop::collection::vec(field(&["a", "b", "c"]), 0..3)),
+            asked_consumer::<Hostile>(),
+            field::<Hostile>(IDS),
+            field::<Hostile>(&["s", "x y"]),
+            prop::option::of(prop::collection::vec(field::<Hostile>(&["a", "b", "c"]), 0..3)),
         )
             .prop_map(|(consumer, message_id, source, names)| Op::Show { consumer, message_id, source, names }),
         1 => (
-            prop_oneof![1 => Just(None), 4 => asked_consumer().prop_map(Some)],
-            prop_oneof![Just(None), Just(Some("payload_collision".to_owned())), Just(Some("business_duplicate".to_owned())), opt_text()],
+            prop_oneof![1 => Just(None), 4 => asked_consumer::<Hostile>().prop_map(Some)],
+            prop_oneof![Just(None), Just(Some("payload_collision".to_owned())), Just(Some("business_duplicate".to_owned())), opt_text::<Hostile>()],
             prop::option::of(time()),
             prop::option::of(time()),
             limit(),
         )
             .prop_map(|(consumer, kind, since, until, limit)| Op::Rejections { consumer, kind, since, until, limit }),
         2 => Just(Op::EffectCounts),
-        1 => (table(), asked_consumer()).prop_map(|(table, consumer)| Op::TableStats { table, consumer }),
-        1 => (any::<usize>(), opt_text()).prop_map(|(pick, key)| Op::FindEffect { pick, key }),
+        1 => (table(), asked_consumer::<Hostile>()).prop_map(|(table, consumer)| Op::TableStats { table, consumer }),
+        1 => (any::<usize>(), opt_text::<Hostile>()).prop_map(|(pick, key)| Op::FindEffect { pick, key }),
     ]
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Observable outcomes, as values comparable across stores.
-
-/// A date as both stores keep it: years 1 to 9999, to the microsecond (rounded down); a time the pipeline
-/// wrote as the hour it is in ([`wall_clock_masked`]).
-fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
-    stored(wall_clock_masked(t))
-}
-
-/// A date as the stores keep it.
-fn stored(t: DateTime<Utc>) -> DateTime<Utc> {
-    let first = Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap();
-    let last = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()
-        + chrono::Duration::microseconds(999_999);
-    let t = t.clamp(first, last);
-    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
-}
-
-fn kept_opt(t: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
-    t.map(kept)
-}
-
-/// An outcome: `Ok` with the value's normalized debug text, or the error's kind. `detail` is the error
-/// message, shown when the outcomes differ but not compared.
-#[derive(Debug)]
-struct Outcome {
-    answer: Result<String, String>,
-    // Read in a failure's message (the Debug output), never compared.
-    #[allow(dead_code)]
-    detail: String,
-}
-
-impl PartialEq for Outcome {
-    fn eq(&self, other: &Self) -> bool {
-        self.answer == other.answer
-    }
-}
 
 /// A value's debug text with every NUL as U+FFFD (the SQL stores keep free text so; DynamoDB as given).
 fn debug_text<T: std::fmt::Debug>(v: &T) -> String {
@@ -587,130 +309,47 @@ fn nul_as_fffd(s: &str) -> String {
 }
 
 fn ok<T: std::fmt::Debug>(v: T) -> Outcome {
-    Outcome {
-        answer: Ok(debug_text(&v)),
-        detail: String::new(),
-    }
+    Outcome::ok(debug_text(&v))
 }
 
 fn lite_out<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
     match r {
         Ok(v) => ok(v),
-        Err(e) => Outcome {
-            answer: Err(format!(
-                "error (transient: {})",
-                txinbox_store::is_transient(&e)
-            )),
-            detail: e.to_string().chars().take(300).collect(),
-        },
+        Err(e) => Outcome::error(
+            format!("error (transient: {})", txinbox_store::is_transient(&e)),
+            &e,
+        ),
     }
 }
 
 fn dyn_out<T: std::fmt::Debug>(r: Result<T, DynamoError>) -> Outcome {
     match r {
         Ok(v) => ok(v),
-        Err(e) => Outcome {
-            answer: Err(match &e {
+        Err(e) => Outcome::error(
+            match &e {
                 DynamoError::NeedsKey(_) => "needs a key".to_owned(),
                 other => format!("error (transient: {})", other.is_transient()),
-            }),
-            detail: e.to_string().chars().take(300).collect(),
-        },
+            },
+            &e,
+        ),
     }
 }
 
 fn claimed(e: &txinbox_core::effects::ClaimedEffect) -> String {
-    nul_as_fffd(&format!(
-        "{}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
-        e.key,
-        e.consumer,
-        e.message_id,
-        e.name,
-        e.destination,
-        e.payload,
-        e.metadata,
-        e.external_ref,
-        e.claimed_from,
-        e.attempts,
-        e.reconciliations,
-        kept(e.created_at),
-        e.reference,
-        e.maybe_happened,
-        e.sent_hash
-    ))
+    nul_as_fffd(&txinbox_testkit::prop::claimed(e))
 }
 
-fn stats(mut s: ConsumerStats) -> ConsumerStats {
-    s.oldest_processed_at = kept_opt(s.oldest_processed_at);
-    s.newest_processed_at = kept_opt(s.newest_processed_at);
-    s.last_rejection_at = kept_opt(s.last_rejection_at);
-    s.oldest_pending_effect_at = kept_opt(s.oldest_pending_effect_at);
-    // The lag is measured from the oldest date kept.
-    s.effect_lag_seconds = s.effect_lag_seconds.map(|_| 0.0);
-    s
-}
-
-fn rejection(mut r: RejectionRow) -> RejectionRow {
-    // Ids are each store's own: a number on SQLite, the evidence item's UUID on DynamoDB.
-    r.id = RejectionId::Number(0);
-    r.recorded_at = kept(r.recorded_at);
-    r
-}
-
-fn effect_view(mut e: EffectView) -> EffectView {
-    e.id = 0;
-    e.next_attempt_at = kept(e.next_attempt_at);
-    e.claim_until = kept_opt(e.claim_until);
-    e.created_at = kept(e.created_at);
-    e.updated_at = kept(e.updated_at);
-    e.finished_at = kept_opt(e.finished_at);
-    e
-}
-
-fn story(mut s: MessageStory) -> MessageStory {
-    for m in &mut s.markers {
-        m.received_at = kept(m.received_at);
-        m.processed_at = kept(m.processed_at);
-        m.retention_until = kept(m.retention_until);
-    }
-    s.rejections = s.rejections.into_iter().map(rejection).collect();
+/// A message's story as [`txinbox_testkit::prop::story`] writes it, its rejections in the order of their
+/// time and kind.
+fn story(s: MessageStory) -> MessageStory {
+    let mut s = txinbox_testkit::prop::story(s);
     s.rejections
         .sort_by(|a, b| (a.recorded_at, &a.kind).cmp(&(b.recorded_at, &b.kind)));
-    s.effects = s.effects.into_iter().map(effect_view).collect();
-    s.effects.sort_by(|a, b| a.key.cmp(&b.key));
     s
-}
-
-fn counts(v: Vec<txinbox_core::effects::EffectCount>) -> Vec<String> {
-    let mut v: Vec<String> = v
-        .into_iter()
-        .map(|c| {
-            format!(
-                "{}|{}|{:?}|{}|{:?}|{}",
-                c.consumer,
-                c.destination,
-                c.state,
-                c.count,
-                kept_opt(c.oldest),
-                c.without_reference
-            )
-        })
-        .collect();
-    v.sort();
-    v
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Running the operations.
-
-/// What one store remembers between steps: the effects' keys it was asked to record, and the last claim's
-/// holder and keys.
-#[derive(Default)]
-struct Seen {
-    keys: Vec<String>,
-    holder: String,
-    claimed: Vec<String>,
-}
 
 /// The store's keeps (DynamoDB's defaults), which the SQLite side's maintenance applies.
 fn dynamo_options() -> DynamoOptions {
@@ -738,56 +377,9 @@ async fn expire(lite: &Lite) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-fn received(m: &Msg) -> ReceivedMessage {
-    let mut r = ReceivedMessage::new(m.body.as_bytes().to_vec());
-    r.attributes.insert("ce-id".into(), m.id.clone());
-    r.attributes.insert("ce-source".into(), m.source.clone());
-    for (k, v) in [
-        ("ce-type", &m.event_type),
-        ("ce-tenantid", &m.tenant),
-        ("ce-businesskey", &m.business_key),
-        ("ce-contractversion", &m.contract),
-        ("ce-time", &m.event_time),
-    ] {
-        if let Some(v) = v {
-            r.attributes.insert(k.into(), v.clone());
-        }
-    }
-    r.received_at = m.received_at;
-    r.enqueued_at = m.enqueued_at;
-    r.delivery_count = m.delivery_count;
-    r
-}
-
 /// A delivery's outcome without what names the store (a store error's text).
 fn delivered(o: txinbox_core::Outcome) -> String {
-    use txinbox_core::Outcome as O;
-    match o {
-        O::Retry { .. } => "retry".into(),
-        O::DeadLettered { reason, .. } => format!("dead-lettered: {reason}"),
-        other => debug_text(&other),
-    }
-}
-
-fn handled(result_reference: &Option<String>, effects: &[Fx]) -> Handled {
-    let mut handled = match result_reference {
-        Some(r) => Handled::reference(r),
-        None => Handled::done(),
-    };
-    for f in effects {
-        let mut e = Effect::new(&f.name, &f.destination, f.payload.clone());
-        for (k, v) in &f.metadata {
-            e = e.metadata(k, v);
-        }
-        if let Some(r) = &f.external_ref {
-            e = e.external_ref(r);
-        }
-        if let Some(g) = &f.group {
-            e = e.group(g);
-        }
-        handled = handled.effect(e);
-    }
-    handled
+    delivered_as(o, debug_text)
 }
 
 /// Whether DynamoDB refuses the delivery's transaction as a whole, before it is sent: over the service's
@@ -905,25 +497,7 @@ async fn deliver_lite(
             Ok::<_, HandlerError>(h)
         }
     };
-    let outcomes = if batch {
-        if run.is_empty() {
-            Vec::new()
-        } else {
-            inbox
-                .bind_handler(handler)
-                .process_batch(
-                    run.into_iter().map(NoopDelivery).collect(),
-                    &CancellationToken::new(),
-                )
-                .await
-        }
-    } else {
-        let mut out = Vec::new();
-        for r in run {
-            out.push(inbox.process(NoopDelivery(r), &handler).await);
-        }
-        out
-    };
+    let outcomes = process_all(inbox, handler, run, batch).await;
     outcomes.into_iter().map(delivered).collect()
 }
 
@@ -944,6 +518,8 @@ async fn deliver_dyn(
         async move { Ok::<_, HandlerError>(h) }
     };
     let received: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
+    // Written out, not `process_all`: one more future around DynamoDB's overflows the compiler's query
+    // depth (clippy's layout of this body).
     let outcomes = if batch {
         inbox
             .bind_handler(handler)
@@ -988,15 +564,6 @@ fn masked_insert(answer: MarkerInsert) -> MarkerInsert {
     }
 }
 
-/// The effect ids (each store's own) of the effects with these keys.
-async fn picked<S: EffectStore>(store: &S, keys: &[String], pick: usize) -> Option<i64> {
-    if keys.is_empty() {
-        return None;
-    }
-    let key = &keys[pick % keys.len()];
-    store.find_effect(key).await.ok().flatten().map(|e| e.id)
-}
-
 /// The idempotency keys of the effects named `names` of one message, as `--effect NAME` asks for them.
 fn named_keys(consumer: &str, source: &str, message_id: &str, names: &[String]) -> Vec<String> {
     let Ok(consumer) = ConsumerName::new(consumer) else {
@@ -1019,9 +586,33 @@ fn named_keys(consumer: &str, source: &str, message_id: &str, names: &[String]) 
         .collect()
 }
 
-async fn step_lite(lite: &Lite, seen: &mut Seen, op: &Op) -> Outcome {
-    if let Err(e) = expire(lite).await {
-        return lite_out::<()>(Err(e));
+/// What the two stores answer each their own way: SQLite's expiry before every step, the handler its
+/// deliveries run, an answer's error kind, and the operations whose arguments or documented answers differ
+/// (a marker's insert, the purges, the operator queries).
+trait Side: EffectStore + MaintenanceStore<Error = <Self as EffectStore>::Error> {
+    /// An answer of this store as an outcome.
+    fn out<T: std::fmt::Debug>(r: Result<T, <Self as EffectStore>::Error>) -> Outcome;
+
+    /// Before every step.
+    async fn prepare(&self) -> Result<(), Outcome>;
+
+    async fn deliver(
+        &self,
+        msgs: &[Msg],
+        batch: bool,
+        result_reference: &Option<String>,
+        effects: &[Fx],
+    ) -> Vec<String>;
+
+    /// `Mark`, `Purge`, `PurgeDone`, `Stats`, `Show` and `Rejections`.
+    async fn own(&self, op: &Op) -> Outcome;
+}
+
+/// One operation on one store. `claim` is the limit a claim runs with ([`claim_limit`], from SQLite's rows
+/// before the step).
+async fn step<S: Side>(store: &S, seen: &mut Seen, op: &Op, claim: i64) -> Outcome {
+    if let Err(o) = store.prepare().await {
+        return o;
     }
     match op {
         Op::Deliver {
@@ -1031,41 +622,18 @@ async fn step_lite(lite: &Lite, seen: &mut Seen, op: &Op) -> Outcome {
             effects,
         } => {
             seen.keys.extend(keys_of(msgs, effects));
-            ok(deliver_lite(lite, msgs, *batch, result_reference, effects).await)
-        }
-        Op::Mark {
-            msg,
-            processed_at,
-            retention_until,
-        } => {
-            let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
-            let Ok(identity) = policy.resolve(&received(msg)) else {
-                return ok("refused before the store");
-            };
-            let row = marker_row(msg, &identity, *processed_at, *retention_until);
-            let r = async {
-                let tx = lite.begin().await?;
-                let answer = masked_insert(lite.insert_marker(&tx, &row).await?);
-                lite.commit(tx).await?;
-                Ok(answer)
-            }
-            .await;
-            lite_out(r)
+            ok(store.deliver(msgs, *batch, result_reference, effects).await)
         }
         Op::Claim {
             holder,
             destinations,
             now,
             until,
-            limit,
+            ..
         } => {
             seen.holder = holder.clone();
-            let limit = match claim_limit(lite, destinations, *now, *limit).await {
-                Ok(l) => l,
-                Err(e) => return lite_out::<()>(Err(e)),
-            };
-            let r = lite
-                .claim_effects(holder, destinations, *now, *until, limit)
+            let r = store
+                .claim_effects(holder, destinations, *now, *until, claim)
                 .await
                 .inspect(|v| {
                     seen.claimed = v.iter().map(|e| e.key.clone()).collect();
@@ -1076,7 +644,7 @@ async fn step_lite(lite: &Lite, seen: &mut Seen, op: &Op) -> Outcome {
                     v.sort();
                     v
                 });
-            lite_out(r)
+            S::out(r)
         }
         Op::Finish {
             pick,
@@ -1090,66 +658,24 @@ async fn step_lite(lite: &Lite, seen: &mut Seen, op: &Op) -> Outcome {
             } else {
                 &seen.claimed
             };
-            let Some(id) = picked(lite, from, *pick).await else {
+            let Some(id) = picked(store, from, *pick).await else {
                 return ok("no effect");
             };
             let holder = holder.clone().unwrap_or_else(|| seen.holder.clone());
             let t = tr.transition();
             let cols = t.columns().sent_hash(sent_hash.as_deref());
-            lite_out(lite.finish_effect(id, &holder, &cols, *now).await)
+            S::out(store.finish_effect(id, &holder, &cols, *now).await)
         }
         Op::Compensate { pick, note, now } => {
-            let Some(id) = picked(lite, &seen.keys, *pick).await else {
+            let Some(id) = picked(store, &seen.keys, *pick).await else {
                 return ok("no effect");
             };
-            lite_out(lite.mark_compensated(id, note, *now).await)
+            S::out(store.mark_compensated(id, note, *now).await)
         }
-        // DynamoDB's purge deletes nothing (the TTL does, and the steps' expiry is the clock's): not run here.
-        Op::Purge { .. } => ok((0usize, Vec::<String>::new())),
-        Op::PurgeDone { .. } => ok(Vec::<u64>::new()),
-        Op::Stats { consumer, now } => lite_out(
-            lite.consumer_stats(Some(consumer), *now)
-                .await
-                .map(|v| v.into_iter().map(stats).collect::<Vec<_>>()),
-        ),
-        Op::Show {
-            consumer,
-            message_id,
-            source,
-            names,
-        } => lite_out(
-            lite.message_story(consumer, message_id, Some(source))
-                .await
-                .map(|mut s| {
-                    if let Some(names) = names {
-                        let keys = named_keys(consumer, source, message_id, names);
-                        s.effects.retain(|e| keys.contains(&e.key));
-                    }
-                    story(s)
-                }),
-        ),
-        Op::Rejections {
-            consumer,
-            kind,
-            since,
-            until,
-            limit,
-        } => {
-            if consumer.is_none() {
-                return Outcome {
-                    answer: Err("needs a key".into()),
-                    detail: String::new(),
-                };
-            }
-            lite_out(
-                lite.rejections(&filter(consumer, kind, since, until, *limit))
-                    .await
-                    .map(|v| v.into_iter().map(rejection).collect::<Vec<_>>()),
-            )
-        }
-        Op::EffectCounts => lite_out(lite.effect_counts().await.map(counts)),
-        Op::TableStats { table, consumer } => lite_out(
-            lite.table_stats(*table, consumer)
+        Op::EffectCounts => S::out(store.effect_counts().await.map(counts)),
+        Op::TableStats { table, consumer } => S::out(
+            store
+                .table_stats(*table, consumer)
                 .await
                 .map(|(n, t)| (n, kept_opt(t))),
         ),
@@ -1157,11 +683,211 @@ async fn step_lite(lite: &Lite, seen: &mut Seen, op: &Op) -> Outcome {
             let Some(key) = find_key(seen, *pick, key) else {
                 return ok("no effect");
             };
-            lite_out(
-                lite.find_effect(&key)
+            S::out(
+                store
+                    .find_effect(&key)
                     .await
                     .map(|e| e.as_ref().map(claimed)),
             )
+        }
+        own => store.own(own).await,
+    }
+}
+
+impl Side for Lite {
+    fn out<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
+        lite_out(r)
+    }
+
+    async fn prepare(&self) -> Result<(), Outcome> {
+        expire(self).await.map_err(|e| lite_out::<()>(Err(e)))
+    }
+
+    async fn deliver(
+        &self,
+        msgs: &[Msg],
+        batch: bool,
+        result_reference: &Option<String>,
+        effects: &[Fx],
+    ) -> Vec<String> {
+        deliver_lite(self, msgs, batch, result_reference, effects).await
+    }
+
+    async fn own(&self, op: &Op) -> Outcome {
+        let lite = self;
+        match op {
+            Op::Mark {
+                msg,
+                processed_at,
+                retention_until,
+            } => {
+                let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
+                let Ok(identity) = policy.resolve(&received(msg)) else {
+                    return ok("refused before the store");
+                };
+                let row = marker_row(msg, &identity, *processed_at, *retention_until);
+                let r = async {
+                    let tx = lite.begin().await?;
+                    let answer = masked_insert(lite.insert_marker(&tx, &row).await?);
+                    lite.commit(tx).await?;
+                    Ok(answer)
+                }
+                .await;
+                lite_out(r)
+            }
+            // DynamoDB's purge deletes nothing (the TTL does, and the steps' expiry is the clock's): not
+            // run here.
+            Op::Purge { .. } => ok((0usize, Vec::<String>::new())),
+            Op::PurgeDone { .. } => ok(Vec::<u64>::new()),
+            Op::Stats { consumer, now } => lite_out(
+                lite.consumer_stats(Some(consumer), *now)
+                    .await
+                    .map(|v| v.into_iter().map(stats).collect::<Vec<_>>()),
+            ),
+            Op::Show {
+                consumer,
+                message_id,
+                source,
+                names,
+            } => lite_out(
+                lite.message_story(consumer, message_id, Some(source))
+                    .await
+                    .map(|mut s| {
+                        if let Some(names) = names {
+                            let keys = named_keys(consumer, source, message_id, names);
+                            s.effects.retain(|e| keys.contains(&e.key));
+                        }
+                        story(s)
+                    }),
+            ),
+            Op::Rejections {
+                consumer,
+                kind,
+                since,
+                until,
+                limit,
+            } => {
+                if consumer.is_none() {
+                    return Outcome {
+                        answer: Err("needs a key".into()),
+                        detail: String::new(),
+                    };
+                }
+                lite_out(
+                    lite.rejections(&filter(consumer, kind, since, until, *limit))
+                        .await
+                        .map(|v| v.into_iter().map(rejection).collect::<Vec<_>>()),
+                )
+            }
+            other => unreachable!("answered by `step`: {other:?}"),
+        }
+    }
+}
+
+impl Side for DynamoStore {
+    fn out<T: std::fmt::Debug>(r: Result<T, DynamoError>) -> Outcome {
+        dyn_out(r)
+    }
+
+    async fn prepare(&self) -> Result<(), Outcome> {
+        Ok(())
+    }
+
+    async fn deliver(
+        &self,
+        msgs: &[Msg],
+        batch: bool,
+        result_reference: &Option<String>,
+        effects: &[Fx],
+    ) -> Vec<String> {
+        deliver_dyn(self, msgs, batch, result_reference, effects).await
+    }
+
+    async fn own(&self, op: &Op) -> Outcome {
+        let store = self;
+        match op {
+            Op::Mark {
+                msg,
+                processed_at,
+                retention_until,
+            } => {
+                let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
+                let Ok(identity) = policy.resolve(&received(msg)) else {
+                    return ok("refused before the store");
+                };
+                let row = marker_row(msg, &identity, *processed_at, *retention_until);
+                let r = async {
+                    let tx = store.begin().await?;
+                    match store.insert_marker(&tx, &row).await? {
+                        MarkerInsert::Inserted => {}
+                        other => return Ok(Ok(masked_insert(other))),
+                    }
+                    // DynamoDB answers at commit.
+                    Ok(match store.commit(tx).await? {
+                        Commit::Done => Ok(MarkerInsert::Inserted),
+                        Commit::Conflict(h) => Ok(masked_insert(MarkerInsert::Conflict(h))),
+                        other => Err(format!("{other:?}")),
+                    })
+                }
+                .await;
+                match r {
+                    Ok(Err(refused)) => Outcome {
+                        answer: Err("refused at commit".into()),
+                        detail: refused,
+                    },
+                    Ok(Ok(answer)) => ok(answer),
+                    Err(e) => dyn_out::<()>(Err(e)),
+                }
+            }
+            Op::Purge {
+                table,
+                before,
+                limit,
+            } => dyn_out(
+                store
+                    .purge_batch(*table, *before, *limit)
+                    .await
+                    .map(|v| (v.len(), v)),
+            ),
+            Op::PurgeDone { before, limit } => {
+                dyn_out(store.purge_done_effects(*before, *limit).await.map(|n| {
+                    if n == 0 {
+                        Vec::new()
+                    } else {
+                        vec![n]
+                    }
+                }))
+            }
+            Op::Stats { consumer, now } => dyn_out(
+                store
+                    .consumer_stats(consumer, *now)
+                    .await
+                    .map(|s| vec![stats(s)]),
+            ),
+            Op::Show {
+                consumer,
+                message_id,
+                source,
+                names,
+            } => dyn_out(
+                store
+                    .message_story(consumer, message_id, source, names.as_deref())
+                    .await
+                    .map(story),
+            ),
+            Op::Rejections {
+                consumer,
+                kind,
+                since,
+                until,
+                limit,
+            } => dyn_out(
+                store
+                    .rejections(&filter(consumer, kind, since, until, *limit))
+                    .await
+                    .map(|v| v.into_iter().map(rejection).collect::<Vec<_>>()),
+            ),
+            other => unreachable!("answered by `step`: {other:?}"),
         }
     }
 }
@@ -1194,167 +920,6 @@ fn find_key(seen: &Seen, pick: usize, key: &Option<String>) -> Option<String> {
         Some(k) => Some(k.clone()),
         None if seen.keys.is_empty() => None,
         None => Some(seen.keys[pick % seen.keys.len()].clone()),
-    }
-}
-
-async fn step_dyn(store: &DynamoStore, seen: &mut Seen, op: &Op, claim: i64) -> Outcome {
-    match op {
-        Op::Deliver {
-            msgs,
-            batch,
-            result_reference,
-            effects,
-        } => {
-            seen.keys.extend(keys_of(msgs, effects));
-            ok(deliver_dyn(store, msgs, *batch, result_reference, effects).await)
-        }
-        Op::Mark {
-            msg,
-            processed_at,
-            retention_until,
-        } => {
-            let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
-            let Ok(identity) = policy.resolve(&received(msg)) else {
-                return ok("refused before the store");
-            };
-            let row = marker_row(msg, &identity, *processed_at, *retention_until);
-            let r = async {
-                let tx = store.begin().await?;
-                match store.insert_marker(&tx, &row).await? {
-                    MarkerInsert::Inserted => {}
-                    other => return Ok(Ok(masked_insert(other))),
-                }
-                // DynamoDB answers at commit.
-                Ok(match store.commit(tx).await? {
-                    Commit::Done => Ok(MarkerInsert::Inserted),
-                    Commit::Conflict(h) => Ok(masked_insert(MarkerInsert::Conflict(h))),
-                    other => Err(format!("{other:?}")),
-                })
-            }
-            .await;
-            match r {
-                Ok(Err(refused)) => Outcome {
-                    answer: Err("refused at commit".into()),
-                    detail: refused,
-                },
-                Ok(Ok(answer)) => ok(answer),
-                Err(e) => dyn_out::<()>(Err(e)),
-            }
-        }
-        Op::Claim {
-            holder,
-            destinations,
-            now,
-            until,
-            ..
-        } => {
-            seen.holder = holder.clone();
-            let r = store
-                .claim_effects(holder, destinations, *now, *until, claim)
-                .await
-                .inspect(|v| {
-                    seen.claimed = v.iter().map(|e| e.key.clone()).collect();
-                    seen.claimed.sort();
-                })
-                .map(|v| {
-                    let mut v: Vec<String> = v.iter().map(claimed).collect();
-                    v.sort();
-                    v
-                });
-            dyn_out(r)
-        }
-        Op::Finish {
-            pick,
-            holder,
-            tr,
-            sent_hash,
-            now,
-        } => {
-            let from = if seen.claimed.is_empty() {
-                &seen.keys
-            } else {
-                &seen.claimed
-            };
-            let Some(id) = picked(store, from, *pick).await else {
-                return ok("no effect");
-            };
-            let holder = holder.clone().unwrap_or_else(|| seen.holder.clone());
-            let t = tr.transition();
-            let cols = t.columns().sent_hash(sent_hash.as_deref());
-            dyn_out(store.finish_effect(id, &holder, &cols, *now).await)
-        }
-        Op::Compensate { pick, note, now } => {
-            let Some(id) = picked(store, &seen.keys, *pick).await else {
-                return ok("no effect");
-            };
-            dyn_out(store.mark_compensated(id, note, *now).await)
-        }
-        Op::Purge {
-            table,
-            before,
-            limit,
-        } => dyn_out(
-            store
-                .purge_batch(*table, *before, *limit)
-                .await
-                .map(|v| (v.len(), v)),
-        ),
-        Op::PurgeDone { before, limit } => {
-            dyn_out(store.purge_done_effects(*before, *limit).await.map(|n| {
-                if n == 0 {
-                    Vec::new()
-                } else {
-                    vec![n]
-                }
-            }))
-        }
-        Op::Stats { consumer, now } => dyn_out(
-            store
-                .consumer_stats(consumer, *now)
-                .await
-                .map(|s| vec![stats(s)]),
-        ),
-        Op::Show {
-            consumer,
-            message_id,
-            source,
-            names,
-        } => dyn_out(
-            store
-                .message_story(consumer, message_id, source, names.as_deref())
-                .await
-                .map(story),
-        ),
-        Op::Rejections {
-            consumer,
-            kind,
-            since,
-            until,
-            limit,
-        } => dyn_out(
-            store
-                .rejections(&filter(consumer, kind, since, until, *limit))
-                .await
-                .map(|v| v.into_iter().map(rejection).collect::<Vec<_>>()),
-        ),
-        Op::EffectCounts => dyn_out(store.effect_counts().await.map(counts)),
-        Op::TableStats { table, consumer } => dyn_out(
-            store
-                .table_stats(*table, consumer)
-                .await
-                .map(|(n, t)| (n, kept_opt(t))),
-        ),
-        Op::FindEffect { pick, key } => {
-            let Some(key) = find_key(seen, *pick, key) else {
-                return ok("no effect");
-            };
-            dyn_out(
-                store
-                    .find_effect(&key)
-                    .await
-                    .map(|e| e.as_ref().map(claimed)),
-            )
-        }
     }
 }
 
@@ -1413,8 +978,8 @@ async fn run_case(client: Client, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                     _ => 0,
                 };
-                let a = step_lite(&lite, &mut seen_lite, op).await;
-                let b = step_dyn(&store, &mut seen_dyn, op, claim).await;
+                let a = step(&lite, &mut seen_lite, op, claim).await;
+                let b = step(&store, &mut seen_dyn, op, claim).await;
                 if a != b {
                     result = Err(TestCaseError::fail(format!(
                         "step {i} of {}: {op:?}\n  SQLite:   {a:?}\n  DynamoDB: {b:?}",

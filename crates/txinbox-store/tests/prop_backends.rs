@@ -16,18 +16,22 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use txinbox_core::effects::{idempotency_key, Effect, EffectStore, Transition};
+use txinbox_core::effects::{idempotency_key, EffectStore};
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_core::{
-    CancellationToken, ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, InboxStore,
-    MarkerInsert, MarkerRow, Message, ReceivedMessage, RetentionPolicy,
+    ConsumerName, HandlerError, IdentityPolicy, Inbox, InboxStore, MarkerInsert, MarkerRow,
+    Message, ReceivedMessage, RetentionPolicy,
 };
 use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{Backend, Store, StoreOptions};
-use txinbox_testkit::NoopDelivery;
+use txinbox_testkit::prop::{
+    asked_consumer, claimed, counts, delivered, fx, handled, kept, kept_opt, limit, msg, opt_text,
+    picked, process_all, received, rejection, stats, story, table, time, tr, Fx, Msg, Outcome,
+    Seen, Tr, Values,
+};
 
 // ---------------------------------------------------------------------------------------------------------
 // Generated values.
@@ -52,88 +56,13 @@ fn text() -> impl Strategy<Value = String> {
     ]
 }
 
-fn opt_text() -> impl Strategy<Value = Option<String>> {
-    prop_oneof![2 => Just(None), 3 => text().prop_map(Some)]
-}
+/// The test's values: [`text`], and the shared model's dates.
+struct Hostile;
 
-/// A name or id a message or a handler gives: mostly one of a few plain ones (so that most deliveries are
-/// applied and meet each other), sometimes any [`text`].
-fn field(plain: &'static [&'static str]) -> impl Strategy<Value = String> {
-    prop_oneof![
-        8 => prop::sample::select(plain).prop_map(String::from),
-        1 => text(),
-    ]
-}
-
-fn opt_field(plain: &'static [&'static str]) -> impl Strategy<Value = Option<String>> {
-    prop_oneof![3 => Just(None), 2 => field(plain).prop_map(Some)]
-}
-
-const IDS: &[&str] = &["a", "b", "evt-1"];
-
-/// A date near the run's base (so that claims are due and purges meet rows) or at an edge.
-fn time() -> impl Strategy<Value = DateTime<Utc>> {
-    let base = base();
-    prop_oneof![
-        4 => hours().prop_map(move |h| base + chrono::Duration::hours(h)),
-        1 => (hours(), 0u32..1_000_000_000).prop_map(move |(h, n)| {
-            base + chrono::Duration::hours(h) + chrono::Duration::nanoseconds(i64::from(n))
-        }),
-        2 => prop::sample::select(edges()),
-        1 => (-100_000_000_000i64..300_000_000_000, 0u32..1_000_000_000)
-            .prop_map(|(s, n)| Utc.timestamp_opt(s, n).single().unwrap_or(DateTime::<Utc>::MIN_UTC)),
-    ]
-}
-
-/// Ten minutes before the run's start, to the second. The pipeline writes its own times (`Utc::now()`,
-/// plus a keep of whole hours): each is some whole hours and 10 to 50 minutes past this base, where no
-/// generated date near it is (those are whole hours from it, to the second).
-fn base() -> DateTime<Utc> {
-    static BASE: std::sync::OnceLock<DateTime<Utc>> = std::sync::OnceLock::new();
-    *BASE.get_or_init(|| {
-        let now = Utc::now() - chrono::Duration::minutes(10);
-        now - chrono::Duration::nanoseconds(i64::from(now.timestamp_subsec_nanos()))
-    })
-}
-
-/// A time the pipeline wrote (the run's wall clock, which differs between the two runs of a step), as the
-/// whole hour after the base it is in; any other time as it is.
-fn wall_clock_masked(t: DateTime<Utc>) -> DateTime<Utc> {
-    let Some(off) = (t - base()).num_microseconds() else {
-        return t;
-    };
-    let hour = 3_600_000_000i64;
-    let within = off.rem_euclid(hour);
-    if (5 * 60_000_000..55 * 60_000_000).contains(&within) {
-        base() + chrono::Duration::microseconds(off - within)
-    } else {
-        t
+impl Values for Hostile {
+    fn text() -> impl Strategy<Value = String> {
+        text()
     }
-}
-
-fn edges() -> Vec<DateTime<Utc>> {
-    let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
-    vec![
-        DateTime::<Utc>::UNIX_EPOCH,
-        DateTime::<Utc>::UNIX_EPOCH - chrono::Duration::nanoseconds(1),
-        DateTime::<Utc>::UNIX_EPOCH - chrono::Duration::seconds(1),
-        at("1999-12-31T23:59:59.9999995Z"),
-        at("2000-01-01T00:00:00Z"),
-        at("0001-01-01T00:00:00Z"),
-        at("9999-12-31T23:59:59.999999999Z"),
-        at("9999-12-31T23:00:00-05:00"),
-        Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap(),
-        Utc.with_ymd_and_hms(-4714, 11, 24, 0, 0, 0).unwrap(),
-        Utc.with_ymd_and_hms(-4713, 11, 24, 0, 0, 0).unwrap(),
-        Utc.with_ymd_and_hms(200_000, 12, 31, 23, 59, 59).unwrap(),
-        DateTime::<Utc>::MIN_UTC,
-        DateTime::<Utc>::MAX_UTC,
-    ]
-}
-
-/// Whole hours before or after the run's start, never zero.
-fn hours() -> impl Strategy<Value = i64> {
-    prop_oneof![-48i64..0, 1i64..49]
 }
 
 fn duration() -> impl Strategy<Value = Duration> {
@@ -144,176 +73,6 @@ fn duration() -> impl Strategy<Value = Duration> {
         Just(Duration::MAX),
         Just(Duration::from_secs(400 * 365 * 86_400 * 100)),
     ]
-}
-
-fn limit() -> impl Strategy<Value = i64> {
-    prop_oneof![
-        3 => -2i64..5,
-        1 => prop::sample::select(vec![i64::MIN, i64::MIN + 1, -1, 0, i64::from(i32::MAX), i64::MAX]),
-        1 => any::<i64>(),
-    ]
-}
-
-fn int32() -> impl Strategy<Value = i32> {
-    prop_oneof![3 => 0i32..5, 1 => prop::sample::select(vec![i32::MIN, -1, i32::MAX]), 1 => any::<i32>()]
-}
-
-/// A delivery as a broker hands it out: identity attributes, body, the broker's times and count. The
-/// pipeline resolves and checks it as for any message (a value it refuses never reaches a store).
-#[derive(Clone, Debug)]
-struct Msg {
-    consumer: &'static str,
-    id: String,
-    source: String,
-    event_type: Option<String>,
-    tenant: Option<String>,
-    business_key: Option<String>,
-    contract: Option<String>,
-    event_time: Option<String>,
-    body: &'static str,
-    received_at: DateTime<Utc>,
-    enqueued_at: Option<DateTime<Utc>>,
-    keep: Duration,
-    delivery_count: u32,
-}
-
-fn msg() -> impl Strategy<Value = Msg> {
-    (
-        (
-            prop::sample::select(vec!["c", "d"]),
-            field(IDS),
-            field(&["s", "x y"]),
-            opt_field(&["t"]),
-            opt_field(&["acme", ""]),
-            opt_field(&["k1", "k2"]),
-            opt_field(&["v1"]),
-        ),
-        (
-            prop_oneof![
-                Just(None),
-                time().prop_map(|t| Some(t.to_rfc3339())),
-                opt_text()
-            ],
-            prop::sample::select(vec!["{\"v\":1}", "{\"v\":2}"]),
-            time(),
-            prop::option::of(time()),
-            duration(),
-            prop_oneof![3 => 1u32..4, 1 => prop::sample::select(vec![0, i32::MAX as u32, i32::MAX as u32 + 1, u32::MAX])],
-        ),
-    )
-        .prop_map(
-            |(
-                (consumer, id, source, event_type, tenant, business_key, contract),
-                (event_time, body, received_at, enqueued_at, keep, delivery_count),
-            )| Msg {
-                consumer,
-                id,
-                source,
-                event_type,
-                tenant,
-                business_key,
-                contract,
-                event_time,
-                body,
-                received_at,
-                enqueued_at,
-                keep,
-                delivery_count,
-            },
-        )
-}
-
-/// An effect a handler records (the pipeline dead-letters a message with one it refuses).
-#[derive(Clone, Debug)]
-struct Fx {
-    name: String,
-    destination: String,
-    payload: Vec<u8>,
-    metadata: Vec<(String, String)>,
-    external_ref: Option<String>,
-    group: Option<String>,
-}
-
-fn fx() -> impl Strategy<Value = Fx> {
-    (
-        field(&["a", "b", "c"]),
-        field(&["d1", "d2"]),
-        prop::collection::vec(any::<u8>(), 0..16),
-        prop::collection::vec((text(), text()), 0..3),
-        opt_field(&["ref-1"]),
-        opt_field(&["g"]),
-    )
-        .prop_map(
-            |(name, destination, payload, metadata, external_ref, group)| Fx {
-                name,
-                destination,
-                payload,
-                metadata,
-                external_ref,
-                group,
-            },
-        )
-}
-
-#[derive(Clone, Debug)]
-enum Tr {
-    Done(Option<String>, i32, i32),
-    Retry(DateTime<Utc>, String, i32, i32, bool),
-    Uncertain(DateTime<Utc>, String, i32, i32),
-    Failed(String, i32),
-    NeedsAttention(String, i32, i32),
-}
-
-fn tr() -> impl Strategy<Value = Tr> {
-    prop_oneof![
-        2 => (opt_text(), int32(), int32()).prop_map(|(r, a, c)| Tr::Done(r, a, c)),
-        1 => (time(), text(), int32(), int32(), any::<bool>()).prop_map(|(t, e, a, c, m)| Tr::Retry(t, e, a, c, m)),
-        1 => (time(), text(), int32(), int32()).prop_map(|(t, e, a, c)| Tr::Uncertain(t, e, a, c)),
-        1 => (text(), int32()).prop_map(|(e, a)| Tr::Failed(e, a)),
-        1 => (text(), int32(), int32()).prop_map(|(e, a, c)| Tr::NeedsAttention(e, a, c)),
-    ]
-}
-
-impl Tr {
-    fn transition(&self) -> Transition {
-        match self.clone() {
-            Tr::Done(reference, attempts, reconciliations) => Transition::Done {
-                reference,
-                attempts,
-                reconciliations,
-            },
-            Tr::Retry(next_at, error, attempts, reconciliations, maybe_happened) => {
-                Transition::Retry {
-                    next_at,
-                    error,
-                    attempts,
-                    reconciliations,
-                    maybe_happened,
-                }
-            }
-            Tr::Uncertain(next_at, error, attempts, reconciliations) => Transition::Uncertain {
-                next_at,
-                error,
-                attempts,
-                reconciliations,
-            },
-            Tr::Failed(error, attempts) => Transition::Failed { error, attempts },
-            Tr::NeedsAttention(error, attempts, reconciliations) => Transition::NeedsAttention {
-                error,
-                attempts,
-                reconciliations,
-            },
-        }
-    }
-}
-
-/// A consumer an operator asks about: one of the test's, or anything.
-fn asked_consumer() -> impl Strategy<Value = String> {
-    prop_oneof![3 => prop::sample::select(vec!["c", "d"]).prop_map(String::from), 1 => text()]
-}
-
-fn table() -> impl Strategy<Value = Table> {
-    prop::sample::select(Table::ALL.to_vec())
 }
 
 #[derive(Clone, Debug)]
@@ -390,9 +149,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (prop::collection::vec(msg(), 1..4), any::<bool>(), opt_text(), prop::collection::vec(fx(), 0..3))
+        8 => (prop::collection::vec(msg::<Hostile>(duration()), 1..4), any::<bool>(), opt_text::<Hostile>(), prop::collection::vec(fx::<Hostile>(prop::collection::vec(any::<u8>(), 0..16)), 0..3))
             .prop_map(|(msgs, batch, result_reference, effects)| Op::Deliver { msgs, batch, result_reference, effects }),
-        2 => (msg(), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
+        2 => (msg::<Hostile>(duration()), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
         3 => (
             prop_oneof![3 => Just("runner".to_owned()), 1 => text()],
             prop_oneof![
@@ -404,45 +163,30 @@ fn op() -> impl Strategy<Value = Op> {
             limit(),
         )
             .prop_map(|(holder, destinations, now, until, limit)| Op::Claim { holder, destinations, now, until, limit }),
-        3 => (any::<usize>(), prop_oneof![3 => Just(None), 1 => text().prop_map(Some)], tr(), opt_text(), time())
+        3 => (any::<usize>(), prop_oneof![3 => Just(None), 1 => text().prop_map(Some)], tr::<Hostile>(), opt_text::<Hostile>(), time())
             .prop_map(|(pick, holder, tr, sent_hash, now)| Op::Finish { pick, holder, tr, sent_hash, now }),
         1 => (any::<usize>(), text(), time()).prop_map(|(pick, note, now)| Op::Compensate { pick, note, now }),
         1 => (table(), time(), limit()).prop_map(|(table, before, limit)| Op::Purge { table, before, limit }),
         1 => (time(), limit()).prop_map(|(before, limit)| Op::PurgeDone { before, limit }),
-        1 => (prop::option::of(asked_consumer()), time()).prop_map(|(consumer, now)| Op::Stats { consumer, now }),
-        1 => (asked_consumer(), text(), opt_text()).prop_map(|(consumer, message_id, source)| Op::Show { consumer, message_id, source }),
+        1 => (prop::option::of(asked_consumer::<Hostile>()), time()).prop_map(|(consumer, now)| Op::Stats { consumer, now }),
+        1 => (asked_consumer::<Hostile>(), text(), opt_text::<Hostile>()).prop_map(|(consumer, message_id, source)| Op::Show { consumer, message_id, source }),
         1 => (
-            prop::option::of(asked_consumer()),
-            prop_oneof![Just(None), Just(Some("payload_collision".to_owned())), opt_text()],
+            prop::option::of(asked_consumer::<Hostile>()),
+            prop_oneof![Just(None), Just(Some("payload_collision".to_owned())), opt_text::<Hostile>()],
             prop::option::of(time()),
             prop::option::of(time()),
             limit(),
         )
             .prop_map(|(consumer, kind, since, until, limit)| Op::Rejections { consumer, kind, since, until, limit }),
         1 => Just(Op::EffectCounts),
-        1 => (table(), asked_consumer()).prop_map(|(table, consumer)| Op::TableStats { table, consumer }),
-        1 => (any::<usize>(), opt_text()).prop_map(|(pick, key)| Op::FindEffect { pick, key }),
-        1 => asked_consumer().prop_map(|consumer| Op::InboxRows { consumer }),
+        1 => (table(), asked_consumer::<Hostile>()).prop_map(|(table, consumer)| Op::TableStats { table, consumer }),
+        1 => (any::<usize>(), opt_text::<Hostile>()).prop_map(|(pick, key)| Op::FindEffect { pick, key }),
+        1 => asked_consumer::<Hostile>().prop_map(|consumer| Op::InboxRows { consumer }),
     ]
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Observable outcomes, as values comparable across backends.
-
-/// A date as both stores keep it: SQLite's range (years 1 to 9999), to the microsecond (rounded down); a
-/// time the pipeline wrote as the hour it is in ([`wall_clock_masked`]).
-fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
-    let t = wall_clock_masked(t);
-    let first = Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap();
-    let last = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()
-        + chrono::Duration::microseconds(999_999);
-    let t = t.clamp(first, last);
-    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
-}
-
-fn kept_opt(t: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
-    t.map(kept)
-}
 
 /// An error's kind: the sqlx variant, and whether a retry may succeed.
 fn kind(e: &sqlx::Error) -> String {
@@ -464,93 +208,11 @@ fn kind(e: &sqlx::Error) -> String {
     format!("{variant} (transient: {})", txinbox_store::is_transient(e))
 }
 
-/// An outcome: `Ok` with the value's normalized debug text, or the error's kind. `detail` is the error
-/// message, shown when the outcomes differ but not compared.
-#[derive(Debug)]
-struct Outcome {
-    answer: Result<String, String>,
-    // Read in a failure's message (the Debug output), never compared.
-    #[allow(dead_code)]
-    detail: String,
-}
-
-impl PartialEq for Outcome {
-    fn eq(&self, other: &Self) -> bool {
-        self.answer == other.answer
-    }
-}
-
 fn outcome<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
     match r {
-        Ok(v) => Outcome {
-            answer: Ok(format!("{v:?}")),
-            detail: String::new(),
-        },
-        Err(e) => Outcome {
-            answer: Err(kind(&e)),
-            detail: e.to_string().chars().take(300).collect(),
-        },
+        Ok(v) => Outcome::ok(format!("{v:?}")),
+        Err(e) => Outcome::error(kind(&e), &e),
     }
-}
-
-fn claimed(e: &txinbox_core::effects::ClaimedEffect) -> String {
-    format!(
-        "{}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
-        e.key,
-        e.consumer,
-        e.message_id,
-        e.name,
-        e.destination,
-        e.payload,
-        e.metadata,
-        e.external_ref,
-        e.claimed_from,
-        e.attempts,
-        e.reconciliations,
-        kept(e.created_at),
-        e.reference,
-        e.maybe_happened,
-        e.sent_hash
-    )
-}
-
-fn stats(mut s: txinbox_store::ops::ConsumerStats) -> txinbox_store::ops::ConsumerStats {
-    s.oldest_processed_at = kept_opt(s.oldest_processed_at);
-    s.newest_processed_at = kept_opt(s.newest_processed_at);
-    s.last_rejection_at = kept_opt(s.last_rejection_at);
-    s.oldest_pending_effect_at = kept_opt(s.oldest_pending_effect_at);
-    // The lag is measured from the oldest date kept.
-    s.effect_lag_seconds = s.effect_lag_seconds.map(|_| 0.0);
-    s
-}
-
-fn rejection(mut r: txinbox_store::ops::RejectionRow) -> txinbox_store::ops::RejectionRow {
-    // Ids are each table's own sequence: a statement PostgreSQL refused may have used one.
-    r.id = txinbox_store::ops::RejectionId::Number(0);
-    r.recorded_at = kept(r.recorded_at);
-    r
-}
-
-fn effect_view(mut e: txinbox_store::ops::EffectView) -> txinbox_store::ops::EffectView {
-    e.id = 0;
-    e.next_attempt_at = kept(e.next_attempt_at);
-    e.claim_until = kept_opt(e.claim_until);
-    e.created_at = kept(e.created_at);
-    e.updated_at = kept(e.updated_at);
-    e.finished_at = kept_opt(e.finished_at);
-    e
-}
-
-fn story(mut s: txinbox_store::ops::MessageStory) -> txinbox_store::ops::MessageStory {
-    for m in &mut s.markers {
-        m.received_at = kept(m.received_at);
-        m.processed_at = kept(m.processed_at);
-        m.retention_until = kept(m.retention_until);
-    }
-    s.rejections = s.rejections.into_iter().map(rejection).collect();
-    s.effects = s.effects.into_iter().map(effect_view).collect();
-    s.effects.sort_by(|a, b| a.key.cmp(&b.key));
-    s
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -558,15 +220,6 @@ fn story(mut s: txinbox_store::ops::MessageStory) -> txinbox_store::ops::Message
 
 /// The most batches a purge step runs (a batch purges at least one row; a case writes fewer rows).
 const PURGE_BATCHES: usize = 200;
-
-/// What one backend remembers between steps: the effects' keys it was asked to record, and the last
-/// claim's holder and keys.
-#[derive(Default)]
-struct Seen {
-    keys: Vec<String>,
-    holder: String,
-    claimed: Vec<String>,
-}
 
 /// The operator queries are inherent methods of each backend's store.
 trait Ops {
@@ -601,37 +254,6 @@ macro_rules! ops_for {
 ops_for!(sqlx::Sqlite);
 ops_for!(sqlx::Postgres);
 
-fn received(m: &Msg) -> ReceivedMessage {
-    let mut r = ReceivedMessage::new(m.body.as_bytes().to_vec());
-    r.attributes.insert("ce-id".into(), m.id.clone());
-    r.attributes.insert("ce-source".into(), m.source.clone());
-    for (k, v) in [
-        ("ce-type", &m.event_type),
-        ("ce-tenantid", &m.tenant),
-        ("ce-businesskey", &m.business_key),
-        ("ce-contractversion", &m.contract),
-        ("ce-time", &m.event_time),
-    ] {
-        if let Some(v) = v {
-            r.attributes.insert(k.into(), v.clone());
-        }
-    }
-    r.received_at = m.received_at;
-    r.enqueued_at = m.enqueued_at;
-    r.delivery_count = m.delivery_count;
-    r
-}
-
-/// A delivery's outcome without what names the backend (a store error's text).
-fn delivered(o: txinbox_core::Outcome) -> String {
-    use txinbox_core::Outcome as O;
-    match o {
-        O::Retry { .. } => "retry".into(),
-        O::DeadLettered { reason, .. } => format!("dead-lettered: {reason}"),
-        other => format!("{other:?}"),
-    }
-}
-
 async fn step<DB: Backend>(store: &Store<DB>, seen: &mut Seen, op: &Op) -> Outcome
 where
     Store<DB>: Ops,
@@ -643,23 +265,7 @@ where
             result_reference,
             effects,
         } => {
-            let mut handled = match result_reference {
-                Some(r) => Handled::reference(r),
-                None => Handled::done(),
-            };
-            for f in effects {
-                let mut e = Effect::new(&f.name, &f.destination, f.payload.clone());
-                for (k, v) in &f.metadata {
-                    e = e.metadata(k, v);
-                }
-                if let Some(r) = &f.external_ref {
-                    e = e.external_ref(r);
-                }
-                if let Some(g) = &f.group {
-                    e = e.group(g);
-                }
-                handled = handled.effect(e);
-            }
+            let handled = handled(result_reference, effects);
             // One consumer for the whole call: the first message's.
             let first = &msgs[0];
             let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
@@ -677,21 +283,7 @@ where
                 let h = handled.clone();
                 async move { Ok::<_, HandlerError>(h) }
             };
-            let outcomes = if *batch {
-                inbox
-                    .bind_handler(handler)
-                    .process_batch(
-                        received.into_iter().map(NoopDelivery).collect(),
-                        &CancellationToken::new(),
-                    )
-                    .await
-            } else {
-                let mut out = Vec::new();
-                for r in received {
-                    out.push(inbox.process(NoopDelivery(r), &handler).await);
-                }
-                out
-            };
+            let outcomes = process_all(inbox, handler, received, *batch).await;
             outcome(Ok(outcomes.into_iter().map(delivered).collect::<Vec<_>>()))
         }
         Op::Mark {
@@ -832,24 +424,7 @@ where
             }
             store.rejections(&f).await
         }
-        Op::EffectCounts => outcome(store.effect_counts().await.map(|v| {
-            let mut v: Vec<String> = v
-                .into_iter()
-                .map(|c| {
-                    format!(
-                        "{}|{}|{:?}|{}|{:?}|{}",
-                        c.consumer,
-                        c.destination,
-                        c.state,
-                        c.count,
-                        kept_opt(c.oldest),
-                        c.without_reference
-                    )
-                })
-                .collect();
-            v.sort();
-            v
-        })),
+        Op::EffectCounts => outcome(store.effect_counts().await.map(counts)),
         Op::TableStats { table, consumer } => outcome(
             store
                 .table_stats(*table, consumer)
@@ -871,15 +446,6 @@ where
         }
         Op::InboxRows { consumer } => outcome(store.inbox_rows(consumer).await),
     }
-}
-
-/// The id, in this store, of the effect `pick` designates among `keys`.
-async fn picked<DB: Backend>(store: &Store<DB>, keys: &[String], pick: usize) -> Option<i64> {
-    if keys.is_empty() {
-        return None;
-    }
-    let key = &keys[pick % keys.len()];
-    store.find_effect(key).await.ok().flatten().map(|e| e.id)
 }
 
 async fn run_case(pg: &Store<sqlx::Postgres>, ops: &[Op]) -> Result<(), TestCaseError> {

@@ -42,12 +42,12 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use txinbox_core::effects::{idempotency_key, Effect, EffectStore, Transition};
 use txinbox_core::runtime::maintenance::{MaintenanceOptions, MaintenanceStore, Table};
 use txinbox_core::{
-    CancellationToken, ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message,
-    ReceivedMessage, RetentionPolicy,
+    ConsumerName, Handled, HandlerError, IdentityPolicy, Inbox, Message, ReceivedMessage,
+    RetentionPolicy,
 };
 use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{PartitionOptions, Store, StoreOptions};
-use txinbox_testkit::NoopDelivery;
+use txinbox_testkit::prop::{claimed_as, delivered, process_all, Outcome};
 
 type Pg = Store<sqlx::Postgres>;
 
@@ -491,63 +491,15 @@ fn kind(e: &sqlx::Error) -> String {
     format!("{variant} (transient: {})", txinbox_store::is_transient(e))
 }
 
-/// An outcome: `Ok` with the value's debug text, or the error's kind; `detail` (the error message) is shown
-/// when outcomes differ, never compared.
-#[derive(Debug)]
-struct Outcome {
-    answer: Result<String, String>,
-    #[allow(dead_code)]
-    detail: String,
-}
-
-impl PartialEq for Outcome {
-    fn eq(&self, other: &Self) -> bool {
-        self.answer == other.answer
-    }
-}
-
 fn outcome<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
     match r {
-        Ok(v) => Outcome {
-            answer: Ok(format!("{v:?}")),
-            detail: String::new(),
-        },
-        Err(e) => Outcome {
-            answer: Err(kind(&e)),
-            detail: e.to_string().chars().take(300).collect(),
-        },
-    }
-}
-
-/// A delivery's outcome without the store's words (a retry's reason, a dead letter's detail).
-fn delivered(o: txinbox_core::Outcome) -> String {
-    use txinbox_core::Outcome as O;
-    match o {
-        O::Retry { .. } => "retry".into(),
-        O::DeadLettered { reason, .. } => format!("dead-lettered: {reason}"),
-        other => format!("{other:?}"),
+        Ok(v) => Outcome::ok(format!("{v:?}")),
+        Err(e) => Outcome::error(kind(&e), &e),
     }
 }
 
 fn claimed(w: &World, e: &txinbox_core::effects::ClaimedEffect) -> String {
-    format!(
-        "{}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
-        e.key,
-        e.consumer,
-        e.message_id,
-        e.name,
-        e.destination,
-        e.payload,
-        e.metadata,
-        e.external_ref,
-        e.claimed_from,
-        e.attempts,
-        e.reconciliations,
-        w.kept(e.created_at),
-        e.reference,
-        e.maybe_happened,
-        e.sent_hash
-    )
+    claimed_as(e, |t| w.kept(t))
 }
 
 fn stats(w: &World, s: &txinbox_store::ops::ConsumerStats) -> String {
@@ -822,21 +774,7 @@ async fn deliver(
         let h = h.clone();
         async move { Ok::<_, HandlerError>(h) }
     };
-    let outcomes = if batch {
-        inbox
-            .bind_handler(handler)
-            .process_batch(
-                msgs.into_iter().map(NoopDelivery).collect(),
-                &CancellationToken::new(),
-            )
-            .await
-    } else {
-        let mut out = Vec::new();
-        for m in msgs {
-            out.push(inbox.process(NoopDelivery(m), &handler).await);
-        }
-        out
-    };
+    let outcomes = process_all(inbox, handler, msgs, batch).await;
     outcomes.into_iter().map(delivered).collect()
 }
 

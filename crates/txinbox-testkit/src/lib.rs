@@ -14,6 +14,9 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use txinbox_store::Store;
 
+#[cfg(feature = "prop")]
+pub mod prop;
+
 /// The PostgreSQL URL for tests, from `TXINBOX_TEST_PG_URL`.
 ///
 /// # Panics
