@@ -333,6 +333,17 @@ impl EffectExecutor for HttpEffect {
             let Some(template) = &self.compensate else {
                 return Err("no compensation request is configured for this destination".into());
             };
+            // Filled with nothing, `{reference}` would name the collection (`DELETE /v1/tasks/`): a 404 there
+            // would read as "already gone", and a destination might act on it.
+            if template.contains(template::REFERENCE)
+                && effect.reference.as_deref().unwrap_or_default().is_empty()
+            {
+                return Err(
+                    "the compensation request names {reference}, and the destination gave this effect none: \
+                     nothing sent (undo it at the destination by its key or external reference)"
+                        .into(),
+                );
+            }
             let url = template::fill_url(template, effect);
             let r = self
                 .request(reqwest::Method::DELETE, &url)
@@ -422,3 +433,5 @@ fn url_path(url: &str) -> String {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wire_tests;
