@@ -214,21 +214,12 @@ impl Receiver for SqsReceiver {
         let asks = (0..calls).map(|i| {
             let ask = (n - i * per_call).min(per_call);
             let wait = if i == 0 { wait } else { Duration::ZERO };
-            let call = s
-                .client
-                .receive_message()
-                .queue_url(&s.queue_url)
-                .max_number_of_messages(ask as i32)
-                .wait_time_seconds(wait.as_secs() as i32)
-                .visibility_timeout(secs(s.opts.visibility_timeout))
-                .message_system_attribute_names(MessageSystemAttributeName::All)
-                .message_attribute_names("All")
-                .send();
+            let s = s.clone();
             // Each call's own answer time: a message's visibility runs from the answer that brought it, not
             // from the slowest call of the receive (the long poll can wait its whole wait while the calls
             // beside it answered at once).
             async move {
-                let answer = call.await;
+                let answer = receive_call(&s, ask, wait).await;
                 (Instant::now(), answer)
             }
         });
@@ -244,7 +235,6 @@ impl Receiver for SqsReceiver {
                     got.extend(msgs.into_iter().map(|m| (m, Received::at(received))));
                 }
                 Err(e) => {
-                    let e = sdk_error("ReceiveMessage", e);
                     tracing::debug!(error = %e, "a ReceiveMessage call of a receive failed");
                     first_error.get_or_insert(e);
                 }
@@ -328,6 +318,70 @@ impl Receiver for SqsReceiver {
             tracing::warn!(queue_url = %s.queue_url, "no dead-letter path (allowed by SqsOptions::allow_no_dead_letter): a payload collision or a permanent error comes back once per visibility timeout, forever");
         }
         Ok(())
+    }
+}
+
+/// Attempts of one FIFO `ReceiveMessage` call whose answer did not come (the first included).
+const RECEIVE_ATTEMPTS: u32 = 3;
+
+/// One `ReceiveMessage` call. On a FIFO queue it carries a `ReceiveRequestAttemptId` of its own and, when no
+/// answer comes (a transport failure, a timeout) or SQS answers a server error, is sent again with the same
+/// id, at most [`RECEIVE_ATTEMPTS`] times. AWS (`ReceiveMessage`): "If a networking issue occurs after a
+/// ReceiveMessage action, and instead of a response you receive a generic error, it is possible to retry the
+/// same action with an identical ReceiveRequestAttemptId to retrieve the same set of messages, even if their
+/// visibility timeout has not yet expired." Without it the messages a lost answer brought stay in flight for
+/// their visibility timeout, and hold back their groups. The SDK's own retries are off for these calls, since
+/// it would also resend a throttled call with the same id, which SQS refuses ("The receiveRequestAttemptId is
+/// not valid anymore since the receive call is not retryable"): a throttled receive is returned (the worker
+/// backs off) and the next receive has a new id. A standard queue ignores the id and keeps the SDK's retries.
+async fn receive_call(
+    s: &Shared,
+    ask: usize,
+    wait: Duration,
+) -> Result<aws_sdk_sqs::operation::receive_message::ReceiveMessageOutput, BrokerError> {
+    let call = || {
+        s.client
+            .receive_message()
+            .queue_url(&s.queue_url)
+            .max_number_of_messages(ask as i32)
+            .wait_time_seconds(wait.as_secs() as i32)
+            .visibility_timeout(secs(s.opts.visibility_timeout))
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .message_attribute_names("All")
+    };
+    if !s.fifo {
+        return call()
+            .send()
+            .await
+            .map_err(|e| sdk_error("ReceiveMessage", e));
+    }
+    let attempt_id = uuid::Uuid::new_v4().to_string();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let r = call()
+            .receive_request_attempt_id(&attempt_id)
+            .customize()
+            .config_override(
+                aws_sdk_sqs::config::Builder::default()
+                    .retry_config(aws_sdk_sqs::config::retry::RetryConfig::disabled()),
+            )
+            .send()
+            .await
+            .map_err(|e| sdk_error("ReceiveMessage", e));
+        match r {
+            Err(e)
+                if attempt < RECEIVE_ATTEMPTS
+                    && matches!(
+                        e.kind(),
+                        BrokerErrorKind::OutcomeUnknown | BrokerErrorKind::ServerError
+                    ) =>
+            {
+                tracing::debug!(error = %e, attempt, "ReceiveMessage got no answer; sending it again with the same ReceiveRequestAttemptId");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+            }
+            r => return r,
+        }
     }
 }
 

@@ -1,0 +1,84 @@
+//! A FIFO receive whose answer is lost is retried with the same `ReceiveRequestAttemptId`. AWS
+//! (`ReceiveMessage`, `ReceiveRequestAttemptId`): "If a networking issue occurs after a ReceiveMessage action,
+//! and instead of a response you receive a generic error, it is possible to retry the same action with an
+//! identical ReceiveRequestAttemptId to retrieve the same set of messages, even if their visibility timeout has
+//! not yet expired." Without it the messages the lost answer brought stay in flight for their visibility
+//! timeout, and their groups with them. moto ignores the parameter, so the test checks what the adapter sends:
+//! a transport in front of moto forwards the first receive and drops its answer.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use txinbox_core::Receiver;
+use txinbox_sqs::SqsReceiver;
+use txinbox_testkit::sdk_http::{with_hook, ConnectorError, HttpConnector, HttpConnectorFuture};
+
+/// The `ReceiveRequestAttemptId` of every `ReceiveMessage` sent, in order.
+type Attempts = Arc<Mutex<Vec<Option<String>>>>;
+
+/// `c`, whose first `ReceiveMessage` reaches moto and loses its answer; records every receive's attempt id.
+fn first_receive_answer_lost(c: &aws_sdk_sqs::Client, attempts: Attempts) -> aws_sdk_sqs::Client {
+    let inner = c.config().http_client().expect("an HTTP client");
+    let http = with_hook(inner, move |request, connector| {
+        let receive = request
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
+        let first = receive && {
+            let body: serde_json::Value =
+                serde_json::from_slice(request.body().bytes().unwrap_or_default())
+                    .unwrap_or_default();
+            let id = body
+                .get("ReceiveRequestAttemptId")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned);
+            let mut a = attempts.lock().unwrap();
+            a.push(id);
+            a.len() == 1
+        };
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            let answer = connector.call(request).await;
+            if first {
+                drop(answer);
+                return Err(ConnectorError::io(
+                    "connection reset after the request".into(),
+                ));
+            }
+            answer
+        })
+    });
+    aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(http).build())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_receive_whose_answer_was_lost_is_retried_with_the_same_attempt_id() {
+    let plain = client().await;
+    let q = queue_pair(&plain, 5, 30).await;
+    send(&plain, &q.url, "{}", Some("evt-lost-answer"), "d-1", "g-1").await;
+
+    let attempts: Attempts = Arc::default();
+    let c = first_receive_answer_lost(&plain, attempts.clone());
+    let opts = fast_options(30, &q.dlq).batch_size(1);
+    let mut r = SqsReceiver::connect(c, &q.url, opts).await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(20), r.receive(1)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), r.receive(1)).await;
+
+    let a = attempts.lock().unwrap().clone();
+    assert!(
+        a.len() >= 3,
+        "the lost receive, its retry, a later receive: {a:?}"
+    );
+    assert!(
+        a[0].is_some(),
+        "a FIFO receive carries an attempt id: {a:?}"
+    );
+    assert_eq!(
+        a[1], a[0],
+        "the retry of a lost answer uses the lost attempt's id"
+    );
+    assert_ne!(a[2], a[0], "a new receive has a new attempt id: {a:?}");
+}
