@@ -157,12 +157,13 @@ impl HttpEffect {
         req
     }
 
-    /// Whether the payload carries the external reference (as is, JSON-escaped or percent-encoded, as a form
-    /// body carries it), or the call's URL does, so a destination can be searched by it.
+    /// Whether the payload carries the external reference (as is, JSON-escaped, or form-encoded in a body sent
+    /// as `application/x-www-form-urlencoded`), or the call's URL does, so a destination can be searched by it.
     fn payload_carries_ref(&self, e: &ClaimedEffect) -> bool {
         let escaped = serde_json::Value::String(e.external_ref.clone()).to_string();
         carries_token(&e.payload, e.external_ref.as_bytes())
             || carries_token(&e.payload, &escaped.as_bytes()[1..escaped.len() - 1])
+            || (is_form(e) && carries_token(&form_decode(&e.payload), e.external_ref.as_bytes()))
             || self.url.contains(template::EXTERNAL_REF)
     }
 
@@ -188,6 +189,46 @@ fn carries_token(payload: &[u8], needle: &[u8]) -> bool {
             && !(word(needle.first()) && i > 0 && word(payload.get(i - 1)))
             && !(word(needle.last()) && word(payload.get(i + needle.len())))
     })
+}
+
+/// Whether the effect's body is a form (`content-type` `application/x-www-form-urlencoded`, as Stripe takes it).
+fn is_form(e: &ClaimedEffect) -> bool {
+    e.metadata.get(meta::CONTENT_TYPE).is_some_and(|t| {
+        t.split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+    })
+}
+
+/// `payload` decoded as a form body (`application/x-www-form-urlencoded`: `+` is a space, `%3A` or `%3a` a
+/// byte); a `%` not followed by two hex digits is kept as it is.
+fn form_decode(payload: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16);
+    let mut out = Vec::with_capacity(payload.len());
+    let mut i = 0;
+    while i < payload.len() {
+        let b = payload[i];
+        let escaped = (b == b'%')
+            .then(|| Some(hex(*payload.get(i + 1)?)? * 16 + hex(*payload.get(i + 2)?)?))
+            .flatten();
+        match (b, escaped) {
+            (_, Some(v)) => {
+                out.push(v as u8);
+                i += 3;
+            }
+            (b'+', None) => {
+                out.push(b' ');
+                i += 1;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Reads up to [`MAX_ANSWER`] bytes of an answer (an error without the URL, which may carry a secret in its

@@ -112,3 +112,79 @@ async fn a_compensation_by_reference_of_an_effect_without_one_is_refused_unsent(
     e.compensate(&done).await.expect("gone");
     assert!(seen.lock().unwrap()[0].starts_with("DELETE /v1/tasks/t-1 "));
 }
+
+// Stripe takes a form body (`application/x-www-form-urlencoded`), where the external reference is
+// percent-encoded (`metadata[external_ref]=followup%3Aopp_1%3Ameeting_2`), and is searched by it: "GET
+// /v1/customers/search?query=metadata['external_ref']:'...'" answers `{"object":"search_result","data":[...]}`
+// (<https://docs.stripe.com/api/customers/search>). The payload carries the reference, encoded: the search can
+// find it. Read as not carried, the confirmation was unknown for ever once Stripe had forgotten the key (24 h),
+// and the effect needed attention while Stripe held the customer.
+#[tokio::test]
+async fn a_form_body_carries_its_percent_encoded_reference() {
+    let (url, seen) = destination(|_, mut c| async move {
+        let body = r#"{"object":"search_result","data":[{"id":"cus_1","metadata":{"external_ref":"followup:opp_1:meeting 2"}}],"has_more":false}"#;
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = c.write_all(format!("{head}{body}").as_bytes()).await;
+    })
+    .await;
+    let stripe = HttpEffect::post(format!("{url}/v1/customers"))
+        .key(Key::header("Idempotency-Key"))
+        .confirm(
+            Confirm::search(format!(
+                "{url}/v1/customers/search?query=metadata%5B%27external_ref%27%5D%3A%27{{external_ref}}%27"
+            ))
+            .matches_at("/data/0/metadata/external_ref"),
+        )
+        .build()
+        .unwrap();
+    for body in [
+        "name=Ana&metadata[external_ref]=followup%3Aopp_1%3Ameeting+2",
+        "metadata%5Bexternal_ref%5D=followup%3aopp_1%3ameeting%202&name=Ana",
+    ] {
+        let mut e = effect();
+        e.claimed_from = EffectState::Uncertain;
+        e.created_at = Utc::now() - chrono::Duration::hours(25);
+        e.external_ref = "followup:opp_1:meeting 2".into();
+        e.payload = body.as_bytes().to_vec();
+        e.metadata.insert(
+            meta::CONTENT_TYPE.into(),
+            "application/x-www-form-urlencoded".into(),
+        );
+        match stripe.confirm(&e).await {
+            Confirmation::Done { reference } => assert_eq!(reference.as_deref(), Some("cus_1")),
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    // A reference the form body does not carry (only a longer one) is still not carried.
+    let mut e = effect();
+    e.claimed_from = EffectState::Uncertain;
+    e.created_at = Utc::now() - chrono::Duration::hours(25);
+    e.external_ref = "followup:opp_1".into();
+    e.payload = b"metadata[external_ref]=followup%3Aopp_12".to_vec();
+    assert!(matches!(
+        stripe.confirm(&e).await,
+        Confirmation::Unknown { .. }
+    ));
+}
+
+#[test]
+fn only_a_form_body_is_read_form_encoded() {
+    let e = HttpEffect::post("https://api.stripe.com/v1/customers")
+        .build()
+        .unwrap();
+    let mut c = effect();
+    c.external_ref = "a b:c".into();
+    c.payload = br#"{"note":"a+b%3Ac"}"#.to_vec();
+    assert!(!e.payload_carries_ref(&c), "JSON is not read as a form");
+    c.payload = b"note=a+b%3Ac".to_vec();
+    c.metadata.insert(
+        meta::CONTENT_TYPE.into(),
+        "Application/X-WWW-Form-Urlencoded; charset=utf-8".into(),
+    );
+    assert!(e.payload_carries_ref(&c));
+    assert_eq!(form_decode(b"%zz%4+%41%6a"), b"%zz%4 Aj");
+}
