@@ -244,7 +244,9 @@ impl HttpEffectBuilder {
     }
 
     /// Uses `client` (for its TLS roots, proxy or connection pool); build it without redirects
-    /// (`reqwest::redirect::Policy::none()`), or a 3xx would be followed.
+    /// (`reqwest::redirect::Policy::none()`), or a 3xx would be followed: the request sent again to the
+    /// `Location`, with the headers the client forwards. An answer that comes from another URL than the one
+    /// called is never read as the destination's (uncertain; unknown for a confirmation).
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
         self

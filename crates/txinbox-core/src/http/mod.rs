@@ -31,7 +31,8 @@
 //!
 //! An effect whose earlier call may have happened (an uncertain answer no confirmation ruled out) is never
 //! failed: a refusal then needs attention. Redirects are not followed (a `POST` redirected as a `GET` could
-//! read as done): a 3xx is uncertain.
+//! read as done): a 3xx is uncertain, and so is an answer from another URL (a client of the user's that
+//! followed a redirect).
 //!
 //! **Where the key goes** ([`Key`]): a header the destination names (`Idempotency-Key` by default), a body
 //! field (Square's `idempotency_key`), nothing ([`Key::none`]), or the URL of an upsert
@@ -299,6 +300,11 @@ impl EffectExecutor for HttpEffect {
                 // processed.
                 Err(e) => return Execution::uncertain(format!("{shown}: {e}")),
             };
+            if redirected(&resp, &url) {
+                return Execution::uncertain(format!(
+                    "{shown}: {REDIRECTED} (it may have acted before it redirected, or where it redirected to)"
+                ));
+            }
             let status = resp.status().as_u16();
             let retry_after = resp
                 .headers()
@@ -438,6 +444,9 @@ impl EffectExecutor for HttpEffect {
                         .body(b);
                 }
                 match req.send().await.map_err(reqwest::Error::without_url) {
+                    Ok(r) if redirected(&r, &url) => Confirmation::Unknown {
+                        error: format!("{}: {REDIRECTED}", crate::error::redact_url(&c.url)).into(),
+                    },
                     Ok(mut r) => {
                         let status = r.status().as_u16();
                         match read_body(&mut r).await {
@@ -465,6 +474,16 @@ impl EffectExecutor for HttpEffect {
     fn request_hash(&self, effect: &ClaimedEffect) -> Option<String> {
         self.body(effect).ok().map(|b| sha256_hex(&b))
     }
+}
+
+/// Why an answer from another URL than the one called is not read.
+const REDIRECTED: &str =
+    "the client followed a redirect, and the answer came from another URL: not read as this \
+                          destination's (build the client with reqwest::redirect::Policy::none())";
+
+/// Whether `resp` came from another URL than `url`: a client of the user's followed a redirect.
+fn redirected(resp: &reqwest::Response, url: &str) -> bool {
+    reqwest::Url::parse(url).map_or(true, |u| *resp.url() != u)
 }
 
 /// The path of `url` (a done upsert's reference).

@@ -1,7 +1,6 @@
 //! Destinations on loopback answering in the shapes public APIs send: what the effect reads from them.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -187,4 +186,65 @@ fn only_a_form_body_is_read_form_encoded() {
     );
     assert!(e.payload_carries_ref(&c));
     assert_eq!(form_decode(b"%zz%4+%41%6a"), b"%zz%4 Aj");
+}
+
+// A client of the user's that follows redirects (`.client(reqwest::Client::new())`, against the builder's
+// advice). RFC 9110 15.4.4: a 303 "indicates that the server is redirecting the user agent to a different
+// resource ... [which] is intended to provide an indirect response to the original request"; GitHub's REST API:
+// "Clients should assume that any request may result in a redirection" (302/307: "repeat the request verbatim to
+// the URI specified in the Location header"). Followed, the POST became a GET of another resource, or was sent
+// again to another host, and that other resource's `{"id": ...}` read as done, its 404 as "not found". An answer
+// from another URL than the one called says nothing of the call: uncertain, and unknown for a confirmation.
+#[tokio::test]
+async fn an_answer_from_a_redirect_the_client_followed_is_not_the_destinations() {
+    let (other, seen_other) = destination(|n, mut c| async move {
+        let answer: &[u8] = if n == 0 {
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\nConnection: close\r\n\r\n{\"id\":\"x\"}"
+        } else {
+            NOT_FOUND
+        };
+        let _ = c.write_all(answer).await;
+    })
+    .await;
+    let to = other.clone();
+    let (url, _) = destination(move |n, mut c| {
+        let to = to.clone();
+        async move {
+            let (status, path) = if n == 0 {
+                ("303 See Other", "/v1/tasks/x")
+            } else {
+                ("307 Temporary Redirect", "/v1/tasks/lookup")
+            };
+            let answer = format!(
+                "HTTP/1.1 {status}\r\nLocation: {to}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let _ = c.write_all(answer.as_bytes()).await;
+        }
+    })
+    .await;
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::none())
+        .confirm(Confirm::lookup(format!("{url}/v1/tasks/{{external_ref}}")))
+        .client(reqwest::Client::new())
+        .build()
+        .unwrap();
+    let mut call = effect();
+    match e.execute(&call).await {
+        Execution::Uncertain { error } => {
+            assert!(error.to_string().contains("followed a redirect"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    call.claimed_from = EffectState::Uncertain;
+    match e.confirm(&call).await {
+        Confirmation::Unknown { error } => {
+            assert!(error.to_string().contains("followed a redirect"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        seen_other.lock().unwrap().len(),
+        2,
+        "the client followed both"
+    );
 }
