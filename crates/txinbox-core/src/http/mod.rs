@@ -398,6 +398,9 @@ impl EffectExecutor for HttpEffect {
                 .send()
                 .await
                 .map_err(reqwest::Error::without_url)?;
+            if redirected(&r, &url) {
+                return Err(format!("the compensation request: {REDIRECTED}").into());
+            }
             if r.status().is_success() || r.status() == reqwest::StatusCode::NOT_FOUND {
                 Ok(())
             } else {

@@ -248,3 +248,38 @@ async fn an_answer_from_a_redirect_the_client_followed_is_not_the_destinations()
         "the client followed both"
     );
 }
+
+// The same for a compensation: a DELETE a following client took to another URL, answered 404 there, is not
+// "already gone" at the destination.
+#[tokio::test]
+async fn a_compensation_answered_from_a_redirect_is_refused() {
+    let (other, seen_other) = destination(|_, mut c| async move {
+        let _ = c.write_all(NOT_FOUND).await;
+    })
+    .await;
+    let to = other.clone();
+    let (url, _) = destination(move |_, mut c| {
+        let to = to.clone();
+        async move {
+            let answer = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}/v2/tasks/t-1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let _ = c.write_all(answer.as_bytes()).await;
+        }
+    })
+    .await;
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+        .client(reqwest::Client::new())
+        .build()
+        .unwrap();
+    let mut done = effect();
+    done.claimed_from = EffectState::Done;
+    done.reference = Some("t-1".into());
+    let error = e
+        .compensate(&done)
+        .await
+        .expect_err("not the destination's answer");
+    assert!(error.to_string().contains("followed a redirect"), "{error}");
+    assert_eq!(seen_other.lock().unwrap().len(), 1);
+}
