@@ -99,6 +99,56 @@ async fn a_500_on_complete_is_retried() {
     assert_eq!(effects(&store).await, (1, 1));
 }
 
+/// Throttled settles are retried while the lock lasts: a complete answered 429 twice, then completed; a renewal
+/// answered 503 once, then renewed. Microsoft (`ServerBusyException`): "The exception that is thrown when a
+/// server is busy. Callers should wait a while and retry the operation." Neither is a lost lock nor a failed
+/// settle; each retry is counted by kind.
+#[tokio::test]
+async fn throttled_completes_and_renewals_are_retried() {
+    let (_recorder, metrics) = Metrics::install();
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let store = pg().await;
+    publish(&client, &event(&q, "evt-busy", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    let lock = lock_suffix(&q, &d);
+
+    emu.fault(json!({"kind": "status", "status": 503, "retry_after_seconds": 1, "method": "POST", "path_suffix": lock, "count": 1}))
+        .await;
+    let lease = d.lease().expect("a lease");
+    let before = lease.expires_at().unwrap();
+    let until = lease
+        .renew(Duration::from_secs(5))
+        .await
+        .expect("renewed after a 503");
+    assert!(until >= before, "{until} < {before}");
+    drop(lease);
+
+    emu.fault(json!({"kind": "status", "status": 429, "retry_after_seconds": 1, "method": "DELETE", "path_suffix": lock, "count": 2}))
+        .await;
+    let outcome = inbox(&store).process(d, &Effects::default()).await;
+    assert!(matches!(outcome, Outcome::Applied { .. }), "{outcome:?}");
+
+    let retries = |op| {
+        metrics.counter(
+            txinbox_servicebus::metrics::SETTLE_RETRIES,
+            &[("op", op), ("kind", "throttled")],
+        )
+    };
+    assert_eq!(retries("renew-lock"), 1);
+    assert_eq!(retries("complete"), 2);
+    assert_eq!(metrics.counter(m::SETTLE_FAILURES, &[]), 0);
+    assert_eq!(emu.counts(&q).await, (0, 0), "completed");
+    assert_eq!(effects(&store).await, (1, 1));
+}
+
 /// The complete takes effect but its answer is lost: the retry finds no lock and says the outcome is unknown
 /// (not "lock lost"); the message is gone, the effect is there once.
 #[tokio::test]
