@@ -72,7 +72,9 @@ use crate::effects::{ClaimedEffect, Confirmation, EffectExecutor, Execution};
 use confirm::Walk;
 use key::Placement;
 
-/// Metadata keys the HTTP effect reads: `content-type`, and `header.<name>` for extra request headers.
+/// Metadata keys the HTTP effect reads: `content-type`, and `header.<name>` for extra request headers. A name or
+/// a value HTTP does not allow (message data with a CR or LF) refuses the effect before any call, naming the
+/// header, never its value.
 pub mod meta {
     /// The request's content type (default `application/json`).
     pub const CONTENT_TYPE: &str = "content-type";
@@ -269,20 +271,16 @@ impl EffectExecutor for HttpEffect {
             };
             let url = template::fill_url(&self.url, effect);
             let shown = crate::error::redact_url(&self.url);
-            let content_type = effect
-                .metadata
-                .get(meta::CONTENT_TYPE)
-                .map_or("application/json", String::as_str);
-            let mut req = self
-                .request(self.method.clone(), &url)
-                .header(reqwest::header::CONTENT_TYPE, content_type);
+            let headers = match metadata_headers(effect) {
+                Ok(h) => h,
+                Err(error) => return Execution::rejected(format!("{shown}: {error}")),
+            };
+            let mut req = self.request(self.method.clone(), &url);
             if let Placement::Header(name) = &self.key.placement {
                 req = req.header(name.as_str(), &effect.key);
             }
-            for (k, v) in &effect.metadata {
-                if let Some(name) = k.strip_prefix(meta::HEADER) {
-                    req = req.header(name, v);
-                }
+            for (name, value) in headers {
+                req = req.header(name, value);
             }
             let hash = sha256_hex(&body);
             // reqwest's error text ends with the URL, query string and all: the redacted one is `shown`.
@@ -477,6 +475,30 @@ impl EffectExecutor for HttpEffect {
     fn request_hash(&self, effect: &ClaimedEffect) -> Option<String> {
         self.body(effect).ok().map(|b| sha256_hex(&b))
     }
+}
+
+/// The content type and the extra headers the effect's metadata asks for; a name or a value HTTP does not allow
+/// (message data with a CR or LF) is named, never shown, and nothing is sent.
+fn metadata_headers(e: &ClaimedEffect) -> Result<Vec<(HeaderName, HeaderValue)>, String> {
+    let refused = |name: &str, what: &str| {
+        format!("the effect's metadata asks for header {name:?} with {what} HTTP does not allow: nothing sent")
+    };
+    let content_type = e
+        .metadata
+        .get(meta::CONTENT_TYPE)
+        .map_or("application/json", String::as_str);
+    let mut out = vec![(
+        reqwest::header::CONTENT_TYPE,
+        HeaderValue::from_str(content_type).map_err(|_| refused("content-type", "a value"))?,
+    )];
+    for (k, v) in &e.metadata {
+        if let Some(name) = k.strip_prefix(meta::HEADER) {
+            let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| refused(name, "a name"))?;
+            let v = HeaderValue::from_str(v).map_err(|_| refused(name, "a value"))?;
+            out.push((n, v));
+        }
+    }
+    Ok(out)
 }
 
 /// Why an answer from another URL than the one called is not read.

@@ -283,3 +283,79 @@ async fn a_compensation_answered_from_a_redirect_is_refused() {
     assert!(error.to_string().contains("followed a redirect"), "{error}");
     assert_eq!(seen_other.lock().unwrap().len(), 1);
 }
+
+// Message data in a header (`header.X-Tenant` metadata) with CR/LF, or in the URL (`{external_ref}`): nothing
+// injected, nothing sent. A header HTTP does not allow refuses the effect before any call, naming the header
+// (never its value): "builder error" told the operator nothing.
+#[tokio::test]
+async fn message_data_with_cr_lf_injects_nothing_and_names_its_header() {
+    let (url, seen) = destination(|_, mut c| async move {
+        let _ = c
+            .write_all(b"HTTP/1.1 201 Created\r\nContent-Length: 10\r\nConnection: close\r\n\r\n{\"id\":\"x\"}")
+            .await;
+    })
+    .await;
+    let e = HttpEffect::post(format!("{url}/v1/tasks/{{external_ref}}"))
+        .build()
+        .unwrap();
+    for (name, value) in [
+        ("header.X-Tenant", "acme\r\nX-Injected: s3cret"),
+        ("header.X Tenant", "acme"),
+        (meta::CONTENT_TYPE, "application/json\r\nX-Injected: s3cret"),
+    ] {
+        let mut bad = effect();
+        bad.metadata.insert(name.into(), value.into());
+        match e.execute(&bad).await {
+            Execution::Rejected { error } => {
+                let error = error.to_string();
+                let shown = name.strip_prefix(meta::HEADER).unwrap_or("content-type");
+                assert!(
+                    error.contains(shown) && error.contains("nothing sent"),
+                    "{error}"
+                );
+                assert!(!error.contains("s3cret"), "{error}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert!(seen.lock().unwrap().is_empty());
+    let mut e2 = effect();
+    e2.external_ref = "t\r\nX-Injected: 1".into();
+    assert!(matches!(e.execute(&e2).await, Execution::Done { .. }));
+    let request = seen.lock().unwrap().remove(0);
+    assert!(
+        request.starts_with("POST /v1/tasks/t%0D%0AX-Injected%3A%201 HTTP/1.1\r\n"),
+        "{request}"
+    );
+}
+
+// A destination that sends its headers and then never finishes the body (or never answers a confirmation):
+// bounded by the effect's timeout, uncertain (unknown for a confirmation), never done.
+#[tokio::test]
+async fn a_body_that_never_ends_is_bounded_by_the_timeout() {
+    let (url, _) = destination(|_, mut c| async move {
+        let _ = c
+            .write_all(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+            .await;
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    })
+    .await;
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::none())
+        .confirm(Confirm::lookup(format!("{url}/v1/tasks/{{external_ref}}")))
+        .timeout(std::time::Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut call = effect();
+    assert!(matches!(
+        e.execute(&call).await,
+        Execution::Uncertain { .. }
+    ));
+    call.claimed_from = EffectState::Uncertain;
+    assert!(matches!(
+        e.confirm(&call).await,
+        Confirmation::Unknown { .. }
+    ));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
