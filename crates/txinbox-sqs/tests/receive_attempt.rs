@@ -82,3 +82,67 @@ async fn a_fifo_receive_whose_answer_was_lost_is_retried_with_the_same_attempt_i
     );
     assert_ne!(a[2], a[0], "a new receive has a new attempt id: {a:?}");
 }
+
+/// A receive refused with `OverLimit` is `Throttled` (the worker backs off), and is not sent again with the
+/// same attempt id: AWS (`ReceiveMessage`, errors): "OverLimit: The specified action violates a limit. For
+/// example, ReceiveMessage returns this error if the maximum number of in flight messages is reached"
+/// (120,000 on a standard queue, 20,000 on a FIFO queue). The next receive has a new id and gets the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_over_the_in_flight_limit_is_throttled_and_not_resent() {
+    let plain = client().await;
+    let q = queue_pair(&plain, 5, 30).await;
+    send(&plain, &q.url, "{}", Some("evt-over-limit"), "d-1", "g-1").await;
+
+    let attempts: Attempts = Arc::default();
+    let seen = attempts.clone();
+    let inner = plain.config().http_client().expect("an HTTP client");
+    let http = with_hook(inner, move |request, connector| {
+        let receive = request
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
+        let first = receive && {
+            let body: serde_json::Value =
+                serde_json::from_slice(request.body().bytes().unwrap_or_default())
+                    .unwrap_or_default();
+            let mut a = seen.lock().unwrap();
+            a.push(
+                body.get("ReceiveRequestAttemptId")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned),
+            );
+            a.len() == 1
+        };
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            if !first {
+                return connector.call(request).await;
+            }
+            let body = serde_json::json!({
+                "__type": "com.amazonaws.sqs#OverLimit",
+                "message": "Too many messages in flight"
+            })
+            .to_string();
+            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
+                403u16.try_into().expect("a status"),
+                body.into(),
+            );
+            response
+                .headers_mut()
+                .insert("content-type", "application/x-amz-json-1.0");
+            Ok(response)
+        })
+    });
+    let c = aws_sdk_sqs::Client::from_conf(plain.config().to_builder().http_client(http).build());
+    let mut r = SqsReceiver::connect(c, &q.url, fast_options(30, &q.dlq).batch_size(1))
+        .await
+        .unwrap();
+
+    let e = r.receive(1).await.expect_err("over the limit");
+    assert_eq!(e.kind(), txinbox_core::BrokerErrorKind::Throttled, "{e}");
+    assert_eq!(attempts.lock().unwrap().len(), 1, "not sent again");
+    let got = r.receive(1).await.unwrap();
+    assert_eq!(got.len(), 1, "the next receive gets the message");
+    let a = attempts.lock().unwrap().clone();
+    assert_ne!(a[1], a[0], "with a new attempt id: {a:?}");
+}
