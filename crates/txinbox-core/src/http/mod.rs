@@ -248,6 +248,22 @@ async fn read_body(resp: &mut reqwest::Response) -> Result<Vec<u8>, reqwest::Err
     Ok(out)
 }
 
+/// An error with its causes (`error sending request: ...: connection closed before message completed`): reqwest's
+/// own words alone do not tell a timeout from a reset. The error is one `without_url` made (no query string).
+fn chain(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let said = s.to_string();
+        if !out.ends_with(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        source = s.source();
+    }
+    out
+}
+
 /// The first bytes of an answer, for evidence.
 fn excerpt(body: &[u8]) -> String {
     let s = String::from_utf8_lossy(&body[..body.len().min(200)]);
@@ -291,12 +307,16 @@ impl EffectExecutor for HttpEffect {
                 .map_err(reqwest::Error::without_url)
             {
                 Ok(r) => r,
-                Err(e) if e.is_connect() => return Execution::not_sent(format!("{shown}: {e}")),
+                Err(e) if e.is_connect() => {
+                    return Execution::not_sent(format!("{shown}: {}", chain(&e)))
+                }
                 // Nothing was sent: a header the metadata gave that HTTP does not allow.
-                Err(e) if e.is_builder() => return Execution::rejected(format!("{shown}: {e}")),
+                Err(e) if e.is_builder() => {
+                    return Execution::rejected(format!("{shown}: {}", chain(&e)))
+                }
                 // A timeout, a reset or a connection closed before the answer: the request may have been
                 // processed.
-                Err(e) => return Execution::uncertain(format!("{shown}: {e}")),
+                Err(e) => return Execution::uncertain(format!("{shown}: {}", chain(&e))),
             };
             if redirected(&resp, &url) {
                 return Execution::uncertain(format!(
@@ -314,7 +334,8 @@ impl EffectExecutor for HttpEffect {
                 Ok(b) => b,
                 Err(e) if answer == Answer::Done => {
                     return Execution::uncertain(format!(
-                        "{shown} answered {status} and its body was lost: {e}"
+                        "{shown} answered {status} and its body was lost: {}",
+                        chain(&e)
                     ))
                 }
                 Err(_) => Vec::new(),
@@ -395,7 +416,7 @@ impl EffectExecutor for HttpEffect {
                 .header("Idempotency-Key", format!("{}-compensate", effect.key))
                 .send()
                 .await
-                .map_err(reqwest::Error::without_url)?;
+                .map_err(|e| chain(&e.without_url()))?;
             if redirected(&r, &url) {
                 return Err(format!("the compensation request: {REDIRECTED}").into());
             }
@@ -452,11 +473,14 @@ impl EffectExecutor for HttpEffect {
                         let status = r.status().as_u16();
                         match read_body(&mut r).await {
                             Ok(b) => c.read_for(effect, status, &b),
-                            Err(e) => Confirmation::Unknown { error: e.into() },
+                            Err(e) => Confirmation::Unknown {
+                                error: chain(&e).into(),
+                            },
                         }
                     }
                     Err(e) => Confirmation::Unknown {
-                        error: format!("{}: {e}", crate::error::redact_url(&c.url)).into(),
+                        error: format!("{}: {}", crate::error::redact_url(&c.url), chain(&e))
+                            .into(),
                     },
                 }
             };

@@ -359,3 +359,34 @@ async fn a_body_that_never_ends_is_bounded_by_the_timeout() {
     ));
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
 }
+
+// The connection closed after the request was written (a destination or a proxy that drops it mid-call), and a
+// body that stops coming: both uncertain, with evidence saying which; "error sending request" and "error
+// decoding response body" (reqwest's outer words) told an operator neither.
+#[tokio::test]
+async fn a_lost_answer_says_how_it_was_lost() {
+    let (url, seen) = destination(|n, mut c| async move {
+        if n == 0 {
+            drop(c);
+        } else {
+            let _ = c
+                .write_all(b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{\"id\":")
+                .await;
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        }
+    })
+    .await;
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .timeout(std::time::Duration::from_millis(300))
+        .build()
+        .unwrap();
+    for expected in ["connection closed before message completed", "timed out"] {
+        match e.execute(&effect()).await {
+            Execution::Uncertain { error } => {
+                assert!(error.to_string().contains(expected), "{error}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(seen.lock().unwrap().len(), 2, "both were sent");
+}
