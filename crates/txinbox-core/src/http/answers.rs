@@ -30,7 +30,9 @@ pub enum Answer {
     /// Refused, nothing happened: failed with the answer as evidence.
     Rejected,
     /// The key was used before with another body (the draft's 422): failed, with the hashes of this request's
-    /// body and of the first call's as evidence (a bug in the sender, or another sender using the key).
+    /// body and of the first call's as evidence (a bug in the sender, or another sender using the key). At a
+    /// destination not said to keep keys ([`Key::none`](super::Key::none), or no key declared) it is read as
+    /// [`Answer::Rejected`]: its 422 is its own refusal.
     KeyReused,
 }
 

@@ -25,7 +25,7 @@
 //! | 503 with `Retry-After` (seconds or HTTP-date) | not sent | pending, no sooner than `Retry-After` |
 //! | 503 without `Retry-After`, 502, 504, other 5xx, 3xx | uncertain | reconciled before any retry |
 //! | 409 (the draft: a request with this key is still being processed) | in progress | uncertain, backoff, reconciled; never failed |
-//! | 422 (the draft: the key was used with another body) | key reused | failed, both bodies' hashes kept |
+//! | 422 (the draft: the key was used with another body) where the key is kept ([`Key::header`], [`Key::body_field`]) | key reused | failed, both bodies' hashes kept |
 //! | another 4xx | rejected | failed, the answer kept |
 //! | a timeout, the connection dropped before the answer | uncertain | reconciled before any retry |
 //!
@@ -368,6 +368,11 @@ impl EffectExecutor for HttpEffect {
                     error: said().into(),
                     retry_after,
                 },
+                // A destination not said to keep keys cannot mean the draft's "key reused": its 422 is its own
+                // refusal (a validation error).
+                Answer::Rejected | Answer::KeyReused if !self.key.honoured => {
+                    Execution::rejected(said())
+                }
                 Answer::Rejected => Execution::rejected(said()),
                 Answer::KeyReused => {
                     let first = match effect.sent_hash.as_deref() {

@@ -390,3 +390,43 @@ async fn a_lost_answer_says_how_it_was_lost() {
     }
     assert_eq!(seen.lock().unwrap().len(), 2, "both were sent");
 }
+
+// A 422 at a destination not said to keep keys is its own refusal, not the draft's "key reused": GitHub's REST
+// API answers `422 Unprocessable Entity` with `{"message": "Validation Failed", "errors": [...]}` ("Sending
+// invalid fields will result in a 422"), and HubSpot's creates take no key at all. Read as a reused key, the
+// failed effect's evidence said "the key was used with another body" of a key never sent.
+#[tokio::test]
+async fn a_422_where_no_key_is_kept_is_a_plain_refusal() {
+    let (url, _) = destination(|_, mut c| async move {
+        let body = r#"{"message":"Validation Failed","errors":[{"resource":"Issue","field":"title","code":"missing_field"}]}"#;
+        let head = format!(
+            "HTTP/1.1 422 Unprocessable Entity\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = c.write_all(format!("{head}{body}").as_bytes()).await;
+    })
+    .await;
+    for key in [Key::none(), Key::default()] {
+        let e = HttpEffect::post(format!("{url}/repos/o/r/issues"))
+            .key(key.clone())
+            .build()
+            .unwrap();
+        match e.execute(&effect()).await {
+            Execution::Rejected { error } => {
+                let error = error.to_string();
+                assert!(error.contains("Validation Failed"), "{error}");
+                assert!(!error.contains("key was used"), "{key:?}: {error}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Where the key is kept (the draft), the 422 is the key reused, with the hashes as evidence.
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::header("Idempotency-Key"))
+        .build()
+        .unwrap();
+    match e.execute(&effect()).await {
+        Execution::Rejected { error } => assert!(error.to_string().contains("key was used")),
+        other => panic!("{other:?}"),
+    }
+}
