@@ -62,9 +62,9 @@ use txinbox_dynamodb::ops::RejectionFilter;
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
 use txinbox_store::Store;
 use txinbox_testkit::prop::{
-    asked_consumer, counts, delivered_as, field, fx, handled, kept, kept_opt, limit, msg, opt_text,
-    picked, process_all, received, rejection, stats, stored, table, time, tr, Fx, Msg, Outcome,
-    Seen, Tr, Values, IDS,
+    asked_consumer, counts, delivered_as, field, fx, handled, identity, kept, kept_opt, limit,
+    marker_row, msg, opt_text, picked, process_all, received, rejection, stats, stored, table,
+    time, tr, Fx, Msg, Outcome, Seen, Tr, Values, IDS,
 };
 use txinbox_testkit::NoopDelivery;
 
@@ -470,90 +470,6 @@ async fn claim_limit(
     })
 }
 
-async fn deliver_lite(
-    lite: &Lite,
-    msgs: &[Msg],
-    batch: bool,
-    result_reference: &Option<String>,
-    effects: &[Fx],
-) -> Vec<String> {
-    let first = &msgs[0];
-    let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
-    let run: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
-    let inbox =
-        Inbox::new(lite.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
-    let h = handled(result_reference, effects);
-    let (reference, fx) = (result_reference.clone(), effects.to_vec());
-    // A transaction DynamoDB refuses as a whole: the handler fails for good, once the marker is placed.
-    let handler = move |_tx: txinbox_store::Tx<sqlx::Sqlite>, m: Message<serde_json::Value>| {
-        let h = h.clone();
-        let refused = over_limits(&m.identity, &reference, &fx);
-        async move {
-            if refused {
-                return Err(HandlerError::permanent(std::io::Error::other(
-                    "over DynamoDB's limits",
-                )));
-            }
-            Ok::<_, HandlerError>(h)
-        }
-    };
-    let outcomes = process_all(inbox, handler, run, batch).await;
-    outcomes.into_iter().map(delivered).collect()
-}
-
-async fn deliver_dyn(
-    store: &DynamoStore,
-    msgs: &[Msg],
-    batch: bool,
-    result_reference: &Option<String>,
-    effects: &[Fx],
-) -> Vec<String> {
-    let first = &msgs[0];
-    let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
-    let inbox =
-        Inbox::new(store.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
-    let h = handled(result_reference, effects);
-    let handler = move |_tx: DynamoTx, _m: Message<serde_json::Value>| {
-        let h = h.clone();
-        async move { Ok::<_, HandlerError>(h) }
-    };
-    let received: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
-    // Written out, not `process_all`: one more future around DynamoDB's overflows the compiler's query
-    // depth (clippy's layout of this body).
-    let outcomes = if batch {
-        inbox
-            .bind_handler(handler)
-            .process_batch(
-                received.into_iter().map(NoopDelivery).collect(),
-                &CancellationToken::new(),
-            )
-            .await
-    } else {
-        let mut out = Vec::new();
-        for r in received {
-            out.push(inbox.process(NoopDelivery(r), &handler).await);
-        }
-        out
-    };
-    outcomes.into_iter().map(delivered).collect()
-}
-
-fn marker_row<'a>(
-    msg: &Msg,
-    identity: &'a Identity,
-    processed_at: DateTime<Utc>,
-    retention_until: DateTime<Utc>,
-) -> MarkerRow<'a> {
-    MarkerRow::new(
-        identity,
-        msg.body,
-        msg.received_at,
-        processed_at,
-        retention_until,
-        msg.delivery_count,
-    )
-}
-
 fn masked_insert(answer: MarkerInsert) -> MarkerInsert {
     match answer {
         MarkerInsert::Conflict(Some(mut h)) => {
@@ -604,7 +520,10 @@ trait Side: EffectStore + MaintenanceStore<Error = <Self as EffectStore>::Error>
         effects: &[Fx],
     ) -> Vec<String>;
 
-    /// `Mark`, `Purge`, `PurgeDone`, `Stats`, `Show` and `Rejections`.
+    /// A marker through the store's own insert (DynamoDB's answered at commit).
+    async fn mark(&self, row: &MarkerRow<'_>) -> Outcome;
+
+    /// `Purge`, `PurgeDone`, `Stats`, `Show` and `Rejections`.
     async fn own(&self, op: &Op) -> Outcome;
 }
 
@@ -623,6 +542,18 @@ async fn step<S: Side>(store: &S, seen: &mut Seen, op: &Op, claim: i64) -> Outco
         } => {
             seen.keys.extend(keys_of(msgs, effects));
             ok(store.deliver(msgs, *batch, result_reference, effects).await)
+        }
+        Op::Mark {
+            msg,
+            processed_at,
+            retention_until,
+        } => {
+            let Some(identity) = identity(msg) else {
+                return ok("refused before the store");
+            };
+            store
+                .mark(&marker_row(msg, &identity, *processed_at, *retention_until))
+                .await
         }
         Op::Claim {
             holder,
@@ -710,31 +641,44 @@ impl Side for Lite {
         result_reference: &Option<String>,
         effects: &[Fx],
     ) -> Vec<String> {
-        deliver_lite(self, msgs, batch, result_reference, effects).await
+        let first = &msgs[0];
+        let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
+        let run: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
+        let inbox =
+            Inbox::new(self.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
+        let h = handled(result_reference, effects);
+        let (reference, fx) = (result_reference.clone(), effects.to_vec());
+        // A transaction DynamoDB refuses as a whole: the handler fails for good, once the marker is placed.
+        let handler = move |_tx: txinbox_store::Tx<sqlx::Sqlite>, m: Message<serde_json::Value>| {
+            let h = h.clone();
+            let refused = over_limits(&m.identity, &reference, &fx);
+            async move {
+                if refused {
+                    return Err(HandlerError::permanent(std::io::Error::other(
+                        "over DynamoDB's limits",
+                    )));
+                }
+                Ok::<_, HandlerError>(h)
+            }
+        };
+        let outcomes = process_all(inbox, handler, run, batch).await;
+        outcomes.into_iter().map(delivered).collect()
+    }
+
+    async fn mark(&self, row: &MarkerRow<'_>) -> Outcome {
+        let r = async {
+            let tx = self.begin().await?;
+            let answer = masked_insert(self.insert_marker(&tx, row).await?);
+            self.commit(tx).await?;
+            Ok(answer)
+        }
+        .await;
+        lite_out(r)
     }
 
     async fn own(&self, op: &Op) -> Outcome {
         let lite = self;
         match op {
-            Op::Mark {
-                msg,
-                processed_at,
-                retention_until,
-            } => {
-                let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
-                let Ok(identity) = policy.resolve(&received(msg)) else {
-                    return ok("refused before the store");
-                };
-                let row = marker_row(msg, &identity, *processed_at, *retention_until);
-                let r = async {
-                    let tx = lite.begin().await?;
-                    let answer = masked_insert(lite.insert_marker(&tx, &row).await?);
-                    lite.commit(tx).await?;
-                    Ok(answer)
-                }
-                .await;
-                lite_out(r)
-            }
             // DynamoDB's purge deletes nothing (the TTL does, and the steps' expiry is the clock's): not
             // run here.
             Op::Purge { .. } => ok((0usize, Vec::<String>::new())),
@@ -800,45 +744,64 @@ impl Side for DynamoStore {
         result_reference: &Option<String>,
         effects: &[Fx],
     ) -> Vec<String> {
-        deliver_dyn(self, msgs, batch, result_reference, effects).await
+        let first = &msgs[0];
+        let policy = IdentityPolicy::new(ConsumerName::new(first.consumer).unwrap());
+        let inbox =
+            Inbox::new(self.clone(), policy).retention(RetentionPolicy::default().keep(first.keep));
+        let h = handled(result_reference, effects);
+        let handler = move |_tx: DynamoTx, _m: Message<serde_json::Value>| {
+            let h = h.clone();
+            async move { Ok::<_, HandlerError>(h) }
+        };
+        let received: Vec<ReceivedMessage> = msgs.iter().map(received).collect();
+        // Written out, not `process_all`: one more future around DynamoDB's overflows the compiler's query
+        // depth (clippy's layout of this body).
+        let outcomes = if batch {
+            inbox
+                .bind_handler(handler)
+                .process_batch(
+                    received.into_iter().map(NoopDelivery).collect(),
+                    &CancellationToken::new(),
+                )
+                .await
+        } else {
+            let mut out = Vec::new();
+            for r in received {
+                out.push(inbox.process(NoopDelivery(r), &handler).await);
+            }
+            out
+        };
+        outcomes.into_iter().map(delivered).collect()
+    }
+
+    async fn mark(&self, row: &MarkerRow<'_>) -> Outcome {
+        let r = async {
+            let tx = self.begin().await?;
+            match self.insert_marker(&tx, row).await? {
+                MarkerInsert::Inserted => {}
+                other => return Ok(Ok(masked_insert(other))),
+            }
+            // DynamoDB answers at commit.
+            Ok(match self.commit(tx).await? {
+                Commit::Done => Ok(MarkerInsert::Inserted),
+                Commit::Conflict(h) => Ok(masked_insert(MarkerInsert::Conflict(h))),
+                other => Err(format!("{other:?}")),
+            })
+        }
+        .await;
+        match r {
+            Ok(Err(refused)) => Outcome {
+                answer: Err("refused at commit".into()),
+                detail: refused,
+            },
+            Ok(Ok(answer)) => ok(answer),
+            Err(e) => dyn_out::<()>(Err(e)),
+        }
     }
 
     async fn own(&self, op: &Op) -> Outcome {
         let store = self;
         match op {
-            Op::Mark {
-                msg,
-                processed_at,
-                retention_until,
-            } => {
-                let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
-                let Ok(identity) = policy.resolve(&received(msg)) else {
-                    return ok("refused before the store");
-                };
-                let row = marker_row(msg, &identity, *processed_at, *retention_until);
-                let r = async {
-                    let tx = store.begin().await?;
-                    match store.insert_marker(&tx, &row).await? {
-                        MarkerInsert::Inserted => {}
-                        other => return Ok(Ok(masked_insert(other))),
-                    }
-                    // DynamoDB answers at commit.
-                    Ok(match store.commit(tx).await? {
-                        Commit::Done => Ok(MarkerInsert::Inserted),
-                        Commit::Conflict(h) => Ok(masked_insert(MarkerInsert::Conflict(h))),
-                        other => Err(format!("{other:?}")),
-                    })
-                }
-                .await;
-                match r {
-                    Ok(Err(refused)) => Outcome {
-                        answer: Err("refused at commit".into()),
-                        detail: refused,
-                    },
-                    Ok(Ok(answer)) => ok(answer),
-                    Err(e) => dyn_out::<()>(Err(e)),
-                }
-            }
             Op::Purge {
                 table,
                 before,

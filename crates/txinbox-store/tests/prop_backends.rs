@@ -22,15 +22,15 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use txinbox_core::effects::{idempotency_key, EffectStore};
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_core::{
-    ConsumerName, HandlerError, IdentityPolicy, Inbox, InboxStore, MarkerInsert, MarkerRow,
-    Message, ReceivedMessage, RetentionPolicy,
+    ConsumerName, HandlerError, IdentityPolicy, Inbox, InboxStore, MarkerInsert, Message,
+    ReceivedMessage, RetentionPolicy,
 };
 use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{Backend, Store, StoreOptions};
 use txinbox_testkit::prop::{
-    asked_consumer, claimed, counts, delivered, fx, handled, kept, kept_opt, limit, msg, opt_text,
-    picked, process_all, received, rejection, stats, story, table, time, tr, Fx, Msg, Outcome,
-    Seen, Tr, Values,
+    asked_consumer, claimed, counts, delivered, fx, handled, identity, kept, kept_opt, limit,
+    marker_row, msg, opt_text, picked, process_all, received, rejection, stats, story, table, time,
+    tr, Fx, Msg, Outcome, Seen, Tr, Values,
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -291,18 +291,10 @@ where
             processed_at,
             retention_until,
         } => {
-            let policy = IdentityPolicy::new(ConsumerName::new(msg.consumer).unwrap());
-            let Ok(identity) = policy.resolve(&received(msg)) else {
+            let Some(identity) = identity(msg) else {
                 return outcome(Ok("refused before the store"));
             };
-            let row = MarkerRow::new(
-                &identity,
-                msg.body,
-                msg.received_at,
-                *processed_at,
-                *retention_until,
-                msg.delivery_count,
-            );
+            let row = marker_row(msg, &identity, *processed_at, *retention_until);
             let r = async {
                 let tx = store.begin().await?;
                 let answer = match store.insert_marker(&tx, &row).await? {

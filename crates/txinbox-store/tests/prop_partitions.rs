@@ -47,7 +47,7 @@ use txinbox_core::{
 };
 use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{PartitionOptions, Store, StoreOptions};
-use txinbox_testkit::prop::{claimed_as, delivered, process_all, Outcome};
+use txinbox_testkit::prop::{claimed_as, delivered, picked, process_all, Outcome};
 
 type Pg = Store<sqlx::Postgres>;
 
@@ -874,15 +874,6 @@ async fn max_rejection(store: &Pg) -> i64 {
         .fetch_one(store.pool())
         .await
         .unwrap()
-}
-
-/// The id in `store` of the effect `pick` designates among `keys`.
-async fn picked(store: &Pg, keys: &[String], pick: usize) -> Option<i64> {
-    if keys.is_empty() {
-        return None;
-    }
-    let key = &keys[pick % keys.len()];
-    store.find_effect(key).await.ok().flatten().map(|e| e.id)
 }
 
 /// One operation on both layouts; `Err` when they disagree, or the partitioned layout does not give its

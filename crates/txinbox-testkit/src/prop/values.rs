@@ -1,36 +1,15 @@
-//! The model the property tests of two stores share (feature `prop`): generated deliveries, effects and
-//! effect transitions, the operator's asked consumers and tables, and the normalisers that make a store's
-//! answers comparable with another's (dates as both keep them, a time the pipeline took from the wall clock
-//! as the hour it is in, ids each store numbers its own way).
-//!
-//! What a test generates differently on purpose (text within a store's key limits, its dates) it says
-//! through [`Values`]; every generator here draws its text and dates from there.
+//! The generated values: text, dates, limits, messages, effects and their transitions.
 
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
-use txinbox_core::effects::{ClaimedEffect, Effect, EffectCount, EffectStore, Transition};
+use txinbox_core::effects::{Effect, Transition};
+use txinbox_core::pipeline::identity::Identity;
 use txinbox_core::runtime::maintenance::Table;
-use txinbox_core::store::ops::{
-    ConsumerStats, EffectView, MessageStory, RejectionId, RejectionRow,
-};
-use txinbox_core::{
-    CancellationToken, Handled, Handler, Inbox, InboxStore, Payload, ReceivedMessage,
-};
+use txinbox_core::{ConsumerName, Handled, IdentityPolicy, MarkerRow, ReceivedMessage};
 
-use crate::NoopDelivery;
-
-/// The values a test draws its own way: free text (a store's key limits decide which) and dates.
-pub trait Values {
-    /// Text from outside.
-    fn text() -> impl Strategy<Value = String>;
-
-    /// A date: by default [`time`].
-    fn time() -> impl Strategy<Value = DateTime<Utc>> {
-        time()
-    }
-}
+use super::*;
 
 /// No text, or [`Values::text`].
 pub fn opt_text<V: Values>() -> impl Strategy<Value = Option<String>> {
@@ -240,6 +219,29 @@ pub fn received(m: &Msg) -> ReceivedMessage {
     r
 }
 
+/// The identity the pipeline resolves for `m` (for its first consumer), when it takes it.
+pub fn identity(m: &Msg) -> Option<Identity> {
+    let consumer = ConsumerName::new(m.consumer).ok()?;
+    IdentityPolicy::new(consumer).resolve(&received(m)).ok()
+}
+
+/// The marker a store's own insert writes for `msg`, with these dates.
+pub fn marker_row<'a>(
+    msg: &Msg,
+    identity: &'a Identity,
+    processed_at: DateTime<Utc>,
+    retention_until: DateTime<Utc>,
+) -> MarkerRow<'a> {
+    MarkerRow::new(
+        identity,
+        msg.body,
+        msg.received_at,
+        processed_at,
+        retention_until,
+        msg.delivery_count,
+    )
+}
+
 /// An effect a handler records (the pipeline dead-letters a message with one it refuses).
 #[derive(Clone, Debug)]
 pub struct Fx {
@@ -377,227 +379,4 @@ pub fn asked_consumer<V: Values>() -> impl Strategy<Value = String> {
 /// One of the maintenance's tables.
 pub fn table() -> impl Strategy<Value = Table> {
     prop::sample::select(Table::ALL.to_vec())
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Observable outcomes, as values comparable across stores.
-
-/// A date as both stores keep it: years 1 to 9999, to the microsecond (rounded down); a time the pipeline
-/// wrote as the hour it is in ([`wall_clock_masked`]).
-pub fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
-    stored(wall_clock_masked(t))
-}
-
-/// A date as the stores keep it (years 1 to 9999, to the microsecond, rounded down).
-///
-/// # Panics
-/// Never: the bounds are constants.
-pub fn stored(t: DateTime<Utc>) -> DateTime<Utc> {
-    let first = Utc.with_ymd_and_hms(1, 1, 1, 0, 0, 0).unwrap();
-    let last = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()
-        + chrono::Duration::microseconds(999_999);
-    let t = t.clamp(first, last);
-    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
-}
-
-/// [`kept`], when there is a date.
-pub fn kept_opt(t: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
-    t.map(kept)
-}
-
-/// An outcome: `Ok` with the value's normalized debug text, or the error's kind. `detail` is the error
-/// message, shown when the outcomes differ but not compared.
-#[derive(Debug)]
-pub struct Outcome {
-    /// The value's text, or the error's kind.
-    pub answer: Result<String, String>,
-    /// The error's message (shown, never compared).
-    pub detail: String,
-}
-
-impl PartialEq for Outcome {
-    fn eq(&self, other: &Self) -> bool {
-        self.answer == other.answer
-    }
-}
-
-impl Outcome {
-    /// `Ok` with this text.
-    pub fn ok(text: String) -> Self {
-        Outcome {
-            answer: Ok(text),
-            detail: String::new(),
-        }
-    }
-
-    /// An error of this kind, with (the start of) its message as the detail.
-    pub fn error(kind: String, e: &impl std::fmt::Display) -> Self {
-        Outcome {
-            answer: Err(kind),
-            detail: e.to_string().chars().take(300).collect(),
-        }
-    }
-}
-
-/// A delivery's outcome without what names the store (a retry's reason, a dead letter's detail); any
-/// other outcome as `other` writes it.
-pub fn delivered_as(
-    o: txinbox_core::Outcome,
-    other: impl FnOnce(&txinbox_core::Outcome) -> String,
-) -> String {
-    use txinbox_core::Outcome as O;
-    match o {
-        O::Retry { .. } => "retry".into(),
-        O::DeadLettered { reason, .. } => format!("dead-lettered: {reason}"),
-        o => other(&o),
-    }
-}
-
-/// [`delivered_as`] with any other outcome as its debug text.
-pub fn delivered(o: txinbox_core::Outcome) -> String {
-    delivered_as(o, |o| format!("{o:?}"))
-}
-
-/// A claimed effect, its creation time as `created` writes it.
-pub fn claimed_as(e: &ClaimedEffect, created: impl FnOnce(DateTime<Utc>) -> String) -> String {
-    format!(
-        "{}|{}|{}|{}|{}|{:?}|{:?}|{}|{:?}|{}|{}|{}|{:?}|{}|{:?}",
-        e.key,
-        e.consumer,
-        e.message_id,
-        e.name,
-        e.destination,
-        e.payload,
-        e.metadata,
-        e.external_ref,
-        e.claimed_from,
-        e.attempts,
-        e.reconciliations,
-        created(e.created_at),
-        e.reference,
-        e.maybe_happened,
-        e.sent_hash
-    )
-}
-
-/// A claimed effect, its creation time [`kept`].
-pub fn claimed(e: &ClaimedEffect) -> String {
-    claimed_as(e, |t| kept(t).to_string())
-}
-
-/// A consumer's figures with their dates [`kept`] and no lag.
-pub fn stats(mut s: ConsumerStats) -> ConsumerStats {
-    s.oldest_processed_at = kept_opt(s.oldest_processed_at);
-    s.newest_processed_at = kept_opt(s.newest_processed_at);
-    s.last_rejection_at = kept_opt(s.last_rejection_at);
-    s.oldest_pending_effect_at = kept_opt(s.oldest_pending_effect_at);
-    // The lag is measured from the oldest date kept.
-    s.effect_lag_seconds = s.effect_lag_seconds.map(|_| 0.0);
-    s
-}
-
-/// A rejection with its date [`kept`] and no id.
-pub fn rejection(mut r: RejectionRow) -> RejectionRow {
-    // Ids are each store's own: a table's sequence (a statement a store refused may have used one), an
-    // evidence item's UUID.
-    r.id = RejectionId::Number(0);
-    r.recorded_at = kept(r.recorded_at);
-    r
-}
-
-/// An effect with its dates [`kept`] and no id.
-pub fn effect_view(mut e: EffectView) -> EffectView {
-    e.id = 0;
-    e.next_attempt_at = kept(e.next_attempt_at);
-    e.claim_until = kept_opt(e.claim_until);
-    e.created_at = kept(e.created_at);
-    e.updated_at = kept(e.updated_at);
-    e.finished_at = kept_opt(e.finished_at);
-    e
-}
-
-/// A message's story with its dates kept, its ids zero and its effects in key order.
-pub fn story(mut s: MessageStory) -> MessageStory {
-    for m in &mut s.markers {
-        m.received_at = kept(m.received_at);
-        m.processed_at = kept(m.processed_at);
-        m.retention_until = kept(m.retention_until);
-    }
-    s.rejections = s.rejections.into_iter().map(rejection).collect();
-    s.effects = s.effects.into_iter().map(effect_view).collect();
-    s.effects.sort_by(|a, b| a.key.cmp(&b.key));
-    s
-}
-
-/// The effect counts, each as a line, sorted.
-pub fn counts(v: Vec<EffectCount>) -> Vec<String> {
-    let mut v: Vec<String> = v
-        .into_iter()
-        .map(|c| {
-            format!(
-                "{}|{}|{:?}|{}|{:?}|{}",
-                c.consumer,
-                c.destination,
-                c.state,
-                c.count,
-                kept_opt(c.oldest),
-                c.without_reference
-            )
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Running the operations.
-
-/// What one store remembers between steps: the effects' keys it was asked to record, and the last claim's
-/// holder and keys.
-#[derive(Default)]
-pub struct Seen {
-    /// The effects' keys the handlers were asked to record.
-    pub keys: Vec<String>,
-    /// The last claim's holder.
-    pub holder: String,
-    /// The last claim's keys.
-    pub claimed: Vec<String>,
-}
-
-/// The id, in this store, of the effect `pick` designates among `keys`.
-pub async fn picked<S: EffectStore>(store: &S, keys: &[String], pick: usize) -> Option<i64> {
-    if keys.is_empty() {
-        return None;
-    }
-    let key = &keys[pick % keys.len()];
-    store.find_effect(key).await.ok().flatten().map(|e| e.id)
-}
-
-/// Delivers `msgs` through `inbox` to `handler`, as one batch or one by one, and answers their outcomes.
-pub async fn process_all<S, T, H>(
-    inbox: Inbox<S>,
-    handler: H,
-    msgs: Vec<ReceivedMessage>,
-    batch: bool,
-) -> Vec<txinbox_core::Outcome>
-where
-    S: InboxStore,
-    T: Payload,
-    H: Handler<S, T>,
-{
-    if batch {
-        inbox
-            .bind_handler(handler)
-            .process_batch(
-                msgs.into_iter().map(NoopDelivery).collect(),
-                &CancellationToken::new(),
-            )
-            .await
-    } else {
-        let mut out = Vec::new();
-        for m in msgs {
-            out.push(inbox.process(NoopDelivery(m), &handler).await);
-        }
-        out
-    }
 }
