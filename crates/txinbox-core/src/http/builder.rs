@@ -40,6 +40,15 @@ pub enum HttpConfigError {
         /// The placeholder.
         placeholder: String,
     },
+    /// `{reference}` outside a compensation URL: the destination's reference is known once the effect is done.
+    #[error(
+        "the {what} names {{reference}}, which only a compensation URL may name: the destination's reference is \
+         known once the effect is done"
+    )]
+    Reference {
+        /// Which template.
+        what: &'static str,
+    },
     /// A body template that is not JSON once filled.
     #[error("the {what} is not JSON once filled: {detail}")]
     Body {

@@ -19,7 +19,12 @@ pub(crate) struct Template<'a> {
 
 impl<'a> Template<'a> {
     /// Checks a URL template's placeholders: in a URL, any `{name}` other than the known ones is a typo.
+    /// `{reference}` (known once the effect is done) is for a compensation only: anywhere else it would be
+    /// filled with nothing, or left as is in a body.
     pub(crate) fn parse(what: &'static str, text: &'a str) -> Result<Self, HttpConfigError> {
+        if what != "compensation URL" && text.contains(REFERENCE) {
+            return Err(HttpConfigError::Reference { what });
+        }
         if what.ends_with("URL") {
             let mut rest = text;
             while let Some(open) = rest.find('{') {

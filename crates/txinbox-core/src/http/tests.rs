@@ -192,3 +192,31 @@ fn debug_of_the_effect_its_builder_and_its_confirmation_masks_secrets() {
     }
     assert!(format!("{builder:?}").contains("Authorization"));
 }
+
+// `{reference}` is the destination's reference of a done effect: only a compensation knows it. In a call URL,
+// an upsert URL or a confirmation it was filled with nothing (`GET /v1/tasks/?r=...`, a lookup of the
+// collection, whose 404 reads as "not found": a call again), or left as is in a confirmation body.
+#[test]
+fn only_a_compensation_names_the_reference() {
+    let url = "https://crm.example/v1/tasks";
+    assert!(err(HttpEffect::post(
+        "https://crm.example/v1/tasks/{reference}/notes"
+    ))
+    .contains("{reference}"));
+    assert!(err(HttpEffect::upsert(
+        "https://crm.example/v1/tasks/{external_ref}/{reference}"
+    ))
+    .contains("{reference}"));
+    assert!(err(HttpEffect::post(url)
+        .confirm_url("https://crm.example/v1/tasks/{reference}?external_ref={external_ref}"))
+    .contains("{reference}"));
+    assert!(err(HttpEffect::post(url).confirm(Confirm::search_post(
+        "https://crm.example/v1/tasks/search",
+        r#"{"ref":"{external_ref}","id":"{reference}"}"#
+    )))
+    .contains("{reference}"));
+    HttpEffect::post(url)
+        .compensate_url("https://crm.example/v1/tasks/{reference}")
+        .build()
+        .unwrap();
+}
