@@ -1,6 +1,7 @@
 //! The HTTP client handed to the crate: it points requests at the configured endpoint (after the crate signed
 //! them for `https://NS.servicebus.windows.net`), swaps the SAS for an Azure AD bearer token when configured,
-//! and bounds every request in time (the crate sets no timeout).
+//! bounds every request in time (the crate sets no timeout), and moves a received message's `BrokerProperties`
+//! out of the crate's reach (see [`set_broker_properties_aside`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use azure_core::{HttpClient, Request, Response, Url};
 
 use crate::config::SERVICE_BUS_SCOPE;
 use crate::error::RequestTimedOut;
+use crate::wire;
 
 /// How the transport authorizes requests.
 pub(crate) enum Auth {
@@ -165,13 +167,41 @@ impl HttpClient for Transport {
             request.insert_header(AUTHORIZATION, bearer);
         }
         match tokio::time::timeout(budget, self.inner.execute_request(&request)).await {
-            Ok(r) => r,
+            Ok(r) => r.map(set_broker_properties_aside),
             Err(_) => Err(azure_core::Error::new(
                 ErrorKind::Io,
                 RequestTimedOut(budget),
             )),
         }
     }
+}
+
+/// Renames a response's `BrokerProperties` header to [`wire::RAW_BROKER_PROPERTIES`]. The crate parses
+/// `BrokerProperties` into a struct of narrow, required fields (`EnqueuedSequenceNumber` as an `i32`,
+/// `LockToken`, `State`, `TimeToLive` required) and fails the whole peek-lock when one does not fit, leaving
+/// the message locked and counting a delivery each time until the broker dead-letters it. Microsoft types
+/// `EnqueuedSequenceNumber` as a `long`: "For messages that have been auto-forwarded, this property reflects
+/// the sequence number that had first been assigned to the message at its original point of submission." Out
+/// of the crate's reach the header is read only by [`wire::received_message`], with optional, wide types; the
+/// crate needs nothing from it to settle (the lock URI is `Location`).
+fn set_broker_properties_aside(response: Response) -> Response {
+    let has = response
+        .headers()
+        .iter()
+        .any(|(n, _)| n.as_str().eq_ignore_ascii_case("brokerproperties"));
+    if !has {
+        return response;
+    }
+    let (status, headers, body) = response.deconstruct();
+    let mut out = azure_core::headers::Headers::new();
+    for (name, value) in headers.iter() {
+        if name.as_str().eq_ignore_ascii_case("brokerproperties") {
+            out.insert(wire::RAW_BROKER_PROPERTIES, value.clone());
+        } else {
+            out.insert(name.clone(), value.clone());
+        }
+    }
+    Response::new(status, out, Box::pin(body))
 }
 
 #[cfg(test)]

@@ -102,7 +102,10 @@ pub fn received_message(
     entity: &str,
     received_at: DateTime<Utc>,
 ) -> Result<(ReceivedMessage, BrokerProperties), BrokerError> {
-    let props = match headers.get("brokerproperties") {
+    let raw = headers
+        .get(RAW_BROKER_PROPERTIES)
+        .or_else(|| headers.get("brokerproperties"));
+    let props = match raw {
         Some(raw) => BrokerProperties::parse(raw).unwrap_or_else(|e| {
             tracing::warn!(entity, error = %e, "BrokerProperties unreadable; using the lock location and custom properties only");
             BrokerProperties::default()
@@ -160,9 +163,14 @@ pub fn parse_http_date(s: &str) -> Option<DateTime<Utc>> {
         .map(|d| d.with_timezone(&Utc))
 }
 
+/// The name under which the adapter's HTTP client hands a received message's `BrokerProperties` on, out of
+/// the REST crate's reach (the crate's own parse of it is too narrow and would fail the receive).
+pub const RAW_BROKER_PROPERTIES: &str = "x-txinbox-brokerproperties";
+
 /// Response headers that are HTTP or Service Bus system headers, not custom properties.
 const SYSTEM_HEADERS: &[&str] = &[
     "brokerproperties",
+    RAW_BROKER_PROPERTIES,
     "location",
     "content-type",
     "content-length",

@@ -149,6 +149,66 @@ async fn throttled_completes_and_renewals_are_retried() {
     assert_eq!(effects(&store).await, (1, 1));
 }
 
+/// An HTTP client in front of the emulator that sets `EnqueuedSequenceNumber` in every `BrokerProperties` to a
+/// value past `i32`, as an auto-forwarded message from a busy entity carries.
+#[derive(Debug)]
+struct WideEnqueuedSequence(reqwest::Client);
+
+#[async_trait::async_trait]
+impl azure_core::HttpClient for WideEnqueuedSequence {
+    async fn execute_request(
+        &self,
+        request: &azure_core::Request,
+    ) -> azure_core::Result<azure_core::Response> {
+        let (status, headers, body) = self.0.execute_request(request).await?.deconstruct();
+        let mut out = azure_core::headers::Headers::new();
+        for (name, value) in headers.iter() {
+            let mut value = value.as_str().to_owned();
+            if name.as_str().eq_ignore_ascii_case("brokerproperties") {
+                let mut props: serde_json::Value = serde_json::from_str(&value).unwrap();
+                props["EnqueuedSequenceNumber"] = json!(3_000_000_000_i64);
+                value = props.to_string();
+            }
+            out.insert(name.clone(), value);
+        }
+        Ok(azure_core::Response::new(status, out, Box::pin(body)))
+    }
+}
+
+/// A message whose `BrokerProperties` carries an `EnqueuedSequenceNumber` past `i32` is received, applied and
+/// completed. Microsoft (`ServiceBusReceivedMessage.EnqueuedSequenceNumber`, a `long`): "For messages that have
+/// been auto-forwarded, this property reflects the sequence number that had first been assigned to the message
+/// at its original point of submission." The REST crate types it `i32`: its parse must not decide the receive.
+#[tokio::test]
+async fn an_enqueued_sequence_number_past_i32_is_received() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let store = pg().await;
+    publish(&client, &event(&q, "evt-wide", "{}")).await;
+    let wide = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, &emu.key)
+        .endpoint(emu.url.parse().unwrap())
+        .request_timeout(Duration::from_secs(5))
+        .http_client(Arc::new(WideEnqueuedSequence(reqwest::Client::new())))
+        .connect()
+        .unwrap();
+    let mut receiver =
+        ServiceBusReceiver::new(&wide, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .expect("received")
+        .expect("a message");
+    assert_eq!(
+        d.broker_properties().enqueued_sequence_number,
+        Some(3_000_000_000)
+    );
+    assert_eq!(d.message().producer_id.as_deref(), Some("evt-wide"));
+    let outcome = inbox(&store).process(d, &Effects::default()).await;
+    assert!(matches!(outcome, Outcome::Applied { .. }), "{outcome:?}");
+    assert_eq!(emu.counts(&q).await, (0, 0), "completed");
+}
+
 /// The complete takes effect but its answer is lost: the retry finds no lock and says the outcome is unknown
 /// (not "lock lost"); the message is gone, the effect is there once.
 #[tokio::test]
