@@ -23,10 +23,7 @@ where
         while let Ok((mut conn, _)) = listener.accept().await {
             let mut buf = Vec::new();
             let mut chunk = [0u8; 4096];
-            loop {
-                let Ok(read) = conn.read(&mut chunk).await else {
-                    break;
-                };
+            while let Ok(read) = conn.read(&mut chunk).await {
                 if read == 0 {
                     break;
                 }
