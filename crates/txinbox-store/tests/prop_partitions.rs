@@ -47,7 +47,7 @@ use txinbox_core::{
 };
 use txinbox_store::ops::RejectionFilter;
 use txinbox_store::{PartitionOptions, Store, StoreOptions};
-use txinbox_testkit::prop::{claimed_as, delivered, picked, process_all, Outcome};
+use txinbox_testkit::prop::{claimed_as, counts_as, delivered, picked, process_all, Outcome};
 
 type Pg = Store<sqlx::Postgres>;
 
@@ -1131,24 +1131,7 @@ async fn step(
         }
         Op::EffectCounts => {
             let show = |x: Result<Vec<txinbox_core::effects::EffectCount>, sqlx::Error>| {
-                outcome(x.map(|v| {
-                    let mut v: Vec<String> = v
-                        .into_iter()
-                        .map(|c| {
-                            format!(
-                                "{}|{}|{:?}|{}|{:?}|{}",
-                                c.consumer,
-                                c.destination,
-                                c.state,
-                                c.count,
-                                w.kept_opt(c.oldest),
-                                c.without_reference
-                            )
-                        })
-                        .collect();
-                    v.sort();
-                    v
-                }))
+                outcome(x.map(|v| counts_as(v, |t| w.kept_opt(t))))
             };
             (
                 vec![show(r.effect_counts().await)],

@@ -155,8 +155,11 @@ pub fn story(mut s: MessageStory) -> MessageStory {
     s
 }
 
-/// The effect counts, each as a line, sorted.
-pub fn counts(v: Vec<EffectCount>) -> Vec<String> {
+/// The effect counts, each as a line, sorted; the oldest date as `oldest` writes it.
+pub fn counts_as<T: std::fmt::Debug>(
+    v: Vec<EffectCount>,
+    oldest: impl Fn(Option<DateTime<Utc>>) -> T,
+) -> Vec<String> {
     let mut v: Vec<String> = v
         .into_iter()
         .map(|c| {
@@ -166,11 +169,16 @@ pub fn counts(v: Vec<EffectCount>) -> Vec<String> {
                 c.destination,
                 c.state,
                 c.count,
-                kept_opt(c.oldest),
+                oldest(c.oldest),
                 c.without_reference
             )
         })
         .collect();
     v.sort();
     v
+}
+
+/// The effect counts, each as a line, sorted, the oldest date [`kept`].
+pub fn counts(v: Vec<EffectCount>) -> Vec<String> {
+    counts_as(v, kept_opt)
 }
