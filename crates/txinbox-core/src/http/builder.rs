@@ -40,6 +40,12 @@ pub enum HttpConfigError {
         /// The placeholder.
         placeholder: String,
     },
+    /// An answer for a status HTTP has not (`.answer(4, ..)`, `.answer_class(42, ..)`): it would never apply.
+    #[error("an answer for status {status}: statuses are 100 to 599, classes 1xx to 5xx")]
+    Status {
+        /// The status or class, as given (`4`, `42xx`).
+        status: String,
+    },
     /// `{reference}` outside a compensation URL: the destination's reference is known once the effect is done.
     #[error(
         "the {what} names {{reference}}, which only a compensation URL may name: the destination's reference is \
@@ -107,6 +113,8 @@ pub struct HttpEffectBuilder {
     reconcile_after: Duration,
     headers: Vec<(String, String)>,
     compensate: Option<String>,
+    /// The first status or class given an answer that HTTP has not: refused by `build`.
+    bad_status: Option<String>,
 }
 
 impl std::fmt::Debug for HttpEffectBuilder {
@@ -154,6 +162,7 @@ impl HttpEffect {
             reconcile_after: Duration::ZERO,
             headers: Vec::new(),
             compensate: None,
+            bad_status: None,
         }
     }
 
@@ -211,15 +220,25 @@ impl HttpEffectBuilder {
         self.confirm(Confirm::lookup(url))
     }
 
-    /// What `status` (100 to 599) means at this destination, over the [default table](AnswerTable).
+    /// What `status` (100 to 599) means at this destination, over the [default table](AnswerTable). Another
+    /// number is refused by [`build`](Self::build).
     pub fn answer(mut self, status: u16, answer: Answer) -> Self {
-        self.answers.set(status, answer);
+        if (100..=599).contains(&status) {
+            self.answers.set(status, answer);
+        } else {
+            self.bad_status.get_or_insert(status.to_string());
+        }
         self
     }
 
-    /// What a whole class (`4` for 4xx) means, replacing the defaults' exact codes of that class.
+    /// What a whole class (`4` for 4xx, 1 to 5) means, replacing the defaults' exact codes of that class. Another
+    /// number is refused by [`build`](Self::build).
     pub fn answer_class(mut self, class: u8, answer: Answer) -> Self {
-        self.answers.set_class(class, answer);
+        if (1..=5).contains(&class) {
+            self.answers.set_class(class, answer);
+        } else {
+            self.bad_status.get_or_insert(format!("{class}xx"));
+        }
         self
     }
 
@@ -269,6 +288,9 @@ impl HttpEffectBuilder {
     /// placeholder, a body template that is not JSON, a JSON pointer that is not one, a header HTTP does not
     /// allow, a confirmation by `{key}` at a destination that keeps no key.
     pub fn build(self) -> Result<HttpEffect, HttpConfigError> {
+        if let Some(status) = self.bad_status {
+            return Err(HttpConfigError::Status { status });
+        }
         let url = template::Template::parse("call URL", &self.url)?;
         template::check_url("call URL", &url)?;
         let method = reqwest::Method::from_bytes(self.method.to_ascii_uppercase().as_bytes())

@@ -220,3 +220,22 @@ fn only_a_compensation_names_the_reference() {
         .build()
         .unwrap();
 }
+
+// A status out of HTTP's range (`.answer(4, ..)` meant for the 4xx class, `.answer(4090, ..)`) or a class that
+// is none (`.answer_class(42, ..)`) matched no answer, and the rule was silently never applied.
+#[test]
+fn an_answer_for_a_status_http_has_not_is_refused() {
+    let url = "https://crm.example/v1/tasks";
+    for e in [
+        err(HttpEffect::post(url).answer(4, Answer::Uncertain)),
+        err(HttpEffect::post(url).answer(4090, Answer::Uncertain)),
+        err(HttpEffect::post(url).answer_class(42, Answer::Uncertain)),
+    ] {
+        assert!(e.contains("100 to 599") || e.contains("1xx to 5xx"), "{e}");
+    }
+    HttpEffect::post(url)
+        .answer(599, Answer::Uncertain)
+        .answer_class(4, Answer::Uncertain)
+        .build()
+        .unwrap();
+}
