@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use txinbox::driver::EffectStore;
-use txinbox::http::{Confirm, HttpEffect, HttpEffectBuilder, Key};
+use txinbox::http::{Answer, Confirm, HttpEffect, HttpEffectBuilder, Key};
 use txinbox::{EffectOptions, EffectRunner, EffectState, Store};
 use txinbox_crm_api::{CrmApi, KeyMode};
 use txinbox_e2e::{pg_store, sqlite_store};
@@ -577,4 +577,51 @@ on_both!(
     a_lagging_search,
     a_lagging_search_is_asked_after_reconcile_after_on_sqlite,
     a_lagging_search_is_asked_after_reconcile_after_on_postgres
+);
+
+// A "not found" inside a search's lag is not proof that the call did nothing: a refusal of the call made after
+// it (here a 503 the destination's table reads as a refusal, as an API that answers a second create of one
+// reference "already exists" would) leaves the effect needing attention, never failed: the first call created
+// the task. The confirmation cleared the "may have happened" flag, and the effect was marked failed with the
+// task at the CRM.
+async fn a_refusal_after_a_lagging_not_found<DB: FxDb>(store: Store<DB>) {
+    let key = one_effect(&store, crm_effect).await;
+    let crm = CrmApi::builder()
+        .key_mode(KeyMode::None)
+        .search_lag(Duration::from_secs(60))
+        .start()
+        .await
+        .unwrap();
+    let url = crm.url();
+    let r = runner(
+        &store,
+        HttpEffect::post(format!("{url}/v1/tasks"))
+            .key(Key::none())
+            .confirm(Confirm::search(format!(
+                "{url}/v1/tasks?external_ref={{external_ref}}"
+            )))
+            .answer(503, Answer::Rejected),
+    );
+    crm.drop_next_answers(1);
+    let first = r.run_pass().await;
+    assert_eq!(first.count(EffectState::Uncertain), 1, "{first}");
+    crm.fail_next(1);
+    let second = r.run_until_idle().await;
+    let e = state(&store, &key).await;
+    assert_eq!(
+        e.claimed_from,
+        EffectState::NeedsAttention,
+        "{second}: refused after a not found the lag can answer"
+    );
+    // lab message 0's follow-up, as crm_effect names it.
+    assert_eq!(
+        crm.creates_for_ref("followup:oportunidade_2481:reuniao_184"),
+        1,
+        "the first call created it"
+    );
+}
+on_both!(
+    a_refusal_after_a_lagging_not_found,
+    a_refusal_after_a_lagging_not_found_needs_attention_on_sqlite,
+    a_refusal_after_a_lagging_not_found_needs_attention_on_postgres
 );

@@ -406,7 +406,7 @@ impl<S: EffectStore> EffectRunner<S> {
         ];
         let mut reconciliations = e.reconciliations;
         // A holder that died mid-call may have called: until a confirmation rules it out, never "failed".
-        let mut maybe_happened = e.maybe_happened || e.needs_reconciliation();
+        let maybe_happened = e.maybe_happened || e.needs_reconciliation();
         if e.needs_reconciliation() {
             reconciliations += 1;
             let answer = exec.confirm(e).await;
@@ -433,7 +433,10 @@ impl<S: EffectStore> EffectRunner<S> {
                     };
                     return self.finish(e, t, None).await;
                 }
-                Confirmation::NotFound => maybe_happened = false,
+                // Not proof: a search that lags behind the writes answers "not found" for what the call
+                // created a moment ago. The call goes out again, but the flag stays: a refusal of it (a 422
+                // "already exists") cannot then mean that nothing happened.
+                Confirmation::NotFound => {}
                 Confirmation::Repeat => {}
                 Confirmation::Unknown { error } => {
                     let t = if reconciliations >= self.opts.max_reconciliations {
