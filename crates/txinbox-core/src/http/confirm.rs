@@ -385,11 +385,32 @@ fn read_search(
             reference: Some(reference),
         },
         Walk::EmptyList => Confirmation::NotFound,
-        Walk::Missing if absent_is_empty && list_absent(&v, found_at) => Confirmation::NotFound,
+        Walk::Missing if absent_is_empty && list_absent(&v, found_at) => match reported_error(&v) {
+            None => Confirmation::NotFound,
+            Some(member) => unknown(format!(
+                "the search answered {status} without its list but with `{member}`: not read as not found"
+            )),
+        },
         Walk::Missing => unknown(format!(
             "the search answered {status} without a list or a reference at {found_at}"
         )),
     }
+}
+
+/// The top-level member by which an answer reports an error, when it has one that is not empty: `errors` (Square,
+/// GraphQL: a 200 can carry them) or `error`. An answer that leaves its list out and reports an error did not
+/// search: its missing list says nothing about the call.
+fn reported_error(v: &Value) -> Option<&'static str> {
+    let o = v.as_object()?;
+    ["errors", "error"].into_iter().find(|k| {
+        o.get(*k).is_some_and(|e| match e {
+            Value::Null | Value::Bool(false) => false,
+            Value::Array(a) => !a.is_empty(),
+            Value::Object(m) => !m.is_empty(),
+            Value::String(t) => !t.is_empty(),
+            _ => true,
+        })
+    })
 }
 
 /// Whether `pointer` leads through an object member that is absent right where a list would be (the member
@@ -584,6 +605,34 @@ mod tests {
             &read_search(200, br#"{"customers":[{"id":"C1"}]}"#, f, None, true),
             "C1"
         ));
+        // An answer without its list that reports an error did not search (Square's responses carry `errors`,
+        // "Any errors that occurred during the request"; GraphQL answers 200 with them): unknown, never
+        // "not found", which would call again. An empty `errors` is no error.
+        for body in [
+            &br#"{"errors":[{"category":"API_ERROR","code":"INTERNAL_SERVER_ERROR"}]}"#[..],
+            br#"{"error":"search unavailable"}"#,
+            br#"{"error":{"message":"timeout"}}"#,
+        ] {
+            assert!(
+                is_unknown(&read_search(200, body, f, None, true)),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(is_not_found(&read_search(
+            200,
+            br#"{"errors":[]}"#,
+            f,
+            None,
+            true
+        )));
+        assert!(is_not_found(&read_search(
+            200,
+            br#"{"error":null}"#,
+            f,
+            None,
+            true
+        )));
         // A list at the top level.
         assert!(is_not_found(&read_search(200, b"[]", "/0/id", None, false)));
     }
