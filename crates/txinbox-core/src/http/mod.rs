@@ -416,12 +416,13 @@ impl EffectExecutor for HttpEffect {
                 );
             }
             let url = template::fill_url(template, effect);
-            let r = self
-                .request(reqwest::Method::DELETE, &url)
-                .header("Idempotency-Key", format!("{}-compensate", effect.key))
-                .send()
-                .await
-                .map_err(|e| chain(&e.without_url()))?;
+            let mut req = self.request(reqwest::Method::DELETE, &url);
+            // The key goes where the destination takes one: its declared header (`Idempotency-Key` by default).
+            // A destination keeping no key, or taking it in the body (a DELETE has none), gets none.
+            if let Placement::Header(name) = &self.key.placement {
+                req = req.header(name.as_str(), format!("{}-compensate", effect.key));
+            }
+            let r = req.send().await.map_err(|e| chain(&e.without_url()))?;
             if redirected(&r, &url) {
                 return Err(format!("the compensation request: {REDIRECTED}").into());
             }

@@ -427,3 +427,57 @@ async fn a_422_where_no_key_is_kept_is_a_plain_refusal() {
         other => panic!("{other:?}"),
     }
 }
+
+// A compensation's DELETE carries the key where the destination declared it takes one: PayPal's
+// `PayPal-Request-Id`, a `X-Request-Id`. It was always `Idempotency-Key`, a header such a destination ignores (its
+// repeat of the DELETE was not deduplicated), and was sent too where the destination keeps no key (`Key::none()`)
+// or takes it in the body (`Key::body_field`: a DELETE has no body), against what the destination declared.
+#[tokio::test]
+async fn a_compensation_sends_the_key_where_the_destination_takes_it() {
+    let (url, seen) = destination(|_, mut c| async move {
+        let _ = c.write_all(NOT_FOUND).await;
+    })
+    .await;
+    let mut done = effect();
+    done.claimed_from = EffectState::Done;
+    done.reference = Some("t-1".into());
+    let compensate_key = format!("{}-compensate", done.key);
+    let cases = [
+        (Key::header("X-Request-Id"), Some("x-request-id")),
+        (Key::header("PayPal-Request-Id"), Some("paypal-request-id")),
+        (Key::default(), Some("idempotency-key")),
+        (Key::body_field("idempotency_key"), None),
+        (Key::none(), None),
+    ];
+    for (i, (key, header)) in cases.into_iter().enumerate() {
+        let e = HttpEffect::post(format!("{url}/v1/tasks"))
+            .key(key.clone())
+            .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+            .build()
+            .unwrap();
+        e.compensate(&done).await.expect("gone");
+        let request = seen.lock().unwrap()[i].to_ascii_lowercase();
+        let headers: Vec<&str> = request
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        let keyed: Vec<&&str> = headers
+            .iter()
+            .filter(|l| l.contains(&compensate_key))
+            .collect();
+        match header {
+            Some(h) => assert_eq!(
+                keyed,
+                [&format!("{h}: {compensate_key}").as_str()],
+                "{key:?}: {headers:?}"
+            ),
+            None => assert!(keyed.is_empty(), "{key:?}: {headers:?}"),
+        }
+        assert!(
+            !headers.iter().any(|l| l.starts_with("idempotency-key:"))
+                || header == Some("idempotency-key"),
+            "{key:?}: {headers:?}"
+        );
+    }
+}
