@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, Delivery, Lease, ReceivedMessage};
 
 use super::deleter::{delete_one, DeleteRequest};
-use super::{received_message, secs, Received, Shared};
+use super::{received_message, secs, visibility_allowed, Received, Shared};
 use crate::dlq;
 use crate::error::sdk_error;
 use crate::options::MAX_VISIBILITY;
@@ -119,12 +119,21 @@ impl SqsDelivery {
     }
 
     async fn set_visibility(&self, d: Duration) -> Result<(), BrokerError> {
+        let since = self.lease.received.elapsed();
+        if visibility_allowed(since, MAX_VISIBILITY).is_zero() {
+            // Too close to SQS's 12 h ceiling for any visibility: SQS would reject the call, and the
+            // message comes back by itself within the margin.
+            tracing::debug!(
+                "release at SQS's 12 h visibility ceiling; the message comes back by itself"
+            );
+            return Ok(());
+        }
         self.shared
             .client
             .change_message_visibility()
             .queue_url(&self.shared.queue_url)
             .receipt_handle(&self.receipt)
-            .visibility_timeout(secs(d.min(MAX_VISIBILITY)))
+            .visibility_timeout(secs(visibility_allowed(since, d)))
             .send()
             .await
             .map_err(|e| sdk_error("ChangeMessageVisibility", e))?;
@@ -198,6 +207,7 @@ pub struct SqsLease {
     client: aws_sdk_sqs::Client,
     queue_url: String,
     receipt: String,
+    /// When the `ReceiveMessage` call that brought it was sent (see [`Received::at`]).
     received: Instant,
     duration: Duration,
     expires: Mutex<DateTime<Utc>>,
@@ -227,8 +237,7 @@ impl Lease for SqsLease {
             if self.settled.load(Ordering::SeqCst) {
                 return Ok(self.current());
             }
-            let left = MAX_VISIBILITY.saturating_sub(self.received.elapsed());
-            let by = by.min(left);
+            let by = visibility_allowed(self.received.elapsed(), by);
             if by < Duration::from_secs(1) {
                 return Err(BrokerError::new(
                     BrokerErrorKind::LockLost,

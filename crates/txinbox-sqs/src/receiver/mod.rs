@@ -215,13 +215,10 @@ impl Receiver for SqsReceiver {
             let ask = (n - i * per_call).min(per_call);
             let wait = if i == 0 { wait } else { Duration::ZERO };
             let s = s.clone();
-            // Each call's own answer time: a message's visibility runs from the answer that brought it, not
-            // from the slowest call of the receive (the long poll can wait its whole wait while the calls
-            // beside it answered at once).
-            async move {
-                let answer = receive_call(&s, ask, wait).await;
-                (Instant::now(), answer)
-            }
+            // Each call's own times: a message's visibility runs from the answer that brought it, not from
+            // the slowest call of the receive (the long poll can wait its whole wait while the calls beside it
+            // answered at once); its 12 h ceiling from when that call was sent.
+            async move { timed(receive_call(&s, ask, wait)).await }
         });
         let answers = futures::future::join_all(asks).await;
         let mut first_error = None;
@@ -232,7 +229,7 @@ impl Receiver for SqsReceiver {
                 Ok(a) => {
                     let msgs = a.messages.unwrap_or_default();
                     full |= msgs.len() >= per_call;
-                    got.extend(msgs.into_iter().map(|m| (m, Received::at(received))));
+                    got.extend(msgs.into_iter().map(|m| (m, received)));
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "a ReceiveMessage call of a receive failed");
@@ -462,15 +459,15 @@ impl SqsReceiver {
             let mut received = received;
             if waited >= vt / 2 {
                 // Within SQS's ceiling, which counts from the receive, not from this extension.
-                let left = MAX_VISIBILITY.saturating_sub(received.at.elapsed());
-                if left < Duration::from_secs(1) {
+                let by = visibility_allowed(received.at.elapsed(), vt);
+                if by < Duration::from_secs(1) {
                     tracing::warn!(
                         group = group.as_deref().unwrap_or(""),
                         "held message reached SQS's 12 h visibility ceiling; leaving it to SQS"
                     );
                     continue;
                 }
-                if let Err(e) = self.shared.held_visibility(&m, secs(vt.min(left))).await {
+                if let Err(e) = self.shared.held_visibility(&m, secs(by)).await {
                     tracing::warn!(error = %e, "cannot extend a held message; leaving it to SQS");
                     continue;
                 }
@@ -485,23 +482,105 @@ impl SqsReceiver {
 /// When a received message's times run from.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Received {
-    /// The answer of the `ReceiveMessage` call that brought it: SQS's 12 h ceiling on its visibility counts
-    /// from here, however often it is extended. AWS (`ChangeMessageVisibility`): "you can't extend the
-    /// timeout of a message in an existing queue to more than a total visibility timeout of 12 hours".
+    /// When the `ReceiveMessage` call that brought it was sent: SQS's 12 h ceiling on its visibility counts
+    /// from its receive, however often it is extended, and the receive happened after this (the answer
+    /// arrives later still, after a slow round trip possibly much later). AWS (`ChangeMessageVisibility`):
+    /// "The maximum is 12 hours", "you can't extend the timeout of a message in an existing queue to more
+    /// than a total visibility timeout of 12 hours", "If you try to extend the visibility timeout beyond
+    /// the maximum, your request is rejected".
     pub(super) at: Instant,
     /// The start of its current visibility: the receive, or the last extension while it was held.
     pub(super) visible_from: Instant,
 }
 
 impl Received {
-    pub(super) fn at(at: Instant) -> Self {
+    /// A receive sent at `sent` whose answer arrived at `answered`.
+    pub(super) fn new(sent: Instant, answered: Instant) -> Self {
         Self {
-            at,
-            visible_from: at,
+            at: sent,
+            visible_from: answered,
         }
     }
 }
 
+/// Runs one `ReceiveMessage` call and says when it was sent (where the 12 h ceiling of what it brings
+/// counts from) and when its answer arrived (where their visibility runs from).
+async fn timed<T>(call: impl std::future::Future<Output = T>) -> (Received, T) {
+    let sent = Instant::now();
+    let answer = call.await;
+    (Received::new(sent, Instant::now()), answer)
+}
+
+/// How far short of SQS's 12 h ceiling the last extension stops: SQS counts the new visibility from when
+/// the `ChangeMessageVisibility` call reaches it, later than when it was sent, and rejects one that
+/// reaches beyond the ceiling.
+const CEILING_MARGIN: Duration = Duration::from_secs(60);
+
+/// The visibility SQS accepts now for a message whose `ReceiveMessage` call was sent `since_receive` ago:
+/// at most `wanted`, in whole seconds, ending [`CEILING_MARGIN`] before the 12 h ceiling (zero when
+/// nothing is left).
+pub(super) fn visibility_allowed(since_receive: Duration, wanted: Duration) -> Duration {
+    let left = MAX_VISIBILITY
+        .saturating_sub(since_receive)
+        .saturating_sub(CEILING_MARGIN);
+    Duration::from_secs(wanted.min(left).as_secs())
+}
+
 fn secs(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: Duration = Duration::from_secs(3600);
+    const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn the_last_extension_stops_short_of_the_ceiling() {
+        // Far from the ceiling: the whole extension, in whole seconds.
+        assert_eq!(
+            visibility_allowed(H, Duration::from_millis(60_900)),
+            Duration::from_secs(60)
+        );
+        // Near it: what is left, less the margin for the ChangeMessageVisibility call's own trip.
+        assert_eq!(
+            visibility_allowed(MAX_VISIBILITY - 5 * MIN, 10 * MIN),
+            4 * MIN
+        );
+        // Within the margin: nothing (the lease ends; a call would be rejected).
+        assert_eq!(
+            visibility_allowed(MAX_VISIBILITY - Duration::from_secs(30), 10 * MIN),
+            Duration::ZERO
+        );
+        assert_eq!(
+            visibility_allowed(MAX_VISIBILITY + H, 10 * MIN),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn a_release_near_the_ceiling_is_capped_at_the_time_left() {
+        // A 2 h backoff 11 h after the receive: what is left under the ceiling, not a flat 12 h.
+        assert_eq!(visibility_allowed(11 * H, 2 * H), 59 * MIN);
+        assert_eq!(
+            visibility_allowed(Duration::ZERO, 13 * H),
+            11 * H + 59 * MIN
+        );
+    }
+
+    #[tokio::test]
+    async fn the_ceiling_counts_from_when_the_receive_was_sent() {
+        let before = Instant::now();
+        let (received, ()) = timed(tokio::time::sleep(Duration::from_millis(50))).await;
+        let start = received.at;
+        let after = Instant::now();
+        assert!(start >= before, "the start is not before the call");
+        assert!(
+            after.duration_since(start) >= Duration::from_millis(50),
+            "the ceiling starts at the answer, not at the request: {:?} before the end",
+            after.duration_since(start)
+        );
+    }
 }
