@@ -250,7 +250,7 @@ impl HttpEffectBuilder {
     }
 
     /// A header sent with every request of this destination (an `Authorization`): marked sensitive, never
-    /// logged.
+    /// logged. Its value is sent as it is: one with a placeholder (`{key}`) is refused by [`build`](Self::build).
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
@@ -286,7 +286,8 @@ impl HttpEffectBuilder {
     /// # Errors
     /// An [`HttpConfigError`] naming the rule that cannot work: a URL that is not http(s), a template without
     /// `{key}` or `{external_ref}` where one effect must be found (a confirmation, an upsert's URL), an unknown
-    /// placeholder, a body template that is not JSON, a JSON pointer that is not one, a header HTTP does not
+    /// placeholder in a URL or a body, a placeholder in a header's value (sent as it is), a body template that
+    /// is not JSON, a JSON pointer that is not one, a header HTTP does not
     /// allow, a confirmation by `{key}` at a destination that keeps no key.
     pub fn build(self) -> Result<HttpEffect, HttpConfigError> {
         if let Some(status) = self.bad_status {
@@ -350,6 +351,16 @@ impl HttpEffectBuilder {
                 name: name.clone(),
                 detail: "the value is not visible ASCII".into(),
             })?;
+            // A header's value is sent as it is: a placeholder there (`{key}`, `Bearer {token}`) would go out
+            // literally. Named by the header, never shown: the value may be a secret.
+            if template::placeholders(&value).next().is_some() {
+                return Err(HttpConfigError::Header {
+                    name,
+                    detail: "the value has a placeholder ({name}), and header values are sent as they are, \
+                             never filled (the key goes in a header with .key(Key::header(NAME)))"
+                        .into(),
+                });
+            }
             v.set_sensitive(true);
             headers.push((n, v));
         }

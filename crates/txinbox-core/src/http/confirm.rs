@@ -62,7 +62,8 @@ impl fmt::Debug for Rule {
 /// * [`read_with`](Confirm::read_with): your own reader of the status and body.
 ///
 /// `{key}` and `{external_ref}` in the URL are replaced, percent-encoded; in a body, as JSON string content.
-/// A confirmation must name one of them. Its `Debug` shows the URL without its password or query values.
+/// A confirmation must name one of them; another `{name}` is refused as a typo (JSON's own braces are none; a
+/// literal `{name}` in a body is written `\u007bname}`). Its `Debug` shows the URL without its password or query values.
 #[derive(Clone)]
 #[must_use = "a Confirm does nothing until given to HttpEffectBuilder::confirm"]
 pub struct Confirm {

@@ -18,9 +18,10 @@ pub(crate) struct Template<'a> {
 }
 
 impl<'a> Template<'a> {
-    /// Checks a URL template's placeholders: in a URL, any `{name}` other than the known ones is a typo.
-    /// `{reference}` (known once the effect is done) is for a compensation only: anywhere else it would be
-    /// filled with nothing, or left as is in a body.
+    /// Checks a template's placeholders: in a URL, any `{...}` other than the known ones is a typo; in a body,
+    /// any `{name}` ([`placeholders`]: no quote, colon or space inside, so JSON's own braces are none) other than
+    /// the known ones is. `{reference}` (known once the effect is done) is for a compensation only: anywhere else
+    /// it would be filled with nothing, or left as is in a body.
     pub(crate) fn parse(what: &'static str, text: &'a str) -> Result<Self, HttpConfigError> {
         if what != "compensation URL" && text.contains(REFERENCE) {
             return Err(HttpConfigError::Reference { what });
@@ -40,6 +41,11 @@ impl<'a> Template<'a> {
                 }
                 rest = &rest[open + close + 1..];
             }
+        } else if let Some(name) = placeholders(text).find(|p| ![KEY, EXTERNAL_REF].contains(p)) {
+            return Err(HttpConfigError::Placeholder {
+                what,
+                placeholder: name.to_owned(),
+            });
         }
         Ok(Self { text })
     }
@@ -68,6 +74,20 @@ impl<'a> Template<'a> {
                 detail: e.to_string(),
             })
     }
+}
+
+/// The `{name}` forms in `text` that read as placeholders: a name of letters, digits, `_`, `-` or `.` between
+/// braces. JSON's own braces (`{"a":1}`, `{}`) and a GraphQL selection (`{ id }`) are none; a literal `{name}` in a
+/// JSON string is written `\u007bname}`.
+pub(crate) fn placeholders(text: &str) -> impl Iterator<Item = &str> {
+    text.match_indices('{').filter_map(move |(open, _)| {
+        let rest = &text[open + 1..];
+        let len = rest
+            .bytes()
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+            .count();
+        (len > 0 && rest.as_bytes().get(len) == Some(&b'}')).then(|| &text[open..open + len + 2])
+    })
 }
 
 /// A URL template must be an http(s) URL once filled.

@@ -239,3 +239,81 @@ fn an_answer_for_a_status_http_has_not_is_refused() {
         .build()
         .unwrap();
 }
+
+// An unknown placeholder in a confirmation's POST-search body (`{externalref}`) passed when the URL or the body
+// named a known one elsewhere: it was sent as it is, the search found nothing ("not found": a call again). Every
+// template the builder takes refuses an unknown `{name}`; a JSON body's own braces are no placeholders. A header
+// value is sent as it is: a placeholder there is refused, naming the header, never showing its value.
+#[test]
+fn an_unknown_placeholder_is_refused_in_every_template() {
+    let url = "https://crm.example/v1/tasks";
+    let search = "https://crm.example/v1/tasks/search";
+    for (body, typo) in [
+        (
+            r#"{"ref":"{external_ref}","other":"{externalref}"}"#,
+            "{externalref}",
+        ),
+        (
+            r#"{"filters":[{"value":"{externalRef}"}],"key":"{key}"}"#,
+            "{externalRef}",
+        ),
+        (
+            r#"{"q":"ref:{external-ref}","k":"{key}"}"#,
+            "{external-ref}",
+        ),
+    ] {
+        let e = HttpEffect::post(url)
+            .confirm(Confirm::search_post(search, body))
+            .build()
+            .expect_err(body);
+        assert!(
+            matches!(&e, HttpConfigError::Placeholder { what: "confirmation body", placeholder } if placeholder == typo),
+            "{body}: {e:?}"
+        );
+    }
+    // The URL names {external_ref}; the body's typo is still refused.
+    let e = err(HttpEffect::post(url).confirm(Confirm::search_post(
+        "https://crm.example/v1/tasks/search?by={external_ref}",
+        r#"{"ref":"{externalref}"}"#,
+    )));
+    assert!(e.contains("{externalref}"), "{e}");
+    for bad in [
+        "https://crm.example/v1/tasks/{refernce}",
+        "https://crm.example/v1/tasks/{reference}?k={kye}",
+    ] {
+        let e = err(HttpEffect::post(url).compensate_url(bad));
+        assert!(e.contains("compensation URL") && e.contains('{'), "{e}");
+    }
+    for value in ["{key}", "Bearer {token}", "ref-{external_ref}"] {
+        let e = HttpEffect::post(url)
+            .header("X-Secretish", value)
+            .build()
+            .expect_err(value);
+        assert!(
+            matches!(&e, HttpConfigError::Header { name, .. } if name == "X-Secretish"),
+            "{e:?}"
+        );
+        let shown = e.to_string();
+        assert!(
+            !shown.contains(value) && shown.contains("X-Secretish"),
+            "{shown}"
+        );
+    }
+    // JSON's own braces, a GraphQL query's, and a brace written as an escape are no placeholders.
+    for body in [
+        r#"{"filterGroups":[{"filters":[{"propertyName":"external_ref","operator":"EQ","value":"{external_ref}"}]}]}"#,
+        r#"{"query":{"filter":{"reference_id":{"exact":"{external_ref}"}}},"x":{}}"#,
+        r#"{"query":"{ tasks(ref: \"{external_ref}\") { id } }"}"#,
+        r#"{"ref":"{external_ref}","literal":"\u007bname}"}"#,
+    ] {
+        HttpEffect::post(url)
+            .confirm(Confirm::search_post(search, body))
+            .build()
+            .unwrap_or_else(|e| panic!("{body}: {e}"));
+    }
+    HttpEffect::post(url)
+        .header("Authorization", "Bearer abc{def")
+        .header("X-Json", r#"{"a":1}"#)
+        .build()
+        .unwrap();
+}
