@@ -14,6 +14,9 @@ pub enum FaultKind {
     DropResponse,
     /// Wait `delay_ms`, then handle the request normally.
     Delay,
+    /// Perform the operation, then answer with `status` instead of its own answer (a server error after the
+    /// change was made: the client cannot tell whether it applied).
+    ApplyThenStatus,
 }
 
 /// A fault rule, also the JSON body of `POST /$emulator/faults`.
@@ -29,7 +32,7 @@ pub struct FaultRule {
     /// What to do; default `status`.
     #[serde(default = "default_kind")]
     pub kind: FaultKind,
-    /// The status for `kind = status`; default 503.
+    /// The status for `kind = status` and `kind = apply_then_status`; default 503.
     #[serde(default = "default_status")]
     pub status: u16,
     /// Sent as `Retry-After` (seconds) with a status fault, when set.
@@ -82,6 +85,14 @@ impl FaultRule {
         }
     }
 
+    /// A rule that performs the next matching request, then answers it with `status`.
+    pub fn apply_then_status(status: u16) -> Self {
+        Self {
+            kind: FaultKind::ApplyThenStatus,
+            ..Self::status(status)
+        }
+    }
+
     /// A rule that delays the next matching request.
     pub fn delay(delay_ms: u64) -> Self {
         Self {
@@ -116,7 +127,9 @@ impl FaultRule {
     }
 
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if self.kind == FaultKind::Status && !(400..=599).contains(&self.status) {
+        if matches!(self.kind, FaultKind::Status | FaultKind::ApplyThenStatus)
+            && !(400..=599).contains(&self.status)
+        {
             return Err("status must be between 400 and 599".into());
         }
         if self.count == 0 {
@@ -197,5 +210,9 @@ mod tests {
         );
         assert!(serde_json::from_str::<FaultRule>(r#"{"stat":429}"#).is_err());
         assert!(FaultRule::status(200).validate().is_err());
+        let rule: FaultRule =
+            serde_json::from_str(r#"{"kind":"apply_then_status","status":500}"#).unwrap();
+        assert_eq!(rule, FaultRule::apply_then_status(500));
+        assert!(FaultRule::apply_then_status(200).validate().is_err());
     }
 }

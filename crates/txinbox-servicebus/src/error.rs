@@ -35,15 +35,21 @@ pub struct UnexpectedStatus {
     pub status: u16,
 }
 
-/// A complete was retried after an attempt whose answer was lost, and the retry found no lock: the first
-/// attempt probably completed the message, but that cannot be known. The source of an
-/// [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown) error, whose own source is the retry's 404.
+/// A settle was retried after an attempt that may have applied (its answer was lost, or it was answered with
+/// a server error), and the retry found no lock: the earlier attempt probably completed (or abandoned) the
+/// message, but that cannot be known. The source of an [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown)
+/// error, whose own source is the retry's 404.
 #[derive(Debug, thiserror::Error)]
-#[error("an earlier attempt's answer was lost and attempt {attempt} found no lock")]
+#[error(
+    "attempt {attempt} found no lock after an earlier attempt that may have applied ({earlier})"
+)]
 #[non_exhaustive]
 pub struct AmbiguousSettle {
     /// The attempt that answered 404.
     pub attempt: u32,
+    /// How the earlier attempt failed: [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown) (no answer) or
+    /// [`ServerError`](BrokerErrorKind::ServerError) (a 5xx other than 503).
+    pub earlier: BrokerErrorKind,
     /// That attempt's error.
     #[source]
     pub source: BrokerError,

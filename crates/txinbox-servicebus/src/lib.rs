@@ -59,7 +59,8 @@
 //!   counted in `txinbox_lease_lost_total`; the handler's transaction still decides, and the copy another
 //!   receiver gets meanwhile is absorbed by the unique constraint.
 //! * A complete that fails is counted (`txinbox_settle_failures_total`); the message comes back and is absorbed.
-//!   A complete whose answer was lost is retried; a 404 on the retry is reported as ambiguous
+//!   A complete whose answer was lost, or that was answered 500 (it may have applied), is retried; a 404 on the
+//!   retry is reported as ambiguous
 //!   ([`error::AmbiguousSettle`], an [`OutcomeUnknown`](txinbox_core::BrokerErrorKind::OutcomeUnknown)
 //!   error), not as a lost lock.
 //! * Throttling (429/503), 500 and lost answers are retried for settles and renewals; a throttled receive

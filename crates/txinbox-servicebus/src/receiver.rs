@@ -108,8 +108,10 @@ impl SettleOp {
 }
 
 /// Runs one settle (or renewal) on the lock URI, retrying throttling, 5xx and lost answers with a short
-/// backoff while the lock lasts. A 404 after an attempt whose answer was lost is reported as ambiguous, not
-/// as a lost lock: the first attempt may have worked.
+/// backoff while the lock lasts. A 404 after an attempt that may have applied is reported as ambiguous, not
+/// as a lost lock: that attempt may have worked, and the missing lock be its doing. An attempt may have
+/// applied when its answer was lost, or, for a complete or abandon, when it was answered with a server error
+/// (a 500 says nothing about whether the change was made; 429 and 503 are refusals).
 pub(crate) async fn settle(
     response: &PeekLockResponse,
     op: SettleOp,
@@ -117,7 +119,8 @@ pub(crate) async fn settle(
     attempts: u32,
     locked_until: DateTime<Utc>,
 ) -> Result<(), BrokerError> {
-    let mut answer_lost = false;
+    // The kind of the last failed attempt that may have applied.
+    let mut may_have_applied: Option<BrokerErrorKind> = None;
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -130,11 +133,15 @@ pub(crate) async fn settle(
             Ok(()) => return Ok(()),
             Err(e) => client_error(op.name(), e),
         };
-        if answer_lost && e.kind() == BrokerErrorKind::LockLost {
+        if let (Some(earlier), BrokerErrorKind::LockLost) = (may_have_applied, e.kind()) {
             return Err(BrokerError::new(
                 BrokerErrorKind::OutcomeUnknown,
                 op.name(),
-                AmbiguousSettle { attempt, source: e },
+                AmbiguousSettle {
+                    attempt,
+                    earlier,
+                    source: e,
+                },
             ));
         }
         let backoff = Duration::from_millis(200 * 2u64.pow(attempt.min(5)));
@@ -142,7 +149,13 @@ pub(crate) async fn settle(
         if !e.is_retryable() || attempt >= attempts || backoff >= time_left {
             return Err(e);
         }
-        answer_lost |= e.kind() == BrokerErrorKind::OutcomeUnknown;
+        match e.kind() {
+            BrokerErrorKind::OutcomeUnknown => may_have_applied = Some(e.kind()),
+            BrokerErrorKind::ServerError if op != SettleOp::Renew => {
+                may_have_applied = Some(e.kind())
+            }
+            _ => {}
+        }
         metrics::counter!(crate::metrics::SETTLE_RETRIES, "op" => op.name(), "kind" => e.kind().as_str())
             .increment(1);
         tracing::info!(op = op.name(), entity, attempt, error = %e, "retrying");

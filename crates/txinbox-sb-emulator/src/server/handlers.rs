@@ -61,6 +61,7 @@ pub(super) async fn data_plane(
     shared.counters.count(&route);
     let fault = faults::take_fault(&mut shared.broker().faults, method.as_str(), &path);
     let mut drop_response = false;
+    let mut answer_instead = None;
     if let Some(fault) = fault {
         tracing::info!(%method, %path, kind = ?fault.kind, status = fault.status, "injected fault");
         match fault.kind {
@@ -70,6 +71,7 @@ pub(super) async fn data_plane(
                 shared.counters.delayed(waited);
             }
             FaultKind::DropResponse => drop_response = true,
+            FaultKind::ApplyThenStatus => answer_instead = Some(fault),
         }
     }
     let query = req.uri().query().map(str::to_owned);
@@ -110,6 +112,9 @@ pub(super) async fn data_plane(
     tracing::debug!(%method, %path, status = response.status().as_u16(), "handled");
     if drop_response {
         return Err(DropConnection);
+    }
+    if let Some(fault) = answer_instead {
+        return Ok(fault_response(&fault));
     }
     Ok(response)
 }

@@ -252,6 +252,57 @@ async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
     assert_eq!(effects(&store).await, (1, 1));
 }
 
+/// The complete takes effect but is answered 500: the retry finds no lock (the first attempt removed the
+/// message), so the outcome is unknown, not a lost lock. Through the inbox it is a failed settle, not a
+/// conflict with a concurrent delivery; the message is gone and the effect is there once.
+#[tokio::test]
+async fn a_500_after_the_complete_applied_is_ambiguous_not_a_lost_lock() {
+    let (_recorder, metrics) = Metrics::install();
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let store = pg().await;
+    publish(&client, &event(&q, "evt-500-applied", "{}")).await;
+    publish(&client, &event(&q, "evt-500-applied-2", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    emu.fault(json!({"kind": "apply_then_status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}))
+        .await;
+    let e = d.complete().await.unwrap_err();
+    assert_eq!(e.kind(), BrokerErrorKind::OutcomeUnknown, "{e}");
+    let ambiguous = std::error::Error::source(&e)
+        .and_then(|s| s.downcast_ref::<txinbox_servicebus::error::AmbiguousSettle>())
+        .expect("the source says why the outcome is unknown");
+    assert_eq!(ambiguous.attempt, 2);
+    assert_eq!(ambiguous.earlier, BrokerErrorKind::ServerError);
+    assert_eq!(ambiguous.source.kind(), BrokerErrorKind::LockLost);
+
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    emu.fault(json!({"kind": "apply_then_status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}))
+        .await;
+    let outcome = inbox(&store).process(d, &Effects::default()).await;
+    assert!(matches!(outcome, Outcome::Applied { .. }), "{outcome:?}");
+    assert_eq!(metrics.counter(m::SETTLE_FAILURES, &[("op", "ack")]), 1);
+    assert_eq!(
+        metrics.counter(m::CONCURRENT_CONFLICTS, &[]),
+        0,
+        "a 500 that applied is no concurrent delivery"
+    );
+    assert_eq!(emu.counts(&q).await, (0, 0), "both completes took effect");
+    assert_eq!(inbox_rows(&store).await, 1);
+    assert_eq!(effects(&store).await, (1, 1));
+}
+
 /// 404 on a lapsed lock is LockLost, 410 on a missing queue EntityNotFound, 401 on a wrong key Unauthorized.
 #[tokio::test]
 async fn statuses_map_to_broker_errors() {
