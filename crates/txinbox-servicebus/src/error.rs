@@ -67,7 +67,20 @@ pub(crate) fn client_error(op: &'static str, err: azure_core::Error) -> BrokerEr
         ErrorKind::DataConversion => BrokerErrorKind::Protocol,
         _ => BrokerErrorKind::Configuration,
     };
-    BrokerError::new(kind, op, err)
+    let after = err.downcast_ref::<ServiceRetryAfter>().map(|r| r.after);
+    BrokerError::new(kind, op, err).with_retry_after(after)
+}
+
+/// The source our HTTP client gives the error of a settle's or renewal's answer that carried `Retry-After`
+/// (the crate's own status check keeps only the status), so that the retry waits as long as the service asked.
+#[derive(Debug, thiserror::Error)]
+#[error("answered {status} with Retry-After {after:?}")]
+#[non_exhaustive]
+pub struct ServiceRetryAfter {
+    /// The HTTP status.
+    pub status: u16,
+    /// The wait the service asked for.
+    pub after: Duration,
 }
 
 /// The error our HTTP client raises when a request gets no answer in time.

@@ -63,8 +63,9 @@
 //!   retry is reported as ambiguous
 //!   ([`error::AmbiguousSettle`], an [`OutcomeUnknown`](txinbox_core::BrokerErrorKind::OutcomeUnknown)
 //!   error), not as a lost lock.
-//! * Throttling (429/503), 500 and lost answers are retried for settles and renewals; a throttled receive
-//!   waits the service's `Retry-After` and lets the worker back off.
+//! * Throttling (429/503), 500 and lost answers are retried for settles and renewals, after the service's
+//!   `Retry-After` when it sent one (while the lock lasts); a throttled receive waits the service's
+//!   `Retry-After` and lets the worker back off.
 //!
 //! See `docs/servicebus.md` for duplicate detection, the identity contract and the dead-letter strategy.
 #![forbid(unsafe_code)]

@@ -144,7 +144,9 @@ pub(crate) async fn settle(
                 },
             ));
         }
-        let backoff = Duration::from_millis(200 * 2u64.pow(attempt.min(5)));
+        // The service's Retry-After when it sent one (throttling), else a short backoff of our own.
+        let backoff = Duration::from_millis(200 * 2u64.pow(attempt.min(5)))
+            .max(e.retry_after().unwrap_or_default());
         let time_left = (locked_until - Utc::now()).to_std().unwrap_or_default();
         if !e.is_retryable() || attempt >= attempts || backoff >= time_left {
             return Err(e);

@@ -1,7 +1,8 @@
 //! The HTTP client handed to the crate: it points requests at the configured endpoint (after the crate signed
 //! them for `https://NS.servicebus.windows.net`), swaps the SAS for an Azure AD bearer token when configured,
-//! bounds every request in time (the crate sets no timeout), and moves a received message's `BrokerProperties`
-//! out of the crate's reach (see [`set_broker_properties_aside`]).
+//! bounds every request in time (the crate sets no timeout), moves a received message's `BrokerProperties`
+//! out of the crate's reach (see [`set_broker_properties_aside`]), and keeps the `Retry-After` of a settle's
+//! error answer (see [`keep_retry_after`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use azure_core::headers::AUTHORIZATION;
 use azure_core::{HttpClient, Request, Response, Url};
 
 use crate::config::SERVICE_BUS_SCOPE;
-use crate::error::RequestTimedOut;
+use crate::error::{RequestTimedOut, ServiceRetryAfter};
 use crate::wire;
 
 /// How the transport authorizes requests.
@@ -161,19 +162,61 @@ impl HttpClient for Transport {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
         let mut request = request.clone();
         let budget = self.budget(request.url());
+        let lock_uri = is_lock_uri(request.url());
         self.rewrite(request.url_mut())?;
         if let Some(bearer) = self.bearer().await? {
             // Headers are keyed by lower-case name, so this replaces the crate's SAS.
             request.insert_header(AUTHORIZATION, bearer);
         }
         match tokio::time::timeout(budget, self.inner.execute_request(&request)).await {
-            Ok(r) => r.map(set_broker_properties_aside),
+            Ok(r) => {
+                let r = r.map(set_broker_properties_aside);
+                if lock_uri {
+                    r.and_then(keep_retry_after)
+                } else {
+                    r
+                }
+            }
             Err(_) => Err(azure_core::Error::new(
                 ErrorKind::Io,
                 RequestTimedOut(budget),
             )),
         }
     }
+}
+
+/// Whether the request goes to a message's lock URI (`…/messages/{sequence number}/{lock token}`): a
+/// complete, abandon or lock renewal, whose answer the crate checks itself.
+fn is_lock_uri(url: &Url) -> bool {
+    let mut segments = url.path().trim_end_matches('/').rsplit('/');
+    let (_token, sequence, messages) = (segments.next(), segments.next(), segments.next());
+    sequence.is_some_and(|s| s.parse::<u64>().is_ok())
+        && messages.is_some_and(|m| m.eq_ignore_ascii_case("messages"))
+}
+
+/// Turns an error answer on a lock URI that carries `Retry-After` into the error the crate would make of it
+/// (an `HttpResponse` of its status), with the wait as its source ([`ServiceRetryAfter`]): the crate's status
+/// check keeps only the status and drops the headers, so without this a throttled settle is retried after
+/// the adapter's own backoff, not after the wait the service asked for.
+fn keep_retry_after(response: Response) -> azure_core::Result<Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let Some(after) = response
+        .headers()
+        .get_optional_str(&azure_core::headers::RETRY_AFTER)
+        .and_then(wire::retry_after_value)
+    else {
+        return Ok(response);
+    };
+    Err(azure_core::Error::new(
+        ErrorKind::http_response(status, None),
+        ServiceRetryAfter {
+            status: u16::from(status),
+            after,
+        },
+    ))
 }
 
 /// Renames a response's `BrokerProperties` header to [`wire::RAW_BROKER_PROPERTIES`]. The crate parses
@@ -236,6 +279,20 @@ mod tests {
         assert_eq!(t.budget(&u), Duration::from_secs(30));
         let u = Url::parse("https://ns.servicebus.windows.net/q/messages/3/tok").unwrap();
         assert_eq!(t.budget(&u), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn lock_uris_are_told_from_receives_and_sends() {
+        let u = |p: &str| Url::parse(&format!("https://ns.servicebus.windows.net{p}")).unwrap();
+        assert!(is_lock_uri(&u(
+            "/q/messages/3/7da9cfd5-40d5-4bb1-8d64-ec5a52e1c547"
+        )));
+        assert!(is_lock_uri(&u(
+            "/t/subscriptions/s/messages/3/tok?timeout=5"
+        )));
+        assert!(!is_lock_uri(&u("/q/messages/head?timeout=20")));
+        assert!(!is_lock_uri(&u("/q/messages")));
+        assert!(!is_lock_uri(&u("/q/messages/head/x")));
     }
 
     #[test]

@@ -246,9 +246,14 @@ pub fn quote_property(v: &str, max_chars: usize) -> String {
 
 /// Parses `Retry-After` in seconds (the HTTP-date form is not used by Service Bus).
 pub fn retry_after(headers: &ResponseHeaders) -> Option<std::time::Duration> {
-    headers
-        .get("retry-after")
-        .and_then(|v| v.trim().parse::<f64>().ok())
+    headers.get("retry-after").and_then(retry_after_value)
+}
+
+/// Parses one `Retry-After` value in seconds.
+pub(crate) fn retry_after_value(v: &str) -> Option<std::time::Duration> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
         .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
 }
 

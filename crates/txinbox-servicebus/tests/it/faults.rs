@@ -149,6 +149,33 @@ async fn throttled_completes_and_renewals_are_retried() {
     assert_eq!(effects(&store).await, (1, 1));
 }
 
+/// A throttled complete is retried after the service's `Retry-After`, not after the adapter's own short
+/// backoff (400 ms).
+#[tokio::test]
+async fn a_throttled_complete_waits_the_service_s_retry_after() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT10S"})).await;
+    publish(&client, &event(&q, "evt-retry-after", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(10))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    emu.fault(json!({"kind": "status", "status": 503, "retry_after_seconds": 2, "method": "DELETE", "path_suffix": lock_suffix(&q, &d), "count": 1}))
+        .await;
+    let started = std::time::Instant::now();
+    d.complete().await.expect("completed after the 503");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "retried after {waited:?}, before the service's Retry-After of 2 s"
+    );
+    assert_eq!(emu.counts(&q).await, (0, 0), "completed");
+}
+
 /// An HTTP client in front of the emulator that sets `EnqueuedSequenceNumber` in every `BrokerProperties` to a
 /// value past `i32`, as an auto-forwarded message from a busy entity carries.
 #[derive(Debug)]
