@@ -164,10 +164,22 @@ impl std::fmt::Debug for RunArgs {
 
 impl std::fmt::Debug for CompensateArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A header's value may be a token: only its name is shown.
+        let headers: Vec<(&str, String)> = self
+            .header
+            .iter()
+            .map(|(name, h)| {
+                let header = h.split_once('=').map_or(h.as_str(), |(n, _)| n);
+                (name.as_str(), format!("{header}=***"))
+            })
+            .collect();
         f.debug_struct("CompensateArgs")
             .field("store", &redact_url(&self.store))
             .field("key", &self.key)
             .field("compensate", &redacted_urls(&self.compensate))
+            .field("config", &self.config)
+            .field("key_in", &self.key_in)
+            .field("header", &headers)
             .finish()
     }
 }
@@ -411,25 +423,77 @@ pub struct CompensateArgs {
     #[arg(long)]
     pub key: String,
     /// The compensation request of a destination: `NAME=URL` with `{reference}`, `{key}` or `{external_ref}`
-    /// in it (a DELETE).
-    #[arg(long = "compensate", value_parser = parse_pair, required = true)]
+    /// in it (a DELETE); it wins over the settings file's `compensate_url`.
+    #[arg(long = "compensate", value_parser = parse_pair, required_unless_present = "config")]
     pub compensate: Vec<(String, String)>,
+    /// The workers' settings file: its `[effects.destinations.NAME]` (their `compensate_url`, `key` and
+    /// `headers`), as the effect runner reads them.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// `NAME=header:HEADER`, `NAME=body:FIELD` or `NAME=none`: where the destination takes the key (as
+    /// `effects run --key`); the compensation sends `KEY-compensate` in that header, none for a body or none.
+    #[arg(long = "key-in", value_parser = parse_pair)]
+    pub key_in: Vec<(String, String)>,
+    /// `NAME=HEADER=VALUE`: a header sent with the compensation (`crm=Authorization=env:CRM_TOKEN` reads the
+    /// value from the environment).
+    #[arg(long = "header", value_parser = parse_pair)]
+    pub header: Vec<(String, String)>,
+}
+
+impl CompensateArgs {
+    /// The destinations a compensation may go to: the settings file's, then the flags'. Each `--compensate`
+    /// URL stands in for its destination's call URL where the file has none (a compensation sends no call).
+    pub fn destinations(&self) -> Result<BTreeMap<String, HttpDestinationSettings>, String> {
+        let mut d = match &self.config {
+            Some(path) => {
+                WorkerSettings::load(path)
+                    .map_err(|e| e.to_string())?
+                    .effects
+                    .destinations
+            }
+            None => BTreeMap::new(),
+        };
+        for (name, url) in &self.compensate {
+            let dest = d.entry(name.clone()).or_default();
+            if dest.url.is_empty() {
+                // A call URL with `{reference}` is refused (it is known only once done): placeholders of the
+                // compensation's own stand in.
+                dest.url = url
+                    .replace("{reference}", "r")
+                    .replace("{key}", "k")
+                    .replace("{external_ref}", "e");
+            }
+            dest.compensate_url = Some(url.clone());
+        }
+        for (flag, pairs) in [("--key-in", &self.key_in), ("--header", &self.header)] {
+            for (name, value) in pairs {
+                let dest = d.get_mut(name).ok_or_else(|| {
+                    format!(
+                        "{flag} names {name:?}, which no --compensate or [effects.destinations.{name}] defines"
+                    )
+                })?;
+                apply(dest, if flag == "--key-in" { "--key" } else { flag }, value)?;
+            }
+        }
+        if d.is_empty() {
+            return Err(format!(
+                "no destination: give --compensate NAME=URL, or [effects.destinations.NAME] compensate_url in {}",
+                self.config
+                    .as_deref()
+                    .map_or("--config".into(), |p| p.display().to_string())
+            ));
+        }
+        Ok(d)
+    }
 }
 
 /// Undoes one done effect through its destination and marks it compensated.
 pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Result<(), String> {
     let mut runner = EffectRunner::new(store);
-    for (name, url) in &args.compensate {
-        // The call's URL is not used by a compensation; the compensation's stands in for it.
-        let call = url
-            .replace("{reference}", "r")
-            .replace("{key}", "k")
-            .replace("{external_ref}", "e");
-        let exec = HttpEffect::post(call)
-            .compensate_url(url)
-            .build()
-            .map_err(|e| format!("--compensate {name}: {e}"))?;
-        runner = runner.executor(name.clone(), exec);
+    for (name, dest) in args.destinations()? {
+        let exec = HttpEffect::from_settings(&name, &dest, |v| std::env::var(v).ok())
+            .map_err(|e| e.to_string())?;
+        runner = runner.executor(name, exec);
     }
     let state = runner
         .compensate(&args.key)
@@ -563,5 +627,100 @@ mod tests {
         let shown = format!("{:?}", compensate.args);
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("k1"), "{shown}");
+        let compensate = Compensate::try_parse_from([
+            "compensate",
+            "--store",
+            "sqlite:fx.db",
+            "--key",
+            "k1",
+            "--compensate",
+            "crm=https://crm.example/v1/tasks/{reference}",
+            "--header",
+            "crm=Authorization=Bearer s3cretbearer",
+        ])
+        .unwrap();
+        let shown = format!("{:?}", compensate.args);
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("Authorization=***"), "{shown}");
+    }
+
+    /// A compensation goes to the destination as the runner knows it: the settings file's
+    /// `compensate_url`, key and headers, or the flags' (`--key-in`, `--header`). It was built from
+    /// `--compensate` alone, so it sent no authentication header (a real API answers 401) and its key in
+    /// `Idempotency-Key` whatever header the destination deduplicates on.
+    #[test]
+    fn a_compensation_takes_the_destinations_key_and_headers_from_the_file_or_the_flags() {
+        let dir = std::env::temp_dir().join(format!("txinbox-compensate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("worker.toml");
+        std::fs::write(
+            &file,
+            "[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks\"\nkey = \"header:X-Request-Id\"\ncompensate_url = \"https://crm.example/v1/tasks/{reference}\"\n[effects.destinations.crm.headers]\nAuthorization = \"env:CRM_TOKEN\"\n",
+        )
+        .unwrap();
+        let from_file = Compensate::try_parse_from([
+            "compensate",
+            "--store",
+            "sqlite:fx.db",
+            "--key",
+            "k1",
+            "--config",
+            file.to_str().unwrap(),
+        ])
+        .unwrap();
+        let d = from_file.args.destinations().unwrap();
+        let crm = &d["crm"];
+        assert_eq!(crm.key.as_deref(), Some("header:X-Request-Id"));
+        assert_eq!(crm.headers["Authorization"], "env:CRM_TOKEN");
+        assert_eq!(
+            crm.compensate_url.as_deref(),
+            Some("https://crm.example/v1/tasks/{reference}")
+        );
+        let from_flags = Compensate::try_parse_from([
+            "compensate",
+            "--store",
+            "sqlite:fx.db",
+            "--key",
+            "k1",
+            "--compensate",
+            "mail=https://mail.example/v1/messages/{reference}",
+            "--key-in",
+            "mail=header:PayPal-Request-Id",
+            "--header",
+            "mail=Authorization=env:MAIL_TOKEN",
+        ])
+        .unwrap();
+        let d = from_flags.args.destinations().unwrap();
+        let mail = &d["mail"];
+        assert_eq!(mail.key.as_deref(), Some("header:PayPal-Request-Id"));
+        assert_eq!(mail.headers["Authorization"], "env:MAIL_TOKEN");
+        // Each builds as the runner builds it.
+        for (name, dest) in &d {
+            txinbox_core::http::HttpEffect::from_settings(name, dest, |_| Some("t".into()))
+                .unwrap();
+        }
+        let unknown = Compensate::try_parse_from([
+            "compensate",
+            "--store",
+            "sqlite:fx.db",
+            "--key",
+            "k1",
+            "--compensate",
+            "mail=https://mail.example/v1/messages/{reference}",
+            "--header",
+            "crm=Authorization=x",
+        ])
+        .unwrap();
+        let err = unknown.args.destinations().unwrap_err();
+        assert!(err.contains("--header names \"crm\""), "{err}");
+        assert!(Compensate::try_parse_from([
+            "compensate",
+            "--store",
+            "sqlite:fx.db",
+            "--key",
+            "k1"
+        ])
+        .is_err());
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
