@@ -117,17 +117,19 @@ fn redacted_urls(pairs: &[(String, String)]) -> Vec<(&str, String)> {
         .collect()
 }
 
+/// `NAME=HEADER=VALUE` pairs for a `Debug`: a header's value may be a token, so only its name is shown.
+fn redacted_headers(pairs: &[(String, String)]) -> Vec<(&str, String)> {
+    pairs
+        .iter()
+        .map(|(name, h)| {
+            let header = h.split_once('=').map_or(h.as_str(), |(n, _)| n);
+            (name.as_str(), format!("{header}=***"))
+        })
+        .collect()
+}
+
 impl std::fmt::Debug for RunArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // A header's value may be a token: only its name is shown.
-        let headers: Vec<(&str, String)> = self
-            .header
-            .iter()
-            .map(|(name, h)| {
-                let header = h.split_once('=').map_or(h.as_str(), |(n, _)| n);
-                (name.as_str(), format!("{header}=***"))
-            })
-            .collect();
         f.debug_struct("RunArgs")
             .field("store", &self.store.as_deref().map(redact_url))
             .field("config", &self.config)
@@ -152,7 +154,7 @@ impl std::fmt::Debug for RunArgs {
             .field("absent_list_is_empty", &self.absent_list_is_empty)
             .field("answer", &self.answer)
             .field("reconcile_after_secs", &self.reconcile_after_secs)
-            .field("header", &headers)
+            .field("header", &redacted_headers(&self.header))
             .field("no_idempotency", &self.no_idempotency)
             .field("once", &self.once)
             .field("batch", &self.batch)
@@ -164,22 +166,13 @@ impl std::fmt::Debug for RunArgs {
 
 impl std::fmt::Debug for CompensateArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // A header's value may be a token: only its name is shown.
-        let headers: Vec<(&str, String)> = self
-            .header
-            .iter()
-            .map(|(name, h)| {
-                let header = h.split_once('=').map_or(h.as_str(), |(n, _)| n);
-                (name.as_str(), format!("{header}=***"))
-            })
-            .collect();
         f.debug_struct("CompensateArgs")
             .field("store", &redact_url(&self.store))
             .field("key", &self.key)
             .field("compensate", &redacted_urls(&self.compensate))
             .field("config", &self.config)
             .field("key_in", &self.key_in)
-            .field("header", &headers)
+            .field("header", &redacted_headers(&self.header))
             .finish()
     }
 }
