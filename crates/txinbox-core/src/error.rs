@@ -375,9 +375,13 @@ pub fn redact_secrets(text: &str) -> String {
             .find(|c: char| matches!(c, '"' | '\'' | '`' | '<' | '>') || c.is_whitespace())
             .unwrap_or(tail.len());
         let url = &tail[..end];
+        // The scheme starts after the last character that cannot be in one (on its boundary: it may be
+        // several bytes long).
         let scheme_at = head[..at]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
-            .map_or(0, |i| i + 1);
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |(i, c)| i + c.len_utf8());
         match userinfo_mask(&head[scheme_at..at], url) {
             Some((from, to)) => {
                 out.push_str(&url[..from]);
@@ -516,6 +520,16 @@ mod redact_tests {
         ] {
             assert_eq!(redact(plain), plain);
         }
+    }
+
+    /// Text before a `://` that ends in a character of several bytes (`ˤ://`, found by the fuzzer on a
+    /// settings file) is not a scheme: the scheme's start was taken one byte after it, inside the character,
+    /// and slicing there panicked.
+    #[test]
+    fn a_scheme_after_a_multibyte_character_is_read_on_a_character_boundary() {
+        let text = String::from_utf8(vec![203, 164, 58, 47, 47, 46, 39, 91]).unwrap();
+        assert_eq!(redact(&text), text);
+        assert_eq!(redact("ˤhttps://tok@h/x"), "ˤhttps://***@h/x");
     }
 
     /// On HTTP the user name is masked with the password: APIs take a token as the user name
