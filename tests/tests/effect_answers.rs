@@ -252,6 +252,56 @@ on_both!(
     retry_after_is_honoured_on_postgres
 );
 
+// A confirmation answered 429 with Retry-After (HubSpot's search: "429 Too Many Requests" once "the rate limit
+// for search requests" is reached) did not search: the effect stays uncertain, is not asked again before the
+// destination said, and is never called again meanwhile. Read as an unknown answer, it was asked again at once
+// (at the runner's backoff), against a destination that had asked for two minutes.
+async fn a_rate_limited_confirmation<DB: FxDb>(store: Store<DB>) {
+    let key = one_effect(&store, crm_effect).await;
+    let crm = CrmApi::builder()
+        .key_mode(KeyMode::None)
+        .start()
+        .await
+        .unwrap();
+    let url = crm.url();
+    let d = || {
+        HttpEffect::post(format!("{url}/v1/tasks"))
+            .key(Key::none())
+            .confirm(Confirm::search(format!(
+                "{url}/v1/tasks?external_ref={{external_ref}}"
+            )))
+    };
+    crm.drop_next_answers(1);
+    let first = runner(&store, d()).run_pass().await;
+    assert_eq!(first.count(EffectState::Uncertain), 1, "{first}");
+    crm.set_retry_after(120, false);
+    crm.rate_limit_next_searches(1);
+    let before = chrono::Utc::now();
+    let second = runner(&store, d()).run_pass().await;
+    assert_eq!(second.count(EffectState::Uncertain), 1, "{second}");
+    let row = DB::effect_rows(&store).await.remove(0);
+    assert_eq!((row.state.as_str(), row.reconciliations), ("uncertain", 1));
+    assert!(
+        row.next_attempt_at >= before + chrono::Duration::seconds(110),
+        "asked again at {} (Retry-After 120 s from {before})",
+        row.next_attempt_at
+    );
+    assert!(
+        row.last_error.as_deref().unwrap_or("").contains("429"),
+        "{:?}",
+        row.last_error
+    );
+    // Nothing is due before then: not asked, not called.
+    assert_eq!(runner(&store, d()).run_until_idle().await.claimed, 0);
+    assert!(state(&store, &key).await.maybe_happened);
+    assert_eq!(crm.creates(), 1, "never sent twice");
+}
+on_both!(
+    a_rate_limited_confirmation,
+    a_rate_limited_confirmation_waits_its_retry_after_on_sqlite,
+    a_rate_limited_confirmation_waits_its_retry_after_on_postgres
+);
+
 // A refusal after a call that may have happened (a gateway's 504 after the destination acted) is not
 // "nothing happened": it needs attention, never failed.
 async fn refused_after_maybe<DB: FxDb>(store: Store<DB>) {

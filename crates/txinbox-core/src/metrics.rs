@@ -65,7 +65,8 @@ pub const INTERRUPTED: &str = "txinbox_interrupted_total";
 /// Effect executions, by `consumer`, `destination` and `result` (`done`, `not_sent`, `rejected`, `in_progress`,
 /// `uncertain`).
 pub const EFFECT_EXECUTIONS: &str = "txinbox_effect_executions_total";
-/// Effect reconciliations, by `consumer`, `destination` and `outcome` (`done`, `not_found`, `repeat`, `unknown`).
+/// Effect reconciliations, by `consumer`, `destination` and `outcome` (`done`, `not_found`, `repeat`, `unknown`,
+/// `not_answered`).
 pub const EFFECT_RECONCILIATIONS: &str = "txinbox_effect_reconciliations_total";
 /// Effects by `consumer`, `destination` and `state`: the uncertain and needs-attention ones are the pattern's
 /// "external effects in uncertain state".

@@ -214,7 +214,7 @@ fn outcome_response(key: &str, outcome: PostOutcome) -> Response<Body> {
 }
 
 /// The answer of a fault that answers (every one but `drop_answer`).
-fn fault_response(fault: Fault, faults: &Faults) -> Response<Body> {
+pub(crate) fn fault_response(fault: Fault, faults: &Faults) -> Response<Body> {
     let (status, message, retry_after) = match fault {
         Fault::FailBefore => (
             StatusCode::SERVICE_UNAVAILABLE,

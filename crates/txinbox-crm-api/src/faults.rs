@@ -155,6 +155,8 @@ pub(crate) struct Faults {
     pub(crate) gateway_504: u64,
     pub(crate) unavailable: u64,
     pub(crate) rate_limited: u64,
+    /// Searches and lookups answered `429` with `Retry-After`, nothing searched.
+    pub(crate) searches_rate_limited: u64,
     pub(crate) retry_after_secs: u64,
     pub(crate) retry_after_date: bool,
     rates: FaultRates,
@@ -171,6 +173,7 @@ impl Default for Faults {
             gateway_504: 0,
             unavailable: 0,
             rate_limited: 0,
+            searches_rate_limited: 0,
             retry_after_secs: DEFAULT_RETRY_AFTER_SECS,
             retry_after_date: false,
             rates: FaultRates::default(),
@@ -250,6 +253,7 @@ impl Faults {
             gateway_504: self.gateway_504,
             unavailable: self.unavailable,
             rate_limited: self.rate_limited,
+            searches_rate_limited: self.searches_rate_limited,
             retry_after_secs: self.retry_after_secs,
             retry_after_date: self.retry_after_date,
             random: random.then_some(self.rates),
@@ -273,6 +277,8 @@ pub(crate) struct FaultsView {
     unavailable: u64,
     #[serde(skip_serializing_if = "is_zero")]
     rate_limited: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    searches_rate_limited: u64,
     #[serde(skip_serializing_if = "is_default_retry_after")]
     retry_after_secs: u64,
     #[serde(skip_serializing_if = "is_false")]

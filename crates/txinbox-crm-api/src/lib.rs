@@ -366,6 +366,12 @@ impl CrmApi {
         self.shared.state().faults.rate_limited = n;
     }
 
+    /// The next `n` searches and lookups (`GET /tasks`, `GET /v1/tasks...`, `POST /v1/tasks/search`) answer
+    /// `429` with `Retry-After`, nothing searched. Replaces the previous count; 0 disarms.
+    pub fn rate_limit_next_searches(&self, n: u64) {
+        self.shared.state().faults.searches_rate_limited = n;
+    }
+
     /// The next `n` create requests answer `502` as a gateway would, without being forwarded:
     /// nothing performed, the key not recorded.
     pub fn gateway_502_next(&self, n: u64) {

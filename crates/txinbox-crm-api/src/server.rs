@@ -175,6 +175,19 @@ async fn handle(
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     tracing::debug!(%method, %path, "request");
+    let asks = (method == Method::GET && (path == "/tasks" || path.starts_with("/v1/tasks")))
+        || (method == Method::POST && path == "/v1/tasks/search");
+    if asks {
+        let mut state = shared.state();
+        if state.faults.searches_rate_limited > 0 {
+            state.faults.searches_rate_limited -= 1;
+            tracing::info!(%method, %path, "search rate limited (injected fault)");
+            return Ok(crate::create::fault_response(
+                crate::faults::Fault::RateLimited,
+                &state.faults,
+            ));
+        }
+    }
     let response = match path.as_str() {
         "/v1/tasks" => match method {
             Method::POST => return v1::post(&shared, req).await,

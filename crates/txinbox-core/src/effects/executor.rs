@@ -93,6 +93,16 @@ pub enum Confirmation {
         /// Why.
         error: BoxError,
     },
+    /// The destination did not take the question: it asked to be asked later (a 429, a 503 with
+    /// `Retry-After`), or nothing reached it (a connection refused). It says nothing about the effect: still
+    /// uncertain, asked again after a backoff and no sooner than `retry_after`. Counted as a reconciliation,
+    /// toward the limit after which the effect needs attention, as an unknown answer is.
+    NotAnswered {
+        /// Why.
+        error: BoxError,
+        /// The destination's `Retry-After`, if it gave one.
+        retry_after: Option<Duration>,
+    },
 }
 
 /// Runs effects of one destination and answers for them. `execute` must send the idempotency key when the

@@ -415,6 +415,7 @@ impl<S: EffectStore> EffectRunner<S> {
                 Confirmation::NotFound => "not_found",
                 Confirmation::Repeat => "repeat",
                 Confirmation::Unknown { .. } => "unknown",
+                Confirmation::NotAnswered { .. } => "not_answered",
             };
             metrics::counter!(
                 crate::metrics::EFFECT_RECONCILIATIONS,
@@ -439,21 +440,12 @@ impl<S: EffectStore> EffectRunner<S> {
                 Confirmation::NotFound => {}
                 Confirmation::Repeat => {}
                 Confirmation::Unknown { error } => {
-                    let t = if reconciliations >= self.opts.max_reconciliations {
-                        Transition::NeedsAttention {
-                            error: error.to_string(),
-                            attempts: e.attempts,
-                            reconciliations,
-                        }
-                    } else {
-                        Transition::Uncertain {
-                            next_at: self.backoff(Utc::now(), reconciliations),
-                            error: error.to_string(),
-                            attempts: e.attempts,
-                            reconciliations,
-                        }
-                    };
-                    return self.finish(e, t, None).await;
+                    return self.undecided(e, error, reconciliations, None).await
+                }
+                // A destination that asks to be asked later is not asked before it said; its refusal to
+                // answer counts as a reconciliation that did not decide.
+                Confirmation::NotAnswered { error, retry_after } => {
+                    return self.undecided(e, error, reconciliations, retry_after).await
                 }
             }
         }
@@ -481,6 +473,35 @@ impl<S: EffectStore> EffectRunner<S> {
             exec.reconcile_after(),
         );
         self.finish(e, t, sent_hash.as_deref()).await
+    }
+
+    /// A confirmation that did not decide: uncertain again after a backoff (no sooner than `retry_after`), or
+    /// needs attention at the reconciliation limit.
+    async fn undecided(
+        &self,
+        e: &ClaimedEffect,
+        error: crate::error::BoxError,
+        reconciliations: i32,
+        retry_after: Option<Duration>,
+    ) -> Result<Option<EffectState>, ()> {
+        let t = if reconciliations >= self.opts.max_reconciliations {
+            Transition::NeedsAttention {
+                error: error.to_string(),
+                attempts: e.attempts,
+                reconciliations,
+            }
+        } else {
+            let now = Utc::now();
+            Transition::Uncertain {
+                next_at: self
+                    .backoff(now, reconciliations)
+                    .max(crate::time::after(now, retry_after.unwrap_or_default())),
+                error: error.to_string(),
+                attempts: e.attempts,
+                reconciliations,
+            }
+        };
+        self.finish(e, t, None).await
     }
 
     /// The transition an execution leads to. `maybe_happened`: an earlier call may have happened and no

@@ -477,13 +477,38 @@ impl EffectExecutor for HttpEffect {
                     },
                     Ok(mut r) => {
                         let status = r.status().as_u16();
+                        let retry_after = r
+                            .headers()
+                            .get(reqwest::header::RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| parse_retry_after(v, Utc::now()));
                         match read_body(&mut r).await {
+                            // Asked to come back (RFC 6585: "too many requests in a given amount of time";
+                            // RFC 9110: a 503's Retry-After is "how long the service is expected to be
+                            // unavailable"): the destination did not search, whatever its body says, and is
+                            // not asked again before it said.
+                            _ if status == 429 || (status == 503 && retry_after.is_some()) => {
+                                Confirmation::NotAnswered {
+                                    error: format!(
+                                        "{} answered {status}: asked to come back later",
+                                        crate::error::redact_url(&c.url)
+                                    )
+                                    .into(),
+                                    retry_after,
+                                }
+                            }
                             Ok(b) => c.read_for(effect, status, &b),
                             Err(e) => Confirmation::Unknown {
                                 error: chain(&e).into(),
                             },
                         }
                     }
+                    // Nothing reached the destination.
+                    Err(e) if e.is_connect() => Confirmation::NotAnswered {
+                        error: format!("{}: {}", crate::error::redact_url(&c.url), chain(&e))
+                            .into(),
+                        retry_after: None,
+                    },
                     Err(e) => Confirmation::Unknown {
                         error: format!("{}: {}", crate::error::redact_url(&c.url), chain(&e))
                             .into(),

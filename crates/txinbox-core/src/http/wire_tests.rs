@@ -481,3 +481,78 @@ async fn a_compensation_sends_the_key_where_the_destination_takes_it() {
         );
     }
 }
+
+// A confirmation's 429 (Stripe: "Too many requests hit the API too quickly"; HubSpot's search answers it once "the
+// rate limit for search requests" is reached) did not search, whatever its body says: not answered, with the
+// destination's Retry-After, before any rule reads it. A reader of the user's that reads every status but 200 as
+// "not found" read it so, and the runner called again an effect that may have happened. A 503 with Retry-After
+// is the same; a 503 without one is an answer that does not say (unknown), and a connection refused reached
+// nobody (not answered, no Retry-After).
+#[tokio::test]
+async fn a_confirmation_asked_to_come_back_is_not_answered() {
+    let (url, seen) = destination(|n, mut c| async move {
+        let answer: &[u8] = match n {
+            0 => b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 30\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            1 => b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 5\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            _ => b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        };
+        let _ = c.write_all(answer).await;
+    })
+    .await;
+    let loose = Confirm::lookup(format!("{url}/v1/tasks?external_ref={{external_ref}}")).read_with(
+        |status, _| match status {
+            200 => Confirmation::Done { reference: None },
+            _ => Confirmation::NotFound,
+        },
+    );
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::none())
+        .confirm(loose)
+        .build()
+        .unwrap();
+    let mut uncertain = effect();
+    uncertain.claimed_from = EffectState::Uncertain;
+    uncertain.attempts = 1;
+    for expected in [Some(30), Some(5)] {
+        match e.confirm(&uncertain).await {
+            Confirmation::NotAnswered { error, retry_after } => {
+                assert_eq!(retry_after, expected.map(std::time::Duration::from_secs));
+                assert!(error.to_string().contains("come back later"), "{error}");
+            }
+            other => panic!("{expected:?}: {other:?}"),
+        }
+    }
+    // The reader's own reading of a 503 without Retry-After stands: that is its contract.
+    assert!(matches!(
+        e.confirm(&uncertain).await,
+        Confirmation::NotFound
+    ));
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    // A search by the built-in rule: a 503 without Retry-After does not say.
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::none())
+        .confirm(Confirm::search(format!(
+            "{url}/v1/tasks?external_ref={{external_ref}}"
+        )))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        e.confirm(&uncertain).await,
+        Confirmation::Unknown { .. }
+    ));
+    // Nobody listening: nothing reached the destination.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gone = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let e = HttpEffect::post(format!("{gone}/v1/tasks"))
+        .key(Key::none())
+        .confirm(Confirm::search(format!(
+            "{gone}/v1/tasks?external_ref={{external_ref}}"
+        )))
+        .build()
+        .unwrap();
+    match e.confirm(&uncertain).await {
+        Confirmation::NotAnswered { retry_after, .. } => assert_eq!(retry_after, None),
+        other => panic!("{other:?}"),
+    }
+}

@@ -270,6 +270,7 @@ impl<E: EffectExecutor> EffectExecutor for Told<E> {
                 Confirmation::Done { .. } => "done",
                 Confirmation::NotFound => "not_found",
                 Confirmation::Repeat => "repeat",
+                Confirmation::NotAnswered { .. } => "not_answered",
                 _ => "unknown",
             };
             self.story.add(format!("confirm {label}"));
