@@ -35,10 +35,11 @@ pub struct UnexpectedStatus {
     pub status: u16,
 }
 
-/// A settle was retried after an attempt that may have applied (its answer was lost, or it was answered with
-/// a server error), and the retry found no lock: the earlier attempt probably completed (or abandoned) the
+/// A complete or abandon was retried after an attempt that may have applied (its answer was lost, or it was
+/// answered with a server error), and the retry found no lock: the earlier attempt probably completed (or abandoned) the
 /// message, but that cannot be known. The source of an [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown)
-/// error, whose own source is the retry's 404.
+/// error, whose own source is the retry's 404. Never a renewal's: a renewal removes no lock, so its 404 is
+/// [`LockLost`](BrokerErrorKind::LockLost) whatever came before.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "attempt {attempt} found no lock after an earlier attempt that may have applied ({earlier})"

@@ -108,10 +108,13 @@ impl SettleOp {
 }
 
 /// Runs one settle (or renewal) on the lock URI, retrying throttling, 5xx and lost answers with a short
-/// backoff while the lock lasts. A 404 after an attempt that may have applied is reported as ambiguous, not
-/// as a lost lock: that attempt may have worked, and the missing lock be its doing. An attempt may have
-/// applied when its answer was lost, or, for a complete or abandon, when it was answered with a server error
-/// (a 500 says nothing about whether the change was made; 429 and 503 are refusals).
+/// backoff while the lock lasts. For a complete or abandon, a 404 after an attempt that may have applied is
+/// reported as ambiguous, not as a lost lock: that attempt may have worked, and the missing lock be its doing.
+/// An attempt may have applied when its answer was lost or when it was answered with a server error (a 500
+/// says nothing about whether the change was made; 429 and 503 are refusals). A renewal's 404 is always a lost
+/// lock: a renewal removes no lock, so whatever an earlier attempt did, there is no lock now (Microsoft,
+/// `RenewMessageLockAsync`: "The lock for the message has expired or the message has already been completed.
+/// The Reason will be set to MessageLockLost in this case.").
 pub(crate) async fn settle(
     response: &PeekLockResponse,
     op: SettleOp,
@@ -151,12 +154,14 @@ pub(crate) async fn settle(
         if !e.is_retryable() || attempt >= attempts || backoff >= time_left {
             return Err(e);
         }
-        match e.kind() {
-            BrokerErrorKind::OutcomeUnknown => may_have_applied = Some(e.kind()),
-            BrokerErrorKind::ServerError if op != SettleOp::Renew => {
-                may_have_applied = Some(e.kind())
-            }
-            _ => {}
+        // A renewal removes no lock, so its 404 is a lost lock whatever an earlier attempt did.
+        if op != SettleOp::Renew
+            && matches!(
+                e.kind(),
+                BrokerErrorKind::OutcomeUnknown | BrokerErrorKind::ServerError
+            )
+        {
+            may_have_applied = Some(e.kind());
         }
         metrics::counter!(crate::metrics::SETTLE_RETRIES, "op" => op.name(), "kind" => e.kind().as_str())
             .increment(1);

@@ -330,6 +330,43 @@ async fn a_500_after_the_complete_applied_is_ambiguous_not_a_lost_lock() {
     assert_eq!(effects(&store).await, (1, 1));
 }
 
+/// A renewal whose answer is lost is retried, and the retry answered 404 is a lost lock, not an unknown
+/// outcome: whatever the first renewal did, the 404 says there is no lock now. Microsoft, Renew-Lock for a
+/// Message: "404 No message was found with the specified MessageId or LockToken."; and
+/// `ServiceBusReceiver.RenewMessageLockAsync`: "The lock for the message has expired or the message has already
+/// been completed. The Reason will be set to MessageLockLost in this case." (A complete's 404 after a lost
+/// answer stays ambiguous: that complete may have removed the lock itself.)
+#[tokio::test]
+async fn a_renewal_s_404_after_a_lost_answer_is_a_lost_lock() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    publish(&client, &event(&q, "evt-renew-drop", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    let lock = lock_suffix(&q, &d);
+    emu.fault(json!({"kind": "drop_response", "method": "POST", "path_suffix": lock}))
+        .await;
+    emu.fault(json!({"kind": "status", "status": 404, "method": "POST", "path_suffix": lock}))
+        .await;
+    let lease = d.lease().expect("a lease");
+    let before = lease.expires_at().unwrap();
+    let e = lease.renew(Duration::from_secs(5)).await.unwrap_err();
+    assert_eq!(e.kind(), BrokerErrorKind::LockLost, "{e}");
+    assert!(!e.is_retryable());
+    assert!(
+        e.find_source::<txinbox_servicebus::error::AmbiguousSettle>()
+            .is_none(),
+        "{e:?}"
+    );
+    assert_eq!(lease.expires_at().unwrap(), before, "no renewal is counted");
+}
+
 /// 404 on a lapsed lock is LockLost, 410 on a missing queue EntityNotFound, 401 on a wrong key Unauthorized.
 #[tokio::test]
 async fn statuses_map_to_broker_errors() {
