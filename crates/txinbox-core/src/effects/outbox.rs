@@ -133,10 +133,22 @@ impl<P: Publisher + 'static> EffectExecutor for PublishEffect<P> {
                 Ok(()) => Execution::Done {
                     reference: Some(msg.message_id),
                 },
-                Err(e) if e.kind() == crate::BrokerErrorKind::OutcomeUnknown => {
+                // No answer, or the broker's own failure (a 5xx: "the request may have been processed"):
+                // the message may be on the queue, so the effect is never failed for it.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        crate::BrokerErrorKind::OutcomeUnknown
+                            | crate::BrokerErrorKind::ServerError
+                    ) =>
+                {
                     Execution::Uncertain { error: e.into() }
                 }
-                Err(e) if e.is_retryable() => Execution::not_sent(e),
+                // Throttled: refused, nothing sent; again no sooner than the broker asked.
+                Err(e) if e.is_retryable() => Execution::NotSent {
+                    retry_after: e.retry_after(),
+                    error: e.into(),
+                },
                 Err(e) => Execution::Rejected { error: e.into() },
             }
         })
@@ -144,5 +156,75 @@ impl<P: Publisher + 'static> EffectExecutor for PublishEffect<P> {
 
     fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
         Box::pin(async { Confirmation::Repeat })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::effects::EffectState;
+    use crate::BrokerErrorKind;
+
+    /// A broker that fails every publish with `kind` (and `Retry-After` 7 s).
+    struct Fails(BrokerErrorKind);
+
+    impl Publisher for Fails {
+        async fn publish(&self, _: &OutboxMessage) -> Result<(), BrokerError> {
+            Err(
+                BrokerError::new(self.0, "SendMessage", std::io::Error::other("failed"))
+                    .with_retry_after(Some(Duration::from_secs(7))),
+            )
+        }
+    }
+
+    fn effect() -> ClaimedEffect {
+        ClaimedEffect {
+            id: 1,
+            consumer: "c".into(),
+            message_id: "m".into(),
+            key: "k".into(),
+            name: "publish:out-1".into(),
+            destination: "events".into(),
+            payload: b"{}".to_vec(),
+            metadata: [("message_id".to_owned(), "out-1".to_owned())].into(),
+            external_ref: "out-1".into(),
+            claimed_from: EffectState::Pending,
+            attempts: 0,
+            reconciliations: 0,
+            created_at: chrono::Utc::now(),
+            reference: None,
+            maybe_happened: false,
+            sent_hash: None,
+        }
+    }
+
+    // A broker's 5xx on a send (SQS's InternalError, Service Bus's 500) may have enqueued the message: read as
+    // not sent, ten of them marked the effect failed with the message possibly published. A throttled send was
+    // retried at the runner's backoff, sooner than the broker asked.
+    #[tokio::test]
+    async fn a_publish_the_broker_may_have_taken_is_uncertain_and_a_throttled_one_waits() {
+        let e = effect();
+        for kind in [
+            BrokerErrorKind::ServerError,
+            BrokerErrorKind::OutcomeUnknown,
+        ] {
+            let r = PublishEffect(Fails(kind)).execute(&e).await;
+            assert!(matches!(r, Execution::Uncertain { .. }), "{kind:?}: {r:?}");
+        }
+        match PublishEffect(Fails(BrokerErrorKind::Throttled))
+            .execute(&e)
+            .await
+        {
+            Execution::NotSent { retry_after, .. } => {
+                assert_eq!(retry_after, Some(Duration::from_secs(7)))
+            }
+            other => panic!("{other:?}"),
+        }
+        let r = PublishEffect(Fails(BrokerErrorKind::Unauthorized))
+            .execute(&e)
+            .await;
+        assert!(matches!(r, Execution::Rejected { .. }), "{r:?}");
     }
 }
