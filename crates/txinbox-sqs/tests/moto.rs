@@ -1157,12 +1157,12 @@ async fn a_standard_queue_s_message_groups_are_not_held_back() {
 }
 
 /// A receive sent as several calls (a backlog): the long poll can wait its whole wait while the calls beside it
-/// answer at once, and a message's visibility runs from the answer that brought it. Each delivery's lease
-/// says so: it was counted from the end of the slowest call, later than the truth by up to the whole wait,
-/// so a renewal could come after SQS had made the message visible to other receivers again. Here the long
-/// poll is held back by 3 s before it reaches moto, then waits 2 s on an empty queue.
+/// answer at once, and a message's visibility runs from its own call. Each delivery's lease says so: it was
+/// counted from the end of the slowest call, later than the truth by up to the whole wait, so a renewal could
+/// come after SQS had made the message visible to other receivers again. Here the long poll is held back by
+/// 3 s before it reaches moto, then waits 2 s on an empty queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_message_s_visibility_runs_from_the_answer_that_brought_it() {
+async fn each_message_s_visibility_runs_from_its_own_call() {
     use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
     let c = client().await;
     let inner = c.config().http_client().expect("an HTTP client");
@@ -1205,10 +1205,121 @@ async fn each_message_s_visibility_runs_from_the_answer_that_brought_it() {
         let expires = d.lease().unwrap().expires_at().unwrap();
         assert!(
             expires <= started + chrono::Duration::seconds(32),
-            "the lease runs from its own call's answer: expires {expires}, receive started {started}"
+            "the lease runs from its own call: expires {expires}, receive started {started}"
         );
     }
     for d in first.into_iter().chain(second) {
+        d.ack().await.unwrap();
+    }
+}
+
+/// The times (on the wall clock) at which `op` requests passed through, and a client whose `op` answers reach the
+/// adapter `delay` after moto gave them (a slow network, or an answer the SDK had to wait for).
+fn answers_late(
+    c: &aws_sdk_sqs::Client,
+    op: &'static str,
+    delay: Duration,
+) -> (
+    aws_sdk_sqs::Client,
+    Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>>,
+) {
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+    let sent: Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>> = Arc::default();
+    let seen = sent.clone();
+    let inner = c.config().http_client().expect("an HTTP client");
+    let http = with_hook(inner, move |request, connector| {
+        let late = request
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|t| t.strip_prefix("AmazonSQS.") == Some(op));
+        if late {
+            seen.lock().unwrap().push(chrono::Utc::now());
+        }
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            let answer = connector.call(request).await;
+            if late {
+                tokio::time::sleep(delay).await;
+            }
+            answer
+        })
+    });
+    let late = aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(http).build());
+    (late, sent)
+}
+
+/// AWS (SQS Developer Guide, visibility timeout): "The visibility timeout begins when Amazon SQS returns a
+/// message", which is before its answer reaches the receiver, and after the `ReceiveMessage` call was sent.
+/// The lease counted its visibility from when the answer arrived, so after a slow answer (here 3 s late) the
+/// worker believed it held the message for 3 s after SQS had made it visible to other receivers again. It
+/// counts from when the call was sent, the latest time SQS can be known to have started it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_counts_from_when_its_receive_was_sent_not_from_the_answer() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    send_one_per_group(&c, &q.url, 1).await;
+    let (late, sent) = answers_late(&c, "ReceiveMessage", Duration::from_secs(3));
+    let mut r = SqsReceiver::connect(late, &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let got = receive_until(&mut r, 1, LONG).await;
+    let last_sent = *sent
+        .lock()
+        .unwrap()
+        .last()
+        .expect("a ReceiveMessage went out");
+    let expires = got[0].lease().unwrap().expires_at().unwrap();
+    assert!(
+        expires <= last_sent + chrono::Duration::seconds(30),
+        "the lease runs from the request, not the answer: expires {expires}, request sent {last_sent}"
+    );
+    for d in got {
+        d.ack().await.unwrap();
+    }
+}
+
+/// A FIFO message held behind the one before it in its group is extended (`ChangeMessageVisibility`) when it
+/// has waited half its visibility. AWS (`ChangeMessageVisibility`): "the 10 seconds begin to count from the
+/// time that you make the ChangeMessageVisibility call". The held message's visibility was counted from when
+/// the extension's answer arrived (here 2 s late), so its lease ended 2 s after SQS's; it counts from when the
+/// call was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_s_extension_counts_from_when_it_was_sent() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 10).await;
+    for i in 1..=2 {
+        send(
+            &c,
+            &q.url,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&format!("evt-{i}")),
+            &format!("d-{i}"),
+            "one-group",
+        )
+        .await;
+    }
+    let (late, sent) = answers_late(&c, "ChangeMessageVisibility", Duration::from_secs(2));
+    let mut r = SqsReceiver::connect(late, &q.url, fast_options(10, &q.dlq))
+        .await
+        .unwrap();
+    let mut first = receive_until(&mut r, 1, LONG).await;
+    assert_eq!(first.len(), 1, "the second of the group is held");
+    // Past half the 10 s visibility (the held one is extended when handed out), well before its end.
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    first.pop().unwrap().ack().await.unwrap();
+    let next = r.receive(1).await.unwrap();
+    assert_eq!(next.len(), 1, "the held message is handed out");
+    let extended = *sent
+        .lock()
+        .unwrap()
+        .last()
+        .expect("the held message was extended");
+    let expires = next[0].lease().unwrap().expires_at().unwrap();
+    assert!(
+        expires <= extended + chrono::Duration::seconds(10),
+        "the extension runs from the request, not the answer: expires {expires}, request sent {extended}"
+    );
+    for d in next {
         d.ack().await.unwrap();
     }
 }

@@ -57,13 +57,15 @@ impl SqsDelivery {
             // `SqsOptions::deduplication_id_identity`).
             message.producer_id = None;
         }
-        // The visibility runs from the answer that brought the message (or from the last extension of a held
-        // one), not from this moment: a receive of several calls, or a message held behind its group, is
-        // handed out later than that.
-        let since =
-            now - chrono::Duration::from_std(received.visible_from.elapsed()).unwrap_or_default();
-        let expires =
-            since + chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
+        // The visibility runs from when the call that brought the message was sent (or the last extension
+        // of a held one), not from this moment: SQS started it before the answer arrived, and a receive of
+        // several calls, or a message held behind its group, is handed out later still.
+        let at = |i: Instant| now - chrono::Duration::from_std(i.elapsed()).unwrap_or_default();
+        let vt = chrono::Duration::from_std(shared.opts.visibility_timeout).unwrap_or_default();
+        let expires = Window {
+            end: at(received.visible_from) + vt,
+            latest_end: at(received.visible_by) + vt,
+        };
         let lease = Arc::new(SqsLease {
             client: shared.client.clone(),
             queue_url: shared.queue_url.clone(),
@@ -210,12 +212,33 @@ pub struct SqsLease {
     /// When the `ReceiveMessage` call that brought it was sent (see [`Received::at`]).
     received: Instant,
     duration: Duration,
-    expires: Mutex<DateTime<Utc>>,
+    expires: Mutex<Window>,
     pub(super) settled: AtomicBool,
 }
 
+/// The end of a delivery's visibility, which SQS counts from a moment between when the call that set it
+/// (`ReceiveMessage`, `ChangeMessageVisibility`) was sent and when its answer arrived.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// Counted from when the call was sent: the earliest SQS can end it, the end the lease reports.
+    end: DateTime<Utc>,
+    /// Counted from when the answer arrived: the latest SQS can end it.
+    latest_end: DateTime<Utc>,
+}
+
 impl SqsLease {
+    /// The end of the visibility the lease reports: counted from when the call that set it was sent.
     pub(super) fn current(&self) -> DateTime<Utc> {
+        self.window().end
+    }
+
+    /// The latest SQS can end the visibility (counted from when the answer arrived): until then SQS may still
+    /// hold the message invisible, and its FIFO group with it.
+    pub(super) fn latest_end(&self) -> DateTime<Utc> {
+        self.window().latest_end
+    }
+
+    fn window(&self) -> Window {
         *self.expires.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -256,8 +279,14 @@ impl Lease for SqsLease {
                 .await;
             match r {
                 Ok(_) => {
-                    let until = asked + chrono::Duration::from_std(by).unwrap_or_default();
-                    *self.expires.lock().unwrap_or_else(|p| p.into_inner()) = until;
+                    // AWS (`ChangeMessageVisibility`): "the 10 seconds begin to count from the time that
+                    // you make the ChangeMessageVisibility call": at the earliest when it was sent.
+                    let by = chrono::Duration::from_std(by).unwrap_or_default();
+                    let until = asked + by;
+                    *self.expires.lock().unwrap_or_else(|p| p.into_inner()) = Window {
+                        end: until,
+                        latest_end: Utc::now() + by,
+                    };
                     Ok(until)
                 }
                 // Settled while the call was in flight: the failure says nothing about the lease.

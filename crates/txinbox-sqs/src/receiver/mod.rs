@@ -85,7 +85,7 @@ impl Shared {
 /// A receive may ask for more than one `ReceiveMessage` returns ([`SqsOptions::batch_size`], at most 10): when
 /// the last receive came back full (the queue has a backlog) the receiver sends as many calls as it takes at
 /// once, one long poll and the others without a wait, and hands out what they brought together (at most
-/// [`MAX_CALLS_PER_RECEIVE`] calls; each delivery's visibility is counted from the answer of its own call).
+/// [`MAX_CALLS_PER_RECEIVE`] calls; each delivery's visibility is counted from when its own call was sent).
 /// Otherwise it sends one call, so an idle queue costs one long poll per wait.
 #[derive(Debug)]
 pub struct SqsReceiver {
@@ -93,7 +93,7 @@ pub struct SqsReceiver {
     /// Messages received while an earlier message of their group was in flight, in arrival order.
     held: VecDeque<(Message, Received)>,
     /// The last delivery handed out per group; the group is busy until it settles, is dropped unsettled (a
-    /// crash) or its visibility runs out.
+    /// crash) or its visibility has run out however late SQS started it ([`SqsLease::latest_end`]).
     in_flight: HashMap<String, Weak<SqsLease>>,
     /// Whether the last receive came back full: the next may send several calls at once.
     backlog: bool,
@@ -191,7 +191,7 @@ impl Receiver for SqsReceiver {
         self.in_flight.retain(|_, lease| {
             lease
                 .upgrade()
-                .is_some_and(|l| !l.settled.load(Ordering::SeqCst) && l.current() > now)
+                .is_some_and(|l| !l.settled.load(Ordering::SeqCst) && l.latest_end() > now)
         });
         self.give_back_returning_groups().await;
         let mut out = self.release_held(n).await;
@@ -215,9 +215,9 @@ impl Receiver for SqsReceiver {
             let ask = (n - i * per_call).min(per_call);
             let wait = if i == 0 { wait } else { Duration::ZERO };
             let s = s.clone();
-            // Each call's own times: a message's visibility runs from the answer that brought it, not from
-            // the slowest call of the receive (the long poll can wait its whole wait while the calls beside it
-            // answered at once); its 12 h ceiling from when that call was sent.
+            // Each call's own time: a message's visibility and its 12 h ceiling run from when the call that
+            // brought it was sent, not from the slowest call of the receive (the long poll can wait its whole
+            // wait while the calls beside it answered at once).
             async move { timed(receive_call(&s, ask, wait)).await }
         });
         let answers = futures::future::join_all(asks).await;
@@ -467,11 +467,16 @@ impl SqsReceiver {
                     );
                     continue;
                 }
+                // SQS counts the new visibility from when the call reaches it: after it was sent, before
+                // its answer arrives (AWS, `ChangeMessageVisibility`: "the 10 seconds begin to count from
+                // the time that you make the ChangeMessageVisibility call").
+                let asked = Instant::now();
                 if let Err(e) = self.shared.held_visibility(&m, secs(by)).await {
                     tracing::warn!(error = %e, "cannot extend a held message; leaving it to SQS");
                     continue;
                 }
-                received.visible_from = Instant::now();
+                received.visible_from = asked;
+                received.visible_by = Instant::now();
             }
             self.hand_out(m, received, &mut out);
         }
@@ -489,22 +494,33 @@ pub(super) struct Received {
     /// than a total visibility timeout of 12 hours", "If you try to extend the visibility timeout beyond
     /// the maximum, your request is rejected".
     pub(super) at: Instant,
-    /// The start of its current visibility: the receive, or the last extension while it was held.
+    /// Where its current visibility is counted from: when the `ReceiveMessage` call was sent, or the last
+    /// `ChangeMessageVisibility` while it was held. AWS (SQS Developer Guide, visibility timeout): "The
+    /// visibility timeout begins when Amazon SQS returns a message", which is after the call was sent and
+    /// before its answer arrives (a slow answer, a FIFO receive sent again with the same attempt id, arrive
+    /// much later): counted from the answer, the lease would end after SQS had made the message visible to
+    /// other receivers again. Counted from the request, it ends up to one round trip (for a long poll, up to
+    /// its wait) before SQS's.
     pub(super) visible_from: Instant,
+    /// The latest its current visibility can have started: when the answer that started it arrived. Only
+    /// whether SQS may still hold the message invisible (its FIFO group busy) is counted from here.
+    pub(super) visible_by: Instant,
 }
 
 impl Received {
-    /// A receive sent at `sent` whose answer arrived at `answered`.
+    /// A receive sent at `sent` whose answer arrived at `answered`: its ceiling and its visibility count
+    /// from `sent`.
     pub(super) fn new(sent: Instant, answered: Instant) -> Self {
         Self {
             at: sent,
-            visible_from: answered,
+            visible_from: sent,
+            visible_by: answered,
         }
     }
 }
 
-/// Runs one `ReceiveMessage` call and says when it was sent (where the 12 h ceiling of what it brings
-/// counts from) and when its answer arrived (where their visibility runs from).
+/// Runs one `ReceiveMessage` call (with the attempts a FIFO receive sends again) and says when it was sent:
+/// where the visibility, and the 12 h ceiling, of what it brings count from.
 async fn timed<T>(call: impl std::future::Future<Output = T>) -> (Received, T) {
     let sent = Instant::now();
     let answer = call.await;
@@ -581,6 +597,14 @@ mod tests {
             after.duration_since(start) >= Duration::from_millis(50),
             "the ceiling starts at the answer, not at the request: {:?} before the end",
             after.duration_since(start)
+        );
+        assert_eq!(
+            received.visible_from, received.at,
+            "the visibility counts from the request too"
+        );
+        assert!(
+            received.visible_by >= received.visible_from + Duration::from_millis(50),
+            "the latest start is the answer"
         );
     }
 }
