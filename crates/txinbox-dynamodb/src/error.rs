@@ -158,10 +158,22 @@ where
     let (transient, message) = match &e {
         SdkError::ServiceError(se) => {
             let err = se.err();
-            let code = err.code().unwrap_or("");
+            // AWS, "Error handling with DynamoDB": "An HTTP 5xx status code indicates a problem that must be
+            // resolved by AWS. This might be a transient error, in which case you can retry your request until
+            // it succeeds." A 5xx is transient whatever its body says, also one that names no DynamoDB error
+            // (a gateway's page), whose code is empty.
+            let status = (se.raw() as &dyn std::any::Any)
+                .downcast_ref::<aws_sdk_dynamodb::config::http::HttpResponse>()
+                .map(|r| r.status().as_u16());
+            let server = status.is_some_and(|s| (500..600).contains(&s));
+            let code = match (err.code(), status) {
+                (Some(code), _) => code.to_owned(),
+                (None, Some(s)) => format!("HTTP {s}"),
+                (None, None) => "no error code".to_owned(),
+            };
             (
-                transient_code(code),
-                format!("{code}: {}", err.message().unwrap_or("")),
+                server || transient_code(&code),
+                format!("{code}: {}", err.message().unwrap_or("no message")),
             )
         }
         SdkError::TimeoutError(_) => (true, "timed out".to_owned()),

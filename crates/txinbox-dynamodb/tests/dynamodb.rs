@@ -98,6 +98,7 @@ on_both_backends!(
     a_batch_commits_every_marker_of_its_transaction_or_none,
     a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_finds_every_marker,
     a_batch_whose_deliveries_put_one_item_applies_each_delivery_alone,
+    a_server_error_without_a_code_is_transient_and_never_dead_letters_a_held_copy,
 );
 
 async fn fresh_table(client: &Client) -> String {
@@ -1570,4 +1571,105 @@ async fn a_batch_whose_deliveries_put_one_item_applies_each_delivery_alone(b: Ba
             .0,
         2
     );
+}
+
+mod server_error {
+    //! A connector that answers `GetItem` with an HTTP 503 whose body is no DynamoDB error (a load balancer's
+    //! page, as a gateway in front of the service answers it) while `fail` is set.
+    use super::*;
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+
+    pub fn client(b: &Backend, fail: Arc<AtomicBool>) -> Client {
+        let http = with_hook(
+            txinbox_dynamodb::http_client(),
+            move |request, connector| {
+                let read = request
+                    .headers()
+                    .get("x-amz-target")
+                    .is_some_and(|t| t.ends_with(".GetItem"));
+                if read && fail.load(Ordering::SeqCst) {
+                    let answer = HttpResponse::new(
+                        503u16.try_into().unwrap(),
+                        String::from(
+                            "<html><body>503 Service Temporarily Unavailable</body></html>",
+                        )
+                        .into(),
+                    );
+                    return HttpConnectorFuture::ready(Ok(answer));
+                }
+                connector.call(request)
+            },
+        );
+        let conf = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .http_client(http)
+            .region(Region::new("us-east-1"))
+            .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
+            .endpoint_url(&b.endpoint)
+            .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
+            .build();
+        Client::from_conf(conf)
+    }
+}
+
+/// AWS, "Error handling with DynamoDB": "An HTTP 5xx status code indicates a problem that must be resolved by
+/// AWS. This might be a transient error, in which case you can retry your request until it succeeds." A 5xx
+/// whose body names no DynamoDB error code (a gateway's page) was classified by its code alone, which is
+/// empty, and so taken for permanent: the read of a held copy's marker before a dead letter failed "for
+/// good", and the copy of a message applied before was dead-lettered instead of released for a retry.
+async fn a_server_error_without_a_code_is_transient_and_never_dead_letters_a_held_copy(b: Backend) {
+    let fail = Arc::new(AtomicBool::new(false));
+    let c = server_error::client(&b, fail.clone());
+    let (store, _) = store_on(c.clone()).await;
+    let tasks = business_table(&c).await;
+    let inbox = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap()),
+    );
+    let permanent = Arc::new(AtomicBool::new(false));
+    let p = permanent.clone();
+    let table = tasks.clone();
+    let handler = move |tx: DynamoTx, msg: Message<txinbox_core::Raw>| {
+        let fails = p.load(Ordering::SeqCst);
+        let table = table.clone();
+        async move {
+            tx.update(add_one(&table, msg.id()))?;
+            if fails {
+                return Err(HandlerError::permanent(std::io::Error::other(
+                    "no such account",
+                )));
+            }
+            Ok(Handled::reference(format!("ref-{}", msg.id())))
+        }
+    };
+    let outcome = inbox.process(delivery("a", "{}", None), &handler).await;
+    assert!(
+        matches!(outcome, txinbox_core::Outcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    // The read the pipeline asks for before it dead-letters a copy whose handler failed for good is answered
+    // 503: the copy is released (its redelivery decides it), never dead-lettered.
+    permanent.store(true, Ordering::SeqCst);
+    fail.store(true, Ordering::SeqCst);
+    let identity = IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap())
+        .resolve(&delivery("a", "{}", None).0)
+        .unwrap();
+    let e = store.holder_of(&identity).await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains("503"), "{e}");
+    let outcome = inbox.process(delivery("a", "{}", None), &handler).await;
+    assert!(
+        matches!(outcome, txinbox_core::Outcome::Retry { .. }),
+        "{outcome:?}"
+    );
+    // Once the service answers again, the copy is the duplicate it is.
+    fail.store(false, Ordering::SeqCst);
+    let outcome = inbox.process(delivery("a", "{}", None), &handler).await;
+    assert!(
+        matches!(outcome, txinbox_core::Outcome::Duplicate { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(count_of(&c, &tasks, "a").await, Some(1));
 }
