@@ -3,6 +3,7 @@
 //! is only what is the adapter's own (invalid options, a message it cannot send), as such an error's source.
 
 use std::error::Error as StdError;
+use std::sync::Arc;
 
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use txinbox_core::{BrokerError, BrokerErrorKind};
@@ -67,6 +68,21 @@ impl BatchEntryError {
             k => k,
         }
     }
+}
+
+/// A batch call that failed as a whole (after the SDK's own retries): the source of each of its entries'
+/// [`BrokerError`], which all share the call's error (and its kind). SQS reported no entry deleted.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("the {operation} call failed as a whole, for each of its {entries} entries")]
+#[non_exhaustive]
+pub struct BatchCallError {
+    /// The batch operation (`DeleteMessageBatch`).
+    pub operation: &'static str,
+    /// How many entries the call carried.
+    pub entries: usize,
+    /// The call's error (the SDK's).
+    #[source]
+    pub error: Arc<dyn StdError + Send + Sync + 'static>,
 }
 
 /// Classifies an SDK error of operation `op` into the core's [`BrokerError`], keeping the SDK error as its

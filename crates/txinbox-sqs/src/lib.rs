@@ -57,7 +57,9 @@
 //!   `txinbox_lease_lost_total` and logged; the handler's transaction still decides the outcome and a second
 //!   copy is absorbed by the unique constraint.
 //! * A failed delete is logged and counted (`txinbox_settle_failures_total`); entries of a failed
-//!   `DeleteMessageBatch` are counted in [`metrics::DELETE_BATCH_ENTRY_FAILURES`] and retried once alone.
+//!   `DeleteMessageBatch` are counted in [`metrics::DELETE_BATCH_ENTRY_FAILURES`] and retried once alone; a
+//!   `DeleteMessageBatch` refused as a whole is sent again as a batch (the SDK's retries), never entry by
+//!   entry, and then fails each entry's `ack`.
 //! * Poison messages reach the DLQ by the queue's `maxReceiveCount`; payload collisions, bad input and
 //!   permanent handler errors are forwarded explicitly (copy first, delete second: never lost).
 //!

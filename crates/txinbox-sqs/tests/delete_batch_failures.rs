@@ -21,6 +21,26 @@ use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
 type Calls = Arc<Mutex<Vec<(String, Vec<String>)>>>;
 
 fn failing_batch_entries(c: &aws_sdk_sqs::Client, calls: Calls) -> aws_sdk_sqs::Client {
+    let answer = serde_json::json!({
+        "Successful": [],
+        "Failed": [
+            {"Id": "0", "Code": "ReceiptHandleIsInvalid", "SenderFault": true,
+             "Message": "The input receipt handle is invalid."},
+            {"Id": "1", "Code": "InternalError", "SenderFault": false,
+             "Message": "We encountered an internal error. Please try again."}
+        ]
+    });
+    answering_batches(c, calls, answer)
+}
+
+/// `c`, whose `DeleteMessageBatch` calls get `answer` (HTTP 200) instead of reaching moto; every other call
+/// reaches moto. Records every call.
+fn answering_batches(
+    c: &aws_sdk_sqs::Client,
+    calls: Calls,
+    answer: serde_json::Value,
+) -> aws_sdk_sqs::Client {
+    let answer = answer.to_string();
     let inner = c.config().http_client().expect("an HTTP client");
     let http = with_hook(inner, move |request, connector| {
         let op = request
@@ -47,20 +67,11 @@ fn failing_batch_entries(c: &aws_sdk_sqs::Client, calls: Calls) -> aws_sdk_sqs::
         }
         calls.lock().unwrap().push((op.clone(), receipts));
         let connector = connector.clone();
+        let answer = answer.clone();
         HttpConnectorFuture::new(async move {
             if op != "DeleteMessageBatch" {
                 return connector.call(request).await;
             }
-            let answer = serde_json::json!({
-                "Successful": [],
-                "Failed": [
-                    {"Id": "0", "Code": "ReceiptHandleIsInvalid", "SenderFault": true,
-                     "Message": "The input receipt handle is invalid."},
-                    {"Id": "1", "Code": "InternalError", "SenderFault": false,
-                     "Message": "We encountered an internal error. Please try again."}
-                ]
-            })
-            .to_string();
             let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
                 200u16.try_into().expect("a status"),
                 answer.into(),
@@ -137,4 +148,166 @@ async fn failed_batch_entries_are_reported_or_deleted_alone_by_their_fault() {
     };
     assert_eq!(failures("ReceiptHandleIsInvalid"), 1);
     assert_eq!(failures("InternalError"), 1);
+}
+
+/// `c` (its SDK retries: three attempts), whose first `throttled` `DeleteMessageBatch` calls SQS refuses as a
+/// whole with `RequestThrottled` (AWS, `DeleteMessageBatch` errors: "RequestThrottled: The request was denied
+/// due to request throttling. [...] HTTP Status Code: 400"); the later ones, and every other call, reach moto.
+fn throttled_batches(
+    c: &aws_sdk_sqs::Client,
+    calls: Calls,
+    throttled: usize,
+) -> aws_sdk_sqs::Client {
+    let inner = c.config().http_client().expect("an HTTP client");
+    let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let http = with_hook(inner, move |request, connector| {
+        let op = request
+            .headers()
+            .get("x-amz-target")
+            .unwrap_or_default()
+            .trim_start_matches("AmazonSQS.")
+            .to_owned();
+        let body: serde_json::Value =
+            serde_json::from_slice(request.body().bytes().unwrap_or_default()).unwrap_or_default();
+        let mut receipts: Vec<String> = Vec::new();
+        if let Some(r) = body.get("ReceiptHandle").and_then(|v| v.as_str()) {
+            receipts.push(r.to_owned());
+        }
+        for e in body
+            .get("Entries")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+        {
+            if let Some(r) = e.get("ReceiptHandle").and_then(|v| v.as_str()) {
+                receipts.push(r.to_owned());
+            }
+        }
+        calls.lock().unwrap().push((op.clone(), receipts));
+        let refuse = op == "DeleteMessageBatch"
+            && batches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < throttled;
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            if !refuse {
+                return connector.call(request).await;
+            }
+            let answer = serde_json::json!({
+                "__type": "com.amazonaws.sqs#RequestThrottled",
+                "message": "Rate exceeded"
+            })
+            .to_string();
+            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
+                400u16.try_into().expect("a status"),
+                answer.into(),
+            );
+            response
+                .headers_mut()
+                .insert("content-type", "application/x-amz-json-1.0");
+            Ok(response)
+        })
+    });
+    let retries = aws_sdk_sqs::config::retry::RetryConfig::standard()
+        .with_max_attempts(3)
+        .with_initial_backoff(Duration::from_millis(100));
+    aws_sdk_sqs::Client::from_conf(
+        c.config()
+            .to_builder()
+            .http_client(http)
+            .retry_config(retries)
+            .build(),
+    )
+}
+
+/// Receives the two messages `evt-t0`, `evt-t1` of a fresh queue pair through `c` and acks them together
+/// (one batch); returns both acks' results, the two receipts, and the queue.
+async fn ack_two_in_one_batch(
+    plain: &aws_sdk_sqs::Client,
+    c: aws_sdk_sqs::Client,
+) -> (
+    Vec<Result<(), txinbox_core::BrokerError>>,
+    Vec<String>,
+    Queues,
+) {
+    let q = queue_pair(plain, 5, 30).await;
+    send(plain, &q.url, "{}", Some("evt-t0"), "d-t0", "g-0").await;
+    send(plain, &q.url, "{}", Some("evt-t1"), "d-t1", "g-1").await;
+    let mut r = SqsReceiver::connect(c, &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while got.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "received {}",
+            got.len()
+        );
+        got.extend(r.receive(2 - got.len()).await.unwrap());
+    }
+    let d1 = got.pop().unwrap();
+    let d0 = got.pop().unwrap();
+    let receipts = vec![
+        d0.receipt_handle().to_owned(),
+        d1.receipt_handle().to_owned(),
+    ];
+    let (a0, a1) = tokio::join!(d0.ack(), d1.ack());
+    (vec![a0, a1], receipts, q)
+}
+
+fn deletes(calls: &Calls) -> Vec<(String, Vec<String>)> {
+    calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(op, _)| op.starts_with("DeleteMessage"))
+        .cloned()
+        .collect()
+}
+
+/// A `DeleteMessageBatch` refused as a whole because SQS throttles it is sent again as a batch (the SDK's
+/// retries, with their backoff), never entry by entry: one `DeleteMessage` per entry would multiply the call
+/// rate exactly when SQS asked for fewer calls. Once it is accepted, both acks succeed.
+#[tokio::test]
+async fn a_throttled_delete_batch_is_sent_again_as_a_batch() {
+    let plain = client().await;
+    let calls: Calls = Arc::default();
+    let c = throttled_batches(&plain, calls.clone(), 1);
+    let (acks, receipts, q) = ack_two_in_one_batch(&plain, c).await;
+    for a in acks {
+        a.expect("deleted by the batch sent again");
+    }
+    let batch = ("DeleteMessageBatch".to_owned(), receipts);
+    assert_eq!(
+        deletes(&calls),
+        vec![batch.clone(), batch],
+        "the refused batch, then the same batch again; no DeleteMessage"
+    );
+    assert_eq!(counts(&plain, &q.url).await, (0, 0));
+}
+
+/// A `DeleteMessageBatch` that SQS keeps refusing as a whole fails every entry's ack with the batch's error
+/// (`Throttled`): none is reported done, since SQS deleted none, and none is sent again alone. The messages come
+/// back after their visibility timeout and the inbox absorbs them.
+#[tokio::test]
+async fn a_delete_batch_refused_as_a_whole_fails_each_ack_without_single_deletes() {
+    let plain = client().await;
+    let calls: Calls = Arc::default();
+    let c = throttled_batches(&plain, calls.clone(), usize::MAX);
+    let (acks, receipts, q) = ack_two_in_one_batch(&plain, c).await;
+    for a in acks {
+        let e = a.expect_err("SQS deleted nothing");
+        assert_eq!(e.kind(), BrokerErrorKind::Throttled, "{e}");
+        assert_eq!(e.operation(), "DeleteMessageBatch");
+    }
+    let batch = ("DeleteMessageBatch".to_owned(), receipts);
+    assert_eq!(
+        deletes(&calls),
+        vec![batch.clone(), batch.clone(), batch],
+        "the SDK's three attempts of the batch, and no DeleteMessage"
+    );
+    assert_eq!(
+        counts(&plain, &q.url).await,
+        (0, 2),
+        "both still in flight, to come back"
+    );
 }

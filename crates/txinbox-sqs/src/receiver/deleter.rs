@@ -1,13 +1,14 @@
 //! The background deleter of settled deliveries: `DeleteMessage` for one, `DeleteMessageBatch` for several.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use aws_sdk_sqs::types::DeleteMessageBatchRequestEntry;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use txinbox_core::{BrokerError, BrokerErrorKind};
 
-use crate::error::{sdk_error, BatchEntryError};
+use crate::error::{sdk_error, BatchCallError, BatchEntryError};
 
 #[derive(Debug)]
 pub(super) struct DeleteRequest {
@@ -46,9 +47,11 @@ const BATCH_MAX: usize = 10;
 const PARTIAL_IN_FLIGHT: usize = 4;
 
 /// Deletes settled deliveries: one `DeleteMessage` when one is waiting, a `DeleteMessageBatch` of up to 10
-/// when several are. Failed batch entries are counted, logged and retried once with `DeleteMessage`; an
-/// entry that still fails returns its error to the delivery's `ack` (the message is then redelivered and
-/// absorbed by the inbox).
+/// when several are. Failed batch entries are counted and logged; one SQS failed on its side (a retryable
+/// code) is retried once with `DeleteMessage`; an entry that still fails returns its error to the delivery's
+/// `ack` (the message is then redelivered and absorbed by the inbox). A batch call that fails as a whole
+/// (throttled, a server error, no answer) is sent again as a batch by the SDK's retries, never entry by
+/// entry; when those are spent, each entry's `ack` gets the call's error.
 ///
 /// Up to [`DELETES_IN_FLIGHT`] requests are in flight at once: a full batch of ten goes as soon as it is waiting
 /// and a slot is free; a smaller one goes at once while fewer than [`PARTIAL_IN_FLIGHT`] are in flight, else
@@ -158,11 +161,31 @@ async fn delete_batch(client: &aws_sdk_sqs::Client, queue_url: &str, batch: Vec<
             }
         }
         Err(e) => {
+            // The call failed as a whole, after the SDK's retries sent it again as a batch (with their
+            // backoff): SQS reported no entry deleted, so no `ack` is done. None is sent again alone: ten
+            // `DeleteMessage` calls for one refused batch would multiply the call rate exactly when SQS
+            // asked for fewer calls (throttling), or is failing (a server error). The messages come back
+            // after their visibility timeout and the inbox absorbs them.
             let err = sdk_error("DeleteMessageBatch", e);
-            tracing::warn!(error = %err, "DeleteMessageBatch failed; retrying each with DeleteMessage");
+            let (kind, retry_after) = (err.kind(), err.retry_after());
+            let entries = replies.iter().flatten().count();
+            tracing::warn!(error = %err, entries, "DeleteMessageBatch failed as a whole; the messages will be redelivered and absorbed by the inbox");
+            let shared: Arc<dyn std::error::Error + Send + Sync> = Arc::from(err.into_source());
+            for req in replies.into_iter().flatten() {
+                let why = BatchCallError {
+                    operation: "DeleteMessageBatch",
+                    entries,
+                    error: shared.clone(),
+                };
+                let _ = req
+                    .reply
+                    .send(Err(BrokerError::new(kind, "DeleteMessageBatch", why)
+                        .with_retry_after(retry_after)));
+            }
+            return;
         }
     }
-    // Entries the batch did not settle (whole call failed, unlisted ids, retryable entry failures).
+    // Entries the batch answer did not settle (unlisted ids, retryable entry failures).
     retry.extend(replies.into_iter().flatten());
     for req in retry {
         let r = delete_one(client, queue_url, &req.receipt).await;
