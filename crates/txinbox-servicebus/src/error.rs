@@ -56,6 +56,27 @@ pub struct AmbiguousSettle {
     pub source: BrokerError,
 }
 
+/// A complete, abandon or renewal failed with an error worth retrying, and was not retried: the wait before
+/// the next attempt (the service's `Retry-After`, or the adapter's backoff) would end less than
+/// [`SETTLE_LOCK_MARGIN`](crate::receiver::SETTLE_LOCK_MARGIN) before the lock does, or is longer than
+/// [`MAX_SETTLE_WAIT`](crate::receiver::MAX_SETTLE_WAIT). The settle is not done; the message comes back when
+/// its lock ends. The source of an error of the failed attempt's kind (mostly
+/// [`Throttled`](BrokerErrorKind::Throttled)), whose own source is that attempt's error.
+#[derive(Debug, thiserror::Error)]
+#[error("not retried after attempt {attempt}: the next would wait {wait:?}, with {lock_left:?} of the lock left")]
+#[non_exhaustive]
+pub struct SettleNotRetried {
+    /// The attempt that failed.
+    pub attempt: u32,
+    /// The wait before the next attempt: the service's `Retry-After`, or the adapter's backoff when longer.
+    pub wait: Duration,
+    /// How long the lock had left, as far as the adapter knew.
+    pub lock_left: Duration,
+    /// That attempt's error.
+    #[source]
+    pub source: BrokerError,
+}
+
 /// Classifies an error the crate (or our HTTP client) raised during `op` into the core's [`BrokerError`],
 /// keeping it as the source.
 pub(crate) fn client_error(op: &'static str, err: azure_core::Error) -> BrokerError {

@@ -15,7 +15,9 @@ use txinbox_core::{
 
 use crate::config::ServiceBusClient;
 use crate::dlq::Forwarder;
-use crate::error::{client_error, AmbiguousSettle, ServiceBusError, UnexpectedStatus};
+use crate::error::{
+    client_error, AmbiguousSettle, ServiceBusError, SettleNotRetried, UnexpectedStatus,
+};
 use crate::options::{DeadLetterStrategy, ServiceBusOptions};
 use crate::wire::{self, BrokerProperties, ResponseHeaders};
 
@@ -107,6 +109,33 @@ impl SettleOp {
     }
 }
 
+/// The next attempt of a settle is sent at least this long before the lock ends, so that it reaches the
+/// service while the lock lasts.
+pub const SETTLE_LOCK_MARGIN: Duration = Duration::from_secs(1);
+
+/// The longest a settle waits before its next attempt, whatever the service's `Retry-After` says.
+pub const MAX_SETTLE_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a settle waits before the attempt after `attempt`: the service's `Retry-After` when it sent one
+/// and it is longer, else the adapter's own backoff (400 ms, 800 ms, … 6.4 s). `Err(wait)` when it must not
+/// wait: the wait would end less than [`SETTLE_LOCK_MARGIN`] before the lock does (`lock_left`), so the next
+/// attempt would find no lock after the worker sat idle (Microsoft, Peek-Lock Message: "When the lock expires,
+/// the message becomes available to other receivers"), or it is longer than [`MAX_SETTLE_WAIT`] (a hostile or
+/// buggy `Retry-After`, a lock end read from a clock far ahead of ours).
+fn settle_wait(
+    attempt: u32,
+    retry_after: Option<Duration>,
+    lock_left: Duration,
+) -> Result<Duration, Duration> {
+    let wait =
+        Duration::from_millis(200 * 2u64.pow(attempt.min(5))).max(retry_after.unwrap_or_default());
+    if wait > MAX_SETTLE_WAIT || wait.saturating_add(SETTLE_LOCK_MARGIN) > lock_left {
+        Err(wait)
+    } else {
+        Ok(wait)
+    }
+}
+
 /// Runs one settle (or renewal) on the lock URI, retrying throttling, 5xx and lost answers with a short
 /// backoff while the lock lasts. For a complete or abandon, a 404 after an attempt that may have applied is
 /// reported as ambiguous, not as a lost lock: that attempt may have worked, and the missing lock be its doing.
@@ -114,7 +143,9 @@ impl SettleOp {
 /// says nothing about whether the change was made; 429 and 503 are refusals). A renewal's 404 is always a lost
 /// lock: a renewal removes no lock, so whatever an earlier attempt did, there is no lock now (Microsoft,
 /// `RenewMessageLockAsync`: "The lock for the message has expired or the message has already been completed.
-/// The Reason will be set to MessageLockLost in this case.").
+/// The Reason will be set to MessageLockLost in this case."). A retry whose wait [`settle_wait`] refuses is
+/// not made: the settle fails with the attempt's kind and [`SettleNotRetried`] as its source, and the message
+/// comes back when its lock ends (the inbox absorbs that redelivery).
 pub(crate) async fn settle(
     response: &PeekLockResponse,
     op: SettleOp,
@@ -147,13 +178,27 @@ pub(crate) async fn settle(
                 },
             ));
         }
-        // The service's Retry-After when it sent one (throttling), else a short backoff of our own.
-        let backoff = Duration::from_millis(200 * 2u64.pow(attempt.min(5)))
-            .max(e.retry_after().unwrap_or_default());
-        let time_left = (locked_until - Utc::now()).to_std().unwrap_or_default();
-        if !e.is_retryable() || attempt >= attempts || backoff >= time_left {
+        if !e.is_retryable() || attempt >= attempts {
             return Err(e);
         }
+        let lock_left = (locked_until - Utc::now()).to_std().unwrap_or_default();
+        let backoff = match settle_wait(attempt, e.retry_after(), lock_left) {
+            Ok(backoff) => backoff,
+            Err(wait) => {
+                let after = e.retry_after();
+                return Err(BrokerError::new(
+                    e.kind(),
+                    op.name(),
+                    SettleNotRetried {
+                        attempt,
+                        wait,
+                        lock_left,
+                        source: e,
+                    },
+                )
+                .with_retry_after(after));
+            }
+        };
         // A renewal removes no lock, so its 404 is a lost lock whatever an earlier attempt did.
         if op != SettleOp::Renew
             && matches!(
@@ -617,6 +662,48 @@ impl Lease for ServiceBusLease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// The service's Retry-After is waited only when the next attempt still leaves a second of the lock, and
+    /// never past the adapter's longest wait.
+    #[test]
+    fn a_retry_waits_at_most_until_shortly_before_the_lock_ends() {
+        // Within the lock: the service's wait, else the adapter's backoff.
+        assert_eq!(settle_wait(1, Some(S(2)), S(10)), Ok(S(2)));
+        assert_eq!(settle_wait(1, None, S(10)), Ok(Duration::from_millis(400)));
+        assert_eq!(
+            settle_wait(2, Some(Duration::from_millis(100)), S(10)),
+            Ok(Duration::from_millis(800))
+        );
+        // A wait that would end less than SETTLE_LOCK_MARGIN before the lock does is not made.
+        assert_eq!(
+            settle_wait(1, Some(S(4)), Duration::from_millis(4500)),
+            Err(S(4))
+        );
+        assert_eq!(
+            settle_wait(1, None, Duration::from_millis(1200)),
+            Err(Duration::from_millis(400))
+        );
+        assert_eq!(settle_wait(1, Some(S(4)), S(5)), Ok(S(4)));
+    }
+
+    /// A Retry-After longer than MAX_SETTLE_WAIT is never waited, whatever the lock seems to allow (its end
+    /// read from a service clock far ahead of ours, or a Retry-After of 999999).
+    #[test]
+    fn a_hostile_retry_after_is_never_waited() {
+        assert_eq!(
+            settle_wait(1, Some(S(999_999)), S(1_000_000)),
+            Err(S(999_999))
+        );
+        assert_eq!(settle_wait(1, Some(S(3600)), S(7200)), Err(S(3600)));
+        assert_eq!(settle_wait(1, Some(S(31)), S(300)), Err(S(31)));
+        assert_eq!(settle_wait(1, Some(MAX_SETTLE_WAIT), S(300)), Ok(S(30)));
+        assert_eq!(
+            settle_wait(1, Some(Duration::MAX), S(300)),
+            Err(Duration::MAX)
+        );
+    }
 
     #[test]
     fn sequence_numbers_come_from_lock_uris() {

@@ -176,6 +176,53 @@ async fn a_throttled_complete_waits_the_service_s_retry_after() {
     assert_eq!(emu.counts(&q).await, (0, 0), "completed");
 }
 
+/// A complete answered 503 with a `Retry-After` that ends less than a second before the lock does is not
+/// retried: waiting would leave the worker idle for a retry that finds no lock (Microsoft, Peek-Lock Message:
+/// "When the lock expires, the message becomes available to other receivers"). The settle fails at once as
+/// throttled, with `error::SettleNotRetried` saying why; the message is not completed and comes back after
+/// the lock, with its delivery counted.
+#[tokio::test]
+async fn a_retry_after_past_the_lock_is_not_waited() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    publish(&client, &event(&q, "evt-retry-after-past-lock", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    emu.fault(json!({"kind": "status", "status": 503, "retry_after_seconds": 4, "method": "DELETE", "path_suffix": lock_suffix(&q, &d), "count": 1}))
+        .await;
+    let e = d.complete().await.unwrap_err();
+    assert_eq!(e.kind(), BrokerErrorKind::Throttled, "{e}");
+    assert_eq!(e.retry_after(), Some(Duration::from_secs(4)));
+    let not_retried = e
+        .find_source::<txinbox_servicebus::error::SettleNotRetried>()
+        .expect("the source says why the settle was not retried");
+    assert_eq!(not_retried.attempt, 1);
+    assert_eq!(not_retried.wait, Duration::from_secs(4));
+    assert!(
+        not_retried.wait + txinbox_servicebus::receiver::SETTLE_LOCK_MARGIN > not_retried.lock_left,
+        "{not_retried}"
+    );
+    assert_eq!(emu.counts(&q).await, (1, 0), "not completed");
+    let again = receiver
+        .receive_one(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the message comes back after the lock");
+    assert_eq!(
+        again.message().producer_id.as_deref(),
+        Some("evt-retry-after-past-lock")
+    );
+    assert_eq!(again.message().delivery_count, 2);
+    again.complete().await.unwrap();
+    assert_eq!(emu.counts(&q).await, (0, 0));
+}
+
 /// An HTTP client in front of the emulator that sets `EnqueuedSequenceNumber` in every `BrokerProperties` to a
 /// value past `i32`, as an auto-forwarded message from a busy entity carries.
 #[derive(Debug)]
