@@ -57,7 +57,8 @@
 //!   `txinbox_lease_lost_total` and logged; the handler's transaction still decides the outcome and a second
 //!   copy is absorbed by the unique constraint.
 //! * A failed delete is logged and counted (`txinbox_settle_failures_total`); entries of a failed
-//!   `DeleteMessageBatch` are counted in [`metrics::DELETE_BATCH_ENTRY_FAILURES`] and retried once alone; a
+//!   `DeleteMessageBatch` are counted in [`metrics::DELETE_BATCH_ENTRY_FAILURES`] and, when SQS failed on
+//!   its side (a retryable code), retried once alone; a
 //!   `DeleteMessageBatch` refused as a whole is sent again as a batch (the SDK's retries), never entry by
 //!   entry, and then fails each entry's `ack`.
 //! * Poison messages reach the DLQ by the queue's `maxReceiveCount`; payload collisions, bad input and
@@ -101,7 +102,8 @@ pub use aws_sdk_sqs;
 
 /// Metric names specific to the SQS adapter (the core's names in [`txinbox_core::metrics`] apply too).
 pub mod metrics {
-    /// Entries of a `DeleteMessageBatch` that failed, by `code` (each is retried once with `DeleteMessage`).
+    /// Entries of a `DeleteMessageBatch` that failed, by `code` (one with a retryable code is retried once
+    /// with `DeleteMessage`).
     pub const DELETE_BATCH_ENTRY_FAILURES: &str = "txinbox_sqs_delete_batch_entry_failures_total";
     /// Messages forwarded explicitly to the dead-letter queue, by `reason`.
     pub const DLQ_FORWARDS: &str = "txinbox_sqs_dlq_forwards_total";

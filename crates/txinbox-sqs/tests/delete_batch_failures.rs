@@ -311,3 +311,45 @@ async fn a_delete_batch_refused_as_a_whole_fails_each_ack_without_single_deletes
         "both still in flight, to come back"
     );
 }
+
+/// An entry of a `DeleteMessageBatch` that answered 200 failed by the sender's fault with a code that is no
+/// lost receipt (here `InvalidParameterValue` about another parameter): the same delete sent alone would be
+/// refused the same way, so it is reported to its `ack` (`Rejected`) and not sent again; the entry reported
+/// successful is done. AWS (`DeleteMessageBatch`): "The result of the action on each message is reported
+/// individually in the response."
+#[tokio::test]
+async fn an_entry_refused_by_the_sender_s_fault_is_reported_not_sent_alone() {
+    metrics_init();
+    let plain = client().await;
+    let calls: Calls = Arc::default();
+    let answer = serde_json::json!({
+        "Successful": [{"Id": "1"}],
+        "Failed": [
+            {"Id": "0", "Code": "InvalidParameterValue", "SenderFault": true,
+             "Message": "Value for parameter Entries is invalid. Reason: refused."}
+        ]
+    });
+    let c = answering_batches(&plain, calls.clone(), answer);
+    let (acks, receipts, _q) = ack_two_in_one_batch(&plain, c).await;
+    let mut acks = acks.into_iter();
+    let e = acks
+        .next()
+        .unwrap()
+        .expect_err("SQS refused the entry's delete");
+    assert_eq!(e.kind(), BrokerErrorKind::Rejected, "{e}");
+    acks.next()
+        .unwrap()
+        .expect("SQS reported the other entry deleted");
+    assert_eq!(
+        deletes(&calls),
+        vec![("DeleteMessageBatch".to_owned(), receipts)],
+        "the batch only; the refused entry is not sent again alone"
+    );
+    assert_eq!(
+        counter(
+            txinbox_sqs::metrics::DELETE_BATCH_ENTRY_FAILURES,
+            &[("code", "InvalidParameterValue")]
+        ),
+        1
+    );
+}

@@ -48,8 +48,9 @@ const PARTIAL_IN_FLIGHT: usize = 4;
 
 /// Deletes settled deliveries: one `DeleteMessage` when one is waiting, a `DeleteMessageBatch` of up to 10
 /// when several are. Failed batch entries are counted and logged; one SQS failed on its side (a retryable
-/// code) is retried once with `DeleteMessage`; an entry that still fails returns its error to the delivery's
-/// `ack` (the message is then redelivered and absorbed by the inbox). A batch call that fails as a whole
+/// code) is retried once with `DeleteMessage`, any other (a lost receipt, a refusal by the sender's fault)
+/// returns its error to the delivery's `ack` at once, as does a retried one that still fails (the message is
+/// then redelivered and absorbed by the inbox). A batch call that fails as a whole
 /// (throttled, a server error, no answer) is sent again as a batch by the SDK's retries, never entry by
 /// entry; when those are spent, each entry's `ack` gets the call's error.
 ///
@@ -154,9 +155,13 @@ async fn delete_batch(client: &aws_sdk_sqs::Client, queue_url: &str, batch: Vec<
                 if kind == BrokerErrorKind::LockLost {
                     tracing::warn!(error = %err, "batch delete entry failed: receipt no longer valid; the redelivery will be absorbed by the inbox");
                     let _ = req.reply.send(Err(err));
-                } else {
+                } else if kind.is_retryable() {
                     tracing::warn!(error = %err, "batch delete entry failed; retrying it with DeleteMessage");
                     retry.push(req);
+                } else {
+                    // Refused by the sender's fault: the same delete sent alone would be refused alike.
+                    tracing::warn!(error = %err, "batch delete entry refused; the message will be redelivered and absorbed by the inbox");
+                    let _ = req.reply.send(Err(err));
                 }
             }
         }
