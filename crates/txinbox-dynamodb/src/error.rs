@@ -155,6 +155,20 @@ where
     R: std::fmt::Debug + Send + Sync + 'static,
 {
     use aws_sdk_dynamodb::error::SdkError;
+    // DynamoDB refuses a signature with a message that quotes the canonical request it expected, signed
+    // headers and all: `x-amz-security-token`, the session token of temporary credentials, among them. Such an
+    // answer's text is masked, and the SDK's error, which holds it (its message, the answer's body), is
+    // replaced by the masked text.
+    let quoted = match &e {
+        SdkError::ServiceError(se) => {
+            se.err().message().is_some_and(quotes_session_token)
+                || (se.raw() as &dyn std::any::Any)
+                    .downcast_ref::<aws_sdk_dynamodb::config::http::HttpResponse>()
+                    .and_then(|r| r.body().bytes())
+                    .is_some_and(|b| quotes_session_token(&String::from_utf8_lossy(b)))
+        }
+        _ => false,
+    };
     let (transient, message) = match &e {
         SdkError::ServiceError(se) => {
             let err = se.err();
@@ -181,10 +195,87 @@ where
         SdkError::ResponseError(_) => (true, "the answer could not be read".to_owned()),
         _ => (false, "the request could not be built".to_owned()),
     };
+    let message = mask_session_token(&message);
+    let source: BoxError = if quoted {
+        Box::new(Masked(message.clone()))
+    } else {
+        Box::new(e)
+    };
     DynamoError::Call {
         op,
         transient,
         message,
-        source: Box::new(e),
+        source,
+    }
+}
+
+const SESSION_TOKEN: &str = "x-amz-security-token";
+
+/// Whether `text` names the session token's header or parameter (any case).
+fn quotes_session_token(text: &str) -> bool {
+    text.to_ascii_lowercase().contains(SESSION_TOKEN)
+}
+
+/// `text` with the value after every `x-amz-security-token:` or `x-amz-security-token=` (any case) masked, up
+/// to the end of its line, a quote, a space or a `&`.
+pub(crate) fn mask_session_token(text: &str) -> String {
+    // ASCII lowercasing keeps every byte where it is, so positions in `lower` are positions in `text`.
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while let Some(found) = lower[at..].find(SESSION_TOKEN) {
+        let name_end = at + found + SESSION_TOKEN.len();
+        out.push_str(&text[at..name_end]);
+        at = name_end;
+        let rest = &text[at..];
+        if let Some(sep) = rest.chars().next().filter(|c| matches!(c, ':' | '=')) {
+            out.push(sep);
+            let value = &rest[1..];
+            let end = value
+                .find(['\n', '\r', '\'', '"', '&', ' ', '\\'])
+                .unwrap_or(value.len());
+            out.push_str("***");
+            at += 1 + end;
+        }
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+/// An SDK error whose text quoted the session token, as its masked text.
+#[derive(Debug)]
+struct Masked(String);
+
+impl std::fmt::Display for Masked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Masked {}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_session_token;
+
+    #[test]
+    fn the_session_token_is_masked_wherever_it_is_quoted() {
+        assert_eq!(
+            mask_session_token("host:x\nX-Amz-Security-Token:IQo/ab+c=\nx-amz-target:T"),
+            "host:x\nX-Amz-Security-Token:***\nx-amz-target:T"
+        );
+        assert_eq!(
+            mask_session_token("a?X-Amz-Security-Token=IQo%2F&b=1 'x-amz-security-token:z'"),
+            "a?X-Amz-Security-Token=***&b=1 'x-amz-security-token:***'"
+        );
+        // The header's name alone (a list of signed headers) is kept; no other text changes.
+        assert_eq!(
+            mask_session_token("host;x-amz-security-token;x-amz-target é"),
+            "host;x-amz-security-token;x-amz-target é"
+        );
+        assert_eq!(
+            mask_session_token("x-amz-security-token:"),
+            "x-amz-security-token:***"
+        );
     }
 }

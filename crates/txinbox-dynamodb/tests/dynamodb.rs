@@ -99,6 +99,7 @@ on_both_backends!(
     a_batch_of_the_worker_applies_each_message_once_and_its_redelivery_finds_every_marker,
     a_batch_whose_deliveries_put_one_item_applies_each_delivery_alone,
     a_server_error_without_a_code_is_transient_and_never_dead_letters_a_held_copy,
+    a_refused_signature_never_shows_the_session_token,
 );
 
 async fn fresh_table(client: &Client) -> String {
@@ -1672,4 +1673,89 @@ async fn a_server_error_without_a_code_is_transient_and_never_dead_letters_a_hel
         "{outcome:?}"
     );
     assert_eq!(count_of(&c, &tasks, "a").await, Some(1));
+}
+
+/// DynamoDB answers a request whose signature it does not accept with `InvalidSignatureException` and a
+/// message that quotes the canonical request it expected, every signed header included ("The Canonical String
+/// for this request should have been 'POST / ... x-amz-target:DynamoDB_20120810.DescribeTable ...'"), and the
+/// SDK signs `x-amz-security-token`, the session token of temporary credentials (a role's, an instance's,
+/// a task's). The store's error carried the message as it came, so the session token was in its text (every
+/// log line of a failed call, the health check's answer) and in its Debug and sources. Here the answer is
+/// made by a hook that quotes the request's own headers, as the service does.
+async fn a_refused_signature_never_shows_the_session_token(b: Backend) {
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnectorFuture};
+    const TOKEN: &str =
+        "IQoJb3JpZ2luX2VjENf//////////wEaCXVzLWVhc3QtMSJHMEUCIQDP4+i2bh/secret+token=";
+    let http = with_hook(txinbox_dynamodb::http_client(), |request, _connector| {
+        let header = |name: &str| request.headers().get(name).unwrap_or_default().to_owned();
+        let canonical = format!(
+            "POST\n/\n\ncontent-type:application/x-amz-json-1.0\nhost:{}\nx-amz-date:{}\nx-amz-security-token:{}\nx-amz-target:{}\n\ncontent-type;host;x-amz-date;x-amz-security-token;x-amz-target\n0123abcd",
+            header("host"),
+            header("x-amz-date"),
+            header("x-amz-security-token"),
+            header("x-amz-target"),
+        );
+        let message = format!("The request signature we calculated does not match the signature you provided. Check your AWS Secret Access Key and signing method. Consult the service documentation for details.\n\nThe Canonical String for this request should have been\n'{canonical}'\n\nThe String-to-Sign should have been\n'AWS4-HMAC-SHA256\n20260101T000000Z\n20260101/us-east-1/dynamodb/aws4_request\n4567cdef'\n");
+        let body = serde_json::json!({
+            "__type": "com.amazon.coral.service#InvalidSignatureException",
+            "message": message,
+        })
+        .to_string();
+        let mut answer = HttpResponse::new(400u16.try_into().unwrap(), body.into());
+        answer
+            .headers_mut()
+            .insert("content-type", "application/x-amz-json-1.0");
+        HttpConnectorFuture::ready(Ok(answer))
+    });
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(http)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            "AKIDEXAMPLE",
+            "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+            Some(TOKEN.to_owned()),
+            None,
+            "t",
+        ))
+        .endpoint_url(&b.endpoint)
+        .build();
+    let store = DynamoStore::open(
+        Client::from_conf(conf),
+        "txinbox-signature",
+        DynamoOptions::default().check_table(false),
+    )
+    .await
+    .unwrap();
+    let identity = IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap())
+        .resolve(&delivery("a", "{}", None).0)
+        .unwrap();
+    let e = store.holder_of(&identity).await.unwrap_err();
+    let mut texts = vec![e.to_string(), format!("{e:?}")];
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        texts.push(s.to_string());
+        texts.push(format!("{s:?}"));
+        source = s.source();
+    }
+    let health = txinbox_core::runtime::health::HealthCheck::check(&store)
+        .await
+        .unwrap_err();
+    texts.push(health);
+    // The token travels base64 in the header, and a Debug may escape its slashes; any long piece of it is
+    // a leak.
+    for text in &texts {
+        assert!(
+            !text.contains("IQoJb3JpZ2luX2VjENf") && !text.contains("secret+token"),
+            "the session token is shown: {text}"
+        );
+    }
+    assert!(
+        texts[0].contains("InvalidSignatureException"),
+        "{}",
+        texts[0]
+    );
+    assert!(!e.is_transient(), "{e}");
 }
