@@ -252,6 +252,16 @@ on_both!(
     retry_after_is_honoured_on_postgres
 );
 
+/// The CRM's `/v1` create at a destination that keeps no key, confirmed by a search by external reference.
+fn searched_without_key(crm: &CrmApi) -> HttpEffectBuilder {
+    let url = crm.url();
+    HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::none())
+        .confirm(Confirm::search(format!(
+            "{url}/v1/tasks?external_ref={{external_ref}}"
+        )))
+}
+
 // A confirmation answered 429 with Retry-After (HubSpot's search: "429 Too Many Requests" once "the rate limit
 // for search requests" is reached) did not search: the effect stays uncertain, is not asked again before the
 // destination said, and is never called again meanwhile. Read as an unknown answer, it was asked again at once
@@ -263,14 +273,7 @@ async fn a_rate_limited_confirmation<DB: FxDb>(store: Store<DB>) {
         .start()
         .await
         .unwrap();
-    let url = crm.url();
-    let d = || {
-        HttpEffect::post(format!("{url}/v1/tasks"))
-            .key(Key::none())
-            .confirm(Confirm::search(format!(
-                "{url}/v1/tasks?external_ref={{external_ref}}"
-            )))
-    };
+    let d = || searched_without_key(&crm);
     crm.drop_next_answers(1);
     let first = runner(&store, d()).run_pass().await;
     assert_eq!(first.count(EffectState::Uncertain), 1, "{first}");
@@ -422,14 +425,7 @@ async fn search_by_a_reference_not_sent<DB: FxDb>(store: Store<DB>) {
         .start()
         .await
         .unwrap();
-    let url = crm.url();
-    let d = || {
-        HttpEffect::post(format!("{url}/v1/tasks"))
-            .key(Key::none())
-            .confirm(Confirm::search(format!(
-                "{url}/v1/tasks?external_ref={{external_ref}}"
-            )))
-    };
+    let d = || searched_without_key(&crm);
     crm.drop_next_answers(1);
     let _report = runner(&store, d()).run_until_idle().await;
     let e = state(&store, &key).await;
