@@ -132,11 +132,31 @@ pub(crate) fn kind_of_code(code: Option<&str>) -> BrokerErrorKind {
     let Some(code) = code else {
         return BrokerErrorKind::ServerError;
     };
+    // The KMS key of an encrypted queue, as the SDK reports its failures: the code SQS sends in its
+    // `x-amzn-query-error` header (`KMS.DisabledException`; the model's shape is `KmsDisabled`, the name SQS's
+    // JSON body gives). A key disabled, not found, pending deletion or refused by its policy fails every
+    // receive and every send until an operator changes it: a configuration of the queue, not a refused
+    // request (AWS, ReceiveMessage errors: "KmsDisabled", "KmsInvalidKeyUsage", "KmsInvalidState: The
+    // request was rejected because the state of the specified resource is not valid for this request",
+    // "KmsNotFound: The request was rejected because the specified entity or resource could not be found",
+    // "KmsOptInRequired").
+    match code {
+        "KMS.AccessDeniedException" => return BrokerErrorKind::Unauthorized,
+        "KMS.ThrottlingException" => return BrokerErrorKind::Throttled,
+        "KMS.DisabledException"
+        | "KMS.InvalidKeyUsageException"
+        | "KMS.InvalidStateException"
+        | "KMS.NotFoundException"
+        | "KMS.OptInRequired" => return BrokerErrorKind::Configuration,
+        _ => {}
+    }
     let short = code.rsplit('.').next().unwrap_or(code);
     match short {
-        "ReceiptHandleIsInvalid" | "MessageNotInflight" | "InvalidReceiptHandle" => {
-            BrokerErrorKind::LockLost
-        }
+        // InvalidIdFormat (DeleteMessage): "The specified receipt handle isn't valid for the current version."
+        "ReceiptHandleIsInvalid"
+        | "MessageNotInflight"
+        | "InvalidReceiptHandle"
+        | "InvalidIdFormat" => BrokerErrorKind::LockLost,
         "QueueDoesNotExist" | "NonExistentQueue" | "QueueDeletedRecently" => {
             BrokerErrorKind::EntityNotFound
         }
@@ -154,6 +174,8 @@ pub(crate) fn kind_of_code(code: Option<&str>) -> BrokerErrorKind {
         | "ExpiredToken"
         | "UnrecognizedClientException"
         | "KmsAccessDenied" => BrokerErrorKind::Unauthorized,
+        "KmsDisabled" | "KmsInvalidKeyUsage" | "KmsInvalidState" | "KmsNotFound"
+        | "KmsOptInRequired" => BrokerErrorKind::Configuration,
         "InternalError" | "InternalFailure" | "ServiceUnavailableException" => {
             BrokerErrorKind::ServerError
         }
@@ -236,6 +258,39 @@ mod tests {
         assert_eq!(k("RequestThrottled"), BrokerErrorKind::Throttled);
         assert_eq!(k("AccessDenied"), BrokerErrorKind::Unauthorized);
         assert_eq!(k("InvalidParameterValue"), BrokerErrorKind::Rejected);
+    }
+
+    /// The codes of an encrypted queue's KMS failures as the SDK reports them (aws-sdk-sqs matches
+    /// `KMS.DisabledException` and the like, the query-compatible codes of `x-amzn-query-error`; the JSON
+    /// body's shape names when the header is missing). A key that is disabled, missing, in a wrong state or
+    /// refused fails every receive until an operator acts: `Configuration`, which the worker counts as a
+    /// persistent receive failure, not `Rejected`. Its throttling and access refusal keep their kinds.
+    #[test]
+    fn kms_failures_of_an_encrypted_queue_are_classified_by_the_codes_the_sdk_reports() {
+        let k = |c| kind_of_code(Some(c));
+        for c in [
+            "KMS.DisabledException",
+            "KMS.InvalidKeyUsageException",
+            "KMS.InvalidStateException",
+            "KMS.NotFoundException",
+            "KMS.OptInRequired",
+            "KmsDisabled",
+            "KmsInvalidKeyUsage",
+            "KmsInvalidState",
+            "KmsNotFound",
+            "KmsOptInRequired",
+        ] {
+            assert_eq!(k(c), BrokerErrorKind::Configuration, "{c}");
+        }
+        assert_eq!(k("KMS.ThrottlingException"), BrokerErrorKind::Throttled);
+        assert_eq!(k("KmsThrottled"), BrokerErrorKind::Throttled);
+        assert_eq!(
+            k("KMS.AccessDeniedException"),
+            BrokerErrorKind::Unauthorized
+        );
+        assert_eq!(k("KmsAccessDenied"), BrokerErrorKind::Unauthorized);
+        // DeleteMessage's InvalidIdFormat: "The specified receipt handle isn't valid for the current version."
+        assert_eq!(k("InvalidIdFormat"), BrokerErrorKind::LockLost);
     }
 
     #[test]

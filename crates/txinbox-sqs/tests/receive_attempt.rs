@@ -146,3 +146,53 @@ async fn a_receive_over_the_in_flight_limit_is_throttled_and_not_resent() {
     let a = attempts.lock().unwrap().clone();
     assert_ne!(a[1], a[0], "with a new attempt id: {a:?}");
 }
+
+/// A receive from an encrypted queue whose KMS key is disabled, answered as SQS answers it over the JSON
+/// protocol (the query-compatible code in `x-amzn-query-error`, which aws-sdk-sqs reads as the error's code):
+/// `Configuration`, a failure the worker counts as persistent (the key stays disabled until an operator acts),
+/// not a `Rejected` request. AWS (`ReceiveMessage`, errors): "KmsDisabled: The request was denied due to request
+/// throttling. HTTP Status Code: 400" (sic: the key is disabled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_refused_for_a_disabled_kms_key_is_a_configuration_error() {
+    let plain = client().await;
+    let q = queue_pair(&plain, 5, 30).await;
+    let inner = plain.config().http_client().expect("an HTTP client");
+    let http = with_hook(inner, move |request, connector| {
+        let receive = request
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            if !receive {
+                return connector.call(request).await;
+            }
+            let body = serde_json::json!({
+                "__type": "com.amazonaws.sqs#KmsDisabled",
+                "message": "The request was rejected because the specified key is not enabled."
+            })
+            .to_string();
+            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
+                400u16.try_into().expect("a status"),
+                body.into(),
+            );
+            response
+                .headers_mut()
+                .insert("content-type", "application/x-amz-json-1.0");
+            response
+                .headers_mut()
+                .insert("x-amzn-query-error", "KMS.DisabledException;Sender");
+            Ok(response)
+        })
+    });
+    let c = aws_sdk_sqs::Client::from_conf(plain.config().to_builder().http_client(http).build());
+    let mut r = SqsReceiver::connect(c, &q.url, fast_options(30, &q.dlq).batch_size(1))
+        .await
+        .unwrap();
+    let e = r.receive(1).await.expect_err("the key is disabled");
+    assert_eq!(
+        e.kind(),
+        txinbox_core::BrokerErrorKind::Configuration,
+        "{e}"
+    );
+}
