@@ -1345,6 +1345,76 @@ async fn the_table_check_names_what_does_not_match(b: Backend) {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("TTL"), "{e}");
+    // The layout with `by_consumer` projecting keys only (TTL on): the store's queries of it filter on
+    // `expires_at` and read evidence rows and effect attributes, none of which such an index holds (AWS,
+    // Projection: "KEYS_ONLY - Only the index and primary keys are projected into the index."). The store
+    // needs ALL.
+    let keys_only = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
+    {
+        use aws_sdk_dynamodb::types::{
+            AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
+            Projection, ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
+        };
+        let attr = |n: &str| {
+            AttributeDefinition::builder()
+                .attribute_name(n)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap()
+        };
+        let key = |n: &str, k: KeyType| {
+            KeySchemaElement::builder()
+                .attribute_name(n)
+                .key_type(k)
+                .build()
+                .unwrap()
+        };
+        let mut req = c
+            .create_table()
+            .table_name(&keys_only)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(attr("pk"))
+            .key_schema(key("pk", KeyType::Hash));
+        for (index, hash, range) in txinbox_dynamodb::layout::INDEXES {
+            req = req
+                .attribute_definitions(attr(hash))
+                .attribute_definitions(attr(range))
+                .global_secondary_indexes(
+                    GlobalSecondaryIndex::builder()
+                        .index_name(index)
+                        .key_schema(key(hash, KeyType::Hash))
+                        .key_schema(key(range, KeyType::Range))
+                        .projection(
+                            Projection::builder()
+                                .projection_type(ProjectionType::KeysOnly)
+                                .build(),
+                        )
+                        .build()
+                        .unwrap(),
+                );
+        }
+        req.send().await.unwrap();
+        c.update_time_to_live()
+            .table_name(&keys_only)
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .enabled(true)
+                    .attribute_name("expires_at")
+                    .build()
+                    .unwrap(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+    let e = DynamoStore::open(c.clone(), &keys_only, DynamoOptions::default())
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("by_consumer") && e.to_string().contains("ALL"),
+        "{e}"
+    );
     assert!(matches!(
         txinbox_dynamodb::table_from_url("postgres://x"),
         Err(DynamoError::Url(_))

@@ -81,6 +81,15 @@ impl DynamoStore {
                     "index {name:?} has keys {keys:?}; the store needs {hash} HASH and {range} RANGE, both strings"
                 )));
             }
+            // `by_consumer` is read for its items' attributes (the filters on `expires_at`, evidence rows,
+            // effect counts), which an index holds only when it projects them; `due` is read for its keys.
+            let projection = ix.projection().and_then(|p| p.projection_type());
+            if name == l::BY_CONSUMER && projection != Some(&ProjectionType::All) {
+                return Err(bad(format!(
+                    "index {name:?} projects {}; the store reads its items' attributes through it (expiry, evidence, effect counts) and needs projection ALL",
+                    projection.map_or("nothing", |p| p.as_str())
+                )));
+            }
         }
         let ttl = self
             .client
