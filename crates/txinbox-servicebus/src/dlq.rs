@@ -32,7 +32,7 @@ use txinbox_core::dead_letter::{self, MAX_DETAIL_LEN};
 use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, ReceivedMessage};
 
 use crate::config::ServiceBusClient;
-use crate::error::client_error;
+use crate::error::send_error;
 use crate::receiver::{peek_lock, settle, Locked, SettleOp};
 use crate::wire::{self, quote_property};
 
@@ -155,7 +155,7 @@ impl Forwarder {
         self.client
             .send_message(body, Some(options))
             .await
-            .map_err(|e| client_error("dead-letter-forward", e))?;
+            .map_err(|e| send_error("dead-letter-forward", e))?;
         metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
             .increment(1);
         tracing::warn!(

@@ -93,6 +93,21 @@ pub(crate) fn client_error(op: &'static str, err: azure_core::Error) -> BrokerEr
     BrokerError::new(kind, op, err).with_retry_after(after)
 }
 
+/// Classifies the error of a send (a publish, a dead-letter forward, a redrive's re-send) as [`client_error`]
+/// does, but for a 403: on a send it is a refusal of the message, not of the credentials (Microsoft, Send
+/// Message: "403 Quota exceeded or message too large."; an authorization failure is "401 Authorization
+/// failure."), so it is [`Rejected`](BrokerErrorKind::Rejected), not
+/// [`Unauthorized`](BrokerErrorKind::Unauthorized).
+pub(crate) fn send_error(op: &'static str, err: azure_core::Error) -> BrokerError {
+    let refused =
+        matches!(err.kind(), ErrorKind::HttpResponse { status, .. } if u16::from(*status) == 403);
+    if refused {
+        BrokerError::new(BrokerErrorKind::Rejected, op, err)
+    } else {
+        client_error(op, err)
+    }
+}
+
 /// The source our HTTP client gives the error of a settle's or renewal's answer that carried `Retry-After`
 /// (the crate's own status check keeps only the status), so that the retry waits as long as the service asked.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +149,22 @@ mod tests {
         assert_eq!(
             client_error("send", http).kind(),
             BrokerErrorKind::EntityNotFound
+        );
+        let forbidden =
+            || ErrorKind::http_response(azure_core::StatusCode::Forbidden, None).into_error();
+        assert_eq!(
+            send_error("send", forbidden()).kind(),
+            BrokerErrorKind::Rejected
+        );
+        assert_eq!(
+            client_error("receive", forbidden()).kind(),
+            BrokerErrorKind::Unauthorized
+        );
+        let unauthorized =
+            ErrorKind::http_response(azure_core::StatusCode::Unauthorized, None).into_error();
+        assert_eq!(
+            send_error("send", unauthorized).kind(),
+            BrokerErrorKind::Unauthorized
         );
     }
 }

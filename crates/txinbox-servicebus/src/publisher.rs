@@ -8,7 +8,7 @@ use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBroker
 use txinbox_core::{BrokerError, BrokerErrorKind, OutboxMessage, Publisher};
 
 use crate::config::ServiceBusClient;
-use crate::error::client_error;
+use crate::error::send_error;
 use crate::wire::quote_property;
 
 /// Longest custom property value written (the service allows 32 KiB per property, 64 KiB in all).
@@ -81,7 +81,8 @@ impl ServiceBusPublisher {
     /// Sends one message.
     ///
     /// A body that is not UTF-8 is refused ([`BrokerErrorKind::Rejected`], source the UTF-8 error): the REST
-    /// client sends text only.
+    /// client sends text only. A message the queue refuses (403: "Quota exceeded or message too large.") is
+    /// [`BrokerErrorKind::Rejected`] too.
     pub async fn send(&self, msg: &OutboxMessage) -> Result<(), BrokerError> {
         let entity = msg.destination.trim_matches('/');
         let body = std::str::from_utf8(&msg.body)
@@ -90,7 +91,7 @@ impl ServiceBusPublisher {
             .queue_client(entity)
             .send_message(body, Some(send_options(msg, self.content_type.as_deref())))
             .await
-            .map_err(|e| client_error("send", e))
+            .map_err(|e| send_error("send", e))
     }
 }
 

@@ -18,7 +18,7 @@ use txinbox_core::{BrokerError, BrokerErrorKind};
 
 use crate::config::ServiceBusClient;
 use crate::dlq::{is_dead_letter_property, original_enqueued_at, resend_options};
-use crate::error::client_error;
+use crate::error::send_error;
 use crate::receiver::{peek_lock, settle, Locked, SettleOp};
 use crate::wire::quote_property;
 
@@ -103,7 +103,7 @@ pub async fn redrive(
         );
         if let Err(e) = target.send_message(body, Some(options)).await {
             held.push(locked);
-            break Err(client_error("send", e));
+            break Err(send_error("send", e));
         }
         match settle(
             &locked.response,

@@ -15,6 +15,35 @@ use txinbox_servicebus::{
 
 use crate::common::*;
 
+/// A send answered 403 is refused, not unauthorized: Microsoft, Send Message and Send Message Batch, "403 Quota
+/// exceeded or message too large." (an authorization failure is "401 Authorization failure."). A message over
+/// the queue's MaxMessageSizeInKilobytes is Rejected, not retryable, and says no word about credentials; a
+/// wrong key stays Unauthorized.
+#[tokio::test]
+async fn a_send_answered_403_is_rejected_not_unauthorized() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu
+        .queue(json!({"lockDuration": "PT5S", "maxMessageSizeInKilobytes": 1}))
+        .await;
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(4096));
+    let err = ServiceBusPublisher::new(client.clone())
+        .send(&event(&q, "evt-too-large", &big))
+        .await
+        .expect_err("the message is larger than the queue takes");
+    assert_eq!(err.kind(), BrokerErrorKind::Rejected, "{err}");
+    assert_eq!(err.operation(), "send");
+    assert!(!err.is_retryable());
+    let azure = err
+        .find_source::<azure_core::Error>()
+        .expect("the azure_core error is in the chain");
+    assert!(
+        matches!(azure.kind(), azure_core::error::ErrorKind::HttpResponse { status, .. } if u16::from(*status) == 403),
+        "{azure:?}"
+    );
+    assert_eq!(emu.counts(&q).await, (0, 0), "nothing was sent");
+}
+
 #[tokio::test]
 async fn failures_are_broker_errors_down_to_the_client_error() {
     let emu = Emu::shared().await;
