@@ -184,12 +184,17 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
             dedup_window_secs,
             wait_secs,
         } => rt.block_on(async {
+            let from = from.unwrap_or_else(|| txinbox_servicebus::dead_letter_queue_path(&queue));
+            if redrive::same_servicebus_entity(&from, &queue) {
+                return targets::fail(&format!(
+                    "--from {from} is the target queue itself: each message sent back would be received again and moved for ever; give the dead-letter queue or the poison queue to move from"
+                ));
+            }
             let client =
                 match txinbox_servicebus::ServiceBusConfig::from_env().and_then(|c| c.connect()) {
                     Ok(c) => c,
                     Err(e) => return fail(&e),
                 };
-            let from = from.unwrap_or_else(|| txinbox_servicebus::dead_letter_queue_path(&queue));
             let opts = txinbox_servicebus::RedriveOptions::default()
                 .max(max)
                 .wait(std::time::Duration::from_secs(wait_secs))
@@ -221,6 +226,11 @@ fn sqs(command: SqsCommand) -> ExitCode {
     match command {
         SqsCommand::Redrive { from, to, max } => rt.block_on(async {
             use std::io::IsTerminal;
+            if redrive::same_sqs_queue(&from, &to) {
+                return targets::fail(&format!(
+                    "--from and --to name the same queue ({to}): each message sent back would be received again and moved for ever; --from is the dead-letter queue"
+                ));
+            }
             let client = txinbox_sqs::client_from_env().await;
             let opts = txinbox_sqs::RedriveOptions::default().max(max);
             let mut progress =

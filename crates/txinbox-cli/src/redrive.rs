@@ -7,6 +7,36 @@ use std::time::Instant;
 use txinbox_core::broker::redrive::{RedriveEvent, RedriveProgress, RedriveReport};
 use txinbox_core::BrokerError;
 
+/// Whether `from` and `to` are one SQS queue URL: the same but for the case of the scheme and host (DNS names)
+/// and a trailing `/`. A redrive from a queue to itself never ends: each copy sent is visible at once and
+/// received again by the next `ReceiveMessage`, while the message it replaces is deleted.
+pub fn same_sqs_queue(from: &str, to: &str) -> bool {
+    fn norm(url: &str) -> String {
+        let url = url.trim().trim_end_matches('/');
+        match url.split_once("://") {
+            Some((scheme, rest)) => {
+                let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+                format!(
+                    "{}://{}/{path}",
+                    scheme.to_ascii_lowercase(),
+                    host.to_ascii_lowercase()
+                )
+            }
+            None => url.to_owned(),
+        }
+    }
+    norm(from) == norm(to)
+}
+
+/// Whether `from` and `to` are one Service Bus entity path, without regard to case or surrounding `/`: a
+/// redrive from a queue to itself never ends (each copy sent is received again). Two paths differing only in
+/// case are refused too: refusing costs the operator a retyped name, a loop costs copies without end.
+pub fn same_servicebus_entity(from: &str, to: &str) -> bool {
+    from.trim()
+        .trim_matches('/')
+        .eq_ignore_ascii_case(to.trim().trim_matches('/'))
+}
+
 /// Why a redrive command failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -1,0 +1,103 @@
+//! `txinbox sqs redrive` and `txinbox servicebus redrive` as an operator runs them: what they refuse before
+//! touching a queue. SQS against moto (`TXINBOX_SQS_ENDPOINT`, from `eval "$(cat /tmp/moto.env)"` or
+//! `eval "$(bash scripts/moto.sh start)"`).
+
+use std::process::Command;
+
+fn txinbox(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("SERVICEBUS_CONNECTION_STRING")
+        .env_remove("SERVICEBUS_NAMESPACE")
+        .output()
+        .expect("run txinbox");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn moto() -> String {
+    std::env::var("TXINBOX_SQS_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`")
+    })
+}
+
+/// `--from` and `--to` naming one queue (a pasted URL twice) are refused before any call. The redrive ran: it
+/// received the message, sent a copy to the same queue (visible at once), deleted the original and received
+/// the copy again, so the one message was "moved" `--max` times (without `--max`, for ever), each time under a
+/// new SQS MessageId, and the command exited 0.
+#[test]
+fn a_redrive_from_a_queue_to_itself_is_refused_and_touches_nothing() {
+    let endpoint = moto();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = txinbox_sqs::emulator_client(&endpoint);
+    let name = format!(
+        "cli-self-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let url = rt
+        .block_on(client.create_queue().queue_name(&name).send())
+        .expect("create queue")
+        .queue_url
+        .expect("queue url");
+    let sent = rt
+        .block_on(
+            client
+                .send_message()
+                .queue_url(&url)
+                .message_body("{}")
+                .send(),
+        )
+        .expect("send")
+        .message_id
+        .expect("message id");
+    let env = [
+        ("AWS_ENDPOINT_URL_SQS", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let (code, out, err) = txinbox(
+        &["sqs", "redrive", "--from", &url, "--to", &url, "--max", "3"],
+        &env,
+    );
+    assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
+    assert!(err.contains("name the same queue"), "{err}");
+    // The message is where it was, once, under its own MessageId.
+    let got = rt
+        .block_on(
+            client
+                .receive_message()
+                .queue_url(&url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .send(),
+        )
+        .expect("receive")
+        .messages
+        .unwrap_or_default();
+    let ids: Vec<_> = got.iter().filter_map(|m| m.message_id()).collect();
+    assert_eq!(ids, [sent.as_str()], "the queue holds {ids:?}");
+    rt.block_on(client.delete_queue().queue_url(&url).send())
+        .expect("delete queue");
+}
+
+/// `txinbox servicebus redrive --queue Q --from Q` (any case, any surrounding `/`) is refused before the
+/// namespace is even read: the redrive would resubmit each message to the queue it receives from.
+#[test]
+fn a_servicebus_redrive_from_the_target_queue_is_refused() {
+    for from in ["orders", "/Orders/"] {
+        let (code, out, err) = txinbox(
+            &["servicebus", "redrive", "--queue", "orders", "--from", from],
+            &[],
+        );
+        assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
+        assert!(err.contains("is the target queue itself"), "{from}: {err}");
+    }
+    // The default source, the queue's dead-letter queue, is not the queue.
+    let (_, _, err) = txinbox(&["servicebus", "redrive", "--queue", "orders"], &[]);
+    assert!(!err.contains("is the target queue itself"), "{err}");
+}
