@@ -20,11 +20,34 @@ pub fn deduplication_id(source: &str, message_id: &str) -> String {
     hex::encode(h.finalize())
 }
 
+/// Whether SQS takes `id` as a `MessageGroupId`. AWS (`SendMessage`, `MessageGroupId`): "The length of
+/// MessageGroupId is 128 characters. Valid values: alphanumeric characters and punctuation", the punctuation
+/// listed being ASCII's 32 characters (`u8::is_ascii_punctuation`).
+fn valid_group_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation())
+}
+
+/// The FIFO group of a message published without one: its `message_id` when SQS takes it as a group, else
+/// its [`deduplication_id`] (64 hex characters, always taken). Either way a group of its own.
+fn own_group(source: &str, message_id: &str) -> String {
+    if valid_group_id(message_id) {
+        message_id.to_owned()
+    } else {
+        deduplication_id(source, message_id)
+    }
+}
+
 /// Publishes [`OutboxMessage`]s to SQS. A message goes to its `destination` (a queue URL), or to the default
 /// queue when the destination is empty.
 ///
-/// On a FIFO queue the group is the message's `group_id` or, when it has none, its `message_id` (no ordering
-/// constraint), and the deduplication id is [`deduplication_id`]. The CloudEvents binary-mode attributes
+/// On a FIFO queue the group is the message's `group_id` or, when it has none, a group of its own (no ordering
+/// constraint): its `message_id`, or [`deduplication_id`] when the id is not a group SQS takes (over 128
+/// characters, or a character other than ASCII letters, digits and punctuation); the deduplication id is
+/// [`deduplication_id`]. The CloudEvents binary-mode attributes
 /// (`ce-specversion`, `ce-id`, `ce-source`, `ce-type`) and the message's own attributes are message
 /// attributes, so the consumer's inbox resolves the same identity after any retry, dead-letter or redrive.
 #[derive(Clone, Debug)]
@@ -89,7 +112,7 @@ impl SqsPublisher {
                 .message_group_id(
                     msg.group_id
                         .clone()
-                        .unwrap_or_else(|| msg.message_id.clone()),
+                        .unwrap_or_else(|| own_group(&msg.source, &msg.message_id)),
                 )
                 .message_deduplication_id(deduplication_id(&msg.source, &msg.message_id));
         }

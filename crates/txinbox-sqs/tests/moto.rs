@@ -1323,3 +1323,54 @@ async fn a_held_message_s_extension_counts_from_when_it_was_sent() {
         d.ack().await.unwrap();
     }
 }
+
+/// A message published to a FIFO queue without a group goes in a group of its own, named after its id. AWS
+/// (`SendMessage`, `MessageGroupId`): "The length of MessageGroupId is 128 characters. Valid values:
+/// alphanumeric characters and punctuation (!\"#$%&'()*+,-./:;<=>?@[\]^_`{|}~)." An id SQS would not take
+/// as a group (longer than 128 characters, a space, a letter outside ASCII) was sent as the group all the same,
+/// and SQS refused the send, every time (moto does not check, so the test reads the group sent): the group is
+/// then derived from the id, as the deduplication id always is; an id SQS takes stays the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_without_a_group_gets_a_group_sqs_accepts_whatever_its_id() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    let publisher = txinbox_sqs::SqsPublisher::new(c.clone()).default_queue(&q.url);
+    let long = format!("pedido nº 42/{}", "x".repeat(150));
+    for id in ["evt-own-group", long.as_str()] {
+        let msg = txinbox_core::OutboxMessage {
+            destination: String::new(),
+            source: "crm/orders".into(),
+            message_id: id.into(),
+            event_type: "order.placed".into(),
+            group_id: None,
+            body: body(id, "m", json!({})).into_bytes(),
+            attributes: Default::default(),
+        };
+        txinbox_core::Publisher::publish(&publisher, &msg)
+            .await
+            .unwrap();
+    }
+    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let got = receive_until(&mut receiver, 2, LONG).await;
+    let group_of = |id: &str| {
+        got.iter()
+            .find(|d| d.message().attribute("ce-id") == Some(id))
+            .and_then(|d| d.message().group_id.clone())
+            .expect("received, with a group")
+    };
+    assert_eq!(group_of("evt-own-group"), "evt-own-group");
+    let derived = group_of(&long);
+    assert!(
+        !derived.is_empty()
+            && derived.len() <= 128
+            && derived
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation()),
+        "a group SQS refuses: {derived:?}"
+    );
+    for d in got {
+        d.ack().await.unwrap();
+    }
+}
