@@ -77,8 +77,12 @@ pub(crate) async fn peek_lock(
     let received_at = Utc::now();
     let (message, props) =
         wire::received_message(&headers, response.body().into_bytes(), entity, received_at)?;
+    // The service's LockedUntilUtc is read on its clock: it may say earlier (a shorter LockDuration, or whole
+    // seconds), never later than the lock duration from now, which bounds it when the service's clock is ahead.
     let computed = received_at + chrono::Duration::from_std(lock_duration).unwrap_or_default();
-    let locked_until = props.locked_until().unwrap_or(computed);
+    let locked_until = props
+        .locked_until()
+        .map_or(computed, |until| until.min(computed));
     Ok(Some(Locked {
         response,
         headers,
@@ -543,7 +547,8 @@ impl ServiceBusDelivery {
             .unwrap_or_default()
     }
 
-    /// When the lock ends, as far as the adapter knows (`LockedUntilUtc`, then computed after each renewal).
+    /// When the lock ends, as far as the adapter knows: `LockedUntilUtc`, but never later than the lock duration
+    /// after the receive (the service's clock may be ahead of ours), then computed after each renewal.
     pub fn locked_until(&self) -> DateTime<Utc> {
         self.state.until()
     }

@@ -283,6 +283,70 @@ async fn an_enqueued_sequence_number_past_i32_is_received() {
     assert_eq!(emu.counts(&q).await, (0, 0), "completed");
 }
 
+/// An HTTP client in front of the emulator whose answers carry a `LockedUntilUtc` an hour later than the
+/// emulator's: the service's clock ahead of ours.
+#[derive(Debug)]
+struct ServiceClockAhead(reqwest::Client);
+
+#[async_trait::async_trait]
+impl azure_core::HttpClient for ServiceClockAhead {
+    async fn execute_request(
+        &self,
+        request: &azure_core::Request,
+    ) -> azure_core::Result<azure_core::Response> {
+        let (status, headers, body) = self.0.execute_request(request).await?.deconstruct();
+        let mut out = azure_core::headers::Headers::new();
+        for (name, value) in headers.iter() {
+            let mut value = value.as_str().to_owned();
+            if name.as_str().eq_ignore_ascii_case("brokerproperties") {
+                let mut props: serde_json::Value = serde_json::from_str(&value).unwrap();
+                let until = props["LockedUntilUtc"].as_str().unwrap();
+                let until = chrono::DateTime::parse_from_rfc2822(until).unwrap()
+                    + chrono::Duration::hours(1);
+                props["LockedUntilUtc"] =
+                    json!(until.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
+                value = props.to_string();
+            }
+            out.insert(name.clone(), value);
+        }
+        Ok(azure_core::Response::new(status, out, Box::pin(body)))
+    }
+}
+
+/// The lock's end is never taken later than the queue's lock duration after the receive, whatever the
+/// service's `LockedUntilUtc` says: that is the service's clock, and Microsoft's Peek-Lock guarantee is a
+/// duration ("The message is guaranteed not to be delivered to other receivers (on the same queue or
+/// subscription only) during the lock duration specified in the queue/subscription description."). With the
+/// service's clock an hour ahead, the lease would otherwise report an hour of lock, and a release's hold or a
+/// settle's retry wait past the real lock's end.
+#[tokio::test]
+async fn a_lock_end_from_a_clock_ahead_is_capped_by_the_lock_duration() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    publish(&client, &event(&q, "evt-clock-ahead", "{}")).await;
+    let ahead = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, &emu.key)
+        .endpoint(emu.url.parse().unwrap())
+        .request_timeout(Duration::from_secs(5))
+        .http_client(Arc::new(ServiceClockAhead(reqwest::Client::new())))
+        .connect()
+        .unwrap();
+    let mut receiver =
+        ServiceBusReceiver::new(&ahead, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .expect("received")
+        .expect("a message");
+    let received = chrono::Utc::now();
+    let most = received + chrono::Duration::seconds(5);
+    assert!(d.locked_until() <= most, "{} > {most}", d.locked_until());
+    let lease = d.lease().unwrap();
+    assert!(lease.expires_at().unwrap() <= most);
+    d.complete().await.expect("completed");
+    assert_eq!(emu.counts(&q).await, (0, 0));
+}
+
 /// The complete takes effect but its answer is lost: the retry finds no lock and says the outcome is unknown
 /// (not "lock lost"); the message is gone, the effect is there once.
 #[tokio::test]
