@@ -132,7 +132,7 @@ enum SqsCommand {
     /// Move messages from a dead-letter queue back to a queue with their identity intact (CloudEvents
     /// attributes, FIFO group and deduplication ids), deleting each from the DLQ only after its send
     /// succeeded. Credentials and endpoint come from the standard AWS chain (AWS_ENDPOINT_URL_SQS for an
-    /// emulator).
+    /// emulator). Exits 3 when messages whose identity was lost were left in the DLQ, 2 on an error.
     Redrive {
         /// The dead-letter queue URL.
         #[arg(long)]
@@ -150,7 +150,8 @@ enum SqsCommand {
 enum ServiceBusCommand {
     /// Resubmit dead-lettered messages to a queue with their MessageId and properties intact, completing each
     /// in the source only after its send succeeded. The namespace comes from SERVICEBUS_CONNECTION_STRING
-    /// (SAS) or SERVICEBUS_NAMESPACE (Azure AD), plus SERVICEBUS_ENDPOINT for an emulator.
+    /// (SAS) or SERVICEBUS_NAMESPACE (Azure AD), plus SERVICEBUS_ENDPOINT for an emulator. Exits 3 when a
+    /// message was sent but could not be completed in the source (it is in both: run it again), 2 on an error.
     Redrive {
         /// The target queue; the source defaults to its `$DeadLetterQueue`.
         #[arg(long)]
@@ -210,7 +211,7 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
                         r.deferred,
                         r.settle_failed
                     );
-                    ExitCode::SUCCESS
+                    redrive_exit(&r)
                 }
                 Err(e) => fail(&e),
             }
@@ -250,17 +251,21 @@ fn sqs(command: SqsCommand) -> ExitCode {
                             String::new()
                         }
                     );
-                    // Messages left in the DLQ for an operator: the command did not do all it was asked.
-                    if r.identity_lost > 0 {
-                        ExitCode::from(3)
-                    } else {
-                        ExitCode::SUCCESS
-                    }
+                    redrive_exit(&r)
                 }
                 Err(e) => fail(&e),
             }
         }),
     }
+}
+
+/// The exit status of a redrive that ran to its end: 3, with a line on stderr for each thing left for an
+/// operator (the command did not do all it was asked), else 0.
+fn redrive_exit(report: &txinbox_core::broker::redrive::RedriveReport) -> ExitCode {
+    for left in redrive::left_for_an_operator(report) {
+        crate::out::errln!("warning: {left}");
+    }
+    ExitCode::from(redrive::exit_status(report))
 }
 
 fn main() -> ExitCode {

@@ -37,6 +37,37 @@ pub fn same_servicebus_entity(from: &str, to: &str) -> bool {
         .eq_ignore_ascii_case(to.trim().trim_matches('/'))
 }
 
+/// The exit status of a redrive that ran to its end: 0 when it did all it could, 3 when it left messages for
+/// an operator ([`left_for_an_operator`]), whatever else it moved.
+pub fn exit_status(report: &RedriveReport) -> u8 {
+    if left_for_an_operator(report).is_empty() {
+        0
+    } else {
+        3
+    }
+}
+
+/// What a redrive that ran to its end left undone, one sentence each: SQS dead letters whose identity was lost
+/// (left in the DLQ), Service Bus dead letters sent to the target whose complete in the source failed (a copy
+/// in both: the next run sends it again, and the inbox absorbs the second copy). Deferred messages are not in
+/// it: the duplicate-detection window keeps them for the next run by design.
+pub fn left_for_an_operator(report: &RedriveReport) -> Vec<String> {
+    let mut left = Vec::new();
+    if report.identity_lost > 0 {
+        left.push(format!(
+            "{} message(s) left in the DLQ: their identity (the deduplication id AWS replaced on the move) is lost",
+            report.identity_lost
+        ));
+    }
+    if report.settle_failed > 0 {
+        left.push(format!(
+            "{} message(s) sent to the target but not completed in the source: they are in both; run the redrive again later (the inbox absorbs the second copy)",
+            report.settle_failed
+        ));
+    }
+    left
+}
+
 /// Why a redrive command failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -261,6 +292,26 @@ mod tests {
         r.deferred = deferred;
         r.initially_visible = Some(5);
         r
+    }
+
+    /// A Service Bus redrive whose complete in the source failed for some messages sent them to the target
+    /// and left them in the source too: it did not do all it was asked, and says so with exit status 3 (as an
+    /// SQS redrive that left messages whose identity was lost). It exited 0, with `complete_failed=N` on its
+    /// line as the only sign.
+    #[test]
+    fn a_redrive_that_left_copies_in_the_source_exits_3() {
+        let mut r = report(4, 1);
+        assert_eq!(exit_status(&r), 0, "deferred messages wait by design");
+        r.settle_failed = 2;
+        assert_eq!(exit_status(&r), 3);
+        let left = left_for_an_operator(&r);
+        assert!(
+            left.iter().any(|l| l.starts_with("2 message(s) sent")),
+            "{left:?}"
+        );
+        let mut r = report(1, 0);
+        r.identity_lost = 1;
+        assert_eq!(exit_status(&r), 3);
     }
 
     #[test]
