@@ -100,6 +100,7 @@ on_both_backends!(
     a_batch_whose_deliveries_put_one_item_applies_each_delivery_alone,
     a_server_error_without_a_code_is_transient_and_never_dead_letters_a_held_copy,
     a_refused_signature_never_shows_the_session_token,
+    a_message_applied_again_after_its_marker_expired_records_its_effect_again,
 );
 
 async fn fresh_table(client: &Client) -> String {
@@ -1828,4 +1829,100 @@ async fn a_refused_signature_never_shows_the_session_token(b: Backend) {
         texts[0]
     );
     assert!(!e.is_transient(), "{e}");
+}
+
+/// An effect done longer ago than `effects_keep` is absent from its `expires_at` on, for every read (as the
+/// SQL stores' maintenance deletes it); a message applied again once its marker expired (as after a purge
+/// on SQL) records its effect again, and on SQL the insert then finds no row and the effect runs. On
+/// DynamoDB the effect's put was conditional on `attribute_not_exists(pk)` alone, so the expired item the TTL
+/// had not deleted yet refused it, the commit dropped it as "recorded before", and the effect of the
+/// applied message was never run, nor found (`find_effect` answers an expired item as absent).
+async fn a_message_applied_again_after_its_marker_expired_records_its_effect_again(b: Backend) {
+    let c = b.client();
+    let (store, table) = store_on(c.clone()).await;
+    let inbox = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap()),
+    );
+    let handler = |_tx: DynamoTx, _msg: Message<txinbox_core::Raw>| async move {
+        // In a group: the group's tail still names the expired effect, whose key the new one takes.
+        Ok::<_, HandlerError>(
+            Handled::done().effect(Effect::new("notify", "mail", b"x".to_vec()).group("g")),
+        )
+    };
+    let outcome = inbox.process(delivery("a", "{}", None), &handler).await;
+    assert!(
+        matches!(outcome, txinbox_core::Outcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let identity = IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap())
+        .resolve(&delivery("a", "{}", None).0)
+        .unwrap();
+    let key = txinbox_core::effects::idempotency_key(&identity, "notify");
+    // Claimed and done long ago: past `effects_keep`, expired (DynamoDB has not deleted it).
+    let now = Utc::now() + chrono::Duration::hours(1);
+    let claimed = store
+        .claim_effects(
+            "r",
+            &["mail".to_owned()],
+            now,
+            now + chrono::Duration::hours(1),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let long_ago = chrono::TimeZone::with_ymd_and_hms(&Utc, 2000, 1, 1, 0, 0, 0).unwrap();
+    let done = Transition::Done {
+        reference: Some("ref".into()),
+        attempts: 1,
+        reconciliations: 0,
+    };
+    assert!(store
+        .finish_effect(claimed[0].id, "r", &done.columns(), long_ago)
+        .await
+        .unwrap());
+    assert!(store.find_effect(&key).await.unwrap().is_none());
+    // The marker expired too (its `expires_at` in the past, as the retention's end leaves it).
+    c.update_item()
+        .table_name(&table)
+        .key(
+            "pk",
+            AttributeValue::S(txinbox_dynamodb::layout::marker_pk(
+                "crm-followup",
+                "s",
+                "a",
+            )),
+        )
+        .update_expression("SET expires_at = :past")
+        .expression_attribute_values(
+            ":past",
+            AttributeValue::N((Utc::now().timestamp() - 2).to_string()),
+        )
+        .send()
+        .await
+        .unwrap();
+    let outcome = inbox.process(delivery("a", "{}", None), &handler).await;
+    assert!(
+        matches!(outcome, txinbox_core::Outcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let again = store
+        .find_effect(&key)
+        .await
+        .unwrap()
+        .expect("the effect of the message applied again is recorded");
+    assert_eq!(again.claimed_from, EffectState::Pending);
+    assert_eq!(again.attempts, 0);
+    let claimed = store
+        .claim_effects(
+            "r",
+            &["mail".to_owned()],
+            now,
+            now + chrono::Duration::hours(1),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "the effect runs again");
 }

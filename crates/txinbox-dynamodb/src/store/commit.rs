@@ -157,14 +157,21 @@ impl DynamoStore {
                     let mut e = e.clone();
                     if let Some(tail) = effect_groups[i][j].as_ref().and_then(|g| tails.get_mut(g))
                     {
+                        // The tail may name the expired item this effect replaces (same key): nothing
+                        // before it then.
                         if let Some(prev) = tail.replace(e[l::PK].clone()) {
-                            e.insert("prev".into(), prev);
+                            if prev != e[l::PK] {
+                                e.insert("prev".into(), prev);
+                            }
                         }
                     }
+                    // Absent, or past its `expires_at` (a done effect the TTL has not deleted yet, absent for
+                    // every read): an effect recorded again after its message's marker expired replaces it.
                     let put = Put::builder()
                         .table_name(&*self.table)
                         .set_item(Some(e))
-                        .condition_expression("attribute_not_exists(pk)")
+                        .condition_expression("attribute_not_exists(pk) OR expires_at < :now")
+                        .expression_attribute_values(":now", n(Self::now_epoch()))
                         .build()?;
                     items.push(TransactWriteItem::builder().put(put).build());
                     slots.push(Slot::Effect(i, j));
