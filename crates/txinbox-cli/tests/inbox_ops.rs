@@ -155,6 +155,17 @@ fn checks(url: &str, started: DateTime<Utc>) {
     // One consumer; the human table.
     let doc = json(url, &["stats", "--consumer", "crm"], 0);
     assert_eq!(doc["consumers"].as_array().unwrap().len(), 1);
+    // A consumer the store knows nothing of (a typo): nothing matched, exit 1 and said on stderr, where it was
+    // a row of zeros and exit 0, as if the consumer were idle.
+    let doc = json(url, &["stats", "--consumer", "crn"], 1);
+    assert_eq!(doc["consumers"][0]["inbox_rows"], 0, "{doc}");
+    let o = txinbox(&["inbox", "stats", "--consumer", "crn", "--store", url]);
+    assert_eq!(code(&o), 1);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("nothing matched") && err.contains("\"crn\""),
+        "{err}"
+    );
     let out = human(url, &["stats"], 0);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "{out}");

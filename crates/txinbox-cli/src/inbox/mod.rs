@@ -1,7 +1,7 @@
 //! `txinbox inbox`: an operator's read-only view of the inbox on the workers' store URL: per-consumer
 //! statistics, one message's story, and the rejections. Human tables by default, one JSON document with
-//! `--json`. Exit codes: 0 ok, 1 nothing found (`show`), 2 usage or store error (one line on stderr, naming
-//! only the URL's scheme).
+//! `--json`. Exit codes: 0 ok, 1 nothing found (`show`, `stats --consumer`), 2 usage or store error (one line
+//! on stderr, naming only the URL's scheme).
 //!
 //! On a DynamoDB store (`dynamodb://TABLE`) every query goes through a key, never a scan: `stats` and
 //! `rejections` need `--consumer` (no index lists consumers) and `show` needs `--source` (part of the marker's
@@ -42,7 +42,8 @@ pub enum InboxCommand {
 #[derive(Debug, clap::Subcommand)]
 pub enum ReadCommand {
     /// Per consumer: inbox rows, oldest and newest processed_at, rows in the last hour, rejections by kind,
-    /// effects by state and the effect lag (age of the oldest effect waiting to run).
+    /// effects by state and the effect lag (age of the oldest effect waiting to run). With `--consumer`, exits
+    /// 1 when the store holds nothing of it (no marker, rejection or effect: a typo?).
     Stats(StatsArgs),
     /// One message's story: its marker, rejections and effects. Exits 1 when the store knows nothing of it.
     Show(ShowArgs),
@@ -143,7 +144,8 @@ impl ReadCommand {
                 } else {
                     print_stats(&stats);
                 }
-                Ok(true)
+                // A consumer named that the store knows nothing of (a typo, another store): nothing matched.
+                Ok(a.consumer.is_none() || stats.iter().any(|s| !knows_nothing(s)))
             }
             ReadCommand::Show(a) => {
                 let story = store
@@ -191,7 +193,8 @@ impl ReadCommand {
     }
 }
 
-/// Runs a `txinbox inbox` command: 0 ok, 1 nothing found, 2 a store error.
+/// Runs a `txinbox inbox` command: 0 ok, 1 nothing found (`show`; `stats --consumer C` where no store holds
+/// anything of C), 2 a store error.
 pub fn run(command: InboxCommand) -> ExitCode {
     let command = match command {
         InboxCommand::Read(c) => c,
@@ -237,6 +240,18 @@ pub fn run(command: InboxCommand) -> ExitCode {
         }
         Ok::<(bool, bool), String>((found, failed))
     });
+    if let (Ok((false, false)), ReadCommand::Stats(a)) = (&result, &command) {
+        if let Some(c) = &a.consumer {
+            crate::out::errln!(
+                "nothing matched: no marker, rejection or effect of consumer {c:?} in {}",
+                if command.common().store.config.is_some() {
+                    "any store named"
+                } else {
+                    "this store"
+                }
+            );
+        }
+    }
     match result {
         // `show` found the message: the answer, whatever another shard said.
         Ok((true, _)) if matches!(command, ReadCommand::Show(_)) => ExitCode::SUCCESS,
@@ -245,6 +260,13 @@ pub fn run(command: InboxCommand) -> ExitCode {
         Ok((false, false)) => ExitCode::from(1),
         Err(e) => error(&e),
     }
+}
+
+/// Whether the figures of a consumer hold nothing at all: no marker, no rejection, no effect.
+fn knows_nothing(s: &ConsumerStats) -> bool {
+    s.inbox_rows == 0
+        && s.rejections.values().all(|n| *n == 0)
+        && s.effects.values().all(|n| *n == 0)
 }
 
 /// One line on stderr, its secrets masked, exit code 2.
