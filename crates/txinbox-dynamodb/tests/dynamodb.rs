@@ -101,6 +101,7 @@ on_both_backends!(
     a_server_error_without_a_code_is_transient_and_never_dead_letters_a_held_copy,
     a_refused_signature_never_shows_the_session_token,
     a_message_applied_again_after_its_marker_expired_records_its_effect_again,
+    a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_naming_the_action,
 );
 
 async fn fresh_table(client: &Client) -> String {
@@ -1925,4 +1926,99 @@ async fn a_message_applied_again_after_its_marker_expired_records_its_effect_aga
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1, "the effect runs again");
+}
+
+/// A client whose `TransactWriteItems` is answered with a `TransactionCanceledException` carrying
+/// `reasons` (code, message), as DynamoDB answers a cancelled transaction (AWS, TransactWriteItems:
+/// "Cancellation reason codes and possible error messages: ... Item collection size limit exceeded: Code:
+/// ItemCollectionSizeLimitExceeded, Message: Collection size exceeded"); every other call goes through.
+fn cancelling_client(b: &Backend, reasons: &'static [(&'static str, &'static str)]) -> Client {
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+    let http = with_hook(
+        txinbox_dynamodb::http_client(),
+        move |request, connector| {
+            let commit = request
+                .headers()
+                .get("x-amz-target")
+                .is_some_and(|t| t.ends_with(".TransactWriteItems"));
+            if !commit {
+                return connector.call(request);
+            }
+            let codes: Vec<&str> = reasons.iter().map(|(c, _)| *c).collect();
+            let body = serde_json::json!({
+            "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+            "Message": format!("Transaction cancelled, please refer cancellation reasons for specific reasons [{}]", codes.join(", ")),
+            "CancellationReasons": reasons
+                .iter()
+                .map(|(code, message)| if message.is_empty() {
+                    serde_json::json!({ "Code": code })
+                } else {
+                    serde_json::json!({ "Code": code, "Message": message })
+                })
+                .collect::<Vec<_>>(),
+        })
+        .to_string();
+            let mut answer = HttpResponse::new(400u16.try_into().unwrap(), body.into());
+            answer
+                .headers_mut()
+                .insert("content-type", "application/x-amz-json-1.0");
+            HttpConnectorFuture::ready(Ok(answer))
+        },
+    );
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(http)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
+        .endpoint_url(&b.endpoint)
+        .build();
+    Client::from_conf(conf)
+}
+
+/// A cancellation whose reasons hold a code the store decides nothing on (`ItemCollectionSizeLimitExceeded`,
+/// which only a table with a local secondary index returns; a code DynamoDB may add) is an error of the
+/// commit, never a duplicate, a conflict or "done": the delivery is released and its redelivery decides it.
+/// The error names which action met which code: DynamoDB's own message lists the codes by position only,
+/// and the positions of the store's items (marker, business key, effects) are the store's.
+async fn a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_naming_the_action(
+    b: Backend,
+) {
+    let c = b.client();
+    let table = fresh_table(&c).await;
+    let tasks = business_table(&c).await;
+    for (reasons, named) in [
+        (
+            &[
+                ("None", ""),
+                ("ItemCollectionSizeLimitExceeded", "Collection size exceeded"),
+            ][..],
+            format!("the handler's action 0 (table {tasks}): ItemCollectionSizeLimitExceeded: Collection size exceeded"),
+        ),
+        (
+            &[("SomeFutureReason", ""), ("None", "")][..],
+            "the marker: SomeFutureReason".to_owned(),
+        ),
+    ] {
+        let store = DynamoStore::open(cancelling_client(&b, reasons), &table, DynamoOptions::default())
+            .await
+            .unwrap();
+        let id = txinbox_test_identity("m-1");
+        let tx = store.begin().await.unwrap();
+        store
+            .insert_marker(&tx, &row(&id, chrono::Duration::hours(1)))
+            .await
+            .unwrap();
+        tx.update(add_one(&tasks, "t-1")).unwrap();
+        store.record_result(&tx, &id, None, &[]).await.unwrap();
+        match store.commit(tx).await {
+            Err(e @ DynamoError::Call { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains(&named), "{text}");
+            }
+            other => panic!("expected the commit's error, got {other:?}"),
+        }
+    }
+    assert_eq!(count_of(&c, &tasks, "t-1").await, None);
 }

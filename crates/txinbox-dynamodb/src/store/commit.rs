@@ -341,6 +341,9 @@ impl DynamoStore {
                 self.pause(attempt).await;
                 continue;
             }
+            // DynamoDB's message lists the codes by position; which of the store's items or the handler's
+            // actions each position is, is the store's to say.
+            let named = describe_reasons(&reasons, &slots, &actions, first_action);
             return Err(match e {
                 DynamoError::Call {
                     op,
@@ -350,12 +353,52 @@ impl DynamoStore {
                 } => DynamoError::Call {
                     op,
                     transient,
-                    message,
+                    message: format!("{message} ({named})"),
                     source,
                 },
                 other => other,
             });
         }
+    }
+}
+
+/// Every reason of a cancellation but `None`, each named by what it stands for: one of the store's items
+/// (`slots`, in the call's order) or the handler's action at `first_action` on.
+fn describe_reasons(
+    reasons: &[aws_sdk_dynamodb::types::CancellationReason],
+    slots: &[Slot],
+    actions: &[TransactWriteItem],
+    first_action: usize,
+) -> String {
+    let named: Vec<String> = reasons
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let code = r.code().unwrap_or("no code");
+            if code == "None" {
+                return None;
+            }
+            let what = match (slots.get(i), i.checked_sub(first_action)) {
+                (Some(Slot::Marker), _) => "the marker".to_owned(),
+                (Some(Slot::BusinessKey), _) => "the business key item".to_owned(),
+                (Some(Slot::Effect(p, e)), _) => format!("effect {e} of delivery {p}"),
+                (Some(Slot::GroupTail), _) => "a group's tail item".to_owned(),
+                (None, Some(k)) if k < actions.len() => format!(
+                    "the handler's action {k} (table {})",
+                    action_table(&actions[k])
+                ),
+                _ => format!("action {i} of the call"),
+            };
+            Some(match r.message() {
+                Some(m) => format!("{what}: {code}: {m}"),
+                None => format!("{what}: {code}"),
+            })
+        })
+        .collect();
+    if named.is_empty() {
+        "no reason given".to_owned()
+    } else {
+        named.join("; ")
     }
 }
 
