@@ -58,11 +58,7 @@ pub(crate) fn dead_letter_attributes(
     raw: &HashMap<String, MessageAttributeValue>,
     why: &DeadLetter,
 ) -> Result<HashMap<String, MessageAttributeValue>, BrokerError> {
-    let mut attrs: HashMap<String, MessageAttributeValue> = raw
-        .iter()
-        .filter(|(k, _)| !dead_letter::is_bookkeeping(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut attrs = own_attributes(raw);
     if attrs.len() < MAX_MESSAGE_ATTRIBUTES && !why.reason.is_empty() {
         attrs.insert(REASON.into(), string_attribute(&sqs_text(&why.reason))?);
     } else {
@@ -79,6 +75,13 @@ pub(crate) fn dead_letter_attributes(
 
 /// Sends a copy of a received message to `dlq_url` with all its message attributes, its FIFO group and
 /// deduplication id, and the reason. The caller deletes the original only after this returned `Ok`.
+///
+/// A copy SQS refuses ([`Rejected`](BrokerErrorKind::Rejected)) with the reason attributes is sent once more
+/// with the message's own attributes only (the reason then only in the log): the message was accepted with
+/// them, and the reason and detail (up to 1 KiB) are what the copy adds, so a message near its queue's
+/// maximum size (AWS, `SendMessage`: "Message must be shorter than ... bytes"), or a dead-letter queue whose
+/// `MaximumMessageSize` is smaller, would be refused at every try and come back once per visibility timeout,
+/// its handler run again each time, forever when the queue has no `RedrivePolicy`.
 pub(crate) async fn forward(
     client: &aws_sdk_sqs::Client,
     dlq_url: &str,
@@ -89,11 +92,44 @@ pub(crate) async fn forward(
     why: &DeadLetter,
 ) -> Result<(), BrokerError> {
     let attrs = dead_letter_attributes(raw, why)?;
+    let own = own_attributes(raw);
+    if attrs.len() == own.len() {
+        return send_copy(client, dlq_url, body, attrs, msg, dedup_id).await;
+    }
+    match send_copy(client, dlq_url, body, attrs, msg, dedup_id).await {
+        Err(e) if e.kind() == BrokerErrorKind::Rejected => {
+            tracing::error!(error = %e, reason = %why.reason, detail = %why.detail, "the dead-letter queue refused the copy with its reason attributes; sending it with the message's own attributes only (the reason is only in this log)");
+            send_copy(client, dlq_url, body, own, msg, dedup_id).await
+        }
+        r => r,
+    }
+}
+
+/// A message's own attributes, without earlier dead-letter bookkeeping.
+fn own_attributes(
+    raw: &HashMap<String, MessageAttributeValue>,
+) -> HashMap<String, MessageAttributeValue> {
+    raw.iter()
+        .filter(|(k, _)| !dead_letter::is_bookkeeping(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// One `SendMessage` of the copy with `attrs`, in the message's group and with its deduplication id on a FIFO
+/// dead-letter queue.
+async fn send_copy(
+    client: &aws_sdk_sqs::Client,
+    dlq_url: &str,
+    body: &str,
+    attrs: HashMap<String, MessageAttributeValue>,
+    msg: &ReceivedMessage,
+    dedup_id: Option<&str>,
+) -> Result<(), BrokerError> {
     let mut send = client
         .send_message()
         .queue_url(dlq_url)
         .message_body(body)
-        .set_message_attributes(Some(attrs));
+        .set_message_attributes((!attrs.is_empty()).then_some(attrs));
     if is_fifo(dlq_url) {
         // Same group and deduplication id as the original: a forward retried after a failed delete is
         // dropped by the DLQ's deduplication instead of making a second copy. A redrive inside the 5-minute

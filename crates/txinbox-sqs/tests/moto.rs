@@ -1374,3 +1374,88 @@ async fn a_message_without_a_group_gets_a_group_sqs_accepts_whatever_its_id() {
         d.ack().await.unwrap();
     }
 }
+
+/// The dead-letter queue refuses the copy a dead letter sends because of what the copy adds: its reason and
+/// its detail (up to 1 KiB) on a message already near the maximum size (AWS, `SendMessage`, as SQS answers it:
+/// "One or more parameters are invalid. Reason: Message must be shorter than 262144 bytes."; moto checks the
+/// body alone, so a transport in front of it refuses every copy carrying the reason). The forward failed at
+/// every try and the message came back once per visibility timeout, its handler run again each time; the copy
+/// now goes with the message's own attributes, and the original is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_copy_refused_for_its_reason_is_forwarded_without_it() {
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    send(
+        &c,
+        &q.url,
+        &body("o1", "m1", json!({})),
+        Some("evt-too-big"),
+        "d-1",
+        "g-1",
+    )
+    .await;
+    let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let refused = refusals.clone();
+    let inner = c.config().http_client().expect("an HTTP client");
+    let http = with_hook(inner, move |request, connector| {
+        let with_reason = request
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|t| t == "AmazonSQS.SendMessage")
+            && request
+                .body()
+                .bytes()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+                .is_some_and(|v| v["MessageAttributes"].get("txinbox-dlq-reason").is_some());
+        if with_reason {
+            refused.fetch_add(1, Ordering::SeqCst);
+        }
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            if !with_reason {
+                return connector.call(request).await;
+            }
+            let answer = json!({
+                "__type": "com.amazonaws.sqs#InvalidParameterValue",
+                "message": "One or more parameters are invalid. Reason: Message must be shorter than 262144 bytes."
+            })
+            .to_string();
+            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
+                400u16.try_into().expect("a status"),
+                answer.into(),
+            );
+            response
+                .headers_mut()
+                .insert("content-type", "application/x-amz-json-1.0");
+            Ok(response)
+        })
+    });
+    let refusing =
+        aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(http).build());
+    let mut r = SqsReceiver::connect(refusing, &q.url, fast_options(30, &q.dlq))
+        .await
+        .unwrap();
+    let d = receive_until(&mut r, 1, LONG).await.pop().unwrap();
+    d.dead_letter(txinbox_core::DeadLetter::new(
+        "permanent_error",
+        "the CRM refused the task",
+    ))
+    .await
+    .expect("forwarded without the reason, then deleted");
+    assert_eq!(
+        refusals.load(Ordering::SeqCst),
+        1,
+        "the copy with the reason"
+    );
+    let copies = drain(&c, &q.dlq).await;
+    assert_eq!(copies.len(), 1);
+    let attrs = copies[0].message_attributes().cloned().unwrap_or_default();
+    assert_eq!(
+        attrs.get("ce-id").and_then(|v| v.string_value()),
+        Some("evt-too-big"),
+        "the identity kept"
+    );
+    assert!(!attrs.contains_key("txinbox-dlq-reason"));
+    assert_eq!(counts(&c, &q.url).await, (0, 0), "the original deleted");
+}
