@@ -81,6 +81,7 @@ pub struct SettleNotRetried {
 /// keeping it as the source.
 pub(crate) fn client_error(op: &'static str, err: azure_core::Error) -> BrokerError {
     let kind = match err.kind() {
+        _ if err.downcast_ref::<ForeignHost>().is_some() => BrokerErrorKind::Protocol,
         ErrorKind::HttpResponse { status, .. } => {
             BrokerErrorKind::of_http_status(u16::from(*status))
         }
@@ -118,6 +119,17 @@ pub struct ServiceRetryAfter {
     pub status: u16,
     /// The wait the service asked for.
     pub after: Duration,
+}
+
+/// Our HTTP client refused a request to a host that is not the namespace's (`{namespace}.servicebus.windows.net`
+/// over HTTPS, or the configured endpoint): a lock URI (the service's `Location`) naming another host. Nothing
+/// was sent, so no credential left. A [`Protocol`](BrokerErrorKind::Protocol) error's source.
+#[derive(Debug, thiserror::Error)]
+#[error("refused to send a request to {host:?}, which is not the namespace's host")]
+#[non_exhaustive]
+pub struct ForeignHost {
+    /// The scheme and host (and port) the request named.
+    pub host: String,
 }
 
 /// The error our HTTP client raises when a request gets no answer in time.
@@ -159,6 +171,16 @@ mod tests {
         assert_eq!(
             client_error("receive", forbidden()).kind(),
             BrokerErrorKind::Unauthorized
+        );
+        let foreign = azure_core::Error::new(
+            ErrorKind::Other,
+            ForeignHost {
+                host: "https://elsewhere.example".into(),
+            },
+        );
+        assert_eq!(
+            client_error("complete", foreign).kind(),
+            BrokerErrorKind::Protocol
         );
         let unauthorized =
             ErrorKind::http_response(azure_core::StatusCode::Unauthorized, None).into_error();

@@ -14,7 +14,7 @@ use azure_core::headers::AUTHORIZATION;
 use azure_core::{HttpClient, Request, Response, Url};
 
 use crate::config::SERVICE_BUS_SCOPE;
-use crate::error::{RequestTimedOut, ServiceRetryAfter};
+use crate::error::{ForeignHost, RequestTimedOut, ServiceRetryAfter};
 use crate::wire;
 
 /// How the transport authorizes requests.
@@ -99,6 +99,23 @@ impl Transport {
         }
     }
 
+    /// Whether `url` names the namespace: its public host over HTTPS (any scheme when an endpoint is set, which
+    /// the URL is then rewritten to), or the configured endpoint's host and port. A lock URI is the service's
+    /// `Location` header, used as it comes; a request to any other host would carry our credential there.
+    fn is_namespace(&self, url: &Url) -> bool {
+        let Some(host) = url.host_str() else {
+            return false;
+        };
+        if host.eq_ignore_ascii_case(&self.public_host) {
+            return self.endpoint.is_some() || url.scheme() == "https";
+        }
+        self.endpoint.as_ref().is_some_and(|e| {
+            e.scheme() == url.scheme()
+                && e.host_str().is_some_and(|h| h.eq_ignore_ascii_case(host))
+                && e.port_or_known_default() == url.port_or_known_default()
+        })
+    }
+
     fn rewrite(&self, url: &mut Url) -> azure_core::Result<()> {
         let Some(endpoint) = &self.endpoint else {
             return Ok(());
@@ -163,6 +180,19 @@ impl HttpClient for Transport {
         let mut request = request.clone();
         let budget = self.budget(request.url());
         let lock_uri = is_lock_uri(request.url());
+        if !self.is_namespace(request.url()) {
+            let url = request.url();
+            let host = format!(
+                "{}://{}{}",
+                url.scheme(),
+                url.host_str().unwrap_or_default(),
+                url.port().map(|p| format!(":{p}")).unwrap_or_default()
+            );
+            return Err(azure_core::Error::new(
+                ErrorKind::Other,
+                ForeignHost { host },
+            ));
+        }
         self.rewrite(request.url_mut())?;
         if let Some(bearer) = self.bearer().await? {
             // Headers are keyed by lower-case name, so this replaces the crate's SAS.
@@ -343,6 +373,104 @@ mod tests {
             let e = t.execute_request(&req).await.unwrap_err();
             assert_eq!(e.kind(), &ErrorKind::Credential);
         }
+    }
+
+    /// Records each request's URL and `Authorization`, and answers 200.
+    #[derive(Debug, Default)]
+    struct Records(std::sync::Mutex<Vec<(String, Option<String>)>>);
+
+    #[async_trait::async_trait]
+    impl HttpClient for Records {
+        async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
+            let auth = request.headers().get_optional_string(&AUTHORIZATION);
+            self.0
+                .lock()
+                .unwrap()
+                .push((request.url().to_string(), auth));
+            Ok(Response::new(
+                azure_core::StatusCode::Ok,
+                azure_core::headers::Headers::new(),
+                Box::pin(futures::stream::empty()),
+            ))
+        }
+    }
+
+    #[derive(Debug)]
+    struct Token;
+
+    #[async_trait::async_trait]
+    impl TokenCredential for Token {
+        async fn get_token(&self, _: &[&str]) -> azure_core::Result<AccessToken> {
+            Ok(AccessToken::new(
+                "entra-token",
+                azure_core::date::parse_rfc3339("2099-01-01T00:00:00Z")?,
+            ))
+        }
+        async fn clear_cache(&self) -> azure_core::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A lock URI is the service's `Location` header, used as it comes: one naming another host (or plain
+    /// HTTP) is never sent, so neither the Azure AD token (good for every namespace the identity may use) nor a
+    /// SAS leaves for it. The namespace's host over HTTPS, and the configured endpoint, are sent to.
+    #[tokio::test]
+    async fn requests_go_to_the_namespace_only() {
+        let records = Arc::new(Records::default());
+        let bearer = |endpoint: Option<&str>| {
+            Transport::new(
+                records.clone(),
+                "ns.servicebus.windows.net".into(),
+                endpoint.map(|e| Url::parse(e).unwrap()),
+                Auth::bearer(Arc::new(Token)),
+                Duration::from_secs(5),
+                Duration::from_secs(10),
+            )
+        };
+        let delete = |url: &str| Request::new(Url::parse(url).unwrap(), azure_core::Method::Delete);
+        let t = bearer(None);
+        t.execute_request(&delete(
+            "https://ns.servicebus.windows.net/q/messages/3/tok",
+        ))
+        .await
+        .expect("the namespace is sent to");
+        for foreign in [
+            "https://elsewhere.example/q/messages/3/tok",
+            "https://ns.servicebus.windows.net.elsewhere.example/q/messages/3/tok",
+            "http://ns.servicebus.windows.net/q/messages/3/tok",
+        ] {
+            let e = t.execute_request(&delete(foreign)).await.unwrap_err();
+            assert!(
+                e.downcast_ref::<ForeignHost>().is_some(),
+                "{foreign}: {e:?}"
+            );
+        }
+        let t = bearer(Some("http://127.0.0.1:5380"));
+        t.execute_request(&delete(
+            "https://ns.servicebus.windows.net/q/messages/3/tok",
+        ))
+        .await
+        .expect("rewritten to the endpoint");
+        t.execute_request(&delete("http://127.0.0.1:5380/q/messages/3/tok"))
+            .await
+            .expect("the endpoint itself is sent to");
+        let e = t
+            .execute_request(&delete("http://127.0.0.1:5381/q/messages/3/tok"))
+            .await
+            .unwrap_err();
+        assert!(e.downcast_ref::<ForeignHost>().is_some(), "{e:?}");
+        let sent = records.0.lock().unwrap().clone();
+        assert_eq!(
+            sent.iter().map(|(u, _)| u.as_str()).collect::<Vec<_>>(),
+            [
+                "https://ns.servicebus.windows.net/q/messages/3/tok",
+                "http://127.0.0.1:5380/q/messages/3/tok",
+                "http://127.0.0.1:5380/q/messages/3/tok",
+            ]
+        );
+        assert!(sent
+            .iter()
+            .all(|(_, a)| a.as_deref() == Some("Bearer entra-token")));
     }
 
     #[tokio::test]
