@@ -86,11 +86,14 @@ async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<St
             url.split(':').next().unwrap_or_default()
         ));
     }
-    // `--status` changes nothing: the store as it is, refused without the inbox (a conversion migrates
-    // first, as a worker would).
+    // The store as it is, refused without the inbox: a mistyped database or search_path would otherwise get
+    // a new partitioned inbox, reported as converted, while the inbox meant stays row by row. A conversion
+    // then migrates an older schema first, as a worker would; `--status` changes nothing.
+    let as_is = crate::inbox::postgres_as_is(url, "txinbox-partition", 2).await?;
     let store = if status_only {
-        crate::inbox::postgres_as_is(url, "txinbox-partition", 2).await?
+        as_is
     } else {
+        as_is.close().await;
         Store::<sqlx::Postgres>::connect(url, 2)
             .await
             .map_err(|e| format!("store (postgres): {e}"))?

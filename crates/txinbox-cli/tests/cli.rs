@@ -671,6 +671,18 @@ fn a_settings_file_error_never_prints_the_store_password() {
 
 #[test]
 fn partition_status_changes_nothing_in_a_store_without_the_inbox() {
+    partition_refuses_a_store_without_the_inbox(&["--status"]);
+}
+
+/// The conversion (without `--status`) on a URL without the inbox (a mistyped database or search_path) is
+/// refused and creates nothing. It migrated the empty schema, created a partitioned inbox there and answered
+/// `converted: ...` with exit 0, while the inbox the operator meant stayed row by row.
+#[test]
+fn partition_refuses_to_convert_a_store_without_the_inbox() {
+    partition_refuses_a_store_without_the_inbox(&[]);
+}
+
+fn partition_refuses_a_store_without_the_inbox(flags: &[&str]) {
     let base = pg_url();
     let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -679,7 +691,9 @@ fn partition_status_changes_nothing_in_a_store_without_the_inbox() {
         .unwrap();
     let sep = if base.contains('?') { '&' } else { '?' };
     let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
-    let (code, out, err) = txinbox(&["inbox", "partition", "--status", "--store", &url]);
+    let mut args = vec!["inbox", "partition", "--store", &url];
+    args.extend_from_slice(flags);
+    let (code, out, err) = txinbox(&args);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("no txinbox schema"), "{err}");
     let tables: i64 = rt
@@ -691,8 +705,24 @@ fn partition_status_changes_nothing_in_a_store_without_the_inbox() {
             .fetch_one(&pool),
         )
         .unwrap();
-    assert_eq!(tables, 0, "--status created tables in {schema}");
-    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema}")).execute(&pool))
+    assert_eq!(tables, 0, "{flags:?} created tables in {schema}");
+    // Once a worker made the inbox there, the same command converts it (or reports its layout).
+    rt.block_on(async {
+        txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1)
+            .await
+            .unwrap()
+            .close()
+            .await
+    });
+    let (code, out, err) = txinbox(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    let expect = if flags.is_empty() {
+        "converted: "
+    } else {
+        "row-by-row"
+    };
+    assert!(out.starts_with(expect), "{out}");
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
     rt.block_on(pool.close());
 }

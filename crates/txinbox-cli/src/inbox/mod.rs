@@ -34,7 +34,8 @@ pub enum InboxCommand {
     /// between them and a time budget. Exit 0: nothing expired left; 3: the budget stopped it first.
     Purge(crate::purge::PurgeArgs),
     /// PostgreSQL: convert the inbox to the partitioned layout (retention drops whole partitions instead of
-    /// deleting rows; one transaction, idempotent), or print the layout with `--status`.
+    /// deleting rows; one transaction, idempotent; refused on a URL without the inbox), or print the layout
+    /// with `--status`.
     Partition(crate::partition::PartitionArgs),
 }
 
