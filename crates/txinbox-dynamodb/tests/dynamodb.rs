@@ -102,6 +102,7 @@ on_both_backends!(
     a_refused_signature_never_shows_the_session_token,
     a_message_applied_again_after_its_marker_expired_records_its_effect_again,
     a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_naming_the_action,
+    a_transaction_in_progress_answer_after_the_commit_applied_is_recognised_by_the_token,
 );
 
 async fn fresh_table(client: &Client) -> String {
@@ -2021,4 +2022,65 @@ async fn a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_namin
         }
     }
     assert_eq!(count_of(&c, &tasks, "t-1").await, None);
+}
+
+/// AWS, TransactWriteItems: `TransactionInProgressException`, "The transaction with the given request token
+/// is already in progress": the answer to a request whose token another request still being processed
+/// carries, as the SDK's retry of a commit whose first answer was lost meets it. That first request may
+/// then commit. The store sends its next attempt under a new token, whose marker condition meets the
+/// marker the first wrote, with the first's token: done, written once, never a duplicate nor a failure.
+/// The hook lets the first commit reach DynamoDB and answers it `TransactionInProgressException`; the SDK's
+/// retries are off (the SDK retries this code under the same token itself), so the store's own next attempt
+/// meets it.
+async fn a_transaction_in_progress_answer_after_the_commit_applied_is_recognised_by_the_token(
+    b: Backend,
+) {
+    use aws_sdk_dynamodb::config::http::HttpResponse;
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+    let commits = Arc::new(AtomicUsize::new(0));
+    let counted = commits.clone();
+    let http = with_hook(
+        txinbox_dynamodb::http_client(),
+        move |request, connector| {
+            let commit = request
+                .headers()
+                .get("x-amz-target")
+                .is_some_and(|t| t.ends_with(".TransactWriteItems"));
+            let first = commit && counted.fetch_add(1, Ordering::SeqCst) == 0;
+            let answer = connector.call(request);
+            HttpConnectorFuture::new(async move {
+                let answer = answer.await?;
+                if !first {
+                    return Ok(answer);
+                }
+                assert_eq!(answer.status().as_u16(), 200, "the first commit applies");
+                let body = serde_json::json!({
+                "__type": "com.amazonaws.dynamodb.v20120810#TransactionInProgressException",
+                "Message": "The transaction with the given request token is already in progress.",
+            })
+            .to_string();
+                let mut refused = HttpResponse::new(400u16.try_into().unwrap(), body.into());
+                refused
+                    .headers_mut()
+                    .insert("content-type", "application/x-amz-json-1.0");
+                Ok(refused)
+            })
+        },
+    );
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(http)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
+        .endpoint_url(&b.endpoint)
+        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
+        .build();
+    let (store, _) = store_on(Client::from_conf(conf)).await;
+    let tasks = business_table(&b.client()).await;
+    let id = txinbox_test_identity("m-1");
+    let done = commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-1")).unwrap()).await;
+    assert!(matches!(done, Commit::Done), "{done:?}");
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+    assert_eq!(count_of(&b.client(), &tasks, "t-1").await, Some(1));
 }
