@@ -167,7 +167,8 @@ impl std::fmt::Debug for RunArgs {
 impl std::fmt::Debug for CompensateArgs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CompensateArgs")
-            .field("store", &redact_url(&self.store))
+            .field("store", &self.store.as_deref().map(redact_url))
+            .field("shard", &self.shard)
             .field("key", &self.key)
             .field("compensate", &redacted_urls(&self.compensate))
             .field("config", &self.config)
@@ -217,37 +218,12 @@ impl RunArgs {
     /// The store URL: `--shard`'s, else `--store`, else the settings file's (a file with shards needs
     /// `--shard`: its `[store] url` is none of them), else `TXINBOX_STORE_URL`.
     pub fn store_url(&self) -> Result<String, String> {
-        if let (Some(url), None) = (&self.store, &self.shard) {
-            return Ok(url.clone());
-        }
-        let Some(path) = &self.config else {
-            return crate::targets::StoreArgs::default()
-                .targets()
-                .map(|mut t| t.remove(0).url);
-        };
-        // Several shards and none named: said before any shard's URL is read (their variables need not be
-        // set where the command runs).
-        if self.shard.is_none() {
-            let shards = self.file()?.map(|f| f.store.shards).unwrap_or_default();
-            if shards.len() > 1 {
-                let names: Vec<&str> = shards.keys().map(String::as_str).collect();
-                return Err(format!(
-                    "{} has shards ({}): a runner runs the effects of one, name it with --shard NAME (one `txinbox effects run` per shard)",
-                    path.display(),
-                    names.join(", ")
-                ));
-            }
-        }
-        let args = crate::targets::StoreArgs {
-            store: None,
-            config: Some(path.clone()),
-            shard: self.shard.clone(),
-        };
-        let mut targets = args.targets()?;
-        if targets.len() != 1 {
-            return Err(format!("{}: no store", path.display()));
-        }
-        Ok(targets.remove(0).url)
+        store_url(
+            self.store.as_deref(),
+            self.config.as_deref(),
+            self.shard.as_deref(),
+            "a runner runs the effects of one, name it with --shard NAME (one `txinbox effects run` per shard)",
+        )
     }
 
     /// The runner's settings: the file's `[effects]`, then the flags. Every destination's rules are checked.
@@ -333,6 +309,51 @@ impl RunArgs {
     }
 }
 
+/// The one store a command acts on: `--shard`'s, else `--store`, else the settings file's (a file with several
+/// shards needs `--shard`, said with `which_shard`: its `[store] url` is none of them), else
+/// `TXINBOX_STORE_URL`.
+fn store_url(
+    store: Option<&str>,
+    config: Option<&std::path::Path>,
+    shard: Option<&str>,
+    which_shard: &str,
+) -> Result<String, String> {
+    if let (Some(url), None) = (store, shard) {
+        return Ok(url.to_owned());
+    }
+    let Some(path) = config else {
+        return crate::targets::StoreArgs::default()
+            .targets()
+            .map(|mut t| t.remove(0).url);
+    };
+    // Several shards and none named: said before any shard's URL is read (their variables need not be set
+    // where the command runs).
+    if shard.is_none() {
+        let shards = WorkerSettings::load(path)
+            .map_err(|e| e.to_string())?
+            .store
+            .shards;
+        if shards.len() > 1 {
+            let names: Vec<&str> = shards.keys().map(String::as_str).collect();
+            return Err(format!(
+                "{} has shards ({}): {which_shard}",
+                path.display(),
+                names.join(", ")
+            ));
+        }
+    }
+    let args = crate::targets::StoreArgs {
+        store: None,
+        config: Some(path.to_owned()),
+        shard: shard.map(str::to_owned),
+    };
+    let mut targets = args.targets()?;
+    if targets.len() != 1 {
+        return Err(format!("{}: no store", path.display()));
+    }
+    Ok(targets.remove(0).url)
+}
+
 fn confirm(d: &mut HttpDestinationSettings) -> &mut ConfirmSettings {
     d.confirm.get_or_insert_with(ConfirmSettings::default)
 }
@@ -409,9 +430,17 @@ pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String>
 /// Arguments of `txinbox effects compensate`. Its `Debug` masks the URLs' passwords and query values.
 #[derive(clap::Args)]
 pub struct CompensateArgs {
-    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`).
-    #[arg(long, env = "TXINBOX_STORE_URL")]
-    pub store: String,
+    /// Store URL (`sqlite:path.db`, `postgres://...` or `dynamodb://TABLE`); default: the settings file's
+    /// `[store] url` (`--config`); without `--store` and `--config`, `TXINBOX_STORE_URL`.
+    // Not clap's `env` (see `RunArgs::store`): an exported TXINBOX_STORE_URL would stand for `--store` beside
+    // `--config`, and the compensation would read another store's effect (its reference) and send its DELETE
+    // to the file's destinations.
+    #[arg(long)]
+    pub store: Option<String>,
+    /// With `--config` on shards (`[store.shards]`): the shard that holds the effect (its URL, in place of
+    /// `--store`, which it refuses beside it).
+    #[arg(long, requires = "config", conflicts_with = "store")]
+    pub shard: Option<String>,
     /// The idempotency key of the done effect to undo.
     #[arg(long)]
     pub key: String,
@@ -419,8 +448,8 @@ pub struct CompensateArgs {
     /// in it (a DELETE); it wins over the settings file's `compensate_url`.
     #[arg(long = "compensate", value_parser = parse_pair, required_unless_present = "config")]
     pub compensate: Vec<(String, String)>,
-    /// The workers' settings file: its `[effects.destinations.NAME]` (their `compensate_url`, `key` and
-    /// `headers`), as the effect runner reads them.
+    /// The workers' settings file: its store (without `--store`) and its `[effects.destinations.NAME]` (their
+    /// `compensate_url`, `key` and `headers`), as the effect runner reads them.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
     /// `NAME=header:HEADER`, `NAME=body:FIELD` or `NAME=none`: where the destination takes the key (as
@@ -434,6 +463,17 @@ pub struct CompensateArgs {
 }
 
 impl CompensateArgs {
+    /// The store holding the effect: `--shard`'s, else `--store`, else the settings file's, else
+    /// `TXINBOX_STORE_URL`.
+    pub fn store_url(&self) -> Result<String, String> {
+        store_url(
+            self.store.as_deref(),
+            self.config.as_deref(),
+            self.shard.as_deref(),
+            "name the shard that holds the effect with --shard NAME",
+        )
+    }
+
     /// The destinations a compensation may go to: the settings file's, then the flags'. Each `--compensate`
     /// URL stands in for its destination's call URL where the file has none (a compensation sends no call).
     pub fn destinations(&self) -> Result<BTreeMap<String, HttpDestinationSettings>, String> {

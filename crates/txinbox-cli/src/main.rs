@@ -362,10 +362,13 @@ fn main() -> ExitCode {
                         }
                     }
                 }
-                EffectsCommand::Compensate(a) => vec![targets::StoreTarget {
-                    shard: None,
-                    url: a.store.clone(),
-                }],
+                EffectsCommand::Compensate(a) => match a.store_url() {
+                    Ok(url) => vec![targets::StoreTarget { shard: None, url }],
+                    Err(e) => {
+                        crate::out::errln!("error: {}", targets::redact(&e));
+                        return ExitCode::from(2);
+                    }
+                },
                 EffectsCommand::Show(a) => vec![targets::StoreTarget {
                     shard: None,
                     url: a.store.clone(),

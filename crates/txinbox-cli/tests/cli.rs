@@ -473,6 +473,27 @@ fn an_exported_txinbox_store_url_gives_way_to_config() {
         assert_eq!(code, 0, "{command:?} reads --config: {out}{err}");
         assert!(!err.contains("s3cret"), "{err}");
     }
+    // A compensation reads the file's store too: it read TXINBOX_STORE_URL's, and would have sent the DELETE
+    // of another store's effect (its reference) to the file's destinations.
+    let compensate = [
+        "effects",
+        "compensate",
+        "--config",
+        &config,
+        "--key",
+        "no-such-key",
+        "--compensate",
+        "crm=http://127.0.0.1:9/tasks/{reference}",
+    ];
+    for env in [Some(elsewhere), None] {
+        let (code, out, err) = run(&compensate, env);
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(
+            err.contains("no effect has the key no-such-key"),
+            "compensate reads --config's store ({env:?}): {err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+    }
     // The variable still stands for --store when neither is given.
     let (code, out, err) = run(&["inbox", "stats"], Some(&url));
     assert_eq!(code, 0, "{out}{err}");
