@@ -36,17 +36,20 @@ pub struct UnexpectedStatus {
 }
 
 /// A complete or abandon was retried after an attempt that may have applied (its answer was lost, or it was
-/// answered with a server error), and the retry found no lock: the earlier attempt probably completed (or abandoned) the
-/// message, but that cannot be known. The source of an [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown)
-/// error, whose own source is the retry's 404. Never a renewal's: a renewal removes no lock, so its 404 is
-/// [`LockLost`](BrokerErrorKind::LockLost) whatever came before.
+/// answered with a server error), and a later attempt found no lock, or failed and was not retried (the last
+/// attempt, or [`SettleNotRetried`]): the earlier attempt may have completed (or abandoned) the message, and
+/// a 404 then is probably its doing, but that cannot be known. The source of an
+/// [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown) error, whose own source is the later attempt's error.
+/// Never a renewal's: a renewal removes no lock, so its 404 is [`LockLost`](BrokerErrorKind::LockLost)
+/// whatever came before.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "attempt {attempt} found no lock after an earlier attempt that may have applied ({earlier})"
+    "attempt {attempt} failed ({}) after an earlier attempt that may have applied ({earlier})",
+    .source.kind()
 )]
 #[non_exhaustive]
 pub struct AmbiguousSettle {
-    /// The attempt that answered 404.
+    /// The attempt that answered 404, or that was not retried.
     pub attempt: u32,
     /// How the earlier attempt failed: [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown) (no answer) or
     /// [`ServerError`](BrokerErrorKind::ServerError) (a 5xx other than 503).

@@ -149,7 +149,8 @@ fn settle_wait(
 /// `RenewMessageLockAsync`: "The lock for the message has expired or the message has already been completed.
 /// The Reason will be set to MessageLockLost in this case."). A retry whose wait [`settle_wait`] refuses is
 /// not made: the settle fails with the attempt's kind and [`SettleNotRetried`] as its source, and the message
-/// comes back when its lock ends (the inbox absorbs that redelivery).
+/// comes back when its lock ends (the inbox absorbs that redelivery). A complete or abandon given up so, or
+/// after its last attempt, when an earlier attempt may have applied, is ambiguous too.
 pub(crate) async fn settle(
     response: &PeekLockResponse,
     op: SettleOp,
@@ -182,25 +183,48 @@ pub(crate) async fn settle(
                 },
             ));
         }
-        if !e.is_retryable() || attempt >= attempts {
+        if !e.is_retryable() {
             return Err(e);
         }
         let lock_left = (locked_until - Utc::now()).to_std().unwrap_or_default();
-        let backoff = match settle_wait(attempt, e.retry_after(), lock_left) {
-            Ok(backoff) => backoff,
-            Err(wait) => {
-                let after = e.retry_after();
-                return Err(BrokerError::new(
-                    e.kind(),
-                    op.name(),
-                    SettleNotRetried {
-                        attempt,
-                        wait,
-                        lock_left,
-                        source: e,
-                    },
-                )
-                .with_retry_after(after));
+        let backoff = match (
+            attempt >= attempts,
+            settle_wait(attempt, e.retry_after(), lock_left),
+        ) {
+            (false, Ok(backoff)) => backoff,
+            (_, wait) => {
+                let e = match wait {
+                    Ok(_) => e,
+                    Err(wait) => {
+                        let after = e.retry_after();
+                        BrokerError::new(
+                            e.kind(),
+                            op.name(),
+                            SettleNotRetried {
+                                attempt,
+                                wait,
+                                lock_left,
+                                source: e,
+                            },
+                        )
+                        .with_retry_after(after)
+                    }
+                };
+                // Given up after an attempt that may have applied: whatever this one said, the outcome is unknown.
+                return Err(match may_have_applied {
+                    Some(earlier) if e.kind() != BrokerErrorKind::OutcomeUnknown => {
+                        BrokerError::new(
+                            BrokerErrorKind::OutcomeUnknown,
+                            op.name(),
+                            AmbiguousSettle {
+                                attempt,
+                                earlier,
+                                source: e,
+                            },
+                        )
+                    }
+                    _ => e,
+                });
             }
         };
         // A renewal removes no lock, so its 404 is a lost lock whatever an earlier attempt did.

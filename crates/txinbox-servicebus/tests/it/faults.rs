@@ -223,6 +223,45 @@ async fn a_retry_after_past_the_lock_is_not_waited() {
     assert_eq!(emu.counts(&q).await, (0, 0));
 }
 
+/// A complete whose answer is lost, then refused (503) with a `Retry-After` past the lock, is given up as an
+/// unknown outcome, not as throttled: the first attempt may have completed the message, and the 503 says
+/// nothing about that.
+#[tokio::test]
+async fn a_complete_given_up_after_a_lost_answer_is_ambiguous() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    publish(&client, &event(&q, "evt-lost-then-throttled", "{}")).await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let d = receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .unwrap();
+    let lock = lock_suffix(&q, &d);
+    emu.fault(json!({"kind": "drop_response", "method": "DELETE", "path_suffix": lock}))
+        .await;
+    emu.fault(json!({"kind": "status", "status": 503, "retry_after_seconds": 4, "method": "DELETE", "path_suffix": lock}))
+        .await;
+    let e = d.complete().await.unwrap_err();
+    assert_eq!(e.kind(), BrokerErrorKind::OutcomeUnknown, "{e}");
+    let ambiguous = e
+        .find_source::<txinbox_servicebus::error::AmbiguousSettle>()
+        .expect("the source says why the outcome is unknown");
+    assert_eq!(ambiguous.attempt, 2);
+    assert_eq!(ambiguous.earlier, BrokerErrorKind::OutcomeUnknown);
+    assert_eq!(ambiguous.source.kind(), BrokerErrorKind::Throttled);
+    assert!(e
+        .find_source::<txinbox_servicebus::error::SettleNotRetried>()
+        .is_some());
+    assert_eq!(
+        emu.counts(&q).await,
+        (0, 0),
+        "the first attempt completed it"
+    );
+}
+
 /// An HTTP client in front of the emulator that sets `EnqueuedSequenceNumber` in every `BrokerProperties` to a
 /// value past `i32`, as an auto-forwarded message from a busy entity carries.
 #[derive(Debug)]
