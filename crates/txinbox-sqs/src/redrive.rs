@@ -11,7 +11,8 @@
 //! 5 minutes keeps its identity another way: when its identity is in CloudEvents (`ce-id` attribute or a
 //! structured CloudEvents body) it is sent with the deduplication id `redrive-<DLQ MessageId>` (stable across
 //! reruns, so a rerun after a failed DLQ delete is itself deduplicated); when the deduplication id *is* its
-//! identity it is left in the DLQ and reported as deferred, to be moved by a later run.
+//! identity it is left in the DLQ and reported as deferred, to be moved by a later run; the later messages of
+//! its FIFO group in that run are deferred with it, so none reaches the queue ahead of it.
 
 use std::time::Duration;
 
@@ -75,6 +76,10 @@ async fn run(
     );
     let target_fifo = is_fifo(to);
     let limit = opts.max.unwrap_or(usize::MAX);
+    // FIFO groups one of whose messages this run left in the DLQ for a later run (deferred): their later
+    // messages wait with it, or they would reach the queue before it. AWS: "Messages within the same message
+    // group are always processed one at a time, in strict order".
+    let mut waiting_groups: std::collections::HashSet<String> = std::collections::HashSet::new();
     progress.event(RedriveEvent::Started, report);
     'outer: while report.moved < limit {
         let ask = (limit - report.moved).min(10);
@@ -131,6 +136,26 @@ async fn run(
                 continue;
             }
             if target_fifo {
+                let group = sys(MessageSystemAttributeName::MessageGroupId);
+                if let Some(g) = group.as_ref().filter(|g| waiting_groups.contains(*g)) {
+                    report.deferred += 1;
+                    tracing::warn!(dlq_message_id = position, group = %g, "deferred: an earlier message of its group stays in the DLQ until a later run; run the redrive again later");
+                    let sent = sys(MessageSystemAttributeName::SentTimestamp)
+                        .and_then(|t| t.parse::<i64>().ok())
+                        .and_then(|ms| Utc.timestamp_millis_opt(ms).single());
+                    progress.event(
+                        RedriveEvent::Deferred {
+                            item: RedriveItem::new(
+                                original.as_deref().unwrap_or(position),
+                                position,
+                            ),
+                            enqueued_ago: sent.map(|t| Utc::now() - t),
+                            window: DEDUP_WINDOW,
+                        },
+                        report,
+                    );
+                    continue;
+                }
                 let sent = sys(MessageSystemAttributeName::SentTimestamp)
                     .and_then(|t| t.parse::<i64>().ok())
                     .and_then(|ms| Utc.timestamp_millis_opt(ms).single());
@@ -142,6 +167,9 @@ async fn run(
                     (Some(orig), false, _) => orig,
                     (Some(orig), true, false) => {
                         report.deferred += 1;
+                        if let Some(g) = &group {
+                            waiting_groups.insert(g.clone());
+                        }
                         tracing::warn!(dlq_message_id = position, "deferred: its deduplication id is its identity and is still inside the 5-minute FIFO window; run the redrive again later");
                         progress.event(
                             RedriveEvent::Deferred {
@@ -158,8 +186,7 @@ async fn run(
                         format!("redrive-{}", m.message_id().unwrap_or(receipt))
                     }
                 };
-                let group = sys(MessageSystemAttributeName::MessageGroupId)
-                    .unwrap_or_else(|| "txinbox-redrive".into());
+                let group = group.unwrap_or_else(|| "txinbox-redrive".into());
                 send = send.message_group_id(group).message_deduplication_id(dedup);
             }
             send.send().await.map_err(|e| sdk_error("SendMessage", e))?;

@@ -1459,3 +1459,57 @@ async fn a_dead_letter_copy_refused_for_its_reason_is_forwarded_without_it() {
     assert!(!attrs.contains_key("txinbox-dlq-reason"));
     assert_eq!(counts(&c, &q.url).await, (0, 0), "the original deleted");
 }
+
+/// Two dead letters of one FIFO group: the first's identity is its deduplication id and it is still inside
+/// the 5-minute window, so the redrive leaves it in the DLQ for a later run; the second carries `ce-id` and
+/// could go now under a new deduplication id. It went, and reached the queue before the message it follows
+/// (AWS: "Messages within the same message group are always processed one at a time, in strict order"). It
+/// now waits with it: both deferred, nothing sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_does_not_move_a_message_ahead_of_a_deferred_one_of_its_group() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    send(
+        &c,
+        &q.dlq,
+        &body("o1", "m", json!({})),
+        None,
+        "d-first",
+        "g",
+    )
+    .await;
+    send(
+        &c,
+        &q.dlq,
+        &body("o2", "m", json!({})),
+        Some("evt-second"),
+        "d-second",
+        "g",
+    )
+    .await;
+    let report = txinbox_sqs::redrive(
+        &c,
+        &q.dlq,
+        &q.url,
+        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
+        &mut (),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.moved, report.deferred),
+        (0, 2),
+        "the second waits with the first: {report:?}"
+    );
+    assert_eq!(
+        counts(&c, &q.url).await,
+        (0, 0),
+        "nothing reached the queue"
+    );
+    assert_eq!(total_in(&c, &q.dlq).await, 2, "both stay in the DLQ");
+}
+
+async fn total_in(c: &aws_sdk_sqs::Client, url: &str) -> u64 {
+    let (visible, in_flight) = counts(c, url).await;
+    visible + in_flight
+}
