@@ -901,3 +901,41 @@ fn effects_show_lists_every_effect_of_a_key() {
         .unwrap();
     rt.block_on(pool.close());
 }
+
+/// `inbox rejections --since T1 --until T2` with T1 not before T2 (the two swapped at 3 a.m.) can match nothing:
+/// it is refused as a usage error naming both, where it printed an empty table with exit 0, as if no delivery
+/// had been refused in that range.
+#[test]
+fn rejections_with_since_not_before_until_is_a_usage_error() {
+    let dir = scratch("since-until");
+    let url = sqlite_store(&dir, "inbox.db");
+    let (code, out, err) = txinbox(&[
+        "inbox",
+        "rejections",
+        "--store",
+        &url,
+        "--since",
+        "2026-12-02T00:00:00Z",
+        "--until",
+        "2026-12-01T00:00:00Z",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("--since") && err.contains("--until") && err.contains("nothing can match"),
+        "{err}"
+    );
+    // In order, the same store answers (no rejection in it).
+    let (code, out, err) = txinbox(&[
+        "inbox",
+        "rejections",
+        "--store",
+        &url,
+        "--since",
+        "2026-12-01T00:00:00Z",
+        "--until",
+        "2026-12-02T00:00:00Z",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}

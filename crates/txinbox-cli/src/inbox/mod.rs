@@ -110,7 +110,7 @@ pub struct RejectionsArgs {
     /// Recorded at or after this time (RFC 3339, e.g. 2026-12-01T10:00:00Z).
     #[arg(long, value_parser = parse_time)]
     since: Option<DateTime<Utc>>,
-    /// Recorded before this time (RFC 3339).
+    /// Recorded before this time (RFC 3339); after `--since`.
     #[arg(long, value_parser = parse_time)]
     until: Option<DateTime<Utc>>,
     /// At most this many rows.
@@ -209,6 +209,20 @@ pub fn run(command: InboxCommand) -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return error(&e.to_string()),
     };
+    if let ReadCommand::Rejections(RejectionsArgs {
+        since: Some(since),
+        until: Some(until),
+        ..
+    }) = &command
+    {
+        if since >= until {
+            return error(&format!(
+                "--since {} is not before --until {}: nothing can match (--since is the earliest time kept, --until the first one left out)",
+                since.to_rfc3339(),
+                until.to_rfc3339()
+            ));
+        }
+    }
     let result = rt.block_on(async {
         let targets = command.common().store.targets()?;
         if command.common().json && targets.len() > 1 {
