@@ -421,3 +421,137 @@ async fn markers_spread_over_their_index_partitions_and_every_one_is_counted() {
     assert_eq!(markers, N as i64);
     assert_eq!(oldest, s.oldest_processed_at);
 }
+
+/// A store on `table` whose every `Query` asks DynamoDB for one item a page (`Limit` 1, the request rewritten
+/// on its way out): an item a filter leaves out is then a page of none with a `LastEvaluatedKey`, as the 1 MB
+/// page of the service gives when its items do not match (AWS, Query: "If DynamoDB processes the number of
+/// items up to the limit while processing the results, it stops the operation and returns the matching
+/// values up to that point, and a key in LastEvaluatedKey to apply in a subsequent operation").
+async fn one_item_a_page(table: &str) -> DynamoStore {
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector};
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap();
+    let http = with_hook(txinbox_dynamodb::http_client(), |mut request, connector| {
+        let query = request
+            .headers()
+            .get("x-amz-target")
+            .is_some_and(|t| t.ends_with(".Query"));
+        if query {
+            let mut body: serde_json::Value =
+                serde_json::from_slice(request.body().bytes().unwrap()).unwrap();
+            body["Limit"] = serde_json::json!(1);
+            let body = body.to_string();
+            request
+                .headers_mut()
+                .insert("content-length", body.len().to_string());
+            *request.body_mut() = body.into();
+        }
+        connector.call(request)
+    });
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(http)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
+        .endpoint_url(endpoint)
+        .build();
+    DynamoStore::open(Client::from_conf(conf), table, DynamoOptions::default())
+        .await
+        .unwrap()
+}
+
+/// Every operator query and the effects' claim read a partition to its end, past the pages a filter leaves
+/// empty: the figures, a message's story, the rejections, the effect counts, the table figures and a claim
+/// are the same read one item a page as read whole, on a table where expired markers, another consumer's
+/// effects and evidence of two kinds sit between the items each query keeps.
+#[tokio::test]
+async fn every_query_reads_on_past_the_pages_a_filter_leaves_empty() {
+    use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
+    let (c, table, store) = fresh_store().await;
+    let ids = ["m-1", "m-2", "m-3", "m-4", "m-5", "m-6", "m-7", "m-8"];
+    let mut msgs: Vec<OutgoingMessage> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| meeting(id, &format!("o-{i}"), "x"))
+        .collect();
+    // A payload collision and a business duplicate: evidence of two kinds.
+    msgs.push(meeting("m-1", "o-9", "z"));
+    msgs.push(meeting("m-9", "o-1", "x"));
+    let report = apply(&store, CONSUMER, msgs).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 8, "{report:?}");
+    let other = apply(&store, "billing", vec![meeting("b-1", "o-1", "x")]).await;
+    assert_eq!(other.count(OutcomeKind::Applied), 1, "{other:?}");
+    // Six of the eight markers expired, not yet deleted by the TTL.
+    for id in &ids[2..] {
+        set_marker(
+            &c,
+            &table,
+            id,
+            "SET expires_at = :e",
+            &[(
+                ":e",
+                AttributeValue::N((Utc::now().timestamp() - 10).to_string()),
+            )],
+        )
+        .await;
+    }
+    let paged = one_item_a_page(&table).await;
+    let now = Utc::now();
+    let whole = store.consumer_stats(CONSUMER, now).await.unwrap();
+    assert_eq!(whole.inbox_rows, 2);
+    assert_eq!(paged.consumer_stats(CONSUMER, now).await.unwrap(), whole);
+    for id in ["m-1", "m-8"] {
+        assert_eq!(
+            paged
+                .message_story(CONSUMER, id, SOURCE, None)
+                .await
+                .unwrap(),
+            store
+                .message_story(CONSUMER, id, SOURCE, None)
+                .await
+                .unwrap()
+        );
+    }
+    assert_eq!(
+        store
+            .message_story(CONSUMER, "m-8", SOURCE, None)
+            .await
+            .unwrap()
+            .effects
+            .len(),
+        1
+    );
+    for filter in [
+        RejectionFilter::new().consumer(CONSUMER),
+        RejectionFilter::new()
+            .consumer(CONSUMER)
+            .kind("payload_collision")
+            .limit(1),
+    ] {
+        let whole = store.rejections(&filter).await.unwrap();
+        assert_eq!(whole.len(), filter.limit.min(2) as usize);
+        assert_eq!(paged.rejections(&filter).await.unwrap(), whole);
+    }
+    assert_eq!(
+        paged.effect_counts().await.unwrap(),
+        store.effect_counts().await.unwrap()
+    );
+    for t in [Table::Markers, Table::Rejections, Table::Effects] {
+        assert_eq!(
+            paged.table_stats(t, CONSUMER).await.unwrap(),
+            store.table_stats(t, CONSUMER).await.unwrap()
+        );
+    }
+    // The claim: every effect due to `crm` (eight of this consumer, one of billing's), one a page.
+    let claimed = paged
+        .claim_effects(
+            "r",
+            &["crm".to_owned()],
+            now + Duration::minutes(1),
+            now + Duration::minutes(5),
+            100,
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 9);
+}
