@@ -537,15 +537,16 @@ pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Resu
 }
 
 /// Prints every effect with the key of `args`, oldest first: one, except on the partitioned PostgreSQL layout,
-/// where a re-send in another bucket of event time records its effects again under the same keys. None is an
-/// error.
-pub async fn show<S: EffectStore>(store: S, args: &ShowArgs) -> Result<(), String> {
+/// where a re-send in another bucket of event time records its effects again under the same keys. None is
+/// said on stderr and answered `Ok(false)` (nothing found, exit 1).
+pub async fn show<S: EffectStore>(store: S, args: &ShowArgs) -> Result<bool, String> {
     let effects = store
         .find_effects(&args.key)
         .await
         .map_err(|e| e.to_string())?;
     if effects.is_empty() {
-        return Err(format!("no effect has the key {}", args.key.escape_debug()));
+        crate::out::errln!("no effect has the key {}", args.key.escape_debug());
+        return Ok(false);
     }
     outln!(
         "{:>10} {:<20} {:<16} {:<32} {:<24} reference",
@@ -569,7 +570,7 @@ pub async fn show<S: EffectStore>(store: S, args: &ShowArgs) -> Result<(), Strin
                 .unwrap_or_else(|| "-".to_owned())
         );
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Prints the effects of `store` by consumer, destination and state. Done effects without a reference from the

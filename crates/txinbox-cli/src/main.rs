@@ -116,7 +116,7 @@ enum EffectsCommand {
     Compensate(effects::CompensateArgs),
     /// Every effect with one idempotency key, oldest first: its id, destination, state, creation, message and
     /// the destination's reference (several on the partitioned PostgreSQL layout after a re-send in another
-    /// bucket of event time).
+    /// bucket of event time). Exits 1 when no effect has the key.
     Show(effects::ShowArgs),
     /// Effects by consumer, destination and state, with the oldest of each. On DynamoDB it reads the 8 effect
     /// shards of the `by_consumer` index: every effect item of the table.
@@ -382,21 +382,27 @@ fn main() -> ExitCode {
                 },
             };
             // A shard that cannot be read is named on stderr; the others still are.
-            let failed = rt.block_on(async {
-                let mut failed = false;
+            let (failed, found) = rt.block_on(async {
+                let (mut failed, mut found) = (false, false);
                 for t in &targets {
                     if let Some(shard) = &t.shard {
                         outln!("shard {shard}:");
                     }
-                    if let Err(e) = effects_on(&t.url, &command).await {
-                        targets::target_failed(t, &e);
-                        failed = true;
+                    match effects_on(&t.url, &command).await {
+                        Ok(f) => found |= f,
+                        Err(e) => {
+                            targets::target_failed(t, &e);
+                            failed = true;
+                        }
                     }
                 }
-                failed
+                (failed, found)
             });
             if failed {
                 ExitCode::from(2)
+            } else if !found {
+                // `effects show` of a key no effect has: nothing found, as `inbox show`.
+                ExitCode::from(1)
             } else {
                 ExitCode::SUCCESS
             }
@@ -415,10 +421,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// Opens the store at `url` and runs one `txinbox effects` command on it. The store is opened as it is, as
-/// `inbox purge` opens it: never created nor migrated, and refused without the inbox's schema (a mistyped URL
-/// would otherwise get a fresh, empty store, and the command would answer as if on it with exit code 0).
-async fn effects_on(url: &str, command: &EffectsCommand) -> Result<(), String> {
+/// Opens the store at `url` and runs one `txinbox effects` command on it; `Ok(false)` when it found nothing
+/// (`show`). The store is opened as it is, as `inbox purge` opens it: never created nor migrated, and refused
+/// without the inbox's schema (a mistyped URL would otherwise get a fresh, empty store, and the command would
+/// answer as if on it with exit code 0).
+async fn effects_on(url: &str, command: &EffectsCommand) -> Result<bool, String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = inbox::postgres_as_is(url, "txinbox-effects", 8).await?;
         effects_command(store, command).await
@@ -439,16 +446,16 @@ async fn effects_on(url: &str, command: &EffectsCommand) -> Result<(), String> {
     }
 }
 
-/// Runs one `txinbox effects` command on an open store.
+/// Runs one `txinbox effects` command on an open store; `Ok(false)` when it found nothing (`show`).
 async fn effects_command<S: txinbox_core::effects::EffectStore>(
     store: S,
     command: &EffectsCommand,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     match command {
-        EffectsCommand::Run(a) => effects::run(store, a).await,
-        EffectsCommand::Compensate(a) => effects::compensate(store, a).await,
+        EffectsCommand::Run(a) => effects::run(store, a).await.map(|()| true),
+        EffectsCommand::Compensate(a) => effects::compensate(store, a).await.map(|()| true),
         EffectsCommand::Show(a) => effects::show(store, a).await,
-        EffectsCommand::Stats { .. } => effects::stats(store).await,
+        EffectsCommand::Stats { .. } => effects::stats(store).await.map(|()| true),
     }
 }
 

@@ -892,8 +892,10 @@ fn effects_show_lists_every_effect_of_a_key() {
         lines[2].contains(" pending ") && lines[2].ends_with(" -"),
         "{out}"
     );
+    // An unknown key is "nothing found", exit 1 as for `inbox show`: not 2, which says the store failed.
     let (code, out, err) = txinbox(&["effects", "show", "--store", &url, "--key", "k-none"]);
-    assert_ne!(code, 0, "{out}");
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.is_empty(), "{out}");
     assert!(err.contains("no effect has the key k-none"), "{err}");
     rt.block_on(store.close());
     let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
