@@ -63,8 +63,14 @@ pub(crate) async fn peek_lock(
         StatusCode::Created | StatusCode::Ok => {}
         other => {
             let status = u16::from(other);
+            // A receive holds no lock: its 404 is the entity's (Microsoft's earlier Peek-Lock reference: "404
+            // Subscription never existed."), a lasting failure, not a lost lock.
+            let kind = match status {
+                404 => BrokerErrorKind::EntityNotFound,
+                _ => BrokerErrorKind::of_http_status(status),
+            };
             return Err(BrokerError::new(
-                BrokerErrorKind::of_http_status(status),
+                kind,
                 "receive",
                 UnexpectedStatus {
                     entity: entity.to_owned(),
@@ -451,7 +457,7 @@ impl Receiver for ServiceBusReceiver {
     }
 
     /// One peek-lock with no wait on the queue: a 401/403 ([`Unauthorized`](BrokerErrorKind::Unauthorized):
-    /// the key or the role is not accepted) or a 410 ([`EntityNotFound`](BrokerErrorKind::EntityNotFound))
+    /// the key or the role is not accepted) or a 404 or 410 ([`EntityNotFound`](BrokerErrorKind::EntityNotFound))
     /// fails the check, as does no answer. A message it locks is handed out by the next receive (no delivery
     /// count spent). The dead-letter path always exists on Service Bus: the forward destination when one is
     /// set (REST cannot check a send without sending; a missing destination shows at the first forward, a

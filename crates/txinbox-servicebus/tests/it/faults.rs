@@ -517,6 +517,26 @@ async fn a_renewal_s_404_after_a_lost_answer_is_a_lost_lock() {
     assert_eq!(lease.expires_at().unwrap(), before, "no renewal is counted");
 }
 
+/// A receive answered 404 is a missing entity, not a lost lock: a receive holds no lock, and Microsoft's
+/// Peek-Lock reference answers a missing entity with "410 Specified queue or subscription doesn't exist.", and
+/// with "404 Subscription never existed." in its earlier version. The worker treats it as lasting (it gives
+/// up after its limit), not as a lock lost by one message.
+#[tokio::test]
+async fn a_receive_answered_404_is_a_missing_entity() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    emu.fault(json!({"kind": "status", "status": 404, "method": "POST", "path_suffix": format!("/{q}/messages/head")}))
+        .await;
+    let mut receiver =
+        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let e = receiver.receive(1).await.unwrap_err();
+    assert_eq!(e.kind(), BrokerErrorKind::EntityNotFound, "{e}");
+    assert!(txinbox_core::runtime::worker::is_persistent_receive_error(
+        e.kind()
+    ));
+}
+
 /// 404 on a lapsed lock is LockLost, 410 on a missing queue EntityNotFound, 401 on a wrong key Unauthorized.
 #[tokio::test]
 async fn statuses_map_to_broker_errors() {
