@@ -125,7 +125,8 @@ impl From<aws_sdk_dynamodb::error::BuildError> for DynamoError {
     }
 }
 
-/// Error codes DynamoDB documents as retryable.
+/// Error codes DynamoDB documents as retryable (AWS, "Error handling with DynamoDB": "OK to retry? Yes"), the
+/// cancellation reasons of the same kinds, and a conflict with a transaction in progress.
 pub(crate) fn transient_code(code: &str) -> bool {
     matches!(
         code,
@@ -141,6 +142,12 @@ pub(crate) fn transient_code(code: &str) -> bool {
             | "InternalFailure"
             | "ServiceUnavailable"
             | "LimitExceededException"
+            // An item collection over its 10 GB (a table with a local secondary index): retryable once items
+            // of the collection are deleted.
+            | "ItemCollectionSizeLimitExceededException"
+            // An access key or security token DynamoDB does not know: credentials the SDK refreshes (a
+            // rotated key, an expired session) are accepted again.
+            | "UnrecognizedClientException"
     )
 }
 
@@ -256,7 +263,37 @@ impl std::error::Error for Masked {}
 
 #[cfg(test)]
 mod tests {
-    use super::mask_session_token;
+    use super::{mask_session_token, transient_code};
+
+    /// AWS, "Error handling with DynamoDB", its list of exceptions: "If OK to retry? is Yes, you can submit the
+    /// same request again. If OK to retry? is No, you need to fix the problem on the client side before you
+    /// submit a new request." Every code of the list, as the list says.
+    #[test]
+    fn error_codes_are_transient_as_aws_lists_them() {
+        for code in [
+            "ItemCollectionSizeLimitExceededException",
+            "LimitExceededException",
+            "ProvisionedThroughputExceededException",
+            "RequestLimitExceeded",
+            "ThrottlingException",
+            "UnrecognizedClientException",
+            "InternalServerError",
+            "ServiceUnavailable",
+        ] {
+            assert!(transient_code(code), "{code}: OK to retry? Yes");
+        }
+        for code in [
+            "AccessDeniedException",
+            "ConditionalCheckFailedException",
+            "IncompleteSignatureException",
+            "MissingAuthenticationTokenException",
+            "ResourceInUseException",
+            "ResourceNotFoundException",
+            "ValidationException",
+        ] {
+            assert!(!transient_code(code), "{code}: OK to retry? No");
+        }
+    }
 
     #[test]
     fn the_session_token_is_masked_wherever_it_is_quoted() {
