@@ -102,18 +102,26 @@ pub(crate) fn client_error(op: &'static str, err: azure_core::Error) -> BrokerEr
 /// Message: "403 Quota exceeded or message too large."; an authorization failure is "401 Authorization
 /// failure."), so it is [`Rejected`](BrokerErrorKind::Rejected), not
 /// [`Unauthorized`](BrokerErrorKind::Unauthorized).
+///
+/// The service's `Retry-After` of a throttled send is kept, at most [`MAX_SEND_RETRY_AFTER`].
 pub(crate) fn send_error(op: &'static str, err: azure_core::Error) -> BrokerError {
     let refused =
         matches!(err.kind(), ErrorKind::HttpResponse { status, .. } if u16::from(*status) == 403);
     if refused {
-        BrokerError::new(BrokerErrorKind::Rejected, op, err)
-    } else {
-        client_error(op, err)
+        return BrokerError::new(BrokerErrorKind::Rejected, op, err);
     }
+    let e = client_error(op, err);
+    let after = e.retry_after().map(|a| a.min(MAX_SEND_RETRY_AFTER));
+    e.with_retry_after(after)
 }
 
-/// The source our HTTP client gives the error of a settle's or renewal's answer that carried `Retry-After`
-/// (the crate's own status check keeps only the status), so that the retry waits as long as the service asked.
+/// The longest `Retry-After` a send's error carries, whatever the service said (a hostile or buggy value would
+/// otherwise hold the outbox's message for as long); the same bound as a receive's wait.
+pub const MAX_SEND_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// The source our HTTP client gives the error of a settle's, renewal's or send's answer that carried
+/// `Retry-After` (the crate's own status check keeps only the status), so that the retry waits as long as the
+/// service asked.
 #[derive(Debug, thiserror::Error)]
 #[error("answered {status} with Retry-After {after:?}")]
 #[non_exhaustive]

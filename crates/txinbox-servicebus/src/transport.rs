@@ -2,7 +2,7 @@
 //! them for `https://NS.servicebus.windows.net`), swaps the SAS for an Azure AD bearer token when configured,
 //! bounds every request in time (the crate sets no timeout), moves a received message's `BrokerProperties`
 //! out of the crate's reach (see [`set_broker_properties_aside`]), and keeps the `Retry-After` of a settle's
-//! error answer (see [`keep_retry_after`]).
+//! or a send's error answer (see [`keep_retry_after`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -179,7 +179,8 @@ impl HttpClient for Transport {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
         let mut request = request.clone();
         let budget = self.budget(request.url());
-        let lock_uri = is_lock_uri(request.url());
+        let keeps_retry_after = is_lock_uri(request.url())
+            || (*request.method() == azure_core::Method::Post && is_send_uri(request.url()));
         if !self.is_namespace(request.url()) {
             let url = request.url();
             let host = format!(
@@ -201,7 +202,7 @@ impl HttpClient for Transport {
         match tokio::time::timeout(budget, self.inner.execute_request(&request)).await {
             Ok(r) => {
                 let r = r.map(set_broker_properties_aside);
-                if lock_uri {
+                if keeps_retry_after {
                     r.and_then(keep_retry_after)
                 } else {
                     r
@@ -224,7 +225,16 @@ fn is_lock_uri(url: &Url) -> bool {
         && messages.is_some_and(|m| m.eq_ignore_ascii_case("messages"))
 }
 
-/// Turns an error answer on a lock URI that carries `Retry-After` into the error the crate would make of it
+/// Whether the request goes to an entity's send URI (`…/messages`), whose answer the crate checks itself.
+fn is_send_uri(url: &Url) -> bool {
+    url.path()
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .is_some_and(|last| last.eq_ignore_ascii_case("messages"))
+}
+
+/// Turns an error answer on a lock URI (or a send's) that carries `Retry-After` into the error the crate would make of it
 /// (an `HttpResponse` of its status), with the wait as its source ([`ServiceRetryAfter`]): the crate's status
 /// check keeps only the status and drops the headers, so without this a throttled settle is retried after
 /// the adapter's own backoff, not after the wait the service asked for.
@@ -323,6 +333,10 @@ mod tests {
         assert!(!is_lock_uri(&u("/q/messages/head?timeout=20")));
         assert!(!is_lock_uri(&u("/q/messages")));
         assert!(!is_lock_uri(&u("/q/messages/head/x")));
+        assert!(is_send_uri(&u("/q/messages")));
+        assert!(is_send_uri(&u("/t/messages/")));
+        assert!(!is_send_uri(&u("/q/messages/head?timeout=20")));
+        assert!(!is_send_uri(&u("/q/messages/3/tok")));
     }
 
     #[test]

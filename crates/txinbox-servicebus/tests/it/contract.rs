@@ -15,6 +15,28 @@ use txinbox_servicebus::{
 
 use crate::common::*;
 
+/// A throttled send carries the service's `Retry-After`, so that the outbox sends again no sooner (it waits
+/// the longer of its backoff and `retry_after()`); a hostile or buggy one is bounded at 30 s, as on receive.
+#[tokio::test]
+async fn a_throttled_send_keeps_the_service_s_retry_after() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let send = format!("/{q}/messages");
+    let publisher = ServiceBusPublisher::new(client.clone());
+    for (asked, kept) in [(7, 7), (999_999, 30)] {
+        emu.fault(json!({"kind": "status", "status": 429, "retry_after_seconds": asked, "method": "POST", "path_suffix": send}))
+            .await;
+        let err = publisher
+            .send(&event(&q, "evt-throttled", "{}"))
+            .await
+            .expect_err("throttled");
+        assert_eq!(err.kind(), BrokerErrorKind::Throttled, "{err}");
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(kept)), "{err}");
+    }
+    assert_eq!(emu.counts(&q).await, (0, 0), "nothing was sent");
+}
+
 /// A send answered 403 is refused, not unauthorized: Microsoft, Send Message and Send Message Batch, "403 Quota
 /// exceeded or message too large." (an authorization failure is "401 Authorization failure."). A message over
 /// the queue's MaxMessageSizeInKilobytes is Rejected, not retryable, and says no word about credentials; a
