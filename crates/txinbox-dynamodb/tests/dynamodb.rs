@@ -2001,6 +2001,12 @@ async fn a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_namin
             &[("SomeFutureReason", ""), ("None", "")][..],
             "the marker: SomeFutureReason".to_owned(),
         ),
+        // An answer with more reasons than the call had actions (a proxy's or an emulator's fault): an error
+        // naming the position, never a panic.
+        (
+            &[("None", ""), ("None", ""), ("ConditionalCheckFailed", "")][..],
+            "action 2 of the call: ConditionalCheckFailed".to_owned(),
+        ),
     ] {
         let store = DynamoStore::open(cancelling_client(&b, reasons), &table, DynamoOptions::default())
             .await

@@ -308,7 +308,14 @@ impl DynamoStore {
                     },
                 )));
             }
-            for (i, r) in reasons.iter().enumerate().skip(first_action) {
+            // Only the reasons of the call's actions: an answer with more (a proxy's or an emulator's fault)
+            // is the commit's error below, naming them by position.
+            for (i, r) in reasons
+                .iter()
+                .enumerate()
+                .skip(first_action)
+                .take(actions.len())
+            {
                 let c = r.code().unwrap_or("None");
                 let index = i - first_action;
                 let table = action_table(&actions[index]).to_owned();
