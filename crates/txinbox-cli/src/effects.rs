@@ -174,6 +174,7 @@ impl std::fmt::Debug for CompensateArgs {
             .field("config", &self.config)
             .field("key_in", &self.key_in)
             .field("header", &redacted_headers(&self.header))
+            .field("dry_run", &self.dry_run)
             .finish()
     }
 }
@@ -460,6 +461,10 @@ pub struct CompensateArgs {
     /// value from the environment).
     #[arg(long = "header", value_parser = parse_pair)]
     pub header: Vec<(String, String)>,
+    /// Print each done effect of the key and the request its destination would get, and send nothing, change
+    /// nothing (a compensation cannot be taken back).
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 impl CompensateArgs {
@@ -520,10 +525,20 @@ impl CompensateArgs {
     }
 }
 
-/// Undoes one done effect through its destination and marks it compensated.
+/// Undoes one done effect through its destination and marks it compensated; with `--dry-run`, says what it
+/// would do ([`compensate_dry_run`]).
 pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Result<(), String> {
+    let destinations = args.destinations()?;
+    // Every destination is built as for the real run, so a dry run refuses what the run would refuse.
+    for (name, dest) in &destinations {
+        HttpEffect::from_settings(name, dest, |v| std::env::var(v).ok())
+            .map_err(|e| e.to_string())?;
+    }
+    if args.dry_run {
+        return compensate_dry_run(&store, args, &destinations).await;
+    }
     let mut runner = EffectRunner::new(store);
-    for (name, dest) in args.destinations()? {
+    for (name, dest) in destinations {
         let exec = HttpEffect::from_settings(&name, &dest, |v| std::env::var(v).ok())
             .map_err(|e| e.to_string())?;
         runner = runner.executor(name, exec);
@@ -533,6 +548,84 @@ pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Resu
         .await
         .map_err(|e| e.to_string())?;
     outln!("effect {} {state}", args.key);
+    Ok(())
+}
+
+/// `effects compensate --dry-run`: each done effect of the key and the request its destination would get
+/// (`EffectRunner::compensate`'s choices: every done row, one request per destination and reference), its
+/// URL's password and query values masked; refused as the run would refuse it (no effect, none done, a
+/// destination without its settings or its compensation request). Sends and changes nothing.
+async fn compensate_dry_run<S: EffectStore>(
+    store: &S,
+    args: &CompensateArgs,
+    destinations: &BTreeMap<String, HttpDestinationSettings>,
+) -> Result<(), String> {
+    let key = args.key.escape_debug().to_string();
+    let all = store
+        .find_effects(&args.key)
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(newest) = all.last() else {
+        return Err(format!("no effect has the key {key}"));
+    };
+    let done: Vec<_> = all
+        .iter()
+        .filter(|e| e.claimed_from == EffectState::Done)
+        .collect();
+    if done.is_empty() {
+        return Err(format!(
+            "effect {key} is {}, not done: nothing to compensate",
+            newest.claimed_from
+        ));
+    }
+    let mut calls: Vec<(&str, Option<&str>, &str)> = Vec::new();
+    for e in &done {
+        let dest = destinations.get(&e.destination).ok_or_else(|| {
+            format!(
+                "effect {key} (id {}) went to destination {:?}, which no --compensate or [effects.destinations] defines",
+                e.id, e.destination
+            )
+        })?;
+        let template = dest.compensate_url.as_deref().ok_or_else(|| {
+            format!(
+                "destination {:?} has no compensation request (compensate_url)",
+                e.destination
+            )
+        })?;
+        let reference = e.reference.as_deref().unwrap_or_default();
+        let request = if template.contains("{reference}") && reference.is_empty() {
+            "refused: the request names {reference} and the destination gave this effect none"
+                .to_owned()
+        } else {
+            let at = (
+                e.destination.as_str(),
+                e.reference.as_deref(),
+                e.external_ref.as_str(),
+            );
+            if calls.contains(&at) {
+                "the request above (same destination and reference)".to_owned()
+            } else {
+                calls.push(at);
+                format!("DELETE {}", redact_url(template))
+            }
+        };
+        outln!(
+            "would compensate id={} destination={} reference={} external_ref={}: {request}",
+            e.id,
+            e.destination.escape_debug(),
+            if reference.is_empty() {
+                "-".to_owned()
+            } else {
+                reference.escape_debug().to_string()
+            },
+            e.external_ref.escape_debug()
+        );
+    }
+    outln!(
+        "dry run: {} done effect(s) of key {key}, {} request(s); nothing sent, nothing changed",
+        done.len(),
+        calls.len()
+    );
     Ok(())
 }
 

@@ -941,3 +941,85 @@ fn rejections_with_since_not_before_until_is_a_usage_error() {
     assert_eq!(code, 0, "{out}{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `effects compensate --dry-run` says what a compensation would undo (each done effect of the key, the
+/// request its destination would get) and changes nothing: no request sent (the destination here refuses every
+/// connection, so a request would fail the command), the effect still done. A compensation undoes something
+/// at a destination that cannot be taken back; there was no way to see it first.
+#[test]
+fn compensate_dry_run_says_what_it_would_undo_and_changes_nothing() {
+    let base = pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
+            &base,
+            txinbox_store::StoreOptions::new().schema(&schema),
+        ))
+        .unwrap();
+    rt.block_on(
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, result_reference) VALUES ('c', 'm-1', 'k-dry', 'crm', 'crm', '\\x00', '{}', 'r', 'done', now(), now(), now(), 'task-9')")
+            .execute(store.pool()),
+    )
+    .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let compensate = |extra: &[&str]| {
+        let mut args = vec![
+            "effects",
+            "compensate",
+            "--store",
+            &url,
+            "--key",
+            "k-dry",
+            "--compensate",
+            "crm=http://127.0.0.1:9/tasks/{reference}?token=s3cretTOKEN",
+        ];
+        args.extend_from_slice(extra);
+        txinbox(&args)
+    };
+    let state = || -> String {
+        rt.block_on(
+            sqlx::query_scalar("SELECT state FROM txinbox_effects WHERE idempotency_key = 'k-dry'")
+                .fetch_one(store.pool()),
+        )
+        .unwrap()
+    };
+    let (code, out, err) = compensate(&["--dry-run"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("crm")
+            && out.contains("task-9")
+            && out.contains("DELETE http://127.0.0.1:9/tasks/{reference}"),
+        "{out}"
+    );
+    assert!(out.contains("nothing sent, nothing changed"), "{out}");
+    assert!(
+        !out.contains("s3cret") && !err.contains("s3cret"),
+        "{out}{err}"
+    );
+    assert_eq!(state(), "done");
+    // The same command without --dry-run sends the request (refused here: the effect stays done).
+    let (code, out, err) = compensate(&[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(state(), "done");
+    // A key with nothing done to undo is said as a real run says it.
+    let (code, out, err) = txinbox(&[
+        "effects",
+        "compensate",
+        "--store",
+        &url,
+        "--key",
+        "k-none",
+        "--compensate",
+        "crm=http://127.0.0.1:9/tasks/{reference}",
+        "--dry-run",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("no effect has the key k-none"), "{err}");
+    rt.block_on(store.close());
+    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
+        .unwrap();
+    rt.block_on(pool.close());
+}
