@@ -239,17 +239,14 @@ fn sqs(command: SqsCommand) -> ExitCode {
             let result = txinbox_sqs::redrive(&client, &from, &to, &opts, &mut progress).await;
             match progress.finish(result) {
                 Ok(r) => {
+                    // Every count every time: a script finds each field on every run.
                     outln!(
-                        "moved={} new_dedup_id={} deferred={} initially_visible={}{}",
+                        "moved={} new_dedup_id={} deferred={} initially_visible={} identity_lost={}",
                         r.moved,
                         r.new_dedup_id,
                         r.deferred,
                         r.initially_visible.unwrap_or(0),
-                        if r.identity_lost > 0 {
-                            format!(" identity_lost={}", r.identity_lost)
-                        } else {
-                            String::new()
-                        }
+                        r.identity_lost
                     );
                     redrive_exit(&r)
                 }

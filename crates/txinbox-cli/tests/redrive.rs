@@ -101,3 +101,62 @@ fn a_servicebus_redrive_from_the_target_queue_is_refused() {
     let (_, _, err) = txinbox(&["servicebus", "redrive", "--queue", "orders"], &[]);
     assert!(!err.contains("is the target queue itself"), "{err}");
 }
+
+/// The line `sqs redrive` prints on stdout for scripts names every count every time, `identity_lost=0`
+/// included: it was left out when zero, so a script reading it found the field only on a run that left
+/// messages behind.
+#[test]
+fn the_sqs_redrive_line_names_every_count_every_time() {
+    let endpoint = moto();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = txinbox_sqs::emulator_client(&endpoint);
+    let name = format!(
+        "cli-line-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let [dlq, queue] = [format!("{name}-dlq"), name].map(|n| {
+        rt.block_on(client.create_queue().queue_name(n).send())
+            .expect("create queue")
+            .queue_url
+            .expect("queue url")
+    });
+    rt.block_on(
+        client
+            .send_message()
+            .queue_url(&dlq)
+            .message_body("{}")
+            .send(),
+    )
+    .expect("send");
+    let env = [
+        ("AWS_ENDPOINT_URL_SQS", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let (code, out, err) = txinbox(&["sqs", "redrive", "--from", &dlq, "--to", &queue], &env);
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    let fields: Vec<(&str, &str)> = out
+        .trim_end()
+        .split(' ')
+        .map(|f| f.split_once('=').unwrap_or((f, "")))
+        .collect();
+    let keys: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
+    assert_eq!(
+        keys,
+        [
+            "moved",
+            "new_dedup_id",
+            "deferred",
+            "initially_visible",
+            "identity_lost"
+        ],
+        "{out}"
+    );
+    assert_eq!(fields[0].1, "1", "{out}");
+    assert_eq!(fields[4].1, "0", "{out}");
+    for url in [dlq, queue] {
+        rt.block_on(client.delete_queue().queue_url(url).send())
+            .expect("delete queue");
+    }
+}
