@@ -407,9 +407,17 @@ fn apply(d: &mut HttpDestinationSettings, flag: &str, v: &str) -> Result<(), Str
     Ok(())
 }
 
-/// Runs the effects of `store` through the destinations of `args`; prints the report.
-pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String> {
+/// Runs the effects of `store` through the destinations of `args`; prints the report. With `--once`, a pass
+/// that claimed nothing looks for waiting effects of destinations the runner has no rule for when
+/// `count_waiting` (the SQL stores, where the count is one grouped query; on DynamoDB it would read every
+/// effect item) and names them on stderr.
+pub async fn run<S: EffectStore>(
+    store: S,
+    args: &RunArgs,
+    count_waiting: bool,
+) -> Result<(), String> {
     let settings = args.effects()?;
+    let counts_from = store.clone();
     let runner = runner_from_settings(store, &settings).map_err(|e| e.to_string())?;
     tracing::info!(holder = runner.holder(), "effect runner started");
     let report = if args.once {
@@ -418,6 +426,14 @@ pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String>
         runner.run_until(txinbox_core::shutdown_signal()).await
     };
     outln!("{report}");
+    if args.once && report.claimed == 0 && count_waiting {
+        // A misspelt destination name claims nothing and would look like a pass with nothing due.
+        if let Ok(counts) = counts_from.effect_counts().await {
+            if let Some(note) = waiting_elsewhere(&counts, &settings) {
+                crate::out::errln!("note: nothing claimed, but {note}");
+            }
+        }
+    }
     // `--once` promises nothing due is left: a store error (a claim that failed) may have left effects unrun.
     if args.once && report.store_errors > 0 {
         return Err(format!(
@@ -426,6 +442,36 @@ pub async fn run<S: EffectStore>(store: S, args: &RunArgs) -> Result<(), String>
         ));
     }
     Ok(())
+}
+
+/// The effects waiting to run (pending, in flight, uncertain) whose destination `settings` has no rule for, as
+/// `N effect(s) wait for destinations this runner has no rule for: NAME (n), ...`; `None` when there are none.
+fn waiting_elsewhere(
+    counts: &[txinbox_core::effects::EffectCount],
+    settings: &EffectsSettings,
+) -> Option<String> {
+    let mut by_destination: BTreeMap<&str, i64> = BTreeMap::new();
+    for c in counts {
+        let waiting = matches!(
+            c.state,
+            EffectState::Pending | EffectState::InFlight | EffectState::Uncertain
+        );
+        if waiting && c.count > 0 && !settings.destinations.contains_key(&c.destination) {
+            *by_destination.entry(c.destination.as_str()).or_default() += c.count;
+        }
+    }
+    if by_destination.is_empty() {
+        return None;
+    }
+    let total: i64 = by_destination.values().sum();
+    let names: Vec<String> = by_destination
+        .iter()
+        .map(|(d, n)| format!("{} ({n})", d.escape_debug()))
+        .collect();
+    Some(format!(
+        "{total} effect(s) wait for destinations this runner has no rule for: {} (a misspelt --http, --upsert or [effects.destinations] NAME?)",
+        names.join(", ")
+    ))
 }
 
 /// Arguments of `txinbox effects compensate`. Its `Debug` masks the URLs' passwords and query values.

@@ -425,16 +425,17 @@ fn main() -> ExitCode {
 async fn effects_on(url: &str, command: &EffectsCommand) -> Result<bool, String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = inbox::postgres_as_is(url, "txinbox-effects", 8).await?;
-        effects_command(store, command).await
+        effects_command(store, command, true).await
     } else if url.starts_with("sqlite:") {
         let store = inbox::sqlite_as_is(url, 8).await?;
-        effects_command(store, command).await
+        effects_command(store, command, true).await
     } else if url.starts_with("dynamodb://") {
         // The standard AWS chain (`AWS_ENDPOINT_URL_DYNAMODB` for an emulator); the table is checked.
         let store = txinbox_dynamodb::DynamoStore::connect(url)
             .await
             .map_err(|e| format!("store (dynamodb): {e}"))?;
-        effects_command(store, command).await
+        // Counting the effects would read every effect item of the table: not after each `run --once`.
+        effects_command(store, command, false).await
     } else {
         Err(format!(
             "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
@@ -444,12 +445,14 @@ async fn effects_on(url: &str, command: &EffectsCommand) -> Result<bool, String>
 }
 
 /// Runs one `txinbox effects` command on an open store; `Ok(false)` when it found nothing (`show`).
+/// `cheap_counts`: the store counts its effects by state in one query (see [`effects::run`]).
 async fn effects_command<S: txinbox_core::effects::EffectStore>(
     store: S,
     command: &EffectsCommand,
+    cheap_counts: bool,
 ) -> Result<bool, String> {
     match command {
-        EffectsCommand::Run(a) => effects::run(store, a).await.map(|()| true),
+        EffectsCommand::Run(a) => effects::run(store, a, cheap_counts).await.map(|()| true),
         EffectsCommand::Compensate(a) => effects::compensate(store, a).await.map(|()| true),
         EffectsCommand::Show(a) => effects::show(store, a).await,
         EffectsCommand::Stats { .. } => effects::stats(store).await.map(|()| true),

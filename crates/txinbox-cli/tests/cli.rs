@@ -1023,3 +1023,46 @@ fn compensate_dry_run_says_what_it_would_undo_and_changes_nothing() {
         .unwrap();
     rt.block_on(pool.close());
 }
+
+/// `effects run --once` with a destination name that matches none of the store's waiting effects (a misspelt
+/// `--http cmr=...`) claims nothing: it says so on stderr, naming the destinations whose effects wait, where it
+/// printed `claimed=0` as after a pass with nothing due.
+#[test]
+fn effects_run_once_names_waiting_effects_it_has_no_destination_for() {
+    let base = pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
+            &base,
+            txinbox_store::StoreOptions::new().schema(&schema),
+        ))
+        .unwrap();
+    rt.block_on(
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm-1', 'k-wait', 'crm', 'crm', '\\x00', '{}', 'r', 'pending', now(), now(), now())")
+            .execute(store.pool()),
+    )
+    .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let (code, out, err) = txinbox(&[
+        "effects",
+        "run",
+        "--once",
+        "--store",
+        &url,
+        "--http",
+        "cmr=http://127.0.0.1:9/tasks",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("claimed=0"), "{out}");
+    assert!(
+        err.contains("1 effect(s) wait for destinations this runner has no rule for: crm (1)"),
+        "{err}"
+    );
+    rt.block_on(store.close());
+    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
+        .unwrap();
+    rt.block_on(pool.close());
+}
