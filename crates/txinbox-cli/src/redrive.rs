@@ -72,8 +72,13 @@ pub fn left_for_an_operator(report: &RedriveReport) -> Vec<String> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedriveError {
-    /// The redrive stopped on a broker error; `report` says what was done before.
-    #[error("redrive stopped after moving {} message(s): {source}", report.moved)]
+    /// The redrive stopped on a broker error; `report` says what was done before, and what it left for an
+    /// operator ([`left_for_an_operator`]).
+    #[error(
+        "redrive stopped after moving {} message(s){}: {source}",
+        report.moved,
+        left_for_an_operator(report).iter().map(|l| format!("; {l}")).collect::<String>()
+    )]
     Interrupted {
         /// What the redrive did before the error.
         report: Box<RedriveReport>,
@@ -312,6 +317,28 @@ mod tests {
         let mut r = report(1, 0);
         r.identity_lost = 1;
         assert_eq!(exit_status(&r), 3);
+    }
+
+    /// A redrive stopped by an error says, beside what it moved, what it left for an operator before the
+    /// error: a message sent but still in the source (Service Bus complete failed) is in both queues. It said
+    /// only how many it moved.
+    #[test]
+    fn an_interrupted_redrive_says_what_it_left_behind() {
+        let mut done = report(3, 0);
+        done.settle_failed = 1;
+        let e = RedriveError::Interrupted {
+            report: Box::new(done),
+            source: BrokerError::new(BrokerErrorKind::Throttled, "send", "429"),
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("redrive stopped after moving 3 message(s)"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("1 message(s) sent to the target but not completed in the source"),
+            "{shown}"
+        );
     }
 
     #[test]
