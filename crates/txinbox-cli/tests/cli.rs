@@ -1066,3 +1066,74 @@ fn effects_run_once_names_waiting_effects_it_has_no_destination_for() {
         .unwrap();
     rt.block_on(pool.close());
 }
+
+/// What `inbox show` and `effects show` print in text comes partly from outside: a destination's reference and
+/// error text. A control character there (an escape sequence that rewrites the operator's terminal, a line break
+/// that forges a line of the output) is shown escaped, never written raw; `--json` keeps the value as it is.
+#[test]
+fn text_output_escapes_control_characters_from_outside() {
+    let base = pg_url();
+    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
+            &base,
+            txinbox_store::StoreOptions::new().schema(&schema),
+        ))
+        .unwrap();
+    rt.block_on(
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, result_reference, last_error) VALUES ('c', 'm-1', 'k-esc', 'crm', 'crm', '\\x00', '{}', 'r', 'failed', now(), now(), now(), $1, $2)")
+            .bind("task-1\u{1b}]52;c;cm0gLXJmIC8=\u{7}")
+            .bind("refused\nstate               done\u{1b}[2J")
+            .execute(store.pool()),
+    )
+    .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    for args in [
+        &[
+            "inbox",
+            "show",
+            "--store",
+            &url,
+            "--consumer",
+            "c",
+            "--message-id",
+            "m-1",
+        ][..],
+        &["effects", "show", "--store", &url, "--key", "k-esc"][..],
+    ] {
+        let (code, out, err) = txinbox(args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}'),
+            "{args:?} wrote a control character: {out:?}"
+        );
+        assert!(
+            !out.contains("\nstate               done"),
+            "{args:?}: {out}"
+        );
+    }
+    let (code, out, err) = txinbox(&[
+        "inbox",
+        "show",
+        "--store",
+        &url,
+        "--consumer",
+        "c",
+        "--message-id",
+        "m-1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        doc["effects"][0]["last_error"],
+        "refused\nstate               done\u{1b}[2J"
+    );
+    rt.block_on(store.close());
+    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
+        .unwrap();
+    rt.block_on(pool.close());
+}
