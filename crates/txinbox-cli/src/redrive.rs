@@ -252,6 +252,20 @@ impl<W: Write> ServiceBusProgress<W> {
     }
 }
 
+/// A dead letter's id as the progress writes it: its control characters escaped (the producer's id may be
+/// why it was dead-lettered; written raw it could rewrite the operator's terminal or forge a line).
+fn escaped(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
     fn event(&mut self, event: RedriveEvent<'_>, report: &RedriveReport) {
         self.sink.last = report.clone();
@@ -259,7 +273,8 @@ impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
         match event {
             RedriveEvent::Moved(item) => self.sink.write(format_args!(
                 "moved sequence={} message_id={} from {from} to {to}\n",
-                item.position, item.message_id
+                escaped(item.position),
+                escaped(item.message_id)
             )),
             RedriveEvent::Deferred {
                 item,
@@ -267,14 +282,15 @@ impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
                 window,
             } => self.sink.write(format_args!(
                 "deferred sequence={} message_id={}: enqueued {}s ago, inside the {}s duplicate-detection window of {to}\n",
-                item.position,
-                item.message_id,
+                escaped(item.position),
+                escaped(item.message_id),
                 enqueued_ago.map_or(0, |d| d.num_seconds()),
                 window.as_secs()
             )),
             RedriveEvent::SettleFailed { item, error } => self.sink.write(format_args!(
                 "sent sequence={} message_id={} but could not complete it in {from}: {error}\n",
-                item.position, item.message_id
+                escaped(item.position),
+                escaped(item.message_id)
             )),
             RedriveEvent::Finished { .. } => self.sink.write(format_args!(
                 "redrive {from} -> {to}: moved {}, deferred {}, complete failed {}\n",
@@ -339,6 +355,20 @@ mod tests {
             shown.contains("1 message(s) sent to the target but not completed in the source"),
             "{shown}"
         );
+    }
+
+    /// A dead letter's MessageId is the producer's, and may be why it was dead-lettered (an identity with a
+    /// control character): the progress line writes it escaped, never raw to the operator's terminal.
+    #[test]
+    fn a_dead_letter_s_id_is_written_escaped() {
+        let mut p = ServiceBusProgress::new(Vec::new(), "q/$DeadLetterQueue", "q");
+        p.event(
+            RedriveEvent::Moved(RedriveItem::new("m\u{1b}]52;c;eA==\u{7}\nmoved", "7")),
+            &report(1, 0),
+        );
+        let out = String::from_utf8(p.sink.out).unwrap();
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
+        assert_eq!(out.lines().count(), 1, "{out:?}");
     }
 
     #[test]
