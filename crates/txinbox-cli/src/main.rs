@@ -162,10 +162,16 @@ enum ServiceBusCommand {
         /// Move at most this many messages.
         #[arg(long)]
         max: Option<usize>,
-        /// The target's duplicate-detection window in seconds: messages still inside it are deferred, because
-        /// the broker would drop them silently (0 when the target has no duplicate detection).
-        #[arg(long, default_value_t = 600)]
-        dedup_window_secs: u64,
+        /// The target's duplicate-detection window in seconds (`az servicebus queue show ... --query
+        /// duplicateDetectionHistoryTimeWindow`; 0 when the target has no duplicate detection): messages still
+        /// inside it are deferred, because the broker would accept and drop them silently, and the dead letter
+        /// would then be completed. Required unless `--config` gives it.
+        #[arg(long)]
+        dedup_window_secs: Option<u64>,
+        /// The workers' settings file: its `[servicebus] duplicate_detection_window_seconds` (which check-infra
+        /// holds to the Terraform) when `--dedup-window-secs` is not given.
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
         /// How long to wait for more messages before stopping.
         #[arg(long, default_value_t = 2)]
         wait_secs: u64,
@@ -183,6 +189,7 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
             from,
             max,
             dedup_window_secs,
+            config,
             wait_secs,
         } => rt.block_on(async {
             let from = from.unwrap_or_else(|| txinbox_servicebus::dead_letter_queue_path(&queue));
@@ -191,6 +198,11 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
                     "--from {from} is the target queue itself: each message sent back would be received again and moved for ever; give the dead-letter queue or the poison queue to move from"
                 ));
             }
+            let window = match redrive::servicebus_dedup_window(dedup_window_secs, config.as_deref())
+            {
+                Ok(w) => w,
+                Err(e) => return targets::fail(&e),
+            };
             let client =
                 match txinbox_servicebus::ServiceBusConfig::from_env().and_then(|c| c.connect()) {
                     Ok(c) => c,
@@ -199,7 +211,7 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
             let opts = txinbox_servicebus::RedriveOptions::default()
                 .max(max)
                 .wait(std::time::Duration::from_secs(wait_secs))
-                .duplicate_detection_window(std::time::Duration::from_secs(dedup_window_secs));
+                .duplicate_detection_window(window);
             let mut progress = ServiceBusProgress::new(std::io::stderr(), &from, &queue);
             let result =
                 txinbox_servicebus::redrive(&client, &from, &queue, &opts, &mut progress).await;

@@ -68,6 +68,30 @@ pub fn left_for_an_operator(report: &RedriveReport) -> Vec<String> {
     left
 }
 
+/// The target's duplicate-detection window for `servicebus redrive`: `--dedup-window-secs`, else the settings
+/// file's `[servicebus] duplicate_detection_window_seconds`, else an error. There is no default: Microsoft
+/// (QueueProperties.RequiresDuplicateDetection): "If true, duplicate messages having the same MessageId and sent
+/// to the queue within duration of DuplicateDetectionHistoryTimeWindow will be discarded", while the send
+/// succeeds (docs/servicebus.md); a window assumed shorter than the target's resends such messages and completes
+/// their dead letters, and they are lost.
+pub fn servicebus_dedup_window(
+    secs: Option<u64>,
+    config: Option<&std::path::Path>,
+) -> Result<std::time::Duration, String> {
+    match (secs, config) {
+        (Some(s), _) => Ok(std::time::Duration::from_secs(s)),
+        (None, Some(path)) => txinbox_core::settings::WorkerSettings::load(path)
+            .map(|s| {
+                std::time::Duration::from_secs(s.servicebus.duplicate_detection_window_seconds)
+            })
+            .map_err(|e| e.to_string()),
+        (None, None) => Err(
+            "give the target queue's duplicate-detection window: --dedup-window-secs N (az servicebus queue show --query duplicateDetectionHistoryTimeWindow; 0 when duplicate detection is off), or --config worker.toml ([servicebus] duplicate_detection_window_seconds): a message resent inside the window is accepted and dropped by Service Bus, and its dead letter would be completed"
+                .into(),
+        ),
+    }
+}
+
 /// Why a redrive command failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -369,6 +393,32 @@ mod tests {
         let out = String::from_utf8(p.sink.out).unwrap();
         assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
         assert_eq!(out.lines().count(), 1, "{out:?}");
+    }
+
+    /// The window comes from the flag, else the settings file; neither is an error, never an assumed 600 s.
+    #[test]
+    fn the_duplicate_detection_window_is_told_never_assumed() {
+        let dir = std::env::temp_dir().join(format!("txinbox-window-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("worker.toml");
+        std::fs::write(
+            &file,
+            "[servicebus]\nduplicate_detection_window_seconds = 3600\n",
+        )
+        .unwrap();
+        let secs = |d: std::time::Duration| d.as_secs();
+        assert_eq!(
+            secs(servicebus_dedup_window(None, Some(&file)).unwrap()),
+            3600
+        );
+        assert_eq!(
+            secs(servicebus_dedup_window(Some(0), Some(&file)).unwrap()),
+            0
+        );
+        assert_eq!(secs(servicebus_dedup_window(Some(60), None).unwrap()), 60);
+        let e = servicebus_dedup_window(None, None).unwrap_err();
+        assert!(e.contains("duplicate-detection window"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

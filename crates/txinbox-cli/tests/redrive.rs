@@ -160,3 +160,42 @@ fn the_sqs_redrive_line_names_every_count_every_time() {
             .expect("delete queue");
     }
 }
+
+/// A Service Bus target drops a resent message whose MessageId it saw within its duplicate-detection window,
+/// while the send succeeds, and the redrive then completes the dead letter: the message is gone. The window
+/// was 600 s unless told, so on a queue with a longer window (up to 7 days) every dead letter between 10
+/// minutes and the window old was lost. `servicebus redrive` now needs the window: `--dedup-window-secs`, or
+/// the workers' settings file (`[servicebus] duplicate_detection_window_seconds`, which check-infra holds to
+/// the Terraform).
+#[test]
+fn a_servicebus_redrive_needs_the_target_s_duplicate_detection_window() {
+    let (code, out, err) = txinbox(&["servicebus", "redrive", "--queue", "orders"], &[]);
+    assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains("duplicate-detection window") && err.contains("--dedup-window-secs"),
+        "{err}"
+    );
+    // Told either way, the command goes on to the namespace (none set here).
+    let dir = std::env::temp_dir().join(format!("txinbox-sb-window-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        "[servicebus]\nduplicate_detection_window_seconds = 3600\n",
+    )
+    .unwrap();
+    for told in [
+        &["--dedup-window-secs", "0"][..],
+        &["--config", config.to_str().unwrap()][..],
+    ] {
+        let mut args = vec!["servicebus", "redrive", "--queue", "orders"];
+        args.extend_from_slice(told);
+        let (code, _, err) = txinbox(&args, &[]);
+        assert_eq!(code, 2, "{err}");
+        assert!(
+            err.contains("SERVICEBUS_CONNECTION_STRING"),
+            "{told:?}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
