@@ -47,8 +47,10 @@ enum Command {
         copies: usize,
         /// Store URL: `sqlite::memory:` (default), `sqlite:path.db`, `postgres://...` (a fresh schema per run)
         /// or `dynamodb://TABLE` (a fresh table `TABLE-lab-...` per run, deleted after it;
-        /// `AWS_ENDPOINT_URL_DYNAMODB` for an emulator).
-        #[arg(long, env = "TXINBOX_STORE_URL", default_value = "sqlite::memory:")]
+        /// `AWS_ENDPOINT_URL_DYNAMODB` for an emulator). Only this flag names one: TXINBOX_STORE_URL, the
+        /// workers' store for the operator commands, is not read (the lab would create schemas or tables
+        /// there).
+        #[arg(long, default_value = "sqlite::memory:")]
         store: String,
         /// Run the failure windows of the pattern instead, one row each; exits non-zero if any fails.
         #[arg(long)]

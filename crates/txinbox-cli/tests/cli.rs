@@ -30,6 +30,27 @@ fn lab_prints_the_lab_lines() {
     );
 }
 
+/// `txinbox lab` runs in memory unless `--store` names a store: a TXINBOX_STORE_URL exported for the operator
+/// commands (the workers' own store) stood for `--store`, so the lab created schemas (or DynamoDB tables) and
+/// ran its deliveries in that store.
+#[test]
+fn lab_ignores_an_exported_store_url() {
+    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
+        .arg("lab")
+        .env(
+            "TXINBOX_STORE_URL",
+            "postgres://crm:s3cret@127.0.0.1:1/production",
+        )
+        .output()
+        .expect("run txinbox");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.starts_with("deliveries=4\n"), "{stdout}");
+}
+
 #[test]
 fn lab_scales_with_messages_and_copies() {
     let (code, out, err) = txinbox(&["lab", "--messages", "7", "--copies", "3"]);
