@@ -176,6 +176,10 @@ pub(crate) fn kind_of_code(code: Option<&str>) -> BrokerErrorKind {
         | "KmsAccessDenied" => BrokerErrorKind::Unauthorized,
         "KmsDisabled" | "KmsInvalidKeyUsage" | "KmsInvalidState" | "KmsNotFound"
         | "KmsOptInRequired" => BrokerErrorKind::Configuration,
+        // The queue URL or the endpoint, not the request: every call to them fails the same way until an
+        // operator changes them (AWS, the errors of every SQS action: "InvalidAddress: The specified ID is
+        // invalid", "UnsupportedOperation: Error code 400. Unsupported operation.").
+        "InvalidAddress" | "UnsupportedOperation" => BrokerErrorKind::Configuration,
         "InternalError" | "InternalFailure" | "ServiceUnavailableException" => {
             BrokerErrorKind::ServerError
         }
@@ -291,6 +295,29 @@ mod tests {
         assert_eq!(k("KmsAccessDenied"), BrokerErrorKind::Unauthorized);
         // DeleteMessage's InvalidIdFormat: "The specified receipt handle isn't valid for the current version."
         assert_eq!(k("InvalidIdFormat"), BrokerErrorKind::LockLost);
+    }
+
+    /// Two codes of every SQS action's error list that name the request's target, not the request: AWS,
+    /// "InvalidAddress: The specified ID is invalid" (the account id of the queue URL; the common errors of the
+    /// query API: "The address <address> is not valid for this web service") and "UnsupportedOperation: Error
+    /// code 400. Unsupported operation." The same call to the same queue fails the same way until an operator
+    /// changes the URL or the endpoint: `Configuration`, which the worker counts as a persistent receive
+    /// failure (and gives up on after `give_up_after`), not `Rejected`, which it retries for ever.
+    #[test]
+    fn a_queue_url_or_endpoint_sqs_cannot_serve_is_a_configuration_error() {
+        for c in [
+            "InvalidAddress",
+            "AWS.SimpleQueueService.InvalidAddress",
+            "UnsupportedOperation",
+            "AWS.SimpleQueueService.UnsupportedOperation",
+        ] {
+            let kind = kind_of(Some(c), Some("m"));
+            assert_eq!(kind, BrokerErrorKind::Configuration, "{c}");
+            assert!(
+                txinbox_core::runtime::worker::is_persistent_receive_error(kind),
+                "{c}"
+            );
+        }
     }
 
     #[test]
