@@ -248,7 +248,7 @@ pub fn check_plan(file: &Path, settings: &WorkerSettings) -> Result<Report, Chec
 
 /// What `txinbox check-infra PATH [--config FILE]` does: loads the settings
 /// (defaults, or the worker's settings file with its environment overrides, as a worker loads it), checks `path` (a directory, or a plan JSON file),
-/// writes one line per violation (`FILE:LINE: [RULE] RESOURCE: MESSAGE`), one `advice: ...` line per
+/// writes one line per violation (`FILE:LINE: [RULE] RESOURCE: MESSAGE`, control characters escaped), one `advice: ...` line per
 /// advice, and a summary to `out`, and returns `Ok(true)` when there is no violation.
 ///
 /// The CLI should exit 0 on `Ok(true)`, 1 on `Ok(false)` and 2 on `Err`
@@ -290,7 +290,7 @@ fn write_report(report: &Report, dir: &Path, out: &mut impl Write) -> std::io::R
         writeln!(out, "{violation}")?;
     }
     for advice in &report.advice {
-        writeln!(out, "advice: {advice}")?;
+        writeln!(out, "advice: {}", report::escaped(advice))?;
     }
     let n = report.violations.len();
     let tables = match report.dynamodb_tables {
@@ -305,7 +305,7 @@ fn write_report(report: &Report, dir: &Path, out: &mut impl Write) -> std::io::R
         } else {
             format!("{n} violation{}", if n == 1 { "" } else { "s" })
         },
-        dir.display(),
+        report::escaped(&dir.display().to_string()),
         report.files.len(),
         plural(report.files.len()),
         report.sqs_queues,

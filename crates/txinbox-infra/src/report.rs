@@ -1,7 +1,29 @@
 //! Rules, violations and the report.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
+
+/// `text` with its control characters (C0, DEL, C1: ESC, CR, LF, BEL, CSI, ...) escaped as Rust writes them
+/// (`\u{1b}`, `\r`, `\n`), for a line of the text report: a value quoted from a pull request's Terraform, plan
+/// or variables file can then neither rewrite a CI log's line (an ESC sequence, a carriage return) nor forge
+/// one (a line break before a fake `check-infra: ok`).
+pub(crate) fn escaped(text: &str) -> Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        text.into()
+    }
+}
 
 /// A rule the queue configuration must satisfy for the inbox's guarantees to hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -156,16 +178,19 @@ pub struct Violation {
     pub message: String,
 }
 
+/// `FILE:LINE: [RULE] RESOURCE: MESSAGE` on one line, control characters escaped ([`Violation`]'s fields keep
+/// the values as read).
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Every part but the rule and the line comes from the checked files: escaped.
         write!(
             f,
             "{}:{}: [{}] {}: {}",
-            self.file.display(),
+            escaped(&self.file.display().to_string()),
             self.line,
             self.rule,
-            self.resource,
-            self.message
+            escaped(&self.resource),
+            escaped(&self.message)
         )
     }
 }

@@ -1234,3 +1234,36 @@ fn worker_policy_that_cannot_be_resolved() {
         report.advice
     );
 }
+
+/// A value quoted from the Terraform (here a dead-letter queue's literal ARN) reaches the CI log with its
+/// control characters escaped: an ESC sequence, a carriage return or a line break in a pull request's string
+/// can neither rewrite the log's line nor forge a line of the report (a fake "check-infra: ok").
+#[test]
+fn quoted_values_are_written_with_control_characters_escaped() {
+    let dir = copy_of(&aws_sample(), "hostile-arn");
+    dir.edit(
+        "main.tf",
+        "    deadLetterTargetArn = aws_sqs_queue.dlq.arn\n",
+        "    deadLetterTargetArn = \"arn:aws:sqs:eu-west-1:123456789012:dlq\\u001b[2K\\rcheck-infra: ok, no violation\\n\\u0007x\"\n",
+    );
+    let mut out = Vec::new();
+    let clean = run_cli(dir.path(), None, &mut out).unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(!clean, "{out}");
+    assert!(!out.contains(['\u{1b}', '\r', '\u{7}']), "{out:?}");
+    assert!(
+        out.contains(r"dlq\u{1b}[2K\rcheck-infra: ok, no violation\n\u{7}x is not a FIFO queue"),
+        "{out}"
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[..lines.len() - 1]
+            .iter()
+            .all(|l| !l.starts_with("check-infra:") && !l.starts_with('\u{7}')),
+        "{out}"
+    );
+    assert!(
+        lines[lines.len() - 1].starts_with("check-infra: 2 violations in "),
+        "{out}"
+    );
+}
