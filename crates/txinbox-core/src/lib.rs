@@ -67,8 +67,8 @@ pub use broker::redrive::{
 pub use broker::{dead_letter, DeadLetter, Delivery, Lease, Receiver};
 pub use effects::outbox::{OutboxMessage, Publisher};
 pub use effects::{
-    ClaimedEffect, CompensateError, Confirmation, Effect, EffectExecutor, EffectOptions,
-    EffectReport, EffectRunner, EffectState, EffectStore, Execution,
+    ClaimedEffect, CompensateError, CompensatedRow, Confirmation, Effect, EffectExecutor,
+    EffectOptions, EffectReport, EffectRunner, EffectState, EffectStore, Execution, RowOutcome,
 };
 pub use error::{BadInput, BoxError, BrokerError, BrokerErrorKind};
 pub use pipeline::fingerprint::FingerprintSpec;

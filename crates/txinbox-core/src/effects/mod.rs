@@ -75,7 +75,7 @@ mod store;
 pub use executor::{Confirmation, EffectExecutor, Execution};
 pub use futures::future::BoxFuture;
 pub use gauges::publish_gauges;
-pub use options::{CompensateError, EffectOptions, EffectReport};
+pub use options::{CompensateError, CompensatedRow, EffectOptions, EffectReport, RowOutcome};
 pub use runner::EffectRunner;
 pub use store::{ClaimedEffect, EffectCount, EffectStore, Transition, TransitionColumns};
 

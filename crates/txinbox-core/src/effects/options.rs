@@ -37,6 +37,84 @@ pub enum CompensateError {
     /// The store failed.
     #[error("store error: {0}")]
     Store(#[source] BoxError),
+    /// The compensation stopped after the destination had undone some of the key's done effects (a key with
+    /// several, see [`EffectRunner::compensate`](super::EffectRunner::compensate)): `rows` says, for every done
+    /// effect of the key, oldest first, whether it was undone at the destination and whether it was marked
+    /// compensated; `source` is why it stopped (the destination's refusal, or the store's failure to mark one).
+    #[error("effect {key} was compensated only in part ({source}): {}", CompensatedRow::list(.rows))]
+    Incomplete {
+        /// The key.
+        key: String,
+        /// Every done effect of the key, oldest first, and what the compensation did to it.
+        rows: Vec<CompensatedRow>,
+        /// Why the compensation stopped.
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// One done effect of a key and what a compensation that stopped midway did to it
+/// ([`CompensateError::Incomplete`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompensatedRow {
+    /// Its row id.
+    pub id: i64,
+    /// Its destination.
+    pub destination: String,
+    /// The destination's reference.
+    pub reference: Option<String>,
+    /// What was done to it.
+    pub outcome: RowOutcome,
+}
+
+impl CompensatedRow {
+    fn list(rows: &[CompensatedRow]) -> String {
+        let rows: Vec<String> = rows.iter().map(ToString::to_string).collect();
+        rows.join("; ")
+    }
+}
+
+impl fmt::Display for CompensatedRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "id {} (destination {:?}, reference ",
+            self.id, self.destination
+        )?;
+        match &self.reference {
+            Some(r) => write!(f, "{r:?}")?,
+            None => f.write_str("none")?,
+        }
+        write!(f, ") {}", self.outcome)
+    }
+}
+
+/// What a compensation did to one done effect ([`CompensatedRow`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RowOutcome {
+    /// Undone at the destination and marked compensated.
+    UndoneAndMarked,
+    /// Undone at the destination but not marked compensated: the store failed to mark it (the error's
+    /// source), or it was no longer done when marked (another compensation marked it, or the purge removed it).
+    /// Its row may still say done although the destination has undone it.
+    UndoneNotMarked,
+    /// The destination refused to undo it (the error's source): still done, at the destination and in the store.
+    Refused,
+    /// Not asked: the compensation stopped at an earlier effect. Still done, at the destination and in the store.
+    NotTried,
+}
+
+impl fmt::Display for RowOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::UndoneAndMarked => "undone at the destination and marked compensated",
+            Self::UndoneNotMarked => "undone at the destination but NOT marked compensated",
+            Self::Refused => "refused by the destination, still done",
+            Self::NotTried => "not asked, still done",
+        })
+    }
 }
 
 /// How a runner runs.

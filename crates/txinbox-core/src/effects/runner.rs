@@ -19,10 +19,10 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use super::gauges::publish_shard_gauges;
+use super::{BoxError, CompensateError, CompensatedRow, EffectOptions, EffectReport, RowOutcome};
 use super::{
     ClaimedEffect, Confirmation, EffectExecutor, EffectState, EffectStore, Execution, Transition,
 };
-use super::{CompensateError, EffectOptions, EffectReport};
 
 /// Done effects deleted per purge statement (see [`EffectRunner::run_until`]).
 const PURGE_BATCH: i64 = 500;
@@ -121,6 +121,13 @@ impl<S: EffectStore> EffectRunner<S> {
     /// reference and external reference among them (the re-send's call was answered with the first's result,
     /// so both hold one reference and the destination is asked once), and each is marked compensated. The
     /// others (pending, failed, ...) are left as they are; when none is done, the newest's state is the answer.
+    ///
+    /// Each is marked compensated as soon as the destination has undone it. The compensation stops at the first
+    /// refusal of the destination or failure of the store; if the destination had undone any by then, the
+    /// error is [`CompensateError::Incomplete`], which says for every done effect of the key whether it was
+    /// undone at the destination and marked compensated, undone but not marked (its row may still say done),
+    /// refused, or not asked (so the operator knows the destination's state); when none was undone, it is
+    /// [`CompensateError::Refused`] (or [`CompensateError::Store`]).
     pub async fn compensate(&self, key: &str) -> Result<EffectState, CompensateError> {
         let store_err = |e: S::Error| CompensateError::Store(Box::new(e));
         let all = self.store.find_effects(key).await.map_err(store_err)?;
@@ -146,34 +153,64 @@ impl<S: EffectStore> EffectRunner<S> {
                 .ok_or_else(|| CompensateError::NoExecutor(e.destination.clone()))?;
             execs.push(exec);
         }
+        // What was done to each done effect, oldest first: told in full if the compensation stops midway.
+        let mut rows: Vec<CompensatedRow> = done
+            .iter()
+            .map(|e| CompensatedRow {
+                id: e.id,
+                destination: e.destination.clone(),
+                reference: e.reference.clone(),
+                outcome: RowOutcome::NotTried,
+            })
+            .collect();
+        let stopped = |rows: Vec<CompensatedRow>, source: BoxError| {
+            if rows.iter().any(|r| {
+                matches!(
+                    r.outcome,
+                    RowOutcome::UndoneAndMarked | RowOutcome::UndoneNotMarked
+                )
+            }) {
+                CompensateError::Incomplete {
+                    key: key.to_owned(),
+                    rows,
+                    source,
+                }
+            } else {
+                CompensateError::Refused {
+                    key: key.to_owned(),
+                    source,
+                }
+            }
+        };
         let mut undone: Vec<(&str, Option<&str>, &str)> = Vec::new();
-        for (e, exec) in done.iter().zip(execs) {
+        for (i, (e, exec)) in done.iter().zip(execs).enumerate() {
             let at_destination = (
                 e.destination.as_str(),
                 e.reference.as_deref(),
                 e.external_ref.as_str(),
             );
             if !undone.contains(&at_destination) {
-                exec.compensate(e)
-                    .await
-                    .map_err(|source| CompensateError::Refused {
-                        key: key.to_owned(),
-                        source,
-                    })?;
+                if let Err(source) = exec.compensate(e).await {
+                    rows[i].outcome = RowOutcome::Refused;
+                    return Err(stopped(rows, source));
+                }
                 undone.push(at_destination);
             }
+            // Undone at the destination (by this call or by an earlier one for the same reference): from here
+            // on an error says so.
+            rows[i].outcome = RowOutcome::UndoneNotMarked;
             let note = format!("compensated by holder {}", self.holder);
-            if !self
-                .store
-                .mark_compensated(e.id, &note, Utc::now())
-                .await
-                .map_err(store_err)?
-            {
-                tracing::warn!(
+            match self.store.mark_compensated(e.id, &note, Utc::now()).await {
+                Ok(true) => rows[i].outcome = RowOutcome::UndoneAndMarked,
+                Ok(false) => tracing::warn!(
                     key,
                     id = e.id,
-                    "effect changed state during its compensation"
-                );
+                    "effect changed state during its compensation: undone at the destination, not marked here"
+                ),
+                Err(err) => {
+                    tracing::error!(key, id = e.id, destination = %e.destination, reference = ?e.reference, "effect undone at the destination but not marked compensated: the store failed");
+                    return Err(stopped(rows, Box::new(err)));
+                }
             }
             tracing::warn!(key, id = e.id, destination = %e.destination, reference = ?e.reference, "effect compensated");
         }
@@ -1137,5 +1174,202 @@ mod tests {
         assert_eq!(report.claims_lost, 1, "{report}");
         assert!(ended_at.lock().unwrap().is_none(), "no call began");
         assert!(store.finished_at.lock().unwrap().is_none());
+    }
+
+    /// Two done effects of one key (the partitioned PostgreSQL layout), each with its own reference; records
+    /// the ids marked compensated, and fails the marking of `fail_mark` with a store error.
+    #[derive(Clone, Default)]
+    struct TwoDone {
+        marked: Arc<std::sync::Mutex<Vec<i64>>>,
+        fail_mark: Option<i64>,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the store is down")]
+    struct Down;
+
+    impl EffectStore for TwoDone {
+        type Error = Down;
+        async fn claim_effects(
+            &self,
+            _: &str,
+            _: &[String],
+            _: DateTime<Utc>,
+            _: DateTime<Utc>,
+            _: i64,
+        ) -> Result<Vec<ClaimedEffect>, Self::Error> {
+            Ok(Vec::new())
+        }
+        async fn finish_effect(
+            &self,
+            _: i64,
+            _: &str,
+            _: &TransitionColumns<'_>,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+        async fn purge_done_effects(&self, _: DateTime<Utc>, _: i64) -> Result<u64, Self::Error> {
+            Ok(0)
+        }
+        async fn effect_counts(&self) -> Result<Vec<EffectCount>, Self::Error> {
+            Ok(Vec::new())
+        }
+        async fn find_effect(&self, key: &str) -> Result<Option<ClaimedEffect>, Self::Error> {
+            Ok(self.find_effects(key).await?.pop())
+        }
+        async fn find_effects(&self, key: &str) -> Result<Vec<ClaimedEffect>, Self::Error> {
+            let marked = self.marked.lock().unwrap().clone();
+            Ok([1, 2]
+                .into_iter()
+                .map(|id| ClaimedEffect {
+                    id,
+                    consumer: "c".into(),
+                    message_id: format!("m{id}"),
+                    key: key.into(),
+                    name: "n".into(),
+                    destination: "crm".into(),
+                    payload: Vec::new(),
+                    metadata: Default::default(),
+                    external_ref: key.into(),
+                    claimed_from: if marked.contains(&id) {
+                        EffectState::Compensated
+                    } else {
+                        EffectState::Done
+                    },
+                    attempts: 1,
+                    reconciliations: 0,
+                    created_at: Utc::now(),
+                    reference: Some(format!("r-{id}")),
+                    maybe_happened: false,
+                    sent_hash: None,
+                })
+                .collect())
+        }
+        async fn mark_compensated(
+            &self,
+            id: i64,
+            _: &str,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            if self.fail_mark == Some(id) {
+                return Err(Down);
+            }
+            self.marked.lock().unwrap().push(id);
+            Ok(true)
+        }
+    }
+
+    /// A destination that undoes its first compensation and refuses every later one.
+    #[derive(Default)]
+    struct UndoesOnce {
+        undone: Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl EffectExecutor for UndoesOnce {
+        fn execute<'a>(
+            &'a self,
+            _: &'a ClaimedEffect,
+        ) -> futures::future::BoxFuture<'a, Execution> {
+            Box::pin(async { Execution::Done { reference: None } })
+        }
+        fn confirm<'a>(
+            &'a self,
+            _: &'a ClaimedEffect,
+        ) -> futures::future::BoxFuture<'a, Confirmation> {
+            Box::pin(async { Confirmation::NotFound })
+        }
+        fn compensate<'a>(
+            &'a self,
+            effect: &'a ClaimedEffect,
+        ) -> futures::future::BoxFuture<'a, Result<(), crate::error::BoxError>> {
+            Box::pin(async move {
+                let mut undone = self.undone.lock().unwrap();
+                if !undone.is_empty() {
+                    return Err("503 Service Unavailable".into());
+                }
+                undone.push(effect.reference.clone().unwrap_or_default());
+                Ok(())
+            })
+        }
+    }
+
+    fn row(id: i64, outcome: super::super::RowOutcome) -> super::super::CompensatedRow {
+        super::super::CompensatedRow {
+            id,
+            destination: "crm".into(),
+            reference: Some(format!("r-{id}")),
+            outcome,
+        }
+    }
+
+    /// A key with two done effects whose second compensation the destination refuses: the error says the first
+    /// was undone and marked compensated (it is), the second refused and still done, so the operator knows the
+    /// destination's state.
+    #[tokio::test]
+    async fn a_compensation_refused_midway_says_what_it_undid_and_marked() {
+        use super::super::RowOutcome;
+        let store = TwoDone::default();
+        let dest = UndoesOnce::default();
+        let undone = dest.undone.clone();
+        let runner = EffectRunner::new(store.clone()).executor("crm", dest);
+        let err = runner
+            .compensate("k")
+            .await
+            .expect_err("the second was refused");
+        assert_eq!(*undone.lock().unwrap(), vec!["r-1".to_owned()]);
+        assert_eq!(
+            *store.marked.lock().unwrap(),
+            vec![1],
+            "the undone one is marked"
+        );
+        let text = err.to_string();
+        let CompensateError::Incomplete { key, rows, source } = err else {
+            panic!("not an Incomplete: {text}");
+        };
+        assert_eq!(key, "k");
+        assert_eq!(
+            rows,
+            vec![
+                row(1, RowOutcome::UndoneAndMarked),
+                row(2, RowOutcome::Refused)
+            ]
+        );
+        assert!(source.to_string().contains("503"), "{source}");
+        assert!(
+            text.contains("id 1 (destination \"crm\", reference \"r-1\") undone at the destination and marked compensated")
+                && text.contains("id 2 (destination \"crm\", reference \"r-2\") refused by the destination"),
+            "{text}"
+        );
+    }
+
+    /// The first done effect undone but its marking failed (store error): the error says it was undone but not
+    /// marked, and the second was not asked.
+    #[tokio::test]
+    async fn an_undone_effect_the_store_could_not_mark_is_said_undone_not_marked() {
+        use super::super::RowOutcome;
+        let store = TwoDone {
+            fail_mark: Some(1),
+            ..TwoDone::default()
+        };
+        let dest = UndoesOnce::default();
+        let undone = dest.undone.clone();
+        let runner = EffectRunner::new(store.clone()).executor("crm", dest);
+        let err = runner.compensate("k").await.expect_err("the store failed");
+        assert_eq!(*undone.lock().unwrap(), vec!["r-1".to_owned()]);
+        assert!(store.marked.lock().unwrap().is_empty());
+        let text = err.to_string();
+        let CompensateError::Incomplete { rows, source, .. } = err else {
+            panic!("not an Incomplete: {text}");
+        };
+        assert_eq!(
+            rows,
+            vec![
+                row(1, RowOutcome::UndoneNotMarked),
+                row(2, RowOutcome::NotTried)
+            ]
+        );
+        assert_eq!(source.to_string(), "the store is down");
+        assert!(text.contains("NOT marked compensated"), "{text}");
     }
 }
