@@ -244,17 +244,26 @@ pub fn quote_property(v: &str, max_chars: usize) -> String {
     out
 }
 
-/// Parses `Retry-After` in seconds (the HTTP-date form is not used by Service Bus).
+/// Parses `Retry-After`: seconds or an HTTP-date (see [`retry_after_value`]).
 pub fn retry_after(headers: &ResponseHeaders) -> Option<std::time::Duration> {
     headers.get("retry-after").and_then(retry_after_value)
 }
 
-/// Parses one `Retry-After` value in seconds.
+/// Parses one `Retry-After` value: delay-seconds, or an HTTP-date (RFC 9110, 10.2.3: "Retry-After =
+/// HTTP-date / delay-seconds"), which a proxy or gateway in front of the namespace may send; a date is read
+/// from now, a date in the past asks for no wait. `None` when the value is neither. Uncapped: the callers
+/// cap what they wait (30 s).
 pub(crate) fn retry_after_value(v: &str) -> Option<std::time::Duration> {
-    v.trim()
-        .parse::<f64>()
-        .ok()
-        .and_then(|s| std::time::Duration::try_from_secs_f64(s).ok())
+    retry_after_value_at(v, Utc::now())
+}
+
+/// [`retry_after_value`] read at `now`.
+pub(crate) fn retry_after_value_at(v: &str, now: DateTime<Utc>) -> Option<std::time::Duration> {
+    if let Ok(secs) = v.trim().parse::<f64>() {
+        return std::time::Duration::try_from_secs_f64(secs).ok();
+    }
+    let at = parse_http_date(v)?;
+    Some((at - now).to_std().unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -283,6 +292,33 @@ mod tests {
         .unwrap();
         assert_eq!(p.enqueued_sequence_number, Some(9_223_372_036_854_775_000));
         assert_eq!(p.message_id, None);
+    }
+
+    /// RFC 9110, 10.2.3: "Retry-After = HTTP-date / delay-seconds"; a proxy or gateway in front of the
+    /// namespace may answer with the date form.
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        use std::time::Duration;
+        let now = parse_http_date("Wed, 02 Jan 2030 03:04:05 GMT").unwrap();
+        assert_eq!(
+            retry_after_value_at("Wed, 02 Jan 2030 03:04:10 GMT", now),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            retry_after_value_at("Wed, 02 Jan 2030 03:04:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            retry_after_value_at(" 7 ", now),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            retry_after_value_at("0.5", now),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(retry_after_value_at("soon", now), None);
+        assert_eq!(retry_after_value_at("-3", now), None);
+        assert_eq!(retry_after_value_at("", now), None);
     }
 
     #[test]
