@@ -7,6 +7,9 @@ use crate::error::ServiceBusError;
 
 /// The shortest lock duration the adapter accepts (Service Bus's minimum is 5 s; the emulator allows less).
 pub const MIN_LOCK_DURATION: Duration = Duration::from_secs(1);
+/// The shortest long-poll wait the adapter accepts: the peek-lock's `timeout` is whole seconds, and 0 is no
+/// long poll (Microsoft, Peek-Lock Message: "204 No messages available within the specified timeout period.").
+pub const MIN_WAIT: Duration = Duration::from_secs(1);
 /// The longest lock duration Service Bus allows (5 minutes).
 pub const MAX_LOCK_DURATION: Duration = Duration::from_secs(300);
 
@@ -43,7 +46,7 @@ pub enum DeadLetterStrategy {
 ///
 /// | option | default | note |
 /// |---|---|---|
-/// | [`wait`](Self::wait) | 20 s | long-poll `timeout` of a receive, whole seconds on the wire |
+/// | [`wait`](Self::wait) | 20 s | long-poll `timeout` of a receive, whole seconds on the wire, at least 1 s |
 /// | [`batch_size`](Self::batch_size) | [`DEFAULT_BATCH_SIZE`] (64) | the most deliveries one receive hands out, a cap over what the worker asks for (its `batch_size`, at most its free slots), which decides below it: one long poll, then `timeout=0` requests while messages keep coming; when the last receive came back full, all its requests at once with `timeout=0` (one round trip), then the long poll only if they all come back empty |
 /// | [`lock_duration`](Self::lock_duration) | 60 s | the queue's LockDuration: the lease's duration (the worker renews every third of it) and the expiry computed after a renewal (REST renew answers none); a shorter lock granted by the broker wins |
 /// | [`max_release_delay`](Self::max_release_delay) | 10 s | the retry backoff is served by holding the lock this long at most, then abandoning |
@@ -84,7 +87,8 @@ impl Default for ServiceBusOptions {
 }
 
 impl ServiceBusOptions {
-    /// Sets the long-poll wait (rounded down to whole seconds on the wire).
+    /// Sets the long-poll wait (rounded down to whole seconds on the wire; at least [`MIN_WAIT`], checked by
+    /// [`validate`](Self::validate)).
     pub fn wait(mut self, d: Duration) -> Self {
         self.wait = d;
         self
@@ -137,6 +141,14 @@ impl ServiceBusOptions {
     /// Checks that the options hang together. Called by [`ServiceBusReceiver::new`](crate::ServiceBusReceiver::new).
     pub fn validate(&self) -> Result<(), ServiceBusError> {
         let bad = |detail: String| Err(ServiceBusError::Config { detail });
+        // The wait is the peek-lock's `timeout` in whole seconds: under 1 s it is `timeout=0`, no long poll,
+        // and an idle worker would ask the namespace in a tight loop (every request billed).
+        if self.wait < MIN_WAIT {
+            return bad(format!(
+                "long-poll wait {:?} is under 1 s (sent as whole seconds, it would be timeout=0: no long poll)",
+                self.wait
+            ));
+        }
         if self.lock_duration < MIN_LOCK_DURATION || self.lock_duration > MAX_LOCK_DURATION {
             return bad(format!(
                 "lock duration {:?} is outside 1 s..=5 min",
@@ -189,5 +201,25 @@ mod tests {
             .lock_duration(Duration::from_secs(2))
             .validate()
             .unwrap();
+    }
+
+    /// The wait goes out as the peek-lock's `timeout` in whole seconds, so a wait under 1 s is `timeout=0`:
+    /// no long poll, an idle worker would ask the namespace in a tight loop (Microsoft, Peek-Lock Message:
+    /// "204 No messages available within the specified timeout period.").
+    #[test]
+    fn a_wait_under_one_second_is_refused() {
+        for wait in [Duration::ZERO, Duration::from_millis(999)] {
+            let e = ServiceBusOptions::default()
+                .wait(wait)
+                .validate()
+                .unwrap_err();
+            assert!(
+                matches!(&e, ServiceBusError::Config { detail } if detail.contains(&format!("{wait:?}"))),
+                "{e}"
+            );
+        }
+        for wait in [Duration::from_secs(1), Duration::from_secs(20)] {
+            ServiceBusOptions::default().wait(wait).validate().unwrap();
+        }
     }
 }
