@@ -460,6 +460,63 @@ async fn one_item_a_page(table: &str) -> DynamoStore {
         .unwrap()
 }
 
+/// A message's story reads the base table strongly consistently: its marker's and its effects' `GetItem`s set
+/// `ConsistentRead`, so a message applied a moment ago is found (AWS, DynamoDB read consistency: with
+/// eventually consistent reads "the responses may not reflect the results of a recently completed write
+/// operation"; "If you set ConsistentRead to true, DynamoDB returns a response with the most up-to-date data").
+/// DynamoDB Local is always consistent, so the requests themselves are looked at, on their way out.
+#[tokio::test]
+async fn a_message_s_story_reads_its_marker_and_effects_consistently() {
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use std::sync::{Arc, Mutex};
+    use txinbox_testkit::sdk_http::{with_hook, HttpConnector};
+    let (_, table, store) = fresh_store().await;
+    let report = apply(&store, CONSUMER, vec![meeting("m-1", "o-1", "x")]).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1, "{report:?}");
+    let gets: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let seen = gets.clone();
+    let http = with_hook(
+        txinbox_dynamodb::http_client(),
+        move |request, connector| {
+            let get = request
+                .headers()
+                .get("x-amz-target")
+                .is_some_and(|t| t.ends_with(".GetItem"));
+            if get {
+                let body: serde_json::Value =
+                    serde_json::from_slice(request.body().bytes().unwrap()).unwrap();
+                seen.lock().unwrap().push(body);
+            }
+            connector.call(request)
+        },
+    );
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(http)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
+        .endpoint_url(std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap())
+        .build();
+    let watched = DynamoStore::open(Client::from_conf(conf), &table, DynamoOptions::default())
+        .await
+        .unwrap();
+    gets.lock().unwrap().clear();
+    let story = watched
+        .message_story(CONSUMER, "m-1", SOURCE, Some(&["create_task".to_owned()]))
+        .await
+        .unwrap();
+    assert_eq!(
+        (story.markers.len(), story.effects.len()),
+        (1, 1),
+        "{story:?}"
+    );
+    let gets = gets.lock().unwrap();
+    assert_eq!(gets.len(), 2, "the marker's and the effect's: {gets:?}");
+    for body in gets.iter() {
+        assert_eq!(body["ConsistentRead"], serde_json::json!(true), "{body}");
+    }
+}
+
 /// Every operator query and the effects' claim read a partition to its end, past the pages a filter leaves
 /// empty: the figures, a message's story, the rejections, the effect counts, the table figures and a claim
 /// are the same read one item a page as read whole, on a table where expired markers, another consumer's

@@ -11,7 +11,6 @@ use super::{
     ConsumerStats, MessageStory, RejectionFilter, RejectionRow, MAX_REJECTIONS,
     WAITING_EFFECT_STATES,
 };
-use crate::error::call;
 use crate::layout::{self as l, n, s, Reader};
 use crate::{DynamoError, DynamoStore};
 
@@ -101,9 +100,15 @@ impl DynamoStore {
     /// of the key), its rejections of that source (the consumer's evidence partition, filtered on the
     /// message id: the whole partition is read), and its effects.
     ///
-    /// With `effect_names`, each effect is one `GetItem` by its idempotency key (about 0.5 read unit each);
-    /// without, the 8 effect shards are queried with a filter on consumer and message id, which reads every
-    /// effect of every consumer.
+    /// With `effect_names`, each effect is one `GetItem` by its idempotency key; without, the 8 effect shards
+    /// are queried with a filter on consumer and message id, which reads every effect of every consumer.
+    ///
+    /// The `GetItem`s (the marker, the named effects) read the base table strongly consistently
+    /// (`ConsistentRead`, one read unit per 4 KB): a message applied or an effect recorded a moment ago is
+    /// found (AWS: with eventually consistent reads "the responses may not reflect the results of a recently
+    /// completed write operation"). The rejections and the effects found without names are read from the
+    /// `by_consumer` index, which cannot be read consistently (AWS: "All reads from GSIs and streams are
+    /// eventually consistent"): a rejection or an effect written a moment ago may be missing from them.
     pub async fn message_story(
         &self,
         consumer: &str,
@@ -115,17 +120,9 @@ impl DynamoStore {
         let mut markers = Vec::new();
         let pk = l::marker_pk(consumer, source, message_id);
         if l::fits_key(&pk) {
-            let out = self
-                .client
-                .get_item()
-                .table_name(&*self.table)
-                .key(l::PK, s(pk))
-                .send()
-                .await
-                .map_err(|e| call("GetItem", e))?;
-            if let Some(item) = out.item() {
-                if !expired(item, now_epoch)? {
-                    markers.push(marker_from(item)?);
+            if let Some(item) = self.get_consistent(s(pk), &[]).await? {
+                if !expired(&item, now_epoch)? {
+                    markers.push(marker_from(&item)?);
                 }
             }
         }
@@ -168,17 +165,10 @@ impl DynamoStore {
                 };
                 for name in names {
                     let key = idempotency_key(&identity, name);
-                    let out = self
-                        .client
-                        .get_item()
-                        .table_name(&*self.table)
-                        .key(l::PK, s(l::effect_pk(l::effect_id(&key))))
-                        .send()
-                        .await
-                        .map_err(|e| call("GetItem", e))?;
-                    if let Some(item) = out.item() {
-                        if Reader::new(item).s("key")? == key {
-                            items.push(item.clone());
+                    let pk = s(l::effect_pk(l::effect_id(&key)));
+                    if let Some(item) = self.get_consistent(pk, &[]).await? {
+                        if Reader::new(&item).s("key")? == key {
+                            items.push(item);
                         }
                     }
                 }
