@@ -29,12 +29,15 @@ use crate::receiver::delete_one;
 /// SQS FIFO's deduplication interval.
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(300);
 
+/// The visibility timeout [`redrive`]'s receives give the dead letters they return.
+pub const RECEIVE_VISIBILITY: Duration = Duration::from_secs(60);
+
 /// `txinbox sqs redrive --from DLQ_URL --to QUEUE_URL [--max N]`: moves up to `opts.max` messages (all when
 /// `None`) from `from` to `to`, telling `progress` as it goes (`&mut ()` for nothing). See the
 /// [module docs](self) for the identity rules.
 ///
-/// The report fills `moved`, `new_dedup_id`, `deferred` and `initially_visible`. On an error the redrive stops
-/// and returns it; the last report `progress` saw says what was moved before.
+/// The report fills `moved`, `new_dedup_id`, `deferred`, `identity_lost` and `initially_visible`. On an error
+/// the redrive stops and returns it; the last report `progress` saw says what was moved before.
 pub async fn redrive(
     client: &aws_sdk_sqs::Client,
     from: &str,
@@ -42,8 +45,22 @@ pub async fn redrive(
     opts: &RedriveOptions,
     progress: &mut dyn RedriveProgress,
 ) -> Result<RedriveReport, BrokerError> {
+    redrive_with_visibility(client, from, to, opts, RECEIVE_VISIBILITY, progress).await
+}
+
+/// [`redrive`], its receives giving the dead letters they return the visibility timeout `visibility`
+/// (whole seconds, at most 12 hours) instead of [`RECEIVE_VISIBILITY`].
+pub async fn redrive_with_visibility(
+    client: &aws_sdk_sqs::Client,
+    from: &str,
+    to: &str,
+    opts: &RedriveOptions,
+    visibility: Duration,
+    progress: &mut dyn RedriveProgress,
+) -> Result<RedriveReport, BrokerError> {
     let mut report = RedriveReport::default();
-    let result = run(client, from, to, opts, progress, &mut report).await;
+    let visibility = visibility.min(Duration::from_secs(43_200));
+    let result = run(client, from, to, opts, visibility, progress, &mut report).await;
     progress.event(
         RedriveEvent::Finished {
             error: result.as_ref().err(),
@@ -58,6 +75,7 @@ async fn run(
     from: &str,
     to: &str,
     opts: &RedriveOptions,
+    visibility: Duration,
     progress: &mut dyn RedriveProgress,
     report: &mut RedriveReport,
 ) -> Result<(), BrokerError> {
@@ -80,6 +98,16 @@ async fn run(
     // messages wait with it, or they would reach the queue before it. AWS: "Messages within the same message
     // group are always processed one at a time, in strict order".
     let mut waiting_groups: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // The dead letters this run left in the DLQ (deferred, identity lost), by MessageId. A receive hides each
+    // for `visibility` only (AWS, ReceiveMessage's VisibilityTimeout: "If the message is not deleted or its
+    // visibility timeout is not extended before the timeout expires, it becomes visible again and can be
+    // retrieved by other consumers."), so a pass that lasts longer receives them again: each is decided once,
+    // and the run ends when a receive brings nothing it has not decided, and either every one it left came
+    // back since it last decided a message, or `visibility` passed since then (by when each it left, unless
+    // someone else took it, was visible again).
+    let mut left: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut back: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut last_decided = std::time::Instant::now();
     progress.event(RedriveEvent::Started, report);
     'outer: while report.moved < limit {
         let ask = (limit - report.moved).min(10);
@@ -88,7 +116,7 @@ async fn run(
             .queue_url(from)
             .max_number_of_messages(ask as i32)
             .wait_time_seconds(opts.wait.as_secs().min(20) as i32)
-            .visibility_timeout(60)
+            .visibility_timeout(visibility.as_secs() as i32)
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
             .send()
@@ -98,10 +126,20 @@ async fn run(
         if messages.is_empty() {
             break;
         }
+        let mut decided = false;
         for m in messages {
             if report.moved >= limit {
                 break 'outer;
             }
+            if let Some(id) = m.message_id().filter(|id| left.contains(*id)) {
+                tracing::debug!(
+                    dlq_message_id = id,
+                    "received again: this run already left it in the DLQ"
+                );
+                back.insert(id.to_owned());
+                continue;
+            }
+            decided = true;
             let receipt = m.receipt_handle().ok_or_else(|| {
                 BrokerError::new(
                     BrokerErrorKind::Protocol,
@@ -126,6 +164,7 @@ async fn run(
                 // it was the message's only identity: sent back, the message would be applied again under a
                 // new one. It stays in the DLQ for an operator.
                 report.identity_lost += 1;
+                left.extend(m.message_id().map(str::to_owned));
                 tracing::error!(dlq_message_id = position, "left in the DLQ: its identity was its deduplication id, which AWS replaced on the move to the DLQ; redriving it would apply it again under a new identity (producers must send ce-id)");
                 progress.event(
                     RedriveEvent::IdentityLost {
@@ -139,6 +178,7 @@ async fn run(
                 let group = sys(MessageSystemAttributeName::MessageGroupId);
                 if let Some(g) = group.as_ref().filter(|g| waiting_groups.contains(*g)) {
                     report.deferred += 1;
+                    left.extend(m.message_id().map(str::to_owned));
                     tracing::warn!(dlq_message_id = position, group = %g, "deferred: an earlier message of its group stays in the DLQ until a later run; run the redrive again later");
                     let sent = sys(MessageSystemAttributeName::SentTimestamp)
                         .and_then(|t| t.parse::<i64>().ok())
@@ -167,6 +207,7 @@ async fn run(
                     (Some(orig), false, _) => orig,
                     (Some(orig), true, false) => {
                         report.deferred += 1;
+                        left.extend(m.message_id().map(str::to_owned));
                         if let Some(g) = &group {
                             waiting_groups.insert(g.clone());
                         }
@@ -198,6 +239,13 @@ async fn run(
             metrics::counter!(txinbox_core::metrics::REDRIVE_MOVED, "queue" => to.to_owned())
                 .increment(1);
             progress.event(RedriveEvent::Moved(RedriveItem::new(&id, position)), report);
+        }
+        if decided {
+            back.clear();
+            last_decided = std::time::Instant::now();
+        } else if back.len() >= left.len() || last_decided.elapsed() >= visibility {
+            // Only what this run left came back: the rest of the DLQ is what it decided to leave.
+            break;
         }
     }
     Ok(())

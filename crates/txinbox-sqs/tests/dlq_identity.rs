@@ -209,6 +209,72 @@ async fn txinbox_redrive_leaves_a_dead_letter_whose_dedup_id_aws_replaced() {
     assert_eq!(pg_effects(&store).await, 1, "never applied again");
 }
 
+/// A dead letter left for its lost identity becomes visible again once its receive's visibility timeout
+/// expires (AWS, ReceiveMessage's VisibilityTimeout: "If the message is not deleted or its visibility timeout is
+/// not extended before the timeout expires, it becomes visible again and can be retrieved by other consumers."),
+/// and a redrive pass longer than that timeout received it again: counted again on every receive, and the run
+/// never ended while it kept coming back. It is now counted once and the run ends when only what it left comes
+/// back. A visibility timeout of 0 puts every receive after the first past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_longer_than_its_visibility_timeout_counts_a_lost_identity_once() {
+    use txinbox_core::broker::redrive::{RedriveEvent, RedriveReport};
+    let c = client().await;
+    let q = queue_pair(&c, 1, 2).await;
+    send(
+        &c,
+        &q.dlq,
+        &body("o-lost", "m", json!({})),
+        None,
+        "d-lost",
+        "g-lost",
+    )
+    .await;
+    for i in 0..2 {
+        let id = format!("evt-{i}");
+        send(
+            &c,
+            &q.dlq,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&id),
+            &format!("d-{i}"),
+            &format!("g{i}"),
+        )
+        .await;
+    }
+    let mut told: Vec<String> = Vec::new();
+    let mut progress = |e: RedriveEvent<'_>, _: &RedriveReport| {
+        let item = match e {
+            RedriveEvent::Moved(item)
+            | RedriveEvent::Deferred { item, .. }
+            | RedriveEvent::IdentityLost { item, .. } => item,
+            _ => return,
+        };
+        assert!(
+            !told.iter().any(|p| p == item.position),
+            "told twice about {item:?} (told before: {told:?})"
+        );
+        told.push(item.position.to_owned());
+    };
+    let report = txinbox_sqs::redrive::redrive_with_visibility(
+        &as_aws_leaves_the_dlq(&c),
+        &q.dlq,
+        &q.url,
+        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
+        Duration::ZERO,
+        &mut progress,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.moved, report.deferred, report.identity_lost),
+        (2, 0, 1),
+        "{report:?}"
+    );
+    assert_eq!(told.len(), 3, "each told once: {told:?}");
+    assert_eq!(total(&c, &q.url).await, 2, "the two with ce-id moved");
+    assert_eq!(total(&c, &q.dlq).await, 1, "the lost one stays");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_copy_moved_back_as_start_message_move_task_does_is_not_applied_again() {
     let c = client().await;

@@ -1509,6 +1509,72 @@ async fn a_redrive_does_not_move_a_message_ahead_of_a_deferred_one_of_its_group(
     assert_eq!(total_in(&c, &q.dlq).await, 2, "both stay in the DLQ");
 }
 
+/// A redrive pass that lasts longer than the visibility timeout of its receives: what it left in the DLQ
+/// (a message deferred inside the 5-minute window) becomes visible again and comes back to its receives (AWS,
+/// ReceiveMessage's VisibilityTimeout: "If the message is not deleted or its visibility timeout is not extended
+/// before the timeout expires, it becomes visible again and can be retrieved by other consumers."). It was counted and told again on every receive, and the run went on for as long as it came back.
+/// Each dead letter is now decided once: told once, counted once, and the run ends when only what it left comes
+/// back. A visibility timeout of 0 puts every receive after the first past the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_longer_than_its_visibility_timeout_counts_each_message_once() {
+    use txinbox_core::broker::redrive::{RedriveEvent, RedriveReport};
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    send(
+        &c,
+        &q.dlq,
+        &body("o-deferred", "m", json!({})),
+        None,
+        "d-deferred",
+        "g-deferred",
+    )
+    .await;
+    for i in 0..3 {
+        let id = format!("evt-{i}");
+        send(
+            &c,
+            &q.dlq,
+            &body(&format!("o{i}"), "m", json!({})),
+            Some(&id),
+            &format!("d-{i}"),
+            &format!("g{i}"),
+        )
+        .await;
+    }
+    let mut told: Vec<String> = Vec::new();
+    let mut progress = |e: RedriveEvent<'_>, _: &RedriveReport| {
+        let item = match e {
+            RedriveEvent::Moved(item)
+            | RedriveEvent::Deferred { item, .. }
+            | RedriveEvent::IdentityLost { item, .. } => item,
+            _ => return,
+        };
+        assert!(
+            !told.iter().any(|p| p == item.position),
+            "told twice about {item:?} (told before: {told:?})"
+        );
+        told.push(item.position.to_owned());
+    };
+    let report = txinbox_sqs::redrive::redrive_with_visibility(
+        &c,
+        &q.dlq,
+        &q.url,
+        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
+        Duration::ZERO,
+        &mut progress,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.moved, report.deferred, report.identity_lost),
+        (3, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(told.len(), 4, "each told once: {told:?}");
+    assert_eq!(counts(&c, &q.url).await, (3, 0), "the three moved");
+    assert_eq!(total_in(&c, &q.dlq).await, 1, "the deferred one stays");
+}
+
 async fn total_in(c: &aws_sdk_sqs::Client, url: &str) -> u64 {
     let (visible, in_flight) = counts(c, url).await;
     visible + in_flight
