@@ -367,18 +367,12 @@ fn main() -> ExitCode {
                 EffectsCommand::Run(a) => {
                     match a.store_url().and_then(|u| a.effects().map(|_| u)) {
                         Ok(url) => vec![targets::StoreTarget { shard: None, url }],
-                        Err(e) => {
-                            crate::out::errln!("error: {}", targets::redact(&e));
-                            return ExitCode::from(2);
-                        }
+                        Err(e) => return targets::fail(&e),
                     }
                 }
                 EffectsCommand::Compensate(a) => match a.store_url() {
                     Ok(url) => vec![targets::StoreTarget { shard: None, url }],
-                    Err(e) => {
-                        crate::out::errln!("error: {}", targets::redact(&e));
-                        return ExitCode::from(2);
-                    }
+                    Err(e) => return targets::fail(&e),
                 },
                 EffectsCommand::Show(a) => vec![targets::StoreTarget {
                     shard: None,
@@ -386,10 +380,7 @@ fn main() -> ExitCode {
                 }],
                 EffectsCommand::Stats { store } => match store.targets() {
                     Ok(t) => t,
-                    Err(e) => {
-                        crate::out::errln!("error: {}", targets::redact(&e));
-                        return ExitCode::from(2);
-                    }
+                    Err(e) => return targets::fail(&e),
                 },
             };
             // A shard that cannot be read is named on stderr; the others still are.
@@ -521,12 +512,16 @@ fn check_infra(
     }
 }
 
-/// Prints the error and its sources, its secrets masked, and exits 2.
+/// Prints the error and its sources, its secrets masked and its control characters escaped (an error can quote
+/// outside input: a Terraform file's line, a settings value), and exits 2.
 fn fail(e: &dyn std::error::Error) -> ExitCode {
-    let mut msg = format!("error: {e}");
+    let mut msg = format!("error: {}", crate::out::escaped(&e.to_string()));
     let mut src = e.source();
     while let Some(s) = src {
-        msg.push_str(&format!("\n  caused by: {s}"));
+        msg.push_str(&format!(
+            "\n  caused by: {}",
+            crate::out::escaped(&s.to_string())
+        ));
         src = s.source();
     }
     crate::out::errln!("{}", targets::redact(&msg));

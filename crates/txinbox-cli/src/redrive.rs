@@ -276,20 +276,6 @@ impl<W: Write> ServiceBusProgress<W> {
     }
 }
 
-/// A dead letter's id as the progress writes it: its control characters escaped (the producer's id may be
-/// why it was dead-lettered; written raw it could rewrite the operator's terminal or forge a line).
-fn escaped(id: &str) -> String {
-    id.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
     fn event(&mut self, event: RedriveEvent<'_>, report: &RedriveReport) {
         self.sink.last = report.clone();
@@ -297,8 +283,8 @@ impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
         match event {
             RedriveEvent::Moved(item) => self.sink.write(format_args!(
                 "moved sequence={} message_id={} from {from} to {to}\n",
-                escaped(item.position),
-                escaped(item.message_id)
+                crate::out::escaped(item.position),
+                crate::out::escaped(item.message_id)
             )),
             RedriveEvent::Deferred {
                 item,
@@ -306,15 +292,15 @@ impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
                 window,
             } => self.sink.write(format_args!(
                 "deferred sequence={} message_id={}: enqueued {}s ago, inside the {}s duplicate-detection window of {to}\n",
-                escaped(item.position),
-                escaped(item.message_id),
+                crate::out::escaped(item.position),
+                crate::out::escaped(item.message_id),
                 enqueued_ago.map_or(0, |d| d.num_seconds()),
                 window.as_secs()
             )),
             RedriveEvent::SettleFailed { item, error } => self.sink.write(format_args!(
                 "sent sequence={} message_id={} but could not complete it in {from}: {error}\n",
-                escaped(item.position),
-                escaped(item.message_id)
+                crate::out::escaped(item.position),
+                crate::out::escaped(item.message_id)
             )),
             RedriveEvent::Finished { .. } => self.sink.write(format_args!(
                 "redrive {from} -> {to}: moved {}, deferred {}, complete failed {}\n",

@@ -131,10 +131,11 @@ pub fn fail(msg: &str) -> std::process::ExitCode {
     std::process::ExitCode::from(2)
 }
 
-/// Prints `error: MSG` on one line, its secrets masked.
+/// Prints `error: MSG` on one line, its secrets masked and its control characters escaped
+/// ([`escaped`](crate::out::escaped): a message can quote outside input).
 fn error_line(msg: &str) {
     let one_line = msg.split_whitespace().collect::<Vec<_>>().join(" ");
-    crate::out::errln!("error: {}", redact(&one_line));
+    crate::out::errln!("error: {}", crate::out::escaped(&redact(&one_line)));
 }
 
 /// Prints the error of one store of the command as [`fail`] does, naming its shard (`error: shard NAME:

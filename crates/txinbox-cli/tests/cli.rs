@@ -1158,3 +1158,31 @@ fn text_output_escapes_control_characters_from_outside() {
         .unwrap();
     rt.block_on(pool.close());
 }
+
+// An error can quote outside input: a settings file's line, a Terraform file's. Its control characters are
+// written escaped, so a file cannot rewrite the operator's terminal or forge a line of the error (`fail` wrote
+// the error's text raw; the settings reader quotes the offending line).
+#[test]
+fn an_error_quoting_a_file_writes_its_control_characters_escaped() {
+    let dir = std::env::temp_dir().join(format!("txinbox-esc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        "[store]\nurl = \"sqlite:x.db\"\nconsumer = 7\u{1b}[2K\r\u{202e}error: none, all ok\n",
+    )
+    .unwrap();
+    let (code, _, err) = txinbox(&["inbox", "stats", "--config", config.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(code, 2, "{err}");
+    // The settings reader drops the line's escape and carriage return itself; the bidi override, which makes
+    // the rest of the line read right to left, reached the terminal as it was.
+    assert!(
+        err.contains("\\u{202e}"),
+        "the override is shown escaped: {err}"
+    );
+    assert!(
+        !err.contains(['\u{1b}', '\r', '\u{202e}']),
+        "a control character or a bidi override went out raw: {err:?}"
+    );
+}

@@ -39,31 +39,15 @@ fn age(secs: f64) -> String {
     }
 }
 
-/// `text` with each control character written as its escape (`\n`, `\u{1b}`): some values come from outside
-/// (a destination's reference and error text, a handler's result), and one written raw could rewrite the
-/// operator's terminal (an escape sequence) or forge a line of the output (a line break). `--json` keeps them.
-fn shown(text: &str) -> std::borrow::Cow<'_, str> {
-    if text.chars().any(char::is_control) {
-        text.chars()
-            .map(|c| {
-                if c.is_control() {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect::<String>()
-            .into()
-    } else {
-        text.into()
-    }
-}
-
-/// Prints aligned columns: numbers (columns whose header is in `right`) right-aligned; cells [`shown`].
+/// Prints aligned columns: numbers (columns whose header is in `right`) right-aligned; cells [escaped](crate::out::escaped).
 fn print_table(headers: &[&str], right: &[&str], rows: &[Vec<String>]) {
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| r.iter().map(|c| shown(c).into_owned()).collect())
+        .map(|r| {
+            r.iter()
+                .map(|c| crate::out::escaped(c).into_owned())
+                .collect()
+        })
         .collect();
     let rows = &rows;
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
@@ -151,7 +135,7 @@ pub(super) fn print_stats(stats: &[ConsumerStats]) {
 fn print_fields(indent: &str, fields: &[(&str, String)]) {
     let w = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in fields {
-        outln!("{indent}{k:<w$}  {}", shown(v));
+        outln!("{indent}{k:<w$}  {}", crate::out::escaped(v));
     }
 }
 
@@ -212,13 +196,13 @@ fn effect_fields(e: &EffectView) -> Vec<(&'static str, String)> {
 pub(super) fn print_story(s: &MessageStory) {
     outln!(
         "message {} of consumer {} ({})",
-        shown(&s.message_id),
-        shown(&s.consumer),
+        crate::out::escaped(&s.message_id),
+        crate::out::escaped(&s.consumer),
         s.source
             .as_deref()
             .map_or("any source".to_owned(), |src| format!(
                 "source {}",
-                shown(src)
+                crate::out::escaped(src)
             ))
     );
     if !s.found() {
