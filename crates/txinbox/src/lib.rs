@@ -79,8 +79,9 @@ pub mod effects {
     pub use txinbox_core::effects::outbox::{PublishEffect, Publisher};
     #[doc(inline)]
     pub use txinbox_core::effects::{
-        idempotency_key, BoxError, BoxFuture, ClaimedEffect, CompensateError, Confirmation, Effect,
-        EffectExecutor, EffectOptions, EffectReport, EffectRunner, EffectState, Execution,
+        idempotency_key, BoxError, BoxFuture, ClaimedEffect, CompensateError, CompensatedRow,
+        Confirmation, Effect, EffectExecutor, EffectOptions, EffectReport, EffectRunner,
+        EffectState, Execution, RowOutcome,
     };
 }
 
