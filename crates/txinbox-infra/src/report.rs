@@ -9,10 +9,13 @@ use std::path::PathBuf;
 /// or variables file can then neither rewrite a CI log's line (an ESC sequence, a carriage return) nor forge
 /// one (a line break before a fake `check-infra: ok`).
 pub(crate) fn escaped(text: &str) -> Cow<'_, str> {
-    if text.chars().any(char::is_control) {
+    // The bidirectional overrides and isolates make a line read in another order than it is written.
+    let hostile =
+        |c: char| c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if text.chars().any(hostile) {
         text.chars()
             .map(|c| {
-                if c.is_control() {
+                if hostile(c) {
                     c.escape_default().to_string()
                 } else {
                     c.to_string()

@@ -1244,15 +1244,20 @@ fn quoted_values_are_written_with_control_characters_escaped() {
     dir.edit(
         "main.tf",
         "    deadLetterTargetArn = aws_sqs_queue.dlq.arn\n",
-        "    deadLetterTargetArn = \"arn:aws:sqs:eu-west-1:123456789012:dlq\\u001b[2K\\rcheck-infra: ok, no violation\\n\\u0007x\"\n",
+        "    deadLetterTargetArn = \"arn:aws:sqs:eu-west-1:123456789012:dlq\\u001b[2K\\rcheck-infra: ok, no violation\\n\\u0007x\\u202e\"\n",
     );
     let mut out = Vec::new();
     let clean = run_cli(dir.path(), None, &mut out).unwrap();
     let out = String::from_utf8(out).unwrap();
     assert!(!clean, "{out}");
-    assert!(!out.contains(['\u{1b}', '\r', '\u{7}']), "{out:?}");
     assert!(
-        out.contains(r"dlq\u{1b}[2K\rcheck-infra: ok, no violation\n\u{7}x is not a FIFO queue"),
+        !out.contains(['\u{1b}', '\r', '\u{7}', '\u{202e}']),
+        "{out:?}"
+    );
+    assert!(
+        out.contains(
+            r"dlq\u{1b}[2K\rcheck-infra: ok, no violation\n\u{7}x\u{202e} is not a FIFO queue"
+        ),
         "{out}"
     );
     let lines: Vec<&str> = out.lines().collect();
