@@ -244,7 +244,7 @@ pub fn quote_property(v: &str, max_chars: usize) -> String {
     out
 }
 
-/// Parses `Retry-After`: seconds or an HTTP-date (see [`retry_after_value`]).
+/// Parses `Retry-After`: seconds or an HTTP-date (RFC 9110), as `retry_after_value` reads one value.
 pub fn retry_after(headers: &ResponseHeaders) -> Option<std::time::Duration> {
     headers.get("retry-after").and_then(retry_after_value)
 }
