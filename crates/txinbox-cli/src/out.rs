@@ -10,7 +10,6 @@
 //! What goes to standard error goes through [`errln!`], never `eprintln!` (`clippy::print_stderr` refuses it):
 //! a message to a standard error that is gone is dropped, not a panic.
 
-use std::borrow::Cow;
 use std::io::{self, Write};
 
 /// The exit status when the reader of standard output went away: 141, what a shell reports for a process ended
@@ -97,26 +96,6 @@ fn stop(e: &io::Error) -> ! {
     std::process::exit(2)
 }
 
-/// `text` with each character that could rewrite the operator's terminal or forge a line written as its escape
-/// (`\n`, `\u{1b}`): control characters, and the bidirectional overrides and isolates (U+202A-U+202E,
-/// U+2066-U+2069), which make a line read in another order than it is written. Values from outside (a
-/// destination's reference and error text, a dead letter's id, a Terraform file's string quoted by an error) go
-/// through it; `--json` keeps them as they are.
-pub fn escaped(text: &str) -> Cow<'_, str> {
-    let hostile =
-        |c: char| c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-    if text.chars().any(hostile) {
-        text.chars()
-            .map(|c| {
-                if hostile(c) {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect::<String>()
-            .into()
-    } else {
-        text.into()
-    }
-}
+/// Values from outside (a destination's reference and error text, a dead letter's id, a Terraform file's string
+/// quoted by an error) are written through it; `--json` keeps them as they are.
+pub use txinbox_core::error::escape_untrusted as escaped;

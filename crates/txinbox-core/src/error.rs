@@ -359,6 +359,30 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+/// `text` with each character that could rewrite a terminal's or a log's line, or forge one, written as its
+/// escape (`\n`, `\u{1b}`): control characters (C0, DEL, C1: ESC, CR, LF, BEL, CSI) and the bidirectional
+/// overrides and isolates (U+202A-U+202E, U+2066-U+2069), which make a line read in another order than it is
+/// written. For values quoted from outside input (a destination's answer, a dead letter's id, a Terraform
+/// string) in text meant for a person.
+pub fn escape_untrusted(text: &str) -> std::borrow::Cow<'_, str> {
+    let hostile =
+        |c: char| c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if text.chars().any(hostile) {
+        text.chars()
+            .map(|c| {
+                if hostile(c) {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect::<String>()
+            .into()
+    } else {
+        text.into()
+    }
+}
+
 /// `text` with the secrets an error may quote masked as `***`: the password of a URL
 /// (`postgres://user:PASSWORD@host`; on HTTP the whole user info, `https://***@host`), a Service Bus `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`.
 /// An error can quote them from where they were read: a settings file's line in a TOML parse error, a

@@ -1,32 +1,12 @@
 //! Rules, violations and the report.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
 
-/// `text` with its control characters (C0, DEL, C1: ESC, CR, LF, BEL, CSI, ...) escaped as Rust writes them
-/// (`\u{1b}`, `\r`, `\n`), for a line of the text report: a value quoted from a pull request's Terraform, plan
-/// or variables file can then neither rewrite a CI log's line (an ESC sequence, a carriage return) nor forge
-/// one (a line break before a fake `check-infra: ok`).
-pub(crate) fn escaped(text: &str) -> Cow<'_, str> {
-    // The bidirectional overrides and isolates make a line read in another order than it is written.
-    let hostile =
-        |c: char| c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-    if text.chars().any(hostile) {
-        text.chars()
-            .map(|c| {
-                if hostile(c) {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect::<String>()
-            .into()
-    } else {
-        text.into()
-    }
-}
+/// A value quoted from a pull request's Terraform, plan or variables file, as a line of the text report writes it:
+/// its control characters and bidirectional overrides escaped, so it can neither rewrite a CI log's line (an
+/// ESC sequence, a carriage return) nor forge one (a line break before a fake `check-infra: ok`).
+pub(crate) use txinbox_core::error::escape_untrusted as escaped;
 
 /// A rule the queue configuration must satisfy for the inbox's guarantees to hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
