@@ -171,6 +171,8 @@ struct Stored {
 #[derive(Debug, Default)]
 struct State {
     offset: chrono::Duration,
+    /// Set by [`MemoryQueue::freeze_clock`]: the wall-clock instant the queue's time stays at.
+    frozen: Option<DateTime<Utc>>,
     next_seq: u64,
     next_receipt: u64,
     messages: VecDeque<Stored>,
@@ -184,7 +186,7 @@ struct State {
 
 impl State {
     fn now(&self) -> DateTime<Utc> {
-        Utc::now() + self.offset
+        self.frozen.unwrap_or_else(Utc::now) + self.offset
     }
 }
 
@@ -265,7 +267,18 @@ impl MemoryQueue {
         self.inner.notify.notify_waiters();
     }
 
-    /// The queue's current time (wall clock plus what [`MemoryQueue::advance`] added).
+    /// Stops the queue's clock from following the wall clock: from now on only [`MemoryQueue::advance`]
+    /// moves it. A test that checks a delay to the millisecond needs this, since the wall clock moves on
+    /// between a release and the receive that follows it, by more than a millisecond on a loaded machine.
+    pub fn freeze_clock(&self) {
+        let mut s = self.lock();
+        if s.frozen.is_none() {
+            s.frozen = Some(Utc::now());
+        }
+    }
+
+    /// The queue's current time (wall clock, or the instant [`MemoryQueue::freeze_clock`] kept, plus what
+    /// [`MemoryQueue::advance`] added).
     pub fn now(&self) -> DateTime<Utc> {
         self.lock().now()
     }

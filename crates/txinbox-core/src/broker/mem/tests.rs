@@ -149,3 +149,14 @@ async fn one_group_at_a_time() {
     let bodies: Vec<_> = got.iter().map(|d| d.message().body.clone()).collect();
     assert_eq!(bodies, vec![b"1".to_vec(), b"3".to_vec()]);
 }
+
+#[tokio::test]
+async fn a_frozen_clock_moves_only_when_advanced() {
+    let q = MemoryQueue::default();
+    q.freeze_clock();
+    let t = q.now();
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(q.now(), t, "the wall clock no longer moves it");
+    q.advance(Duration::from_secs(2));
+    assert_eq!(q.now(), t + chrono::Duration::seconds(2));
+}
