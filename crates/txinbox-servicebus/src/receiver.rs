@@ -146,6 +146,25 @@ fn settle_wait(
     }
 }
 
+/// The error of a settle whose attempt `attempt` failed with `source` after an earlier attempt that may have
+/// applied (`earlier`, its kind): the outcome is unknown, with [`AmbiguousSettle`] as its source.
+fn ambiguous(
+    op: SettleOp,
+    attempt: u32,
+    earlier: BrokerErrorKind,
+    source: BrokerError,
+) -> BrokerError {
+    BrokerError::new(
+        BrokerErrorKind::OutcomeUnknown,
+        op.name(),
+        AmbiguousSettle {
+            attempt,
+            earlier,
+            source,
+        },
+    )
+}
+
 /// Runs one settle (or renewal) on the lock URI, retrying throttling, 5xx and lost answers with a short
 /// backoff while the lock lasts. For a complete or abandon, a 404 after an attempt that may have applied is
 /// reported as ambiguous, not as a lost lock: that attempt may have worked, and the missing lock be its doing.
@@ -179,15 +198,7 @@ pub(crate) async fn settle(
             Err(e) => client_error(op.name(), e),
         };
         if let (Some(earlier), BrokerErrorKind::LockLost) = (may_have_applied, e.kind()) {
-            return Err(BrokerError::new(
-                BrokerErrorKind::OutcomeUnknown,
-                op.name(),
-                AmbiguousSettle {
-                    attempt,
-                    earlier,
-                    source: e,
-                },
-            ));
+            return Err(ambiguous(op, attempt, earlier, e));
         }
         if !e.is_retryable() {
             return Err(e);
@@ -219,15 +230,7 @@ pub(crate) async fn settle(
                 // Given up after an attempt that may have applied: whatever this one said, the outcome is unknown.
                 return Err(match may_have_applied {
                     Some(earlier) if e.kind() != BrokerErrorKind::OutcomeUnknown => {
-                        BrokerError::new(
-                            BrokerErrorKind::OutcomeUnknown,
-                            op.name(),
-                            AmbiguousSettle {
-                                attempt,
-                                earlier,
-                                source: e,
-                            },
-                        )
+                        ambiguous(op, attempt, earlier, e)
                     }
                     _ => e,
                 });
