@@ -101,7 +101,8 @@ async fn the_hubspot_search_answers_total_0_when_nothing_matches() {
 
 #[tokio::test]
 async fn a_key_in_progress_answers_409_and_the_task_then_exists_once() {
-    let api = start(CrmApi::builder().processing(Duration::from_millis(600))).await;
+    // The second request must arrive while the first is still processed: 3 s leaves room on a loaded machine.
+    let api = start(CrmApi::builder().processing(Duration::from_secs(3))).await;
     let http = reqwest::Client::new();
     let body = json!({"external_ref": "order-5"});
     let first = {
@@ -163,7 +164,9 @@ async fn a_held_create_keeps_its_key_in_progress_until_released() {
 
 #[tokio::test]
 async fn a_client_that_times_out_mid_processing_still_gets_its_task() {
-    let api = start(CrmApi::builder().processing(Duration::from_millis(500))).await;
+    // The retry must reach the API while the first request is still being processed: 3 s of processing
+    // leaves room for a loaded machine.
+    let api = start(CrmApi::builder().processing(Duration::from_secs(3))).await;
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(100))
         .build()
@@ -179,7 +182,7 @@ async fn a_client_that_times_out_mid_processing_still_gets_its_task() {
     let retry = post_v1(&http, &api, Some("k-6"), &body).await.unwrap();
     assert_eq!(retry.status, StatusCode::CONFLICT);
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while api.creates_for_key("k-6") == 0 {
         assert!(tokio::time::Instant::now() < deadline, "never created");
         tokio::time::sleep(Duration::from_millis(20)).await;
