@@ -755,6 +755,7 @@ pub async fn stats<S: EffectStore>(store: S) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use crate::testing::SettingsFile;
     use clap::Parser;
 
     #[derive(clap::Parser)]
@@ -823,14 +824,9 @@ mod tests {
     /// `Idempotency-Key` whatever header the destination deduplicates on.
     #[test]
     fn a_compensation_takes_the_destinations_key_and_headers_from_the_file_or_the_flags() {
-        let dir = std::env::temp_dir().join(format!("txinbox-compensate-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("worker.toml");
-        std::fs::write(
-            &file,
+        let file = SettingsFile::new(
             "[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks\"\nkey = \"header:X-Request-Id\"\ncompensate_url = \"https://crm.example/v1/tasks/{reference}\"\n[effects.destinations.crm.headers]\nAuthorization = \"env:CRM_TOKEN\"\n",
-        )
-        .unwrap();
+        );
         let from_file = Compensate::try_parse_from([
             "compensate",
             "--store",
@@ -838,7 +834,7 @@ mod tests {
             "--key",
             "k1",
             "--config",
-            file.to_str().unwrap(),
+            file.path().to_str().unwrap(),
         ])
         .unwrap();
         let d = from_file.args.destinations().unwrap();
@@ -894,6 +890,5 @@ mod tests {
             "k1"
         ])
         .is_err());
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -19,6 +19,8 @@ mod partition;
 mod purge;
 mod redrive;
 mod targets;
+#[cfg(test)]
+mod testing;
 
 #[derive(Parser)]
 #[command(

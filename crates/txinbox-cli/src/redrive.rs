@@ -314,6 +314,7 @@ impl<W: Write + Send> RedriveProgress for ServiceBusProgress<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::SettingsFile;
     use txinbox_core::broker::redrive::RedriveItem;
     use txinbox_core::BrokerErrorKind;
 
@@ -323,6 +324,17 @@ mod tests {
         r.deferred = deferred;
         r.initially_visible = Some(5);
         r
+    }
+
+    /// The progress of a Service Bus redrive from `q/$DeadLetterQueue` to `to`, after it moved the message
+    /// `message_id` (sequence number 7).
+    fn servicebus_moved(to: &str, message_id: &str) -> ServiceBusProgress<Vec<u8>> {
+        let mut p = ServiceBusProgress::new(Vec::new(), "q/$DeadLetterQueue", to);
+        p.event(
+            RedriveEvent::Moved(RedriveItem::new(message_id, "7")),
+            &report(1, 0),
+        );
+        p
     }
 
     /// A Service Bus redrive whose complete in the source failed for some messages sent them to the target
@@ -371,11 +383,7 @@ mod tests {
     /// control character): the progress line writes it escaped, never raw to the operator's terminal.
     #[test]
     fn a_dead_letter_s_id_is_written_escaped() {
-        let mut p = ServiceBusProgress::new(Vec::new(), "q/$DeadLetterQueue", "q");
-        p.event(
-            RedriveEvent::Moved(RedriveItem::new("m\u{1b}]52;c;eA==\u{7}\nmoved", "7")),
-            &report(1, 0),
-        );
+        let p = servicebus_moved("q", "m\u{1b}]52;c;eA==\u{7}\nmoved");
         let out = String::from_utf8(p.sink.out).unwrap();
         assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{out:?}");
         assert_eq!(out.lines().count(), 1, "{out:?}");
@@ -384,27 +392,20 @@ mod tests {
     /// The window comes from the flag, else the settings file; neither is an error, never an assumed 600 s.
     #[test]
     fn the_duplicate_detection_window_is_told_never_assumed() {
-        let dir = std::env::temp_dir().join(format!("txinbox-window-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("worker.toml");
-        std::fs::write(
-            &file,
-            "[servicebus]\nduplicate_detection_window_seconds = 3600\n",
-        )
-        .unwrap();
+        let file = SettingsFile::new("[servicebus]\nduplicate_detection_window_seconds = 3600\n");
+        let file = file.path();
         let secs = |d: std::time::Duration| d.as_secs();
         assert_eq!(
-            secs(servicebus_dedup_window(None, Some(&file)).unwrap()),
+            secs(servicebus_dedup_window(None, Some(file)).unwrap()),
             3600
         );
         assert_eq!(
-            secs(servicebus_dedup_window(Some(0), Some(&file)).unwrap()),
+            secs(servicebus_dedup_window(Some(0), Some(file)).unwrap()),
             0
         );
         assert_eq!(secs(servicebus_dedup_window(Some(60), None).unwrap()), 60);
         let e = servicebus_dedup_window(None, None).unwrap_err();
         assert!(e.contains("duplicate-detection window"), "{e}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
@@ -440,11 +441,7 @@ mod tests {
 
     #[test]
     fn an_interrupted_redrive_keeps_what_was_moved() {
-        let mut p = ServiceBusProgress::new(Vec::new(), "q/$DeadLetterQueue", "/q/");
-        p.event(
-            RedriveEvent::Moved(RedriveItem::new("m1", "7")),
-            &report(1, 0),
-        );
+        let mut p = servicebus_moved("/q/", "m1");
         let err = BrokerError::new(BrokerErrorKind::Throttled, "send", "429");
         p.event(RedriveEvent::Finished { error: Some(&err) }, &report(1, 0));
         let out = String::from_utf8(p.sink.out.clone()).unwrap();

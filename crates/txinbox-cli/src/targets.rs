@@ -154,19 +154,15 @@ pub use txinbox_core::error::redact_secrets as redact;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::SettingsFile;
 
     #[test]
     fn a_settings_file_with_shards_gives_each_shard_and_shard_picks_one() {
-        let dir = std::env::temp_dir().join(format!("txinbox-targets-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("worker.toml");
-        std::fs::write(
-            &file,
+        let file = SettingsFile::new(
             "[store.shards.eu-1]\nurl = \"postgres://crm@db1/crm\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@db2/crm\"\ntenants = [\"globex\"]\n",
-        )
-        .unwrap();
+        );
         let all = StoreArgs {
-            config: Some(file.clone()),
+            config: Some(file.path().to_owned()),
             ..Default::default()
         };
         let t = all.targets().unwrap();
@@ -174,13 +170,13 @@ mod tests {
         assert_eq!(t[0].shard.as_deref(), Some("eu-1"));
         assert_eq!(t[1].url, "postgres://crm@db2/crm");
         let one = StoreArgs {
-            config: Some(file.clone()),
+            config: Some(file.path().to_owned()),
             shard: Some("eu-2".into()),
             ..Default::default()
         };
         assert_eq!(one.targets().unwrap().len(), 1);
         let unknown = StoreArgs {
-            config: Some(file),
+            config: Some(file.path().to_owned()),
             shard: Some("us-1".into()),
             ..Default::default()
         };
@@ -190,21 +186,15 @@ mod tests {
             "{e}"
         );
         assert!(StoreArgs::default().targets().is_err());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn shard_resolves_only_the_shard_named() {
-        let dir = std::env::temp_dir().join(format!("txinbox-targets-env-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("worker.toml");
-        std::fs::write(
-            &file,
+        let file = SettingsFile::new(
             "[store.shards.eu-1]\nurl_env = \"TXINBOX_TEST_NEVER_SET_EU_1\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@db2/crm\"\nrest = true\n",
-        )
-        .unwrap();
+        );
         let one = StoreArgs {
-            config: Some(file.clone()),
+            config: Some(file.path().to_owned()),
             shard: Some("eu-2".into()),
             ..Default::default()
         };
@@ -213,12 +203,11 @@ mod tests {
         assert_eq!(t[0].url, "postgres://crm@db2/crm");
         // Every shard: the unset variable is an error naming it.
         let all = StoreArgs {
-            config: Some(file),
+            config: Some(file.path().to_owned()),
             ..Default::default()
         };
         let e = all.targets().unwrap_err();
         assert!(e.contains("TXINBOX_TEST_NEVER_SET_EU_1"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

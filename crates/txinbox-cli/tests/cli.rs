@@ -1,23 +1,135 @@
 //! The `txinbox` binary: the lab's exact output, its arguments, and its errors.
 
+mod common;
+
 use std::process::{Command, Stdio};
 
+use common::{outcome, scratch, settings_file, txinbox_command};
+
 fn txinbox(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
-        .args(args)
-        .env_remove("TXINBOX_STORE_URL")
-        .output()
-        .expect("run txinbox");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    outcome(&mut txinbox_command(args))
 }
 
 fn pg_url() -> String {
     std::env::var("TXINBOX_TEST_PG_URL")
         .unwrap_or_else(|_| panic!("TXINBOX_TEST_PG_URL is not set: run `bash scripts/test.sh`"))
+}
+
+/// A PostgreSQL schema of a test's own at TXINBOX_TEST_PG_URL, dropped with all it holds when the test ends.
+struct PgSchema {
+    rt: tokio::runtime::Runtime,
+    /// A pool on the database, outside the schema.
+    admin: sqlx::PgPool,
+    name: String,
+    /// The store URL of the schema (its search_path), as a command is given it.
+    url: String,
+    /// The inbox's store on the schema, when it has the inbox.
+    store: Option<txinbox_store::Store<sqlx::Postgres>>,
+}
+
+impl PgSchema {
+    /// An empty schema: no inbox in it.
+    fn empty() -> Self {
+        let base = pg_url();
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let admin = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
+        rt.block_on(sqlx::query(&format!("CREATE SCHEMA {name}")).execute(&admin))
+            .unwrap();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-csearch_path%3D{name}");
+        Self {
+            rt,
+            admin,
+            name,
+            url,
+            store: None,
+        }
+    }
+
+    /// A schema with the inbox in it, and its store open on it ([`Self::store`]).
+    fn with_inbox() -> Self {
+        let mut schema = Self::empty();
+        let store = schema
+            .rt
+            .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
+                &pg_url(),
+                txinbox_store::StoreOptions::new().schema(&schema.name),
+            ))
+            .unwrap();
+        schema.store = Some(store);
+        schema
+    }
+
+    /// Makes the inbox in the schema, as a worker does, and closes its store.
+    fn make_inbox(&self) {
+        self.rt.block_on(async {
+            txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&pg_url(), &self.name, 1)
+                .await
+                .expect("PostgreSQL at TXINBOX_TEST_PG_URL")
+                .close()
+                .await
+        });
+    }
+
+    /// The inbox's store on the schema.
+    fn store(&self) -> &txinbox_store::Store<sqlx::Postgres> {
+        self.store.as_ref().expect("a schema with the inbox")
+    }
+
+    /// How many tables the schema holds.
+    fn tables(&self) -> i64 {
+        self.rt
+            .block_on(
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+                )
+                .bind(&self.name)
+                .fetch_one(&self.admin),
+            )
+            .unwrap()
+    }
+
+    /// Writes `effect` to the inbox's effects.
+    fn insert_effect(&self, effect: Effect<'_>) {
+        self.rt
+            .block_on(
+                sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, result_reference, last_error) VALUES ('c', 'm-1', $1, 'crm', 'crm', '\\x00', '{}', 'r', $2, now(), now() - make_interval(mins => $3), now(), $4, $5)")
+                    .bind(effect.key)
+                    .bind(effect.state)
+                    .bind(effect.minutes_ago)
+                    .bind(effect.reference)
+                    .bind(effect.last_error)
+                    .execute(self.store().pool()),
+            )
+            .unwrap();
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        if let Some(store) = self.store.take() {
+            self.rt.block_on(store.close());
+        }
+        let dropped = self.rt.block_on(
+            sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.name)).execute(&self.admin),
+        );
+        self.rt.block_on(self.admin.close());
+        if !std::thread::panicking() {
+            dropped.expect("drop the test's schema");
+        }
+    }
+}
+
+/// An effect of consumer `c`, message `m-1`, destination `crm` (name `crm`, external ref `r`): its key and
+/// state, how long ago it was created, the destination's reference and its last error.
+#[derive(Default)]
+struct Effect<'a> {
+    key: &'a str,
+    state: &'a str,
+    minutes_ago: i32,
+    reference: Option<&'a str>,
+    last_error: Option<&'a str>,
 }
 
 #[test]
@@ -380,33 +492,14 @@ fn effects_commands_refuse_a_store_without_the_inbox_and_create_nothing() {
     }
     std::fs::remove_dir_all(&dir).ok();
 
-    let base = pg_url();
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
-    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool))
-        .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    for (code, out, err) in
-        effects_commands_on(&format!("{base}{sep}options=-csearch_path%3D{schema}"))
-    {
+    let schema = PgSchema::empty();
+    for (code, out, err) in effects_commands_on(&schema.url) {
         assert_eq!(code, 2, "{out}{err}");
         assert_eq!(out, "", "nothing answered: {err}");
         assert!(err.contains("no txinbox schema"), "{err}");
     }
-    let tables: i64 = rt
-        .block_on(
-            sqlx::query_scalar(
-                "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
-            )
-            .bind(&schema)
-            .fetch_one(&pool),
-        )
-        .unwrap();
-    assert_eq!(tables, 0, "no table was created in {schema}");
-    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema}")).execute(&pool))
-        .unwrap();
-    rt.block_on(pool.close());
+    let tables = schema.tables();
+    assert_eq!(tables, 0, "no table was created in {}", schema.name);
 }
 
 #[test]
@@ -440,13 +533,6 @@ fn check_infra_reads_var_files_and_plans() {
     assert!(out.contains("check-infra: ok"), "{out}");
 }
 
-/// A fresh folder of its own for a test (removed by the test).
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("txinbox-cli-{name}-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Creates the inbox's schema in a SQLite file and returns its URL.
 fn sqlite_store(dir: &std::path::Path, name: &str) -> String {
     let url = format!("sqlite:{}", dir.join(name).display());
@@ -464,21 +550,15 @@ fn sqlite_store(dir: &std::path::Path, name: &str) -> String {
 fn an_exported_txinbox_store_url_gives_way_to_config() {
     let dir = scratch("env-config");
     let url = sqlite_store(&dir, "inbox.db");
-    let config = dir.join("worker.toml");
-    std::fs::write(&config, format!("[store]\nurl = \"{url}\"\n")).unwrap();
-    let config = config.display().to_string();
+    let config = settings_file(&dir, &format!("[store]\nurl = \"{url}\"\n"))
+        .display()
+        .to_string();
     let run = |args: &[&str], env: Option<&str>| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_txinbox"));
-        c.args(args).env_remove("TXINBOX_STORE_URL");
+        let mut c = txinbox_command(args);
         if let Some(v) = env {
             c.env("TXINBOX_STORE_URL", v);
         }
-        let out = c.output().expect("run txinbox");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        outcome(&mut c)
     };
     let elsewhere = "postgres://crm:s3cret@127.0.0.1:1/elsewhere";
     let http = "crm=http://127.0.0.1:9/tasks";
@@ -534,42 +614,26 @@ fn an_exported_txinbox_store_url_gives_way_to_config() {
 fn effects_run_on_a_settings_file_with_shards_runs_the_shard_named_and_never_a_default_store() {
     let dir = scratch("effects-shards");
     // Shards are PostgreSQL stores: each in a schema of its own.
-    let base = pg_url();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let [eu1, eu2] = ["eu1", "eu2"].map(|_| {
-        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-        rt.block_on(async {
-            txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1)
-                .await
-                .expect("PostgreSQL at TXINBOX_TEST_PG_URL")
-                .close()
-                .await;
-        });
-        format!("{base}{sep}options=-csearch_path%3D{schema}")
+        let schema = PgSchema::empty();
+        schema.make_inbox();
+        schema
     });
-    let config = dir.join("worker.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[store.shards.eu-1]\nurl = \"{eu1}\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"{eu2}\"\nrest = true\n"
+    let config = settings_file(
+        &dir,
+        &format!(
+            "[store.shards.eu-1]\nurl = \"{}\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"{}\"\nrest = true\n",
+            eu1.url, eu2.url
         ),
     )
-    .unwrap();
-    let config = config.display().to_string();
+    .display()
+    .to_string();
     let run = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
-            .args(["effects", "run", "--once", "--config", &config])
-            .args(["--http", "crm=http://127.0.0.1:9/tasks"])
-            .args(extra)
-            .env_remove("TXINBOX_STORE_URL")
-            .current_dir(&dir)
-            .output()
-            .expect("run txinbox");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+        outcome(
+            txinbox_command(&["effects", "run", "--once", "--config", &config])
+                .args(["--http", "crm=http://127.0.0.1:9/tasks"])
+                .args(extra)
+                .current_dir(&dir),
         )
     };
     let (code, out, err) = run(&[]);
@@ -597,17 +661,13 @@ fn effects_run_on_a_settings_file_with_shards_runs_the_shard_named_and_never_a_d
 #[test]
 fn effects_run_on_shards_without_shard_asks_for_one_before_reading_their_variables() {
     let dir = scratch("effects-shards-unset");
-    let config = dir.join("worker.toml");
-    std::fs::write(
-        &config,
+    let config = settings_file(
+        &dir,
         "[store.shards.eu-1]\nurl_env = \"TXINBOX_TEST_NEVER_SET_SHARD\"\ntenants = [\"acme\"]\n[store.shards.eu-2]\nurl = \"postgres://crm@127.0.0.1:1/crm\"\nrest = true\n",
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
-        .args(["effects", "run", "--once", "--config"])
+    );
+    let out = txinbox_command(&["effects", "run", "--once", "--config"])
         .arg(&config)
         .args(["--http", "crm=http://127.0.0.1:9/tasks"])
-        .env_remove("TXINBOX_STORE_URL")
         .env_remove("TXINBOX_TEST_NEVER_SET_SHARD")
         .output()
         .expect("run txinbox");
@@ -626,26 +686,22 @@ fn effects_run_on_shards_without_shard_asks_for_one_before_reading_their_variabl
 #[test]
 fn effects_run_refuses_store_beside_shard() {
     let dir = scratch("effects-store-and-shard");
-    let config = dir.join("worker.toml");
-    std::fs::write(
-        &config,
+    let config = settings_file(
+        &dir,
         "[store.shards.eu-1]\nurl = \"postgres://crm@127.0.0.1:1/crm\"\nrest = true\n",
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
-        .args([
-            "effects",
-            "run",
-            "--once",
-            "--store",
-            "sqlite::memory:",
-            "--config",
-        ])
-        .arg(&config)
-        .args(["--shard", "eu-1", "--http", "crm=http://127.0.0.1:9/tasks"])
-        .env_remove("TXINBOX_STORE_URL")
-        .output()
-        .expect("run txinbox");
+    );
+    let out = txinbox_command(&[
+        "effects",
+        "run",
+        "--once",
+        "--store",
+        "sqlite::memory:",
+        "--config",
+    ])
+    .arg(&config)
+    .args(["--shard", "eu-1", "--http", "crm=http://127.0.0.1:9/tasks"])
+    .output()
+    .expect("run txinbox");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--shard") && err.contains("--store"), "{err}");
@@ -685,14 +741,10 @@ fn effects_run_once_exits_non_zero_when_the_store_failed() {
 #[test]
 fn a_settings_file_error_never_prints_the_store_password() {
     let dir = scratch("settings-secret");
-    let config = dir.join("worker.toml");
     // A stray token after the URL: TOML's error quotes the line.
-    std::fs::write(
-        &config,
-        "[store]\nurl = \"postgres://crm:s3cret@db/crm\" x\n",
-    )
-    .unwrap();
-    let config = config.display().to_string();
+    let config = settings_file(&dir, "[store]\nurl = \"postgres://crm:s3cret@db/crm\" x\n")
+        .display()
+        .to_string();
     let infra = concat!(env!("CARGO_MANIFEST_DIR"), "/../../infra/aws-sqs-fifo");
     for args in [
         &["inbox", "stats", "--config", &config][..],
@@ -725,37 +777,17 @@ fn partition_refuses_to_convert_a_store_without_the_inbox() {
 }
 
 fn partition_refuses_a_store_without_the_inbox(flags: &[&str]) {
-    let base = pg_url();
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
-    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool))
-        .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let schema = PgSchema::empty();
+    let url = schema.url.clone();
     let mut args = vec!["inbox", "partition", "--store", &url];
     args.extend_from_slice(flags);
     let (code, out, err) = txinbox(&args);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("no txinbox schema"), "{err}");
-    let tables: i64 = rt
-        .block_on(
-            sqlx::query_scalar(
-                "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
-            )
-            .bind(&schema)
-            .fetch_one(&pool),
-        )
-        .unwrap();
-    assert_eq!(tables, 0, "{flags:?} created tables in {schema}");
+    let tables = schema.tables();
+    assert_eq!(tables, 0, "{flags:?} created tables in {}", schema.name);
     // Once a worker made the inbox there, the same command converts it (or reports its layout).
-    rt.block_on(async {
-        txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1)
-            .await
-            .unwrap()
-            .close()
-            .await
-    });
+    schema.make_inbox();
     let (code, out, err) = txinbox(&args);
     assert_eq!(code, 0, "{out}{err}");
     let expect = if flags.is_empty() {
@@ -764,9 +796,6 @@ fn partition_refuses_a_store_without_the_inbox(flags: &[&str]) {
         "row-by-row"
     };
     assert!(out.starts_with(expect), "{out}");
-    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
-        .unwrap();
-    rt.block_on(pool.close());
 }
 
 /// A pipe whose only reader (`true`) has exited: a write to it is a broken pipe, whenever it comes.
@@ -782,16 +811,8 @@ fn closed_pipe() -> std::process::ChildStdin {
 
 /// Runs txinbox with `stdout` as its standard output: (exit code, stderr).
 fn txinbox_to(args: &[&str], stdout: impl Into<Stdio>) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
-        .args(args)
-        .env_remove("TXINBOX_STORE_URL")
-        .stdout(stdout)
-        .output()
-        .expect("run txinbox");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let (code, _, err) = outcome(txinbox_command(args).stdout(stdout));
+    (code, err)
 }
 
 #[test]
@@ -837,9 +858,7 @@ fn an_error_with_standard_error_closed_still_exits_with_its_status() {
         ][..],
         &["inbox", "stats"][..],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
-            .args(args)
-            .env_remove("TXINBOX_STORE_URL")
+        let out = txinbox_command(args)
             .stdout(Stdio::piped())
             .stderr(closed_pipe())
             .output()
@@ -876,30 +895,25 @@ fn another_write_error_on_stdout_is_reported_with_exit_2() {
 /// the destination's reference of each. An unknown key is an error.
 #[test]
 fn effects_show_lists_every_effect_of_a_key() {
-    let base = pg_url();
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = rt
-        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
-            &base,
-            txinbox_store::StoreOptions::new().schema(&schema),
-        ))
-        .unwrap();
-    let _ = rt
-        .block_on(store.partition(&txinbox_store::PartitionOptions::new()))
-        .unwrap();
-    for (minutes_ago, state, reference) in [(5, "done", "task-1"), (0, "pending", "")] {
-        rt.block_on(
-            sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, result_reference) VALUES ('c', 'm-1', 'k-two', 'crm', 'crm', '\\x00', '{}', 'r', $1, now(), now() - make_interval(mins => $2), now(), NULLIF($3, ''))")
-                .bind(state)
-                .bind(minutes_ago)
-                .bind(reference)
-                .execute(store.pool()),
+    let schema = PgSchema::with_inbox();
+    let _ = schema
+        .rt
+        .block_on(
+            schema
+                .store()
+                .partition(&txinbox_store::PartitionOptions::new()),
         )
         .unwrap();
+    for (minutes_ago, state, reference) in [(5, "done", Some("task-1")), (0, "pending", None)] {
+        schema.insert_effect(Effect {
+            key: "k-two",
+            state,
+            minutes_ago,
+            reference,
+            ..Default::default()
+        });
     }
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let url = schema.url.clone();
     let (code, out, err) = txinbox(&["effects", "show", "--store", &url, "--key", "k-two"]);
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
@@ -918,11 +932,6 @@ fn effects_show_lists_every_effect_of_a_key() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.is_empty(), "{out}");
     assert!(err.contains("no effect has the key k-none"), "{err}");
-    rt.block_on(store.close());
-    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
-    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
-        .unwrap();
-    rt.block_on(pool.close());
 }
 
 /// `inbox rejections --since T1 --until T2` with T1 not before T2 (the two swapped at 3 a.m.) can match nothing:
@@ -969,22 +978,14 @@ fn rejections_with_since_not_before_until_is_a_usage_error() {
 /// at a destination that cannot be taken back; there was no way to see it first.
 #[test]
 fn compensate_dry_run_says_what_it_would_undo_and_changes_nothing() {
-    let base = pg_url();
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = rt
-        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
-            &base,
-            txinbox_store::StoreOptions::new().schema(&schema),
-        ))
-        .unwrap();
-    rt.block_on(
-        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, result_reference) VALUES ('c', 'm-1', 'k-dry', 'crm', 'crm', '\\x00', '{}', 'r', 'done', now(), now(), now(), 'task-9')")
-            .execute(store.pool()),
-    )
-    .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let schema = PgSchema::with_inbox();
+    schema.insert_effect(Effect {
+        key: "k-dry",
+        state: "done",
+        reference: Some("task-9"),
+        ..Default::default()
+    });
+    let url = schema.url.clone();
     let compensate = |extra: &[&str]| {
         let mut args = vec![
             "effects",
@@ -1000,11 +1001,15 @@ fn compensate_dry_run_says_what_it_would_undo_and_changes_nothing() {
         txinbox(&args)
     };
     let state = || -> String {
-        rt.block_on(
-            sqlx::query_scalar("SELECT state FROM txinbox_effects WHERE idempotency_key = 'k-dry'")
-                .fetch_one(store.pool()),
-        )
-        .unwrap()
+        schema
+            .rt
+            .block_on(
+                sqlx::query_scalar(
+                    "SELECT state FROM txinbox_effects WHERE idempotency_key = 'k-dry'",
+                )
+                .fetch_one(schema.store().pool()),
+            )
+            .unwrap()
     };
     let (code, out, err) = compensate(&["--dry-run"]);
     assert_eq!(code, 0, "{out}{err}");
@@ -1038,11 +1043,6 @@ fn compensate_dry_run_says_what_it_would_undo_and_changes_nothing() {
     ]);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("no effect has the key k-none"), "{err}");
-    rt.block_on(store.close());
-    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
-    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
-        .unwrap();
-    rt.block_on(pool.close());
 }
 
 /// `effects run --once` with a destination name that matches none of the store's waiting effects (a misspelt
@@ -1050,22 +1050,13 @@ fn compensate_dry_run_says_what_it_would_undo_and_changes_nothing() {
 /// printed `claimed=0` as after a pass with nothing due.
 #[test]
 fn effects_run_once_names_waiting_effects_it_has_no_destination_for() {
-    let base = pg_url();
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = rt
-        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
-            &base,
-            txinbox_store::StoreOptions::new().schema(&schema),
-        ))
-        .unwrap();
-    rt.block_on(
-        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm-1', 'k-wait', 'crm', 'crm', '\\x00', '{}', 'r', 'pending', now(), now(), now())")
-            .execute(store.pool()),
-    )
-    .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let schema = PgSchema::with_inbox();
+    schema.insert_effect(Effect {
+        key: "k-wait",
+        state: "pending",
+        ..Default::default()
+    });
+    let url = schema.url.clone();
     let (code, out, err) = txinbox(&[
         "effects",
         "run",
@@ -1081,11 +1072,6 @@ fn effects_run_once_names_waiting_effects_it_has_no_destination_for() {
         err.contains("1 effect(s) wait for destinations this runner has no rule for: crm (1)"),
         "{err}"
     );
-    rt.block_on(store.close());
-    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
-    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
-        .unwrap();
-    rt.block_on(pool.close());
 }
 
 /// What `inbox show` and `effects show` print in text comes partly from outside: a destination's reference and
@@ -1093,24 +1079,15 @@ fn effects_run_once_names_waiting_effects_it_has_no_destination_for() {
 /// that forges a line of the output) is shown escaped, never written raw; `--json` keeps the value as it is.
 #[test]
 fn text_output_escapes_control_characters_from_outside() {
-    let base = pg_url();
-    let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let store = rt
-        .block_on(txinbox_store::Store::<sqlx::Postgres>::connect_with(
-            &base,
-            txinbox_store::StoreOptions::new().schema(&schema),
-        ))
-        .unwrap();
-    rt.block_on(
-        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, result_reference, last_error) VALUES ('c', 'm-1', 'k-esc', 'crm', 'crm', '\\x00', '{}', 'r', 'failed', now(), now(), now(), $1, $2)")
-            .bind("task-1\u{1b}]52;c;cm0gLXJmIC8=\u{7}")
-            .bind("refused\nstate               done\u{1b}[2J")
-            .execute(store.pool()),
-    )
-    .unwrap();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let schema = PgSchema::with_inbox();
+    schema.insert_effect(Effect {
+        key: "k-esc",
+        state: "failed",
+        reference: Some("task-1\u{1b}]52;c;cm0gLXJmIC8=\u{7}"),
+        last_error: Some("refused\nstate               done\u{1b}[2J"),
+        ..Default::default()
+    });
+    let url = schema.url.clone();
     for args in [
         &[
             "inbox",
@@ -1152,11 +1129,6 @@ fn text_output_escapes_control_characters_from_outside() {
         doc["effects"][0]["last_error"],
         "refused\nstate               done\u{1b}[2J"
     );
-    rt.block_on(store.close());
-    let pool = rt.block_on(sqlx::PgPool::connect(&base)).unwrap();
-    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
-        .unwrap();
-    rt.block_on(pool.close());
 }
 
 // An error can quote outside input: a settings file's line, a Terraform file's. Its control characters are
@@ -1164,14 +1136,11 @@ fn text_output_escapes_control_characters_from_outside() {
 // the error's text raw; the settings reader quotes the offending line).
 #[test]
 fn an_error_quoting_a_file_writes_its_control_characters_escaped() {
-    let dir = std::env::temp_dir().join(format!("txinbox-esc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("worker.toml");
-    std::fs::write(
-        &config,
+    let dir = scratch("esc");
+    let config = settings_file(
+        &dir,
         "[store]\nurl = \"sqlite:x.db\"\nconsumer = 7\u{1b}[2K\r\u{202e}error: none, all ok\n",
-    )
-    .unwrap();
+    );
     let (code, _, err) = txinbox(&["inbox", "stats", "--config", config.to_str().unwrap()]);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(code, 2, "{err}");

@@ -2,27 +2,88 @@
 //! touching a queue. SQS against moto (`TXINBOX_SQS_ENDPOINT`, from `eval "$(cat /tmp/moto.env)"` or
 //! `eval "$(bash scripts/moto.sh start)"`).
 
-use std::process::Command;
+mod common;
+
+use common::{outcome, scratch, settings_file, txinbox_command};
 
 fn txinbox(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_txinbox"))
-        .args(args)
-        .envs(env.iter().copied())
-        .env_remove("SERVICEBUS_CONNECTION_STRING")
-        .env_remove("SERVICEBUS_NAMESPACE")
-        .output()
-        .expect("run txinbox");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    outcome(
+        txinbox_command(args)
+            .envs(env.iter().copied())
+            .env_remove("SERVICEBUS_CONNECTION_STRING")
+            .env_remove("SERVICEBUS_NAMESPACE"),
     )
 }
 
-fn moto() -> String {
-    std::env::var("TXINBOX_SQS_ENDPOINT").unwrap_or_else(|_| {
-        panic!("TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`")
-    })
+/// moto at `TXINBOX_SQS_ENDPOINT`, with a client to set a test's queues up and look at them.
+struct Moto {
+    endpoint: String,
+    rt: tokio::runtime::Runtime,
+    client: txinbox_sqs::aws_sdk_sqs::Client,
+}
+
+impl Moto {
+    fn new() -> Self {
+        let endpoint = std::env::var("TXINBOX_SQS_ENDPOINT").unwrap_or_else(|_| {
+            panic!("TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`")
+        });
+        let client = txinbox_sqs::emulator_client(&endpoint);
+        Self {
+            endpoint,
+            rt: tokio::runtime::Runtime::new().unwrap(),
+            client,
+        }
+    }
+
+    /// A queue name no other run uses: `prefix-` and 12 random hex digits.
+    fn unique(prefix: &str) -> String {
+        format!(
+            "{prefix}-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        )
+    }
+
+    /// Creates the queue `name`: its URL.
+    fn create_queue(&self, name: &str) -> String {
+        self.rt
+            .block_on(self.client.create_queue().queue_name(name).send())
+            .expect("create queue")
+            .queue_url
+            .expect("queue url")
+    }
+
+    /// Sends `{}` to `url`: its MessageId.
+    fn send(&self, url: &str) -> String {
+        self.rt
+            .block_on(
+                self.client
+                    .send_message()
+                    .queue_url(url)
+                    .message_body("{}")
+                    .send(),
+            )
+            .expect("send")
+            .message_id
+            .expect("message id")
+    }
+
+    /// The environment that points `txinbox` at moto.
+    fn env(&self) -> [(&str, &str); 4] {
+        [
+            ("AWS_ENDPOINT_URL_SQS", self.endpoint.as_str()),
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("AWS_REGION", "us-east-1"),
+        ]
+    }
+
+    fn delete_queues(&self, urls: &[&str]) {
+        for url in urls {
+            self.rt
+                .block_on(self.client.delete_queue().queue_url(*url).send())
+                .expect("delete queue");
+        }
+    }
 }
 
 /// `--from` and `--to` naming one queue (a pasted URL twice) are refused before any call. The redrive ran: it
@@ -31,45 +92,20 @@ fn moto() -> String {
 /// new SQS MessageId, and the command exited 0.
 #[test]
 fn a_redrive_from_a_queue_to_itself_is_refused_and_touches_nothing() {
-    let endpoint = moto();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let client = txinbox_sqs::emulator_client(&endpoint);
-    let name = format!(
-        "cli-self-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    );
-    let url = rt
-        .block_on(client.create_queue().queue_name(&name).send())
-        .expect("create queue")
-        .queue_url
-        .expect("queue url");
-    let sent = rt
-        .block_on(
-            client
-                .send_message()
-                .queue_url(&url)
-                .message_body("{}")
-                .send(),
-        )
-        .expect("send")
-        .message_id
-        .expect("message id");
-    let env = [
-        ("AWS_ENDPOINT_URL_SQS", endpoint.as_str()),
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_REGION", "us-east-1"),
-    ];
+    let moto = Moto::new();
+    let url = moto.create_queue(&Moto::unique("cli-self"));
+    let sent = moto.send(&url);
     let (code, out, err) = txinbox(
         &["sqs", "redrive", "--from", &url, "--to", &url, "--max", "3"],
-        &env,
+        &moto.env(),
     );
     assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
     assert!(err.contains("name the same queue"), "{err}");
     // The message is where it was, once, under its own MessageId.
-    let got = rt
+    let got = moto
+        .rt
         .block_on(
-            client
+            moto.client
                 .receive_message()
                 .queue_url(&url)
                 .max_number_of_messages(10)
@@ -81,8 +117,7 @@ fn a_redrive_from_a_queue_to_itself_is_refused_and_touches_nothing() {
         .unwrap_or_default();
     let ids: Vec<_> = got.iter().filter_map(|m| m.message_id()).collect();
     assert_eq!(ids, [sent.as_str()], "the queue holds {ids:?}");
-    rt.block_on(client.delete_queue().queue_url(&url).send())
-        .expect("delete queue");
+    moto.delete_queues(&[&url]);
 }
 
 /// `txinbox servicebus redrive --queue Q --from Q` (any case, any surrounding `/`) is refused before the
@@ -107,34 +142,15 @@ fn a_servicebus_redrive_from_the_target_queue_is_refused() {
 /// messages behind.
 #[test]
 fn the_sqs_redrive_line_names_every_count_every_time() {
-    let endpoint = moto();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let client = txinbox_sqs::emulator_client(&endpoint);
-    let name = format!(
-        "cli-line-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    let moto = Moto::new();
+    let name = Moto::unique("cli-line");
+    let dlq = moto.create_queue(&format!("{name}-dlq"));
+    let queue = moto.create_queue(&name);
+    moto.send(&dlq);
+    let (code, out, err) = txinbox(
+        &["sqs", "redrive", "--from", &dlq, "--to", &queue],
+        &moto.env(),
     );
-    let [dlq, queue] = [format!("{name}-dlq"), name].map(|n| {
-        rt.block_on(client.create_queue().queue_name(n).send())
-            .expect("create queue")
-            .queue_url
-            .expect("queue url")
-    });
-    rt.block_on(
-        client
-            .send_message()
-            .queue_url(&dlq)
-            .message_body("{}")
-            .send(),
-    )
-    .expect("send");
-    let env = [
-        ("AWS_ENDPOINT_URL_SQS", endpoint.as_str()),
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_REGION", "us-east-1"),
-    ];
-    let (code, out, err) = txinbox(&["sqs", "redrive", "--from", &dlq, "--to", &queue], &env);
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     let fields: Vec<(&str, &str)> = out
         .trim_end()
@@ -155,10 +171,7 @@ fn the_sqs_redrive_line_names_every_count_every_time() {
     );
     assert_eq!(fields[0].1, "1", "{out}");
     assert_eq!(fields[4].1, "0", "{out}");
-    for url in [dlq, queue] {
-        rt.block_on(client.delete_queue().queue_url(url).send())
-            .expect("delete queue");
-    }
+    moto.delete_queues(&[&dlq, &queue]);
 }
 
 /// A Service Bus target drops a resent message whose MessageId it saw within its duplicate-detection window,
@@ -176,14 +189,11 @@ fn a_servicebus_redrive_needs_the_target_s_duplicate_detection_window() {
         "{err}"
     );
     // Told either way, the command goes on to the namespace (none set here).
-    let dir = std::env::temp_dir().join(format!("txinbox-sb-window-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("worker.toml");
-    std::fs::write(
-        &config,
+    let dir = scratch("sb-window");
+    let config = settings_file(
+        &dir,
         "[servicebus]\nduplicate_detection_window_seconds = 3600\n",
-    )
-    .unwrap();
+    );
     for told in [
         &["--dedup-window-secs", "0"][..],
         &["--config", config.to_str().unwrap()][..],
