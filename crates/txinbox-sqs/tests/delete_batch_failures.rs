@@ -14,11 +14,32 @@ use std::time::Duration;
 
 use common::*;
 use txinbox_core::{BrokerErrorKind, Delivery, Receiver};
-use txinbox_sqs::SqsReceiver;
-use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
+use txinbox_testkit::sdk_http::HttpRequest;
 
 /// The operation (`X-Amz-Target` without its prefix) and receipt handles of every call that went out.
 type Calls = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+/// Records `request` (its operation and receipt handles) in `calls`; returns its operation.
+fn record(calls: &Calls, request: &HttpRequest) -> String {
+    let op = operation(request).unwrap_or_default().to_owned();
+    let body = json_body(request);
+    let mut receipts: Vec<String> = Vec::new();
+    if let Some(r) = body.get("ReceiptHandle").and_then(|v| v.as_str()) {
+        receipts.push(r.to_owned());
+    }
+    for e in body
+        .get("Entries")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+    {
+        if let Some(r) = e.get("ReceiptHandle").and_then(|v| v.as_str()) {
+            receipts.push(r.to_owned());
+        }
+    }
+    calls.lock().unwrap().push((op.clone(), receipts));
+    op
+}
 
 fn failing_batch_entries(c: &aws_sdk_sqs::Client, calls: Calls) -> aws_sdk_sqs::Client {
     let answer = serde_json::json!({
@@ -40,49 +61,9 @@ fn answering_batches(
     calls: Calls,
     answer: serde_json::Value,
 ) -> aws_sdk_sqs::Client {
-    let answer = answer.to_string();
-    let inner = c.config().http_client().expect("an HTTP client");
-    let http = with_hook(inner, move |request, connector| {
-        let op = request
-            .headers()
-            .get("x-amz-target")
-            .unwrap_or_default()
-            .trim_start_matches("AmazonSQS.")
-            .to_owned();
-        let body: serde_json::Value =
-            serde_json::from_slice(request.body().bytes().unwrap_or_default()).unwrap_or_default();
-        let mut receipts: Vec<String> = Vec::new();
-        if let Some(r) = body.get("ReceiptHandle").and_then(|v| v.as_str()) {
-            receipts.push(r.to_owned());
-        }
-        for e in body
-            .get("Entries")
-            .and_then(|v| v.as_array())
-            .into_iter()
-            .flatten()
-        {
-            if let Some(r) = e.get("ReceiptHandle").and_then(|v| v.as_str()) {
-                receipts.push(r.to_owned());
-            }
-        }
-        calls.lock().unwrap().push((op.clone(), receipts));
-        let connector = connector.clone();
-        let answer = answer.clone();
-        HttpConnectorFuture::new(async move {
-            if op != "DeleteMessageBatch" {
-                return connector.call(request).await;
-            }
-            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
-                200u16.try_into().expect("a status"),
-                answer.into(),
-            );
-            response
-                .headers_mut()
-                .insert("content-type", "application/x-amz-json-1.0");
-            Ok(response)
-        })
-    });
-    aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(http).build())
+    answering(c, move |request| {
+        (record(&calls, request) == "DeleteMessageBatch").then(|| json_answer(200, &answer))
+    })
 }
 
 /// A current-thread runtime: both acks reach the deleter before it runs, so they go in one batch.
@@ -90,45 +71,17 @@ fn answering_batches(
 async fn failed_batch_entries_are_reported_or_deleted_alone_by_their_fault() {
     metrics_init();
     let plain = client().await;
-    let q = queue_pair(&plain, 5, 30).await;
-    send(&plain, &q.url, "{}", Some("evt-b0"), "d-b0", "g-0").await;
-    send(&plain, &q.url, "{}", Some("evt-b1"), "d-b1", "g-1").await;
-
     let calls: Calls = Arc::default();
     let c = failing_batch_entries(&plain, calls.clone());
-    let opts = fast_options(30, &q.dlq);
-    let mut r = SqsReceiver::connect(c, &q.url, opts).await.unwrap();
-    let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while got.len() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "received {}",
-            got.len()
-        );
-        got.extend(r.receive(2 - got.len()).await.unwrap());
-    }
-    let d1 = got.pop().unwrap();
-    let d0 = got.pop().unwrap();
-    let (h0, h1) = (
-        d0.receipt_handle().to_owned(),
-        d1.receipt_handle().to_owned(),
-    );
-
-    let (a0, a1) = tokio::join!(d0.ack(), d1.ack());
+    let (acks, receipts, q) = ack_two_in_one_batch(&plain, c).await;
+    let [a0, a1]: [_; 2] = acks.try_into().unwrap();
+    let [h0, h1]: [_; 2] = receipts.try_into().unwrap();
 
     let e = a0.expect_err("an entry whose receipt SQS refused is not deleted");
     assert_eq!(e.kind(), BrokerErrorKind::LockLost, "{e}");
     a1.expect("an entry SQS failed on its side is deleted alone");
-    let deletes: Vec<(String, Vec<String>)> = calls
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(op, _)| op.starts_with("DeleteMessage"))
-        .cloned()
-        .collect();
     assert_eq!(
-        deletes,
+        deletes(&calls),
         vec![
             ("DeleteMessageBatch".to_owned(), vec![h0, h1.clone()]),
             ("DeleteMessage".to_owned(), vec![h1]),
@@ -158,61 +111,19 @@ fn throttled_batches(
     calls: Calls,
     throttled: usize,
 ) -> aws_sdk_sqs::Client {
-    let inner = c.config().http_client().expect("an HTTP client");
     let batches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let http = with_hook(inner, move |request, connector| {
-        let op = request
-            .headers()
-            .get("x-amz-target")
-            .unwrap_or_default()
-            .trim_start_matches("AmazonSQS.")
-            .to_owned();
-        let body: serde_json::Value =
-            serde_json::from_slice(request.body().bytes().unwrap_or_default()).unwrap_or_default();
-        let mut receipts: Vec<String> = Vec::new();
-        if let Some(r) = body.get("ReceiptHandle").and_then(|v| v.as_str()) {
-            receipts.push(r.to_owned());
-        }
-        for e in body
-            .get("Entries")
-            .and_then(|v| v.as_array())
-            .into_iter()
-            .flatten()
-        {
-            if let Some(r) = e.get("ReceiptHandle").and_then(|v| v.as_str()) {
-                receipts.push(r.to_owned());
-            }
-        }
-        calls.lock().unwrap().push((op.clone(), receipts));
-        let refuse = op == "DeleteMessageBatch"
+    let throttling = answering(c, move |request| {
+        let refuse = record(&calls, request) == "DeleteMessageBatch"
             && batches.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < throttled;
-        let connector = connector.clone();
-        HttpConnectorFuture::new(async move {
-            if !refuse {
-                return connector.call(request).await;
-            }
-            let answer = serde_json::json!({
-                "__type": "com.amazonaws.sqs#RequestThrottled",
-                "message": "Rate exceeded"
-            })
-            .to_string();
-            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
-                400u16.try_into().expect("a status"),
-                answer.into(),
-            );
-            response
-                .headers_mut()
-                .insert("content-type", "application/x-amz-json-1.0");
-            Ok(response)
-        })
+        refuse.then(|| sqs_error(400, "RequestThrottled", "Rate exceeded"))
     });
     let retries = aws_sdk_sqs::config::retry::RetryConfig::standard()
         .with_max_attempts(3)
         .with_initial_backoff(Duration::from_millis(100));
     aws_sdk_sqs::Client::from_conf(
-        c.config()
+        throttling
+            .config()
             .to_builder()
-            .http_client(http)
             .retry_config(retries)
             .build(),
     )
@@ -231,9 +142,7 @@ async fn ack_two_in_one_batch(
     let q = queue_pair(plain, 5, 30).await;
     send(plain, &q.url, "{}", Some("evt-t0"), "d-t0", "g-0").await;
     send(plain, &q.url, "{}", Some("evt-t1"), "d-t1", "g-1").await;
-    let mut r = SqsReceiver::connect(c, &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let mut r = fast_receiver(c, &q, 30).await;
     let mut got = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while got.len() < 2 {

@@ -14,31 +14,29 @@ use std::time::Duration;
 use common::*;
 use txinbox_core::Receiver;
 use txinbox_sqs::SqsReceiver;
-use txinbox_testkit::sdk_http::{with_hook, ConnectorError, HttpConnector, HttpConnectorFuture};
+use txinbox_testkit::sdk_http::HttpRequest;
 
 /// The `ReceiveRequestAttemptId` of every `ReceiveMessage` sent, in order.
 type Attempts = Arc<Mutex<Vec<Option<String>>>>;
 
+/// Whether `request` is the first `ReceiveMessage`; records the attempt id of every receive in `attempts`.
+fn first_receive(request: &HttpRequest, attempts: &Attempts) -> bool {
+    if operation(request) != Some("ReceiveMessage") {
+        return false;
+    }
+    let id = json_body(request)
+        .get("ReceiveRequestAttemptId")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    let mut a = attempts.lock().unwrap();
+    a.push(id);
+    a.len() == 1
+}
+
 /// `c`, whose first `ReceiveMessage` reaches moto and loses its answer; records every receive's attempt id.
 fn first_receive_answer_lost(c: &aws_sdk_sqs::Client, attempts: Attempts) -> aws_sdk_sqs::Client {
-    let inner = c.config().http_client().expect("an HTTP client");
-    let http = with_hook(inner, move |request, connector| {
-        let receive = request
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
-        let first = receive && {
-            let body: serde_json::Value =
-                serde_json::from_slice(request.body().bytes().unwrap_or_default())
-                    .unwrap_or_default();
-            let id = body
-                .get("ReceiveRequestAttemptId")
-                .and_then(|v| v.as_str())
-                .map(str::to_owned);
-            let mut a = attempts.lock().unwrap();
-            a.push(id);
-            a.len() == 1
-        };
+    hooked(c, move |request, connector| {
+        let first = first_receive(&request, &attempts);
         let connector = connector.clone();
         HttpConnectorFuture::new(async move {
             let answer = connector.call(request).await;
@@ -50,8 +48,14 @@ fn first_receive_answer_lost(c: &aws_sdk_sqs::Client, attempts: Attempts) -> aws
             }
             answer
         })
-    });
-    aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(http).build())
+    })
+}
+
+/// A receiver of `q` through `c` whose receives ask for one message.
+async fn single_message_receiver(c: aws_sdk_sqs::Client, q: &Queues) -> SqsReceiver {
+    SqsReceiver::connect(c, &q.url, fast_options(30, &q.dlq).batch_size(1))
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,8 +66,7 @@ async fn a_fifo_receive_whose_answer_was_lost_is_retried_with_the_same_attempt_i
 
     let attempts: Attempts = Arc::default();
     let c = first_receive_answer_lost(&plain, attempts.clone());
-    let opts = fast_options(30, &q.dlq).batch_size(1);
-    let mut r = SqsReceiver::connect(c, &q.url, opts).await.unwrap();
+    let mut r = single_message_receiver(c, &q).await;
     let _ = tokio::time::timeout(Duration::from_secs(20), r.receive(1)).await;
     let _ = tokio::time::timeout(Duration::from_secs(20), r.receive(1)).await;
 
@@ -95,48 +98,11 @@ async fn a_receive_over_the_in_flight_limit_is_throttled_and_not_resent() {
 
     let attempts: Attempts = Arc::default();
     let seen = attempts.clone();
-    let inner = plain.config().http_client().expect("an HTTP client");
-    let http = with_hook(inner, move |request, connector| {
-        let receive = request
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
-        let first = receive && {
-            let body: serde_json::Value =
-                serde_json::from_slice(request.body().bytes().unwrap_or_default())
-                    .unwrap_or_default();
-            let mut a = seen.lock().unwrap();
-            a.push(
-                body.get("ReceiveRequestAttemptId")
-                    .and_then(|v| v.as_str())
-                    .map(str::to_owned),
-            );
-            a.len() == 1
-        };
-        let connector = connector.clone();
-        HttpConnectorFuture::new(async move {
-            if !first {
-                return connector.call(request).await;
-            }
-            let body = serde_json::json!({
-                "__type": "com.amazonaws.sqs#OverLimit",
-                "message": "Too many messages in flight"
-            })
-            .to_string();
-            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
-                403u16.try_into().expect("a status"),
-                body.into(),
-            );
-            response
-                .headers_mut()
-                .insert("content-type", "application/x-amz-json-1.0");
-            Ok(response)
-        })
+    let c = answering(&plain, move |request| {
+        first_receive(request, &seen)
+            .then(|| sqs_error(403, "OverLimit", "Too many messages in flight"))
     });
-    let c = aws_sdk_sqs::Client::from_conf(plain.config().to_builder().http_client(http).build());
-    let mut r = SqsReceiver::connect(c, &q.url, fast_options(30, &q.dlq).batch_size(1))
-        .await
-        .unwrap();
+    let mut r = single_message_receiver(c, &q).await;
 
     let e = r.receive(1).await.expect_err("over the limit");
     assert_eq!(e.kind(), txinbox_core::BrokerErrorKind::Throttled, "{e}");
@@ -156,39 +122,20 @@ async fn a_receive_over_the_in_flight_limit_is_throttled_and_not_resent() {
 async fn a_receive_refused_for_a_disabled_kms_key_is_a_configuration_error() {
     let plain = client().await;
     let q = queue_pair(&plain, 5, 30).await;
-    let inner = plain.config().http_client().expect("an HTTP client");
-    let http = with_hook(inner, move |request, connector| {
-        let receive = request
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
-        let connector = connector.clone();
-        HttpConnectorFuture::new(async move {
-            if !receive {
-                return connector.call(request).await;
-            }
-            let body = serde_json::json!({
-                "__type": "com.amazonaws.sqs#KmsDisabled",
-                "message": "The request was rejected because the specified key is not enabled."
-            })
-            .to_string();
-            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
-                400u16.try_into().expect("a status"),
-                body.into(),
+    let c = answering(&plain, |request| {
+        (operation(request) == Some("ReceiveMessage")).then(|| {
+            let mut response = sqs_error(
+                400,
+                "KmsDisabled",
+                "The request was rejected because the specified key is not enabled.",
             );
             response
                 .headers_mut()
-                .insert("content-type", "application/x-amz-json-1.0");
-            response
-                .headers_mut()
                 .insert("x-amzn-query-error", "KMS.DisabledException;Sender");
-            Ok(response)
+            response
         })
     });
-    let c = aws_sdk_sqs::Client::from_conf(plain.config().to_builder().http_client(http).build());
-    let mut r = SqsReceiver::connect(c, &q.url, fast_options(30, &q.dlq).batch_size(1))
-        .await
-        .unwrap();
+    let mut r = single_message_receiver(c, &q).await;
     let e = r.receive(1).await.expect_err("the key is disabled");
     assert_eq!(
         e.kind(),

@@ -7,14 +7,19 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
 use aws_sdk_sqs::Client;
 use metrics_util::debugging::DebuggingRecorder;
+use txinbox_core::broker::redrive::{RedriveEvent, RedriveProgress, RedriveReport};
 use txinbox_core::{
     ConsumerName, Handled, Handler, HandlerError, IdentityPolicy, Inbox, InboxStore, Message, Raw,
 };
 use txinbox_lab::faults::{Faults, FaultyStore};
 use txinbox_store::{Store, Tx};
+use txinbox_testkit::sdk_http::{with_hook, HttpRequest, SharedHttpConnector};
+#[allow(unused_imports)] // not every test binary builds a transport
+pub use txinbox_testkit::sdk_http::{ConnectorError, HttpConnector, HttpConnectorFuture};
 
 pub fn endpoint() -> String {
     std::env::var("TXINBOX_SQS_ENDPOINT").unwrap_or_else(|_| {
@@ -108,6 +113,12 @@ pub async fn counts(c: &Client, url: &str) -> (u64, u64) {
     )
 }
 
+/// Messages in a queue, visible or not.
+pub async fn total(c: &Client, url: &str) -> u64 {
+    let (visible, in_flight) = counts(c, url).await;
+    visible + in_flight
+}
+
 pub fn attr(v: &str) -> MessageAttributeValue {
     MessageAttributeValue::builder()
         .data_type("String")
@@ -151,6 +162,36 @@ pub async fn send(
             .message_attributes("ce-specversion", attr("1.0"));
     }
     s.send().await.expect("send");
+}
+
+/// Sends message `i` of `range` to `url` in a group of its own: the follow-up of opportunity `o{i}`, `ce-id`
+/// `evt-{i}`, deduplication id `{dedup}{i}`, group `g{i}`.
+pub async fn send_one_per_group(c: &Client, url: &str, range: std::ops::Range<usize>, dedup: &str) {
+    for i in range {
+        send(
+            c,
+            url,
+            &body(&format!("o{i}"), "m", serde_json::json!({})),
+            Some(&format!("evt-{i}")),
+            &format!("{dedup}{i}"),
+            &format!("g{i}"),
+        )
+        .await;
+    }
+}
+
+/// Sends to `url` a message whose only identity is its deduplication id `d-{name}` (no `ce-id`): the
+/// follow-up of opportunity `o-{name}`, group `g-{name}`.
+pub async fn send_without_ce_id(c: &Client, url: &str, name: &str) {
+    send(
+        c,
+        url,
+        &body(&format!("o-{name}"), "m", serde_json::json!({})),
+        None,
+        &format!("d-{name}"),
+        &format!("g-{name}"),
+    )
+    .await;
 }
 
 /// Receives everything visible from a queue (for asserting DLQ contents), leaving it in flight.
@@ -300,6 +341,71 @@ pub fn fast_options(vt: u64, dlq: &str) -> txinbox_sqs::SqsOptions {
         .dead_letter_queue(dlq)
 }
 
+/// A receiver of `q` through `c`, with the [`fast_options`] of visibility `vt` and `q`'s DLQ.
+pub async fn fast_receiver(c: Client, q: &Queues, vt: u64) -> txinbox_sqs::SqsReceiver {
+    txinbox_sqs::SqsReceiver::connect(c, &q.url, fast_options(vt, &q.dlq))
+        .await
+        .unwrap()
+}
+
+// ---- redrive ------------------------------------------------------------------------------------------
+
+/// [`txinbox_sqs::redrive`] of everything in `q.dlq` back to `q.url` through `c`, its receives waiting 1 s.
+pub async fn redrive_back(
+    c: &Client,
+    q: &Queues,
+    progress: &mut dyn RedriveProgress,
+) -> RedriveReport {
+    txinbox_sqs::redrive(c, &q.dlq, &q.url, &redrive_options(), progress)
+        .await
+        .unwrap()
+}
+
+/// [`redrive_back`] with a visibility timeout of 0 on its receives, which puts every receive after the first
+/// past it: what the run left in the DLQ comes back to it.
+pub async fn redrive_back_past_visibility(
+    c: &Client,
+    q: &Queues,
+    progress: &mut dyn RedriveProgress,
+) -> RedriveReport {
+    txinbox_sqs::redrive::redrive_with_visibility(
+        c,
+        &q.dlq,
+        &q.url,
+        &redrive_options(),
+        Duration::ZERO,
+        progress,
+    )
+    .await
+    .unwrap()
+}
+
+fn redrive_options() -> txinbox_sqs::RedriveOptions {
+    txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1))
+}
+
+/// A redrive's progress that keeps the position of every dead letter it is told was moved, deferred or left
+/// for a lost identity, and fails the test when told about one twice.
+#[derive(Debug, Default)]
+pub struct ToldOnce(pub Vec<String>);
+
+impl RedriveProgress for ToldOnce {
+    fn event(&mut self, e: RedriveEvent<'_>, _: &RedriveReport) {
+        let told = &mut self.0;
+        let item = match e {
+            RedriveEvent::Moved(item)
+            | RedriveEvent::Deferred { item, .. }
+            | RedriveEvent::IdentityLost { item, .. } => item,
+            _ => return,
+        };
+        assert!(
+            !told.iter().any(|p| p == item.position),
+            "told twice about {item:?} (told before: {told:?})"
+        );
+        told.push(item.position.to_owned());
+    }
+}
+
 // ---- metrics: one global recorder; every test uses its own consumer name as the label -----------------
 
 fn metrics_state() -> &'static txinbox_testkit::MetricTotals {
@@ -338,18 +444,10 @@ pub fn counter(name: &str, labels: &[(&str, &str)]) -> u64 {
 /// transport gives those tests the atomic receive the service documents. The adapter still sends its calls
 /// concurrently: only their execution inside moto is ordered.
 pub fn one_receive_at_a_time(c: Client) -> Client {
-    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
     /// One turn per test process: every client of the process shares it.
     static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let inner = c
-        .config()
-        .http_client()
-        .expect("the emulator client carries an HTTP client");
-    let http = with_hook(inner, |request, connector| {
-        let receive = request
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|t| t == "AmazonSQS.ReceiveMessage");
+    hooked(&c, |request, connector| {
+        let receive = operation(&request) == Some("ReceiveMessage");
         let connector = connector.clone();
         HttpConnectorFuture::new(async move {
             // Held until moto answers: it marks what it hands out before it answers.
@@ -360,6 +458,76 @@ pub fn one_receive_at_a_time(c: Client) -> Client {
             };
             connector.call(request).await
         })
-    });
-    Client::from_conf(c.config().to_builder().http_client(http).build())
+    })
+}
+
+// ---- transports in front of moto: what it does not do on demand -----------------------------------------
+
+/// `c`, with `hook` called for every request and given the connector `c` would have sent it to
+/// (`connector.call(request)` sends it on).
+pub fn hooked(
+    c: &Client,
+    hook: impl Fn(HttpRequest, &SharedHttpConnector) -> HttpConnectorFuture + Send + Sync + 'static,
+) -> Client {
+    let inner = c
+        .config()
+        .http_client()
+        .expect("the emulator client carries an HTTP client");
+    Client::from_conf(
+        c.config()
+            .to_builder()
+            .http_client(with_hook(inner, hook))
+            .build(),
+    )
+}
+
+/// `c`, whose requests for which `answer` gives an answer get it instead of reaching moto; the others reach
+/// moto.
+pub fn answering(
+    c: &Client,
+    answer: impl Fn(&HttpRequest) -> Option<HttpResponse> + Send + Sync + 'static,
+) -> Client {
+    hooked(c, move |request, connector| {
+        let answer = answer(&request);
+        let connector = connector.clone();
+        HttpConnectorFuture::new(async move {
+            match answer {
+                Some(response) => Ok(response),
+                None => connector.call(request).await,
+            }
+        })
+    })
+}
+
+/// The SQS operation a request calls: its `X-Amz-Target` without `AmazonSQS.`.
+pub fn operation(request: &HttpRequest) -> Option<&str> {
+    request
+        .headers()
+        .get("x-amz-target")?
+        .strip_prefix("AmazonSQS.")
+}
+
+/// A request's JSON body (`null` when it has none or it is not JSON).
+pub fn json_body(request: &HttpRequest) -> serde_json::Value {
+    serde_json::from_slice(request.body().bytes().unwrap_or_default()).unwrap_or_default()
+}
+
+/// An answer of HTTP `status` with the JSON `body`, as SQS answers over its JSON protocol.
+pub fn json_answer(status: u16, body: &serde_json::Value) -> HttpResponse {
+    let mut response = HttpResponse::new(
+        status.try_into().expect("a status"),
+        body.to_string().into(),
+    );
+    response
+        .headers_mut()
+        .insert("content-type", "application/x-amz-json-1.0");
+    response
+}
+
+/// SQS's error answer of HTTP `status` with the error `code` (`com.amazonaws.sqs#{code}`) and `message`.
+pub fn sqs_error(status: u16, code: &str, message: &str) -> HttpResponse {
+    json_answer(
+        status,
+        &serde_json::json!({"__type": format!("com.amazonaws.sqs#{code}"), "message": message}),
+    )
 }
