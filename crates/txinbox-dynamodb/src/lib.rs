@@ -51,7 +51,8 @@
 //!   earlier attempt committed, and reports it done. (Within one attempt, the SDK's own retries resend the
 //!   same token, which DynamoDB answers idempotently for 10 minutes.)
 //! * **The service's limits are checked before sending**: 100 actions per transaction (the store's share is
-//!   the marker, the business key item and one item per effect), 4 MB of items in all, 400 KB per item, one
+//!   the marker, the business key item and one item per effect), 4 MB in all (the items put, the keys of
+//!   updates, deletes and condition checks, and every expression attribute value), 400 KB per item, one
 //!   action per item. A handler over a limit gets a permanent error ([`DynamoError::Limit`]) and the message
 //!   is dead-lettered with it: never a partial write.
 //! * **Batch mode** ([`WorkerOptions::batch_commit`](txinbox_core::WorkerOptions::batch_commit)) sends the

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Put, ReturnValue, Update};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Delete, Put, ReturnValue, Update};
 use aws_sdk_dynamodb::Client;
 use chrono::Utc;
 use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions};
@@ -497,6 +497,54 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     );
     assert!(msg.contains("4194304"), "{msg}");
     assert_eq!(count_of(&c, &tasks, "big-0").await, None);
+    // AWS, TransactWriteItems: "The aggregate size of the items in the transaction cannot exceed 4 MB." The
+    // keys of deletes and the operands of condition checks are in the call too: 10 puts of 400 KB, 30
+    // deletes of 2 KB keys and 2 condition checks of 70 KB operands are over 4 MB, refused before the call
+    // (DynamoDB Local refused it as "Transaction payload size cannot exceed 4MB", moto applied it).
+    let msg = limit_error(
+        commit_with(&store, &txinbox_test_identity("m-7"), |tx| {
+            for i in 0..10 {
+                tx.put(
+                    Put::builder()
+                        .table_name(&tasks)
+                        .item("id", AttributeValue::S(format!("near-{i}")))
+                        .item("blob", AttributeValue::S("x".repeat(400_000)))
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap();
+            }
+            for i in 0..30 {
+                tx.delete(
+                    Delete::builder()
+                        .table_name(&tasks)
+                        .key(
+                            "id",
+                            AttributeValue::S(format!("{i:04}{}", "k".repeat(1996))),
+                        )
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap();
+            }
+            for i in 0..2 {
+                tx.condition_check(
+                    ConditionCheck::builder()
+                        .table_name(&tasks)
+                        .key("id", AttributeValue::S(format!("check-{i}")))
+                        .condition_expression("attribute_not_exists(id) OR #b <> :v")
+                        .expression_attribute_names("#b", "blob")
+                        .expression_attribute_values(":v", AttributeValue::S("y".repeat(70_000)))
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap();
+            }
+        })
+        .await,
+    );
+    assert!(msg.contains("4194304"), "{msg}");
+    assert_eq!(count_of(&c, &tasks, "near-0").await, None);
     // The store's own item over 400 KB: an effect whose payload the handler made too large. Refused before
     // anything is sent, and the message is dead-lettered with the reason, not released again and again.
     let consumer = ConsumerName::new("crm-followup").unwrap();
@@ -519,7 +567,7 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
         detail.contains("an effect") && detail.contains("400"),
         "{detail}"
     );
-    // Nothing of the four refused transactions reached the table: the first message still applies.
+    // Nothing of the refused transactions reached the table: the first message still applies.
     assert!(matches!(
         commit_with(&store, &id, |tx| tx.update(add_one(&tasks, "t-0")).unwrap()).await,
         Commit::Done

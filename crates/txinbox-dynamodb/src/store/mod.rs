@@ -22,7 +22,8 @@ mod table;
 
 /// The most actions one `TransactWriteItems` call may carry.
 pub const MAX_ACTIONS: usize = 100;
-/// The most bytes of items one `TransactWriteItems` call may carry.
+/// The most bytes one `TransactWriteItems` call may carry: its puts' items, the keys of its other actions and the
+/// expression attribute values of all.
 pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 /// The largest item DynamoDB stores.
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
