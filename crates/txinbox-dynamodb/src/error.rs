@@ -7,7 +7,8 @@ use txinbox_core::BoxError;
 #[non_exhaustive]
 pub enum DynamoError {
     /// A call to DynamoDB failed. `transient` says a retry may succeed (throttling, a transaction conflict,
-    /// a 5xx, a timeout, a lost connection).
+    /// a 5xx, a timeout, a lost or refused connection); a client that cannot make the request at all (no
+    /// credentials, no region, an endpoint that is not a URL) is not transient, and the message says why.
     #[error("DynamoDB {op} failed{}: {message}", if *.transient { " (transient)" } else { "" })]
     Call {
         /// The operation (`TransactWriteItems`, `GetItem`, ...).
@@ -198,9 +199,23 @@ where
             )
         }
         SdkError::TimeoutError(_) => (true, "timed out".to_owned()),
-        SdkError::DispatchFailure(_) => (true, "the request could not be sent".to_owned()),
+        // As the SDK's own retry classifier (`TransientErrorClassifier`) takes a connector's error: a timeout or
+        // an I/O error (connection refused or reset, a name that does not resolve, TLS) is transient, and so
+        // is an error the connector marked with a kind. The rest never reached the network: the client cannot
+        // make the request (no credentials, no region, an endpoint that is not a URL), which only a change of
+        // its configuration mends; its reason is in the message, on the one line of a start that fails.
+        SdkError::DispatchFailure(d) if d.is_io() || d.is_timeout() || d.as_other().is_some() => {
+            (true, "the request could not be sent".to_owned())
+        }
+        SdkError::DispatchFailure(_) => (
+            false,
+            format!(
+                "the client cannot make the request (check its endpoint, region and credentials): {}",
+                reason(&e)
+            ),
+        ),
         SdkError::ResponseError(_) => (true, "the answer could not be read".to_owned()),
-        _ => (false, "the request could not be built".to_owned()),
+        _ => (false, format!("the request could not be built: {}", reason(&e))),
     };
     let message = mask_session_token(&message);
     let source: BoxError = if quoted {
@@ -214,6 +229,18 @@ where
         message,
         source,
     }
+}
+
+/// The innermost reason of an error that never reached the service, on one line.
+fn reason(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = e;
+    while let Some(next) = last.source() {
+        last = next;
+    }
+    last.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 const SESSION_TOKEN: &str = "x-amz-security-token";

@@ -98,3 +98,75 @@ async fn a_missing_table_is_named_in_the_error() {
         "{line}"
     );
 }
+
+/// A client on `endpoint` whose own retries are off (the store's classification is what is looked at), with
+/// the dummy credentials and region of the emulators unless told otherwise.
+fn client_on(endpoint: &str, credentials: bool, region: bool) -> Client {
+    use aws_sdk_dynamodb::config::retry::RetryConfig;
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    let mut conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(txinbox_dynamodb::http_client())
+        .endpoint_url(endpoint)
+        .retry_config(RetryConfig::disabled());
+    if credentials {
+        conf = conf.credentials_provider(Credentials::new("testing", "testing", None, None, "t"));
+    }
+    if region {
+        conf = conf.region(Region::new("us-east-1"));
+    }
+    Client::from_conf(conf.build())
+}
+
+/// The store opened (the table check's `DescribeTable`) through `client`: its error.
+async fn open_error(client: Client) -> DynamoError {
+    DynamoStore::open(client, "txinbox-unreachable", DynamoOptions::default())
+        .await
+        .unwrap_err()
+}
+
+/// A client that cannot make a request at all (no credentials, no region, an endpoint that is not a URL)
+/// fails before anything is sent, and the SDK reports it as a dispatch failure of no network kind; every
+/// dispatch failure was taken for transient, so a worker on such a client released its messages again and
+/// again instead of stopping at start with the reason. It is permanent now and its one line says what is
+/// missing; a connection refused stays transient (the SDK's own retry classifier: a timeout or an I/O error
+/// of the connector is transient).
+#[tokio::test]
+async fn a_client_that_cannot_make_a_request_is_a_permanent_error_and_a_refused_connection_is_transient(
+) {
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start it with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
+    });
+    for (what, client, reason) in [
+        (
+            "no credentials",
+            client_on(&endpoint, false, true),
+            "no identity resolver",
+        ),
+        (
+            "no region",
+            client_on(&endpoint, true, false),
+            "missing signing region",
+        ),
+        (
+            "an endpoint that is not a URL",
+            client_on("http://exa mple:x/", true, true),
+            "invalid uri character",
+        ),
+    ] {
+        let e = open_error(client).await;
+        let line = e.to_string();
+        assert!(!e.is_transient(), "{what}: {line}");
+        assert!(
+            line.contains(reason) && !line.contains('\n'),
+            "{what}: {line}"
+        );
+    }
+    // Nothing listens on a port just released: the connection is refused, which a retry may get past.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let e = open_error(client_on(&format!("http://127.0.0.1:{closed}"), true, true)).await;
+    assert!(e.is_transient(), "{e}");
+}
