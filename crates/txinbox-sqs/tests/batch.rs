@@ -66,20 +66,8 @@ async fn worker_in_batch_mode_decides_each_message_as_alone() {
         "g9",
     )
     .await;
-    for i in 2..8 {
-        send(
-            &c,
-            &q.url,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&format!("evt-{i}")),
-            &format!("d-{i}"),
-            &format!("g{i}"),
-        )
-        .await;
-    }
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    send_one_per_group(&c, &q.url, 2..8, "d-").await;
+    let receiver = fast_receiver(c.clone(), &q, 30).await;
     let processor =
         pg_inbox(&store, &consumer).bind_handler(pg_handler(Arc::new(AtomicI64::new(0))));
     let (c2, url, dlq) = (c.clone(), q.url.clone(), q.dlq.clone());
@@ -125,20 +113,8 @@ async fn commit_then_crash_before_the_deletes_of_a_batch_is_absorbed() {
     let store = pg_store().await;
     let consumer = unique("crash");
     let n = 8;
-    for i in 0..n {
-        send(
-            &c,
-            &q.url,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&format!("evt-{i}")),
-            &format!("d-{i}"),
-            &format!("g{i}"),
-        )
-        .await;
-    }
-    let mut r = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
-        .await
-        .unwrap();
+    send_one_per_group(&c, &q.url, 0..n, "d-").await;
+    let mut r = fast_receiver(c.clone(), &q, 2).await;
     let batch: Vec<_> = receive_n(&mut r, n)
         .await
         .into_iter()
@@ -188,9 +164,7 @@ async fn fifo_group_order_is_kept_in_batch_mode() {
         )
         .await;
     }
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 30).await;
     let (c2, url) = (c.clone(), q.url.clone());
     let report = Worker::new(
         receiver,

@@ -37,9 +37,7 @@ async fn a_missing_queue_is_entity_not_found_down_to_the_sdk_error() {
 
     // A receiver whose queue is deleted under it: the Receiver call itself returns the core error.
     let q = queue_pair(&c, 5, 30).await;
-    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let mut receiver = fast_receiver(c.clone(), &q, 30).await;
     c.delete_queue().queue_url(&q.url).send().await.unwrap();
     let err = receiver.receive(1).await.expect_err("the queue is gone");
     assert_eq!(err.kind(), BrokerErrorKind::EntityNotFound, "{err}");
@@ -71,9 +69,7 @@ async fn default_worker_options_keep_a_slow_message_invisible() {
         "g",
     )
     .await;
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 2).await;
     let calls = Arc::new(AtomicI64::new(0));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     // No `.options(..)`: the defaults, whatever the visibility timeout.

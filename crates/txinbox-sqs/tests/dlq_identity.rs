@@ -112,12 +112,6 @@ async fn receive_one(r: &mut SqsReceiver, what: &str) -> txinbox_sqs::SqsDeliver
     }
 }
 
-/// Messages in a queue, visible or not.
-async fn total(c: &aws_sdk_sqs::Client, url: &str) -> u64 {
-    let (v, f) = counts(c, url).await;
-    v + f
-}
-
 /// A message whose only identity is its deduplication id (no `ce-id`), applied by a consumer that opted into
 /// that identity, whose delete is lost; moto's `maxReceiveCount` 1 then moves it to the DLQ. Returns the queues,
 /// the store and the consumer name.
@@ -190,15 +184,7 @@ async fn txinbox_redrive_leaves_a_dead_letter_whose_dedup_id_aws_replaced() {
         .await
         .unwrap();
 
-    let report = txinbox_sqs::redrive(
-        &aws,
-        &q.dlq,
-        &q.url,
-        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
-        &mut (),
-    )
-    .await
-    .unwrap();
+    let report = redrive_back(&aws, &q, &mut ()).await;
     assert_eq!((report.moved, report.identity_lost), (0, 1), "{report:?}");
     assert_eq!(total(&c, &q.url).await, 0, "nothing sent back to the queue");
     assert_eq!(
@@ -217,54 +203,13 @@ async fn txinbox_redrive_leaves_a_dead_letter_whose_dedup_id_aws_replaced() {
 /// back. A visibility timeout of 0 puts every receive after the first past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_longer_than_its_visibility_timeout_counts_a_lost_identity_once() {
-    use txinbox_core::broker::redrive::{RedriveEvent, RedriveReport};
     let c = client().await;
     let q = queue_pair(&c, 1, 2).await;
-    send(
-        &c,
-        &q.dlq,
-        &body("o-lost", "m", json!({})),
-        None,
-        "d-lost",
-        "g-lost",
-    )
-    .await;
-    for i in 0..2 {
-        let id = format!("evt-{i}");
-        send(
-            &c,
-            &q.dlq,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&id),
-            &format!("d-{i}"),
-            &format!("g{i}"),
-        )
-        .await;
-    }
-    let mut told: Vec<String> = Vec::new();
-    let mut progress = |e: RedriveEvent<'_>, _: &RedriveReport| {
-        let item = match e {
-            RedriveEvent::Moved(item)
-            | RedriveEvent::Deferred { item, .. }
-            | RedriveEvent::IdentityLost { item, .. } => item,
-            _ => return,
-        };
-        assert!(
-            !told.iter().any(|p| p == item.position),
-            "told twice about {item:?} (told before: {told:?})"
-        );
-        told.push(item.position.to_owned());
-    };
-    let report = txinbox_sqs::redrive::redrive_with_visibility(
-        &as_aws_leaves_the_dlq(&c),
-        &q.dlq,
-        &q.url,
-        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
-        Duration::ZERO,
-        &mut progress,
-    )
-    .await
-    .unwrap();
+    send_without_ce_id(&c, &q.dlq, "lost").await;
+    send_one_per_group(&c, &q.dlq, 0..2, "d-").await;
+    let mut progress = ToldOnce::default();
+    let report = redrive_back_past_visibility(&as_aws_leaves_the_dlq(&c), &q, &mut progress).await;
+    let told = progress.0;
     assert_eq!(
         (report.moved, report.deferred, report.identity_lost),
         (2, 0, 1),
@@ -306,9 +251,7 @@ async fn a_copy_moved_back_as_start_message_move_task_does_is_not_applied_again(
     let sends = Sends::default();
     let recorded =
         aws_sdk_sqs::Client::from_conf(c.config().to_builder().interceptor(sends.clone()).build());
-    let mut receiver = SqsReceiver::connect(recorded, &q.url, fast_options(2, &q.dlq))
-        .await
-        .unwrap();
+    let mut receiver = fast_receiver(recorded, &q, 2).await;
     let calls = Arc::new(AtomicI64::new(0));
     let inbox = pg_inbox(&store, &consumer).bind_handler(pg_handler(calls.clone()));
     let d = receive_one(&mut receiver, "the moved copy did not arrive").await;
