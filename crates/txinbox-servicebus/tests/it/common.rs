@@ -7,14 +7,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use txinbox_core::{
     ConsumerName, Handled, Handler, HandlerError, IdentityPolicy, Inbox, Message, OutboxMessage,
     Raw,
 };
 use txinbox_sb_emulator::Emulator;
 use txinbox_servicebus::{
-    ServiceBusClient, ServiceBusConfig, ServiceBusOptions, ServiceBusPublisher,
+    ServiceBusClient, ServiceBusConfig, ServiceBusDelivery, ServiceBusOptions, ServiceBusPublisher,
+    ServiceBusReceiver,
 };
 use txinbox_store::{Store, Tx};
 
@@ -135,6 +136,14 @@ impl Emu {
             .expect("client")
     }
 
+    /// A client on the emulator with the SAS rule's name and a wrong key: the emulator refuses what it signs.
+    pub fn wrong_key_client(&self) -> ServiceBusClient {
+        ServiceBusConfig::shared_access_key(&self.namespace, &self.key_name, "d3Jvbmcta2V5")
+            .endpoint(self.url.parse().expect("emulator URL"))
+            .connect()
+            .expect("client")
+    }
+
     /// A fresh queue with `props` (control API names), e.g. `{"lockDuration":"PT2S"}`.
     pub async fn queue(&self, props: Value) -> String {
         let name = format!("t-{}", uuid::Uuid::new_v4().simple());
@@ -199,6 +208,54 @@ pub fn fast_options(lock: Duration) -> ServiceBusOptions {
         .wait(Duration::from_secs(1))
         .lock_duration(lock)
         .max_release_delay(Duration::from_millis(100))
+}
+
+/// The shared emulator, a client on it with the SAS rule, and a fresh queue with `props` ([`Emu::queue`]).
+pub async fn emu_queue(props: Value) -> (Emu, ServiceBusClient, String) {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(props).await;
+    (emu, client, q)
+}
+
+/// A fresh queue ([`emu_queue`]) holding one message, received by a [`fast_receiver`] and still locked.
+pub struct Received {
+    pub emu: Emu,
+    pub client: ServiceBusClient,
+    pub q: String,
+    pub receiver: ServiceBusReceiver,
+    pub d: ServiceBusDelivery,
+}
+
+/// Publishes one message (id `id`, body `{}`) to a fresh queue whose lock lasts `lock` (whole seconds), and
+/// receives it.
+pub async fn publish_and_receive(lock: Duration, id: &str) -> Received {
+    let (emu, client, q) =
+        emu_queue(json!({"lockDuration": format!("PT{}S", lock.as_secs())})).await;
+    publish(&client, &event(&q, id, "{}")).await;
+    let mut receiver = fast_receiver(&client, &q, lock);
+    let d = receive_next(&mut receiver).await;
+    Received {
+        emu,
+        client,
+        q,
+        receiver,
+        d,
+    }
+}
+
+/// A receiver on `queue` with [`fast_options`]: locks of `lock`.
+pub fn fast_receiver(client: &ServiceBusClient, queue: &str, lock: Duration) -> ServiceBusReceiver {
+    ServiceBusReceiver::new(client, queue, fast_options(lock)).expect("receiver")
+}
+
+/// The message `receiver` receives next, within 2 s; a test that finds none fails.
+pub async fn receive_next(receiver: &mut ServiceBusReceiver) -> ServiceBusDelivery {
+    receiver
+        .receive_one(Duration::from_secs(2))
+        .await
+        .expect("received")
+        .expect("a message")
 }
 
 /// A fresh PostgreSQL schema with the inbox and an `effects` table (no unique constraint, so a repeated

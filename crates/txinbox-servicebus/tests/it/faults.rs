@@ -7,11 +7,14 @@ use std::time::Duration;
 use serde_json::json;
 use txinbox_core::metrics as m;
 use txinbox_core::{BrokerErrorKind, Delivery, Outcome, Receiver, Worker};
-use txinbox_servicebus::{ServiceBusConfig, ServiceBusReceiver};
+use txinbox_servicebus::{ServiceBusClient, ServiceBusConfig};
 
 use crate::common::*;
 
 const LOCK: Duration = Duration::from_secs(2);
+
+/// The lock of most tests here: long enough for a retried settle to fit in it.
+const LOCK_5S: Duration = Duration::from_secs(5);
 
 /// The unique path suffix of a delivery's lock URI.
 fn lock_suffix(q: &str, d: &txinbox_servicebus::ServiceBusDelivery) -> String {
@@ -25,9 +28,7 @@ fn lock_suffix(q: &str, d: &txinbox_servicebus::ServiceBusDelivery) -> String {
 /// 429 and 503 on receive (with Retry-After) make failed receives the worker backs off from; nothing is lost.
 #[tokio::test]
 async fn throttled_receives_are_retried() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     for i in 0..3 {
         publish(&client, &event(&q, &format!("evt-{i}"), "{}")).await;
@@ -40,12 +41,12 @@ async fn throttled_receives_are_retried() {
     )
     .await;
 
-    let mut probe = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let mut probe = fast_receiver(&client, &q, LOCK);
     let e = probe.receive(1).await.unwrap_err();
     assert_eq!(e.kind(), BrokerErrorKind::Throttled, "{e:?}");
     assert!(e.is_retryable());
 
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let receiver = fast_receiver(&client, &q, LOCK);
     let opts =
         txinbox_core::WorkerOptions::default().receive_error_backoff(Duration::from_millis(100));
     let done = until(Duration::from_secs(30), || async {
@@ -71,18 +72,8 @@ async fn throttled_receives_are_retried() {
 #[tokio::test]
 async fn a_500_on_complete_is_retried() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
-    publish(&client, &event(&q, "evt-500", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let Received { emu, q, d, .. } = publish_and_receive(LOCK_5S, "evt-500").await;
     emu.fault(json!({"kind": "status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d), "count": 1}))
         .await;
     let outcome = inbox(&store).process(d, &Effects::default()).await;
@@ -106,18 +97,8 @@ async fn a_500_on_complete_is_retried() {
 #[tokio::test]
 async fn throttled_completes_and_renewals_are_retried() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
-    publish(&client, &event(&q, "evt-busy", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let Received { emu, q, d, .. } = publish_and_receive(LOCK_5S, "evt-busy").await;
     let lock = lock_suffix(&q, &d);
 
     emu.fault(json!({"kind": "status", "status": 503, "retry_after_seconds": 1, "method": "POST", "path_suffix": lock, "count": 1}))
@@ -153,17 +134,8 @@ async fn throttled_completes_and_renewals_are_retried() {
 /// backoff (400 ms).
 #[tokio::test]
 async fn a_throttled_complete_waits_the_service_s_retry_after() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT10S"})).await;
-    publish(&client, &event(&q, "evt-retry-after", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(10))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let Received { emu, q, d, .. } =
+        publish_and_receive(Duration::from_secs(10), "evt-retry-after").await;
     emu.fault(json!({"kind": "status", "status": 503, "retry_after_seconds": 2, "method": "DELETE", "path_suffix": lock_suffix(&q, &d), "count": 1}))
         .await;
     let started = std::time::Instant::now();
@@ -183,17 +155,13 @@ async fn a_throttled_complete_waits_the_service_s_retry_after() {
 /// the lock, with its delivery counted.
 #[tokio::test]
 async fn a_retry_after_past_the_lock_is_not_waited() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
-    publish(&client, &event(&q, "evt-retry-after-past-lock", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let Received {
+        emu,
+        q,
+        mut receiver,
+        d,
+        ..
+    } = publish_and_receive(LOCK_5S, "evt-retry-after-past-lock").await;
     emu.fault(json!({"kind": "status", "status": 503, "retry_after_seconds": 4, "method": "DELETE", "path_suffix": lock_suffix(&q, &d), "count": 1}))
         .await;
     let e = d.complete().await.unwrap_err();
@@ -228,17 +196,7 @@ async fn a_retry_after_past_the_lock_is_not_waited() {
 /// nothing about that.
 #[tokio::test]
 async fn a_complete_given_up_after_a_lost_answer_is_ambiguous() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
-    publish(&client, &event(&q, "evt-lost-then-throttled", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let Received { emu, q, d, .. } = publish_and_receive(LOCK_5S, "evt-lost-then-throttled").await;
     let lock = lock_suffix(&q, &d);
     emu.fault(json!({"kind": "drop_response", "method": "DELETE", "path_suffix": lock}))
         .await;
@@ -262,24 +220,26 @@ async fn a_complete_given_up_after_a_lost_answer_is_ambiguous() {
     );
 }
 
-/// An HTTP client in front of the emulator that sets `EnqueuedSequenceNumber` in every `BrokerProperties` to a
-/// value past `i32`, as an auto-forwarded message from a busy entity carries.
+/// An HTTP client in front of the emulator that passes the `BrokerProperties` of every answer through `edit`.
 #[derive(Debug)]
-struct WideEnqueuedSequence(reqwest::Client);
+struct EditBrokerProperties {
+    http: reqwest::Client,
+    edit: fn(&mut serde_json::Value),
+}
 
 #[async_trait::async_trait]
-impl azure_core::HttpClient for WideEnqueuedSequence {
+impl azure_core::HttpClient for EditBrokerProperties {
     async fn execute_request(
         &self,
         request: &azure_core::Request,
     ) -> azure_core::Result<azure_core::Response> {
-        let (status, headers, body) = self.0.execute_request(request).await?.deconstruct();
+        let (status, headers, body) = self.http.execute_request(request).await?.deconstruct();
         let mut out = azure_core::headers::Headers::new();
         for (name, value) in headers.iter() {
             let mut value = value.as_str().to_owned();
             if name.as_str().eq_ignore_ascii_case("brokerproperties") {
                 let mut props: serde_json::Value = serde_json::from_str(&value).unwrap();
-                props["EnqueuedSequenceNumber"] = json!(3_000_000_000_i64);
+                (self.edit)(&mut props);
                 value = props.to_string();
             }
             out.insert(name.clone(), value);
@@ -288,30 +248,35 @@ impl azure_core::HttpClient for WideEnqueuedSequence {
     }
 }
 
+/// A client on the emulator with the SAS rule, whose answers' `BrokerProperties` pass through `edit`.
+fn client_editing(emu: &Emu, edit: fn(&mut serde_json::Value)) -> ServiceBusClient {
+    ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, &emu.key)
+        .endpoint(emu.url.parse().unwrap())
+        .request_timeout(Duration::from_secs(5))
+        .http_client(Arc::new(EditBrokerProperties {
+            http: reqwest::Client::new(),
+            edit,
+        }))
+        .connect()
+        .unwrap()
+}
+
+/// Sets `EnqueuedSequenceNumber` to a value past `i32`, as an auto-forwarded message from a busy entity carries.
+fn wide_enqueued_sequence(props: &mut serde_json::Value) {
+    props["EnqueuedSequenceNumber"] = json!(3_000_000_000_i64);
+}
+
 /// A message whose `BrokerProperties` carries an `EnqueuedSequenceNumber` past `i32` is received, applied and
 /// completed. Microsoft (`ServiceBusReceivedMessage.EnqueuedSequenceNumber`, a `long`): "For messages that have
 /// been auto-forwarded, this property reflects the sequence number that had first been assigned to the message
 /// at its original point of submission." The REST crate types it `i32`: its parse must not decide the receive.
 #[tokio::test]
 async fn an_enqueued_sequence_number_past_i32_is_received() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-wide", "{}")).await;
-    let wide = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, &emu.key)
-        .endpoint(emu.url.parse().unwrap())
-        .request_timeout(Duration::from_secs(5))
-        .http_client(Arc::new(WideEnqueuedSequence(reqwest::Client::new())))
-        .connect()
-        .unwrap();
-    let mut receiver =
-        ServiceBusReceiver::new(&wide, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .expect("received")
-        .expect("a message");
+    let wide = client_editing(&emu, wide_enqueued_sequence);
+    let d = receive_next(&mut fast_receiver(&wide, &q, LOCK_5S)).await;
     assert_eq!(
         d.broker_properties().enqueued_sequence_number,
         Some(3_000_000_000)
@@ -322,34 +287,11 @@ async fn an_enqueued_sequence_number_past_i32_is_received() {
     assert_eq!(emu.counts(&q).await, (0, 0), "completed");
 }
 
-/// An HTTP client in front of the emulator whose answers carry a `LockedUntilUtc` an hour later than the
-/// emulator's: the service's clock ahead of ours.
-#[derive(Debug)]
-struct ServiceClockAhead(reqwest::Client);
-
-#[async_trait::async_trait]
-impl azure_core::HttpClient for ServiceClockAhead {
-    async fn execute_request(
-        &self,
-        request: &azure_core::Request,
-    ) -> azure_core::Result<azure_core::Response> {
-        let (status, headers, body) = self.0.execute_request(request).await?.deconstruct();
-        let mut out = azure_core::headers::Headers::new();
-        for (name, value) in headers.iter() {
-            let mut value = value.as_str().to_owned();
-            if name.as_str().eq_ignore_ascii_case("brokerproperties") {
-                let mut props: serde_json::Value = serde_json::from_str(&value).unwrap();
-                let until = props["LockedUntilUtc"].as_str().unwrap();
-                let until = chrono::DateTime::parse_from_rfc2822(until).unwrap()
-                    + chrono::Duration::hours(1);
-                props["LockedUntilUtc"] =
-                    json!(until.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
-                value = props.to_string();
-            }
-            out.insert(name.clone(), value);
-        }
-        Ok(azure_core::Response::new(status, out, Box::pin(body)))
-    }
+/// Moves `LockedUntilUtc` an hour later than the emulator's: the service's clock ahead of ours.
+fn service_clock_ahead(props: &mut serde_json::Value) {
+    let until = props["LockedUntilUtc"].as_str().unwrap();
+    let until = chrono::DateTime::parse_from_rfc2822(until).unwrap() + chrono::Duration::hours(1);
+    props["LockedUntilUtc"] = json!(until.format("%a, %d %b %Y %H:%M:%S GMT").to_string());
 }
 
 /// The lock's end is never taken later than the queue's lock duration after the receive, whatever the
@@ -360,23 +302,10 @@ impl azure_core::HttpClient for ServiceClockAhead {
 /// settle's retry wait past the real lock's end.
 #[tokio::test]
 async fn a_lock_end_from_a_clock_ahead_is_capped_by_the_lock_duration() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     publish(&client, &event(&q, "evt-clock-ahead", "{}")).await;
-    let ahead = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, &emu.key)
-        .endpoint(emu.url.parse().unwrap())
-        .request_timeout(Duration::from_secs(5))
-        .http_client(Arc::new(ServiceClockAhead(reqwest::Client::new())))
-        .connect()
-        .unwrap();
-    let mut receiver =
-        ServiceBusReceiver::new(&ahead, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .expect("received")
-        .expect("a message");
+    let ahead = client_editing(&emu, service_clock_ahead);
+    let d = receive_next(&mut fast_receiver(&ahead, &q, LOCK_5S)).await;
     let received = chrono::Utc::now();
     let most = received + chrono::Duration::seconds(5);
     assert!(d.locked_until() <= most, "{} > {most}", d.locked_until());
@@ -391,20 +320,13 @@ async fn a_lock_end_from_a_clock_ahead_is_capped_by_the_lock_duration() {
 #[tokio::test]
 async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-drop", "{}")).await;
     publish(&client, &event(&q, "evt-drop-2", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let mut receiver = fast_receiver(&client, &q, LOCK_5S);
 
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let d = receive_next(&mut receiver).await;
     emu.fault(
         json!({"kind": "drop_response", "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}),
     )
@@ -412,11 +334,7 @@ async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
     let e = d.complete().await.unwrap_err();
     assert_eq!(e.kind(), BrokerErrorKind::OutcomeUnknown, "{e}");
 
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let d = receive_next(&mut receiver).await;
     emu.fault(
         json!({"kind": "drop_response", "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}),
     )
@@ -435,20 +353,13 @@ async fn a_dropped_complete_answer_is_ambiguous_and_harmless() {
 #[tokio::test]
 async fn a_500_after_the_complete_applied_is_ambiguous_not_a_lost_lock() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-500-applied", "{}")).await;
     publish(&client, &event(&q, "evt-500-applied-2", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
+    let mut receiver = fast_receiver(&client, &q, LOCK_5S);
 
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let d = receive_next(&mut receiver).await;
     emu.fault(json!({"kind": "apply_then_status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}))
         .await;
     let e = d.complete().await.unwrap_err();
@@ -460,11 +371,7 @@ async fn a_500_after_the_complete_applied_is_ambiguous_not_a_lost_lock() {
     assert_eq!(ambiguous.earlier, BrokerErrorKind::ServerError);
     assert_eq!(ambiguous.source.kind(), BrokerErrorKind::LockLost);
 
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let d = receive_next(&mut receiver).await;
     emu.fault(json!({"kind": "apply_then_status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}))
         .await;
     let outcome = inbox(&store).process(d, &Effects::default()).await;
@@ -488,17 +395,7 @@ async fn a_500_after_the_complete_applied_is_ambiguous_not_a_lost_lock() {
 /// answer stays ambiguous: that complete may have removed the lock itself.)
 #[tokio::test]
 async fn a_renewal_s_404_after_a_lost_answer_is_a_lost_lock() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
-    publish(&client, &event(&q, "evt-renew-drop", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let Received { emu, q, d, .. } = publish_and_receive(LOCK_5S, "evt-renew-drop").await;
     let lock = lock_suffix(&q, &d);
     emu.fault(json!({"kind": "drop_response", "method": "POST", "path_suffix": lock}))
         .await;
@@ -523,14 +420,13 @@ async fn a_renewal_s_404_after_a_lost_answer_is_a_lost_lock() {
 /// up after its limit), not as a lock lost by one message.
 #[tokio::test]
 async fn a_receive_answered_404_is_a_missing_entity() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     emu.fault(json!({"kind": "status", "status": 404, "method": "POST", "path_suffix": format!("/{q}/messages/head")}))
         .await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(5))).unwrap();
-    let e = receiver.receive(1).await.unwrap_err();
+    let e = fast_receiver(&client, &q, LOCK_5S)
+        .receive(1)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), BrokerErrorKind::EntityNotFound, "{e}");
     assert!(txinbox_core::runtime::worker::is_persistent_receive_error(
         e.kind()
@@ -540,17 +436,9 @@ async fn a_receive_answered_404_is_a_missing_entity() {
 /// 404 on a lapsed lock is LockLost, 410 on a missing queue EntityNotFound, 401 on a wrong key Unauthorized.
 #[tokio::test]
 async fn statuses_map_to_broker_errors() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT1S"})).await;
-    publish(&client, &event(&q, "evt-lapse", "{}")).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(1))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let Received {
+        emu, client, q, d, ..
+    } = publish_and_receive(Duration::from_secs(1), "evt-lapse").await;
     assert_eq!(d.message().delivery_count, 1);
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let lease = d.lease().unwrap();
@@ -564,18 +452,13 @@ async fn statuses_map_to_broker_errors() {
     );
     assert_eq!(d.ack().await.unwrap_err().kind(), BrokerErrorKind::LockLost);
 
-    let mut missing =
-        ServiceBusReceiver::new(&client, "no-such-queue", fast_options(LOCK)).unwrap();
+    let mut missing = fast_receiver(&client, "no-such-queue", LOCK);
     assert_eq!(
         missing.receive(1).await.unwrap_err().kind(),
         BrokerErrorKind::EntityNotFound
     );
 
-    let wrong = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, "d3Jvbmcta2V5")
-        .endpoint(emu.url.parse().unwrap())
-        .connect()
-        .unwrap();
-    let mut refused = ServiceBusReceiver::new(&wrong, &q, fast_options(LOCK)).unwrap();
+    let mut refused = fast_receiver(&emu.wrong_key_client(), &q, LOCK);
     let e = refused.receive(1).await.unwrap_err();
     assert_eq!(e.kind(), BrokerErrorKind::Unauthorized, "{e:?}");
     assert!(!e.to_string().contains(&emu.key));
@@ -601,35 +484,27 @@ impl azure_core::auth::TokenCredential for StaticToken {
     }
 }
 
+/// A client on the emulator that signs with the Azure AD bearer `token`.
+fn aad_client(emu: &Emu, token: &str) -> ServiceBusClient {
+    ServiceBusConfig::token_credential(&emu.namespace, Arc::new(StaticToken(token.to_owned())))
+        .endpoint(emu.url.parse().unwrap())
+        .connect()
+        .unwrap()
+}
+
 /// Azure AD: the bearer token of the configured credential replaces the crate's SAS.
 #[tokio::test]
 async fn azure_ad_bearer_tokens_are_sent() {
     let emu = Emu::shared().await;
-    let token = emu.bearer.clone();
     let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
-    let aad = ServiceBusConfig::token_credential(&emu.namespace, Arc::new(StaticToken(token)))
-        .endpoint(emu.url.parse().unwrap())
-        .connect()
-        .unwrap();
+    let aad = aad_client(&emu, &emu.bearer);
     publish(&aad, &event(&q, "evt-aad", "{}")).await;
-    let mut receiver = ServiceBusReceiver::new(&aad, &q, fast_options(LOCK)).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .unwrap();
+    let d = receive_next(&mut fast_receiver(&aad, &q, LOCK)).await;
     assert_eq!(d.message().producer_id.as_deref(), Some("evt-aad"));
     d.complete().await.unwrap();
     assert_eq!(emu.counts(&q).await, (0, 0));
 
-    let bad = ServiceBusConfig::token_credential(
-        &emu.namespace,
-        Arc::new(StaticToken("not-a-valid-token".into())),
-    )
-    .endpoint(emu.url.parse().unwrap())
-    .connect()
-    .unwrap();
-    let mut refused = ServiceBusReceiver::new(&bad, &q, fast_options(LOCK)).unwrap();
+    let mut refused = fast_receiver(&aad_client(&emu, "not-a-valid-token"), &q, LOCK);
     assert_eq!(
         refused.receive(1).await.unwrap_err().kind(),
         BrokerErrorKind::Unauthorized
