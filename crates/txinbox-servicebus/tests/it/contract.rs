@@ -9,9 +9,7 @@ use serde_json::json;
 use txinbox_core::metrics as m;
 use txinbox_core::{BrokerErrorKind, Delivery, Receiver, Worker};
 use txinbox_servicebus::error::UnexpectedStatus;
-use txinbox_servicebus::{
-    ServiceBusConfig, ServiceBusOptions, ServiceBusPublisher, ServiceBusReceiver,
-};
+use txinbox_servicebus::{ServiceBusOptions, ServiceBusPublisher, ServiceBusReceiver};
 
 use crate::common::*;
 
@@ -19,9 +17,7 @@ use crate::common::*;
 /// the longer of its backoff and `retry_after()`); a hostile or buggy one is bounded at 30 s, as on receive.
 #[tokio::test]
 async fn a_throttled_send_keeps_the_service_s_retry_after() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT5S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     let send = format!("/{q}/messages");
     let publisher = ServiceBusPublisher::new(client.clone());
     for (asked, kept) in [(7, 7), (999_999, 30)] {
@@ -43,11 +39,8 @@ async fn a_throttled_send_keeps_the_service_s_retry_after() {
 /// wrong key stays Unauthorized.
 #[tokio::test]
 async fn a_send_answered_403_is_rejected_not_unauthorized() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu
-        .queue(json!({"lockDuration": "PT5S", "maxMessageSizeInKilobytes": 1}))
-        .await;
+    let (emu, client, q) =
+        emu_queue(json!({"lockDuration": "PT5S", "maxMessageSizeInKilobytes": 1})).await;
     let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(4096));
     let err = ServiceBusPublisher::new(client.clone())
         .send(&event(&q, "evt-too-large", &big))
@@ -68,19 +61,9 @@ async fn a_send_answered_403_is_rejected_not_unauthorized() {
 
 #[tokio::test]
 async fn failures_are_broker_errors_down_to_the_client_error() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT1S"})).await;
-    publish(&client, &event(&q, "evt-chain", "{}")).await;
+    let Received { emu, q, d, .. } = publish_and_receive(Duration::from_secs(1), "evt-chain").await;
 
     // A lock that lapsed: the renewal's 404 is a lost lock whose source is the azure_core error.
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(1))).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .expect("a message");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let err = d
         .lease()
@@ -100,12 +83,8 @@ async fn failures_are_broker_errors_down_to_the_client_error() {
     );
 
     // A wrong SAS key: unauthorized on receive (the adapter checks the status itself) and on send.
-    let wrong = ServiceBusConfig::shared_access_key(&emu.namespace, &emu.key_name, "d3Jvbmcta2V5")
-        .endpoint(emu.url.parse().unwrap())
-        .connect()
-        .unwrap();
-    let mut refused =
-        ServiceBusReceiver::new(&wrong, &q, fast_options(Duration::from_secs(2))).unwrap();
+    let wrong = emu.wrong_key_client();
+    let mut refused = fast_receiver(&wrong, &q, Duration::from_secs(2));
     let err = refused.receive(1).await.expect_err("the key is wrong");
     assert_eq!(err.kind(), BrokerErrorKind::Unauthorized, "{err}");
     assert_eq!(err.operation(), "receive");
@@ -134,18 +113,11 @@ async fn failures_are_broker_errors_down_to_the_client_error() {
 /// adapter's 1 s floor for a granted lock; 2 s could read below it on a slow run).
 #[tokio::test]
 async fn the_lease_says_the_lock_the_broker_granted() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT3S"})).await;
+    let (_, client, q) = emu_queue(json!({"lockDuration": "PT3S"})).await;
     publish(&client, &event(&q, "evt-granted", "{}")).await;
     // Configured 60 s (the default), granted 3 s.
     let opts = ServiceBusOptions::default().wait(Duration::from_secs(1));
-    let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .expect("a message");
+    let d = receive_next(&mut ServiceBusReceiver::new(&client, &q, opts).unwrap()).await;
     let duration = d.lease().unwrap().duration();
     assert!(
         duration <= Duration::from_secs(3) && duration >= Duration::from_secs(1),
@@ -160,27 +132,17 @@ async fn the_lease_says_the_lock_the_broker_granted() {
 /// no lock (`LockLost`).
 #[tokio::test]
 async fn a_release_longer_than_the_lock_abandons_before_the_lock_ends() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT3S"})).await;
+    let (_, client, q) = emu_queue(json!({"lockDuration": "PT3S"})).await;
     publish(&client, &event(&q, "evt-hold", "{}")).await;
     let opts = ServiceBusOptions::default()
         .wait(Duration::from_secs(1))
         .max_release_delay(Duration::from_secs(10));
     let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
-    let d = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .expect("a message");
+    let d = receive_next(&mut receiver).await;
     d.release(Duration::from_secs(10))
         .await
         .expect("abandoned while the lock was held");
-    let again = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .expect("the message, abandoned");
+    let again = receive_next(&mut receiver).await;
     assert_eq!(again.message().delivery_count, 2);
     again.ack().await.unwrap();
 }
@@ -189,14 +151,11 @@ async fn a_release_longer_than_the_lock_abandons_before_the_lock_ends() {
 #[tokio::test]
 async fn default_worker_options_keep_a_slow_message_locked() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-contract", "{\"meeting\":3}")).await;
     let handler = Effects::slow(Duration::from_secs(5));
-    let receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(2))).unwrap();
+    let receiver = fast_receiver(&client, &q, Duration::from_secs(2));
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 1
     });
@@ -232,9 +191,7 @@ async fn default_worker_options_keep_a_slow_message_locked() {
 /// once a receive came back full. Every message is handed out once, under its own lock, and completes.
 #[tokio::test]
 async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is_locked_once() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({})).await;
+    let (emu, client, q) = emu_queue(json!({})).await;
     publish_events(&client, &q, 20).await;
     let opts = fast_options(Duration::from_secs(30)).batch_size(8);
     let mut receiver = ServiceBusReceiver::new(&client, &q, opts).unwrap();
@@ -264,9 +221,7 @@ async fn a_full_receive_sends_its_follow_up_requests_at_once_and_each_message_is
 /// where an empty batch at once would have sent the worker into another round of requests.
 #[tokio::test]
 async fn a_receive_after_a_full_one_on_a_queue_run_dry_still_long_polls() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({})).await;
+    let (emu, client, q) = emu_queue(json!({})).await;
     publish_events(&client, &q, 4).await;
     let opts = fast_options(Duration::from_secs(30))
         .wait(Duration::from_secs(10))
@@ -308,12 +263,9 @@ async fn a_receive_after_a_full_one_on_a_queue_run_dry_still_long_polls() {
 /// explicit `batch_size` still caps it.
 #[tokio::test]
 async fn by_default_a_receive_locks_what_the_worker_asks_for() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({})).await;
+    let (emu, client, q) = emu_queue(json!({})).await;
     publish_events(&client, &q, 20).await;
-    let mut receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(30))).unwrap();
+    let mut receiver = fast_receiver(&client, &q, Duration::from_secs(30));
     let first = receiver.receive(12).await.unwrap();
     assert_eq!(first.len(), 12);
     let mut capped = ServiceBusReceiver::new(
@@ -335,14 +287,11 @@ async fn by_default_a_receive_locks_what_the_worker_asks_for() {
 /// queue ends empty.
 #[tokio::test]
 async fn receive_loops_on_forked_receivers_apply_each_message_once() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({})).await;
+    let (emu, client, q) = emu_queue(json!({})).await;
     let store = pg().await;
     let n = 10;
     publish_each_twice(&client, &q, n).await;
-    let receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(30))).unwrap();
+    let receiver = fast_receiver(&client, &q, Duration::from_secs(30));
     let done = until(Duration::from_secs(60), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
     });

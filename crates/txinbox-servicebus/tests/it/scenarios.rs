@@ -18,9 +18,7 @@ const LOCK: Duration = Duration::from_secs(2);
 #[tokio::test]
 async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     let (n, k) = (12, 3);
     for copy in 0..k {
@@ -31,7 +29,7 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
             "no duplicate detection on this queue"
         );
     }
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let receiver = fast_receiver(&client, &q, LOCK);
     let opts = txinbox_core::WorkerOptions::default().concurrency(4);
     let done = until(Duration::from_secs(60), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
@@ -58,11 +56,7 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
 #[tokio::test]
 async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu
-        .queue(json!({"lockDuration": "PT2S", "requiresDuplicateDetection": true, "duplicateDetectionHistoryTimeWindow": 3000}))
-        .await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S", "requiresDuplicateDetection": true, "duplicateDetectionHistoryTimeWindow": 3000})).await;
     let store = pg().await;
     let ev = event(&q, "evt-window", "{\"meeting\":184}");
     publish(&client, &ev).await;
@@ -74,7 +68,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
     );
 
     let run = |expect_effects: i64| {
-        let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+        let receiver = fast_receiver(&client, &q, LOCK);
         let opts = txinbox_core::WorkerOptions::default().concurrency(8);
         let store = store.clone();
         let emu = emu.clone();
@@ -118,20 +112,14 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
 #[tokio::test]
 async fn commit_then_crash_before_complete_is_absorbed() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-crash", "{\"meeting\":1}")).await;
-    let mut receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let mut receiver = fast_receiver(&client, &q, LOCK);
     let inbox = inbox(&store);
     let handler = Effects::default();
 
-    let first = receiver
-        .receive_one(Duration::from_secs(2))
-        .await
-        .unwrap()
-        .expect("delivered");
+    let first = receive_next(&mut receiver).await;
     assert_eq!(first.lock_token().map(str::len), Some(36));
     let faults = Faults::new();
     let faulty = txinbox_core::Inbox::new(
@@ -170,14 +158,11 @@ async fn commit_then_crash_before_complete_is_absorbed() {
 #[tokio::test]
 async fn slow_handler_is_kept_locked_by_renewal() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT3S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT3S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-slow", "{\"meeting\":2}")).await;
     let handler = Effects::slow(Duration::from_secs(8));
-    let receiver =
-        ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(3))).unwrap();
+    let receiver = fast_receiver(&client, &q, Duration::from_secs(3));
     let opts = txinbox_core::WorkerOptions::default().concurrency(2);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 1
@@ -207,13 +192,11 @@ async fn slow_handler_is_kept_locked_by_renewal() {
 #[tokio::test]
 async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-renew", "{\"meeting\":3}")).await;
     let handler = Effects::slow(Duration::from_secs(6));
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let receiver = fast_receiver(&client, &q, LOCK);
     let opts = txinbox_core::WorkerOptions::default().concurrency(2);
 
     let inject = async {
@@ -272,17 +255,13 @@ async fn failed_renewal_is_a_lost_lock_and_the_redelivery_is_absorbed() {
 #[tokio::test]
 async fn poison_reaches_the_dead_letter_queue_after_max_delivery_count() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu
-        .queue(json!({"lockDuration": "PT2S", "maxDeliveryCount": 3}))
-        .await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S", "maxDeliveryCount": 3})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-poison", "{\"meeting\":4}")).await;
     publish(&client, &event(&q, "evt-good", "{\"meeting\":5}")).await;
     let handler = Effects::default();
     handler.fail("evt-poison", Fail::Permanent);
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let receiver = fast_receiver(&client, &q, LOCK);
     let opts = txinbox_core::WorkerOptions::default().concurrency(8);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await == (0, 1)
@@ -332,9 +311,7 @@ async fn poison_reaches_the_dead_letter_queue_after_max_delivery_count() {
 #[tokio::test]
 async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let poison = emu.queue(json!({})).await;
     let store = pg().await;
     let handler = Effects::default();
@@ -447,11 +424,7 @@ async fn payload_collision_and_permanent_error_are_forwarded_with_evidence() {
 #[tokio::test]
 async fn redrive_after_some_were_applied() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu
-        .queue(json!({"lockDuration": "PT2S", "maxDeliveryCount": 1}))
-        .await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S", "maxDeliveryCount": 1})).await;
     let store = pg().await;
     let ids = ["evt-a", "evt-b", "evt-c", "evt-d"];
     for id in ids {
@@ -461,13 +434,9 @@ async fn redrive_after_some_were_applied() {
     let handler = Effects::default();
     handler.fail("evt-c", Fail::Retryable);
     handler.fail("evt-d", Fail::Retryable);
-    let mut receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let mut receiver = fast_receiver(&client, &q, LOCK);
     for _ in ids {
-        let d = receiver
-            .receive_one(Duration::from_secs(2))
-            .await
-            .unwrap()
-            .expect("delivered");
+        let d = receive_next(&mut receiver).await;
         let id = txinbox_core::Delivery::message(&d)
             .producer_id
             .clone()
@@ -554,7 +523,7 @@ async fn redrive_after_some_were_applied() {
         4
     );
 
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let receiver = fast_receiver(&client, &q, LOCK);
     let opts = txinbox_core::WorkerOptions::default().concurrency(8);
     let done = until(Duration::from_secs(30), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 4
@@ -586,9 +555,7 @@ async fn redrive_after_some_were_applied() {
 /// stays locked for its lock duration, so a run started within it moves the messages behind it.
 #[tokio::test]
 async fn redrive_stops_on_a_body_that_is_not_text_and_a_second_run_moves_the_others() {
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let from = emu.queue(json!({"lockDuration": "PT60S"})).await;
+    let (emu, client, from) = emu_queue(json!({"lockDuration": "PT60S"})).await;
     let to = emu.queue(json!({})).await;
     // The binary message first, so that the redrive meets it before the text one.
     let sent = reqwest::Client::new()
@@ -624,14 +591,12 @@ async fn redrive_stops_on_a_body_that_is_not_text_and_a_second_run_moves_the_oth
 #[tokio::test]
 async fn two_workers_with_duplicates_make_one_effect_per_message() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     let n = 10;
     publish_each_twice(&client, &q, n).await;
     let worker = || {
-        let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+        let receiver = fast_receiver(&client, &q, LOCK);
         let opts = txinbox_core::WorkerOptions::default().concurrency(3);
         let (emu, q, store) = (emu.clone(), q.clone(), store.clone());
         async move {
@@ -667,14 +632,12 @@ async fn two_workers_with_duplicates_make_one_effect_per_message() {
 #[tokio::test]
 async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
     let (_recorder, metrics) = Metrics::install();
-    let emu = Emu::shared().await;
-    let client = emu.client();
-    let q = emu.queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
     let store = pg().await;
     let n = 6;
     publish_events(&client, &q, n).await;
     let slow = Effects::slow(Duration::from_millis(1500));
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let receiver = fast_receiver(&client, &q, LOCK);
     let opts = txinbox_core::WorkerOptions::default()
         .concurrency(3)
         .shutdown_timeout(Duration::from_millis(300));
@@ -697,7 +660,7 @@ async fn shutdown_mid_flight_loses_nothing_and_duplicates_nothing() {
         "no marker without its effect"
     );
 
-    let receiver = ServiceBusReceiver::new(&client, &q, fast_options(LOCK)).unwrap();
+    let receiver = fast_receiver(&client, &q, LOCK);
     let opts = txinbox_core::WorkerOptions::default().concurrency(3);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
