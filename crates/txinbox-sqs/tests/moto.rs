@@ -61,17 +61,17 @@ async fn receive_until(
     got
 }
 
-/// Sends `n` messages `evt-0`.. to `url`, each in a group of its own (so the receiver holds nothing back).
-async fn send_one_per_group(c: &aws_sdk_sqs::Client, url: &str, n: usize) {
-    for i in 0..n {
-        let id = format!("evt-{i}");
+/// Sends message `i` of `range` to `url`, all in the group `one-group`: the follow-up of opportunity `o{i}`,
+/// `ce-id` `evt-{i}`, deduplication id `d-{i}`.
+async fn send_in_one_group(c: &aws_sdk_sqs::Client, url: &str, range: std::ops::Range<usize>) {
+    for i in range {
         send(
             c,
             url,
             &body(&format!("o{i}"), "m", json!({})),
-            Some(&id),
-            &id,
-            &format!("g{i}"),
+            Some(&format!("evt-{i}")),
+            &format!("d-{i}"),
+            "one-group",
         )
         .await;
     }
@@ -105,9 +105,7 @@ async fn inbox_lab_over_sqs_two_identities_delivered_twice() {
             .await;
         }
     }
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 30).await;
     let inbox = txinbox_core::Inbox::new(store.clone(), policy(&consumer));
     let opts = txinbox_core::WorkerOptions::default();
     let w = Running::start(
@@ -170,9 +168,7 @@ async fn fifo_window_drops_the_resend_and_the_inbox_drops_a_new_dedup_id() {
     send(&c, &q.url, &b, Some("evt-w"), "dedup-2", "g1").await;
     assert_eq!(counts(&c, &q.url).await.0, 2);
 
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 30).await;
     let opts = txinbox_core::WorkerOptions::default();
     let w = Running::start(
         receiver,
@@ -216,9 +212,7 @@ async fn commit_then_crash_before_delete_is_absorbed_on_redelivery() {
         "g",
     )
     .await;
-    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
-        .await
-        .unwrap();
+    let mut receiver = fast_receiver(c.clone(), &q, 2).await;
     let inbox = pg_inbox(&store, &consumer);
     let handler = pg_handler(Arc::new(AtomicI64::new(0)));
     let first = receiver
@@ -281,9 +275,7 @@ async fn heartbeat_keeps_a_slow_handler_invisible_with_no_second_delivery() {
         "g",
     )
     .await;
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(3, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 3).await;
     let opts = txinbox_core::WorkerOptions::default();
     let calls = Arc::new(AtomicI64::new(0));
     let w = Running::start(
@@ -400,9 +392,7 @@ async fn failed_extension_is_counted_as_a_lost_lease() {
         "g",
     )
     .await;
-    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let mut receiver = fast_receiver(c.clone(), &q, 30).await;
     let d = receiver
         .receive(1)
         .await
@@ -461,9 +451,7 @@ async fn poison_reaches_the_dlq_after_max_receive_count() {
         "g",
     )
     .await;
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 2).await;
     let opts = txinbox_core::WorkerOptions::default();
     let calls = Arc::new(AtomicI64::new(0));
     let w = Running::start(
@@ -569,15 +557,7 @@ async fn redrive_after_some_were_applied_keeps_identity() {
     let mut progress = |e: txinbox_core::RedriveEvent<'_>, _: &txinbox_core::RedriveReport| {
         moved_events += usize::from(matches!(e, txinbox_core::RedriveEvent::Moved(_)));
     };
-    let report = txinbox_sqs::redrive(
-        &c,
-        &q.dlq,
-        &q.url,
-        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
-        &mut progress,
-    )
-    .await
-    .unwrap();
+    let report = redrive_back(&c, &q, &mut progress).await;
     assert_eq!(moved_events, 4);
     assert_eq!(report.initially_visible, Some(5), "{report:?}");
     assert_eq!(
@@ -591,9 +571,7 @@ async fn redrive_after_some_were_applied_keeps_identity() {
         "the dedup-identity message stays in the DLQ (deferred)"
     );
 
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(2, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 2).await;
     let opts = txinbox_core::WorkerOptions::default();
     let w = Running::start(
         receiver,
@@ -644,9 +622,7 @@ async fn payload_collision_is_forwarded_to_the_dlq_with_evidence() {
         "g",
     )
     .await;
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 30).await;
     let opts = txinbox_core::WorkerOptions::default();
     let w = Running::start(
         receiver,
@@ -787,9 +763,7 @@ async fn fifo_group_order_is_kept_for_one_group() {
         )
         .await;
     }
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 30).await;
     let opts = txinbox_core::WorkerOptions::default();
     let w = Running::start(
         receiver,
@@ -831,9 +805,7 @@ async fn shutdown_mid_batch_loses_nothing_and_duplicates_nothing() {
         .await;
     }
     let calls = Arc::new(AtomicI64::new(0));
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(3, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 3).await;
     let opts = txinbox_core::WorkerOptions::default().concurrency(4);
     let w = Running::start(
         receiver,
@@ -853,9 +825,7 @@ async fn shutdown_mid_batch_loses_nothing_and_duplicates_nothing() {
         "in-flight deliveries finished within the shutdown timeout"
     );
     // A new instance takes over and drains the queue.
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(3, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 3).await;
     let opts = txinbox_core::WorkerOptions::default();
     let w = Running::start(
         receiver,
@@ -909,9 +879,7 @@ async fn publisher_sends_one_identity_the_inbox_resolves() {
         1,
         "the republish inside 5 minutes is dropped by SQS"
     );
-    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let mut receiver = fast_receiver(c.clone(), &q, 30).await;
     let d = receiver
         .receive(10)
         .await
@@ -979,10 +947,8 @@ async fn missing_queue_is_entity_not_found_and_options_are_checked() {
 async fn a_receive_over_ten_is_sent_as_concurrent_calls_once_the_queue_has_a_backlog() {
     let c = client().await;
     let q = queue_pair(&c, 5, 30).await;
-    send_one_per_group(&c, &q.url, 25).await;
-    let mut r = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    send_one_per_group(&c, &q.url, 0..25, "evt-").await;
+    let mut r = fast_receiver(c.clone(), &q, 30).await;
     // No backlog known yet: one call, at most 10.
     let first = r.receive(25).await.unwrap();
     assert_eq!(first.len(), 10);
@@ -1001,9 +967,7 @@ async fn a_receive_over_ten_is_sent_as_concurrent_calls_once_the_queue_has_a_bac
     ids.sort();
     ids.dedup();
     assert_eq!(ids.len(), 25, "each message handed out once");
-    for d in first.into_iter().chain(second) {
-        d.ack().await.unwrap();
-    }
+    ack_all(first.into_iter().chain(second)).await;
     wait_until(LONG, "the queue empty", || async {
         queue_empty(&c, &q.url).await
     })
@@ -1034,9 +998,7 @@ async fn receive_loops_keep_each_fifo_group_in_order() {
             .await;
         }
     }
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let receiver = fast_receiver(c.clone(), &q, 30).await;
     let w = Running::start(
         receiver,
         pg_inbox(&store, &consumer).bind_handler(pg_handler(Arc::new(AtomicI64::new(0)))),
@@ -1079,20 +1041,8 @@ async fn receive_loops_keep_each_fifo_group_in_order() {
 async fn a_released_fifo_message_comes_back_before_the_later_ones_of_its_group() {
     let c = client().await;
     let q = queue_pair(&c, 5, 30).await;
-    for i in 1..=2 {
-        send(
-            &c,
-            &q.url,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&format!("evt-{i}")),
-            &format!("d-{i}"),
-            "one-group",
-        )
-        .await;
-    }
-    let mut r = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    send_in_one_group(&c, &q.url, 1..3).await;
+    let mut r = fast_receiver(c.clone(), &q, 30).await;
     let id = |d: &txinbox_sqs::SqsDelivery| {
         d.message()
             .attribute("ce-id")
@@ -1163,15 +1113,10 @@ async fn a_standard_queue_s_message_groups_are_not_held_back() {
 /// 3 s before it reaches moto, then waits 2 s on an empty queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_message_s_visibility_runs_from_its_own_call() {
-    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
     let c = client().await;
-    let inner = c.config().http_client().expect("an HTTP client");
-    let slow_polls = with_hook(inner, |request, connector| {
-        let long_poll = request
-            .body()
-            .bytes()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-            .and_then(|v| v["WaitTimeSeconds"].as_i64())
+    let slow = hooked(&c, |request, connector| {
+        let long_poll = json_body(&request)["WaitTimeSeconds"]
+            .as_i64()
             .is_some_and(|w| w > 0);
         let connector = connector.clone();
         HttpConnectorFuture::new(async move {
@@ -1181,10 +1126,8 @@ async fn each_message_s_visibility_runs_from_its_own_call() {
             connector.call(request).await
         })
     });
-    let slow =
-        aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(slow_polls).build());
     let q = queue_pair(&c, 5, 30).await;
-    send_one_per_group(&c, &q.url, 15).await;
+    send_one_per_group(&c, &q.url, 0..15, "evt-").await;
     let mut r = SqsReceiver::connect(
         slow,
         &q.url,
@@ -1202,13 +1145,31 @@ async fn each_message_s_visibility_runs_from_its_own_call() {
         "the calls that do not wait brought the rest"
     );
     for d in &second {
-        let expires = d.lease().unwrap().expires_at().unwrap();
+        let expires = expires_at(d);
         assert!(
             expires <= started + chrono::Duration::seconds(32),
             "the lease runs from its own call: expires {expires}, receive started {started}"
         );
     }
-    for d in first.into_iter().chain(second) {
+    ack_all(first.into_iter().chain(second)).await;
+}
+
+/// The times (on the wall clock) at which requests went out.
+type SentAt = Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>>;
+
+/// The last time in `sent`; fails the test saying `what` when there is none.
+fn last_sent(sent: &SentAt, what: &str) -> chrono::DateTime<chrono::Utc> {
+    *sent.lock().unwrap().last().expect(what)
+}
+
+/// When the lease of `d` ends.
+fn expires_at(d: &txinbox_sqs::SqsDelivery) -> chrono::DateTime<chrono::Utc> {
+    d.lease().unwrap().expires_at().unwrap()
+}
+
+/// Acknowledges each of `deliveries`.
+async fn ack_all(deliveries: impl IntoIterator<Item = txinbox_sqs::SqsDelivery>) {
+    for d in deliveries {
         d.ack().await.unwrap();
     }
 }
@@ -1219,19 +1180,11 @@ fn answers_late(
     c: &aws_sdk_sqs::Client,
     op: &'static str,
     delay: Duration,
-) -> (
-    aws_sdk_sqs::Client,
-    Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>>,
-) {
-    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
-    let sent: Arc<std::sync::Mutex<Vec<chrono::DateTime<chrono::Utc>>>> = Arc::default();
+) -> (aws_sdk_sqs::Client, SentAt) {
+    let sent: SentAt = Arc::default();
     let seen = sent.clone();
-    let inner = c.config().http_client().expect("an HTTP client");
-    let http = with_hook(inner, move |request, connector| {
-        let late = request
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|t| t.strip_prefix("AmazonSQS.") == Some(op));
+    let late = hooked(c, move |request, connector| {
+        let late = operation(&request) == Some(op);
         if late {
             seen.lock().unwrap().push(chrono::Utc::now());
         }
@@ -1244,7 +1197,6 @@ fn answers_late(
             answer
         })
     });
-    let late = aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(http).build());
     (late, sent)
 }
 
@@ -1257,25 +1209,17 @@ fn answers_late(
 async fn a_lease_counts_from_when_its_receive_was_sent_not_from_the_answer() {
     let c = client().await;
     let q = queue_pair(&c, 5, 30).await;
-    send_one_per_group(&c, &q.url, 1).await;
+    send_one_per_group(&c, &q.url, 0..1, "evt-").await;
     let (late, sent) = answers_late(&c, "ReceiveMessage", Duration::from_secs(3));
-    let mut r = SqsReceiver::connect(late, &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let mut r = fast_receiver(late, &q, 30).await;
     let got = receive_until(&mut r, 1, LONG).await;
-    let last_sent = *sent
-        .lock()
-        .unwrap()
-        .last()
-        .expect("a ReceiveMessage went out");
-    let expires = got[0].lease().unwrap().expires_at().unwrap();
+    let last_sent = last_sent(&sent, "a ReceiveMessage went out");
+    let expires = expires_at(&got[0]);
     assert!(
         expires <= last_sent + chrono::Duration::seconds(30),
         "the lease runs from the request, not the answer: expires {expires}, request sent {last_sent}"
     );
-    for d in got {
-        d.ack().await.unwrap();
-    }
+    ack_all(got).await;
 }
 
 /// A FIFO message held behind the one before it in its group is extended (`ChangeMessageVisibility`) when it
@@ -1287,21 +1231,9 @@ async fn a_lease_counts_from_when_its_receive_was_sent_not_from_the_answer() {
 async fn a_held_message_s_extension_counts_from_when_it_was_sent() {
     let c = client().await;
     let q = queue_pair(&c, 5, 10).await;
-    for i in 1..=2 {
-        send(
-            &c,
-            &q.url,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&format!("evt-{i}")),
-            &format!("d-{i}"),
-            "one-group",
-        )
-        .await;
-    }
+    send_in_one_group(&c, &q.url, 1..3).await;
     let (late, sent) = answers_late(&c, "ChangeMessageVisibility", Duration::from_secs(2));
-    let mut r = SqsReceiver::connect(late, &q.url, fast_options(10, &q.dlq))
-        .await
-        .unwrap();
+    let mut r = fast_receiver(late, &q, 10).await;
     let mut first = receive_until(&mut r, 1, LONG).await;
     assert_eq!(first.len(), 1, "the second of the group is held");
     // Past half the 10 s visibility (the held one is extended when handed out), well before its end.
@@ -1309,19 +1241,13 @@ async fn a_held_message_s_extension_counts_from_when_it_was_sent() {
     first.pop().unwrap().ack().await.unwrap();
     let next = r.receive(1).await.unwrap();
     assert_eq!(next.len(), 1, "the held message is handed out");
-    let extended = *sent
-        .lock()
-        .unwrap()
-        .last()
-        .expect("the held message was extended");
-    let expires = next[0].lease().unwrap().expires_at().unwrap();
+    let extended = last_sent(&sent, "the held message was extended");
+    let expires = expires_at(&next[0]);
     assert!(
         expires <= extended + chrono::Duration::seconds(10),
         "the extension runs from the request, not the answer: expires {expires}, request sent {extended}"
     );
-    for d in next {
-        d.ack().await.unwrap();
-    }
+    ack_all(next).await;
 }
 
 /// A message published to a FIFO queue without a group goes in a group of its own, named after its id. AWS
@@ -1350,9 +1276,7 @@ async fn a_message_without_a_group_gets_a_group_sqs_accepts_whatever_its_id() {
             .await
             .unwrap();
     }
-    let mut receiver = SqsReceiver::connect(c.clone(), &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let mut receiver = fast_receiver(c.clone(), &q, 30).await;
     let got = receive_until(&mut receiver, 2, LONG).await;
     let group_of = |id: &str| {
         got.iter()
@@ -1370,9 +1294,7 @@ async fn a_message_without_a_group_gets_a_group_sqs_accepts_whatever_its_id() {
                 .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation()),
         "a group SQS refuses: {derived:?}"
     );
-    for d in got {
-        d.ack().await.unwrap();
-    }
+    ack_all(got).await;
 }
 
 /// The dead-letter queue refuses the copy a dead letter sends because of what the copy adds: its reason and
@@ -1383,7 +1305,6 @@ async fn a_message_without_a_group_gets_a_group_sqs_accepts_whatever_its_id() {
 /// now goes with the message's own attributes, and the original is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_copy_refused_for_its_reason_is_forwarded_without_it() {
-    use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
     let c = client().await;
     let q = queue_pair(&c, 5, 30).await;
     send(
@@ -1397,45 +1318,21 @@ async fn a_dead_letter_copy_refused_for_its_reason_is_forwarded_without_it() {
     .await;
     let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let refused = refusals.clone();
-    let inner = c.config().http_client().expect("an HTTP client");
-    let http = with_hook(inner, move |request, connector| {
-        let with_reason = request
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|t| t == "AmazonSQS.SendMessage")
-            && request
-                .body()
-                .bytes()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
-                .is_some_and(|v| v["MessageAttributes"].get("txinbox-dlq-reason").is_some());
-        if with_reason {
+    let refusing = answering(&c, move |request| {
+        let with_reason = operation(request) == Some("SendMessage")
+            && json_body(request)["MessageAttributes"]
+                .get("txinbox-dlq-reason")
+                .is_some();
+        with_reason.then(|| {
             refused.fetch_add(1, Ordering::SeqCst);
-        }
-        let connector = connector.clone();
-        HttpConnectorFuture::new(async move {
-            if !with_reason {
-                return connector.call(request).await;
-            }
-            let answer = json!({
-                "__type": "com.amazonaws.sqs#InvalidParameterValue",
-                "message": "One or more parameters are invalid. Reason: Message must be shorter than 262144 bytes."
-            })
-            .to_string();
-            let mut response = aws_sdk_sqs::config::http::HttpResponse::new(
-                400u16.try_into().expect("a status"),
-                answer.into(),
-            );
-            response
-                .headers_mut()
-                .insert("content-type", "application/x-amz-json-1.0");
-            Ok(response)
+            sqs_error(
+                400,
+                "InvalidParameterValue",
+                "One or more parameters are invalid. Reason: Message must be shorter than 262144 bytes.",
+            )
         })
     });
-    let refusing =
-        aws_sdk_sqs::Client::from_conf(c.config().to_builder().http_client(http).build());
-    let mut r = SqsReceiver::connect(refusing, &q.url, fast_options(30, &q.dlq))
-        .await
-        .unwrap();
+    let mut r = fast_receiver(refusing, &q, 30).await;
     let d = receive_until(&mut r, 1, LONG).await.pop().unwrap();
     d.dead_letter(txinbox_core::DeadLetter::new(
         "permanent_error",
@@ -1487,15 +1384,7 @@ async fn a_redrive_does_not_move_a_message_ahead_of_a_deferred_one_of_its_group(
         "g",
     )
     .await;
-    let report = txinbox_sqs::redrive(
-        &c,
-        &q.dlq,
-        &q.url,
-        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
-        &mut (),
-    )
-    .await
-    .unwrap();
+    let report = redrive_back(&c, &q, &mut ()).await;
     assert_eq!(
         (report.moved, report.deferred),
         (0, 2),
@@ -1506,7 +1395,7 @@ async fn a_redrive_does_not_move_a_message_ahead_of_a_deferred_one_of_its_group(
         (0, 0),
         "nothing reached the queue"
     );
-    assert_eq!(total_in(&c, &q.dlq).await, 2, "both stay in the DLQ");
+    assert_eq!(total(&c, &q.dlq).await, 2, "both stay in the DLQ");
 }
 
 /// A redrive pass that lasts longer than the visibility timeout of its receives: what it left in the DLQ
@@ -1517,54 +1406,13 @@ async fn a_redrive_does_not_move_a_message_ahead_of_a_deferred_one_of_its_group(
 /// back. A visibility timeout of 0 puts every receive after the first past the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_longer_than_its_visibility_timeout_counts_each_message_once() {
-    use txinbox_core::broker::redrive::{RedriveEvent, RedriveReport};
     let c = client().await;
     let q = queue_pair(&c, 5, 30).await;
-    send(
-        &c,
-        &q.dlq,
-        &body("o-deferred", "m", json!({})),
-        None,
-        "d-deferred",
-        "g-deferred",
-    )
-    .await;
-    for i in 0..3 {
-        let id = format!("evt-{i}");
-        send(
-            &c,
-            &q.dlq,
-            &body(&format!("o{i}"), "m", json!({})),
-            Some(&id),
-            &format!("d-{i}"),
-            &format!("g{i}"),
-        )
-        .await;
-    }
-    let mut told: Vec<String> = Vec::new();
-    let mut progress = |e: RedriveEvent<'_>, _: &RedriveReport| {
-        let item = match e {
-            RedriveEvent::Moved(item)
-            | RedriveEvent::Deferred { item, .. }
-            | RedriveEvent::IdentityLost { item, .. } => item,
-            _ => return,
-        };
-        assert!(
-            !told.iter().any(|p| p == item.position),
-            "told twice about {item:?} (told before: {told:?})"
-        );
-        told.push(item.position.to_owned());
-    };
-    let report = txinbox_sqs::redrive::redrive_with_visibility(
-        &c,
-        &q.dlq,
-        &q.url,
-        &txinbox_sqs::RedriveOptions::default().wait(Duration::from_secs(1)),
-        Duration::ZERO,
-        &mut progress,
-    )
-    .await
-    .unwrap();
+    send_without_ce_id(&c, &q.dlq, "deferred").await;
+    send_one_per_group(&c, &q.dlq, 0..3, "d-").await;
+    let mut progress = ToldOnce::default();
+    let report = redrive_back_past_visibility(&c, &q, &mut progress).await;
+    let told = progress.0;
     assert_eq!(
         (report.moved, report.deferred, report.identity_lost),
         (3, 1, 0),
@@ -1572,10 +1420,5 @@ async fn a_redrive_longer_than_its_visibility_timeout_counts_each_message_once()
     );
     assert_eq!(told.len(), 4, "each told once: {told:?}");
     assert_eq!(counts(&c, &q.url).await, (3, 0), "the three moved");
-    assert_eq!(total_in(&c, &q.dlq).await, 1, "the deferred one stays");
-}
-
-async fn total_in(c: &aws_sdk_sqs::Client, url: &str) -> u64 {
-    let (visible, in_flight) = counts(c, url).await;
-    visible + in_flight
+    assert_eq!(total(&c, &q.dlq).await, 1, "the deferred one stays");
 }
