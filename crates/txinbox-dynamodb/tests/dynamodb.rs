@@ -20,6 +20,8 @@ use txinbox_core::{
 };
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
 
+mod common;
+
 /// The backend a test runs on: DynamoDB Local, the authoritative one, or moto (its server serves DynamoDB
 /// beside SQS). moto 5.2.5 ignores `ClientRequestToken`, does not check the 4 MB limit and never expires
 /// TTL items: the store checks the limits itself before sending, recognises a lost answer by the token it
@@ -104,6 +106,23 @@ on_both_backends!(
     a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_naming_the_action,
     a_transaction_in_progress_answer_after_the_commit_applied_is_recognised_by_the_token,
 );
+
+/// Turns `table`'s TTL on `expires_at` on or off.
+async fn set_ttl(client: &Client, table: &str, enabled: bool) {
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(
+            aws_sdk_dynamodb::types::TimeToLiveSpecification::builder()
+                .enabled(enabled)
+                .attribute_name("expires_at")
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
 
 async fn fresh_table(client: &Client) -> String {
     let name = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
@@ -423,6 +442,16 @@ fn refusal(c: Commit, is: fn(&DynamoError) -> bool) -> String {
     }
 }
 
+/// A put of item `id` on `table` whose `blob` is `bytes` bytes long.
+fn blob_put(table: &str, id: &str, bytes: usize) -> Put {
+    Put::builder()
+        .table_name(table)
+        .item("id", AttributeValue::S(id.into()))
+        .item("blob", AttributeValue::S("x".repeat(bytes)))
+        .build()
+        .unwrap()
+}
+
 fn limit_error(c: Commit) -> String {
     refusal(c, |d| matches!(d, DynamoError::Limit(_)))
 }
@@ -465,15 +494,7 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     // An item over 400 KB.
     let msg = limit_error(
         commit_with(&store, &txinbox_test_identity("m-3"), |tx| {
-            tx.put(
-                Put::builder()
-                    .table_name(&tasks)
-                    .item("id", AttributeValue::S("big".into()))
-                    .item("blob", AttributeValue::S("x".repeat(410 * 1024)))
-                    .build()
-                    .unwrap(),
-            )
-            .unwrap();
+            tx.put(blob_put(&tasks, "big", 410 * 1024)).unwrap();
         })
         .await,
     );
@@ -482,15 +503,8 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     let msg = limit_error(
         commit_with(&store, &txinbox_test_identity("m-4"), |tx| {
             for i in 0..11 {
-                tx.put(
-                    Put::builder()
-                        .table_name(&tasks)
-                        .item("id", AttributeValue::S(format!("big-{i}")))
-                        .item("blob", AttributeValue::S("x".repeat(390 * 1024)))
-                        .build()
-                        .unwrap(),
-                )
-                .unwrap();
+                tx.put(blob_put(&tasks, &format!("big-{i}"), 390 * 1024))
+                    .unwrap();
             }
         })
         .await,
@@ -504,15 +518,8 @@ async fn a_transaction_over_the_services_limits_is_refused_whole_before_it_is_se
     let msg = limit_error(
         commit_with(&store, &txinbox_test_identity("m-7"), |tx| {
             for i in 0..10 {
-                tx.put(
-                    Put::builder()
-                        .table_name(&tasks)
-                        .item("id", AttributeValue::S(format!("near-{i}")))
-                        .item("blob", AttributeValue::S("x".repeat(400_000)))
-                        .build()
-                        .unwrap(),
-                )
-                .unwrap();
+                tx.put(blob_put(&tasks, &format!("near-{i}"), 400_000))
+                    .unwrap();
             }
             for i in 0..30 {
                 tx.delete(
@@ -801,7 +808,6 @@ mod lost_answer {
     //! A connector that lets the first `TransactWriteItems` reach DynamoDB and loses its answer (a timeout as
     //! the client sees it), as a dropped connection after the commit does.
     use super::*;
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
     use txinbox_testkit::sdk_http::{
         with_hook, ConnectorError, HttpConnector, HttpConnectorFuture,
     };
@@ -813,10 +819,7 @@ mod lost_answer {
         let http = with_hook(
             txinbox_dynamodb::http_client(),
             move |request, connector| {
-                let commit = request
-                    .headers()
-                    .get("x-amz-target")
-                    .is_some_and(|t| t.ends_with(".TransactWriteItems"));
+                let commit = common::calls(&request, "TransactWriteItems");
                 if commit {
                     counted.fetch_add(1, Ordering::SeqCst);
                 }
@@ -831,12 +834,7 @@ mod lost_answer {
                 })
             },
         );
-        let mut b = aws_sdk_dynamodb::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .http_client(http)
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
-            .endpoint_url(&b.endpoint);
+        let mut b = common::emulator_conf(&b.endpoint, http);
         if !retries {
             b = b.retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
         }
@@ -1380,18 +1378,7 @@ async fn the_table_check_names_what_does_not_match(b: Backend) {
     // The layout without TTL.
     let name = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
     DynamoStore::create_table(&c, &name).await.unwrap();
-    c.update_time_to_live()
-        .table_name(&name)
-        .time_to_live_specification(
-            aws_sdk_dynamodb::types::TimeToLiveSpecification::builder()
-                .enabled(false)
-                .attribute_name("expires_at")
-                .build()
-                .unwrap(),
-        )
-        .send()
-        .await
-        .unwrap();
+    set_ttl(&c, &name, false).await;
     let e = DynamoStore::open(c.clone(), &name, DynamoOptions::default())
         .await
         .unwrap_err();
@@ -1404,7 +1391,7 @@ async fn the_table_check_names_what_does_not_match(b: Backend) {
     {
         use aws_sdk_dynamodb::types::{
             AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType,
-            Projection, ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
+            Projection, ProjectionType, ScalarAttributeType,
         };
         let attr = |n: &str| {
             AttributeDefinition::builder()
@@ -1445,18 +1432,7 @@ async fn the_table_check_names_what_does_not_match(b: Backend) {
                 );
         }
         req.send().await.unwrap();
-        c.update_time_to_live()
-            .table_name(&keys_only)
-            .time_to_live_specification(
-                TimeToLiveSpecification::builder()
-                    .enabled(true)
-                    .attribute_name("expires_at")
-                    .build()
-                    .unwrap(),
-            )
-            .send()
-            .await
-            .unwrap();
+        set_ttl(&c, &keys_only, true).await;
     }
     let e = DynamoStore::open(c.clone(), &keys_only, DynamoOptions::default())
         .await
@@ -1700,17 +1676,13 @@ mod server_error {
     //! page, as a gateway in front of the service answers it) while `fail` is set.
     use super::*;
     use aws_sdk_dynamodb::config::http::HttpResponse;
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
     use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
 
     pub fn client(b: &Backend, fail: Arc<AtomicBool>) -> Client {
         let http = with_hook(
             txinbox_dynamodb::http_client(),
             move |request, connector| {
-                let read = request
-                    .headers()
-                    .get("x-amz-target")
-                    .is_some_and(|t| t.ends_with(".GetItem"));
+                let read = common::calls(&request, "GetItem");
                 if read && fail.load(Ordering::SeqCst) {
                     let answer = HttpResponse::new(
                         503u16.try_into().unwrap(),
@@ -1724,12 +1696,7 @@ mod server_error {
                 connector.call(request)
             },
         );
-        let conf = aws_sdk_dynamodb::Config::builder()
-            .behavior_version(BehaviorVersion::latest())
-            .http_client(http)
-            .region(Region::new("us-east-1"))
-            .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
-            .endpoint_url(&b.endpoint)
+        let conf = common::emulator_conf(&b.endpoint, http)
             .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
             .build();
         Client::from_conf(conf)
@@ -1805,7 +1772,7 @@ async fn a_server_error_without_a_code_is_transient_and_never_dead_letters_a_hel
 /// made by a hook that quotes the request's own headers, as the service does.
 async fn a_refused_signature_never_shows_the_session_token(b: Backend) {
     use aws_sdk_dynamodb::config::http::HttpResponse;
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use aws_sdk_dynamodb::config::Credentials;
     use txinbox_testkit::sdk_http::{with_hook, HttpConnectorFuture};
     const TOKEN: &str =
         "IQoJb3JpZ2luX2VjENf//////////wEaCXVzLWVhc3QtMSJHMEUCIQDP4+i2bh/secret+token=";
@@ -1830,10 +1797,7 @@ async fn a_refused_signature_never_shows_the_session_token(b: Backend) {
             .insert("content-type", "application/x-amz-json-1.0");
         HttpConnectorFuture::ready(Ok(answer))
     });
-    let conf = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .http_client(http)
-        .region(Region::new("us-east-1"))
+    let conf = common::emulator_conf(&b.endpoint, http)
         .credentials_provider(Credentials::new(
             "AKIDEXAMPLE",
             "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
@@ -1910,28 +1874,7 @@ async fn a_message_applied_again_after_its_marker_expired_records_its_effect_aga
         .unwrap();
     let key = txinbox_core::effects::idempotency_key(&identity, "notify");
     // Claimed and done long ago: past `effects_keep`, expired (DynamoDB has not deleted it).
-    let now = Utc::now() + chrono::Duration::hours(1);
-    let claimed = store
-        .claim_effects(
-            "r",
-            &["mail".to_owned()],
-            now,
-            now + chrono::Duration::hours(1),
-            10,
-        )
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 1);
-    let long_ago = chrono::TimeZone::with_ymd_and_hms(&Utc, 2000, 1, 1, 0, 0, 0).unwrap();
-    let done = Transition::Done {
-        reference: Some("ref".into()),
-        attempts: 1,
-        reconciliations: 0,
-    };
-    assert!(store
-        .finish_effect(claimed[0].id, "r", &done.columns(), long_ago)
-        .await
-        .unwrap());
+    common::done_long_ago(&store, "mail").await;
     assert!(store.find_effect(&key).await.unwrap().is_none());
     // The marker expired too (its `expires_at` in the past, as the retention's end leaves it).
     c.update_item()
@@ -1964,6 +1907,7 @@ async fn a_message_applied_again_after_its_marker_expired_records_its_effect_aga
         .expect("the effect of the message applied again is recorded");
     assert_eq!(again.claimed_from, EffectState::Pending);
     assert_eq!(again.attempts, 0);
+    let now = Utc::now() + chrono::Duration::hours(1);
     let claimed = store
         .claim_effects(
             "r",
@@ -1983,15 +1927,11 @@ async fn a_message_applied_again_after_its_marker_expired_records_its_effect_aga
 /// ItemCollectionSizeLimitExceeded, Message: Collection size exceeded"); every other call goes through.
 fn cancelling_client(b: &Backend, reasons: &'static [(&'static str, &'static str)]) -> Client {
     use aws_sdk_dynamodb::config::http::HttpResponse;
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
     use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
     let http = with_hook(
         txinbox_dynamodb::http_client(),
         move |request, connector| {
-            let commit = request
-                .headers()
-                .get("x-amz-target")
-                .is_some_and(|t| t.ends_with(".TransactWriteItems"));
+            let commit = common::calls(&request, "TransactWriteItems");
             if !commit {
                 return connector.call(request);
             }
@@ -2016,14 +1956,7 @@ fn cancelling_client(b: &Backend, reasons: &'static [(&'static str, &'static str
             HttpConnectorFuture::ready(Ok(answer))
         },
     );
-    let conf = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .http_client(http)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
-        .endpoint_url(&b.endpoint)
-        .build();
-    Client::from_conf(conf)
+    common::hooked_client(&b.endpoint, http)
 }
 
 /// A cancellation whose reasons hold a code the store decides nothing on (`ItemCollectionSizeLimitExceeded`,
@@ -2090,17 +2023,13 @@ async fn a_transaction_in_progress_answer_after_the_commit_applied_is_recognised
     b: Backend,
 ) {
     use aws_sdk_dynamodb::config::http::HttpResponse;
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
     use txinbox_testkit::sdk_http::{with_hook, HttpConnector, HttpConnectorFuture};
     let commits = Arc::new(AtomicUsize::new(0));
     let counted = commits.clone();
     let http = with_hook(
         txinbox_dynamodb::http_client(),
         move |request, connector| {
-            let commit = request
-                .headers()
-                .get("x-amz-target")
-                .is_some_and(|t| t.ends_with(".TransactWriteItems"));
+            let commit = common::calls(&request, "TransactWriteItems");
             let first = commit && counted.fetch_add(1, Ordering::SeqCst) == 0;
             let answer = connector.call(request);
             HttpConnectorFuture::new(async move {
@@ -2122,12 +2051,7 @@ async fn a_transaction_in_progress_answer_after_the_commit_applied_is_recognised
             })
         },
     );
-    let conf = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .http_client(http)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
-        .endpoint_url(&b.endpoint)
+    let conf = common::emulator_conf(&b.endpoint, http)
         .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
         .build();
     let (store, _) = store_on(Client::from_conf(conf)).await;

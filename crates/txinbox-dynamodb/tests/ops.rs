@@ -16,6 +16,8 @@ use txinbox_dynamodb::layout;
 use txinbox_dynamodb::ops::{RejectionFilter, RejectionId};
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore, DynamoTx};
 
+mod common;
+
 const CONSUMER: &str = "crm-followup";
 const SOURCE: &str = "crm";
 
@@ -428,14 +430,10 @@ async fn markers_spread_over_their_index_partitions_and_every_one_is_counted() {
 /// items up to the limit while processing the results, it stops the operation and returns the matching
 /// values up to that point, and a key in LastEvaluatedKey to apply in a subsequent operation").
 async fn one_item_a_page(table: &str) -> DynamoStore {
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
     use txinbox_testkit::sdk_http::{with_hook, HttpConnector};
     let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap();
     let http = with_hook(txinbox_dynamodb::http_client(), |mut request, connector| {
-        let query = request
-            .headers()
-            .get("x-amz-target")
-            .is_some_and(|t| t.ends_with(".Query"));
+        let query = common::calls(&request, "Query");
         if query {
             let mut body: serde_json::Value =
                 serde_json::from_slice(request.body().bytes().unwrap()).unwrap();
@@ -448,16 +446,13 @@ async fn one_item_a_page(table: &str) -> DynamoStore {
         }
         connector.call(request)
     });
-    let conf = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .http_client(http)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
-        .endpoint_url(endpoint)
-        .build();
-    DynamoStore::open(Client::from_conf(conf), table, DynamoOptions::default())
-        .await
-        .unwrap()
+    DynamoStore::open(
+        common::hooked_client(&endpoint, http),
+        table,
+        DynamoOptions::default(),
+    )
+    .await
+    .unwrap()
 }
 
 /// A message's story reads the base table strongly consistently: its marker's and its effects' `GetItem`s set
@@ -467,7 +462,6 @@ async fn one_item_a_page(table: &str) -> DynamoStore {
 /// DynamoDB Local is always consistent, so the requests themselves are looked at, on their way out.
 #[tokio::test]
 async fn a_message_s_story_reads_its_marker_and_effects_consistently() {
-    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
     use std::sync::{Arc, Mutex};
     use txinbox_testkit::sdk_http::{with_hook, HttpConnector};
     let (_, table, store) = fresh_store().await;
@@ -478,10 +472,7 @@ async fn a_message_s_story_reads_its_marker_and_effects_consistently() {
     let http = with_hook(
         txinbox_dynamodb::http_client(),
         move |request, connector| {
-            let get = request
-                .headers()
-                .get("x-amz-target")
-                .is_some_and(|t| t.ends_with(".GetItem"));
+            let get = common::calls(&request, "GetItem");
             if get {
                 let body: serde_json::Value =
                     serde_json::from_slice(request.body().bytes().unwrap()).unwrap();
@@ -490,16 +481,14 @@ async fn a_message_s_story_reads_its_marker_and_effects_consistently() {
             connector.call(request)
         },
     );
-    let conf = aws_sdk_dynamodb::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .http_client(http)
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
-        .endpoint_url(std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap())
-        .build();
-    let watched = DynamoStore::open(Client::from_conf(conf), &table, DynamoOptions::default())
-        .await
-        .unwrap();
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap();
+    let watched = DynamoStore::open(
+        common::hooked_client(&endpoint, http),
+        &table,
+        DynamoOptions::default(),
+    )
+    .await
+    .unwrap();
     gets.lock().unwrap().clear();
     let story = watched
         .message_story(CONSUMER, "m-1", SOURCE, Some(&["create_task".to_owned()]))

@@ -49,7 +49,7 @@ use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use txinbox_core::effects::{idempotency_key, Effect, EffectStore, Transition};
+use txinbox_core::effects::{idempotency_key, Effect, EffectStore};
 use txinbox_core::pipeline::identity::Identity;
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 use txinbox_core::store::ops::MessageStory;
@@ -67,6 +67,8 @@ use txinbox_testkit::prop::{
     time, tr, Fx, Msg, Outcome, Seen, Tr, Values, IDS,
 };
 use txinbox_testkit::NoopDelivery;
+
+mod common;
 
 type Lite = Store<sqlx::Sqlite>;
 
@@ -1517,34 +1519,13 @@ macro_rules! done_past_the_keep {
             .await,
             "Applied { result_reference: None }"
         );
-        let now = Utc::now() + chrono::Duration::hours(1);
-        let claimed = store
-            .claim_effects(
-                "r",
-                &["d1".to_owned()],
-                now,
-                now + chrono::Duration::hours(1),
-                10,
-            )
-            .await
-            .unwrap();
-        assert_eq!(claimed.len(), 1);
-        let long_ago = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).unwrap();
-        let done = Transition::Done {
-            reference: Some("ref".into()),
-            attempts: 1,
-            reconciliations: 0,
-        };
-        assert!(store
-            .finish_effect(claimed[0].id, "r", &done.columns(), long_ago)
-            .await
-            .unwrap());
+        let id = common::done_long_ago(&store, "d1").await;
         $expire(&store).await;
         let key = idempotency_key(&identity, "n");
         assert_eq!(store.effect_counts().await.unwrap(), []);
         assert!(store.find_effect(&key).await.unwrap().is_none());
         assert!(!store
-            .mark_compensated(claimed[0].id, "undo", Utc::now())
+            .mark_compensated(id, "undo", Utc::now())
             .await
             .unwrap());
         assert_eq!(
