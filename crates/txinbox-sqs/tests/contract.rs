@@ -56,20 +56,21 @@ async fn a_missing_queue_is_entity_not_found_down_to_the_sdk_error() {
 async fn default_worker_options_keep_a_slow_message_invisible() {
     metrics_init();
     let c = client().await;
-    // A 2 s visibility timeout and a 5 s handler: the lease says 2 s, so the keeper renews every ~0.67 s.
-    let q = queue_pair(&c, 5, 2).await;
+    // A 5 s visibility timeout and a 12 s handler: the lease says 5 s, so the keeper renews every ~1.7 s, and a
+    // renewal slowed by a loaded machine still has over 3 s before the message would show again.
+    let q = queue_pair(&c, 5, 5).await;
     let store = pg_store().await;
     let consumer = unique("contract-slow");
     send(
         &c,
         &q.url,
-        &body("o1", "m1", json!({"sleep_ms": 5000})),
+        &body("o1", "m1", json!({"sleep_ms": 12000})),
         Some("evt-contract"),
         "d-contract",
         "g",
     )
     .await;
-    let receiver = fast_receiver(c.clone(), &q, 2).await;
+    let receiver = fast_receiver(c.clone(), &q, 5).await;
     let calls = Arc::new(AtomicI64::new(0));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     // No `.options(..)`: the defaults, whatever the visibility timeout.
@@ -104,7 +105,7 @@ async fn default_worker_options_keep_a_slow_message_invisible() {
     );
     assert!(
         counter(m::LEASE_RENEWALS, &[("consumer", &consumer)]) >= 4,
-        "renewed every third of the 2 s visibility for 5 s"
+        "renewed every third of the 5 s visibility for 12 s"
     );
     assert_eq!(counter(m::LEASE_LOST, &[("consumer", &consumer)]), 0);
     assert_eq!(
