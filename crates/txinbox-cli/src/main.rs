@@ -135,10 +135,13 @@ enum EffectsCommand {
 enum SqsCommand {
     /// Move messages from a dead-letter queue back to a queue with their identity intact (CloudEvents
     /// attributes, FIFO group and deduplication ids), deleting each from the DLQ only after its send
-    /// succeeded. Credentials and endpoint come from the standard AWS chain (AWS_ENDPOINT_URL_SQS for an
-    /// emulator). Exits 3 when messages whose identity was lost were left in the DLQ, 2 on an error.
+    /// succeeded. `--from` must be a dead-letter queue: one that some queue's RedrivePolicy names (asked with
+    /// ListDeadLetterSourceQueues: IAM `sqs:ListDeadLetterSourceQueues` on it), unless `--from-any-queue`.
+    /// Credentials and endpoint come from the standard AWS chain (AWS_ENDPOINT_URL_SQS for an emulator).
+    /// Exits 3 when messages whose identity was lost were left in the DLQ, 2 on an error.
     Redrive {
-        /// The dead-letter queue URL.
+        /// The dead-letter queue URL. A queue that no queue's RedrivePolicy names as its dead-letter queue is
+        /// refused (a mistyped URL naming a live queue would drain it into `--to`), unless `--from-any-queue`.
         #[arg(long)]
         from: String,
         /// The queue URL to move the messages to.
@@ -147,6 +150,10 @@ enum SqsCommand {
         /// Move at most this many messages.
         #[arg(long)]
         max: Option<usize>,
+        /// Move from `--from` though no queue names it as its dead-letter queue (a queue used as one by hand,
+        /// a dead-letter queue whose source queues were deleted), and without asking ListDeadLetterSourceQueues.
+        #[arg(long)]
+        from_any_queue: bool,
     },
 }
 
@@ -241,7 +248,12 @@ fn sqs(command: SqsCommand) -> ExitCode {
         Err(e) => return fail(&e),
     };
     match command {
-        SqsCommand::Redrive { from, to, max } => rt.block_on(async {
+        SqsCommand::Redrive {
+            from,
+            to,
+            max,
+            from_any_queue,
+        } => rt.block_on(async {
             use std::io::IsTerminal;
             if redrive::same_sqs_queue(&from, &to) {
                 return targets::fail(&format!(
@@ -249,6 +261,11 @@ fn sqs(command: SqsCommand) -> ExitCode {
                 ));
             }
             let client = txinbox_sqs::client_from_env().await;
+            if !from_any_queue {
+                if let Err(refused) = redrive::sqs_source_is_a_dead_letter_queue(&client, &from).await {
+                    return targets::fail(&refused);
+                }
+            }
             let opts = txinbox_sqs::RedriveOptions::default().max(max);
             let mut progress =
                 SqsProgress::new(std::io::stderr(), max, std::io::stderr().is_terminal());

@@ -28,6 +28,43 @@ pub fn same_sqs_queue(from: &str, to: &str) -> bool {
     norm(from) == norm(to)
 }
 
+/// `Ok` when the SQS queue `from` is a dead-letter queue: some queue's `RedrivePolicy` names it. AWS
+/// (ListDeadLetterSourceQueues): "Returns a list of your queues that have the RedrivePolicy queue attribute
+/// configured with a dead-letter queue." Else the reason to refuse it as a redrive's source, with the flag that
+/// moves from it all the same: a `--from` naming a live work queue (a pasted URL of the wrong queue) would
+/// drain that queue into `--to`. A failed call (no `sqs:ListDeadLetterSourceQueues`, no such queue) is refused
+/// too: the source is not known to be a dead-letter queue.
+pub async fn sqs_source_is_a_dead_letter_queue(
+    client: &txinbox_sqs::aws_sdk_sqs::Client,
+    from: &str,
+) -> Result<(), String> {
+    match client
+        .list_dead_letter_source_queues()
+        .queue_url(from)
+        .max_results(1)
+        .send()
+        .await
+    {
+        Ok(sources) if !sources.queue_urls().is_empty() => Ok(()),
+        Ok(_) => Err(format!(
+            "--from {from} is no queue's dead-letter queue (no queue's RedrivePolicy names it): a redrive would drain it into --to; check --from, or give --from-any-queue to move from it all the same"
+        )),
+        Err(e) => {
+            use txinbox_sqs::aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata};
+            // A service error by its code and message (`QueueDoesNotExist: The specified queue does not
+            // exist.`, `AccessDenied: ...`); a transport error with its causes.
+            let why = match (e.code(), e.message()) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(code), None) => code.to_owned(),
+                _ => DisplayErrorContext(&e).to_string(),
+            };
+            Err(format!(
+                "cannot tell whether --from {from} is a dead-letter queue (ListDeadLetterSourceQueues: {why}); give --from-any-queue to move from it without asking"
+            ))
+        }
+    }
+}
+
 /// Whether `from` and `to` are one Service Bus entity path, without regard to case or surrounding `/`: a
 /// redrive from a queue to itself never ends (each copy sent is received again). Two paths differing only in
 /// case are refused too: refusing costs the operator a retyped name, a loop costs copies without end.

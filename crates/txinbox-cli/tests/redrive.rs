@@ -52,6 +52,57 @@ impl Moto {
             .expect("queue url")
     }
 
+    /// Creates the queue `name` with a RedrivePolicy naming the queue at `dlq` as its dead-letter queue: its URL.
+    fn create_queue_dead_lettering_to(&self, name: &str, dlq: &str) -> String {
+        let attribute = txinbox_sqs::aws_sdk_sqs::types::QueueAttributeName::QueueArn;
+        let arn = self
+            .rt
+            .block_on(
+                self.client
+                    .get_queue_attributes()
+                    .queue_url(dlq)
+                    .attribute_names(attribute.clone())
+                    .send(),
+            )
+            .expect("get the DLQ's ARN")
+            .attributes
+            .and_then(|mut a| a.remove(&attribute))
+            .expect("the DLQ's ARN");
+        self.rt
+            .block_on(
+                self.client
+                    .create_queue()
+                    .queue_name(name)
+                    .attributes(
+                        txinbox_sqs::aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy,
+                        format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"3"}}"#),
+                    )
+                    .send(),
+            )
+            .expect("create queue")
+            .queue_url
+            .expect("queue url")
+    }
+
+    /// How many messages the queue at `url` holds, visible (ApproximateNumberOfMessages).
+    fn visible(&self, url: &str) -> usize {
+        let attribute =
+            txinbox_sqs::aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages;
+        self.rt
+            .block_on(
+                self.client
+                    .get_queue_attributes()
+                    .queue_url(url)
+                    .attribute_names(attribute.clone())
+                    .send(),
+            )
+            .expect("get queue attributes")
+            .attributes
+            .and_then(|mut a| a.remove(&attribute))
+            .and_then(|n| n.parse().ok())
+            .expect("ApproximateNumberOfMessages")
+    }
+
     /// Sends `{}` to `url`: its MessageId.
     fn send(&self, url: &str) -> String {
         self.rt
@@ -120,6 +171,69 @@ fn a_redrive_from_a_queue_to_itself_is_refused_and_touches_nothing() {
     moto.delete_queues(&[&url]);
 }
 
+/// `sqs redrive --from Q` where no queue's RedrivePolicy names Q as its dead-letter queue (a pasted URL of a
+/// live work queue) is refused with one line, before any message is received: the redrive drained Q into
+/// `--to`. moto answers ListDeadLetterSourceQueues as AWS documents it: "Returns a list of your queues that
+/// have the RedrivePolicy queue attribute configured with a dead-letter queue." `--from-any-queue` moves from
+/// it all the same.
+#[test]
+fn a_redrive_from_a_queue_that_is_no_dead_letter_queue_is_refused_unless_told() {
+    let moto = Moto::new();
+    let name = Moto::unique("cli-live");
+    let live = moto.create_queue(&name);
+    let to = moto.create_queue(&format!("{name}-to"));
+    moto.send(&live);
+    let (code, out, err) = txinbox(
+        &["sqs", "redrive", "--from", &live, "--to", &to],
+        &moto.env(),
+    );
+    assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains("is no queue's dead-letter queue") && err.contains("--from-any-queue"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert_eq!(out, "", "nothing moved");
+    assert_eq!(
+        (moto.visible(&live), moto.visible(&to)),
+        (1, 0),
+        "the message is where it was"
+    );
+    // A `--from` that is no queue at all cannot be asked about: refused too, in one line.
+    let (code, _, err) = txinbox(
+        &[
+            "sqs",
+            "redrive",
+            "--from",
+            &format!("{live}-none"),
+            "--to",
+            &to,
+        ],
+        &moto.env(),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("cannot tell whether") && err.contains("does not exist"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    let (code, out, err) = txinbox(
+        &[
+            "sqs",
+            "redrive",
+            "--from",
+            &live,
+            "--to",
+            &to,
+            "--from-any-queue",
+        ],
+        &moto.env(),
+    );
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(out.starts_with("moved=1 "), "{out}");
+    moto.delete_queues(&[&live, &to]);
+}
+
 /// `txinbox servicebus redrive --queue Q --from Q` (any case, any surrounding `/`) is refused before the
 /// namespace is even read: the redrive would resubmit each message to the queue it receives from.
 #[test]
@@ -145,7 +259,7 @@ fn the_sqs_redrive_line_names_every_count_every_time() {
     let moto = Moto::new();
     let name = Moto::unique("cli-line");
     let dlq = moto.create_queue(&format!("{name}-dlq"));
-    let queue = moto.create_queue(&name);
+    let queue = moto.create_queue_dead_lettering_to(&name, &dlq);
     moto.send(&dlq);
     let (code, out, err) = txinbox(
         &["sqs", "redrive", "--from", &dlq, "--to", &queue],
