@@ -262,14 +262,15 @@ async fn commit_then_crash_before_delete_is_absorbed_on_redelivery() {
 async fn heartbeat_keeps_a_slow_handler_invisible_with_no_second_delivery() {
     metrics_init();
     let c = client().await;
-    let q = queue_pair(&c, 5, 3).await;
+    let q = queue_pair(&c, 5, 5).await;
     let store = pg_store().await;
     let consumer = unique("slow");
-    // The handler takes 8 s; the visibility timeout is 3 s; the heartbeat renews every second.
+    // The handler takes 12 s; the visibility timeout is 5 s; the heartbeat renews every ~1.7 s, and a renewal
+    // slowed by a loaded machine still has over 3 s before the message would show again.
     send(
         &c,
         &q.url,
-        &body("o1", "m1", json!({"sleep_ms": 8000})),
+        &body("o1", "m1", json!({"sleep_ms": 12000})),
         Some("evt-s"),
         "d-s",
         "g",

@@ -158,11 +158,12 @@ async fn commit_then_crash_before_complete_is_absorbed() {
 #[tokio::test]
 async fn slow_handler_is_kept_locked_by_renewal() {
     let (_recorder, metrics) = Metrics::install();
-    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT3S"})).await;
+    // A 5 s lock: a renewal slowed by a loaded machine still has over 3 s before the lock ends.
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
     publish(&client, &event(&q, "evt-slow", "{\"meeting\":2}")).await;
-    let handler = Effects::slow(Duration::from_secs(8));
-    let receiver = fast_receiver(&client, &q, Duration::from_secs(3));
+    let handler = Effects::slow(Duration::from_secs(12));
+    let receiver = fast_receiver(&client, &q, Duration::from_secs(5));
     let opts = txinbox_core::WorkerOptions::default().concurrency(2);
     let done = until(Duration::from_secs(40), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= 1
@@ -179,7 +180,7 @@ async fn slow_handler_is_kept_locked_by_renewal() {
     assert_eq!(metrics.counter(m::RECEIVED, &[]), 1, "no second delivery");
     assert!(
         metrics.counter(m::LEASE_RENEWALS, &[]) >= 5,
-        "renewed every second for 8 s"
+        "renewed every third of the 5 s lock for 12 s"
     );
     assert_eq!(metrics.counter(m::LEASE_LOST, &[]), 0);
     assert_eq!(inbox_rows(&store).await, 1);
