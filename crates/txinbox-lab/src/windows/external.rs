@@ -71,6 +71,8 @@ pub(crate) async fn run<S: LabStore>(
             Told {
                 inner: destination,
                 story: story.clone(),
+                release_on_in_progress: (w == Window::ExternalCallKeyInProgress)
+                    .then(|| crm.clone()),
             },
         )
         .options(
@@ -115,17 +117,6 @@ pub(crate) async fn run<S: LabStore>(
     let deadline = Instant::now() + Duration::from_secs(20);
     let end = loop {
         let _report = runner.run_until_idle().await;
-        if w == Window::ExternalCallKeyInProgress
-            && crm.held() > 0
-            && story.told().contains("call in_progress")
-        {
-            // The second call had its 409 while the first was held: the first goes on, and the next
-            // confirmation finds its task.
-            crm.release_held();
-            while crm.tasks().is_empty() && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
         let (state, _) = store.effect_state().await?;
         let state = EffectState::parse(&state).unwrap_or(EffectState::Pending);
         let settled = matches!(
@@ -246,12 +237,27 @@ impl Story {
 struct Told<E> {
     inner: E,
     story: Story,
+    /// The key-in-progress window: once a call is answered 409 (its key in progress), the destination lets
+    /// the held first call go on, and the call returns when its task exists. Done here, before the runner
+    /// schedules its next confirmation, and not by the lab between passes: how many passes a loaded machine
+    /// fits in the runner's backoff would otherwise decide the story.
+    release_on_in_progress: Option<CrmApi>,
 }
+
+/// How long a released call may take to create its task at the local CRM API.
+const RELEASED_CALL_LANDS: Duration = Duration::from_secs(10);
 
 impl<E: EffectExecutor> EffectExecutor for Told<E> {
     fn execute<'a>(&'a self, e: &'a ClaimedEffect) -> BoxFuture<'a, Execution> {
         Box::pin(async move {
             let r = self.inner.execute(e).await;
+            if let (Execution::InProgress { .. }, Some(crm)) = (&r, &self.release_on_in_progress) {
+                crm.release_held();
+                let until = Instant::now() + RELEASED_CALL_LANDS;
+                while crm.tasks().is_empty() && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
             let label = match &r {
                 Execution::Done { .. } => "done",
                 Execution::NotSent { .. } => "not_sent",
