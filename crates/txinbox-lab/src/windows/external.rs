@@ -347,6 +347,7 @@ mod tests {
         let told = Told {
             inner: Undoes,
             story: Story::default(),
+            release_on_in_progress: None,
         };
         let e = effect();
         assert_eq!(told.reconcile_after(), Duration::from_secs(7));
