@@ -158,11 +158,12 @@ async fn a_transient_receive_error_never_makes_the_worker_give_up() {
     assert!(report.receive_errors >= 3, "{report}");
 }
 
-/// A receiver whose answer takes `delay` to come back once the broker handed messages out: the window in
-/// which a stop signal finds a receive in flight that already holds messages.
+/// A receiver whose answer, once the broker handed messages out, comes back only when `release` is cancelled
+/// (never, if nothing cancels it): the window in which a stop signal finds a receive in flight that already
+/// holds messages, held open by an event rather than by a delay that a loaded machine could outlast.
 struct SlowAnswer {
     inner: txinbox_core::broker::mem::MemoryReceiver,
-    delay: Duration,
+    release: CancellationToken,
 }
 
 impl Receiver for SlowAnswer {
@@ -170,9 +171,22 @@ impl Receiver for SlowAnswer {
     async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, BrokerError> {
         let got = self.inner.receive(max).await?;
         if !got.is_empty() {
-            tokio::time::sleep(self.delay).await;
+            self.release.cancelled().await;
         }
         Ok(got)
+    }
+}
+
+/// Waits (at most 10 s) until the long poll holds `n` messages of `queue`.
+async fn until_in_flight(queue: &MemoryQueue, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while queue.state().in_flight != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the long poll never held {n} message(s): {:?}",
+            queue.state()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -185,9 +199,10 @@ async fn a_long_poll_in_flight_at_shutdown_hands_back_what_it_brought() {
     });
     let processed = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();
+    // The answer comes back only after the stop signal, however slow the machine.
     let receiver = SlowAnswer {
         inner: queue.receiver(),
-        delay: Duration::from_millis(500),
+        release: stop.clone(),
     };
     let worker = tokio::spawn(
         Worker::new(receiver, Ack(processed.clone()))
@@ -198,12 +213,7 @@ async fn a_long_poll_in_flight_at_shutdown_hands_back_what_it_brought() {
     // on); the stop signal comes before the answer does.
     tokio::time::sleep(Duration::from_millis(200)).await;
     queue.send(OutgoingMessage::new("m1").producer_id("p1"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(
-        queue.state().in_flight,
-        1,
-        "the long poll holds the message"
-    );
+    until_in_flight(&queue, 1).await;
     stop.cancel();
     let report = tokio::time::timeout(Duration::from_secs(10), worker)
         .await
@@ -235,9 +245,10 @@ async fn a_zero_shutdown_receive_wait_stops_at_once_and_leaves_the_poll_s_messag
         ..QueueOptions::default()
     });
     let stop = CancellationToken::new();
+    // The answer never comes back: a worker that waited for it would wait its whole 20 s shutdown timeout.
     let receiver = SlowAnswer {
         inner: queue.receiver(),
-        delay: Duration::from_secs(2),
+        release: CancellationToken::new(),
     };
     let worker = tokio::spawn(
         Worker::new(receiver, Ack(Arc::new(AtomicU64::new(0))))
@@ -246,15 +257,16 @@ async fn a_zero_shutdown_receive_wait_stops_at_once_and_leaves_the_poll_s_messag
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
     queue.send(OutgoingMessage::new("m1").producer_id("p1"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_in_flight(&queue, 1).await;
     let stopping = tokio::time::Instant::now();
     stop.cancel();
     let _report = tokio::time::timeout(Duration::from_secs(10), worker)
         .await
         .expect("the worker stops")
         .expect("no panic");
+    // Well under the 20 s the answer would have been waited for, with room for a loaded machine.
     assert!(
-        stopping.elapsed() < Duration::from_secs(1),
+        stopping.elapsed() < Duration::from_secs(5),
         "{:?}",
         stopping.elapsed()
     );
