@@ -160,16 +160,25 @@ enum SqsCommand {
 #[derive(Subcommand)]
 enum ServiceBusCommand {
     /// Resubmit dead-lettered messages to a queue with their MessageId and properties intact, completing each
-    /// in the source only after its send succeeded. The namespace comes from SERVICEBUS_CONNECTION_STRING
-    /// (SAS) or SERVICEBUS_NAMESPACE (Azure AD), plus SERVICEBUS_ENDPOINT for an emulator. Exits 3 when a
-    /// message was sent but could not be completed in the source (it is in both: run it again), 2 on an error.
+    /// in the source only after its send succeeded. `--from` must be a dead-letter subqueue, unless
+    /// `--from-any-queue`. The namespace comes from SERVICEBUS_CONNECTION_STRING (SAS) or SERVICEBUS_NAMESPACE
+    /// (Azure AD), plus SERVICEBUS_ENDPOINT for an emulator. Exits 3 when a message was sent but could not be
+    /// completed in the source (it is in both: run it again), 2 on an error.
     Redrive {
         /// The target queue; the source defaults to its `$DeadLetterQueue`.
         #[arg(long)]
         queue: String,
-        /// Another source (for example a poison queue the adapter forwards to).
+        /// Another source: a dead-letter subqueue, `<queue>/$DeadLetterQueue` or
+        /// `<topic>/Subscriptions/<subscription>/$DeadLetterQueue` (any case; Microsoft: "You can access the
+        /// dead-letter queue by using the following syntax: <queue path>/$deadletterqueue <topic
+        /// path>/Subscriptions/<subscription path>/$deadletterqueue"). Any other path is refused (a mistyped name
+        /// of a live queue would drain it into `--queue`), unless `--from-any-queue`.
         #[arg(long)]
         from: Option<String>,
+        /// Move from a `--from` that is no dead-letter subqueue: a poison queue the adapter forwards dead
+        /// letters to, a queue used as one by hand.
+        #[arg(long)]
+        from_any_queue: bool,
         /// Move at most this many messages.
         #[arg(long)]
         max: Option<usize>,
@@ -198,6 +207,7 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
         ServiceBusCommand::Redrive {
             queue,
             from,
+            from_any_queue,
             max,
             dedup_window_secs,
             config,
@@ -208,6 +218,11 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
                 return targets::fail(&format!(
                     "--from {from} is the target queue itself: each message sent back would be received again and moved for ever; give the dead-letter queue or the poison queue to move from"
                 ));
+            }
+            if !from_any_queue {
+                if let Err(refused) = redrive::servicebus_source_is_a_dead_letter_queue(&from) {
+                    return targets::fail(&refused);
+                }
             }
             let window = match redrive::servicebus_dedup_window(dedup_window_secs, config.as_deref())
             {

@@ -74,6 +74,32 @@ pub fn same_servicebus_entity(from: &str, to: &str) -> bool {
         .eq_ignore_ascii_case(to.trim().trim_matches('/'))
 }
 
+/// The last segment of a dead-letter subqueue's path. Microsoft (Overview of Service Bus dead-letter queues):
+/// "You can access the dead-letter queue by using the following syntax: <queue path>/$deadletterqueue <topic
+/// path>/Subscriptions/<subscription path>/$deadletterqueue". The docs write it in lower case, the SDKs and
+/// [`txinbox_servicebus::dead_letter_queue_path`] as here; the service takes it in any case.
+const DEAD_LETTER_SEGMENT: &str = "$DeadLetterQueue";
+
+/// `Ok` when the Service Bus entity path `from` is a dead-letter subqueue: `<entity path>/$DeadLetterQueue`,
+/// the segment in any case, surrounding `/` aside (a subscription's, `topic/Subscriptions/s/$DeadLetterQueue`,
+/// and the transfer dead-letter queue, `queue/$Transfer/$DeadLetterQueue`, included). Else the reason to refuse
+/// it as a redrive's source, with the flag that moves from it all the same: a `--from` naming a live queue (a
+/// mistyped name) would drain that queue into `--queue`. A poison queue the adapter forwards dead letters to is
+/// an ordinary queue, and is refused the same way.
+pub fn servicebus_source_is_a_dead_letter_queue(from: &str) -> Result<(), String> {
+    match from.trim().trim_matches('/').rsplit_once('/') {
+        Some((entity, last))
+            if !entity.trim_matches('/').is_empty()
+                && last.eq_ignore_ascii_case(DEAD_LETTER_SEGMENT) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "--from {from} is no queue's dead-letter queue (its path does not end in /{DEAD_LETTER_SEGMENT}): a redrive would drain it into --queue; check --from, or give --from-any-queue to move from it all the same"
+        )),
+    }
+}
+
 /// The exit status of a redrive that ran to its end: 0 when it did all it could, 3 when it left messages for
 /// an operator ([`left_for_an_operator`]), whatever else it moved.
 pub fn exit_status(report: &RedriveReport) -> u8 {
@@ -443,6 +469,42 @@ mod tests {
         assert_eq!(secs(servicebus_dedup_window(Some(60), None).unwrap()), 60);
         let e = servicebus_dedup_window(None, None).unwrap_err();
         assert!(e.contains("duplicate-detection window"), "{e}");
+    }
+
+    /// A Service Bus redrive's source is a dead-letter subqueue, `<entity path>/$DeadLetterQueue` in any case;
+    /// any other path, a poison queue's included, is refused with the flag that moves from it.
+    #[test]
+    fn a_servicebus_source_is_a_dead_letter_subqueue() {
+        for from in [
+            "orders/$DeadLetterQueue",
+            "/orders/$deadletterqueue/",
+            &txinbox_servicebus::dead_letter_queue_path("orders"),
+            "crm/Subscriptions/followup/$DeadLetterQueue",
+            "orders/$Transfer/$DeadLetterQueue",
+        ] {
+            assert_eq!(
+                servicebus_source_is_a_dead_letter_queue(from),
+                Ok(()),
+                "{from}"
+            );
+        }
+        for from in [
+            "orders",
+            "orders-poison",
+            "$DeadLetterQueue",
+            "/$DeadLetterQueue",
+            "orders/$DeadLetterQueueX",
+            "orders$DeadLetterQueue",
+            "orders/$DeadLetterQueue/messages",
+            "",
+        ] {
+            let refused = servicebus_source_is_a_dead_letter_queue(from).unwrap_err();
+            assert!(
+                refused.contains("is no queue's dead-letter queue")
+                    && refused.contains("--from-any-queue"),
+                "{from}: {refused}"
+            );
+        }
     }
 
     #[test]

@@ -1,17 +1,20 @@
 //! `txinbox sqs redrive` and `txinbox servicebus redrive` as an operator runs them: what they refuse before
 //! touching a queue. SQS against moto (`TXINBOX_SQS_ENDPOINT`, from `eval "$(cat /tmp/moto.env)"` or
-//! `eval "$(bash scripts/moto.sh start)"`).
+//! `eval "$(bash scripts/moto.sh start)"`); Service Bus against the emulator (crates/txinbox-sb-emulator),
+//! started in the test process.
 
 mod common;
 
 use common::{outcome, scratch, settings_file, txinbox_command};
 
+/// Runs `txinbox ARGS` with `env` and no Service Bus namespace but one `env` names.
 fn txinbox(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     outcome(
         txinbox_command(args)
-            .envs(env.iter().copied())
             .env_remove("SERVICEBUS_CONNECTION_STRING")
-            .env_remove("SERVICEBUS_NAMESPACE"),
+            .env_remove("SERVICEBUS_NAMESPACE")
+            .env_remove("SERVICEBUS_ENDPOINT")
+            .envs(env.iter().copied()),
     )
 }
 
@@ -137,6 +140,75 @@ impl Moto {
     }
 }
 
+/// The Service Bus emulator, in this test process on a loopback port with a SAS key made for the test: the
+/// environment that points `txinbox servicebus` at it, and its queues.
+struct ServiceBus {
+    // The runtime the emulator's server runs on: it stops with it.
+    _rt: tokio::runtime::Runtime,
+    emulator: txinbox_sb_emulator::EmulatorHandle,
+    connection_string: String,
+}
+
+impl ServiceBus {
+    const NAMESPACE: &'static str = "txinbox-test";
+    const KEY_NAME: &'static str = "RootManageSharedAccessKey";
+
+    /// An emulator with the queues `queues`, empty.
+    fn with_queues(queues: &[&str]) -> Self {
+        let key = uuid::Uuid::new_v4().simple().to_string();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let emulator = rt
+            .block_on(
+                queues
+                    .iter()
+                    .fold(
+                        txinbox_sb_emulator::Emulator::builder()
+                            .namespace(Self::NAMESPACE)
+                            .sas_key(Self::KEY_NAME, key.as_str()),
+                        |b, q| b.queue(*q, txinbox_sb_emulator::QueueProperties::default()),
+                    )
+                    .start("127.0.0.1:0"),
+            )
+            .expect("the Service Bus emulator starts");
+        let connection_string = format!(
+            "Endpoint=sb://{}.servicebus.windows.net/;SharedAccessKeyName={};SharedAccessKey={key}",
+            Self::NAMESPACE,
+            Self::KEY_NAME
+        );
+        Self {
+            _rt: rt,
+            emulator,
+            connection_string,
+        }
+    }
+
+    /// What `txinbox servicebus` reads (`ServiceBusConfig::from_env`): the SAS connection string, the emulator's URL.
+    fn env(&self) -> [(&str, String); 2] {
+        [
+            (
+                "SERVICEBUS_CONNECTION_STRING",
+                self.connection_string.clone(),
+            ),
+            ("SERVICEBUS_ENDPOINT", self.emulator.base_url()),
+        ]
+    }
+
+    /// Runs `txinbox ARGS` against the emulator.
+    fn txinbox(&self, args: &[&str]) -> (i32, String, String) {
+        let env = self.env();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        txinbox(args, &env)
+    }
+
+    /// The active messages of `queue` (its dead-letter subqueue's aside).
+    fn active(&self, queue: &str) -> usize {
+        self.emulator
+            .queue_state(queue)
+            .expect("the queue exists")
+            .active_message_count
+    }
+}
+
 /// `--from` and `--to` naming one queue (a pasted URL twice) are refused before any call. The redrive ran: it
 /// received the message, sent a copy to the same queue (visible at once), deleted the original and received
 /// the copy again, so the one message was "moved" `--max` times (without `--max`, for ever), each time under a
@@ -249,6 +321,63 @@ fn a_servicebus_redrive_from_the_target_queue_is_refused() {
     // The default source, the queue's dead-letter queue, is not the queue.
     let (_, _, err) = txinbox(&["servicebus", "redrive", "--queue", "orders"], &[]);
     assert!(!err.contains("is the target queue itself"), "{err}");
+}
+
+/// `servicebus redrive --from Q` where Q is no dead-letter subqueue (a mistyped `--from` naming a live queue)
+/// is refused with one line, before the namespace is read: the redrive drained Q's live messages into
+/// `--queue`. Microsoft (Overview of Service Bus dead-letter queues, "Path to the dead-letter queue"): "You can
+/// access the dead-letter queue by using the following syntax: <queue path>/$deadletterqueue <topic
+/// path>/Subscriptions/<subscription path>/$deadletterqueue". A path so ending, in any case (the docs write
+/// `$deadletterqueue`, the SDKs `$DeadLetterQueue`), is taken; `--from-any-queue` moves from any other (a
+/// poison queue the adapter forwards dead letters to).
+#[test]
+fn a_servicebus_redrive_from_a_queue_that_is_no_dead_letter_queue_is_refused_unless_told() {
+    let sb = ServiceBus::with_queues(&["live", "orders"]);
+    sb.emulator
+        .send_message("live", "m-1", "{}")
+        .expect("send to the live queue");
+    let redrive = |from: &str, extra: &[&str]| {
+        let mut args = vec![
+            "servicebus",
+            "redrive",
+            "--queue",
+            "orders",
+            "--from",
+            from,
+            "--dedup-window-secs",
+            "0",
+            "--wait-secs",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        sb.txinbox(&args)
+    };
+    let (code, out, err) = redrive("live", &[]);
+    assert_eq!(code, 2, "stdout: {out}\nstderr: {err}");
+    assert!(
+        err.contains("is no queue's dead-letter queue") && err.contains("--from-any-queue"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert_eq!(out, "", "nothing moved");
+    assert_eq!(
+        (sb.active("live"), sb.active("orders")),
+        (1, 0),
+        "the message is where it was"
+    );
+    // The dead-letter subqueue as Microsoft writes its path, in lower case, is a source.
+    let (code, out, err) = redrive("live/$deadletterqueue", &[]);
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert_eq!(out, "moved=0 deferred=0 complete_failed=0\n", "{err}");
+    assert_eq!((sb.active("live"), sb.active("orders")), (1, 0));
+    let (code, out, err) = redrive("live", &["--from-any-queue"]);
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert_eq!(out, "moved=1 deferred=0 complete_failed=0\n", "{err}");
+    assert_eq!(
+        (sb.active("live"), sb.active("orders")),
+        (0, 1),
+        "told, it moves"
+    );
 }
 
 /// The line `sqs redrive` prints on stdout for scripts names every count every time, `identity_lost=0`
