@@ -19,7 +19,8 @@ pub(crate) enum Rule {
     /// One object by key or reference: 404 is "not found"; a 2xx is found only if the reference is at
     /// `found_at`, anything else (an empty list, a body without the reference) is unknown.
     Lookup { found_at: String },
-    /// A list or a search: a 2xx whose pointer walks into an empty list (or whose count is 0) is "not found";
+    /// A list or a search: a 2xx whose pointer walks into an empty list (or whose count is 0) is "not found",
+    /// unless it reports an error (a non-empty top-level `errors` or `error`: unknown);
     /// a 2xx with the reference at `found_at` is found; a 404 or a body of another shape is unknown.
     Search {
         found_at: String,
@@ -57,7 +58,9 @@ impl fmt::Debug for Rule {
 ///   and **unknown** otherwise: an empty list or a body without the reference is never read as done.
 /// * [`Confirm::search`]: `GET` a list (`/v1/tasks?external_ref={external_ref}` answering
 ///   `{"data": [...]}`): an empty list at the pointer's path is not found (`/data/0/id` by default); a count
-///   ([`count_at`](Confirm::count_at), `/total`) of 0 is not found; a 404 or another shape is unknown.
+///   ([`count_at`](Confirm::count_at), `/total`) of 0 is not found; a 404 or another shape is unknown, and so
+///   is an empty list or a zero count beside a reported error (a non-empty top-level `errors`, as GraphQL
+///   answers 200 with, or `error`): the search did not run, or not all of it.
 /// * [`Confirm::search_post`]: the same with a `POST` body (HubSpot's `POST /crm/v3/objects/tasks/search`).
 /// * [`read_with`](Confirm::read_with): your own reader of the status and body.
 ///
@@ -355,9 +358,19 @@ fn read_search(
             "the search answered {status} with a body that is not JSON"
         ));
     };
+    // An answer that reports an error beside an empty list or a zero count did not (fully) search: a GraphQL
+    // field error leaves its list empty, a partial result counts only what it reached. Not "not found", which
+    // would call again.
+    let failed = |what: &str| {
+        reported_error(&v).map(|member| {
+            unknown(format!(
+                "the search answered {status} with {what} but with `{member}`: not read as not found"
+            ))
+        })
+    };
     if let Some(count_at) = count_at {
         match v.pointer(count_at).and_then(Value::as_u64) {
-            Some(0) => return Confirmation::NotFound,
+            Some(0) => return failed("a count of 0").unwrap_or(Confirmation::NotFound),
             Some(n) => {
                 if n > 1 {
                     tracing::warn!(
@@ -385,13 +398,10 @@ fn read_search(
         Walk::Found(reference) => Confirmation::Done {
             reference: Some(reference),
         },
-        Walk::EmptyList => Confirmation::NotFound,
-        Walk::Missing if absent_is_empty && list_absent(&v, found_at) => match reported_error(&v) {
-            None => Confirmation::NotFound,
-            Some(member) => unknown(format!(
-                "the search answered {status} without its list but with `{member}`: not read as not found"
-            )),
-        },
+        Walk::EmptyList => failed("an empty list").unwrap_or(Confirmation::NotFound),
+        Walk::Missing if absent_is_empty && list_absent(&v, found_at) => {
+            failed("no list").unwrap_or(Confirmation::NotFound)
+        }
         Walk::Missing => unknown(format!(
             "the search answered {status} without a list or a reference at {found_at}"
         )),
@@ -399,9 +409,10 @@ fn read_search(
 }
 
 /// The top-level member by which an answer reports an error, when it has one that is not empty: `errors` (Square,
-/// GraphQL: a 200 can carry them) or `error`. An answer that leaves its list out and reports an error did not
-/// search: its missing list says nothing about the call.
-fn reported_error(v: &Value) -> Option<&'static str> {
+/// GraphQL: a 200 can carry them) or `error` (Slack's `{"ok": false, "error": ...}`). A search that reports an
+/// error beside an empty or missing list did not search (or not all of it): its list says nothing about the
+/// call. A call's 2xx that reports one without its reference did not say it acted.
+pub(crate) fn reported_error(v: &Value) -> Option<&'static str> {
     let o = v.as_object()?;
     ["errors", "error"].into_iter().find(|k| {
         o.get(*k).is_some_and(|e| match e {
@@ -636,6 +647,53 @@ mod tests {
         )));
         // A list at the top level.
         assert!(is_not_found(&read_search(200, b"[]", "/0/id", None, false)));
+    }
+
+    // GraphQL answers 200 with errors (Dgraph: "All responses, including errors, always return HTTP 200 OK status
+    // codes"), beside what it could resolve: the spec's field error nulls or leaves out the field, and a list
+    // resolved before the error is empty for a search that did not run. An empty list or a zero count beside a
+    // reported error is no "not found" (which calls again an effect that may have happened): unknown. An empty
+    // `errors` is no error.
+    #[test]
+    fn an_empty_search_that_reports_an_error_is_not_not_found() {
+        for (body, count_at) in [
+            (
+                &br#"{"data":{"tasks":[]},"errors":[{"message":"search backend timed out"}]}"#[..],
+                None,
+            ),
+            (br#"{"data":[],"error":"index unavailable"}"#, None),
+            (
+                br#"{"total":0,"results":[],"errors":[{"message":"Unknown property externalRef"}]}"#,
+                Some("/total"),
+            ),
+        ] {
+            let found_at = if count_at.is_some() {
+                "/results/0/id"
+            } else if body.starts_with(br#"{"data":{"#) {
+                "/data/tasks/0/id"
+            } else {
+                "/data/0/id"
+            };
+            assert!(
+                is_unknown(&read_search(200, body, found_at, count_at, false)),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert!(is_not_found(&read_search(
+            200,
+            br#"{"data":{"tasks":[]},"errors":[]}"#,
+            "/data/tasks/0/id",
+            None,
+            false
+        )));
+        assert!(is_not_found(&read_search(
+            200,
+            br#"{"total":0,"results":[],"error":null}"#,
+            "/results/0/id",
+            Some("/total"),
+            false
+        )));
     }
 
     #[test]
