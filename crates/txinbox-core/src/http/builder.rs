@@ -202,7 +202,8 @@ impl HttpEffectBuilder {
     }
 
     /// The destination's 2xx may carry no reference (an e-mail API answering 202 without an id): done
-    /// without reference, shown apart in `txinbox effects stats` and the metrics.
+    /// without reference, shown apart in `txinbox effects stats` and the metrics. A 2xx whose JSON body
+    /// reports an error (a non-empty top-level `errors` or `error`) is still uncertain, never done.
     pub fn reference_optional(mut self) -> Self {
         self.reference_optional = true;
         self

@@ -20,6 +20,7 @@
 //! |---|---|---|
 //! | 2xx with the reference at [`reference`](HttpEffectBuilder::reference) (`/id`) | done | done, reference kept |
 //! | 2xx without it | **uncertain** (unless [`reference_optional`](HttpEffectBuilder::reference_optional)) | reconciled |
+//! | 2xx without it whose body reports an error (a non-empty top-level `errors` or `error`: GraphQL, Slack) | uncertain, even optional or an upsert | reconciled |
 //! | could not connect | not sent | pending, backoff |
 //! | 408, 425, 429 | not sent | pending, no sooner than `Retry-After` |
 //! | 503 with `Retry-After` (seconds or HTTP-date) | not sent | pending, no sooner than `Retry-After` |
@@ -39,10 +40,10 @@
 //! ([`HttpEffect::upsert`]: `PUT .../tasks/{external_ref}`), which needs no confirmation.
 //!
 //! **The confirmation** ([`Confirm`]) asks the destination when an answer was lost: a lookup (404 is not
-//! found), a search (an empty list or a zero count is not found), or your own reader. A 2xx whose body lacks
-//! the declared reference is unknown, never done. Without a confirmation, a destination that honours its key
-//! ([`Key::header`], [`Key::body_field`]) is asked by repeating the call with the same key within the time it
-//! keeps keys; any other lost answer needs attention.
+//! found), a search (an empty list or a zero count is not found, unless the answer reports an error), or your
+//! own reader. A 2xx whose body lacks the declared reference is unknown, never done. Without a confirmation, a
+//! destination that honours its key ([`Key::header`], [`Key::body_field`]) is asked by repeating the call with
+//! the same key within the time it keeps keys; any other lost answer needs attention.
 
 mod answers;
 mod builder;
@@ -264,6 +265,14 @@ fn chain(e: &reqwest::Error) -> String {
     out
 }
 
+/// The top-level member by which a JSON answer reports an error (see [`confirm::reported_error`]).
+fn reported_error_in(body: &[u8]) -> Option<&'static str> {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .as_ref()
+        .and_then(confirm::reported_error)
+}
+
 /// The first bytes of an answer, for evidence.
 fn excerpt(body: &[u8]) -> String {
     let s = String::from_utf8_lossy(&body[..body.len().min(200)]);
@@ -342,15 +351,24 @@ impl EffectExecutor for HttpEffect {
             };
             let said = || format!("{shown} answered {status}: {}", excerpt(&body));
             match answer {
-                Answer::Done => match self.reference_of(&body) {
-                    Some(reference) => Execution::Done {
+                Answer::Done => match (self.reference_of(&body), reported_error_in(&body)) {
+                    (Some(reference), _) => Execution::Done {
                         reference: Some(reference),
                     },
-                    None if self.upsert => Execution::Done {
+                    // A 2xx that reports an error and gives no reference did not say it acted (GraphQL's
+                    // `{"data": null, "errors": [...]}`, Slack's `{"ok": false, "error": ...}`), nor that it
+                    // did not (Slack's `internal_error`: "It's possible some aspect of the operation succeeded
+                    // before the error was raised").
+                    (None, Some(member)) => Execution::uncertain(format!(
+                        "{} (reports `{member}` without a reference at {}): not read as done",
+                        said(),
+                        self.reference
+                    )),
+                    (None, None) if self.upsert => Execution::Done {
                         reference: Some(url_path(&url)),
                     },
-                    None if self.reference_optional => Execution::Done { reference: None },
-                    None => Execution::uncertain(format!(
+                    (None, None) if self.reference_optional => Execution::Done { reference: None },
+                    (None, None) => Execution::uncertain(format!(
                         "{shown} answered {status} without a reference at {}: not read as done (set where this \
                          destination puts its reference, or declare it optional)",
                         self.reference
@@ -571,6 +589,8 @@ fn url_path(url: &str) -> String {
     reqwest::Url::parse(url).map_or_else(|_| url.to_owned(), |u| u.path().to_owned())
 }
 
+#[cfg(test)]
+mod error_body_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -1,0 +1,125 @@
+//! A call answered 2xx whose body reports an error: what the effect reads from it.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+use crate::effects::EffectState;
+
+/// A destination on loopback answering every request `status` with the JSON `body`.
+async fn answering(status: &'static str, body: &'static str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // The request: its head, then as many body bytes as it says.
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(read) = conn.read(&mut chunk).await {
+                    if read == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..read]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    url
+}
+
+fn effect() -> ClaimedEffect {
+    ClaimedEffect {
+        id: 1,
+        consumer: "c".into(),
+        message_id: "m".into(),
+        key: "0123456789abcdef0123456789abcdef".into(),
+        name: "crm.create_task".into(),
+        destination: "crm".into(),
+        payload: br#"{"title":"t","external_ref":"ref-1"}"#.to_vec(),
+        metadata: Default::default(),
+        external_ref: "ref-1".into(),
+        claimed_from: EffectState::Pending,
+        attempts: 0,
+        reconciliations: 0,
+        created_at: Utc::now(),
+        reference: None,
+        maybe_happened: false,
+        sent_hash: None,
+    }
+}
+
+// GraphQL answers a failed mutation 200 (Dgraph: "All responses, including errors, always return HTTP 200 OK status
+// codes"; the spec: "If an error was raised during the execution that prevented a valid response, the data entry in
+// the response should be null"), and Slack's Web API answers 200 `{"ok": false, "error": ...}` ("Callers should
+// always check the value of the ok params in the response"; its `internal_error`: "It's possible some aspect of the
+// operation succeeded before the error was raised"). At a destination whose 2xx may carry no reference
+// (`reference_optional`), or an upsert (done with its path), such an answer was read as done. It says neither that
+// the destination acted nor that it did not: uncertain, reconciled.
+#[tokio::test]
+async fn a_2xx_that_reports_an_error_without_its_reference_is_not_done() {
+    for body in [
+        r#"{"data":null,"errors":[{"message":"Cannot create task: upstream timeout","path":["createTask"]}]}"#,
+        r#"{"ok":false,"error":"internal_error"}"#,
+    ] {
+        let url = answering("200 OK", body).await;
+        for (what, builder) in [
+            (
+                "optional reference",
+                HttpEffect::post(format!("{url}/graphql"))
+                    .reference("/data/createTask/id")
+                    .reference_optional(),
+            ),
+            (
+                "upsert",
+                HttpEffect::upsert(format!("{url}/v1/tasks/{{external_ref}}")),
+            ),
+        ] {
+            let x = builder.build().unwrap();
+            match x.execute(&effect()).await {
+                Execution::Uncertain { error } => {
+                    let error = error.to_string();
+                    assert!(error.contains("answered 200"), "{what}: {error}");
+                }
+                other => panic!("{what}, {body}: read as {other:?}"),
+            }
+        }
+    }
+    // The reference beside an error (GraphQL's partial result: the object was created) is done; an empty
+    // `errors` or a null `error` is no error.
+    for (body, reference) in [
+        (
+            r#"{"data":{"createTask":{"id":"t-7"}},"errors":[{"message":"owner not resolved"}]}"#,
+            Some("t-7"),
+        ),
+        (r#"{"data":{"createTask":null},"errors":[]}"#, None),
+        (r#"{"ok":true,"error":null}"#, None),
+    ] {
+        let url = answering("200 OK", body).await;
+        let x = HttpEffect::post(format!("{url}/graphql"))
+            .reference("/data/createTask/id")
+            .reference_optional()
+            .build()
+            .unwrap();
+        match x.execute(&effect()).await {
+            Execution::Done { reference: r } => assert_eq!(r.as_deref(), reference, "{body}"),
+            other => panic!("{body}: read as {other:?}"),
+        }
+    }
+}
