@@ -199,15 +199,21 @@ async fn a_long_poll_in_flight_at_shutdown_hands_back_what_it_brought() {
     });
     let processed = Arc::new(AtomicU64::new(0));
     let stop = CancellationToken::new();
-    // The answer comes back only after the stop signal, however slow the machine.
+    // The answer comes back only once the stop signal has been given (the shutdown future has ended),
+    // however slow the machine.
+    let release = CancellationToken::new();
     let receiver = SlowAnswer {
         inner: queue.receiver(),
-        release: stop.clone(),
+        release: release.clone(),
     };
+    let signal = stop.clone();
     let worker = tokio::spawn(
         Worker::new(receiver, Ack(processed.clone()))
             .options(fast())
-            .run_until(stop.clone().cancelled_owned()),
+            .run_until(async move {
+                signal.cancelled().await;
+                release.cancel();
+            }),
     );
     // The worker is in its long poll; a message arrives and is handed to it (invisible for 300 s from now
     // on); the stop signal comes before the answer does.
