@@ -160,8 +160,8 @@ enum SqsCommand {
 #[derive(Subcommand)]
 enum ServiceBusCommand {
     /// Resubmit dead-lettered messages to a queue with their MessageId and properties intact, completing each
-    /// in the source only after its send succeeded. `--from` must be a dead-letter subqueue, unless
-    /// `--from-any-queue`. The namespace comes from SERVICEBUS_CONNECTION_STRING (SAS) or SERVICEBUS_NAMESPACE
+    /// in the source only after its send succeeded. `--from` must be a dead-letter subqueue or the queue's
+    /// poison queue, unless `--from-any-queue`. The namespace comes from SERVICEBUS_CONNECTION_STRING (SAS) or SERVICEBUS_NAMESPACE
     /// (Azure AD), plus SERVICEBUS_ENDPOINT for an emulator. Exits 3 when a message was sent but could not be
     /// completed in the source (it is in both: run it again), 2 on an error.
     Redrive {
@@ -171,12 +171,13 @@ enum ServiceBusCommand {
         /// Another source: a dead-letter subqueue, `<queue>/$DeadLetterQueue` or
         /// `<topic>/Subscriptions/<subscription>/$DeadLetterQueue` (any case; Microsoft: "You can access the
         /// dead-letter queue by using the following syntax: <queue path>/$deadletterqueue <topic
-        /// path>/Subscriptions/<subscription path>/$deadletterqueue"). Any other path is refused (a mistyped name
-        /// of a live queue would drain it into `--queue`), unless `--from-any-queue`.
+        /// path>/Subscriptions/<subscription path>/$deadletterqueue"), or the poison queue the worker forwards
+        /// dead letters to (`[servicebus] dead_letter_to` of `--config`, else `<queue>-poison`). Any other path is
+        /// refused (a mistyped name of a live queue would drain it into `--queue`), unless `--from-any-queue`.
         #[arg(long)]
         from: Option<String>,
-        /// Move from a `--from` that is no dead-letter subqueue: a poison queue the adapter forwards dead
-        /// letters to, a queue used as one by hand.
+        /// Move from a `--from` that is neither a dead-letter subqueue nor the queue's poison queue (a queue used
+        /// as one by hand, another queue's poison queue).
         #[arg(long)]
         from_any_queue: bool,
         /// Move at most this many messages.
@@ -219,16 +220,19 @@ fn servicebus(command: ServiceBusCommand) -> ExitCode {
                     "--from {from} is the target queue itself: each message sent back would be received again and moved for ever; give the dead-letter queue or the poison queue to move from"
                 ));
             }
-            if !from_any_queue {
-                if let Err(refused) = redrive::servicebus_source_is_a_dead_letter_queue(&from) {
-                    return targets::fail(&refused);
-                }
-            }
             let window = match redrive::servicebus_dedup_window(dedup_window_secs, config.as_deref())
             {
                 Ok(w) => w,
                 Err(e) => return targets::fail(&e),
             };
+            if !from_any_queue {
+                let checked = redrive::servicebus_poison_queue(&queue, config.as_deref()).and_then(
+                    |poison| redrive::servicebus_source_is_a_dead_letter_queue(&from, &poison),
+                );
+                if let Err(refused) = checked {
+                    return targets::fail(&refused);
+                }
+            }
             let client =
                 match txinbox_servicebus::ServiceBusConfig::from_env().and_then(|c| c.connect()) {
                     Ok(c) => c,

@@ -80,13 +80,16 @@ pub fn same_servicebus_entity(from: &str, to: &str) -> bool {
 /// [`txinbox_servicebus::dead_letter_queue_path`] as here; the service takes it in any case.
 const DEAD_LETTER_SEGMENT: &str = "$DeadLetterQueue";
 
-/// `Ok` when the Service Bus entity path `from` is a dead-letter subqueue: `<entity path>/$DeadLetterQueue`,
-/// the segment in any case, surrounding `/` aside (a subscription's, `topic/Subscriptions/s/$DeadLetterQueue`,
-/// and the transfer dead-letter queue, `queue/$Transfer/$DeadLetterQueue`, included). Else the reason to refuse
-/// it as a redrive's source, with the flag that moves from it all the same: a `--from` naming a live queue (a
-/// mistyped name) would drain that queue into `--queue`. A poison queue the adapter forwards dead letters to is
-/// an ordinary queue, and is refused the same way.
-pub fn servicebus_source_is_a_dead_letter_queue(from: &str) -> Result<(), String> {
+/// `Ok` when the Service Bus entity path `from` is a dead-letter subqueue, `<entity path>/$DeadLetterQueue` (the
+/// segment in any case, surrounding `/` aside; a subscription's, `topic/Subscriptions/s/$DeadLetterQueue`, and
+/// the transfer dead-letter queue, `queue/$Transfer/$DeadLetterQueue`, included), or the target's poison queue
+/// `poison` (the queue the worker forwards its dead letters to: [`servicebus_poison_queue`]). Else the reason to
+/// refuse it as a redrive's source, with the flag that moves from it all the same: a `--from` naming a live
+/// queue (a mistyped name) would drain that queue into `--queue`.
+pub fn servicebus_source_is_a_dead_letter_queue(from: &str, poison: &str) -> Result<(), String> {
+    if same_servicebus_entity(from, poison) {
+        return Ok(());
+    }
     match from.trim().trim_matches('/').rsplit_once('/') {
         Some((entity, last))
             if !entity.trim_matches('/').is_empty()
@@ -95,9 +98,28 @@ pub fn servicebus_source_is_a_dead_letter_queue(from: &str) -> Result<(), String
             Ok(())
         }
         _ => Err(format!(
-            "--from {from} is no queue's dead-letter queue (its path does not end in /{DEAD_LETTER_SEGMENT}): a redrive would drain it into --queue; check --from, or give --from-any-queue to move from it all the same"
+            "--from {from} is no queue's dead-letter queue (its path does not end in /{DEAD_LETTER_SEGMENT}, and it is not the target's poison queue {poison}): a redrive would drain it into --queue; check --from, or give --from-any-queue to move from it all the same"
         )),
     }
+}
+
+/// The poison queue the worker of `queue` forwards its dead letters to: the settings file's `[servicebus]
+/// dead_letter_to` when `config` names one that sets it, else the convention `{queue}-poison`
+/// ([`txinbox_servicebus::roles::poison_queue_name`]).
+pub fn servicebus_poison_queue(
+    queue: &str,
+    config: Option<&std::path::Path>,
+) -> Result<String, String> {
+    let configured = match config {
+        Some(path) => {
+            txinbox_core::settings::WorkerSettings::load(path)
+                .map_err(|e| e.to_string())?
+                .servicebus
+                .dead_letter_to
+        }
+        None => None,
+    };
+    Ok(configured.unwrap_or_else(|| txinbox_servicebus::roles::poison_queue_name(queue)))
 }
 
 /// The exit status of a redrive that ran to its end: 0 when it did all it could, 3 when it left messages for
@@ -452,6 +474,25 @@ mod tests {
         assert_eq!(out.lines().count(), 1, "{out:?}");
     }
 
+    /// The target's poison queue is the settings file's `dead_letter_to` when it sets one, else `{queue}-poison`.
+    #[test]
+    fn the_poison_queue_comes_from_the_settings_else_the_convention() {
+        let file = SettingsFile::new("[servicebus]\ndead_letter_to = \"orders-parked\"\n");
+        assert_eq!(
+            servicebus_poison_queue("orders", Some(file.path())).as_deref(),
+            Ok("orders-parked")
+        );
+        let unset = SettingsFile::new("[servicebus]\nduplicate_detection_window_seconds = 60\n");
+        assert_eq!(
+            servicebus_poison_queue("orders", Some(unset.path())).as_deref(),
+            Ok("orders-poison")
+        );
+        assert_eq!(
+            servicebus_poison_queue("orders", None).as_deref(),
+            Ok("orders-poison")
+        );
+    }
+
     /// The window comes from the flag, else the settings file; neither is an error, never an assumed 600 s.
     #[test]
     fn the_duplicate_detection_window_is_told_never_assumed() {
@@ -471,8 +512,9 @@ mod tests {
         assert!(e.contains("duplicate-detection window"), "{e}");
     }
 
-    /// A Service Bus redrive's source is a dead-letter subqueue, `<entity path>/$DeadLetterQueue` in any case;
-    /// any other path, a poison queue's included, is refused with the flag that moves from it.
+    /// A Service Bus redrive's source is a dead-letter subqueue, `<entity path>/$DeadLetterQueue` in any case,
+    /// or the target's poison queue; any other path, another queue's poison queue included, is refused with the
+    /// flag that moves from it.
     #[test]
     fn a_servicebus_source_is_a_dead_letter_subqueue() {
         for from in [
@@ -481,16 +523,18 @@ mod tests {
             &txinbox_servicebus::dead_letter_queue_path("orders"),
             "crm/Subscriptions/followup/$DeadLetterQueue",
             "orders/$Transfer/$DeadLetterQueue",
+            "orders-poison",
+            "Orders-Poison",
         ] {
             assert_eq!(
-                servicebus_source_is_a_dead_letter_queue(from),
+                servicebus_source_is_a_dead_letter_queue(from, "orders-poison"),
                 Ok(()),
                 "{from}"
             );
         }
         for from in [
             "orders",
-            "orders-poison",
+            "billing-poison",
             "$DeadLetterQueue",
             "/$DeadLetterQueue",
             "orders/$DeadLetterQueueX",
@@ -498,7 +542,8 @@ mod tests {
             "orders/$DeadLetterQueue/messages",
             "",
         ] {
-            let refused = servicebus_source_is_a_dead_letter_queue(from).unwrap_err();
+            let refused =
+                servicebus_source_is_a_dead_letter_queue(from, "orders-poison").unwrap_err();
             assert!(
                 refused.contains("is no queue's dead-letter queue")
                     && refused.contains("--from-any-queue"),

@@ -332,10 +332,13 @@ fn a_servicebus_redrive_from_the_target_queue_is_refused() {
 /// poison queue the adapter forwards dead letters to).
 #[test]
 fn a_servicebus_redrive_from_a_queue_that_is_no_dead_letter_queue_is_refused_unless_told() {
-    let sb = ServiceBus::with_queues(&["live", "orders"]);
+    let sb = ServiceBus::with_queues(&["live", "orders", "orders-poison"]);
     sb.emulator
         .send_message("live", "m-1", "{}")
         .expect("send to the live queue");
+    sb.emulator
+        .send_message("orders-poison", "m-2", "{}")
+        .expect("send to the poison queue");
     let redrive = |from: &str, extra: &[&str]| {
         let mut args = vec![
             "servicebus",
@@ -370,12 +373,17 @@ fn a_servicebus_redrive_from_a_queue_that_is_no_dead_letter_queue_is_refused_unl
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     assert_eq!(out, "moved=0 deferred=0 complete_failed=0\n", "{err}");
     assert_eq!((sb.active("live"), sb.active("orders")), (1, 0));
+    // The poison queue the worker of `orders` forwards its dead letters to, by convention, is a source too.
+    let (code, out, err) = redrive("orders-poison", &[]);
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert_eq!(out, "moved=1 deferred=0 complete_failed=0\n", "{err}");
+    assert_eq!((sb.active("orders-poison"), sb.active("orders")), (0, 1));
     let (code, out, err) = redrive("live", &["--from-any-queue"]);
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     assert_eq!(out, "moved=1 deferred=0 complete_failed=0\n", "{err}");
     assert_eq!(
         (sb.active("live"), sb.active("orders")),
-        (0, 1),
+        (0, 2),
         "told, it moves"
     );
 }
