@@ -102,6 +102,15 @@ impl Store<Postgres> {
                 effects_copied: 0,
             });
         }
+        // The three tables are copied, then the old ones dropped: a write committed between the copy and
+        // the drop would go with the old table (an effects runner's `done`, evidence recorded, neither of
+        // which touches the markers). Every writer waits from here to the commit; in the order an inbox
+        // transaction takes them (markers, then effects), so that none deadlocks with it.
+        sqlx::Executor::execute(
+            &mut *tx,
+            "LOCK TABLE txinbox_inbox, txinbox_rejections, txinbox_effects IN ACCESS EXCLUSIVE MODE",
+        )
+        .await?;
         let now = Utc::now();
         let w = chrono::Duration::seconds(width);
         // Markers: a partition for every bucket a live copy may still fall in, back to `keep` ago.

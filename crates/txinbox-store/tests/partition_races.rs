@@ -1,0 +1,177 @@
+//! The partitioned layout beside writers that do not wait for it: an effects runner's update or a recorded
+//! piece of evidence committed while the conversion copies the tables is in the partitioned table after it,
+//! and an effect committed into a partition while the rotation detaches it is never dropped with it.
+
+use chrono::{DateTime, Utc};
+use sqlx::Connection;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use txinbox_store::{PartitionOptions, Store, StoreOptions};
+
+struct Schema {
+    store: Store<sqlx::Postgres>,
+    name: String,
+}
+
+impl Schema {
+    async fn new() -> Self {
+        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let store = Store::<sqlx::Postgres>::connect_with(
+            &txinbox_testkit::pg_url(),
+            StoreOptions::new().schema(&name).max_connections(4),
+        )
+        .await
+        .unwrap();
+        Self { store, name }
+    }
+
+    /// Another session on this schema (another node's worker).
+    async fn session(&self) -> sqlx::PgConnection {
+        let opts = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
+            &txinbox_testkit::pg_url(),
+        )
+        .unwrap()
+        .options([("search_path", format!("\"{}\"", self.name))]);
+        sqlx::ConnectOptions::connect(&opts).await.unwrap()
+    }
+
+    async fn drop(self) {
+        self.store.close().await;
+        let mut c = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
+            .await
+            .unwrap();
+        sqlx::Executor::execute(
+            &mut c,
+            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name).as_str(),
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Waits until a session waits for `pid`'s transaction (a lock it holds, or its end), or `ended` says the
+    /// waiting step ended first; `what` names the waiting step, for the failure.
+    async fn until_blocked_by(&self, pid: i32, ended: &AtomicBool, what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+            )
+            .bind(pid)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap();
+            if waiting > 0 || ended.load(Ordering::SeqCst) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} never waited for the other session"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Runs `op` until it waits for the transaction of `pid`, then `then`, and returns what `op` returned.
+async fn while_blocked<T>(
+    s: &Schema,
+    pid: i32,
+    what: &str,
+    op: impl Future<Output = T>,
+    then: impl Future<Output = ()>,
+) -> T {
+    let ended = AtomicBool::new(false);
+    let op = async {
+        let r = op.await;
+        ended.store(true, Ordering::SeqCst);
+        r
+    };
+    let driver = async {
+        s.until_blocked_by(pid, &ended, what).await;
+        then.await;
+    };
+    futures::future::join(op, driver).await.0
+}
+
+async fn pid(conn: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// An effect row written straight into the table, created at `created`, in `state`.
+async fn effect_row(store: &Store<sqlx::Postgres>, key: &str, state: &str, created: DateTime<Utc>) {
+    sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', $1, $1, 'crm', 'crm', '\\x00', '{}', $1, $2, $3, $3, $3)")
+        .bind(key)
+        .bind(state)
+        .bind(created)
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+/// An effects runner that finishes an effect while the inbox is converted (its transaction touches the
+/// effects alone, so the conversion's lock on the markers does not stop it): its update is in the partitioned
+/// table afterwards. Had the conversion copied the effects before the runner committed and dropped the old
+/// table after, the effect would be pending again and run a second time.
+#[tokio::test]
+async fn an_effect_finished_during_the_conversion_stays_finished() {
+    let s = Schema::new().await;
+    effect_row(&s.store, "k", "pending", Utc::now()).await;
+    let mut runner = s.session().await;
+    let runner_pid = pid(&mut runner).await;
+    let mut tx = runner.begin().await.unwrap();
+    sqlx::query("UPDATE txinbox_effects SET state = 'done', finished_at = now() WHERE idempotency_key = 'k'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let r = while_blocked(
+        &s,
+        runner_pid,
+        "the conversion",
+        s.store.partition(&PartitionOptions::new()),
+        async { tx.commit().await.unwrap() },
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.effects_copied, 1, "{r:?}");
+    let state: Vec<String> = sqlx::query_scalar("SELECT state FROM txinbox_effects")
+        .fetch_all(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(state, vec!["done"], "the runner's update was lost");
+    drop(runner);
+    s.drop().await;
+}
+
+/// Evidence recorded while the inbox is converted (its own transaction, beside no marker) is in the
+/// partitioned table afterwards, never lost with the old table.
+#[tokio::test]
+async fn evidence_recorded_during_the_conversion_is_kept() {
+    let s = Schema::new().await;
+    let mut worker = s.session().await;
+    let worker_pid = pid(&mut worker).await;
+    let mut tx = worker.begin().await.unwrap();
+    sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, business_key, payload_hash, conflicts_with, detail, recorded_at) VALUES ('c', 'crm', 'm1', 'payload_collision', NULL, 'h', 'm0', 'd', now())")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let r = while_blocked(
+        &s,
+        worker_pid,
+        "the conversion",
+        s.store.partition(&PartitionOptions::new()),
+        async { tx.commit().await.unwrap() },
+    )
+    .await
+    .unwrap();
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM txinbox_rejections")
+        .fetch_one(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(kept, 1, "the evidence recorded meanwhile was lost: {r:?}");
+    drop(worker);
+    s.drop().await;
+}
