@@ -266,8 +266,10 @@ impl HttpEffectBuilder {
     /// The compensation request an operator can trigger ([`crate::EffectRunner::compensate`]): a DELETE to
     /// this URL, where `{reference}`, `{key}` and `{external_ref}` are replaced (percent-encoded), with
     /// `<key>-compensate` in the destination's key header ([`Key::header`]'s, `Idempotency-Key` when none is
-    /// declared; none with [`Key::none`] or [`Key::body_field`]). A 2xx or a 404 (already gone) undoes the effect. A URL naming `{reference}` refuses, unsent, an effect done without
-    /// one (it would name the collection).
+    /// declared; none with [`Key::none`] or [`Key::body_field`]). A 2xx or a 404 (already gone) undoes the
+    /// effect; a 2xx whose JSON body reports an error (a non-empty top-level `errors` or `error`), or whose body
+    /// was lost, does not. A URL naming `{reference}` refuses, unsent, an effect done without one (it would name
+    /// the collection).
     pub fn compensate_url(mut self, template: impl Into<String>) -> Self {
         self.compensate = Some(template.into());
         self

@@ -123,3 +123,41 @@ async fn a_2xx_that_reports_an_error_without_its_reference_is_not_done() {
         }
     }
 }
+
+// The same answer to a compensation's DELETE (a GraphQL `deleteTask` mutation's endpoint refusing it, Slack's
+// `chat.delete` answering `{"ok": false, "error": "cant_delete_message"}`) was read as undone: the effect was marked
+// compensated while the destination still held what it did. It is refused now, the answer kept as evidence; a 2xx
+// without an error (a 204, an empty `errors`) and a 404 (already gone) still undo.
+#[tokio::test]
+async fn a_compensation_answered_2xx_with_an_error_is_not_undone() {
+    let mut done = effect();
+    done.claimed_from = EffectState::Done;
+    done.reference = Some("t-7".into());
+    for body in [
+        r#"{"data":{"deleteTask":null},"errors":[{"message":"Not authorized to delete task t-7"}]}"#,
+        r#"{"ok":false,"error":"cant_delete_message"}"#,
+    ] {
+        let url = answering("200 OK", body).await;
+        let x = HttpEffect::post(format!("{url}/v1/tasks"))
+            .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+            .build()
+            .unwrap();
+        let error = x.compensate(&done).await.expect_err(body).to_string();
+        assert!(error.contains("answered 200"), "{error}");
+    }
+    for (status, body) in [
+        (
+            "200 OK",
+            r#"{"data":{"deleteTask":{"id":"t-7"}},"errors":[]}"#,
+        ),
+        ("204 No Content", ""),
+        ("404 Not Found", r#"{"error":"no such task"}"#),
+    ] {
+        let url = answering(status, body).await;
+        let x = HttpEffect::post(format!("{url}/v1/tasks"))
+            .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+            .build()
+            .unwrap();
+        assert!(x.compensate(&done).await.is_ok(), "{status} {body}");
+    }
+}

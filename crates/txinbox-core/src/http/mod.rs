@@ -440,14 +440,32 @@ impl EffectExecutor for HttpEffect {
             if let Placement::Header(name) = &self.key.placement {
                 req = req.header(name.as_str(), format!("{}-compensate", effect.key));
             }
-            let r = req.send().await.map_err(|e| chain(&e.without_url()))?;
+            let mut r = req.send().await.map_err(|e| chain(&e.without_url()))?;
             if redirected(&r, &url) {
                 return Err(format!("the compensation request: {REDIRECTED}").into());
             }
-            if r.status().is_success() || r.status() == reqwest::StatusCode::NOT_FOUND {
-                Ok(())
-            } else {
-                Err(format!("the compensation request answered {}", r.status()).into())
+            let status = r.status();
+            if status == reqwest::StatusCode::NOT_FOUND {
+                return Ok(());
+            }
+            if !status.is_success() {
+                return Err(format!("the compensation request answered {status}").into());
+            }
+            // A 2xx that reports an error (GraphQL's `{"errors": [...]}`, Slack's `{"ok": false, "error": ...}`)
+            // did not undo it; nor does a 2xx whose body was lost say it did.
+            let body = read_body(&mut r).await.map_err(|e| {
+                format!(
+                    "the compensation request answered {status} and its body was lost: {}",
+                    chain(&e)
+                )
+            })?;
+            match reported_error_in(&body) {
+                None => Ok(()),
+                Some(member) => Err(format!(
+                    "the compensation request answered {status} with `{member}` in its body: not read as undone: {}",
+                    excerpt(&body)
+                )
+                .into()),
             }
         })
     }
