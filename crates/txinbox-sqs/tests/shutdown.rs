@@ -1,6 +1,9 @@
 //! Shutdown with a long poll in flight, against moto: a message that reaches the poll after the stop
 //! signal is handed back (`ChangeMessageVisibility` 0) and received again at once, not after its 60 s
 //! visibility timeout.
+//!
+//! The stop signal comes once the receiver says its poll has begun, and the poll waits 20 s (the most SQS
+//! allows): the message sent after the signal reaches a poll still in flight however slow moto's answers.
 
 mod common;
 
@@ -10,8 +13,28 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tokio_util::sync::CancellationToken;
-use txinbox_core::Worker;
-use txinbox_sqs::SqsReceiver;
+use txinbox_core::{BrokerError, Receiver, Worker};
+use txinbox_sqs::{SqsDelivery, SqsReceiver};
+
+/// A receiver that cancels `polling` as each of its receives begins.
+struct SaysWhenPolling {
+    inner: SqsReceiver,
+    polling: CancellationToken,
+}
+
+impl Receiver for SaysWhenPolling {
+    type Delivery = SqsDelivery;
+    async fn receive(&mut self, max: usize) -> Result<Vec<SqsDelivery>, BrokerError> {
+        self.polling.cancel();
+        self.inner.receive(max).await
+    }
+    fn fork(&self) -> Option<Self> {
+        Some(Self {
+            inner: self.inner.fork()?,
+            polling: self.polling.clone(),
+        })
+    }
+}
 
 #[tokio::test]
 async fn a_message_received_after_the_stop_signal_is_received_again_at_once() {
@@ -19,16 +42,22 @@ async fn a_message_received_after_the_stop_signal_is_received_again_at_once() {
     let q = queue_pair(&c, 5, 60).await;
     let store = sqlite_store().await;
     let calls = Arc::new(AtomicI64::new(0));
-    let opts = fast_options(60, &q.dlq).wait(Duration::from_secs(5));
-    let receiver = SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap();
+    let opts = fast_options(60, &q.dlq).wait(Duration::from_secs(20));
+    let polling = CancellationToken::new();
+    let receiver = SaysWhenPolling {
+        inner: SqsReceiver::connect(c.clone(), &q.url, opts).await.unwrap(),
+        polling: polling.clone(),
+    };
     let inbox = txinbox_core::Inbox::new(store.clone(), policy("sqs-shutdown"))
         .bind_handler(sqlite_handler(calls.clone()));
     let stop = CancellationToken::new();
     let worker =
         tokio::spawn(Worker::new(receiver, inbox).run_until(stop.clone().cancelled_owned()));
-    // The worker's first long poll (5 s) is under way on an empty queue; the stop signal comes, then a
+    // The worker's first long poll (20 s) is under way on an empty queue; the stop signal comes, then a
     // message, which SQS hands to that poll.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::timeout(Duration::from_secs(20), polling.cancelled())
+        .await
+        .expect("the worker polls");
     stop.cancel();
     tokio::time::sleep(Duration::from_millis(300)).await;
     send(
@@ -40,7 +69,7 @@ async fn a_message_received_after_the_stop_signal_is_received_again_at_once() {
         "g1",
     )
     .await;
-    let report = tokio::time::timeout(Duration::from_secs(20), worker)
+    let report = tokio::time::timeout(Duration::from_secs(40), worker)
         .await
         .expect("the worker stops within its long poll")
         .unwrap();
