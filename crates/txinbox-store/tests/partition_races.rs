@@ -2,11 +2,12 @@
 //! piece of evidence committed while the conversion copies the tables is in the partitioned table after it,
 //! and an effect committed into a partition while the rotation detaches it is never dropped with it.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration as Cd, Utc};
 use sqlx::Connection;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use txinbox_core::runtime::maintenance::{MaintenanceOptions, MaintenanceStore, Table};
 use txinbox_store::{PartitionOptions, Store, StoreOptions};
 
 struct Schema {
@@ -172,6 +173,48 @@ async fn evidence_recorded_during_the_conversion_is_kept() {
         .await
         .unwrap();
     assert_eq!(kept, 1, "the evidence recorded meanwhile was lost: {r:?}");
+    drop(worker);
+    s.drop().await;
+}
+/// An effect committed into a partition while the rotation detaches it (a transaction that began before
+/// the rotation looked, its effect created by a clock that lags, or just before the bucket ended with a
+/// short keep) is not dropped with it: the rotation looks again once the partition is detached, and puts a
+/// partition that holds an effect not done back.
+#[tokio::test]
+async fn an_effect_committed_while_its_partition_is_detached_is_not_dropped() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let created = Utc::now();
+    let mut worker = s.session().await;
+    let worker_pid = pid(&mut worker).await;
+    let mut tx = worker.begin().await.unwrap();
+    sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k', 'crm', 'crm', '\\x00', '{}', 'k', 'pending', $1, $1, $1)")
+        .bind(created)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // Past the effects' keep: the partition of today looks empty to the rotation (the effect is not
+    // committed), which detaches it and waits for the worker's transaction.
+    let later = created + Cd::days(9);
+    // DETACH ... CONCURRENTLY waits for the transactions that use the table (their own lock), not for a
+    // lock on it.
+    let maintenance = MaintenanceOptions::default();
+    let p = while_blocked(
+        &s,
+        worker_pid,
+        "the rotation",
+        s.store.rotate_partitions(later, &maintenance),
+        async { tx.commit().await.unwrap() },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let left: Vec<String> = sqlx::query_scalar("SELECT state FROM txinbox_effects")
+        .fetch_all(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, vec!["pending"], "a pending effect was dropped: {p:?}");
+    assert_eq!(p.held[&Table::Effects], 1, "{p:?}");
     drop(worker);
     s.drop().await;
 }

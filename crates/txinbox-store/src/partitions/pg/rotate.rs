@@ -110,6 +110,10 @@ async fn rotate(
             _ => continue,
         };
         let w = chrono::Duration::seconds(width);
+        // Effects finished before this have been kept long enough.
+        let cutoff = now
+            .checked_sub_signed(keep)
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
         // Detaches a crash left half done are finished, and tables detached but not dropped are dropped.
         let parts = sqlx::query("SELECT c.relname::text, i.inhdetachpending FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1)")
             .bind(parent)
@@ -127,7 +131,9 @@ async fn rotate(
             if pending {
                 let sql = format!("ALTER TABLE {parent} DETACH PARTITION {name} FINALIZE");
                 sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
-                sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
+                if !drop_detached(&mut *conn, table, parent, &name, b, width, cutoff).await? {
+                    attached.push(b);
+                }
             } else {
                 attached.push(b);
             }
@@ -137,8 +143,10 @@ async fn rotate(
             .fetch_all(&mut *conn)
             .await?;
         for name in orphans {
-            if partition_bucket(parent, &name).is_some() {
-                sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
+            if let Some(b) = partition_bucket(parent, &name) {
+                if !drop_detached(&mut *conn, table, parent, &name, b, width, cutoff).await? {
+                    attached.push(b);
+                }
             }
         }
         // Ahead: every bucket from now's to `ahead` past it. For markers, from `low`: a marker is placed by
@@ -182,15 +190,7 @@ async fn rotate(
             if table == Table::Effects {
                 // Effects leave with their partition only when every one is finished and was finished
                 // longer ago than the keep: a failed or needs-attention effect holds it for an operator.
-                let check = format!("SELECT EXISTS (SELECT 1 FROM {name} WHERE state <> 'done' AND (state <> 'compensated' OR finished_at IS NULL OR finished_at >= $1)) OR EXISTS (SELECT 1 FROM {name} WHERE state = 'done' AND finished_at >= $1)");
-                let busy: bool = sqlx::query_scalar(&check)
-                    .bind(
-                        now.checked_sub_signed(keep)
-                            .unwrap_or(DateTime::<Utc>::MIN_UTC),
-                    )
-                    .fetch_one(&mut *conn)
-                    .await?;
-                if busy {
+                if effects_busy(&mut *conn, &name, cutoff).await? {
                     held += 1;
                     continue;
                 }
@@ -207,8 +207,11 @@ async fn rotate(
             }
             let detach = format!("ALTER TABLE {parent} DETACH PARTITION {name} CONCURRENTLY");
             sqlx::Executor::execute(&mut *conn, detach.as_str()).await?;
-            sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
-            dropped += 1;
+            if drop_detached(&mut *conn, table, parent, &name, b, width, cutoff).await? {
+                dropped += 1;
+            } else {
+                held += 1;
+            }
         }
         report.dropped.insert(table, dropped);
         report.held.insert(table, held);
@@ -240,4 +243,44 @@ async fn rotate(
         }
     }
     Ok(())
+}
+
+/// Whether the effects' partition (or detached table) `name` holds an effect that keeps it: one not finished,
+/// or finished at `cutoff` or later.
+async fn effects_busy(
+    conn: &mut PgConnection,
+    name: &str,
+    cutoff: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let check = format!("SELECT EXISTS (SELECT 1 FROM {name} WHERE state <> 'done' AND (state <> 'compensated' OR finished_at IS NULL OR finished_at >= $1)) OR EXISTS (SELECT 1 FROM {name} WHERE state = 'done' AND finished_at >= $1)");
+    sqlx::query_scalar(&check)
+        .bind(cutoff)
+        .fetch_one(&mut *conn)
+        .await
+}
+
+/// Drops `name`, a partition of `parent` for `bucket` now detached; true when dropped. A detached table of
+/// effects is looked at once more first, and attached back if an effect keeps it: the look before the
+/// detach saw only committed rows, and `DETACH ... CONCURRENTLY` waits for the transactions that use the
+/// table, so an effect committed meanwhile into that partition is in it now, and would go with it.
+async fn drop_detached(
+    conn: &mut PgConnection,
+    table: Table,
+    parent: &str,
+    name: &str,
+    bucket: DateTime<Utc>,
+    width: i64,
+    cutoff: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    if table == Table::Effects && effects_busy(&mut *conn, name, cutoff).await? {
+        let attach = format!(
+            "ALTER TABLE {parent} ATTACH PARTITION {name} FOR VALUES FROM ('{}') TO ('{}')",
+            super::rfc(bucket),
+            super::rfc(bucket + chrono::Duration::seconds(width))
+        );
+        sqlx::Executor::execute(&mut *conn, attach.as_str()).await?;
+        return Ok(false);
+    }
+    sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
+    Ok(true)
 }
