@@ -20,7 +20,8 @@ pub(crate) enum Rule {
     /// `found_at`, anything else (an empty list, a body without the reference) is unknown.
     Lookup { found_at: String },
     /// A list or a search: a 2xx whose pointer walks into an empty list (or whose count is 0) is "not found",
-    /// unless it reports an error (a non-empty top-level `errors` or `error`: unknown);
+    /// unless it reports an error (a non-empty top-level `errors` or `error`) or says it is partial (`timed_out`,
+    /// failed `_shards`): unknown;
     /// a 2xx with the reference at `found_at` is found; a 404 or a body of another shape is unknown.
     Search {
         found_at: String,
@@ -60,7 +61,8 @@ impl fmt::Debug for Rule {
 ///   `{"data": [...]}`): an empty list at the pointer's path is not found (`/data/0/id` by default); a count
 ///   ([`count_at`](Confirm::count_at), `/total`) of 0 is not found; a 404 or another shape is unknown, and so
 ///   is an empty list or a zero count beside a reported error (a non-empty top-level `errors`, as GraphQL
-///   answers 200 with, or `error`): the search did not run, or not all of it.
+///   answers 200 with, or `error`) or in a partial answer (Elasticsearch's `"timed_out": true` or failed
+///   `_shards`): the search did not run, or not all of it.
 /// * [`Confirm::search_post`]: the same with a `POST` body (HubSpot's `POST /crm/v3/objects/tasks/search`).
 /// * [`read_with`](Confirm::read_with): your own reader of the status and body.
 ///
@@ -359,10 +361,10 @@ fn read_search(
         ));
     };
     // An answer that reports an error beside an empty list or a zero count did not (fully) search: a GraphQL
-    // field error leaves its list empty, a partial result counts only what it reached. Not "not found", which
-    // would call again.
+    // field error leaves its list empty, a partial result (Elasticsearch's failed shards or timeout) counts only
+    // what it reached. Not "not found", which would call again.
     let failed = |what: &str| {
-        reported_error(&v).map(|member| {
+        reported_error(&v).or_else(|| partial(&v)).map(|member| {
             unknown(format!(
                 "the search answered {status} with {what} but with `{member}`: not read as not found"
             ))
@@ -423,6 +425,19 @@ pub(crate) fn reported_error(v: &Value) -> Option<&'static str> {
             _ => true,
         })
     })
+}
+
+/// The member by which a search answer says it is partial, when it does: Elasticsearch's and OpenSearch's
+/// `"timed_out": true` (the search stopped at its `timeout` with what it had) or a non-zero `_shards.failed`
+/// ("the search API will respond with partial results if one or more shards fail").
+fn partial(v: &Value) -> Option<&'static str> {
+    if v.get("timed_out").and_then(Value::as_bool) == Some(true) {
+        return Some("timed_out");
+    }
+    v.pointer("/_shards/failed")
+        .and_then(Value::as_u64)
+        .is_some_and(|n| n > 0)
+        .then_some("_shards.failed")
 }
 
 /// Whether `pointer` leads through an object member that is absent right where a list would be (the member
@@ -694,6 +709,39 @@ mod tests {
             Some("/total"),
             false
         )));
+    }
+
+    // Elasticsearch and OpenSearch answer a search 200 with what the shards that answered found: "the search API
+    // will respond with partial results if one or more shards fail", and a search past its `timeout` returns what
+    // it had (`"timed_out": true`). An empty or zero-count partial answer says nothing of the shards that did not
+    // answer: unknown, never "not found". A complete one (`"timed_out": false`, no failed shard) is not found.
+    #[test]
+    fn a_partial_search_that_found_nothing_is_not_not_found() {
+        let (found_at, count_at) = ("/hits/hits/0/_id", Some("/hits/total/value"));
+        for body in [
+            &br#"{"timed_out":true,"_shards":{"total":5,"successful":5,"failed":0},"hits":{"total":{"value":0},"hits":[]}}"#[..],
+            br#"{"timed_out":false,"_shards":{"total":5,"successful":3,"failed":2},"hits":{"total":{"value":0},"hits":[]}}"#,
+        ] {
+            let text = String::from_utf8_lossy(body);
+            assert!(
+                is_unknown(&read_search(200, body, found_at, count_at, false)),
+                "{text}"
+            );
+            assert!(
+                is_unknown(&read_search(200, body, found_at, None, false)),
+                "{text}"
+            );
+        }
+        let complete = br#"{"timed_out":false,"_shards":{"total":5,"successful":5,"failed":0},"hits":{"total":{"value":0},"hits":[]}}"#;
+        assert!(is_not_found(&read_search(
+            200, complete, found_at, count_at, false
+        )));
+        // What a partial answer found is found.
+        let partial_hit = br#"{"timed_out":true,"_shards":{"failed":2},"hits":{"total":{"value":1},"hits":[{"_id":"t-1"}]}}"#;
+        assert!(is_done(
+            &read_search(200, partial_hit, found_at, count_at, false),
+            "t-1"
+        ));
     }
 
     #[test]
