@@ -176,6 +176,7 @@ async fn evidence_recorded_during_the_conversion_is_kept() {
     drop(worker);
     s.drop().await;
 }
+
 /// An effect committed into a partition while the rotation detaches it (a transaction that began before
 /// the rotation looked, its effect created by a clock that lags, or just before the bucket ended with a
 /// short keep) is not dropped with it: the rotation looks again once the partition is detached, and puts a
