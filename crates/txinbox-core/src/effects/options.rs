@@ -25,8 +25,9 @@ pub enum CompensateError {
     /// This runner has no executor for the effect's destination.
     #[error("no executor is registered for destination {0:?}")]
     NoExecutor(String),
-    /// The executor could not undo it (or has no compensation).
-    #[error("the destination did not undo effect {key}: {source}")]
+    /// The executor did not say it undid it: the destination refused, its answer was lost (the source says
+    /// which, and whether it may have undone it), or there is no compensation. The effect stays done in the store.
+    #[error("the destination did not confirm it undid effect {key}: {source}")]
     Refused {
         /// The key.
         key: String,
@@ -100,7 +101,8 @@ pub enum RowOutcome {
     /// source), or it was no longer done when marked (another compensation marked it, or the purge removed it).
     /// Its row may still say done although the destination has undone it.
     UndoneNotMarked,
-    /// The destination refused to undo it (the error's source): still done, at the destination and in the store.
+    /// The destination did not confirm it undid it (the error's source): it refused (still done at the
+    /// destination), or its answer was lost (it may have undone it). Still done in the store.
     Refused,
     /// Not asked: the compensation stopped at an earlier effect. Still done, at the destination and in the store.
     NotTried,
@@ -111,7 +113,9 @@ impl fmt::Display for RowOutcome {
         f.write_str(match self {
             Self::UndoneAndMarked => "undone at the destination and marked compensated",
             Self::UndoneNotMarked => "undone at the destination but NOT marked compensated",
-            Self::Refused => "refused by the destination, still done",
+            Self::Refused => {
+                "refused by the destination or not confirmed undone, still done in the store"
+            }
             Self::NotTried => "not asked, still done",
         })
     }

@@ -440,7 +440,24 @@ impl EffectExecutor for HttpEffect {
             if let Placement::Header(name) = &self.key.placement {
                 req = req.header(name.as_str(), format!("{}-compensate", effect.key));
             }
-            let mut r = req.send().await.map_err(|e| chain(&e.without_url()))?;
+            let mut r = match req.send().await.map_err(reqwest::Error::without_url) {
+                Ok(r) => r,
+                Err(e) if e.is_connect() => {
+                    return Err(format!(
+                        "the compensation request reached nobody (nothing undone): {}",
+                        chain(&e)
+                    )
+                    .into())
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "the compensation request's answer was lost: it may have undone the effect (asking again \
+                         is safe: what is gone answers 404): {}",
+                        chain(&e)
+                    )
+                    .into())
+                }
+            };
             if redirected(&r, &url) {
                 return Err(format!("the compensation request: {REDIRECTED}").into());
             }
@@ -607,6 +624,8 @@ fn url_path(url: &str) -> String {
     reqwest::Url::parse(url).map_or_else(|_| url.to_owned(), |u| u.path().to_owned())
 }
 
+#[cfg(test)]
+mod compensate_tests;
 #[cfg(test)]
 mod error_body_tests;
 #[cfg(test)]

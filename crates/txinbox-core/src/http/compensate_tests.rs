@@ -1,0 +1,79 @@
+//! A compensation whose answer was lost: what the operator is told.
+
+use tokio::io::AsyncReadExt;
+
+use super::*;
+use crate::effects::{CompensateError, EffectState};
+
+fn done() -> ClaimedEffect {
+    ClaimedEffect {
+        id: 1,
+        consumer: "c".into(),
+        message_id: "m".into(),
+        key: "0123456789abcdef0123456789abcdef".into(),
+        name: "crm.create_task".into(),
+        destination: "crm".into(),
+        payload: br#"{"title":"t","external_ref":"ref-1"}"#.to_vec(),
+        metadata: Default::default(),
+        external_ref: "ref-1".into(),
+        claimed_from: EffectState::Done,
+        attempts: 1,
+        reconciliations: 0,
+        created_at: Utc::now(),
+        reference: Some("t-7".into()),
+        maybe_happened: false,
+        sent_hash: None,
+    }
+}
+
+// A DELETE that reached the destination and whose answer was lost (the connection closed after the request was
+// read: the destination may have deleted the task) was told as "the destination did not undo effect ...", and
+// the row as "refused by the destination, still done": the operator read that the destination still held what
+// it may have deleted. The evidence says the answer was lost and the effect may have been undone; the runner's
+// error says the destination did not confirm it. A DELETE that reached nobody says so.
+#[tokio::test]
+async fn a_compensation_whose_answer_was_lost_says_it_may_have_undone() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            // The request's head (a DELETE has no body), then the connection closed unanswered.
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while let Ok(read) = conn.read(&mut chunk).await {
+                if read == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..read]);
+                if buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            drop(conn);
+        }
+    });
+    let x = HttpEffect::post(format!("{url}/v1/tasks"))
+        .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+        .build()
+        .unwrap();
+    let source = x.compensate(&done()).await.expect_err("no answer");
+    let said = source.to_string();
+    assert!(said.contains("may have undone"), "{said}");
+    let refused = CompensateError::Refused {
+        key: "k".into(),
+        source,
+    }
+    .to_string();
+    assert!(!refused.contains("did not undo"), "{refused}");
+
+    // Nobody listening: nothing was undone, and it says so.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let x = HttpEffect::post(format!("{gone}/v1/tasks"))
+        .compensate_url(format!("{gone}/v1/tasks/{{reference}}"))
+        .build()
+        .unwrap();
+    let said = x.compensate(&done()).await.expect_err("nobody").to_string();
+    assert!(said.contains("reached nobody"), "{said}");
+}
