@@ -339,7 +339,8 @@ async fn expired_messages_are_dropped_or_dead_lettered() {
     client
         .create_queue(
             "keep",
-            r#"{"deadLetteringOnMessageExpiration":true,"defaultMessageTimeToLive":"PT0.5S"}"#,
+            // Long enough for the state below to be read first on a loaded machine.
+            r#"{"deadLetteringOnMessageExpiration":true,"defaultMessageTimeToLive":"PT2S"}"#,
         )
         .await;
     client.send("drop", "short", r#"{"TimeToLive":0.3}"#).await;
@@ -348,7 +349,7 @@ async fn expired_messages_are_dropped_or_dead_lettered() {
         .await;
     assert_eq!(
         client.state("keep").await["messages"][0]["timeToLiveSeconds"],
-        0.5
+        2.0
     );
 
     // Waiting on the DLQ wakes when the message expires into it.
@@ -386,9 +387,10 @@ async fn locked_messages_expire_only_when_released() {
     client
         .create_queue("q", r#"{"deadLetteringOnMessageExpiration":true}"#)
         .await;
-    client.send("q", "x", r#"{"TimeToLive":0.2}"#).await;
+    // Long enough for the receive below to lock it first on a loaded machine.
+    client.send("q", "x", r#"{"TimeToLive":2}"#).await;
     let got = client.peek_lock("q", 5).await;
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     assert_eq!(client.state("q").await["lockedMessageCount"], 1);
     assert_eq!(
         client
@@ -414,7 +416,8 @@ async fn duplicate_detection_drops_repeats_within_the_window() {
     client
         .create_queue(
             "dedup",
-            r#"{"requiresDuplicateDetection":true,"duplicateDetectionHistoryTimeWindow":"PT0.5S"}"#,
+            // Long enough for the repeat below to come within it on a loaded machine.
+            r#"{"requiresDuplicateDetection":true,"duplicateDetectionHistoryTimeWindow":"PT2S"}"#,
         )
         .await;
     client.create_queue("plain", "").await;
@@ -432,7 +435,7 @@ async fn duplicate_detection_drops_repeats_within_the_window() {
     assert_eq!(client.state("dedup").await["activeMessageCount"], 1);
     assert_eq!(client.state("plain").await["activeMessageCount"], 2);
 
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
     assert_eq!(
         client
             .send("dedup", "x", r#"{"MessageId":"same"}"#)
