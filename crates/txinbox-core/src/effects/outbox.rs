@@ -133,13 +133,15 @@ impl<P: Publisher + 'static> EffectExecutor for PublishEffect<P> {
                 Ok(()) => Execution::Done {
                     reference: Some(msg.message_id),
                 },
-                // No answer, or the broker's own failure (a 5xx: "the request may have been processed"):
-                // the message may be on the queue, so the effect is never failed for it.
+                // No answer, the broker's own failure (a 5xx: "the request may have been processed"), or an
+                // answer that could not be read (the request reached the broker): the message may be on the
+                // queue, so the effect is never failed for it.
                 Err(e)
                     if matches!(
                         e.kind(),
                         crate::BrokerErrorKind::OutcomeUnknown
                             | crate::BrokerErrorKind::ServerError
+                            | crate::BrokerErrorKind::Protocol
                     ) =>
                 {
                     Execution::Uncertain { error: e.into() }
@@ -226,5 +228,16 @@ mod tests {
             .execute(&e)
             .await;
         assert!(matches!(r, Execution::Rejected { .. }), "{r:?}");
+    }
+
+    // A broker answer the publisher could not read (`BrokerErrorKind::Protocol`: "The broker's answer could not
+    // be understood (... an unreadable body)") answers a request that reached the broker, which may have enqueued
+    // the message: read as a refusal, the effect was failed with the message possibly published.
+    #[tokio::test]
+    async fn a_publish_whose_answer_could_not_be_read_is_uncertain() {
+        let r = PublishEffect(Fails(BrokerErrorKind::Protocol))
+            .execute(&effect())
+            .await;
+        assert!(matches!(r, Execution::Uncertain { .. }), "{r:?}");
     }
 }
