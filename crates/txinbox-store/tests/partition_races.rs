@@ -219,3 +219,52 @@ async fn an_effect_committed_while_its_partition_is_detached_is_not_dropped() {
     drop(worker);
     s.drop().await;
 }
+
+/// The rotation reads the layout only under its lock. Read before it, the layout could predate another node's
+/// pass that moved `low` and dropped partitions; this pass would then create them again, and a late copy of a
+/// message whose marker went with them could be written there and applied again. Shown by holding the layout
+/// table: the rotation waits for it with its lock already held.
+#[tokio::test]
+async fn the_rotation_reads_the_layout_under_its_lock() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let mut other = s.session().await;
+    let other_pid = pid(&mut other).await;
+    let mut tx = other.begin().await.unwrap();
+    sqlx::query("LOCK TABLE txinbox_partition_layout IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let maintenance = MaintenanceOptions::default();
+    let lock_held = std::sync::Mutex::new(None);
+    let p = while_blocked(
+        &s,
+        other_pid,
+        "the rotation",
+        s.store.rotate_partitions(Utc::now(), &maintenance),
+        async {
+            // The rotation's lock: (741823091, hashtext(schema)), as pg_locks shows a two-key advisory lock.
+            let held: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 \
+                 AND classid::bigint = 741823091 \
+                 AND objid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296",
+            )
+            .bind(&s.name)
+            .fetch_one(s.store.pool())
+            .await
+            .unwrap();
+            *lock_held.lock().unwrap() = Some(held);
+            tx.commit().await.unwrap();
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        lock_held.into_inner().unwrap(),
+        Some(1),
+        "the rotation waited for the layout without its lock"
+    );
+    assert!(p.is_some_and(|p| !p.skipped), "the pass ran");
+    drop(other);
+    s.drop().await;
+}

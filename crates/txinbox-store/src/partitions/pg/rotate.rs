@@ -10,6 +10,10 @@ use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, 
 use super::{attach_new, buckets, partition_bucket, partition_name, EFFECTS, INBOX, REJECTIONS};
 use crate::partitions::{bucket_of, ROTATION_LOCK};
 
+/// The partitioned tables' layouts.
+const LAYOUTS: &str =
+    "SELECT tbl, width_secs, ahead, keep_secs, low, high, legacy FROM txinbox_partition_layout";
+
 /// Creates the partitions ahead of `now` and drops whole the ones past their retention (markers: the
 /// layout's keep; evidence: `rejections_keep`), and the frozen legacy table once its last marker
 /// expired: one node at a time (a session advisory lock per schema; another node's pass is `skipped`). `None` for a
@@ -21,17 +25,13 @@ pub(crate) async fn rotate_partitions(
 ) -> Result<Option<PartitionRotation>, sqlx::Error> {
     {
         let mut conn = pool.acquire().await?;
-        let layouts = match sqlx::query("SELECT tbl, width_secs, ahead, keep_secs, low, high, legacy FROM txinbox_partition_layout")
-            .fetch_all(&mut *conn)
-            .await
-        {
-            Ok(r) => r,
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
-                return Ok(None)
-            }
-            Err(e) => return Err(e),
-        };
-        if layouts.is_empty() {
+        // Whether this database is partitioned at all (no rotation lock for a row-by-row one), from the
+        // catalog: the layout itself is read only once the lock is held.
+        let partitioned: bool =
+            sqlx::query_scalar("SELECT to_regclass('txinbox_partition_layout') IS NOT NULL")
+                .fetch_one(&mut *conn)
+                .await?;
+        if !partitioned {
             return Ok(None);
         }
         let mut report = PartitionRotation::default();
@@ -50,7 +50,16 @@ pub(crate) async fn rotate_partitions(
             report.skipped = true;
             return Ok(Some(report));
         }
-        let done = rotate(&mut *conn, &layouts, now, opts, &mut report).await;
+        // The layout as the node that held the lock last left it: read before the lock, it could predate
+        // another node's pass, and this one would create again the partitions that pass dropped (below its
+        // `low`), where a late copy of a message whose marker went with them would be applied again.
+        let done = match sqlx::query(LAYOUTS).fetch_all(&mut *conn).await {
+            Ok(layouts) if layouts.is_empty() => Ok(false),
+            Ok(layouts) => rotate(&mut *conn, &layouts, now, opts, &mut report)
+                .await
+                .map(|()| true),
+            Err(e) => Err(e),
+        };
         let unlocked = sqlx::query("SELECT pg_advisory_unlock($1, hashtext(current_schema()))")
             .bind(ROTATION_LOCK)
             .execute(&mut *conn)
@@ -58,8 +67,7 @@ pub(crate) async fn rotate_partitions(
         if unlocked.is_ok() {
             held.release();
         }
-        done?;
-        Ok(Some(report))
+        Ok(done?.then_some(report))
     }
 }
 
