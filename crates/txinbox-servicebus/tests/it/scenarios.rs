@@ -13,12 +13,15 @@ use txinbox_servicebus::{
 use crate::common::*;
 
 const LOCK: Duration = Duration::from_secs(2);
+/// The lock of a test that never waits for one to run out: long enough that no settle, renewal or commit of a
+/// loaded machine comes after it (a 2 s lock lapsed when each complete was held back 2.5 s).
+const KEPT_LOCK: Duration = Duration::from_secs(5);
 
 /// The inbox lab over the broker: N messages, each delivered K times, give exactly N inbox rows and N effects.
 #[tokio::test]
 async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
     let (_recorder, metrics) = Metrics::install();
-    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
     let (n, k) = (12, 3);
     for copy in 0..k {
@@ -29,7 +32,7 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
             "no duplicate detection on this queue"
         );
     }
-    let receiver = fast_receiver(&client, &q, LOCK);
+    let receiver = fast_receiver(&client, &q, KEPT_LOCK);
     let opts = txinbox_core::WorkerOptions::default().concurrency(4);
     let done = until(Duration::from_secs(60), || async {
         emu.counts(&q).await.0 == 0 && effects(&store).await.0 >= n
@@ -56,7 +59,7 @@ async fn lab_n_messages_delivered_k_times_give_n_rows_and_n_effects() {
 #[tokio::test]
 async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
     let (_recorder, metrics) = Metrics::install();
-    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S", "requiresDuplicateDetection": true, "duplicateDetectionHistoryTimeWindow": 3000})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S", "requiresDuplicateDetection": true, "duplicateDetectionHistoryTimeWindow": 3000})).await;
     let store = pg().await;
     let ev = event(&q, "evt-window", "{\"meeting\":184}");
     publish(&client, &ev).await;
@@ -68,7 +71,7 @@ async fn broker_dedup_inside_the_window_inbox_dedup_outside() {
     );
 
     let run = |expect_effects: i64| {
-        let receiver = fast_receiver(&client, &q, LOCK);
+        let receiver = fast_receiver(&client, &q, KEPT_LOCK);
         let opts = txinbox_core::WorkerOptions::default().concurrency(8);
         let store = store.clone();
         let emu = emu.clone();
@@ -592,12 +595,12 @@ async fn redrive_stops_on_a_body_that_is_not_text_and_a_second_run_moves_the_oth
 #[tokio::test]
 async fn two_workers_with_duplicates_make_one_effect_per_message() {
     let (_recorder, metrics) = Metrics::install();
-    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT2S"})).await;
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
     let store = pg().await;
     let n = 10;
     publish_each_twice(&client, &q, n).await;
     let worker = || {
-        let receiver = fast_receiver(&client, &q, LOCK);
+        let receiver = fast_receiver(&client, &q, KEPT_LOCK);
         let opts = txinbox_core::WorkerOptions::default().concurrency(3);
         let (emu, q, store) = (emu.clone(), q.clone(), store.clone());
         async move {
