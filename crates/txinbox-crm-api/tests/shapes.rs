@@ -101,7 +101,8 @@ async fn the_hubspot_search_answers_total_0_when_nothing_matches() {
 
 #[tokio::test]
 async fn a_key_in_progress_answers_409_and_the_task_then_exists_once() {
-    // The second request must arrive while the first is still processed: 3 s leaves room on a loaded machine.
+    // The second request must arrive while the first is still processed: 3 s from its arrival leaves room on
+    // a loaded machine.
     let api = start(CrmApi::builder().processing(Duration::from_secs(3))).await;
     let http = reqwest::Client::new();
     let body = json!({"external_ref": "order-5"});
@@ -109,7 +110,15 @@ async fn a_key_in_progress_answers_409_and_the_task_then_exists_once() {
         let (http, api, body) = (http.clone(), api.clone(), body.clone());
         tokio::spawn(async move { post_v1(&http, &api, Some("k-5"), &body).await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Once the server has the first (its key reserved with the count, under one lock), not after a guess.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api.attempts() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first create never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let conflict = post_v1(&http, &api, Some("k-5"), &body).await.unwrap();
     assert_eq!(conflict.status, StatusCode::CONFLICT);
     assert_eq!(
