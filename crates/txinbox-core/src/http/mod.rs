@@ -382,6 +382,10 @@ impl EffectExecutor for HttpEffect {
                     error: said().into(),
                     retry_after,
                 },
+                // A destination not said to keep keys cannot mean the draft's "key in progress": its 409 is a
+                // conflict of its own (an object that exists already, perhaps this call's), which a confirmation
+                // decides.
+                Answer::InProgress if !self.key.honoured => Execution::uncertain(said()),
                 Answer::InProgress => Execution::InProgress {
                     error: said().into(),
                     retry_after,

@@ -428,6 +428,41 @@ async fn a_422_where_no_key_is_kept_is_a_plain_refusal() {
     }
 }
 
+// A 409 at a destination not said to keep keys is not the draft's "key in progress": HubSpot answers a create
+// whose unique property exists already with `409 Conflict` (`{"category": "CONFLICT", "message": "Contact already
+// exists..."}`). It is a conflict of the destination's own, uncertain until a confirmation decides; the evidence
+// spoke of a key in progress, of a key never sent. Where the key is kept, the 409 is the key in progress.
+#[tokio::test]
+async fn a_409_where_no_key_is_kept_is_uncertain_not_a_key_in_progress() {
+    let (url, _) = destination(|_, mut c| async move {
+        let body = r#"{"status":"error","message":"Contact already exists. Existing ID: 123","category":"CONFLICT"}"#;
+        let head = format!(
+            "HTTP/1.1 409 Conflict\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = c.write_all(format!("{head}{body}").as_bytes()).await;
+    })
+    .await;
+    let e = HttpEffect::post(format!("{url}/crm/v3/objects/contacts"))
+        .key(Key::none())
+        .build()
+        .unwrap();
+    match e.execute(&effect()).await {
+        Execution::Uncertain { error } => {
+            assert!(error.to_string().contains("already exists"), "{error}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = HttpEffect::post(format!("{url}/v1/tasks"))
+        .key(Key::header("Idempotency-Key"))
+        .build()
+        .unwrap();
+    assert!(
+        matches!(e.execute(&effect()).await, Execution::InProgress { .. }),
+        "the draft's 409 where the key is kept"
+    );
+}
+
 // A compensation's DELETE carries the key where the destination declared it takes one: PayPal's
 // `PayPal-Request-Id`, a `X-Request-Id`. It was always `Idempotency-Key`, a header such a destination ignores (its
 // repeat of the DELETE was not deduplicated), and was sent too where the destination keeps no key (`Key::none()`)
