@@ -5,24 +5,13 @@ use tokio::io::AsyncReadExt;
 use super::*;
 use crate::effects::{CompensateError, EffectState};
 
+/// A done effect with the destination's reference `t-7`.
 fn done() -> ClaimedEffect {
     ClaimedEffect {
-        id: 1,
-        consumer: "c".into(),
-        message_id: "m".into(),
-        key: "0123456789abcdef0123456789abcdef".into(),
-        name: "crm.create_task".into(),
-        destination: "crm".into(),
-        payload: br#"{"title":"t","external_ref":"ref-1"}"#.to_vec(),
-        metadata: Default::default(),
-        external_ref: "ref-1".into(),
         claimed_from: EffectState::Done,
         attempts: 1,
-        reconciliations: 0,
-        created_at: Utc::now(),
         reference: Some("t-7".into()),
-        maybe_happened: false,
-        sent_hash: None,
+        ..super::wire_tests::effect()
     }
 }
 

@@ -2,6 +2,7 @@
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::wire_tests::effect;
 use super::*;
 use crate::effects::EffectState;
 
@@ -42,27 +43,6 @@ async fn answering(status: &'static str, body: &'static str) -> String {
         }
     });
     url
-}
-
-fn effect() -> ClaimedEffect {
-    ClaimedEffect {
-        id: 1,
-        consumer: "c".into(),
-        message_id: "m".into(),
-        key: "0123456789abcdef0123456789abcdef".into(),
-        name: "crm.create_task".into(),
-        destination: "crm".into(),
-        payload: br#"{"title":"t","external_ref":"ref-1"}"#.to_vec(),
-        metadata: Default::default(),
-        external_ref: "ref-1".into(),
-        claimed_from: EffectState::Pending,
-        attempts: 0,
-        reconciliations: 0,
-        created_at: Utc::now(),
-        reference: None,
-        maybe_happened: false,
-        sent_hash: None,
-    }
 }
 
 // GraphQL answers a failed mutation 200 (Dgraph: "All responses, including errors, always return HTTP 200 OK status

@@ -51,7 +51,8 @@ where
     (url, seen)
 }
 
-fn effect() -> ClaimedEffect {
+/// A pending effect of destination `crm`, never called: the other HTTP test modules start from it too.
+pub(super) fn effect() -> ClaimedEffect {
     ClaimedEffect {
         id: 1,
         consumer: "c".into(),
