@@ -8,25 +8,13 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use txinbox_core::runtime::maintenance::{MaintenanceOptions, MaintenanceStore, Table};
-use txinbox_store::{PartitionOptions, Store, StoreOptions};
+use txinbox_store::{PartitionOptions, Store};
 
-struct Schema {
-    store: Store<sqlx::Postgres>,
-    name: String,
-}
+mod common;
+use common::Schema;
 
+// What this file's tests add to the shared schema.
 impl Schema {
-    async fn new() -> Self {
-        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let store = Store::<sqlx::Postgres>::connect_with(
-            &txinbox_testkit::pg_url(),
-            StoreOptions::new().schema(&name).max_connections(4),
-        )
-        .await
-        .unwrap();
-        Self { store, name }
-    }
-
     /// Another session on this schema (another node's worker).
     async fn session(&self) -> sqlx::PgConnection {
         let opts = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(
@@ -35,19 +23,6 @@ impl Schema {
         .unwrap()
         .options([("search_path", format!("\"{}\"", self.name))]);
         sqlx::ConnectOptions::connect(&opts).await.unwrap()
-    }
-
-    async fn drop(self) {
-        self.store.close().await;
-        let mut c = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
-            .await
-            .unwrap();
-        sqlx::Executor::execute(
-            &mut c,
-            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name).as_str(),
-        )
-        .await
-        .unwrap();
     }
 
     /// Waits until a session waits for `pid`'s transaction (a lock it holds, or its end), or `ended` says the

@@ -16,23 +16,11 @@ use txinbox_store::{PartitionOptions, Store, StoreOptions};
 
 const DAY: i64 = 86_400;
 
-struct Schema {
-    store: Store<sqlx::Postgres>,
-    name: String,
-}
+mod common;
+use common::Schema;
 
+// What this file's tests add to the shared schema.
 impl Schema {
-    async fn new() -> Self {
-        let name = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let store = Store::<sqlx::Postgres>::connect_with(
-            &txinbox_testkit::pg_url(),
-            StoreOptions::new().schema(&name).max_connections(4),
-        )
-        .await
-        .unwrap();
-        Self { store, name }
-    }
-
     /// A fresh schema converted to partitions of a day, markers kept two days.
     async fn kept_two_days() -> Self {
         let s = Self::new().await;
@@ -42,19 +30,6 @@ impl Schema {
             .await
             .unwrap();
         s
-    }
-
-    async fn drop(self) {
-        self.store.close().await;
-        let mut c = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
-            .await
-            .unwrap();
-        sqlx::Executor::execute(
-            &mut c,
-            format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name).as_str(),
-        )
-        .await
-        .unwrap();
     }
 
     /// Partitions of `parent` attached now.
