@@ -148,8 +148,9 @@ impl Confirm {
     /// Where what was found carries the effect's external reference or its key (`/data/0/external_ref`): a
     /// found answer counts as done only when the value there is one of them, and is unknown otherwise. A
     /// destination that ignores a filter it does not know (a misspelt query parameter, an API version
-    /// without it) answers a search with other objects: without this check the first of them would read
-    /// as this effect, done. Set it whenever the answer carries the reference.
+    /// without it) answers a search with other objects, the first of which would read as this effect. Without
+    /// it, a search's found object (the one `found_at` points into) must hold the reference or the key as a
+    /// string somewhere inside it; a lookup, whose URL names its object, is not checked.
     pub fn matches_at(mut self, pointer: impl Into<String>) -> Self {
         self.match_at = Some(pointer.into());
         self
@@ -266,8 +267,25 @@ impl Confirm {
         body: &[u8],
     ) -> Confirmation {
         let answer = self.read(status, body);
-        let (Confirmation::Done { .. }, Some(at)) = (&answer, &self.match_at) else {
+        if !matches!(answer, Confirmation::Done { .. }) {
             return answer;
+        }
+        let at = match (&self.match_at, &self.rule) {
+            (Some(at), _) => at,
+            // A search told nothing of where its objects carry the reference: what it found must carry the
+            // effect's reference or key somewhere, or it may be the first object of a list the destination
+            // did not filter (a parameter it does not know), read as this effect.
+            (None, Rule::Search { found_at, .. }) => {
+                return if found_carries_effect(body, found_at, effect) {
+                    answer
+                } else {
+                    unknown(format!(
+                        "what the search found carries neither the effect's reference {:?} nor its key: the destination may have ignored the filter; declare where its objects carry them with matches_at",
+                        effect.external_ref.chars().take(100).collect::<String>()
+                    ))
+                };
+            }
+            (None, _) => return answer,
         };
         let found = serde_json::from_slice::<Value>(body)
             .ok()
@@ -303,6 +321,28 @@ impl Confirm {
             Rule::Custom(read) => read(status, body),
         }
     }
+}
+
+/// Whether the object a search found (the one `found_at` points into: `/data/0` for `/data/0/id`, the whole
+/// document for `/id`) holds, as a string anywhere inside it, the effect's external reference or its key.
+fn found_carries_effect(body: &[u8], found_at: &str, effect: &ClaimedEffect) -> bool {
+    fn holds(v: &Value, wanted: &[&str], depth: usize) -> bool {
+        match v {
+            Value::String(s) => wanted.contains(&s.as_str()),
+            Value::Array(a) if depth > 0 => a.iter().any(|x| holds(x, wanted, depth - 1)),
+            Value::Object(o) if depth > 0 => o.values().any(|x| holds(x, wanted, depth - 1)),
+            _ => false,
+        }
+    }
+    let wanted: Vec<&str> = [effect.external_ref.as_str(), effect.key.as_str()]
+        .into_iter()
+        .filter(|w| !w.is_empty())
+        .collect();
+    let object = found_at.rsplit_once('/').map_or("", |(parent, _)| parent);
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.pointer(object).map(|o| holds(o, &wanted, 32)))
+        .unwrap_or(false)
 }
 
 /// A JSON pointer's check: `""` or `/...`; `empty_ok` says whether the whole document may be meant.
@@ -742,6 +782,60 @@ mod tests {
             &read_search(200, partial_hit, found_at, count_at, false),
             "t-1"
         ));
+    }
+
+    // A search the destination did not filter (a parameter it does not know: `?externl_ref=`, an API version
+    // without it) answers its whole list, and the first object read as this effect, done, though the effect
+    // may never have happened. Without `matches_at`, what a search found must carry the effect's reference or
+    // key somewhere in it: Stripe's list (`data`), HubSpot's search (`results`, the value under `properties`),
+    // Elasticsearch's hits (under `_source`) all do when they are this effect's.
+    #[test]
+    fn a_search_without_matches_at_finds_only_an_object_that_carries_the_effect() {
+        let e = crate::http::wire_tests::effect();
+        let read = |c: &Confirm, body: &str| c.read_for(&e, 200, body.as_bytes());
+        let stripe = Confirm::search("http://d/v1/tasks?external_ref={external_ref}");
+        assert!(is_unknown(&read(
+            &stripe,
+            r#"{"data":[{"id":"t-other","external_ref":"other"}]}"#
+        )));
+        assert!(is_done(
+            &read(&stripe, r#"{"data":[{"id":"t-1","external_ref":"ref-1"}]}"#),
+            "t-1"
+        ));
+        let by_key = Confirm::search("http://d/v1/tasks?idempotency_key={key}");
+        assert!(is_done(
+            &read(
+                &by_key,
+                r#"{"data":[{"id":"t-2","idempotency_key":"0123456789abcdef0123456789abcdef"}]}"#
+            ),
+            "t-2"
+        ));
+        let hubspot = Confirm::search_post("http://d/search", r#"{"q":"{external_ref}"}"#)
+            .count_at("/total")
+            .found_at("/results/0/id");
+        assert!(is_done(
+            &read(
+                &hubspot,
+                r#"{"total":1,"results":[{"id":"51","properties":{"external_ref":"ref-1"}}]}"#
+            ),
+            "51"
+        ));
+        assert!(is_unknown(&read(
+            &hubspot,
+            r#"{"total":9,"results":[{"id":"50","properties":{"external_ref":"ref-0"}}]}"#
+        )));
+        let elastic =
+            Confirm::search("http://d/_search?q={external_ref}").found_at("/hits/hits/0/_id");
+        assert!(is_done(
+            &read(
+                &elastic,
+                r#"{"hits":{"hits":[{"_id":"h-1","_source":{"tags":["x","ref-1"]}}]}}"#
+            ),
+            "h-1"
+        ));
+        // A lookup names its object in the URL: no filter to ignore, nothing more asked.
+        let lookup = Confirm::lookup("http://d/tasks/{external_ref}");
+        assert!(is_done(&read(&lookup, r#"{"id":"t-9"}"#), "t-9"));
     }
 
     #[test]
