@@ -1,7 +1,5 @@
 //! A compensation whose answer was lost: what the operator is told.
 
-use tokio::io::AsyncReadExt;
-
 use super::*;
 use crate::effects::{CompensateError, EffectState};
 
@@ -22,25 +20,8 @@ fn done() -> ClaimedEffect {
 // error says the destination did not confirm it. A DELETE that reached nobody says so.
 #[tokio::test]
 async fn a_compensation_whose_answer_was_lost_says_it_may_have_undone() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            // The request's head (a DELETE has no body), then the connection closed unanswered.
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            while let Ok(read) = conn.read(&mut chunk).await {
-                if read == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..read]);
-                if buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    break;
-                }
-            }
-            drop(conn);
-        }
-    });
+    // The request read whole, then the connection closed unanswered.
+    let (url, _) = super::wire_tests::destination(|_, conn| async move { drop(conn) }).await;
     let x = HttpEffect::post(format!("{url}/v1/tasks"))
         .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
         .build()

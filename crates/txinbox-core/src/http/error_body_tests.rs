@@ -1,6 +1,6 @@
 //! A call answered 2xx whose body reports an error: what the effect reads from it.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use super::wire_tests::effect;
 use super::*;
@@ -8,40 +8,15 @@ use crate::effects::EffectState;
 
 /// A destination on loopback answering every request `status` with the JSON `body`.
 async fn answering(status: &'static str, body: &'static str) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                // The request: its head, then as many body bytes as it says.
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while let Ok(read) = conn.read(&mut chunk).await {
-                    if read == 0 {
-                        break;
-                    }
-                    buf.extend_from_slice(&chunk[..read]);
-                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let length = text[..end]
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + length {
-                            break;
-                        }
-                    }
-                }
-                let reply = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = conn.write_all(reply.as_bytes()).await;
-            });
-        }
-    });
+    let (url, _) = super::wire_tests::destination(move |_, mut conn| async move {
+        let reply = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = conn.write_all(reply.as_bytes()).await;
+    })
+    .await;
     url
 }
 

@@ -7,8 +7,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::*;
 use crate::effects::EffectState;
 
-/// A destination on loopback: each connection's request is recorded; `answer` writes the reply.
-async fn destination<F, Fut>(answer: F) -> (String, Arc<Mutex<Vec<String>>>)
+/// A destination on loopback: each connection's request is read whole and recorded; `answer` writes the
+/// reply (or drops the connection unanswered). The other HTTP test modules use it too.
+pub(super) async fn destination<F, Fut>(answer: F) -> (String, Arc<Mutex<Vec<String>>>)
 where
     F: Fn(usize, tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
