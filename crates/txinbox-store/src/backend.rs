@@ -29,6 +29,12 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// `postgres` or `sqlite`.
     const NAME: &'static str;
 
+    /// Whether the inbox can write on this connection, beyond answering: `Some(why)` when it cannot (the
+    /// readiness check's second step, after the ping). An error is the database's (a missing table).
+    fn unready(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
+
     /// Applies the store's migrations (idempotent; safe when several processes start at once).
     fn migrate(pool: &sqlx::Pool<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
 

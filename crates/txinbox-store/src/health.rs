@@ -1,4 +1,5 @@
-//! The store as a readiness check: the database answers a ping within the check's timeout.
+//! The store as a readiness check: the database answers a ping within the check's timeout and, on
+//! PostgreSQL, the inbox can write its markers there.
 
 use txinbox_core::runtime::health::{CheckFuture, HealthCheck};
 
@@ -11,6 +12,12 @@ use crate::store::Store;
 /// A connection whose ping fails, or whose check was given up on (a timeout drops the check mid-ping), is
 /// dropped, and the next check opens a new one. The error says what failed (`connection refused`, ...) and
 /// never holds the URL.
+///
+/// On PostgreSQL a database that answers is not enough: the check then fails when the inbox's statements
+/// would (`the inbox's table: ... relation "txinbox_inbox" does not exist`, `no INSERT privilege on
+/// txinbox_inbox`, `the database is read-only ...`: a table dropped or not migrated yet, a grant revoked, a
+/// standby after a failover), so readiness and a shard's probe say so instead of every delivery failing and
+/// being released. SQLite stops at the ping.
 impl<DB: Backend> HealthCheck for Store<DB> {
     fn check(&self) -> CheckFuture<'_> {
         Box::pin(async move {
@@ -29,8 +36,14 @@ impl<DB: Backend> HealthCheck for Store<DB> {
             conn.ping()
                 .await
                 .map_err(|e| format!("no answer: {}", redact(&e)))?;
+            // A connection that answered stays for the next check whatever the inbox's table says.
+            let unready = DB::unready(&mut conn).await;
             *slot = Some(conn);
-            Ok(())
+            match unready {
+                Ok(None) => Ok(()),
+                Ok(Some(why)) => Err(why),
+                Err(e) => Err(format!("the inbox's table: {}", redact(&e))),
+            }
         })
     }
 }

@@ -204,6 +204,21 @@ where
 impl Backend for Postgres {
     const NAME: &'static str = "postgres";
 
+    async fn unready(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
+        // `has_table_privilege` resolves the name through the connection's `search_path` (the store's schema)
+        // and fails on a table that is not there; given a list of privileges it answers whether *any* is held,
+        // so each is asked alone.
+        sqlx::query_scalar(
+            "SELECT CASE \
+               WHEN current_setting('transaction_read_only') = 'on' THEN 'the database is read-only (transaction_read_only is on: a standby, or default_transaction_read_only)' \
+               WHEN NOT has_table_privilege('txinbox_inbox', 'INSERT') THEN 'no INSERT privilege on txinbox_inbox' \
+               WHEN NOT has_table_privilege('txinbox_inbox', 'SELECT') THEN 'no SELECT privilege on txinbox_inbox' \
+             END",
+        )
+        .fetch_one(conn)
+        .await
+    }
+
     async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
         let mut tx = pool.begin().await?;
         schema_change(&mut tx).await?;

@@ -85,6 +85,12 @@ async fn claim_in_transaction(
 impl Backend for Sqlite {
     const NAME: &'static str = "sqlite";
 
+    /// Nothing beyond the ping: the check's own connection to an in-memory database is another, empty
+    /// database, and a file has no grants.
+    async fn unready(_conn: &mut SqliteConnection) -> Result<Option<String>, sqlx::Error> {
+        Ok(None)
+    }
+
     async fn migrate(pool: &SqlitePool) -> Result<(), StoreError> {
         use sqlx::Connection;
         let mut conn = pool.acquire().await?;

@@ -87,3 +87,101 @@ async fn a_database_that_is_not_there_fails_the_check_without_its_url() {
     assert!(e.starts_with("no connection:"), "{e}");
     assert!(!e.contains("s3cret"), "{e}");
 }
+
+/// A database that answers while the inbox cannot write there: its INSERT grant revoked, the session
+/// read-only (a standby after a failover), or its table dropped. The check fails, saying which, where a ping
+/// passed and every delivery then failed on the inbox's own statements and was released again and again.
+#[tokio::test]
+async fn a_database_that_answers_but_cannot_take_markers_fails_the_check() {
+    use sqlx::Connection;
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (schema, role) = (format!("t_{id}"), format!("txinbox_h_{id}"));
+    let base = txinbox_testkit::pg_url();
+    // The schema migrated by the owner; the worker's role granted what the inbox uses, as an operator would.
+    let owner = Store::<sqlx::Postgres>::connect_with(
+        &base,
+        StoreOptions::new().max_connections(1).schema(&schema),
+    )
+    .await
+    .unwrap();
+    owner.close().await;
+    let mut admin = sqlx::PgConnection::connect(&base).await.unwrap();
+    for sql in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("GRANT USAGE ON SCHEMA \"{schema}\" TO {role}"),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO {role}"
+        ),
+    ] {
+        sqlx::Executor::execute(&mut admin, sql.as_str())
+            .await
+            .unwrap();
+    }
+    let opts: sqlx::postgres::PgConnectOptions = base.parse().unwrap();
+    let url = format!(
+        "postgres://{role}@{}:{}/{}",
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap_or("test")
+    );
+    let worker = || {
+        Store::<sqlx::Postgres>::connect_lazy_with(
+            &url,
+            StoreOptions::new().max_connections(1).schema(&schema),
+        )
+        .unwrap()
+    };
+    let store = worker();
+    assert_eq!(store.check().await, Ok(()), "granted, writable, there");
+
+    // A grant taken away.
+    let revoke = format!("REVOKE INSERT ON \"{schema}\".txinbox_inbox FROM {role}");
+    sqlx::Executor::execute(&mut admin, revoke.as_str())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.check().await,
+        Err("no INSERT privilege on txinbox_inbox".to_owned())
+    );
+    let grant = format!("GRANT INSERT ON \"{schema}\".txinbox_inbox TO {role}");
+    sqlx::Executor::execute(&mut admin, grant.as_str())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.check().await,
+        Ok(()),
+        "granted again, without a restart"
+    );
+
+    // Read-only sessions (as on a standby): a new connection of the role.
+    let read_only = format!("ALTER ROLE {role} SET default_transaction_read_only = on");
+    sqlx::Executor::execute(&mut admin, read_only.as_str())
+        .await
+        .unwrap();
+    let fresh = worker();
+    let e = fresh.check().await.unwrap_err();
+    assert!(e.starts_with("the database is read-only"), "{e}");
+    fresh.close().await;
+
+    // The table dropped.
+    let drop = format!("DROP TABLE \"{schema}\".txinbox_inbox CASCADE");
+    sqlx::Executor::execute(&mut admin, drop.as_str())
+        .await
+        .unwrap();
+    let e = store.check().await.unwrap_err();
+    assert!(
+        e.starts_with("the inbox's table:") && e.contains("txinbox_inbox"),
+        "{e}"
+    );
+
+    store.close().await;
+    for sql in [
+        format!("DROP SCHEMA \"{schema}\" CASCADE"),
+        format!("DROP OWNED BY {role}"),
+        format!("DROP ROLE {role}"),
+    ] {
+        sqlx::Executor::execute(&mut admin, sql.as_str())
+            .await
+            .unwrap();
+    }
+}

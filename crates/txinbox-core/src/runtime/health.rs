@@ -18,7 +18,8 @@
 //! * **Readiness** (`/readyz`): the worker has started, is not stopping, its last receive succeeded (the queue is
 //!   reachable and the worker is receiving), and every registered check passes, each within
 //!   [`check_timeout`](Health::check_timeout) (default 2 s): add the database with
-//!   [`Health::check`] (the stores implement [`HealthCheck`] with a `SELECT 1`). Map it to the readiness probe
+//!   [`Health::check`] (the stores implement [`HealthCheck`]: a ping, and on PostgreSQL whether the inbox's table is there,
+//!   granted and writable). Map it to the readiness probe
 //!   (Kubernetes, Container Apps) or to the load balancer's health check. It turns false while the database or
 //!   the queue cannot be reached and true again once they can, without a restart.
 //!
