@@ -146,17 +146,152 @@ pub enum SettingsError {
     },
 }
 
-/// A TOML error of a settings file, as TOML reported it (the key, the line it quotes, what was expected)
-/// with the secrets that line may hold masked ([`redact_secrets`](crate::error::redact_secrets)): a store URL's
-/// password, a Service Bus key. A settings error is printed at start and lands in the logs.
+/// A TOML error of a settings file, as TOML reported it (where, the key, the line it quotes, what was expected)
+/// with the values it quotes masked: any of them may be a secret (a header's API key or bearer token, a
+/// Service Bus key, a store URL's password). A string of the quoted line, or one a type error quotes, is shown
+/// `***`, a URL [redacted](crate::error::redact_url) (its password and query values masked); a bare value
+/// `***`, keys and booleans kept. A settings error is printed at start and lands in the logs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct TomlError(String);
 
 impl TomlError {
     pub(crate) fn new(e: &toml::de::Error) -> Self {
-        Self(crate::error::redact_secrets(&e.to_string()))
+        let text = e.to_string();
+        let masked: Vec<String> = text
+            .split('\n')
+            .map(|line| match quoted_source(line) {
+                Some(at) => format!("{}{}", &line[..at], mask_toml_line(&line[at..])),
+                None => mask_quoted_values(line),
+            })
+            .collect();
+        Self(crate::error::redact_secrets(&masked.join("\n")))
     }
+}
+
+/// Where the source text starts in a line of a TOML error that quotes the file (`3 | url = ...`).
+fn quoted_source(line: &str) -> Option<usize> {
+    let number = line.trim_start();
+    let digits = number.len()
+        - number
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .len();
+    let rest = &number[digits..];
+    (digits > 0 && rest.starts_with(" |")).then(|| {
+        let at = line.len() - rest.len() + 2;
+        at + usize::from(line[at..].starts_with(' '))
+    })
+}
+
+/// A string's content as an error may show it: a URL redacted, anything else `***`.
+fn masked_value(content: &str) -> String {
+    if content.is_empty() {
+        String::new()
+    } else if content.contains("://") {
+        crate::error::redact_url(content)
+    } else {
+        "***".into()
+    }
+}
+
+/// A settings file's line with its values masked: strings and bare values ([`masked_value`]), comments. Keys
+/// (what an `=` or a `.` follows, a table's header) and booleans are kept.
+fn mask_toml_line(line: &str) -> String {
+    let header = line.trim_start().starts_with('[') && !line.contains('=');
+    let is_key = |after: &str| {
+        let next = after.trim_start();
+        header || next.starts_with('=') || next.starts_with('.')
+    };
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(c) = rest.chars().next() {
+        match c {
+            '"' | '\'' => {
+                let body = &rest[1..];
+                let mut escaped = false;
+                let end = body.find(|ch: char| {
+                    let close = ch == c && !escaped;
+                    escaped = c == '"' && ch == '\\' && !escaped;
+                    close
+                });
+                let (content, after) = match end {
+                    Some(end) => (&body[..end], &body[end + 1..]),
+                    None => (body, ""),
+                };
+                out.push(c);
+                if is_key(after) {
+                    out.push_str(content);
+                } else {
+                    out.push_str(&masked_value(content));
+                }
+                if end.is_some() {
+                    out.push(c);
+                }
+                rest = after;
+            }
+            '#' => {
+                out.push_str(if rest.len() > 1 { "# ***" } else { "#" });
+                rest = "";
+            }
+            c if c.is_whitespace() || "=,{}[]".contains(c) => {
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+            _ => {
+                let end = rest
+                    .find(|ch: char| ch.is_whitespace() || "=,{}[]\"'#".contains(ch))
+                    .unwrap_or(rest.len());
+                let (word, after) = rest.split_at(end);
+                if is_key(after) || word == "true" || word == "false" {
+                    out.push_str(word);
+                } else {
+                    out.push_str(&masked_value(word));
+                }
+                rest = after;
+            }
+        }
+    }
+    out
+}
+
+/// A line of a TOML error's message with the values it quotes masked: strings (`invalid type: string "..."`)
+/// and numbers (`integer `...``, `floating point `...``). What stands between backticks otherwise (a key, the
+/// tokens expected) is kept.
+fn mask_quoted_values(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find(['"', '`']) {
+        let (head, tail) = rest.split_at(at);
+        out.push_str(head);
+        let quote = if tail.starts_with('"') { '"' } else { '`' };
+        let body = &tail[1..];
+        let mut escaped = false;
+        let end = body.find(|ch: char| {
+            let close = ch == quote && !escaped;
+            escaped = quote == '"' && ch == '\\' && !escaped;
+            close
+        });
+        let (content, after) = match end {
+            Some(end) => (&body[..end], &body[end + 1..]),
+            None => (body, ""),
+        };
+        let value = quote == '"'
+            || ["integer ", "floating point ", "character "]
+                .iter()
+                .any(|what| out.ends_with(what));
+        out.push(quote);
+        if value {
+            out.push_str(&masked_value(content));
+        } else {
+            out.push_str(content);
+        }
+        if end.is_some() {
+            out.push(quote);
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The whole settings file: see the [module docs](self).

@@ -466,3 +466,79 @@ fn a_toml_error_never_carries_the_password_of_the_line_it_quotes() {
         chain[0]
     );
 }
+
+/// The whole chain of a settings error, `Display` and `Debug` of each.
+fn error_chain(e: &SettingsError) -> Vec<String> {
+    let mut chain = vec![e.to_string(), format!("{e:?}")];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        chain.push(s.to_string());
+        chain.push(format!("{s:?}"));
+        source = s.source();
+    }
+    chain
+}
+
+/// A TOML error quotes the line it stops at, and a type error the value: a destination's header value (an API
+/// key, a bearer token), a URL's query value (`?api_key=`), quoted or not, a string or a number, is masked
+/// there; the line, the key and what is wrong are still told.
+#[test]
+fn a_toml_error_never_carries_a_header_value_or_a_query_value() {
+    let d = "[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks\"\n";
+    for (text, told) in [
+        // An inline table left open.
+        (
+            format!("{d}headers = {{ Authorization = \"Bearer SECRETxyz123\" \n"),
+            "line 3",
+        ),
+        // A duplicate key, in literal strings.
+        (
+            format!("{d}headers = {{ Authorization = 'Bearer SECRETxyz123', Authorization = 'x' }}\n"),
+            "duplicate key",
+        ),
+        // A value left unquoted.
+        (
+            format!("{d}headers = {{ Authorization = Bearer SECRETxyz123 }}\n"),
+            "must be quoted",
+        ),
+        // A bad escape inside the value.
+        (
+            format!("{d}headers = {{ Authorization = \"Bearer SECRETxyz123\\q\" }}\n"),
+            "escape",
+        ),
+        // The headers as a table of their own, and something after the value.
+        (
+            format!("{d}[effects.destinations.crm.headers]\nX-Api-Key = \"SECRETxyz123\" x\n"),
+            "X-Api-Key",
+        ),
+        // A query value of a URL.
+        (
+            "[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks?api_key=SECRETxyz123\" x\n"
+                .to_owned(),
+            "crm.example/v1/tasks?api_key=***",
+        ),
+        // Type errors quote the value.
+        (
+            format!("{d}headers = \"Bearer SECRETxyz123\"\n"),
+            "expected a map",
+        ),
+        (
+            format!("{d}headers = {{ X-Api-Key = 98765432109 }}\n"),
+            "expected a string",
+        ),
+        (
+            format!("{d}[effects.destinations.crm.headers]\nX-Api-Key = 98765432109\n"),
+            "headers.X-Api-Key",
+        ),
+    ] {
+        let e = WorkerSettings::from_toml_str(&text).unwrap_err();
+        let chain = error_chain(&e);
+        for shown in &chain {
+            assert!(
+                !shown.contains("SECRETxyz123") && !shown.contains("98765432109"),
+                "{text:?}: {shown}"
+            );
+        }
+        assert!(chain[0].contains(told), "{text:?}: {told} not in {}", chain[0]);
+    }
+}
