@@ -139,6 +139,9 @@ pub(crate) fn transient_code(code: &str) -> bool {
             | "TransactionConflict"
             | "TransactionConflictException"
             | "TransactionInProgressException"
+            // A write on a global table of multi-Region strong consistency that met one of another Region
+            // ("being modified by a request in another Region"): retryable in the service's model.
+            | "ReplicatedWriteConflictException"
             | "InternalServerError"
             | "InternalFailure"
             | "ServiceUnavailable"
@@ -320,6 +323,17 @@ mod tests {
         ] {
             assert!(!transient_code(code), "{code}: OK to retry? No");
         }
+    }
+
+    /// AWS, `ReplicatedWriteConflictException` (`PutItem`, `UpdateItem`, `DeleteItem` on a global table of
+    /// multi-Region strong consistency): "The request was rejected because one or more items in the request
+    /// are being modified by a request in another Region." The service model marks it retryable (the SDKs
+    /// retry it themselves); once their retries are spent it is still a conflict that a retry resolves, as
+    /// a `TransactionConflict` is, never a refusal for good: a handler's own write mapped through
+    /// `DynamoError::from_sdk` must not dead-letter its message for it.
+    #[test]
+    fn a_write_conflict_with_another_region_is_transient() {
+        assert!(transient_code("ReplicatedWriteConflictException"));
     }
 
     #[test]
