@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use chrono::{DateTime, Utc};
 use txinbox_core::effects::{
     ClaimedEffect, EffectCount, EffectState, EffectStore, TransitionColumns,
@@ -49,6 +50,26 @@ fn claimed(item: &Item, from: EffectState) -> Result<ClaimedEffect, DynamoError>
         maybe_happened: r.bool("maybe_happened")?,
         sent_hash: r.opt_s("sent_hash")?,
     })
+}
+
+/// The attribute an effect's finish or compensation writes its own token into: see [`own_write`].
+const WRITE_TOKEN: &str = "write_token";
+
+/// Whether a conditional `UpdateItem` refused with `ConditionalCheckFailedException` met its own write. An
+/// `UpdateItem` carries no idempotency token, and the SDK sends it again by itself when its answer is lost (a
+/// timeout, a connection closed after the request, a 5xx): when the first attempt applied, the retry meets the
+/// item as that attempt left it and its condition fails. The update writes a token of its call into the item
+/// ([`WRITE_TOKEN`]) and asks for the item on a failed condition (`ALL_OLD`): the item holding that token is the
+/// call's own write, applied.
+fn own_write<R>(e: &aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>, token: &str) -> bool {
+    match e.as_service_error() {
+        Some(UpdateItemError::ConditionalCheckFailedException(c)) => c
+            .item()
+            .and_then(|item| item.get(WRITE_TOKEN))
+            .and_then(|v| v.as_s().ok())
+            .is_some_and(|t| t == token),
+        _ => false,
+    }
 }
 
 /// One `due` partition as a claim reads it, a page at a time.
@@ -413,7 +434,12 @@ impl EffectStore for DynamoStore {
         t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
     ) -> Result<bool, DynamoError> {
-        let mut set = vec!["#state = :state", "updated_at = :now"];
+        let token = uuid::Uuid::new_v4().to_string();
+        let mut set = vec![
+            "#state = :state",
+            "updated_at = :now",
+            "#write_token = :write_token",
+        ];
         let mut remove = vec!["claimed_by", "claim_until"];
         let (k, v) = Self::effect_key(id);
         let mut req = self
@@ -422,7 +448,10 @@ impl EffectStore for DynamoStore {
             .table_name(&*self.table)
             .key(k, v)
             .condition_expression("claimed_by = :h AND #state = :in_flight")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#state", "state")
+            .expression_attribute_names("#write_token", WRITE_TOKEN)
+            .expression_attribute_values(":write_token", s(&token))
             .expression_attribute_values(":h", s(holder))
             .expression_attribute_values(":in_flight", s("in_flight"))
             .expression_attribute_values(":state", s(t.state.as_str()))
@@ -477,6 +506,8 @@ impl EffectStore for DynamoStore {
         let expr = format!("SET {} REMOVE {}", set.join(", "), remove.join(", "));
         match req.update_expression(expr).send().await {
             Ok(_) => Ok(true),
+            // The SDK's retry of this finish, whose first attempt applied and lost its answer.
+            Err(e) if own_write(&e, &token) => Ok(true),
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
@@ -526,19 +557,25 @@ impl EffectStore for DynamoStore {
         note: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, DynamoError> {
+        let token = uuid::Uuid::new_v4().to_string();
         let (k, v) = Self::effect_key(id);
         let res = self
             .client
             .update_item()
             .table_name(&*self.table)
             .key(k, v)
-            .update_expression("SET #state = :comp, last_error = :note, updated_at = :now")
+            .update_expression(
+                "SET #state = :comp, last_error = :note, updated_at = :now, #write_token = :write_token",
+            )
             // Done, and not past its `expires_at` (absent from that second on).
             .condition_expression(
                 "#state = :done AND (attribute_not_exists(expires_at) OR expires_at >= :epoch)",
             )
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_values(":epoch", n(Utc::now().timestamp()))
             .expression_attribute_names("#state", "state")
+            .expression_attribute_names("#write_token", WRITE_TOKEN)
+            .expression_attribute_values(":write_token", s(&token))
             .expression_attribute_values(":comp", s("compensated"))
             .expression_attribute_values(":done", s("done"))
             .expression_attribute_values(":note", s(note))
@@ -547,6 +584,8 @@ impl EffectStore for DynamoStore {
             .await;
         match res {
             Ok(_) => Ok(true),
+            // The SDK's retry of this compensation, whose first attempt applied and lost its answer.
+            Err(e) if own_write(&e, &token) => Ok(true),
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|se| se.is_conditional_check_failed_exception()) =>

@@ -105,6 +105,7 @@ on_both_backends!(
     a_message_applied_again_after_its_marker_expired_records_its_effect_again,
     a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_naming_the_action,
     a_transaction_in_progress_answer_after_the_commit_applied_is_recognised_by_the_token,
+    an_effect_write_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
 );
 
 /// Turns `table`'s TTL on `expires_at` on or off.
@@ -2061,4 +2062,108 @@ async fn a_transaction_in_progress_answer_after_the_commit_applied_is_recognised
     assert!(matches!(done, Commit::Done), "{done:?}");
     assert_eq!(commits.load(Ordering::SeqCst), 2);
     assert_eq!(count_of(&b.client(), &tasks, "t-1").await, Some(1));
+}
+
+mod lost_update {
+    //! A connector that lets an `UpdateItem` reach DynamoDB and loses its answer (a timeout as the client sees
+    //! it) when the test asks for it; every other call goes through.
+    use super::*;
+    use txinbox_testkit::sdk_http::{
+        with_hook, ConnectorError, HttpConnector, HttpConnectorFuture,
+    };
+
+    /// A client whose next `UpdateItem` after `lose` is set applies and loses its answer; `updates` counts
+    /// the `UpdateItem` requests sent.
+    pub fn client(b: &Backend, lose: Arc<AtomicBool>, updates: Arc<AtomicUsize>) -> Client {
+        let http = with_hook(
+            txinbox_dynamodb::http_client(),
+            move |request, connector| {
+                let update = common::calls(&request, "UpdateItem");
+                if update {
+                    updates.fetch_add(1, Ordering::SeqCst);
+                }
+                let lost = update && lose.swap(false, Ordering::SeqCst);
+                let answer = connector.call(request);
+                HttpConnectorFuture::new(async move {
+                    let answer = answer.await?;
+                    if lost {
+                        return Err(ConnectorError::timeout("the answer was lost".into()));
+                    }
+                    Ok(answer)
+                })
+            },
+        );
+        common::hooked_client(&b.endpoint, http)
+    }
+}
+
+/// An `UpdateItem` carries no idempotency token, and the SDK sends it again by itself when its answer is lost:
+/// its standard retry takes a timeout, an I/O error or an answer it could not read as transient
+/// (`TransientErrorClassifier`), as AWS says of a 5xx that it "might be a transient error, in which case you
+/// can retry your request until it succeeds". When the first attempt applied, the retry meets the item as
+/// that attempt left it, and its condition fails (`ConditionalCheckFailedException`). A finish or a
+/// compensation whose own write is what the retry met applied: it is recorded, not "the claim expired and
+/// another holder took the effect" (a finish dropped from the runner's report, told as a lost claim) nor
+/// "not done any more" (a compensation told as undone at the destination but not marked). A later call of
+/// the same holder, which did not write it, still reads the effect as changed.
+async fn an_effect_write_whose_answer_was_lost_is_its_own_after_the_sdks_retry(b: Backend) {
+    let lose = Arc::new(AtomicBool::new(false));
+    let updates = Arc::new(AtomicUsize::new(0));
+    let (store, _) = store_on(lost_update::client(&b, lose.clone(), updates.clone())).await;
+    let tasks = business_table(&b.client()).await;
+    let (_, report) = run(&store, &tasks, vec![meeting("m-1", "o-1", "k-1")]).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1);
+    let now = Utc::now() + chrono::Duration::seconds(1);
+    let claimed = claim_at(&store, "r", &["crm".to_owned()], now).await;
+    assert_eq!(claimed.len(), 1);
+    let e = &claimed[0];
+    let done = Transition::Done {
+        reference: Some("crm-1".into()),
+        attempts: 1,
+        reconciliations: 0,
+    };
+
+    let sent = updates.load(Ordering::SeqCst);
+    lose.store(true, Ordering::SeqCst);
+    let finished = store
+        .finish_effect(e.id, "r", &done.columns(), now)
+        .await
+        .unwrap();
+    assert_eq!(
+        updates.load(Ordering::SeqCst) - sent,
+        2,
+        "the SDK sent the finish again"
+    );
+    assert!(
+        finished,
+        "the finish applied: its own write, no other holder's"
+    );
+    let found = store.find_effect(&e.key).await.unwrap().unwrap();
+    assert_eq!(
+        (found.claimed_from, found.reference.as_deref()),
+        (EffectState::Done, Some("crm-1"))
+    );
+    assert!(
+        !store
+            .finish_effect(e.id, "r", &done.columns(), now)
+            .await
+            .unwrap(),
+        "a later finish did not write it: the effect is no longer held"
+    );
+
+    let sent = updates.load(Ordering::SeqCst);
+    lose.store(true, Ordering::SeqCst);
+    let marked = store.mark_compensated(e.id, "refunded", now).await.unwrap();
+    assert_eq!(
+        updates.load(Ordering::SeqCst) - sent,
+        2,
+        "the SDK sent the compensation again"
+    );
+    assert!(marked, "the compensation applied: its own write");
+    let found = store.find_effect(&e.key).await.unwrap().unwrap();
+    assert_eq!(found.claimed_from, EffectState::Compensated);
+    assert!(
+        !store.mark_compensated(e.id, "again", now).await.unwrap(),
+        "a later compensation did not write it: not done any more"
+    );
 }
