@@ -763,6 +763,25 @@ fn a_settings_file_error_never_prints_the_store_password() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A store URL's query parameter sqlx does not know (libpq's `sslpassword`) is left out with a warning that
+/// names its key, never its value: sqlx's own warning quotes the value.
+#[test]
+fn a_store_url_parameter_sqlx_does_not_know_is_never_printed_with_its_value() {
+    let url = "postgres://postgres@127.0.0.1:1/nope?sslpassword=SECRETxyz123&application_name=x";
+    for args in [
+        &["inbox", "stats", "--store", url][..],
+        &["effects", "stats", "--store", url][..],
+    ] {
+        let (code, _, err) = outcome(txinbox_command(args).env("TXINBOX_LOG", "warn"));
+        assert_ne!(code, 0, "{args:?}: the store refuses connections: {err}");
+        assert!(err.contains("sslpassword"), "{args:?} names the key: {err}");
+        assert!(
+            !err.contains("SECRETxyz123"),
+            "{args:?} leaked the value: {err}"
+        );
+    }
+}
+
 #[test]
 fn partition_status_changes_nothing_in_a_store_without_the_inbox() {
     partition_refuses_a_store_without_the_inbox(&["--status"]);

@@ -34,6 +34,8 @@ pub mod error;
 mod health;
 pub mod ops;
 pub mod partitions;
+#[cfg(feature = "postgres")]
+mod pg_url;
 #[cfg(all(test, feature = "postgres", feature = "sqlite"))]
 mod plans;
 #[cfg(feature = "postgres")]
@@ -46,6 +48,8 @@ mod tx;
 pub use backend::{Backend, Migration};
 pub use error::{is_transient, StoreError};
 pub use partitions::{PartitionOptions, PartitionReport, PartitionStatus};
+#[cfg(feature = "postgres")]
+pub use pg_url::pg_connect_options;
 pub use store::{Migrations, Store, StoreOptions};
 pub use tx::Tx;
 

@@ -437,9 +437,7 @@ impl Store<sqlx::Postgres> {
     /// cannot be reached when the worker starts ([`txinbox_core::runtime::shards`]): its deliveries are released
     /// until it answers; then call [`Store::migrate`] (the schema named in `options` must already exist).
     pub fn connect_lazy_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
-        use sqlx::postgres::PgConnectOptions;
-        use std::str::FromStr;
-        let mut opts = PgConnectOptions::from_str(url)?;
+        let mut opts = crate::pg_connect_options(url)?;
         if let Some(schema) = &options.schema {
             opts = in_schema(opts, schema)?;
         }
@@ -451,10 +449,8 @@ impl Store<sqlx::Postgres> {
     /// Connects to a `postgres://` URL with `options`: pool size, the schema the inbox's tables live in
     /// (every connection's `search_path` is set to it), and what to do with migrations.
     pub async fn connect_with(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
-        use sqlx::postgres::PgConnectOptions;
         use sqlx::Connection;
-        use std::str::FromStr;
-        let mut opts = PgConnectOptions::from_str(url)?;
+        let mut opts = crate::pg_connect_options(url)?;
         if let Some(schema) = &options.schema {
             check_schema(schema)?;
             if options.migrations == Migrations::Apply {

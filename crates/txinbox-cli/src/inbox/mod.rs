@@ -450,9 +450,9 @@ async fn postgres_opened(
     read_only: bool,
     max_connections: u32,
 ) -> Result<Store<sqlx::Postgres>, String> {
-    use std::str::FromStr;
     let err = |e: &dyn std::fmt::Display| format!("store ({}): {e}", scheme(url));
-    let mut opts = sqlx::postgres::PgConnectOptions::from_str(url)
+    // Not sqlx's own reading: it logs an unknown query parameter with its value.
+    let mut opts = txinbox_store::pg_connect_options(url)
         .map_err(|e| err(&e))?
         .application_name(application_name);
     if read_only {
