@@ -104,9 +104,9 @@ impl std::fmt::Debug for DynamoStore {
 
 /// The table name of a `dynamodb://TABLE` URL.
 pub fn table_from_url(url: &str) -> Result<String, DynamoError> {
-    let table = url
-        .strip_prefix("dynamodb://")
-        .ok_or_else(|| DynamoError::Url(url.to_owned()))?;
+    // Quoted redacted: another store's URL given by mistake holds a password.
+    let refused = || DynamoError::Url(txinbox_core::error::redact_url(url));
+    let table = url.strip_prefix("dynamodb://").ok_or_else(refused)?;
     let ok = (3..=255).contains(&table.len())
         && table
             .bytes()
@@ -114,7 +114,7 @@ pub fn table_from_url(url: &str) -> Result<String, DynamoError> {
     if ok {
         Ok(table.to_owned())
     } else {
-        Err(DynamoError::Url(url.to_owned()))
+        Err(refused())
     }
 }
 
@@ -211,5 +211,25 @@ impl DynamoStore {
         }
         let out = get.send().await.map_err(|e| call("GetItem", e))?;
         Ok(out.item)
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    /// A store URL that is not `dynamodb://TABLE` is named in the error without its password or query values:
+    /// another store's URL given by mistake (`postgres://crm:PASSWORD@db`), a table with a query.
+    #[test]
+    fn a_store_url_refused_is_quoted_without_its_secrets() {
+        for url in [
+            "postgres://crm:SECRETxyz123@db/crm",
+            "dynamodb://inbox?aws_secret_access_key=SECRETxyz123",
+            "dynamodb://crm:SECRETxyz123@inbox",
+        ] {
+            let e = super::table_from_url(url).unwrap_err();
+            for shown in [e.to_string(), format!("{e:?}")] {
+                assert!(!shown.contains("SECRETxyz123"), "{shown}");
+            }
+            assert!(e.to_string().contains("dynamodb://TABLE"), "{e}");
+        }
     }
 }
