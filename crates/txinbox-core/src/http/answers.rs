@@ -1,11 +1,13 @@
 //! What an HTTP destination's answer means: the answer table and `Retry-After`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
+use reqwest::header::HeaderMap;
+use serde_json::Value;
 
 /// What an answer to an effect's call means. The [default table](AnswerTable::default) follows the IETF
 /// httpapi Idempotency-Key draft and HTTP's own semantics; override an entry per destination with
@@ -86,13 +88,24 @@ impl FromStr for Answer {
 /// | 408, 425, 429 | [`Answer::NotSent`] |
 /// | 409 | [`Answer::InProgress`] |
 /// | 422 | [`Answer::KeyReused`] |
-/// | other 4xx | [`Answer::Rejected`] |
+/// | other 4xx | [`Answer::Rejected`], or [`Answer::NotSent`] when the answer is a [rate limit](rate_limited) |
 /// | 503 | [`Answer::RetryAfter`] |
 /// | 502, 504, other 5xx, 1xx, 3xx | [`Answer::Uncertain`] |
+///
+/// **A refusal that is a rate limit is not sent.** Several APIs answer their rate limit with a 403, not a 429
+/// (Salesforce, GitHub, Google: see [`rate_limited`]); read as rejected, the effect would fail for good though
+/// the destination only said "later". So a 4xx the default table reads as rejected is read as
+/// [`Answer::NotSent`] (pending again, no sooner than its `Retry-After`) when [`rate_limited`] says it is one
+/// ([`read`](Self::read)). An answer you set yourself, for the status (`.answer(403, Answer::Rejected)`) or its
+/// class (`.answer_class(4, Answer::Rejected)`), stands as you set it: rate limit or not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AnswerTable {
     exact: BTreeMap<u16, Answer>,
     classes: BTreeMap<u8, Answer>,
+    /// The statuses whose exact entry the user set.
+    chosen: BTreeSet<u16>,
+    /// The classes whose entry the user set.
+    chosen_classes: BTreeSet<u8>,
 }
 
 impl Default for AnswerTable {
@@ -106,7 +119,12 @@ impl Default for AnswerTable {
             (503, Answer::RetryAfter),
         ]);
         let classes = BTreeMap::from([(2, Answer::Done), (4, Answer::Rejected)]);
-        Self { exact, classes }
+        Self {
+            exact,
+            classes,
+            chosen: BTreeSet::new(),
+            chosen_classes: BTreeSet::new(),
+        }
     }
 }
 
@@ -120,17 +138,101 @@ impl AnswerTable {
             .unwrap_or(Answer::Uncertain)
     }
 
+    /// What the answer `status`, with its `headers` and `body`, means: [`get`](Self::get), except that a 4xx
+    /// the default table reads as [`Answer::Rejected`] is [`Answer::NotSent`] when it is a
+    /// [rate limit](rate_limited). An entry the user set for the status or its class stands.
+    pub fn read(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> Answer {
+        match self.get(status) {
+            Answer::Rejected if !self.chosen(status) && rate_limited(status, headers, body) => {
+                Answer::NotSent
+            }
+            a => a,
+        }
+    }
+
+    /// Whether the entry `status` is read by is one the user set.
+    fn chosen(&self, status: u16) -> bool {
+        if self.exact.contains_key(&status) {
+            self.chosen.contains(&status)
+        } else {
+            self.chosen_classes.contains(&((status / 100) as u8))
+        }
+    }
+
     /// Sets the answer of one status (100 to 599).
     pub(crate) fn set(&mut self, status: u16, answer: Answer) {
         self.exact.insert(status, answer);
+        self.chosen.insert(status);
     }
 
     /// Sets the answer of a class (`4` for 4xx), below the exact codes: the defaults' exact codes of that
     /// class are dropped, so `4xx = rejected` means every 4xx.
     pub(crate) fn set_class(&mut self, class: u8, answer: Answer) {
         self.exact.retain(|s, _| (s / 100) as u8 != class);
+        self.chosen.retain(|s| (s / 100) as u8 != class);
         self.classes.insert(class, answer);
+        self.chosen_classes.insert(class);
     }
+}
+
+/// Whether a 4xx answer says it is a rate limit: the request was not taken, come back later. Any of:
+///
+/// * **a valid `Retry-After`** (delta-seconds or an HTTP-date, read by [`parse_retry_after`]): HTTP's semantics
+///   (RFC 7231, kept by RFC 9110), "Servers send the "Retry-After" header field to indicate how long the user
+///   agent ought to wait before making a follow-up request"; a refusal for good has no later.
+/// * **`x-ratelimit-remaining: 0` on a 403**: GitHub's REST API, "If you exceed your primary rate limit, you
+///   will receive a 403 Forbidden or 429 Too Many Requests response, and the x-ratelimit-remaining header will
+///   be 0". Only on a 403: the last request a limit allows answers its own 404 or 422 with 0 remaining.
+/// * **a top-level `message` naming a "secondary rate limit"**: GitHub, "If you exceed a secondary rate limit,
+///   you will receive a 403 Forbidden or 429 Too Many Requests response and an error message that indicates
+///   that you exceeded a secondary rate limit" (`"You have exceeded a secondary rate limit. ..."`).
+/// * **an `errorCode` `REQUEST_LIMIT_EXCEEDED`** in the body (a JSON array of errors, or one error object):
+///   Salesforce's REST API, of its 403: "The request has been refused. [...] If the error code is
+///   REQUEST_LIMIT_EXCEEDED, you've exceeded API request limits in your org" (`[{"message": "TotalRequests
+///   Limit exceeded.", "errorCode": "REQUEST_LIMIT_EXCEEDED"}]`).
+/// * **an `error.errors[].reason` `rateLimitExceeded` or `userRateLimitExceeded`**: Google APIs' JSON error
+///   format (`domain` `usageLimits`); Drive: "If you exceed a quota, you'll receive a 403: User rate limit
+///   exceeded HTTP status code response. [...] you should use an exponential backoff algorithm and try again
+///   later". Not `dailyLimitExceeded` nor `quotaExceeded`: a quota spent for the day, which Google's quota
+///   pages (Campaign Manager 360's) advise not to retry without fixing, stays a refusal.
+///
+/// A 1xx, 2xx, 3xx or 5xx is never one here: the answer table reads those.
+pub fn rate_limited(status: u16, headers: &HeaderMap, body: &[u8]) -> bool {
+    if !(400..500).contains(&status) {
+        return false;
+    }
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if header("retry-after").is_some_and(|v| parse_retry_after(v, Utc::now()).is_some()) {
+        return true;
+    }
+    if status == 403 && header("x-ratelimit-remaining").is_some_and(|v| v.trim() == "0") {
+        return true;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return false;
+    };
+    let salesforce =
+        |e: &Value| e.get("errorCode").and_then(Value::as_str) == Some("REQUEST_LIMIT_EXCEEDED");
+    let github = v
+        .get("message")
+        .and_then(Value::as_str)
+        .is_some_and(|m| m.to_ascii_lowercase().contains("secondary rate limit"));
+    let google = v
+        .pointer("/error/errors")
+        .and_then(Value::as_array)
+        .is_some_and(|errors| {
+            errors.iter().any(|e| {
+                matches!(
+                    e.get("reason").and_then(Value::as_str),
+                    Some("rateLimitExceeded" | "userRateLimitExceeded")
+                )
+            })
+        });
+    github
+        || google
+        || salesforce(&v)
+        || v.as_array()
+            .is_some_and(|errors| errors.iter().any(salesforce))
 }
 
 /// A status or a class as the settings file names it: `"409"` or `"4xx"`.
@@ -233,6 +335,129 @@ mod tests {
             .parse::<Answer>()
             .unwrap_err()
             .contains("key_reused"));
+    }
+
+    fn headers(lines: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in lines {
+            h.insert(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn a_rate_limit_is_read_from_the_vendors_markers_only() {
+        let none = HeaderMap::new();
+        for (what, status, h, body) in [
+            (
+                "retry-after seconds",
+                403,
+                headers(&[("retry-after", "30")]),
+                "",
+            ),
+            (
+                "retry-after date",
+                400,
+                headers(&[("retry-after", "Sun, 06 Nov 1994 08:49:37 GMT")]),
+                "",
+            ),
+            (
+                "github",
+                403,
+                headers(&[("x-ratelimit-remaining", "0")]),
+                "",
+            ),
+            (
+                "github secondary",
+                403,
+                none.clone(),
+                r#"{"message":"You have exceeded a secondary rate limit and have been temporarily blocked"}"#,
+            ),
+            (
+                "salesforce",
+                403,
+                none.clone(),
+                r#"[{"message":"TotalRequests Limit exceeded.","errorCode":"REQUEST_LIMIT_EXCEEDED"}]"#,
+            ),
+            (
+                "salesforce object",
+                403,
+                none.clone(),
+                r#"{"message":"x","errorCode":"REQUEST_LIMIT_EXCEEDED"}"#,
+            ),
+            (
+                "google",
+                403,
+                none.clone(),
+                r#"{"error":{"errors":[{"domain":"usageLimits","reason":"rateLimitExceeded"}],"code":403}}"#,
+            ),
+        ] {
+            assert!(rate_limited(status, &h, body.as_bytes()), "{what}");
+        }
+        for (what, status, h, body) in [
+            ("plain 403", 403, none.clone(), r#"{"message":"forbidden"}"#),
+            (
+                "a retry-after that is none",
+                403,
+                headers(&[("retry-after", "soon")]),
+                "",
+            ),
+            (
+                "some remaining",
+                403,
+                headers(&[("x-ratelimit-remaining", "12")]),
+                "",
+            ),
+            (
+                "0 remaining on a 404",
+                404,
+                headers(&[("x-ratelimit-remaining", "0")]),
+                "",
+            ),
+            (
+                "a daily quota",
+                403,
+                none.clone(),
+                r#"{"error":{"errors":[{"domain":"usageLimits","reason":"dailyLimitExceeded"}],"code":403}}"#,
+            ),
+            (
+                "another salesforce code",
+                403,
+                none.clone(),
+                r#"[{"message":"no","errorCode":"INSUFFICIENT_ACCESS"}]"#,
+            ),
+            ("not json", 403, none.clone(), "REQUEST_LIMIT_EXCEEDED"),
+            ("a 503", 503, headers(&[("retry-after", "30")]), ""),
+            ("a 200", 200, headers(&[("x-ratelimit-remaining", "0")]), ""),
+        ] {
+            assert!(!rate_limited(status, &h, body.as_bytes()), "{what}");
+        }
+    }
+
+    #[test]
+    fn only_a_default_refusal_is_read_as_a_rate_limit() {
+        let limit = headers(&[("retry-after", "30")]);
+        let t = AnswerTable::default();
+        assert_eq!(t.read(403, &limit, b""), Answer::NotSent);
+        assert_eq!(t.read(403, &HeaderMap::new(), b""), Answer::Rejected);
+        // The defaults' other readings are not refusals.
+        assert_eq!(t.read(409, &limit, b""), Answer::InProgress);
+        assert_eq!(t.read(422, &limit, b""), Answer::KeyReused);
+        // What the user set stands: the status, or its class.
+        let mut t = AnswerTable::default();
+        t.set(403, Answer::Rejected);
+        assert_eq!(t.read(403, &limit, b""), Answer::Rejected);
+        assert_eq!(t.read(401, &limit, b""), Answer::NotSent);
+        let mut t = AnswerTable::default();
+        t.set(403, Answer::Rejected);
+        t.set_class(4, Answer::Rejected);
+        assert_eq!(t.read(401, &limit, b""), Answer::Rejected);
+        assert_eq!(t.read(429, &limit, b""), Answer::Rejected);
+        // Another class set leaves 4xx's default reading.
+        let mut t = AnswerTable::default();
+        t.set_class(5, Answer::Rejected);
+        assert_eq!(t.read(403, &limit, b""), Answer::NotSent);
+        assert_eq!(t.read(500, &limit, b""), Answer::Rejected);
     }
 
     #[test]

@@ -222,7 +222,8 @@ impl HttpEffectBuilder {
     }
 
     /// What `status` (100 to 599) means at this destination, over the [default table](AnswerTable). Another
-    /// number is refused by [`build`](Self::build).
+    /// number is refused by [`build`](Self::build). It stands as set: a 4xx set to [`Answer::Rejected`] is
+    /// rejected even when it is a [rate limit](super::rate_limited), which the default table reads as not sent.
     pub fn answer(mut self, status: u16, answer: Answer) -> Self {
         if (100..=599).contains(&status) {
             self.answers.set(status, answer);
@@ -233,7 +234,7 @@ impl HttpEffectBuilder {
     }
 
     /// What a whole class (`4` for 4xx, 1 to 5) means, replacing the defaults' exact codes of that class. Another
-    /// number is refused by [`build`](Self::build).
+    /// number is refused by [`build`](Self::build). It stands as set, as [`answer`](Self::answer)'s does.
     pub fn answer_class(mut self, class: u8, answer: Answer) -> Self {
         if (1..=5).contains(&class) {
             self.answers.set_class(class, answer);
@@ -268,8 +269,9 @@ impl HttpEffectBuilder {
     /// `<key>-compensate` in the destination's key header ([`Key::header`]'s, `Idempotency-Key` when none is
     /// declared; none with [`Key::none`] or [`Key::body_field`]). A 2xx or a 404 (already gone) undoes the
     /// effect; a 2xx whose JSON body reports an error (a non-empty top-level `errors` or `error`), or whose body
-    /// was lost, does not. A URL naming `{reference}` refuses, unsent, an effect done without one (it would name
-    /// the collection).
+    /// was lost, does not, nor does a 4xx that is a rate limit ([`rate_limited`](super::rate_limited)), even a
+    /// 404. A URL naming `{reference}` refuses, unsent, an effect done without one (it would name the
+    /// collection).
     pub fn compensate_url(mut self, template: impl Into<String>) -> Self {
         self.compensate = Some(template.into());
         self

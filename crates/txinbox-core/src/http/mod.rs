@@ -27,6 +27,7 @@
 //! | 503 without `Retry-After`, 502, 504, other 5xx, 3xx | uncertain | reconciled before any retry |
 //! | 409 (the draft: a request with this key is still being processed) | in progress | uncertain, backoff, reconciled; never failed |
 //! | 422 (the draft: the key was used with another body) where the key is kept ([`Key::header`], [`Key::body_field`]) | key reused | failed, both bodies' hashes kept |
+//! | another 4xx that is a rate limit ([`rate_limited`]: a valid `Retry-After`; GitHub's 403 with `x-ratelimit-remaining: 0` or a "secondary rate limit" message; Salesforce's `REQUEST_LIMIT_EXCEEDED`; Google's `rateLimitExceeded`, `userRateLimitExceeded`), unless you set that status's or class's answer yourself | not sent | pending, no sooner than `Retry-After` |
 //! | another 4xx | rejected | failed, the answer kept |
 //! | a timeout, the connection dropped before the answer | uncertain | reconciled before any retry |
 //!
@@ -41,9 +42,13 @@
 //!
 //! **The confirmation** ([`Confirm`]) asks the destination when an answer was lost: a lookup (404 is not
 //! found), a search (an empty list or a zero count is not found, unless the answer reports an error), or your
-//! own reader. A 2xx whose body lacks the declared reference is unknown, never done. Without a confirmation, a
-//! destination that honours its key ([`Key::header`], [`Key::body_field`]) is asked by repeating the call with
-//! the same key within the time it keeps keys; any other lost answer needs attention.
+//! own reader. A 2xx whose body lacks the declared reference is unknown, never done. A 429, a 503 with
+//! `Retry-After` or a 4xx that is a rate limit did not search: not answered, before any rule reads it. Without a
+//! confirmation, a destination that honours its key ([`Key::header`], [`Key::body_field`]) is asked by
+//! repeating the call with the same key within the time it keeps keys; any other lost answer needs attention.
+//!
+//! **A compensation** ([`HttpEffectBuilder::compensate_url`]) is undone on a 2xx (that reports no error) or a
+//! 404 (already gone); a 4xx that is a rate limit undid nothing, even as a 404: ask again later.
 
 mod answers;
 mod builder;
@@ -59,7 +64,7 @@ use futures::future::BoxFuture;
 use reqwest::header::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
-pub use answers::{parse_retry_after, Answer, AnswerTable, MAX_RETRY_AFTER};
+pub use answers::{parse_retry_after, rate_limited, Answer, AnswerTable, MAX_RETRY_AFTER};
 pub use builder::{HttpConfigError, HttpEffectBuilder};
 pub use confirm::{Confirm, ReadFn};
 pub use key::{Key, DEFAULT_KEY_KEPT_FOR};
@@ -339,6 +344,7 @@ impl EffectExecutor for HttpEffect {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| parse_retry_after(v, Utc::now()));
             let answer = self.answers.get(status);
+            let headers = resp.headers().clone();
             let body = match read_body(&mut resp).await {
                 Ok(b) => b,
                 Err(e) if answer == Answer::Done => {
@@ -349,8 +355,17 @@ impl EffectExecutor for HttpEffect {
                 }
                 Err(_) => Vec::new(),
             };
-            let said = || format!("{shown} answered {status}: {}", excerpt(&body));
-            match answer {
+            // A refusal that is a rate limit (Salesforce's, GitHub's, Google's 403) is not sent: see AnswerTable.
+            let read = self.answers.read(status, &headers, &body);
+            let said = || {
+                let limit = if read != answer {
+                    " (a rate limit: not sent, tried again later)"
+                } else {
+                    ""
+                };
+                format!("{shown} answered {status}{limit}: {}", excerpt(&body))
+            };
+            match read {
                 Answer::Done => match (self.reference_of(&body), reported_error_in(&body)) {
                     (Some(reference), _) => Execution::Done {
                         reference: Some(reference),
@@ -466,6 +481,27 @@ impl EffectExecutor for HttpEffect {
                 return Err(format!("the compensation request: {REDIRECTED}").into());
             }
             let status = r.status();
+            if status.is_client_error() {
+                // A rate limit (Salesforce's, GitHub's, Google's 403; a 4xx with Retry-After: see AnswerTable)
+                // undid nothing and gone is not what it says, even as a 404: ask again later.
+                let headers = r.headers().clone();
+                let body = read_body(&mut r).await.unwrap_or_default();
+                if rate_limited(status.as_u16(), &headers, &body) {
+                    let after = headers
+                        .get(reqwest::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| parse_retry_after(v, Utc::now()))
+                        .map_or_else(String::new, |d| {
+                            format!(" (Retry-After: {} s)", d.as_secs())
+                        });
+                    return Err(format!(
+                        "the compensation request answered {status}, a rate limit: nothing undone, ask again \
+                         later{after}: {}",
+                        excerpt(&body)
+                    )
+                    .into());
+                }
+            }
             if status == reqwest::StatusCode::NOT_FOUND {
                 return Ok(());
             }
@@ -534,17 +570,23 @@ impl EffectExecutor for HttpEffect {
                     },
                     Ok(mut r) => {
                         let status = r.status().as_u16();
-                        let retry_after = r
-                            .headers()
+                        let headers = r.headers().clone();
+                        let retry_after = headers
                             .get(reqwest::header::RETRY_AFTER)
                             .and_then(|v| v.to_str().ok())
                             .and_then(|v| parse_retry_after(v, Utc::now()));
-                        match read_body(&mut r).await {
+                        let body = read_body(&mut r).await;
+                        let limited =
+                            rate_limited(status, &headers, body.as_deref().unwrap_or_default());
+                        match body {
                             // Asked to come back (RFC 6585: "too many requests in a given amount of time";
                             // RFC 9110: a 503's Retry-After is "how long the service is expected to be
-                            // unavailable"): the destination did not search, whatever its body says, and is
-                            // not asked again before it said.
-                            _ if status == 429 || (status == 503 && retry_after.is_some()) => {
+                            // unavailable"; a 4xx that is a rate limit, see AnswerTable): the destination did
+                            // not search, whatever its body says, and is not asked again before it said.
+                            _ if status == 429
+                                || (status == 503 && retry_after.is_some())
+                                || limited =>
+                            {
                                 Confirmation::NotAnswered {
                                     error: format!(
                                         "{} answered {status}: asked to come back later",
@@ -632,6 +674,8 @@ fn url_path(url: &str) -> String {
 mod compensate_tests;
 #[cfg(test)]
 mod error_body_tests;
+#[cfg(test)]
+mod rate_limit_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
