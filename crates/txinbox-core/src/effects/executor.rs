@@ -94,7 +94,8 @@ pub enum Confirmation {
         error: BoxError,
     },
     /// The destination did not take the question: it asked to be asked later (a 429, a 503 with
-    /// `Retry-After`, a 4xx that says it is a rate limit: `http::rate_limited`, feature `http`), or nothing reached it (a connection refused). It says nothing about the effect: still
+    /// `Retry-After`, a 4xx that says it is a rate limit: `http::rate_limited`, feature `http`), or nothing
+    /// reached it (a connection refused). It says nothing about the effect: still
     /// uncertain, asked again after a backoff and no sooner than `retry_after`. Counted as a reconciliation,
     /// toward the limit after which the effect needs attention, as an unknown answer is.
     NotAnswered {

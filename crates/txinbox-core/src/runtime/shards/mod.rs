@@ -331,9 +331,9 @@ impl<P> Shards<P> {
     }
 
     /// Adds the shards to `health`'s readiness, one check per shard named `shard <name>` (its store's
-    /// [`HealthCheck`]: a ping, and on PostgreSQL whether the inbox can
-    /// write its markers there; run at each probe of readiness). By default an unavailable shard shows as `degraded shard NAME:
-    /// why` and readiness stays true while another shard answers (the worker goes on for the others); with
+    /// [`HealthCheck`]: a ping, and on PostgreSQL whether the inbox can write its markers there; run at each
+    /// probe of readiness). By default an unavailable shard shows as `degraded shard NAME: why` and readiness
+    /// stays true while another shard answers (the worker goes on for the others); with
     /// [`ShardOptions::require_all`] each shard is a required check.
     ///
     /// A readiness that already has a check of one of these names (another consumer's shards named alike, or
