@@ -171,7 +171,8 @@ impl std::fmt::Display for BrokerErrorKind {
 /// (`ReceiveMessage`, `DeleteMessageBatch`, `complete`, `renew-lock`, ...), the adapter's or SDK's error as
 /// its [`source`](std::error::Error::source) (walk the chain and `downcast_ref` to reach the SDK's type), and
 /// the broker's [`retry_after`](Self::retry_after) when it sent one. Its message shows the operation, the
-/// kind and the source chain; adapters never put a credential in an error.
+/// kind and the source chain, with the secrets a cause may quote masked ([`redact_secrets`]); adapters never put a
+/// credential in an error.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct BrokerError {
@@ -243,17 +244,20 @@ impl BrokerError {
 
 impl std::fmt::Display for BrokerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} failed ({})", self.operation, self.kind)?;
+        use std::fmt::Write as _;
+        let mut text = format!("{} failed ({})", self.operation, self.kind);
         if let Some(after) = self.retry_after {
-            write!(f, ", retry after {} ms", after.as_millis())?;
+            write!(text, ", retry after {} ms", after.as_millis())?;
         }
         // The whole chain: SDK errors often say little at the top ("service error") and the detail below.
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self.source.as_ref());
         while let Some(c) = cause {
-            write!(f, ": {c}")?;
+            write!(text, ": {c}")?;
             cause = c.source();
         }
-        Ok(())
+        // A cause may quote an endpoint with its credential (a client's error its URL): the worker logs this
+        // text, readiness answers it and a worker that gives up reports it.
+        f.write_str(&redact_secrets(&text))
     }
 }
 
@@ -288,6 +292,26 @@ mod tests {
         let io = e.find_source::<std::io::Error>().unwrap();
         assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
         assert!(e.find_source::<std::fmt::Error>().is_none());
+    }
+
+    /// A broker error's text is what the worker logs for a failing receive, what readiness answers for the
+    /// queue and what the worker's report gives as the reason it gave up: a cause down its chain that quotes
+    /// an endpoint with a credential (a SAS `sig=`, a URL's user info, a connection string's key) is shown
+    /// masked there.
+    #[test]
+    fn a_broker_errors_text_masks_the_secrets_its_chain_quotes() {
+        let io = std::io::Error::other(
+            "HTTP 401 from https://ns.servicebus.windows.net/q/messages/head?sig=SECRETsig1&se=1 via http://proxyuser:SECRETpw2@proxy:3128 (Endpoint=sb://ns/;SharedAccessKeyName=r;SharedAccessKey=SECRETkey3)",
+        );
+        let e = BrokerError::new(BrokerErrorKind::Unauthorized, "receive", Outer(io));
+        let shown = e.to_string();
+        for secret in ["SECRETsig1", "SECRETpw2", "SECRETkey3"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.starts_with("receive failed (unauthorized): outer: HTTP 401 from https://ns.servicebus.windows.net/q/messages/head?sig=***"),
+            "{shown}"
+        );
     }
 
     #[test]
