@@ -39,6 +39,17 @@ pub enum StoreError {
     /// Partitioned layout options the layout cannot use ([`crate::partitions::PartitionOptions::check`]).
     #[error("invalid partition options: {0}")]
     Partitions(String),
+    /// A table of the partitioned layout has a default partition (one made by hand: the layout makes none).
+    /// A row of a bucket without its partition would land there instead of being released and retried (a
+    /// marker there is out of reach of its bucket's unique index, and no rotation drops it), and creating the
+    /// partition of a bucket it holds rows of fails; the rotation and the layout's status refuse it.
+    #[error("{table} has a default partition {partition}, which the partitioned layout refuses (rows of a bucket without a partition land there, out of their bucket's unique index, never dropped): detach it (ALTER TABLE {table} DETACH PARTITION {partition}), move its rows into {table} once the rotation has made their partitions (INSERT INTO {table} SELECT * FROM {partition}), then drop it")]
+    DefaultPartition {
+        /// The partitioned table (`txinbox_inbox`, `txinbox_rejections` or `txinbox_effects`).
+        table: String,
+        /// The default partition, as SQL names it (quoted when it must be).
+        partition: String,
+    },
     /// A store URL is neither `sqlite:` nor `postgres://`, or names a backend not compiled in.
     #[error("unsupported store URL scheme {scheme:?} (expected sqlite: or postgres://)")]
     UnsupportedUrl {
@@ -48,6 +59,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The store's own error that a driver error carries: the calls that answer a [`sqlx::Error`] (the
+    /// maintenance's, [`txinbox_core::MaintenanceStore::rotate_partitions`]) carry a refusal of the store's
+    /// ([`StoreError::DefaultPartition`]) in [`sqlx::Error::Configuration`].
+    pub fn carried(e: &sqlx::Error) -> Option<&StoreError> {
+        match e {
+            sqlx::Error::Configuration(b) => b.downcast_ref::<StoreError>(),
+            _ => None,
+        }
+    }
+
     /// Whether a retry may succeed (connection trouble, serialization failure, deadlock, busy database).
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -12,7 +12,7 @@ use txinbox_core::runtime::maintenance::{
 use txinbox_core::{
     ConsumerName, Identity, IdentityPolicy, InboxStore, MarkerInsert, MarkerRow, ReceivedMessage,
 };
-use txinbox_store::{PartitionOptions, Store, StoreOptions};
+use txinbox_store::{PartitionOptions, Store, StoreError, StoreOptions};
 
 const DAY: i64 = 86_400;
 
@@ -1082,5 +1082,130 @@ async fn two_effects_of_one_key_are_found_newest_first_and_compensated_once() {
         .await
         .unwrap();
     assert_eq!(states, ["compensated", "compensated"]);
+    s.drop().await;
+}
+
+/// A default partition added by hand to any of the three tables is refused, by the rotation and by the
+/// layout's status, with one line that names the table and the partition and says what to do; nothing is
+/// created meanwhile. Without the refusal an empty default let the rotation go on, while it swallowed the
+/// rows of every bucket without a partition (a marker there is out of its bucket's unique index, and never
+/// dropped), and one holding a row of a bucket to create failed every rotation with PostgreSQL's own error.
+/// Detached, and its rows moved back, the rotation goes on.
+#[tokio::test]
+async fn a_default_partition_added_by_hand_is_refused_with_what_to_do() {
+    for (parent, with_row) in [
+        ("txinbox_inbox", false),
+        ("txinbox_rejections", false),
+        ("txinbox_effects", true),
+    ] {
+        let s = Schema::kept_two_days().await;
+        let by_hand = format!("{parent}_by_hand");
+        sqlx::Executor::execute(
+            s.store.pool(),
+            format!("CREATE TABLE {by_hand} PARTITION OF {parent} DEFAULT").as_str(),
+        )
+        .await
+        .unwrap();
+        // An effect of a bucket that has no partition yet: it lands in the default one.
+        let at = Utc::now() + Cd::days(if with_row { 10 } else { 0 });
+        if with_row {
+            effect_row(&s.store, "k-default", "pending", at, None).await;
+        }
+        let before = (
+            s.partitions("txinbox_inbox").await,
+            s.partitions("txinbox_rejections").await,
+            s.partitions("txinbox_effects").await,
+        );
+        let e = s
+            .store
+            .rotate_partitions(at, &MaintenanceOptions::default())
+            .await
+            .expect_err("a rotation beside a default partition");
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        match StoreError::carried(&e) {
+            Some(StoreError::DefaultPartition { table, partition }) => {
+                assert_eq!(
+                    (table.as_str(), partition.as_str()),
+                    (parent, by_hand.as_str())
+                );
+            }
+            other => panic!("{parent}: not the refusal: {other:?} ({line})"),
+        }
+        assert!(
+            line.contains(&format!("ALTER TABLE {parent} DETACH PARTITION {by_hand}")),
+            "{line}"
+        );
+        let after = (
+            s.partitions("txinbox_inbox").await,
+            s.partitions("txinbox_rejections").await,
+            s.partitions("txinbox_effects").await,
+        );
+        assert_eq!(
+            before, after,
+            "{parent}: the refused rotation changed nothing"
+        );
+        let status = s.store.partition_status().await;
+        assert!(
+            matches!(&status, Err(StoreError::DefaultPartition { table, .. }) if table == parent),
+            "{status:?}"
+        );
+        // What the line says to do: detached, the rotation goes on; its rows then go back in.
+        sqlx::Executor::execute(
+            s.store.pool(),
+            format!("ALTER TABLE {parent} DETACH PARTITION {by_hand}").as_str(),
+        )
+        .await
+        .unwrap();
+        rotate(&s, at).await;
+        let moved = sqlx::query(&format!("INSERT INTO {parent} SELECT * FROM {by_hand}"))
+            .execute(s.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(moved.rows_affected(), u64::from(with_row), "{parent}");
+        assert!(s.store.partition_status().await.unwrap().is_some());
+        s.drop().await;
+    }
+}
+
+/// Converted with broker time allowed, a message with neither a CloudEvents `time` nor a broker enqueue time
+/// (a broker adapter that tells none) is dead-lettered `no_event_time`, nothing written, as without the
+/// option: its receive time differs per delivery, and placed by it, a redelivery a day later went to another
+/// partition, out of reach of the first copy's marker, and both copies applied.
+#[tokio::test(flavor = "current_thread")]
+async fn with_broker_time_a_message_without_any_origin_time_is_dead_lettered() {
+    use txinbox_core::broker::mem::{MemoryQueue, QueueOptions};
+    use txinbox_lab::labdb::LabStore;
+    let s = Schema::new().await;
+    let _ = s
+        .store
+        .partition(&PartitionOptions::new().broker_time(true))
+        .await
+        .unwrap();
+    s.store.create_tables().await.unwrap();
+    let p = txinbox_lab::lab::lab_processor(
+        s.store.clone(),
+        txinbox_lab::lab::task_handler::<Store<sqlx::Postgres>>(),
+    );
+    let q = MemoryQueue::new(QueueOptions::default());
+    let mut sent = txinbox_lab::lab::lab_message(5);
+    sent.attributes.remove("ce-time");
+    q.send(sent);
+    let mut m = txinbox_core::Delivery::message(&q.receive_now(1).pop().unwrap()).clone();
+    assert_eq!(m.attributes.get("ce-time"), None);
+    m.enqueued_at = None;
+    // The first delivery yesterday, its redelivery today: two receive times, two buckets.
+    for received in [Utc::now() - Cd::days(1), Utc::now()] {
+        m.received_at = received;
+        let o = p
+            .process_one(txinbox_testkit::NoopDelivery(m.clone()))
+            .await;
+        let txinbox_core::Outcome::DeadLettered { reason, detail } = &o else {
+            panic!("not dead-lettered: {o}")
+        };
+        assert_eq!(reason, "no_event_time", "{detail}");
+    }
+    assert_eq!(s.markers().await, 0);
+    assert_eq!(s.store.count_tasks().await.unwrap(), 0);
     s.drop().await;
 }

@@ -37,8 +37,14 @@ pub struct MarkerRow<'a> {
     pub delivery_count: u32,
     /// The message's origin time, the same in every copy of the message: its CloudEvents `time`, else the
     /// broker's first enqueue time, else (a broker that tells neither) the receive time. A partitioned store
-    /// places the marker by it, so that every copy meets the first copy's marker in one partition.
+    /// places the marker by it, so that every copy meets the first copy's marker in one partition; the
+    /// receive time differs per delivery, and it never places a marker by that (see
+    /// [`MarkerRow::enqueued_at`]).
     pub origin_at: DateTime<Utc>,
+    /// The broker's first enqueue time, when the broker tells it (`None` for a broker, or a test delivery,
+    /// that does not): a partitioned store allowed to place a message without an event time by its broker
+    /// time refuses one without this too.
+    pub enqueued_at: Option<DateTime<Utc>>,
 }
 
 impl<'a> MarkerRow<'a> {
@@ -59,12 +65,19 @@ impl<'a> MarkerRow<'a> {
             retention_until,
             delivery_count,
             origin_at: received_at,
+            enqueued_at: None,
         }
     }
 
     /// Sets the origin time (a store's own tests; the pipeline sets it from the message).
     pub fn origin_at(mut self, at: DateTime<Utc>) -> Self {
         self.origin_at = at;
+        self
+    }
+
+    /// Sets the broker's enqueue time (a store's own tests; the pipeline sets it from the message).
+    pub fn enqueued_at(mut self, at: DateTime<Utc>) -> Self {
+        self.enqueued_at = Some(at);
         self
     }
 }

@@ -14,16 +14,19 @@
 //! with a new enqueue time. A message without an event time is therefore dead-lettered `no_event_time`
 //! ([`txinbox_core::MarkerInsert::Refused`]) unless the layout was converted with
 //! [`PartitionOptions::broker_time`], which places it by its enqueue time and accepts that a redriven or
-//! re-sent copy across a partition boundary is not recognised.
+//! re-sent copy across a partition boundary is not recognised; one whose broker tells no enqueue time either
+//! is dead-lettered all the same (its receive time differs per delivery).
 //!
 //! **No marker disappears while a copy can still come back.** A partition of markers is dropped once its end
 //! plus [`PartitionOptions::keep`] has passed; the store records first that its buckets are gone, and a copy
 //! whose bucket is gone is refused ([`txinbox_core::MarkerInsert::Expired`], dead-lettered
 //! `retention_expired`), never applied again. A marker whose partition does not exist yet is released
 //! ([`txinbox_core::MarkerInsert::Unplaced`], `txinbox_partition_missing_total`); there is no default
-//! partition. One whose origin time lies past any partition the maintenance makes by now (more than
-//! [`PartitionOptions::ahead`] buckets past the worker's clock's) is refused as bad input
-//! ([`txinbox_core::MarkerInsert::Refused`], dead-lettered `event_time_in_future`).
+//! partition, and one made by hand is refused
+//! ([`StoreError::DefaultPartition`](crate::StoreError::DefaultPartition)). One whose origin time lies past
+//! any partition the maintenance makes by now (more than [`PartitionOptions::ahead`] buckets past the
+//! worker's clock's) is refused as bad input ([`txinbox_core::MarkerInsert::Refused`], dead-lettered
+//! `event_time_in_future`).
 //!
 //! [`Store::partition`](crate::Store::partition) converts an existing inbox in one transaction: its markers
 //! stay in a frozen `txinbox_inbox_legacy` that every insert also looks up until its last marker expires (a
@@ -61,6 +64,8 @@ pub struct PartitionOptions {
     /// (default false: such a message is dead-lettered `no_event_time`). The enqueue time is the same in
     /// every redelivery of one broker message, but not in a redriven or re-sent copy (an SQS redrive gives
     /// the message a new enqueue time): such a copy whose time falls in another partition is not recognised.
+    /// A message without an enqueue time either (a broker adapter that tells none) is still dead-lettered
+    /// `no_event_time`: its receive time differs per delivery.
     pub broker_time: bool,
 }
 

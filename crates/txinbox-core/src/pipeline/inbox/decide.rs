@@ -274,6 +274,7 @@ impl<S: InboxStore> Inbox<S> {
                 .event_time
                 .or(msg.enqueued_at)
                 .unwrap_or(msg.received_at),
+            enqueued_at: msg.enqueued_at,
         }
     }
 

@@ -7,8 +7,8 @@ use sqlx::{PgConnection, Postgres, Row};
 
 use super::insert::load;
 use super::{
-    buckets, create_in_new, with_partition_key, CREATE_INBOX, EFFECTS, EFFECTS_OPEN, INBOX,
-    LAYOUT_TABLE, REJECTIONS,
+    buckets, create_in_new, default_partition, with_partition_key, CREATE_INBOX, EFFECTS,
+    EFFECTS_OPEN, INBOX, LAYOUT_TABLE, REJECTIONS,
 };
 use crate::error::StoreError;
 use crate::partitions::{bucket_of, PartitionOptions, PartitionReport, PartitionStatus};
@@ -167,11 +167,15 @@ impl Store<Postgres> {
         })
     }
 
-    /// The partitioned layout as it is now; `None` for a row-by-row database.
+    /// The partitioned layout as it is now; `None` for a row-by-row database. A default partition made by
+    /// hand on one of its tables is refused ([`StoreError::DefaultPartition`]).
     pub async fn partition_status(&self) -> Result<Option<PartitionStatus>, StoreError> {
         let mut conn = self.pool().acquire().await?;
         if load(&mut conn).await?.is_none() {
             return Ok(None);
+        }
+        if let Some(refused) = default_partition(&mut conn).await? {
+            return Err(refused);
         }
         let r = sqlx::query("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, l.broker_time, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_effects')) FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'")
             .fetch_one(&mut *conn)
@@ -191,10 +195,16 @@ impl Store<Postgres> {
         }))
     }
 
-    /// Whether this database's inbox has the partitioned layout.
+    /// Whether this database's inbox has the partitioned layout; one with a default partition made by hand
+    /// is refused ([`StoreError::DefaultPartition`]).
     pub async fn is_partitioned(&self) -> Result<bool, StoreError> {
         let mut conn = self.pool().acquire().await?;
         let state = load(&mut conn).await?;
+        if state.is_some() {
+            if let Some(refused) = default_partition(&mut conn).await? {
+                return Err(refused);
+            }
+        }
         self.layout_handle().set(state);
         Ok(state.is_some())
     }

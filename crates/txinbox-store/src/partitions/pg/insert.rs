@@ -68,10 +68,18 @@ pub(crate) async fn insert_markers(
     let mut out: Vec<Option<MarkerInsert>> = Vec::with_capacity(rows.len());
     let buckets: Vec<DateTime<Utc>> = rows.iter().map(|r| state.bucket(r.origin_at)).collect();
     for (row, bucket) in rows.iter().zip(&buckets) {
+        // Without an event time, the broker's enqueue time when allowed; never the receive time
+        // (`MarkerRow::origin_at`'s last resort), which differs per delivery: two copies would meet in no
+        // partition.
         let answer = if row.identity.event_time.is_none() && !state.broker_time {
             Some(MarkerInsert::Refused {
                 reason: "no_event_time".into(),
                 detail: "the inbox's partitioned layout places each marker by its event's CloudEvents time, and this message has none (or not RFC 3339): set ce-time on the event, or convert with broker time allowed".into(),
+            })
+        } else if row.identity.event_time.is_none() && row.enqueued_at.is_none() {
+            Some(MarkerInsert::Refused {
+                reason: "no_event_time".into(),
+                detail: "the inbox's partitioned layout places a marker by its event's CloudEvents time, else by its broker's enqueue time, and this message has neither (a CloudEvents time missing or not RFC 3339, a broker that tells no enqueue time): set ce-time on the event".into(),
             })
         } else if *bucket < state.low {
             Some(MarkerInsert::Expired(format!(

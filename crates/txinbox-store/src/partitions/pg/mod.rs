@@ -3,6 +3,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
+use crate::error::StoreError;
+
 mod convert;
 mod insert;
 mod rotate;
@@ -42,6 +44,18 @@ pub(crate) async fn legacy_markers(
     }
 }
 pub(crate) use rotate::rotate_partitions;
+
+/// The first of the layout's tables (markers, evidence, effects) that has a default partition, refused: the
+/// layout makes none ([`StoreError::DefaultPartition`]).
+pub(crate) async fn default_partition(
+    conn: &mut PgConnection,
+) -> Result<Option<StoreError>, sqlx::Error> {
+    let found: Option<(String, String)> = sqlx::query_as("SELECT t.tbl, p.partdefid::regclass::text FROM unnest($1::text[]) WITH ORDINALITY AS t(tbl, n) JOIN pg_partitioned_table p ON p.partrelid = to_regclass(t.tbl) WHERE p.partdefid <> 0 ORDER BY t.n LIMIT 1")
+        .bind([INBOX, REJECTIONS, EFFECTS])
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(found.map(|(table, partition)| StoreError::DefaultPartition { table, partition }))
+}
 
 /// The partition of `parent` for the bucket starting at `bucket`.
 pub(crate) fn partition_name(parent: &str, bucket: DateTime<Utc>) -> String {

@@ -7,7 +7,10 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
 
-use super::{attach_new, buckets, partition_bucket, partition_name, EFFECTS, INBOX, REJECTIONS};
+use super::{
+    attach_new, buckets, default_partition, partition_bucket, partition_name, EFFECTS, INBOX,
+    REJECTIONS,
+};
 use crate::partitions::{bucket_of, ROTATION_LOCK};
 
 /// The partitioned tables' layouts.
@@ -33,6 +36,11 @@ pub(crate) async fn rotate_partitions(
                 .await?;
         if !partitioned {
             return Ok(None);
+        }
+        // A default partition made by hand would take the rows of a bucket without a partition (and fail the
+        // creation of one whose rows it holds): refused before anything is changed.
+        if let Some(refused) = default_partition(&mut conn).await? {
+            return Err(sqlx::Error::Configuration(Box::new(refused)));
         }
         let mut report = PartitionRotation::default();
         // From the lock's request to its release, the connection is closed if this future is dropped (a
