@@ -52,23 +52,26 @@ fn claimed(item: &Item, from: EffectState) -> Result<ClaimedEffect, DynamoError>
     })
 }
 
-/// The attribute an effect's finish or compensation writes its own token into: see [`own_write`].
+/// The attribute an effect's claim, finish or compensation writes its own token into: see [`own_write`].
 const WRITE_TOKEN: &str = "write_token";
 
-/// Whether a conditional `UpdateItem` refused with `ConditionalCheckFailedException` met its own write. An
-/// `UpdateItem` carries no idempotency token, and the SDK sends it again by itself when its answer is lost (a
-/// timeout, a connection closed after the request, a 5xx): when the first attempt applied, the retry meets the
-/// item as that attempt left it and its condition fails. The update writes a token of its call into the item
-/// ([`WRITE_TOKEN`]) and asks for the item on a failed condition (`ALL_OLD`): the item holding that token is the
-/// call's own write, applied.
-fn own_write<R>(e: &aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>, token: &str) -> bool {
+/// The item a conditional `UpdateItem` refused with `ConditionalCheckFailedException` met, when it is the
+/// update's own write. An `UpdateItem` carries no idempotency token, and the SDK sends it again by itself when
+/// its answer is lost (a timeout, a connection closed after the request, a 5xx): when the first attempt
+/// applied, the retry meets the item as that attempt left it and its condition fails. The update writes a
+/// token of its call into the item ([`WRITE_TOKEN`]) and asks for the item on a failed condition (`ALL_OLD`):
+/// the item holding that token is the call's own write, applied.
+fn own_write<'e, R>(
+    e: &'e aws_sdk_dynamodb::error::SdkError<UpdateItemError, R>,
+    token: &str,
+) -> Option<&'e Item> {
     match e.as_service_error() {
-        Some(UpdateItemError::ConditionalCheckFailedException(c)) => c
-            .item()
-            .and_then(|item| item.get(WRITE_TOKEN))
-            .and_then(|v| v.as_s().ok())
-            .is_some_and(|t| t == token),
-        _ => false,
+        Some(UpdateItemError::ConditionalCheckFailedException(c)) => c.item().filter(|item| {
+            item.get(WRITE_TOKEN)
+                .and_then(|v| v.as_s().ok())
+                .is_some_and(|t| t == token)
+        }),
+        _ => None,
     }
 }
 
@@ -212,14 +215,20 @@ impl DynamoStore {
         if self.blocked_by_group(&item).await? {
             return Ok(None);
         }
+        let token = uuid::Uuid::new_v4().to_string();
         let res = self
             .client
             .update_item()
             .table_name(&*self.table)
             .key(k, v)
-            .update_expression("SET #state = :in_flight, claimed_by = :h, claim_until = :cu, updated_at = :now, gsi2sk = :due")
+            // `claimed_from` keeps the state the claim took the effect from (the operands of an update
+            // expression read the item as it was before it), for a claim that finds its own write.
+            .update_expression("SET #state = :in_flight, claimed_by = :h, claim_until = :cu, updated_at = :now, gsi2sk = :due, claimed_from = #state, #write_token = :write_token")
             .condition_expression(CLAIMABLE)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .expression_attribute_names("#state", "state")
+            .expression_attribute_names("#write_token", WRITE_TOKEN)
+            .expression_attribute_values(":write_token", s(&token))
             .expression_attribute_values(":pending", s("pending"))
             .expression_attribute_values(":uncertain", s("uncertain"))
             .expression_attribute_values(":in_flight", s("in_flight"))
@@ -240,14 +249,28 @@ impl DynamoStore {
                 c.reference = None;
                 Ok(Some(c))
             }
-            Err(e)
+            Err(e) => {
+                // The SDK's retry of this claim, whose first attempt applied and lost its answer: held, as
+                // the first attempt left it, claimed from the state it kept.
+                if let Some(item) = own_write(&e, &token) {
+                    let r = Reader::new(item);
+                    let from = r.s("claimed_from")?;
+                    let from = EffectState::parse(&from).ok_or_else(|| DynamoError::Corrupt {
+                        pk: r.s(l::PK).unwrap_or_default(),
+                        detail: format!("unknown effect state {from:?} claimed from"),
+                    })?;
+                    let mut c = claimed(item, from)?;
+                    c.reference = None;
+                    return Ok(Some(c));
+                }
                 if e.as_service_error()
-                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
-            {
-                // Another runner claimed it first, or it is not due any more.
-                Ok(None)
+                    .is_some_and(|se| se.is_conditional_check_failed_exception())
+                {
+                    // Another runner claimed it first, or it is not due any more.
+                    return Ok(None);
+                }
+                Err(call("UpdateItem", e))
             }
-            Err(e) => Err(call("UpdateItem", e)),
         }
     }
 
@@ -507,7 +530,7 @@ impl EffectStore for DynamoStore {
         match req.update_expression(expr).send().await {
             Ok(_) => Ok(true),
             // The SDK's retry of this finish, whose first attempt applied and lost its answer.
-            Err(e) if own_write(&e, &token) => Ok(true),
+            Err(e) if own_write(&e, &token).is_some() => Ok(true),
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
@@ -585,7 +608,7 @@ impl EffectStore for DynamoStore {
         match res {
             Ok(_) => Ok(true),
             // The SDK's retry of this compensation, whose first attempt applied and lost its answer.
-            Err(e) if own_write(&e, &token) => Ok(true),
+            Err(e) if own_write(&e, &token).is_some() => Ok(true),
             Err(e)
                 if e.as_service_error()
                     .is_some_and(|se| se.is_conditional_check_failed_exception()) =>

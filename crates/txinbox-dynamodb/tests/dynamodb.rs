@@ -106,6 +106,7 @@ on_both_backends!(
     a_cancellation_for_a_reason_the_store_does_not_decide_is_an_error_naming_the_action,
     a_transaction_in_progress_answer_after_the_commit_applied_is_recognised_by_the_token,
     an_effect_write_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
+    a_claim_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
 );
 
 /// Turns `table`'s TTL on `expires_at` on or off.
@@ -2166,4 +2167,51 @@ async fn an_effect_write_whose_answer_was_lost_is_its_own_after_the_sdks_retry(b
         !store.mark_compensated(e.id, "again", now).await.unwrap(),
         "a later compensation did not write it: not done any more"
     );
+}
+
+/// The claim of an effect is a conditional `UpdateItem` too, sent again by the SDK when its answer is lost
+/// (see [`an_effect_write_whose_answer_was_lost_is_its_own_after_the_sdks_retry`]). A claim whose own write is
+/// what the retry met holds the effect: it is handed to the runner, claimed from the state it was in (pending
+/// here, so no reconciliation is asked for), rather than left in flight under this runner's name with nobody
+/// running it until the claim runs out and the next holder reconciles it as possibly started.
+async fn a_claim_whose_answer_was_lost_is_its_own_after_the_sdks_retry(b: Backend) {
+    let lose = Arc::new(AtomicBool::new(false));
+    let updates = Arc::new(AtomicUsize::new(0));
+    let (store, _) = store_on(lost_update::client(&b, lose.clone(), updates.clone())).await;
+    let tasks = business_table(&b.client()).await;
+    let (_, report) = run(&store, &tasks, vec![meeting("m-1", "o-1", "k-1")]).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1);
+    let dests = ["crm".to_owned()];
+    let now = Utc::now() + chrono::Duration::seconds(1);
+
+    let sent = updates.load(Ordering::SeqCst);
+    lose.store(true, Ordering::SeqCst);
+    let claimed = claim_at(&store, "r", &dests, now).await;
+    assert_eq!(
+        updates.load(Ordering::SeqCst) - sent,
+        2,
+        "the SDK sent the claim again"
+    );
+    assert_eq!(
+        claimed.len(),
+        1,
+        "the claim applied: the effect is held by r"
+    );
+    let e = &claimed[0];
+    assert_eq!(e.message_id, "m-1");
+    assert_eq!(e.claimed_from, EffectState::Pending);
+    assert!(!e.needs_reconciliation());
+    assert!(
+        claim_at(&store, "other", &dests, now).await.is_empty(),
+        "held by r"
+    );
+    let done = Transition::Done {
+        reference: Some("crm-1".into()),
+        attempts: 1,
+        reconciliations: 0,
+    };
+    assert!(store
+        .finish_effect(e.id, "r", &done.columns(), now)
+        .await
+        .unwrap());
 }
