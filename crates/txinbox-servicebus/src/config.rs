@@ -83,7 +83,10 @@ pub struct ServiceBusConfig {
 impl fmt::Debug for ServiceBusConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServiceBusConfig")
-            .field("namespace", &self.namespace)
+            .field(
+                "namespace",
+                &format_args!("{}", shown_namespace(&self.namespace)),
+            )
             .field("endpoint", &self.endpoint.as_ref().map(Url::as_str))
             .field("entity_path", &self.entity_path)
             .field("credential", &self.credential)
@@ -299,8 +302,8 @@ impl ServiceBusConfig {
         {
             return Err(ServiceBusError::Config {
                 detail: format!(
-                    "namespace {:?} must be letters, digits and '-'",
-                    self.namespace
+                    "namespace {} must be letters, digits and '-'",
+                    shown_namespace(&self.namespace)
                 ),
             });
         }
@@ -346,6 +349,20 @@ impl ServiceBusConfig {
                 entity_path: self.entity_path,
             }),
         })
+    }
+}
+
+/// A namespace as an error or `Debug` shows it: quoted when it reads as a host name (a typo: `crm_prod`), never
+/// when it holds what no host name does (`=`, `;`, `+`, `/`): a connection string or a key given in its place
+/// (`SERVICEBUS_NAMESPACE` set to what `SERVICEBUS_CONNECTION_STRING` takes).
+fn shown_namespace(namespace: &str) -> String {
+    if namespace
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+    {
+        format!("{namespace:?}")
+    } else {
+        "(not shown: it holds characters of a key or a connection string)".into()
     }
 }
 
@@ -466,6 +483,31 @@ mod tests {
             c.endpoint.as_ref().map(Url::as_str),
             Some("http://localhost:5380/")
         );
+    }
+
+    /// A connection string (or a key) given where the namespace goes (`SERVICEBUS_NAMESPACE` for
+    /// `SERVICEBUS_CONNECTION_STRING`) is refused without being quoted, in the error and in `Debug`; a
+    /// namespace mistyped as a host name is still quoted.
+    #[test]
+    fn a_connection_string_given_as_the_namespace_is_never_quoted() {
+        for ns in [
+            "Endpoint=sb://crm.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey=SECRETxyz123",
+            "SECRETxyz123+abc/def=",
+        ] {
+            let c = ServiceBusConfig::shared_access_key(ns, "listen", "c2VjcmV0");
+            let shown = format!("{c:?}");
+            assert!(!shown.contains("SECRETxyz123"), "{shown}");
+            let e = c.connect().unwrap_err().to_string();
+            assert!(!e.contains("SECRETxyz123"), "{e}");
+            assert!(e.contains("namespace"), "{e}");
+        }
+        let c = ServiceBusConfig::shared_access_key("crm_prod", "listen", "c2VjcmV0");
+        assert!(
+            format!("{c:?}").contains("namespace: \"crm_prod\","),
+            "{c:?}"
+        );
+        let e = c.connect().unwrap_err().to_string();
+        assert!(e.contains("namespace \"crm_prod\" must be"), "{e}");
     }
 
     #[test]
