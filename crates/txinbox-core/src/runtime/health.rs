@@ -239,11 +239,12 @@ impl Health {
         *lock(&self.inner.receive_error) = None;
     }
 
-    /// A receive failed with `error` (its `Display`, which never holds a secret for the adapters here).
+    /// A receive failed with `error` (its `Display`, which never holds a secret for the adapters here; what it
+    /// quotes all the same is masked: [`redact_secrets`](crate::error::redact_secrets)).
     pub fn receive_failed(&self, error: &dyn std::fmt::Display) {
         self.worker_turned();
         self.inner.receive_ok.store(false, Ordering::SeqCst);
-        *lock(&self.inner.receive_error) = Some(error.to_string());
+        *lock(&self.inner.receive_error) = Some(crate::error::redact_secrets(&error.to_string()));
     }
 
     /// The worker stopped receiving and drains.
@@ -311,7 +312,8 @@ impl Health {
             futures::future::join_all(registered.iter().map(|(name, c, required)| async move {
                 let mut r = match tokio::time::timeout(timeout, c.check()).await {
                     Ok(Ok(())) => result(name, true, ""),
-                    Ok(Err(e)) => result(name, false, e),
+                    // Answered to whoever asks: a credential the reason quotes anyway is masked.
+                    Ok(Err(e)) => result(name, false, crate::error::redact_secrets(&e)),
                     Err(_) => result(
                         name,
                         false,
@@ -447,6 +449,23 @@ mod tests {
         assert!(h.liveness().ok, "draining is alive");
         h.worker_stopped();
         assert!(!h.liveness().ok);
+    }
+
+    /// Readiness is answered to whoever asks the health port: a check's reason or a receive's error that
+    /// quotes a credential (a URL's password, a SAS `sig=`) is answered masked.
+    #[tokio::test]
+    async fn readiness_masks_a_secret_its_reasons_quote() {
+        let h = Health::new().check("crm", || async {
+            Err("https://crm.example/v1/ping?api=1 via postgres://crm:SECRETpw1@db/crm".to_string())
+        });
+        h.worker_started();
+        h.receive_failed(&"HTTP 401 from https://ns.servicebus.windows.net/q?sig=SECRETsig2&se=1");
+        let r = h.readiness().await.to_string();
+        for secret in ["SECRETpw1", "SECRETsig2"] {
+            assert!(!r.contains(secret), "{secret} in {r}");
+        }
+        assert!(r.contains("fail crm: https://crm.example/v1/ping"), "{r}");
+        assert!(r.contains("fail queue: HTTP 401"), "{r}");
     }
 
     /// One HTTP/1.1 request over a raw socket; the status line and the body.
