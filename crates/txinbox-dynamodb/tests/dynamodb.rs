@@ -107,6 +107,7 @@ on_both_backends!(
     a_transaction_in_progress_answer_after_the_commit_applied_is_recognised_by_the_token,
     an_effect_write_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
     a_claim_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
+    a_lost_commit_answer_is_recognised_after_its_marker_expired,
 );
 
 /// Turns `table`'s TTL on `expires_at` on or off.
@@ -2214,4 +2215,33 @@ async fn a_claim_whose_answer_was_lost_is_its_own_after_the_sdks_retry(b: Backen
         .finish_effect(e.id, "r", &done.columns(), now)
         .await
         .unwrap());
+}
+
+/// A commit whose answer was lost is sent again by the store under a new token, and meets the marker its first
+/// attempt wrote. The marker's condition treats a marker past its `expires_at` as absent, since DynamoDB's TTL
+/// deletes it only later (AWS: "Items that have expired and not been deleted will still show up in reads,
+/// queries, and scans"). A marker of this very commit is never absent: were the marker to expire between the
+/// attempts (its retention ran out while the commit was retried), the next attempt would write the message
+/// again, the handler's actions with it. Here the marker is written with its retention already past, so that
+/// the second attempt meets it expired, as such a commit would: done, written once.
+async fn a_lost_commit_answer_is_recognised_after_its_marker_expired(b: Backend) {
+    let (c, commits) = lost_answer::client(&b, false);
+    let (store, _) = store_on(c).await;
+    let tasks = business_table(&b.client()).await;
+    let id = txinbox_test_identity("m-1");
+    let tx = store.begin().await.unwrap();
+    store
+        .insert_marker(&tx, &row(&id, chrono::Duration::seconds(-60)))
+        .await
+        .unwrap();
+    tx.update(add_one(&tasks, "t-1")).unwrap();
+    store.record_result(&tx, &id, None, &[]).await.unwrap();
+    let done = store.commit(tx).await.unwrap();
+    assert!(matches!(done, Commit::Done), "{done:?}");
+    assert_eq!(commits.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        count_of(&b.client(), &tasks, "t-1").await,
+        Some(1),
+        "written once"
+    );
 }

@@ -34,6 +34,34 @@ impl DynamoStore {
         Ok(TransactWriteItem::builder().put(put).build())
     }
 
+    /// The conditional put of a marker: [`Self::absent_or_expired`], except that a marker written under one
+    /// of `unsure`, the tokens of this commit's earlier attempts that may have committed (their answer was
+    /// lost), is never absent, even past its `expires_at`: its condition fails on it, and the commit is found
+    /// done by its token, rather than written a second time because its retention ran out meanwhile.
+    fn marker_put(&self, item: Item, unsure: &[String]) -> Result<TransactWriteItem, DynamoError> {
+        if unsure.is_empty() {
+            return self.absent_or_expired(item);
+        }
+        // `IN` takes at most 100 operands: the latest attempts (an earlier one that committed is met, not
+        // expired, by the attempt after it).
+        let unsure = &unsure[unsure.len().saturating_sub(100)..];
+        let names: Vec<String> = (0..unsure.len()).map(|i| format!(":t{i}")).collect();
+        let mut put = Put::builder()
+            .table_name(&*self.table)
+            .set_item(Some(item))
+            .condition_expression(format!(
+                "attribute_not_exists(pk) OR (expires_at < :now AND NOT (#token IN ({})))",
+                names.join(", ")
+            ))
+            .expression_attribute_names("#token", "token")
+            .expression_attribute_values(":now", n(Self::now_epoch()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        for (name, token) in names.iter().zip(unsure) {
+            put = put.expression_attribute_values(name, s(token));
+        }
+        Ok(TransactWriteItem::builder().put(put.build()?).build())
+    }
+
     /// One `TransactWriteItems` call of the transaction as it stands, under a fresh token.
     async fn send(
         &self,
@@ -131,6 +159,9 @@ impl DynamoStore {
             return Ok(Commit::HandlerFailed(HandlerError::permanent(e)));
         }
         let mut tokens: Vec<String> = Vec::new();
+        // The tokens of the attempts whose answer was lost (a timeout, a 5xx, a transaction in progress):
+        // they may have committed. An attempt answered with a cancellation or a refusal wrote nothing.
+        let mut unsure: Vec<String> = Vec::new();
         let mut attempt = 0u32;
         loop {
             attempt += 1;
@@ -144,8 +175,9 @@ impl DynamoStore {
             let seen = tails.clone();
             for (i, p) in pending.iter().enumerate() {
                 let reference = p.result_reference.as_deref();
-                items
-                    .push(self.absent_or_expired(Self::marker_item(&p.marker, reference, &token))?);
+                items.push(
+                    self.marker_put(Self::marker_item(&p.marker, reference, &token), &unsure)?,
+                );
                 slots.push(Slot::Marker);
                 if let Some(k) = &p.marker.identity.business_key {
                     items.push(
@@ -210,6 +242,7 @@ impl DynamoStore {
                 }
                 let e = call("TransactWriteItems", err);
                 if e.is_transient() && !last {
+                    unsure.push(token);
                     tracing::debug!(error = %e, attempt, "commit: transient error, trying again with a new token");
                     self.pause(attempt).await;
                     continue;
