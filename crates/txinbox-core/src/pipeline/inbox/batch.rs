@@ -82,6 +82,28 @@ fn finish(slots: Vec<Slot>, f: &dyn Fn() -> Decision) -> Vec<Decision> {
         .collect()
 }
 
+/// The FIFO groups a batch released a message of: each with the earliest such message's position in the
+/// batch and its delay.
+type Held = HashMap<String, (usize, Duration)>;
+
+/// The delay of the delivery at position `i` when an earlier message of its FIFO group was released (`held`):
+/// it is released with that message. A message ahead of the released one is not held back.
+fn behind(held: &Held, i: usize, msg: &crate::ReceivedMessage) -> Option<Duration> {
+    let (at, delay) = held.get(msg.group_id.as_ref()?)?;
+    (*at < i).then_some(*delay)
+}
+
+/// When `d`, the decision of the delivery at position `i`, releases it: its FIFO group's later messages in the
+/// batch are held back behind it (the earliest released message of a group counts).
+fn hold(held: &mut Held, i: usize, msg: &crate::ReceivedMessage, d: &Decision) {
+    if let (Decision::Release(_, delay), Some(g)) = (d, &msg.group_id) {
+        let at = held.entry(g.clone()).or_insert((i, *delay));
+        if i < at.0 {
+            *at = (i, *delay);
+        }
+    }
+}
+
 /// Where one delivery of a batch stands.
 enum Slot {
     /// Decided; settle this way.
@@ -184,6 +206,12 @@ impl<S: InboxStore> Inbox<S> {
             {
                 metrics::counter!(m::REDRIVEN, "consumer" => self.label()).increment(1);
             }
+            if stop.is_cancelled() {
+                // Stopped before it starts (prefetched at shutdown, or past the deadline): handed back
+                // unread, as one delivery is; not dead-lettered for its input.
+                slots.push(Slot::Pending);
+                continue;
+            }
             let slot = match self.prepare::<T>(msg, key) {
                 Err(bad) => Slot::Decided(self.bad_input(bad)),
                 Ok(p) => match self.refuse_if_expired(msg, &p.identity) {
@@ -233,12 +261,10 @@ impl<S: InboxStore> Inbox<S> {
                 let mut held = HashMap::new();
                 slots[i] = Slot::Decided(decision);
                 // Every group a decided delivery released (this failure, a marker not placed) holds its later
-                // messages back in the savepoint pass.
+                // messages back in the savepoint pass (not its earlier ones: they go ahead of it, as alone).
                 for (j, slot) in slots.iter().enumerate() {
-                    if let (Slot::Decided(Decision::Release(_, delay)), Some(g)) =
-                        (slot, &deliveries[j].message().group_id)
-                    {
-                        held.entry(g.clone()).or_insert(*delay);
+                    if let Slot::Decided(d) = slot {
+                        hold(&mut held, j, deliveries[j].message(), d);
                     }
                 }
                 let mut work = Vec::with_capacity(again.len());
@@ -377,7 +403,7 @@ impl<S: InboxStore> Inbox<S> {
         &self,
         mut slots: Vec<Slot>,
         work: Vec<(usize, Prepared<T>)>,
-        mut held: HashMap<String, Duration>,
+        mut held: Held,
         deliveries: &[D],
         handler: &H,
         key: Option<&TypedKeyFn<T>>,
@@ -410,8 +436,8 @@ impl<S: InboxStore> Inbox<S> {
         let mut first = true;
         for (i, prepared) in work {
             let msg = deliveries[i].message();
-            if let Some(delay) = msg.group_id.as_ref().and_then(|g| held.get(g)) {
-                slots[i] = Slot::Decided(self.held_back(*delay));
+            if let Some(delay) = behind(&held, i, msg) {
+                slots[i] = Slot::Decided(self.held_back(delay));
                 continue;
             }
             let opened = if first {
@@ -483,9 +509,7 @@ impl<S: InboxStore> Inbox<S> {
                     Err(release) => release,
                 },
             };
-            if let (Decision::Release(_, delay), Some(g)) = (&failed, &msg.group_id) {
-                held.insert(g.clone(), *delay);
-            }
+            hold(&mut held, i, msg, &failed);
             slots[i] = Slot::Decided(failed);
         }
         self.commit_batch(tx, slots, deliveries, handler, key, stop)
@@ -591,7 +615,7 @@ impl<S: InboxStore> Inbox<S> {
         &self,
         mut slots: Vec<Slot>,
         work: Vec<(usize, Prepared<T>)>,
-        mut held: HashMap<String, Duration>,
+        mut held: Held,
         deliveries: &[D],
         handler: &H,
         stop: &CancellationToken,
@@ -603,8 +627,8 @@ impl<S: InboxStore> Inbox<S> {
     {
         for (i, prepared) in work {
             let msg = deliveries[i].message();
-            if let Some(delay) = msg.group_id.as_ref().and_then(|g| held.get(g)) {
-                slots[i] = Slot::Decided(self.held_back(*delay));
+            if let Some(delay) = behind(&held, i, msg) {
+                slots[i] = Slot::Decided(self.held_back(delay));
                 continue;
             }
             let d = if stop.is_cancelled() {
@@ -612,9 +636,7 @@ impl<S: InboxStore> Inbox<S> {
             } else {
                 self.decide_prepared(prepared, msg, handler, stop).await
             };
-            if let (Decision::Release(_, delay), Some(g)) = (&d, &msg.group_id) {
-                held.insert(g.clone(), *delay);
-            }
+            hold(&mut held, i, msg, &d);
             slots[i] = Slot::Decided(d);
         }
         slots

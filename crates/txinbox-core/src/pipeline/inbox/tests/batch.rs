@@ -365,3 +365,55 @@ async fn a_held_copy_whose_handler_fails_for_good_in_a_batch_is_decided_by_its_h
         assert_eq!(store.state().holder_reads, 3);
     }
 }
+
+/// A message of a FIFO group is held back only behind an earlier message of its group that the batch
+/// released, never behind a later one: the earlier message applies, as one delivery after the other would.
+/// Before, the savepoint pass held back every message of a group that had a released message anywhere in the
+/// batch (`["retry", "retry", "applied"]`): a message ahead of a failing one was released each time with it.
+#[tokio::test]
+async fn a_later_message_released_does_not_hold_back_an_earlier_one_of_its_group() {
+    for savepoints in [true, false] {
+        let store = MemStore::default();
+        store.state().savepoints = savepoints;
+        let p = failing_processor(&store);
+        // Two queues, so that one batch holds two messages of one group (a queue hands out one at a time).
+        let (a, b) = (MemoryQueue::default(), MemoryQueue::default());
+        a.send(event("evt-1", "2481").group("opp"));
+        b.send(event("evt-2", "fail").group("opp"));
+        b.send(event("evt-3", "2483"));
+        let mut batch = a.receive_now(1);
+        batch.extend(b.receive_now(2));
+        assert_eq!(batch.len(), 3);
+        let o = p.process_batch(batch, &CancellationToken::new()).await;
+        assert_eq!(
+            labels(&o),
+            ["applied", "retry", "applied"],
+            "savepoints: {savepoints}"
+        );
+        assert_eq!(store.state().effects, ["task-2481", "task-2483"]);
+    }
+}
+
+/// A batch handed over with its stop already signalled (prefetched deliveries at shutdown, a batch whose slot
+/// came after the deadline) is handed back whole, as one delivery is: nothing is validated, dead-lettered or
+/// applied. Before, a delivery with bad input was dead-lettered (`["dead_lettered", "interrupted"]`) while
+/// alone it is released (`interrupted`).
+#[tokio::test]
+async fn a_batch_stopped_before_it_starts_hands_every_delivery_back() {
+    let (store, q) = (MemStore::default(), MemoryQueue::default());
+    store.state().savepoints = true;
+    let p = processor(&store);
+    let stop = CancellationToken::new();
+    stop.cancel();
+    q.send(OutgoingMessage::new("not json").cloudevent("urn:crm", "evt-bad", "crm.meeting.ended"));
+    let alone = p
+        .process_one_until(q.receive_now(1).pop().unwrap(), &stop)
+        .await;
+    assert_eq!(alone.label(), "interrupted");
+    q.send(event("evt-1", "2481"));
+    let o = p.process_batch(q.receive_now(2), &stop).await;
+    assert_eq!(labels(&o), ["interrupted", "interrupted"]);
+    assert_eq!(store.state().begins, 0);
+    assert!(q.dead_letters().is_empty());
+    assert_eq!(q.state().visible, 2);
+}
