@@ -374,7 +374,15 @@ async fn expire(lite: &Lite) -> Result<(), sqlx::Error> {
             txinbox_core::time::before(now, o.rejections_keep),
         ),
     ] {
-        while !lite.purge_batch(table, before, 1000).await?.is_empty() {}
+        while !lite
+            .purge_batch(table, before, 1000)
+            .await
+            .map_err(|e| match e {
+                txinbox_store::StoreError::Database(e) => e,
+                other => sqlx::Error::Protocol(other.to_string()),
+            })?
+            .is_empty()
+        {}
     }
     Ok(())
 }
@@ -507,9 +515,14 @@ fn named_keys(consumer: &str, source: &str, message_id: &str, names: &[String]) 
 /// What the two stores answer each their own way: SQLite's expiry before every step, the handler its
 /// deliveries run, an answer's error kind, and the operations whose arguments or documented answers differ
 /// (a marker's insert, the purges, the operator queries).
-trait Side: EffectStore + MaintenanceStore<Error = <Self as EffectStore>::Error> {
+trait Side: EffectStore + MaintenanceStore {
     /// An answer of this store as an outcome.
     fn out<T: std::fmt::Debug>(r: Result<T, <Self as EffectStore>::Error>) -> Outcome;
+
+    /// An answer of this store's maintenance as an outcome.
+    fn maintenance_out<T: std::fmt::Debug>(
+        r: Result<T, <Self as MaintenanceStore>::Error>,
+    ) -> Outcome;
 
     /// Before every step.
     async fn prepare(&self) -> Result<(), Outcome>;
@@ -606,7 +619,7 @@ async fn step<S: Side>(store: &S, seen: &mut Seen, op: &Op, claim: i64) -> Outco
             S::out(store.mark_compensated(id, note, *now).await)
         }
         Op::EffectCounts => S::out(store.effect_counts().await.map(counts)),
-        Op::TableStats { table, consumer } => S::out(
+        Op::TableStats { table, consumer } => S::maintenance_out(
             store
                 .table_stats(*table, consumer)
                 .await
@@ -630,6 +643,14 @@ async fn step<S: Side>(store: &S, seen: &mut Seen, op: &Op, claim: i64) -> Outco
 impl Side for Lite {
     fn out<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
         lite_out(r)
+    }
+
+    fn maintenance_out<T: std::fmt::Debug>(r: Result<T, txinbox_store::StoreError>) -> Outcome {
+        match r {
+            Err(txinbox_store::StoreError::Database(e)) => lite_out::<T>(Err(e)),
+            Err(other) => Outcome::error("error (the store's own)".to_owned(), &other),
+            Ok(v) => ok(v),
+        }
     }
 
     async fn prepare(&self) -> Result<(), Outcome> {
@@ -732,6 +753,10 @@ impl Side for Lite {
 
 impl Side for DynamoStore {
     fn out<T: std::fmt::Debug>(r: Result<T, DynamoError>) -> Outcome {
+        dyn_out(r)
+    }
+
+    fn maintenance_out<T: std::fmt::Debug>(r: Result<T, DynamoError>) -> Outcome {
         dyn_out(r)
     }
 

@@ -211,7 +211,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         pool: &sqlx::Pool<Self>,
         now: DateTime<Utc>,
         opts: &MaintenanceOptions,
-    ) -> impl Future<Output = Result<Option<PartitionRotation>, sqlx::Error>> + Send {
+    ) -> impl Future<Output = Result<Option<PartitionRotation>, StoreError>> + Send {
         let _ = (pool, now, opts);
         async { Ok(None) }
     }

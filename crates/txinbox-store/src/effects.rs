@@ -6,6 +6,7 @@ use txinbox_core::effects::{ClaimedEffect, EffectCount, EffectStore, TransitionC
 use txinbox_core::runtime::maintenance::{MaintenanceStore, Table};
 
 use crate::backend::Backend;
+use crate::error::StoreError;
 use crate::store::Store;
 
 impl<DB: Backend> EffectStore for Store<DB> {
@@ -84,14 +85,14 @@ impl<DB: Backend> EffectStore for Store<DB> {
 }
 
 impl<DB: Backend> MaintenanceStore for Store<DB> {
-    type Error = sqlx::Error;
+    type Error = StoreError;
 
     async fn purge_batch(
         &self,
         table: Table,
         before: DateTime<Utc>,
         limit: i64,
-    ) -> Result<Vec<String>, sqlx::Error> {
+    ) -> Result<Vec<String>, StoreError> {
         // Partitioned tables go away whole, in `rotate_partitions`: never row by row.
         if let Some(layout) = self.partitioned().await? {
             if matches!(table, Table::Markers | Table::Rejections)
@@ -100,14 +101,14 @@ impl<DB: Backend> MaintenanceStore for Store<DB> {
                 return Ok(Vec::new());
             }
         }
-        DB::purge_batch(self.pool(), table, before, limit).await
+        Ok(DB::purge_batch(self.pool(), table, before, limit).await?)
     }
 
     async fn rotate_partitions(
         &self,
         now: DateTime<Utc>,
         opts: &txinbox_core::runtime::maintenance::MaintenanceOptions,
-    ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, sqlx::Error> {
+    ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, StoreError> {
         let r = DB::rotate_partitions(self.pool(), now, opts).await;
         self.layout_handle().invalidate();
         r
@@ -117,7 +118,7 @@ impl<DB: Backend> MaintenanceStore for Store<DB> {
         &self,
         table: Table,
         consumer: &str,
-    ) -> Result<(i64, Option<DateTime<Utc>>), sqlx::Error> {
+    ) -> Result<(i64, Option<DateTime<Utc>>), StoreError> {
         // No consumer's name holds a NUL: it has no rows, on PostgreSQL (which refused it) as on SQLite.
         if consumer.contains('\0') {
             return Ok((0, None));

@@ -59,16 +59,6 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// The store's own error that a driver error carries: the calls that answer a [`sqlx::Error`] (the
-    /// maintenance's, [`txinbox_core::MaintenanceStore::rotate_partitions`]) carry a refusal of the store's
-    /// ([`StoreError::DefaultPartition`]) in [`sqlx::Error::Configuration`].
-    pub fn carried(e: &sqlx::Error) -> Option<&StoreError> {
-        match e {
-            sqlx::Error::Configuration(b) => b.downcast_ref::<StoreError>(),
-            _ => None,
-        }
-    }
-
     /// Whether a retry may succeed (connection trouble, serialization failure, deadlock, busy database).
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -592,7 +592,7 @@ impl Backend for Postgres {
         pool: &PgPool,
         now: DateTime<Utc>,
         opts: &txinbox_core::runtime::maintenance::MaintenanceOptions,
-    ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, sqlx::Error> {
+    ) -> Result<Option<txinbox_core::runtime::maintenance::PartitionRotation>, StoreError> {
         crate::partitions::rotate_partitions(pool, now, opts).await
     }
 

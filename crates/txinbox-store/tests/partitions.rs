@@ -1123,8 +1123,8 @@ async fn a_default_partition_added_by_hand_is_refused_with_what_to_do() {
             .expect_err("a rotation beside a default partition");
         let line = e.to_string();
         assert!(!line.contains('\n'), "{line}");
-        match StoreError::carried(&e) {
-            Some(StoreError::DefaultPartition { table, partition }) => {
+        match &e {
+            StoreError::DefaultPartition { table, partition } => {
                 assert_eq!(
                     (table.as_str(), partition.as_str()),
                     (parent, by_hand.as_str())

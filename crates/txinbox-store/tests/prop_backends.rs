@@ -215,6 +215,15 @@ fn outcome<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
     }
 }
 
+/// The maintenance's calls answer the store's error: the database's, read as [`outcome`] reads it (both
+/// backends answer the same error for the same operation).
+fn maintenance_outcome<T: std::fmt::Debug>(r: Result<T, txinbox_store::StoreError>) -> Outcome {
+    outcome(r.map_err(|e| match e {
+        txinbox_store::StoreError::Database(e) => e,
+        other => panic!("the maintenance answered a store error that is not the database's: {other}"),
+    }))
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Running the operations.
 
@@ -371,7 +380,7 @@ where
                         consumers.extend(v);
                         batches += 1;
                     }
-                    Err(e) => return outcome::<()>(Err(e)),
+                    Err(e) => return maintenance_outcome::<()>(Err(e)),
                 }
             }
             consumers.sort();
@@ -417,7 +426,7 @@ where
             store.rejections(&f).await
         }
         Op::EffectCounts => outcome(store.effect_counts().await.map(counts)),
-        Op::TableStats { table, consumer } => outcome(
+        Op::TableStats { table, consumer } => maintenance_outcome(
             store
                 .table_stats(*table, consumer)
                 .await

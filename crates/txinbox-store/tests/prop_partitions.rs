@@ -498,6 +498,14 @@ fn outcome<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
     }
 }
 
+/// The maintenance's calls answer the store's error: the database's, read as [`outcome`] reads it.
+fn maintenance_outcome<T: std::fmt::Debug>(r: Result<T, txinbox_store::StoreError>) -> Outcome {
+    outcome(r.map_err(|e| match e {
+        txinbox_store::StoreError::Database(e) => e,
+        other => panic!("the maintenance answered a store error that is not the database's: {other}"),
+    }))
+}
+
 fn claimed(w: &World, e: &txinbox_core::effects::ClaimedEffect) -> String {
     claimed_as(e, |t| w.kept(t))
 }
@@ -1011,10 +1019,10 @@ async fn step(
             let mut a = Vec::new();
             let mut b = Vec::new();
             for table in [Table::Markers, Table::Rejections] {
-                a.push(outcome(
+                a.push(maintenance_outcome(
                     r.purge_batch(table, now - hours(KEEP_HOURS), 1000).await,
                 ));
-                b.push(outcome(
+                b.push(maintenance_outcome(
                     p.purge_batch(table, now - hours(KEEP_HOURS), 1000).await,
                 ));
             }
@@ -1139,8 +1147,8 @@ async fn step(
             )
         }
         Op::TableStats { table, consumer } => {
-            let show = |x: Result<(i64, Option<DateTime<Utc>>), sqlx::Error>| {
-                outcome(x.map(|(n, t)| (n, w.kept_opt(t))))
+            let show = |x: Result<(i64, Option<DateTime<Utc>>), txinbox_store::StoreError>| {
+                maintenance_outcome(x.map(|(n, t)| (n, w.kept_opt(t))))
             };
             (
                 vec![show(r.table_stats(*table, consumer).await)],

@@ -11,6 +11,7 @@ use super::{
     attach_new, buckets, default_partition, partition_bucket, partition_name, EFFECTS, INBOX,
     REJECTIONS,
 };
+use crate::error::StoreError;
 use crate::partitions::{bucket_of, ROTATION_LOCK};
 
 /// The partitioned tables' layouts.
@@ -25,7 +26,7 @@ pub(crate) async fn rotate_partitions(
     pool: &PgPool,
     now: DateTime<Utc>,
     opts: &MaintenanceOptions,
-) -> Result<Option<PartitionRotation>, sqlx::Error> {
+) -> Result<Option<PartitionRotation>, StoreError> {
     {
         let mut conn = pool.acquire().await?;
         // Whether this database is partitioned at all (no rotation lock for a row-by-row one), from the
@@ -40,7 +41,7 @@ pub(crate) async fn rotate_partitions(
         // A default partition made by hand would take the rows of a bucket without a partition (and fail the
         // creation of one whose rows it holds): refused before anything is changed.
         if let Some(refused) = default_partition(&mut conn).await? {
-            return Err(sqlx::Error::Configuration(Box::new(refused)));
+            return Err(refused);
         }
         let mut report = PartitionRotation::default();
         // From the lock's request to its release, the connection is closed if this future is dropped (a
