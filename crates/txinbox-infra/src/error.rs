@@ -26,7 +26,7 @@ pub enum CheckError {
         file: PathBuf,
         /// The parser's error, with line and column.
         #[source]
-        source: hcl::edit::parser::Error,
+        source: HclError,
     },
     /// A Terraform (`.tf`) or variables (`.tfvars`) file whose brackets do not balance or nest too deep:
     /// refused before parsing, in linear time.
@@ -76,4 +76,28 @@ pub enum CheckError {
     /// Writing the report failed.
     #[error("cannot write the report")]
     Output(#[source] std::io::Error),
+}
+
+/// Where and why a file is not valid HCL, as the parser says it, without the text of the line it stops at: a
+/// variables file holds secrets (`db_password = "..."`), and the parser's own error quotes that line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("HCL parse error in line {line}, column {column}: {message}")]
+#[non_exhaustive]
+pub struct HclError {
+    /// The line (from 1).
+    pub line: usize,
+    /// The column (from 1).
+    pub column: usize,
+    /// What the parser expected (`expected newline or eof`).
+    pub message: String,
+}
+
+impl From<hcl::edit::parser::Error> for HclError {
+    fn from(e: hcl::edit::parser::Error) -> Self {
+        Self {
+            line: e.location().line(),
+            column: e.location().column(),
+            message: e.message().to_owned(),
+        }
+    }
 }

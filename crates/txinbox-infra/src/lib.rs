@@ -125,7 +125,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use dynamodb::{DYNAMODB_WORKER_INDEX_ACTIONS, DYNAMODB_WORKER_TABLE_ACTIONS};
-pub use error::CheckError;
+pub use error::{CheckError, HclError};
 pub use iam::{SQS_WORKER_DLQ_ACTIONS, SQS_WORKER_QUEUE_ACTIONS};
 pub use report::{Report, RuleId, Violation};
 pub use roles::{

@@ -459,6 +459,44 @@ fn bad_hcl_is_a_parse_error_naming_the_file() {
     assert!(source.contains("line 2, column"), "{source}");
 }
 
+/// A variables file holds secrets (`db_password = "..."`): a parse error names the file, the line and the
+/// column and what was expected, never the line's text, in its message and down its chain.
+#[test]
+fn a_parse_error_never_quotes_the_line_it_stops_at() {
+    for (file, text) in [
+        ("terraform.tfvars", "sas_key = \"SECRETxyz123\" x\n"),
+        (
+            "broken.tf",
+            "resource \"aws_sqs_queue\" \"x\" {\n  name = \"SECRETxyz123\" x\n}\n",
+        ),
+    ] {
+        let dir = copy_of(&aws_sample(), "parse-secret");
+        dir.write(file, text);
+        let err = check_dir(dir.path(), &WorkerSettings::default()).unwrap_err();
+        let mut shown = vec![err.to_string(), format!("{err:?}")];
+        let mut source = std::error::Error::source(&err);
+        while let Some(s) = source {
+            shown.push(s.to_string());
+            shown.push(format!("{s:?}"));
+            source = s.source();
+        }
+        for s in &shown {
+            assert!(!s.contains("SECRETxyz123"), "{file}: {s}");
+        }
+        assert!(
+            shown[0].contains(&format!("{file} is not valid HCL")),
+            "{}",
+            shown[0]
+        );
+        let line = if file.ends_with(".tf") { 2 } else { 1 };
+        assert!(
+            shown[2].contains(&format!("line {line}, column")),
+            "{file}: {}",
+            shown[2]
+        );
+    }
+}
+
 #[test]
 fn unbalanced_brackets_are_refused_before_parsing_naming_file_and_line() {
     let dir = copy_of(&aws_sample(), "unbalanced");

@@ -31,7 +31,7 @@ fn parse(path: &Path, text: &str) -> Result<Body, CheckError> {
     })?;
     hcl::edit::parser::parse_body(text).map_err(|source| CheckError::Parse {
         file: path.to_path_buf(),
-        source,
+        source: source.into(),
     })
 }
 
