@@ -85,6 +85,12 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Whether the open transaction can still commit after a statement of the handler failed: an error when
+    /// the failure aborted it (PostgreSQL, unless the handler rolled back to a savepoint of its own).
+    fn transaction_usable(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
     /// Records a rejection (own transaction).
     fn record_rejection(
         pool: &sqlx::Pool<Self>,

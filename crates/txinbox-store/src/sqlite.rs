@@ -262,6 +262,11 @@ impl Backend for Sqlite {
         Ok(())
     }
 
+    async fn transaction_usable(_: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        // A failed statement leaves an SQLite transaction open: only the statement is undone.
+        Ok(())
+    }
+
     async fn record_rejection(pool: &SqlitePool, r: &Rejection<'_>) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, business_key, payload_hash, conflicts_with, detail, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
             .bind(r.identity.consumer.as_str())

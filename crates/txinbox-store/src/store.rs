@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::conns::KeptConnections;
 use crate::error::StoreError;
 use crate::partitions::{Layout, LayoutState};
-use crate::tx::{conn, open, placed, Placed, Tx};
+use crate::tx::{conn, open, placed, statement_failed, Placed, Tx};
 
 /// How long a connection is kept for the next delivery by default.
 const DEFAULT_KEEP_IDLE: Duration = Duration::from_millis(500);
@@ -539,6 +539,17 @@ impl<DB: Backend> InboxStore for Store<DB> {
         effects: &[NewEffect<'_>],
     ) -> Result<(), sqlx::Error> {
         let mut g = tx.lock().await;
+        if statement_failed(&mut g, false)? {
+            // The handler returned Ok after a statement of its own failed: a transaction that failure
+            // aborted (PostgreSQL) would roll back at COMMIT without an error. Refused here, the delivery is
+            // released (a batch's other deliveries apply without it) rather than acknowledged unwritten.
+            DB::transaction_usable(conn(&mut g)?).await.map_err(|e| {
+                sqlx::Error::Protocol(format!(
+                    "a statement of the handler failed and the handler returned Ok; the transaction cannot commit: {e}"
+                ))
+            })?;
+            statement_failed(&mut g, true)?;
+        }
         // The bucket of this delivery's marker, when the layout placed it in a partition.
         let bucket = placed(&mut g)?.take(identity);
         let c = conn(&mut g)?;
@@ -593,6 +604,7 @@ impl<DB: Backend> InboxStore for Store<DB> {
         let mut g = tx.lock().await;
         DB::rollback_to_savepoint(conn(&mut g)?).await?;
         placed(&mut g)?.rolled_back();
+        statement_failed(&mut g, true)?;
         Ok(())
     }
 

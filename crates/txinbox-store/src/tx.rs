@@ -19,6 +19,10 @@ use crate::backend::Backend;
 /// the handler returns; a clone kept past that point gets an error (`sqlx::Error::Protocol`, not transient) instead of a
 /// connection.
 /// Dropping the last clone of an uncommitted transaction rolls it back.
+///
+/// A statement that fails in PostgreSQL aborts the transaction: a handler that ignores the error and returns
+/// `Ok` gets its delivery released as a store error (`record result`), never acknowledged with nothing
+/// committed (unless it rolled back to a savepoint of its own first).
 pub struct Tx<DB: Backend> {
     inner: Arc<tokio::sync::Mutex<Option<Open<DB>>>>,
 }
@@ -41,8 +45,9 @@ impl<DB: Backend> fmt::Debug for Tx<DB> {
 
 /// A connection with an open transaction; dropping it queues the rollback (a no-op after COMMIT), which the
 /// pool flushes before the connection serves anyone else. With it, the markers the transaction placed in a
-/// partitioned layout ([`Placed`]).
-pub(crate) struct Open<DB: Backend>(Option<PoolConnection<DB>>, Placed);
+/// partitioned layout ([`Placed`]), and whether a statement the handler ran through the [`Tx`] failed in the
+/// database since the transaction began or last rolled back to its savepoint ([`statement_failed`]).
+pub(crate) struct Open<DB: Backend>(Option<PoolConnection<DB>>, Placed, bool);
 
 /// The markers a transaction inserted in the partitioned layout, each with its partition's bucket, in the
 /// order they went in, not yet given their result; and how many there were at the latest savepoint. An
@@ -108,6 +113,7 @@ impl<DB: Backend> Tx<DB> {
             inner: Arc::new(tokio::sync::Mutex::new(Some(Open(
                 Some(conn),
                 Placed::default(),
+                false,
             )))),
         }
     }
@@ -139,9 +145,39 @@ pub(crate) fn open<DB: Backend>(
     guard: &mut Option<Open<DB>>,
 ) -> Result<(&mut DB::Connection, &mut Placed), sqlx::Error> {
     match guard.as_mut() {
-        Some(Open(Some(c), placed)) => Ok((&mut **c, placed)),
+        Some(Open(Some(c), placed, _)) => Ok((&mut **c, placed)),
         _ => Err(ended()),
     }
+}
+
+/// Whether a statement the handler ran through the [`Tx`] failed in the database since the transaction began
+/// or last rolled back to its savepoint: on PostgreSQL such a failure aborts the transaction, whose COMMIT
+/// then rolls back without an error, so a handler that ignored the error and returned `Ok` would have its
+/// delivery (and, in a batch, every other one) acknowledged with nothing written. `clear`: forget it (the
+/// transaction was found usable, or rolled back to its savepoint).
+pub(crate) fn statement_failed<DB: Backend>(
+    guard: &mut Option<Open<DB>>,
+    clear: bool,
+) -> Result<bool, sqlx::Error> {
+    match guard.as_mut() {
+        Some(o) if o.0.is_some() => {
+            let failed = o.2;
+            o.2 = failed && !clear;
+            Ok(failed)
+        }
+        _ => Err(ended()),
+    }
+}
+
+/// `r`, the answer to a handler's statement, noted in the locked transaction when the database refused it.
+fn noted<DB: Backend, T>(
+    guard: &mut Option<Open<DB>>,
+    r: Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    if let (Err(sqlx::Error::Database(_)), Some(o)) = (&r, guard.as_mut()) {
+        o.2 = true;
+    }
+    r
 }
 
 /// The connection of a locked transaction, or the error of one that has ended.
@@ -166,7 +202,11 @@ where
         'c: 'e,
         E: 'q + Execute<'q, DB>,
     {
-        Box::pin(async move { conn(&mut *self.lock().await)?.execute(query).await })
+        Box::pin(async move {
+            let mut g = self.lock().await;
+            let r = conn(&mut g)?.execute(query).await;
+            noted(&mut g, r)
+        })
     }
 
     fn fetch_all<'e, 'q: 'e, E>(self, query: E) -> BoxFuture<'e, Result<Vec<DB::Row>, sqlx::Error>>
@@ -174,7 +214,11 @@ where
         'c: 'e,
         E: 'q + Execute<'q, DB>,
     {
-        Box::pin(async move { conn(&mut *self.lock().await)?.fetch_all(query).await })
+        Box::pin(async move {
+            let mut g = self.lock().await;
+            let r = conn(&mut g)?.fetch_all(query).await;
+            noted(&mut g, r)
+        })
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -185,7 +229,11 @@ where
         'c: 'e,
         E: 'q + Execute<'q, DB>,
     {
-        Box::pin(async move { conn(&mut *self.lock().await)?.fetch_optional(query).await })
+        Box::pin(async move {
+            let mut g = self.lock().await;
+            let r = conn(&mut g)?.fetch_optional(query).await;
+            noted(&mut g, r)
+        })
     }
 
     /// Streams are gathered while the connection is held, then handed out: a handler's queries are small.
@@ -198,10 +246,12 @@ where
         E: 'q + Execute<'q, DB>,
     {
         let all = async move {
-            conn(&mut *self.lock().await)?
+            let mut g = self.lock().await;
+            let r = conn(&mut g)?
                 .fetch_many(query)
                 .try_collect::<Vec<_>>()
-                .await
+                .await;
+            noted(&mut g, r)
         };
         stream::once(all)
             .map(|r| match r {
@@ -221,9 +271,9 @@ where
         'c: 'e,
     {
         Box::pin(async move {
-            conn(&mut *self.lock().await)?
-                .prepare_with(sql, parameters)
-                .await
+            let mut g = self.lock().await;
+            let r = conn(&mut g)?.prepare_with(sql, parameters).await;
+            noted(&mut g, r)
         })
     }
 
@@ -231,6 +281,10 @@ where
     where
         'c: 'e,
     {
-        Box::pin(async move { conn(&mut *self.lock().await)?.describe(sql).await })
+        Box::pin(async move {
+            let mut g = self.lock().await;
+            let r = conn(&mut g)?.describe(sql).await;
+            noted(&mut g, r)
+        })
     }
 }

@@ -358,3 +358,104 @@ async fn batch_decides_as_one_after_another_on_sqlite() {
 async fn batch_decides_as_one_after_another_on_postgres() {
     batch_decides_as_one_after_another(|| Box::pin(txinbox_testkit::pg_store(4))).await;
 }
+
+/// The follow-up task, except for `evt-s`: its handler runs a statement that fails, ignores the error and
+/// returns `Ok` with no result reference (so that the inbox writes nothing more for it before COMMIT).
+#[derive(Clone, Copy)]
+struct SwallowsAnError;
+
+macro_rules! swallows_an_error {
+    ($db:ty) => {
+        impl Handler<Store<$db>, LabEvent> for SwallowsAnError {
+            type Output = Handled;
+            async fn handle(
+                &self,
+                tx: Tx<$db>,
+                msg: Message<LabEvent>,
+            ) -> Result<Handled, HandlerError> {
+                if msg.identity.message_id != "evt-s" {
+                    return <$db as LabDb>::insert_task(tx, msg).await;
+                }
+                let failed = sqlx::query("SELECT missing FROM txinbox_no_such_table")
+                    .execute(&tx)
+                    .await;
+                assert!(failed.is_err(), "the statement fails");
+                Ok(Handled::done())
+            }
+        }
+    };
+}
+swallows_an_error!(sqlx::Postgres);
+swallows_an_error!(sqlx::Sqlite);
+
+/// A handler that ignores a failed statement and returns `Ok`: on PostgreSQL that statement aborted the
+/// transaction, whose COMMIT then rolls back without an error. Its delivery is released (the store error it
+/// is, `record result`), never acknowledged as applied, and in a batch the other deliveries apply, as one
+/// after the other: whatever the order, every `applied` outcome has its marker and its task. Before, on
+/// PostgreSQL, the delivery was acknowledged as applied with nothing committed; in a batch where it came last
+/// every delivery of the batch was (`["applied", "applied", "applied"]`, no marker, no task), and where it came
+/// first the next handler's statement met the aborted transaction and its delivery was dead-lettered
+/// (`handler_permanent`). SQLite keeps a transaction open after a failed statement: the delivery applies.
+async fn a_handler_that_ignores_a_failed_statement<DB: LabDb>(
+    fresh: impl Fn() -> BoxStore<DB>,
+    swallowed: &str,
+) where
+    SwallowsAnError: Handler<Store<DB>, LabEvent>,
+{
+    let ids = |s: &[&str]| -> Vec<ReceivedMessage> {
+        s.iter()
+            .enumerate()
+            .map(|(i, id)| event(id, 10 + i as u32, 10 + i as u32))
+            .collect()
+    };
+    for order in [
+        ["evt-1", "evt-2", "evt-s"],
+        ["evt-s", "evt-1", "evt-2"],
+        ["evt-1", "evt-s", "evt-2"],
+    ] {
+        for as_batch in [false, true] {
+            let store = fresh().await;
+            DB::create_tables(&store).await.unwrap();
+            let p = txinbox_lab::lab::lab_processor(store.clone(), SwallowsAnError);
+            let out = if as_batch {
+                let deliveries = ids(&order).into_iter().map(NoopDelivery).collect();
+                p.process_batch(deliveries, &CancellationToken::new()).await
+            } else {
+                let mut out = Vec::new();
+                for m in ids(&order) {
+                    out.push(p.process_one(NoopDelivery(m)).await);
+                }
+                out
+            };
+            let labels: Vec<&str> = out.iter().map(|o| o.label()).collect();
+            let want: Vec<&str> = order
+                .iter()
+                .map(|id| if *id == "evt-s" { swallowed } else { "applied" })
+                .collect();
+            assert_eq!(labels, want, "{order:?}, batch: {as_batch}");
+            let applied = labels.iter().filter(|l| **l == "applied").count() as i64;
+            assert_eq!(
+                store.inbox_rows("crm-followup").await.unwrap(),
+                applied,
+                "{order:?}, batch: {as_batch}: a marker per applied delivery"
+            );
+            let tasks = applied - i64::from(swallowed == "applied");
+            assert_eq!(DB::count_tasks(&store).await.unwrap(), tasks);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_handler_that_ignores_a_failed_statement_on_postgres() {
+    a_handler_that_ignores_a_failed_statement(|| Box::pin(txinbox_testkit::pg_store(4)), "retry")
+        .await;
+}
+
+#[tokio::test]
+async fn a_handler_that_ignores_a_failed_statement_on_sqlite() {
+    a_handler_that_ignores_a_failed_statement(
+        || Box::pin(txinbox_testkit::sqlite_store()),
+        "applied",
+    )
+    .await;
+}
