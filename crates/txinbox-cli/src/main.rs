@@ -481,8 +481,8 @@ async fn effects_on(url: &str, command: &EffectsCommand) -> Result<bool, String>
         effects_command(store, command, false).await
     } else {
         Err(format!(
-            "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
-            url.split(':').next().unwrap_or_default()
+            "unsupported store URL scheme {} (expected sqlite:, postgres:// or dynamodb://)",
+            crate::inbox::shown_scheme(url)
         ))
     }
 }

@@ -82,8 +82,8 @@ pub fn run(args: &PartitionArgs) -> ExitCode {
 async fn one(url: &str, opts: &PartitionOptions, status_only: bool) -> Result<String, String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(format!(
-            "the partitioned layout is PostgreSQL's; store URL scheme {:?} has none",
-            url.split(':').next().unwrap_or_default()
+            "the partitioned layout is PostgreSQL's; store URL scheme {} has none",
+            crate::inbox::shown_scheme(url)
         ));
     }
     // The store as it is, refused without the inbox: a mistyped database or search_path would otherwise get

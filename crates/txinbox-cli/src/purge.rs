@@ -97,8 +97,8 @@ async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, Stri
         pass(store, args).await
     } else {
         Err(format!(
-            "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
-            url.split(':').next().unwrap_or_default()
+            "unsupported store URL scheme {} (expected sqlite:, postgres:// or dynamodb://)",
+            crate::inbox::shown_scheme(url)
         ))
     }
 }

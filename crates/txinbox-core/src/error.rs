@@ -383,6 +383,26 @@ pub fn redact_url(url: &str) -> String {
     out
 }
 
+/// The scheme `url` starts with (`postgres`, `sqlite`, `mysql`), to name in an error about a URL that cannot
+/// be used: up to its first `:`, a letter then letters, digits, `+`, `-` or `.` (at most 32). What does not
+/// start with one (a libpq `host=db password=...` string or a bare password given for a URL) has none, and
+/// is never quoted.
+///
+/// ```
+/// use txinbox_core::error::url_scheme;
+/// assert_eq!(url_scheme("mysql://root:s3cret@db/app"), Some("mysql"));
+/// assert_eq!(url_scheme("host=db user=crm password=s3cret"), None);
+/// ```
+pub fn url_scheme(url: &str) -> Option<&str> {
+    let (scheme, _) = url.split_once(':')?;
+    let mut chars = scheme.chars();
+    let letter = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    (letter
+        && scheme.len() <= 32
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+    .then_some(scheme)
+}
+
 /// `text` with each character that could rewrite a terminal's or a log's line, or forge one, written as its
 /// escape (`\n`, `\u{1b}`): control characters (C0, DEL, C1: ESC, CR, LF, BEL, CSI) and the bidirectional
 /// overrides and isolates (U+202A-U+202E, U+2066-U+2069), which make a line read in another order than it is

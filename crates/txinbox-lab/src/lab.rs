@@ -284,7 +284,10 @@ impl Target {
                 endpoint: None,
             })
         } else {
-            let scheme = url.split(':').next().unwrap_or_default().to_owned();
+            // Never the whole text: what has no scheme may be a password.
+            let scheme = txinbox_core::error::url_scheme(url)
+                .unwrap_or("(none: not a URL)")
+                .to_owned();
             Err(LabError::Store(txinbox_store::StoreError::UnsupportedUrl {
                 scheme,
             }))

@@ -313,8 +313,8 @@ impl Ops {
             Ops::Dynamo(DynamoStore::connect(url).await.map_err(|e| err(&e))?)
         } else {
             return Err(format!(
-                "unsupported store URL scheme {:?} (expected sqlite:, postgres:// or dynamodb://)",
-                scheme(url)
+                "unsupported store URL scheme {} (expected sqlite:, postgres:// or dynamodb://)",
+                shown_scheme(url)
             ));
         };
         Ok(ops)
@@ -396,7 +396,16 @@ impl Ops {
 
 /// The URL's scheme only (the URL may hold a password).
 fn scheme(url: &str) -> &str {
-    url.split(':').next().unwrap_or_default()
+    txinbox_core::error::url_scheme(url).unwrap_or("no scheme")
+}
+
+/// `url`'s scheme quoted for an error (`"mysql"`), or that it has none: what does not start with one (a libpq
+/// `host=... password=...` string, a bare password) is never quoted.
+pub(crate) fn shown_scheme(url: &str) -> String {
+    match txinbox_core::error::url_scheme(url) {
+        Some(s) => format!("{s:?}"),
+        None => "(none: not a URL)".into(),
+    }
 }
 
 /// The PostgreSQL store at `url` as it is, in a pool of `max_connections`: connected at once (a refused
