@@ -71,6 +71,27 @@ enum Again<T> {
     Spent(Prepared<()>),
 }
 
+impl<T> Again<T> {
+    fn identity(&self) -> &Identity {
+        match self {
+            Again::Fresh(p) => &p.identity,
+            Again::Spent(p) => &p.identity,
+        }
+    }
+}
+
+/// Whether two deliveries carry the same message (consumer, source, id) or the same business key of the same
+/// tenant: the one's marker, committed, holds the other.
+fn shares(a: &Identity, b: &Identity) -> bool {
+    let same_message =
+        a.consumer == b.consumer && a.source == b.source && a.message_id == b.message_id;
+    let same_key = a.business_key.is_some()
+        && a.consumer == b.consumer
+        && a.business_key == b.business_key
+        && a.tenant_id == b.tenant_id;
+    same_message || same_key
+}
+
 /// Every delivery not decided yet decided by `f`.
 fn finish(slots: Vec<Slot>, f: &dyn Fn() -> Decision) -> Vec<Decision> {
     slots
@@ -256,28 +277,28 @@ impl<S: InboxStore> Inbox<S> {
                 let _ = self.store.rollback(tx, false).await;
                 let (i, failure, prepared) = *failed;
                 let received_at = deliveries[i].message().received_at;
+                // Another delivery of the batch carrying its message or business key may commit and hold it
+                // (a store that checks its markers at commit ran both handlers): the failure is then decided
+                // after the batch's COMMIT, as one delivery after the other decides it. Meanwhile it holds
+                // its FIFO group back as the failure would.
+                if again
+                    .iter()
+                    .any(|(_, e)| shares(e.identity(), &prepared.identity))
+                {
+                    slots[i] = Slot::Decided(self.provisional(&failure));
+                    let (work, held) = self.again(slots.as_mut_slice(), again, deliveries);
+                    let mut decisions = if work.is_empty() || stop.is_cancelled() {
+                        finish(slots, &|| self.interrupted())
+                    } else {
+                        self.with_savepoints(slots, work, held, deliveries, handler, key, stop)
+                            .await
+                    };
+                    decisions[i] = self.decide_failure(failure, &prepared, received_at).await;
+                    return decisions;
+                }
                 let decision = self.decide_failure(failure, &prepared, received_at).await;
-                // Its FIFO group's later messages are released with it, as in the savepoint pass.
-                let mut held = HashMap::new();
                 slots[i] = Slot::Decided(decision);
-                // Every group a decided delivery released (this failure, a marker not placed) holds its later
-                // messages back in the savepoint pass (not its earlier ones: they go ahead of it, as alone).
-                for (j, slot) in slots.iter().enumerate() {
-                    if let Slot::Decided(d) = slot {
-                        hold(&mut held, j, deliveries[j].message(), d);
-                    }
-                }
-                let mut work = Vec::with_capacity(again.len());
-                for (j, entry) in again {
-                    match entry {
-                        Again::Fresh(p) => work.push((j, p)),
-                        Again::Spent(p) => match self.prepared_again(deliveries[j].message(), p) {
-                            Ok(p) => work.push((j, p)),
-                            Err(bad) => slots[j] = Slot::Decided(self.bad_input(bad)),
-                        },
-                    }
-                }
-                (work, held)
+                self.again(slots.as_mut_slice(), again, deliveries)
             }
         };
         if work.is_empty() || stop.is_cancelled() {
@@ -285,6 +306,49 @@ impl<S: InboxStore> Inbox<S> {
         }
         self.with_savepoints(slots, work, held, deliveries, handler, key, stop)
             .await
+    }
+
+    /// What a failure of the first pass releases (its FIFO group held back behind it) before it is decided,
+    /// neither counted nor logged: its decision comes after the batch's COMMIT.
+    fn provisional(&self, f: &Failure<S::Error>) -> Decision {
+        let delay = match f {
+            Failure::Handler(e) => self.retry_of(e).map(|a| a.unwrap_or(self.retry_backoff)),
+            Failure::Panicked | Failure::Store(..) => Some(self.retry_backoff),
+            Failure::Refused(Decision::Release(_, d)) => Some(*d),
+            Failure::Refused(_) => None,
+        };
+        match delay {
+            Some(d) => Decision::Release(Outcome::Interrupted, d),
+            None => Decision::Ack(Outcome::Interrupted),
+        }
+    }
+
+    /// The deliveries to apply again after the first pass gave up, and the FIFO groups held back.
+    fn again<D: Delivery, T: Payload>(
+        &self,
+        slots: &mut [Slot],
+        again: Vec<(usize, Again<T>)>,
+        deliveries: &[D],
+    ) -> (Vec<(usize, Prepared<T>)>, Held) {
+        // Every group a decided delivery released (this failure, a marker not placed) holds its later
+        // messages back in the savepoint pass (not its earlier ones: they go ahead of it, as alone).
+        let mut held = HashMap::new();
+        for (j, slot) in slots.iter().enumerate() {
+            if let Slot::Decided(d) = slot {
+                hold(&mut held, j, deliveries[j].message(), d);
+            }
+        }
+        let mut work = Vec::with_capacity(again.len());
+        for (j, entry) in again {
+            match entry {
+                Again::Fresh(p) => work.push((j, p)),
+                Again::Spent(p) => match self.prepared_again(deliveries[j].message(), p) {
+                    Ok(p) => work.push((j, p)),
+                    Err(bad) => slots[j] = Slot::Decided(self.bad_input(bad)),
+                },
+            }
+        }
+        (work, held)
     }
 
     /// The first pass of a batch, in `tx`: every marker in one call ([`InboxStore::insert_markers`]: one

@@ -417,3 +417,47 @@ async fn a_batch_stopped_before_it_starts_hands_every_delivery_back() {
     assert!(q.dead_letters().is_empty());
     assert_eq!(q.state().visible, 2);
 }
+
+/// On a store that checks its markers at commit, the two copies of one message in a batch both run their
+/// handler in the first pass. When the second copy fails for good there, it is decided by its holder once the
+/// first copy has committed (a duplicate), as one delivery after the other decides it. Before, it was decided
+/// before the batch's other deliveries were applied again, found no holder and was dead-lettered
+/// (`["applied", "dead_lettered"]`) although its message was applied.
+#[tokio::test]
+async fn a_copy_failing_for_good_beside_its_message_in_the_batch_is_a_duplicate() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    for as_batch in [false, true] {
+        let (store, q) = (MemStore::default(), MemoryQueue::default());
+        store.state().answers_holders = true;
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = calls.clone();
+        // The second call fails for good (the second copy's, in either order of work).
+        let p = inbox(&store).bind(move |tx: MemTx, msg: Message<Meeting>| {
+            let call = c.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if call == 2 {
+                    return Err(HandlerError::permanent(std::io::Error::other(
+                        "the task exists",
+                    )));
+                }
+                tx.write(format!("task-{}", msg.body.opportunity));
+                Ok(Handled::reference(format!("task-{}", msg.body.opportunity)))
+            }
+        });
+        q.send(event("evt-1", "2481"));
+        q.send(event("evt-1", "2481"));
+        let o = if as_batch {
+            p.process_batch(q.receive_now(2), &CancellationToken::new())
+                .await
+        } else {
+            let mut o = Vec::new();
+            for d in q.receive_now(2) {
+                o.push(p.process_one(d).await);
+            }
+            o
+        };
+        assert_eq!(labels(&o), ["applied", "duplicate"], "batch: {as_batch}");
+        assert_eq!(store.state().effects, ["task-2481"]);
+        assert!(q.dead_letters().is_empty());
+    }
+}
