@@ -36,7 +36,76 @@ const KNOWN: &[&str] = &[
 /// # Errors
 /// [`StoreError::Database`] (a configuration error, which never quotes the URL) when sqlx cannot read it.
 pub fn pg_connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
-    Ok(PgConnectOptions::from_str(&known_parameters_only(url))?)
+    let url = known_parameters_only(url);
+    Ok(without_pgpass_lines(|| PgConnectOptions::from_str(&url))?)
+}
+
+/// `read` with sqlx's warnings that quote a line of the password file not passed on: sqlx reads the password
+/// of a URL without one from `PGPASSFILE` (or `~/.pgpass`) and warns of a line it cannot read
+/// (`db:5432:*:PASSWORD`, its user name left out) by quoting it whole. Its other warnings (a file it cannot
+/// open, or open to others), and every other event, go to the subscriber in place.
+fn without_pgpass_lines<T>(read: impl FnOnce() -> T) -> T {
+    let outer = tracing::dispatcher::get_default(Clone::clone);
+    if outer.is::<tracing::subscriber::NoSubscriber>() {
+        return read();
+    }
+    tracing::dispatcher::with_default(&tracing::Dispatch::new(NoPgpassLines(outer)), read)
+}
+
+/// The subscriber in place, without sqlx's events that quote a line of the password file. Only while a URL is
+/// read, which opens no span: the current span is not asked for.
+struct NoPgpassLines(tracing::Dispatch);
+
+impl NoPgpassLines {
+    fn quotes_a_line(m: &tracing::Metadata<'_>) -> bool {
+        m.target().starts_with("sqlx_postgres::options::pgpass")
+            && m.fields().field("line").is_some()
+    }
+}
+
+impl tracing::Subscriber for NoPgpassLines {
+    fn register_callsite(
+        &self,
+        m: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if Self::quotes_a_line(m) {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            self.0.register_callsite(m)
+        }
+    }
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::current())
+    }
+    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+        !Self::quotes_a_line(m) && self.0.enabled(m)
+    }
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        self.0.new_span(span)
+    }
+    fn record(&self, span: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        self.0.record(span, values);
+    }
+    fn record_follows_from(&self, span: &tracing::span::Id, follows: &tracing::span::Id) {
+        self.0.record_follows_from(span, follows);
+    }
+    fn event(&self, event: &tracing::Event<'_>) {
+        if !Self::quotes_a_line(event.metadata()) {
+            self.0.event(event);
+        }
+    }
+    fn enter(&self, span: &tracing::span::Id) {
+        self.0.enter(span);
+    }
+    fn exit(&self, span: &tracing::span::Id) {
+        self.0.exit(span);
+    }
+    fn clone_span(&self, id: &tracing::span::Id) -> tracing::span::Id {
+        self.0.clone_span(id)
+    }
+    fn try_close(&self, id: tracing::span::Id) -> bool {
+        self.0.try_close(id)
+    }
 }
 
 /// `url` without the query parameters sqlx does not know, each one left out said at warn (its key only).
@@ -175,6 +244,37 @@ mod tests {
         assert!(
             all.contains("sslpassword") && all.contains("pasword"),
             "the parameters left out are named: {all}"
+        );
+    }
+
+    /// sqlx reads the password of a URL without one from `PGPASSFILE` (or `~/.pgpass`), and warns of a line
+    /// it cannot read by quoting it whole, its password too: that warning is not passed on; the others are.
+    #[test]
+    fn a_malformed_pgpass_line_is_never_logged() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("txinbox-pgpass-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pgpass");
+        // The user name left out: the password reads as it, and the line as malformed.
+        std::fs::write(&file, "db:5433:*:PGPASSxyz123\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let events: &'static Events = Box::leak(Box::default());
+        let _guard = tracing::subscriber::set_default(events);
+        std::env::set_var("PGPASSFILE", &file);
+        let o = pg_connect_options("postgres://crm@db:5433/crm?connect_timeout=5");
+        std::env::remove_var("PGPASSFILE");
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(o.unwrap().get_username(), "crm");
+        let logged = events.0.lock().unwrap().clone();
+        for line in &logged {
+            assert!(
+                !line.contains("PGPASSxyz"),
+                "a password in a log line: {line}"
+            );
+        }
+        assert!(
+            logged.iter().any(|l| l.contains("connect_timeout")),
+            "the other warnings are passed on: {logged:?}"
         );
     }
 
