@@ -502,7 +502,9 @@ fn outcome<T: std::fmt::Debug>(r: Result<T, sqlx::Error>) -> Outcome {
 fn maintenance_outcome<T: std::fmt::Debug>(r: Result<T, txinbox_store::StoreError>) -> Outcome {
     outcome(r.map_err(|e| match e {
         txinbox_store::StoreError::Database(e) => e,
-        other => panic!("the maintenance answered a store error that is not the database's: {other}"),
+        other => {
+            panic!("the maintenance answered a store error that is not the database's: {other}")
+        }
     }))
 }
 
