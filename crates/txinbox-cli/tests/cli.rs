@@ -210,6 +210,22 @@ fn lab_runs_on_postgres() {
     );
 }
 
+/// The lab reads its store URL as the store does, from its start to its cleanup: a parameter sqlx does not
+/// know is never logged with its value.
+#[test]
+fn lab_on_postgres_never_logs_a_parameters_value() {
+    let base = pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}sslpassword=SECRETxyz123");
+    let (code, out, err) = outcome(
+        txinbox_command(&["lab", "--messages", "2", "--store", &url]).env("TXINBOX_LOG", "warn"),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("accepted=2"), "{out}");
+    assert!(err.contains("sslpassword"), "the parameter is named: {err}");
+    assert!(!err.contains("SECRETxyz123"), "its value leaked: {err}");
+}
+
 #[test]
 fn windows_print_one_ok_row_each() {
     let (code, out, err) = txinbox(&["lab", "--windows"]);

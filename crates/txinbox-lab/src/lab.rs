@@ -344,7 +344,11 @@ impl<DB: LabDb> Fresh<DB> {
         match self.cleanup {
             Some(Cleanup::PgSchema { url, schema }) => {
                 use sqlx::Connection;
-                if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                // Read as the store reads it: sqlx's own reading logs a parameter it does not know with its value.
+                let Ok(opts) = txinbox_store::pg_connect_options(&url) else {
+                    return;
+                };
+                if let Ok(mut c) = sqlx::PgConnection::connect_with(&opts).await {
                     let _ = sqlx::Executor::execute(
                         &mut c,
                         format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE").as_str(),
