@@ -546,7 +546,7 @@ async fn prometheus_scrapes_the_worker_every_dashboard_query_has_data_and_no_ale
     // The first batch applied and scraped: the target is up and the applied counter is above zero in
     // Prometheus (the worker registers its counters at zero when it starts).
     let client = http();
-    let deadline = Deadline::after(Duration::from_secs(30));
+    let deadline = Deadline::after(Duration::from_secs(60));
     loop {
         worker.assert_running();
         let up = prom.targets(&client).await.contains("\"health\":\"up\"");
@@ -594,7 +594,7 @@ async fn prometheus_scrapes_the_worker_every_dashboard_query_has_data_and_no_ale
         &env,
     )
     .await;
-    let deadline = Deadline::after(Duration::from_secs(30));
+    let deadline = Deadline::after(Duration::from_secs(60));
     while !worker.output().contains("business duplicate") {
         worker.assert_running();
         assert!(
@@ -604,7 +604,7 @@ async fn prometheus_scrapes_the_worker_every_dashboard_query_has_data_and_no_ale
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    check_dashboard(&prom, "crm-followup", Duration::from_secs(40), |n| {
+    check_dashboard(&prom, "crm-followup", Duration::from_secs(90), |n| {
         let id = format!("evt-metrics-more-{n}-{q}");
         let opportunity = format!("op_metrics_more_{n}");
         let (env, q) = (env.clone(), q.clone());

@@ -56,7 +56,7 @@ impl Prometheus {
         let mut proc = Proc::spawn_path(&dir, "prometheus", &bin, &args, &[]);
         let url = format!("http://{listen}");
         let client = http();
-        let deadline = Deadline::after(Duration::from_secs(30));
+        let deadline = Deadline::after(Duration::from_secs(60));
         loop {
             if let Some((200, _)) = get(&client, &format!("{url}/-/ready")).await {
                 break;
