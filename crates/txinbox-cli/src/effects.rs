@@ -34,62 +34,62 @@ pub struct RunArgs {
     #[arg(long, requires = "config", conflicts_with = "store")]
     pub shard: Option<String>,
     /// An HTTP destination: `NAME=URL` (effects of destination NAME are POSTed to URL). Repeat for several.
-    #[arg(long = "http", value_parser = parse_pair)]
+    #[arg(long = "http", value_parser = Pair)]
     pub http: Vec<(String, String)>,
     /// An upsert destination: `NAME=URL` with `{external_ref}` or `{key}` in it (PUT; idempotent by itself).
-    #[arg(long = "upsert", value_parser = parse_pair)]
+    #[arg(long = "upsert", value_parser = Pair)]
     pub upsert: Vec<(String, String)>,
     /// `NAME=METHOD`: the call's method (POST; PUT or PATCH for an upsert).
-    #[arg(long = "method", value_parser = parse_pair)]
+    #[arg(long = "method", value_parser = Pair)]
     pub method: Vec<(String, String)>,
     /// `NAME=header:HEADER`, `NAME=body:FIELD` or `NAME=none`: where the key goes, and that the destination
     /// honours it (unset: `Idempotency-Key` sent, not relied on).
-    #[arg(long = "key", value_parser = parse_pair)]
+    #[arg(long = "key", value_parser = Pair)]
     pub key: Vec<(String, String)>,
     /// `NAME=SECONDS`: how long the destination keeps a key (86400).
-    #[arg(long = "key-kept-secs", value_parser = parse_pair)]
+    #[arg(long = "key-kept-secs", value_parser = Pair)]
     pub key_kept_secs: Vec<(String, String)>,
     /// `NAME=POINTER`: where the reference is in a 2xx answer (`/id`).
-    #[arg(long = "reference", value_parser = parse_pair)]
+    #[arg(long = "reference", value_parser = Pair)]
     pub reference: Vec<(String, String)>,
     /// `NAME`: the destination's 2xx may carry no reference (done without reference).
     #[arg(long = "reference-optional")]
     pub reference_optional: Vec<String>,
     /// `NAME=URL`: the confirmation is a lookup (`GET`; 404 = not found; a 2xx must carry the reference),
     /// with `{key}` or `{external_ref}` in the URL.
-    #[arg(long = "confirm", value_parser = parse_pair)]
+    #[arg(long = "confirm", value_parser = Pair)]
     pub confirm: Vec<(String, String)>,
     /// `NAME=URL`: the confirmation is a search (`GET`; an empty list or a zero count = not found).
-    #[arg(long = "confirm-search", value_parser = parse_pair)]
+    #[arg(long = "confirm-search", value_parser = Pair)]
     pub confirm_search: Vec<(String, String)>,
     /// `NAME=URL`: the confirmation is a search by `POST`, with `--confirm-body`.
-    #[arg(long = "confirm-search-post", value_parser = parse_pair)]
+    #[arg(long = "confirm-search-post", value_parser = Pair)]
     pub confirm_search_post: Vec<(String, String)>,
     /// `NAME=JSON`: the body of a `POST` search (`{key}`, `{external_ref}` replaced).
-    #[arg(long = "confirm-body", value_parser = parse_pair)]
+    #[arg(long = "confirm-body", value_parser = Pair)]
     pub confirm_body: Vec<(String, String)>,
     /// `NAME=POINTER`: where the confirmation's reference is (`/id` for a lookup, `/data/0/id` for a search).
-    #[arg(long = "found-at", value_parser = parse_pair)]
+    #[arg(long = "found-at", value_parser = Pair)]
     pub found_at: Vec<(String, String)>,
     /// `NAME=POINTER`: where a search's count is (`/total`).
-    #[arg(long = "count-at", value_parser = parse_pair)]
+    #[arg(long = "count-at", value_parser = Pair)]
     pub count_at: Vec<(String, String)>,
     /// `NAME=POINTER`: where what the confirmation found carries the effect's external reference or key
     /// (`/data/0/external_ref`); a found object without it is not this effect.
-    #[arg(long = "matches-at", value_parser = parse_pair)]
+    #[arg(long = "matches-at", value_parser = Pair)]
     pub matches_at: Vec<(String, String)>,
     /// `NAME`: the search leaves the list out when nothing matches (Square's `{}`): read as not found.
     #[arg(long = "absent-list-is-empty")]
     pub absent_list_is_empty: Vec<String>,
     /// `NAME=STATUS:ANSWER`: what a status or class means (`crm=409:in_progress`, `crm=4xx:rejected`).
-    #[arg(long = "answer", value_parser = parse_pair)]
+    #[arg(long = "answer", value_parser = Pair)]
     pub answer: Vec<(String, String)>,
     /// `NAME=SECONDS`: wait this long after an uncertain call before the first confirmation.
-    #[arg(long = "reconcile-after-secs", value_parser = parse_pair)]
+    #[arg(long = "reconcile-after-secs", value_parser = Pair)]
     pub reconcile_after_secs: Vec<(String, String)>,
     /// `NAME=HEADER=VALUE`: a header sent with every request (`crm=Authorization=env:CRM_TOKEN` reads the value
     /// from the environment).
-    #[arg(long = "header", value_parser = parse_pair)]
+    #[arg(long = "header", value_parser = Pair)]
     pub header: Vec<(String, String)>,
     /// Destinations that ignore idempotency keys (`--key NAME=none`): only the confirmation protects them.
     #[arg(long = "no-idempotency")]
@@ -199,10 +199,44 @@ impl std::fmt::Debug for ShowArgs {
     }
 }
 
-fn parse_pair(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+/// The parser of a `NAME=VALUE` flag. What it refuses is never quoted, by it nor by clap (whose own error for a
+/// value a parser refuses quotes it): the value may be a token (`--header 'Authorization: Bearer ...'`, as curl
+/// takes it) or a URL with its key (`--http https://...?api_key=...`, its `NAME=` left out, whose `=` then
+/// falls inside the URL).
+#[derive(Clone, Copy)]
+struct Pair;
+
+impl clap::builder::TypedValueParser for Pair {
+    type Value = (String, String);
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        let flag = arg.map_or_else(
+            || "a flag".to_owned(),
+            |a| format!("--{}", a.get_long().unwrap_or(a.get_id().as_str())),
+        );
+        let refused = |why: &str| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("{flag}: expected NAME=VALUE, {why} (the value is not shown: it may hold a secret)\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let s = value
+            .to_str()
+            .ok_or_else(|| refused("and it is not UTF-8"))?;
+        match s.split_once('=') {
+            // A destination's name holds no `:`, `/`, `?`, `@`, `#` or space: one that does is a URL's start.
+            Some((k, _)) if k.contains([':', '/', '?', '@', '#', ' ']) => Err(refused(
+                "and what comes before its `=` is not a destination's name",
+            )),
+            Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_owned(), v.to_owned())),
+            _ => Err(refused("and it has no name or no value around its `=`")),
+        }
     }
 }
 
@@ -493,7 +527,7 @@ pub struct CompensateArgs {
     pub key: String,
     /// The compensation request of a destination: `NAME=URL` with `{reference}`, `{key}` or `{external_ref}`
     /// in it (a DELETE); it wins over the settings file's `compensate_url`.
-    #[arg(long = "compensate", value_parser = parse_pair, required_unless_present = "config")]
+    #[arg(long = "compensate", value_parser = Pair, required_unless_present = "config")]
     pub compensate: Vec<(String, String)>,
     /// The workers' settings file: its store (without `--store`) and its `[effects.destinations.NAME]` (their
     /// `compensate_url`, `key` and `headers`), as the effect runner reads them.
@@ -501,11 +535,11 @@ pub struct CompensateArgs {
     pub config: Option<std::path::PathBuf>,
     /// `NAME=header:HEADER`, `NAME=body:FIELD` or `NAME=none`: where the destination takes the key (as
     /// `effects run --key`); the compensation sends `KEY-compensate` in that header, none for a body or none.
-    #[arg(long = "key-in", value_parser = parse_pair)]
+    #[arg(long = "key-in", value_parser = Pair)]
     pub key_in: Vec<(String, String)>,
     /// `NAME=HEADER=VALUE`: a header sent with the compensation (`crm=Authorization=env:CRM_TOKEN` reads the
     /// value from the environment).
-    #[arg(long = "header", value_parser = parse_pair)]
+    #[arg(long = "header", value_parser = Pair)]
     pub header: Vec<(String, String)>,
     /// Print each done effect of the key and the request its destination would get, and send nothing, change
     /// nothing (a compensation cannot be taken back).

@@ -386,6 +386,38 @@ fn effects_commands_refuse_bad_input_without_leaking_the_url() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A flag's `NAME=VALUE` written wrong (a header as curl takes it, a URL without its `NAME=`) is refused
+/// without its value, which may be a token or a URL with its key: neither the flag's parser nor clap quote it.
+#[test]
+fn effects_flags_written_wrong_are_refused_without_their_value() {
+    for flags in [
+        &[
+            "--http",
+            "crm=https://crm.example/v1",
+            "--header",
+            "Authorization: Bearer SECRETxyz123",
+        ][..],
+        &[
+            "--http",
+            "https://u:SECRETxyz123@crm.example/v1?api_key=SECRETxyz123",
+        ][..],
+        &["--http", "https://crm.example/v1?api_key=SECRETxyz123"][..],
+    ] {
+        let mut args = vec!["effects", "run", "--store", "sqlite::memory:"];
+        args.extend_from_slice(flags);
+        let (code, _, err) = txinbox(&args);
+        assert_eq!(code, 2, "{flags:?}: {err}");
+        assert!(
+            err.contains("NAME="),
+            "{flags:?} says what is expected: {err}"
+        );
+        assert!(
+            !err.contains("SECRETxyz123"),
+            "{flags:?} leaked the value: {err}"
+        );
+    }
+}
+
 #[test]
 fn effects_run_refuses_a_rule_that_cannot_work_at_start_with_one_line_naming_it() {
     // A store with the inbox: what is refused is the rule, not the store.
