@@ -51,6 +51,34 @@ fn tasks_by_ref(crm: &CrmApi) -> BTreeMap<Option<String>, usize> {
     m
 }
 
+/// Starts `worker` with `args` and `--health-addr`, and waits (at most 60 s) until its `/readyz` answers 200:
+/// started (its SIGTERM handler installed), a receive succeeded.
+async fn ready_worker(
+    dir: &Path,
+    name: &str,
+    worker: &str,
+    args: &[&str],
+    env: &[(&str, String)],
+    client: &reqwest::Client,
+) -> Proc {
+    let health = free_addr().to_string();
+    let mut args = args.to_vec();
+    args.extend(["--health-addr", &health]);
+    let mut w = Proc::spawn(dir, name, worker, &args, env);
+    let ready = format!("http://{health}/readyz");
+    let deadline = Deadline::after(Duration::from_secs(60));
+    while !matches!(get(client, &ready).await, Some((200, _))) {
+        w.assert_running();
+        assert!(
+            !deadline.passed(),
+            "{name}: not ready after 60 s:\n{}",
+            w.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w
+}
+
 /// `KILLS` rounds of start + SIGKILL a random 50-900 ms after the worker became ready, then one worker until the CRM holds every task
 /// and every effect is done, stopped with SIGTERM; then the checks.
 #[allow(clippy::too_many_arguments)]
@@ -73,24 +101,9 @@ async fn chaos(
     let mut rng = Rng(seed);
     let client = http();
     for i in 1..=KILLS {
-        // Each killed worker answers `/readyz` (`--health-addr`): the random moment counts from its readiness
-        // (started, a receive succeeded), so that the kills land in its work, not in its start-up, however
-        // slow the machine.
-        let health = free_addr().to_string();
-        let mut args = all.clone();
-        args.extend(["--health-addr", &health]);
-        let mut w = Proc::spawn(dir, &format!("{name}-{i}"), worker, &args, env);
-        let ready = format!("http://{health}/readyz");
-        let deadline = Deadline::after(Duration::from_secs(30));
-        while !matches!(get(&client, &ready).await, Some((200, _))) {
-            w.assert_running();
-            assert!(
-                !deadline.passed(),
-                "{name}-{i}: not ready after 30 s:\n{}",
-                w.tail()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // Each killed worker answers `/readyz`: the random moment counts from its readiness (started, a receive
+        // succeeded), so that the kills land in its work, not in its start-up, however slow the machine.
+        let mut w = ready_worker(dir, &format!("{name}-{i}"), worker, &all, env, &client).await;
         tokio::time::sleep(rng.millis(50, 900)).await;
         w.sigkill().await;
         println!(
@@ -100,7 +113,9 @@ async fn chaos(
         );
     }
     let done = format!("done={MEETINGS}");
-    let mut last = Proc::spawn(dir, &format!("{name}-final"), worker, &all, env);
+    // Ready (so its SIGTERM handler is installed) before the loop below, which ends at once when the killed
+    // workers already did everything: a SIGTERM in the last worker's start-up would end it by the signal.
+    let mut last = ready_worker(dir, &format!("{name}-final"), worker, &all, env, &client).await;
     let deadline = Deadline::after(Duration::from_secs(180));
     loop {
         let states = store.effect_states().await;
