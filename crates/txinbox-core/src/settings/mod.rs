@@ -197,7 +197,9 @@ fn masked_value(content: &str) -> String {
 /// A settings file's line with its values masked: strings and bare values ([`masked_value`]), comments. Keys
 /// (what an `=` or a `.` follows, a table's header) and booleans are kept.
 fn mask_toml_line(line: &str) -> String {
-    let header = line.trim_start().starts_with('[') && !line.contains('=');
+    // A table's header (`[effects.destinations.crm]`) holds names only; a line of an array may start with `[`
+    // too, and its strings are values.
+    let header = line.trim_start().starts_with('[') && !line.contains(['=', '"', '\'']);
     let is_key = |after: &str| {
         let next = after.trim_start();
         header || next.starts_with('=') || next.starts_with('.')

@@ -511,6 +511,11 @@ fn a_toml_error_never_carries_a_header_value_or_a_query_value() {
             format!("{d}[effects.destinations.crm.headers]\nX-Api-Key = \"SECRETxyz123\" x\n"),
             "X-Api-Key",
         ),
+        // A line of an array that starts with `[` (not a table's header).
+        (
+            "[store.shards.eu-1]\ntenants = [\n  [\"SECRETxyz123\"] x\n]\n".to_owned(),
+            "line 3",
+        ),
         // A query value of a URL.
         (
             "[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks?api_key=SECRETxyz123\" x\n"
