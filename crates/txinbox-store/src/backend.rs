@@ -115,6 +115,16 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<ClaimedEffect>, sqlx::Error>> + Send;
 
+    /// Gives back the effects a claim of `holder` until `claim_until` took (see
+    /// [`txinbox_core::effects::EffectStore::release_claim`]): each returns to the state the claim kept in
+    /// `claimed_from`; one taken from an expired claim stays in flight, its claim ended at `now`.
+    fn release_claim(
+        pool: &sqlx::Pool<Self>,
+        holder: &str,
+        claim_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
     /// Records a transition if `holder` still holds the claim.
     fn finish_effect(
         pool: &sqlx::Pool<Self>,
@@ -364,6 +374,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "finished_effects",
         postgres: include_str!("../migrations/postgres/0006_finished_effects.sql"),
         sqlite: include_str!("../migrations/sqlite/0006_finished_effects.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "claimed_from",
+        postgres: include_str!("../migrations/postgres/0007_claimed_from.sql"),
+        sqlite: include_str!("../migrations/sqlite/0007_claimed_from.sql"),
     },
 ];
 

@@ -18,6 +18,11 @@ use txinbox_core::effects::{
 /// The effects runner's purge: done effects finished before $1, at most $2 (index `txinbox_effects_finished`).
 pub(crate) const PURGE_DONE_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < $1 LIMIT $2)";
 
+/// Gives back the effects of one claim ($1 the holder, $2 its claim_until; $3 now): each to the state it was
+/// claimed from, one claimed from an expired claim to in flight with its claim ended at $3 (still due, and
+/// reconciled first). Only rows still held by that very claim.
+pub(crate) const RELEASE_CLAIM: &str = "UPDATE txinbox_effects SET state = claimed_from, claimed_by = CASE WHEN claimed_from = 'in_flight' THEN claimed_by END, claim_until = CASE WHEN claimed_from = 'in_flight' THEN $3 END, updated_at = $3 WHERE claimed_by = $1 AND claim_until = $2 AND state = 'in_flight' AND claimed_from IN ('pending', 'uncertain', 'in_flight')";
+
 /// Maintenance's purge: effects done or compensated before $1, at most $2 (index
 /// `txinbox_effects_finished`).
 pub(crate) const PURGE_FINISHED_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) RETURNING consumer_name";
@@ -425,7 +430,7 @@ impl Backend for Postgres {
         // marked in flight under this holder; `due.state` is the state before the claim.
         let sql = format!(
             "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= $3) OR (state = 'in_flight' AND claim_until < $3)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
-             UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = $4, updated_at = $3 FROM due WHERE t.id = due.id \
+             UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = $4, updated_at = $3, claimed_from = due.state FROM due WHERE t.id = due.id \
              RETURNING {}, due.state, t.created_at",
             CLAIMED_COLUMNS
                 .split(", ")
@@ -447,6 +452,21 @@ impl Backend for Postgres {
                 claimed_from_row(r, &from, r.try_get(AFTER_CLAIMED + 1)?)
             })
             .collect()
+    }
+
+    async fn release_claim(
+        pool: &PgPool,
+        holder: &str,
+        claim_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, sqlx::Error> {
+        let r = sqlx::query(RELEASE_CLAIM)
+            .bind(text(holder))
+            .bind(kept_time(claim_until))
+            .bind(kept_time(now))
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected())
     }
 
     async fn finish_effect(

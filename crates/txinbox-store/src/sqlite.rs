@@ -17,6 +17,10 @@ use txinbox_core::effects::{
 /// The effects runner's purge: done effects finished before ?1, at most ?2 (index `txinbox_effects_finished`).
 pub(crate) const PURGE_DONE_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < ?1 LIMIT ?2)";
 
+/// Gives back the effects of one claim (?1 the holder, ?2 its claim_until; ?3 now), as PostgreSQL's
+/// `RELEASE_CLAIM` does.
+pub(crate) const RELEASE_CLAIM: &str = "UPDATE txinbox_effects SET state = claimed_from, claimed_by = CASE WHEN claimed_from = 'in_flight' THEN claimed_by END, claim_until = CASE WHEN claimed_from = 'in_flight' THEN ?3 END, updated_at = ?3 WHERE claimed_by = ?1 AND claim_until = ?2 AND state = 'in_flight' AND claimed_from IN ('pending', 'uncertain', 'in_flight')";
+
 /// Maintenance's purge: effects done or compensated before ?1, at most ?2 (index
 /// `txinbox_effects_finished`).
 pub(crate) const PURGE_FINISHED_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state IN ('done', 'compensated') AND finished_at < ?1 LIMIT ?2) RETURNING consumer_name";
@@ -62,7 +66,7 @@ async fn claim_in_transaction(
         .await?;
     let mut out = Vec::with_capacity(due.len());
     for (id, from) in due {
-        let sql = format!("UPDATE txinbox_effects SET state = 'in_flight', claimed_by = ?2, claim_until = ?3, updated_at = ?4 WHERE id = ?1 RETURNING {CLAIMED_COLUMNS}, created_at");
+        let sql = format!("UPDATE txinbox_effects SET state = 'in_flight', claimed_by = ?2, claim_until = ?3, updated_at = ?4, claimed_from = state WHERE id = ?1 RETURNING {CLAIMED_COLUMNS}, created_at");
         let r = sqlx::query(&sql)
             .bind(id)
             .bind(holder)
@@ -316,6 +320,21 @@ impl Backend for Sqlite {
                 "the effect claim's task ended without an answer".into(),
             ))
         })
+    }
+
+    async fn release_claim(
+        pool: &SqlitePool,
+        holder: &str,
+        claim_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, sqlx::Error> {
+        let r = sqlx::query(RELEASE_CLAIM)
+            .bind(text(holder))
+            .bind(ts(claim_until))
+            .bind(ts(now))
+            .execute(pool)
+            .await?;
+        Ok(r.rows_affected())
     }
 
     async fn finish_effect(

@@ -39,7 +39,7 @@ async fn verify_refuses_a_database_without_the_schema_then_accepts_the_exported_
             err,
             StoreError::SchemaTooOld {
                 found: 0,
-                required: 6
+                required: 7
             }
         ),
         "{err}"
@@ -87,8 +87,8 @@ async fn the_tables_go_in_the_chosen_schema_and_a_second_start_changes_nothing()
         "inbox, rejections, the retired outbox, effects and the version table"
     );
     assert_eq!(
-        versions, 6,
-        "one row per migration (inbox, effects, operations, tenant business key, effect truth, finished effects): the second start applied nothing again"
+        versions, 7,
+        "one row per migration (inbox, effects, operations, tenant business key, effect truth, finished effects, claimed from): the second start applied nothing again"
     );
     second.close().await;
     drop_schema(&s).await;

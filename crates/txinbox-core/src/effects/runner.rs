@@ -385,6 +385,20 @@ impl<S: EffectStore> EffectRunner<S> {
             Err(e) => {
                 tracing::warn!(error = %e, "claiming effects failed");
                 report.store_errors += 1;
+                // The claim may have applied and lost its answer: what it took would stay in flight under
+                // this holder, never run, until the claim ends, then be taken for possibly started. Given
+                // back now, each effect to the state it was claimed from (nothing, if it did not apply).
+                match self.store.release_claim(&self.holder, until, now).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(
+                        released = n,
+                        "a claim whose answer was lost had applied: its effects are given back, due again"
+                    ),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "giving back a claim whose answer was lost failed: what it may hold is reconciled once it expires"
+                    ),
+                }
                 return report;
             }
         };

@@ -266,6 +266,23 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
         limit: i64,
     ) -> impl std::future::Future<Output = Result<Vec<ClaimedEffect>, Self::Error>> + Send;
 
+    /// Gives back what a claim of `holder` until `claim_until` took, after that claim returned an error: a
+    /// claim whose write applied and whose answer was lost (the connection dropped after its COMMIT) holds
+    /// effects the runner never ran. Each returns to the state it was claimed from (pending, uncertain; one
+    /// taken from an expired claim stays in flight, its claim ended at `now`), so it is claimed again at once
+    /// and one that was never called is not taken for possibly started. Only effects still held by that very
+    /// claim are touched; returns how many. The default gives back nothing (the claim's effects are then
+    /// reconciled once it expires): a store whose claim recognises its own lost answer needs no more.
+    fn release_claim(
+        &self,
+        holder: &str,
+        claim_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> impl std::future::Future<Output = Result<u64, Self::Error>> + Send {
+        let _ = (holder, claim_until, now);
+        async { Ok(0) }
+    }
+
     /// Records a transition (its [columns](Transition::columns)) for effect `id` if `holder` still holds its
     /// claim; `false` when it does not (the claim expired and another holder took the effect: this result is
     /// dropped, that holder reconciles).

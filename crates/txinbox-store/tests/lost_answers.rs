@@ -1,0 +1,232 @@
+//! A claim whose write applied and whose answer was lost (the connection dropped after its COMMIT): the runner
+//! gives its effects back at once, each to the state it was claimed from, on PostgreSQL as on SQLite. Without
+//! it they stayed in flight under a runner that never ran them until the claim ran out, and their next holder
+//! took them for possibly started: one never called was reconciled (and, at a destination with neither a key
+//! nor a confirmation, needed attention).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use txinbox_core::effects::{
+    BoxFuture, ClaimedEffect, Confirmation, EffectCount, EffectExecutor, EffectRunner, EffectState,
+    EffectStore, Execution, TransitionColumns,
+};
+use txinbox_store::Store;
+
+/// A store whose next claim applies and then loses its answer (an I/O error, as a connection dropped after
+/// the COMMIT was sent).
+#[derive(Clone)]
+struct LosesClaimAnswer<S> {
+    inner: S,
+    lose: Arc<AtomicBool>,
+}
+
+impl<S: EffectStore<Error = sqlx::Error>> EffectStore for LosesClaimAnswer<S> {
+    type Error = sqlx::Error;
+
+    async fn claim_effects(
+        &self,
+        holder: &str,
+        destinations: &[String],
+        now: DateTime<Utc>,
+        claim_until: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
+        let claimed = self
+            .inner
+            .claim_effects(holder, destinations, now, claim_until, limit)
+            .await?;
+        if self.lose.swap(false, Ordering::SeqCst) {
+            assert!(!claimed.is_empty(), "the claim applied");
+            return Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "the claim's answer was lost",
+            )));
+        }
+        Ok(claimed)
+    }
+
+    async fn release_claim(
+        &self,
+        holder: &str,
+        claim_until: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, sqlx::Error> {
+        self.inner.release_claim(holder, claim_until, now).await
+    }
+
+    async fn finish_effect(
+        &self,
+        id: i64,
+        holder: &str,
+        transition: &TransitionColumns<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        self.inner.finish_effect(id, holder, transition, now).await
+    }
+
+    async fn purge_done_effects(
+        &self,
+        before: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        self.inner.purge_done_effects(before, limit).await
+    }
+
+    async fn effect_counts(&self) -> Result<Vec<EffectCount>, sqlx::Error> {
+        self.inner.effect_counts().await
+    }
+
+    async fn find_effect(&self, key: &str) -> Result<Option<ClaimedEffect>, sqlx::Error> {
+        self.inner.find_effect(key).await
+    }
+
+    async fn mark_compensated(
+        &self,
+        id: i64,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, sqlx::Error> {
+        self.inner.mark_compensated(id, note, now).await
+    }
+}
+
+/// A destination that does every call and never finds anything; counts both.
+#[derive(Clone, Default)]
+struct Counted {
+    calls: Arc<AtomicU32>,
+    confirmations: Arc<AtomicU32>,
+}
+
+impl EffectExecutor for Counted {
+    fn execute<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Execution> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            Execution::Done {
+                reference: Some("task-1".into()),
+            }
+        })
+    }
+
+    fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
+        self.confirmations.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Confirmation::NotFound })
+    }
+}
+
+/// Effect `k` for destination `crm` inserted by `insert`; the first claim loses its answer. Returns the
+/// destination's counts of calls and confirmations after two passes, and the effect's state between them.
+async fn lost_claim<DB: txinbox_store::Backend>(
+    store: Store<DB>,
+    insert: &str,
+) -> (EffectState, u32, u32, EffectState)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let dest = Counted::default();
+    let runner = EffectRunner::new(LosesClaimAnswer {
+        inner: store.clone(),
+        lose: Arc::new(AtomicBool::new(true)),
+    })
+    .executor("crm", dest.clone());
+    let first = runner.run_pass().await;
+    assert_eq!(first.store_errors, 1, "{first}");
+    let between = store.find_effect("k").await.unwrap().unwrap().claimed_from;
+    let second = runner.run_pass().await;
+    assert_eq!(
+        second.claimed, 1,
+        "the effect of the lost claim is claimed again at once: {second}"
+    );
+    let after = store.find_effect("k").await.unwrap().unwrap();
+    (
+        between,
+        dest.calls.load(Ordering::SeqCst),
+        dest.confirmations.load(Ordering::SeqCst),
+        after.claimed_from,
+    )
+}
+
+const PENDING: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'pending', PAST, PAST, PAST)";
+
+const EXPIRED: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, claimed_by, claim_until, attempts) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'in_flight', PAST, PAST, PAST, 'a runner that died', PAST, 1)";
+
+fn on_postgres(sql: &str) -> String {
+    sql.replace("BYTES", "'\\x00'::bytea")
+        .replace("PAST", "now() - interval '1 hour'")
+}
+
+fn on_sqlite(sql: &str) -> String {
+    let past = (Utc::now() - chrono::Duration::hours(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    sql.replace("BYTES", "x'00'")
+        .replace("PAST", &format!("'{past}'"))
+}
+
+/// A pending effect whose claim lost its answer is pending again at once, then called once, without a
+/// confirmation: it was never called before.
+async fn a_lost_claim_of_a_pending_effect<DB: txinbox_store::Backend>(
+    store: Store<DB>,
+    insert: &str,
+) where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let (between, calls, confirmations, after) = lost_claim(store, insert).await;
+    assert_eq!(
+        between,
+        EffectState::Pending,
+        "given back to the state it was claimed from"
+    );
+    assert_eq!(
+        (calls, confirmations),
+        (1, 0),
+        "called once, never taken for possibly started"
+    );
+    assert_eq!(after, EffectState::Done);
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_gives_a_pending_effect_back_on_postgres() {
+    a_lost_claim_of_a_pending_effect(txinbox_testkit::pg_store(2).await, &on_postgres(PENDING))
+        .await;
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_gives_a_pending_effect_back_on_sqlite() {
+    a_lost_claim_of_a_pending_effect(txinbox_testkit::sqlite_store().await, &on_sqlite(PENDING))
+        .await;
+}
+
+/// An effect taken from a holder that died mid-call, whose claim then lost its answer: given back in flight
+/// with its claim ended, so it is claimed again at once and still asked about before any call.
+async fn a_lost_claim_of_an_expired_effect<DB: txinbox_store::Backend>(
+    store: Store<DB>,
+    insert: &str,
+) where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    let (between, calls, confirmations, after) = lost_claim(store, insert).await;
+    assert_eq!(between, EffectState::InFlight);
+    assert_eq!(
+        (calls, confirmations),
+        (1, 1),
+        "reconciled before its call: the dead holder may have called"
+    );
+    assert_eq!(after, EffectState::Done);
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_postgres() {
+    a_lost_claim_of_an_expired_effect(txinbox_testkit::pg_store(2).await, &on_postgres(EXPIRED))
+        .await;
+}
+
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_sqlite() {
+    a_lost_claim_of_an_expired_effect(txinbox_testkit::sqlite_store().await, &on_sqlite(EXPIRED))
+        .await;
+}
