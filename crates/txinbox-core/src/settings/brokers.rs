@@ -83,7 +83,7 @@ impl SqsSettings {
 }
 
 /// The Azure Service Bus adapter's settings (`[servicebus]`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ServiceBusSettings {
@@ -130,5 +130,54 @@ impl ServiceBusSettings {
     /// How often the worker renews a lock: a third of the lock duration.
     pub fn lock_renewal_interval(&self) -> Duration {
         crate::runtime::lease::renewal_interval(Duration::from_secs(self.lock_duration_seconds))
+    }
+}
+
+/// Text a `Debug` writes as it is (already quoted, or a note).
+struct AsWritten(String);
+
+impl std::fmt::Debug for AsWritten {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+// Debug for a log line: the namespace only when it reads as a host name; a connection string or a key given in
+// its place (`TXINBOX_SERVICEBUS__NAMESPACE` set to what `SERVICEBUS_CONNECTION_STRING` takes) is not shown.
+impl std::fmt::Debug for ServiceBusSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let namespace = self.namespace.as_deref().map(|ns| {
+            if ns
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+            {
+                format!("{ns:?}")
+            } else {
+                "<not shown: it holds characters of a key or a connection string>".to_owned()
+            }
+        });
+        f.debug_struct("ServiceBusSettings")
+            .field("namespace", &namespace.map(AsWritten))
+            .field("queue", &self.queue)
+            .field("lock_duration_seconds", &self.lock_duration_seconds)
+            .field(
+                "lock_renewal_interval_seconds",
+                &self.lock_renewal_interval_seconds,
+            )
+            .field("max_delivery_count", &self.max_delivery_count)
+            .field(
+                "duplicate_detection_window_seconds",
+                &self.duplicate_detection_window_seconds,
+            )
+            .field(
+                "default_message_ttl_seconds",
+                &self.default_message_ttl_seconds,
+            )
+            .field(
+                "dead_lettering_on_message_expiration",
+                &self.dead_lettering_on_message_expiration,
+            )
+            .field("dead_letter_to", &self.dead_letter_to)
+            .finish()
     }
 }

@@ -547,3 +547,26 @@ fn a_toml_error_never_carries_a_header_value_or_a_query_value() {
         assert!(chain[0].contains(told), "{text:?}: {told} not in {}", chain[0]);
     }
 }
+
+/// A connection string given as `[servicebus] namespace` (or `TXINBOX_SERVICEBUS__NAMESPACE`) is never shown
+/// by the settings' `Debug`; a namespace is.
+#[test]
+fn debug_never_shows_a_connection_string_given_as_the_namespace() {
+    let s = WorkerSettings::parse(
+        "",
+        "<text>".into(),
+        env(&[(
+            "TXINBOX_SERVICEBUS__NAMESPACE",
+            "Endpoint=sb://crm.servicebus.windows.net/;SharedAccessKeyName=listen;SharedAccessKey=SECRETxyz123",
+        )]),
+    )
+    .unwrap();
+    let shown = format!("{s:?} {:#?}", s.servicebus);
+    assert!(!shown.contains("SECRETxyz123"), "{shown}");
+    let s = WorkerSettings::from_toml_str("[servicebus]\nnamespace = \"crm-prod\"\n").unwrap();
+    assert!(
+        format!("{:?}", s.servicebus).contains("namespace: Some(\"crm-prod\")"),
+        "{:?}",
+        s.servicebus
+    );
+}
