@@ -15,11 +15,28 @@ use txinbox_core::effects::{
 use txinbox_store::Store;
 
 /// A store whose next claim applies and then loses its answer (an I/O error, as a connection dropped after
-/// the COMMIT was sent).
+/// the COMMIT was sent), when `lose` is set; and whose next finish fails as `finish` says.
 #[derive(Clone)]
 struct LosesClaimAnswer<S> {
     inner: S,
     lose: Arc<AtomicBool>,
+    finish: Arc<std::sync::Mutex<Option<FinishFault>>>,
+}
+
+/// How the next finish fails.
+#[derive(Clone, Copy, Debug)]
+enum FinishFault {
+    /// Before the statement reached the database (a pool timeout): nothing applied.
+    NotApplied,
+    /// After its COMMIT: applied, its answer lost.
+    AnswerLost,
+}
+
+fn io_lost(what: &str) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        what.to_owned(),
+    ))
 }
 
 impl<S: EffectStore<Error = sqlx::Error>> EffectStore for LosesClaimAnswer<S> {
@@ -39,10 +56,7 @@ impl<S: EffectStore<Error = sqlx::Error>> EffectStore for LosesClaimAnswer<S> {
             .await?;
         if self.lose.swap(false, Ordering::SeqCst) {
             assert!(!claimed.is_empty(), "the claim applied");
-            return Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                "the claim's answer was lost",
-            )));
+            return Err(io_lost("the claim's answer was lost"));
         }
         Ok(claimed)
     }
@@ -63,7 +77,19 @@ impl<S: EffectStore<Error = sqlx::Error>> EffectStore for LosesClaimAnswer<S> {
         transition: &TransitionColumns<'_>,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        self.inner.finish_effect(id, holder, transition, now).await
+        let fault = self.finish.lock().unwrap().take();
+        match fault {
+            Some(FinishFault::NotApplied) => Err(sqlx::Error::PoolTimedOut),
+            Some(FinishFault::AnswerLost) => {
+                let applied = self
+                    .inner
+                    .finish_effect(id, holder, transition, now)
+                    .await?;
+                assert!(applied, "the finish applied");
+                Err(io_lost("the finish's answer was lost"))
+            }
+            None => self.inner.finish_effect(id, holder, transition, now).await,
+        }
     }
 
     async fn purge_done_effects(
@@ -130,6 +156,7 @@ where
     let runner = EffectRunner::new(LosesClaimAnswer {
         inner: store.clone(),
         lose: Arc::new(AtomicBool::new(true)),
+        finish: Arc::default(),
     })
     .executor("crm", dest.clone());
     let first = runner.run_pass().await;
@@ -229,4 +256,87 @@ async fn a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_postgres(
 async fn a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_sqlite() {
     a_lost_claim_of_an_expired_effect(txinbox_testkit::sqlite_store().await, &on_sqlite(EXPIRED))
         .await;
+}
+
+/// A pending effect called once (done), whose first finish fails as `fault` says: the runner records the
+/// outcome it knows, once, and reports it as its own.
+async fn a_failed_finish<DB: txinbox_store::Backend>(
+    store: Store<DB>,
+    insert: &str,
+    fault: FinishFault,
+) where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let dest = Counted::default();
+    let runner = EffectRunner::new(LosesClaimAnswer {
+        inner: store.clone(),
+        lose: Arc::default(),
+        finish: Arc::new(std::sync::Mutex::new(Some(fault))),
+    })
+    .executor("crm", dest.clone());
+    let report = runner.run_pass().await;
+    let after = store.find_effect("k").await.unwrap().unwrap();
+    assert_eq!(
+        (after.claimed_from, after.reference.as_deref()),
+        (EffectState::Done, Some("task-1")),
+        "the call's outcome is recorded ({fault:?}): {report}"
+    );
+    assert_eq!(
+        (
+            report.count(EffectState::Done),
+            report.claims_lost,
+            report.store_errors
+        ),
+        (1, 0, 0),
+        "recorded by this runner, not taken for a lost claim: {report}"
+    );
+    assert_eq!(
+        (
+            dest.calls.load(Ordering::SeqCst),
+            dest.confirmations.load(Ordering::SeqCst)
+        ),
+        (1, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_finish_that_never_reached_the_database_is_sent_again_on_postgres() {
+    a_failed_finish(
+        txinbox_testkit::pg_store(2).await,
+        &on_postgres(PENDING),
+        FinishFault::NotApplied,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_finish_that_never_reached_the_database_is_sent_again_on_sqlite() {
+    a_failed_finish(
+        txinbox_testkit::sqlite_store().await,
+        &on_sqlite(PENDING),
+        FinishFault::NotApplied,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_finish_whose_answer_was_lost_is_recognised_as_its_own_on_postgres() {
+    a_failed_finish(
+        txinbox_testkit::pg_store(2).await,
+        &on_postgres(PENDING),
+        FinishFault::AnswerLost,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_finish_whose_answer_was_lost_is_recognised_as_its_own_on_sqlite() {
+    a_failed_finish(
+        txinbox_testkit::sqlite_store().await,
+        &on_sqlite(PENDING),
+        FinishFault::AnswerLost,
+    )
+    .await;
 }

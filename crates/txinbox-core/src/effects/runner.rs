@@ -24,6 +24,9 @@ use super::{
     ClaimedEffect, Confirmation, EffectExecutor, EffectState, EffectStore, Execution, Transition,
 };
 
+/// How many times a finish is sent before its error is taken (see [`EffectRunner::finish`]).
+const FINISH_TRIES: u32 = 3;
+
 /// Done effects deleted per purge statement (see [`EffectRunner::run_until`]).
 const PURGE_BATCH: i64 = 500;
 
@@ -662,11 +665,32 @@ impl<S: EffectStore> EffectRunner<S> {
     ) -> Result<Option<EffectState>, ()> {
         let state = t.state();
         let columns = t.columns().sent_hash(sent_hash);
-        match self
-            .store
-            .finish_effect(e.id, &self.holder, &columns, Utc::now())
-            .await
-        {
+        // A finish that fails is sent again, the same columns at the same `now`, a few times within the work's
+        // deadline: one that never reached the database (a pool timeout) would otherwise drop an outcome the
+        // runner knows, and leave the effect in flight for its next holder to reconcile (and, at a
+        // destination with neither a key nor a confirmation, to need attention). One that applied and lost
+        // its answer is recognised by reading the effect (`own_write`).
+        let now = Utc::now();
+        let mut tries = 1;
+        let recorded = loop {
+            match self
+                .store
+                .finish_effect(e.id, &self.holder, &columns, now)
+                .await
+            {
+                Err(err) if tries < FINISH_TRIES => {
+                    tracing::warn!(key = %e.key, error = %err, "recording the effect's result failed; sending it again");
+                    tries += 1;
+                }
+                // Not held any more after a failed attempt: that attempt may have applied and lost its answer.
+                // The effect as it is now tells: out of flight, in the state and with the attempts this write
+                // set, it holds this write (a holder that took it since left it in flight or wrote its own
+                // outcome over it), never a lost claim.
+                Ok(false) if tries > 1 => break self.own_write(e, &columns).await,
+                r => break r,
+            }
+        };
+        match recorded {
             Ok(true) => {
                 match &t {
                     Transition::Done { reference, .. } => {
@@ -696,6 +720,23 @@ impl<S: EffectStore> EffectRunner<S> {
                 Err(())
             }
         }
+    }
+}
+
+impl<S: EffectStore> EffectRunner<S> {
+    /// Whether effect `e` is as a finish writing `columns` left it: out of flight, in its state, with its
+    /// attempts (when it sets them); `false` when it cannot be read.
+    async fn own_write(
+        &self,
+        e: &ClaimedEffect,
+        columns: &super::TransitionColumns<'_>,
+    ) -> Result<bool, S::Error> {
+        let now = self.store.find_effects(&e.key).await?;
+        Ok(now.iter().any(|x| {
+            x.id == e.id
+                && x.claimed_from == columns.state
+                && columns.attempts.is_none_or(|a| a == x.attempts)
+        }))
     }
 }
 

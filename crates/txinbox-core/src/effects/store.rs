@@ -285,7 +285,9 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
 
     /// Records a transition (its [columns](Transition::columns)) for effect `id` if `holder` still holds its
     /// claim; `false` when it does not (the claim expired and another holder took the effect: this result is
-    /// dropped, that holder reconciles).
+    /// dropped, that holder reconciles). The runner sends a finish that failed again, with the same columns and
+    /// `now`; when one whose first write applied and lost its answer answers `false`, the runner reads the
+    /// effect and takes it as its own write if it is out of flight in the state and with the attempts it wrote.
     fn finish_effect(
         &self,
         id: i64,
