@@ -21,9 +21,10 @@ struct LosesClaimAnswer<S> {
     inner: S,
     lose: Arc<AtomicBool>,
     finish: Arc<std::sync::Mutex<Option<FinishFault>>>,
+    mark: Arc<std::sync::Mutex<Option<FinishFault>>>,
 }
 
-/// How the next finish fails.
+/// How the next finish (or compensation mark) fails.
 #[derive(Clone, Copy, Debug)]
 enum FinishFault {
     /// Before the statement reached the database (a pool timeout): nothing applied.
@@ -114,15 +115,25 @@ impl<S: EffectStore<Error = sqlx::Error>> EffectStore for LosesClaimAnswer<S> {
         note: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        self.inner.mark_compensated(id, note, now).await
+        let fault = self.mark.lock().unwrap().take();
+        match fault {
+            Some(FinishFault::NotApplied) => Err(sqlx::Error::PoolTimedOut),
+            Some(FinishFault::AnswerLost) => {
+                let applied = self.inner.mark_compensated(id, note, now).await?;
+                assert!(applied, "the mark applied");
+                Err(io_lost("the mark's answer was lost"))
+            }
+            None => self.inner.mark_compensated(id, note, now).await,
+        }
     }
 }
 
-/// A destination that does every call and never finds anything; counts both.
+/// A destination that does every call, never finds anything and undoes what it is asked to; counts all three.
 #[derive(Clone, Default)]
 struct Counted {
     calls: Arc<AtomicU32>,
     confirmations: Arc<AtomicU32>,
+    undone: Arc<AtomicU32>,
 }
 
 impl EffectExecutor for Counted {
@@ -138,6 +149,14 @@ impl EffectExecutor for Counted {
     fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
         self.confirmations.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Confirmation::NotFound })
+    }
+
+    fn compensate<'a>(
+        &'a self,
+        _: &'a ClaimedEffect,
+    ) -> BoxFuture<'a, Result<(), txinbox_core::effects::BoxError>> {
+        self.undone.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -157,6 +176,7 @@ where
         inner: store.clone(),
         lose: Arc::new(AtomicBool::new(true)),
         finish: Arc::default(),
+        mark: Arc::default(),
     })
     .executor("crm", dest.clone());
     let first = runner.run_pass().await;
@@ -274,6 +294,7 @@ async fn a_failed_finish<DB: txinbox_store::Backend>(
         inner: store.clone(),
         lose: Arc::default(),
         finish: Arc::new(std::sync::Mutex::new(Some(fault))),
+        mark: Arc::default(),
     })
     .executor("crm", dest.clone());
     let report = runner.run_pass().await;
@@ -336,6 +357,81 @@ async fn a_finish_whose_answer_was_lost_is_recognised_as_its_own_on_sqlite() {
     a_failed_finish(
         txinbox_testkit::sqlite_store().await,
         &on_sqlite(PENDING),
+        FinishFault::AnswerLost,
+    )
+    .await;
+}
+
+const DONE: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, finished_at, result_reference, attempts) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'done', PAST, PAST, PAST, PAST, 'task-1', 1)";
+
+/// A done effect undone at the destination whose mark as compensated fails as `fault` says: the compensation
+/// answers compensated, the row says so, and the destination was asked once.
+async fn a_failed_mark<DB: txinbox_store::Backend>(
+    store: Store<DB>,
+    insert: &str,
+    fault: FinishFault,
+) where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let dest = Counted::default();
+    let runner = EffectRunner::new(LosesClaimAnswer {
+        inner: store.clone(),
+        lose: Arc::default(),
+        finish: Arc::default(),
+        mark: Arc::new(std::sync::Mutex::new(Some(fault))),
+    })
+    .executor("crm", dest.clone());
+    let r = runner.compensate("k").await;
+    let after = store.find_effect("k").await.unwrap().unwrap();
+    assert_eq!(
+        after.claimed_from,
+        EffectState::Compensated,
+        "{fault:?}: {r:?}"
+    );
+    assert!(
+        matches!(r, Ok(EffectState::Compensated)),
+        "{fault:?}: marked, and said so: {r:?}"
+    );
+    assert_eq!(dest.undone.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_compensation_mark_that_never_reached_the_database_is_sent_again_on_postgres() {
+    a_failed_mark(
+        txinbox_testkit::pg_store(2).await,
+        &on_postgres(DONE),
+        FinishFault::NotApplied,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_compensation_mark_that_never_reached_the_database_is_sent_again_on_sqlite() {
+    a_failed_mark(
+        txinbox_testkit::sqlite_store().await,
+        &on_sqlite(DONE),
+        FinishFault::NotApplied,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_compensation_mark_whose_answer_was_lost_is_recognised_on_postgres() {
+    a_failed_mark(
+        txinbox_testkit::pg_store(2).await,
+        &on_postgres(DONE),
+        FinishFault::AnswerLost,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_compensation_mark_whose_answer_was_lost_is_recognised_on_sqlite() {
+    a_failed_mark(
+        txinbox_testkit::sqlite_store().await,
+        &on_sqlite(DONE),
         FinishFault::AnswerLost,
     )
     .await;

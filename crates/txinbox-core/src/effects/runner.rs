@@ -203,7 +203,7 @@ impl<S: EffectStore> EffectRunner<S> {
             // on an error says so.
             rows[i].outcome = RowOutcome::UndoneNotMarked;
             let note = format!("compensated by holder {}", self.holder);
-            match self.store.mark_compensated(e.id, &note, Utc::now()).await {
+            match self.mark_compensated(e, &note).await {
                 Ok(true) => rows[i].outcome = RowOutcome::UndoneAndMarked,
                 Ok(false) => tracing::warn!(
                     key,
@@ -724,6 +724,29 @@ impl<S: EffectStore> EffectRunner<S> {
 }
 
 impl<S: EffectStore> EffectRunner<S> {
+    /// Marks `e` compensated; a mark that fails is sent again (as a finish is, [`FINISH_TRIES`] in all, at the
+    /// same `now`). A try that finds the effect no longer done after a failed one reads it: compensated, the
+    /// failed one applied and lost its answer, and the mark is this one's (never "undone but not marked").
+    async fn mark_compensated(&self, e: &ClaimedEffect, note: &str) -> Result<bool, S::Error> {
+        let now = Utc::now();
+        let mut tries = 1;
+        loop {
+            match self.store.mark_compensated(e.id, note, now).await {
+                Err(err) if tries < FINISH_TRIES => {
+                    tracing::warn!(key = %e.key, id = e.id, error = %err, "marking the effect compensated failed; sending it again");
+                    tries += 1;
+                }
+                Ok(false) if tries > 1 => {
+                    let now = self.store.find_effects(&e.key).await?;
+                    return Ok(now
+                        .iter()
+                        .any(|x| x.id == e.id && x.claimed_from == EffectState::Compensated));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Whether effect `e` is as a finish writing `columns` left it: out of flight, in its state, with its
     /// attempts (when it sets them); `false` when it cannot be read.
     async fn own_write(
