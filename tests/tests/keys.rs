@@ -224,7 +224,7 @@ macro_rules! after_migration {
             .fetch_one(store.pool())
             .await
             .unwrap();
-        assert_eq!(version, 6, "every later migration applied in place");
+        assert_eq!(version, 7, "every later migration applied in place");
         let c = consumer!(store, "crm-followup");
         let q = MemoryQueue::default();
         // tenant-2 asks for the same action: it applies now (the old index refused it).

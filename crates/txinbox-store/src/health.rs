@@ -10,8 +10,9 @@ use crate::store::Store;
 /// between checks, answers a ping. A pool that is busy (every connection in a transaction, or held by a
 /// rotation's `DETACH ... CONCURRENTLY`) is not a database that is down, so the check never waits for one.
 /// A connection whose ping fails, or whose check was given up on (a timeout drops the check mid-ping), is
-/// dropped, and the next check opens a new one. The error says what failed (`connection refused`, ...) and
-/// never holds the URL.
+/// dropped, and the next check opens a new one. The error says what failed and never holds the URL: a
+/// database that does not answer fails with `no connection: ...` (`connection refused`, ...) or `no answer:
+/// ...`, one that answers with another reason (below).
 ///
 /// On PostgreSQL a database that answers is not enough: the check then fails when the inbox's statements
 /// would (`the inbox's table: ... relation "txinbox_inbox" does not exist`, `no INSERT privilege on
