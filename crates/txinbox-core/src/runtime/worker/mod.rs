@@ -42,7 +42,10 @@
 //! slot freed by a settle finds its next delivery already received. Up to `concurrency + n` messages are then
 //! out of the queue (invisible on SQS, locked on Service Bus), at most `concurrency` of them being applied or
 //! settled. When shutdown begins, a prefetched delivery still waiting for its slot is handed back at once
-//! (released with no delay, outcome [`Outcome::Interrupted`]) rather than applied during the drain.
+//! (released with no delay, outcome [`Outcome::Interrupted`]) rather than applied during the drain. A receive
+//! that brings more deliveries than it asked for (an adapter ignoring its `max`) keeps the ones it has places
+//! for and hands the others back at once (released with no delay, unapplied, said at warn): held, they would
+//! take the worker past its bound.
 //!
 //! Receive loops ([`WorkerOptions::receive_loops`]): one loop has one receive in flight at a time, so against a
 //! distant broker slots freed during a receive wait for the next one. Several loops (each on a

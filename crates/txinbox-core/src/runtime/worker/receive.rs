@@ -194,7 +194,8 @@ impl<P> LoopContext<'_, P> {
             // delivery that settles during a receive may free messages the broker or the adapter holds back (a
             // FIFO group's next one), which only a following receive sees.
             let nothing_in_flight = dispatch.tracker.is_empty() && pending.batch.is_empty();
-            let receive = receiver.receive(permits.len());
+            let asked = permits.len();
+            let receive = receiver.receive(asked);
             tokio::pin!(receive);
             let received = loop {
                 tokio::select! {
@@ -233,7 +234,14 @@ impl<P> LoopContext<'_, P> {
             idle_receives = if idle_receive { idle_receives + 1 } else { 0 };
             match received {
                 Ok(_) if self.until_idle && idle_receives >= 2 => break,
-                Ok(deliveries) => {
+                Ok(mut deliveries) => {
+                    // A receiver that brought more than it was asked for (an adapter ignoring `max`): the extra
+                    // deliveries have no place out of the queue, and held they would take the worker past its
+                    // bound (each further receive bringing more while they wait for a slot). They are handed
+                    // back to the broker at once, unapplied.
+                    if deliveries.len() > asked {
+                        dispatch.hand_back_extra(deliveries.split_off(asked), asked);
+                    }
                     // Each lease is kept alive from the moment its delivery arrives.
                     let arrived = deliveries.into_iter().map(|delivery| Received {
                         guard: delivery
@@ -516,6 +524,28 @@ impl<P> Dispatch<P> {
     }
 }
 
+impl<P> Dispatch<P> {
+    /// Hands back to the broker (released with no delay, unapplied) the deliveries a receive brought beyond
+    /// the `asked` it was asked for, in a task the shutdown waits for (and abandons past its grace).
+    pub(super) fn hand_back_extra<D: Delivery>(&self, extra: Vec<D>, asked: usize) {
+        let consumer = self.consumer.clone();
+        tracing::warn!(
+            consumer,
+            asked,
+            extra = extra.len(),
+            "the receiver brought more deliveries than it was asked for: the extra ones are handed back to the broker"
+        );
+        let abandon = self.abandon.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                biased;
+                _ = abandon.cancelled() => {}
+                _ = release_now(extra, &consumer) => {}
+            }
+        });
+    }
+}
+
 /// `n` deliveries counted in `txinbox_worker_deliveries{consumer, state}` while this lives.
 pub(super) struct Holding {
     pub(super) consumer: String,
@@ -629,6 +659,11 @@ pub(super) async fn hand_back<D: Delivery>(
             return;
         }
     };
+    release_now(deliveries, consumer).await;
+}
+
+/// Releases `deliveries` with no delay (handed back unapplied), logging each release that fails.
+async fn release_now<D: Delivery>(deliveries: Vec<D>, consumer: &str) {
     if deliveries.is_empty() {
         return;
     }
@@ -643,14 +678,14 @@ pub(super) async fn hand_back<D: Delivery>(
             consumer,
             kind = e.kind().as_str(),
             error = %crate::error::redact_secrets(&e.to_string()),
-            "handing back a message received after the stop signal failed; it comes back after its lock or visibility timeout"
+            "handing back a message failed; it comes back after its lock or visibility timeout"
         );
     }
     tracing::info!(
         consumer,
         handed_back = n - failed,
         failed,
-        "messages received after the stop signal handed back to the broker"
+        "messages handed back to the broker"
     );
 }
 

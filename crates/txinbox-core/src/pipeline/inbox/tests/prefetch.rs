@@ -241,3 +241,57 @@ async fn the_worker_counts_the_deliveries_it_holds_by_state() {
     // Stop once the worker holds two handlers and four deliveries behind them.
     assert_eq!(stop_at_gauges(worker, &snap, (2.0, 4.0)).await, (0.0, 0.0));
 }
+
+/// A receiver that answers every receive with up to `extra` more deliveries than it was asked for (an adapter
+/// that ignores `max`).
+struct Greedy {
+    inner: crate::broker::mem::MemoryReceiver,
+    extra: usize,
+}
+
+impl crate::Receiver for Greedy {
+    type Delivery = crate::broker::mem::MemoryDelivery;
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
+        self.inner.receive(max + self.extra).await
+    }
+}
+
+/// A receive that brings more deliveries than it asked for never takes the worker past its bound: the extra
+/// ones are handed back to the broker at once, unapplied (never held waiting for a slot while further
+/// receives bring more), at most `concurrency` handlers run, and every message is still applied once.
+#[tokio::test]
+async fn a_receive_that_brings_more_than_asked_stays_within_the_bound() {
+    use crate::broker::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..30 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let running: Running = Arc::default();
+    let report = Worker::new(
+        Greedy {
+            inner: q.receiver(),
+            extra: 5,
+        },
+        slow_processor(&store, Duration::from_millis(30), running.clone()),
+    )
+    .options(WorkerOptions::default().concurrency(2).batch_size(10))
+    .run_until_idle()
+    .await;
+    assert_eq!(report.count(OutcomeKind::Applied), 30, "{report}");
+    assert_eq!(store.state().effects.len(), 30);
+    assert_eq!(q.state(), QueueState::default(), "{report}");
+    assert!(
+        running.1.load(std::sync::atomic::Ordering::SeqCst) <= 2,
+        "handlers at once"
+    );
+    // The queue counts what the receive took out before the worker saw it: one receive's overshoot (the 2
+    // asked for and 5 more), never more than that piling up while the extra ones wait.
+    assert!(
+        q.in_flight_max() <= 2 + 5,
+        "{} messages out of the queue at once with concurrency 2",
+        q.in_flight_max()
+    );
+}
