@@ -200,6 +200,22 @@ const PENDING: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, i
 
 const EXPIRED: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, claimed_by, claim_until, attempts) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'in_flight', PAST, PAST, PAST, 'a runner that died', PAST, 1)";
 
+/// The scenario as two tests, on PostgreSQL and on SQLite: `$scenario(store, insert, args...)` with `$insert`
+/// written for each.
+macro_rules! on_both {
+    ($pg:ident, $lite:ident, $scenario:ident, $insert:expr $(, $arg:expr)*) => {
+        #[tokio::test]
+        async fn $pg() {
+            $scenario(txinbox_testkit::pg_store(2).await, &on_postgres($insert) $(, $arg)*).await;
+        }
+
+        #[tokio::test]
+        async fn $lite() {
+            $scenario(txinbox_testkit::sqlite_store().await, &on_sqlite($insert) $(, $arg)*).await;
+        }
+    };
+}
+
 fn on_postgres(sql: &str) -> String {
     sql.replace("BYTES", "'\\x00'::bytea")
         .replace("PAST", "now() - interval '1 hour'")
@@ -235,17 +251,12 @@ async fn a_lost_claim_of_a_pending_effect<DB: txinbox_store::Backend>(
     assert_eq!(after, EffectState::Done);
 }
 
-#[tokio::test]
-async fn a_claim_whose_answer_was_lost_gives_a_pending_effect_back_on_postgres() {
-    a_lost_claim_of_a_pending_effect(txinbox_testkit::pg_store(2).await, &on_postgres(PENDING))
-        .await;
-}
-
-#[tokio::test]
-async fn a_claim_whose_answer_was_lost_gives_a_pending_effect_back_on_sqlite() {
-    a_lost_claim_of_a_pending_effect(txinbox_testkit::sqlite_store().await, &on_sqlite(PENDING))
-        .await;
-}
+on_both!(
+    a_claim_whose_answer_was_lost_gives_a_pending_effect_back_on_postgres,
+    a_claim_whose_answer_was_lost_gives_a_pending_effect_back_on_sqlite,
+    a_lost_claim_of_a_pending_effect,
+    PENDING
+);
 
 /// An effect taken from a holder that died mid-call, whose claim then lost its answer: given back in flight
 /// with its claim ended, so it is claimed again at once and still asked about before any call.
@@ -266,17 +277,12 @@ async fn a_lost_claim_of_an_expired_effect<DB: txinbox_store::Backend>(
     assert_eq!(after, EffectState::Done);
 }
 
-#[tokio::test]
-async fn a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_postgres() {
-    a_lost_claim_of_an_expired_effect(txinbox_testkit::pg_store(2).await, &on_postgres(EXPIRED))
-        .await;
-}
-
-#[tokio::test]
-async fn a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_sqlite() {
-    a_lost_claim_of_an_expired_effect(txinbox_testkit::sqlite_store().await, &on_sqlite(EXPIRED))
-        .await;
-}
+on_both!(
+    a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_postgres,
+    a_claim_whose_answer_was_lost_gives_an_expired_effect_back_on_sqlite,
+    a_lost_claim_of_an_expired_effect,
+    EXPIRED
+);
 
 /// A pending effect called once (done), whose first finish fails as `fault` says: the runner records the
 /// outcome it knows, once, and reports it as its own.
@@ -322,45 +328,21 @@ async fn a_failed_finish<DB: txinbox_store::Backend>(
     );
 }
 
-#[tokio::test]
-async fn a_finish_that_never_reached_the_database_is_sent_again_on_postgres() {
-    a_failed_finish(
-        txinbox_testkit::pg_store(2).await,
-        &on_postgres(PENDING),
-        FinishFault::NotApplied,
-    )
-    .await;
-}
+on_both!(
+    a_finish_that_never_reached_the_database_is_sent_again_on_postgres,
+    a_finish_that_never_reached_the_database_is_sent_again_on_sqlite,
+    a_failed_finish,
+    PENDING,
+    FinishFault::NotApplied
+);
 
-#[tokio::test]
-async fn a_finish_that_never_reached_the_database_is_sent_again_on_sqlite() {
-    a_failed_finish(
-        txinbox_testkit::sqlite_store().await,
-        &on_sqlite(PENDING),
-        FinishFault::NotApplied,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_finish_whose_answer_was_lost_is_recognised_as_its_own_on_postgres() {
-    a_failed_finish(
-        txinbox_testkit::pg_store(2).await,
-        &on_postgres(PENDING),
-        FinishFault::AnswerLost,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_finish_whose_answer_was_lost_is_recognised_as_its_own_on_sqlite() {
-    a_failed_finish(
-        txinbox_testkit::sqlite_store().await,
-        &on_sqlite(PENDING),
-        FinishFault::AnswerLost,
-    )
-    .await;
-}
+on_both!(
+    a_finish_whose_answer_was_lost_is_recognised_as_its_own_on_postgres,
+    a_finish_whose_answer_was_lost_is_recognised_as_its_own_on_sqlite,
+    a_failed_finish,
+    PENDING,
+    FinishFault::AnswerLost
+);
 
 const DONE: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, finished_at, result_reference, attempts) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'done', PAST, PAST, PAST, PAST, 'task-1', 1)";
 
@@ -397,42 +379,18 @@ async fn a_failed_mark<DB: txinbox_store::Backend>(
     assert_eq!(dest.undone.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn a_compensation_mark_that_never_reached_the_database_is_sent_again_on_postgres() {
-    a_failed_mark(
-        txinbox_testkit::pg_store(2).await,
-        &on_postgres(DONE),
-        FinishFault::NotApplied,
-    )
-    .await;
-}
+on_both!(
+    a_compensation_mark_that_never_reached_the_database_is_sent_again_on_postgres,
+    a_compensation_mark_that_never_reached_the_database_is_sent_again_on_sqlite,
+    a_failed_mark,
+    DONE,
+    FinishFault::NotApplied
+);
 
-#[tokio::test]
-async fn a_compensation_mark_that_never_reached_the_database_is_sent_again_on_sqlite() {
-    a_failed_mark(
-        txinbox_testkit::sqlite_store().await,
-        &on_sqlite(DONE),
-        FinishFault::NotApplied,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_compensation_mark_whose_answer_was_lost_is_recognised_on_postgres() {
-    a_failed_mark(
-        txinbox_testkit::pg_store(2).await,
-        &on_postgres(DONE),
-        FinishFault::AnswerLost,
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_compensation_mark_whose_answer_was_lost_is_recognised_on_sqlite() {
-    a_failed_mark(
-        txinbox_testkit::sqlite_store().await,
-        &on_sqlite(DONE),
-        FinishFault::AnswerLost,
-    )
-    .await;
-}
+on_both!(
+    a_compensation_mark_whose_answer_was_lost_is_recognised_on_postgres,
+    a_compensation_mark_whose_answer_was_lost_is_recognised_on_sqlite,
+    a_failed_mark,
+    DONE,
+    FinishFault::AnswerLost
+);
