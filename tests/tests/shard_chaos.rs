@@ -166,33 +166,6 @@ fn settings(dir: &Path, urls: &[String]) -> std::path::PathBuf {
     path
 }
 
-/// Starts a worker that answers `/readyz`, waits until it does.
-async fn ready_worker(
-    dir: &Path,
-    name: &str,
-    worker: &str,
-    args: &[&str],
-    env: &[(&str, String)],
-) -> Proc {
-    let health = free_addr().to_string();
-    let mut all = args.to_vec();
-    all.extend(["--health-addr", &health]);
-    let mut w = Proc::spawn(dir, name, worker, &all, env);
-    let ready = format!("http://{health}/readyz");
-    let client = http();
-    let deadline = Deadline::after(Duration::from_secs(60));
-    while !matches!(get(&client, &ready).await, Some((200, _))) {
-        w.assert_running();
-        assert!(
-            !deadline.passed(),
-            "{name}: not ready after 60 s:\n{}",
-            w.tail()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    w
-}
-
 /// Tasks on shards 1 and 3 (`dbs[0]`, `dbs[2]`), once there is one; polled while `w` runs (at most 60 s).
 async fn applied_elsewhere(name: &str, dbs: &[String], w: &mut Proc) -> usize {
     let deadline = Deadline::after(Duration::from_secs(60));
@@ -240,7 +213,7 @@ async fn chaos(
         if i == 3 {
             clusters.start(1).await;
         }
-        let mut w = ready_worker(dir, &format!("{name}-{i}"), worker, &all, env).await;
+        let mut w = ready_worker(dir, &format!("{name}-{i}"), worker, &all, env, &http()).await;
         if i == 2 {
             // The last worker of the outage: the other shards' meetings are applied while shard 2 is down. Counted,
             // not timed: this worker runs until shards 1 and 3 hold a task, however slow the machine (two workers
@@ -264,7 +237,7 @@ async fn chaos(
     let total = MEETINGS * TENANTS.len();
     // Ready (so its SIGTERM handler is installed) before the loop below, which ends at once when the killed
     // workers already applied everything: a SIGTERM in the last worker's start-up would end it by the signal.
-    let mut last = ready_worker(dir, &format!("{name}-final"), worker, &all, env).await;
+    let mut last = ready_worker(dir, &format!("{name}-final"), worker, &all, env, &http()).await;
     let deadline = Deadline::after(Duration::from_secs(240));
     let done = format!("done={MEETINGS}");
     loop {

@@ -808,34 +808,49 @@ async fn a_held_copy_whose_handler_fails_for_good_is_decided_by_its_holder(b: Ba
 }
 
 mod lost_answer {
-    //! A connector that lets the first `TransactWriteItems` reach DynamoDB and loses its answer (a timeout as
-    //! the client sees it), as a dropped connection after the commit does.
+    //! Connectors that let a call reach DynamoDB and lose its answer (a timeout as the client sees it), as a
+    //! connection dropped after the request does.
     use super::*;
+    use aws_sdk_dynamodb::config::SharedHttpClient;
     use txinbox_testkit::sdk_http::{
         with_hook, ConnectorError, HttpConnector, HttpConnectorFuture,
     };
 
-    pub fn client(b: &Backend, retries: bool) -> (Client, Arc<AtomicUsize>) {
-        let commits = Arc::new(AtomicUsize::new(0));
-        let counted = commits.clone();
-        let lost = AtomicBool::new(false);
-        let http = with_hook(
+    /// An HTTP client that counts the calls of `op` in `count`, and loses the answer of the next one while
+    /// `lose` is set (then clears it); every other call goes through.
+    pub fn losing(
+        op: &'static str,
+        lose: Arc<AtomicBool>,
+        count: Arc<AtomicUsize>,
+    ) -> SharedHttpClient {
+        with_hook(
             txinbox_dynamodb::http_client(),
             move |request, connector| {
-                let commit = common::calls(&request, "TransactWriteItems");
-                if commit {
-                    counted.fetch_add(1, Ordering::SeqCst);
+                let called = common::calls(&request, op);
+                if called {
+                    count.fetch_add(1, Ordering::SeqCst);
                 }
-                let lose = commit && !lost.swap(true, Ordering::SeqCst);
+                let lost = called && lose.swap(false, Ordering::SeqCst);
                 let answer = connector.call(request);
                 HttpConnectorFuture::new(async move {
                     let answer = answer.await?;
-                    if lose {
+                    if lost {
                         return Err(ConnectorError::timeout("the answer was lost".into()));
                     }
                     Ok(answer)
                 })
             },
+        )
+    }
+
+    /// A client whose first `TransactWriteItems` applies and loses its answer, with or without the SDK's own
+    /// retries; and the count of `TransactWriteItems` sent.
+    pub fn client(b: &Backend, retries: bool) -> (Client, Arc<AtomicUsize>) {
+        let commits = Arc::new(AtomicUsize::new(0));
+        let http = losing(
+            "TransactWriteItems",
+            Arc::new(AtomicBool::new(true)),
+            commits.clone(),
         );
         let mut b = common::emulator_conf(&b.endpoint, http);
         if !retries {
@@ -2067,35 +2082,16 @@ async fn a_transaction_in_progress_answer_after_the_commit_applied_is_recognised
 }
 
 mod lost_update {
-    //! A connector that lets an `UpdateItem` reach DynamoDB and loses its answer (a timeout as the client sees
-    //! it) when the test asks for it; every other call goes through.
+    //! A connector that lets an `UpdateItem` reach DynamoDB and loses its answer when the test asks for it.
     use super::*;
-    use txinbox_testkit::sdk_http::{
-        with_hook, ConnectorError, HttpConnector, HttpConnectorFuture,
-    };
 
     /// A client whose next `UpdateItem` after `lose` is set applies and loses its answer; `updates` counts
     /// the `UpdateItem` requests sent.
     pub fn client(b: &Backend, lose: Arc<AtomicBool>, updates: Arc<AtomicUsize>) -> Client {
-        let http = with_hook(
-            txinbox_dynamodb::http_client(),
-            move |request, connector| {
-                let update = common::calls(&request, "UpdateItem");
-                if update {
-                    updates.fetch_add(1, Ordering::SeqCst);
-                }
-                let lost = update && lose.swap(false, Ordering::SeqCst);
-                let answer = connector.call(request);
-                HttpConnectorFuture::new(async move {
-                    let answer = answer.await?;
-                    if lost {
-                        return Err(ConnectorError::timeout("the answer was lost".into()));
-                    }
-                    Ok(answer)
-                })
-            },
-        );
-        common::hooked_client(&b.endpoint, http)
+        common::hooked_client(
+            &b.endpoint,
+            super::lost_answer::losing("UpdateItem", lose, updates),
+        )
     }
 }
 

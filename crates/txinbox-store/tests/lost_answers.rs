@@ -160,6 +160,31 @@ impl EffectExecutor for Counted {
     }
 }
 
+/// Effect `k` inserted by `insert`, and a runner of destination `crm` over `store` whose next claim loses its
+/// answer (`lose`), and whose next finish and next compensation mark fail as `finish` and `mark` say.
+async fn faulty_runner<DB: txinbox_store::Backend>(
+    store: &Store<DB>,
+    insert: &str,
+    lose: bool,
+    finish: Option<FinishFault>,
+    mark: Option<FinishFault>,
+) -> (EffectRunner<LosesClaimAnswer<Store<DB>>>, Counted)
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(insert).execute(store.pool()).await.unwrap();
+    let dest = Counted::default();
+    let runner = EffectRunner::new(LosesClaimAnswer {
+        inner: store.clone(),
+        lose: Arc::new(AtomicBool::new(lose)),
+        finish: Arc::new(std::sync::Mutex::new(finish)),
+        mark: Arc::new(std::sync::Mutex::new(mark)),
+    })
+    .executor("crm", dest.clone());
+    (runner, dest)
+}
+
 /// Effect `k` for destination `crm` inserted by `insert`; the first claim loses its answer. Returns the
 /// destination's counts of calls and confirmations after two passes, and the effect's state between them.
 async fn lost_claim<DB: txinbox_store::Backend>(
@@ -170,15 +195,7 @@ where
     for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
     for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
 {
-    sqlx::query(insert).execute(store.pool()).await.unwrap();
-    let dest = Counted::default();
-    let runner = EffectRunner::new(LosesClaimAnswer {
-        inner: store.clone(),
-        lose: Arc::new(AtomicBool::new(true)),
-        finish: Arc::default(),
-        mark: Arc::default(),
-    })
-    .executor("crm", dest.clone());
+    let (runner, dest) = faulty_runner(&store, insert, true, None, None).await;
     let first = runner.run_pass().await;
     assert_eq!(first.store_errors, 1, "{first}");
     let between = store.find_effect("k").await.unwrap().unwrap().claimed_from;
@@ -294,15 +311,7 @@ async fn a_failed_finish<DB: txinbox_store::Backend>(
     for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
     for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
 {
-    sqlx::query(insert).execute(store.pool()).await.unwrap();
-    let dest = Counted::default();
-    let runner = EffectRunner::new(LosesClaimAnswer {
-        inner: store.clone(),
-        lose: Arc::default(),
-        finish: Arc::new(std::sync::Mutex::new(Some(fault))),
-        mark: Arc::default(),
-    })
-    .executor("crm", dest.clone());
+    let (runner, dest) = faulty_runner(&store, insert, false, Some(fault), None).await;
     let report = runner.run_pass().await;
     let after = store.find_effect("k").await.unwrap().unwrap();
     assert_eq!(
@@ -356,15 +365,7 @@ async fn a_failed_mark<DB: txinbox_store::Backend>(
     for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
     for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
 {
-    sqlx::query(insert).execute(store.pool()).await.unwrap();
-    let dest = Counted::default();
-    let runner = EffectRunner::new(LosesClaimAnswer {
-        inner: store.clone(),
-        lose: Arc::default(),
-        finish: Arc::default(),
-        mark: Arc::new(std::sync::Mutex::new(Some(fault))),
-    })
-    .executor("crm", dest.clone());
+    let (runner, dest) = faulty_runner(&store, insert, false, None, Some(fault)).await;
     let r = runner.compensate("k").await;
     let after = store.find_effect("k").await.unwrap().unwrap();
     assert_eq!(

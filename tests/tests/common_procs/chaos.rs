@@ -96,3 +96,31 @@ pub async fn service_bus(
     ];
     (emulator, env)
 }
+
+/// Starts `worker` with `args` and `--health-addr`, and waits (at most 60 s) until its `/readyz` answers 200:
+/// started (its SIGTERM handler installed, so a SIGTERM is a graceful stop), a receive succeeded.
+pub async fn ready_worker(
+    dir: &std::path::Path,
+    name: &str,
+    worker: &str,
+    args: &[&str],
+    env: &[(&str, String)],
+    client: &reqwest::Client,
+) -> Proc {
+    let health = free_addr().to_string();
+    let mut args = args.to_vec();
+    args.extend(["--health-addr", &health]);
+    let mut w = Proc::spawn(dir, name, worker, &args, env);
+    let ready = format!("http://{health}/readyz");
+    let deadline = Deadline::after(Duration::from_secs(60));
+    while !matches!(get(client, &ready).await, Some((200, _))) {
+        w.assert_running();
+        assert!(
+            !deadline.passed(),
+            "{name}: not ready after 60 s:\n{}",
+            w.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w
+}
