@@ -43,9 +43,12 @@
 //! out of the queue (invisible on SQS, locked on Service Bus), at most `concurrency` of them being applied or
 //! settled. When shutdown begins, a prefetched delivery still waiting for its slot is handed back at once
 //! (released with no delay, outcome [`Outcome::Interrupted`]) rather than applied during the drain. A receive
-//! that brings more deliveries than it asked for (an adapter ignoring its `max`) keeps the ones it has places
-//! for and hands the others back at once (released with no delay, unapplied, said at warn): held, they would
-//! take the worker past its bound.
+//! that brings more deliveries than it asked for (an adapter ignoring its `max`) is said at warn; the extra
+//! deliveries wait, leases kept and counted as `waiting`, and take the next free places before the loop
+//! receives again, so the worker is past its bound by at most that one receive's overshoot. They are not handed
+//! back: each would be received again and counted again toward the queue's maximum receive count (SQS
+//! `maxReceiveCount`, Service Bus `MaxDeliveryCount`), then dead-lettered without being applied. At shutdown the
+//! ones still waiting are handed back, unapplied.
 //!
 //! Receive loops ([`WorkerOptions::receive_loops`]): one loop has one receive in flight at a time, so against a
 //! distant broker slots freed during a receive wait for the next one. Several loops (each on a

@@ -178,9 +178,15 @@ impl<P> LoopContext<'_, P> {
         let consumer = dispatch.consumer.as_str();
         let report = &dispatch.report;
         let mut pending = Lingering::<R::Delivery>::new(consumer);
+        // What a receive brought beyond what it asked for (an adapter ignoring `max`), waiting for places.
+        let mut surplus = Surplus::<R::Delivery>::new(consumer);
         let mut idle_receives = 0u32;
         let mut failing: Option<Failing> = None;
         'receiving: loop {
+            let most = match surplus.len() {
+                0 => opts.batch_size,
+                n => n.min(opts.batch_size),
+            };
             let mut permits = tokio::select! {
                 biased;
                 _ = stopping.cancelled() => break,
@@ -188,8 +194,17 @@ impl<P> LoopContext<'_, P> {
                     dispatch.spawn(pending.take());
                     continue;
                 }
-                p = self.take_places(opts.batch_size) => match p { Some(p) => p, None => break },
+                p = self.take_places(most) => match p { Some(p) => p, None => break },
             };
+            if !surplus.is_empty() {
+                // The surplus takes the places before any new receive: nothing more comes out of the queue
+                // until it is placed, and none of it goes back to the broker to be received again.
+                let placed = surplus.take(permits);
+                for batch in pending.add(placed, opts.batch_commit, opts.batch_linger) {
+                    dispatch.spawn(batch);
+                }
+                continue;
+            }
             // Idle means two receives in a row brought nothing while nothing was in flight when they began: a
             // delivery that settles during a receive may free messages the broker or the adapter holds back (a
             // FIFO group's next one), which only a following receive sees.
@@ -236,20 +251,24 @@ impl<P> LoopContext<'_, P> {
                 Ok(_) if self.until_idle && idle_receives >= 2 => break,
                 Ok(mut deliveries) => {
                     // A receiver that brought more than it was asked for (an adapter ignoring `max`): the extra
-                    // deliveries have no place out of the queue, and held they would take the worker past its
-                    // bound (each further receive bringing more while they wait for a slot). They are handed
-                    // back to the broker at once, unapplied.
+                    // deliveries have no place out of the queue. They wait, leases kept, and take the next
+                    // places before any further receive, so the worker is never past its bound by more than
+                    // this one receive's overshoot. Handed back instead, each would be received again (and
+                    // counted again toward the queue's maximum receive count, then dead-lettered unapplied).
                     if deliveries.len() > asked {
-                        dispatch.hand_back_extra(deliveries.split_off(asked), asked);
+                        let extra = deliveries.split_off(asked);
+                        tracing::warn!(
+                            consumer,
+                            asked,
+                            extra = extra.len(),
+                            "the receiver brought more deliveries than it was asked for: the extra ones wait for places before the next receive"
+                        );
+                        surplus.hold(extra.into_iter().map(|d| arrive(d, None, opts, consumer)));
                     }
                     // Each lease is kept alive from the moment its delivery arrives.
-                    let arrived = deliveries.into_iter().map(|delivery| Received {
-                        guard: delivery
-                            .lease()
-                            .map(|l| keep_alive(l, opts.lease.clone(), consumer.to_owned())),
-                        permit: permits.pop(),
-                        delivery,
-                    });
+                    let arrived = deliveries
+                        .into_iter()
+                        .map(|delivery| arrive(delivery, permits.pop(), opts, consumer));
                     // Without batch commit every delivery is a full batch of one: none lingers.
                     for batch in pending.add(arrived, opts.batch_commit, opts.batch_linger) {
                         dispatch.spawn(batch);
@@ -320,8 +339,76 @@ impl<P> LoopContext<'_, P> {
                 }
             }
         }
-        // A batch still lingering is processed now, like every delivery received before the stop.
+        // A batch still lingering is processed now, like every delivery received before the stop; a surplus
+        // that never had places goes back to the broker, unapplied.
         dispatch.spawn(pending.take());
+        dispatch.hand_back_surplus(surplus.drain());
+    }
+}
+
+/// A delivery as it arrives: its lease kept alive from now on, with its place out of the queue if it has one.
+fn arrive<D: Delivery>(
+    delivery: D,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    opts: &WorkerOptions,
+    consumer: &str,
+) -> Received<D> {
+    Received {
+        guard: delivery
+            .lease()
+            .map(|l| keep_alive(l, opts.lease.clone(), consumer.to_owned())),
+        permit,
+        delivery,
+    }
+}
+
+/// The deliveries a receive brought beyond what it asked for, waiting (leases kept) for places out of the
+/// queue before the loop receives again; counted as `waiting` in `txinbox_worker_deliveries`.
+struct Surplus<D> {
+    held: std::collections::VecDeque<Received<D>>,
+    waiting: metrics::Gauge,
+}
+
+impl<D> Surplus<D> {
+    fn new(consumer: &str) -> Self {
+        Self {
+            held: std::collections::VecDeque::new(),
+            waiting: metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => consumer.to_owned(), "state" => Holding::WAITING),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    fn hold(&mut self, extra: impl IntoIterator<Item = Received<D>>) {
+        let before = self.held.len();
+        self.held.extend(extra);
+        self.waiting.increment((self.held.len() - before) as f64);
+    }
+
+    /// As many held deliveries as there are `permits`, in the order they arrived, each with its place.
+    fn take(&mut self, permits: Vec<tokio::sync::OwnedSemaphorePermit>) -> Vec<Received<D>> {
+        let n = permits.len().min(self.held.len());
+        self.waiting.decrement(n as f64);
+        self.held
+            .drain(..n)
+            .zip(permits)
+            .map(|(r, permit)| Received {
+                permit: Some(permit),
+                ..r
+            })
+            .collect()
+    }
+
+    /// Everything still held, its leases no longer kept.
+    fn drain(&mut self) -> Vec<D> {
+        self.waiting.decrement(self.held.len() as f64);
+        self.held.drain(..).map(|r| r.delivery).collect()
     }
 }
 
@@ -526,15 +613,13 @@ impl<P> Dispatch<P> {
 
 impl<P> Dispatch<P> {
     /// Hands back to the broker (released with no delay, unapplied) the deliveries a receive brought beyond
-    /// the `asked` it was asked for, in a task the shutdown waits for (and abandons past its grace).
-    pub(super) fn hand_back_extra<D: Delivery>(&self, extra: Vec<D>, asked: usize) {
+    /// what it asked for that never had places before the stop, in a task the shutdown waits for (and abandons
+    /// past its grace).
+    pub(super) fn hand_back_surplus<D: Delivery>(&self, extra: Vec<D>) {
+        if extra.is_empty() {
+            return;
+        }
         let consumer = self.consumer.clone();
-        tracing::warn!(
-            consumer,
-            asked,
-            extra = extra.len(),
-            "the receiver brought more deliveries than it was asked for: the extra ones are handed back to the broker"
-        );
         let abandon = self.abandon.clone();
         self.tracker.spawn(async move {
             tokio::select! {

@@ -258,14 +258,21 @@ impl crate::Receiver for Greedy {
 }
 
 /// A receive that brings more deliveries than it asked for never takes the worker past its bound: the extra
-/// ones are handed back to the broker at once, unapplied (never held waiting for a slot while further
-/// receives bring more), at most `concurrency` handlers run, and every message is still applied once.
+/// ones wait for places and take them before any further receive (never held while further receives bring
+/// more), at most `concurrency` handlers run, and every message is applied once and received once. Handing
+/// the extra ones back to the broker instead made each be received again: counted toward the queue's maximum
+/// receive count, a message handed back often enough was dead-lettered without ever being applied.
 #[tokio::test]
 async fn a_receive_that_brings_more_than_asked_stays_within_the_bound() {
     use crate::broker::mem::QueueOptions;
     use crate::{OutcomeKind, Worker, WorkerOptions};
     let store = MemStore::default();
-    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    // A second receive of any message dead-letters it: each is received exactly once.
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .wait(Duration::from_millis(20))
+            .max_receive_count(Some(1)),
+    );
     for i in 0..30 {
         q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
     }
@@ -280,7 +287,12 @@ async fn a_receive_that_brings_more_than_asked_stays_within_the_bound() {
     .options(WorkerOptions::default().concurrency(2).batch_size(10))
     .run_until_idle()
     .await;
-    assert_eq!(report.count(OutcomeKind::Applied), 30, "{report}");
+    assert_eq!(
+        report.count(OutcomeKind::Applied),
+        30,
+        "{report} {}",
+        q.state()
+    );
     assert_eq!(store.state().effects.len(), 30);
     assert_eq!(q.state(), QueueState::default(), "{report}");
     assert!(
@@ -293,5 +305,44 @@ async fn a_receive_that_brings_more_than_asked_stays_within_the_bound() {
         q.in_flight_max() <= 2 + 5,
         "{} messages out of the queue at once with concurrency 2",
         q.in_flight_max()
+    );
+}
+
+/// The extra deliveries of a receive that brought more than it asked for are counted as waiting while they
+/// wait for places; at shutdown they go back to the broker unapplied, as the gauges and the queue show.
+#[tokio::test(flavor = "current_thread")]
+async fn a_receives_extra_deliveries_wait_counted_and_go_back_at_shutdown() {
+    use crate::broker::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let worker = Worker::new(
+        Greedy {
+            inner: q.receiver(),
+            extra: 5,
+        },
+        slow_processor(&store, Duration::from_secs(3600), Arc::default()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(1)
+            .shutdown_timeout(Duration::from_millis(100))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    );
+    // One handler running, the five extra deliveries of its receive waiting behind it.
+    assert_eq!(stop_at_gauges(worker, &snap, (1.0, 5.0)).await, (0.0, 0.0));
+    assert!(store.state().effects.is_empty());
+    let s = q.state();
+    assert_eq!(
+        (s.visible, s.in_flight, s.dead_lettered),
+        (10, 0, 0),
+        "{s}: every message back in the queue, none left to its visibility timeout"
     );
 }
