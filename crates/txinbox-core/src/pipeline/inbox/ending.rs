@@ -161,29 +161,66 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
+    /// Settles `delivery` as `decision` says and returns its outcome, whatever the settle answers: an error, or
+    /// a panic in the broker's code (the adapter, or a wrapper of the delivery), is a settle failure
+    /// (`txinbox_settle_failures_total{op}`), never another outcome. The decision is final (after COMMIT for an
+    /// applied delivery): a message whose settle failed comes back after its lock or visibility timeout and
+    /// the inbox absorbs it as a duplicate.
     pub(super) async fn settle<D: Delivery>(&self, delivery: D, decision: Decision) -> Outcome {
+        use futures::FutureExt;
         let consumer = self.label();
         let (op, result, outcome) = match decision {
-            Decision::Ack(o) => ("ack", delivery.ack().await, o),
-            Decision::Release(o, after) => ("release", delivery.release(after).await, o),
+            Decision::Ack(o) => ("ack", contained(delivery.ack()).await, o),
+            Decision::Release(o, after) => ("release", contained(delivery.release(after)).await, o),
             Decision::DeadLetter(o, why) => {
                 metrics::counter!(m::DEAD_LETTERS, "consumer" => consumer.clone(), "reason" => why.reason.clone()).increment(1);
-                ("dead_letter", delivery.dead_letter(why).await, o)
+                ("dead_letter", contained(delivery.dead_letter(why)).await, o)
             }
         };
-        if let Err(e) = result {
-            // Applied while our lock was lost: another copy was out at the same time (the lock-lost race).
-            if matches!(outcome, Outcome::Applied { .. })
-                && e.kind() == crate::BrokerErrorKind::LockLost
-            {
-                metrics::counter!(m::CONCURRENT_CONFLICTS, "consumer" => consumer.clone())
+        /// Runs a settle, its panic caught: the outcome was decided before it (an applied delivery committed).
+        async fn contained(
+            settle: impl std::future::Future<Output = Result<(), crate::BrokerError>>,
+        ) -> Result<Result<(), crate::BrokerError>, String> {
+            std::panic::AssertUnwindSafe(settle)
+                .catch_unwind()
+                .await
+                .map_err(|p| panic_text(p.as_ref()))
+        }
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                // Applied while our lock was lost: another copy was out at the same time (the lock-lost race).
+                if matches!(outcome, Outcome::Applied { .. })
+                    && e.kind() == crate::BrokerErrorKind::LockLost
+                {
+                    metrics::counter!(m::CONCURRENT_CONFLICTS, "consumer" => consumer.clone())
+                        .increment(1);
+                }
+                metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => op)
                     .increment(1);
+                tracing::warn!(op, error = %e, outcome = outcome.label(), "settle failed; the broker will redeliver and the inbox absorbs it");
             }
-            metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => op).increment(1);
-            tracing::warn!(op, error = %e, outcome = outcome.label(), "settle failed; the broker will redeliver and the inbox absorbs it");
+            Err(panic) => {
+                // A bug in the broker's code, not in the delivery: what was decided stands (an applied delivery
+                // is committed), only its settle did not happen.
+                metrics::counter!(m::SETTLE_FAILURES, "consumer" => consumer, "op" => op)
+                    .increment(1);
+                tracing::error!(op, panic = %panic, outcome = outcome.label(), "settle panicked; the broker will redeliver and the inbox absorbs it");
+            }
         }
         outcome
     }
+}
+
+/// The message of a caught panic (a `&str` or a `String` payload) for its log line, the secrets it may quote
+/// (an endpoint's signature in an unwrapped error) masked.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    let text = p
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned());
+    crate::error::redact_secrets(&text)
 }
 
 pub(super) fn dead_letter(reason: &str, detail: String) -> Decision {

@@ -20,6 +20,7 @@ mod batch;
 mod delivery;
 mod prefetch;
 mod receive;
+mod settle;
 
 #[derive(Clone, Debug)]
 struct Row {
@@ -310,4 +311,40 @@ async fn one(
 ) -> Outcome {
     let d = q.receive_now(1).pop().expect("a delivery");
     p.process_one(d).await
+}
+
+/// The counters a debugging recorder holds, read once (a snapshot swaps each to zero): (name, labels, value).
+type Counted = Vec<(String, Vec<(String, String)>, u64)>;
+
+fn counters(snap: &metrics_util::debugging::Snapshotter) -> Counted {
+    use metrics_util::debugging::DebugValue;
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| match value {
+            DebugValue::Counter(n) => Some((
+                key.key().name().to_owned(),
+                key.key()
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect(),
+                n,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The sum of the counters named `name` that carry every label of `labels`.
+fn count(counted: &Counted, name: &str, labels: &[(&str, &str)]) -> u64 {
+    counted
+        .iter()
+        .filter(|(n, ls, _)| {
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
 }
