@@ -309,7 +309,7 @@ mod tests {
             assert!(!shown.contains(secret), "{secret} in {shown}");
         }
         assert!(
-            shown.starts_with("receive failed (unauthorized): outer: HTTP 401 from https://ns.servicebus.windows.net/q/messages/head?sig=***"),
+            shown.starts_with("receive failed (unauthorized): outer: HTTP 401 from https://ns.servicebus.windows.net/q/***/***?sig=***"),
             "{shown}"
         );
     }
@@ -331,11 +331,16 @@ mod tests {
 }
 
 /// `url` for a log line, an error or a `Debug`: the password of its user info (on HTTP the whole user info,
-/// where APIs take a token as the user name: `userinfo_mask`) and every query value masked as `***` (an API
-/// key or a SAS signature may be one), `{placeholders}` of a URL template kept, the rest as
-/// written. `sqlite:FILE` and other forms without an authority are kept whole, but their query values. A
-/// password written with a `/`, `?` or `#` unencoded is masked up to its `@`, even one of digits that reads like
-/// a port, and so is a port followed by an `@` further on (`http://h:***@b` for `http://h:8080/a@b`): see
+/// where APIs take a token as the user name: `userinfo_mask`), every query value (an API key or a SAS signature
+/// may be one; a part without `=` too) and the fragment masked as `***`, and on HTTP (`http`, `https`, `ws`,
+/// `wss`, `git+https` and the like) the path after its first segment masked segment by segment: a webhook's
+/// secret is in its path (`https://hooks.slack.com/services/***/***/***`, `https://discord.com/api/***/***/***`).
+/// The first segment is kept where it reads as a plain name (at most 16 lowercase letters, digits, `-`, `_`,
+/// `.`: `v1`, `api`, `services`), masked otherwise (Telegram's `/botTOKEN/...`). Scheme, host and port are
+/// kept, and `{placeholders}` of a URL template, a whole segment or a whole query value. `sqlite:FILE`, a
+/// database's URL and other forms that are not HTTP keep their path (a database's name, a file). A password
+/// written with a `/`, `?` or `#` unencoded is masked up to its `@`, even one of digits that reads like a port,
+/// and so is a port followed by an `@` further on (`http://h:***@b` for `http://h:8080/a@b`): see
 /// `password_at`.
 ///
 /// ```
@@ -345,42 +350,99 @@ mod tests {
 ///     "postgres://crm:***@db/crm?sslmode=***"
 /// );
 /// assert_eq!(
-///     redact_url("https://crm.example/v1/tasks?ref={external_ref}&api_key=k"),
-///     "https://crm.example/v1/tasks?ref={external_ref}&api_key=***"
+///     redact_url("https://crm.example/v1/tasks/{external_ref}?api_key=k"),
+///     "https://crm.example/v1/***/{external_ref}?api_key=***"
+/// );
+/// assert_eq!(
+///     redact_url("https://hooks.slack.com/services/T000/B000/XXXXXXXX"),
+///     "https://hooks.slack.com/services/***/***/***"
 /// );
 /// ```
 pub fn redact_url(url: &str) -> String {
     // The password first: one written with a `/`, `?` or `#` unencoded would otherwise be read as a path or a
     // query and shown.
     let unmasked;
-    let url = match url.split_once("://") {
-        Some((scheme, rest)) => match userinfo_mask(scheme, rest) {
-            Some((from, to)) => {
-                unmasked = format!("{scheme}://{}***{}", &rest[..from], &rest[to..]);
-                unmasked.as_str()
-            }
-            None => url,
-        },
-        None => url,
+    let (url, http) = match url.split_once("://") {
+        Some((scheme, rest)) => (
+            match userinfo_mask(scheme, rest) {
+                Some((from, to)) => {
+                    unmasked = format!("{scheme}://{}***{}", &rest[..from], &rest[to..]);
+                    unmasked.as_str()
+                }
+                None => url,
+            },
+            is_http(scheme),
+        ),
+        None => (url, false),
+    };
+    let (url, fragment) = match url.split_once('#') {
+        Some((u, f)) => (u, Some(f)),
+        None => (url, None),
     };
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),
     };
-    let mut out = base.to_owned();
+    let placeholder = |s: &str| s.len() > 2 && s.starts_with('{') && s.ends_with('}');
+    let mut out = match base.split_once("://") {
+        Some((scheme, rest)) if http => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let segments: Vec<&str> = path
+                .split('/')
+                .skip(1)
+                .enumerate()
+                .map(|(i, s)| {
+                    let plain = i == 0
+                        && s.len() <= 16
+                        && s.bytes().all(|b| {
+                            b.is_ascii_lowercase()
+                                || b.is_ascii_digit()
+                                || matches!(b, b'-' | b'_' | b'.')
+                        });
+                    if s.is_empty() || plain || placeholder(s) {
+                        s
+                    } else {
+                        "***"
+                    }
+                })
+                .collect();
+            let mut out = format!("{scheme}://{authority}");
+            for s in segments {
+                out.push('/');
+                out.push_str(s);
+            }
+            out
+        }
+        _ => base.to_owned(),
+    };
     if let Some(q) = query {
         let parts: Vec<String> = q
             .split('&')
             .map(|p| match p.split_once('=') {
-                Some((k, v)) if v.starts_with('{') && v.ends_with('}') => format!("{k}={v}"),
+                Some((k, v)) if placeholder(v) => format!("{k}={v}"),
                 Some((k, _)) => format!("{k}=***"),
-                None => p.to_owned(),
+                None if p.is_empty() || placeholder(p) => p.to_owned(),
+                None => "***".to_owned(),
             })
             .collect();
         out.push('?');
         out.push_str(&parts.join("&"));
     }
+    match fragment {
+        Some("") => out.push('#'),
+        Some(_) => out.push_str("#***"),
+        None => {}
+    }
     out
+}
+
+/// Whether `scheme` is HTTP's (`http`, `https`, `ws`, `wss`, and `git+https` and the like).
+fn is_http(scheme: &str) -> bool {
+    scheme.rsplit('+').next().is_some_and(|s| {
+        ["http", "https", "ws", "wss"]
+            .iter()
+            .any(|h| s.eq_ignore_ascii_case(h))
+    })
 }
 
 /// The scheme `url` starts with (`postgres`, `sqlite`, `mysql`), to name in an error about a URL that cannot
@@ -450,7 +512,16 @@ pub fn redact_secrets(text: &str) -> String {
             .rev()
             .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
             .map_or(0, |(i, c)| i + c.len_utf8());
-        match userinfo_mask(&head[scheme_at..at], url) {
+        let scheme = &head[scheme_at..at];
+        if is_http(scheme) {
+            // An HTTP URL is shown as `redact_url` shows it (its path and query may hold a token), without the
+            // punctuation of the text that follows it.
+            let url = url.trim_end_matches([')', ']', ',', '.', ';', ':', '!']);
+            out.push_str(&redact_url(&format!("{scheme}://{url}"))[scheme.len() + 3..]);
+            rest = &tail[url.len()..];
+            continue;
+        }
+        match userinfo_mask(scheme, url) {
             Some((from, to)) => {
                 out.push_str(&url[..from]);
                 out.push_str("***");
@@ -475,11 +546,7 @@ pub fn redact_secrets(text: &str) -> String {
 /// `#` unencoded, the password only ([`password_at`]): a database's or a broker's user name is not a secret, and it helps to
 /// read an error (`postgres://crm:***@db`).
 fn userinfo_mask(scheme: &str, rest: &str) -> Option<(usize, usize)> {
-    let http = scheme.rsplit('+').next().is_some_and(|s| {
-        ["http", "https", "ws", "wss"]
-            .iter()
-            .any(|h| s.eq_ignore_ascii_case(h))
-    });
+    let http = is_http(scheme);
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     match rest[..authority_end].rfind('@') {
         Some(at) if http && at > 0 => Some((0, at)),
@@ -575,12 +642,19 @@ mod redact_tests {
                 assert!(!shown.contains("pa") && !shown.contains("ss@"), "{shown}");
             }
         }
+        for (url, shown) in [
+            (
+                "https://crm.example/v1/users/@me?x={key}",
+                "https://crm.example/v1/***/***?x={key}",
+            ),
+            ("https://h:8443/v1/tasks", "https://h:8443/v1/***"),
+            ("https://h/users/@me", "https://h/users/***"),
+            ("http://127.0.0.1:9/tasks", "http://127.0.0.1:9/tasks"),
+        ] {
+            assert_eq!(redact(url), shown);
+        }
         for plain in [
-            "https://crm.example/v1/users/@me?x={key}",
-            "https://h:8443/v1/tasks",
-            "https://h/users/@me",
             "postgres://crm@db/crm",
-            "http://127.0.0.1:9/tasks",
             "no url here: é ü",
             "a://",
             "x://@",
@@ -613,12 +687,12 @@ mod redact_tests {
             ("HTTP://sk_live_T0ken:@h:8443/v1", "HTTP://***@h:8443/v1"),
             (
                 "git+https://ghp_T0ken@github.com/o/r",
-                "git+https://***@github.com/o/r",
+                "git+https://***@github.com/o/***",
             ),
             ("wss://ghp_T0ken@h/socket", "wss://***@h/socket"),
             ("postgres://crm:s3cret@db/app", "postgres://crm:***@db/app"),
             ("postgres://crm@db/app", "postgres://crm@db/app"),
-            ("https://h/users/@me", "https://h/users/@me"),
+            ("https://h/users/@me", "https://h/users/***"),
             ("https://@h/x", "https://@h/x"),
         ] {
             assert_eq!(super::redact_url(url), masked);
@@ -628,6 +702,64 @@ mod redact_tests {
             );
             assert!(!super::redact_url(url).contains("T0ken"), "{url}");
         }
+    }
+
+    /// Webhook destinations carry their secret in the path (Slack's `/services/T/B/TOKEN`, Discord's
+    /// `/api/webhooks/ID/TOKEN`, Telegram's `/botTOKEN/sendMessage`, Zapier's `/hooks/catch/ID/SECRET/`), and
+    /// APIs take a key as a query value, bare or not, or in the fragment: what follows the host's first path
+    /// segment is masked segment by segment (a `{placeholder}` of a template kept), that first segment too where
+    /// it does not read as a plain name, and every query value and the fragment. In a log line or an error
+    /// ([`redact`]) an HTTP URL is shown the same.
+    #[test]
+    fn a_webhook_token_in_the_path_or_the_query_is_masked() {
+        for (url, masked) in [
+            (
+                "https://hooks.slack.com/services/T0AAAAAAA/B0BBBBBBB/XXXXXXXXXXXXXXXXXXXXXXXX",
+                "https://hooks.slack.com/services/***/***/***",
+            ),
+            (
+                "https://discord.com/api/webhooks/123456789012345678/SeCrEtToKeN-abc_DEF",
+                "https://discord.com/api/***/***/***",
+            ),
+            (
+                "https://api.telegram.org/bot123456:ABC-DEF1234ghIkl-zyx57W2v1u123ew11/sendMessage",
+                "https://api.telegram.org/***/***",
+            ),
+            (
+                "https://hooks.zapier.com/hooks/catch/1234567/abcdefg/",
+                "https://hooks.zapier.com/hooks/***/***/***/",
+            ),
+            (
+                "https://api.example/v2/items?apikey=SeCrEt1&SeCrEt2&x={key}#SeCrEt3",
+                "https://api.example/v2/***?apikey=***&***&x={key}#***",
+            ),
+            (
+                "https://h:8443/SeCrEtFirstSegmentToken/x#frag",
+                "https://h:8443/***/***#***",
+            ),
+            (
+                "https://crm.example/v1/tasks/{external_ref}",
+                "https://crm.example/v1/***/{external_ref}",
+            ),
+            ("https://crm.example/", "https://crm.example/"),
+            ("http://127.0.0.1:9", "http://127.0.0.1:9"),
+            // A database's path is its name, kept.
+            ("postgres://crm:s3cret@db/crm", "postgres://crm:***@db/crm"),
+        ] {
+            assert_eq!(super::redact_url(url), masked, "{url}");
+            assert_eq!(
+                redact(&format!("POST {url} failed: (\"{url}\")")),
+                format!("POST {masked} failed: (\"{masked}\")"),
+            );
+            for secret in ["XXXXXXXX", "SeCrEt", "ABC-DEF", "abcdefg"] {
+                assert!(!super::redact_url(url).contains(secret), "{url}");
+            }
+        }
+        // Punctuation after a URL in text is not part of it.
+        assert_eq!(
+            redact("see (https://hooks.slack.com/services/T0/B0/XXXXXXXX), then"),
+            "see (https://hooks.slack.com/services/***/***/***), then"
+        );
     }
 
     /// A password of digits written with a `/`, `?` or `#` unencoded reads like a port (`crm:123/x@db`): it is
@@ -653,10 +785,10 @@ mod redact_tests {
             assert_eq!(super::redact_url(url), masked);
         }
         for (url, shown) in [
-            ("https://h:8443/v1/tasks", "https://h:8443/v1/tasks"),
+            ("https://h:8443/v1/tasks", "https://h:8443/v1/***"),
             ("postgres://u:p@h:5432/db", "postgres://u:***@h:5432/db"),
             ("postgres://crm@db:5432/crm", "postgres://crm@db:5432/crm"),
-            ("https://h/users/@me", "https://h/users/@me"),
+            ("https://h/users/@me", "https://h/users/***"),
             ("http://127.0.0.1:9/tasks", "http://127.0.0.1:9/tasks"),
         ] {
             assert_eq!(redact(url), shown);

@@ -159,7 +159,7 @@ mod tests {
             crate::error::redact_url(
                 "https://user:pw@crm.example/v1/tasks?external_ref={external_ref}&api_key=s3cret"
             ),
-            "https://***@crm.example/v1/tasks?external_ref={external_ref}&api_key=***"
+            "https://***@crm.example/v1/***?external_ref={external_ref}&api_key=***"
         );
         assert_eq!(
             crate::error::redact_url("http://h:8080/a/{key}"),

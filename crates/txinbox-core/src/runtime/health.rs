@@ -456,15 +456,22 @@ mod tests {
     #[tokio::test]
     async fn readiness_masks_a_secret_its_reasons_quote() {
         let h = Health::new().check("crm", || async {
-            Err("https://crm.example/v1/ping?api=1 via postgres://crm:SECRETpw1@db/crm".to_string())
+            Err(
+                "https://crm.example/v1/ping?api=1 via postgres://crm:SECRETpw1@db/crm, \
+                 https://hooks.slack.com/services/T0/B0/SECRETtoken3"
+                    .to_string(),
+            )
         });
         h.worker_started();
         h.receive_failed(&"HTTP 401 from https://ns.servicebus.windows.net/q?sig=SECRETsig2&se=1");
         let r = h.readiness().await.to_string();
-        for secret in ["SECRETpw1", "SECRETsig2"] {
+        for secret in ["SECRETpw1", "SECRETsig2", "SECRETtoken3"] {
             assert!(!r.contains(secret), "{secret} in {r}");
         }
-        assert!(r.contains("fail crm: https://crm.example/v1/ping"), "{r}");
+        assert!(
+            r.contains("fail crm: https://crm.example/v1/***?api=***"),
+            "{r}"
+        );
         assert!(r.contains("fail queue: HTTP 401"), "{r}");
     }
 

@@ -437,7 +437,7 @@ fn debug_never_shows_a_secret() {
     for kept in [
         "db/crm",
         "db-eu/crm",
-        "crm.example/v1/tasks",
+        "crm.example/v1/***?api_key=***",
         "Authorization",
         "{external_ref}",
     ] {
@@ -520,7 +520,13 @@ fn a_toml_error_never_carries_a_header_value_or_a_query_value() {
         (
             "[effects.destinations.crm]\nurl = \"https://crm.example/v1/tasks?api_key=SECRETxyz123\" x\n"
                 .to_owned(),
-            "crm.example/v1/tasks?api_key=***",
+            "crm.example/v1/***?api_key=***",
+        ),
+        // A webhook's token in the path.
+        (
+            "[effects.destinations.crm]\nurl = \"https://hooks.slack.com/services/T0/B0/SECRETxyz123\" x\n"
+                .to_owned(),
+            "hooks.slack.com/services/***/***/***",
         ),
         // Type errors quote the value.
         (
