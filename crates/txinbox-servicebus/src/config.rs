@@ -54,7 +54,8 @@ impl fmt::Debug for Credential {
     }
 }
 
-/// How to reach a Service Bus namespace.
+/// How to reach a Service Bus namespace. Its `Debug` shows no key, and of an endpoint override only its scheme,
+/// host and port (its user info, path, query and fragment `***`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -87,7 +88,7 @@ impl fmt::Debug for ServiceBusConfig {
                 "namespace",
                 &format_args!("{}", shown_namespace(&self.namespace)),
             )
-            .field("endpoint", &self.endpoint.as_ref().map(Url::as_str))
+            .field("endpoint", &self.endpoint.as_ref().map(shown_endpoint))
             .field("entity_path", &self.entity_path)
             .field("credential", &self.credential)
             .field("request_timeout", &self.request_timeout)
@@ -352,6 +353,25 @@ impl ServiceBusConfig {
     }
 }
 
+/// An endpoint override as an error or `Debug` shows it: its scheme, host and port, which are all the requests
+/// take from it; its user info, and a path, query or fragment, `***` (credentials, or a connection string's
+/// `;SharedAccessKey=KEY` read as its path: `sb://emu:5380/***`).
+pub(crate) fn shown_endpoint(url: &Url) -> String {
+    let mut out = format!("{}://", url.scheme());
+    if !url.username().is_empty() || url.password().is_some() {
+        out.push_str("***@");
+    }
+    out.push_str(url.host_str().unwrap_or_default());
+    if let Some(port) = url.port() {
+        out.push_str(&format!(":{port}"));
+    }
+    out.push('/');
+    if !matches!(url.path(), "" | "/") || url.query().is_some() || url.fragment().is_some() {
+        out.push_str("***");
+    }
+    out
+}
+
 /// A namespace as an error or `Debug` shows it: quoted when it reads as a host name (a typo: `crm_prod`), never
 /// when it holds what no host name does (`=`, `;`, `+`, `/`): a connection string or a key given in its place
 /// (`SERVICEBUS_NAMESPACE` set to what `SERVICEBUS_CONNECTION_STRING` takes).
@@ -508,6 +528,33 @@ mod tests {
         );
         let e = c.connect().unwrap_err().to_string();
         assert!(e.contains("namespace \"crm_prod\" must be"), "{e}");
+    }
+
+    /// An endpoint override is a URL, and `SERVICEBUS_ENDPOINT` may be given what a connection string holds (an
+    /// `sb://` URL followed by `;SharedAccessKey=KEY`, which parses as its path) or credentials in its user info
+    /// or query: `Debug` shows only its scheme, host and port, the rest `***`.
+    #[test]
+    fn an_endpoint_holding_a_key_is_shown_without_it() {
+        for endpoint in [
+            "sb://emu.local:5380/;SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=SECRETkey1=",
+            "https://admin:SECRETpw2@emu.local:5380/?sig=SECRETsig3&se=1",
+            "http://emu.local:5380/SECRETpath4#SECRETfrag5",
+        ] {
+            let c = ServiceBusConfig::shared_access_key("crm", "listen", "c2VjcmV0")
+                .endpoint(Url::parse(endpoint).unwrap());
+            let shown = format!("{c:?}");
+            assert!(!shown.contains("SECRET"), "{shown}");
+            assert!(shown.contains("emu.local:5380/"), "{shown}");
+            let shown = format!("{:?}", c.connect().unwrap().inner.http);
+            assert!(!shown.contains("SECRET"), "{shown}");
+            assert!(shown.contains("emu.local:5380/"), "{shown}");
+        }
+        let c = ServiceBusConfig::shared_access_key("crm", "listen", "c2VjcmV0")
+            .endpoint(Url::parse("http://127.0.0.1:5380").unwrap());
+        assert!(
+            format!("{c:?}").contains("endpoint: Some(\"http://127.0.0.1:5380/\")"),
+            "{c:?}"
+        );
     }
 
     #[test]

@@ -53,7 +53,10 @@ impl fmt::Debug for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Transport")
             .field("public_host", &self.public_host)
-            .field("endpoint", &self.endpoint.as_ref().map(Url::as_str))
+            .field(
+                "endpoint",
+                &self.endpoint.as_ref().map(crate::config::shown_endpoint),
+            )
             .field(
                 "auth",
                 &match self.auth {
