@@ -25,7 +25,8 @@ pub const DEAD_LETTERS: &str = "txinbox_dead_letters_total";
 pub const RECEIVE_TO_COMMIT: &str = "txinbox_receive_to_commit_seconds";
 /// Settles (ack/release/dead-letter) that failed, by `op`.
 pub const SETTLE_FAILURES: &str = "txinbox_settle_failures_total";
-/// Leases (locks, visibility) lost while a handler ran.
+/// Leases (locks, visibility) lost while a handler ran: a renewal failed, or the lease keeper panicked (a bug in
+/// the adapter's renewal; said at error) and no longer renews it.
 pub const LEASE_LOST: &str = "txinbox_lease_lost_total";
 /// Lease renewals that succeeded.
 pub const LEASE_RENEWALS: &str = "txinbox_lease_renewals_total";

@@ -61,7 +61,7 @@ struct LeaseState {
 }
 
 impl LeaseGuard {
-    /// Whether a renewal failed (the lock is presumed lost).
+    /// Whether a renewal failed, or the keeper panicked (the lock is presumed lost).
     pub fn lost(&self) -> bool {
         self.state.lost.load(Ordering::SeqCst)
     }
@@ -91,8 +91,10 @@ impl Drop for LeaseGuard {
 /// expired. Each renewal call is bounded by the renewal interval and by the time left on the lease: a call that
 /// does not answer by then is a transient failure retried at once while the lease has time left, and a lost lease
 /// once it has none, so a broker that never answers is noticed when the lease runs out, not when (if ever) the
-/// call returns. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; the delivery's
-/// outcome stays correct because the inbox absorbs the redelivery that may follow.
+/// call returns. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; a keeper that panics
+/// (a bug in the lease's renewal) no longer renews the lease and counts it lost the same way
+/// ([`LeaseGuard::lost`], `txinbox_lease_lost_total`), logged at error. The delivery's outcome stays correct
+/// because the inbox absorbs the redelivery that may follow.
 pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -> LeaseGuard {
     let cancel = CancellationToken::new();
     let state = Arc::new(LeaseState::default());
@@ -103,7 +105,8 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
         return LeaseGuard { cancel, state };
     }
     let interval = renewal_interval(duration);
-    tokio::spawn(async move {
+    let (c2, s2, consumer2) = (cancel.clone(), state.clone(), consumer.clone());
+    let keeper = async move {
         let started = tokio::time::Instant::now();
         // The keeper's own reckoning of the expiry, on the runtime's clock: the lease lasts `duration` from the
         // receive (a little before `started`) and from the start of each renewal that succeeded (the broker
@@ -169,6 +172,33 @@ pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -
                 .increment(1);
             tracing::warn!(consumer, error = %failure, "lease renewal failed; lock presumed lost, a redelivery will be absorbed by the inbox");
             return;
+        }
+    };
+    tokio::spawn(async move {
+        use futures::FutureExt;
+        // A panic in the lease's code (the adapter's renewal) would end the keeper quietly: the lease would no
+        // longer be renewed while the delivery is applied, and may run out, the message then received again.
+        // It is a lost lease, said at error.
+        if std::panic::AssertUnwindSafe(keeper)
+            .catch_unwind()
+            .await
+            .is_err()
+        {
+            if c2.is_cancelled() {
+                // Stopped meanwhile (the delivery is being settled): nothing is left to renew.
+                tracing::error!(
+                    consumer = consumer2,
+                    "the lease keeper panicked after it was stopped"
+                );
+                return;
+            }
+            s2.lost.store(true, Ordering::SeqCst);
+            metrics::counter!(crate::metrics::LEASE_LOST, "consumer" => consumer2.clone())
+                .increment(1);
+            tracing::error!(
+                consumer = consumer2,
+                "the lease keeper panicked (a bug in the broker adapter's renewal): the lease is no longer renewed, lock presumed lost, a redelivery will be absorbed by the inbox"
+            );
         }
     });
     LeaseGuard { cancel, state }
@@ -251,6 +281,45 @@ mod tests {
             "{} after {renewed}",
             g.renewals()
         );
+    }
+
+    /// A lease whose renewal panics (a bug in an adapter).
+    struct Panics;
+
+    impl Lease for Panics {
+        fn duration(&self) -> Duration {
+            Duration::from_secs(30)
+        }
+        fn expires_at(&self) -> Option<DateTime<Utc>> {
+            None
+        }
+        fn renew(&self, _: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+            panic!("the adapter's renewal panicked")
+        }
+    }
+
+    /// A keeper that panics no longer renews its lease: it is counted lost (the guard, so the worker's report,
+    /// and `txinbox_lease_lost_total`), not ended quietly.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_keeper_that_panics_counts_its_lease_lost() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let g = keep_alive(Arc::new(Panics), fast(), "t".into());
+        // The first renewal is due at 10 s (a third of 30 s); it panics.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(g.lost(), "the lease is no longer renewed");
+        let lost: u64 = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(k, _, _, v)| match v {
+                DebugValue::Counter(n) if k.key().name() == crate::metrics::LEASE_LOST => Some(n),
+                _ => None,
+            })
+            .sum();
+        assert_eq!(lost, 1);
     }
 
     /// A broker whose renewal call never answers; counts the calls.

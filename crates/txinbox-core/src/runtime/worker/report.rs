@@ -15,7 +15,7 @@ pub struct WorkerReport {
     pub outcomes: BTreeMap<OutcomeKind, u64>,
     /// Failed receives.
     pub receive_errors: u64,
-    /// Leases lost while a handler ran.
+    /// Leases lost while a handler ran (a renewal failed, or the lease keeper panicked).
     pub leases_lost: u64,
     /// Why the worker gave up (receives kept failing with an error a retry cannot fix for
     /// [`WorkerOptions::give_up_after`]): `None` when it stopped on shutdown or when idle. A process should

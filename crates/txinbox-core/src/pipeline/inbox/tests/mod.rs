@@ -18,6 +18,7 @@ use crate::{ConsumerName, Identity};
 
 mod batch;
 mod delivery;
+mod lease;
 mod prefetch;
 mod receive;
 mod settle;
