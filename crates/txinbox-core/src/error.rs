@@ -335,6 +335,7 @@ mod tests {
 /// may be one; a part without `=` too) and the fragment masked as `***`, and on HTTP (`http`, `https`, `ws`,
 /// `wss`, `git+https` and the like) the path after its first segment masked segment by segment: a webhook's
 /// secret is in its path (`https://hooks.slack.com/services/***/***/***`, `https://discord.com/api/***/***/***`).
+/// A Service Bus `SharedAccessKey=` value is masked wherever it is (a connection string given for a URL).
 /// The first segment is kept where it reads as a plain name (at most 16 lowercase letters, digits, `-`, `_`,
 /// `.`: `v1`, `api`, `services`), masked otherwise (Telegram's `/botTOKEN/...`). Scheme, host and port are
 /// kept, and `{placeholders}` of a URL template, a whole segment or a whole query value. `sqlite:FILE`, a
@@ -433,7 +434,8 @@ pub fn redact_url(url: &str) -> String {
         Some(_) => out.push_str("#***"),
         None => {}
     }
-    out
+    // A Service Bus connection string given for a URL: its key follows the `sb://` URL, in what reads as its path.
+    mask_after(&out, "SharedAccessKey=")
 }
 
 /// Whether `scheme` is HTTP's (`http`, `https`, `ws`, `wss`, and `git+https` and the like).
@@ -760,6 +762,20 @@ mod redact_tests {
             redact("see (https://hooks.slack.com/services/T0/B0/XXXXXXXX), then"),
             "see (https://hooks.slack.com/services/***/***/***), then"
         );
+    }
+
+    /// A Service Bus endpoint or connection string given where a URL goes (`--endpoint`, `SERVICEBUS_ENDPOINT`):
+    /// an `sb://` URL keeps its path, which is where a connection string's `;SharedAccessKey=KEY` is read.
+    #[test]
+    fn a_shared_access_key_after_a_url_is_masked() {
+        for url in [
+            "sb://emu.local:5380/;SharedAccessKeyName=Root;SharedAccessKey=SECRETkey1=",
+            "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=SECRETkey1=;EntityPath=q",
+        ] {
+            let shown = super::redact_url(url);
+            assert!(!shown.contains("SECRET"), "{shown}");
+            assert!(shown.contains(";SharedAccessKey=***"), "{shown}");
+        }
     }
 
     /// A password of digits written with a `/`, `?` or `#` unencoded reads like a port (`crm:123/x@db`): it is
