@@ -105,7 +105,9 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
 
     /// Claims due effects (see [`txinbox_core::effects::EffectStore::claim_effects`]); a `limit` below one
     /// is one (here and in the purges: a negative LIMIT is an error on PostgreSQL and none on SQLite). The
-    /// holder's name is free text (a NUL is kept as U+FFFD), here and in [`Backend::finish_effect`].
+    /// holder's name is free text (a NUL is kept as U+FFFD), here and in [`Backend::finish_effect`]. The
+    /// claim lasts `claim_until - now`, counted from the database's clock (PostgreSQL's server, SQLite's
+    /// host), which also decides which claims expired ([`txinbox_core::effects::claim_end`]).
     fn claim_effects(
         pool: &sqlx::Pool<Self>,
         holder: &str,
@@ -115,13 +117,13 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<ClaimedEffect>, sqlx::Error>> + Send;
 
-    /// Gives back the effects a claim of `holder` until `claim_until` took (see
+    /// Gives back the effects the claim named `holder` took (see
     /// [`txinbox_core::effects::EffectStore::release_claim`]): each returns to the state the claim kept in
-    /// `claimed_from`; one taken from an expired claim stays in flight, its claim ended at `now`.
+    /// `claimed_from`; one taken from an expired claim stays in flight, its claim ended at the database's
+    /// clock (due at once).
     fn release_claim(
         pool: &sqlx::Pool<Self>,
         holder: &str,
-        claim_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 

@@ -33,13 +33,8 @@ impl<DB: Backend> EffectStore for Store<DB> {
         DB::claim_effects(self.pool(), holder, destinations, now, claim_until, limit).await
     }
 
-    async fn release_claim(
-        &self,
-        holder: &str,
-        claim_until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, sqlx::Error> {
-        DB::release_claim(self.pool(), holder, claim_until, now).await
+    async fn release_claim(&self, holder: &str, now: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+        DB::release_claim(self.pool(), holder, now).await
     }
 
     async fn finish_effect(

@@ -18,10 +18,15 @@ use txinbox_core::effects::{
 /// The effects runner's purge: done effects finished before $1, at most $2 (index `txinbox_effects_finished`).
 pub(crate) const PURGE_DONE_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < $1 LIMIT $2)";
 
-/// Gives back the effects of one claim ($1 the holder, $2 its claim_until; $3 now): each to the state it was
-/// claimed from, one claimed from an expired claim to in flight with its claim ended at $3 (still due, and
-/// reconciled first). Only rows still held by that very claim.
-pub(crate) const RELEASE_CLAIM: &str = "UPDATE txinbox_effects SET state = claimed_from, claimed_by = CASE WHEN claimed_from = 'in_flight' THEN claimed_by END, claim_until = CASE WHEN claimed_from = 'in_flight' THEN $3 END, updated_at = $3 WHERE claimed_by = $1 AND claim_until = $2 AND state = 'in_flight' AND claimed_from IN ('pending', 'uncertain', 'in_flight')";
+/// Gives back the effects of one claim ($1 its holder name, unique to the claim; $2 the runner's now): each to
+/// the state it was claimed from, one claimed from an expired claim to in flight with its claim ended at the
+/// database's clock (due at once, and reconciled first). Only rows still held by that very claim.
+pub(crate) const RELEASE_CLAIM: &str = "UPDATE txinbox_effects SET state = claimed_from, claimed_by = CASE WHEN claimed_from = 'in_flight' THEN claimed_by END, claim_until = CASE WHEN claimed_from = 'in_flight' THEN now() END, updated_at = $2 WHERE claimed_by = $1 AND state = 'in_flight' AND claimed_from IN ('pending', 'uncertain', 'in_flight')";
+
+/// The end of a claim lasting $4 (an interval of microseconds only: no day or month, whose length the
+/// session's time zone would decide) from the database's clock (`now()`, the statement's start): within the
+/// dates the store keeps (years 1 to 9999, as `kept_time`), never "timestamp out of range".
+const CLAIM_END: &str = "CASE WHEN $4::interval < '0001-01-01 00:00:00+00'::timestamptz - now() THEN '0001-01-01 00:00:00+00'::timestamptz WHEN $4::interval > '9999-12-31 23:59:59.999999+00'::timestamptz - now() THEN '9999-12-31 23:59:59.999999+00'::timestamptz ELSE now() + $4::interval END";
 
 /// Maintenance's purge: effects done or compensated before $1, at most $2 (index
 /// `txinbox_effects_finished`).
@@ -197,6 +202,26 @@ pub(crate) async fn schema_change(tx: &mut PgConnection) -> Result<(), sqlx::Err
         .execute(&mut *tx)
         .await?;
     Ok(())
+}
+
+/// How long a claim asked for at `now` until `claim_until` lasts, as an interval of microseconds (negative
+/// for one that ends before it begins), between dates the store keeps (so it fits).
+fn claim_lasts(
+    now: DateTime<Utc>,
+    claim_until: DateTime<Utc>,
+) -> sqlx::postgres::types::PgInterval {
+    let lasts = kept_time(claim_until).signed_duration_since(kept_time(now));
+    sqlx::postgres::types::PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: lasts
+            .num_microseconds()
+            .unwrap_or(if lasts < chrono::TimeDelta::zero() {
+                i64::MIN
+            } else {
+                i64::MAX
+            }),
+    }
 }
 
 fn add<'q, T>(args: &mut PgArguments, value: T) -> Result<(), sqlx::Error>
@@ -427,10 +452,12 @@ impl Backend for Postgres {
         limit: i64,
     ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
         // One statement: the due rows are locked and skipped by any other claimer (SKIP LOCKED), then
-        // marked in flight under this holder; `due.state` is the state before the claim.
+        // marked in flight under this holder; `due.state` is the state before the claim. The database's clock
+        // decides which claims expired and when this one ends (it lasts `claim_until - now`): every runner of
+        // the database agrees on who holds an effect, whatever its host's clock says.
         let sql = format!(
-            "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= $3) OR (state = 'in_flight' AND claim_until < $3)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
-             UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = $4, updated_at = $3, claimed_from = due.state FROM due WHERE t.id = due.id \
+            "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= $3) OR (state = 'in_flight' AND claim_until < now())) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
+             UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = {CLAIM_END}, updated_at = $3, claimed_from = due.state FROM due WHERE t.id = due.id \
              RETURNING {}, due.state, t.created_at",
             CLAIMED_COLUMNS
                 .split(", ")
@@ -442,7 +469,7 @@ impl Backend for Postgres {
             .bind(text(holder))
             .bind(destinations)
             .bind(kept_time(now))
-            .bind(kept_time(claim_until))
+            .bind(claim_lasts(now, claim_until))
             .bind(limit.max(1))
             .fetch_all(pool)
             .await?;
@@ -457,12 +484,10 @@ impl Backend for Postgres {
     async fn release_claim(
         pool: &PgPool,
         holder: &str,
-        claim_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query(RELEASE_CLAIM)
             .bind(text(holder))
-            .bind(kept_time(claim_until))
             .bind(kept_time(now))
             .execute(pool)
             .await?;

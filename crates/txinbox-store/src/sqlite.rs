@@ -17,9 +17,9 @@ use txinbox_core::effects::{
 /// The effects runner's purge: done effects finished before ?1, at most ?2 (index `txinbox_effects_finished`).
 pub(crate) const PURGE_DONE_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE id IN (SELECT id FROM txinbox_effects WHERE state = 'done' AND finished_at < ?1 LIMIT ?2)";
 
-/// Gives back the effects of one claim (?1 the holder, ?2 its claim_until; ?3 now), as PostgreSQL's
-/// `RELEASE_CLAIM` does.
-pub(crate) const RELEASE_CLAIM: &str = "UPDATE txinbox_effects SET state = claimed_from, claimed_by = CASE WHEN claimed_from = 'in_flight' THEN claimed_by END, claim_until = CASE WHEN claimed_from = 'in_flight' THEN ?3 END, updated_at = ?3 WHERE claimed_by = ?1 AND claim_until = ?2 AND state = 'in_flight' AND claimed_from IN ('pending', 'uncertain', 'in_flight')";
+/// Gives back the effects of one claim (?1 its holder name, unique to the claim; ?2 the runner's now, ?3 the
+/// host's clock, where a claim given back in flight ends), as PostgreSQL's `RELEASE_CLAIM` does.
+pub(crate) const RELEASE_CLAIM: &str = "UPDATE txinbox_effects SET state = claimed_from, claimed_by = CASE WHEN claimed_from = 'in_flight' THEN claimed_by END, claim_until = CASE WHEN claimed_from = 'in_flight' THEN ?3 END, updated_at = ?2 WHERE claimed_by = ?1 AND state = 'in_flight' AND claimed_from IN ('pending', 'uncertain', 'in_flight')";
 
 /// Maintenance's purge: effects done or compensated before ?1, at most ?2 (index
 /// `txinbox_effects_finished`).
@@ -44,7 +44,9 @@ fn parse_ts(s: &str) -> Result<DateTime<Utc>, sqlx::Error> {
 }
 
 /// The claim of [`Backend::claim_effects`] in one `BEGIN IMMEDIATE` transaction (the write lock up front: one
-/// claimer at a time, so no effect is claimed twice), rolled back when `reply`'s receiver is gone.
+/// claimer at a time, so no effect is claimed twice), rolled back when `reply`'s receiver is gone. The host's
+/// clock, read once the write lock is held, decides which claims expired and when this one ends (it lasts
+/// `claim_until - now`): one file, one host, one clock for all its runners.
 async fn claim_in_transaction(
     pool: &SqlitePool,
     holder: &str,
@@ -58,10 +60,13 @@ async fn claim_in_transaction(
     let mut conn = pool.acquire().await?;
     // A sqlx transaction: a failed COMMIT rolls back too.
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
-    let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT ?3")
+    let clock = Utc::now();
+    let ends = txinbox_core::effects::claim_end(clock, now, claim_until);
+    let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?4)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT ?3")
         .bind(dests)
         .bind(ts(now))
         .bind(limit.max(1))
+        .bind(ts(clock))
         .fetch_all(&mut *tx)
         .await?;
     let mut out = Vec::with_capacity(due.len());
@@ -70,7 +75,7 @@ async fn claim_in_transaction(
         let r = sqlx::query(&sql)
             .bind(id)
             .bind(holder)
-            .bind(ts(claim_until))
+            .bind(ts(ends))
             .bind(ts(now))
             .fetch_one(&mut *tx)
             .await?;
@@ -325,13 +330,12 @@ impl Backend for Sqlite {
     async fn release_claim(
         pool: &SqlitePool,
         holder: &str,
-        claim_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64, sqlx::Error> {
         let r = sqlx::query(RELEASE_CLAIM)
             .bind(text(holder))
-            .bind(ts(claim_until))
             .bind(ts(now))
+            .bind(ts(Utc::now()))
             .execute(pool)
             .await?;
         Ok(r.rows_affected())

@@ -62,13 +62,8 @@ impl<S: EffectStore<Error = sqlx::Error>> EffectStore for LosesClaimAnswer<S> {
         Ok(claimed)
     }
 
-    async fn release_claim(
-        &self,
-        holder: &str,
-        claim_until: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, sqlx::Error> {
-        self.inner.release_claim(holder, claim_until, now).await
+    async fn release_claim(&self, holder: &str, now: DateTime<Utc>) -> Result<u64, sqlx::Error> {
+        self.inner.release_claim(holder, now).await
     }
 
     async fn finish_effect(

@@ -77,7 +77,9 @@ pub use futures::future::BoxFuture;
 pub use gauges::publish_gauges;
 pub use options::{CompensateError, CompensatedRow, EffectOptions, EffectReport, RowOutcome};
 pub use runner::EffectRunner;
-pub use store::{ClaimedEffect, EffectCount, EffectStore, Transition, TransitionColumns};
+pub use store::{
+    claim_end, ClaimedEffect, EffectCount, EffectStore, Transition, TransitionColumns,
+};
 
 pub use crate::error::BoxError;
 

@@ -58,6 +58,8 @@ pub struct EffectRunner<S: EffectStore> {
     destinations: Vec<String>,
     opts: EffectOptions,
     holder: String,
+    /// How many claims this runner asked for: each claim's holder name is `holder#N`.
+    claims: std::sync::atomic::AtomicU64,
 }
 
 impl<S: EffectStore> fmt::Debug for EffectRunner<S> {
@@ -79,6 +81,7 @@ impl<S: EffectStore> EffectRunner<S> {
             destinations: Vec::new(),
             opts: EffectOptions::default(),
             holder: format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()),
+            claims: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -109,7 +112,11 @@ impl<S: EffectStore> EffectRunner<S> {
         self
     }
 
-    /// The holder name this runner claims under.
+    /// This runner's name. Each claim it makes holds its effects under a name of its own, this one followed by
+    /// `#` and the claim's number (`4242-0f3a…#17`, the `claimed_by` of an effect in flight): a finish or a
+    /// give-back applies only to the claim that made it, so a late finish of an earlier claim (sent before that
+    /// claim ran out, arriving after this runner claimed the effect again) is refused instead of being taken
+    /// for the later claim's result.
     pub fn holder(&self) -> &str {
         &self.holder
     }
@@ -372,13 +379,16 @@ impl<S: EffectStore> EffectRunner<S> {
             .max()
             .unwrap_or_default();
         let until = crate::time::after(now, self.opts.claim_for.saturating_add(lag));
-        let claim = self.store.claim_effects(
-            &self.holder,
-            &self.destinations,
-            now,
-            until,
-            self.opts.batch,
-        );
+        // This claim's own name: what it holds is finished or given back under it, and under no other claim's.
+        let n = self
+            .claims
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .wrapping_add(1);
+        let holder = format!("{}#{n}", self.holder);
+        let holder = holder.as_str();
+        let claim =
+            self.store
+                .claim_effects(holder, &self.destinations, now, until, self.opts.batch);
         let claimed = match tokio::select! {
             r = claim => r,
             // A claim cut off may have been recorded: its effects are reconciled once it ends.
@@ -391,7 +401,7 @@ impl<S: EffectStore> EffectRunner<S> {
                 // The claim may have applied and lost its answer: what it took would stay in flight under
                 // this holder, never run, until the claim ends, then be taken for possibly started. Given
                 // back now, each effect to the state it was claimed from (nothing, if it did not apply).
-                match self.store.release_claim(&self.holder, until, now).await {
+                match self.store.release_claim(holder, now).await {
                     Ok(0) => {}
                     Ok(n) => tracing::warn!(
                         released = n,
@@ -426,7 +436,7 @@ impl<S: EffectStore> EffectRunner<S> {
         }
         let results = futures::future::join_all(claimed.iter().map(|e| async move {
             let run = tokio::select! {
-                r = tokio::time::timeout_at(deadline, self.run_one(e)) => r,
+                r = tokio::time::timeout_at(deadline, self.run_one(e, holder)) => r,
                 _ = cut.cancelled() => {
                     tracing::warn!(key = %e.key, destination = %e.destination, wait_s = STOP_WAIT.as_secs(), "the runner stopped with an effect's work in flight: given up, its next holder reconciles it");
                     return None;
@@ -448,8 +458,8 @@ impl<S: EffectStore> EffectRunner<S> {
         report
     }
 
-    /// Runs one claimed effect to its next state; `Ok(None)` when the claim was lost meanwhile.
-    async fn run_one(&self, e: &ClaimedEffect) -> Result<Option<EffectState>, ()> {
+    /// Runs one effect claimed under `holder` to its next state; `Ok(None)` when the claim was lost meanwhile.
+    async fn run_one(&self, e: &ClaimedEffect, holder: &str) -> Result<Option<EffectState>, ()> {
         let Some(exec) = self.executors.get(&e.destination) else {
             // Not claimable: the claim filters on registered destinations.
             return Ok(None);
@@ -486,7 +496,7 @@ impl<S: EffectStore> EffectRunner<S> {
                         attempts: e.attempts.max(1),
                         reconciliations,
                     };
-                    return self.finish(e, t, None).await;
+                    return self.finish(e, holder, t, None).await;
                 }
                 // Not proof: a search that lags behind the writes answers "not found" for what the call
                 // created a moment ago. The call goes out again, but the flag stays: a refusal of it (a 422
@@ -494,12 +504,16 @@ impl<S: EffectStore> EffectRunner<S> {
                 Confirmation::NotFound => {}
                 Confirmation::Repeat => {}
                 Confirmation::Unknown { error } => {
-                    return self.undecided(e, error, reconciliations, None).await
+                    return self
+                        .undecided(e, holder, error, reconciliations, None)
+                        .await
                 }
                 // A destination that asks to be asked later is not asked before it said; its refusal to
                 // answer counts as a reconciliation that did not decide.
                 Confirmation::NotAnswered { error, retry_after } => {
-                    return self.undecided(e, error, reconciliations, retry_after).await
+                    return self
+                        .undecided(e, holder, error, reconciliations, retry_after)
+                        .await
                 }
             }
         }
@@ -526,7 +540,7 @@ impl<S: EffectStore> EffectRunner<S> {
             maybe_happened,
             exec.reconcile_after(),
         );
-        self.finish(e, t, sent_hash.as_deref()).await
+        self.finish(e, holder, t, sent_hash.as_deref()).await
     }
 
     /// A confirmation that did not decide: uncertain again after a backoff (no sooner than `retry_after`), or
@@ -534,6 +548,7 @@ impl<S: EffectStore> EffectRunner<S> {
     async fn undecided(
         &self,
         e: &ClaimedEffect,
+        holder: &str,
         error: crate::error::BoxError,
         reconciliations: i32,
         retry_after: Option<Duration>,
@@ -555,7 +570,7 @@ impl<S: EffectStore> EffectRunner<S> {
                 reconciliations,
             }
         };
-        self.finish(e, t, None).await
+        self.finish(e, holder, t, None).await
     }
 
     /// The transition an execution leads to. `maybe_happened`: an earlier call may have happened and no
@@ -660,6 +675,7 @@ impl<S: EffectStore> EffectRunner<S> {
     async fn finish(
         &self,
         e: &ClaimedEffect,
+        holder: &str,
         t: Transition,
         sent_hash: Option<&str>,
     ) -> Result<Option<EffectState>, ()> {
@@ -673,11 +689,7 @@ impl<S: EffectStore> EffectRunner<S> {
         let now = Utc::now();
         let mut tries = 1;
         let recorded = loop {
-            match self
-                .store
-                .finish_effect(e.id, &self.holder, &columns, now)
-                .await
-            {
+            match self.store.finish_effect(e.id, holder, &columns, now).await {
                 Err(err) if tries < FINISH_TRIES => {
                     tracing::warn!(key = %e.key, error = %err, "recording the effect's result failed; sending it again");
                     tries += 1;

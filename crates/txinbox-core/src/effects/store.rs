@@ -248,15 +248,63 @@ pub struct EffectCount {
     pub without_reference: i64,
 }
 
+/// When a claim asked for at `now` until `claim_until` (the runner's clock) ends, counted from `clock` (the
+/// store's): `clock + (claim_until - now)`, or the earliest or latest date there is when that is out of range.
+/// A claim ending before `now` (`claim_until < now`) has ended when it begins.
+///
+/// ```
+/// use chrono::{Duration, TimeZone, Utc};
+/// let runner = Utc.with_ymd_and_hms(2030, 1, 1, 12, 0, 0).unwrap();
+/// let store = runner - Duration::hours(2);
+/// let end = txinbox_core::effects::claim_end(store, runner, runner + Duration::seconds(60));
+/// assert_eq!(end, store + Duration::seconds(60));
+/// ```
+pub fn claim_end(
+    clock: DateTime<Utc>,
+    now: DateTime<Utc>,
+    claim_until: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let lasts = claim_until.signed_duration_since(now);
+    clock
+        .checked_add_signed(lasts)
+        .unwrap_or(if lasts < chrono::TimeDelta::zero() {
+            DateTime::<Utc>::MIN_UTC
+        } else {
+            DateTime::<Utc>::MAX_UTC
+        })
+}
+
 /// Where effects wait: what the runner needs from a store.
 pub trait EffectStore: Clone + Send + Sync + 'static {
     /// The driver's error.
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// Claims up to `limit` due effects for `destinations` on behalf of `holder` until `claim_until`: pending
-    /// and uncertain ones whose time has come, and in-flight ones whose holder's claim expired. Within a group
-    /// only the oldest unfinished effect is due (done, failed and compensated ones are finished). No effect is
-    /// held by two holders at once.
+    /// Claims up to `limit` due effects for `destinations` on behalf of `holder`: pending and uncertain ones
+    /// due by `now` (`next_attempt_at <= now`), and in-flight ones whose claim expired. Within a group only the
+    /// oldest unfinished effect is due (done, failed and compensated ones are finished). No effect is held by
+    /// two holders at once.
+    ///
+    /// `holder` names this one claim: a finish ([`finish_effect`](Self::finish_effect)) or a give-back
+    /// ([`release_claim`](Self::release_claim)) under it applies only to what this claim holds, so a runner
+    /// claims each time under a name of its own (its own name and the claim's number: see
+    /// [`EffectRunner::holder`](super::EffectRunner::holder)), and a late finish of an earlier claim of the
+    /// same runner never lands on a later one.
+    ///
+    /// **Whose clock.** `now` and `claim_until` are the runner's: the claim lasts `claim_until - now`. Which
+    /// claims expired and when the new one ends are decided by the store's clock ([`claim_end`]: the claim
+    /// ends that long after the store's clock, and a claim has expired once the store's clock is past its
+    /// end), so that two runners whose hosts' clocks differ do not disagree on who holds an effect:
+    ///
+    /// * PostgreSQL: the database server's clock (`now()`, the statement's start), the same for every runner of
+    ///   one database however far their hosts' clocks drift.
+    /// * SQLite: the clock of the host the store runs on (one file, one host: every runner of it reads that
+    ///   clock).
+    /// * DynamoDB: no server clock can be read in a condition; the clock of the runner's host decides, and the
+    ///   hosts of the runners of one table must keep their clocks within a bound of one another (see the
+    ///   DynamoDB store's docs): a runner whose clock is ahead of the holder's by more than a claim's margin
+    ///   over its work (`reconcile_after`) takes an effect over while its holder may still be calling.
+    ///
+    /// Due times (`next_attempt_at`) are written from the runners' clocks and compared with `now`.
     fn claim_effects(
         &self,
         holder: &str,
@@ -266,26 +314,27 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
         limit: i64,
     ) -> impl std::future::Future<Output = Result<Vec<ClaimedEffect>, Self::Error>> + Send;
 
-    /// Gives back what a claim of `holder` until `claim_until` took, after that claim returned an error: a
-    /// claim whose write applied and whose answer was lost (the connection dropped after its COMMIT) holds
-    /// effects the runner never ran. Each returns to the state it was claimed from (pending, uncertain; one
-    /// taken from an expired claim stays in flight, its claim ended at `now`), so it is claimed again at once
-    /// and one that was never called is not taken for possibly started. Only effects still held by that very
-    /// claim are touched; returns how many. The default gives back nothing (the claim's effects are then
-    /// reconciled once it expires): a store whose claim recognises its own lost answer needs no more.
+    /// Gives back what the claim made under `holder` (one claim's name, see
+    /// [`claim_effects`](Self::claim_effects)) took, after that claim returned an error: a claim whose write
+    /// applied and whose answer was lost (the connection dropped after its COMMIT) holds effects the runner
+    /// never ran. Each returns to the state it was claimed from (pending, uncertain; one taken from an expired
+    /// claim stays in flight, its claim ended, by the store's clock, so it is due at once), so it is claimed
+    /// again at once and one that was never called is not taken for possibly started. Only effects still held
+    /// by that very claim are touched; returns how many. `now` is the runner's clock. The default gives back
+    /// nothing (the claim's effects are then reconciled once it expires): a store whose claim recognises its
+    /// own lost answer needs no more.
     fn release_claim(
         &self,
         holder: &str,
-        claim_until: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> impl std::future::Future<Output = Result<u64, Self::Error>> + Send {
-        let _ = (holder, claim_until, now);
+        let _ = (holder, now);
         async { Ok(0) }
     }
 
-    /// Records a transition (its [columns](Transition::columns)) for effect `id` if `holder` still holds its
-    /// claim; `false` when it does not (the claim expired and another holder took the effect: this result is
-    /// dropped, that holder reconciles). The runner sends a finish that failed again, with the same columns and
+    /// Records a transition (its [columns](Transition::columns)) for effect `id` if the claim named `holder`
+    /// still holds it; `false` when it does not (the claim expired and another claim took the effect, of
+    /// another runner or of the same one: this result is dropped, that claim reconciles). The runner sends a finish that failed again, with the same columns and
     /// `now`; when one whose first write applied and lost its answer answers `false`, the runner reads the
     /// effect and takes it as its own write if it is out of flight in the state and with the attempts it wrote.
     fn finish_effect(
