@@ -15,7 +15,9 @@ use crate::error::call;
 use crate::layout::{self as l, n, s, Item, Reader};
 use crate::{DynamoError, DynamoStore};
 
-const CLAIMABLE: &str = "(#state IN (:pending, :uncertain) AND next_at <= :now) OR (#state = :in_flight AND claim_until < :now)";
+/// Due by the runner's `:now`, or in flight under a claim that ended before `:clock` (this host's clock: see
+/// [`EffectStore::claim_effects`]).
+const CLAIMABLE: &str = "(#state IN (:pending, :uncertain) AND next_at <= :now) OR (#state = :in_flight AND claim_until < :clock)";
 
 fn state_of(r: &Reader<'_>) -> Result<EffectState, DynamoError> {
     let v = r.s("state")?;
@@ -104,7 +106,14 @@ impl DynamoStore {
         limit: i64,
     ) -> Result<(), DynamoError> {
         let now_s = l::ts(now);
-        let bound = format!("{now_s}#~");
+        // Which claims expired, and when this one ends, are this host's clock's (the SQL stores' database's
+        // clock: see `claim_effects`); the claim lasts `claim_until - now`.
+        let clock = Utc::now();
+        let clock_s = l::ts(clock);
+        let ends = txinbox_core::effects::claim_end(clock, now, claim_until);
+        // The `due` index holds due times (the runner's clock) and claims' ends (this host's): read up to the
+        // later of the two, the condition decides.
+        let bound = format!("{}#~", now_s.as_str().max(clock_s.as_str()));
         // The destinations' partitions (each once), merged in the order their effects fell due, whatever
         // their destination: each partition is read a page at a time, and an entry is tried only once every
         // partition that has more has been read past it, so that a page of one partition filled with effects
@@ -183,7 +192,7 @@ impl DynamoStore {
                 if taken.contains(&id) {
                     continue;
                 }
-                if let Some(c) = self.claim_one(id, holder, &now_s, claim_until).await? {
+                if let Some(c) = self.claim_one(id, holder, &now_s, &clock_s, ends).await? {
                     taken.insert(id);
                     out.push(c);
                 }
@@ -200,12 +209,14 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Claims effect `id` for `holder` if it is still claimable and not held back by its group.
+    /// Claims effect `id` for `holder` until `claim_until` if it is still claimable (due by `now_s`, or in
+    /// flight under a claim ended before `clock_s`) and not held back by its group.
     async fn claim_one(
         &self,
         id: i64,
         holder: &str,
         now_s: &str,
+        clock_s: &str,
         claim_until: DateTime<Utc>,
     ) -> Result<Option<ClaimedEffect>, DynamoError> {
         let (k, v) = Self::effect_key(id);
@@ -233,6 +244,7 @@ impl DynamoStore {
             .expression_attribute_values(":uncertain", s("uncertain"))
             .expression_attribute_values(":in_flight", s("in_flight"))
             .expression_attribute_values(":now", s(now_s))
+            .expression_attribute_values(":clock", s(clock_s))
             .expression_attribute_values(":h", s(holder))
             .expression_attribute_values(":cu", s(l::ts(claim_until)))
             .expression_attribute_values(":due", s(format!("{}#{id}", l::ts(claim_until))))
@@ -426,6 +438,15 @@ impl EffectStore for DynamoStore {
     /// (`pending`/`uncertain` and due, or `in_flight` with an expired claim): two runners that find the same
     /// effect race on the condition, and one wins. An effect behind an older unfinished one of its group is
     /// left for later. A limit below one is one, as on the SQL stores.
+    ///
+    /// **Clocks.** A condition cannot read a clock of DynamoDB's: which claims expired and when this one ends
+    /// (it lasts `claim_until - now`) are decided by the clock of the host this store runs on, read at the
+    /// claim. Two runners of one table therefore agree on who holds an effect only as far as their hosts'
+    /// clocks agree: a runner whose clock is ahead of a holder's by `d` takes the holder's effects over `d`
+    /// early. A holder gives up its work `reconcile_after` of its destinations before its claim ends (none by
+    /// default), so keep the hosts' clocks synchronised (NTP, chrony, the Amazon Time Sync Service: well under
+    /// a second) and below that margin; a skew beyond it lets a second runner call while the first may still
+    /// be calling.
     async fn claim_effects(
         &self,
         holder: &str,
