@@ -176,6 +176,21 @@ impl HttpEffect {
             || self.url.contains(template::EXTERNAL_REF)
     }
 
+    /// What of a request to `url_template` with the extra `headers` its answer must not be kept showing.
+    fn secrets(&self, url_template: &str, headers: &[(HeaderName, HeaderValue)]) -> Secrets {
+        let mut s = Secrets::default();
+        for (_, v) in &self.headers {
+            s.add_header(v);
+        }
+        for (n, v) in headers {
+            if names_a_credential(n.as_str()) {
+                s.add_header(v);
+            }
+        }
+        s.add_url(url_template);
+        s
+    }
+
     fn reference_of(&self, body: &[u8]) -> Option<String> {
         let v: serde_json::Value = serde_json::from_slice(body).ok()?;
         match confirm::walk(&v, &self.reference) {
@@ -278,10 +293,118 @@ fn reported_error_in(body: &[u8]) -> Option<&'static str> {
         .and_then(confirm::reported_error)
 }
 
-/// The first bytes of an answer, for evidence.
-fn excerpt(body: &[u8]) -> String {
-    let s = String::from_utf8_lossy(&body[..body.len().min(200)]);
-    s.chars().filter(|c| !c.is_control()).collect()
+/// The first bytes of an answer (at most 200), for evidence, with the request's `secrets` masked: a destination
+/// may echo the request on an error (the headers it received, the URL it was called at). They are masked before
+/// the answer is cut, so that none is shown in part.
+fn excerpt(body: &[u8], secrets: &Secrets) -> String {
+    const SHOWN: usize = 200;
+    let read = String::from_utf8_lossy(&body[..body.len().min(64 * 1024)]);
+    let text: String = read.chars().filter(|c| !c.is_control()).collect();
+    let mut text = secrets.mask(&text);
+    if text.len() > SHOWN {
+        let cut = (0..=SHOWN)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(cut);
+    }
+    text
+}
+
+/// What of a request an answer that quotes it must not be kept showing ([`excerpt`]): the values of the
+/// destination's headers (each one sensitive: an `Authorization`, an API key) and of the effect's metadata headers
+/// whose name reads as a credential ([`names_a_credential`]), and a `Scheme credential` value's credential alone;
+/// the URL template's user info, literal query values and literal path segments of 16 characters or more (a
+/// webhook's token). Each is masked as written, JSON-escaped (`/` escaped or not) and percent-encoded. Values
+/// shorter than 6 characters are left: masking them would mask words and numbers of the answer.
+#[derive(Debug, Default)]
+struct Secrets(Vec<String>);
+
+impl Secrets {
+    /// The shortest value masked.
+    const SHORTEST: usize = 6;
+
+    fn add(&mut self, value: &str) {
+        let value = value.trim();
+        if value.chars().count() < Self::SHORTEST {
+            return;
+        }
+        let json = serde_json::Value::String(value.to_owned()).to_string();
+        let json = &json[1..json.len() - 1];
+        for form in [
+            value.to_owned(),
+            json.to_owned(),
+            json.replace('/', "\\/"),
+            template::encode(value),
+        ] {
+            if !self.0.contains(&form) {
+                self.0.push(form);
+            }
+        }
+        // Longest first: a whole `Bearer TOKEN` before its `TOKEN`.
+        self.0.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    }
+
+    fn add_header(&mut self, value: &HeaderValue) {
+        if let Ok(v) = value.to_str() {
+            self.add(v);
+            if let Some((_, credential)) = v.trim().split_once(' ') {
+                self.add(credential);
+            }
+        }
+    }
+
+    /// The secrets a URL template writes out: its user info, its literal query values and its long literal path
+    /// segments (a `{placeholder}`, filled with the effect's key or reference, is none).
+    fn add_url(&mut self, template: &str) {
+        let Some((_, rest)) = template.split_once("://") else {
+            return;
+        };
+        let rest = rest.split('#').next().unwrap_or_default();
+        let (before, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = before.split_at(before.find('/').unwrap_or(before.len()));
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            userinfo.split(':').for_each(|part| self.add(part));
+        }
+        for segment in path.split('/') {
+            if segment.len() >= 16 && !segment.contains('{') {
+                self.add(segment);
+            }
+        }
+        for part in query.split('&') {
+            let value = part.split_once('=').map_or(part, |(_, v)| v);
+            if !value.contains('{') {
+                self.add(value);
+            }
+        }
+    }
+
+    fn mask(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for form in &self.0 {
+            if out.contains(form.as_str()) {
+                out = out.replace(form.as_str(), "***");
+            }
+        }
+        out
+    }
+}
+
+/// Whether a header's name reads as a credential's (`Authorization`, `X-Api-Key`, `X-Auth-Token`, `Cookie`).
+fn names_a_credential(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "auth",
+        "key",
+        "token",
+        "secret",
+        "signature",
+        "password",
+        "cookie",
+        "session",
+    ]
+    .iter()
+    .any(|w| name.contains(w))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -305,6 +428,7 @@ impl EffectExecutor for HttpEffect {
                 Ok(h) => h,
                 Err(error) => return Execution::rejected(format!("{shown}: {error}")),
             };
+            let secrets = self.secrets(&self.url, &headers);
             let mut req = self.request(self.method.clone(), &url);
             if let Placement::Header(name) = &self.key.placement {
                 req = req.header(name.as_str(), &effect.key);
@@ -363,7 +487,10 @@ impl EffectExecutor for HttpEffect {
                 } else {
                     ""
                 };
-                format!("{shown} answered {status}{limit}: {}", excerpt(&body))
+                format!(
+                    "{shown} answered {status}{limit}: {}",
+                    excerpt(&body, &secrets)
+                )
             };
             match read {
                 Answer::Done => match (self.reference_of(&body), reported_error_in(&body)) {
@@ -453,6 +580,7 @@ impl EffectExecutor for HttpEffect {
                 );
             }
             let url = template::fill_url(template, effect);
+            let secrets = self.secrets(template, &[]);
             let mut req = self.request(reqwest::Method::DELETE, &url);
             // The key goes where the destination takes one: its declared header (`Idempotency-Key` by default).
             // A destination keeping no key, or taking it in the body (a DELETE has none), gets none.
@@ -497,7 +625,7 @@ impl EffectExecutor for HttpEffect {
                     return Err(format!(
                         "the compensation request answered {status}, a rate limit: nothing undone, ask again \
                          later{after}: {}",
-                        excerpt(&body)
+                        excerpt(&body, &secrets)
                     )
                     .into());
                 }
@@ -520,7 +648,7 @@ impl EffectExecutor for HttpEffect {
                 None => Ok(()),
                 Some(member) => Err(format!(
                     "the compensation request answered {status} with `{member}` in its body: not read as undone: {}",
-                    excerpt(&body)
+                    excerpt(&body, &secrets)
                 )
                 .into()),
             }
@@ -672,6 +800,8 @@ fn url_path(url: &str) -> String {
 
 #[cfg(test)]
 mod compensate_tests;
+#[cfg(test)]
+mod echo_tests;
 #[cfg(test)]
 mod error_body_tests;
 #[cfg(test)]
