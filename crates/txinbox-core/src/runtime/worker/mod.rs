@@ -22,7 +22,12 @@
 //! receives those messages at once instead of after their lock or visibility timeout. A poll still running at
 //! the deadline is dropped: what the broker hands it then waits for its lock or visibility timeout. An idle
 //! worker therefore takes up to the long-poll wait (or the shutdown timeout, if shorter) to stop. A worker that
-//! gives up on receives (below) stops the same way, its deadline counted from the moment it gives up.
+//! gives up on receives (below) stops the same way, its deadline counted from the moment it gives up. Every
+//! delivery handed back unapplied at shutdown is counted in `txinbox_worker_handed_back_total{consumer, reason}`
+//! ([`WORKER_HANDED_BACK`](crate::metrics::WORKER_HANDED_BACK)): `receive_in_flight` (what that receive brought),
+//! `waiting_for_slot` (prefetched, below), `surplus` (a receive's extra deliveries, below); a release that fails
+//! counts in `txinbox_settle_failures_total{op="release"}` (for the first and the last, instead of as handed
+//! back).
 //!
 //! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
 //! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
@@ -303,6 +308,10 @@ where
         for state in [Holding::WAITING, Holding::PROCESSING] {
             metrics::gauge!(crate::metrics::WORKER_DELIVERIES, "consumer" => consumer.clone(), "state" => state)
                 .set(0.0);
+        }
+        for reason in receive::HandedBack::ALL {
+            metrics::counter!(crate::metrics::WORKER_HANDED_BACK, "consumer" => consumer.clone(), "reason" => reason)
+                .increment(0);
         }
         let health = self.health.take();
         if let Some(h) = &health {

@@ -587,6 +587,14 @@ impl<P> Dispatch<P> {
             };
             let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
             drop(guards);
+            if slot.permit.is_none() {
+                // Still waiting for a slot when the stop came: given to the processor to be released unapplied.
+                let released = outcomes
+                    .iter()
+                    .filter(|o| matches!(o, Outcome::Interrupted))
+                    .count();
+                count_handed_back(&consumer, HandedBack::WAITING_FOR_SLOT, released);
+            }
             let mut t = report.lock().unwrap_or_else(|p| p.into_inner());
             // Abandoned meanwhile (it answered too late): already counted in `abandoned`, never twice.
             if !t.closed {
@@ -625,7 +633,7 @@ impl<P> Dispatch<P> {
             tokio::select! {
                 biased;
                 _ = abandon.cancelled() => {}
-                _ = release_now(extra, &consumer) => {}
+                _ = release_now(extra, &consumer, HandedBack::SURPLUS) => {}
             }
         });
     }
@@ -666,7 +674,7 @@ impl Drop for Holding {
 /// The processing slots of a received delivery or batch, counted in `txinbox_worker_deliveries` while held.
 pub(super) struct Slot {
     /// `None` when the stop was signalled before a slot was free.
-    pub(super) _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(super) permit: Option<tokio::sync::OwnedSemaphorePermit>,
     pub(super) _processing: Holding,
     /// What the processor is given: the worker's stop token, or, when no slot was taken, the cancelled
     /// `draining` token, so that what it was given is released at once without being applied.
@@ -698,7 +706,7 @@ pub(super) async fn take_slots(
         } else {
             draining.clone()
         },
-        _permit: permit,
+        permit,
         _processing: Holding::new(consumer, Holding::PROCESSING, n),
     }
 }
@@ -744,30 +752,75 @@ pub(super) async fn hand_back<D: Delivery>(
             return;
         }
     };
-    release_now(deliveries, consumer).await;
+    release_now(deliveries, consumer, HandedBack::RECEIVE_IN_FLIGHT).await;
 }
 
-/// Releases `deliveries` with no delay (handed back unapplied), logging each release that fails.
-async fn release_now<D: Delivery>(deliveries: Vec<D>, consumer: &str) {
+/// Why a worker handed deliveries back unapplied: the `reason` label of `txinbox_worker_handed_back_total`.
+pub(super) struct HandedBack;
+
+impl HandedBack {
+    /// Brought by the receive in flight when the worker stopped.
+    pub(super) const RECEIVE_IN_FLIGHT: &'static str = "receive_in_flight";
+    /// Brought by a receive beyond what it asked for, still waiting for a place when the worker stopped.
+    pub(super) const SURPLUS: &'static str = "surplus";
+    /// Received ahead (prefetch) or in a lingering batch, still waiting for a slot when the worker stopped.
+    pub(super) const WAITING_FOR_SLOT: &'static str = "waiting_for_slot";
+    /// Every reason, each series registered at zero when a worker starts.
+    pub(super) const ALL: [&'static str; 3] = [
+        Self::RECEIVE_IN_FLIGHT,
+        Self::SURPLUS,
+        Self::WAITING_FOR_SLOT,
+    ];
+}
+
+/// Counts `n` deliveries handed back for `reason` in `txinbox_worker_handed_back_total`.
+pub(super) fn count_handed_back(consumer: &str, reason: &'static str, n: usize) {
+    if n > 0 {
+        metrics::counter!(crate::metrics::WORKER_HANDED_BACK, "consumer" => consumer.to_owned(), "reason" => reason)
+            .increment(n as u64);
+    }
+}
+
+/// Releases `deliveries` with no delay (handed back unapplied, counted for `reason`), logging each release that
+/// fails or panics (counted as a failed settle instead).
+async fn release_now<D: Delivery>(deliveries: Vec<D>, consumer: &str, reason: &'static str) {
+    use futures::FutureExt;
     if deliveries.is_empty() {
         return;
     }
     let n = deliveries.len();
-    let results =
-        futures::future::join_all(deliveries.into_iter().map(|d| d.release(Duration::ZERO))).await;
+    let results = futures::future::join_all(
+        deliveries
+            .into_iter()
+            .map(|d| std::panic::AssertUnwindSafe(d.release(Duration::ZERO)).catch_unwind()),
+    )
+    .await;
     let mut failed = 0;
-    for e in results.into_iter().filter_map(Result::err) {
+    for result in results {
+        match result {
+            Ok(Ok(())) => continue,
+            // Not handed back: the message stays locked until its lock or visibility timeout, then comes back.
+            Ok(Err(e)) => tracing::warn!(
+                consumer,
+                kind = e.kind().as_str(),
+                error = %crate::error::redact_secrets(&e.to_string()),
+                "handing back a message failed; it comes back after its lock or visibility timeout"
+            ),
+            Err(_) => tracing::error!(
+                consumer,
+                "handing back a message panicked (a bug in the broker adapter's release); it comes back after its lock or visibility timeout"
+            ),
+        }
         failed += 1;
-        // Not handed back: the message stays locked until its lock or visibility timeout, then comes back.
-        tracing::warn!(
-            consumer,
-            kind = e.kind().as_str(),
-            error = %crate::error::redact_secrets(&e.to_string()),
-            "handing back a message failed; it comes back after its lock or visibility timeout"
-        );
+    }
+    count_handed_back(consumer, reason, n - failed);
+    if failed > 0 {
+        metrics::counter!(crate::metrics::SETTLE_FAILURES, "consumer" => consumer.to_owned(), "op" => "release")
+            .increment(failed as u64);
     }
     tracing::info!(
         consumer,
+        reason,
         handed_back = n - failed,
         failed,
         "messages handed back to the broker"
@@ -880,6 +933,52 @@ mod tests {
         }
         fn enter(&self, _: &tracing::span::Id) {}
         fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A delivery whose release panics (a bug in an adapter).
+    struct ReleasePanics(ReceivedMessage);
+
+    impl Delivery for ReleasePanics {
+        fn message(&self) -> &ReceivedMessage {
+            &self.0
+        }
+        async fn ack(self) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        async fn release(self, _: Duration) -> Result<(), BrokerError> {
+            panic!("the adapter's release panicked")
+        }
+        async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        fn lease(&self) -> Option<Arc<dyn Lease>> {
+            None
+        }
+    }
+
+    /// A hand-back that fails or panics is not counted handed back (the message stays locked until its lock or
+    /// visibility timeout) but as a failed release; a panic does not escape into the receive loop.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hand_back_that_fails_or_panics_is_a_failed_release_not_a_hand_back() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let fails = async { Ok(vec![ReleaseFails(ReceivedMessage::default())]) };
+        hand_back(fails, Duration::from_secs(1), "c").await;
+        let panics = async { Ok(vec![ReleasePanics(ReceivedMessage::default())]) };
+        hand_back(panics, Duration::from_secs(1), "c").await;
+        let (mut handed_back, mut failed) = (0, 0);
+        for (key, _, _, value) in snap.snapshot().into_vec() {
+            if let DebugValue::Counter(n) = value {
+                match key.key().name() {
+                    crate::metrics::WORKER_HANDED_BACK => handed_back += n,
+                    crate::metrics::SETTLE_FAILURES => failed += n,
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!((handed_back, failed), (0, 2));
     }
 
     /// A message received after the stop whose hand-back fails is said at warn, with the error (its secret

@@ -346,3 +346,122 @@ async fn a_receives_extra_deliveries_wait_counted_and_go_back_at_shutdown() {
         "{s}: every message back in the queue, none left to its visibility timeout"
     );
 }
+
+/// `txinbox_worker_handed_back_total` by reason: (receive_in_flight, surplus, waiting_for_slot).
+fn handed_back(counted: &Counted) -> (u64, u64, u64) {
+    let by = |reason| {
+        count(
+            counted,
+            crate::metrics::WORKER_HANDED_BACK,
+            &[("reason", reason)],
+        )
+    };
+    (
+        by("receive_in_flight"),
+        by("surplus"),
+        by("waiting_for_slot"),
+    )
+}
+
+/// The extra deliveries of a receive that brought more than it asked for, still waiting for places at
+/// shutdown, are handed back to the broker and counted as such (`reason="surplus"`): they have no outcome, and
+/// each is one more receive toward the queue's maximum receive count.
+#[tokio::test(flavor = "current_thread")]
+async fn a_receives_surplus_handed_back_at_shutdown_is_counted() {
+    use crate::broker::mem::QueueOptions;
+    use crate::{OutcomeKind, Worker, WorkerOptions};
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let q2 = q.clone();
+    // One receive asks for 1 and brings 6: one handler running (it never ends), five extra waiting.
+    let report = Worker::new(
+        Greedy {
+            inner: q.receiver(),
+            extra: 5,
+        },
+        slow_processor(&store, Duration::from_secs(3600), Arc::default()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(1)
+            .shutdown_timeout(Duration::from_millis(100))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    )
+    .run_until(async move {
+        while q2.state().in_flight < 6 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    // The running one is interrupted at the deadline: an outcome of its own, not a hand-back.
+    assert_eq!(report.count(OutcomeKind::Interrupted), 1, "{report}");
+    assert_eq!(report.total(), 1, "{report}");
+    let counted = counters(&snap);
+    assert_eq!(handed_back(&counted), (0, 5, 0), "{counted:?}");
+    let s = q.state();
+    assert_eq!((s.visible, s.in_flight), (10, 0), "{s}");
+}
+
+/// The prefetched deliveries still waiting for a slot when shutdown begins are handed back, counted as such
+/// (`reason="waiting_for_slot"`) beside their outcome (interrupted); the one being applied is not.
+#[tokio::test(flavor = "current_thread")]
+async fn prefetched_deliveries_handed_back_at_shutdown_are_counted() {
+    use crate::OutcomeKind;
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (report, effects, queue) =
+        stop_with_prefetch(Duration::from_millis(300), Duration::from_secs(3600)).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1, "{report}");
+    assert_eq!(report.count(OutcomeKind::Interrupted), 5, "{report}");
+    assert_eq!((effects, queue), (1, (9, 0)));
+    let counted = counters(&snap);
+    assert_eq!(handed_back(&counted), (0, 0, 5), "{counted:?}");
+}
+
+/// A receiver whose every receive takes 10 s before it takes what the queue holds.
+struct Late(crate::broker::mem::MemoryReceiver);
+
+impl crate::Receiver for Late {
+    type Delivery = crate::broker::mem::MemoryDelivery;
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        self.0.receive(max).await
+    }
+}
+
+/// What the receive in flight at shutdown brings is handed back at once, counted as such
+/// (`reason="receive_in_flight"`): those deliveries have no outcome.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn what_the_receive_in_flight_at_shutdown_brings_is_counted_handed_back() {
+    use crate::{Worker, WorkerOptions};
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemStore::default();
+    let q = MemoryQueue::default();
+    for i in 0..3 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    // Stopped at 1 s, while the first receive waits until 10 s (inside the shutdown timeout, 20 s).
+    let report = Worker::new(Late(q.receiver()), processor(&store))
+        .options(WorkerOptions::default().concurrency(4))
+        .run_until(tokio::time::sleep(Duration::from_secs(1)))
+        .await;
+    assert_eq!(report.total(), 0, "{report}");
+    assert!(store.state().effects.is_empty());
+    let counted = counters(&snap);
+    assert_eq!(handed_back(&counted), (3, 0, 0), "{counted:?}");
+    let s = q.state();
+    assert_eq!((s.visible, s.in_flight), (3, 0), "{s}");
+}
