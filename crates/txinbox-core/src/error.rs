@@ -492,10 +492,11 @@ pub fn escape_untrusted(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// `text` with the secrets an error may quote masked as `***`: the password of a URL
-/// (`postgres://user:PASSWORD@host`; on HTTP the whole user info, `https://***@host`), a Service Bus `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`.
-/// An error can quote them from where they were read: a settings file's line in a TOML parse error, a
-/// connection string, a driver's message. The rest of the text is kept as it is. A URL's password is found as
-/// [`redact_url`] finds it.
+/// (`postgres://user:PASSWORD@host`), an HTTP URL as [`redact_url`] shows it (its user info, its path past the
+/// first segment, its query values and fragment: a webhook's token, an API key), a Service Bus
+/// `SharedAccessKey=KEY` and a SAS token's `sig=SIGNATURE`. An error can quote them from where they were read:
+/// a settings file's line in a TOML parse error, a connection string, a driver's message, a readiness check's
+/// reason. The rest of the text is kept as it is. A URL's password is found as [`redact_url`] finds it.
 pub fn redact_secrets(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
