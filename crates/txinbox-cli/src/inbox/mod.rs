@@ -149,9 +149,10 @@ impl ReadCommand {
                 Ok(a.consumer.is_none() || stats.iter().any(|s| !knows_nothing(s)))
             }
             ReadCommand::Show(a) => {
-                let story = store
+                let mut story = store
                     .story(&a.consumer, &a.message_id, a.source.as_deref(), &a.effects)
                     .await?;
+                mask_kept_errors(&mut story);
                 let found = story.found();
                 if json {
                     let mut doc = serde_json::to_value(&story).map_err(|e| e.to_string())?;
@@ -505,5 +506,61 @@ async fn check_schema<DB: Backend>(store: &Store<DB>) -> Result<(), String> {
             Ok(())
         }
         Some(_) => Ok(()),
+    }
+}
+
+/// The effects' `last_error` as they are shown: with the secrets of the URLs they quote masked
+/// ([`redact_secrets`](txinbox_core::error::redact_secrets)). An error kept by an older runner quotes its
+/// destination's URL whole, a webhook's token in its path or an API key in its query.
+fn mask_kept_errors(story: &mut MessageStory) {
+    for e in &mut story.effects {
+        if let Some(error) = &mut e.last_error {
+            *error = txinbox_core::error::redact_secrets(error);
+        }
+    }
+}
+
+#[cfg(test)]
+mod kept_error_tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_error_is_shown_without_the_token_of_its_url() {
+        let now = chrono::Utc::now();
+        let effect = txinbox_core::store::ops::EffectView {
+            id: 1,
+            key: "k".into(),
+            name: "notify".into(),
+            destination: "slack".into(),
+            external_ref: "r".into(),
+            group_key: None,
+            state: "failed".into(),
+            attempts: 1,
+            reconciliations: 0,
+            next_attempt_at: now,
+            claimed_by: None,
+            claim_until: None,
+            reference: None,
+            last_error: Some(
+                "https://hooks.slack.com/services/T0/B0/SECRETtoken1 answered 404: no_service"
+                    .into(),
+            ),
+            created_at: now,
+            updated_at: now,
+            finished_at: None,
+        };
+        let mut story = MessageStory {
+            consumer: "c".into(),
+            message_id: "m".into(),
+            source: None,
+            markers: Vec::new(),
+            rejections: Vec::new(),
+            effects: vec![effect],
+        };
+        mask_kept_errors(&mut story);
+        assert_eq!(
+            story.effects[0].last_error.as_deref(),
+            Some("https://hooks.slack.com/services/***/***/*** answered 404: no_service")
+        );
     }
 }
