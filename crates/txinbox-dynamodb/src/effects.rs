@@ -281,8 +281,105 @@ impl DynamoStore {
                     // Another runner claimed it first, or it is not due any more.
                     return Ok(None);
                 }
+                // No answer to tell whether it applied (every attempt of the SDK lost or failed): kept, so
+                // that the claim can be given back (`release_claim`) if it did.
+                if let Ok(mut unsure) = self.unsure_claims.lock() {
+                    unsure
+                        .entry(holder.to_owned())
+                        .or_default()
+                        .push((id, token));
+                }
                 Err(call("UpdateItem", e))
             }
+        }
+    }
+
+    /// Gives back what the claim named `holder` may hold without knowing it: the effects whose claiming
+    /// `UpdateItem` failed without an answer ([`DynamoStore::unsure_claims`]). Each one that claim's write holds
+    /// (its `write_token`, still in flight) returns to the state it was claimed from, as on the SQL stores;
+    /// one it does not hold (the write never applied, or the effect moved on) is left. Returns how many were
+    /// given back; the first error after trying them all (those are left to expire, as before).
+    async fn give_back(&self, holder: &str, now: DateTime<Utc>) -> Result<u64, DynamoError> {
+        let unsure = match self.unsure_claims.lock() {
+            Ok(mut u) => u.remove(holder).unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        let (mut given, mut failed) = (0, None);
+        for (id, token) in unsure {
+            match self.give_back_one(id, holder, &token, now).await {
+                Ok(true) => given += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(given),
+        }
+    }
+
+    /// Gives effect `id` back if the claim named `holder` whose write carried `token` holds it: pending or
+    /// uncertain again at its due time, or, taken from an expired claim, in flight with its claim ended now
+    /// (this host's clock), so that it is claimed again at once and reconciled first.
+    async fn give_back_one(
+        &self,
+        id: i64,
+        holder: &str,
+        token: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, DynamoError> {
+        let (k, v) = Self::effect_key(id);
+        let Some(item) = self.get_consistent(v.clone(), &[]).await? else {
+            return Ok(false);
+        };
+        let r = Reader::new(&item);
+        let held = r.opt_s(WRITE_TOKEN)?.as_deref() == Some(token)
+            && r.opt_s("claimed_by")?.as_deref() == Some(holder)
+            && state_of(&r)? == EffectState::InFlight;
+        if !held {
+            return Ok(false);
+        }
+        let from = r.s("claimed_from")?;
+        let mine = uuid::Uuid::new_v4().to_string();
+        let req = self
+            .client
+            .update_item()
+            .table_name(&*self.table)
+            .key(k, v)
+            .condition_expression("#write_token = :claim_token AND #state = :in_flight")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .expression_attribute_names("#state", "state")
+            .expression_attribute_names("#write_token", WRITE_TOKEN)
+            .expression_attribute_values(":claim_token", s(token))
+            .expression_attribute_values(":write_token", s(&mine))
+            .expression_attribute_values(":in_flight", s("in_flight"))
+            .expression_attribute_values(":now", s(l::ts(now)));
+        let req = match EffectState::parse(&from) {
+            Some(back @ (EffectState::Pending | EffectState::Uncertain)) => req
+                .update_expression("SET #state = :back, updated_at = :now, gsi2sk = :due, #write_token = :write_token REMOVE claimed_by, claim_until")
+                .expression_attribute_values(":back", s(back.as_str()))
+                .expression_attribute_values(":due", s(format!("{}#{id}", r.s("next_at")?))),
+            Some(EffectState::InFlight) => {
+                let ended = l::ts(Utc::now());
+                req.update_expression("SET claim_until = :ended, updated_at = :now, gsi2sk = :due, #write_token = :write_token")
+                    .expression_attribute_values(":due", s(format!("{ended}#{id}")))
+                    .expression_attribute_values(":ended", s(ended))
+            }
+            _ => return Ok(false),
+        };
+        match req.send().await {
+            Ok(_) => Ok(true),
+            // The SDK's retry of this give-back, whose first attempt applied and lost its answer.
+            Err(e) if own_write(&e, &mine).is_some() => Ok(true),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|se| se.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(call("UpdateItem", e)),
         }
     }
 
@@ -464,11 +561,25 @@ impl EffectStore for DynamoStore {
             Ok(()) => Ok(out),
             Err(e) if out.is_empty() => Err(e),
             // What was claimed is held: hand it to the runner rather than leave it until its claim expires.
+            // One whose claim failed without an answer is given back, if that claim applied.
             Err(e) => {
                 tracing::warn!(error = %e, claimed = out.len(), "claim: an error after some effects were claimed; those run, the others wait for the next poll");
+                if let Err(e) = self.give_back(holder, now).await {
+                    tracing::warn!(error = %e, "giving back a claim whose answer was lost failed: what it may hold is reconciled once it expires");
+                }
                 Ok(out)
             }
         }
+    }
+
+    /// Gives back the effects whose claim under `holder` failed without an answer (an `UpdateItem` whose every
+    /// attempt, the SDK's retries included, was lost or failed) and applied all the same: the claim
+    /// recognises its own write only when an SDK retry reaches DynamoDB and meets it (`write_token`), so one
+    /// whose retries all failed held its effect, unknown to the runner, until its claim ran out. The store
+    /// keeps those effects (in memory, per claim name) and gives back each one that claim's write still holds,
+    /// as the SQL stores do; an effect the write never reached is left as it is.
+    async fn release_claim(&self, holder: &str, now: DateTime<Utc>) -> Result<u64, DynamoError> {
+        self.give_back(holder, now).await
     }
 
     async fn finish_effect(

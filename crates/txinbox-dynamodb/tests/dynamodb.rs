@@ -107,6 +107,7 @@ on_both_backends!(
     a_transaction_in_progress_answer_after_the_commit_applied_is_recognised_by_the_token,
     an_effect_write_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
     a_claim_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
+    a_claim_whose_answer_was_lost_without_a_retry_is_given_back,
     a_lost_commit_answer_is_recognised_after_its_marker_expired,
 );
 
@@ -2234,6 +2235,86 @@ async fn a_claim_whose_answer_was_lost_is_its_own_after_the_sdks_retry(b: Backen
         .finish_effect(e.id, "r", &done.columns(), now)
         .await
         .unwrap());
+}
+
+/// A destination that does every call, never finds anything, and counts both.
+#[derive(Clone, Default)]
+struct Counted {
+    calls: Arc<AtomicUsize>,
+    confirmations: Arc<AtomicUsize>,
+}
+
+impl txinbox_core::effects::EffectExecutor for Counted {
+    fn execute<'a>(
+        &'a self,
+        _: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Execution> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            txinbox_core::effects::Execution::Done {
+                reference: Some("crm-1".into()),
+            }
+        })
+    }
+
+    fn confirm<'a>(
+        &'a self,
+        _: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Confirmation> {
+        self.confirmations.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { txinbox_core::effects::Confirmation::NotFound })
+    }
+}
+
+/// A claim whose `UpdateItem` applied and lost its answer, with no retry of the SDK to find its own write
+/// (retries off here; on the service, every retry failing too): the claim returns an error, and the runner
+/// gives it back at once (`release_claim`). The effect is pending again, claimed by the next pass and called
+/// once, without a confirmation: it was never called. Without the give-back it stayed in flight under the
+/// lost claim until that ran out, then was reconciled as possibly started.
+async fn a_claim_whose_answer_was_lost_without_a_retry_is_given_back(b: Backend) {
+    let lose = Arc::new(AtomicBool::new(false));
+    let updates = Arc::new(AtomicUsize::new(0));
+    let conf = common::emulator_conf(
+        &b.endpoint,
+        lost_answer::losing("UpdateItem", lose.clone(), updates.clone()),
+    )
+    .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled());
+    let (store, _) = store_on(Client::from_conf(conf.build())).await;
+    let tasks = business_table(&b.client()).await;
+    let (_, report) = run(&store, &tasks, vec![meeting("m-1", "o-1", "k-1")]).await;
+    assert_eq!(report.count(OutcomeKind::Applied), 1);
+    let crm = Counted::default();
+    let runner =
+        txinbox_core::effects::EffectRunner::new(store.clone()).executor("crm", crm.clone());
+
+    lose.store(true, Ordering::SeqCst);
+    let first = runner.run_pass().await;
+    assert_eq!(
+        (first.claimed, first.store_errors),
+        (0, 1),
+        "the claim applied and lost its answer: {first}"
+    );
+    let counts = store.effect_counts().await.unwrap();
+    assert!(
+        counts
+            .iter()
+            .all(|c| c.state == EffectState::Pending && c.count == 1),
+        "given back, pending again: {counts:?}"
+    );
+    let second = runner.run_pass().await;
+    assert_eq!(
+        (second.claimed, second.count(EffectState::Done)),
+        (1, 1),
+        "the effect of the lost claim is claimed again at once: {second}"
+    );
+    assert_eq!(
+        (
+            crm.calls.load(Ordering::SeqCst),
+            crm.confirmations.load(Ordering::SeqCst)
+        ),
+        (1, 0),
+        "called once, never taken for possibly started"
+    );
 }
 
 /// A commit whose answer was lost is sent again by the store under a new token, and meets the marker its first

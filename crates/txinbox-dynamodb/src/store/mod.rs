@@ -85,12 +85,21 @@ impl DynamoOptions {
     }
 }
 
+/// The effects of claims whose `UpdateItem` failed without telling whether it applied, by the claim's holder
+/// name: each effect's id and the claim's write token.
+pub(crate) type UnsureClaims = std::collections::HashMap<String, Vec<(i64, String)>>;
+
 /// The inbox on one DynamoDB table. Cheap to clone.
 #[derive(Clone)]
 pub struct DynamoStore {
     pub(crate) client: Client,
     pub(crate) table: Arc<str>,
     pub(crate) options: Arc<DynamoOptions>,
+    /// The claims whose `UpdateItem` failed without telling whether it applied, given back by
+    /// [`EffectStore::release_claim`].
+    ///
+    /// [`EffectStore::release_claim`]: txinbox_core::effects::EffectStore::release_claim
+    pub(crate) unsure_claims: Arc<std::sync::Mutex<UnsureClaims>>,
 }
 
 impl std::fmt::Debug for DynamoStore {
@@ -172,6 +181,7 @@ impl DynamoStore {
             client,
             table: Arc::from(table.into()),
             options: Arc::new(options),
+            unsure_claims: Arc::default(),
         };
         if store.options.check_table {
             store.check_table().await?;
