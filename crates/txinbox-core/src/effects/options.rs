@@ -129,7 +129,11 @@ pub struct EffectOptions {
     /// Effects claimed per pass (default 32).
     pub batch: i64,
     /// How long a claim lasts before another runner may take the effect as uncertain (default 60 s; longer
-    /// than any call).
+    /// than any call), plus the longest `reconcile_after` of the runner's destinations. The runner's work on a
+    /// claim ends `claim_for` after it asked for the claim, by its own monotonic clock. The claim's end is
+    /// counted by the store's clock ([`EffectStore::claim_effects`](super::EffectStore::claim_effects)):
+    /// PostgreSQL's server clock, SQLite's host clock, on DynamoDB the clock of each runner's host, which must
+    /// stay within `reconcile_after` of the others'.
     pub claim_for: Duration,
     /// Executions before an effect that never reached the destination is failed (default 10).
     pub max_attempts: i32,
@@ -172,7 +176,7 @@ impl EffectOptions {
         self.batch = n.max(1);
         self
     }
-    /// Sets the claim duration.
+    /// Sets the claim duration (see [`EffectOptions::claim_for`](#structfield.claim_for): whose clock counts it).
     pub fn claim_for(mut self, d: Duration) -> Self {
         self.claim_for = d;
         self
