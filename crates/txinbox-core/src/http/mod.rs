@@ -316,8 +316,9 @@ fn excerpt(body: &[u8], secrets: &Secrets) -> String {
 /// whose name reads as a credential ([`names_a_credential`]), and a `Scheme credential` value's credential alone;
 /// the URL template's user info, literal query values and literal path segments of 16 characters or more (a
 /// webhook's token). Each is masked as written, JSON-escaped (`/` escaped or not) and percent-encoded. Values
-/// shorter than 6 characters are left: masking them would mask words and numbers of the answer.
-#[derive(Debug, Default)]
+/// shorter than 6 characters are left: masking them would mask words and numbers of the answer. No `Debug`: it
+/// holds the secrets themselves.
+#[derive(Default)]
 struct Secrets(Vec<String>);
 
 impl Secrets {
