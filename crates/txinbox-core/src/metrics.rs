@@ -106,7 +106,7 @@ pub const RECEIVE_ERRORS: &str = "txinbox_receive_errors_total";
 pub const WORKER_DELIVERIES: &str = "txinbox_worker_deliveries";
 
 /// Deliveries a worker abandoned at shutdown, by `consumer`: still in flight `SHUTDOWN_GRACE` after the shutdown
-/// deadline (a store or broker call that did not answer), dropped where they waited as a SIGKILL would. They come
+/// deadline (a store or broker call that did not answer, a hand-back's release included), dropped where they waited as a SIGKILL would. They come
 /// back after their lock or visibility timeout (a committed one as a duplicate); `WorkerReport::abandoned`.
 pub const DELIVERIES_ABANDONED: &str = "txinbox_deliveries_abandoned_total";
 

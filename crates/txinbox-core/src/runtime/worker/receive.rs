@@ -222,7 +222,8 @@ impl<P> LoopContext<'_, P> {
                         let left = stopping.deadline().saturating_duration_since(Instant::now());
                         let wait = opts.shutdown_receive_wait.map_or(left, |w| w.min(left));
                         dispatch.spawn(pending.take());
-                        hand_back(receive, wait, consumer).await;
+                        let brought = received_at_stop(receive, wait, consumer).await;
+                        dispatch.hand_back(brought, HandedBack::RECEIVE_IN_FLIGHT);
                         break 'receiving;
                     }
                     r = &mut receive => break r,
@@ -342,7 +343,7 @@ impl<P> LoopContext<'_, P> {
         // A batch still lingering is processed now, like every delivery received before the stop; a surplus
         // that never had places goes back to the broker, unapplied.
         dispatch.spawn(pending.take());
-        dispatch.hand_back_surplus(surplus.drain());
+        dispatch.hand_back(surplus.drain(), HandedBack::SURPLUS);
     }
 }
 
@@ -620,20 +621,33 @@ impl<P> Dispatch<P> {
 }
 
 impl<P> Dispatch<P> {
-    /// Hands back to the broker (released with no delay, unapplied) the deliveries a receive brought beyond
-    /// what it asked for that never had places before the stop, in a task the shutdown waits for (and abandons
-    /// past its grace).
-    pub(super) fn hand_back_surplus<D: Delivery>(&self, extra: Vec<D>) {
-        if extra.is_empty() {
+    /// Hands back to the broker (released with no delay, unapplied) deliveries the worker stopped with and
+    /// never gave to the processor (`reason`: what the receive in flight at the stop brought, a receive's surplus
+    /// that never had places), in a task the shutdown waits for. They count as in flight until the releases
+    /// answer, so that a hand-back still unanswered past the shutdown grace is counted abandoned.
+    pub(super) fn hand_back<D: Delivery>(&self, deliveries: Vec<D>, reason: &'static str) {
+        if deliveries.is_empty() {
             return;
         }
+        let n = deliveries.len() as u64;
+        self.report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .in_flight += n;
         let consumer = self.consumer.clone();
         let abandon = self.abandon.clone();
+        let report = self.report.clone();
         self.tracker.spawn(async move {
             tokio::select! {
                 biased;
+                // Counted in `abandoned` by the worker before it cancelled the token.
                 _ = abandon.cancelled() => {}
-                _ = release_now(extra, &consumer, HandedBack::SURPLUS) => {}
+                _ = release_now(deliveries, &consumer, reason) => {
+                    let mut t = report.lock().unwrap_or_else(|p| p.into_inner());
+                    if !t.closed {
+                        t.in_flight = t.in_flight.saturating_sub(n);
+                    }
+                }
             }
         });
     }
@@ -720,18 +734,18 @@ pub(super) fn give_up_reason(e: &BrokerError, limit: Duration) -> String {
     )
 }
 
-/// Waits (at most `limit`) for a receive that was in flight when shutdown began and releases what it brought
-/// with no delay.
-pub(super) async fn hand_back<D: Delivery>(
+/// Waits (at most `limit`) for a receive that was in flight when shutdown began and returns what it brought, to
+/// be handed back ([`Dispatch::hand_back`]); nothing when it failed or did not answer in time.
+pub(super) async fn received_at_stop<D: Delivery>(
     receive: impl Future<Output = Result<Vec<D>, BrokerError>>,
     limit: Duration,
     consumer: &str,
-) {
+) -> Vec<D> {
     if limit.is_zero() {
         // Dropped on purpose (`WorkerOptions::shutdown_receive_wait` zero).
-        return;
+        return Vec::new();
     }
-    let deliveries = match tokio::time::timeout(limit, receive).await {
+    match tokio::time::timeout(limit, receive).await {
         Ok(Ok(d)) => d,
         Ok(Err(e)) => {
             // Nothing was received (or it is not known what): whatever the broker locked comes back after its
@@ -742,17 +756,16 @@ pub(super) async fn hand_back<D: Delivery>(
                 error = %crate::error::redact_secrets(&e.to_string()),
                 "the receive in flight at shutdown failed; what it may have locked comes back after its timeout"
             );
-            return;
+            Vec::new()
         }
         Err(_) => {
             tracing::warn!(
                 consumer,
                 "the receive in flight at shutdown did not finish in time; what it brings stays locked until its timeout"
             );
-            return;
+            Vec::new()
         }
-    };
-    release_now(deliveries, consumer, HandedBack::RECEIVE_IN_FLIGHT).await;
+    }
 }
 
 /// Why a worker handed deliveries back unapplied: the `reason` label of `txinbox_worker_handed_back_total`.
@@ -933,6 +946,16 @@ mod tests {
         }
         fn enter(&self, _: &tracing::span::Id) {}
         fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// What the worker does with a receive in flight at its stop: waits for it, then releases what it brought.
+    async fn hand_back<D: Delivery>(
+        receive: impl Future<Output = Result<Vec<D>, BrokerError>>,
+        limit: Duration,
+        consumer: &str,
+    ) {
+        let brought = received_at_stop(receive, limit, consumer).await;
+        release_now(brought, consumer, HandedBack::RECEIVE_IN_FLIGHT).await;
     }
 
     /// A delivery whose release panics (a bug in an adapter).

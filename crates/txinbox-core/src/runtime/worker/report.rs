@@ -25,7 +25,9 @@ pub struct WorkerReport {
     /// or broker call that did not answer): the worker stopped waiting for them and returned, as a SIGKILL
     /// would have. They have no outcome in [`outcomes`](Self::outcomes): one that had not committed is rolled
     /// back by its database when its connection closes (the process exiting) and comes back after its lock or
-    /// visibility timeout; one that had committed comes back the same way and is found as a duplicate. Zero
+    /// visibility timeout; one that had committed comes back the same way and is found as a duplicate; one the
+    /// worker was handing back unapplied (brought by the receive in flight at the stop, or a receive's surplus)
+    /// comes back after its lock or visibility timeout. Zero
     /// when everything in flight answered. Also counted in `txinbox_deliveries_abandoned_total`; when it is not
     /// zero, [`MonitorReport::ok`](crate::MonitorReport::ok) is `false`.
     pub abandoned: u64,
@@ -35,7 +37,8 @@ pub struct WorkerReport {
 #[derive(Debug, Default)]
 pub(super) struct Tally {
     pub(super) report: WorkerReport,
-    /// Deliveries in the processing tasks (waiting for a slot, applied or settled), not yet in `outcomes`.
+    /// Deliveries in the processing tasks (waiting for a slot, applied or settled), not yet in `outcomes`, and
+    /// those being handed back unapplied (never in `outcomes`).
     pub(super) in_flight: u64,
     /// Set when the worker abandons what is in flight: a task ending after that records nothing, its
     /// deliveries already counted in `abandoned`.

@@ -465,3 +465,98 @@ async fn what_the_receive_in_flight_at_shutdown_brings_is_counted_handed_back() 
     let s = q.state();
     assert_eq!((s.visible, s.in_flight), (3, 0), "{s}");
 }
+
+/// A delivery whose release never answers (a broker call that hangs).
+struct ReleaseHangs(crate::broker::mem::MemoryDelivery);
+
+impl crate::Delivery for ReleaseHangs {
+    fn message(&self) -> &crate::ReceivedMessage {
+        crate::Delivery::message(&self.0)
+    }
+    async fn ack(self) -> Result<(), crate::BrokerError> {
+        crate::Delivery::ack(self.0).await
+    }
+    async fn release(self, _: Duration) -> Result<(), crate::BrokerError> {
+        std::future::pending().await
+    }
+    async fn dead_letter(self, why: crate::DeadLetter) -> Result<(), crate::BrokerError> {
+        crate::Delivery::dead_letter(self.0, why).await
+    }
+    fn lease(&self) -> Option<Arc<dyn crate::Lease>> {
+        crate::Delivery::lease(&self.0)
+    }
+}
+
+/// A receiver whose deliveries' releases never answer.
+struct ReleasesHang<R>(R);
+
+impl<R: crate::Receiver<Delivery = crate::broker::mem::MemoryDelivery>> crate::Receiver
+    for ReleasesHang<R>
+{
+    type Delivery = ReleaseHangs;
+
+    async fn receive(&mut self, max: usize) -> Result<Vec<ReleaseHangs>, crate::BrokerError> {
+        Ok(self
+            .0
+            .receive(max)
+            .await?
+            .into_iter()
+            .map(ReleaseHangs)
+            .collect())
+    }
+}
+
+/// A hand-back of a receive's surplus that never answers is abandoned past the shutdown grace and counted in
+/// `WorkerReport::abandoned`, beside the delivery interrupted at the deadline whose release hangs too: the
+/// report does not say everything answered.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_surplus_hand_back_that_never_answers_is_counted_abandoned() {
+    use crate::broker::mem::QueueOptions;
+    use crate::{Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+    for i in 0..10 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    let q2 = q.clone();
+    let report = Worker::new(
+        ReleasesHang(Greedy {
+            inner: q.receiver(),
+            extra: 5,
+        }),
+        slow_processor(&store, Duration::from_secs(3600), Arc::default()),
+    )
+    .options(
+        WorkerOptions::default()
+            .concurrency(1)
+            .shutdown_timeout(Duration::from_secs(1))
+            .shutdown_receive_wait(Some(Duration::ZERO)),
+    )
+    .run_until(async move {
+        while q2.state().in_flight < 6 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(report.abandoned, 6, "{report}");
+    assert_eq!(report.total(), 0, "{report}");
+}
+
+/// What the receive in flight at shutdown brought, its hand-back never answering, is abandoned past the
+/// shutdown grace and counted in `WorkerReport::abandoned`.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_receive_in_flight_hand_back_that_never_answers_is_counted_abandoned() {
+    use crate::{Worker, WorkerOptions};
+    let store = MemStore::default();
+    let q = MemoryQueue::default();
+    for i in 0..3 {
+        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
+    }
+    // Stopped at 1 s; the receive answers at 10 s, inside the shutdown timeout (20 s).
+    let report = Worker::new(ReleasesHang(Late(q.receiver())), processor(&store))
+        .options(WorkerOptions::default().concurrency(4))
+        .run_until(tokio::time::sleep(Duration::from_secs(1)))
+        .await;
+    assert_eq!(report.abandoned, 3, "{report}");
+    assert_eq!(report.total(), 0, "{report}");
+}
