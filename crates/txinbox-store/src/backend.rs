@@ -91,6 +91,16 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Whether the statement that just failed ended the open transaction. SQLite rolls the whole transaction
+    /// back on some failures (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, and `SQLITE_FULL`, `SQLITE_IOERR`,
+    /// `SQLITE_BUSY` or `SQLITE_NOMEM` in some statements) and runs every later statement in a transaction of
+    /// its own, committed at once; when it did, this opens a transaction again (one that is never committed),
+    /// so that nothing after the failure commits on its own. PostgreSQL: never (an aborted transaction refuses
+    /// every statement until it ends).
+    fn transaction_lost(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
     /// Records a rejection (own transaction).
     fn record_rejection(
         pool: &sqlx::Pool<Self>,

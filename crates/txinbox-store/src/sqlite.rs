@@ -272,8 +272,22 @@ impl Backend for Sqlite {
     }
 
     async fn transaction_usable(_: &mut SqliteConnection) -> Result<(), sqlx::Error> {
-        // A failed statement leaves an SQLite transaction open: only the statement is undone.
+        // A failed statement that did not end the transaction (`transaction_lost`) undid itself only.
         Ok(())
+    }
+
+    async fn transaction_lost(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
+        // SQLite has no statement that reads whether a transaction is open; BEGIN inside one is refused.
+        match sqlx::Executor::execute(&mut *conn, "BEGIN").await {
+            // The transaction was rolled back: the BEGIN opened another, which stays open until the Tx ends.
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(e))
+                if e.message().contains("cannot start a transaction within a transaction") =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn record_rejection(pool: &SqlitePool, r: &Rejection<'_>) -> Result<(), sqlx::Error> {

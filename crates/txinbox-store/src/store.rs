@@ -563,6 +563,11 @@ impl<DB: Backend> InboxStore for Store<DB> {
     }
 
     async fn commit(&self, tx: Tx<DB>) -> Result<Commit, sqlx::Error> {
+        if let Some(e) = tx.lost().await {
+            // The database ended the transaction after a failed statement: nothing of it may commit (the
+            // transaction open now holds nothing of the inbox's), and dropping it rolls it back.
+            return Err(e);
+        }
         let mut c = tx.take().await?;
         match <DB as Database>::TransactionManager::commit(&mut c).await {
             Ok(()) => {

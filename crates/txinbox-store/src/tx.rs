@@ -22,7 +22,11 @@ use crate::backend::Backend;
 ///
 /// A statement that fails in PostgreSQL aborts the transaction: a handler that ignores the error and returns
 /// `Ok` gets its delivery released as a store error (`record result`), never acknowledged with nothing
-/// committed (unless it rolled back to a savepoint of its own first).
+/// committed (unless it rolled back to a savepoint of its own first). A statement whose failure makes SQLite
+/// roll the whole transaction back (`INSERT OR ROLLBACK`, `RAISE(ROLLBACK)`, `SQLITE_FULL` and a few other
+/// errors in some statements) ends the transaction for the inbox too: every later statement through the `Tx`
+/// is refused (SQLite would run it in a transaction of its own and commit it at once), and nothing of the
+/// transaction commits. The refusal is transient when the failure was (`SQLITE_BUSY`), else permanent.
 pub struct Tx<DB: Backend> {
     inner: Arc<tokio::sync::Mutex<Option<Open<DB>>>>,
 }
@@ -46,8 +50,33 @@ impl<DB: Backend> fmt::Debug for Tx<DB> {
 /// A connection with an open transaction; dropping it queues the rollback (a no-op after COMMIT), which the
 /// pool flushes before the connection serves anyone else. With it, the markers the transaction placed in a
 /// partitioned layout ([`Placed`]), and whether a statement the handler ran through the [`Tx`] failed in the
-/// database since the transaction began or last rolled back to its savepoint ([`statement_failed`]).
-pub(crate) struct Open<DB: Backend>(Option<PoolConnection<DB>>, Placed, bool);
+/// database since the transaction began or last rolled back to its savepoint ([`statement_failed`]); and, when
+/// a failed statement ended the transaction in the database ([`Backend::transaction_lost`]), why.
+pub(crate) struct Open<DB: Backend>(Option<PoolConnection<DB>>, Placed, bool, Option<Lost>);
+
+/// Why the database ended a transaction the inbox still holds: the failed statement's message, and whether
+/// that failure was transient.
+#[derive(Clone)]
+pub(crate) struct Lost {
+    why: String,
+    transient: bool,
+}
+
+impl Lost {
+    /// The error every later use of the transaction gets: transient (an I/O error, so the delivery is retried)
+    /// when the failure was, else a permanent one.
+    fn error(&self) -> sqlx::Error {
+        let msg = format!(
+            "the database rolled the inbox transaction back after a failed statement ({}): nothing written in it commits, and no statement runs after it",
+            self.why
+        );
+        if self.transient {
+            sqlx::Error::Io(std::io::Error::other(msg))
+        } else {
+            sqlx::Error::Protocol(msg)
+        }
+    }
+}
 
 /// The markers a transaction inserted in the partitioned layout, each with its partition's bucket, in the
 /// order they went in, not yet given their result; and how many there were at the latest savepoint. An
@@ -114,6 +143,7 @@ impl<DB: Backend> Tx<DB> {
                 Some(conn),
                 Placed::default(),
                 false,
+                None,
             )))),
         }
     }
@@ -122,6 +152,13 @@ impl<DB: Backend> Tx<DB> {
     pub(crate) async fn take(&self) -> Result<PoolConnection<DB>, sqlx::Error> {
         let open = self.inner.lock().await.take();
         open.and_then(|mut o| o.0.take()).ok_or_else(ended)
+    }
+
+    /// The error of a transaction the database ended after a failed statement, if it did: such a transaction
+    /// must not commit.
+    pub(crate) async fn lost(&self) -> Option<sqlx::Error> {
+        let g = self.inner.lock().await;
+        g.as_ref().and_then(|o| o.3.as_ref()).map(Lost::error)
     }
 
     /// Locks the transaction for one statement; [`conn`] gives its connection.
@@ -135,6 +172,7 @@ pub(crate) fn placed<DB: Backend>(
     guard: &mut Option<Open<DB>>,
 ) -> Result<&mut Placed, sqlx::Error> {
     match guard.as_mut() {
+        Some(Open(_, _, _, Some(lost))) => Err(lost.error()),
         Some(o) if o.0.is_some() => Ok(&mut o.1),
         _ => Err(ended()),
     }
@@ -145,7 +183,8 @@ pub(crate) fn open<DB: Backend>(
     guard: &mut Option<Open<DB>>,
 ) -> Result<(&mut DB::Connection, &mut Placed), sqlx::Error> {
     match guard.as_mut() {
-        Some(Open(Some(c), placed, _)) => Ok((&mut **c, placed)),
+        Some(Open(_, _, _, Some(lost))) => Err(lost.error()),
+        Some(Open(Some(c), placed, _, None)) => Ok((&mut **c, placed)),
         _ => Err(ended()),
     }
 }
@@ -169,13 +208,28 @@ pub(crate) fn statement_failed<DB: Backend>(
     }
 }
 
-/// `r`, the answer to a handler's statement, noted in the locked transaction when the database refused it.
-fn noted<DB: Backend, T>(
+/// `r`, the answer to a handler's statement, noted in the locked transaction when the database refused it;
+/// with the transaction marked lost when that failure ended it in the database.
+async fn noted<DB: Backend, T>(
     guard: &mut Option<Open<DB>>,
     r: Result<T, sqlx::Error>,
 ) -> Result<T, sqlx::Error> {
-    if let (Err(sqlx::Error::Database(_)), Some(o)) = (&r, guard.as_mut()) {
+    if let (Err(e @ sqlx::Error::Database(_)), Some(o)) = (&r, guard.as_mut()) {
         o.2 = true;
+        if let Some(c) = o.0.as_mut() {
+            let lost = match DB::transaction_lost(c).await {
+                Ok(false) => None,
+                Ok(true) => Some(e.to_string()),
+                // Not knowing is taken as lost: committing what may be half autocommitted is worse.
+                Err(probe) => Some(format!(
+                    "{e}; asking whether the transaction survived failed: {probe}"
+                )),
+            };
+            o.3 = lost.map(|why| Lost {
+                why,
+                transient: crate::error::is_transient(e),
+            });
+        }
     }
     r
 }
@@ -184,9 +238,10 @@ fn noted<DB: Backend, T>(
 pub(crate) fn conn<DB: Backend>(
     guard: &mut Option<Open<DB>>,
 ) -> Result<&mut DB::Connection, sqlx::Error> {
-    match guard.as_mut().and_then(|o| o.0.as_mut()) {
-        Some(c) => Ok(&mut **c),
-        None => Err(ended()),
+    match guard.as_mut() {
+        Some(Open(_, _, _, Some(lost))) => Err(lost.error()),
+        Some(Open(Some(c), ..)) => Ok(&mut **c),
+        _ => Err(ended()),
     }
 }
 
@@ -205,7 +260,7 @@ where
         Box::pin(async move {
             let mut g = self.lock().await;
             let r = conn(&mut g)?.execute(query).await;
-            noted(&mut g, r)
+            noted(&mut g, r).await
         })
     }
 
@@ -217,7 +272,7 @@ where
         Box::pin(async move {
             let mut g = self.lock().await;
             let r = conn(&mut g)?.fetch_all(query).await;
-            noted(&mut g, r)
+            noted(&mut g, r).await
         })
     }
 
@@ -232,7 +287,7 @@ where
         Box::pin(async move {
             let mut g = self.lock().await;
             let r = conn(&mut g)?.fetch_optional(query).await;
-            noted(&mut g, r)
+            noted(&mut g, r).await
         })
     }
 
@@ -251,7 +306,7 @@ where
                 .fetch_many(query)
                 .try_collect::<Vec<_>>()
                 .await;
-            noted(&mut g, r)
+            noted(&mut g, r).await
         };
         stream::once(all)
             .map(|r| match r {
@@ -273,7 +328,7 @@ where
         Box::pin(async move {
             let mut g = self.lock().await;
             let r = conn(&mut g)?.prepare_with(sql, parameters).await;
-            noted(&mut g, r)
+            noted(&mut g, r).await
         })
     }
 
@@ -284,7 +339,7 @@ where
         Box::pin(async move {
             let mut g = self.lock().await;
             let r = conn(&mut g)?.describe(sql).await;
-            noted(&mut g, r)
+            noted(&mut g, r).await
         })
     }
 }

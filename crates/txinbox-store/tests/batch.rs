@@ -451,6 +451,104 @@ async fn a_handler_that_ignores_a_failed_statement_on_postgres() {
         .await;
 }
 
+/// The follow-up task, except for `evt-r`: its handler runs a statement that makes SQLite roll back the whole
+/// transaction (`INSERT OR ROLLBACK` meeting a unique key; SQLite does the same on `SQLITE_FULL`, `SQLITE_IOERR`,
+/// `SQLITE_BUSY` or `SQLITE_NOMEM` in some statements, and on `RAISE(ROLLBACK)` in a trigger), ignores the error,
+/// then, when `.0`, goes on to write its task (returning its error), else returns `Ok` at once.
+#[derive(Clone, Copy)]
+struct RollsBackAndGoesOn(bool);
+
+impl Handler<Store<sqlx::Sqlite>, LabEvent> for RollsBackAndGoesOn {
+    type Output = Handled;
+    async fn handle(
+        &self,
+        tx: Tx<sqlx::Sqlite>,
+        msg: Message<LabEvent>,
+    ) -> Result<Handled, HandlerError> {
+        if msg.identity.message_id == "evt-r" {
+            let failed = sqlx::query("INSERT OR ROLLBACK INTO lab_unique (k) VALUES ('taken')")
+                .execute(&tx)
+                .await;
+            assert!(failed.is_err(), "the statement fails");
+            if !self.0 {
+                return Ok(Handled::done());
+            }
+        }
+        <sqlx::Sqlite as LabDb>::insert_task(tx, msg).await
+    }
+}
+
+/// SQLite rolls a whole transaction back on some failed statements and runs the statements after it each in a
+/// transaction of its own, committed at once ("autocommit mode"). A handler that ignored such a failure and
+/// went on wrote its task outside the inbox's transaction: committed without its marker, written again by
+/// every redelivery (before: a task per attempt, the delivery released at COMMIT, "cannot commit - no
+/// transaction is active"; in a batch the other deliveries' markers went with the rollback while their tasks
+/// did not). Now the statements after such a failure are refused, with the failure's own class (a unique key
+/// here: permanent, so the handler that returns the refusal is dead-lettered), nothing of the transaction
+/// commits, and a handler that returns `Ok` has its delivery released; in a batch the others apply without
+/// it. Every `applied` outcome has its marker and its task, and nothing else is written.
+#[tokio::test]
+async fn a_statement_sqlite_answers_with_a_rollback_ends_the_transaction() {
+    let ids = |s: &[&str]| -> Vec<ReceivedMessage> {
+        s.iter()
+            .enumerate()
+            .map(|(i, id)| event(id, 10 + i as u32, 10 + i as u32))
+            .collect()
+    };
+    for (goes_on, outcome) in [(true, "dead_lettered"), (false, "retry")] {
+        for order in [
+            ["evt-1", "evt-2", "evt-r"],
+            ["evt-r", "evt-1", "evt-2"],
+            ["evt-1", "evt-r", "evt-2"],
+        ] {
+            for as_batch in [false, true] {
+                let store = txinbox_testkit::sqlite_store().await;
+                <sqlx::Sqlite as LabDb>::create_tables(&store)
+                    .await
+                    .unwrap();
+                sqlx::query("CREATE TABLE lab_unique (k TEXT PRIMARY KEY)")
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                sqlx::query("INSERT INTO lab_unique (k) VALUES ('taken')")
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                let p = txinbox_lab::lab::lab_processor(store.clone(), RollsBackAndGoesOn(goes_on));
+                let out = if as_batch {
+                    let deliveries = ids(&order).into_iter().map(NoopDelivery).collect();
+                    p.process_batch(deliveries, &CancellationToken::new()).await
+                } else {
+                    let mut out = Vec::new();
+                    for m in ids(&order) {
+                        out.push(p.process_one(NoopDelivery(m)).await);
+                    }
+                    out
+                };
+                let labels: Vec<&str> = out.iter().map(|o| o.label()).collect();
+                let want: Vec<&str> = order
+                    .iter()
+                    .map(|id| if *id == "evt-r" { outcome } else { "applied" })
+                    .collect();
+                assert_eq!(
+                    labels, want,
+                    "{order:?}, batch: {as_batch}, goes on: {goes_on}"
+                );
+                assert_eq!(
+                    store.inbox_rows("crm-followup").await.unwrap(),
+                    2,
+                    "{order:?}, batch: {as_batch}: a marker per applied delivery"
+                );
+                assert_eq!(
+                <sqlx::Sqlite as LabDb>::count_tasks(&store).await.unwrap(),
+                2,
+                "{order:?}, batch: {as_batch}: a task per applied delivery, none written outside the transaction"
+            );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_handler_that_ignores_a_failed_statement_on_sqlite() {
     a_handler_that_ignores_a_failed_statement(

@@ -478,6 +478,23 @@ impl World {
     fn kept_opt(&self, t: Option<DateTime<Utc>>) -> Option<String> {
         t.map(|t| self.kept(t))
     }
+
+    /// A claim's end: the database's clock plus the claim's length on PostgreSQL, so two stores asked one after
+    /// the other end it a few microseconds apart. Within a day of the wall clock, its distance from it in whole
+    /// minutes (the claims here last whole hours); else as [`kept`](Self::kept).
+    fn kept_claim_end(&self, t: Option<DateTime<Utc>>) -> Option<String> {
+        t.map(|t| {
+            let from_now = t - Utc::now();
+            if from_now.num_hours().abs() < 24 {
+                format!(
+                    "wall clock {:+} min",
+                    (from_now.num_seconds() as f64 / 60.0).round() as i64
+                )
+            } else {
+                self.kept(t)
+            }
+        })
+    }
 }
 
 fn kind(e: &sqlx::Error) -> String {
@@ -585,7 +602,7 @@ fn story(w: &World, s: &txinbox_store::ops::MessageStory) -> String {
                 e.reconciliations,
                 w.kept(e.next_attempt_at),
                 e.claimed_by,
-                w.kept_opt(e.claim_until),
+                w.kept_claim_end(e.claim_until),
                 e.reference,
                 e.last_error,
                 w.kept(e.created_at),
