@@ -222,7 +222,7 @@ impl<P> LoopContext<'_, P> {
                         let left = stopping.deadline().saturating_duration_since(Instant::now());
                         let wait = opts.shutdown_receive_wait.map_or(left, |w| w.min(left));
                         dispatch.spawn(pending.take());
-                        let brought = received_at_stop(receive, wait, consumer).await;
+                        let brought = received_at_stop(receive, wait, consumer, report).await;
                         dispatch.hand_back(brought, HandedBack::RECEIVE_IN_FLIGHT);
                         break 'receiving;
                     }
@@ -735,11 +735,13 @@ pub(super) fn give_up_reason(e: &BrokerError, limit: Duration) -> String {
 }
 
 /// Waits (at most `limit`) for a receive that was in flight when shutdown began and returns what it brought, to
-/// be handed back ([`Dispatch::hand_back`]); nothing when it failed or did not answer in time.
+/// be handed back ([`Dispatch::hand_back`]); nothing when it failed (counted as a failed receive in `report` and
+/// `txinbox_receive_errors_total`) or did not answer in time.
 pub(super) async fn received_at_stop<D: Delivery>(
     receive: impl Future<Output = Result<Vec<D>, BrokerError>>,
     limit: Duration,
     consumer: &str,
+    report: &Mutex<Tally>,
 ) -> Vec<D> {
     if limit.is_zero() {
         // Dropped on purpose (`WorkerOptions::shutdown_receive_wait` zero).
@@ -750,6 +752,13 @@ pub(super) async fn received_at_stop<D: Delivery>(
         Ok(Err(e)) => {
             // Nothing was received (or it is not known what): whatever the broker locked comes back after its
             // timeout. The error's text may quote an endpoint: masked.
+            metrics::counter!(crate::metrics::RECEIVE_ERRORS, "consumer" => consumer.to_owned(), "kind" => e.kind().as_str())
+                .increment(1);
+            report
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .report
+                .receive_errors += 1;
             tracing::warn!(
                 consumer,
                 kind = e.kind().as_str(),
@@ -954,7 +963,7 @@ mod tests {
         limit: Duration,
         consumer: &str,
     ) {
-        let brought = received_at_stop(receive, limit, consumer).await;
+        let brought = received_at_stop(receive, limit, consumer, &Mutex::default()).await;
         release_now(brought, consumer, HandedBack::RECEIVE_IN_FLIGHT).await;
     }
 

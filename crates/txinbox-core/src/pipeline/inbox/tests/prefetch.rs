@@ -560,3 +560,42 @@ async fn a_receive_in_flight_hand_back_that_never_answers_is_counted_abandoned()
     assert_eq!(report.abandoned, 3, "{report}");
     assert_eq!(report.total(), 0, "{report}");
 }
+
+/// A receiver whose receive fails after 10 s.
+struct FailsLate;
+
+impl crate::Receiver for FailsLate {
+    type Delivery = crate::broker::mem::MemoryDelivery;
+
+    async fn receive(&mut self, _: usize) -> Result<Vec<Self::Delivery>, crate::BrokerError> {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        Err(crate::BrokerError::new(
+            crate::BrokerErrorKind::ServerError,
+            "receive",
+            "HTTP 503",
+        ))
+    }
+}
+
+/// The receive in flight at shutdown that fails is a failed receive like any other: in the report and in
+/// `txinbox_receive_errors_total`.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_receive_in_flight_at_shutdown_that_fails_is_counted() {
+    use crate::Worker;
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let store = MemStore::default();
+    // Stopped at 1 s; the receive fails at 10 s, inside the shutdown timeout (20 s).
+    let report = Worker::new(FailsLate, processor(&store))
+        .run_until(tokio::time::sleep(Duration::from_secs(1)))
+        .await;
+    assert_eq!(report.receive_errors, 1, "{report}");
+    let counted = counters(&snap);
+    assert_eq!(
+        count(&counted, crate::metrics::RECEIVE_ERRORS, &[]),
+        1,
+        "{counted:?}"
+    );
+}
