@@ -588,18 +588,20 @@ impl<P> Dispatch<P> {
             };
             let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
             drop(guards);
-            if slot.permit.is_none() {
-                // Still waiting for a slot when the stop came: given to the processor to be released unapplied.
-                let released = outcomes
+            // Still waiting for a slot when the stop came: given to the processor to be released unapplied.
+            let released = match slot.permit {
+                Some(_) => 0,
+                None => outcomes
                     .iter()
                     .filter(|o| matches!(o, Outcome::Interrupted))
-                    .count();
-                count_handed_back(&consumer, HandedBack::WAITING_FOR_SLOT, released);
-            }
+                    .count(),
+            };
+            count_handed_back(&consumer, HandedBack::WAITING_FOR_SLOT, released);
             let mut t = report.lock().unwrap_or_else(|p| p.into_inner());
             // Abandoned meanwhile (it answered too late): already counted in `abandoned`, never twice.
             if !t.closed {
                 t.in_flight = t.in_flight.saturating_sub(n as u64);
+                t.report.handed_back += released as u64;
                 for o in outcomes {
                     *t.report.outcomes.entry(o.kind()).or_default() += 1;
                 }
@@ -642,10 +644,11 @@ impl<P> Dispatch<P> {
                 biased;
                 // Counted in `abandoned` by the worker before it cancelled the token.
                 _ = abandon.cancelled() => {}
-                _ = release_now(deliveries, &consumer, reason) => {
+                released = release_now(deliveries, &consumer, reason) => {
                     let mut t = report.lock().unwrap_or_else(|p| p.into_inner());
                     if !t.closed {
                         t.in_flight = t.in_flight.saturating_sub(n);
+                        t.report.handed_back += released as u64;
                     }
                 }
             }
@@ -804,11 +807,15 @@ pub(super) fn count_handed_back(consumer: &str, reason: &'static str, n: usize) 
 }
 
 /// Releases `deliveries` with no delay (handed back unapplied, counted for `reason`), logging each release that
-/// fails or panics (counted as a failed settle instead).
-async fn release_now<D: Delivery>(deliveries: Vec<D>, consumer: &str, reason: &'static str) {
+/// fails or panics (counted as a failed settle instead). Returns how many were handed back.
+async fn release_now<D: Delivery>(
+    deliveries: Vec<D>,
+    consumer: &str,
+    reason: &'static str,
+) -> usize {
     use futures::FutureExt;
     if deliveries.is_empty() {
-        return;
+        return 0;
     }
     let n = deliveries.len();
     let results = futures::future::join_all(
@@ -847,6 +854,7 @@ async fn release_now<D: Delivery>(deliveries: Vec<D>, consumer: &str, reason: &'
         failed,
         "messages handed back to the broker"
     );
+    n - failed
 }
 
 #[cfg(test)]

@@ -17,6 +17,12 @@ pub struct WorkerReport {
     pub receive_errors: u64,
     /// Leases lost while a handler ran (a renewal failed, or the lease keeper panicked).
     pub leases_lost: u64,
+    /// Deliveries handed back to the broker unapplied at shutdown (released with no delay, their releases
+    /// answered), as `txinbox_worker_handed_back_total` counts them: what the receive in flight at the stop
+    /// brought and a receive's surplus still waiting for places (neither has an outcome in
+    /// [`outcomes`](Self::outcomes)), and the prefetched or lingering deliveries still waiting for a slot (also
+    /// in `outcomes` as `interrupted`).
+    pub handed_back: u64,
     /// Why the worker gave up (receives kept failing with an error a retry cannot fix for
     /// [`WorkerOptions::give_up_after`]): `None` when it stopped on shutdown or when idle. A process should
     /// exit non-zero when this is set.
@@ -68,7 +74,8 @@ impl WorkerReport {
 }
 
 /// `WorkerReport applied=3 duplicate=1 receive_errors=0 leases_lost=0`: every outcome seen, then the
-/// worker's own counts, one line; ` abandoned=N` and ` gave_up="..."` follow when they are set.
+/// worker's own counts, one line; ` handed_back=N`, ` abandoned=N` and ` gave_up="..."` follow when they are
+/// set.
 impl std::fmt::Display for WorkerReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("WorkerReport")?;
@@ -80,6 +87,9 @@ impl std::fmt::Display for WorkerReport {
             " receive_errors={} leases_lost={}",
             self.receive_errors, self.leases_lost
         )?;
+        if self.handed_back > 0 {
+            write!(f, " handed_back={}", self.handed_back)?;
+        }
         if self.abandoned > 0 {
             write!(f, " abandoned={}", self.abandoned)?;
         }

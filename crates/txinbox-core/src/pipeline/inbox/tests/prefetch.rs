@@ -403,6 +403,7 @@ async fn a_receives_surplus_handed_back_at_shutdown_is_counted() {
     // The running one is interrupted at the deadline: an outcome of its own, not a hand-back.
     assert_eq!(report.count(OutcomeKind::Interrupted), 1, "{report}");
     assert_eq!(report.total(), 1, "{report}");
+    assert_eq!(report.handed_back, 5, "{report}");
     let counted = counters(&snap);
     assert_eq!(handed_back(&counted), (0, 5, 0), "{counted:?}");
     let s = q.state();
@@ -423,6 +424,7 @@ async fn prefetched_deliveries_handed_back_at_shutdown_are_counted() {
     assert_eq!(report.count(OutcomeKind::Applied), 1, "{report}");
     assert_eq!(report.count(OutcomeKind::Interrupted), 5, "{report}");
     assert_eq!((effects, queue), (1, (9, 0)));
+    assert_eq!(report.handed_back, 5, "{report}");
     let counted = counters(&snap);
     assert_eq!(handed_back(&counted), (0, 0, 5), "{counted:?}");
 }
@@ -459,6 +461,7 @@ async fn what_the_receive_in_flight_at_shutdown_brings_is_counted_handed_back() 
         .run_until(tokio::time::sleep(Duration::from_secs(1)))
         .await;
     assert_eq!(report.total(), 0, "{report}");
+    assert_eq!(report.handed_back, 3, "{report}");
     assert!(store.state().effects.is_empty());
     let counted = counters(&snap);
     assert_eq!(handed_back(&counted), (3, 0, 0), "{counted:?}");
