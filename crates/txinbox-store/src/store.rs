@@ -538,6 +538,9 @@ impl<DB: Backend> InboxStore for Store<DB> {
         result_reference: Option<&str>,
         effects: &[NewEffect<'_>],
     ) -> Result<(), sqlx::Error> {
+        // The handler has returned: a clone of its Tx it kept writes nothing more (in a batch, the
+        // transaction stays open for the next handlers).
+        tx.end_turn();
         let mut g = tx.lock().await;
         if statement_failed(&mut g, false)? {
             // The handler returned Ok after a statement of its own failed: a transaction that failure
@@ -606,6 +609,8 @@ impl<DB: Backend> InboxStore for Store<DB> {
     }
 
     async fn rollback_to_savepoint(&self, tx: &Tx<DB>) -> Result<(), sqlx::Error> {
+        // The handler has returned and its writes go: a clone of its Tx it kept writes nothing more.
+        tx.end_turn();
         let mut g = tx.lock().await;
         DB::rollback_to_savepoint(conn(&mut g)?).await?;
         placed(&mut g)?.rolled_back();

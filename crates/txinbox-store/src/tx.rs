@@ -1,6 +1,7 @@
 //! The open transaction a handler writes through: `sqlx::query(..).execute(&tx)`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -16,8 +17,10 @@ use crate::backend::Backend;
 ///
 /// A handler gets a clone and runs its business change through `&tx` like through any sqlx executor:
 /// `sqlx::query("INSERT ..").bind(..).execute(&tx).await?`. The inbox keeps the other clone and commits after
-/// the handler returns; a clone kept past that point gets an error (`sqlx::Error::Protocol`, not transient) instead of a
-/// connection.
+/// the handler returns; a clone kept past that point (a task the handler spawned) gets an error
+/// (`sqlx::Error::Protocol`, not transient) instead of a connection, from the moment the handler has returned:
+/// in a batch too, where the transaction stays open for the handlers after it and a late write would otherwise
+/// commit with them, even when its own delivery was rolled back and released.
 /// Dropping the last clone of an uncommitted transaction rolls it back.
 ///
 /// A statement that fails in PostgreSQL aborts the transaction: a handler that ignores the error and returns
@@ -29,12 +32,25 @@ use crate::backend::Backend;
 /// transaction commits. The refusal is transient when the failure was (`SQLITE_BUSY`), else permanent.
 pub struct Tx<DB: Backend> {
     inner: Arc<tokio::sync::Mutex<Option<Open<DB>>>>,
+    /// Whose turn it is to write: moved on once a handler has returned (its result recorded, or its writes
+    /// rolled back to its savepoint), so that a clone that handler kept writes nothing more in a batch's
+    /// transaction, which stays open for the handlers after it.
+    turn: Arc<AtomicU64>,
+    /// The turn a handler's handle was made in (every clone of the inbox's own handle, which has `None`).
+    mine: Option<u64>,
 }
 
 impl<DB: Backend> Clone for Tx<DB> {
+    /// A clone of the inbox's handle is the handler's, good until the handler has returned; a clone of a
+    /// handler's handle is good as long as that one.
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            turn: self.turn.clone(),
+            mine: Some(
+                self.mine
+                    .unwrap_or_else(|| self.turn.load(Ordering::SeqCst)),
+            ),
         }
     }
 }
@@ -145,6 +161,8 @@ impl<DB: Backend> Tx<DB> {
                 false,
                 None,
             )))),
+            turn: Arc::new(AtomicU64::new(0)),
+            mine: None,
         }
     }
 
@@ -164,6 +182,23 @@ impl<DB: Backend> Tx<DB> {
     /// Locks the transaction for one statement; [`conn`] gives its connection.
     pub(crate) async fn lock(&self) -> tokio::sync::MutexGuard<'_, Option<Open<DB>>> {
         self.inner.lock().await
+    }
+
+    /// The handler whose turn it was has returned: the handles it holds write nothing more.
+    pub(crate) fn end_turn(&self) {
+        self.turn.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Locks the transaction for one of a handler's statements: the error of an ended transaction when this
+    /// handle's handler has returned.
+    async fn lock_for_handler(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Open<DB>>>, sqlx::Error> {
+        let g = self.inner.lock().await;
+        match self.mine {
+            Some(turn) if turn != self.turn.load(Ordering::SeqCst) => Err(ended()),
+            _ => Ok(g),
+        }
     }
 }
 
@@ -258,7 +293,7 @@ where
         E: 'q + Execute<'q, DB>,
     {
         Box::pin(async move {
-            let mut g = self.lock().await;
+            let mut g = self.lock_for_handler().await?;
             let r = conn(&mut g)?.execute(query).await;
             noted(&mut g, r).await
         })
@@ -270,7 +305,7 @@ where
         E: 'q + Execute<'q, DB>,
     {
         Box::pin(async move {
-            let mut g = self.lock().await;
+            let mut g = self.lock_for_handler().await?;
             let r = conn(&mut g)?.fetch_all(query).await;
             noted(&mut g, r).await
         })
@@ -285,7 +320,7 @@ where
         E: 'q + Execute<'q, DB>,
     {
         Box::pin(async move {
-            let mut g = self.lock().await;
+            let mut g = self.lock_for_handler().await?;
             let r = conn(&mut g)?.fetch_optional(query).await;
             noted(&mut g, r).await
         })
@@ -301,7 +336,7 @@ where
         E: 'q + Execute<'q, DB>,
     {
         let all = async move {
-            let mut g = self.lock().await;
+            let mut g = self.lock_for_handler().await?;
             let r = conn(&mut g)?
                 .fetch_many(query)
                 .try_collect::<Vec<_>>()
@@ -326,7 +361,7 @@ where
         'c: 'e,
     {
         Box::pin(async move {
-            let mut g = self.lock().await;
+            let mut g = self.lock_for_handler().await?;
             let r = conn(&mut g)?.prepare_with(sql, parameters).await;
             noted(&mut g, r).await
         })
@@ -337,7 +372,7 @@ where
         'c: 'e,
     {
         Box::pin(async move {
-            let mut g = self.lock().await;
+            let mut g = self.lock_for_handler().await?;
             let r = conn(&mut g)?.describe(sql).await;
             noted(&mut g, r).await
         })

@@ -451,6 +451,122 @@ async fn a_handler_that_ignores_a_failed_statement_on_postgres() {
         .await;
 }
 
+/// The follow-up task, each handler writing through a `Tx` kept by an earlier one (the late write of a task
+/// that handler spawned) and noting whether that write went through; `evt-a`'s handler keeps a clone of its
+/// `Tx`, and fails on its second run; `evt-b`'s fails on its first.
+struct KeepsItsTx<DB: txinbox_store::backend::Backend> {
+    kept: Arc<Mutex<Option<Tx<DB>>>>,
+    late_writes: Arc<Mutex<Vec<bool>>>,
+    runs: Arc<Mutex<Vec<String>>>,
+}
+
+impl<DB: txinbox_store::backend::Backend> Clone for KeepsItsTx<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            kept: self.kept.clone(),
+            late_writes: self.late_writes.clone(),
+            runs: self.runs.clone(),
+        }
+    }
+}
+
+macro_rules! keeps_its_tx {
+    ($db:ty) => {
+        impl Handler<Store<$db>, LabEvent> for KeepsItsTx<$db> {
+            type Output = Handled;
+            async fn handle(
+                &self,
+                tx: Tx<$db>,
+                msg: Message<LabEvent>,
+            ) -> Result<Handled, HandlerError> {
+                let id = msg.identity.message_id.clone();
+                let run = {
+                    let mut runs = self.runs.lock().unwrap();
+                    runs.push(id.clone());
+                    runs.iter().filter(|r| **r == id).count()
+                };
+                let kept = self.kept.lock().unwrap().clone();
+                if let Some(kept) = kept {
+                    let late = sqlx::query("INSERT INTO lab_tasks (task_id, message_id, business_key, created_at) VALUES ('late', 'evt-a', NULL, 'late')")
+                        .execute(&kept)
+                        .await;
+                    self.late_writes.lock().unwrap().push(late.is_ok());
+                }
+                if id == "evt-a" {
+                    *self.kept.lock().unwrap() = Some(tx.clone());
+                }
+                match (id.as_str(), run) {
+                    ("evt-a", 2) | ("evt-b", 1) => {
+                        Err(HandlerError::retry(format!("{id} fails on run {run}")))
+                    }
+                    _ => <$db as LabDb>::insert_task(tx, msg).await,
+                }
+            }
+        }
+    };
+}
+keeps_its_tx!(sqlx::Postgres);
+keeps_its_tx!(sqlx::Sqlite);
+
+/// A handler's `Tx` kept past its return writes nothing more. In a batch the transaction stays open for the
+/// handlers after it: `evt-b` fails, the batch is applied again under savepoints, where `evt-a` fails in turn
+/// and is rolled back to its savepoint, and `evt-c` runs in the same transaction. A write through the `Tx`
+/// `evt-a` kept (a task it spawned) then went in with `evt-c` and was committed, although `evt-a` was released
+/// and will write again on its retry (before: the writes through the kept `Tx` went through but the one in
+/// the transaction `evt-a`'s first run had ended, `[true, false, true]`). Every `applied` outcome has its marker and its task, nothing else.
+async fn a_tx_kept_past_its_handler_writes_nothing<DB: LabDb>(fresh: impl Fn() -> BoxStore<DB>)
+where
+    KeepsItsTx<DB>: Handler<Store<DB>, LabEvent>,
+{
+    let store = fresh().await;
+    DB::create_tables(&store).await.unwrap();
+    let handler = KeepsItsTx::<DB> {
+        kept: Arc::default(),
+        late_writes: Arc::default(),
+        runs: Arc::default(),
+    };
+    let p = txinbox_lab::lab::lab_processor(store.clone(), handler.clone());
+    let deliveries = ["evt-a", "evt-b", "evt-c"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| NoopDelivery(event(id, 10 + i as u32, 10 + i as u32)))
+        .collect();
+    let out = p.process_batch(deliveries, &CancellationToken::new()).await;
+    let labels: Vec<&str> = out.iter().map(|o| o.label()).collect();
+    assert_eq!(labels, ["retry", "retry", "applied"]);
+    assert_eq!(
+        *handler.runs.lock().unwrap(),
+        ["evt-a", "evt-b", "evt-a", "evt-c"],
+        "the first pass gives up at evt-b; the savepoint pass runs evt-a and evt-c"
+    );
+    let late = handler.late_writes.lock().unwrap().clone();
+    assert_eq!(
+        late.len(),
+        3,
+        "every handler after evt-a's first run wrote through its Tx"
+    );
+    assert!(
+        late.iter().all(|ok| !ok),
+        "a write through a Tx kept past its handler went through: {late:?}"
+    );
+    assert_eq!(store.inbox_rows("crm-followup").await.unwrap(), 1);
+    assert_eq!(
+        DB::count_tasks(&store).await.unwrap(),
+        1,
+        "a task per applied delivery"
+    );
+}
+
+#[tokio::test]
+async fn a_tx_kept_past_its_handler_writes_nothing_on_postgres() {
+    a_tx_kept_past_its_handler_writes_nothing(|| Box::pin(txinbox_testkit::pg_store(4))).await;
+}
+
+#[tokio::test]
+async fn a_tx_kept_past_its_handler_writes_nothing_on_sqlite() {
+    a_tx_kept_past_its_handler_writes_nothing(|| Box::pin(txinbox_testkit::sqlite_store())).await;
+}
+
 /// The follow-up task, except for `evt-r`: its handler runs a statement that makes SQLite roll back the whole
 /// transaction (`INSERT OR ROLLBACK` meeting a unique key; SQLite does the same on `SQLITE_FULL`, `SQLITE_IOERR`,
 /// `SQLITE_BUSY` or `SQLITE_NOMEM` in some statements, and on `RAISE(ROLLBACK)` in a trigger), ignores the error,
