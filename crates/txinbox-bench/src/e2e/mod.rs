@@ -201,12 +201,7 @@ pub(crate) async fn drive<F: Feed>(args: &BenchArgs, feed: F) -> Result<Run, Lab
     }
     let mut report = txinbox_core::WorkerReport::default();
     for w in workers {
-        let r = w.await.map_err(|e| LabError::Usage(e.to_string()))?;
-        for (k, v) in r.outcomes {
-            *report.outcomes.entry(k).or_default() += v;
-        }
-        report.receive_errors += r.receive_errors;
-        report.leases_lost += r.leases_lost;
+        report.merge(w.await.map_err(|e| LabError::Usage(e.to_string()))?);
     }
     let secs = finished
         .get()

@@ -7,8 +7,10 @@ use crate::pipeline::outcome::OutcomeKind;
 #[allow(unused_imports)]
 use super::WorkerOptions;
 
-/// What a worker did, by outcome label.
+/// What a worker did, by outcome label. More counts may come: build one with `default()` and
+/// [`merge`](Self::merge) several.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 #[must_use = "a WorkerReport says whether the worker gave up: check `gave_up` (a process should exit non-zero)"]
 pub struct WorkerReport {
     /// Count per outcome label (`applied`, `duplicate`, ...).
@@ -70,6 +72,59 @@ impl WorkerReport {
     /// Total deliveries processed.
     pub fn total(&self) -> u64 {
         self.outcomes.values().sum()
+    }
+
+    /// Adds `other`'s counts to these (several workers' reports into one); the first reason to give up is
+    /// kept.
+    pub fn merge(&mut self, other: WorkerReport) {
+        let WorkerReport {
+            outcomes,
+            receive_errors,
+            leases_lost,
+            handed_back,
+            gave_up,
+            abandoned,
+        } = other;
+        for (kind, n) in outcomes {
+            *self.outcomes.entry(kind).or_default() += n;
+        }
+        self.receive_errors += receive_errors;
+        self.leases_lost += leases_lost;
+        self.handed_back += handed_back;
+        self.abandoned += abandoned;
+        if self.gave_up.is_none() {
+            self.gave_up = gave_up;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every count of a merged report is the sum of its parts' (a field added to the report and left out of
+    /// `merge` fails to compile there: it is destructured whole).
+    #[test]
+    fn a_merged_report_sums_every_count() {
+        let mut a = WorkerReport::default();
+        a.outcomes.insert(OutcomeKind::Applied, 2);
+        a.receive_errors = 1;
+        a.abandoned = 1;
+        let mut b = WorkerReport::default();
+        b.outcomes.insert(OutcomeKind::Applied, 3);
+        b.outcomes.insert(OutcomeKind::Duplicate, 1);
+        b.leases_lost = 2;
+        b.handed_back = 4;
+        b.abandoned = 5;
+        b.gave_up = Some("unauthorized".into());
+        a.merge(b);
+        assert_eq!(a.count(OutcomeKind::Applied), 5);
+        assert_eq!(a.count(OutcomeKind::Duplicate), 1);
+        assert_eq!(
+            (a.receive_errors, a.leases_lost, a.handed_back, a.abandoned),
+            (1, 2, 4, 6)
+        );
+        assert_eq!(a.gave_up.as_deref(), Some("unauthorized"));
     }
 }
 
