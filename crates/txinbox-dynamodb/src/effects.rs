@@ -15,9 +15,9 @@ use crate::error::call;
 use crate::layout::{self as l, n, s, Item, Reader};
 use crate::{DynamoError, DynamoStore};
 
-/// Due by the runner's `:now`, or in flight under a claim that ended before `:clock` (this host's clock: see
+/// Due by `:clock`, or in flight under a claim that ended before it (this host's clock: see
 /// [`EffectStore::claim_effects`]).
-const CLAIMABLE: &str = "(#state IN (:pending, :uncertain) AND next_at <= :now) OR (#state = :in_flight AND claim_until < :clock)";
+const CLAIMABLE: &str = "(#state IN (:pending, :uncertain) AND next_at <= :clock) OR (#state = :in_flight AND claim_until < :clock)";
 
 fn state_of(r: &Reader<'_>) -> Result<EffectState, DynamoError> {
     let v = r.s("state")?;
@@ -106,14 +106,12 @@ impl DynamoStore {
         limit: i64,
     ) -> Result<(), DynamoError> {
         let now_s = l::ts(now);
-        // Which claims expired, and when this one ends, are this host's clock's (the SQL stores' database's
-        // clock: see `claim_effects`); the claim lasts `claim_until - now`.
+        // Which effects are due, which claims expired, and when this one ends, are this host's clock's (the
+        // SQL stores' database's clock: see `claim_effects`); the claim lasts `claim_until - now`.
         let clock = Utc::now();
         let clock_s = l::ts(clock);
         let ends = txinbox_core::effects::claim_end(clock, now, claim_until);
-        // The `due` index holds due times (the runner's clock) and claims' ends (this host's): read up to the
-        // later of the two, the condition decides.
-        let bound = format!("{}#~", now_s.as_str().max(clock_s.as_str()));
+        let bound = format!("{clock_s}#~");
         // The destinations' partitions (each once), merged in the order their effects fell due, whatever
         // their destination: each partition is read a page at a time, and an entry is tried only once every
         // partition that has more has been read past it, so that a page of one partition filled with effects
@@ -209,8 +207,8 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Claims effect `id` for `holder` until `claim_until` if it is still claimable (due by `now_s`, or in
-    /// flight under a claim ended before `clock_s`) and not held back by its group.
+    /// Claims effect `id` for `holder` until `claim_until` if it is still claimable (due by `clock_s`, or in
+    /// flight under a claim ended before it) and not held back by its group; `now_s` is the runner's time.
     async fn claim_one(
         &self,
         id: i64,
@@ -530,17 +528,18 @@ impl DynamoStore {
 impl EffectStore for DynamoStore {
     type Error = DynamoError;
 
-    /// Queries the `due` partitions of every destination for effects due by `now`, a page of each partition
+    /// Queries the `due` partitions of every destination for effects due by this host's clock, a page of each partition
     /// at a time, and claims them oldest first across the destinations with a conditional update
     /// (`pending`/`uncertain` and due, or `in_flight` with an expired claim): two runners that find the same
     /// effect race on the condition, and one wins. An effect behind an older unfinished one of its group is
     /// left for later. A limit below one is one, as on the SQL stores.
     ///
-    /// **Clocks.** A condition cannot read a clock of DynamoDB's: which claims expired and when this one ends
-    /// (it lasts `claim_until - now`) are decided by the clock of the host this store runs on, read at the
-    /// claim. Two runners of one table therefore agree on who holds an effect only as far as their hosts'
-    /// clocks agree: a runner whose clock is ahead of a holder's by `d` takes the holder's effects over `d`
-    /// early. A holder gives up its work `reconcile_after` of its destinations before its claim ends (none by
+    /// **Clocks.** A condition cannot read a clock of DynamoDB's: which effects are due, which claims expired
+    /// and when this one ends (it lasts `claim_until - now`) are decided by the clock of the host this store
+    /// runs on, read at the claim (a finish keeps a due time on it too: `next_at - now` after it). Two runners
+    /// of one table therefore agree on who holds an effect only as far as their hosts' clocks agree: a runner
+    /// whose clock is ahead of a holder's by `d` takes the holder's effects over `d` early, and finds an
+    /// effect due `d` early (an uncertain one reconciled `d` sooner than `reconcile_after` asked). A holder gives up its work `reconcile_after` of its destinations before its claim ends (none by
     /// default), so keep the hosts' clocks synchronised (NTP, chrony, the Amazon Time Sync Service: well under
     /// a second) and below that margin; a skew beyond it lets a second runner call while the first may still
     /// be calling.
@@ -619,7 +618,12 @@ impl EffectStore for DynamoStore {
             set.push("reconciliations = :recs");
             req = req.expression_attribute_values(":recs", n(r));
         }
-        if let Some(at) = t.next_at {
+        // A due time is kept on this host's clock, as the claim reads it: as long after it as the runner
+        // asked (`next_at - now`, by the runner's clock).
+        let next_at = t
+            .next_at
+            .map(|at| txinbox_core::effects::claim_end(Utc::now(), now, at));
+        if let Some(at) = next_at {
             set.push("next_at = :next");
             req = req.expression_attribute_values(":next", s(l::ts(at)));
         }
@@ -651,7 +655,7 @@ impl EffectStore for DynamoStore {
             req = req.expression_attribute_values(":expires", n(l::epoch_ceil(until)));
         }
         // Due again (pending, uncertain): back in the `due` index at its time; otherwise out of it.
-        match (t.state, t.next_at) {
+        match (t.state, next_at) {
             (EffectState::Pending | EffectState::Uncertain, Some(at)) => {
                 set.push("gsi2sk = :due");
                 req = req.expression_attribute_values(":due", s(format!("{}#{id}", l::ts(at))));

@@ -427,17 +427,13 @@ fn lite_ts(t: DateTime<Utc>) -> String {
 }
 
 /// The limit a claim runs with on both stores: the one asked, or, when it would cut through effects due at
-/// the same instant (which each store orders its own way), the end of that tie. Read from SQLite's rows.
-async fn claim_limit(
-    lite: &Lite,
-    destinations: &[String],
-    now: DateTime<Utc>,
-    limit: i64,
-) -> Result<i64, sqlx::Error> {
+/// the same instant (which each store orders its own way), the end of that tie. Read from SQLite's rows, due
+/// by the host's clock, which decides on both stores (`EffectStore::claim_effects`), whatever the claim's `now`.
+async fn claim_limit(lite: &Lite, destinations: &[String], limit: i64) -> Result<i64, sqlx::Error> {
     let dests = serde_json::to_string(destinations).unwrap();
     let due: Vec<(i64, String, String, String, Option<String>)> = sqlx::query_as("SELECT id, idempotency_key, state, next_attempt_at, claim_until FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?2)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id")
         .bind(dests)
-        .bind(lite_ts(now))
+        .bind(lite_ts(Utc::now()))
         .fetch_all(lite.pool())
         .await?;
     let wanted = limit.max(1);
@@ -955,14 +951,13 @@ async fn run_case(client: Client, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let claim = match op {
                     Op::Claim {
                         destinations,
-                        now,
                         limit,
                         ..
                     } => {
                         expire(&lite)
                             .await
                             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                        claim_limit(&lite, destinations, *now, *limit)
+                        claim_limit(&lite, destinations, *limit)
                             .await
                             .map_err(|e| TestCaseError::fail(e.to_string()))?
                     }

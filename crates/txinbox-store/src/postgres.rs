@@ -23,10 +23,12 @@ pub(crate) const PURGE_DONE_EFFECTS: &str = "DELETE FROM txinbox_effects WHERE i
 /// database's clock (due at once, and reconciled first). Only rows still held by that very claim.
 pub(crate) const RELEASE_CLAIM: &str = "UPDATE txinbox_effects SET state = claimed_from, claimed_by = CASE WHEN claimed_from = 'in_flight' THEN claimed_by END, claim_until = CASE WHEN claimed_from = 'in_flight' THEN now() END, updated_at = $2 WHERE claimed_by = $1 AND state = 'in_flight' AND claimed_from IN ('pending', 'uncertain', 'in_flight')";
 
-/// The end of a claim lasting $4 (an interval of microseconds only: no day or month, whose length the
-/// session's time zone would decide) from the database's clock (`now()`, the statement's start): within the
-/// dates the store keeps (years 1 to 9999, as `kept_time`), never "timestamp out of range".
-const CLAIM_END: &str = "CASE WHEN $4::interval < '0001-01-01 00:00:00+00'::timestamptz - now() THEN '0001-01-01 00:00:00+00'::timestamptz WHEN $4::interval > '9999-12-31 23:59:59.999999+00'::timestamptz - now() THEN '9999-12-31 23:59:59.999999+00'::timestamptz ELSE now() + $4::interval END";
+/// The instant `param` (an interval of microseconds only: no day or month, whose length the session's time
+/// zone would decide; see [`lasting`]) after the database's clock (`now()`, the statement's start): within the
+/// dates the store keeps (years 1 to 9999, as `kept_time`), never "timestamp out of range"; NULL for NULL.
+fn after_db_clock(param: &str) -> String {
+    format!("CASE WHEN {param}::interval < '0001-01-01 00:00:00+00'::timestamptz - now() THEN '0001-01-01 00:00:00+00'::timestamptz WHEN {param}::interval > '9999-12-31 23:59:59.999999+00'::timestamptz - now() THEN '9999-12-31 23:59:59.999999+00'::timestamptz ELSE now() + {param}::interval END")
+}
 
 /// Maintenance's purge: effects done or compensated before $1, at most $2 (index
 /// `txinbox_effects_finished`).
@@ -204,13 +206,10 @@ pub(crate) async fn schema_change(tx: &mut PgConnection) -> Result<(), sqlx::Err
     Ok(())
 }
 
-/// How long a claim asked for at `now` until `claim_until` lasts, as an interval of microseconds (negative
-/// for one that ends before it begins), between dates the store keeps (so it fits).
-fn claim_lasts(
-    now: DateTime<Utc>,
-    claim_until: DateTime<Utc>,
-) -> sqlx::postgres::types::PgInterval {
-    let lasts = kept_time(claim_until).signed_duration_since(kept_time(now));
+/// How long from `now` to `until` (the runner's clock: a claim's end, a due time), as an interval of
+/// microseconds (negative for a time before `now`), between dates the store keeps (so it fits).
+fn lasting(now: DateTime<Utc>, until: DateTime<Utc>) -> sqlx::postgres::types::PgInterval {
+    let lasts = kept_time(until).signed_duration_since(kept_time(now));
     sqlx::postgres::types::PgInterval {
         months: 0,
         days: 0,
@@ -457,11 +456,13 @@ impl Backend for Postgres {
     ) -> Result<Vec<ClaimedEffect>, sqlx::Error> {
         // One statement: the due rows are locked and skipped by any other claimer (SKIP LOCKED), then
         // marked in flight under this holder; `due.state` is the state before the claim. The database's clock
-        // decides which claims expired and when this one ends (it lasts `claim_until - now`): every runner of
-        // the database agrees on who holds an effect, whatever its host's clock says.
+        // decides which effects are due, which claims expired and when this one ends (it lasts `claim_until -
+        // now`): every runner of the database agrees on who holds an effect and when it is due, whatever its
+        // host's clock says.
+        let claim_end = after_db_clock("$4");
         let sql = format!(
-            "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= $3) OR (state = 'in_flight' AND claim_until < now())) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
-             UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = {CLAIM_END}, updated_at = $3, claimed_from = due.state FROM due WHERE t.id = due.id \
+            "WITH due AS (SELECT id, state FROM txinbox_effects e WHERE destination = ANY($2) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= now()) OR (state = 'in_flight' AND claim_until < now())) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
+             UPDATE txinbox_effects t SET state = 'in_flight', claimed_by = $1, claim_until = {claim_end}, updated_at = $3, claimed_from = due.state FROM due WHERE t.id = due.id \
              RETURNING {}, due.state, t.created_at",
             CLAIMED_COLUMNS
                 .split(", ")
@@ -473,7 +474,7 @@ impl Backend for Postgres {
             .bind(text(holder))
             .bind(destinations)
             .bind(kept_time(now))
-            .bind(claim_lasts(now, claim_until))
+            .bind(lasting(now, claim_until))
             .bind(limit.max(1))
             .fetch_all(pool)
             .await?;
@@ -505,13 +506,17 @@ impl Backend for Postgres {
         t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE($6, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN $9 ELSE finished_at END, maybe_happened = COALESCE($11, maybe_happened), sent_hash = COALESCE(sent_hash, $12) WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'")
+        // A due time is kept on the database's clock, as the claim reads it: as long after it as the runner
+        // asked (`next_at - now`, by the runner's clock).
+        let next_at = after_db_clock("$6");
+        let sql = format!("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE({next_at}, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN $9 ELSE finished_at END, maybe_happened = COALESCE($11, maybe_happened), sent_hash = COALESCE(sent_hash, $12) WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'");
+        let done = sqlx::query(&sql)
             .bind(id)
             .bind(text(holder))
             .bind(t.state.as_str())
             .bind(t.attempts)
             .bind(t.reconciliations)
-            .bind(t.next_at.map(kept_time))
+            .bind(t.next_at.map(|at| lasting(now, at)))
             .bind(t.reference.map(text))
             .bind(t.error.map(text))
             .bind(kept_time(now))

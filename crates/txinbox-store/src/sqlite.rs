@@ -45,8 +45,8 @@ fn parse_ts(s: &str) -> Result<DateTime<Utc>, sqlx::Error> {
 
 /// The claim of [`Backend::claim_effects`] in one `BEGIN IMMEDIATE` transaction (the write lock up front: one
 /// claimer at a time, so no effect is claimed twice), rolled back when `reply`'s receiver is gone. The host's
-/// clock, read once the write lock is held, decides which claims expired and when this one ends (it lasts
-/// `claim_until - now`): one file, one host, one clock for all its runners.
+/// clock, read once the write lock is held, decides which effects are due, which claims expired and when this
+/// one ends (it lasts `claim_until - now`): one file, one host, one clock for all its runners.
 async fn claim_in_transaction(
     pool: &SqlitePool,
     holder: &str,
@@ -62,7 +62,7 @@ async fn claim_in_transaction(
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
     let clock = Utc::now();
     let ends = txinbox_core::effects::claim_end(clock, now, claim_until);
-    let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?2) OR (state = 'in_flight' AND claim_until < ?4)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT ?3")
+    let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?4) OR (state = 'in_flight' AND claim_until < ?4)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT ?3")
         .bind(dests)
         .bind(ts(now))
         .bind(limit.max(1))
@@ -282,7 +282,8 @@ impl Backend for Sqlite {
             // The transaction was rolled back: the BEGIN opened another, which stays open until the Tx ends.
             Ok(_) => Ok(true),
             Err(sqlx::Error::Database(e))
-                if e.message().contains("cannot start a transaction within a transaction") =>
+                if e.message()
+                    .contains("cannot start a transaction within a transaction") =>
             {
                 Ok(false)
             }
@@ -368,7 +369,12 @@ impl Backend for Sqlite {
             .bind(t.state.as_str())
             .bind(t.attempts)
             .bind(t.reconciliations)
-            .bind(t.next_at.map(ts))
+            // A due time is kept on the host's clock, as the claim reads it: as long after it as the runner
+            // asked (`next_at - now`, by the runner's clock).
+            .bind(
+                t.next_at
+                    .map(|at| ts(txinbox_core::effects::claim_end(Utc::now(), now, at))),
+            )
             .bind(t.reference.map(text))
             .bind(t.error.map(text))
             .bind(ts(now))

@@ -140,6 +140,8 @@ struct Destination {
     calls: Arc<AtomicU32>,
     confirmations: Arc<AtomicU32>,
     gate: Option<Arc<Gate>>,
+    /// Whether its calls lose their answer (uncertain), and how long its search lags behind its writes.
+    uncertain: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -156,6 +158,9 @@ impl EffectExecutor for Destination {
                 g.entered.notify_one();
                 g.release.notified().await;
             }
+            if self.uncertain.is_some() {
+                return Execution::uncertain("the answer was lost");
+            }
             Execution::Done {
                 reference: Some("task-1".into()),
             }
@@ -165,6 +170,10 @@ impl EffectExecutor for Destination {
     fn confirm<'a>(&'a self, _: &'a ClaimedEffect) -> BoxFuture<'a, Confirmation> {
         self.confirmations.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Confirmation::NotFound })
+    }
+
+    fn reconcile_after(&self) -> Duration {
+        self.uncertain.unwrap_or_default()
     }
 }
 
@@ -319,4 +328,47 @@ on_both!(
     a_stale_finish_of_an_earlier_claim_is_refused_on_postgres,
     a_stale_finish_of_an_earlier_claim_is_refused_on_sqlite,
     a_stale_finish
+);
+
+/// A call whose answer was lost, at a destination whose search lags an hour behind its writes: its effect is
+/// uncertain, reconciled no sooner than an hour after the call. A second runner, on a host whose clock is two
+/// hours ahead, does not find it due: it would ask the destination before its search can find the call (a
+/// "not found" that is no proof) and call it again.
+async fn an_uncertain_effect_seen_from_a_clock_ahead<DB: txinbox_store::Backend>(
+    store: Store<DB>,
+    sql: fn(&str) -> String,
+) where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+{
+    sqlx::query(&sql(PENDING))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let dest = Destination {
+        uncertain: Some(Duration::from_secs(3600)),
+        ..Destination::default()
+    };
+    let first = EffectRunner::new(Host::new(store.clone(), chrono::Duration::zero()))
+        .executor("crm", dest.clone());
+    let report = first.run_pass().await;
+    assert_eq!(report.count(EffectState::Uncertain), 1, "{report}");
+    let second = EffectRunner::new(Host::new(store.clone(), chrono::Duration::hours(2)))
+        .executor("crm", dest.clone());
+    let early = second.run_pass().await;
+    assert_eq!(
+        (
+            early.claimed,
+            dest.calls.load(Ordering::SeqCst),
+            dest.confirmations.load(Ordering::SeqCst)
+        ),
+        (0, 1, 0),
+        "reconciled before its destination could answer for the call: {early}"
+    );
+}
+
+on_both!(
+    an_uncertain_effect_is_not_due_early_for_a_clock_ahead_on_postgres,
+    an_uncertain_effect_is_not_due_early_for_a_clock_ahead_on_sqlite,
+    an_uncertain_effect_seen_from_a_clock_ahead
 );

@@ -479,9 +479,10 @@ impl World {
         t.map(|t| self.kept(t))
     }
 
-    /// A claim's end: the database's clock plus the claim's length on PostgreSQL, so two stores asked one after
-    /// the other end it a few microseconds apart. Within a day of the wall clock, its distance from it in whole
-    /// minutes (the claims here last whole hours); else as [`kept`](Self::kept).
+    /// A claim's end, or a due time a finish wrote: the database's clock plus the claim's length (the delay) on
+    /// PostgreSQL, so two stores asked one after the other keep it a few microseconds apart. Within a day of the
+    /// wall clock, its distance from it in whole minutes (the claims and delays here are whole hours); else as
+    /// [`kept`](Self::kept).
     fn kept_claim_end(&self, t: Option<DateTime<Utc>>) -> Option<String> {
         t.map(|t| {
             let from_now = t - Utc::now();
@@ -600,7 +601,7 @@ fn story(w: &World, s: &txinbox_store::ops::MessageStory) -> String {
                 e.state,
                 e.attempts,
                 e.reconciliations,
-                w.kept(e.next_attempt_at),
+                w.kept_claim_end(Some(e.next_attempt_at)).unwrap_or_default(),
                 e.claimed_by,
                 w.kept_claim_end(e.claim_until),
                 e.reference,

@@ -133,7 +133,8 @@ pub struct EffectOptions {
     /// claim ends `claim_for` after it asked for the claim, by its own monotonic clock. The claim's end is
     /// counted by the store's clock ([`EffectStore::claim_effects`](super::EffectStore::claim_effects)):
     /// PostgreSQL's server clock, SQLite's host clock, on DynamoDB the clock of each runner's host, which must
-    /// stay within `reconcile_after` of the others'.
+    /// stay within `reconcile_after` of the others'. Due times (backoffs, `reconcile_after`) are kept on the
+    /// same clock.
     pub claim_for: Duration,
     /// Executions before an effect that never reached the destination is failed (default 10).
     pub max_attempts: i32,

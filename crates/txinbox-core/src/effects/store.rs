@@ -280,7 +280,7 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Claims up to `limit` due effects for `destinations` on behalf of `holder`: pending and uncertain ones
-    /// due by `now` (`next_attempt_at <= now`), and in-flight ones whose claim expired. Within a group only the
+    /// that are due, and in-flight ones whose claim expired. Within a group only the
     /// oldest unfinished effect is due (done, failed and compensated ones are finished). No effect is held by
     /// two holders at once.
     ///
@@ -291,9 +291,12 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     /// same runner never lands on a later one.
     ///
     /// **Whose clock.** `now` and `claim_until` are the runner's: the claim lasts `claim_until - now`. Which
-    /// claims expired and when the new one ends are decided by the store's clock ([`claim_end`]: the claim
-    /// ends that long after the store's clock, and a claim has expired once the store's clock is past its
-    /// end), so that two runners whose hosts' clocks differ do not disagree on who holds an effect:
+    /// effects are due, which claims expired and when the new one ends are decided by the store's clock
+    /// ([`claim_end`]: the claim ends that long after the store's clock, a claim has expired once the store's
+    /// clock is past its end, and an effect is due once the store's clock reaches its due time, which
+    /// [`finish_effect`](Self::finish_effect) keeps on that clock too), so that two runners whose hosts' clocks
+    /// differ do not disagree on who holds an effect, nor reconcile an uncertain one before the
+    /// `reconcile_after` its destination asked for:
     ///
     /// * PostgreSQL: the database server's clock (`now()`, the statement's start), the same for every runner of
     ///   one database however far their hosts' clocks drift.
@@ -304,7 +307,8 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     ///   DynamoDB store's docs): a runner whose clock is ahead of the holder's by more than a claim's margin
     ///   over its work (`reconcile_after`) takes an effect over while its holder may still be calling.
     ///
-    /// Due times (`next_attempt_at`) are written from the runners' clocks and compared with `now`.
+    /// `now` is kept as the effect's `updated_at`. An effect recorded by a worker is due from its
+    /// `created_at`, the worker host's clock.
     fn claim_effects(
         &self,
         holder: &str,
@@ -337,6 +341,8 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     /// another runner or of the same one: this result is dropped, that claim reconciles). The runner sends a finish that failed again, with the same columns and
     /// `now`; when one whose first write applied and lost its answer answers `false`, the runner reads the
     /// effect and takes it as its own write if it is out of flight in the state and with the attempts it wrote.
+    /// A due time (`next_at`) is kept on the store's clock, as [`claim_effects`](Self::claim_effects) reads it:
+    /// `next_at - now` (the runner's clock) after the store's.
     fn finish_effect(
         &self,
         id: i64,

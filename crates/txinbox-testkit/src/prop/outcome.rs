@@ -14,6 +14,19 @@ pub fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
     stored(wall_clock_masked(t))
 }
 
+/// A time a store keeps on its own clock, [`kept`]: a claim's end or a due time a finish wrote is the store's
+/// clock (PostgreSQL's, the host's) plus what the runner asked, so two stores asked one after the other keep
+/// it microseconds apart. Within a day of the wall clock, it is rounded to the minute.
+pub fn kept_on_store_clock(t: DateTime<Utc>) -> DateTime<Utc> {
+    use chrono::DurationRound;
+    if (t - Utc::now()).num_hours().abs() < 24 {
+        if let Ok(t) = t.duration_round(chrono::TimeDelta::minutes(1)) {
+            return t;
+        }
+    }
+    kept(t)
+}
+
 /// A date as the stores keep it (years 1 to 9999, to the microsecond, rounded down).
 ///
 /// # Panics
@@ -134,8 +147,8 @@ pub fn rejection(mut r: RejectionRow) -> RejectionRow {
 /// An effect with its dates [`kept`] and no id.
 pub fn effect_view(mut e: EffectView) -> EffectView {
     e.id = 0;
-    e.next_attempt_at = kept(e.next_attempt_at);
-    e.claim_until = kept_opt(e.claim_until);
+    e.next_attempt_at = kept_on_store_clock(e.next_attempt_at);
+    e.claim_until = e.claim_until.map(kept_on_store_clock);
     e.created_at = kept(e.created_at);
     e.updated_at = kept(e.updated_at);
     e.finished_at = kept_opt(e.finished_at);
