@@ -36,8 +36,8 @@ pub struct UnexpectedStatus {
 }
 
 /// A complete or abandon was retried after an attempt that may have applied (its answer was lost, or it was
-/// answered with a server error), and a later attempt found no lock, or failed and was not retried (the last
-/// attempt, or [`SettleNotRetried`]): the earlier attempt may have completed (or abandoned) the message, and
+/// answered with a server error), and a later attempt found no lock, or failed and was not retried (a refusal
+/// such as 401 or 410, the last attempt, or [`SettleNotRetried`]): the earlier attempt may have completed (or abandoned) the message, and
 /// a 404 then is probably its doing, but that cannot be known. The source of an
 /// [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown) error, whose own source is the later attempt's error.
 /// Never a renewal's: a renewal removes no lock, so its 404 is [`LockLost`](BrokerErrorKind::LockLost)

@@ -167,7 +167,10 @@ fn ambiguous(
 
 /// Runs one settle (or renewal) on the lock URI, retrying throttling, 5xx and lost answers with a short
 /// backoff while the lock lasts. For a complete or abandon, a 404 after an attempt that may have applied is
-/// reported as ambiguous, not as a lost lock: that attempt may have worked, and the missing lock be its doing.
+/// reported as ambiguous, not as a lost lock: that attempt may have worked, and the missing lock be its doing;
+/// so is any other failure after it that is not retried (a 401 or 410: Microsoft, Delete Message, "401
+/// Authorization failure.", "410 Specified queue or subscription doesn't exist.", say nothing of the earlier
+/// attempt).
 /// An attempt may have applied when its answer was lost or when it was answered with a server error (a 500
 /// says nothing about whether the change was made; 429 and 503 are refusals). A renewal's 404 is always a lost
 /// lock: a renewal removes no lock, so whatever an earlier attempt did, there is no lock now (Microsoft,
@@ -197,11 +200,14 @@ pub(crate) async fn settle(
             Ok(()) => return Ok(()),
             Err(e) => client_error(op.name(), e),
         };
-        if let (Some(earlier), BrokerErrorKind::LockLost) = (may_have_applied, e.kind()) {
-            return Err(ambiguous(op, attempt, earlier, e));
-        }
         if !e.is_retryable() {
-            return Err(e);
+            // After an attempt that may have applied, a failure that is not retried leaves the outcome
+            // unknown: a 404 is probably that attempt's doing, and a refusal (401, 403, 410) is about this
+            // request only, not about what the earlier one did.
+            return Err(match may_have_applied {
+                Some(earlier) => ambiguous(op, attempt, earlier, e),
+                None => e,
+            });
         }
         let lock_left = (locked_until - Utc::now()).to_std().unwrap_or_default();
         let backoff = match (

@@ -387,6 +387,42 @@ async fn a_500_after_the_complete_applied_is_ambiguous_not_a_lost_lock() {
     assert_eq!(effects(&store).await, (1, 1));
 }
 
+/// The complete takes effect but is answered 500, and its retry is refused (401, then 410 on another message):
+/// the refusal is not retried, but the outcome is unknown, not a refusal of the complete: the first attempt
+/// removed the message. Microsoft, Delete Message: "500 Internal error." says nothing of whether the message was
+/// deleted; "401 Authorization failure." and "410 Specified queue or subscription doesn't exist." are about
+/// the later request only.
+#[tokio::test]
+async fn a_refused_retry_after_a_500_that_applied_is_ambiguous() {
+    for (refusal, kind) in [
+        (401, BrokerErrorKind::Unauthorized),
+        (410, BrokerErrorKind::EntityNotFound),
+    ] {
+        let Received { emu, q, d, .. } =
+            publish_and_receive(LOCK_5S, &format!("evt-500-then-{refusal}")).await;
+        let lock = lock_suffix(&q, &d);
+        emu.fault(json!({"kind": "apply_then_status", "status": 500, "method": "DELETE", "path_suffix": lock}))
+            .await;
+        emu.fault(
+            json!({"kind": "status", "status": refusal, "method": "DELETE", "path_suffix": lock}),
+        )
+        .await;
+        let e = d.complete().await.unwrap_err();
+        assert_eq!(e.kind(), BrokerErrorKind::OutcomeUnknown, "{refusal}: {e}");
+        let ambiguous = e
+            .find_source::<txinbox_servicebus::error::AmbiguousSettle>()
+            .expect("the source says why the outcome is unknown");
+        assert_eq!(ambiguous.attempt, 2);
+        assert_eq!(ambiguous.earlier, BrokerErrorKind::ServerError);
+        assert_eq!(ambiguous.source.kind(), kind);
+        assert_eq!(
+            emu.counts(&q).await,
+            (0, 0),
+            "{refusal}: the first attempt completed it"
+        );
+    }
+}
+
 /// A renewal whose answer is lost is retried, and the retry answered 404 is a lost lock, not an unknown
 /// outcome: whatever the first renewal did, the 404 says there is no lock now. Microsoft, Renew-Lock for a
 /// Message: "404 No message was found with the specified MessageId or LockToken."; and
