@@ -98,6 +98,33 @@ impl WorkerReport {
     }
 }
 
+/// `WorkerReport applied=3 duplicate=1 receive_errors=0 leases_lost=0`: every outcome seen, then the
+/// worker's own counts, one line; ` handed_back=N`, ` abandoned=N` and ` gave_up="..."` follow when they are
+/// set.
+impl std::fmt::Display for WorkerReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorkerReport")?;
+        for (kind, n) in &self.outcomes {
+            write!(f, " {kind}={n}")?;
+        }
+        write!(
+            f,
+            " receive_errors={} leases_lost={}",
+            self.receive_errors, self.leases_lost
+        )?;
+        if self.handed_back > 0 {
+            write!(f, " handed_back={}", self.handed_back)?;
+        }
+        if self.abandoned > 0 {
+            write!(f, " abandoned={}", self.abandoned)?;
+        }
+        if let Some(why) = &self.gave_up {
+            write!(f, " gave_up={why:?}")?;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,32 +152,5 @@ mod tests {
             (1, 2, 4, 6)
         );
         assert_eq!(a.gave_up.as_deref(), Some("unauthorized"));
-    }
-}
-
-/// `WorkerReport applied=3 duplicate=1 receive_errors=0 leases_lost=0`: every outcome seen, then the
-/// worker's own counts, one line; ` handed_back=N`, ` abandoned=N` and ` gave_up="..."` follow when they are
-/// set.
-impl std::fmt::Display for WorkerReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("WorkerReport")?;
-        for (kind, n) in &self.outcomes {
-            write!(f, " {kind}={n}")?;
-        }
-        write!(
-            f,
-            " receive_errors={} leases_lost={}",
-            self.receive_errors, self.leases_lost
-        )?;
-        if self.handed_back > 0 {
-            write!(f, " handed_back={}", self.handed_back)?;
-        }
-        if self.abandoned > 0 {
-            write!(f, " abandoned={}", self.abandoned)?;
-        }
-        if let Some(why) = &self.gave_up {
-            write!(f, " gave_up={why:?}")?;
-        }
-        Ok(())
     }
 }
