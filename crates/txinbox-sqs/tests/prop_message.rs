@@ -81,3 +81,57 @@ proptest! {
         prop_assert!(dead_letter::is_bookkeeping(&upper));
     }
 }
+
+/// SQS message attribute names are case-sensitive (AWS, `MessageAttributeNames`: "The name is case-sensitive
+/// and must be unique among all attribute names for the message"), so one message can carry `ce-id` and
+/// `CE-ID` with different values. The adapter reads names lower-cased; which of the two it keeps must not
+/// depend on the order the SDK's map iterates in (random per map, so per read and per process): every read of
+/// the message, on every redelivery and every worker, must resolve the same identity, or one message is
+/// applied under two identities. The name already in lower case (the CloudEvents spelling) wins; among the
+/// others the first by name.
+#[test]
+fn attribute_names_differing_only_in_case_resolve_the_same_way_on_every_read() {
+    let value = |v: &str| {
+        MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(v)
+            .build()
+            .unwrap()
+    };
+    let read = |names: &[(&str, &str)]| {
+        let mut b = Message::builder()
+            .message_id("m-1")
+            .receipt_handle("r")
+            .body("{}");
+        for (k, v) in names {
+            b = b.message_attributes(*k, value(v));
+        }
+        // A new map per build: a new random iteration order, as each receive has.
+        txinbox_sqs::received_message(&b.build(), chrono::Utc::now())
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        let m = read(&[
+            ("CE-ID", "evt-upper"),
+            ("ce-id", "evt-lower"),
+            ("Ce-Id", "evt-mixed"),
+            ("ce-source", "urn:crm"),
+        ]);
+        seen.insert(m.attribute("ce-id").map(str::to_owned));
+    }
+    assert_eq!(
+        seen,
+        [Some("evt-lower".to_owned())].into(),
+        "the ce-id read from one message changed between reads"
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        let m = read(&[("Ce-Id", "evt-mixed"), ("CE-ID", "evt-upper")]);
+        seen.insert(m.attribute("ce-id").map(str::to_owned));
+    }
+    assert_eq!(
+        seen,
+        [Some("evt-upper".to_owned())].into(),
+        "without a lower-case spelling, the first name in order wins (\"CE-ID\" < \"Ce-Id\")"
+    );
+}

@@ -1,6 +1,6 @@
 //! The broker-neutral view of an SQS message, and the deduplication id AWS replaces on a move to a FIFO DLQ.
 
-use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use chrono::{DateTime, TimeZone, Utc};
 use txinbox_core::ReceivedMessage;
 
@@ -12,7 +12,8 @@ pub fn deduplication_id_replaced(message_id: Option<&str>, dedup_id: Option<&str
     matches!((message_id, dedup_id), (Some(m), Some(d)) if !m.is_empty() && m == d)
 }
 
-/// The broker-neutral view of an SQS message: attribute names lower-cased, CloudEvents attributes kept as
+/// The broker-neutral view of an SQS message: attribute names lower-cased (of names that differ only in case,
+/// the one already in lower case is kept, else the first by name), CloudEvents attributes kept as
 /// attributes, `MessageDeduplicationId` as the producer id (unless AWS replaced it, see
 /// [`deduplication_id_replaced`]), `MessageId` as the broker id,
 /// `ApproximateReceiveCount` as the delivery count, `SentTimestamp` as the enqueue time and `MessageGroupId`
@@ -21,9 +22,21 @@ pub fn received_message(m: &Message, received_at: DateTime<Utc>) -> ReceivedMess
     let sys = |k: MessageSystemAttributeName| m.attributes().and_then(|a| a.get(&k)).cloned();
     let mut rm = ReceivedMessage::new(m.body().unwrap_or_default().as_bytes().to_vec());
     if let Some(attrs) = m.message_attributes() {
-        for (k, v) in attrs {
+        // SQS names are case-sensitive (AWS, `MessageAttributeNames`: "The name is case-sensitive and must be
+        // unique among all attribute names for the message"): `ce-id` and `CE-ID` can both be on a message.
+        // Read lower-cased, one of them must win the same way on every read (every redelivery, every
+        // worker), or one message resolves two identities; the SDK's map iterates in a random order per map.
+        // The name already in lower case (the CloudEvents spelling) wins, then the first of the others by name.
+        let mut names: Vec<(bool, &String, &MessageAttributeValue)> = attrs
+            .iter()
+            .map(|(k, v)| (k.to_lowercase() != *k, k, v))
+            .collect();
+        names.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        for (_, k, v) in names {
             if let Some(s) = v.string_value() {
-                rm.attributes.insert(k.to_lowercase(), s.to_owned());
+                rm.attributes
+                    .entry(k.to_lowercase())
+                    .or_insert_with(|| s.to_owned());
             }
         }
     }
