@@ -601,7 +601,8 @@ fn story(w: &World, s: &txinbox_store::ops::MessageStory) -> String {
                 e.state,
                 e.attempts,
                 e.reconciliations,
-                w.kept_claim_end(Some(e.next_attempt_at)).unwrap_or_default(),
+                w.kept_claim_end(Some(e.next_attempt_at))
+                    .unwrap_or_default(),
                 e.claimed_by,
                 w.kept_claim_end(e.claim_until),
                 e.reference,
