@@ -29,7 +29,7 @@ pub const PUBLIC_SUFFIX: &str = "servicebus.windows.net";
 #[derive(Clone)]
 #[non_exhaustive]
 pub enum Credential {
-    /// A shared access rule: the crate signs every request with a one-hour SAS.
+    /// A shared access rule: every request is signed with a one-hour SAS for the URL it goes to.
     SharedAccessKey {
         /// Rule name (e.g. `RootManageSharedAccessKey`).
         key_name: String,
@@ -251,8 +251,8 @@ impl ServiceBusConfig {
     }
 
     /// Sends every request to `endpoint` (e.g. `http://127.0.0.1:5380` for the emulator, or
-    /// `https://NS.servicebus.usgovcloudapi.net`) instead of `https://NS.servicebus.windows.net`. Requests are
-    /// still signed for the public URL (the crate builds it), which the emulator accepts.
+    /// `https://NS.servicebus.usgovcloudapi.net`) instead of `https://NS.servicebus.windows.net`. With a shared
+    /// access key, each request's SAS names the URL it goes to (the resource accessed, as the service checks it).
     pub fn endpoint(mut self, endpoint: Url) -> Self {
         self.endpoint = Some(endpoint);
         self
@@ -325,7 +325,9 @@ impl ServiceBusConfig {
             }
         };
         let (auth, key_name, key) = match self.credential {
-            Credential::SharedAccessKey { key_name, key } => (Auth::Sas, key_name, key),
+            Credential::SharedAccessKey { key_name, key } => {
+                (Auth::sas(key_name.clone(), &key), key_name, key)
+            }
             // The crate signs every request anyway; its SAS (with a throwaway key) is replaced by the bearer.
             Credential::Token(c) => (
                 Auth::bearer(c),

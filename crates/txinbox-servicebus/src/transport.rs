@@ -1,5 +1,6 @@
-//! The HTTP client handed to the crate: it points requests at the configured endpoint (after the crate signed
-//! them for `https://NS.servicebus.windows.net`), swaps the SAS for an Azure AD bearer token when configured,
+//! The HTTP client handed to the crate: it points requests at the configured endpoint (the crate builds every
+//! URL on `https://NS.servicebus.windows.net`), signs each with a SAS for the URL it then goes to (see
+//! [`sas_token`]) or swaps in an Azure AD bearer token,
 //! bounds every request in time (the crate sets no timeout), moves a received message's `BrokerProperties`
 //! out of the crate's reach (see [`set_broker_properties_aside`]), and keeps the `Retry-After` of a settle's
 //! or a send's error answer (see [`keep_retry_after`]).
@@ -8,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use azure_core::auth::{AccessToken, TokenCredential};
+use azure_core::auth::{AccessToken, Secret, TokenCredential};
 use azure_core::error::ErrorKind;
 use azure_core::headers::AUTHORIZATION;
 use azure_core::{HttpClient, Request, Response, Url};
@@ -19,8 +20,14 @@ use crate::wire;
 
 /// How the transport authorizes requests.
 pub(crate) enum Auth {
-    /// Keep the crate's SAS header.
-    Sas,
+    /// Replace the crate's SAS, made for the public host, with one for the URL the request goes to.
+    Sas {
+        /// The rule's name.
+        key_name: String,
+        /// The rule's key, base64-encoded (as `azure_core::hmac::hmac_sha256` takes it: it decodes it back to
+        /// the key string's bytes).
+        signing_key: Secret,
+    },
     /// Replace it with a bearer token.
     Bearer {
         credential: Arc<dyn TokenCredential>,
@@ -29,6 +36,14 @@ pub(crate) enum Auth {
 }
 
 impl Auth {
+    /// A shared access rule: `key` is the rule's key as the portal shows it.
+    pub(crate) fn sas(key_name: String, key: &Secret) -> Self {
+        Auth::Sas {
+            key_name,
+            signing_key: Secret::new(azure_core::base64::encode(key.secret())),
+        }
+    }
+
     pub(crate) fn bearer(credential: Arc<dyn TokenCredential>) -> Self {
         Auth::Bearer {
             credential,
@@ -60,7 +75,7 @@ impl fmt::Debug for Transport {
             .field(
                 "auth",
                 &match self.auth {
-                    Auth::Sas => "sas",
+                    Auth::Sas { .. } => "sas",
                     Auth::Bearer { .. } => "bearer",
                 },
             )
@@ -198,6 +213,14 @@ impl HttpClient for Transport {
             ));
         }
         self.rewrite(request.url_mut())?;
+        if let Auth::Sas {
+            key_name,
+            signing_key,
+        } = &self.auth
+        {
+            let sas = sas_token(request.url(), key_name, signing_key, chrono::Utc::now())?;
+            request.insert_header(AUTHORIZATION, sas);
+        }
         if let Some(bearer) = self.bearer().await? {
             // Headers are keyed by lower-case name, so this replaces the crate's SAS.
             request.insert_header(AUTHORIZATION, bearer);
@@ -217,6 +240,46 @@ impl HttpClient for Transport {
             )),
         }
     }
+}
+
+/// How long a SAS is valid, as the crate makes them (one hour).
+const SAS_LIFETIME_SECS: i64 = 3600;
+
+/// A SAS for a request to `url`, valid for [`SAS_LIFETIME_SECS`] from `now`: `sr` is the URL, form-urlencoded
+/// (upper-case hex, as the crate encodes it), `sig` the HMAC-SHA256, with the key string's bytes, of `sr`, a
+/// newline and the expiry. Microsoft, *Service Bus access control with Shared Access Signatures*: "This token
+/// consists of the resource URI being accessed, and an expiry signed with the configured key." The crate signs
+/// `https://NS.servicebus.windows.net/…`, which is not the resource a sovereign cloud's namespace (or any
+/// endpoint override) is accessed at, so the token is made again once the URL is the one the request goes to.
+fn sas_token(
+    url: &Url,
+    key_name: &str,
+    signing_key: &Secret,
+    now: chrono::DateTime<chrono::Utc>,
+) -> azure_core::Result<String> {
+    let sr = form_urlencode(url.as_str());
+    let se = now.timestamp() + SAS_LIFETIME_SECS;
+    let sig = azure_core::hmac::hmac_sha256(&format!("{sr}\n{se}"), signing_key)?;
+    Ok(format!(
+        "SharedAccessSignature sr={sr}&sig={}&se={se}&skn={key_name}",
+        form_urlencode(&sig)
+    ))
+}
+
+/// `application/x-www-form-urlencoded` byte serialization (what `url::form_urlencoded::byte_serialize` makes):
+/// ASCII letters, digits and `*-._` as they are, a space as `+`, every other byte `%XX` in upper-case hex.
+fn form_urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 /// Whether the request goes to a message's lock URI (`…/messages/{sequence number}/{lock token}`): a
@@ -309,7 +372,7 @@ mod tests {
             Arc::new(Never),
             "ns.servicebus.windows.net".into(),
             endpoint.map(|e| Url::parse(e).unwrap()),
-            Auth::Sas,
+            Auth::sas("listen".into(), &Secret::new("c2VjcmV0")),
             Duration::from_millis(50),
             Duration::from_secs(10),
         )
@@ -488,6 +551,81 @@ mod tests {
         assert!(sent
             .iter()
             .all(|(_, a)| a.as_deref() == Some("Bearer entra-token")));
+    }
+
+    /// The value of `name` in a SAS token (`sr=…&sig=…&se=…&skn=…`), form-urldecoded.
+    fn sas_field(token: &str, name: &str) -> String {
+        let raw = token
+            .trim_start_matches("SharedAccessSignature ")
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in the token"));
+        let bytes = raw.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'%' => {
+                    out.push(u8::from_str_radix(&raw[i + 1..i + 3], 16).unwrap());
+                    i += 3;
+                }
+                b'+' => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                b => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    /// A SAS names the resource the request goes to, not the public host the crate builds every URL with:
+    /// a namespace in a sovereign cloud (its connection string's `Endpoint`, or an endpoint override) is sent
+    /// a token signed for its own host. Microsoft, *Service Bus access control with Shared Access
+    /// Signatures*: "This token consists of the resource URI being accessed, and an expiry signed with the
+    /// configured key."; `sr` is the "URI of the resource being accessed".
+    #[tokio::test]
+    async fn a_sas_is_signed_for_the_host_the_request_goes_to() {
+        let records = Arc::new(Records::default());
+        let key = "c2VjcmV0LWtleQ==";
+        let client = crate::ServiceBusConfig::from_connection_string(&format!(
+            "Endpoint=sb://gov.servicebus.usgovcloudapi.net/;SharedAccessKeyName=listen;SharedAccessKey={key}"
+        ))
+        .unwrap()
+        .http_client(records.clone())
+        .connect()
+        .unwrap();
+        let mut receiver =
+            crate::ServiceBusReceiver::new(&client, "orders", crate::ServiceBusOptions::default())
+                .unwrap();
+        // The double answers 200 without a lock URI: the receive fails, the request was sent.
+        let _ = receiver.receive_one(Duration::from_secs(5)).await;
+        let sent = records.0.lock().unwrap().clone();
+        let (url, auth) = sent.first().expect("a request");
+        assert_eq!(
+            url,
+            "https://gov.servicebus.usgovcloudapi.net/orders/messages/head?timeout=5"
+        );
+        let auth = auth.as_deref().expect("an Authorization header");
+        assert_eq!(sas_field(auth, "sr"), *url);
+        assert_eq!(sas_field(auth, "skn"), "listen");
+        // HMAC-SHA256 with the key string's bytes over the URL-encoded resource, a newline and the expiry.
+        let raw_sr = auth
+            .split(['&', ' '])
+            .find_map(|kv| kv.strip_prefix("sr="))
+            .unwrap();
+        let se = sas_field(auth, "se");
+        let expected = azure_core::hmac::hmac_sha256(
+            &format!("{raw_sr}\n{se}"),
+            &azure_core::auth::Secret::new(azure_core::base64::encode(key)),
+        )
+        .unwrap();
+        assert_eq!(sas_field(auth, "sig"), expected);
+        let expiry = se.parse::<i64>().unwrap() - chrono::Utc::now().timestamp();
+        assert!((3000..=3600).contains(&expiry), "expires in {expiry} s");
     }
 
     #[tokio::test]
