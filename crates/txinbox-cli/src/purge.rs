@@ -4,6 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use crate::out::outln;
 use crate::targets::fail;
 
@@ -54,7 +56,7 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
         if let (Some(shard), false) = (&t.shard, args.json) {
             outln!("shard {shard}:");
         }
-        let report = match rt.block_on(one_pass(&t.url, args)) {
+        let report = match rt.block_on(one_pass(&t.url, args, chrono::Utc::now())) {
             Ok(r) => r,
             Err(e) => {
                 crate::targets::target_failed(t, &e);
@@ -79,22 +81,35 @@ pub fn run(args: &PurgeArgs) -> ExitCode {
     }
 }
 
-/// One pass on the store at `url`. The store is opened as it is: never created nor migrated, and refused
-/// without the inbox's schema (a mistyped URL would otherwise get a fresh, empty inbox, and the pass would
-/// report nothing expired with exit code 0).
-async fn one_pass(url: &str, args: &PurgeArgs) -> Result<MaintenanceReport, String> {
+/// One pass on the store at `url`, at the store's clock: PostgreSQL's server clock, else `host_now`, this
+/// host's (SQLite's file is on it; on DynamoDB the pass deletes nothing). The store is opened as it is: never
+/// created nor migrated, and refused without the inbox's schema (a mistyped URL would otherwise get a fresh,
+/// empty inbox, and the pass would report nothing expired with exit code 0).
+async fn one_pass(
+    url: &str,
+    args: &PurgeArgs,
+    host_now: DateTime<Utc>,
+) -> Result<MaintenanceReport, String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = crate::inbox::postgres_as_is(url, "txinbox-purge", 2).await?;
-        pass(store, args).await
+        // The database's clock decides what expired, not this host's: a host whose clock runs ahead (an
+        // operator's laptop, a cron container) would purge markers whose copies can still come back, and
+        // drop partitions early. The workers' markers, the effects' claims and their due times are on the
+        // database's clock too.
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(store.pool())
+            .await
+            .map_err(|e| format!("store (postgres): reading the database's clock: {e}"))?;
+        pass(store, args, now).await
     } else if url.starts_with("sqlite:") {
         let store = crate::inbox::sqlite_as_is(url, 2).await?;
-        pass(store, args).await
+        pass(store, args, host_now).await
     } else if url.starts_with("dynamodb://") {
         let store = txinbox_dynamodb::DynamoStore::connect(url)
             .await
             .map_err(|e| format!("store (dynamodb): {e}"))?;
         crate::out::errln!("note: on DynamoDB expiry is the TTL's (expires_at): expired items are absent to the store from that second on and DynamoDB deletes them in the background; this pass deletes nothing");
-        pass(store, args).await
+        pass(store, args, host_now).await
     } else {
         Err(format!(
             "unsupported store URL scheme {} (expected sqlite:, postgres:// or dynamodb://)",
@@ -147,6 +162,7 @@ fn report_json(report: &MaintenanceReport) -> serde_json::Value {
 async fn pass<S: MaintenanceStore>(
     store: S,
     args: &PurgeArgs,
+    now: DateTime<Utc>,
 ) -> Result<MaintenanceReport, String> {
     // Saturating, not `as u32`: a day count past u32 would wrap to a short keep and delete recent rows; a
     // keep too long for a date keeps everything.
@@ -162,7 +178,7 @@ async fn pass<S: MaintenanceStore>(
     let tty = std::io::stderr().is_terminal();
     let report = tokio::time::timeout(
         timeout,
-        m.run_once_at(chrono::Utc::now(), &mut |r: &MaintenanceReport| {
+        m.run_once_at(now, &mut |r: &MaintenanceReport| {
             if tty {
                 let mut e = std::io::stderr().lock();
                 let _ = write!(e, "\r{r}   ");
@@ -224,9 +240,61 @@ mod tests {
             json: false,
         };
         let start = tokio::time::Instant::now();
-        let e = pass(Hangs, &args).await.unwrap_err();
+        let e = pass(Hangs, &args, Utc::now()).await.unwrap_err();
         assert_eq!(start.elapsed(), Duration::from_secs(65), "{e}");
         assert!(e.contains("did not end within 65 s"), "{e}");
+    }
+
+    /// An operator's host whose clock runs ahead of the database's (a laptop, a cron container) purged, on
+    /// PostgreSQL, the markers whose retention had not passed yet by the database's clock: a copy of such a
+    /// message still in the queue or the dead-letter queue was then applied again as new. The pass keeps
+    /// them: on PostgreSQL the database's clock says what expired (the markers of the worker hosts, the
+    /// effects' claims and due times are on it too), whatever the operator's host says.
+    #[tokio::test]
+    async fn a_pass_from_a_host_whose_clock_is_ahead_keeps_markers_the_database_has_not_expired() {
+        let base = std::env::var("TXINBOX_TEST_PG_URL")
+            .expect("TXINBOX_TEST_PG_URL is not set: run `bash scripts/test.sh`");
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let admin = sqlx::PgPool::connect(&base).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let store =
+            txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1).await;
+        let store = store.expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+        // A marker with a day of retention left, and one that expired an hour ago, by the database's clock.
+        sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) VALUES ('c', '', 'live', 'h', now(), now(), now() + interval '1 day', 'producer_id'), ('c', '', 'expired', 'h', now(), now(), now() - interval '1 hour', 'producer_id')")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        store.close().await;
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+        let args = PurgeArgs {
+            store: Default::default(),
+            batch: 1000,
+            pause_ms: 0,
+            budget_secs: 60,
+            rejections_keep_days: 90,
+            effects_keep_days: 7,
+            json: false,
+        };
+        // This host's clock two days ahead of the database's.
+        let report = one_pass(&url, &args, Utc::now() + chrono::Duration::days(2)).await;
+        let left: Result<Vec<String>, _> = sqlx::query_scalar(&format!(
+            "SELECT message_id FROM {schema}.txinbox_inbox ORDER BY message_id"
+        ))
+        .fetch_all(&admin)
+        .await;
+        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        let report = report.unwrap();
+        assert_eq!(left.unwrap(), ["live"], "{report}");
+        assert_eq!(report.removed_from(Table::Markers), 1, "{report}");
     }
 
     #[test]
