@@ -276,8 +276,9 @@ impl ServiceBusConfig {
         self
     }
 
-    /// Runs requests on this HTTP client instead of a rustls `reqwest` client built here. Endpoint rewriting,
-    /// bearer tokens and timeouts still apply on top of it.
+    /// Runs requests on this HTTP client instead of a rustls `reqwest` client built here (which follows no
+    /// redirect: give this one the same policy). Endpoint rewriting, request signing, bearer tokens and
+    /// timeouts still apply on top of it.
     pub fn http_client(mut self, client: Arc<dyn HttpClient>) -> Self {
         self.http_client = Some(client);
         self
@@ -317,6 +318,11 @@ impl ServiceBusConfig {
                     // the transport (long polls are allowed their `timeout` plus the grace).
                     .timeout(Duration::from_secs(60) + self.receive_grace + self.request_timeout)
                     .pool_idle_timeout(Duration::from_secs(30))
+                    // No redirect is followed: Service Bus answers none (Microsoft lists 200, 201, 204, 400,
+                    // 401, 403, 404, 410, 500), and a followed one would report what another request got (a
+                    // 303 to a complete or a 302 to a renewal becomes a GET, whose 200 reads as done) and
+                    // bypass the transport's namespace-only check. A 3xx is an error of its status.
+                    .redirect(reqwest::redirect::Policy::none())
                     .build()
                     .map_err(|e| ServiceBusError::Config {
                         detail: format!("cannot build the HTTP client: {e}"),

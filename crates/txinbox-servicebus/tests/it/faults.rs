@@ -423,6 +423,84 @@ async fn a_refused_retry_after_a_500_that_applied_is_ambiguous() {
     }
 }
 
+/// A local HTTP double of a namespace, one request per connection: a peek-lock on `/q/messages/head` answers
+/// 201 with a message locked for a minute (`Location` `/q/messages/1/tok`); the lock URI answers every settle
+/// and renewal with a redirect (303 to a DELETE, 302 to a POST) to `/q/done`, which answers 200 to anything.
+/// Records `METHOD path` of each request.
+fn redirecting_namespace() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (at, log) = (base.clone(), seen.clone());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            let mut line = head.lines().next().unwrap_or_default().split(' ');
+            let (method, target) = (
+                line.next().unwrap_or_default(),
+                line.next().unwrap_or_default(),
+            );
+            let path = target.split('?').next().unwrap_or_default().to_owned();
+            log.lock().unwrap().push(format!("{method} {path}"));
+            let until = (chrono::Utc::now() + chrono::Duration::seconds(60))
+                .format("%a, %d %b %Y %H:%M:%S GMT");
+            let answer = match (method, path.as_str()) {
+                ("POST", "/q/messages/head") => format!(
+                    "HTTP/1.1 201 Created\r\nBrokerProperties: {{\"DeliveryCount\":1,\"LockToken\":\"tok\",\"LockedUntilUtc\":\"{until}\",\"MessageId\":\"evt-redirect\",\"SequenceNumber\":1,\"State\":\"Active\",\"TimeToLive\":60}}\r\nLocation: {at}/q/messages/1/tok\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+                ),
+                ("DELETE", "/q/messages/1/tok") => "HTTP/1.1 303 See Other\r\nLocation: /q/done\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned(),
+                ("POST", "/q/messages/1/tok") => "HTTP/1.1 302 Found\r\nLocation: /q/done\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned(),
+                (_, "/q/done") => "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned(),
+                _ => "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned(),
+            };
+            let _ = conn.write_all(answer.as_bytes());
+        }
+    });
+    (base, seen)
+}
+
+/// A complete or a renewal answered with a redirect is not done: the HTTP client must not follow it (as a GET,
+/// for a 303 to a DELETE or a 302 to a POST, or to another resource) and report the 200 that answers there as
+/// the settle's. Microsoft lists the answers: Delete Message, "200 Message successfully deleted."; Renew-Lock
+/// for a Message, "200 Message lock successfully renewed."; otherwise 401, 404, 410, 500; a redirect is none of
+/// them, and what it leads to is not the lock URI.
+#[tokio::test]
+async fn a_settle_answered_with_a_redirect_is_not_reported_done() {
+    let (base, seen) = redirecting_namespace();
+    let client = ServiceBusConfig::shared_access_key("redirects", "listen", "c2VjcmV0")
+        .endpoint(base.parse().unwrap())
+        .request_timeout(Duration::from_secs(5))
+        .connect()
+        .unwrap();
+    let mut receiver = fast_receiver(&client, "q", LOCK_5S);
+    let d = receive_next(&mut receiver).await;
+    let lease = d.lease().expect("a lease");
+    let renewed = lease.renew(LOCK_5S).await;
+    assert!(
+        renewed.is_err(),
+        "a redirected renewal reported done: {renewed:?}"
+    );
+    assert!(!renewed.unwrap_err().is_retryable());
+    let completed = d.complete().await;
+    assert!(completed.is_err(), "a redirected complete reported done");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            "POST /q/messages/head",
+            "POST /q/messages/1/tok",
+            "DELETE /q/messages/1/tok"
+        ],
+        "no redirect followed"
+    );
+}
+
 /// A renewal whose answer is lost is retried, and the retry answered 404 is a lost lock, not an unknown
 /// outcome: whatever the first renewal did, the 404 says there is no lock now. Microsoft, Renew-Lock for a
 /// Message: "404 No message was found with the specified MessageId or LockToken."; and
