@@ -23,7 +23,8 @@ pub struct PartitionArgs {
     #[arg(long, default_value_t = 3)]
     pub ahead: u32,
     /// Days a marker is kept past its origin time: the inbox's retention (default: with `--config`, its
-    /// `[inbox] retention_seconds`; else 30 days, the inbox's default).
+    /// `[inbox] retention_seconds`, which a shorter `--keep-days` is refused against; else 30 days, the
+    /// inbox's default).
     #[arg(long)]
     pub keep_days: Option<u64>,
     /// Place a message without a CloudEvents `time` by its broker's enqueue time instead of dead-lettering it
@@ -42,14 +43,28 @@ pub fn run(args: &PartitionArgs) -> ExitCode {
         Ok(v) => v,
         Err(e) => return fail(&e),
     };
-    let keep = match (args.keep_days, &args.store.config) {
-        (Some(days), _) => Duration::from_secs(days.saturating_mul(86_400)),
-        (None, Some(path)) => match txinbox_core::settings::WorkerSettings::load(path) {
-            Ok(s) => s.retention().keep,
+    // The workers' retention, from their settings file: a marker must outlive every copy of its message.
+    let workers_keep = match &args.store.config {
+        Some(path) => match txinbox_core::settings::WorkerSettings::load(path) {
+            Ok(s) => Some(s.retention().keep),
             Err(e) => return fail(&e.to_string()),
         },
+        None => None,
+    };
+    let keep = match (args.keep_days, workers_keep) {
+        (Some(days), _) => Duration::from_secs(days.saturating_mul(86_400)),
+        (None, Some(keep)) => keep,
         (None, None) => txinbox_core::RetentionPolicy::default().keep,
     };
+    if let (Some(days), Some(workers)) = (args.keep_days, workers_keep) {
+        if !args.status && keep < workers {
+            return fail(&format!(
+                "--keep-days {days} is shorter than the workers' retention ([inbox] retention_seconds = {}): partitions of markers would be dropped while copies of their messages can still come back (each then dead-lettered retention_expired, never applied); give --keep-days {} or more, or leave it out to keep the file's",
+                workers.as_secs(),
+                workers.as_secs().div_ceil(86_400)
+            ));
+        }
+    }
     let opts = PartitionOptions::new()
         .width(Duration::from_secs(args.width_hours.saturating_mul(3600)))
         .ahead(args.ahead)

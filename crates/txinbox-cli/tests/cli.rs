@@ -887,6 +887,39 @@ fn partition_refuses_a_store_without_the_inbox(flags: &[&str]) {
     assert!(out.starts_with(expect), "{out}");
 }
 
+/// With the workers' settings file, a `--keep-days` shorter than its `[inbox] retention_seconds` (the time the
+/// workers keep a marker, which must cover the queue's, the dead-letter queue's and a redrive's time) is refused
+/// and changes nothing: the partitions of markers would be dropped while copies of their messages can still
+/// come back, and each such copy would be dead-lettered `retention_expired`, a message never applied among
+/// them. It converted with the shorter keep and exit 0. A keep as long or longer converts.
+#[test]
+fn partition_refuses_a_keep_shorter_than_the_workers_retention() {
+    let schema = PgSchema::empty();
+    schema.make_inbox();
+    let dir = scratch("partition-keep");
+    let file = settings_file(
+        &dir,
+        &format!(
+            "[store]\nurl = \"{}\"\n[inbox]\nretention_seconds = 2592000\n",
+            schema.url
+        ),
+    );
+    let file = file.to_str().unwrap();
+    let (code, out, err) = txinbox(&["inbox", "partition", "--config", file, "--keep-days", "3"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("--keep-days 3") && err.contains("retention_seconds = 2592000"),
+        "{err}"
+    );
+    let (code, out, err) = txinbox(&["inbox", "partition", "--config", file, "--status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("row-by-row"), "nothing changed: {out}");
+    let (code, out, err) = txinbox(&["inbox", "partition", "--config", file, "--keep-days", "31"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("converted: "), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A pipe whose only reader (`true`) has exited: a write to it is a broken pipe, whenever it comes.
 fn closed_pipe() -> std::process::ChildStdin {
     let mut reader = Command::new("true")
