@@ -62,9 +62,11 @@ pub struct AmbiguousSettle {
 /// A complete, abandon or renewal failed with an error worth retrying, and was not retried: the wait before
 /// the next attempt (the service's `Retry-After`, or the adapter's backoff) would end less than
 /// [`SETTLE_LOCK_MARGIN`](crate::receiver::SETTLE_LOCK_MARGIN) before the lock does, or is longer than
-/// [`MAX_SETTLE_WAIT`](crate::receiver::MAX_SETTLE_WAIT). The settle is not done; the message comes back when
-/// its lock ends. The source of an error of the failed attempt's kind (mostly
-/// [`Throttled`](BrokerErrorKind::Throttled)), whose own source is that attempt's error.
+/// [`MAX_SETTLE_WAIT`](crate::receiver::MAX_SETTLE_WAIT). After a refusal (429, 503) the settle is not done
+/// and the message comes back when its lock ends; after a lost answer or a server error (500) it may have been
+/// done (Microsoft, Delete Message: "500 Internal error.", nothing more), so the message may be gone. The
+/// source of an error of the failed attempt's kind (mostly [`Throttled`](BrokerErrorKind::Throttled)), whose
+/// own source is that attempt's error.
 #[derive(Debug, thiserror::Error)]
 #[error("not retried after attempt {attempt}: the next would wait {wait:?}, with {lock_left:?} of the lock left")]
 #[non_exhaustive]
