@@ -1423,3 +1423,69 @@ async fn a_redrive_longer_than_its_visibility_timeout_counts_each_message_once()
     assert_eq!(counts(&c, &q.url).await, (3, 0), "the three moved");
     assert_eq!(total(&c, &q.dlq).await, 1, "the deferred one stays");
 }
+
+/// A FIFO message held behind the one before it in its group stays invisible however long that one is
+/// processed (its lease renewed by the worker's keeper, for up to `lease.max_total`), even when no receive is
+/// called meanwhile (every place of the worker is busy: the worker receives only for a free place). The held
+/// message was extended only when handed out, so a predecessor slower than the visibility timeout let it run
+/// out in the receiver: SQS counted a receive for nothing, the receiver dropped it and received it again, and
+/// a group whose messages each take longer than the visibility timeout sent its later messages to the
+/// dead-letter queue unprocessed. AWS (`RedrivePolicy`): "maxReceiveCount – The number of times a message is
+/// delivered to the source queue before being moved to the dead-letter queue."
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_stays_invisible_while_the_one_before_it_outlasts_the_visibility() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 2).await;
+    send_in_one_group(&c, &q.url, 1..3).await;
+    let mut r = fast_receiver(c.clone(), &q, 2).await;
+    let mut first = receive_until(&mut r, 1, LONG).await;
+    assert_eq!(first.len(), 1, "the second of the group is held");
+    let first = first.pop().unwrap();
+    assert_eq!(first.message().attribute("ce-id"), Some("evt-1"));
+    // The first's handler runs for three of its 2 s visibility timeouts, its lease renewed as the worker's
+    // keeper renews it; no receive is called meanwhile.
+    let lease = first.lease().expect("an SQS delivery has a lease");
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lease
+            .renew(Duration::from_secs(2))
+            .await
+            .expect("the first's renewal");
+    }
+    first.ack().await.unwrap();
+    let next = receive_until(&mut r, 1, LONG).await;
+    assert_eq!(next[0].message().attribute("ce-id"), Some("evt-2"));
+    assert_eq!(
+        next[0].message().delivery_count,
+        1,
+        "the held message's visibility ran out in the receiver: SQS handed it out again"
+    );
+    ack_all(next).await;
+}
+
+/// A FIFO message whose visibility ran out while its delivery is still out (its heartbeat failed, its handler
+/// still running): the later message of its group the receiver holds is not handed out ahead of it, it goes
+/// back to SQS, and the first comes back first. AWS: "Inflight messages block delivery of available messages
+/// within the same message group": while the receiver holds the second (kept invisible while held), SQS
+/// hands out neither, so handing the second out would let it be applied before the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_message_goes_back_behind_a_first_whose_visibility_ran_out() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 2).await;
+    send_in_one_group(&c, &q.url, 1..3).await;
+    let mut r = fast_receiver(c.clone(), &q, 2).await;
+    let mut first = receive_until(&mut r, 1, LONG).await;
+    assert_eq!(first.len(), 1, "the second of the group is held");
+    let stale = first.pop().unwrap();
+    assert_eq!(stale.message().attribute("ce-id"), Some("evt-1"));
+    // Never renewed: its 2 s visibility runs out while it is still out.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let next = receive_until(&mut r, 1, LONG).await;
+    assert_eq!(
+        next[0].message().attribute("ce-id"),
+        Some("evt-1"),
+        "the first of the group comes back first"
+    );
+    ack_all(next).await;
+    drop(stale);
+}

@@ -79,8 +79,12 @@ impl Shared {
 /// several are ready at once and a `DeleteMessage` otherwise.
 ///
 /// FIFO group order is kept: SQS may return several messages of one group in one batch; the receiver hands
-/// out only the first and holds the others (renewing their visibility when needed) until the one before
-/// settles, so a worker with any concurrency processes a group in order.
+/// out only the first and holds the others until the one before settles, so a worker with any concurrency
+/// processes a group in order. A held message's visibility is extended in the background every third of it
+/// (as a delivery's lease is), however long the one before it takes and whether or not the worker receives
+/// meanwhile: run out in the receiver, it would be received again, one more receive toward the queue's
+/// `maxReceiveCount`, and a group whose messages each outlast the visibility timeout would send its later
+/// messages to the dead-letter queue unprocessed.
 ///
 /// A receive may ask for more than one `ReceiveMessage` returns ([`SqsOptions::batch_size`], at most 10): when
 /// the last receive came back full (the queue has a backlog) the receiver sends as many calls as it takes at
@@ -90,10 +94,12 @@ impl Shared {
 #[derive(Debug)]
 pub struct SqsReceiver {
     shared: Arc<Shared>,
-    /// Messages received while an earlier message of their group was in flight, in arrival order.
-    held: VecDeque<(Message, Received)>,
+    /// Messages received while an earlier message of their group was in flight, in arrival order, each with
+    /// the task that extends its visibility while it is held.
+    held: VecDeque<Held>,
     /// The last delivery handed out per group; the group is busy until it settles, is dropped unsettled (a
-    /// crash) or its visibility has run out however late SQS started it ([`SqsLease::latest_end`]).
+    /// crash) or its visibility has run out however late SQS started it ([`SqsLease::latest_end`]; what is
+    /// held of the group then goes back to SQS, behind it).
     in_flight: HashMap<String, Weak<SqsLease>>,
     /// Whether the last receive came back full: the next may send several calls at once.
     backlog: bool,
@@ -188,11 +194,25 @@ impl Receiver for SqsReceiver {
         let per_call = self.shared.opts.batch_size.clamp(1, 10);
         let n = max.clamp(1, per_call * MAX_CALLS_PER_RECEIVE);
         let now = Utc::now();
-        self.in_flight.retain(|_, lease| {
-            lease
-                .upgrade()
-                .is_some_and(|l| !l.settled.load(Ordering::SeqCst) && l.latest_end() > now)
+        // A group whose delivery is still out but whose visibility has run out (its heartbeat failed): SQS
+        // makes that message visible again, and hands it out first once the messages of its group held here
+        // go back; handed out from here, they could be applied before it, its handler still running.
+        let mut ran_out = Vec::new();
+        self.in_flight.retain(|group, lease| match lease.upgrade() {
+            Some(l) if !l.settled.load(Ordering::SeqCst) => {
+                let out = l.latest_end() > now;
+                if !out {
+                    ran_out.push(group.clone());
+                }
+                out
+            }
+            _ => false,
         });
+        if !ran_out.is_empty() {
+            if let Ok(mut v) = self.shared.returning_groups.lock() {
+                v.extend(ran_out);
+            }
+        }
         self.give_back_returning_groups().await;
         let mut out = self.release_held(n).await;
         if !out.is_empty() {
@@ -251,7 +271,7 @@ impl Receiver for SqsReceiver {
                 .as_ref()
                 .is_some_and(|g| self.in_flight.contains_key(g))
             {
-                self.held.push_back((m, received));
+                self.held.push_back(Held::new(s.clone(), m, received));
                 continue;
             }
             self.hand_out(m, received, &mut out);
@@ -388,6 +408,109 @@ fn group_of(m: &Message) -> Option<String> {
         .cloned()
 }
 
+/// A message held behind an earlier one of its FIFO group, and the task extending its visibility meanwhile.
+#[derive(Debug)]
+struct Held {
+    message: Message,
+    /// When its times run from, moved on by each extension.
+    received: Arc<std::sync::Mutex<Received>>,
+    /// Stops the extensions (dropped: stops them too).
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    keeper: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Held {
+    fn new(shared: Arc<Shared>, message: Message, received: Received) -> Self {
+        let times = Arc::new(std::sync::Mutex::new(received));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let receipt = message.receipt_handle().unwrap_or_default().to_owned();
+        let keeper = tokio::spawn(keep_held(shared, receipt, times.clone(), stopped));
+        Self {
+            message,
+            received: times,
+            stop: Some(stop),
+            keeper: Some(keeper),
+        }
+    }
+
+    /// The message and its times, once its extensions have stopped (one in flight is let finish, so the
+    /// times say when the last extension that may have reached SQS was sent).
+    async fn take(mut self) -> (Message, Received) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(keeper) = self.keeper.take() {
+            let _ = keeper.await;
+        }
+        let received = *self.received.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            std::mem::replace(&mut self.message, Message::builder().build()),
+            received,
+        )
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(keeper) = self.keeper.take() {
+            keeper.abort();
+        }
+    }
+}
+
+/// Extends the visibility of a held message by the visibility timeout every third of it, as a delivery's
+/// lease keeper does, until stopped, until SQS says the receipt is gone, or until its 12 h ceiling leaves less
+/// than a whole visibility timeout (the message then comes back by itself, and the receiver leaves it to SQS).
+/// A transient failure is tried again while the visibility lasts.
+async fn keep_held(
+    shared: Arc<Shared>,
+    receipt: String,
+    times: Arc<std::sync::Mutex<Received>>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let vt = shared.opts.visibility_timeout;
+    let get = || *times.lock().unwrap_or_else(|p| p.into_inner());
+    let mut next = tokio::time::Instant::from_std(get().visible_from) + vt / 3;
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        let current = get();
+        let by = visibility_allowed(current.at.elapsed(), vt);
+        if by < vt || current.visible_from.elapsed() + Duration::from_secs(1) >= vt {
+            return;
+        }
+        // SQS counts the new visibility from when the call reaches it (see `release_held`).
+        let asked = Instant::now();
+        let r = shared
+            .client
+            .change_message_visibility()
+            .queue_url(&shared.queue_url)
+            .receipt_handle(&receipt)
+            .visibility_timeout(secs(by))
+            .send()
+            .await
+            .map_err(|e| sdk_error("ChangeMessageVisibility", e));
+        match r {
+            Ok(_) => {
+                let mut t = times.lock().unwrap_or_else(|p| p.into_inner());
+                t.visible_from = asked;
+                t.visible_by = Instant::now();
+                next = tokio::time::Instant::from_std(asked) + vt / 3;
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(error = %e, "cannot extend a held message yet; trying again");
+                next = tokio::time::Instant::now() + (vt / 6).min(Duration::from_secs(1));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot extend a held message; leaving it to SQS");
+                return;
+            }
+        }
+    }
+}
+
 impl SqsReceiver {
     /// The held messages of a group whose delivery was released (or left to its visibility timeout) go back
     /// to SQS at once: that message comes back, and SQS hands out none of its group before it. AWS: "Inflight
@@ -402,11 +525,13 @@ impl SqsReceiver {
             return;
         }
         let mut kept = VecDeque::with_capacity(self.held.len());
-        for (m, received) in std::mem::take(&mut self.held) {
-            if !group_of(&m).is_some_and(|g| groups.contains(&g)) {
-                kept.push_back((m, received));
+        for held in std::mem::take(&mut self.held) {
+            if !group_of(&held.message).is_some_and(|g| groups.contains(&g)) {
+                kept.push_back(held);
                 continue;
             }
+            // Its extension stopped first: one landing after the give-back would hide it again.
+            let (m, _) = held.take().await;
             if let Err(e) = self.shared.held_visibility(&m, 0).await {
                 // It comes back when its visibility runs out, behind the message of its group that returns.
                 tracing::warn!(error = %e, "cannot give back a held message; it returns with its visibility timeout");
@@ -436,7 +561,7 @@ impl SqsReceiver {
         let vt = self.shared.opts.visibility_timeout;
         let mut i = 0;
         while i < self.held.len() && out.len() < n {
-            let group = self.shared.ordered_group(&self.held[i].0);
+            let group = self.shared.ordered_group(&self.held[i].message);
             if group
                 .as_ref()
                 .is_some_and(|g| self.in_flight.contains_key(g))
@@ -444,9 +569,10 @@ impl SqsReceiver {
                 i += 1;
                 continue;
             }
-            let Some((m, received)) = self.held.remove(i) else {
+            let Some(held) = self.held.remove(i) else {
                 break;
             };
+            let (m, received) = held.take().await;
             let waited = received.visible_from.elapsed();
             if waited + Duration::from_secs(1) >= vt {
                 // Its visibility ran out while held: SQS hands it out again, still first of its group.
@@ -457,6 +583,7 @@ impl SqsReceiver {
                 continue;
             }
             let mut received = received;
+            // Normally extended while held (`keep_held`); this covers a held message whose extension failed.
             if waited >= vt / 2 {
                 // Within SQS's ceiling, which counts from the receive, not from this extension.
                 let by = visibility_allowed(received.at.elapsed(), vt);
