@@ -1489,3 +1489,34 @@ async fn a_held_message_goes_back_behind_a_first_whose_visibility_ran_out() {
     ack_all(next).await;
     drop(stale);
 }
+
+/// Two receive loops (forks of one receiver): the one that handed out a FIFO group's first message holds the
+/// group's next one; the first is released (a retry). The held message must go back to SQS so the released
+/// one comes back first (AWS: "Inflight messages block delivery of available messages within the same
+/// message group"), whichever loop receives next. The notice that the group returns was shared by every fork
+/// and taken by the first to receive: taken by a loop holding nothing of the group, it was lost, and the loop
+/// holding the next message handed it out ahead of the retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_fifo_message_comes_back_first_whichever_receive_loop_runs_next() {
+    let c = client().await;
+    let q = queue_pair(&c, 5, 30).await;
+    send_in_one_group(&c, &q.url, 1..3).await;
+    let mut a = fast_receiver(c.clone(), &q, 30).await;
+    let mut b = a.fork().expect("an SQS receiver forks");
+    let mut first = receive_until(&mut a, 1, LONG).await;
+    assert_eq!(first.len(), 1, "the second of the group is held");
+    let first = first.pop().unwrap();
+    assert_eq!(first.message().attribute("ce-id"), Some("evt-1"));
+    first.release(Duration::from_secs(2)).await.unwrap();
+    // The other loop receives first: SQS has nothing of the group for it (the first is invisible for its
+    // retry delay, the second held by `a`).
+    let other = b.receive(10).await.unwrap();
+    assert!(other.is_empty(), "nothing of the group for the other loop");
+    let next = receive_until(&mut a, 1, LONG).await;
+    assert_eq!(
+        next[0].message().attribute("ce-id"),
+        Some("evt-1"),
+        "the released message first"
+    );
+    ack_all(next).await;
+}

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, Delivery, Lease, ReceivedMessage};
 
 use super::deleter::{delete_one, DeleteRequest};
-use super::{received_message, secs, visibility_allowed, Received, Shared};
+use super::{received_message, secs, visibility_allowed, Received, Returning, Shared};
 use crate::dlq;
 use crate::error::sdk_error;
 use crate::options::MAX_VISIBILITY;
@@ -23,6 +23,8 @@ use crate::options::MAX_VISIBILITY;
 #[derive(Debug)]
 pub struct SqsDelivery {
     shared: Arc<Shared>,
+    /// Where the receiver that handed it out learns that it comes back (see [`Returning`]).
+    returning: Returning,
     message: ReceivedMessage,
     body: String,
     receipt: String,
@@ -36,6 +38,7 @@ pub struct SqsDelivery {
 impl SqsDelivery {
     pub(super) fn from_message(
         shared: Arc<Shared>,
+        returning: Returning,
         m: Message,
         received: Received,
         now: DateTime<Utc>,
@@ -79,6 +82,7 @@ impl SqsDelivery {
             body: m.body.unwrap_or_default(),
             raw_attributes: m.message_attributes.unwrap_or_default(),
             shared,
+            returning,
             message,
             receipt,
             dedup_id,
@@ -102,6 +106,14 @@ impl SqsDelivery {
     /// The message attributes as SQS returned them (names and data types untouched).
     pub fn raw_attributes(&self) -> &HashMap<String, MessageAttributeValue> {
         &self.raw_attributes
+    }
+
+    /// Tells the receiver that handed this delivery out that its message comes back (on a FIFO queue: the
+    /// messages of its group held there go back to SQS behind it).
+    fn group_returns(&self) {
+        if self.shared.fifo {
+            self.returning.push(self.message.group_id.as_deref());
+        }
     }
 
     async fn delete(&self) -> Result<(), BrokerError> {
@@ -156,14 +168,14 @@ impl Delivery for SqsDelivery {
     async fn release(self, delay: Duration) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
         // Whether the visibility change succeeds or not, the message comes back.
-        self.shared.group_returns(self.message.group_id.as_deref());
+        self.group_returns();
         self.set_visibility(delay).await
     }
 
     async fn dead_letter(self, why: DeadLetter) -> Result<(), BrokerError> {
         self.lease.settled.store(true, Ordering::SeqCst);
         let Some(dlq_url) = self.shared.dead_letter_queue.clone() else {
-            self.shared.group_returns(self.message.group_id.as_deref());
+            self.group_returns();
             // Without a DLQ to forward to, leave the message to its visibility timeout: it comes back at most
             // once per timeout (never in a hot loop) until the queue's maxReceiveCount, if any, moves it.
             return Err(BrokerError::new(
@@ -185,7 +197,7 @@ impl Delivery for SqsDelivery {
             &why,
         )
         .await
-        .inspect_err(|_| self.shared.group_returns(self.message.group_id.as_deref()))?;
+        .inspect_err(|_| self.group_returns())?;
         metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
             .increment(1);
         tracing::warn!(

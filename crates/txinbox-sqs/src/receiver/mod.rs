@@ -32,9 +32,6 @@ pub(crate) struct Shared {
     pub(crate) opts: SqsOptions,
     pub(crate) dead_letter_queue: Option<String>,
     deletes: mpsc::UnboundedSender<DeleteRequest>,
-    /// FIFO groups whose delivery was released, or left to its visibility timeout, since the last receive:
-    /// that message comes back, so the messages of its group held here must not go before it.
-    pub(crate) returning_groups: std::sync::Mutex<Vec<String>>,
     /// Whether the queue is FIFO: only there does a message group mean an order (in a standard queue, a
     /// group makes a fair queue, whose messages of one group may be processed in parallel).
     pub(crate) fifo: bool,
@@ -62,14 +59,30 @@ impl Shared {
             .map(|_| ())
             .map_err(|e| sdk_error("ChangeMessageVisibility", e))
     }
+}
 
-    /// Notes that the delivery of FIFO group `group` comes back (released, or left to its timeout).
-    pub(crate) fn group_returns(&self, group: Option<&str>) {
-        if let (true, Some(g)) = (self.fifo, group) {
-            if let Ok(mut v) = self.returning_groups.lock() {
-                v.push(g.to_owned());
-            }
+/// FIFO groups whose delivery, handed out by one receiver (one receive loop: each [`fork`](Receiver::fork) has
+/// its own), was released or left to its visibility timeout since that receiver's last receive: the message
+/// comes back, so the messages of its group that receiver holds must not go before it. Only the receiver that
+/// handed the delivery out can hold its group's later messages (it holds a message only while it has one of
+/// its group out), so the notice goes to it alone: shared by every fork, it was taken by whichever received
+/// first, and lost when that one held nothing of the group.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Returning(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Returning {
+    /// Notes that the delivery of FIFO group `group` comes back.
+    pub(crate) fn push(&self, group: Option<&str>) {
+        if let Some(g) = group {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(g.to_owned());
         }
+    }
+
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -101,6 +114,8 @@ pub struct SqsReceiver {
     /// crash) or its visibility has run out however late SQS started it ([`SqsLease::latest_end`]; what is
     /// held of the group then goes back to SQS, behind it).
     in_flight: HashMap<String, Weak<SqsLease>>,
+    /// The groups of this receiver's deliveries that come back.
+    returning: Returning,
     /// Whether the last receive came back full: the next may send several calls at once.
     backlog: bool,
 }
@@ -151,10 +166,10 @@ impl SqsReceiver {
                 opts,
                 dead_letter_queue,
                 deletes: tx,
-                returning_groups: std::sync::Mutex::new(Vec::new()),
             }),
             held: VecDeque::new(),
             in_flight: HashMap::new(),
+            returning: Returning::default(),
             backlog: false,
         })
     }
@@ -186,6 +201,7 @@ impl Receiver for SqsReceiver {
             shared: self.shared.clone(),
             held: VecDeque::new(),
             in_flight: HashMap::new(),
+            returning: Returning::default(),
             backlog: false,
         })
     }
@@ -208,10 +224,8 @@ impl Receiver for SqsReceiver {
             }
             _ => false,
         });
-        if !ran_out.is_empty() {
-            if let Ok(mut v) = self.shared.returning_groups.lock() {
-                v.extend(ran_out);
-            }
+        for g in &ran_out {
+            self.returning.push(Some(g));
         }
         self.give_back_returning_groups().await;
         let mut out = self.release_held(n).await;
@@ -517,10 +531,7 @@ impl SqsReceiver {
     /// messages block delivery of available messages within the same message group." Handing them out here
     /// would let a later message of the group go first.
     async fn give_back_returning_groups(&mut self) {
-        let groups = match self.shared.returning_groups.lock() {
-            Ok(mut v) => std::mem::take(&mut *v),
-            Err(_) => return,
-        };
+        let groups = self.returning.take();
         if groups.is_empty() {
             return;
         }
@@ -542,7 +553,8 @@ impl SqsReceiver {
 
     fn hand_out(&mut self, m: Message, received: Received, out: &mut Vec<SqsDelivery>) {
         let group = self.shared.ordered_group(&m);
-        match SqsDelivery::from_message(self.shared.clone(), m, received, Utc::now()) {
+        let returning = self.returning.clone();
+        match SqsDelivery::from_message(self.shared.clone(), returning, m, received, Utc::now()) {
             Ok(d) => {
                 if let Some(g) = group {
                     self.in_flight.insert(g, Arc::downgrade(&d.lease));
