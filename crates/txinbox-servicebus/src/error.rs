@@ -59,6 +59,23 @@ pub struct AmbiguousSettle {
     pub source: BrokerError,
 }
 
+/// The last attempt of a complete or abandon was answered with a server error (a 5xx other than 503 and 504)
+/// and was not retried (it was the last of [`ServiceBusOptions::settle_attempts`](crate::ServiceBusOptions),
+/// or [`SettleNotRetried`]): Microsoft, Delete Message: "500 Internal error.", nothing more, so the attempt may
+/// have completed (or abandoned) the message, and it may be gone. The source of an
+/// [`OutcomeUnknown`](BrokerErrorKind::OutcomeUnknown) error, whose own source is that attempt's error. Never
+/// a renewal's (a renewal removes no lock: its server error stays a [`ServerError`](BrokerErrorKind::ServerError)).
+#[derive(Debug, thiserror::Error)]
+#[error("attempt {attempt} was answered with a server error and not retried: it may have applied")]
+#[non_exhaustive]
+pub struct SettleMayHaveApplied {
+    /// The attempt answered with the server error.
+    pub attempt: u32,
+    /// That attempt's error.
+    #[source]
+    pub source: BrokerError,
+}
+
 /// A complete, abandon or renewal failed with an error worth retrying, and was not retried: the wait before
 /// the next attempt (the service's `Retry-After`, or the adapter's backoff) would end less than
 /// [`SETTLE_LOCK_MARGIN`](crate::receiver::SETTLE_LOCK_MARGIN) before the lock does, or is longer than
@@ -66,7 +83,8 @@ pub struct AmbiguousSettle {
 /// and the message comes back when its lock ends; after a lost answer or a server error (500) it may have been
 /// done (Microsoft, Delete Message: "500 Internal error.", nothing more), so the message may be gone. The
 /// source of an error of the failed attempt's kind (mostly [`Throttled`](BrokerErrorKind::Throttled)), whose
-/// own source is that attempt's error.
+/// own source is that attempt's error; for a complete or abandon given up on a server error, that error is in
+/// turn the source of a [`SettleMayHaveApplied`].
 #[derive(Debug, thiserror::Error)]
 #[error("not retried after attempt {attempt}: the next would wait {wait:?}, with {lock_left:?} of the lock left")]
 #[non_exhaustive]

@@ -62,7 +62,8 @@
 //!   A complete whose answer was lost, or that was answered 500 (it may have applied), is retried; a 404 on the
 //!   retry is reported as ambiguous
 //!   ([`error::AmbiguousSettle`], an [`OutcomeUnknown`](txinbox_core::BrokerErrorKind::OutcomeUnknown)
-//!   error), not as a lost lock.
+//!   error), not as a lost lock; one given up on a 500 (its last attempt) is an unknown outcome too
+//!   ([`error::SettleMayHaveApplied`]).
 //! * Throttling (429/503), 500 and lost answers are retried for settles and renewals, after the service's
 //!   `Retry-After` when it sent one (while the lock lasts); a throttled receive waits the service's
 //!   `Retry-After` and lets the worker back off.

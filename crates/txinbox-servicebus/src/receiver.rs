@@ -16,7 +16,8 @@ use txinbox_core::{
 use crate::config::ServiceBusClient;
 use crate::dlq::Forwarder;
 use crate::error::{
-    client_error, AmbiguousSettle, ServiceBusError, SettleNotRetried, UnexpectedStatus,
+    client_error, AmbiguousSettle, ServiceBusError, SettleMayHaveApplied, SettleNotRetried,
+    UnexpectedStatus,
 };
 use crate::options::{DeadLetterStrategy, ServiceBusOptions};
 use crate::wire::{self, BrokerProperties, ResponseHeaders};
@@ -178,7 +179,8 @@ fn ambiguous(
 /// The Reason will be set to MessageLockLost in this case."). A retry whose wait [`settle_wait`] refuses is
 /// not made: the settle fails with the attempt's kind and [`SettleNotRetried`] as its source, and the message
 /// comes back when its lock ends (the inbox absorbs that redelivery). A complete or abandon given up so, or
-/// after its last attempt, when an earlier attempt may have applied, is ambiguous too.
+/// after its last attempt, when an earlier attempt may have applied, is ambiguous too; and when the attempt it
+/// gave up on was answered with a server error, its outcome is unknown ([`SettleMayHaveApplied`]).
 pub(crate) async fn settle(
     response: &PeekLockResponse,
     op: SettleOp,
@@ -233,10 +235,20 @@ pub(crate) async fn settle(
                         .with_retry_after(after)
                     }
                 };
-                // Given up after an attempt that may have applied: whatever this one said, the outcome is unknown.
+                // Given up after an attempt that may have applied: whatever this one said, the outcome is unknown;
+                // so it is when this one was answered with a server error, which may have applied too.
                 return Err(match may_have_applied {
                     Some(earlier) if e.kind() != BrokerErrorKind::OutcomeUnknown => {
                         ambiguous(op, attempt, earlier, e)
+                    }
+                    None if op != SettleOp::Renew && e.kind() == BrokerErrorKind::ServerError => {
+                        let after = e.retry_after();
+                        BrokerError::new(
+                            BrokerErrorKind::OutcomeUnknown,
+                            op.name(),
+                            SettleMayHaveApplied { attempt, source: e },
+                        )
+                        .with_retry_after(after)
                     }
                     _ => e,
                 });

@@ -501,6 +501,46 @@ async fn a_settle_answered_with_a_redirect_is_not_reported_done() {
     );
 }
 
+/// A complete whose only attempt (`settle_attempts(1)`) is answered 500 after it took effect is reported as an
+/// unknown outcome, not as a server error to retry: Microsoft, Delete Message: "500 Internal error." says nothing
+/// of whether the message was deleted, and here it was. Through the inbox it is a failed settle, not a
+/// concurrent conflict; the message is gone and the effect is there once.
+#[tokio::test]
+async fn a_complete_s_last_attempt_answered_500_is_an_unknown_outcome() {
+    let (_recorder, metrics) = Metrics::install();
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT5S"})).await;
+    let store = pg().await;
+    publish(&client, &event(&q, "evt-lone-500", "{}")).await;
+    publish(&client, &event(&q, "evt-lone-500-2", "{}")).await;
+    let mut receiver = txinbox_servicebus::ServiceBusReceiver::new(
+        &client,
+        &q,
+        fast_options(LOCK_5S).settle_attempts(1),
+    )
+    .unwrap();
+
+    let d = receive_next(&mut receiver).await;
+    emu.fault(json!({"kind": "apply_then_status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}))
+        .await;
+    let e = d.complete().await.unwrap_err();
+    assert_eq!(e.kind(), BrokerErrorKind::OutcomeUnknown, "{e}");
+    let given_up = e
+        .find_source::<txinbox_servicebus::error::SettleMayHaveApplied>()
+        .expect("the source says why the outcome is unknown");
+    assert_eq!(given_up.attempt, 1);
+    assert_eq!(given_up.source.kind(), BrokerErrorKind::ServerError);
+
+    let d = receive_next(&mut receiver).await;
+    emu.fault(json!({"kind": "apply_then_status", "status": 500, "method": "DELETE", "path_suffix": lock_suffix(&q, &d)}))
+        .await;
+    let outcome = inbox(&store).process(d, &Effects::default()).await;
+    assert!(matches!(outcome, Outcome::Applied { .. }), "{outcome:?}");
+    assert_eq!(metrics.counter(m::SETTLE_FAILURES, &[("op", "ack")]), 1);
+    assert_eq!(metrics.counter(m::CONCURRENT_CONFLICTS, &[]), 0);
+    assert_eq!(emu.counts(&q).await, (0, 0), "both completes took effect");
+    assert_eq!(effects(&store).await, (1, 1));
+}
+
 /// A renewal whose answer is lost is retried, and the retry answered 404 is a lost lock, not an unknown
 /// outcome: whatever the first renewal did, the 404 says there is no lock now. Microsoft, Renew-Lock for a
 /// Message: "404 No message was found with the specified MessageId or LockToken."; and
