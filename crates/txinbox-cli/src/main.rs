@@ -190,7 +190,8 @@ enum ServiceBusCommand {
         #[arg(long)]
         dedup_window_secs: Option<u64>,
         /// The workers' settings file: its `[servicebus] duplicate_detection_window_seconds` (which check-infra
-        /// holds to the Terraform) when `--dedup-window-secs` is not given.
+        /// holds to the Terraform) when `--dedup-window-secs` is not given; a file that does not set it is
+        /// refused (its default, 600 s, is not known to be the target's).
         #[arg(long)]
         config: Option<std::path::PathBuf>,
         /// How long to wait for more messages before stopping.

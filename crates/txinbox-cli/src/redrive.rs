@@ -163,13 +163,52 @@ pub fn servicebus_dedup_window(
     secs: Option<u64>,
     config: Option<&std::path::Path>,
 ) -> Result<std::time::Duration, String> {
+    servicebus_dedup_window_with_env(secs, config, std::env::vars())
+}
+
+/// The `[servicebus]` key that gives the target's duplicate-detection window.
+const DEDUP_WINDOW_KEY: &str = "duplicate_detection_window_seconds";
+
+/// [`servicebus_dedup_window`] with the settings' environment overrides (`TXINBOX_SERVICEBUS__...`) taken from
+/// `env`. A settings file is read for the window only when it, or an override, sets it: its default (600 s,
+/// Service Bus's own) is no more known to be the target's than any other value.
+fn servicebus_dedup_window_with_env(
+    secs: Option<u64>,
+    config: Option<&std::path::Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<std::time::Duration, String> {
     match (secs, config) {
         (Some(s), _) => Ok(std::time::Duration::from_secs(s)),
-        (None, Some(path)) => txinbox_core::settings::WorkerSettings::load(path)
-            .map(|s| {
-                std::time::Duration::from_secs(s.servicebus.duplicate_detection_window_seconds)
-            })
-            .map_err(|e| e.to_string()),
+        (None, Some(path)) => {
+            let env: Vec<(String, String)> = env.into_iter().collect();
+            let settings =
+                txinbox_core::settings::WorkerSettings::load_with_env(path, env.iter().cloned())
+                    .map_err(|e| e.to_string())?;
+            let overridden = env.iter().any(|(var, _)| {
+                var.len() > txinbox_core::settings::ENV_PREFIX.len()
+                    && var.starts_with(txinbox_core::settings::ENV_PREFIX)
+                    && var[txinbox_core::settings::ENV_PREFIX.len()..]
+                        .eq_ignore_ascii_case(&format!("servicebus__{DEDUP_WINDOW_KEY}"))
+            });
+            // Read again as TOML: the settings' own reading fills an absent key with its default.
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let in_file = text
+                .parse::<toml::Table>()
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .get("servicebus")
+                .and_then(toml::Value::as_table)
+                .is_some_and(|t| t.contains_key(DEDUP_WINDOW_KEY));
+            if !(in_file || overridden) {
+                return Err(format!(
+                    "{} does not set [servicebus] {DEDUP_WINDOW_KEY}, the target queue's duplicate-detection window: give --dedup-window-secs N (az servicebus queue show --query duplicateDetectionHistoryTimeWindow; 0 when duplicate detection is off) or set it in the file; a window assumed shorter than the target's resends messages Service Bus accepts and drops, and their dead letters would be completed",
+                    path.display()
+                ));
+            }
+            Ok(std::time::Duration::from_secs(
+                settings.servicebus.duplicate_detection_window_seconds,
+            ))
+        }
         (None, None) => Err(
             "give the target queue's duplicate-detection window: --dedup-window-secs N (az servicebus queue show --query duplicateDetectionHistoryTimeWindow; 0 when duplicate detection is off), or --config worker.toml ([servicebus] duplicate_detection_window_seconds): a message resent inside the window is accepted and dropped by Service Bus, and its dead letter would be completed"
                 .into(),
@@ -510,6 +549,39 @@ mod tests {
         assert_eq!(secs(servicebus_dedup_window(Some(60), None).unwrap()), 60);
         let e = servicebus_dedup_window(None, None).unwrap_err();
         assert!(e.contains("duplicate-detection window"), "{e}");
+    }
+
+    /// A settings file that does not set the window (a `[servicebus]` section without it, or none) is no
+    /// source for it: its default, 600 s, was taken as the target's window, and a target whose window is longer
+    /// (a day) got dead letters between 10 minutes and a day old resent, accepted and dropped by Service Bus,
+    /// and completed in the source: lost. An environment override sets it as the file would.
+    #[test]
+    fn a_settings_file_without_the_window_is_refused_not_read_as_600_s() {
+        for text in [
+            "[servicebus]\ndead_letter_to = \"orders-parked\"\n",
+            "[inbox]\nretention_seconds = 2592000\n",
+        ] {
+            let file = SettingsFile::new(text);
+            let e =
+                servicebus_dedup_window_with_env(None, Some(file.path()), Vec::new()).unwrap_err();
+            assert!(
+                e.contains("does not set [servicebus] duplicate_detection_window_seconds")
+                    && e.contains("--dedup-window-secs"),
+                "{text}: {e}"
+            );
+            let overridden = servicebus_dedup_window_with_env(
+                None,
+                Some(file.path()),
+                vec![(
+                    "TXINBOX_SERVICEBUS__DUPLICATE_DETECTION_WINDOW_SECONDS".to_owned(),
+                    "86400".to_owned(),
+                )],
+            );
+            assert_eq!(overridden.map(|d| d.as_secs()), Ok(86_400), "{text}");
+            // The flag needs no file's word.
+            let flag = servicebus_dedup_window_with_env(Some(0), Some(file.path()), Vec::new());
+            assert_eq!(flag.map(|d| d.as_secs()), Ok(0), "{text}");
+        }
     }
 
     /// A Service Bus redrive's source is a dead-letter subqueue, `<entity path>/$DeadLetterQueue` in any case,
