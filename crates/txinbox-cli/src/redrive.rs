@@ -7,23 +7,38 @@ use std::time::Instant;
 use txinbox_core::broker::redrive::{RedriveEvent, RedriveProgress, RedriveReport};
 use txinbox_core::BrokerError;
 
-/// Whether `from` and `to` are one SQS queue URL: the same but for the case of the scheme and host (DNS names)
-/// and a trailing `/`. A redrive from a queue to itself never ends: each copy sent is visible at once and
-/// received again by the next `ReceiveMessage`, while the message it replaces is deleted.
+/// Whether `from` and `to` are one SQS queue: the same account and queue name (the URL's path, whose case
+/// counts) at the same endpoint, whatever the scheme (`https` or `http`), a default port, the case of the host
+/// (a DNS name) or a trailing `/`; AWS's legacy endpoints `REGION.queue.amazonaws.com` and `queue.amazonaws.com`
+/// (us-east-1) are the region's `sqs.REGION.amazonaws.com`. A redrive from a queue to itself never ends: each
+/// copy sent is visible at once and received again by the next `ReceiveMessage`, while the message it replaces
+/// is deleted.
 pub fn same_sqs_queue(from: &str, to: &str) -> bool {
     fn norm(url: &str) -> String {
         let url = url.trim().trim_end_matches('/');
-        match url.split_once("://") {
-            Some((scheme, rest)) => {
-                let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-                format!(
-                    "{}://{}/{path}",
-                    scheme.to_ascii_lowercase(),
-                    host.to_ascii_lowercase()
-                )
-            }
-            None => url.to_owned(),
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return url.to_owned();
+        };
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let mut host = host.to_ascii_lowercase();
+        let default_port = match scheme.to_ascii_lowercase().as_str() {
+            "https" => ":443",
+            "http" => ":80",
+            _ => "",
+        };
+        if !default_port.is_empty() && host.ends_with(default_port) {
+            host.truncate(host.len() - default_port.len());
         }
+        for suffix in [".amazonaws.com", ".amazonaws.com.cn"] {
+            if suffix == ".amazonaws.com" && host == "queue.amazonaws.com" {
+                host = format!("sqs.us-east-1{suffix}");
+            } else if let Some(region) = host.strip_suffix(&format!(".queue{suffix}")) {
+                if !region.is_empty() && !region.contains('.') {
+                    host = format!("sqs.{region}{suffix}");
+                }
+            }
+        }
+        format!("{host}/{path}")
     }
     norm(from) == norm(to)
 }
@@ -549,6 +564,47 @@ mod tests {
         assert_eq!(secs(servicebus_dedup_window(Some(60), None).unwrap()), 60);
         let e = servicebus_dedup_window(None, None).unwrap_err();
         assert!(e.contains("duplicate-detection window"), "{e}");
+    }
+
+    /// One SQS queue has several URLs: AWS's endpoints `sqs.REGION.amazonaws.com`, the legacy
+    /// `REGION.queue.amazonaws.com` and `queue.amazonaws.com` (us-east-1), over `https` or `http`, with or without
+    /// the default port. `--from` and `--to` naming one queue in two of these spellings were taken for two queues,
+    /// and the redrive moved the queue's messages into itself without end (up to `--max`), each under a new SQS
+    /// MessageId. Another region, account, queue name or emulator host is another queue.
+    #[test]
+    fn one_sqs_queue_in_two_spellings_is_the_same_queue() {
+        let a = "https://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq";
+        for b in [
+            "https://us-east-1.queue.amazonaws.com/123456789012/orders-dlq",
+            "https://queue.amazonaws.com/123456789012/orders-dlq",
+            "http://sqs.us-east-1.amazonaws.com/123456789012/orders-dlq",
+            "https://sqs.us-east-1.amazonaws.com:443/123456789012/orders-dlq/",
+            "HTTPS://SQS.US-EAST-1.AMAZONAWS.COM/123456789012/orders-dlq",
+        ] {
+            assert!(same_sqs_queue(a, b), "{b}");
+            assert!(same_sqs_queue(b, a), "{b}");
+        }
+        assert!(same_sqs_queue(
+            "https://eu-west-1.queue.amazonaws.com/1/q",
+            "https://sqs.eu-west-1.amazonaws.com/1/q"
+        ));
+        assert!(same_sqs_queue(
+            "https://cn-north-1.queue.amazonaws.com.cn/1/q",
+            "https://sqs.cn-north-1.amazonaws.com.cn/1/q"
+        ));
+        for b in [
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq",
+            "https://sqs.us-east-1.amazonaws.com/210987654321/orders-dlq",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/orders",
+            "https://sqs.us-east-1.amazonaws.com/123456789012/Orders-dlq",
+            "http://localhost:4566/123456789012/orders-dlq",
+        ] {
+            assert!(!same_sqs_queue(a, b), "{b}");
+        }
+        assert!(!same_sqs_queue(
+            "http://localhost:4566/000000000000/q",
+            "http://localhost:4567/000000000000/q"
+        ));
     }
 
     /// A settings file that does not set the window (a `[servicebus]` section without it, or none) is no
