@@ -385,9 +385,18 @@ pub fn redact_url(url: &str) -> String {
         None => (url, None),
     };
     let placeholder = |s: &str| s.len() > 2 && s.starts_with('{') && s.ends_with('}');
-    let mut out = match base.split_once("://") {
+    let out = match base.split_once("://") {
         Some((scheme, rest)) if http => {
             let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            if is_sqs_queue_path(path) {
+                // An SQS queue URL: an account id and a queue name, neither a secret, both needed to tell
+                // which queue an error is about.
+                return redact_query_and_fragment(
+                    format!("{scheme}://{authority}{path}"),
+                    query,
+                    fragment,
+                );
+            }
             let segments: Vec<&str> = path
                 .split('/')
                 .skip(1)
@@ -416,6 +425,17 @@ pub fn redact_url(url: &str) -> String {
         }
         _ => base.to_owned(),
     };
+    redact_query_and_fragment(out, query, fragment)
+}
+
+/// `out` with `query` (every value masked, a template's `{placeholder}` kept) and `fragment` (masked), and a
+/// Service Bus key that follows it masked.
+fn redact_query_and_fragment(
+    mut out: String,
+    query: Option<&str>,
+    fragment: Option<&str>,
+) -> String {
+    let placeholder = |s: &str| s.len() > 2 && s.starts_with('{') && s.ends_with('}');
     if let Some(q) = query {
         let parts: Vec<String> = q
             .split('&')
@@ -436,6 +456,24 @@ pub fn redact_url(url: &str) -> String {
     }
     // A Service Bus connection string given for a URL: its key follows the `sb://` URL, in what reads as its path.
     mask_after(&out, "SharedAccessKey=")
+}
+
+/// Whether `path` is an SQS queue URL's: `/ACCOUNT/QUEUE`, a 12-digit account id and a queue name (AWS: "Queue
+/// names are limited to 80 characters. Alphanumeric characters plus hyphens (-) and underscores (_) are
+/// allowed", a FIFO queue's ending in `.fifo`).
+fn is_sqs_queue_path(path: &str) -> bool {
+    let mut parts = path.strip_prefix('/').unwrap_or("").split('/');
+    let (Some(account), Some(queue), None) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let name = queue.strip_suffix(".fifo").unwrap_or(queue);
+    account.len() == 12
+        && account.bytes().all(|b| b.is_ascii_digit())
+        && !name.is_empty()
+        && queue.len() <= 80
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
 }
 
 /// Whether `scheme` is HTTP's (`http`, `https`, `ws`, `wss`, and `git+https` and the like).
@@ -705,6 +743,38 @@ mod redact_tests {
             );
             assert!(!super::redact_url(url).contains("T0ken"), "{url}");
         }
+    }
+
+    /// An SQS queue URL keeps its account id and queue name (neither is a secret, and an error about a queue
+    /// must say which), its query values still masked; a path of another shape after a 12-digit segment does
+    /// not (seen failing before the carve-out: `http://127.0.0.1:4566/123456789012/***`, which made the
+    /// SQS adapter's start-up error about a missing dead-letter queue name no queue).
+    #[test]
+    fn an_sqs_queue_url_keeps_its_queue_name() {
+        for (url, shown) in [
+            (
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq.fifo",
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-dlq.fifo",
+            ),
+            (
+                "http://127.0.0.1:4566/123456789012/crm_events?X-Amz-Signature=abc",
+                "http://127.0.0.1:4566/123456789012/crm_events?X-Amz-Signature=***",
+            ),
+            (
+                "https://hooks.example.com/123456789012/TOKEN/more",
+                "https://hooks.example.com/123456789012/***/***",
+            ),
+            (
+                "https://hooks.example.com/123456789012/to.ken",
+                "https://hooks.example.com/123456789012/***",
+            ),
+        ] {
+            assert_eq!(super::redact_url(url), shown, "{url}");
+        }
+        assert_eq!(
+            redact("cannot use dead-letter queue https://sqs.us-east-1.amazonaws.com/123456789012/q-dlq: gone"),
+            "cannot use dead-letter queue https://sqs.us-east-1.amazonaws.com/123456789012/q-dlq: gone"
+        );
     }
 
     /// Webhook destinations carry their secret in the path (Slack's `/services/T/B/TOKEN`, Discord's
