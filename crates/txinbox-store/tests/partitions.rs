@@ -1209,3 +1209,53 @@ async fn with_broker_time_a_message_without_any_origin_time_is_dead_lettered() {
     assert_eq!(s.store.count_tasks().await.unwrap(), 0);
     s.drop().await;
 }
+
+/// The conversion lays the partitions out from the database's clock, as the rotation, the claims and the due
+/// times are read: it took the clock of the host it ran on (an operator's `txinbox inbox partition`), so a host
+/// whose clock was days off the database's made the markers' range from its own now: ahead, the buckets of the
+/// last days of the keep were counted as dropped, and copies of their messages refused while their markers were
+/// still kept; behind, no partition reached the database's today, and every delivery was released until a
+/// rotation. Here the database's clock is 10 days behind the host's (a `now()` of the schema's own, found before
+/// `pg_catalog`'s on the `search_path`), and the range follows it.
+#[tokio::test]
+async fn the_conversion_lays_partitions_out_by_the_database_s_clock() {
+    let s = Schema::new().await;
+    sqlx::query(&format!(
+        "CREATE FUNCTION \"{}\".now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT pg_catalog.now() - interval ''10 days'''",
+        s.name
+    ))
+    .execute(s.store.pool())
+    .await
+    .unwrap();
+    let base = txinbox_testkit::pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let behind = Store::<sqlx::Postgres>::connect(
+        &format!("{base}{sep}options=-csearch_path%3D{}%2Cpg_catalog", s.name),
+        1,
+    )
+    .await
+    .unwrap();
+    let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(behind.pool())
+        .await
+        .unwrap();
+    assert!(
+        db_now < Utc::now() - Cd::days(9),
+        "the schema's clock is behind: {db_now}"
+    );
+    let _ = behind.partition(&PartitionOptions::new()).await.unwrap();
+    let status = behind
+        .partition_status()
+        .await
+        .unwrap()
+        .expect("partitioned");
+    behind.close().await;
+    s.drop().await;
+    // A day wide, 3 ahead, kept 30 days: from the bucket of 30 days before the database's now to 4 buckets
+    // past its bucket.
+    assert!(
+        status.high > db_now && status.high <= db_now + Cd::days(4),
+        "{status} (database's now {db_now})"
+    );
+    assert!(status.low <= db_now - Cd::days(30), "{status}");
+}

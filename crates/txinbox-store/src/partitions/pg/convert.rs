@@ -80,7 +80,7 @@ ALTER SEQUENCE {table}_id_seq OWNED BY {table}.id;
 impl Store<Postgres> {
     /// Converts this database's inbox to the partitioned layout ([`crate::partitions`]): one transaction,
     /// one converter at a time; idempotent (a partitioned database is left as it is). Workers should be
-    /// stopped, or restarted after it.
+    /// stopped, or restarted after it. The partitions are laid out from the database's clock, not this host's.
     pub async fn partition(&self, opts: &PartitionOptions) -> Result<PartitionReport, StoreError> {
         opts.check().map_err(StoreError::Partitions)?;
         let width = opts.width.as_secs() as i64;
@@ -111,7 +111,11 @@ impl Store<Postgres> {
             "LOCK TABLE txinbox_inbox, txinbox_rejections, txinbox_effects IN ACCESS EXCLUSIVE MODE",
         )
         .await?;
-        let now = Utc::now();
+        // The database's clock, as the rotation, the claims and the due times read it: a converter on a host
+        // whose clock is off would count live buckets as dropped, or make none for the database's today.
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await?;
         let w = chrono::Duration::seconds(width);
         // Markers: a partition for every bucket a live copy may still fall in, back to `keep` ago.
         let low = bucket_of(now - chrono::Duration::seconds(keep), width);
