@@ -155,7 +155,7 @@ impl Forwarder {
         self.client
             .send_message(body, Some(options))
             .await
-            .map_err(|e| send_error("dead-letter-forward", e))?;
+            .map_err(|e| send_error("dead-letter-forward", e, body.len()))?;
         metrics::counter!(crate::metrics::DLQ_FORWARDS, "reason" => why.reason.clone())
             .increment(1);
         tracing::warn!(

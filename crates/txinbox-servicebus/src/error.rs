@@ -117,23 +117,36 @@ pub(crate) fn client_error(op: &'static str, err: azure_core::Error) -> BrokerEr
     BrokerError::new(kind, op, err).with_retry_after(after)
 }
 
-/// Classifies the error of a send (a publish, a dead-letter forward, a redrive's re-send) as [`client_error`]
-/// does, but for a 403: on a send it is a refusal of the message, not of the credentials (Microsoft, Send
-/// Message: "403 Quota exceeded or message too large."; an authorization failure is "401 Authorization
-/// failure."), so it is [`Rejected`](BrokerErrorKind::Rejected), not
+/// Classifies the error of a send (a publish, a dead-letter forward, a redrive's re-send) of a message whose
+/// body is `body_len` bytes as [`client_error`] does, but for a 403: on a send it is about the message or the
+/// entity, not the credentials (Microsoft, Send Message: "403 Quota exceeded or message too large."; an
+/// authorization failure is "401 Authorization failure."). A body of at most [`ALWAYS_FITS_BODY`] fits every
+/// tier's message size, whatever its properties: its 403 is the entity's quota (a full queue, which frees as
+/// its messages are received), [`Throttled`](BrokerErrorKind::Throttled) and retried; a larger one's may be
+/// its size, [`Rejected`](BrokerErrorKind::Rejected). Neither is
 /// [`Unauthorized`](BrokerErrorKind::Unauthorized).
 ///
 /// The service's `Retry-After` of a throttled send is kept, at most [`MAX_SEND_RETRY_AFTER`].
-pub(crate) fn send_error(op: &'static str, err: azure_core::Error) -> BrokerError {
+pub(crate) fn send_error(op: &'static str, err: azure_core::Error, body_len: usize) -> BrokerError {
     let refused =
         matches!(err.kind(), ErrorKind::HttpResponse { status, .. } if u16::from(*status) == 403);
     if refused {
-        return BrokerError::new(BrokerErrorKind::Rejected, op, err);
+        let kind = if body_len <= ALWAYS_FITS_BODY {
+            BrokerErrorKind::Throttled
+        } else {
+            BrokerErrorKind::Rejected
+        };
+        return BrokerError::new(kind, op, err);
     }
     let e = client_error(op, err);
     let after = e.retry_after().map(|a| a.min(MAX_SEND_RETRY_AFTER));
     e.with_retry_after(after)
 }
+
+/// The largest body that fits a message on every tier, whatever its properties: Microsoft (Service Bus quotas)
+/// gives a maximum message size of 256 KB on the Standard tier (Premium: 1 MB or more), properties included,
+/// and a maximum header size of 64 KB; 256 KiB less 64 KiB.
+pub const ALWAYS_FITS_BODY: usize = 192 * 1024;
 
 /// The longest `Retry-After` a send's error carries, whatever the service said (a hostile or buggy value would
 /// otherwise hold the outbox's message for as long); the same bound as a receive's wait.
@@ -195,8 +208,14 @@ mod tests {
         );
         let forbidden =
             || ErrorKind::http_response(azure_core::StatusCode::Forbidden, None).into_error();
+        // "403 Quota exceeded or message too large.": a body that fits every tier meets a full entity (retried),
+        // a larger one may be too large.
         assert_eq!(
-            send_error("send", forbidden()).kind(),
+            send_error("send", forbidden(), ALWAYS_FITS_BODY).kind(),
+            BrokerErrorKind::Throttled
+        );
+        assert_eq!(
+            send_error("send", forbidden(), ALWAYS_FITS_BODY + 1).kind(),
             BrokerErrorKind::Rejected
         );
         assert_eq!(
@@ -216,7 +235,7 @@ mod tests {
         let unauthorized =
             ErrorKind::http_response(azure_core::StatusCode::Unauthorized, None).into_error();
         assert_eq!(
-            send_error("send", unauthorized).kind(),
+            send_error("send", unauthorized, 2).kind(),
             BrokerErrorKind::Unauthorized
         );
     }

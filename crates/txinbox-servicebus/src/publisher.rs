@@ -81,8 +81,10 @@ impl ServiceBusPublisher {
     /// Sends one message.
     ///
     /// A body that is not UTF-8 is refused ([`BrokerErrorKind::Rejected`], source the UTF-8 error): the REST
-    /// client sends text only. A message the queue refuses (403: "Quota exceeded or message too large.") is
-    /// [`BrokerErrorKind::Rejected`] too.
+    /// client sends text only. A 403 ("Quota exceeded or message too large.") is
+    /// [`BrokerErrorKind::Throttled`] (retried) for a body of at most
+    /// [`ALWAYS_FITS_BODY`](crate::error::ALWAYS_FITS_BODY), which fits every tier (the entity is full), and
+    /// [`BrokerErrorKind::Rejected`] for a larger one (it may be too large).
     pub async fn send(&self, msg: &OutboxMessage) -> Result<(), BrokerError> {
         let entity = msg.destination.trim_matches('/');
         let body = std::str::from_utf8(&msg.body)
@@ -91,7 +93,7 @@ impl ServiceBusPublisher {
             .queue_client(entity)
             .send_message(body, Some(send_options(msg, self.content_type.as_deref())))
             .await
-            .map_err(|e| send_error("send", e))
+            .map_err(|e| send_error("send", e, body.len()))
     }
 }
 

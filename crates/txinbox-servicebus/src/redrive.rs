@@ -101,9 +101,10 @@ pub async fn redrive(
             is_dead_letter_property,
             [(REDRIVEN_FROM_PROPERTY.to_owned(), quote_property(from, 300))],
         );
+        let body_len = body.len();
         if let Err(e) = target.send_message(body, Some(options)).await {
             held.push(locked);
-            break Err(send_error("send", e));
+            break Err(send_error("send", e, body_len));
         }
         match settle(
             &locked.response,

@@ -35,13 +35,14 @@ async fn a_throttled_send_keeps_the_service_s_retry_after() {
 
 /// A send answered 403 is refused, not unauthorized: Microsoft, Send Message and Send Message Batch, "403 Quota
 /// exceeded or message too large." (an authorization failure is "401 Authorization failure."). A message over
-/// the queue's MaxMessageSizeInKilobytes is Rejected, not retryable, and says no word about credentials; a
-/// wrong key stays Unauthorized.
+/// the queue's MaxMessageSizeInKilobytes (the Standard tier's 256 KB), larger than any tier's message can be
+/// (`ALWAYS_FITS_BODY`), is Rejected, not retryable, and says no word about credentials; a wrong key stays
+/// Unauthorized. (A smaller body's 403 is the entity's quota, retried: `error`'s unit tests.)
 #[tokio::test]
 async fn a_send_answered_403_is_rejected_not_unauthorized() {
     let (emu, client, q) =
-        emu_queue(json!({"lockDuration": "PT5S", "maxMessageSizeInKilobytes": 1})).await;
-    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(4096));
+        emu_queue(json!({"lockDuration": "PT5S", "maxMessageSizeInKilobytes": 256})).await;
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(300 * 1024));
     let err = ServiceBusPublisher::new(client.clone())
         .send(&event(&q, "evt-too-large", &big))
         .await
