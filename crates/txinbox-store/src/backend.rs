@@ -101,6 +101,12 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// The database's clock, when every node reads the same one (PostgreSQL's `now()`); `None` where the store
+    /// is on one host and its clock is that host's (SQLite).
+    fn clock(
+        pool: &sqlx::Pool<Self>,
+    ) -> impl Future<Output = Result<Option<DateTime<Utc>>, sqlx::Error>> + Send;
+
     /// Records a rejection (own transaction).
     fn record_rejection(
         pool: &sqlx::Pool<Self>,

@@ -91,6 +91,10 @@ impl<DB: Backend> EffectStore for Store<DB> {
 impl<DB: Backend> MaintenanceStore for Store<DB> {
     type Error = StoreError;
 
+    async fn clock(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        Ok(DB::clock(self.pool()).await?)
+    }
+
     async fn purge_batch(
         &self,
         table: Table,

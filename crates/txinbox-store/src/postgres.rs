@@ -423,6 +423,12 @@ impl Backend for Postgres {
         Ok(false)
     }
 
+    async fn clock(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        Ok(Some(
+            sqlx::query_scalar("SELECT now()").fetch_one(pool).await?,
+        ))
+    }
+
     async fn record_rejection(pool: &PgPool, r: &Rejection<'_>) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, business_key, payload_hash, conflicts_with, detail, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .bind(r.identity.consumer.as_str())

@@ -276,6 +276,11 @@ impl Backend for Sqlite {
         Ok(())
     }
 
+    async fn clock(_: &SqlitePool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        // One file on one host: the host's clock is the store's.
+        Ok(None)
+    }
+
     async fn transaction_lost(conn: &mut SqliteConnection) -> Result<bool, sqlx::Error> {
         // SQLite has no statement that reads whether a transaction is open; BEGIN inside one is refused.
         match sqlx::Executor::execute(&mut *conn, "BEGIN").await {

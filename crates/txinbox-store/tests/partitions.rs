@@ -1259,3 +1259,66 @@ async fn the_conversion_lays_partitions_out_by_the_database_s_clock() {
     );
     assert!(status.low <= db_now - Cd::days(30), "{status}");
 }
+
+/// The workers' maintenance decides which markers have expired by the database's clock, not by its host's: a
+/// worker whose clock ran ahead purged markers the database still counted as kept, while copies of their
+/// messages could still come back (and were then applied again). Here the database's clock is 10 days behind
+/// the host's (a `now()` of the schema's own, found before `pg_catalog`'s on the `search_path`), and a marker
+/// whose retention ended an hour ago by the host's clock stays (seen failing without `MaintenanceStore::clock`:
+/// the pass removed it); past its retention by the database's clock, it goes.
+#[tokio::test]
+async fn the_maintenance_purges_markers_by_the_database_s_clock() {
+    let s = Schema::new().await;
+    sqlx::query(&format!(
+        "CREATE FUNCTION \"{}\".now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT pg_catalog.now() - interval ''10 days'''",
+        s.name
+    ))
+    .execute(s.store.pool())
+    .await
+    .unwrap();
+    let base = txinbox_testkit::pg_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let behind = Store::<sqlx::Postgres>::connect(
+        &format!("{base}{sep}options=-csearch_path%3D{}%2Cpg_catalog", s.name),
+        1,
+    )
+    .await
+    .unwrap();
+    let host_now = Utc::now();
+    // Kept 30 days from its processing: until an hour ago by the host's clock.
+    let id = identity("evt-clock", None);
+    let processed = host_now - Cd::days(30) - Cd::hours(1);
+    assert_eq!(
+        insert_at(&behind, &id, "h", processed, processed).await,
+        MarkerInsert::Inserted
+    );
+    let report = Maintenance::new(behind.clone()).run_once().await;
+    assert_eq!(report.error, None);
+    let left = |store: Store<sqlx::Postgres>| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM txinbox_inbox")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            report.removed_from(Table::Markers),
+            left(behind.clone()).await
+        ),
+        (0, 1),
+        "the database's clock says the marker is kept for 10 days more"
+    );
+    // A pass at a time past its retention removes it.
+    let report = Maintenance::new(behind.clone())
+        .run_once_at(host_now + Cd::days(1), &mut |_| {})
+        .await;
+    assert_eq!(
+        (
+            report.removed_from(Table::Markers),
+            left(behind.clone()).await
+        ),
+        (1, 0)
+    );
+    behind.close().await;
+    s.drop().await;
+}

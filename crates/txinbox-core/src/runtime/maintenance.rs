@@ -87,6 +87,16 @@ pub trait MaintenanceStore: Clone + Send + Sync + 'static {
         consumer: &str,
     ) -> impl std::future::Future<Output = Result<(i64, Option<DateTime<Utc>>), Self::Error>> + Send;
 
+    /// The store's own clock, read now, where every node reads the same one (PostgreSQL's `now()`): a pass
+    /// decides what has expired by it, so that a node whose host clock runs ahead never removes a marker
+    /// whose message can still come back, as the database counts its retention. `None` (the default): the
+    /// host's clock.
+    fn clock(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Option<DateTime<Utc>>, Self::Error>> + Send {
+        async { Ok(None) }
+    }
+
     /// For a store whose tables are partitioned by time (the PostgreSQL store's partitioned layout): creates
     /// the partitions ahead of `now` and drops whole the ones past their retention (evidence: older than
     /// [`MaintenanceOptions::rejections_keep`]; effects: older than [`MaintenanceOptions::effects_keep`] and
@@ -358,9 +368,22 @@ impl<S: MaintenanceStore> Maintenance<S> {
         report
     }
 
-    /// One pass now.
+    /// One pass now: at the store's clock ([`MaintenanceStore::clock`]) where it has one, else the host's. A
+    /// store that cannot tell its time is not purged by this pass (the report's `error` says why).
     pub async fn run_once(&self) -> MaintenanceReport {
-        self.run_once_at(Utc::now(), &mut |_| {}).await
+        match self.store.clock().await {
+            Ok(now) => {
+                self.run_once_at(now.unwrap_or_else(Utc::now), &mut |_| {})
+                    .await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "maintenance: reading the store's clock failed; nothing purged");
+                MaintenanceReport {
+                    error: Some(e.to_string()),
+                    ..MaintenanceReport::default()
+                }
+            }
+        }
     }
 
     /// A pass every [`MaintenanceOptions::every`] until `shutdown` resolves. A pass in progress is dropped at
