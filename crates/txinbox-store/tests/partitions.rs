@@ -49,6 +49,31 @@ impl Schema {
     }
 }
 
+impl Schema {
+    /// A store on this schema whose database clock is 10 days behind the host's: a `now()` of the schema's own,
+    /// found before `pg_catalog`'s on the connection's `search_path`.
+    async fn clock_behind_by_ten_days(&self) -> Store<sqlx::Postgres> {
+        sqlx::query(&format!(
+            "CREATE FUNCTION \"{}\".now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT pg_catalog.now() - interval ''10 days'''",
+            self.name
+        ))
+        .execute(self.store.pool())
+        .await
+        .unwrap();
+        let base = txinbox_testkit::pg_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        Store::<sqlx::Postgres>::connect(
+            &format!(
+                "{base}{sep}options=-csearch_path%3D{}%2Cpg_catalog",
+                self.name
+            ),
+            1,
+        )
+        .await
+        .unwrap()
+    }
+}
+
 /// One rotation of `s`'s partitions at `at`, with the maintenance's default keeps.
 async fn rotate(s: &Schema, at: DateTime<Utc>) -> PartitionRotation {
     s.store
@@ -1220,21 +1245,7 @@ async fn with_broker_time_a_message_without_any_origin_time_is_dead_lettered() {
 #[tokio::test]
 async fn the_conversion_lays_partitions_out_by_the_database_s_clock() {
     let s = Schema::new().await;
-    sqlx::query(&format!(
-        "CREATE FUNCTION \"{}\".now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT pg_catalog.now() - interval ''10 days'''",
-        s.name
-    ))
-    .execute(s.store.pool())
-    .await
-    .unwrap();
-    let base = txinbox_testkit::pg_url();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let behind = Store::<sqlx::Postgres>::connect(
-        &format!("{base}{sep}options=-csearch_path%3D{}%2Cpg_catalog", s.name),
-        1,
-    )
-    .await
-    .unwrap();
+    let behind = s.clock_behind_by_ten_days().await;
     let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(behind.pool())
         .await
@@ -1269,21 +1280,7 @@ async fn the_conversion_lays_partitions_out_by_the_database_s_clock() {
 #[tokio::test]
 async fn the_maintenance_purges_markers_by_the_database_s_clock() {
     let s = Schema::new().await;
-    sqlx::query(&format!(
-        "CREATE FUNCTION \"{}\".now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT pg_catalog.now() - interval ''10 days'''",
-        s.name
-    ))
-    .execute(s.store.pool())
-    .await
-    .unwrap();
-    let base = txinbox_testkit::pg_url();
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let behind = Store::<sqlx::Postgres>::connect(
-        &format!("{base}{sep}options=-csearch_path%3D{}%2Cpg_catalog", s.name),
-        1,
-    )
-    .await
-    .unwrap();
+    let behind = s.clock_behind_by_ten_days().await;
     let host_now = Utc::now();
     // Kept 30 days from its processing: until an hour ago by the host's clock.
     let id = identity("evt-clock", None);

@@ -298,6 +298,22 @@ mod tests {
         );
     }
 
+    /// `txinbox_lease_lost_total` as the debugging recorder counted it.
+    fn leases_lost(snap: &metrics_util::debugging::Snapshotter) -> u64 {
+        snap.snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(k, _, _, v)| match v {
+                metrics_util::debugging::DebugValue::Counter(n)
+                    if k.key().name() == crate::metrics::LEASE_LOST =>
+                {
+                    Some(n)
+                }
+                _ => None,
+            })
+            .sum()
+    }
+
     /// A lease whose renewal panics (a bug in an adapter).
     struct Panics;
 
@@ -317,7 +333,7 @@ mod tests {
     /// and `txinbox_lease_lost_total`), not ended quietly.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_keeper_that_panics_counts_its_lease_lost() {
-        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        use metrics_util::debugging::DebuggingRecorder;
         let recorder = DebuggingRecorder::new();
         let snap = recorder.snapshotter();
         let _local = metrics::set_default_local_recorder(&recorder);
@@ -325,16 +341,7 @@ mod tests {
         // The first renewal is due at 10 s (a third of 30 s); it panics.
         tokio::time::sleep(Duration::from_secs(11)).await;
         assert!(g.lost(), "the lease is no longer renewed");
-        let lost: u64 = snap
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter_map(|(k, _, _, v)| match v {
-                DebugValue::Counter(n) if k.key().name() == crate::metrics::LEASE_LOST => Some(n),
-                _ => None,
-            })
-            .sum();
-        assert_eq!(lost, 1);
+        assert_eq!(leases_lost(&snap), 1);
     }
 
     /// A 30 s lease every renewal of which succeeds.
@@ -357,7 +364,7 @@ mod tests {
     /// at the maximum (seen failing so: not lost at 81 s). One stopped before it runs out is not.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn a_lease_that_runs_out_at_the_keepers_maximum_is_lost_if_still_held() {
-        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        use metrics_util::debugging::DebuggingRecorder;
         let recorder = DebuggingRecorder::new();
         let snap = recorder.snapshotter();
         let _local = metrics::set_default_local_recorder(&recorder);
@@ -377,16 +384,7 @@ mod tests {
             "the lease ran out at 80 s with its delivery held"
         );
         assert!(!stopped.lost(), "stopped before it ran out");
-        let lost: u64 = snap
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter_map(|(k, _, _, v)| match v {
-                DebugValue::Counter(n) if k.key().name() == crate::metrics::LEASE_LOST => Some(n),
-                _ => None,
-            })
-            .sum();
-        assert_eq!(lost, 1);
+        assert_eq!(leases_lost(&snap), 1);
     }
 
     /// A broker whose renewal call never answers; counts the calls.
