@@ -363,35 +363,41 @@ fn handed_back(counted: &Counted) -> (u64, u64, u64) {
     )
 }
 
-/// The extra deliveries of a receive that brought more than it asked for, still waiting for places at
-/// shutdown, are handed back to the broker and counted as such (`reason="surplus"`): they have no outcome, and
-/// each is one more receive toward the queue's maximum receive count.
-#[tokio::test(flavor = "current_thread")]
-async fn a_receives_surplus_handed_back_at_shutdown_is_counted() {
-    use crate::broker::mem::QueueOptions;
-    use crate::{OutcomeKind, Worker, WorkerOptions};
-    use metrics_util::debugging::DebuggingRecorder;
-    let recorder = DebuggingRecorder::new();
-    let snap = recorder.snapshotter();
-    let _local = metrics::set_default_local_recorder(&recorder);
-    let store = MemStore::default();
-    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
+/// A queue of ten events.
+fn ten_events() -> MemoryQueue {
+    let q = MemoryQueue::new(
+        crate::broker::mem::QueueOptions::default().wait(Duration::from_millis(20)),
+    );
     for i in 0..10 {
         q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
     }
+    q
+}
+
+/// A worker of concurrency 1 on `q` through `wrap` of a [`Greedy`] receiver bringing 5 more than asked, whose
+/// handler never ends, stopped once 6 messages are out of the queue (one running, five extra waiting), with
+/// `shutdown_timeout`.
+async fn stop_a_greedy_worker<R: crate::Receiver>(
+    q: &MemoryQueue,
+    wrap: impl FnOnce(Greedy) -> R,
+    shutdown_timeout: Duration,
+) -> crate::WorkerReport {
     let q2 = q.clone();
-    // One receive asks for 1 and brings 6: one handler running (it never ends), five extra waiting.
-    let report = Worker::new(
-        Greedy {
+    crate::Worker::new(
+        wrap(Greedy {
             inner: q.receiver(),
             extra: 5,
-        },
-        slow_processor(&store, Duration::from_secs(3600), Arc::default()),
+        }),
+        slow_processor(
+            &MemStore::default(),
+            Duration::from_secs(3600),
+            Arc::default(),
+        ),
     )
     .options(
-        WorkerOptions::default()
+        crate::WorkerOptions::default()
             .concurrency(1)
-            .shutdown_timeout(Duration::from_millis(100))
+            .shutdown_timeout(shutdown_timeout)
             .shutdown_receive_wait(Some(Duration::ZERO)),
     )
     .run_until(async move {
@@ -399,7 +405,22 @@ async fn a_receives_surplus_handed_back_at_shutdown_is_counted() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
-    .await;
+    .await
+}
+
+/// The extra deliveries of a receive that brought more than it asked for, still waiting for places at
+/// shutdown, are handed back to the broker and counted as such (`reason="surplus"`): they have no outcome, and
+/// each is one more receive toward the queue's maximum receive count.
+#[tokio::test(flavor = "current_thread")]
+async fn a_receives_surplus_handed_back_at_shutdown_is_counted() {
+    use crate::OutcomeKind;
+    use metrics_util::debugging::DebuggingRecorder;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let q = ten_events();
+    // One receive asks for 1 and brings 6: one handler running (it never ends), five extra waiting.
+    let report = stop_a_greedy_worker(&q, |g| g, Duration::from_millis(100)).await;
     // The running one is interrupted at the deadline: an outcome of its own, not a hand-back.
     assert_eq!(report.count(OutcomeKind::Interrupted), 1, "{report}");
     assert_eq!(report.total(), 1, "{report}");
@@ -514,33 +535,8 @@ impl<R: crate::Receiver<Delivery = crate::broker::mem::MemoryDelivery>> crate::R
 /// report does not say everything answered.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_surplus_hand_back_that_never_answers_is_counted_abandoned() {
-    use crate::broker::mem::QueueOptions;
-    use crate::{Worker, WorkerOptions};
-    let store = MemStore::default();
-    let q = MemoryQueue::new(QueueOptions::default().wait(Duration::from_millis(20)));
-    for i in 0..10 {
-        q.send(event(&format!("evt-{i}"), &format!("op-{i}")));
-    }
-    let q2 = q.clone();
-    let report = Worker::new(
-        ReleasesHang(Greedy {
-            inner: q.receiver(),
-            extra: 5,
-        }),
-        slow_processor(&store, Duration::from_secs(3600), Arc::default()),
-    )
-    .options(
-        WorkerOptions::default()
-            .concurrency(1)
-            .shutdown_timeout(Duration::from_secs(1))
-            .shutdown_receive_wait(Some(Duration::ZERO)),
-    )
-    .run_until(async move {
-        while q2.state().in_flight < 6 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
+    let q = ten_events();
+    let report = stop_a_greedy_worker(&q, ReleasesHang, Duration::from_secs(1)).await;
     assert_eq!(report.abandoned, 6, "{report}");
     assert_eq!(report.total(), 0, "{report}");
 }
