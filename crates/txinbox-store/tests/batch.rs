@@ -359,6 +359,34 @@ async fn batch_decides_as_one_after_another_on_postgres() {
     batch_decides_as_one_after_another(|| Box::pin(txinbox_testkit::pg_store(4))).await;
 }
 
+/// The outcomes' labels of the lab's messages `ids` (ids of their own, event times 10, 11, ...) through
+/// `handler` on `store`, as one batch or one after the other.
+async fn in_order<S, H>(store: &S, handler: H, ids: &[&str], as_batch: bool) -> Vec<&'static str>
+where
+    S: txinbox_core::InboxStore,
+    H: Handler<S, LabEvent>,
+{
+    let messages = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| event(id, 10 + i as u32, 10 + i as u32));
+    let p = txinbox_lab::lab::lab_processor(store.clone(), handler);
+    let out = if as_batch {
+        p.process_batch(
+            messages.map(NoopDelivery).collect(),
+            &CancellationToken::new(),
+        )
+        .await
+    } else {
+        let mut out = Vec::new();
+        for m in messages {
+            out.push(p.process_one(NoopDelivery(m)).await);
+        }
+        out
+    };
+    out.iter().map(|o| o.label()).collect()
+}
+
 /// The follow-up task, except for `evt-s`: its handler runs a statement that fails, ignores the error and
 /// returns `Ok` with no result reference (so that the inbox writes nothing more for it before COMMIT).
 #[derive(Clone, Copy)]
@@ -402,12 +430,6 @@ async fn a_handler_that_ignores_a_failed_statement<DB: LabDb>(
 ) where
     SwallowsAnError: Handler<Store<DB>, LabEvent>,
 {
-    let ids = |s: &[&str]| -> Vec<ReceivedMessage> {
-        s.iter()
-            .enumerate()
-            .map(|(i, id)| event(id, 10 + i as u32, 10 + i as u32))
-            .collect()
-    };
     for order in [
         ["evt-1", "evt-2", "evt-s"],
         ["evt-s", "evt-1", "evt-2"],
@@ -416,18 +438,7 @@ async fn a_handler_that_ignores_a_failed_statement<DB: LabDb>(
         for as_batch in [false, true] {
             let store = fresh().await;
             DB::create_tables(&store).await.unwrap();
-            let p = txinbox_lab::lab::lab_processor(store.clone(), SwallowsAnError);
-            let out = if as_batch {
-                let deliveries = ids(&order).into_iter().map(NoopDelivery).collect();
-                p.process_batch(deliveries, &CancellationToken::new()).await
-            } else {
-                let mut out = Vec::new();
-                for m in ids(&order) {
-                    out.push(p.process_one(NoopDelivery(m)).await);
-                }
-                out
-            };
-            let labels: Vec<&str> = out.iter().map(|o| o.label()).collect();
+            let labels = in_order(&store, SwallowsAnError, &order, as_batch).await;
             let want: Vec<&str> = order
                 .iter()
                 .map(|id| if *id == "evt-s" { swallowed } else { "applied" })
@@ -525,14 +536,7 @@ where
         late_writes: Arc::default(),
         runs: Arc::default(),
     };
-    let p = txinbox_lab::lab::lab_processor(store.clone(), handler.clone());
-    let deliveries = ["evt-a", "evt-b", "evt-c"]
-        .iter()
-        .enumerate()
-        .map(|(i, id)| NoopDelivery(event(id, 10 + i as u32, 10 + i as u32)))
-        .collect();
-    let out = p.process_batch(deliveries, &CancellationToken::new()).await;
-    let labels: Vec<&str> = out.iter().map(|o| o.label()).collect();
+    let labels = in_order(&store, handler.clone(), &["evt-a", "evt-b", "evt-c"], true).await;
     assert_eq!(labels, ["retry", "retry", "applied"]);
     assert_eq!(
         *handler.runs.lock().unwrap(),
@@ -605,12 +609,6 @@ impl Handler<Store<sqlx::Sqlite>, LabEvent> for RollsBackAndGoesOn {
 /// it. Every `applied` outcome has its marker and its task, and nothing else is written.
 #[tokio::test]
 async fn a_statement_sqlite_answers_with_a_rollback_ends_the_transaction() {
-    let ids = |s: &[&str]| -> Vec<ReceivedMessage> {
-        s.iter()
-            .enumerate()
-            .map(|(i, id)| event(id, 10 + i as u32, 10 + i as u32))
-            .collect()
-    };
     for (goes_on, outcome) in [(true, "dead_lettered"), (false, "retry")] {
         for order in [
             ["evt-1", "evt-2", "evt-r"],
@@ -630,18 +628,7 @@ async fn a_statement_sqlite_answers_with_a_rollback_ends_the_transaction() {
                     .execute(store.pool())
                     .await
                     .unwrap();
-                let p = txinbox_lab::lab::lab_processor(store.clone(), RollsBackAndGoesOn(goes_on));
-                let out = if as_batch {
-                    let deliveries = ids(&order).into_iter().map(NoopDelivery).collect();
-                    p.process_batch(deliveries, &CancellationToken::new()).await
-                } else {
-                    let mut out = Vec::new();
-                    for m in ids(&order) {
-                        out.push(p.process_one(NoopDelivery(m)).await);
-                    }
-                    out
-                };
-                let labels: Vec<&str> = out.iter().map(|o| o.label()).collect();
+                let labels = in_order(&store, RollsBackAndGoesOn(goes_on), &order, as_batch).await;
                 let want: Vec<&str> = order
                     .iter()
                     .map(|id| if *id == "evt-r" { outcome } else { "applied" })
