@@ -305,6 +305,18 @@ impl Confirm {
 
     /// What the answer says.
     pub(crate) fn read(&self, status: u16, body: &[u8]) -> Confirmation {
+        // A JSON-RPC failure answered 200 did not look anything up: its `id` is the request's own.
+        if !matches!(self.rule, Rule::Custom(_)) && (200..=299).contains(&status) {
+            if let Some(member) = serde_json::from_slice::<Value>(body)
+                .ok()
+                .as_ref()
+                .and_then(json_rpc_failure)
+            {
+                return unknown(format!(
+                    "the confirmation answered {status} with a JSON-RPC `{member}`: not read as found"
+                ));
+            }
+        }
         match &self.rule {
             Rule::Lookup { found_at } => read_lookup(status, body, found_at),
             Rule::Search {
@@ -465,6 +477,24 @@ pub(crate) fn reported_error(v: &Value) -> Option<&'static str> {
             _ => true,
         })
     })
+}
+
+/// The member by which a JSON-RPC 2.0 answer (`"jsonrpc": "2.0"`) says its call failed, though HTTP said 200: its
+/// `error` ("This member is REQUIRED on error. This member MUST NOT exist if there was no error triggered during
+/// invocation"), or the Model Context Protocol's `result.isError: true` (a tool call's own failure, "reported
+/// inside the result object with IsError set to true, rather than as a JsonRpcError"). Such an answer's `id` is
+/// the request's own ("It MUST be the same as the value of the id member in the Request Object"), never the
+/// destination's reference: a call answered so is not done, and a confirmation answered so found nothing.
+pub(crate) fn json_rpc_failure(v: &Value) -> Option<&'static str> {
+    let o = v.as_object()?;
+    if o.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return None;
+    }
+    if o.get("error").is_some_and(|e| !e.is_null()) {
+        return Some("error");
+    }
+    (v.pointer("/result/isError").and_then(Value::as_bool) == Some(true))
+        .then_some("result.isError")
 }
 
 /// The member by which a search answer says it is partial, when it does: Elasticsearch's and OpenSearch's

@@ -116,3 +116,89 @@ async fn a_compensation_answered_2xx_with_an_error_is_not_undone() {
         assert!(x.compensate(&done).await.is_ok(), "{status} {body}");
     }
 }
+
+// JSON-RPC 2.0 (the transport of the Model Context Protocol's tool calls, and of many service APIs) answers a
+// failed call 200 with an `error` member and the request's own `id`: "error: This member is REQUIRED on error.
+// This member MUST NOT exist if there was no error triggered during invocation", and "id: [...] It MUST be the same
+// as the value of the id member in the Request Object". At the default reference (`/id`) that `id` was read as the
+// destination's reference: the failed call was done. MCP reports a tool's own failure inside a successful result:
+// "Tool execution errors (including input validation errors, API failures, and business logic errors) should be
+// reported inside the result object with IsError set to true, rather than as a JsonRpcError" (the MCP C# SDK's
+// `CallToolResult`), read as done too. Neither says the destination acted, nor that it did not (an internal error,
+// a tool's API failure midway): uncertain, reconciled; a confirmation answered so is unknown.
+#[tokio::test]
+async fn a_json_rpc_error_is_not_done_by_its_request_id() {
+    for body in [
+        r#"{"jsonrpc":"2.0","error":{"code":-32603,"message":"Internal error"},"id":"7"}"#,
+        r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"CRM API error: 502"}],"isError":true}}"#,
+    ] {
+        let url = answering("200 OK", body).await;
+        for (what, builder) in [
+            (
+                "the default reference",
+                HttpEffect::post(format!("{url}/mcp")),
+            ),
+            (
+                "an optional reference",
+                HttpEffect::post(format!("{url}/mcp")).reference_optional(),
+            ),
+        ] {
+            match builder.build().unwrap().execute(&effect()).await {
+                Execution::Uncertain { error } => {
+                    let error = error.to_string();
+                    assert!(error.contains("answered 200"), "{what}: {error}");
+                }
+                other => panic!("{what}, {body}: read as {other:?}"),
+            }
+        }
+        // A lookup answered so found nothing: unknown, neither found nor not found.
+        let x = HttpEffect::post(format!("{url}/mcp"))
+            .confirm(Confirm::lookup(format!("{url}/mcp?ref={{external_ref}}")))
+            .build()
+            .unwrap();
+        let mut uncertain = effect();
+        uncertain.claimed_from = EffectState::Uncertain;
+        uncertain.maybe_happened = true;
+        match x.confirm(&uncertain).await {
+            Confirmation::Unknown { .. } => {}
+            other => panic!("confirmation, {body}: read as {other:?}"),
+        }
+    }
+    // A compensation answered so undid nothing.
+    let mut done = effect();
+    done.claimed_from = EffectState::Done;
+    done.reference = Some("t-7".into());
+    let url = answering(
+        "200 OK",
+        r#"{"jsonrpc":"2.0","id":8,"result":{"content":[{"type":"text","text":"cannot delete t-7"}],"isError":true}}"#,
+    )
+    .await;
+    let x = HttpEffect::post(format!("{url}/mcp"))
+        .compensate_url(format!("{url}/mcp/{{reference}}"))
+        .build()
+        .unwrap();
+    let error = x.compensate(&done).await.expect_err("isError").to_string();
+    assert!(error.contains("isError"), "{error}");
+    // A JSON-RPC success (a `result`, `isError` false or absent) is done; `/id` is the request's id, so declare
+    // where the result carries the destination's reference.
+    for (body, reference) in [
+        (
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[],"isError":false,"structuredContent":{"taskId":"t-9"}}}"#,
+            "t-9",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":7,"result":{"structuredContent":{"taskId":"t-8"}}}"#,
+            "t-8",
+        ),
+    ] {
+        let url = answering("200 OK", body).await;
+        let x = HttpEffect::post(format!("{url}/mcp"))
+            .reference("/result/structuredContent/taskId")
+            .build()
+            .unwrap();
+        match x.execute(&effect()).await {
+            Execution::Done { reference: r } => assert_eq!(r.as_deref(), Some(reference), "{body}"),
+            other => panic!("{body}: read as {other:?}"),
+        }
+    }
+}

@@ -285,6 +285,14 @@ fn chain(e: &reqwest::Error) -> String {
     out
 }
 
+/// The member by which a JSON-RPC answer reports its call failed (see [`confirm::json_rpc_failure`]).
+fn json_rpc_failure_in(body: &[u8]) -> Option<&'static str> {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .as_ref()
+        .and_then(confirm::json_rpc_failure)
+}
+
 /// The top-level member by which a JSON answer reports an error (see [`confirm::reported_error`]).
 fn reported_error_in(body: &[u8]) -> Option<&'static str> {
     serde_json::from_slice::<serde_json::Value>(body)
@@ -494,6 +502,14 @@ impl EffectExecutor for HttpEffect {
                 )
             };
             match read {
+                // A JSON-RPC failure answered 2xx (its `error`, MCP's `result.isError`) did not say it acted,
+                // nor that it did not (an internal error, a tool's API failing midway); its `id` is the
+                // request's own, never the destination's reference.
+                Answer::Done if json_rpc_failure_in(&body).is_some() => Execution::uncertain(format!(
+                    "{} (a JSON-RPC `{}`): not read as done",
+                    said(),
+                    json_rpc_failure_in(&body).unwrap_or_default()
+                )),
                 Answer::Done => match (self.reference_of(&body), reported_error_in(&body)) {
                     (Some(reference), _) => Execution::Done {
                         reference: Some(reference),
@@ -645,7 +661,8 @@ impl EffectExecutor for HttpEffect {
                     chain(&e)
                 )
             })?;
-            match reported_error_in(&body) {
+            // A JSON-RPC failure (MCP's `result.isError: true` has no `error` member) did not undo it either.
+            match reported_error_in(&body).or_else(|| json_rpc_failure_in(&body)) {
                 None => Ok(()),
                 Some(member) => Err(format!(
                     "the compensation request answered {status} with `{member}` in its body: not read as undone: {}",
