@@ -827,4 +827,6 @@ mod rate_limit_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod vendor_shapes_tests;
+#[cfg(test)]
 mod wire_tests;
