@@ -13,6 +13,9 @@ use txinbox_core::effects::{
 };
 use txinbox_store::Store;
 
+mod effect_rows;
+use effect_rows::{on_postgres, on_sqlite, PENDING};
+
 /// A store seen from a runner whose host clock is `ahead` of the others' (every time it gives is shifted);
 /// its finishes fail while `fail_finishes` is above zero (the first of them is kept in `stale`: a statement
 /// that left the runner and is still on its way to the database), and the first claim after one failed
@@ -177,8 +180,6 @@ impl EffectExecutor for Destination {
     }
 }
 
-const PENDING: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'pending', PAST, PAST, PAST)";
-
 /// Ends every claim (as if its time had run out).
 const EXPIRE: &str = "UPDATE txinbox_effects SET claim_until = PAST WHERE state = 'in_flight'";
 
@@ -195,18 +196,6 @@ macro_rules! on_both {
             $scenario(txinbox_testkit::sqlite_store().await, on_sqlite).await;
         }
     };
-}
-
-fn on_postgres(sql: &str) -> String {
-    sql.replace("BYTES", "'\\x00'::bytea")
-        .replace("PAST", "now() - interval '1 hour'")
-}
-
-fn on_sqlite(sql: &str) -> String {
-    let past = (Utc::now() - chrono::Duration::hours(1))
-        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    sql.replace("BYTES", "x'00'")
-        .replace("PAST", &format!("'{past}'"))
 }
 
 /// Two runners of one database, the second on a host whose clock is two hours ahead; claims last a minute.

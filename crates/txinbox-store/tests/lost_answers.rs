@@ -14,6 +14,9 @@ use txinbox_core::effects::{
 };
 use txinbox_store::Store;
 
+mod effect_rows;
+use effect_rows::{on_postgres, on_sqlite, PENDING};
+
 /// A store whose next claim applies and then loses its answer (an I/O error, as a connection dropped after
 /// the COMMIT was sent), when `lose` is set; and whose next finish fails as `finish` says.
 #[derive(Clone)]
@@ -208,8 +211,6 @@ where
     )
 }
 
-const PENDING: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'pending', PAST, PAST, PAST)";
-
 const EXPIRED: &str = "INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, claimed_by, claim_until, attempts) VALUES ('c', 'm', 'k', 'n', 'crm', BYTES, '{}', 'k', 'in_flight', PAST, PAST, PAST, 'a runner that died', PAST, 1)";
 
 /// The scenario as two tests, on PostgreSQL and on SQLite: `$scenario(store, insert, args...)` with `$insert`
@@ -226,18 +227,6 @@ macro_rules! on_both {
             $scenario(txinbox_testkit::sqlite_store().await, &on_sqlite($insert) $(, $arg)*).await;
         }
     };
-}
-
-fn on_postgres(sql: &str) -> String {
-    sql.replace("BYTES", "'\\x00'::bytea")
-        .replace("PAST", "now() - interval '1 hour'")
-}
-
-fn on_sqlite(sql: &str) -> String {
-    let past = (Utc::now() - chrono::Duration::hours(1))
-        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-    sql.replace("BYTES", "x'00'")
-        .replace("PAST", &format!("'{past}'"))
 }
 
 /// A pending effect whose claim lost its answer is pending again at once, then called once, without a
