@@ -92,15 +92,7 @@ async fn one_pass(
 ) -> Result<MaintenanceReport, String> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let store = crate::inbox::postgres_as_is(url, "txinbox-purge", 2).await?;
-        // The database's clock decides what expired, not this host's: a host whose clock runs ahead (an
-        // operator's laptop, a cron container) would purge markers whose copies can still come back, and
-        // drop partitions early. The workers' markers, the effects' claims and their due times are on the
-        // database's clock too.
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(store.pool())
-            .await
-            .map_err(|e| format!("store (postgres): reading the database's clock: {e}"))?;
-        pass(store, args, now).await
+        pass(store, args, host_now).await
     } else if url.starts_with("sqlite:") {
         let store = crate::inbox::sqlite_as_is(url, 2).await?;
         pass(store, args, host_now).await
@@ -174,6 +166,14 @@ async fn pass<S: MaintenanceStore>(
         .rejections_keep(days(args.rejections_keep_days))
         .effects_keep(days(args.effects_keep_days));
     let timeout = options.pass_timeout();
+    // The store's clock decides what expired where it has one (PostgreSQL's server clock), not this host's: a
+    // host whose clock runs ahead (an operator's laptop, a cron container) would purge markers whose copies can
+    // still come back, and drop partitions early, as the workers' maintenance would.
+    let now = store
+        .clock()
+        .await
+        .map_err(|e| format!("store: reading its clock: {e}"))?
+        .unwrap_or(now);
     let m = Maintenance::new(store).options(options);
     let tty = std::io::stderr().is_terminal();
     let report = tokio::time::timeout(
