@@ -7,7 +7,11 @@
 #   eval "$(bash scripts/pg-shards.sh start)"   # makes and starts them; exports TXINBOX_SHARD_PG_URLS (the URLs,
 #                                                # comma-separated), TXINBOX_SHARD_PG_DATA (their data directories)
 #                                                # and TXINBOX_SHARD_PG_CTL (pg_ctl)
-#   bash scripts/pg-shards.sh stop              # stops them and removes their data
+#   bash scripts/pg-shards.sh stop              # stops the set named by TXINBOX_SHARD_PG_SET (exported by
+#                                                # start), or every set of this checkout when it is unset
+#
+# Each `start` makes a set of its own, recorded in .build/pg-shards/set-*: a second run in one checkout (the test
+# command while a benchmark's shards are up) neither stops nor reuses the first's clusters.
 #
 # A test stops and starts one with `runuser -u postgres -- "$TXINBOX_SHARD_PG_CTL" -D DIR -m immediate stop`
 # (a crash: no shutdown checkpoint, recovery at the next start) and `... -D DIR -l DIR/log -w start` (the port
@@ -48,28 +52,43 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
-stop() {
-  [[ -f $state/dirs ]] || return 0
-  local b
+# stop_set FILE: stops the clusters FILE lists, removes their data and FILE.
+stop_set() {
+  local b dir
   b=$(bin)
   while read -r dir; do
     [[ -d $dir ]] || continue
     as_postgres "$b/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
     rm -rf "$dir"
-  done <"$state/dirs"
-  rm -f "$state/dirs"
+  done <"$1"
+  rm -f "$1"
+}
+
+stop() {
+  local set
+  if [[ -n ${TXINBOX_SHARD_PG_SET:-} ]]; then
+    [[ -f $TXINBOX_SHARD_PG_SET ]] && stop_set "$TXINBOX_SHARD_PG_SET"
+    return 0
+  fi
+  # `dirs`: the single set of the script's earlier versions.
+  for set in "$state"/set-* "$state/dirs"; do
+    [[ -f $set ]] && stop_set "$set"
+  done
+  return 0
 }
 
 start() {
   local b urls=() dirs=() dir port
   b=$(bin)
   id postgres >/dev/null 2>&1 || fail "no postgres user to run the clusters as"
-  stop
   mkdir -p "$state"
-  : >"$state/dirs"
+  local set
+  set=$(mktemp "$state/set-XXXXXX")
+  # A set whose start fails part-way is stopped and removed, not left running.
+  trap 'stop_set "$set"' EXIT
   for i in $(seq 1 "$SHARDS"); do
     dir=$(mktemp -d /tmp/txinbox-pg-shard-XXXXXX)
-    echo "$dir" >>"$state/dirs"
+    echo "$dir" >>"$set"
     chown postgres "$dir"
     chmod 700 "$dir"
     as_postgres "$b/initdb" -D "$dir/data" -A trust -U postgres --no-sync >"$dir/initdb.log" 2>&1 ||
@@ -93,10 +112,12 @@ CONF
     dirs+=("$dir/data")
     say "shard $i: PostgreSQL on 127.0.0.1:$port (data $dir/data)"
   done
+  trap - EXIT
   local IFS=,
   echo "export TXINBOX_SHARD_PG_URLS='${urls[*]}'"
   echo "export TXINBOX_SHARD_PG_DATA='${dirs[*]}'"
   echo "export TXINBOX_SHARD_PG_CTL='$b/pg_ctl'"
+  echo "export TXINBOX_SHARD_PG_SET='$set'"
 }
 
 case ${1:-} in

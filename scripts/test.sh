@@ -146,7 +146,8 @@ cargo build --workspace --all-targets --locked
 # --- moto (SQS) ---------------------------------------------------------------------------------------------
 exports=$(bash scripts/moto.sh start) || die "moto could not be started (see above)"
 eval "$exports"
-started_moto=1
+# A server this checkout already ran (another run's, a developer's) is used and left to whoever started it.
+[[ ${TXINBOX_SERVER_REUSED:-0} == 1 ]] || started_moto=1
 [[ -n ${TXINBOX_SQS_ENDPOINT:-} ]] || die "moto started but exported no TXINBOX_SQS_ENDPOINT"
 say "moto ready at $TXINBOX_SQS_ENDPOINT"
 
@@ -154,7 +155,7 @@ say "moto ready at $TXINBOX_SQS_ENDPOINT"
 # Listens on all interfaces (it has no bind option); the tests connect on 127.0.0.1. One shared in-memory database.
 exports=$(bash scripts/dynamodb.sh start) || die "DynamoDB Local could not be started (see above)"
 eval "$exports"
-started_dynamodb=1
+[[ ${TXINBOX_SERVER_REUSED:-0} == 1 ]] || started_dynamodb=1
 [[ -n ${TXINBOX_DYNAMODB_ENDPOINT:-} ]] || die "DynamoDB Local started but exported no TXINBOX_DYNAMODB_ENDPOINT"
 say "DynamoDB Local ready at $TXINBOX_DYNAMODB_ENDPOINT"
 

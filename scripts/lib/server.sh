@@ -3,6 +3,11 @@
 # for the first answer, stop, status and the command line. Sourced, not run. The sourcing script sets root (the
 # repository) and name first; it defines answers PORT (exit 0 when the server answers on PORT), print_exports
 # PORT, install and start for the functions that use them, and on_stop for what its stop removes besides.
+#
+# `start` also exports TXINBOX_SERVER_REUSED: 1 when it found the checkout's server already running and printed
+# its exports (someone else started it, and will stop it), 0 when it started one. A caller that stops what it
+# started (scripts/test.sh) stops only when it was 0: a second run in one checkout must not stop the server the
+# first still uses.
 
 state="$root/.build/$name"
 pid_file="$state/$name.pid"
@@ -38,8 +43,9 @@ running_pid() {
 already_running() {
   local pid
   if pid=$(running_pid) && [[ -f "$port_file" ]] && answers "$(cat "$port_file")"; then
-    say "already running (pid $pid) on port $(cat "$port_file")"
+    say "already running (pid $pid) on port $(cat "$port_file"): reused, left running"
     print_exports "$(cat "$port_file")"
+    echo "export TXINBOX_SERVER_REUSED=1"
     return 0
   fi
   return 1
@@ -57,6 +63,7 @@ await_started() {
     if answers "$port"; then
       say "$ready"
       print_exports "$port"
+      echo "export TXINBOX_SERVER_REUSED=0"
       return 0
     fi
     if ! kill -0 "$pid" 2>/dev/null; then
