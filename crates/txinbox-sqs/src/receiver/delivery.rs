@@ -266,13 +266,18 @@ impl Lease for SqsLease {
         Some(self.current())
     }
 
+    /// `ChangeMessageVisibility` to `by` from now. Near SQS's 12 h ceiling (counted from the receive) it
+    /// extends only as far as the ceiling, less a minute, and fails as
+    /// [`LockLost`](BrokerErrorKind::LockLost) when that is less than `by` (nothing is sent when nothing is
+    /// left): the lease cannot last `by`, and the message comes back at the ceiling unless settled before.
     fn renew(&self, by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
         Box::pin(async move {
             // A settled delivery has nothing left to extend (and its receipt may be gone).
             if self.settled.load(Ordering::SeqCst) {
                 return Ok(self.current());
             }
-            let by = visibility_allowed(self.received.elapsed(), by);
+            let wanted = by;
+            let by = visibility_allowed(self.received.elapsed(), wanted);
             if by < Duration::from_secs(1) {
                 return Err(BrokerError::new(
                     BrokerErrorKind::LockLost,
@@ -299,6 +304,25 @@ impl Lease for SqsLease {
                         end: until,
                         latest_end: Utc::now() + by,
                     };
+                    if by.num_seconds() < secs(wanted).into() {
+                        // Cut short by the 12 h ceiling: extended as far as SQS accepts (AWS,
+                        // `ChangeMessageVisibility`: "If you attempt to set the VisibilityTimeout to an
+                        // amount more than the maximum time left, Amazon SQS returns an error. It will not
+                        // automatically recalculate and increase the timeout to the maximum time
+                        // remaining."), but not for `wanted`. An Ok would tell the worker's lease keeper
+                        // the lease lasts `wanted` from the call (it counts a renewal so, not from the
+                        // expiry returned), after SQS has made the message visible again: the lease is
+                        // lost from here, the message coming back at `until` unless settled before.
+                        return Err(BrokerError::new(
+                            BrokerErrorKind::LockLost,
+                            "ChangeMessageVisibility",
+                            format!(
+                                "SQS's 12 h visibility ceiling for this receive: extended by {} s of the {} s asked, until {until}; the message comes back then",
+                                by.num_seconds(),
+                                secs(wanted)
+                            ),
+                        ));
+                    }
                     Ok(until)
                 }
                 // Settled while the call was in flight: the failure says nothing about the lease.
@@ -306,5 +330,115 @@ impl Lease for SqsLease {
                 Err(e) => Err(sdk_error("ChangeMessageVisibility", e)),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::MAX_VISIBILITY;
+    use aws_sdk_sqs::types::QueueAttributeName;
+
+    /// A client of moto (`TXINBOX_SQS_ENDPOINT`, see `scripts/moto.sh`).
+    fn moto() -> aws_sdk_sqs::Client {
+        let endpoint = std::env::var("TXINBOX_SQS_ENDPOINT")
+            .expect("TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`");
+        crate::emulator_client(&endpoint)
+    }
+
+    /// A fresh FIFO queue holding one message, received with a visibility of 5 s: the queue and the receipt.
+    async fn one_received(c: &aws_sdk_sqs::Client) -> (String, String) {
+        let name = format!(
+            "lease-{}.fifo",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let url = c
+            .create_queue()
+            .queue_name(name)
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .send()
+            .await
+            .expect("create queue")
+            .queue_url
+            .expect("queue url");
+        c.send_message()
+            .queue_url(&url)
+            .message_body("{}")
+            .message_group_id("g-1")
+            .message_deduplication_id("d-1")
+            .send()
+            .await
+            .expect("send");
+        let m = c
+            .receive_message()
+            .queue_url(&url)
+            .visibility_timeout(5)
+            .send()
+            .await
+            .expect("receive")
+            .messages
+            .unwrap_or_default()
+            .pop()
+            .expect("the message");
+        (url, m.receipt_handle.expect("a receipt handle"))
+    }
+
+    /// AWS (`ChangeMessageVisibility`): "The maximum allowed timeout value you can set the value to is 12
+    /// hours. This means you can't extend the timeout of a message in an existing queue to more than a total
+    /// visibility timeout of 12 hours." and "If you attempt to set the VisibilityTimeout to an amount more than
+    /// the maximum time left, Amazon SQS returns an error. It will not automatically recalculate and increase
+    /// the timeout to the maximum time remaining." The lease extends as far as the ceiling lets it, then said
+    /// Ok: the worker's lease keeper counts an Ok renewal as holding the lease for what it asked from the call
+    /// (`held_until = call_started + duration` in `txinbox_core::runtime::lease::keep_alive`), so it believed it
+    /// held the message after SQS had made it visible again. A renewal cut short is a lost lease; what it could
+    /// extend is still extended, and the lease's end says so.
+    #[tokio::test]
+    async fn a_renewal_the_ceiling_cuts_short_is_not_ok() {
+        let c = moto();
+        let (url, receipt) = one_received(&c).await;
+        // Received 20 s (and the last-minute margin) short of the 12 h ceiling; the lease asks for 30 s.
+        let received = Instant::now()
+            .checked_sub(MAX_VISIBILITY - super::super::CEILING_MARGIN - Duration::from_secs(20))
+            .expect("an instant 12 h back");
+        let lease = SqsLease {
+            client: c.clone(),
+            queue_url: url.clone(),
+            receipt,
+            received,
+            duration: Duration::from_secs(30),
+            expires: Mutex::new(Window {
+                end: Utc::now(),
+                latest_end: Utc::now(),
+            }),
+            settled: AtomicBool::new(false),
+        };
+        let asked = Utc::now();
+        let r = lease.renew(Duration::from_secs(30)).await;
+        let e = r.expect_err("a renewal of 19 s where 30 s were asked is not a renewal by 30 s");
+        assert_eq!(e.kind(), BrokerErrorKind::LockLost, "{e}");
+        // Extended as far as SQS accepts: until the ceiling (less its margin), not beyond, not less.
+        let end = lease.expires_at().expect("an end");
+        assert!(
+            end >= asked + chrono::Duration::seconds(18)
+                && end <= Utc::now() + chrono::Duration::seconds(20),
+            "the lease ends where the extension does: {end} (asked at {asked})"
+        );
+        let seen = c
+            .receive_message()
+            .queue_url(&url)
+            .send()
+            .await
+            .expect("receive")
+            .messages
+            .unwrap_or_default();
+        assert!(seen.is_empty(), "the extension reached SQS: {seen:?}");
+        // Far from the ceiling, a renewal by the whole duration is Ok.
+        let far = SqsLease {
+            received: Instant::now(),
+            ..lease
+        };
+        far.renew(Duration::from_secs(30))
+            .await
+            .expect("a renewal by the whole duration");
     }
 }
