@@ -111,14 +111,15 @@ pub const WORKER_DELIVERIES: &str = "txinbox_worker_deliveries";
 pub const DELIVERIES_ABANDONED: &str = "txinbox_deliveries_abandoned_total";
 
 /// Deliveries a worker handed back to the broker unapplied (released with no delay, so that another worker
-/// receives them at once), by `consumer` and `reason`, all at shutdown: `receive_in_flight` (brought by the
+/// receives them at once), by `consumer` and `reason`; at shutdown: `receive_in_flight` (brought by the
 /// receive in flight when the worker stopped), `surplus` (brought by a receive beyond what it asked for, an
 /// adapter ignoring its `max`, still waiting for a place), `waiting_for_slot` (received ahead with
 /// `WorkerOptions::prefetch`, or in a lingering batch, still waiting for a slot: the processor releases them,
 /// outcome `interrupted`, also counted in `txinbox_interrupted_total`). A release that failed is not counted here
 /// but in `txinbox_settle_failures_total{op="release"}`, its message back after its lock or visibility timeout
-/// (for `waiting_for_slot`, in both: the worker learns only the processor's outcome). Each hand-back is one more
-/// receive of the message toward the queue's maximum receive count.
+/// (for `waiting_for_slot`, in both: the worker learns only the processor's outcome). Not at shutdown:
+/// `processor_panicked` (left unsettled by a processor that panicked, handed back while the worker runs). Each
+/// hand-back is one more receive of the message toward the queue's maximum receive count.
 pub const WORKER_HANDED_BACK: &str = "txinbox_worker_handed_back_total";
 
 /// Registers descriptions for every metric with the installed recorder.
@@ -187,7 +188,7 @@ pub fn describe() {
     );
     describe_counter!(
         WORKER_HANDED_BACK,
-        "Deliveries a worker handed back to the broker unapplied at shutdown, by reason"
+        "Deliveries a worker handed back to the broker unapplied (at shutdown, or left by a processor that panicked), by reason"
     );
     describe_counter!(
         DELIVERIES_ABANDONED,

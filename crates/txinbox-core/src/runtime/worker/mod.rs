@@ -29,6 +29,13 @@
 //! counts in `txinbox_settle_failures_total{op="release"}` (for the first and the last, instead of as handed
 //! back).
 //!
+//! A processor that panics (a bug in a [`Processor`] of one's own, or in what it runs outside the inbox's own
+//! containment) is said at error with the panic's message and its deliveries are counted `retry`; those it had
+//! not settled are handed back to the broker at once ([`Delivery::release`] with no delay, counted
+//! `processor_panicked`), while the worker goes on, rather than held until their lock or visibility timeout.
+//! Each such hand-back is one more receive toward the queue's maximum receive count: a message whose every
+//! processing panics ends in the dead-letter queue.
+//!
 //! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
 //! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
 //! it). While it pauses the worker is live and not ready ([`health`](crate::runtime::health)), however long
@@ -83,6 +90,8 @@ use crate::pipeline::outcome::Outcome;
 mod options;
 mod receive;
 mod report;
+#[cfg(test)]
+mod tests;
 
 pub use options::{
     WorkerOptions, MAX_BATCH_COMMIT, MAX_BATCH_LINGER, MAX_RECEIVE_LOOPS, SHUTDOWN_GRACE,
@@ -93,41 +102,83 @@ pub use report::WorkerReport;
 use receive::{Dispatch, Holding, LoopContext, Stopping};
 
 /// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
-/// begins, so a renewal racing with the settle is never mistaken for a lost lock.
+/// begins, so a renewal racing with the settle is never mistaken for a lost lock. Dropped unsettled (its
+/// processor panicked), it goes back to the worker, which hands it back to the broker at once.
 pub struct LeasedDelivery<D> {
-    inner: D,
+    /// `None` only once it was taken to be settled (the wrapper is then on its way out).
+    inner: Option<D>,
     stop_lease: Option<CancellationToken>,
+    /// Where the delivery goes when the wrapper is dropped unsettled.
+    unsettled: Option<Unsettled<D>>,
 }
 
+/// The deliveries of one processing task dropped unsettled by its processor.
+pub(crate) type Unsettled<D> = Arc<std::sync::Mutex<Vec<D>>>;
+
 impl<D> LeasedDelivery<D> {
+    fn new(
+        inner: D,
+        stop_lease: Option<CancellationToken>,
+        unsettled: Option<Unsettled<D>>,
+    ) -> Self {
+        Self {
+            inner: Some(inner),
+            stop_lease,
+            unsettled,
+        }
+    }
+
     fn stop(&self) {
         if let Some(t) = &self.stop_lease {
             t.cancel();
+        }
+    }
+
+    /// The delivery, taken out to be settled: the lease keeper stops, and nothing goes back to the worker.
+    fn settling(mut self, op: &'static str) -> Result<D, crate::BrokerError> {
+        self.stop();
+        // Never `None`: settling consumes the wrapper, and only settling takes the delivery out.
+        self.inner.take().ok_or_else(|| {
+            crate::BrokerError::new(
+                crate::BrokerErrorKind::Rejected,
+                op,
+                "the delivery was already settled",
+            )
+        })
+    }
+}
+
+impl<D> Drop for LeasedDelivery<D> {
+    fn drop(&mut self) {
+        if let (Some(d), Some(unsettled)) = (self.inner.take(), &self.unsettled) {
+            unsettled.lock().unwrap_or_else(|p| p.into_inner()).push(d);
         }
     }
 }
 
 impl<D: Delivery> Delivery for LeasedDelivery<D> {
     fn message(&self) -> &crate::ReceivedMessage {
-        self.inner.message()
+        static SETTLED: std::sync::OnceLock<crate::ReceivedMessage> = std::sync::OnceLock::new();
+        match &self.inner {
+            Some(d) => d.message(),
+            // Not reached: a wrapper whose delivery was taken out can no longer be borrowed.
+            None => SETTLED.get_or_init(crate::ReceivedMessage::default),
+        }
     }
     async fn ack(self) -> Result<(), crate::BrokerError> {
-        self.stop();
-        self.inner.ack().await
+        self.settling("ack")?.ack().await
     }
     async fn release(self, delay: Duration) -> Result<(), crate::BrokerError> {
-        self.stop();
-        self.inner.release(delay).await
+        self.settling("release")?.release(delay).await
     }
     async fn dead_letter(self, why: crate::DeadLetter) -> Result<(), crate::BrokerError> {
-        self.stop();
-        self.inner.dead_letter(why).await
+        self.settling("dead_letter")?.dead_letter(why).await
     }
     fn lease(&self) -> Option<Arc<dyn crate::Lease>> {
-        self.inner.lease()
+        self.inner.as_ref().and_then(|d| d.lease())
     }
     fn release_holds(&self) -> bool {
-        self.inner.release_holds()
+        self.inner.as_ref().is_some_and(|d| d.release_holds())
     }
 }
 

@@ -553,11 +553,14 @@ impl<P> Dispatch<P> {
                 Vec::with_capacity(n),
                 Vec::with_capacity(n),
             );
+            // What the processor drops unsettled (it panicked) comes back here, to be handed back.
+            let unsettled = super::Unsettled::default();
             for r in received {
-                leased.push(LeasedDelivery {
-                    inner: r.delivery,
-                    stop_lease: r.guard.as_ref().map(|g| g.stopper()),
-                });
+                leased.push(LeasedDelivery::new(
+                    r.delivery,
+                    r.guard.as_ref().map(|g| g.stopper()),
+                    Some(unsettled.clone()),
+                ));
                 guards.push(r.guard);
                 permits.push(r.permit);
             }
@@ -567,27 +570,43 @@ impl<P> Dispatch<P> {
                     Err(batch) => processor.process_batch(batch, slot.stop.clone()).await,
                 }
             });
-            let outcomes = match futures::FutureExt::catch_unwind(processed).await {
-                Ok(outcomes) => outcomes,
-                Err(_) => {
-                    // The user's code outside the handler (a body type, a router) panicked: what was not settled
-                    // comes back after its lock or visibility timeout. Said, and counted, rather than lost quietly.
+            // The processing future, and with it what the processor still holds, is dropped by the end of this
+            // statement: a delivery it had not settled is then in `unsettled`.
+            let processed = futures::FutureExt::catch_unwind(processed).await;
+            let (outcomes, panicked) = match processed {
+                Ok(outcomes) => (outcomes, Vec::new()),
+                Err(panic) => {
+                    metrics::counter!(crate::metrics::RETRIES, "consumer" => consumer.clone(), "reason" => "panic")
+                        .increment(n as u64);
+                    let unsettled =
+                        std::mem::take(&mut *unsettled.lock().unwrap_or_else(|p| p.into_inner()));
+                    // The user's code (a processor of their own, a body type, a router) panicked: what it had not
+                    // settled is handed back to the broker at once (below), rather than held until its lock or
+                    // visibility timeout. Said, with the panic's message, and counted. Dropped, an SQS message
+                    // waits out its visibility ("Once the timeout period expires, the message returns to a
+                    // subsequent receive request unless you delete it from the queue first"), released it comes
+                    // back now (`ChangeMessageVisibility`: "The minimum is 0 seconds"; Service Bus abandon: "This
+                    // will make the message available again for immediate processing as the lock on the message
+                    // held by the receiver will be released").
                     tracing::error!(
                         consumer,
                         deliveries = n,
-                        "processing panicked: the deliveries not yet settled come back after their lock or visibility timeout"
+                        unsettled = unsettled.len(),
+                        panic = %panic_text(panic.as_ref()),
+                        "processing panicked (a bug in the processor): the deliveries it had not settled are handed back to the broker at once"
                     );
-                    metrics::counter!(crate::metrics::RETRIES, "consumer" => consumer.clone(), "reason" => "panic")
-                        .increment(n as u64);
-                    (0..n)
+                    let outcomes = (0..n)
                         .map(|_| Outcome::Retry {
                             reason: "processing panicked".into(),
                         })
-                        .collect()
+                        .collect();
+                    (outcomes, unsettled)
                 }
             };
             let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
+            // The lease keepers stop before the hand-back, so that a renewal racing with it is not a lost lease.
             drop(guards);
+            let panicked = release_now(panicked, &consumer, HandedBack::PROCESSOR_PANICKED).await;
             // Still waiting for a slot when the stop came: given to the processor to be released unapplied.
             let released = match slot.permit {
                 Some(_) => 0,
@@ -601,7 +620,7 @@ impl<P> Dispatch<P> {
             // Abandoned meanwhile (it answered too late): already counted in `abandoned`, never twice.
             if !t.closed {
                 t.in_flight = t.in_flight.saturating_sub(n as u64);
-                t.report.handed_back += released as u64;
+                t.report.handed_back += (released + panicked) as u64;
                 for o in outcomes {
                     *t.report.outcomes.entry(o.kind()).or_default() += 1;
                 }
@@ -790,12 +809,26 @@ impl HandedBack {
     pub(super) const SURPLUS: &'static str = "surplus";
     /// Received ahead (prefetch) or in a lingering batch, still waiting for a slot when the worker stopped.
     pub(super) const WAITING_FOR_SLOT: &'static str = "waiting_for_slot";
+    /// Left unsettled by a processor that panicked (a bug in it): handed back at once, while the worker runs.
+    pub(super) const PROCESSOR_PANICKED: &'static str = "processor_panicked";
     /// Every reason, each series registered at zero when a worker starts.
-    pub(super) const ALL: [&'static str; 3] = [
+    pub(super) const ALL: [&'static str; 4] = [
         Self::RECEIVE_IN_FLIGHT,
         Self::SURPLUS,
         Self::WAITING_FOR_SLOT,
+        Self::PROCESSOR_PANICKED,
     ];
+}
+
+/// The message of a caught panic (a `&str` or a `String` payload) for its log line, the secrets it may quote
+/// (an endpoint's signature) masked.
+pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    let text = p
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned());
+    crate::error::redact_secrets(&text)
 }
 
 /// Counts `n` deliveries handed back for `reason` in `txinbox_worker_handed_back_total`.
@@ -921,10 +954,11 @@ mod tests {
     /// that holds its caller in the background, and the worker's deliveries are all wrapped.
     #[test]
     fn a_leased_delivery_answers_whether_its_release_holds() {
-        let d = LeasedDelivery {
-            inner: HoldsOnRelease(ReceivedMessage::new(b"{}".to_vec())),
-            stop_lease: None,
-        };
+        let d = LeasedDelivery::new(
+            HoldsOnRelease(ReceivedMessage::new(b"{}".to_vec())),
+            None,
+            None,
+        );
         assert!(d.release_holds());
     }
 

@@ -19,11 +19,12 @@ pub struct WorkerReport {
     pub receive_errors: u64,
     /// Leases lost while a handler ran (a renewal failed, or the lease keeper panicked).
     pub leases_lost: u64,
-    /// Deliveries handed back to the broker unapplied at shutdown (released with no delay, their releases
-    /// answered), as `txinbox_worker_handed_back_total` counts them: what the receive in flight at the stop
+    /// Deliveries handed back to the broker unapplied (released with no delay, their releases answered), as
+    /// `txinbox_worker_handed_back_total` counts them. At shutdown: what the receive in flight at the stop
     /// brought and a receive's surplus still waiting for places (neither has an outcome in
     /// [`outcomes`](Self::outcomes)), and the prefetched or lingering deliveries still waiting for a slot (also
-    /// in `outcomes` as `interrupted`).
+    /// in `outcomes` as `interrupted`). While running: the deliveries a processor that panicked had not settled
+    /// (also in `outcomes` as `retry`).
     pub handed_back: u64,
     /// Why the worker gave up (receives kept failing with an error a retry cannot fix for
     /// [`WorkerOptions::give_up_after`]): `None` when it stopped on shutdown or when idle. A process should
