@@ -445,7 +445,11 @@ impl Receiver for ServiceBusReceiver {
                 return Ok(got);
             }
         }
-        let first = match self.checked.take() {
+        let checked = match self.checked.take() {
+            Some(d) => d.renewed_for_hand_out().await,
+            None => None,
+        };
+        let first = match checked {
             Some(d) => Ok(Some(d)),
             None => self.receive_one(self.opts.wait).await,
         };
@@ -480,7 +484,8 @@ impl Receiver for ServiceBusReceiver {
     /// One peek-lock with no wait on the queue: a 401/403 ([`Unauthorized`](BrokerErrorKind::Unauthorized):
     /// the key or the role is not accepted) or a 404 or 410 ([`EntityNotFound`](BrokerErrorKind::EntityNotFound))
     /// fails the check, as does no answer. A message it locks is handed out by the next receive (no delivery
-    /// count spent). The dead-letter path always exists on Service Bus: the forward destination when one is
+    /// count spent) with its lock renewed first; when that lock has lapsed meanwhile (or cannot be renewed) it is
+    /// not handed out, and the receive gets the message again with a lock of its own. The dead-letter path always exists on Service Bus: the forward destination when one is
     /// set (REST cannot check a send without sending; a missing destination shows at the first forward, a
     /// `txinbox_settle_failures_total{op="dead_letter"}`), else the broker's `$DeadLetterQueue` after
     /// MaxDeliveryCount.
@@ -602,6 +607,48 @@ impl ServiceBusDelivery {
     /// after the receive (the service's clock may be ahead of ours), then computed after each renewal.
     pub fn locked_until(&self) -> DateTime<Utc> {
         self.state.until()
+    }
+
+    /// The message the start-up check locked, made ready for the worker: its lock renewed, so that it lasts
+    /// the lease's whole duration from now, as the worker's lease keeper counts it (the check's lock has been
+    /// running since the check, and would otherwise end before the keeper's first renewal). `None` when the lock
+    /// has lapsed or the renewal fails: the message is not handed out, since its complete would
+    /// find no lock (Microsoft, Peek-Lock Message: "When the lock expires, the message becomes available to
+    /// other receivers"); the next receive gets it again, with a lock of its own. No delivery is spent by the
+    /// renewal (Microsoft, Renew-Lock for a Message: "Renews the lock on an already locked message."); one the
+    /// check's lapsed lock spent is the broker's to count.
+    async fn renewed_for_hand_out(self) -> Option<Self> {
+        // Past its end by our reckoning (`LockedUntilUtc` is whole seconds, so the lock may last a little
+        // longer; a renewal then finds it, or answers 404).
+        if self.state.until() <= Utc::now() {
+            tracing::info!(
+                entity = %self.state.entity,
+                message_id = ?self.state.locked.message.producer_id,
+                "the lock the start-up check took has lapsed; the message is received again"
+            );
+            return None;
+        }
+        let lease = ServiceBusLease {
+            state: self.state.clone(),
+        };
+        match lease.renew(self.state.lock_duration).await {
+            Ok(_) => Some(self),
+            Err(e) => {
+                tracing::info!(
+                    entity = %self.state.entity,
+                    message_id = ?self.state.locked.message.producer_id,
+                    error = %e,
+                    "the lock the start-up check took could not be renewed; the message is received again"
+                );
+                if e.kind() != BrokerErrorKind::LockLost {
+                    // Still locked, perhaps: released now rather than hidden until its lock ends.
+                    if let Err(a) = self.state.settle(SettleOp::Abandon).await {
+                        tracing::debug!(error = %a, "releasing the start-up check's message failed; it comes back when its lock ends");
+                    }
+                }
+                None
+            }
+        }
     }
 
     /// Completes the message (only the inbox should, after COMMIT).

@@ -68,3 +68,61 @@ async fn a_message_locked_by_the_check_is_the_first_one_received() {
     }
     assert_eq!(emu.counts(&q).await, (0, 0));
 }
+
+/// A message the check locked, whose lock lapsed before the first receive (the worker started late), is not
+/// handed out: Microsoft, Peek-Lock Message: "When the lock expires, the message becomes available to other
+/// receivers", so that delivery's complete would find no lock, and the message itself comes back with a new
+/// lock, a second delivery of it in the same batch. The receive hands out one delivery, whose lock holds: its
+/// complete succeeds and the queue is empty.
+#[tokio::test]
+async fn a_message_whose_check_lock_lapsed_is_not_handed_out() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(serde_json::json!({"lockDuration": "PT1S"})).await;
+    publish(&client, &event(&q, "evt-late", "{}")).await;
+    let mut r = ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(1))).unwrap();
+    r.check().await.expect("usable");
+    // The check's lock lapses before the worker's first receive.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let got = r.receive(8).await.unwrap();
+    let ids: Vec<_> = got
+        .iter()
+        .map(|d| d.message().producer_id.clone())
+        .collect();
+    assert_eq!(
+        ids,
+        [Some("evt-late".to_owned())],
+        "one delivery of the message"
+    );
+    for d in got {
+        d.ack()
+            .await
+            .expect("the delivery handed out holds its lock");
+    }
+    assert_eq!(emu.counts(&q).await, (0, 0));
+}
+
+/// A message the check locked is handed out with its lock renewed (Microsoft, Renew-Lock for a Message: "Renews
+/// the lock on an already locked message."; `RenewMessageLockAsync`: "The lock will be renewed based on the
+/// setting specified on the queue."): the worker's lease keeper counts a whole lock
+/// from the receive, and the part the check's lock spent waiting would otherwise end the lock before the
+/// keeper's first renewal. No delivery is spent: the delivery count stays 1.
+#[tokio::test]
+async fn a_message_locked_by_the_check_is_handed_out_with_a_renewed_lock() {
+    let emu = Emu::shared().await;
+    let client = emu.client();
+    let q = emu.queue(serde_json::json!({"lockDuration": "PT3S"})).await;
+    publish(&client, &event(&q, "evt-renewed", "{}")).await;
+    let mut r = ServiceBusReceiver::new(&client, &q, fast_options(Duration::from_secs(3))).unwrap();
+    r.check().await.expect("usable");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let got = r.receive(8).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message().delivery_count, 1, "no delivery spent");
+    // Past the check's lock (3 s from the check, 2 s ago): held only if the hand-out renewed it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for d in got {
+        d.ack().await.expect("the lock was renewed when handed out");
+    }
+    assert_eq!(emu.counts(&q).await, (0, 0));
+}
