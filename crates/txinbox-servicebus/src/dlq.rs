@@ -203,6 +203,12 @@ impl DeadLetteredMessage {
 /// REST has no browse: each message is peek-locked, and all are abandoned at the end, which raises
 /// their DeliveryCount in the dead-letter queue (messages there are never dead-lettered again) and hides them
 /// from other readers while this runs.
+///
+/// Each message is returned once. When the read lasts longer than the entity's lock, the first locks lapse and
+/// the messages come round again (Microsoft, Peek-Lock Message: "When the lock expires, the message becomes
+/// available to other receivers"): a message whose sequence number was read already is not returned again (its
+/// new lock is kept, so the read moves on to the messages behind it), and one that comes round a third time
+/// ends the read, a whole pass over what is left having been made since it was first read.
 pub async fn read_dead_letters(
     client: &ServiceBusClient,
     path: &str,
@@ -212,10 +218,33 @@ pub async fn read_dead_letters(
     let queue = client.queue_client(path);
     let mut locks = Vec::new();
     let mut out = Vec::new();
+    let mut seen: HashMap<String, u32> = HashMap::new();
     let mut result = Ok(());
     while out.len() < max {
         match peek_lock(&queue, path, wait, Duration::from_secs(60)).await {
             Ok(Some(locked)) => {
+                // The sequence number (from BrokerProperties, else the lock URI); the lock URI itself when
+                // neither says one, which tells nothing apart but never merges two messages.
+                let key = locked.message.broker_id.clone().unwrap_or_else(|| {
+                    locked
+                        .headers
+                        .get("location")
+                        .unwrap_or_default()
+                        .to_owned()
+                });
+                let times = seen.entry(key).or_default();
+                *times += 1;
+                match *times {
+                    1 => {}
+                    2 => {
+                        locks.push(locked);
+                        continue;
+                    }
+                    _ => {
+                        locks.push(locked);
+                        break;
+                    }
+                }
                 out.push(DeadLetteredMessage::of(locked.message.clone()));
                 locks.push(locked);
             }

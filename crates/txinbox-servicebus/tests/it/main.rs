@@ -9,6 +9,7 @@
 mod batch;
 mod common;
 mod contract;
+mod dead_letters;
 mod faults;
 mod scenarios;
 mod shutdown;
