@@ -3,6 +3,9 @@
 //! `delete_on_error` removes a table created for a step that then failed, so a failed set-up (the lab's fresh
 //! table, a test's) leaves nothing behind.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use aws_sdk_dynamodb::Client;
 use txinbox_dynamodb::{DynamoError, DynamoOptions, DynamoStore};
 
@@ -169,4 +172,72 @@ async fn a_client_that_cannot_make_a_request_is_a_permanent_error_and_a_refused_
     };
     let e = open_error(client_on(&format!("http://127.0.0.1:{closed}"), true, true)).await;
     assert!(e.is_transient(), "{e}");
+}
+
+/// A client of DynamoDB Local with the SDK's own retries (the default), that lets the first call of `op` reach
+/// the emulator and loses its answer (a timeout, as the client sees a connection dropped after the request);
+/// `sent` counts the calls of `op`.
+fn losing_first(op: &'static str, sent: Arc<AtomicUsize>) -> Client {
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+    use txinbox_testkit::sdk_http::{
+        with_hook, ConnectorError, HttpConnector, HttpConnectorFuture,
+    };
+    let endpoint = std::env::var("TXINBOX_DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("TXINBOX_DYNAMODB_ENDPOINT is not set: start it with `eval \"$(bash scripts/dynamodb.sh start)\"` (scripts/test.sh does)")
+    });
+    let http = with_hook(
+        txinbox_dynamodb::http_client(),
+        move |request, connector| {
+            let called = request
+                .headers()
+                .get("x-amz-target")
+                .is_some_and(|t| t.ends_with(&format!(".{op}")));
+            let lost = called && sent.fetch_add(1, Ordering::SeqCst) == 0;
+            let answer = connector.call(request);
+            HttpConnectorFuture::new(async move {
+                let answer = answer.await?;
+                if lost {
+                    return Err(ConnectorError::timeout("the answer was lost".into()));
+                }
+                Ok(answer)
+            })
+        },
+    );
+    let conf = aws_sdk_dynamodb::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .http_client(http)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "t"))
+        .endpoint_url(endpoint);
+    Client::from_conf(conf.build())
+}
+
+/// The `UpdateTimeToLive` of `create_table` applied and its answer was lost: the SDK sends it again by itself,
+/// and AWS says of that second call: "It can take up to one hour for the change to fully process. Any
+/// additional UpdateTimeToLive calls for the same table during this one hour duration result in a
+/// ValidationException." (API Reference, UpdateTimeToLive). That refusal was read as the creation's failure:
+/// the new table, ready with TTL on `expires_at`, was deleted and the creation reported an error. TTL found
+/// enabled on `expires_at` after the refusal is the call's own write: the table is kept and the store opens.
+#[tokio::test]
+async fn a_ttl_enabled_whose_answer_was_lost_is_not_taken_for_a_failed_creation() {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let client = losing_first("UpdateTimeToLive", sent.clone());
+    let table = format!("txinbox-{}", uuid::Uuid::new_v4().simple());
+    let created = DynamoStore::create_table(&client, &table).await;
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        2,
+        "the SDK sent UpdateTimeToLive again after the lost answer"
+    );
+    assert!(created.is_ok(), "{created:?}");
+    assert!(exists(&client, &table).await, "{table} was deleted");
+    DynamoStore::open(client.clone(), table.clone(), DynamoOptions::default())
+        .await
+        .unwrap();
+    client
+        .delete_table()
+        .table_name(&table)
+        .send()
+        .await
+        .unwrap();
 }

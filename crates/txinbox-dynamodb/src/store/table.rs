@@ -1,5 +1,6 @@
 //! The table's check at start-up and its creation for tests and development.
 
+use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TimeToLiveSpecification,
@@ -227,8 +228,15 @@ impl DynamoStore {
     }
 
     /// Enables TTL on `expires_at` (`UpdateTimeToLive`, on an `ACTIVE` table).
+    ///
+    /// The SDK sends the call again by itself when its answer is lost (a timeout, a 5xx), and AWS says of a
+    /// second call: "It can take up to one hour for the change to fully process. Any additional
+    /// UpdateTimeToLive calls for the same table during this one hour duration result in a
+    /// ValidationException." (API Reference, UpdateTimeToLive). A `ValidationException` is therefore looked
+    /// at: TTL found enabled (or enabling) on `expires_at` is what the call asked for, the first attempt's
+    /// own write; anything else is the call's error.
     async fn enable_ttl(client: &Client, table: &str) -> Result<(), DynamoError> {
-        client
+        let res = client
             .update_time_to_live()
             .table_name(table)
             .time_to_live_specification(
@@ -238,8 +246,31 @@ impl DynamoStore {
                     .build()?,
             )
             .send()
+            .await;
+        let e = match res {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        if e.as_service_error()
+            .is_some_and(|se| se.code() == Some("ValidationException"))
+            && Self::ttl_on_expires_at(client, table).await?
+        {
+            return Ok(());
+        }
+        Err(call("UpdateTimeToLive", e))
+    }
+
+    /// Whether `table` has TTL enabled, or being enabled, on `expires_at` (`DescribeTimeToLive`).
+    async fn ttl_on_expires_at(client: &Client, table: &str) -> Result<bool, DynamoError> {
+        let ttl = client
+            .describe_time_to_live()
+            .table_name(table)
+            .send()
             .await
-            .map_err(|e| call("UpdateTimeToLive", e))?;
-        Ok(())
+            .map_err(|e| call("DescribeTimeToLive", e))?;
+        let d = ttl.time_to_live_description();
+        let status = d.and_then(|d| d.time_to_live_status()).map(|s| s.as_str());
+        Ok(matches!(status, Some("ENABLED") | Some("ENABLING"))
+            && d.and_then(|d| d.attribute_name()) == Some(l::EXPIRES_AT))
     }
 }
