@@ -47,6 +47,10 @@ impl<DB: Backend> EffectStore for Store<DB> {
         DB::finish_effect(self.pool(), id, holder, transition, now).await
     }
 
+    async fn store_clock(&self) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        DB::clock(self.pool()).await
+    }
+
     async fn purge_done_effects(
         &self,
         before: DateTime<Utc>,

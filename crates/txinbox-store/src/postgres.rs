@@ -513,9 +513,11 @@ impl Backend for Postgres {
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
         // A due time is kept on the database's clock, as the claim reads it: as long after it as the runner
-        // asked (`next_at - now`, by the runner's clock).
+        // asked (`next_at - now`, by the runner's clock). The finish time too, which the purges (the runner's
+        // and the maintenance's) count the retention from on that clock: a runner whose host ran behind the
+        // database would otherwise finish effects already past their retention.
         let next_at = after_db_clock("$6");
-        let sql = format!("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE({next_at}, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN $9 ELSE finished_at END, maybe_happened = COALESCE($11, maybe_happened), sent_hash = COALESCE(sent_hash, $12) WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'");
+        let sql = format!("UPDATE txinbox_effects SET state = $3, attempts = COALESCE($4, attempts), reconciliations = COALESCE($5, reconciliations), next_attempt_at = COALESCE({next_at}, next_attempt_at), result_reference = COALESCE($7, result_reference), last_error = $8, claimed_by = NULL, claim_until = NULL, updated_at = $9, finished_at = CASE WHEN $10 THEN now() ELSE finished_at END, maybe_happened = COALESCE($11, maybe_happened), sent_hash = COALESCE(sent_hash, $12) WHERE id = $1 AND claimed_by = $2 AND state = 'in_flight'");
         let done = sqlx::query(&sql)
             .bind(id)
             .bind(text(holder))

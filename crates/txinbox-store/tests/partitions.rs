@@ -53,8 +53,18 @@ impl Schema {
     /// A store on this schema whose database clock is 10 days behind the host's: a `now()` of the schema's own,
     /// found before `pg_catalog`'s on the connection's `search_path`.
     async fn clock_behind_by_ten_days(&self) -> Store<sqlx::Postgres> {
+        self.clock_moved("-").await
+    }
+
+    /// [`Schema::clock_behind_by_ten_days`], the database's clock 10 days ahead of the host's.
+    async fn clock_ahead_by_ten_days(&self) -> Store<sqlx::Postgres> {
+        self.clock_moved("+").await
+    }
+
+    /// A store on this schema whose database clock is `pg_catalog.now() {sign} 10 days`.
+    async fn clock_moved(&self, sign: &str) -> Store<sqlx::Postgres> {
         sqlx::query(&format!(
-            "CREATE FUNCTION \"{}\".now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT pg_catalog.now() - interval ''10 days'''",
+            "CREATE FUNCTION \"{}\".now() RETURNS timestamptz LANGUAGE sql STABLE AS 'SELECT pg_catalog.now() {sign} interval ''10 days'''",
             self.name
         ))
         .execute(self.store.pool())
@@ -1318,4 +1328,98 @@ async fn the_maintenance_purges_markers_by_the_database_s_clock() {
     );
     behind.close().await;
     s.drop().await;
+}
+
+/// The effects runner's purge of done effects decides what is past `done_retention` by the database's clock, as
+/// the claims and the maintenance do: it took its host's clock, so a runner whose host ran days ahead of the
+/// database removed done effects the database still keeps (the evidence an operator's compensation and a
+/// re-recorded key are answered from). Here the database's clock is 10 days behind the host's: an effect
+/// finished 8 days ago by the host's clock finished in the database's future and stays; one finished 18 days
+/// ago by the host's (8 by the database's) goes.
+#[tokio::test]
+async fn the_effects_runner_purges_done_effects_by_the_database_s_clock() {
+    use txinbox_core::effects::{EffectOptions, EffectRunner};
+    let s = Schema::new().await;
+    let behind = s.clock_behind_by_ten_days().await;
+    let host_now = Utc::now();
+    let kept = host_now - Cd::days(8);
+    let expired = host_now - Cd::days(18);
+    effect_row(&behind, "k-kept", "done", kept, Some(kept)).await;
+    effect_row(&behind, "k-expired", "done", expired, Some(expired)).await;
+    let runner = EffectRunner::new(behind.clone())
+        .options(EffectOptions::default().done_retention(Duration::from_secs(7 * DAY as u64)));
+    runner.run_until_idle().await;
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT idempotency_key FROM txinbox_effects ORDER BY id")
+            .fetch_all(behind.pool())
+            .await
+            .unwrap();
+    behind.close().await;
+    s.drop().await;
+    assert_eq!(
+        left,
+        ["k-kept"],
+        "kept 7 days from its finish by the database's clock, 10 days behind the host's"
+    );
+}
+
+/// A destination that does every effect, under one reference.
+#[derive(Clone)]
+struct Does;
+
+impl txinbox_core::effects::EffectExecutor for Does {
+    fn execute<'a>(
+        &'a self,
+        _: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Execution> {
+        Box::pin(async {
+            txinbox_core::effects::Execution::Done {
+                reference: Some("task-1".into()),
+            }
+        })
+    }
+    fn confirm<'a>(
+        &'a self,
+        _: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Confirmation> {
+        Box::pin(async { unreachable!("no effect is reconciled here") })
+    }
+}
+
+/// A done effect's `finished_at` is the database's clock, which the purges (the runner's, the maintenance's)
+/// count the retention on: it was the runner's host's, so an effect done by a runner whose host ran days behind
+/// the database was past its retention when it was done, and purged at once. Here the database's clock is 10
+/// days ahead of the host's and the runner keeps done effects 7 days: the effect it has just done stays.
+#[tokio::test]
+async fn an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention() {
+    use txinbox_core::effects::{EffectOptions, EffectRunner};
+    let s = Schema::new().await;
+    let ahead = s.clock_ahead_by_ten_days().await;
+    let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(ahead.pool())
+        .await
+        .unwrap();
+    effect_row(&ahead, "k-run", "pending", db_now - Cd::hours(1), None).await;
+    let runner = EffectRunner::new(ahead.clone())
+        .executor("crm", Does)
+        .options(EffectOptions::default().done_retention(Duration::from_secs(7 * DAY as u64)));
+    let report = runner.run_until_idle().await;
+    let left: Vec<(String, Option<DateTime<Utc>>)> =
+        sqlx::query_as("SELECT state, finished_at FROM txinbox_effects")
+            .fetch_all(ahead.pool())
+            .await
+            .unwrap();
+    ahead.close().await;
+    s.drop().await;
+    assert_eq!(report.claimed, 1, "{report:?}");
+    assert_eq!(
+        left.len(),
+        1,
+        "the effect just done is kept 7 days: {left:?}"
+    );
+    let finished = left[0].1.expect("finished");
+    assert!(
+        finished >= db_now - Cd::minutes(1),
+        "finished at {finished}, the database's clock {db_now}"
+    );
 }

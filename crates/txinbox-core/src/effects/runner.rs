@@ -320,12 +320,30 @@ impl<S: EffectStore> EffectRunner<S> {
     }
 
     /// Purges done effects past their retention, `PURGE_BATCH` at a time, until a batch is not full, a
-    /// store error, or `stop` resolves (checked during each batch: the batch in flight is dropped).
+    /// store error, or `stop` resolves (checked during each batch: the batch in flight is dropped). The
+    /// retention is counted back from the store's clock ([`EffectStore::store_clock`]), where the claims and
+    /// the due times are counted, else the host's; a store that cannot tell its time is not purged this time.
     async fn purge<F>(&self, mut stop: Option<&mut F>) -> Purged
     where
         F: std::future::Future<Output = ()> + Unpin,
     {
-        let before = crate::time::before(Utc::now(), self.opts.done_retention);
+        let clock = self.store.store_clock();
+        let clock = match stop.as_deref_mut() {
+            Some(stop) => tokio::select! {
+                biased;
+                _ = stop => return Purged::Stopped,
+                r = clock => r,
+            },
+            None => clock.await,
+        };
+        let now = match clock {
+            Ok(now) => now.unwrap_or_else(Utc::now),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the store's clock failed: no done effect purged");
+                return Purged::Done;
+            }
+        };
+        let before = crate::time::before(now, self.opts.done_retention);
         loop {
             let batch = self.store.purge_done_effects(before, PURGE_BATCH);
             let purged = match stop.as_deref_mut() {

@@ -342,7 +342,8 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     /// `now`; when one whose first write applied and lost its answer answers `false`, the runner reads the
     /// effect and takes it as its own write if it is out of flight in the state and with the attempts it wrote.
     /// A due time (`next_at`) is kept on the store's clock, as [`claim_effects`](Self::claim_effects) reads it:
-    /// `next_at - now` (the runner's clock) after the store's.
+    /// `next_at - now` (the runner's clock) after the store's. So is a finished effect's finish time, which the
+    /// purges count the retention from on the store's clock ([`store_clock`](Self::store_clock)).
     fn finish_effect(
         &self,
         id: i64,
@@ -351,7 +352,21 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> impl std::future::Future<Output = Result<bool, Self::Error>> + Send;
 
-    /// Deletes up to `limit` done effects finished before `before`; returns how many.
+    /// The store's own clock, read now, where every runner reads the same one (PostgreSQL's `now()`): the
+    /// runner's purge ([`purge_done_effects`](Self::purge_done_effects)) counts `done_retention` back from it,
+    /// as the claims count due times and claims on it, so that a runner whose host's clock runs ahead never
+    /// removes a done effect the database still keeps. `None` (the default): the runner's host's clock (SQLite,
+    /// one host; DynamoDB, which has no clock to read). Named apart from
+    /// [`MaintenanceStore::clock`](crate::runtime::maintenance::MaintenanceStore::clock), which a store
+    /// implementing both answers alike, so that a caller with both traits in scope is never ambiguous.
+    fn store_clock(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Option<DateTime<Utc>>, Self::Error>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Deletes up to `limit` done effects finished before `before` (the runner counts it back from
+    /// [`store_clock`](Self::store_clock)); returns how many.
     fn purge_done_effects(
         &self,
         before: DateTime<Utc>,
