@@ -12,8 +12,58 @@ use azure_messaging_servicebus::prelude::QueueClient;
 use crate::error::ServiceBusError;
 use crate::transport::{Auth, Transport};
 
-/// The Azure AD scope of Service Bus's data plane.
+/// The Azure AD scope of Service Bus's data plane in the public cloud (`*.servicebus.windows.net`). Microsoft,
+/// *Authenticate and authorize an application with Microsoft Entra ID to access Azure Service Bus entities*:
+/// "The resource name to request a token is https://servicebus.azure.net."
 pub const SERVICE_BUS_SCOPE: &str = "https://servicebus.azure.net/.default";
+
+/// The Azure AD scope of Service Bus in Azure China (`*.servicebus.chinacloudapi.cn`). Microsoft's page of that
+/// cloud (docs.azure.cn, the same article): "The resource name to request a token is
+/// https://servicebus.chinacloudapi.cn."
+pub const SERVICE_BUS_SCOPE_CHINA: &str = "https://servicebus.chinacloudapi.cn/.default";
+
+/// The Azure AD scope of Service Bus in Azure Government (`*.servicebus.usgovcloudapi.net`): the resource
+/// identifier `https://servicebus.usgovcloudapi.net` of that cloud's Service Bus (the Azure SDKs' environment
+/// tables give it so; Microsoft's REST reference names the cloud's host, "United States government:
+/// namespaceName.servicebus.usgovcloudapi.net").
+pub const SERVICE_BUS_SCOPE_US_GOVERNMENT: &str = "https://servicebus.usgovcloudapi.net/.default";
+
+/// The DNS suffixes of Service Bus namespaces by cloud, with the Azure AD scope of each.
+const CLOUDS: &[(&str, &str)] = &[
+    (PUBLIC_SUFFIX, SERVICE_BUS_SCOPE),
+    (
+        "servicebus.usgovcloudapi.net",
+        SERVICE_BUS_SCOPE_US_GOVERNMENT,
+    ),
+    ("servicebus.chinacloudapi.cn", SERVICE_BUS_SCOPE_CHINA),
+];
+
+/// The Azure AD scope for a namespace at `host`, from its cloud's DNS suffix: [`SERVICE_BUS_SCOPE`] for
+/// `*.servicebus.windows.net`, [`SERVICE_BUS_SCOPE_US_GOVERNMENT`] for `*.servicebus.usgovcloudapi.net`,
+/// [`SERVICE_BUS_SCOPE_CHINA`] for `*.servicebus.chinacloudapi.cn`; [`SERVICE_BUS_SCOPE`] for a loopback host
+/// (`localhost`, `127.0.0.0/8`, `::1`: an emulator on this machine). `None` for any other host: its audience
+/// is not known, and a token for another cloud's audience would be refused there (or be good somewhere it was
+/// not meant for); set it with [`ServiceBusConfig::token_scope`].
+pub fn scope_for_host(host: &str) -> Option<&'static str> {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let loopback = host == "localhost"
+        || host.ends_with(".localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return Some(SERVICE_BUS_SCOPE);
+    }
+    CLOUDS
+        .iter()
+        .find(|(suffix, _)| {
+            host.strip_suffix(suffix)
+                .is_some_and(|name| name.ends_with('.') && name.len() > 1)
+        })
+        .map(|(_, scope)| *scope)
+}
 
 /// Environment variable with a SAS connection string ([`ServiceBusConfig::from_env`]).
 pub const ENV_CONNECTION_STRING: &str = "SERVICEBUS_CONNECTION_STRING";
@@ -21,6 +71,9 @@ pub const ENV_CONNECTION_STRING: &str = "SERVICEBUS_CONNECTION_STRING";
 pub const ENV_NAMESPACE: &str = "SERVICEBUS_NAMESPACE";
 /// Environment variable with an endpoint override, e.g. the emulator's URL ([`ServiceBusConfig::from_env`]).
 pub const ENV_ENDPOINT: &str = "SERVICEBUS_ENDPOINT";
+/// Environment variable with the Azure AD token scope ([`ServiceBusConfig::token_scope`],
+/// [`ServiceBusConfig::from_env`]).
+pub const ENV_TOKEN_SCOPE: &str = "SERVICEBUS_TOKEN_SCOPE";
 
 /// The DNS suffix the crate builds every URL with.
 pub const PUBLIC_SUFFIX: &str = "servicebus.windows.net";
@@ -37,7 +90,8 @@ pub enum Credential {
         key: Secret,
     },
     /// An Azure AD credential (managed identity, workload identity, service principal, CLI...): its bearer
-    /// token for [`SERVICE_BUS_SCOPE`] replaces the crate's SAS header on every request.
+    /// token replaces the crate's SAS header on every request, for the scope of the namespace's cloud
+    /// ([`scope_for_host`]) or the one set with [`ServiceBusConfig::token_scope`].
     Token(Arc<dyn TokenCredential>),
 }
 
@@ -75,6 +129,7 @@ pub struct ServiceBusConfig {
     endpoint: Option<Url>,
     entity_path: Option<String>,
     credential: Credential,
+    token_scope: Option<String>,
     request_timeout: Duration,
     connect_timeout: Duration,
     receive_grace: Duration,
@@ -91,6 +146,7 @@ impl fmt::Debug for ServiceBusConfig {
             .field("endpoint", &self.endpoint.as_ref().map(shown_endpoint))
             .field("entity_path", &self.entity_path)
             .field("credential", &self.credential)
+            .field("token_scope", &self.token_scope)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("http_client", &self.http_client.is_some())
@@ -100,18 +156,35 @@ impl fmt::Debug for ServiceBusConfig {
 
 impl ServiceBusConfig {
     /// A namespace (the `contoso` of `contoso.servicebus.windows.net`, or that whole host name, as the Terraform
-    /// sample's `namespace_fqdn` output gives it) with a credential.
+    /// sample's `namespace_fqdn` output gives it) with a credential. The host name of a namespace in Azure
+    /// Government (`contoso.servicebus.usgovcloudapi.net`) or Azure China (`contoso.servicebus.chinacloudapi.cn`)
+    /// is taken as that namespace, reached at that host (its [`endpoint`](Self::endpoint)), with an Azure AD
+    /// credential's token for that cloud ([`scope_for_host`]).
     pub fn new(namespace: impl Into<String>, credential: Credential) -> Self {
         let namespace: String = namespace.into();
-        let namespace = match namespace.strip_suffix(PUBLIC_SUFFIX) {
-            Some(name) if name.ends_with('.') => name.trim_end_matches('.').to_owned(),
-            _ => namespace,
-        };
+        let mut endpoint = None;
+        let mut name = namespace.clone();
+        for (suffix, _) in CLOUDS {
+            let Some(label) = namespace
+                .to_ascii_lowercase()
+                .strip_suffix(suffix)
+                .filter(|l| l.ends_with('.'))
+                .map(|l| l.trim_end_matches('.').to_owned())
+            else {
+                continue;
+            };
+            if *suffix != PUBLIC_SUFFIX {
+                endpoint = Url::parse(&format!("https://{label}.{suffix}/")).ok();
+            }
+            name = label;
+            break;
+        }
         Self {
-            namespace,
-            endpoint: None,
+            namespace: name,
+            endpoint,
             entity_path: None,
             credential,
+            token_scope: None,
             request_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             receive_grace: Duration::from_secs(10),
@@ -212,10 +285,11 @@ impl ServiceBusConfig {
 
     /// From the environment: `SERVICEBUS_CONNECTION_STRING` (SAS), else `SERVICEBUS_NAMESPACE` with
     /// `azure_identity`'s default credential chain (managed identity, workload identity, environment, CLI);
-    /// `SERVICEBUS_ENDPOINT` (e.g. the emulator's URL) overrides where requests go.
+    /// `SERVICEBUS_ENDPOINT` (e.g. the emulator's URL) overrides where requests go; `SERVICEBUS_TOKEN_SCOPE`
+    /// sets the Azure AD token's scope ([`token_scope`](Self::token_scope)).
     pub fn from_env() -> Result<Self, ServiceBusError> {
         let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let config = if let Some(cs) = get(ENV_CONNECTION_STRING) {
+        let mut config = if let Some(cs) = get(ENV_CONNECTION_STRING) {
             Self::from_connection_string(&cs)?
         } else if let Some(ns) = get(ENV_NAMESPACE) {
             Self::namespace_with_default_credential(ns)?
@@ -224,6 +298,9 @@ impl ServiceBusConfig {
                 detail: format!("set {ENV_CONNECTION_STRING} (SAS) or {ENV_NAMESPACE} (Azure AD)"),
             });
         };
+        if let Some(scope) = get(ENV_TOKEN_SCOPE) {
+            config = config.token_scope(scope);
+        }
         match get(ENV_ENDPOINT) {
             Some(e) => {
                 Ok(
@@ -255,6 +332,15 @@ impl ServiceBusConfig {
     /// access key, each request's SAS names the URL it goes to (the resource accessed, as the service checks it).
     pub fn endpoint(mut self, endpoint: Url) -> Self {
         self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// The Azure AD scope an Azure AD credential's token is asked for (e.g.
+    /// `https://servicebus.usgovcloudapi.net/.default`), instead of the one of the namespace's cloud
+    /// ([`scope_for_host`]); required when the endpoint's host is in no cloud the adapter knows (a custom DNS
+    /// name in front of the namespace). Unused with a shared access key.
+    pub fn token_scope(mut self, scope: impl Into<String>) -> Self {
+        self.token_scope = Some(scope.into());
         self
     }
 
@@ -294,6 +380,35 @@ impl ServiceBusConfig {
         self.entity_path.as_deref()
     }
 
+    /// The Azure AD scope of the token: the one set, else the one of the cloud of the host the requests go to
+    /// (the endpoint's, else `{namespace}.servicebus.windows.net`). A host of no known cloud is refused: a
+    /// token for the public cloud's audience is not what its service accepts.
+    fn scope(&self) -> Result<String, ServiceBusError> {
+        if let Some(scope) = self.token_scope.as_deref().map(str::trim) {
+            if scope.is_empty() || scope.contains(char::is_whitespace) {
+                return Err(ServiceBusError::Config {
+                    detail: "the Azure AD token scope is empty or holds spaces".into(),
+                });
+            }
+            return Ok(scope.to_owned());
+        }
+        let Some(endpoint) = &self.endpoint else {
+            return Ok(SERVICE_BUS_SCOPE.to_owned());
+        };
+        let host = endpoint.host_str().unwrap_or_default();
+        scope_for_host(host)
+            .map(str::to_owned)
+            .ok_or_else(|| ServiceBusError::Config {
+                detail: format!(
+                "no Azure AD scope is known for the endpoint {} (not *.servicebus.windows.net, \
+                 *.servicebus.usgovcloudapi.net or *.servicebus.chinacloudapi.cn): set \
+                 ServiceBusConfig::token_scope (or {ENV_TOKEN_SCOPE}) to its cloud's, e.g. \
+                 {SERVICE_BUS_SCOPE_US_GOVERNMENT}",
+                shown_endpoint(endpoint)
+            ),
+            })
+    }
+
     /// Builds the client.
     pub fn connect(self) -> Result<ServiceBusClient, ServiceBusError> {
         if self.namespace.is_empty()
@@ -309,6 +424,11 @@ impl ServiceBusConfig {
                 ),
             });
         }
+        // Before any request: a host of no known cloud is refused here, not at the first token.
+        let scope = match &self.credential {
+            Credential::Token(_) => Some(self.scope()?),
+            Credential::SharedAccessKey { .. } => None,
+        };
         let inner = match self.http_client {
             Some(c) => c,
             None => {
@@ -336,7 +456,7 @@ impl ServiceBusConfig {
             }
             // The crate signs every request anyway; its SAS (with a throwaway key) is replaced by the bearer.
             Credential::Token(c) => (
-                Auth::bearer(c),
+                Auth::bearer(c, scope.unwrap_or_else(|| SERVICE_BUS_SCOPE.to_owned())),
                 "txinbox-azure-ad".to_owned(),
                 Secret::new("unused-the-bearer-token-replaces-this-signature"),
             ),
@@ -563,6 +683,184 @@ mod tests {
             format!("{c:?}").contains("endpoint: Some(\"http://127.0.0.1:5380/\")"),
             "{c:?}"
         );
+    }
+
+    /// Records the scopes a token is asked for.
+    #[derive(Debug, Default)]
+    struct Scopes(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl TokenCredential for Scopes {
+        async fn get_token(
+            &self,
+            scopes: &[&str],
+        ) -> azure_core::Result<azure_core::auth::AccessToken> {
+            self.0
+                .lock()
+                .unwrap()
+                .extend(scopes.iter().map(|s| s.to_string()));
+            Ok(azure_core::auth::AccessToken::new(
+                "entra-token",
+                azure_core::date::parse_rfc3339("2099-01-01T00:00:00Z")?,
+            ))
+        }
+        async fn clear_cache(&self) -> azure_core::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Records the URL of each request and answers 200.
+    #[derive(Debug, Default)]
+    struct Urls(std::sync::Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl HttpClient for Urls {
+        async fn execute_request(
+            &self,
+            request: &azure_core::Request,
+        ) -> azure_core::Result<azure_core::Response> {
+            self.0.lock().unwrap().push(request.url().to_string());
+            Ok(azure_core::Response::new(
+                azure_core::StatusCode::Ok,
+                azure_core::headers::Headers::new(),
+                Box::pin(futures::stream::empty()),
+            ))
+        }
+    }
+
+    /// Sends one request through `config`'s client (to the lock URI the crate would build) and returns the
+    /// scopes its token was asked for and the URL the request went to.
+    async fn token_request(config: ServiceBusConfig, scopes: &Scopes) -> (Vec<String>, String) {
+        let urls = Arc::new(Urls::default());
+        let client = config.http_client(urls.clone()).connect().expect("connect");
+        let url = format!(
+            "https://{}.{PUBLIC_SUFFIX}/orders/messages/3/tok",
+            client.namespace()
+        );
+        client
+            .http_client()
+            .execute_request(&azure_core::Request::new(
+                Url::parse(&url).unwrap(),
+                azure_core::Method::Delete,
+            ))
+            .await
+            .expect("sent");
+        let sent = urls.0.lock().unwrap().clone();
+        let asked = std::mem::take(&mut *scopes.0.lock().unwrap());
+        (asked, sent.into_iter().next().expect("a request"))
+    }
+
+    /// A token's audience is the namespace's cloud. Microsoft, *Authenticate and authorize an application with
+    /// Microsoft Entra ID to access Azure Service Bus entities*: "The resource name to request a token is
+    /// https://servicebus.azure.net." (global Azure), and on the Azure China page of the same article "The
+    /// resource name to request a token is https://servicebus.chinacloudapi.cn."; Azure Government's Service Bus
+    /// resource is `https://servicebus.usgovcloudapi.net` (the Azure SDKs' environment tables). A namespace on
+    /// another cloud (its endpoint, or its host name given as the namespace) is asked a token for that cloud's
+    /// scope, not the public cloud's.
+    #[tokio::test]
+    async fn an_azure_ad_token_is_asked_for_the_namespace_cloud() {
+        let scopes = Arc::new(Scopes::default());
+        let cred = || scopes.clone() as Arc<dyn TokenCredential>;
+        let url = |u: &str| Url::parse(u).unwrap();
+        for (config, scope, sent_to) in [
+            (
+                ServiceBusConfig::token_credential("contoso", cred()),
+                "https://servicebus.azure.net/.default",
+                "https://contoso.servicebus.windows.net/orders/messages/3/tok",
+            ),
+            (
+                ServiceBusConfig::token_credential("gov", cred())
+                    .endpoint(url("https://gov.servicebus.usgovcloudapi.net")),
+                "https://servicebus.usgovcloudapi.net/.default",
+                "https://gov.servicebus.usgovcloudapi.net/orders/messages/3/tok",
+            ),
+            (
+                ServiceBusConfig::token_credential("gov.servicebus.usgovcloudapi.net", cred()),
+                "https://servicebus.usgovcloudapi.net/.default",
+                "https://gov.servicebus.usgovcloudapi.net/orders/messages/3/tok",
+            ),
+            (
+                ServiceBusConfig::token_credential("cn", cred())
+                    .endpoint(url("https://cn.servicebus.chinacloudapi.cn/")),
+                "https://servicebus.chinacloudapi.cn/.default",
+                "https://cn.servicebus.chinacloudapi.cn/orders/messages/3/tok",
+            ),
+            (
+                ServiceBusConfig::token_credential("cn.servicebus.chinacloudapi.cn", cred()),
+                "https://servicebus.chinacloudapi.cn/.default",
+                "https://cn.servicebus.chinacloudapi.cn/orders/messages/3/tok",
+            ),
+        ] {
+            let (asked, sent) = token_request(config, &scopes).await;
+            assert_eq!(asked, [scope], "{sent}");
+            assert_eq!(sent, sent_to);
+        }
+    }
+
+    /// A host of no cloud the adapter knows (a custom DNS name in front of the namespace) gets no token for
+    /// the public cloud's audience: `connect` refuses it, naming `token_scope`, until the scope is set; a local
+    /// emulator (loopback) keeps the public scope; a shared access key needs none.
+    #[tokio::test]
+    async fn an_unknown_host_needs_its_token_scope_set() {
+        let scopes = Arc::new(Scopes::default());
+        let cred = || scopes.clone() as Arc<dyn TokenCredential>;
+        let custom = Url::parse("https://bus.contoso.example/").unwrap();
+        let e = ServiceBusConfig::token_credential("contoso", cred())
+            .endpoint(custom.clone())
+            .connect()
+            .unwrap_err();
+        let ServiceBusError::Config { detail } = &e;
+        assert!(
+            detail.contains("token_scope") && detail.contains("bus.contoso.example"),
+            "{e}"
+        );
+        let config = ServiceBusConfig::token_credential("contoso", cred())
+            .endpoint(custom)
+            .token_scope("https://servicebus.usgovcloudapi.net/.default");
+        let (asked, sent) = token_request(config, &scopes).await;
+        assert_eq!(asked, ["https://servicebus.usgovcloudapi.net/.default"]);
+        assert_eq!(sent, "https://bus.contoso.example/orders/messages/3/tok");
+        for emulator in [
+            "http://127.0.0.1:5380",
+            "http://localhost:5380",
+            "http://[::1]:5380",
+        ] {
+            let config = ServiceBusConfig::token_credential("contoso", cred())
+                .endpoint(Url::parse(emulator).unwrap());
+            let (asked, _) = token_request(config, &scopes).await;
+            assert_eq!(asked, [SERVICE_BUS_SCOPE], "{emulator}");
+        }
+        let sas = ServiceBusConfig::shared_access_key("contoso", "listen", "c2VjcmV0")
+            .endpoint(Url::parse("https://bus.contoso.example/").unwrap());
+        assert!(sas.connect().is_ok());
+        assert!(ServiceBusConfig::token_credential("contoso", cred())
+            .token_scope(" ")
+            .connect()
+            .is_err());
+    }
+
+    #[test]
+    fn scopes_follow_the_cloud_suffix_on_a_label_boundary() {
+        for (host, scope) in [
+            ("ns.servicebus.windows.net", Some(SERVICE_BUS_SCOPE)),
+            ("NS.ServiceBus.Windows.Net.", Some(SERVICE_BUS_SCOPE)),
+            (
+                "ns.servicebus.usgovcloudapi.net",
+                Some(SERVICE_BUS_SCOPE_US_GOVERNMENT),
+            ),
+            (
+                "ns.servicebus.chinacloudapi.cn",
+                Some(SERVICE_BUS_SCOPE_CHINA),
+            ),
+            ("127.0.0.1", Some(SERVICE_BUS_SCOPE)),
+            ("servicebus.windows.net", None),
+            ("evilservicebus.windows.net", None),
+            ("ns.servicebus.windows.net.evil.example", None),
+            ("ns.servicebus.cloudapi.de", None),
+            ("10.0.0.4", None),
+        ] {
+            assert_eq!(scope_for_host(host), scope, "{host}");
+        }
     }
 
     #[test]

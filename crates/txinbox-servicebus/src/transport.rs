@@ -14,7 +14,6 @@ use azure_core::error::ErrorKind;
 use azure_core::headers::AUTHORIZATION;
 use azure_core::{HttpClient, Request, Response, Url};
 
-use crate::config::SERVICE_BUS_SCOPE;
 use crate::error::{ForeignHost, RequestTimedOut, ServiceRetryAfter};
 use crate::wire;
 
@@ -31,6 +30,8 @@ pub(crate) enum Auth {
     /// Replace it with a bearer token.
     Bearer {
         credential: Arc<dyn TokenCredential>,
+        /// The Azure AD scope the token is asked for: the namespace's cloud's.
+        scope: String,
         cached: tokio::sync::Mutex<Option<AccessToken>>,
     },
 }
@@ -44,9 +45,10 @@ impl Auth {
         }
     }
 
-    pub(crate) fn bearer(credential: Arc<dyn TokenCredential>) -> Self {
+    pub(crate) fn bearer(credential: Arc<dyn TokenCredential>, scope: String) -> Self {
         Auth::Bearer {
             credential,
+            scope,
             cached: tokio::sync::Mutex::new(None),
         }
     }
@@ -154,7 +156,12 @@ impl Transport {
     }
 
     async fn bearer(&self) -> azure_core::Result<Option<String>> {
-        let Auth::Bearer { credential, cached } = &self.auth else {
+        let Auth::Bearer {
+            credential,
+            scope,
+            cached,
+        } = &self.auth
+        else {
             return Ok(None);
         };
         let mut cached = cached.lock().await;
@@ -167,7 +174,7 @@ impl Transport {
             // every request (renewals, settlements, receives) behind this lock for ever.
             let token = tokio::time::timeout(
                 self.request_timeout,
-                credential.get_token(&[SERVICE_BUS_SCOPE]),
+                credential.get_token(&[scope.as_str()]),
             )
             .await
             .map_err(|_| {
@@ -438,10 +445,7 @@ mod tests {
             Arc::new(Never),
             "ns.servicebus.windows.net".into(),
             None,
-            Auth::Bearer {
-                credential: Arc::new(Hangs),
-                cached: tokio::sync::Mutex::new(None),
-            },
+            Auth::bearer(Arc::new(Hangs), crate::config::SERVICE_BUS_SCOPE.into()),
             Duration::from_millis(50),
             Duration::from_secs(10),
         );
@@ -502,7 +506,7 @@ mod tests {
                 records.clone(),
                 "ns.servicebus.windows.net".into(),
                 endpoint.map(|e| Url::parse(e).unwrap()),
-                Auth::bearer(Arc::new(Token)),
+                Auth::bearer(Arc::new(Token), crate::config::SERVICE_BUS_SCOPE.into()),
                 Duration::from_secs(5),
                 Duration::from_secs(10),
             )
