@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use txinbox_core::{BrokerError, BrokerErrorKind, Receiver};
 
@@ -110,14 +110,31 @@ pub struct SqsReceiver {
     /// Messages received while an earlier message of their group was in flight, in arrival order, each with
     /// the task that extends its visibility while it is held.
     held: VecDeque<Held>,
-    /// The last delivery handed out per group; the group is busy until it settles, is dropped unsettled (a
-    /// crash) or its visibility has run out however late SQS started it ([`SqsLease::latest_end`]; what is
-    /// held of the group then goes back to SQS, behind it).
-    in_flight: HashMap<String, Weak<SqsLease>>,
+    /// What keeps each FIFO group busy here: its last delivery handed out, or a message of it left to SQS
+    /// (see [`Busy`]).
+    in_flight: HashMap<String, Busy>,
     /// The groups of this receiver's deliveries that come back.
     returning: Returning,
     /// Whether the last receive came back full: the next may send several calls at once.
     backlog: bool,
+}
+
+/// What keeps a FIFO group busy in a receiver: SQS hands out no later message of the group while one is in
+/// flight, and neither does the receiver. AWS (SQS Developer Guide, "Interleaving multiple ordered message
+/// groups"): "When a message with a specific MessageGroupId is being processed and is invisible, no other
+/// consumer can process messages from that same group until the visibility timeout expires or the message is
+/// deleted."
+#[derive(Debug)]
+enum Busy {
+    /// The group's last delivery handed out: busy until it settles, is dropped unsettled (a crash) or its
+    /// visibility has run out however late SQS started it ([`SqsLease::latest_end`]; what is held of the group
+    /// then goes back to SQS, behind it).
+    Delivery(Weak<SqsLease>),
+    /// A message of the group the receiver did not hand out and left to SQS: one that came without a receipt
+    /// handle (it can be neither settled nor extended), or a held one whose visibility could not be extended.
+    /// SQS keeps it in flight until at latest `until`, then hands it out again, first of its group: until then
+    /// the group's later messages wait here, and then what is held of the group goes back to SQS, behind it.
+    LeftToSqs { until: DateTime<Utc> },
 }
 
 /// Most `ReceiveMessage` calls one receive sends at once (100 messages).
@@ -212,17 +229,22 @@ impl Receiver for SqsReceiver {
         let now = Utc::now();
         // A group whose delivery is still out but whose visibility has run out (its heartbeat failed): SQS
         // makes that message visible again, and hands it out first once the messages of its group held here
-        // go back; handed out from here, they could be applied before it, its handler still running.
+        // go back; handed out from here, they could be applied before it, its handler still running. So too
+        // a group whose message left to SQS (no receipt handle, an extension that failed) comes back now.
         let mut ran_out = Vec::new();
-        self.in_flight.retain(|group, lease| match lease.upgrade() {
-            Some(l) if !l.settled.load(Ordering::SeqCst) => {
-                let out = l.latest_end() > now;
-                if !out {
-                    ran_out.push(group.clone());
-                }
-                out
+        self.in_flight.retain(|group, busy| {
+            let end = match busy {
+                Busy::Delivery(lease) => match lease.upgrade() {
+                    Some(l) if !l.settled.load(Ordering::SeqCst) => l.latest_end(),
+                    _ => return false,
+                },
+                Busy::LeftToSqs { until } => *until,
+            };
+            let out = end > now;
+            if !out {
+                ran_out.push(group.clone());
             }
-            _ => false,
+            out
         });
         for g in &ran_out {
             self.returning.push(Some(g));
@@ -557,14 +579,30 @@ impl SqsReceiver {
         match SqsDelivery::from_message(self.shared.clone(), returning, m, received, Utc::now()) {
             Ok(d) => {
                 if let Some(g) = group {
-                    self.in_flight.insert(g, Arc::downgrade(&d.lease));
+                    self.in_flight
+                        .insert(g, Busy::Delivery(Arc::downgrade(&d.lease)));
                 }
                 out.push(d);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "skipping a message SQS returned without a receipt handle")
+                // It cannot be settled, but SQS holds it in flight all the same, and its group behind it.
+                tracing::warn!(error = %e, group = group.as_deref().unwrap_or(""), "skipping a message SQS returned without a receipt handle; it comes back after its visibility timeout");
+                self.left_to_sqs(group, received);
             }
         }
+    }
+
+    /// Marks the FIFO group `group` busy until the visibility of its message left to SQS, whose times are
+    /// `received`, has run out at the latest (counted from when the answer that started it arrived).
+    fn left_to_sqs(&mut self, group: Option<String>, received: Received) {
+        let Some(g) = group else {
+            return;
+        };
+        let vt =
+            chrono::Duration::from_std(self.shared.opts.visibility_timeout).unwrap_or_default();
+        let since = chrono::Duration::from_std(received.visible_by.elapsed()).unwrap_or_default();
+        let until = Utc::now() - since + vt;
+        self.in_flight.insert(g, Busy::LeftToSqs { until });
     }
 
     /// Hands out held messages whose group is free, first of each group only, at most `n`.
@@ -592,6 +630,7 @@ impl SqsReceiver {
                     group = group.as_deref().unwrap_or(""),
                     "held message's visibility expired; leaving it to SQS"
                 );
+                self.left_to_sqs(group, received);
                 continue;
             }
             let mut received = received;
@@ -604,6 +643,7 @@ impl SqsReceiver {
                         group = group.as_deref().unwrap_or(""),
                         "held message reached SQS's 12 h visibility ceiling; leaving it to SQS"
                     );
+                    self.left_to_sqs(group, received);
                     continue;
                 }
                 // SQS counts the new visibility from when the call reaches it: after it was sent, before
@@ -612,6 +652,7 @@ impl SqsReceiver {
                 let asked = Instant::now();
                 if let Err(e) = self.shared.held_visibility(&m, secs(by)).await {
                     tracing::warn!(error = %e, "cannot extend a held message; leaving it to SQS");
+                    self.left_to_sqs(group, received);
                     continue;
                 }
                 received.visible_from = asked;
