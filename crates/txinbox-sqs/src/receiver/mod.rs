@@ -636,9 +636,15 @@ impl SqsReceiver {
             let mut received = received;
             // Normally extended while held (`keep_held`); this covers a held message whose extension failed.
             if waited >= vt / 2 {
-                // Within SQS's ceiling, which counts from the receive, not from this extension.
+                // Within SQS's ceiling, which counts from the receive, not from this extension. Less than a
+                // whole visibility timeout left: handed out, its lease would say it lasts the whole of it
+                // (and the worker's lease keeper counts it so) after SQS had made it visible again. Left to
+                // SQS, as `keep_held` leaves it, it comes back by itself, to a new receive and a new ceiling.
+                // AWS (`ChangeMessageVisibility`): "If you attempt to set the VisibilityTimeout to an amount
+                // more than the maximum time left, Amazon SQS returns an error. It will not automatically
+                // recalculate and increase the timeout to the maximum time remaining."
                 let by = visibility_allowed(received.at.elapsed(), vt);
-                if by < Duration::from_secs(1) {
+                if by < Duration::from_secs(vt.as_secs()) {
                     tracing::warn!(
                         group = group.as_deref().unwrap_or(""),
                         "held message reached SQS's 12 h visibility ceiling; leaving it to SQS"
@@ -729,6 +735,7 @@ fn secs(d: Duration) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use txinbox_core::Delivery;
 
     const H: Duration = Duration::from_secs(3600);
     const MIN: Duration = Duration::from_secs(60);
@@ -786,5 +793,106 @@ mod tests {
             received.visible_by >= received.visible_from + Duration::from_millis(50),
             "the latest start is the answer"
         );
+    }
+
+    /// A client of moto (`TXINBOX_SQS_ENDPOINT`, see `scripts/moto.sh`).
+    fn moto() -> aws_sdk_sqs::Client {
+        let endpoint = std::env::var("TXINBOX_SQS_ENDPOINT").expect(
+            "TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`",
+        );
+        crate::emulator_client(&endpoint)
+    }
+
+    /// Receives the message of `url` with its attributes and a visibility of `vt` seconds, when it is there.
+    async fn raw_receive(c: &aws_sdk_sqs::Client, url: &str, vt: i32) -> Option<Message> {
+        c.receive_message()
+            .queue_url(url)
+            .visibility_timeout(vt)
+            .wait_time_seconds(1)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .expect("receive")
+            .messages
+            .unwrap_or_default()
+            .pop()
+    }
+
+    /// A message held behind its group's delivery until less than a visibility timeout is left under SQS's
+    /// 12 h ceiling (its extension while held failed): AWS (`ChangeMessageVisibility`): "If you attempt to set
+    /// the VisibilityTimeout to an amount more than the maximum time left, Amazon SQS returns an error. It will
+    /// not automatically recalculate and increase the timeout to the maximum time remaining." The receiver
+    /// extended it by what was left and handed it out with a lease of a whole visibility timeout: the worker
+    /// believed it held the message after SQS had made it visible again. It leaves it to SQS instead, as the
+    /// heartbeat of a held message does, and the message comes back by itself (a new receive, a new ceiling).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_message_the_ceiling_cuts_short_is_not_handed_out_with_a_whole_lease() {
+        let c = moto();
+        let name = format!(
+            "held-{}.fifo",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let url = c
+            .create_queue()
+            .queue_name(name)
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .send()
+            .await
+            .expect("create queue")
+            .queue_url
+            .expect("queue url");
+        c.send_message()
+            .queue_url(&url)
+            .message_body("{}")
+            .message_group_id("g-1")
+            .message_deduplication_id("d-1")
+            .send()
+            .await
+            .expect("send");
+        let vt = Duration::from_secs(6);
+        let m = raw_receive(&c, &url, 6).await.expect("the message");
+        let mut r = SqsReceiver::connect(
+            c.clone(),
+            &url,
+            SqsOptions::default()
+                .visibility_timeout(vt)
+                .wait(Duration::from_secs(1))
+                .allow_no_dead_letter(true),
+        )
+        .await
+        .expect("connect");
+        // Held for 3.5 s of its 6 s (past half: extended on release), 4 s (and the last-minute margin) short
+        // of its receive's ceiling: at most 3 s can be added.
+        let now = Instant::now();
+        let received = Received {
+            at: now
+                .checked_sub(MAX_VISIBILITY - CEILING_MARGIN - Duration::from_secs(4))
+                .expect("an instant 12 h back"),
+            visible_from: now - Duration::from_millis(3500),
+            visible_by: now - Duration::from_millis(3500),
+        };
+        r.held
+            .push_back(Held::new(r.shared.clone(), m.clone(), received));
+        let first = r.receive(10).await.expect("receive");
+        // When SQS hands the message out again, no lease of it may still say it is held.
+        let mut again = None;
+        for _ in 0..30 {
+            if let Some(m) = raw_receive(&c, &url, 30).await {
+                again = Some((m, Utc::now()));
+                break;
+            }
+        }
+        let (back, seen) = again.expect("the message comes back to SQS");
+        assert_eq!(back.message_id(), m.message_id());
+        for d in &first {
+            let end = d.lease().and_then(|l| l.expires_at()).expect("an end");
+            assert!(
+                end <= seen,
+                "handed out with a lease until {end}, but SQS handed the message out again at {seen}"
+            );
+        }
+        for d in first {
+            let _ = d.release(Duration::ZERO).await;
+        }
     }
 }
