@@ -252,7 +252,9 @@ on_both!(
     retry_after_is_honoured_on_postgres
 );
 
-/// The CRM's `/v1` create at a destination that keeps no key, confirmed by a search by external reference.
+/// The CRM's `/v1` create at a destination that keeps no key, confirmed by a search by external reference. The
+/// fake CRM's search shows a task at once (no `search_lag`): declared with a zero `reconcile_after`, instead of
+/// the minute a search where no key is kept waits by default.
 fn searched_without_key(crm: &CrmApi) -> HttpEffectBuilder {
     let url = crm.url();
     HttpEffect::post(format!("{url}/v1/tasks"))
@@ -260,6 +262,7 @@ fn searched_without_key(crm: &CrmApi) -> HttpEffectBuilder {
         .confirm(Confirm::search(format!(
             "{url}/v1/tasks?external_ref={{external_ref}}"
         )))
+        .reconcile_after(Duration::ZERO)
 }
 
 // A confirmation answered 429 with Retry-After (HubSpot's search: "429 Too Many Requests" once "the rate limit
@@ -548,7 +551,9 @@ async fn a_search_that_ignores_its_filter<DB: FxDb>(store: Store<DB>) {
         .confirm(
             Confirm::search(format!("{url}/v1/tasks?externl_ref={{external_ref}}"))
                 .matches_at("/data/0/external_ref"),
-        );
+        )
+        // Searched at once (the default waits a minute where no key is kept).
+        .reconcile_after(Duration::ZERO);
     let _report = runner(&store, d).run_until_idle().await;
     let e = state(&store, &key).await;
     assert_ne!(e.claimed_from, EffectState::Done, "{e:?}");
@@ -647,6 +652,8 @@ async fn a_refusal_after_a_lagging_not_found<DB: FxDb>(store: Store<DB>) {
             .confirm(Confirm::search(format!(
                 "{url}/v1/tasks?external_ref={{external_ref}}"
             )))
+            // Searched inside the lag on purpose (the default waits a minute where no key is kept).
+            .reconcile_after(Duration::ZERO)
             .answer(503, Answer::Rejected),
     );
     crm.drop_next_answers(1);

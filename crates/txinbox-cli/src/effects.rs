@@ -84,7 +84,8 @@ pub struct RunArgs {
     /// `NAME=STATUS:ANSWER`: what a status or class means (`crm=409:in_progress`, `crm=4xx:rejected`).
     #[arg(long = "answer", value_parser = Pair)]
     pub answer: Vec<(String, String)>,
-    /// `NAME=SECONDS`: wait this long after an uncertain call before the first confirmation.
+    /// `NAME=SECONDS`: wait this long after an uncertain call before the first confirmation (unset: 60 for a
+    /// search where no key is kept, whose index may not show a fresh object yet; 0 otherwise; 0 set stands).
     #[arg(long = "reconcile-after-secs", value_parser = Pair)]
     pub reconcile_after_secs: Vec<(String, String)>,
     /// `NAME=HEADER=VALUE`: a header sent with every request (`crm=Authorization=env:CRM_TOKEN` reads the value
@@ -404,7 +405,7 @@ fn apply(d: &mut HttpDestinationSettings, flag: &str, v: &str) -> Result<(), Str
         "--key" => d.key = Some(v.to_owned()),
         "--key-kept-secs" => d.key_kept_seconds = Some(secs(v)?),
         "--reference" => d.reference = Some(v.to_owned()),
-        "--reconcile-after-secs" => d.reconcile_after_seconds = secs(v)?,
+        "--reconcile-after-secs" => d.reconcile_after_seconds = Some(secs(v)?),
         "--confirm" | "--confirm-search" | "--confirm-search-post" => {
             let c = confirm(d);
             c.url = v.to_owned();

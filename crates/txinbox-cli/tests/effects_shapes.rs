@@ -50,6 +50,9 @@ const SHAPES: &[Shape] = &[
             "--key=d=none",
             "--confirm-search=d={url}/v1/tasks?external_ref={external_ref}",
             "--found-at=d=/data/0/id",
+            // This list shows a task as soon as it is created (no search_lag): declared so, instead of the
+            // minute a search where no key is kept waits by default.
+            "--reconcile-after-secs=d=0",
         ],
     },
     Shape {
@@ -111,6 +114,8 @@ const SHAPES: &[Shape] = &[
             r#"--confirm-body=d={"filterGroups":[{"filters":[{"propertyName":"external_ref","operator":"EQ","value":"{external_ref}"}]}]}"#,
             "--count-at=d=/total",
             "--found-at=d=/results/0/id",
+            // No search_lag here: declared, instead of the minute a search where no key is kept waits by default.
+            "--reconcile-after-secs=d=0",
         ],
     },
     Shape {

@@ -110,7 +110,8 @@ pub struct HttpEffectBuilder {
     confirm: Option<Confirm>,
     answers: AnswerTable,
     timeout: Duration,
-    reconcile_after: Duration,
+    /// `None`: the default (see [`HttpEffectBuilder::reconcile_after`]).
+    reconcile_after: Option<Duration>,
     headers: Vec<(String, String)>,
     compensate: Option<String>,
     /// The first status or class given an answer that HTTP has not: refused by `build`.
@@ -159,7 +160,7 @@ impl HttpEffect {
             confirm: None,
             answers: AnswerTable::default(),
             timeout: Duration::from_secs(10),
-            reconcile_after: Duration::ZERO,
+            reconcile_after: None,
             headers: Vec::new(),
             compensate: None,
             bad_status: None,
@@ -244,10 +245,23 @@ impl HttpEffectBuilder {
         self
     }
 
-    /// Waits this long after an uncertain call before the first confirmation (default none): a search whose
-    /// index lags behind the writes would not find a fresh object.
+    /// Waits this long after an uncertain call before the first confirmation: a search whose index lags behind
+    /// the writes would not find a fresh object, and "not found" calls again.
+    ///
+    /// Default: [`DEFAULT_SEARCH_RECONCILE_AFTER`] (60 s) for a confirmation that is not a
+    /// [`lookup`](Confirm::lookup) (a [`search`](Confirm::search), [`search_post`](Confirm::search_post), or your
+    /// own [reader](Confirm::read_with), which may read one) at a destination not said to keep keys
+    /// ([`Key::none`], or no key declared); none otherwise. There nothing else stops a second call: HubSpot's
+    /// CRM objects take no key, and "It may take a few moments for newly created or updated CRM objects to
+    /// appear in search results" (<https://developers.hubspot.com/docs/api/crm/search>); searched at once, a
+    /// call whose answer was lost reads "not found" and is made again, creating a second record. Where a kept
+    /// key dedupes the repeat ([`Key::header`], [`Key::body_field`]), a "not found" inside the lag is harmless.
+    ///
+    /// A wait you set stands, zero included: set `Duration::ZERO` only for a search the destination documents
+    /// as reading its own writes at once. It lengthens the runner's claim by as much
+    /// ([`EffectOptions::claim_for`](crate::effects::EffectOptions::claim_for)).
     pub fn reconcile_after(mut self, d: Duration) -> Self {
-        self.reconcile_after = d;
+        self.reconcile_after = Some(d);
         self
     }
 
@@ -369,6 +383,9 @@ impl HttpEffectBuilder {
             v.set_sensitive(true);
             headers.push((n, v));
         }
+        let reconcile_after = self
+            .reconcile_after
+            .unwrap_or_else(|| default_reconcile_after(self.confirm.as_ref(), &key, self.upsert));
         let client = match self.client {
             Some(c) => c,
             None => reqwest::Client::builder()
@@ -387,9 +404,28 @@ impl HttpEffectBuilder {
             confirm: self.confirm,
             answers: self.answers,
             timeout: self.timeout,
-            reconcile_after: self.reconcile_after,
+            reconcile_after,
             headers,
             compensate: self.compensate,
         })
+    }
+}
+
+/// The wait before the first confirmation of a search at a destination that keeps no key, unless one is set:
+/// a minute. HubSpot: "It may take a few moments for newly created or updated CRM objects to appear in search
+/// results"; Stripe's search: "Under normal operating conditions, data is searchable in under 1 minute".
+pub const DEFAULT_SEARCH_RECONCILE_AFTER: Duration = Duration::from_secs(60);
+
+/// The wait before the first confirmation when none is set: [`DEFAULT_SEARCH_RECONCILE_AFTER`] for a
+/// confirmation that may read a search (any but a lookup) at a destination not said to keep keys, where a "not
+/// found" inside the search's lag would call again with nothing to dedupe the second call; none otherwise.
+pub(crate) fn default_reconcile_after(
+    confirm: Option<&Confirm>,
+    key: &Key,
+    upsert: bool,
+) -> Duration {
+    match confirm {
+        Some(c) if !upsert && !key.honoured && !c.is_lookup() => DEFAULT_SEARCH_RECONCILE_AFTER,
+        _ => Duration::ZERO,
     }
 }

@@ -241,6 +241,11 @@ impl Confirm {
         }
     }
 
+    /// Whether the confirmation is a lookup of one object (read from the destination's store, not a search index).
+    pub(crate) fn is_lookup(&self) -> bool {
+        matches!(self.rule, Rule::Lookup { .. })
+    }
+
     /// Whether the confirmation finds the effect by its external reference.
     pub(crate) fn uses_external_ref(&self) -> bool {
         self.url.contains(template::EXTERNAL_REF)

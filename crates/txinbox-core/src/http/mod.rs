@@ -47,6 +47,19 @@
 //! confirmation, a destination that honours its key ([`Key::header`], [`Key::body_field`]) is asked by
 //! repeating the call with the same key within the time it keeps keys; any other lost answer needs attention.
 //!
+//! **A search that lags behind the writes** (HubSpot's CRM search: "It may take a few moments for newly created
+//! or updated CRM objects to appear in search results") answers "not found" for what a lost call created a moment
+//! ago; where no key is kept, "not found" calls again and creates twice. So the first confirmation waits
+//! [`reconcile_after`](HttpEffectBuilder::reconcile_after):
+//!
+//! | confirmation | key | default `reconcile_after` |
+//! |---|---|---|
+//! | a search ([`Confirm::search`], [`Confirm::search_post`]) or your own reader ([`Confirm::read_with`]) | not kept ([`Key::none`], or none declared) | [`DEFAULT_SEARCH_RECONCILE_AFTER`] (60 s) |
+//! | a search or a reader | kept ([`Key::header`], [`Key::body_field`]): the repeat is deduplicated | none |
+//! | a lookup ([`Confirm::lookup`]), or none; an upsert | any | none |
+//!
+//! A wait you set stands (zero included), in the builder and in the settings file (`reconcile_after_seconds`).
+//!
 //! **A compensation** ([`HttpEffectBuilder::compensate_url`]) is undone on a 2xx (that reports no error) or a
 //! 404 (already gone); a 4xx that is a rate limit undid nothing, even as a 404: ask again later.
 
@@ -65,7 +78,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use sha2::{Digest, Sha256};
 
 pub use answers::{parse_retry_after, rate_limited, Answer, AnswerTable, MAX_RETRY_AFTER};
-pub use builder::{HttpConfigError, HttpEffectBuilder};
+pub use builder::{HttpConfigError, HttpEffectBuilder, DEFAULT_SEARCH_RECONCILE_AFTER};
 pub use confirm::{Confirm, ReadFn};
 pub use key::{Key, DEFAULT_KEY_KEPT_FOR};
 pub use settings::{runner_from_settings, EffectSettingsError};
@@ -824,6 +837,8 @@ mod echo_tests;
 mod error_body_tests;
 #[cfg(test)]
 mod rate_limit_tests;
+#[cfg(test)]
+mod search_lag_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

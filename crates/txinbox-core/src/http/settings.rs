@@ -78,7 +78,11 @@ impl HttpEffect {
             }
             b = b.timeout(Duration::from_secs(t));
         }
-        b = b.reconcile_after(Duration::from_secs(s.reconcile_after_seconds));
+        // Unset: the builder's default, a minute for a search where no key is kept (see
+        // HttpEffectBuilder::reconcile_after); a value set stands, 0 included.
+        if let Some(secs) = s.reconcile_after_seconds {
+            b = b.reconcile_after(Duration::from_secs(secs));
+        }
         for (h, v) in &s.headers {
             let value = match v.strip_prefix("env:") {
                 Some(var) => env(var).ok_or_else(|| {
@@ -176,6 +180,14 @@ pub fn runner_from_settings<S: EffectStore>(
             tracing::warn!(
                 destination = %name,
                 "destination without idempotency and without a confirmation: a lost answer can only end in needs attention"
+            );
+        }
+        if d.reconcile_after_seconds.is_none() && !effect.reconcile_after.is_zero() {
+            tracing::info!(
+                destination = %name,
+                reconcile_after_seconds = effect.reconcile_after.as_secs(),
+                "a search confirmation where no key is kept: a lost answer is first confirmed this long after the \
+                 call, once the search can show it (set reconcile_after_seconds to change it)"
             );
         }
         runner = runner.executor(name.clone(), effect);

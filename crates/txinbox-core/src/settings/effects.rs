@@ -112,8 +112,12 @@ pub struct HttpDestinationSettings {
     pub reference_optional: bool,
     /// Each request's timeout in seconds (10).
     pub timeout_seconds: Option<u64>,
-    /// Seconds to wait after an uncertain call before the first confirmation (0).
-    pub reconcile_after_seconds: u64,
+    /// Seconds to wait after an uncertain call before the first confirmation. Unset: 60 for a confirmation
+    /// that may read a search (`rule = "search"`) at a destination that keeps no key (`key = "none"`, or no
+    /// `key`), whose search may not show yet what a lost call created (HubSpot: "It may take a few moments for
+    /// newly created or updated CRM objects to appear in search results") and a "not found" would call again;
+    /// 0 otherwise. A value set stands, 0 included.
+    pub reconcile_after_seconds: Option<u64>,
     /// Headers sent with every request; a value `env:VAR` is read from the environment at start.
     pub headers: BTreeMap<String, String>,
     /// Overrides of the answer table: `"409" = "in_progress"`, `"4xx" = "rejected"` (answers: `done`,

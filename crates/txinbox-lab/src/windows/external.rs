@@ -45,13 +45,16 @@ pub(crate) async fn run<S: LabStore>(
         Window::ExternalCallAnswerLostNoIdempotency => HttpEffect::post(format!("{url}/tasks"))
             .key(Key::none())
             .confirm_url(format!("{url}/tasks?external_ref={{external_ref}}")),
-        // No idempotency, and a list search that answers 200 with an empty list when nothing matches.
+        // No idempotency, and a list search that answers 200 with an empty list when nothing matches. The local
+        // CRM's list shows a task as soon as it is created: declared with a zero reconcile_after, instead of the
+        // minute a search where no key is kept waits by default.
         Window::ExternalCallNeverReached => HttpEffect::post(format!("{url}/v1/tasks"))
             .key(Key::none())
             .confirm(
                 Confirm::search(format!("{url}/v1/tasks?external_ref={{external_ref}}"))
                     .found_at("/data/0/id"),
-            ),
+            )
+            .reconcile_after(Duration::ZERO),
         // The draft's key, a destination that holds the first call until the lab releases it, and a caller
         // that gives up after 150 ms; the list search by key does not see a task still being processed.
         _ => HttpEffect::post(format!("{url}/v1/tasks"))
