@@ -363,7 +363,7 @@ impl ServiceBusConfig {
     }
 
     /// Runs requests on this HTTP client instead of a rustls `reqwest` client built here (which follows no
-    /// redirect: give this one the same policy). Endpoint rewriting, request signing, bearer tokens and
+    /// redirect, and keeps response header values that are not ASCII: give this one the same policy). Endpoint rewriting, request signing, bearer tokens and
     /// timeouts still apply on top of it.
     pub fn http_client(mut self, client: Arc<dyn HttpClient>) -> Self {
         self.http_client = Some(client);
@@ -447,7 +447,7 @@ impl ServiceBusConfig {
                     .map_err(|e| ServiceBusError::Config {
                         detail: format!("cannot build the HTTP client: {e}"),
                     })?;
-                Arc::new(client) as Arc<dyn HttpClient>
+                Arc::new(crate::transport::ReqwestClient(client)) as Arc<dyn HttpClient>
             }
         };
         let (auth, key_name, key) = match self.credential {

@@ -220,6 +220,7 @@ impl HttpClient for Transport {
             ));
         }
         self.rewrite(request.url_mut())?;
+        ascii_broker_properties(&mut request);
         if let Auth::Sas {
             key_name,
             signing_key,
@@ -246,6 +247,105 @@ impl HttpClient for Transport {
                 RequestTimedOut(budget),
             )),
         }
+    }
+}
+
+/// Writes a request's `BrokerProperties` in visible ASCII: every non-ASCII character of the JSON (the crate
+/// serializes a Label, CorrelationId, SessionId, MessageId... as raw UTF-8) becomes its `\uXXXX` escape, a
+/// surrogate pair outside the Basic Multilingual Plane. RFC 8259, section 7: the string grammar's escape
+/// `%x75 4HEXDIG ) ; uXXXX U+XXXX`, and "To escape an extended character that is not in the Basic Multilingual
+/// Plane, the character is represented as a 12-character sequence, encoding the UTF-16 surrogate pair." The
+/// JSON means the same, so the service reads the same values; raw UTF-8 in a header is what RFC 7230, section
+/// 3.2.4 tells senders not to write ("Newly defined header fields SHOULD limit their field values to US-ASCII
+/// octets. A recipient SHOULD treat other octets in field content (obs-text) as opaque data."): a recipient may
+/// read those bytes as ISO-8859-1 and store `réunion` as `rÃ©union`. Non-ASCII only occurs inside JSON strings
+/// (the structure and its whitespace are ASCII), so escaping it character by character keeps the document valid.
+fn ascii_broker_properties(request: &mut Request) {
+    let name = azure_core::headers::HeaderName::from_static("brokerproperties");
+    let Some(value) = request.headers().get_optional_str(&name) else {
+        return;
+    };
+    if value.is_ascii() {
+        return;
+    }
+    let escaped = json_ascii(value);
+    request.insert_header(name, escaped);
+}
+
+/// `text` with every non-ASCII character written `\uXXXX` (UTF-16 code units, so two escapes outside the
+/// Basic Multilingual Plane).
+pub(crate) fn json_ascii(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
+/// The rustls `reqwest` client the adapter builds, run as `azure_core`'s own `reqwest` backend runs it, except
+/// for the response headers: `azure_core` 0.21 drops, with a warning, every header whose value is not visible
+/// ASCII, so a custom property another producer sent as raw UTF-8 (`site: "Zürich"`), or a `BrokerProperties`
+/// holding raw UTF-8, vanished from the received message without a trace (its MessageId with it). RFC 7230,
+/// section 3.2.4: "A recipient SHOULD treat other octets in field content (obs-text) as opaque data." Here a
+/// value is kept whatever its bytes: read as UTF-8 when it is, else as ISO-8859-1 ("Historically, HTTP has
+/// allowed field content with text in the ISO-8859-1 charset"), one character per byte, so nothing is dropped.
+pub(crate) struct ReqwestClient(pub(crate) reqwest::Client);
+
+impl fmt::Debug for ReqwestClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ReqwestClient")
+    }
+}
+
+#[async_trait::async_trait]
+impl HttpClient for ReqwestClient {
+    async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
+        use futures::TryStreamExt;
+        let method = reqwest::Method::from_bytes(request.method().as_ref().as_bytes())
+            .map_err(|e| azure_core::Error::new(ErrorKind::DataConversion, e))?;
+        let mut req = self.0.request(method, request.url().clone());
+        for (name, value) in request.headers().iter() {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        let req = match request.body().clone() {
+            azure_core::Body::Bytes(bytes) => req.body(bytes),
+            azure_core::Body::SeekableStream(stream) => {
+                req.body(reqwest::Body::wrap_stream(stream))
+            }
+        }
+        .build()
+        .map_err(|e| azure_core::Error::full(ErrorKind::Other, e, "cannot build the request"))?;
+        let rsp = self
+            .0
+            .execute(req)
+            .await
+            .map_err(|e| azure_core::Error::full(ErrorKind::Io, e, "the request failed"))?;
+        let status = azure_core::StatusCode::try_from(rsp.status().as_u16()).map_err(|_| {
+            azure_core::Error::message(ErrorKind::DataConversion, "an HTTP status out of range")
+        })?;
+        let mut headers = azure_core::headers::Headers::new();
+        for (name, value) in rsp.headers() {
+            headers.insert(name.as_str().to_owned(), header_text(value.as_bytes()));
+        }
+        let body = Box::pin(rsp.bytes_stream().map_err(|e| {
+            azure_core::Error::full(ErrorKind::Io, e, "the answer's body could not be read")
+        }));
+        Ok(Response::new(status, headers, body))
+    }
+}
+
+/// A header value as text: UTF-8 when its bytes are, else ISO-8859-1 (each byte the character of its code).
+pub(crate) fn header_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => text.to_owned(),
+        Err(_) => bytes.iter().map(|&b| char::from(b)).collect(),
     }
 }
 
@@ -630,6 +730,73 @@ mod tests {
         assert_eq!(sas_field(auth, "sig"), expected);
         let expiry = se.parse::<i64>().unwrap() - chrono::Utc::now().timestamp();
         assert!((3000..=3600).contains(&expiry), "expires in {expiry} s");
+    }
+
+    /// Records each request's `BrokerProperties` and answers 201 (a send's answer).
+    #[derive(Debug, Default)]
+    struct SentProperties(std::sync::Mutex<Vec<Option<String>>>);
+
+    #[async_trait::async_trait]
+    impl HttpClient for SentProperties {
+        async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
+            let name = azure_core::headers::HeaderName::from_static("brokerproperties");
+            self.0
+                .lock()
+                .unwrap()
+                .push(request.headers().get_optional_string(&name));
+            Ok(Response::new(
+                azure_core::StatusCode::Created,
+                azure_core::headers::Headers::new(),
+                Box::pin(futures::stream::empty()),
+            ))
+        }
+    }
+
+    /// A Label, MessageId or SessionId with non-ASCII characters goes out as JSON escapes, in visible ASCII
+    /// (RFC 7230, 3.2.4: "Newly defined header fields SHOULD limit their field values to US-ASCII octets."),
+    /// and reads back as the same values (RFC 8259, 7: `%x75 4HEXDIG ) ; uXXXX U+XXXX`, a surrogate pair
+    /// outside the Basic Multilingual Plane): nothing for a recipient reading the bytes as ISO-8859-1 to mangle.
+    #[tokio::test]
+    async fn broker_properties_are_sent_in_ascii_and_mean_the_same() {
+        let records = Arc::new(SentProperties::default());
+        let client = crate::ServiceBusConfig::shared_access_key("ns", "send", "c2VjcmV0")
+            .http_client(records.clone())
+            .connect()
+            .unwrap();
+        let msg = txinbox_core::OutboxMessage {
+            destination: "orders".into(),
+            source: "crm".into(),
+            message_id: "evt-zürich-日本".into(),
+            event_type: "réunion.terminée 🎉".into(),
+            group_id: Some("opp-ü".into()),
+            body: b"{}".to_vec(),
+            attributes: Default::default(),
+        };
+        crate::ServiceBusPublisher::new(client)
+            .send(&msg)
+            .await
+            .expect("sent");
+        let sent = records.0.lock().unwrap().clone();
+        let raw = sent[0].clone().expect("a BrokerProperties header");
+        assert!(
+            raw.bytes().all(|b| (0x20..0x7f).contains(&b)),
+            "not visible ASCII: {raw}"
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&raw).unwrap();
+        assert_eq!(parsed["MessageId"], "evt-zürich-日本");
+        assert_eq!(parsed["Label"], "réunion.terminée 🎉");
+        assert_eq!(parsed["SessionId"], "opp-ü");
+        assert!(raw.contains("\\ud83c\\udf89"), "a surrogate pair: {raw}");
+    }
+
+    /// A response header that is not visible ASCII is kept: UTF-8 as UTF-8, other bytes one character each
+    /// (ISO-8859-1), never dropped.
+    #[test]
+    fn header_values_are_read_whatever_their_bytes() {
+        assert_eq!(header_text(b"\"High\""), "\"High\"");
+        assert_eq!(header_text("\"Zürich 日本\"".as_bytes()), "\"Zürich 日本\"");
+        assert_eq!(header_text(b"caf\xe9"), "café");
+        assert_eq!(json_ascii("é日🎉\"x"), "\\u00e9\\u65e5\\ud83c\\udf89\"x");
     }
 
     #[tokio::test]

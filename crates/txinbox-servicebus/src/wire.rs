@@ -111,7 +111,8 @@ pub fn received_message(
             BrokerProperties::default()
         }),
         None => {
-            // azure_core drops non-ASCII header values silently.
+            // A client given with `http_client` on azure_core's reqwest backend drops a header value that is not
+            // visible ASCII (the adapter's own client keeps it).
             tracing::warn!(entity, "no BrokerProperties on a received message");
             BrokerProperties::default()
         }

@@ -11,6 +11,7 @@ mod common;
 mod contract;
 mod dead_letters;
 mod faults;
+mod non_ascii;
 mod scenarios;
 mod shutdown;
 mod startup;
