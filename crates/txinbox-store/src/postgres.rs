@@ -387,7 +387,10 @@ impl Backend for Postgres {
 
     async fn insert_effect(conn: &mut PgConnection, e: &NewEffect<'_>) -> Result<(), sqlx::Error> {
         let fx = e.effect;
-        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', $10, $10, $10) ON CONFLICT DO NOTHING")
+        // Recorded, and due, at the database's clock (`now()`, the transaction's start), on which the claims
+        // decide what is due and the partitioned layout lays the effects' partitions out: the worker's clock
+        // (`e.created_at`) may run ahead of it by more than the partitions made ahead, or behind.
+        sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, group_key, state, next_attempt_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending', now(), now(), now()) ON CONFLICT DO NOTHING")
             .bind(e.consumer)
             .bind(e.message_id)
             .bind(&e.key)
@@ -397,7 +400,6 @@ impl Backend for Postgres {
             .bind(metadata_json(e))
             .bind(fx.external_ref.as_deref().unwrap_or(&e.key))
             .bind(&fx.group)
-            .bind(kept_time(e.created_at))
             .execute(conn)
             .await?;
         Ok(())

@@ -368,7 +368,9 @@ impl Backend for Sqlite {
         t: &TransitionColumns<'_>,
         now: DateTime<Utc>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query("UPDATE txinbox_effects SET state = ?3, attempts = COALESCE(?4, attempts), reconciliations = COALESCE(?5, reconciliations), next_attempt_at = COALESCE(?6, next_attempt_at), result_reference = COALESCE(?7, result_reference), last_error = ?8, claimed_by = NULL, claim_until = NULL, updated_at = ?9, finished_at = CASE WHEN ?10 THEN ?9 ELSE finished_at END, maybe_happened = COALESCE(?11, maybe_happened), sent_hash = COALESCE(sent_hash, ?12) WHERE id = ?1 AND claimed_by = ?2 AND state = 'in_flight'")
+        // The finish time on the host's clock too, the store's, as PostgreSQL's `now()`: the purges count the
+        // retention from it on that clock.
+        let done = sqlx::query("UPDATE txinbox_effects SET state = ?3, attempts = COALESCE(?4, attempts), reconciliations = COALESCE(?5, reconciliations), next_attempt_at = COALESCE(?6, next_attempt_at), result_reference = COALESCE(?7, result_reference), last_error = ?8, claimed_by = NULL, claim_until = NULL, updated_at = ?9, finished_at = CASE WHEN ?10 THEN ?13 ELSE finished_at END, maybe_happened = COALESCE(?11, maybe_happened), sent_hash = COALESCE(sent_hash, ?12) WHERE id = ?1 AND claimed_by = ?2 AND state = 'in_flight'")
             .bind(id)
             .bind(text(holder))
             .bind(t.state.as_str())
@@ -386,6 +388,7 @@ impl Backend for Sqlite {
             .bind(t.finished)
             .bind(t.maybe_happened)
             .bind(t.sent_hash.map(text))
+            .bind(ts(Utc::now()))
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)

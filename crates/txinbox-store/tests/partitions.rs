@@ -1423,3 +1423,65 @@ async fn an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention(
         "finished at {finished}, the database's clock {db_now}"
     );
 }
+
+/// An effect a worker records takes its creation time, and so its first due time, from the database's clock, on
+/// which the claims decide what is due and the partitioned layout lays out the effects' partitions: it took the
+/// worker host's clock, so a worker whose host ran days ahead of the database recorded effects no runner claimed
+/// until the database's clock caught up (row by row), or could not record them at all, past the last partition
+/// made ahead (partitioned: every such message released, again and again). Here the database's clock is 10 days
+/// behind the host's: the message is applied and its effect is due, and run, at once.
+#[tokio::test]
+async fn an_effect_recorded_by_a_worker_whose_clock_is_ahead_is_due_at_once() {
+    use txinbox_core::effects::{Effect, EffectRunner};
+    use txinbox_core::{Handled, HandlerError, Inbox, Message};
+    for partitioned in [false, true] {
+        let s = Schema::new().await;
+        let behind = s.clock_behind_by_ten_days().await;
+        if partitioned {
+            let _ = behind.partition(&PartitionOptions::new()).await.unwrap();
+        }
+        let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(behind.pool())
+            .await
+            .unwrap();
+        let mut m = ReceivedMessage::new(b"{}".to_vec());
+        m.attributes.insert("ce-id".into(), "evt-fx".into());
+        m.attributes.insert("ce-source".into(), "crm".into());
+        m.attributes.insert("ce-time".into(), db_now.to_rfc3339());
+        let inbox = Inbox::new(
+            behind.clone(),
+            IdentityPolicy::new(ConsumerName::new("c").unwrap()),
+        );
+        let handler = |_: txinbox_store::Tx<sqlx::Postgres>, _: Message<serde_json::Value>| async {
+            Ok::<_, HandlerError>(Handled::done().effect(Effect::new(
+                "crm.task",
+                "crm",
+                b"{}".to_vec(),
+            )))
+        };
+        let outcome = txinbox_testkit::prop::process_all(inbox, handler, vec![m], false).await;
+        let outcome = txinbox_testkit::prop::delivered(outcome.into_iter().next().unwrap());
+        let report = EffectRunner::new(behind.clone())
+            .executor("crm", Does)
+            .run_until_idle()
+            .await;
+        let rows: Vec<(String, DateTime<Utc>)> =
+            sqlx::query_as("SELECT state, created_at FROM txinbox_effects")
+                .fetch_all(behind.pool())
+                .await
+                .unwrap();
+        behind.close().await;
+        s.drop().await;
+        assert_eq!(
+            (report.claimed, rows.len()),
+            (1, 1),
+            "partitioned {partitioned}: {outcome}, {rows:?} (the database's now {db_now})"
+        );
+        assert_eq!(rows[0].0, "done", "partitioned {partitioned}");
+        assert!(
+            rows[0].1 < db_now + Cd::minutes(1),
+            "created at {} by the database's clock {db_now}",
+            rows[0].1
+        );
+    }
+}

@@ -181,7 +181,8 @@ pub struct NewEffect<'a> {
     pub key: String,
     /// The intent.
     pub effect: &'a Effect,
-    /// When it was recorded.
+    /// When it was recorded, by the worker's clock. A store with a clock of its own records its own instead
+    /// (PostgreSQL: the transaction's `now()`), on which its claims decide when the effect is due.
     pub created_at: DateTime<Utc>,
 }
 

@@ -308,7 +308,8 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
     ///   over its work (`reconcile_after`) takes an effect over while its holder may still be calling.
     ///
     /// `now` is kept as the effect's `updated_at`. An effect recorded by a worker is due from its
-    /// `created_at`, the worker host's clock.
+    /// `created_at`, which the store stamps on its clock (PostgreSQL: `now()`, the recording transaction's
+    /// start; SQLite: the host's; DynamoDB: the worker host's).
     fn claim_effects(
         &self,
         holder: &str,
