@@ -29,6 +29,14 @@ pub const REDRIVEN_FROM_PROPERTY: &str = txinbox_core::dead_letter::REDRIVEN_FRO
 /// destination) to the queue `to`, telling `progress` about each message (MessageIds and sequence numbers
 /// only, never a credential; `&mut ()` for nothing).
 ///
+/// Each dead letter is looked at once per run. A run that lasts longer than the source's lock meets again the
+/// messages it left in place (deferred, or sent but not completed) once their lock lapses (Microsoft, Peek-Lock
+/// Message: "When the lock expires, the message becomes available to other receivers"): one already looked at,
+/// by sequence number, is neither sent again nor counted again; its new lock is held, so the run moves on to
+/// the messages behind it. The run ends at the first empty receive, at `max` moved, or when more messages in a
+/// row came round again than the run has left in place (one of them came round twice, a lock apart, with no
+/// new message in between).
+///
 /// The report fills `moved`, `deferred`, `settle_failed` (sent but not completed in the source) and
 /// `moved_ids`. On a failed send the message is abandoned in the source, the held ones are released, and the
 /// error is returned; the last report `progress` saw says what was done before.
@@ -55,6 +63,7 @@ pub async fn redrive(
     let mut report = RedriveReport::default();
     let mut held: Vec<Locked> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
+    let mut repeats_in_a_row = 0usize;
     progress.event(RedriveEvent::Started, &report);
     let outcome = loop {
         if options.max.is_some_and(|m| report.moved >= m) {
@@ -68,11 +77,30 @@ pub async fn redrive(
         let m = &locked.message;
         let id = m.producer_id.clone().unwrap_or_default();
         let seq = m.broker_id.clone().unwrap_or_default();
-        if !seen.insert(seq.clone()) {
-            // Came round again (a held lock lapsed): everything left has been looked at.
+        // The sequence number (from BrokerProperties, else the lock URI); the lock URI itself when neither
+        // says one, which tells nothing apart but never merges two messages.
+        let key = m.broker_id.clone().unwrap_or_else(|| {
+            locked
+                .headers
+                .get("location")
+                .unwrap_or_default()
+                .to_owned()
+        });
+        if !seen.insert(key) {
+            // Looked at already in this run: deferred (its held lock lapsed) or sent (its complete failed, its
+            // lock lapsed during the send). Never sent again; its new lock is kept, so the next receive moves
+            // on to the messages behind it.
             held.push(locked);
-            break Ok(());
+            repeats_in_a_row += 1;
+            // The messages this run can meet again are those it looked at and did not move. More repeats in
+            // a row than there are of them means one came round twice, a whole lock apart, with nothing new
+            // in between: everything left has been looked at.
+            if repeats_in_a_row > seen.len().saturating_sub(report.moved) {
+                break Ok(());
+            }
+            continue;
         }
+        repeats_in_a_row = 0;
         if let Some(enqueued) = original_enqueued_at(m) {
             let age = Utc::now() - enqueued;
             if age < window {

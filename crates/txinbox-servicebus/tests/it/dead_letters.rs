@@ -4,7 +4,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
-use txinbox_servicebus::{dead_letter_queue_path, read_dead_letters};
+use txinbox_servicebus::{
+    dead_letter_queue_path, dlq::ENQUEUED_AT_PROPERTY, read_dead_letters, redrive, RedriveOptions,
+};
 
 use crate::common::*;
 
@@ -46,4 +48,76 @@ async fn a_read_longer_than_the_lock_returns_each_dead_letter_once() {
         ids.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>()
     );
     assert_eq!(emu.counts(&q).await, (0, 3), "reading does not remove");
+}
+
+/// A redrive that lasts longer than the source's lock (here 1 s, each send to the target held back 600 ms by
+/// the emulator): Microsoft, Peek-Lock Message: "When the lock expires, the message becomes available to other
+/// receivers". The dead letter the redrive left in place first (inside the duplicate-detection window, so
+/// deferred and its lock held) comes round again, twice, before the messages behind it have been looked at;
+/// and the first one moved, whose send outlasts its lock (1.5 s), is sent but cannot be completed, and comes
+/// round again too. The redrive moves every dead letter behind them, sends none of them twice, and leaves in
+/// the source the deferred one and the one it sent but could not complete.
+#[tokio::test]
+async fn a_redrive_longer_than_the_lock_moves_every_dead_letter_once() {
+    let (emu, client, from) = emu_queue(json!({"lockDuration": "PT1S"})).await;
+    let to = emu.queue(json!({})).await;
+    // The deferred one first: enqueued (as the forwarded copy says) just now, inside the window.
+    let young = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut deferred = event(&from, "evt-young", "{}");
+    deferred
+        .attributes
+        .insert(ENQUEUED_AT_PROPERTY.to_owned(), young);
+    publish(&client, &deferred).await;
+    let old: Vec<String> = (0..6).map(|i| format!("evt-old-{i}")).collect();
+    for id in &old {
+        let mut m = event(&from, id, "{}");
+        m.attributes.insert(
+            ENQUEUED_AT_PROPERTY.to_owned(),
+            "2020-01-02T03:04:05Z".into(),
+        );
+        publish(&client, &m).await;
+    }
+    let sends = format!("/{to}/messages");
+    emu.fault(json!({"kind": "delay", "delay_ms": 1500, "method": "POST", "path_suffix": sends, "count": 1}))
+        .await;
+    emu.fault(json!({"kind": "delay", "delay_ms": 600, "method": "POST", "path_suffix": sends, "count": 5}))
+        .await;
+
+    let options = RedriveOptions::default()
+        .wait(Duration::from_secs(1))
+        .duplicate_detection_window(Duration::from_secs(3600));
+    let report = redrive(&client, &from, &to, &options, &mut ())
+        .await
+        .expect("redrive");
+
+    let target = emu.state(&to).await;
+    let sent: Vec<String> = target["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["messageId"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    let unique: BTreeSet<_> = sent.iter().cloned().collect();
+    assert_eq!(
+        sent.len(),
+        unique.len(),
+        "a dead letter sent twice: {sent:?}"
+    );
+    assert_eq!(
+        unique,
+        old.iter().cloned().collect::<BTreeSet<_>>(),
+        "every old dead letter sent (report {report:?})"
+    );
+    assert_eq!(report.deferred, 1, "{report:?}");
+    assert_eq!(report.moved + report.settle_failed, 6, "{report:?}");
+    assert_eq!(report.settle_failed, 1, "{report:?}");
+    let left = emu.state(&from).await;
+    let mut left_ids: Vec<String> = left["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["messageId"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    left_ids.sort();
+    assert_eq!(left_ids, ["evt-old-0", "evt-young"], "{left}");
 }
