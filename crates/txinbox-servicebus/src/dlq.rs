@@ -10,7 +10,7 @@
 //!   | property | value |
 //!   |---|---|
 //!   | [`dead_letter::REASON`] `txinbox-dlq-reason` | the inbox's reason code (`payload_collision`, `handler_permanent`, `no_identity`, ...) |
-//!   | [`dead_letter::DETAIL`] `txinbox-dlq-detail` | human-readable detail (at most [`dead_letter::MAX_DETAIL_LEN`] = 1 KiB, ASCII-escaped) |
+//!   | [`dead_letter::DETAIL`] `txinbox-dlq-detail` | human-readable detail (at most [`dead_letter::MAX_DETAIL_LEN`] = 1 KiB, control characters as spaces) |
 //!   | [`SOURCE_PROPERTY`] `txinbox-dlq-source` | the queue the message came from |
 //!   | [`SEQUENCE_PROPERTY`] `txinbox-dlq-sequence-number` | its SequenceNumber there |
 //!   | [`DELIVERY_COUNT_PROPERTY`] `txinbox-dlq-delivery-count` | its DeliveryCount when forwarded |

@@ -222,10 +222,16 @@ pub fn unquote(v: &str) -> &str {
     }
 }
 
-/// A string property value for a send header: quoted, so the service stores a string, and made
-/// safe for an HTTP header: control characters become spaces, non-ASCII is written `\u{XXXX}` (the crate
-/// would send raw UTF-8, whose fate on the service is untested), inner quotes become `'`, and
-/// the whole is cut at `max_chars`.
+/// A string property value for a send header: quoted, so the service stores a string, and made safe for an
+/// HTTP header: control characters become spaces, inner quotes become `'`, and the whole is cut at
+/// `max_chars` bytes (on a character boundary). Other characters, non-ASCII included, are kept as they are and
+/// go out as raw UTF-8. Microsoft gives a custom property no encoding of its own (REST Introduction: "If a
+/// single message is sent or received, each custom property is placed in its own HTTP header."; Send Message:
+/// "In addition to the listed properties, the header can contain custom properties."), so an escape would be
+/// stored as its own characters (`café` written `caf\u{e9}` reached every consumer as the text `caf\u{e9}`).
+/// Raw UTF-8 is what other producers send and what the receive reads back (as UTF-8, see
+/// `transport::ReqwestClient`); RFC 7230, 3.2.4: "A recipient SHOULD treat other octets in field content
+/// (obs-text) as opaque data."
 pub fn quote_property(v: &str, max_chars: usize) -> String {
     let mut out = String::with_capacity(v.len() + 2);
     out.push('"');
@@ -237,8 +243,7 @@ pub fn quote_property(v: &str, max_chars: usize) -> String {
         match c {
             '"' => out.push('\''),
             c if c.is_control() => out.push(' '),
-            c if c.is_ascii() => out.push(c),
-            c => out.push_str(&c.escape_unicode().to_string()),
+            c => out.push(c),
         }
     }
     out.push('"');
@@ -337,7 +342,10 @@ mod tests {
         assert_eq!(unquote("12345"), "12345");
         assert_eq!(unquote("\""), "\"");
         assert_eq!(quote_property("a\"b\nc", 100), "\"a'b c\"");
-        assert_eq!(quote_property("café", 100), "\"caf\\u{e9}\"");
+        assert_eq!(quote_property("café 日本", 100), "\"café 日本\"");
+        assert_eq!(unquote(&quote_property("café 日本", 100)), "café 日本");
+        // Cut on a character boundary: 1 quote + "ab" + "日" is 6 bytes, the limit reached before "本".
+        assert_eq!(quote_property("ab日本", 6), "\"ab日...\"");
         assert!(quote_property(&"x".repeat(500), 64).len() <= 70);
     }
 
