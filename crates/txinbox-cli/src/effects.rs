@@ -634,8 +634,8 @@ pub async fn compensate<S: EffectStore>(store: S, args: &CompensateArgs) -> Resu
 
 /// `effects compensate --dry-run`: each done effect of the key and the request its destination would get
 /// (`EffectRunner::compensate`'s choices: every done row, one request per destination and reference), its
-/// URL's password and query values masked; refused as the run would refuse it (no effect, none done, a
-/// destination without its settings or its compensation request). Sends and changes nothing.
+/// URL's password and query values masked; refused as the run would refuse it (no effect, none done, one not
+/// finished, a destination without its settings or its compensation request). Sends and changes nothing.
 async fn compensate_dry_run<S: EffectStore>(
     store: &S,
     args: &CompensateArgs,
@@ -658,6 +658,15 @@ async fn compensate_dry_run<S: EffectStore>(
             "effect {key} is {}, not done: nothing to compensate",
             newest.claimed_from
         ));
+    }
+    // Refused as the run refuses it: a row of the key that may still run or may have happened.
+    if let Some(open) = all.iter().find(|e| !e.claimed_from.is_finished()) {
+        return Err(txinbox_core::effects::CompensateError::Unfinished {
+            key,
+            id: open.id,
+            state: open.claimed_from,
+        }
+        .to_string());
     }
     let mut calls: Vec<(&str, Option<&str>, &str)> = Vec::new();
     for e in &done {
@@ -925,5 +934,69 @@ mod tests {
             "k1"
         ])
         .is_err());
+    }
+
+    /// `effects compensate` on the partitioned PostgreSQL layout, a key whose re-send (another bucket of event
+    /// time) recorded its effect again and that second row is still pending: the command undid the done row and
+    /// left the pending one, which then ran and did again what the operator had undone (on the row-by-row
+    /// layout the key has one row, and a pending one is refused). The run and its dry run now refuse the key,
+    /// naming the row, and nothing changes.
+    #[tokio::test]
+    async fn a_key_with_an_unfinished_re_send_is_refused_on_the_partitioned_layout() {
+        let base = std::env::var("TXINBOX_TEST_PG_URL")
+            .expect("TXINBOX_TEST_PG_URL is not set: run `bash scripts/test.sh`");
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let admin = sqlx::PgPool::connect(&base).await.unwrap();
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        let store =
+            txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1).await;
+        let store = store.expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+        let _ = store
+            .partition(&txinbox_store::PartitionOptions::new())
+            .await
+            .unwrap();
+        let pending: i64 = sqlx::query_scalar("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at, finished_at, result_reference) VALUES ('c', 'm', 'k-open', 'crm', 'crm', '\\x00', '{}', 'k-open', 'done', now() - interval '5 minutes', now() - interval '5 minutes', now(), now(), 'task-1'), ('c', 'm', 'k-open', 'crm', 'crm', '\\x00', '{}', 'k-open', 'pending', now(), now(), now(), NULL, NULL) RETURNING id")
+            .fetch_all(store.pool())
+            .await
+            .unwrap()
+            .into_iter()
+            .max()
+            .unwrap();
+        let args = |dry: &[&str]| {
+            let mut argv = vec![
+                "compensate",
+                "--store",
+                "postgres://unused",
+                "--key",
+                "k-open",
+                "--compensate",
+                "crm=http://127.0.0.1:9/v1/tasks/{reference}",
+            ];
+            argv.extend_from_slice(dry);
+            Compensate::try_parse_from(argv).unwrap().args
+        };
+        let dry = super::compensate(store.clone(), &args(&["--dry-run"])).await;
+        let run = super::compensate(store.clone(), &args(&[])).await;
+        let states: Result<Vec<String>, _> =
+            sqlx::query_scalar("SELECT state FROM txinbox_effects ORDER BY id")
+                .fetch_all(store.pool())
+                .await;
+        store.close().await;
+        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&admin)
+            .await
+            .unwrap();
+        admin.close().await;
+        for (what, answer) in [("dry run", dry), ("run", run)] {
+            let err = answer.expect_err(what);
+            assert!(
+                err.contains(&format!("id {pending}, pending")) && !err.contains('\n'),
+                "{what}: {err}"
+            );
+        }
+        assert_eq!(states.unwrap(), ["done", "pending"], "nothing changed");
     }
 }

@@ -1348,7 +1348,7 @@ async fn the_effects_runner_purges_done_effects_by_the_database_s_clock() {
     effect_row(&behind, "k-expired", "done", expired, Some(expired)).await;
     let runner = EffectRunner::new(behind.clone())
         .options(EffectOptions::default().done_retention(Duration::from_secs(7 * DAY as u64)));
-    runner.run_until_idle().await;
+    let _ = runner.run_until_idle().await;
     let left: Vec<String> =
         sqlx::query_scalar("SELECT idempotency_key FROM txinbox_effects ORDER BY id")
             .fetch_all(behind.pool())
@@ -1422,6 +1422,64 @@ async fn an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention(
         finished >= db_now - Cd::minutes(1),
         "finished at {finished}, the database's clock {db_now}"
     );
+}
+
+/// A key whose re-send (another bucket of event time, the partitioned layout's own case) recorded its effect
+/// again, that second row not finished yet: the compensation undid the done row and left the other, which then
+/// ran (or was being run, or may have happened) and did at the destination again what the operator had just
+/// undone, the key reporting compensated. On the row-by-row layout a key has one row, and an unfinished one is
+/// refused (not done: nothing to undo). Now a key with a row that may still run or may have happened is refused
+/// as a whole, naming that row, before anything is undone; once it is finished, the compensation undoes it too.
+#[tokio::test]
+async fn a_key_with_an_unfinished_re_send_is_not_compensated_half_way() {
+    use txinbox_core::effects::{CompensateError, EffectRunner, EffectState};
+    for open in ["pending", "in_flight", "uncertain", "needs_attention"] {
+        let s = Schema::new().await;
+        let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+        let now = Utc::now();
+        let done = effect_row(&s.store, "k-open", "done", now - Cd::minutes(5), Some(now)).await;
+        let resent = effect_row(&s.store, "k-open", open, now, None).await;
+        sqlx::query("UPDATE txinbox_effects SET result_reference = 'task-1' WHERE id = $1")
+            .bind(done)
+            .execute(s.store.pool())
+            .await
+            .unwrap();
+        let undo = Undo::default();
+        let runner = EffectRunner::new(s.store.clone()).executor("crm", undo.clone());
+        let answer = runner.compensate("k-open").await;
+        let states = |store: Store<sqlx::Postgres>| async move {
+            sqlx::query_scalar::<_, String>("SELECT state FROM txinbox_effects ORDER BY id")
+                .fetch_all(store.pool())
+                .await
+                .unwrap()
+        };
+        let after = states(s.store.clone()).await;
+        let asked = undo.0.lock().unwrap().clone();
+        assert!(
+            matches!(&answer, Err(CompensateError::Unfinished { id, state, .. }) if *id == resent && state.as_str() == open),
+            "{open}: {answer:?}, rows {after:?}"
+        );
+        let told = answer.unwrap_err().to_string();
+        assert!(told.contains(open) && !told.contains('\n'), "{told}");
+        assert_eq!(after, ["done", open], "nothing changed ({open})");
+        assert!(asked.is_empty(), "nothing undone ({open}): {asked:?}");
+        // Once the re-send is done (the destination answered it with the first call's task), both go.
+        sqlx::query("UPDATE txinbox_effects SET state = 'done', result_reference = 'task-1', finished_at = now() WHERE id = $1")
+            .bind(resent)
+            .execute(s.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(
+            runner.compensate("k-open").await.unwrap(),
+            EffectState::Compensated
+        );
+        assert_eq!(
+            states(s.store.clone()).await,
+            ["compensated", "compensated"]
+        );
+        assert_eq!(*undo.0.lock().unwrap(), [Some("task-1".to_owned())]);
+        s.drop().await;
+    }
 }
 
 /// An effect a worker records takes its creation time, and so its first due time, from the database's clock, on

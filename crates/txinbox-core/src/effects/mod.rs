@@ -231,6 +231,15 @@ impl EffectState {
         }
     }
 
+    /// Whether an effect in this state is finished: done, failed or compensated. One that is not (pending, in
+    /// flight, uncertain, needs attention) may still run, or may have happened at the destination.
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            EffectState::Done | EffectState::Failed | EffectState::Compensated
+        )
+    }
+
     /// The state stored as `s`.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|st| st.as_str() == s)

@@ -22,6 +22,18 @@ pub enum CompensateError {
         /// Its state.
         state: EffectState,
     },
+    /// Another effect of the key is not finished (pending, in flight, uncertain, needs attention): a re-send's
+    /// on the partitioned PostgreSQL layout, which may still run or may have happened, and would do at the
+    /// destination again what the compensation undoes. Nothing was undone; compensate once it is finished.
+    #[error("effect {key} has a row not finished (id {id}, {state}): it may still run or may have happened at the destination; nothing was undone, compensate once it is done or failed")]
+    Unfinished {
+        /// The key.
+        key: String,
+        /// The unfinished row's id (the oldest of them).
+        id: i64,
+        /// Its state.
+        state: EffectState,
+    },
     /// This runner has no executor for the effect's destination.
     #[error("no executor is registered for destination {0:?}")]
     NoExecutor(String),

@@ -129,8 +129,10 @@ impl<S: EffectStore> EffectRunner<S> {
     /// records its effects again, see [`EffectStore::find_effects`]) is one effect at the destination, which
     /// deduplicates on the key: every done one is undone, oldest first, with one call per destination,
     /// reference and external reference among them (the re-send's call was answered with the first's result,
-    /// so both hold one reference and the destination is asked once), and each is marked compensated. The
-    /// others (pending, failed, ...) are left as they are; when none is done, the newest's state is the answer.
+    /// so both hold one reference and the destination is asked once), and each is marked compensated. Failed
+    /// ones are left as they are; when none is done, the newest's state is the answer. While one is not
+    /// finished (pending, in flight, uncertain, needs attention: it may still run, or may have happened, and
+    /// would do again what the compensation undoes), nothing is undone: [`CompensateError::Unfinished`].
     ///
     /// Each is marked compensated as soon as the destination has undone it. The compensation stops at the first
     /// refusal of the destination or failure of the store; if the destination had undone any by then, the
@@ -152,6 +154,15 @@ impl<S: EffectStore> EffectRunner<S> {
             return Err(CompensateError::NotDone {
                 key: key.to_owned(),
                 state: newest.claimed_from,
+            });
+        }
+        // A row of the key that may still run or may have happened (a re-send's, on the partitioned layout)
+        // would do again at the destination what this undoes: nothing is undone until it is finished.
+        if let Some(open) = all.iter().find(|e| !e.claimed_from.is_finished()) {
+            return Err(CompensateError::Unfinished {
+                key: key.to_owned(),
+                id: open.id,
+                state: open.claimed_from,
             });
         }
         // Every executor first: nothing is undone when one of them is missing.
