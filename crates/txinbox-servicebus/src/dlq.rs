@@ -208,7 +208,10 @@ impl DeadLetteredMessage {
 /// the messages come round again (Microsoft, Peek-Lock Message: "When the lock expires, the message becomes
 /// available to other receivers"): a message whose sequence number was read already is not returned again (its
 /// new lock is kept, so the read moves on to the messages behind it), and one that comes round a third time
-/// ends the read, a whole pass over what is left having been made since it was first read.
+/// ends the read, a whole pass over what is left having been made since it was first read. Before each receive,
+/// the locks held past half their length are renewed, so a read whose receives outlast the lock still reaches
+/// the messages behind those it holds (which would otherwise come first, by sequence number, and take every
+/// receive).
 pub async fn read_dead_letters(
     client: &ServiceBusClient,
     path: &str,
@@ -221,6 +224,7 @@ pub async fn read_dead_letters(
     let mut seen: HashMap<String, u32> = HashMap::new();
     let mut result = Ok(());
     while out.len() < max {
+        renew_held(&mut locks, path).await;
         match peek_lock(&queue, path, wait, Duration::from_secs(60)).await {
             Ok(Some(locked)) => {
                 // The sequence number (from BrokerProperties, else the lock URI); the lock URI itself when
@@ -269,6 +273,42 @@ pub async fn read_dead_letters(
         }
     }
     result.map(|()| out)
+}
+
+/// Renews each held lock that has run past half its length (its length read as the time from the receive to
+/// its LockedUntilUtc), so that what a long read or redrive holds stays hidden from its own receives and the
+/// messages behind it are reached (Microsoft, Renew-Lock for a Message: "Renews the lock on an already locked
+/// message."). A lock already lapsed, or whose renewal fails, is left: the message comes round again and is
+/// known by its sequence number.
+pub(crate) async fn renew_held(held: &mut [Locked], path: &str) {
+    for locked in held.iter_mut() {
+        let now = Utc::now();
+        let length = locked.locked_until - locked.message.received_at;
+        if length <= chrono::Duration::zero()
+            || locked.locked_until <= now
+            || now < locked.locked_until - length / 2
+        {
+            continue;
+        }
+        match settle(
+            &locked.response,
+            SettleOp::Renew,
+            path,
+            1,
+            locked.locked_until,
+        )
+        .await
+        {
+            Ok(()) => {
+                // A held copy only (what was returned or sent was taken before): the renewal's start.
+                locked.message.received_at = now;
+                locked.locked_until = now + length;
+            }
+            Err(e) => {
+                tracing::debug!(path, error = %e, "renewing a held dead letter failed; it may come round again");
+            }
+        }
+    }
 }
 
 /// Whether a custom property is dead-letter bookkeeping that a redrive drops.

@@ -17,7 +17,7 @@ use txinbox_core::broker::redrive::{RedriveEvent, RedriveItem, RedriveProgress, 
 use txinbox_core::{BrokerError, BrokerErrorKind};
 
 use crate::config::ServiceBusClient;
-use crate::dlq::{is_dead_letter_property, original_enqueued_at, resend_options};
+use crate::dlq::{is_dead_letter_property, original_enqueued_at, renew_held, resend_options};
 use crate::error::send_error;
 use crate::receiver::{peek_lock, settle, Locked, SettleOp};
 use crate::wire::quote_property;
@@ -33,7 +33,8 @@ pub const REDRIVEN_FROM_PROPERTY: &str = txinbox_core::dead_letter::REDRIVEN_FRO
 /// messages it left in place (deferred, or sent but not completed) once their lock lapses (Microsoft, Peek-Lock
 /// Message: "When the lock expires, the message becomes available to other receivers"): one already looked at,
 /// by sequence number, is neither sent again nor counted again; its new lock is held, so the run moves on to
-/// the messages behind it. The run ends at the first empty receive, at `max` moved, or when more messages in a
+/// the messages behind it; before each receive, the locks it holds past half their length are renewed. The run
+/// ends at the first empty receive, at `max` moved, or when more messages in a
 /// row came round again than the run has left in place (one of them came round twice, a lock apart, with no
 /// new message in between).
 ///
@@ -69,6 +70,7 @@ pub async fn redrive(
         if options.max.is_some_and(|m| report.moved >= m) {
             break Ok(());
         }
+        renew_held(&mut held, from).await;
         let locked = match peek_lock(&source, from, options.wait, Duration::from_secs(60)).await {
             Ok(Some(l)) => l,
             Ok(None) => break Ok(()),

@@ -121,3 +121,42 @@ async fn a_redrive_longer_than_the_lock_moves_every_dead_letter_once() {
     left_ids.sort();
     assert_eq!(left_ids, ["evt-old-0", "evt-young"], "{left}");
 }
+
+/// A read whose receives take long against the lock (here each 400 ms, a 1 s lock): the messages it holds
+/// lapse as fast as it reads (Microsoft, Peek-Lock Message: "When the lock expires, the message becomes
+/// available to other receivers") and, coming first in sequence-number order, would be all its receives hand
+/// back, the messages behind them never reached. Renewing what it holds (Renew-Lock for a Message: "Renews the
+/// lock on an already locked message.") keeps them hidden: every dead letter is read, once.
+#[tokio::test]
+async fn a_read_whose_receives_outlast_the_lock_reaches_every_dead_letter() {
+    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT1S", "maxDeliveryCount": 1})).await;
+    let ids: Vec<String> = (0..6).map(|i| format!("evt-s{i}")).collect();
+    for id in &ids {
+        publish(&client, &event(&q, id, "{}")).await;
+    }
+    let mut receiver = fast_receiver(&client, &q, Duration::from_secs(1));
+    for _ in &ids {
+        receive_next(&mut receiver).await.abandon().await.unwrap();
+    }
+    assert_eq!(emu.counts(&q).await, (0, 6));
+    let dlq = dead_letter_queue_path(&q);
+    emu.fault(json!({"kind": "delay", "delay_ms": 400, "method": "POST",
+        "path_suffix": format!("{dlq}/messages/head"), "count": 40}))
+        .await;
+
+    let read = read_dead_letters(&client, &dlq, 100, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let got: Vec<_> = read
+        .iter()
+        .map(|d| d.message.producer_id.clone().unwrap_or_default())
+        .collect();
+    let unique: BTreeSet<_> = got.iter().cloned().collect();
+    assert_eq!(got.len(), unique.len(), "a dead letter read twice: {got:?}");
+    assert_eq!(
+        unique,
+        ids.iter().cloned().collect::<BTreeSet<_>>(),
+        "read: {got:?}"
+    );
+    assert_eq!(emu.counts(&q).await, (0, 6), "reading does not remove");
+}
