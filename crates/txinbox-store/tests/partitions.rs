@@ -1543,3 +1543,68 @@ async fn an_effect_recorded_by_a_worker_whose_clock_is_ahead_is_due_at_once() {
         );
     }
 }
+
+/// A destination that does every effect and notes each one's age as an executor counts it (`Utc::now() -
+/// created_at`, as the HTTP executor decides whether the destination still keeps the key of a call whose answer
+/// was lost, and so whether to repeat it).
+#[derive(Clone, Default)]
+struct Ages(std::sync::Arc<std::sync::Mutex<Vec<Cd>>>);
+
+impl txinbox_core::effects::EffectExecutor for Ages {
+    fn execute<'a>(
+        &'a self,
+        e: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Execution> {
+        self.0.lock().unwrap().push(Utc::now() - e.created_at);
+        Box::pin(async {
+            txinbox_core::effects::Execution::Done {
+                reference: Some("task-1".into()),
+            }
+        })
+    }
+    fn confirm<'a>(
+        &'a self,
+        _: &'a txinbox_core::effects::ClaimedEffect,
+    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Confirmation> {
+        Box::pin(async { unreachable!("no effect is reconciled here") })
+    }
+}
+
+/// An executor counts a claimed effect's age on the store's clock, on which it was recorded: it counted it from
+/// its runner's host's clock, so behind the database by days an effect recorded 2 days ago was -8 days old, and
+/// an HTTP destination that keeps keys a day (Stripe: "You can remove keys from the system automatically after
+/// they're at least 24 hours old. We generate a new request if a key is reused after the original is pruned.")
+/// had a call whose answer was lost repeated as its own confirmation, under a key it may have forgotten: a second
+/// object. Here the database's clock is 10 days ahead of the host's; the stored creation time is left as it is.
+#[tokio::test]
+async fn an_executor_counts_an_effect_s_age_on_the_database_s_clock() {
+    use txinbox_core::effects::EffectRunner;
+    let s = Schema::new().await;
+    let ahead = s.clock_ahead_by_ten_days().await;
+    let db_now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(ahead.pool())
+        .await
+        .unwrap();
+    let created = db_now - Cd::days(2);
+    effect_row(&ahead, "k-age", "pending", created, None).await;
+    let ages = Ages::default();
+    let report = EffectRunner::new(ahead.clone())
+        .executor("crm", ages.clone())
+        .run_until_idle()
+        .await;
+    let stored: DateTime<Utc> = sqlx::query_scalar("SELECT created_at FROM txinbox_effects")
+        .fetch_one(ahead.pool())
+        .await
+        .unwrap();
+    ahead.close().await;
+    s.drop().await;
+    assert_eq!(report.claimed, 1, "{report:?}");
+    let seen = ages.0.lock().unwrap().clone();
+    assert!(
+        seen.len() == 1
+            && seen[0] > Cd::days(2) - Cd::minutes(1)
+            && seen[0] < Cd::days(2) + Cd::minutes(1),
+        "two days old by the database's clock: {seen:?}"
+    );
+    assert_eq!(stored, created);
+}

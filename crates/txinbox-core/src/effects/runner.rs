@@ -445,6 +445,15 @@ impl<S: EffectStore> EffectRunner<S> {
             }
         };
         report.claimed = claimed.len() as u64;
+        // Their creation times as this host's clock reads them (see `ClaimedEffect::created_at`).
+        let claimed = tokio::select! {
+            c = self.on_runner_clock(claimed) => c,
+            // Nothing started: the claims expire and their next holder takes the effects.
+            _ = cut.cancelled() => {
+                report.claims_lost = report.claimed;
+                return report;
+            }
+        };
         // Each effect's work ends `claim_for` after the claim was asked for, `lag` before the claim does: past
         // it, the work is given up (a call may have gone out), and the effect stays in flight until its claim
         // ends, then is reconciled by its next holder. The same holds for the work still in flight when the
@@ -485,6 +494,38 @@ impl<S: EffectStore> EffectRunner<S> {
             }
         }
         report
+    }
+
+    /// `claimed` with each creation time moved from the store's clock onto this host's, by as much as they
+    /// differ now ([`EffectStore::store_clock`]): an executor counts an effect's age as `Utc::now() -
+    /// created_at` (an HTTP destination repeats a call whose answer was lost only while the destination still
+    /// keeps its key: Stripe, "You can remove keys from the system automatically after they're at least 24
+    /// hours old. We generate a new request if a key is reused after the original is pruned."), which is then
+    /// its age by the store's clock, however far this host's runs from it. A store without a clock of its own
+    /// leaves them as they are; one that cannot tell its time too, with a warning.
+    async fn on_runner_clock(&self, mut claimed: Vec<ClaimedEffect>) -> Vec<ClaimedEffect> {
+        if claimed.is_empty() {
+            return claimed;
+        }
+        let store_now = match self.store.store_clock().await {
+            Ok(Some(t)) => t,
+            Ok(None) => return claimed,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the store's clock failed: the claimed effects' ages are counted on this host's clock");
+                return claimed;
+            }
+        };
+        let ahead = Utc::now().signed_duration_since(store_now);
+        for e in &mut claimed {
+            e.created_at = e.created_at.checked_add_signed(ahead).unwrap_or(
+                if ahead < chrono::TimeDelta::zero() {
+                    DateTime::<Utc>::MIN_UTC
+                } else {
+                    DateTime::<Utc>::MAX_UTC
+                },
+            );
+        }
+        claimed
     }
 
     /// Runs one effect claimed under `holder` to its next state; `Ok(None)` when the claim was lost meanwhile.

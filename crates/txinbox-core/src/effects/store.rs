@@ -34,7 +34,10 @@ pub struct ClaimedEffect {
     pub attempts: i32,
     /// Reconciliations so far.
     pub reconciliations: i32,
-    /// When it was recorded.
+    /// When it was recorded, on the store's clock. As a runner hands a claimed effect to its executor, on the
+    /// runner's host's clock instead (moved by as much as the two differ, see
+    /// [`EffectStore::store_clock`]): `Utc::now() - created_at` is then the effect's age by the store's clock,
+    /// as an executor reads it (how long a destination still keeps its key).
     pub created_at: DateTime<Utc>,
     /// The destination's reference, once done (`None` on a claim).
     pub reference: Option<String>,
