@@ -6,7 +6,7 @@ mod message;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
@@ -126,10 +126,11 @@ pub struct SqsReceiver {
 /// deleted."
 #[derive(Debug)]
 enum Busy {
-    /// The group's last delivery handed out: busy until it settles, is dropped unsettled (a crash) or its
-    /// visibility has run out however late SQS started it ([`SqsLease::latest_end`]; what is held of the group
-    /// then goes back to SQS, behind it).
-    Delivery(Weak<SqsLease>),
+    /// The group's last delivery handed out: busy until it settles or its visibility has run out however late
+    /// SQS started it ([`SqsLease::latest_end`]; what is held of the group then goes back to SQS, behind it).
+    /// Dropped unsettled (its processing panicked or was abandoned), it is no longer renewed, and SQS holds
+    /// the message in flight until that end all the same: the lease is kept here for it.
+    Delivery(Arc<SqsLease>),
     /// A message of the group the receiver did not hand out and left to SQS: one that came without a receipt
     /// handle (it can be neither settled nor extended), or a held one whose visibility could not be extended.
     /// SQS keeps it in flight until at latest `until`, then hands it out again, first of its group: until then
@@ -234,10 +235,8 @@ impl Receiver for SqsReceiver {
         let mut ran_out = Vec::new();
         self.in_flight.retain(|group, busy| {
             let end = match busy {
-                Busy::Delivery(lease) => match lease.upgrade() {
-                    Some(l) if !l.settled.load(Ordering::SeqCst) => l.latest_end(),
-                    _ => return false,
-                },
+                Busy::Delivery(l) if l.settled.load(Ordering::SeqCst) => return false,
+                Busy::Delivery(l) => l.latest_end(),
                 Busy::LeftToSqs { until } => *until,
             };
             let out = end > now;
@@ -579,8 +578,7 @@ impl SqsReceiver {
         match SqsDelivery::from_message(self.shared.clone(), returning, m, received, Utc::now()) {
             Ok(d) => {
                 if let Some(g) = group {
-                    self.in_flight
-                        .insert(g, Busy::Delivery(Arc::downgrade(&d.lease)));
+                    self.in_flight.insert(g, Busy::Delivery(d.lease.clone()));
                 }
                 out.push(d);
             }
