@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::Lease;
+use crate::broker::{Delivery, Lease};
 
 /// What the lease keeper cannot learn from the lease itself.
 ///
@@ -79,9 +79,57 @@ impl LeaseGuard {
     }
 }
 
+impl LeaseGuard {
+    /// A lease that cannot be kept because the adapter's code panicked before a keeper could start (`what`:
+    /// the method): counted lost at once, as a keeper that panics is, said at error with the panic's message.
+    fn lost_to_panic(consumer: &str, what: &str, panic: &(dyn std::any::Any + Send)) -> Self {
+        let state = Arc::new(LeaseState::default());
+        state.lost.store(true, Ordering::SeqCst);
+        metrics::counter!(crate::metrics::LEASE_LOST, "consumer" => consumer.to_owned())
+            .increment(1);
+        tracing::error!(
+            consumer,
+            panic = %panic_text(panic),
+            "{what} panicked (a bug in the broker adapter): the lease is not renewed, lock presumed lost, a redelivery will be absorbed by the inbox"
+        );
+        Self {
+            cancel: CancellationToken::new(),
+            state,
+        }
+    }
+}
+
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.cancel.cancel();
+    }
+}
+
+/// The message of a caught panic (a `&str` or a `String` payload) for its log line, the secrets it may quote
+/// (an endpoint's signature) masked.
+pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    let text = p
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned());
+    crate::error::redact_secrets(&text)
+}
+
+/// Keeps the lease of `delivery` alive ([`keep_alive`]), if it has one. The adapter's [`Delivery::lease`] runs
+/// here, in the caller's task: a panic in it is a lease counted lost (see [`keep_alive`]), not the caller's end.
+pub(crate) fn keep_delivery_alive<D: Delivery>(
+    delivery: &D,
+    opts: &LeaseOptions,
+    consumer: &str,
+) -> Option<LeaseGuard> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| delivery.lease())) {
+        Ok(lease) => lease.map(|l| keep_alive(l, opts.clone(), consumer.to_owned())),
+        Err(p) => Some(LeaseGuard::lost_to_panic(
+            consumer,
+            "the delivery's lease (Delivery::lease)",
+            p.as_ref(),
+        )),
     }
 }
 
@@ -94,13 +142,24 @@ impl Drop for LeaseGuard {
 /// once it has none, so a broker that never answers is noticed when the lease runs out, not when (if ever) the
 /// call returns. A failed renewal increments `txinbox_lease_lost_total` and logs a warning; a keeper that panics
 /// (a bug in the lease's renewal) no longer renews the lease and counts it lost the same way
-/// ([`LeaseGuard::lost`], `txinbox_lease_lost_total`), logged at error. The delivery's outcome stays correct
-/// because the inbox absorbs the redelivery that may follow.
+/// ([`LeaseGuard::lost`], `txinbox_lease_lost_total`), logged at error; so is a lease whose [`Lease::duration`]
+/// panics (called here, in the caller's task: the panic does not escape into it). The delivery's outcome stays
+/// correct because the inbox absorbs the redelivery that may follow.
 pub fn keep_alive(lease: Arc<dyn Lease>, opts: LeaseOptions, consumer: String) -> LeaseGuard {
     let cancel = CancellationToken::new();
     let state = Arc::new(LeaseState::default());
     let (c, s) = (cancel.clone(), state.clone());
-    let duration = lease.duration();
+    let duration = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lease.duration()))
+    {
+        Ok(d) => d,
+        Err(p) => {
+            return LeaseGuard::lost_to_panic(
+                &consumer,
+                "the lease's duration (Lease::duration)",
+                p.as_ref(),
+            )
+        }
+    };
     if duration.is_zero() {
         tracing::warn!(consumer, "the lease reports no duration; it is not renewed");
         return LeaseGuard { cancel, state };
@@ -341,6 +400,35 @@ mod tests {
         // The first renewal is due at 10 s (a third of 30 s); it panics.
         tokio::time::sleep(Duration::from_secs(11)).await;
         assert!(g.lost(), "the lease is no longer renewed");
+        assert_eq!(leases_lost(&snap), 1);
+    }
+
+    /// A lease whose duration panics (a bug in an adapter).
+    struct DurationPanics;
+
+    impl Lease for DurationPanics {
+        fn duration(&self) -> Duration {
+            panic!("the adapter's lease duration panicked")
+        }
+        fn expires_at(&self) -> Option<DateTime<Utc>> {
+            None
+        }
+        fn renew(&self, _: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>> {
+            Box::pin(async { Ok(Utc::now()) })
+        }
+    }
+
+    /// A lease whose duration panics cannot be renewed: it is counted lost at once (the guard, so the worker's
+    /// report, and `txinbox_lease_lost_total`), as a keeper that panics is, instead of the panic escaping into
+    /// the worker's receive loop (seen failing so: `keep_alive` panicked).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_lease_whose_duration_panics_is_lost_not_a_panic() {
+        use metrics_util::debugging::DebuggingRecorder;
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let g = keep_alive(Arc::new(DurationPanics), fast(), "t".into());
+        assert!(g.lost(), "the lease cannot be renewed");
         assert_eq!(leases_lost(&snap), 1);
     }
 

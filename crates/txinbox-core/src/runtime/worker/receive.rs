@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 use crate::broker::{Delivery, Receiver};
 use crate::error::{BrokerError, BrokerErrorKind};
 use crate::pipeline::outcome::Outcome;
-use crate::runtime::lease::{keep_alive, LeaseGuard};
+use crate::runtime::lease::{keep_delivery_alive, panic_text, LeaseGuard};
 
 use super::report::Tally;
 use super::{LeasedDelivery, Processor, WorkerOptions};
@@ -355,9 +355,7 @@ fn arrive<D: Delivery>(
     consumer: &str,
 ) -> Received<D> {
     Received {
-        guard: delivery
-            .lease()
-            .map(|l| keep_alive(l, opts.lease.clone(), consumer.to_owned())),
+        guard: keep_delivery_alive(&delivery, &opts.lease, consumer),
         permit,
         delivery,
     }
@@ -820,17 +818,6 @@ impl HandedBack {
     ];
 }
 
-/// The message of a caught panic (a `&str` or a `String` payload) for its log line, the secrets it may quote
-/// (an endpoint's signature) masked.
-pub(super) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    let text = p
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with no message".to_owned());
-    crate::error::redact_secrets(&text)
-}
-
 /// Counts `n` deliveries handed back for `reason` in `txinbox_worker_handed_back_total`.
 pub(super) fn count_handed_back(consumer: &str, reason: &'static str, n: usize) {
     if n > 0 {
@@ -854,7 +841,11 @@ async fn release_now<D: Delivery>(
     let results = futures::future::join_all(
         deliveries
             .into_iter()
-            .map(|d| std::panic::AssertUnwindSafe(d.release(Duration::ZERO)).catch_unwind()),
+            // The call itself inside the future: an adapter's release may panic before its future does.
+            .map(|d| {
+                std::panic::AssertUnwindSafe(async move { d.release(Duration::ZERO).await })
+                    .catch_unwind()
+            }),
     )
     .await;
     let mut failed = 0;
@@ -1028,6 +1019,58 @@ mod tests {
         fn lease(&self) -> Option<Arc<dyn Lease>> {
             None
         }
+    }
+
+    /// A delivery whose release panics in the call itself, before its future (a hand-written adapter).
+    struct ReleaseCallPanics(ReceivedMessage);
+
+    impl Delivery for ReleaseCallPanics {
+        fn message(&self) -> &ReceivedMessage {
+            &self.0
+        }
+        async fn ack(self) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        fn release(self, _: Duration) -> impl Future<Output = Result<(), BrokerError>> + Send {
+            if !self.0.body.is_empty() {
+                panic!("the adapter's release call panicked");
+            }
+            async { Ok(()) }
+        }
+        async fn dead_letter(self, _: DeadLetter) -> Result<(), BrokerError> {
+            Ok(())
+        }
+        fn lease(&self) -> Option<Arc<dyn Lease>> {
+            None
+        }
+    }
+
+    /// A release that panics in the call itself, not in its future, is a failed release like one whose future
+    /// panics (seen failing so: the panic escaped the hand-back).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_release_call_that_panics_is_a_failed_release() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let panics = async {
+            Ok(vec![ReleaseCallPanics(ReceivedMessage::new(
+                b"{}".to_vec(),
+            ))])
+        };
+        hand_back(panics, Duration::from_secs(1), "c").await;
+        let failed: u64 = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Counter(n) if key.key().name() == crate::metrics::SETTLE_FAILURES => {
+                    Some(n)
+                }
+                _ => None,
+            })
+            .sum();
+        assert_eq!(failed, 1);
     }
 
     /// A hand-back that fails or panics is not counted handed back (the message stays locked until its lock or

@@ -1,7 +1,7 @@
 //! The worker around processors and adapters whose code panics.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
@@ -200,4 +200,110 @@ async fn a_processor_panic_is_logged_with_its_message() {
         !logged[0].contains("S3CRET"),
         "a secret in a log line: {logged:?}"
     );
+}
+
+/// What a test delivery's adapter code does wrong.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bug {
+    /// `Delivery::lease` panics.
+    Lease,
+    /// `Lease::duration` panics.
+    Duration,
+}
+
+/// A delivery of the in-memory queue whose adapter code panics as `Bug` says.
+struct Buggy(crate::broker::mem::MemoryDelivery, Bug);
+
+/// A lease whose `duration` panics; its renewals are the in-memory queue's.
+struct DurationPanics(Arc<dyn crate::broker::Lease>);
+
+impl crate::broker::Lease for DurationPanics {
+    fn duration(&self) -> Duration {
+        panic!("the adapter's lease duration panicked")
+    }
+    fn expires_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.0.expires_at()
+    }
+    fn renew(
+        &self,
+        by: Duration,
+    ) -> futures::future::BoxFuture<'_, Result<chrono::DateTime<chrono::Utc>, crate::BrokerError>>
+    {
+        self.0.renew(by)
+    }
+}
+
+impl Delivery for Buggy {
+    fn message(&self) -> &crate::ReceivedMessage {
+        self.0.message()
+    }
+    async fn ack(self) -> Result<(), crate::BrokerError> {
+        self.0.ack().await
+    }
+    async fn release(self, delay: Duration) -> Result<(), crate::BrokerError> {
+        self.0.release(delay).await
+    }
+    async fn dead_letter(self, why: crate::DeadLetter) -> Result<(), crate::BrokerError> {
+        self.0.dead_letter(why).await
+    }
+    fn lease(&self) -> Option<Arc<dyn crate::broker::Lease>> {
+        match self.1 {
+            Bug::Lease => panic!("the adapter's lease panicked"),
+            Bug::Duration => Some(Arc::new(DurationPanics(self.0.lease()?))),
+        }
+    }
+}
+
+/// A receiver of the in-memory queue whose deliveries are [`Buggy`].
+struct BuggyReceiver(crate::broker::mem::MemoryReceiver, Bug);
+
+impl crate::Receiver for BuggyReceiver {
+    type Delivery = Buggy;
+    async fn receive(&mut self, max: usize) -> Result<Vec<Buggy>, crate::BrokerError> {
+        let bug = self.1;
+        Ok(self
+            .0
+            .receive(max)
+            .await?
+            .into_iter()
+            .map(|d| Buggy(d, bug))
+            .collect())
+    }
+}
+
+/// `txinbox_lease_lost_total`, as the debugging recorder counted it.
+fn leases_lost(snap: &Snapshotter) -> u64 {
+    snap.snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(k, _, _, v)| match v {
+            DebugValue::Counter(n) if k.key().name() == crate::metrics::LEASE_LOST => Some(n),
+            _ => None,
+        })
+        .sum()
+}
+
+/// A delivery whose lease cannot be kept because the adapter's `Delivery::lease` or `Lease::duration` panics
+/// (called by the worker as the delivery arrives, outside the lease keeper's task) is processed with its lease
+/// counted lost (`WorkerReport::leases_lost`, `txinbox_lease_lost_total`), as a lease keeper that panics is;
+/// the worker goes on (seen failing so: the panic ended the worker's run).
+#[tokio::test(flavor = "current_thread")]
+async fn a_lease_or_duration_that_panics_is_a_lost_lease_not_a_crash() {
+    for bug in [Bug::Lease, Bug::Duration] {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let q = long_visibility();
+        q.send(OutgoingMessage::new(b"{}".to_vec()));
+        let report = Worker::new(BuggyReceiver(q.receiver(), bug), PanicsFirst::new(0))
+            .run_until_idle()
+            .await;
+        assert_eq!(q.state(), Default::default(), "{report}");
+        assert_eq!(
+            (report.count(OutcomeKind::Applied), report.leases_lost),
+            (1, 1),
+            "{report}"
+        );
+        assert_eq!(leases_lost(&snap), 1);
+    }
 }
