@@ -8,11 +8,16 @@ use super::{EffectCount, EffectState};
 /// none), the done ones without a reference from the destination, and the age of the oldest pending effect
 /// (the relay lag).
 pub fn publish_gauges(counts: &[EffectCount]) {
-    publish_shard_gauges(counts, None)
+    publish_shard_gauges(counts, None, Utc::now())
 }
 
-/// [`publish_gauges`] with a `shard` label when there is one.
-pub(super) fn publish_shard_gauges(counts: &[EffectCount], shard: Option<&str>) {
+/// [`publish_gauges`] with a `shard` label when there is one, the ages counted to `now` (the store's clock, on
+/// which the effects were recorded, where it has one: see [`EffectStore::store_clock`](super::EffectStore::store_clock)).
+pub(super) fn publish_shard_gauges(
+    counts: &[EffectCount],
+    shard: Option<&str>,
+    now: chrono::DateTime<Utc>,
+) {
     use crate::runtime::maintenance::shard_labels;
     use metrics::Label;
     let mut pairs: Vec<(&str, &str)> = counts
@@ -21,7 +26,6 @@ pub(super) fn publish_shard_gauges(counts: &[EffectCount], shard: Option<&str>) 
         .collect();
     pairs.sort();
     pairs.dedup();
-    let now = Utc::now();
     for (consumer, destination) in pairs {
         for state in EffectState::ALL {
             let c = counts.iter().find(|c| {
@@ -78,8 +82,8 @@ mod shard_label_tests {
             oldest: None,
             without_reference: 0,
         };
-        publish_shard_gauges(&[count(3)], Some("eu-1"));
-        publish_shard_gauges(&[count(5)], Some("eu-2"));
+        publish_shard_gauges(&[count(3)], Some("eu-1"), Utc::now());
+        publish_shard_gauges(&[count(5)], Some("eu-2"), Utc::now());
         let pending: Vec<(Option<String>, f64)> = snap
             .snapshot()
             .into_vec()

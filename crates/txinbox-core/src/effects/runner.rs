@@ -376,10 +376,18 @@ impl<S: EffectStore> EffectRunner<S> {
         }
     }
 
-    /// Publishes the effect gauges.
+    /// Publishes the effect gauges, the oldest pending effect's age counted on the store's clock (on which it
+    /// was recorded) where it has one.
     async fn publish_gauges(&self) {
+        let now = match self.store.store_clock().await {
+            Ok(now) => now.unwrap_or_else(Utc::now),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the store's clock failed: the effect ages are counted on this host's clock");
+                Utc::now()
+            }
+        };
         match self.store.effect_counts().await {
-            Ok(counts) => publish_shard_gauges(&counts, self.opts.shard.as_deref()),
+            Ok(counts) => publish_shard_gauges(&counts, self.opts.shard.as_deref(), now),
             Err(e) => tracing::warn!(error = %e, "reading effect counts failed"),
         }
     }
@@ -927,6 +935,87 @@ mod tests {
         ) -> Result<bool, Self::Error> {
             Ok(false)
         }
+    }
+
+    /// A store whose clock is 10 days ahead of this host's, with one pending effect recorded an hour ago by it.
+    #[derive(Clone)]
+    struct AheadClock(DateTime<Utc>);
+
+    impl EffectStore for AheadClock {
+        type Error = std::convert::Infallible;
+        async fn store_clock(&self) -> Result<Option<DateTime<Utc>>, Self::Error> {
+            Ok(Some(self.0))
+        }
+        async fn claim_effects(
+            &self,
+            _: &str,
+            _: &[String],
+            _: DateTime<Utc>,
+            _: DateTime<Utc>,
+            _: i64,
+        ) -> Result<Vec<ClaimedEffect>, Self::Error> {
+            Ok(Vec::new())
+        }
+        async fn finish_effect(
+            &self,
+            _: i64,
+            _: &str,
+            _: &TransitionColumns<'_>,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+        async fn purge_done_effects(&self, _: DateTime<Utc>, _: i64) -> Result<u64, Self::Error> {
+            Ok(0)
+        }
+        async fn effect_counts(&self) -> Result<Vec<EffectCount>, Self::Error> {
+            Ok(vec![EffectCount {
+                consumer: "c".into(),
+                destination: "crm".into(),
+                state: EffectState::Pending,
+                count: 1,
+                oldest: Some(self.0 - chrono::Duration::hours(1)),
+                without_reference: 1,
+            }])
+        }
+        async fn find_effect(&self, _: &str) -> Result<Option<ClaimedEffect>, Self::Error> {
+            Ok(None)
+        }
+        async fn mark_compensated(
+            &self,
+            _: i64,
+            _: &str,
+            _: DateTime<Utc>,
+        ) -> Result<bool, Self::Error> {
+            Ok(false)
+        }
+    }
+
+    /// The age of the oldest pending effect (`txinbox_effect_oldest_pending_seconds`, the relay lag an alert
+    /// watches) is counted on the store's clock, on which the effect was recorded: a runner whose host ran 10
+    /// days behind the database published 0 for an effect waiting an hour (and one ahead, days for a fresh one).
+    #[tokio::test]
+    async fn the_oldest_pending_age_is_counted_on_the_store_s_clock() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let _local = metrics::set_default_local_recorder(&recorder);
+        let store = AheadClock(Utc::now() + chrono::Duration::days(10));
+        let _ = EffectRunner::new(store).run_until_idle().await;
+        let age: Vec<f64> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(k, _, _, _)| k.key().name() == crate::metrics::EFFECT_OLDEST_PENDING)
+            .filter_map(|(_, _, _, v)| match v {
+                DebugValue::Gauge(g) => Some(g.into_inner()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            age.len() == 1 && (3590.0..3700.0).contains(&age[0]),
+            "an hour by the store's clock: {age:?}"
+        );
     }
 
     /// The effect gauges are published while the runner runs (every 20 passes, with the purge), not only at
