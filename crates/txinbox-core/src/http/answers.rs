@@ -84,7 +84,8 @@ impl FromStr for Answer {
 ///
 /// | status | default answer |
 /// |---|---|
-/// | 2xx | [`Answer::Done`] |
+/// | 2xx but 202 | [`Answer::Done`] |
+/// | 202 | [`Answer::Uncertain`] |
 /// | 408, 425, 429 | [`Answer::NotSent`] |
 /// | 409 | [`Answer::InProgress`] |
 /// | 422 | [`Answer::KeyReused`] |
@@ -98,6 +99,14 @@ impl FromStr for Answer {
 /// [`Answer::NotSent`] (pending again, no sooner than its `Retry-After`) when [`rate_limited`] says it is one
 /// ([`read`](Self::read)). An answer you set yourself, for the status (`.answer(403, Answer::Rejected)`) or its
 /// class (`.answer_class(4, Answer::Rejected)`), stands as you set it: rate limit or not.
+///
+/// **A 202 is not done.** RFC 9110 (15.3.3): "The 202 (Accepted) status code indicates that the request has been
+/// accepted for processing, but the processing has not been completed. The request might or might not eventually
+/// be acted upon, as it might be disallowed when processing actually takes place." Read as done, an effect the
+/// destination refuses later would be reported done; so a 202 is [`Answer::Uncertain`] (reconciled by the
+/// confirmation, which finds the finished object or not). A destination whose 202 means the work is done (an
+/// e-mail API that answers 202 to every send it takes for delivery) declares it: `.answer(202, Answer::Done)`
+/// (settings: `answers = { "202" = "done" }`), or `.answer_class(2, Answer::Done)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AnswerTable {
     exact: BTreeMap<u16, Answer>,
@@ -113,6 +122,8 @@ impl Default for AnswerTable {
         let exact = BTreeMap::from([
             (408, Answer::NotSent),
             (409, Answer::InProgress),
+            // RFC 9110: accepted, "but the processing has not been completed": not done (see the type docs).
+            (202, Answer::Uncertain),
             (422, Answer::KeyReused),
             (425, Answer::NotSent),
             (429, Answer::NotSent),
@@ -151,7 +162,7 @@ impl AnswerTable {
     }
 
     /// Whether the entry `status` is read by is one the user set.
-    fn chosen(&self, status: u16) -> bool {
+    pub(crate) fn chosen(&self, status: u16) -> bool {
         if self.exact.contains_key(&status) {
             self.chosen.contains(&status)
         } else {
@@ -300,6 +311,7 @@ mod tests {
             (200, Answer::Done),
             (201, Answer::Done),
             (204, Answer::Done),
+            (202, Answer::Uncertain),
             (301, Answer::Uncertain),
             (400, Answer::Rejected),
             (404, Answer::Rejected),

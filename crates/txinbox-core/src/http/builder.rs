@@ -202,9 +202,12 @@ impl HttpEffectBuilder {
         self
     }
 
-    /// The destination's 2xx may carry no reference (an e-mail API answering 202 without an id): done
-    /// without reference, shown apart in `txinbox effects stats` and the metrics. A 2xx whose JSON body
-    /// reports an error (a non-empty top-level `errors` or `error`) is still uncertain, never done.
+    /// The destination's 2xx may carry no reference (a 204, an empty body, JSON without an id): done without
+    /// reference, shown apart in `txinbox effects stats` and the metrics. A 2xx whose JSON body reports an error
+    /// (a non-empty top-level `errors` or `error`) is still uncertain, never done, and so is an HTML page (a
+    /// captive portal's, a proxy's or a firewall's, answered in place of the API). A 202 is not done unless
+    /// declared (an e-mail API that answers 202 to a send it takes for delivery:
+    /// `.reference_optional().answer(202, Answer::Done)`; see [`AnswerTable`]).
     pub fn reference_optional(mut self) -> Self {
         self.reference_optional = true;
         self
@@ -282,8 +285,9 @@ impl HttpEffectBuilder {
     /// this URL, where `{reference}`, `{key}` and `{external_ref}` are replaced (percent-encoded), with
     /// `<key>-compensate` in the destination's key header ([`Key::header`]'s, `Idempotency-Key` when none is
     /// declared; none with [`Key::none`] or [`Key::body_field`]). A 2xx or a 404 (already gone) undoes the
-    /// effect; a 2xx whose JSON body reports an error (a non-empty top-level `errors` or `error`), or whose body
-    /// was lost, does not, nor does a 4xx that is a rate limit ([`rate_limited`](super::rate_limited)), even a
+    /// effect; a 2xx whose JSON body reports an error (a non-empty top-level `errors` or `error`), whose body
+    /// was lost or is an HTML page, does not, nor does a 202 (RFC 9110: "the action will likely succeed but has
+    /// not yet been enacted"), nor a 4xx that is a rate limit ([`rate_limited`](super::rate_limited)), even a
     /// 404. A URL naming `{reference}` refuses, unsent, an effect done without one (it would name the
     /// collection).
     pub fn compensate_url(mut self, template: impl Into<String>) -> Self {

@@ -47,3 +47,56 @@ async fn a_compensation_whose_answer_was_lost_says_it_may_have_undone() {
     let said = x.compensate(&done()).await.expect_err("nobody").to_string();
     assert!(said.contains("reached nobody"), "{said}");
 }
+
+/// A destination on loopback answering every request with `reply` (a whole HTTP answer).
+async fn answering(reply: &'static str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let (url, _) = super::wire_tests::destination(move |_, mut conn| async move {
+        let _ = conn.write_all(reply.as_bytes()).await;
+    })
+    .await;
+    url
+}
+
+// A DELETE answered 202 or with an HTML page was read as undone. RFC 9110 (9.3.5, DELETE): "the origin server
+// SHOULD send a 202 (Accepted) status code if the action will likely succeed but has not yet been enacted": not
+// undone yet. An HTML page answered 200 (a captive portal's sign-in page, a proxy's or a firewall's challenge)
+// is not the destination's API answering: nothing says it deleted anything. Both undid nothing yet; asking
+// again is safe (what is gone answers 404). A 204, or a 200 with JSON, is undone.
+#[tokio::test]
+async fn a_compensation_accepted_or_answered_by_a_page_is_not_undone() {
+    let mut misread = Vec::new();
+    for (what, reply, undone) in [
+        (
+            "202",
+            "HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 20\r\nConnection: close\r\n\r\n{\"status\":\"pending\"}",
+            false,
+        ),
+        (
+            "html page",
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 55\r\nConnection: close\r\n\r\n<!DOCTYPE html><html><body>Please sign in</body></html>",
+            false,
+        ),
+        (
+            "204",
+            "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n",
+            true,
+        ),
+        (
+            "200 json",
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 30\r\nConnection: close\r\n\r\n{\"id\":\"t-7\",\"archived\":true}  ",
+            true,
+        ),
+    ] {
+        let url = answering(reply).await;
+        let x = HttpEffect::post(format!("{url}/v1/tasks"))
+            .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+            .build()
+            .unwrap();
+        let got = x.compensate(&done()).await;
+        if got.is_ok() != undone {
+            misread.push(format!("{what}: {got:?}"));
+        }
+    }
+    assert!(misread.is_empty(), "{misread:#?}");
+}

@@ -20,6 +20,8 @@
 //! |---|---|---|
 //! | 2xx with the reference at [`reference`](HttpEffectBuilder::reference) (`/id`) | done | done, reference kept |
 //! | 2xx without it | **uncertain** (unless [`reference_optional`](HttpEffectBuilder::reference_optional)) | reconciled |
+//! | 2xx without it whose body is an HTML page (`text/html` markup, or an `<html>` document: a captive portal's, a proxy's or a web application firewall's page answered in place of the API) | uncertain, even optional or an upsert | reconciled |
+//! | 202 Accepted (RFC 9110: "the processing has not been completed. The request might or might not eventually be acted upon"), reference or not | **uncertain**, unless declared done (`.answer(202, Answer::Done)`) | reconciled |
 //! | 2xx without it whose body reports an error (a non-empty top-level `errors` or `error`: GraphQL, Slack) | uncertain, even optional or an upsert | reconciled |
 //! | could not connect | not sent | pending, backoff |
 //! | 408, 425, 429 | not sent | pending, no sooner than `Retry-After` |
@@ -61,7 +63,9 @@
 //! A wait you set stands (zero included), in the builder and in the settings file (`reconcile_after_seconds`).
 //!
 //! **A compensation** ([`HttpEffectBuilder::compensate_url`]) is undone on a 2xx (that reports no error) or a
-//! 404 (already gone); a 4xx that is a rate limit undid nothing, even as a 404: ask again later.
+//! 404 (already gone); a 4xx that is a rate limit undid nothing, even as a 404: ask again later. A 202 ("the
+//! action will likely succeed but has not yet been enacted", RFC 9110 of a DELETE) and an HTML page undid
+//! nothing yet: ask again (a 404 then says it is gone).
 
 mod answers;
 mod builder;
@@ -296,6 +300,32 @@ fn chain(e: &reqwest::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Whether an answer is an HTML page (a captive portal's sign-in page, a proxy's error page, a web application
+/// firewall's challenge), which stands where the destination's API should have answered: its body, past white
+/// space and a byte order mark, opens with markup, and the answer says it is HTML (`Content-Type` `text/html` or
+/// `application/xhtml+xml`) or the markup is a document's (`<!DOCTYPE html`, `<html`). A short answer that is not
+/// markup (`ok`), whatever its label, and XML that is not a page are not pages.
+fn html_page(headers: &reqwest::header::HeaderMap, body: &[u8]) -> bool {
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let start = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(body.len());
+    let text = &body[start..];
+    if text.first() != Some(&b'<') {
+        return false;
+    }
+    let labelled = headers
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| {
+            let t = t.split(';').next().unwrap_or_default().trim();
+            t.eq_ignore_ascii_case("text/html") || t.eq_ignore_ascii_case("application/xhtml+xml")
+        });
+    let head = String::from_utf8_lossy(&text[..text.len().min(1024)]).to_ascii_lowercase();
+    labelled || head.contains("<!doctype html") || head.contains("<html")
 }
 
 /// The member by which a JSON-RPC answer reports its call failed (see [`confirm::json_rpc_failure`]).
@@ -536,6 +566,14 @@ impl EffectExecutor for HttpEffect {
                         said(),
                         self.reference
                     )),
+                    // An HTML page answered 2xx (a captive portal's sign-in page, a proxy's or a web application
+                    // firewall's challenge) is not this destination's API answering: nothing says the call reached
+                    // it, whatever reference_optional or an upsert would take.
+                    (None, None) if html_page(&headers, &body) => Execution::uncertain(format!(
+                        "{} (an HTML page, not this destination's API: a proxy's, a captive portal's or a \
+                         firewall's): not read as done",
+                        said()
+                    )),
                     (None, None) if self.upsert => Execution::Done {
                         reference: Some(url_path(&url)),
                     },
@@ -582,6 +620,15 @@ impl EffectExecutor for HttpEffect {
                     };
                     Execution::rejected(format!(
                         "{} (the key was used with another body): this body sha256={hash}; {first}",
+                        said()
+                    ))
+                }
+                // RFC 9110: "accepted for processing, but the processing has not been completed. The request might
+                // or might not eventually be acted upon": not done (see AnswerTable), unless declared.
+                Answer::Uncertain if status == 202 && !self.answers.chosen(202) => {
+                    Execution::uncertain(format!(
+                        "{} (202 Accepted: taken for processing, not done; where this destination's 202 means \
+                         done, declare .answer(202, Answer::Done))",
                         said()
                     ))
                 }
@@ -639,10 +686,10 @@ impl EffectExecutor for HttpEffect {
                 return Err(format!("the compensation request: {REDIRECTED}").into());
             }
             let status = r.status();
+            let headers = r.headers().clone();
             if status.is_client_error() {
                 // A rate limit (Salesforce's, GitHub's, Google's 403; a 4xx with Retry-After: see AnswerTable)
                 // undid nothing and gone is not what it says, even as a 404: ask again later.
-                let headers = r.headers().clone();
                 let body = read_body(&mut r).await.unwrap_or_default();
                 if rate_limited(status.as_u16(), &headers, &body) {
                     let after = headers
@@ -666,6 +713,15 @@ impl EffectExecutor for HttpEffect {
             if !status.is_success() {
                 return Err(format!("the compensation request answered {status}").into());
             }
+            // RFC 9110 (DELETE): "a 202 (Accepted) status code if the action will likely succeed but has not yet
+            // been enacted": not undone yet.
+            if status == reqwest::StatusCode::ACCEPTED {
+                return Err(
+                    "the compensation request answered 202 Accepted: taken, not yet enacted, so nothing is undone \
+                     yet (asking again is safe: what is gone answers 404)"
+                        .into(),
+                );
+            }
             // A 2xx that reports an error (GraphQL's `{"errors": [...]}`, Slack's `{"ok": false, "error": ...}`)
             // did not undo it; nor does a 2xx whose body was lost say it did.
             let body = read_body(&mut r).await.map_err(|e| {
@@ -674,6 +730,15 @@ impl EffectExecutor for HttpEffect {
                     chain(&e)
                 )
             })?;
+            // An HTML page (a captive portal's, a proxy's or a firewall's) is not the destination answering.
+            if html_page(&headers, &body) {
+                return Err(format!(
+                    "the compensation request answered {status} with an HTML page, not the destination's API: not \
+                     read as undone: {}",
+                    excerpt(&body, &secrets)
+                )
+                .into());
+            }
             // A JSON-RPC failure (MCP's `result.isError: true` has no `error` member) did not undo it either.
             match reported_error_in(&body).or_else(|| json_rpc_failure_in(&body)) {
                 None => Ok(()),
