@@ -84,6 +84,14 @@ impl Returning {
     fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
+
+    /// Forgets the notices of `group`.
+    fn discard(&self, group: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|g| g != group);
+    }
 }
 
 /// Receives from one SQS queue (FIFO or standard) and hands out [`SqsDelivery`]s.
@@ -302,6 +310,9 @@ impl Receiver for SqsReceiver {
         }
         for (m, received) in got {
             let group = s.ordered_group(&m);
+            if let Some(g) = &group {
+                self.free_if_settled(g);
+            }
             if group
                 .as_ref()
                 .is_some_and(|g| self.in_flight.contains_key(g))
@@ -547,6 +558,29 @@ async fn keep_held(
 }
 
 impl SqsReceiver {
+    /// Frees `group` when its delivery settled after this receive looked at the groups in flight (during its long
+    /// poll) and nothing of the group is held: the poll can bring back the very message that delivery released
+    /// (a retry's backoff shorter than the poll's wait), which is then first of its group. Held here behind its
+    /// own earlier delivery, it went back to SQS at the next receive and came back once more: a receive counted
+    /// toward `maxReceiveCount` with no attempt made, so a message reached the dead-letter queue after fewer
+    /// attempts than the queue allows. The release's notice goes with it: nothing of the group was held before
+    /// it, and what the same poll brings behind the message is held behind it, not given back.
+    fn free_if_settled(&mut self, group: &str) {
+        let settled = matches!(
+            self.in_flight.get(group),
+            Some(Busy::Delivery(l)) if l.settled.load(Ordering::SeqCst)
+        );
+        if settled
+            && !self
+                .held
+                .iter()
+                .any(|h| group_of(&h.message).as_deref() == Some(group))
+        {
+            self.in_flight.remove(group);
+            self.returning.discard(group);
+        }
+    }
+
     /// The held messages of a group whose delivery was released (or left to its visibility timeout) go back
     /// to SQS at once: that message comes back, and SQS hands out none of its group before it. AWS: "Inflight
     /// messages block delivery of available messages within the same message group." Handing them out here
