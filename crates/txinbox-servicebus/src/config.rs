@@ -14,12 +14,12 @@ use crate::transport::{Auth, Transport};
 
 /// The Azure AD scope of Service Bus's data plane in the public cloud (`*.servicebus.windows.net`). Microsoft,
 /// *Authenticate and authorize an application with Microsoft Entra ID to access Azure Service Bus entities*:
-/// "The resource name to request a token is https://servicebus.azure.net."
+/// "The resource name to request a token is `https://servicebus.azure.net`."
 pub const SERVICE_BUS_SCOPE: &str = "https://servicebus.azure.net/.default";
 
 /// The Azure AD scope of Service Bus in Azure China (`*.servicebus.chinacloudapi.cn`). Microsoft's page of that
 /// cloud (docs.azure.cn, the same article): "The resource name to request a token is
-/// https://servicebus.chinacloudapi.cn."
+/// `https://servicebus.chinacloudapi.cn`."
 pub const SERVICE_BUS_SCOPE_CHINA: &str = "https://servicebus.chinacloudapi.cn/.default";
 
 /// The Azure AD scope of Service Bus in Azure Government (`*.servicebus.usgovcloudapi.net`): the resource
