@@ -10,16 +10,6 @@ use std::time::Duration;
 
 use common::*;
 use txinbox_core::{Delivery, Receiver};
-use txinbox_sqs::SqsDelivery;
-
-/// The `ce-id` of a delivery.
-fn ce_id(d: &SqsDelivery) -> String {
-    d.message()
-        .attributes
-        .get("ce-id")
-        .cloned()
-        .unwrap_or_default()
-}
 
 /// Two messages of one group come in one answer: the first is handed out, the second held behind it. The first
 /// is dropped unsettled: the receiver freed the group and handed out the second while SQS still held the

@@ -17,7 +17,6 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use common::*;
 use txinbox_core::{Delivery, Receiver};
-use txinbox_sqs::SqsDelivery;
 
 /// A message as SQS's JSON protocol answers it, without its receipt handle when `handle` is false.
 fn as_json(m: &Message, handle: bool) -> serde_json::Value {
@@ -89,15 +88,6 @@ fn receipt_missing_at(plain: &aws_sdk_sqs::Client, missing: usize) -> aws_sdk_sq
             Ok(json_answer(200, &serde_json::json!({"Messages": answer})))
         })
     })
-}
-
-/// The `ce-id` of a delivery.
-fn ce_id(d: &SqsDelivery) -> String {
-    d.message()
-        .attributes
-        .get("ce-id")
-        .cloned()
-        .unwrap_or_default()
 }
 
 /// Sends `n` messages of one group (`evt-0`, `evt-1`, ...) to a fresh queue whose visibility timeout is 3 s,

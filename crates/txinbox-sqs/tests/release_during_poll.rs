@@ -15,16 +15,7 @@ use std::time::Duration;
 
 use common::*;
 use txinbox_core::{Delivery, Receiver};
-use txinbox_sqs::{SqsDelivery, SqsReceiver};
-
-/// The `ce-id` of a delivery.
-fn ce_id(d: &SqsDelivery) -> String {
-    d.message()
-        .attributes
-        .get("ce-id")
-        .cloned()
-        .unwrap_or_default()
-}
+use txinbox_sqs::SqsReceiver;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_released_during_the_next_long_poll_is_handed_out_by_it() {

@@ -337,38 +337,11 @@ impl Lease for SqsLease {
 mod tests {
     use super::*;
     use crate::options::MAX_VISIBILITY;
-    use aws_sdk_sqs::types::QueueAttributeName;
-
-    /// A client of moto (`TXINBOX_SQS_ENDPOINT`, see `scripts/moto.sh`).
-    fn moto() -> aws_sdk_sqs::Client {
-        let endpoint = std::env::var("TXINBOX_SQS_ENDPOINT")
-            .expect("TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`");
-        crate::emulator_client(&endpoint)
-    }
+    use crate::receiver::test_support::{fifo_queue_with_one_message, moto};
 
     /// A fresh FIFO queue holding one message, received with a visibility of 5 s: the queue and the receipt.
     async fn one_received(c: &aws_sdk_sqs::Client) -> (String, String) {
-        let name = format!(
-            "lease-{}.fifo",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
-        let url = c
-            .create_queue()
-            .queue_name(name)
-            .attributes(QueueAttributeName::FifoQueue, "true")
-            .send()
-            .await
-            .expect("create queue")
-            .queue_url
-            .expect("queue url");
-        c.send_message()
-            .queue_url(&url)
-            .message_body("{}")
-            .message_group_id("g-1")
-            .message_deduplication_id("d-1")
-            .send()
-            .await
-            .expect("send");
+        let url = fifo_queue_with_one_message(c, "lease").await;
         let m = c
             .receive_message()
             .queue_url(&url)

@@ -764,8 +764,52 @@ fn secs(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
 }
 
+/// What the unit tests of the receiver and of its deliveries share: moto and a queue to receive from.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use aws_sdk_sqs::types::QueueAttributeName;
+
+    /// A client of moto (`TXINBOX_SQS_ENDPOINT`, see `scripts/moto.sh`).
+    pub(crate) fn moto() -> aws_sdk_sqs::Client {
+        let endpoint = std::env::var("TXINBOX_SQS_ENDPOINT").expect(
+            "TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`",
+        );
+        crate::emulator_client(&endpoint)
+    }
+
+    /// A fresh FIFO queue `{prefix}-<random>.fifo` holding one message (`{}`, group `g-1`): its URL.
+    pub(crate) async fn fifo_queue_with_one_message(
+        c: &aws_sdk_sqs::Client,
+        prefix: &str,
+    ) -> String {
+        let name = format!(
+            "{prefix}-{}.fifo",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let url = c
+            .create_queue()
+            .queue_name(name)
+            .attributes(QueueAttributeName::FifoQueue, "true")
+            .send()
+            .await
+            .expect("create queue")
+            .queue_url
+            .expect("queue url");
+        c.send_message()
+            .queue_url(&url)
+            .message_body("{}")
+            .message_group_id("g-1")
+            .message_deduplication_id("d-1")
+            .send()
+            .await
+            .expect("send");
+        url
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_support::{fifo_queue_with_one_message, moto};
     use super::*;
     use txinbox_core::Delivery;
 
@@ -827,14 +871,6 @@ mod tests {
         );
     }
 
-    /// A client of moto (`TXINBOX_SQS_ENDPOINT`, see `scripts/moto.sh`).
-    fn moto() -> aws_sdk_sqs::Client {
-        let endpoint = std::env::var("TXINBOX_SQS_ENDPOINT").expect(
-            "TXINBOX_SQS_ENDPOINT is not set: start moto with `eval \"$(bash scripts/moto.sh start)\"`",
-        );
-        crate::emulator_client(&endpoint)
-    }
-
     /// Receives the message of `url` with its attributes and a visibility of `vt` seconds, when it is there.
     async fn raw_receive(c: &aws_sdk_sqs::Client, url: &str, vt: i32) -> Option<Message> {
         c.receive_message()
@@ -860,27 +896,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_held_message_the_ceiling_cuts_short_is_not_handed_out_with_a_whole_lease() {
         let c = moto();
-        let name = format!(
-            "held-{}.fifo",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
-        let url = c
-            .create_queue()
-            .queue_name(name)
-            .attributes(QueueAttributeName::FifoQueue, "true")
-            .send()
-            .await
-            .expect("create queue")
-            .queue_url
-            .expect("queue url");
-        c.send_message()
-            .queue_url(&url)
-            .message_body("{}")
-            .message_group_id("g-1")
-            .message_deduplication_id("d-1")
-            .send()
-            .await
-            .expect("send");
+        let url = fifo_queue_with_one_message(&c, "held").await;
         let vt = Duration::from_secs(6);
         let m = raw_receive(&c, &url, 6).await.expect("the message");
         let mut r = SqsReceiver::connect(

@@ -43,6 +43,16 @@ pub async fn client() -> Client {
     c
 }
 
+/// The `ce-id` of a delivery.
+pub fn ce_id(d: &txinbox_sqs::SqsDelivery) -> String {
+    use txinbox_core::Delivery;
+    d.message()
+        .attributes
+        .get("ce-id")
+        .cloned()
+        .unwrap_or_default()
+}
+
 pub fn unique(prefix: &str) -> String {
     format!(
         "{prefix}-{}",
