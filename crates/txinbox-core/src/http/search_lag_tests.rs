@@ -6,9 +6,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
-use super::wire_tests::effect;
+use super::wire_tests::{effect, read_request};
 use super::*;
 use crate::settings::{ConfirmSettings, HttpDestinationSettings};
 
@@ -35,25 +35,7 @@ async fn hubspot() -> (String, Arc<Mutex<Crm>>) {
         while let Ok((mut conn, _)) = listener.accept().await {
             let crm = held.clone();
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while let Ok(read) = conn.read(&mut chunk).await {
-                    if read == 0 {
-                        break;
-                    }
-                    buf.extend_from_slice(&chunk[..read]);
-                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let length = text[..end]
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + length {
-                            break;
-                        }
-                    }
-                }
+                let buf = read_request(&mut conn).await;
                 let request = String::from_utf8_lossy(&buf).into_owned();
                 let body = if request.starts_with("POST /crm/v3/objects/tasks/search ") {
                     let now = tokio::time::Instant::now();

@@ -7,6 +7,31 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::*;
 use crate::effects::EffectState;
 
+/// Reads one request from `conn`: its head and as much body as its `Content-Length` says, or what came before
+/// the connection closed or failed.
+pub(super) async fn read_request(conn: &mut tokio::net::TcpStream) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(read) = conn.read(&mut chunk).await {
+        if read == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..read]);
+        let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + length {
+                break;
+            }
+        }
+    }
+    buf
+}
+
 /// A destination on loopback: each connection's request is read whole and recorded; `answer` writes the
 /// reply (or drops the connection unanswered). The other HTTP test modules use it too.
 pub(super) async fn destination<F, Fut>(answer: F) -> (String, Arc<Mutex<Vec<String>>>)
@@ -22,25 +47,7 @@ where
     tokio::spawn(async move {
         let mut n = 0;
         while let Ok((mut conn, _)) = listener.accept().await {
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            while let Ok(read) = conn.read(&mut chunk).await {
-                if read == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..read]);
-                let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let length = text[..end]
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if buf.len() >= end + 4 + length {
-                        break;
-                    }
-                }
-            }
+            let buf = read_request(&mut conn).await;
             log.lock()
                 .unwrap()
                 .push(String::from_utf8_lossy(&buf).into_owned());
