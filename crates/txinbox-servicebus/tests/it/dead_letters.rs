@@ -10,6 +10,23 @@ use txinbox_servicebus::{
 
 use crate::common::*;
 
+/// Asserts that `read` holds each of `ids` (the messages' ids) once, and nothing else.
+fn read_once_each(read: &[txinbox_servicebus::DeadLetteredMessage], ids: &[impl AsRef<str>]) {
+    let got: Vec<_> = read
+        .iter()
+        .map(|d| d.message.producer_id.clone().unwrap_or_default())
+        .collect();
+    let unique: BTreeSet<_> = got.iter().cloned().collect();
+    assert_eq!(got.len(), unique.len(), "a dead letter read twice: {got:?}");
+    assert_eq!(
+        unique,
+        ids.iter()
+            .map(|s| s.as_ref().to_owned())
+            .collect::<BTreeSet<_>>(),
+        "read: {got:?}"
+    );
+}
+
 /// REST has no browse: the reader peek-locks each dead letter and releases them all at the end. When the
 /// dead-letter queue's lock is shorter than the read (here 1 s, and a 3 s long poll after the last message),
 /// the first locks lapse before the read ends, and Microsoft, Peek-Lock Message: "When the lock expires, the
@@ -37,16 +54,7 @@ async fn a_read_longer_than_the_lock_returns_each_dead_letter_once() {
     )
     .await
     .unwrap();
-    let got: Vec<_> = read
-        .iter()
-        .map(|d| d.message.producer_id.clone().unwrap_or_default())
-        .collect();
-    let unique: BTreeSet<_> = got.iter().cloned().collect();
-    assert_eq!(got.len(), unique.len(), "a dead letter read twice: {got:?}");
-    assert_eq!(
-        unique,
-        ids.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>()
-    );
+    read_once_each(&read, &ids);
     assert_eq!(emu.counts(&q).await, (0, 3), "reading does not remove");
 }
 
@@ -147,16 +155,6 @@ async fn a_read_whose_receives_outlast_the_lock_reaches_every_dead_letter() {
     let read = read_dead_letters(&client, &dlq, 100, Duration::from_secs(1))
         .await
         .unwrap();
-    let got: Vec<_> = read
-        .iter()
-        .map(|d| d.message.producer_id.clone().unwrap_or_default())
-        .collect();
-    let unique: BTreeSet<_> = got.iter().cloned().collect();
-    assert_eq!(got.len(), unique.len(), "a dead letter read twice: {got:?}");
-    assert_eq!(
-        unique,
-        ids.iter().cloned().collect::<BTreeSet<_>>(),
-        "read: {got:?}"
-    );
+    read_once_each(&read, &ids);
     assert_eq!(emu.counts(&q).await, (0, 6), "reading does not remove");
 }
