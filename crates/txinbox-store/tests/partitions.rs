@@ -1363,29 +1363,6 @@ async fn the_effects_runner_purges_done_effects_by_the_database_s_clock() {
     );
 }
 
-/// A destination that does every effect, under one reference.
-#[derive(Clone)]
-struct Does;
-
-impl txinbox_core::effects::EffectExecutor for Does {
-    fn execute<'a>(
-        &'a self,
-        _: &'a txinbox_core::effects::ClaimedEffect,
-    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Execution> {
-        Box::pin(async {
-            txinbox_core::effects::Execution::Done {
-                reference: Some("task-1".into()),
-            }
-        })
-    }
-    fn confirm<'a>(
-        &'a self,
-        _: &'a txinbox_core::effects::ClaimedEffect,
-    ) -> txinbox_core::effects::BoxFuture<'a, txinbox_core::effects::Confirmation> {
-        Box::pin(async { unreachable!("no effect is reconciled here") })
-    }
-}
-
 /// A done effect's `finished_at` is the database's clock, which the purges (the runner's, the maintenance's)
 /// count the retention on: it was the runner's host's, so an effect done by a runner whose host ran days behind
 /// the database was past its retention when it was done, and purged at once. Here the database's clock is 10
@@ -1401,7 +1378,7 @@ async fn an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention(
         .unwrap();
     effect_row(&ahead, "k-run", "pending", db_now - Cd::hours(1), None).await;
     let runner = EffectRunner::new(ahead.clone())
-        .executor("crm", Does)
+        .executor("crm", Ages::default())
         .options(EffectOptions::default().done_retention(Duration::from_secs(7 * DAY as u64)));
     let report = runner.run_until_idle().await;
     let left: Vec<(String, Option<DateTime<Utc>>)> =
@@ -1520,7 +1497,7 @@ async fn an_effect_recorded_by_a_worker_whose_clock_is_ahead_is_due_at_once() {
         let outcome = txinbox_testkit::prop::process_all(inbox, handler, vec![m], false).await;
         let outcome = txinbox_testkit::prop::delivered(outcome.into_iter().next().unwrap());
         let report = EffectRunner::new(behind.clone())
-            .executor("crm", Does)
+            .executor("crm", Ages::default())
             .run_until_idle()
             .await;
         let rows: Vec<(String, DateTime<Utc>)> =
@@ -1544,7 +1521,7 @@ async fn an_effect_recorded_by_a_worker_whose_clock_is_ahead_is_due_at_once() {
     }
 }
 
-/// A destination that does every effect and notes each one's age as an executor counts it (`Utc::now() -
+/// A destination that does every effect, under one reference, and notes each one's age as an executor counts it (`Utc::now() -
 /// created_at`, as the HTTP executor decides whether the destination still keeps the key of a call whose answer
 /// was lost, and so whether to repeat it).
 #[derive(Clone, Default)]
