@@ -943,17 +943,12 @@ mod tests {
     /// naming the row, and nothing changes.
     #[tokio::test]
     async fn a_key_with_an_unfinished_re_send_is_refused_on_the_partitioned_layout() {
-        let base = std::env::var("TXINBOX_TEST_PG_URL")
-            .expect("TXINBOX_TEST_PG_URL is not set: run `bash scripts/test.sh`");
-        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let admin = sqlx::PgPool::connect(&base).await.unwrap();
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let store =
-            txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1).await;
-        let store = store.expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+        let crate::testing::PgSchema {
+            schema,
+            admin,
+            store,
+            ..
+        } = crate::testing::PgSchema::new().await;
         let _ = store
             .partition(&txinbox_store::PartitionOptions::new())
             .await
@@ -985,11 +980,7 @@ mod tests {
                 .fetch_all(store.pool())
                 .await;
         store.close().await;
-        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
+        crate::testing::PgSchema::drop_schema(&schema, admin).await;
         for (what, answer) in [("dry run", dry), ("run", run)] {
             let err = answer.expect_err(what);
             assert!(

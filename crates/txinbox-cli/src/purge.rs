@@ -252,17 +252,13 @@ mod tests {
     /// effects' claims and due times are on it too), whatever the operator's host says.
     #[tokio::test]
     async fn a_pass_from_a_host_whose_clock_is_ahead_keeps_markers_the_database_has_not_expired() {
-        let base = std::env::var("TXINBOX_TEST_PG_URL")
-            .expect("TXINBOX_TEST_PG_URL is not set: run `bash scripts/test.sh`");
-        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
-        let admin = sqlx::PgPool::connect(&base).await.unwrap();
-        sqlx::query(&format!("CREATE SCHEMA {schema}"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let store =
-            txinbox_store::Store::<sqlx::Postgres>::connect_in_schema(&base, &schema, 1).await;
-        let store = store.expect("PostgreSQL at TXINBOX_TEST_PG_URL");
+        let crate::testing::PgSchema {
+            base,
+            schema,
+            admin,
+            store,
+            ..
+        } = crate::testing::PgSchema::new().await;
         // A marker with a day of retention left, and one that expired an hour ago, by the database's clock.
         sqlx::query("INSERT INTO txinbox_inbox (consumer_name, source, message_id, payload_hash, received_at, processed_at, retention_until, id_origin) VALUES ('c', '', 'live', 'h', now(), now(), now() + interval '1 day', 'producer_id'), ('c', '', 'expired', 'h', now(), now(), now() - interval '1 hour', 'producer_id')")
             .execute(store.pool())
@@ -287,11 +283,7 @@ mod tests {
         ))
         .fetch_all(&admin)
         .await;
-        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-            .execute(&admin)
-            .await
-            .unwrap();
-        admin.close().await;
+        crate::testing::PgSchema::drop_schema(&schema, admin).await;
         let report = report.unwrap();
         assert_eq!(left.unwrap(), ["live"], "{report}");
         assert_eq!(report.removed_from(Table::Markers), 1, "{report}");
