@@ -382,7 +382,23 @@ fn unknown(msg: String) -> Confirmation {
     Confirmation::Unknown { error: msg.into() }
 }
 
+/// A confirmation answered 202 Accepted was not answered yet: "the request has been accepted for processing, but
+/// the processing has not been completed" (RFC 9110, 15.3.3). Whatever its body holds (an asynchronous search
+/// job's id, an empty list of results to come) is neither the object nor its absence.
+fn accepted(status: u16) -> Option<Confirmation> {
+    (status == 202).then(|| {
+        unknown(
+            "the confirmation answered 202 Accepted (its processing has not been completed): not read as \
+             found or not found"
+                .to_owned(),
+        )
+    })
+}
+
 fn read_lookup(status: u16, body: &[u8], found_at: &str) -> Confirmation {
+    if let Some(c) = accepted(status) {
+        return c;
+    }
     match status {
         200..=299 => match serde_json::from_slice::<Value>(body) {
             Ok(v) => match walk(&v, found_at) {
@@ -409,6 +425,9 @@ fn read_search(
     count_at: Option<&str>,
     absent_is_empty: bool,
 ) -> Confirmation {
+    if let Some(c) = accepted(status) {
+        return c;
+    }
     if !(200..=299).contains(&status) {
         return unknown(format!("the search answered {status}"));
     }
@@ -627,6 +646,35 @@ mod tests {
         for status in [301, 401, 429, 500, 502, 503] {
             assert!(is_unknown(&read_lookup(status, b"{}", "/id")), "{status}");
         }
+    }
+
+    /// RFC 9110, 15.3.3: "The 202 (Accepted) status code indicates that the request has been accepted for
+    /// processing, but the processing has not been completed." A lookup answered 202 with a job's id was read
+    /// as the object found (done), a search answered 202 with an empty list as not found (called again).
+    #[test]
+    fn a_confirmation_answered_202_is_neither_found_nor_not_found() {
+        assert!(is_unknown(&read_lookup(202, br#"{"id":"job-1"}"#, "/id")));
+        assert!(is_unknown(&read_search(
+            202,
+            br#"{"data":[]}"#,
+            "/data/0/id",
+            None,
+            false
+        )));
+        assert!(is_unknown(&read_search(
+            202,
+            br#"{"data":[{"id":"job-1"}]}"#,
+            "/data/0/id",
+            None,
+            false
+        )));
+        assert!(is_unknown(&read_search(
+            202,
+            br#"{"total":0,"results":[]}"#,
+            "/results/0/id",
+            Some("/total"),
+            false
+        )));
     }
 
     #[test]

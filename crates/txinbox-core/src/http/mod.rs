@@ -44,8 +44,9 @@
 //!
 //! **The confirmation** ([`Confirm`]) asks the destination when an answer was lost: a lookup (404 is not
 //! found), a search (an empty list or a zero count is not found, unless the answer reports an error), or your
-//! own reader. A 2xx whose body lacks the declared reference is unknown, never done. A 429, a 503 with
-//! `Retry-After` or a 4xx that is a rate limit did not search: not answered, before any rule reads it. Without a
+//! own reader. A 2xx whose body lacks the declared reference is unknown, never done, and so is a 202 (its
+//! processing not completed), whatever its body. A 429, a 503 with `Retry-After` or a 4xx that is a rate limit
+//! did not search: not answered, before any rule reads it. Without a
 //! confirmation, a destination that honours its key ([`Key::header`], [`Key::body_field`]) is asked by
 //! repeating the call with the same key within the time it keeps keys; any other lost answer needs attention.
 //!
