@@ -328,8 +328,10 @@ impl<D: Delivery> Processor<D> for PanicsOn {
     }
 }
 
-/// A processor that panics leaves its delivery unsettled (it comes back after its visibility timeout): the
-/// worker says so and counts it as a retry, and goes on with the others.
+/// A processor that panics before settling its delivery has it handed back at once (not left to its visibility
+/// timeout, here 300 s): the worker says so, counts each panic as a retry and a hand-back, and goes on with the
+/// others. A message it always panics on comes back until the queue's maximum receive count (5) moves it to
+/// the dead-letter queue, as a broker's redrive policy or `MaxDeliveryCount` does.
 #[tokio::test]
 async fn a_processor_that_panics_is_reported_and_the_worker_goes_on() {
     let queue = MemoryQueue::new(QueueOptions {
@@ -355,10 +357,16 @@ async fn a_processor_that_panics_is_reported_and_the_worker_goes_on() {
     );
     assert_eq!(
         report.outcomes.get(&txinbox_core::OutcomeKind::Retry),
-        Some(&1),
+        Some(&5),
         "{report}"
     );
-    assert_eq!(queue.state().in_flight, 1, "left to its visibility timeout");
+    assert_eq!(report.handed_back, 5, "{report}");
+    let state = queue.state();
+    assert_eq!(
+        (state.in_flight, state.dead_lettered),
+        (0, 1),
+        "handed back each time, dead-lettered past its receive count: {state}"
+    );
 }
 
 /// A receiver whose every receive waits until the test lets it answer (empty): a long poll in flight.
