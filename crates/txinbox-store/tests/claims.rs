@@ -113,3 +113,38 @@ async fn write_lock_free(conn: &mut sqlx::SqliteConnection) -> bool {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// A claim lasts `claim_until - now` between the times as the store keeps them, on SQLite as on PostgreSQL:
+/// a `now` at the last instant of year 9999 and an end past it (a runner's "for ever") lasted their raw
+/// difference here and nothing on PostgreSQL, so the effect was held on one store and claimable again
+/// on the other (`prop_backends::sqlite_and_postgres_agree_on_hostile_operations`, seen failing so).
+#[tokio::test]
+async fn a_claim_between_times_past_year_9999_lasts_nothing() {
+    let store = Store::<sqlx::Sqlite>::connect("sqlite::memory:")
+        .await
+        .unwrap();
+    let t = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    sqlx::query("INSERT INTO txinbox_effects (consumer_name, message_id, idempotency_key, name, destination, payload, metadata, external_ref, state, next_attempt_at, created_at, updated_at) VALUES ('c', 'm', 'k', 'n', 'd', x'00', '{}', 'k', 'pending', ?1, ?1, ?1)")
+        .bind(&t)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let destinations = vec!["d".to_owned()];
+    let last = chrono::DateTime::<Utc>::MAX_UTC;
+    let end_of_9999 = chrono::DateTime::parse_from_rfc3339("9999-12-31T23:59:59.999999999Z")
+        .unwrap()
+        .with_timezone(&Utc);
+    let first = store
+        .claim_effects("runner", &destinations, end_of_9999, last, 1)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1, "due");
+    // The claim lasted nothing: its end is already past, and the effect can be claimed again at once.
+    let until: String = sqlx::query_scalar("SELECT claim_until FROM txinbox_effects")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let until = chrono::DateTime::parse_from_rfc3339(&until).unwrap();
+    assert!(until <= Utc::now(), "held until {until}");
+    store.close().await;
+}
