@@ -22,12 +22,12 @@
 //!
 //! Either way the messages can be read with [`read_dead_letters`] and moved back with [`crate::redrive()`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use azure_messaging_servicebus::prelude::QueueClient;
 use azure_messaging_servicebus::service_bus::{SendMessageOptions, SettableBrokerProperties};
-use chrono::{SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use txinbox_core::dead_letter::{self, MAX_DETAIL_LEN};
 use txinbox_core::{BrokerError, BrokerErrorKind, DeadLetter, ReceivedMessage};
 
@@ -207,11 +207,13 @@ impl DeadLetteredMessage {
 /// Each message is returned once. When the read lasts longer than the entity's lock, the first locks lapse and
 /// the messages come round again (Microsoft, Peek-Lock Message: "When the lock expires, the message becomes
 /// available to other receivers"): a message whose sequence number was read already is not returned again (its
-/// new lock is kept, so the read moves on to the messages behind it), and one that comes round a third time
-/// ends the read, a whole pass over what is left having been made since it was first read. Before each receive,
-/// the locks held past half their length are renewed, so a read whose receives outlast the lock still reaches
-/// the messages behind those it holds (which would otherwise come first, by sequence number, and take every
-/// receive).
+/// new lock is kept, so the read moves on to the messages behind it). The read ends at an empty receive, at
+/// `max`, or when more messages in a row came round again than it has read (one of them came round twice, a
+/// lock apart, with no new message in between). Before each receive, the locks held past half their length, or
+/// that may end within twice the slowest receive so far, are renewed (LockedUntilUtc is in whole seconds: a
+/// lock past the end it was read with is still renewed), so a read whose receives outlast the lock still
+/// reaches the messages behind those it holds (which would otherwise come first, by sequence number, and take
+/// every receive).
 pub async fn read_dead_letters(
     client: &ServiceBusClient,
     path: &str,
@@ -219,92 +221,157 @@ pub async fn read_dead_letters(
     wait: Duration,
 ) -> Result<Vec<DeadLetteredMessage>, BrokerError> {
     let queue = client.queue_client(path);
-    let mut locks = Vec::new();
+    let mut sweep = Sweep::default();
     let mut out = Vec::new();
-    let mut seen: HashMap<String, u32> = HashMap::new();
     let mut result = Ok(());
     while out.len() < max {
-        renew_held(&mut locks, path).await;
-        match peek_lock(&queue, path, wait, Duration::from_secs(60)).await {
-            Ok(Some(locked)) => {
-                // The sequence number (from BrokerProperties, else the lock URI); the lock URI itself when
-                // neither says one, which tells nothing apart but never merges two messages.
-                let key = locked.message.broker_id.clone().unwrap_or_else(|| {
-                    locked
-                        .headers
-                        .get("location")
-                        .unwrap_or_default()
-                        .to_owned()
-                });
-                let times = seen.entry(key).or_default();
-                *times += 1;
-                match *times {
-                    1 => {}
-                    2 => {
-                        locks.push(locked);
-                        continue;
-                    }
-                    _ => {
-                        locks.push(locked);
-                        break;
-                    }
-                }
+        // Reading removes nothing: whatever the run has looked at can come round again.
+        match sweep.next(&queue, path, wait, 0).await {
+            Ok(Sighting::New(locked)) => {
                 out.push(DeadLetteredMessage::of(locked.message.clone()));
-                locks.push(locked);
+                sweep.hold(*locked);
             }
-            Ok(None) => break,
+            Ok(Sighting::Again) => {}
+            Ok(Sighting::Done) => break,
             Err(e) => {
                 result = Err(e);
                 break;
             }
         }
     }
-    for locked in &locks {
-        if let Err(e) = settle(
-            &locked.response,
-            SettleOp::Abandon,
-            path,
-            2,
-            locked.locked_until,
-        )
-        .await
-        {
-            tracing::warn!(path, error = %e, "could not abandon a dead letter after reading it; it comes back when its lock ends");
-        }
-    }
+    sweep.release(path).await;
     result.map(|()| out)
 }
 
-/// Renews each held lock that has run past half its length (its length read as the time from the receive to
-/// its LockedUntilUtc), so that what a long read or redrive holds stays hidden from its own receives and the
-/// messages behind it are reached (Microsoft, Renew-Lock for a Message: "Renews the lock on an already locked
-/// message."). A lock already lapsed, or whose renewal fails, is left: the message comes round again and is
-/// known by its sequence number.
-pub(crate) async fn renew_held(held: &mut [Locked], path: &str) {
-    for locked in held.iter_mut() {
+/// One pass over a dead-letter entity that looks at each message once: what a read or a redrive has seen
+/// and the locks it holds.
+///
+/// A pass that lasts longer than the entity's lock meets again the messages it looked at and left in place
+/// once their lock lapses (Microsoft, Peek-Lock Message: "When the lock expires, the message becomes
+/// available to other receivers"). Such a message is known by its sequence number (from BrokerProperties,
+/// else its lock URI, which tells nothing apart but never merges two messages); its new lock is held, so the
+/// next receive moves on to the messages behind it. The pass ends at an empty receive, or when more messages
+/// in a row came round again than the pass has left in place: then one of them came round twice, a whole
+/// lock apart, with no new message in between, and everything left has been looked at.
+#[derive(Default)]
+pub(crate) struct Sweep {
+    held: Vec<Held>,
+    seen: HashSet<String>,
+    repeats_in_a_row: usize,
+    slowest_receive: Duration,
+}
+
+/// What [`Sweep::next`] received.
+pub(crate) enum Sighting {
+    /// A message this pass has not looked at; the caller holds it ([`Sweep::hold`]) or settles it.
+    New(Box<Locked>),
+    /// One looked at already; its new lock is held.
+    Again,
+    /// Everything left has been looked at (or the receive came back empty).
+    Done,
+}
+
+impl Sweep {
+    /// Renews the held locks, receives the next message and says whether it is new. `removed` is how many of
+    /// the messages looked at this pass has taken out of the entity (completed), which cannot come round.
+    pub(crate) async fn next(
+        &mut self,
+        queue: &QueueClient,
+        path: &str,
+        wait: Duration,
+        removed: usize,
+    ) -> Result<Sighting, BrokerError> {
+        renew_held(&mut self.held, path, self.slowest_receive).await;
+        let started = std::time::Instant::now();
+        let received = peek_lock(queue, path, wait, Duration::from_secs(60)).await;
+        let took = started.elapsed();
+        let Some(locked) = received? else {
+            return Ok(Sighting::Done);
+        };
+        // A receive that came back with a message never waited for one: how long it took is how long the
+        // next one may take, which the held locks must outlast.
+        self.slowest_receive = self.slowest_receive.max(took);
+        let key = locked.message.broker_id.clone().unwrap_or_else(|| {
+            locked
+                .headers
+                .get("location")
+                .unwrap_or_default()
+                .to_owned()
+        });
+        if self.seen.insert(key) {
+            self.repeats_in_a_row = 0;
+            return Ok(Sighting::New(Box::new(locked)));
+        }
+        self.held.push(Held::of(locked));
+        self.repeats_in_a_row += 1;
+        if self.repeats_in_a_row > self.seen.len().saturating_sub(removed) {
+            return Ok(Sighting::Done);
+        }
+        Ok(Sighting::Again)
+    }
+
+    /// Keeps a message's lock until [`Sweep::release`], renewed as the pass goes on.
+    pub(crate) fn hold(&mut self, locked: Locked) {
+        self.held.push(Held::of(locked));
+    }
+
+    /// Abandons every held lock, so the messages are available again at once.
+    pub(crate) async fn release(self, path: &str) {
+        for h in &self.held {
+            if let Err(e) = settle(&h.locked.response, SettleOp::Abandon, path, 2, h.until).await {
+                tracing::info!(path, error = %e, "releasing a held dead letter failed; it comes back when its lock ends");
+            }
+        }
+    }
+}
+
+/// A lock a [`Sweep`] holds, and what it knows of its end.
+struct Held {
+    locked: Locked,
+    /// The lock's length as first read: LockedUntilUtc less the receive's time. LockedUntilUtc comes in whole
+    /// seconds (RFC 1123), so this is short of the entity's LockDuration by up to a second, and may be zero:
+    /// the lock is renewed early, never late.
+    length: chrono::Duration,
+    /// When the lock ends at the earliest (the whole seconds of LockedUntilUtc, then the renewals' starts plus
+    /// `length`).
+    until: DateTime<Utc>,
+    /// A renewal failed (the lock lapsed, or the message is gone): not tried again; a lapsed message comes
+    /// round again and is known by its sequence number.
+    lost: bool,
+}
+
+impl Held {
+    fn of(locked: Locked) -> Self {
+        let until = locked.locked_until;
+        let length = (until - locked.message.received_at).max(chrono::Duration::zero());
+        Self {
+            locked,
+            length,
+            until,
+            lost: false,
+        }
+    }
+}
+
+/// Renews each held lock that has run past half its length, or that may end within twice `next_receive` (the
+/// slowest receive so far), so that what a long read or redrive holds stays hidden from its own receives and
+/// the messages behind it are reached (Microsoft, Renew-Lock for a Message: "Renews the lock on an already
+/// locked message."). The end is known to a second only (LockedUntilUtc is RFC 1123), so a lock past its
+/// earliest end is still renewed: the service says whether it lapsed. A lock whose renewal fails is left.
+async fn renew_held(held: &mut [Held], path: &str, next_receive: Duration) {
+    let ahead =
+        chrono::Duration::from_std(next_receive.saturating_mul(2)).unwrap_or(chrono::Duration::MAX);
+    for h in held.iter_mut().filter(|h| !h.lost) {
         let now = Utc::now();
-        let length = locked.locked_until - locked.message.received_at;
-        if length <= chrono::Duration::zero()
-            || locked.locked_until <= now
-            || now < locked.locked_until - length / 2
-        {
+        let lead = ahead.max(h.length / 2);
+        if now.checked_add_signed(lead).is_some_and(|t| t < h.until) {
             continue;
         }
-        match settle(
-            &locked.response,
-            SettleOp::Renew,
-            path,
-            1,
-            locked.locked_until,
-        )
-        .await
-        {
-            Ok(()) => {
-                // A held copy only (what was returned or sent was taken before): the renewal's start.
-                locked.message.received_at = now;
-                locked.locked_until = now + length;
-            }
+        match settle(&h.locked.response, SettleOp::Renew, path, 1, h.until).await {
+            // The renewal's start: the lock runs at least `length` from there.
+            Ok(()) => h.until = now + h.length,
             Err(e) => {
+                h.lost = true;
                 tracing::debug!(path, error = %e, "renewing a held dead letter failed; it may come round again");
             }
         }

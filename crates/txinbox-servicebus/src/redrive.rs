@@ -8,18 +8,15 @@
 //! where it is (its lock is held until the run ends, then abandoned) and counted as `deferred`: run the redrive
 //! again after the window. Set the window to zero when the target has no duplicate detection.
 
-use std::collections::HashSet;
-use std::time::Duration;
-
 use chrono::Utc;
 pub use txinbox_core::broker::redrive::RedriveOptions;
 use txinbox_core::broker::redrive::{RedriveEvent, RedriveItem, RedriveProgress, RedriveReport};
 use txinbox_core::{BrokerError, BrokerErrorKind};
 
 use crate::config::ServiceBusClient;
-use crate::dlq::{is_dead_letter_property, original_enqueued_at, renew_held, resend_options};
+use crate::dlq::{is_dead_letter_property, original_enqueued_at, resend_options, Sighting, Sweep};
 use crate::error::send_error;
-use crate::receiver::{peek_lock, settle, Locked, SettleOp};
+use crate::receiver::{settle, SettleOp};
 use crate::wire::quote_property;
 
 /// Custom property a redriven copy carries: the path it was redriven from.
@@ -62,47 +59,23 @@ pub async fn redrive(
     let window = chrono::Duration::from_std(options.duplicate_detection_window)
         .unwrap_or(chrono::Duration::MAX);
     let mut report = RedriveReport::default();
-    let mut held: Vec<Locked> = Vec::new();
-    let mut seen: HashSet<String> = HashSet::new();
-    let mut repeats_in_a_row = 0usize;
+    let mut sweep = Sweep::default();
     progress.event(RedriveEvent::Started, &report);
     let outcome = loop {
         if options.max.is_some_and(|m| report.moved >= m) {
             break Ok(());
         }
-        renew_held(&mut held, from).await;
-        let locked = match peek_lock(&source, from, options.wait, Duration::from_secs(60)).await {
-            Ok(Some(l)) => l,
-            Ok(None) => break Ok(()),
+        // What this run completed in the source cannot come round again; the rest (deferred, or sent but not
+        // completed) can, and is neither sent nor counted twice.
+        let locked = match sweep.next(&source, from, options.wait, report.moved).await {
+            Ok(Sighting::New(l)) => *l,
+            Ok(Sighting::Again) => continue,
+            Ok(Sighting::Done) => break Ok(()),
             Err(e) => break Err(e),
         };
         let m = &locked.message;
         let id = m.producer_id.clone().unwrap_or_default();
         let seq = m.broker_id.clone().unwrap_or_default();
-        // The sequence number (from BrokerProperties, else the lock URI); the lock URI itself when neither
-        // says one, which tells nothing apart but never merges two messages.
-        let key = m.broker_id.clone().unwrap_or_else(|| {
-            locked
-                .headers
-                .get("location")
-                .unwrap_or_default()
-                .to_owned()
-        });
-        if !seen.insert(key) {
-            // Looked at already in this run: deferred (its held lock lapsed) or sent (its complete failed, its
-            // lock lapsed during the send). Never sent again; its new lock is kept, so the next receive moves
-            // on to the messages behind it.
-            held.push(locked);
-            repeats_in_a_row += 1;
-            // The messages this run can meet again are those it looked at and did not move. More repeats in
-            // a row than there are of them means one came round twice, a whole lock apart, with nothing new
-            // in between: everything left has been looked at.
-            if repeats_in_a_row > seen.len().saturating_sub(report.moved) {
-                break Ok(());
-            }
-            continue;
-        }
-        repeats_in_a_row = 0;
         if let Some(enqueued) = original_enqueued_at(m) {
             let age = Utc::now() - enqueued;
             if age < window {
@@ -115,7 +88,7 @@ pub async fn redrive(
                     },
                     &report,
                 );
-                held.push(locked);
+                sweep.hold(locked);
                 continue;
             }
         }
@@ -133,7 +106,7 @@ pub async fn redrive(
         );
         let body_len = body.len();
         if let Err(e) = target.send_message(body, Some(options)).await {
-            held.push(locked);
+            sweep.hold(locked);
             break Err(send_error("send", e, body_len));
         }
         match settle(
@@ -165,19 +138,7 @@ pub async fn redrive(
             }
         }
     };
-    for locked in &held {
-        if let Err(e) = settle(
-            &locked.response,
-            SettleOp::Abandon,
-            from,
-            2,
-            locked.locked_until,
-        )
-        .await
-        {
-            tracing::info!(from, error = %e, "releasing a held dead letter failed; it comes back when its lock ends");
-        }
-    }
+    sweep.release(from).await;
     progress.event(
         RedriveEvent::Finished {
             error: outcome.as_ref().err(),
