@@ -646,11 +646,16 @@ impl EffectStore for DynamoStore {
             set.push("sent_hash = if_not_exists(sent_hash, :sent)");
             req = req.expression_attribute_values(":sent", s(h));
         }
+        // The finish is dated on this host's clock too, as the SQL stores date it on theirs (PostgreSQL's
+        // `now()`, SQLite's host): the effect's item expires `effects_keep` after it, whatever the runner's
+        // clock says (one days behind would leave a done effect expired, hidden and deleted at once).
+        let finished = Utc::now();
         if t.finished {
-            set.push("finished_at = :now");
+            set.push("finished_at = :finished");
+            req = req.expression_attribute_values(":finished", s(l::ts(finished)));
         }
         if t.state == EffectState::Done {
-            let until = txinbox_core::time::after(now, self.options.effects_keep);
+            let until = txinbox_core::time::after(finished, self.options.effects_keep);
             set.push("expires_at = :expires");
             req = req.expression_attribute_values(":expires", n(l::epoch_ceil(until)));
         }

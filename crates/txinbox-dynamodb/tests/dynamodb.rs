@@ -109,6 +109,7 @@ on_both_backends!(
     a_claim_whose_answer_was_lost_is_its_own_after_the_sdks_retry,
     a_claim_whose_answer_was_lost_without_a_retry_is_given_back,
     a_lost_commit_answer_is_recognised_after_its_marker_expired,
+    an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention,
 );
 
 /// Turns `table`'s TTL on `expires_at` on or off.
@@ -1916,7 +1917,8 @@ async fn a_message_applied_again_after_its_marker_expired_records_its_effect_aga
         .unwrap();
     let key = txinbox_core::effects::idempotency_key(&identity, "notify");
     // Claimed and done long ago: past `effects_keep`, expired (DynamoDB has not deleted it).
-    common::done_long_ago(&store, "mail").await;
+    let done = common::done_long_ago(&store, "mail").await;
+    common::expire_done_effect(&store, done).await;
     assert!(store.find_effect(&key).await.unwrap().is_none());
     // The marker expired too (its `expires_at` in the past, as the retention's end leaves it).
     c.update_item()
@@ -2343,5 +2345,74 @@ async fn a_lost_commit_answer_is_recognised_after_its_marker_expired(b: Backend)
         count_of(&b.client(), &tasks, "t-1").await,
         Some(1),
         "written once"
+    );
+}
+
+/// The effects' times are this host's clock's (DynamoDB keeps none of its own): which are due and which claims
+/// expired are decided on it, and so is when a done effect was finished and when its item expires. A runner
+/// whose host runs ten days behind finishes an effect: its `now` must not date the finish, or the effect would
+/// be past its retention (`effects_keep`, a day here) the moment it is done, hidden from every read (an item
+/// past its `expires_at` is absent) and deleted by the TTL at once, where the SQL stores keep it its retention
+/// (PostgreSQL's `now()`, SQLite's own clock).
+async fn an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention(b: Backend) {
+    let c = b.client();
+    let (store, table) = store_on(c.clone()).await;
+    let consumer = ConsumerName::new("crm-followup").unwrap();
+    let inbox = Inbox::new(store.clone(), IdentityPolicy::new(consumer));
+    let processor = inbox.bind(
+        |_tx: DynamoTx, msg: Message<txinbox_core::Raw>| async move {
+            let e = Effect::new("notify", "mail", msg.id().to_owned().into_bytes());
+            Ok::<_, HandlerError>(Handled::default().effect(e))
+        },
+    );
+    let queue = MemoryQueue::new(QueueOptions::default());
+    queue.send(OutgoingMessage::new("m-1").cloudevent("crm", "m-1", "t"));
+    let r = Worker::new(queue.receiver(), processor)
+        .run_until_idle()
+        .await;
+    assert_eq!(r.count(OutcomeKind::Applied), 1);
+
+    let behind = Utc::now() - chrono::Duration::days(10);
+    let claimed = claim_at(&store, "runner", &["mail".to_owned()], behind).await;
+    assert_eq!(claimed.len(), 1, "the effect is due on the store's clock");
+    let done = Transition::Done {
+        reference: Some("task-1".into()),
+        attempts: 1,
+        reconciliations: 0,
+    };
+    assert!(store
+        .finish_effect(claimed[0].id, "runner", &done.columns(), behind)
+        .await
+        .unwrap());
+
+    let found = store.find_effect(&claimed[0].key).await.unwrap();
+    assert!(
+        found.is_some(),
+        "an effect done a moment ago is kept its retention, whatever the runner's clock"
+    );
+    let counts = store.effect_counts().await.unwrap();
+    assert!(
+        counts
+            .iter()
+            .any(|c| c.state == EffectState::Done && c.count == 1),
+        "{counts:?}"
+    );
+    let expires = c
+        .get_item()
+        .table_name(&table)
+        .key("pk", AttributeValue::S(format!("e#{}", claimed[0].id)))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .and_then(|i| i.get("expires_at").and_then(|v| v.as_n().ok()).cloned())
+        .and_then(|n| n.parse::<i64>().ok())
+        .expect("a done effect has expires_at");
+    let keep = DynamoOptions::default().effects_keep;
+    let earliest = (Utc::now() - chrono::Duration::minutes(1)).timestamp() + keep.as_secs() as i64;
+    assert!(
+        expires >= earliest,
+        "expires_at {expires} is a retention after the finish on this host's clock (>= {earliest})"
     );
 }

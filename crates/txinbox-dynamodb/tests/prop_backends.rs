@@ -1544,7 +1544,7 @@ macro_rules! done_past_the_keep {
             "Applied { result_reference: None }"
         );
         let id = common::done_long_ago(&store, "d1").await;
-        $expire(&store).await;
+        $expire(&store, id).await;
         let key = idempotency_key(&identity, "n");
         assert_eq!(store.effect_counts().await.unwrap(), []);
         assert!(store.find_effect(&key).await.unwrap().is_none());
@@ -1563,7 +1563,7 @@ macro_rules! done_past_the_keep {
 
 #[tokio::test]
 async fn an_effect_done_past_the_keep_is_gone_on_sqlite_after_the_maintenance() {
-    done_past_the_keep!(lite_store().await, |s: &Lite| {
+    done_past_the_keep!(lite_store().await, |s: &Lite, _id| {
         let s = s.clone();
         // SQLite stamps `finished_at` from its own clock (the host's), whatever time the runner passes: the
         // maintenance runs a day past the effects' keep instead.
@@ -1576,7 +1576,7 @@ async fn an_effect_done_past_the_keep_is_gone_on_sqlite_after_the_maintenance() 
 
 #[tokio::test]
 async fn an_effect_done_past_the_keep_is_gone_on_dynamodb() {
-    done_past_the_keep!(dynamo_store().await, |_: &DynamoStore| async {});
+    done_past_the_keep!(dynamo_store().await, common::expire_done_effect);
 }
 
 /// A copy of a message applied before, whose business key an earlier message of its batch takes, is a

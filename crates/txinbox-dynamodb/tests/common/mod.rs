@@ -34,8 +34,10 @@ pub fn calls(request: &HttpRequest, op: &str) -> bool {
         .is_some_and(|t| t.ends_with('.'))
 }
 
-/// Claims the one due effect of `destination` (holder `r`, an hour ahead) and finishes it done in 2000, long
-/// before any keep: its id.
+/// Claims the one due effect of `destination` (holder `r`, an hour ahead) and finishes it done by a runner
+/// whose clock says 2000: its id. A store dates the finish on its own clock, whatever the runner's: the effect
+/// is past its keep once the store's maintenance runs past it (SQL), or once [`expire_done_effect`] moved its
+/// `expires_at` to the past (DynamoDB).
 pub async fn done_long_ago<S: EffectStore>(store: &S, destination: &str) -> i64 {
     let now = Utc::now() + chrono::Duration::hours(1);
     let claimed = store
@@ -60,4 +62,33 @@ pub async fn done_long_ago<S: EffectStore>(store: &S, destination: &str) -> i64 
         .await
         .unwrap());
     claimed[0].id
+}
+
+/// Moves the `expires_at` of done effect `id` of `store`'s table an hour into the past, as if it had been
+/// finished longer ago than the effects' keep (which a test cannot date: the store stamps the finish on its
+/// own clock).
+pub async fn expire_done_effect(store: &txinbox_dynamodb::DynamoStore, id: i64) {
+    let past = (Utc::now() - chrono::Duration::hours(1)).timestamp();
+    store
+        .client()
+        .update_item()
+        .table_name(store.table())
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(txinbox_dynamodb::layout::effect_pk(id)),
+        )
+        .update_expression("SET expires_at = :past")
+        .condition_expression("#state = :done")
+        .expression_attribute_names("#state", "state")
+        .expression_attribute_values(
+            ":past",
+            aws_sdk_dynamodb::types::AttributeValue::N(past.to_string()),
+        )
+        .expression_attribute_values(
+            ":done",
+            aws_sdk_dynamodb::types::AttributeValue::S("done".into()),
+        )
+        .send()
+        .await
+        .unwrap();
 }
