@@ -140,17 +140,47 @@ pub struct TransitionColumns<'a> {
     pub sent_hash: Option<&'a str>,
 }
 
+/// The most bytes of an error a transition records (an effect's `last_error`): a longer one (an executor's
+/// error that carries a whole answer) is cut to this on a character boundary. The log line of the transition
+/// keeps it whole.
+pub const MAX_ERROR_LEN: usize = 4096;
+
+/// The longest request body hash a transition records: a longer value is no digest (a SHA-256 in hex is 64
+/// bytes) and is not recorded, as if the executor had given none.
+pub const MAX_SENT_HASH_LEN: usize = 128;
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 impl<'a> TransitionColumns<'a> {
-    /// The same columns, recording `hash` as the first call's request body hash if none is recorded yet.
+    /// The same columns, recording `hash` as the first call's request body hash if none is recorded yet (not
+    /// when it is longer than [`MAX_SENT_HASH_LEN`]).
     pub fn sent_hash(mut self, hash: Option<&'a str>) -> Self {
-        self.sent_hash = hash;
+        self.sent_hash = hash.filter(|h| h.len() <= MAX_SENT_HASH_LEN);
         self
     }
 }
 
 impl Transition {
-    /// The columns this transition sets.
+    /// The columns this transition sets; its error cut to [`MAX_ERROR_LEN`] bytes.
     pub fn columns(&self) -> TransitionColumns<'_> {
+        let columns = self.columns_whole();
+        TransitionColumns {
+            error: columns.error.map(|e| cut(e, MAX_ERROR_LEN)),
+            ..columns
+        }
+    }
+
+    fn columns_whole(&self) -> TransitionColumns<'_> {
         let base = TransitionColumns {
             state: self.state(),
             attempts: None,
@@ -409,4 +439,41 @@ pub trait EffectStore: Clone + Send + Sync + 'static {
         note: &str,
         now: DateTime<Utc>,
     ) -> impl std::future::Future<Output = Result<bool, Self::Error>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transition_records_a_bounded_error_and_only_a_hash_that_can_be_one() {
+        let long = "\u{10ffff}".repeat(2000) + "tail";
+        let t = Transition::Failed {
+            error: long.clone(),
+            attempts: 1,
+        };
+        let error = t.columns().error.unwrap();
+        assert!(error.len() <= MAX_ERROR_LEN, "{} bytes", error.len());
+        assert!(
+            error.len() > MAX_ERROR_LEN - 4,
+            "cut at the boundary before the limit"
+        );
+        assert!(long.starts_with(error));
+        let short = Transition::Failed {
+            error: "refused: 422".into(),
+            attempts: 1,
+        };
+        assert_eq!(short.columns().error, Some("refused: 422"));
+
+        let digest = "a".repeat(64);
+        assert_eq!(
+            short.columns().sent_hash(Some(&digest)).sent_hash,
+            Some(digest.as_str())
+        );
+        let not_a_digest = "a".repeat(MAX_SENT_HASH_LEN + 1);
+        assert_eq!(
+            short.columns().sent_hash(Some(&not_a_digest)).sent_hash,
+            None
+        );
+    }
 }
