@@ -100,7 +100,7 @@ mod tx;
 pub use error::DynamoError;
 pub use store::{
     client_from_env, emulator_client, http_client, table_from_url, DynamoOptions, DynamoStore,
-    MAX_ACTIONS, MAX_ITEM_BYTES, MAX_TRANSACTION_BYTES,
+    EFFECT_FINISH_ROOM, MAX_ACTIONS, MAX_ITEM_BYTES, MAX_TRANSACTION_BYTES,
 };
 pub use tx::DynamoTx;
 

@@ -110,6 +110,7 @@ on_both_backends!(
     a_claim_whose_answer_was_lost_without_a_retry_is_given_back,
     a_lost_commit_answer_is_recognised_after_its_marker_expired,
     an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention,
+    an_effect_keeps_room_in_its_item_for_what_its_finish_writes,
 );
 
 /// Turns `table`'s TTL on `expires_at` on or off.
@@ -2415,4 +2416,78 @@ async fn an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention(
         expires >= earliest,
         "expires_at {expires} is a retention after the finish on this host's clock (>= {earliest})"
     );
+}
+
+/// Amazon DynamoDB Developer Guide, quotas: "The maximum item size in DynamoDB is 400 KB, which includes both
+/// attribute name binary length (UTF-8 length) and attribute value lengths". An effect's item grows when it
+/// finishes (the destination's reference, the last error, the request hash): an effect recorded just under
+/// 400 KB ran, and its finish was refused (`ValidationException`), leaving it in flight to be run again once
+/// its claim ended. An effect must now leave `EFFECT_FINISH_ROOM` free, or its transaction is refused before it
+/// is sent; one that does is finished whatever it ran into (an error is recorded cut to `MAX_ERROR_LEN`).
+async fn an_effect_keeps_room_in_its_item_for_what_its_finish_writes(b: Backend) {
+    use txinbox_dynamodb::{EFFECT_FINISH_ROOM, MAX_ITEM_BYTES};
+    let c = b.client();
+    let (store, _table) = store_on(c.clone()).await;
+    let inbox = Inbox::new(
+        store.clone(),
+        IdentityPolicy::new(ConsumerName::new("crm-followup").unwrap()),
+    );
+    let handler = |_tx: DynamoTx, msg: Message<txinbox_core::Raw>| async move {
+        let size = if msg.id() == "near" {
+            MAX_ITEM_BYTES - 2_000
+        } else {
+            MAX_ITEM_BYTES - EFFECT_FINISH_ROOM - 1_000
+        };
+        Ok::<_, HandlerError>(
+            Handled::done()
+                .effect(Effect::new("notify", "mail", vec![0xa5; size]))
+                .effect(Effect::new("page", "pager", vec![0xa5; size])),
+        )
+    };
+    let near = inbox.process(delivery("near", "{}", None), &handler).await;
+    assert!(
+        !matches!(near, txinbox_core::Outcome::Applied { .. }),
+        "an effect without room for its finish is refused with its transaction: {near:?}"
+    );
+    let fits = inbox.process(delivery("fits", "{}", None), &handler).await;
+    assert!(
+        matches!(fits, txinbox_core::Outcome::Applied { .. }),
+        "{fits:?}"
+    );
+    let later = Utc::now() + chrono::Duration::seconds(1);
+    let mail = claim_at(&store, "runner", &["mail".to_owned()], later).await;
+    let pager = claim_at(&store, "runner", &["pager".to_owned()], later).await;
+    assert_eq!(
+        (mail.len(), pager.len()),
+        (1, 1),
+        "only the effects that fit"
+    );
+    let done = Transition::Done {
+        reference: Some("r".repeat(10_000)),
+        attempts: 1,
+        reconciliations: 0,
+    };
+    let digest = "f".repeat(64);
+    assert!(store
+        .finish_effect(
+            mail[0].id,
+            "runner",
+            &done.columns().sent_hash(Some(&digest)),
+            later
+        )
+        .await
+        .unwrap());
+    let failed = Transition::Failed {
+        error: "\u{10ffff}".repeat(20_000),
+        attempts: 1,
+    };
+    assert!(store
+        .finish_effect(
+            pager[0].id,
+            "runner",
+            &failed.columns().sent_hash(Some(&digest)),
+            later
+        )
+        .await
+        .unwrap());
 }

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use aws_sdk_dynamodb::types::{AttributeValue, TransactWriteItem};
 
-use super::{MAX_ACTIONS, MAX_ITEM_BYTES, MAX_TRANSACTION_BYTES};
+use super::{EFFECT_FINISH_ROOM, MAX_ACTIONS, MAX_ITEM_BYTES, MAX_TRANSACTION_BYTES};
 use crate::layout::{self as l, Item};
 use crate::DynamoError;
 
@@ -84,8 +84,9 @@ pub(super) fn check_limits(
 }
 
 /// Every item the call puts, the store's own included (an effect's payload and metadata are the
-/// handler's), against DynamoDB's 400 KB per item. `first_action` is the position of the handler's first
-/// action; the store's items come before it.
+/// handler's), against DynamoDB's 400 KB per item; an effect's item against that less
+/// [`EFFECT_FINISH_ROOM`], the room its finish writes in. `first_action` is the position of the handler's
+/// first action; the store's items come before it.
 pub(super) fn check_item_sizes(
     items: &[TransactWriteItem],
     first_action: usize,
@@ -93,19 +94,29 @@ pub(super) fn check_item_sizes(
     for (i, a) in items.iter().enumerate().take(first_action) {
         let Some(p) = a.put() else { continue };
         let size = l::item_size(p.item());
-        if size > MAX_ITEM_BYTES {
-            let what = p
-                .item()
-                .get(l::PK)
-                .and_then(|v| v.as_s().ok())
-                .map(|pk| match pk.get(..2) {
-                    Some("e#") => "an effect (its payload and metadata)",
-                    Some("m#") => "the marker (its result reference)",
-                    _ => "an item",
-                })
-                .unwrap_or("an item");
+        let kind = p
+            .item()
+            .get(l::PK)
+            .and_then(|v| v.as_s().ok())
+            .and_then(|pk| pk.get(..2));
+        let (what, limit, room) = match kind {
+            Some("e#") => (
+                "an effect (its payload and metadata)",
+                MAX_ITEM_BYTES - EFFECT_FINISH_ROOM,
+                format!(
+                    ", less the {EFFECT_FINISH_ROOM} bytes kept for what its finish writes (reference, error, request hash)"
+                ),
+            ),
+            Some("m#") => (
+                "the marker (its result reference)",
+                MAX_ITEM_BYTES,
+                String::new(),
+            ),
+            _ => ("an item", MAX_ITEM_BYTES, String::new()),
+        };
+        if size > limit {
             return Err(DynamoError::Limit(format!(
-                "the store's item {i} of the call, {what}, is about {size} bytes: more than the 400 KB ({MAX_ITEM_BYTES} bytes) DynamoDB stores"
+                "the store's item {i} of the call, {what}, is about {size} bytes: more than the 400 KB ({MAX_ITEM_BYTES} bytes) DynamoDB stores{room}"
             )));
         }
     }

@@ -27,6 +27,13 @@ pub const MAX_ACTIONS: usize = 100;
 pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 /// The largest item DynamoDB stores.
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
+/// The room an effect's item keeps, below [`MAX_ITEM_BYTES`], for what its finish writes: the last error (at
+/// most [`MAX_ERROR_LEN`](txinbox_core::effects::MAX_ERROR_LEN) bytes), the request hash (at most
+/// [`MAX_SENT_HASH_LEN`](txinbox_core::effects::MAX_SENT_HASH_LEN)), the destination's reference and the
+/// finish's bookkeeping. An effect recorded with less is refused with the transaction
+/// ([`DynamoError::Limit`](crate::DynamoError::Limit)), since a finish DynamoDB refused would leave an
+/// effect that ran in flight, to be run again once its claim ends.
+pub const EFFECT_FINISH_ROOM: usize = 16 * 1024;
 
 /// How the store behaves.
 #[derive(Clone, Debug)]
