@@ -2,7 +2,8 @@
 # Starts and stops the Service Bus REST emulator (crates/txinbox-sb-emulator) for the txinbox-servicebus tests
 # and examples.
 #
-#   eval "$(bash scripts/sb-emulator.sh start)"   # builds it, starts it on a free loopback port, prints exports
+#   eval "$(bash scripts/sb-emulator.sh start)"   # builds it, starts it on a free loopback port, prints exports;
+#                                                 # an emulator it started before that still answers is reused
 #   bash scripts/sb-emulator.sh status            # exit 0 when the recorded emulator answers
 #   bash scripts/sb-emulator.sh stop              # stops the emulator started by `start`
 #
@@ -16,6 +17,7 @@
 #   TXINBOX_SB_CONNECTION_STRING     Endpoint=sb://txinbox-test.servicebus.windows.net/;SharedAccessKeyName=...;SharedAccessKey=...
 #   SERVICEBUS_CONNECTION_STRING     the same, and SERVICEBUS_ENDPOINT=the URL: what ServiceBusConfig::from_env
 #                                    (the examples, `txinbox servicebus ...`) reads
+#   TXINBOX_SERVER_REUSED            1 when the emulator was already running (a caller then leaves it running)
 #
 # The connection string names the public host (the client signs for it); point the client at
 # TXINBOX_SB_EMULATOR_URL with ServiceBusConfig::endpoint (the examples' --endpoint). Progress and errors go
@@ -51,7 +53,18 @@ target_dir() {
 
 start() {
   command -v cargo >/dev/null || fail "cargo is not on PATH"
-  if running_pid >/dev/null; then stop; fi
+  if running_pid >/dev/null; then
+    # A recorded emulator that answers is reused: its exports (the SAS key other shells hold) stay valid.
+    local running=""
+    running=$(sed -n 's/^export TXINBOX_SB_EMULATOR_URL=//p' "$env_file" 2>/dev/null || true)
+    if [[ -n "$running" ]] && curl -fsS --max-time 5 "$running/\$emulator/health" >/dev/null 2>&1; then
+      say "reusing the emulator at $running (pid $(running_pid))"
+      cat "$env_file"
+      echo "export TXINBOX_SERVER_REUSED=1"
+      return
+    fi
+    stop
+  fi
   mkdir -p "$state"
   say "building txinbox-sb-emulator"
   (cd "$root" && cargo build --quiet -p txinbox-sb-emulator >&2) || fail "cargo build -p txinbox-sb-emulator failed"
@@ -109,6 +122,7 @@ start() {
   chmod 600 "$env_file"
   say "emulator running at $url (pid $pid, log $log_file)"
   cat "$env_file"
+  echo "export TXINBOX_SERVER_REUSED=0"
 }
 
 status() {
