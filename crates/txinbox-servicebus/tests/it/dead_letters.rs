@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 use txinbox_servicebus::{
     dead_letter_queue_path, dlq::ENQUEUED_AT_PROPERTY, read_dead_letters, redrive, RedriveOptions,
+    ServiceBusClient,
 };
 
 use crate::common::*;
@@ -130,16 +131,11 @@ async fn a_redrive_longer_than_the_lock_moves_every_dead_letter_once() {
     assert_eq!(left_ids, ["evt-old-0", "evt-young"], "{left}");
 }
 
-/// A read whose receives take unevenly long against the lock (1 s; receives alternately 450 ms and 600 ms):
-/// a lock with just over half its length left is not due for renewal by the half-length rule, and the slower
-/// receive that follows outlasts it, so the first message comes round again, and again a lock later (Microsoft,
-/// Peek-Lock Message: "When the lock expires, the message becomes available to other receivers"). Neither is the
-/// end of the read: the held locks are renewed ahead of the slowest receive seen, and the read goes on until
-/// more messages in a row came round again than it has looked at. Every dead letter is read, once.
-#[tokio::test]
-async fn a_read_whose_receives_vary_against_the_lock_reaches_every_dead_letter() {
+/// Six messages (`{prefix}0` to `{prefix}5`) dead-lettered by the broker from a queue with a 1 s lock: the
+/// emulator, the client, the queue, the ids and the dead-letter queue's path.
+async fn six_dead_letters(prefix: &str) -> (Emu, ServiceBusClient, String, Vec<String>, String) {
     let (emu, client, q) = emu_queue(json!({"lockDuration": "PT1S", "maxDeliveryCount": 1})).await;
-    let ids: Vec<String> = (0..6).map(|i| format!("evt-v{i}")).collect();
+    let ids: Vec<String> = (0..6).map(|i| format!("{prefix}{i}")).collect();
     for id in &ids {
         publish(&client, &event(&q, id, "{}")).await;
     }
@@ -149,6 +145,33 @@ async fn a_read_whose_receives_vary_against_the_lock_reaches_every_dead_letter()
     }
     assert_eq!(emu.counts(&q).await, (0, 6));
     let dlq = dead_letter_queue_path(&q);
+    (emu, client, q, ids, dlq)
+}
+
+/// Reads `dlq` and asserts each of `ids` came back once, and that the read left them all in place.
+async fn read_every_one_once(
+    emu: &Emu,
+    client: &ServiceBusClient,
+    q: &str,
+    dlq: &str,
+    ids: &[String],
+) {
+    let read = read_dead_letters(client, dlq, 100, Duration::from_secs(1))
+        .await
+        .unwrap();
+    read_once_each(&read, ids);
+    assert_eq!(emu.counts(q).await, (0, 6), "reading does not remove");
+}
+
+/// A read whose receives take unevenly long against the lock (1 s; receives alternately 450 ms and 600 ms):
+/// a lock with just over half its length left is not due for renewal by the half-length rule, and the slower
+/// receive that follows outlasts it, so the first message comes round again, and again a lock later (Microsoft,
+/// Peek-Lock Message: "When the lock expires, the message becomes available to other receivers"). Neither is the
+/// end of the read: the held locks are renewed ahead of the slowest receive seen, and the read goes on until
+/// more messages in a row came round again than it has looked at. Every dead letter is read, once.
+#[tokio::test]
+async fn a_read_whose_receives_vary_against_the_lock_reaches_every_dead_letter() {
+    let (emu, client, q, ids, dlq) = six_dead_letters("evt-v").await;
     let head = format!("{dlq}/messages/head");
     // Applied in order, one receive each: 450 ms for the first two, then 600 and 450 by turns.
     let delays: Vec<_> = (0..30)
@@ -159,11 +182,7 @@ async fn a_read_whose_receives_vary_against_the_lock_reaches_every_dead_letter()
         .collect();
     emu.fault(json!(delays)).await;
 
-    let read = read_dead_letters(&client, &dlq, 100, Duration::from_secs(1))
-        .await
-        .unwrap();
-    read_once_each(&read, &ids);
-    assert_eq!(emu.counts(&q).await, (0, 6), "reading does not remove");
+    read_every_one_once(&emu, &client, &q, &dlq, &ids).await;
 }
 
 /// A read whose receives take long against the lock (here each 400 ms, a 1 s lock): the messages it holds
@@ -173,24 +192,10 @@ async fn a_read_whose_receives_vary_against_the_lock_reaches_every_dead_letter()
 /// lock on an already locked message.") keeps them hidden: every dead letter is read, once.
 #[tokio::test]
 async fn a_read_whose_receives_outlast_the_lock_reaches_every_dead_letter() {
-    let (emu, client, q) = emu_queue(json!({"lockDuration": "PT1S", "maxDeliveryCount": 1})).await;
-    let ids: Vec<String> = (0..6).map(|i| format!("evt-s{i}")).collect();
-    for id in &ids {
-        publish(&client, &event(&q, id, "{}")).await;
-    }
-    let mut receiver = fast_receiver(&client, &q, Duration::from_secs(1));
-    for _ in &ids {
-        receive_next(&mut receiver).await.abandon().await.unwrap();
-    }
-    assert_eq!(emu.counts(&q).await, (0, 6));
-    let dlq = dead_letter_queue_path(&q);
+    let (emu, client, q, ids, dlq) = six_dead_letters("evt-s").await;
     emu.fault(json!({"kind": "delay", "delay_ms": 400, "method": "POST",
         "path_suffix": format!("{dlq}/messages/head"), "count": 40}))
         .await;
 
-    let read = read_dead_letters(&client, &dlq, 100, Duration::from_secs(1))
-        .await
-        .unwrap();
-    read_once_each(&read, &ids);
-    assert_eq!(emu.counts(&q).await, (0, 6), "reading does not remove");
+    read_every_one_once(&emu, &client, &q, &dlq, &ids).await;
 }
