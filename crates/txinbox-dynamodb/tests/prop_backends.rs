@@ -1903,3 +1903,52 @@ async fn a_refused_copy_of_an_applied_message_is_decided_by_its_marker_on_dynamo
         "dead-lettered: handler_permanent"
     );
 }
+
+/// A claim asked for at the last instant of year 9999 until a time past it lasts the difference between the
+/// two as the stores keep them (both the last instant of year 9999, to the microsecond): nothing, as on
+/// PostgreSQL and SQLite. DynamoDB counted the raw difference (some 260,000 years) and held the effect for
+/// good, where the SQL stores let the next claim take it.
+macro_rules! a_claim_between_times_past_year_9999 {
+    ($store:expr) => {{
+        let store = $store;
+        assert_eq!(
+            apply(
+                &store,
+                "a",
+                Handled::done().effect(Effect::new("n", "d1", vec![]))
+            )
+            .await,
+            "Applied { result_reference: None }"
+        );
+        let dests = ["d1".to_owned()];
+        let end_of_9999 = Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap()
+            + chrono::Duration::nanoseconds(999_999_999);
+        let first = store
+            .claim_effects("r", &dests, end_of_9999, DateTime::<Utc>::MAX_UTC, 10)
+            .await
+            .unwrap();
+        assert_eq!(first.len(), 1);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let now = Utc::now();
+        let second = store
+            .claim_effects("r2", &dests, now, now + chrono::Duration::seconds(60), 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            second.len(),
+            1,
+            "a claim that lasts nothing has ended: the next claim takes the effect"
+        );
+        store.done_with().await;
+    }};
+}
+
+#[tokio::test]
+async fn a_claim_between_times_past_year_9999_lasts_nothing_on_sqlite() {
+    a_claim_between_times_past_year_9999!(lite_store().await);
+}
+
+#[tokio::test]
+async fn a_claim_between_times_past_year_9999_lasts_nothing_on_dynamodb() {
+    a_claim_between_times_past_year_9999!(dynamo_store().await);
+}

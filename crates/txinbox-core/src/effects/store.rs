@@ -283,7 +283,9 @@ pub struct EffectCount {
 
 /// When a claim asked for at `now` until `claim_until` (the runner's clock) ends, counted from `clock` (the
 /// store's): `clock + (claim_until - now)`, or the earliest or latest date there is when that is out of range.
-/// A claim ending before `now` (`claim_until < now`) has ended when it begins.
+/// A claim ending before `now` (`claim_until < now`) has ended when it begins. `now` and `claim_until` are read
+/// as every store keeps a time (years 1 to 9999, whole microseconds), so a claim asked for at the last instant
+/// of year 9999 until any time past it lasts nothing, on every store.
 ///
 /// ```
 /// use chrono::{Duration, TimeZone, Utc};
@@ -297,7 +299,7 @@ pub fn claim_end(
     now: DateTime<Utc>,
     claim_until: DateTime<Utc>,
 ) -> DateTime<Utc> {
-    let lasts = claim_until.signed_duration_since(now);
+    let lasts = kept(claim_until).signed_duration_since(kept(now));
     clock
         .checked_add_signed(lasts)
         .unwrap_or(if lasts < chrono::TimeDelta::zero() {
@@ -305,6 +307,16 @@ pub fn claim_end(
         } else {
             DateTime::<Utc>::MAX_UTC
         })
+}
+
+/// `t` as the stores keep a time: within years 1 to 9999, rounded down to the microsecond.
+fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
+    let first =
+        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let last = DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let t = t.clamp(first, last);
+    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
 }
 
 /// Where effects wait: what the runner needs from a store.
@@ -474,6 +486,31 @@ mod tests {
         assert_eq!(
             short.columns().sent_hash(Some(&not_a_digest)).sent_hash,
             None
+        );
+    }
+
+    #[test]
+    fn a_claim_lasts_the_difference_between_its_times_as_stores_keep_them() {
+        let clock = Utc::now();
+        let end_of_9999 = kept(DateTime::<Utc>::MAX_UTC);
+        assert_eq!(
+            end_of_9999.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+            "9999-12-31T23:59:59.999999000Z"
+        );
+        let last_nano = end_of_9999 + chrono::Duration::nanoseconds(999);
+        assert_eq!(claim_end(clock, last_nano, DateTime::<Utc>::MAX_UTC), clock);
+        let minute = chrono::Duration::minutes(1);
+        assert_eq!(claim_end(clock, clock, clock + minute), clock + minute);
+        // From year 1 to a time past year 9999: 9,999 years, counted from a clock too close to chrono's end.
+        let late_clock = DateTime::<Utc>::MAX_UTC - chrono::Duration::days(1);
+        assert_eq!(
+            claim_end(
+                late_clock,
+                DateTime::<Utc>::MIN_UTC,
+                DateTime::<Utc>::MAX_UTC
+            ),
+            DateTime::<Utc>::MAX_UTC,
+            "out of range: the latest date there is"
         );
     }
 }
