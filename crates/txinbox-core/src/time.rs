@@ -38,3 +38,26 @@ pub fn before(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
         .and_then(|d| t.checked_sub_signed(d))
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
+
+/// `t` as every store keeps a time: within years 1 to 9999, rounded down to the microsecond. A date past the
+/// last instant of year 9999 (a keep of "for ever") is that instant, one before year 1 its first.
+pub fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
+    let first =
+        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let last = DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let t = t.clamp(first, last);
+    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+pub(crate) fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}

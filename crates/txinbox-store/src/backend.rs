@@ -305,13 +305,7 @@ where
 /// rounded one before 2000 towards 2000).
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn kept_time(t: DateTime<Utc>) -> DateTime<Utc> {
-    let (first, last) = (
-        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC),
-        DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
-            .unwrap_or(DateTime::<Utc>::MAX_UTC),
-    );
-    let t = t.clamp(first, last);
-    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
+    txinbox_core::time::kept(t)
 }
 
 /// Free text from outside (a destination's reference, an executor's error or request hash, a note) as the

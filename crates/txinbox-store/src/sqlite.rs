@@ -61,9 +61,9 @@ async fn claim_in_transaction(
     // A sqlx transaction: a failed COMMIT rolls back too.
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
     let clock = Utc::now();
-    // The claim lasts `claim_until - now` between the times as the store keeps them (`kept_time`), as on
-    // PostgreSQL: a `now` and an end both past year 9999 last nothing there, and lasted their raw difference here.
-    let ends = txinbox_core::effects::claim_end(clock, kept_time(now), kept_time(claim_until));
+    // The claim lasts `claim_until - now` between the times as the store keeps them (`claim_end` reads them so),
+    // as on PostgreSQL: a `now` and an end both past year 9999 last nothing.
+    let ends = txinbox_core::effects::claim_end(clock, now, claim_until);
     let due: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM txinbox_effects e WHERE destination IN (SELECT value FROM json_each(?1)) AND ((state IN ('pending', 'uncertain') AND next_attempt_at <= ?4) OR (state = 'in_flight' AND claim_until < ?4)) AND (group_key IS NULL OR NOT EXISTS (SELECT 1 FROM txinbox_effects o WHERE o.consumer_name = e.consumer_name AND o.group_key = e.group_key AND o.id < e.id AND o.state NOT IN ('done', 'failed') AND o.state <> 'compensated')) ORDER BY next_attempt_at, id LIMIT ?3")
         .bind(dests)
         .bind(ts(now))

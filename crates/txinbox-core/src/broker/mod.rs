@@ -145,14 +145,7 @@ pub mod dead_letter {
 
     /// `detail` cut to at most [`MAX_DETAIL_LEN`] bytes, on a character boundary.
     pub fn truncate_detail(detail: &str) -> &str {
-        if detail.len() <= MAX_DETAIL_LEN {
-            return detail;
-        }
-        let mut end = MAX_DETAIL_LEN;
-        while !detail.is_char_boundary(end) {
-            end -= 1;
-        }
-        &detail[..end]
+        crate::time::cut(detail, MAX_DETAIL_LEN)
     }
 
     /// Whether an attribute or property name is dead-letter bookkeeping (any case), which a redrive drops.

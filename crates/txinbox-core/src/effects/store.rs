@@ -149,18 +149,6 @@ pub const MAX_ERROR_LEN: usize = 4096;
 /// bytes) and is not recorded, as if the executor had given none.
 pub const MAX_SENT_HASH_LEN: usize = 128;
 
-/// `text` cut to at most `max` bytes, on a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 impl<'a> TransitionColumns<'a> {
     /// The same columns, recording `hash` as the first call's request body hash if none is recorded yet (not
     /// when it is longer than [`MAX_SENT_HASH_LEN`]).
@@ -175,7 +163,7 @@ impl Transition {
     pub fn columns(&self) -> TransitionColumns<'_> {
         let columns = self.columns_whole();
         TransitionColumns {
-            error: columns.error.map(|e| cut(e, MAX_ERROR_LEN)),
+            error: columns.error.map(|e| crate::time::cut(e, MAX_ERROR_LEN)),
             ..columns
         }
     }
@@ -299,7 +287,7 @@ pub fn claim_end(
     now: DateTime<Utc>,
     claim_until: DateTime<Utc>,
 ) -> DateTime<Utc> {
-    let lasts = kept(claim_until).signed_duration_since(kept(now));
+    let lasts = crate::time::kept(claim_until).signed_duration_since(crate::time::kept(now));
     clock
         .checked_add_signed(lasts)
         .unwrap_or(if lasts < chrono::TimeDelta::zero() {
@@ -307,16 +295,6 @@ pub fn claim_end(
         } else {
             DateTime::<Utc>::MAX_UTC
         })
-}
-
-/// `t` as the stores keep a time: within years 1 to 9999, rounded down to the microsecond.
-fn kept(t: DateTime<Utc>) -> DateTime<Utc> {
-    let first =
-        DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC);
-    let last = DateTime::<Utc>::from_timestamp(253_402_300_799, 999_999_000)
-        .unwrap_or(DateTime::<Utc>::MAX_UTC);
-    let t = t.clamp(first, last);
-    t - chrono::Duration::nanoseconds(i64::from(t.timestamp_subsec_nanos() % 1000))
 }
 
 /// Where effects wait: what the runner needs from a store.
@@ -492,7 +470,7 @@ mod tests {
     #[test]
     fn a_claim_lasts_the_difference_between_its_times_as_stores_keep_them() {
         let clock = Utc::now();
-        let end_of_9999 = kept(DateTime::<Utc>::MAX_UTC);
+        let end_of_9999 = crate::time::kept(DateTime::<Utc>::MAX_UTC);
         assert_eq!(
             end_of_9999.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
             "9999-12-31T23:59:59.999999000Z"
