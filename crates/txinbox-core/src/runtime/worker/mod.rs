@@ -31,10 +31,13 @@
 //!
 //! A processor that panics (a bug in a [`Processor`] of one's own, or in what it runs outside the inbox's own
 //! containment) is said at error with the panic's message and its deliveries are counted `retry`; those it had
-//! not settled are handed back to the broker at once ([`Delivery::release`] with no delay, counted
-//! `processor_panicked`), while the worker goes on, rather than held until their lock or visibility timeout.
-//! Each such hand-back is one more receive toward the queue's maximum receive count: a message whose every
-//! processing panics ends in the dead-letter queue.
+//! not settled are handed back to the broker ([`Delivery::release`], counted `processor_panicked`), while the
+//! worker goes on, rather than held until their lock or visibility timeout: at once on a message's first
+//! delivery, from its second on after [`WorkerOptions::panic_backoff`] (1 s, doubling with the broker's
+//! delivery count up to 60 s by default), and at once again while the worker stops. Each such hand-back is one
+//! more receive toward the queue's maximum receive count: a message whose every processing panics ends in the
+//! dead-letter queue, and on a queue without one it comes back at most once a `panic_backoff` maximum instead
+//! of straight into the same panic.
 //!
 //! Receive errors: the pause after a failed receive doubles from [`WorkerOptions::receive_error_backoff`] up
 //! to [`WorkerOptions::receive_error_backoff_max`], with jitter (each pause is drawn between half and all of
@@ -103,7 +106,8 @@ use receive::{Dispatch, Holding, LoopContext, Stopping};
 
 /// A delivery handed to a [`Processor`] by the [`Worker`]: it stops the lease keeper the moment a settle
 /// begins, so a renewal racing with the settle is never mistaken for a lost lock. Dropped unsettled (its
-/// processor panicked), it goes back to the worker, which hands it back to the broker at once.
+/// processor panicked), it goes back to the worker, which hands it back to the broker (at once the first time, see
+/// [`WorkerOptions::panic_backoff`]).
 pub struct LeasedDelivery<D> {
     /// `None` only once it was taken to be settled (the wrapper is then on its way out).
     inner: Option<D>,
@@ -336,6 +340,7 @@ where
             report: Arc::default(),
             consumer: consumer.clone(),
             tracker: TaskTracker::new(),
+            opts: self.opts.clone(),
         };
         let mut receivers = vec![self.receiver];
         let loops = self.opts.get_receive_loops();

@@ -66,6 +66,11 @@ pub struct WorkerOptions {
     /// therefore takes up to the long-poll wait (20 s by default) to stop. `Some(Duration::ZERO)` stops at once and drops the poll:
     /// messages the broker hands to it then wait for their visibility timeout or lock.
     pub(crate) shutdown_receive_wait: Option<Duration>,
+    /// How long a delivery its processor panicked on waits before it can be received again, from its second
+    /// delivery on (default 1 s, doubling). See [`WorkerOptions::panic_backoff`].
+    pub(crate) panic_backoff: Duration,
+    /// The longest such wait (default 60 s).
+    pub(crate) panic_backoff_max: Duration,
 }
 
 impl Default for WorkerOptions {
@@ -83,6 +88,8 @@ impl Default for WorkerOptions {
             receive_error_backoff_max: Duration::from_secs(30),
             give_up_after: Some(Duration::from_secs(300)),
             shutdown_receive_wait: None,
+            panic_backoff: Duration::from_secs(1),
+            panic_backoff_max: Duration::from_secs(60),
         }
     }
 }
@@ -189,6 +196,22 @@ impl WorkerOptions {
         self.shutdown_receive_wait = d;
         self
     }
+    /// Sets how long a delivery its processor panicked on (a bug in a [`Processor`](super::Processor) of
+    /// one's own, outside the inbox's containment) waits before the broker hands it out again. Its first
+    /// delivery is handed back at once (a panic may be a one-off); from its second delivery on it is released
+    /// after `first`, doubling with each further delivery up to `max` (defaults 1 s and 60 s: 0, 1, 2, 4 ... 60
+    /// s). A message that panics every time therefore does not come straight back into the same panic, over
+    /// and over, for as long as the queue keeps it (an SQS queue without a redrive policy keeps it until its
+    /// retention ends). The count is the broker's (`ApproximateReceiveCount` on SQS, `DeliveryCount` on Service
+    /// Bus), so the wait grows across workers and restarts. On Service Bus over REST a release with a delay holds
+    /// the lock for the delay, at most the adapter's `max_release_delay`, then abandons, with the worker slot
+    /// kept meanwhile. A `max` below `first` is `first`; a `first` of zero hands every such delivery back at
+    /// once.
+    pub fn panic_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.panic_backoff = first;
+        self.panic_backoff_max = max.max(first);
+        self
+    }
     /// Deliveries processed at once.
     pub fn get_concurrency(&self) -> usize {
         self.concurrency
@@ -242,6 +265,27 @@ impl WorkerOptions {
     /// How long a receive in flight at shutdown is waited for.
     pub fn get_shutdown_receive_wait(&self) -> Option<Duration> {
         self.shutdown_receive_wait
+    }
+    /// The first wait of a delivery handed back after a panic (its second delivery's).
+    pub fn get_panic_backoff(&self) -> Duration {
+        self.panic_backoff
+    }
+    /// The longest wait of a delivery handed back after a panic.
+    pub fn get_panic_backoff_max(&self) -> Duration {
+        self.panic_backoff_max
+    }
+
+    /// How long the `delivery_count`-th delivery (1 = the first; 0, a broker that does not count, is taken
+    /// for the first) of a message its processor panicked on waits before it can be received again: none for
+    /// the first, then [`panic_backoff`](Self::panic_backoff) doubling up to its maximum.
+    pub(crate) fn panic_release_delay(&self, delivery_count: u32) -> Duration {
+        if delivery_count <= 1 {
+            return Duration::ZERO;
+        }
+        let doublings = (delivery_count - 2).min(20);
+        self.panic_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.panic_backoff_max)
     }
 }
 

@@ -522,6 +522,9 @@ pub(super) struct Dispatch<P> {
     pub(super) report: Arc<Mutex<Tally>>,
     pub(super) consumer: String,
     pub(super) tracker: TaskTracker,
+    /// The worker's options: the delay of a hand-back after a panic
+    /// ([`WorkerOptions::panic_backoff`](super::WorkerOptions::panic_backoff)).
+    pub(super) opts: super::WorkerOptions,
 }
 
 impl<P> Dispatch<P> {
@@ -541,6 +544,7 @@ impl<P> Dispatch<P> {
         let abandon = self.abandon.clone();
         let report = self.report.clone();
         let consumer = self.consumer.clone();
+        let opts = self.opts.clone();
         let n = received.len();
         // Counted before the task runs, so that a worker abandoning it before its first poll counts it too.
         report.lock().unwrap_or_else(|p| p.into_inner()).in_flight += n as u64;
@@ -585,13 +589,15 @@ impl<P> Dispatch<P> {
                     // subsequent receive request unless you delete it from the queue first"), released it comes
                     // back now (`ChangeMessageVisibility`: "The minimum is 0 seconds"; Service Bus abandon: "This
                     // will make the message available again for immediate processing as the lock on the message
-                    // held by the receiver will be released").
+                    // held by the receiver will be released"). From a message's second delivery on, it is handed
+                    // back after a delay growing with its delivery count (`WorkerOptions::panic_backoff`), so that
+                    // a message that panics every time does not come straight back into the same panic.
                     tracing::error!(
                         consumer,
                         deliveries = n,
                         unsettled = unsettled.len(),
                         panic = %panic_text(panic.as_ref()),
-                        "processing panicked (a bug in the processor): the deliveries it had not settled are handed back to the broker at once"
+                        "processing panicked (a bug in the processor): the deliveries it had not settled are handed back to the broker (at once the first time, then after the panic backoff)"
                     );
                     let outcomes = (0..n)
                         .map(|_| Outcome::Retry {
@@ -604,7 +610,20 @@ impl<P> Dispatch<P> {
             let lost = guards.iter().flatten().filter(|g| g.lost()).count() as u64;
             // The lease keepers stop before the hand-back, so that a renewal racing with it is not a lost lease.
             drop(guards);
-            let panicked = release_now(panicked, &consumer, HandedBack::PROCESSOR_PANICKED).await;
+            // Stopping, the worker hands them back at once: a delayed release may hold its caller (Service Bus
+            // over REST) past the shutdown deadline.
+            let stopping = draining.is_cancelled();
+            let delay_of = |d: &D| match stopping {
+                true => Duration::ZERO,
+                false => opts.panic_release_delay(d.message().delivery_count),
+            };
+            let panicked = release_after(
+                panicked,
+                delay_of,
+                &consumer,
+                HandedBack::PROCESSOR_PANICKED,
+            )
+            .await;
             // Still waiting for a slot when the stop came: given to the processor to be released unapplied.
             let released = match slot.permit {
                 Some(_) => 0,
@@ -833,6 +852,16 @@ async fn release_now<D: Delivery>(
     consumer: &str,
     reason: &'static str,
 ) -> usize {
+    release_after(deliveries, |_| Duration::ZERO, consumer, reason).await
+}
+
+/// [`release_now`], each delivery released after `delay_of` it.
+async fn release_after<D: Delivery>(
+    deliveries: Vec<D>,
+    delay_of: impl Fn(&D) -> Duration,
+    consumer: &str,
+    reason: &'static str,
+) -> usize {
     use futures::FutureExt;
     if deliveries.is_empty() {
         return 0;
@@ -843,8 +872,8 @@ async fn release_now<D: Delivery>(
             .into_iter()
             // The call itself inside the future: an adapter's release may panic before its future does.
             .map(|d| {
-                std::panic::AssertUnwindSafe(async move { d.release(Duration::ZERO).await })
-                    .catch_unwind()
+                let delay = delay_of(&d);
+                std::panic::AssertUnwindSafe(async move { d.release(delay).await }).catch_unwind()
             }),
     )
     .await;

@@ -307,3 +307,131 @@ async fn a_lease_or_duration_that_panics_is_a_lost_lease_not_a_crash() {
         assert_eq!(leases_lost(&snap), 1);
     }
 }
+
+/// A processor every call of which panics before settling (a message that trips a bug each time), counting
+/// its calls.
+struct AlwaysPanics(Arc<AtomicU32>);
+
+impl<D: Delivery> Processor<D> for AlwaysPanics {
+    fn consumer(&self) -> &str {
+        "always-panics"
+    }
+    async fn process(&self, _delivery: D, _stop: CancellationToken) -> Outcome {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        panic!("this message trips a bug every time");
+    }
+}
+
+/// A message whose every processing panics is handed back at once the first time only: from its second
+/// delivery on it is released after [`WorkerOptions::panic_backoff`], doubling with each delivery up to the
+/// maximum, so that it does not come straight back into the same panic (seen failing so: with the queue's
+/// clock stopped, the worker received and panicked on it without pause, over and over, until the test's bound
+/// cut it off). Each hand-back is still one more receive toward the queue's maximum receive count.
+#[tokio::test(flavor = "current_thread")]
+async fn a_message_that_panics_again_is_handed_back_after_a_growing_delay() {
+    // No dead-letter queue: the message is kept however often it is received (an SQS queue without a redrive
+    // policy).
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .visibility_timeout(Duration::from_secs(3600))
+            .wait(Duration::from_millis(20))
+            .max_receive_count(None),
+    );
+    q.freeze_clock();
+    q.send(OutgoingMessage::new(b"{}".to_vec()));
+    let calls = Arc::new(AtomicU32::new(0));
+    let opts =
+        WorkerOptions::default().panic_backoff(Duration::from_secs(1), Duration::from_secs(4));
+    let run = || async {
+        let worker = Worker::new(q.receiver(), AlwaysPanics(calls.clone())).options(opts.clone());
+        tokio::time::timeout(Duration::from_secs(10), worker.run_until_idle())
+            .await
+            .map(|report| report.handed_back)
+    };
+    // Delivery 1 handed back at once, delivery 2 after 1 s: the queue's clock stands still, so the worker
+    // then finds nothing.
+    assert_eq!(run().await, Ok(2));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!((q.state().delayed, q.state().visible), (1, 0));
+    // Each later delivery is held back twice as long as the one before, at most 4 s: 2 s, 4 s, 4 s.
+    for (n, delay) in [(3, 1000), (4, 2000), (5, 4000), (6, 4000)] {
+        q.advance(Duration::from_millis(delay - 1));
+        assert_eq!(
+            run().await,
+            Ok(0),
+            "delivery {n}, 1 ms before its delay ends"
+        );
+        q.advance(Duration::from_millis(1));
+        assert_eq!(run().await, Ok(1), "delivery {n}");
+        assert_eq!(calls.load(Ordering::SeqCst), n);
+        assert_eq!(q.state().delayed, 1, "delivery {n}");
+    }
+}
+
+/// The delay of a panicking message's hand-back, by its delivery count.
+#[test]
+fn the_panic_backoff_starts_at_the_second_delivery_and_doubles_up_to_its_maximum() {
+    let opts = WorkerOptions::default();
+    assert_eq!(
+        (opts.get_panic_backoff(), opts.get_panic_backoff_max()),
+        (Duration::from_secs(1), Duration::from_secs(60))
+    );
+    let delays: Vec<u64> = (0..10)
+        .map(|n| opts.panic_release_delay(n).as_secs())
+        .collect();
+    assert_eq!(delays, [0, 0, 1, 2, 4, 8, 16, 32, 60, 60]);
+    assert_eq!(opts.panic_release_delay(u32::MAX), Duration::from_secs(60));
+    // A maximum below the first pause is the first pause; zero turns the backoff off.
+    let flat =
+        WorkerOptions::default().panic_backoff(Duration::from_secs(5), Duration::from_secs(1));
+    assert_eq!(flat.panic_release_delay(9), Duration::from_secs(5));
+    let off = WorkerOptions::default().panic_backoff(Duration::ZERO, Duration::ZERO);
+    assert_eq!(off.panic_release_delay(9), Duration::ZERO);
+}
+
+/// Once the worker is stopping, a delivery its processor panicked on is handed back at once whatever its
+/// delivery count: a release with a delay may hold its caller for the delay (Service Bus over REST), past the
+/// shutdown deadline.
+#[tokio::test(flavor = "current_thread")]
+async fn a_panic_while_the_worker_stops_hands_the_delivery_back_at_once() {
+    /// Panics on every call; on the second, first signals the worker's stop and lets it begin.
+    struct StopsThenPanics(Arc<AtomicU32>, Arc<tokio::sync::Notify>);
+
+    impl<D: Delivery> Processor<D> for StopsThenPanics {
+        fn consumer(&self) -> &str {
+            "stops-then-panics"
+        }
+        async fn process(&self, _delivery: D, _stop: CancellationToken) -> Outcome {
+            if self.0.fetch_add(1, Ordering::SeqCst) == 1 {
+                self.1.notify_one();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            panic!("this message trips a bug every time");
+        }
+    }
+
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .visibility_timeout(Duration::from_secs(3600))
+            .wait(Duration::from_millis(20))
+            .max_receive_count(None),
+    );
+    q.freeze_clock();
+    q.send(OutgoingMessage::new(b"{}".to_vec()));
+    let (calls, stop) = (
+        Arc::new(AtomicU32::new(0)),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let signal = stop.clone();
+    let report = Worker::new(q.receiver(), StopsThenPanics(calls.clone(), stop))
+        .options(
+            WorkerOptions::default()
+                .panic_backoff(Duration::from_secs(60), Duration::from_secs(60)),
+        )
+        .run_until(async move { signal.notified().await })
+        .await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "{report}");
+    assert_eq!(report.handed_back, 2, "{report}");
+    // The second delivery would have waited 60 s: handed back at once, it can be received now.
+    assert_eq!((q.state().visible, q.state().delayed), (1, 0), "{report}");
+}
