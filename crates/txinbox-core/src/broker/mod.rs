@@ -85,6 +85,12 @@ pub trait Lease: Send + Sync + 'static {
     fn expires_at(&self) -> Option<DateTime<Utc>>;
 
     /// Extend the lease so it lasts `by` from now; returns the new expiry.
+    ///
+    /// The worker's lease keeper counts a renewal that answers `Ok` as holding the lease for `by` from the
+    /// moment it made the call, and reads the expiry returned only for its log line: an adapter whose broker
+    /// extends the lease by less than `by` (a ceiling, a shorter lock) must answer with an error, not with the
+    /// shorter expiry ([`BrokerErrorKind::LockLost`](crate::BrokerErrorKind::LockLost) when the lease cannot
+    /// be kept, as the SQS adapter does at its 12 h visibility ceiling), or the keeper renews too late.
     fn renew(&self, by: Duration) -> BoxFuture<'_, Result<DateTime<Utc>, BrokerError>>;
 }
 
