@@ -331,7 +331,9 @@ impl<D: Delivery> Processor<D> for PanicsOn {
 /// A processor that panics before settling its delivery has it handed back at once (not left to its visibility
 /// timeout, here 300 s): the worker says so, counts each panic as a retry and a hand-back, and goes on with the
 /// others. A message it always panics on comes back until the queue's maximum receive count (5) moves it to
-/// the dead-letter queue, as a broker's redrive policy or `MaxDeliveryCount` does.
+/// the dead-letter queue, as a broker's redrive policy or `MaxDeliveryCount` does; here at once each time, the
+/// panic backoff turned off (`panic_backoff(0, 0)`: by default it is handed back after 1, 2 and 4 s from its
+/// second delivery on, the worker's own tests check that).
 #[tokio::test]
 async fn a_processor_that_panics_is_reported_and_the_worker_goes_on() {
     let queue = MemoryQueue::new(QueueOptions {
@@ -345,7 +347,7 @@ async fn a_processor_that_panics_is_reported_and_the_worker_goes_on() {
     let report = tokio::time::timeout(
         Duration::from_secs(30),
         Worker::new(queue.receiver(), PanicsOn(applied.clone()))
-            .options(fast())
+            .options(fast().panic_backoff(Duration::ZERO, Duration::ZERO))
             .run_until_idle(),
     )
     .await
