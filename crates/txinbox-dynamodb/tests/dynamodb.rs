@@ -2423,7 +2423,9 @@ async fn an_effect_done_by_a_runner_whose_clock_is_behind_is_kept_its_retention(
 /// finishes (the destination's reference, the last error, the request hash): an effect recorded just under
 /// 400 KB ran, and its finish was refused (`ValidationException`), leaving it in flight to be run again once
 /// its claim ended. An effect must now leave `EFFECT_FINISH_ROOM` free, or its transaction is refused before it
-/// is sent; one that does is finished whatever it ran into (an error is recorded cut to `MAX_ERROR_LEN`).
+/// is sent; one that does is finished whatever it ran into and whatever the destination answered (an error is
+/// recorded cut to `MAX_ERROR_LEN`; a reference longer than `MAX_REFERENCE_LEN` is not recorded: a 100 KB one
+/// was refused at the finish of an effect whose item had its room, seen failing so).
 async fn an_effect_keeps_room_in_its_item_for_what_its_finish_writes(b: Backend) {
     use txinbox_dynamodb::{EFFECT_FINISH_ROOM, MAX_ITEM_BYTES};
     let c = b.client();
@@ -2463,7 +2465,7 @@ async fn an_effect_keeps_room_in_its_item_for_what_its_finish_writes(b: Backend)
         "only the effects that fit"
     );
     let done = Transition::Done {
-        reference: Some("r".repeat(10_000)),
+        reference: Some("r".repeat(100_000)),
         attempts: 1,
         reconciliations: 0,
     };

@@ -79,7 +79,7 @@ pub use options::{CompensateError, CompensatedRow, EffectOptions, EffectReport, 
 pub use runner::EffectRunner;
 pub use store::{
     claim_end, ClaimedEffect, EffectCount, EffectStore, Transition, TransitionColumns,
-    MAX_ERROR_LEN, MAX_SENT_HASH_LEN,
+    MAX_ERROR_LEN, MAX_REFERENCE_LEN, MAX_SENT_HASH_LEN,
 };
 
 pub use crate::error::BoxError;

@@ -783,6 +783,13 @@ impl<S: EffectStore> EffectRunner<S> {
         match recorded {
             Ok(true) => {
                 match &t {
+                    Transition::Done { reference, .. }
+                        if columns.reference.is_none() && reference.is_some() =>
+                    {
+                        let whole = reference.as_deref().unwrap_or_default();
+                        let (len, start) = (whole.len(), crate::time::cut(whole, 256));
+                        tracing::warn!(key = %e.key, destination = %e.destination, reference_start = ?start, len, max = super::MAX_REFERENCE_LEN, "effect done; the destination's reference is longer than any identifier and is not recorded")
+                    }
                     Transition::Done { reference, .. } => {
                         tracing::info!(key = %e.key, destination = %e.destination, reference = ?reference, "effect done")
                     }

@@ -149,6 +149,13 @@ pub const MAX_ERROR_LEN: usize = 4096;
 /// bytes) and is not recorded, as if the executor had given none.
 pub const MAX_SENT_HASH_LEN: usize = 128;
 
+/// The longest destination's reference a transition records: a longer value is no identifier a destination
+/// hands out (ids, URLs and resource names are well under it) and is not recorded, as if the destination had
+/// given none; the transition's log line (a warning) says so, with the reference's length and its start. Recorded, it would make the finish of an effect
+/// that happened too large for a store's item (DynamoDB's 400 KB), and the effect would stay in flight, to run
+/// again once its claim ends.
+pub const MAX_REFERENCE_LEN: usize = 8192;
+
 impl<'a> TransitionColumns<'a> {
     /// The same columns, recording `hash` as the first call's request body hash if none is recorded yet (not
     /// when it is longer than [`MAX_SENT_HASH_LEN`]).
@@ -159,11 +166,13 @@ impl<'a> TransitionColumns<'a> {
 }
 
 impl Transition {
-    /// The columns this transition sets; its error cut to [`MAX_ERROR_LEN`] bytes.
+    /// The columns this transition sets; its error cut to [`MAX_ERROR_LEN`] bytes, its reference left out when
+    /// longer than [`MAX_REFERENCE_LEN`].
     pub fn columns(&self) -> TransitionColumns<'_> {
         let columns = self.columns_whole();
         TransitionColumns {
             error: columns.error.map(|e| crate::time::cut(e, MAX_ERROR_LEN)),
+            reference: columns.reference.filter(|r| r.len() <= MAX_REFERENCE_LEN),
             ..columns
         }
     }
@@ -464,6 +473,27 @@ mod tests {
         assert_eq!(
             short.columns().sent_hash(Some(&not_a_digest)).sent_hash,
             None
+        );
+    }
+
+    /// A destination's reference is recorded up to [`MAX_REFERENCE_LEN`] bytes; a longer one (a hostile or
+    /// broken destination's answer) is not recorded at all, rather than cut into an identifier that names
+    /// something else, and the effect is still done.
+    #[test]
+    fn a_done_transition_records_a_reference_only_up_to_its_bound() {
+        let done = |reference: String| Transition::Done {
+            reference: Some(reference),
+            attempts: 1,
+            reconciliations: 0,
+        };
+        let longest = "r".repeat(MAX_REFERENCE_LEN);
+        let kept = done(longest.clone());
+        assert_eq!(kept.columns().reference, Some(longest.as_str()));
+        let too_long = done("r".repeat(MAX_REFERENCE_LEN + 1));
+        let columns = too_long.columns();
+        assert_eq!(
+            (columns.reference, columns.state, columns.finished),
+            (None, EffectState::Done, true)
         );
     }
 

@@ -29,11 +29,22 @@ pub const MAX_TRANSACTION_BYTES: usize = 4 * 1024 * 1024;
 pub const MAX_ITEM_BYTES: usize = 400 * 1024;
 /// The room an effect's item keeps, below [`MAX_ITEM_BYTES`], for what its finish writes: the last error (at
 /// most [`MAX_ERROR_LEN`](txinbox_core::effects::MAX_ERROR_LEN) bytes), the request hash (at most
-/// [`MAX_SENT_HASH_LEN`](txinbox_core::effects::MAX_SENT_HASH_LEN)), the destination's reference and the
-/// finish's bookkeeping. An effect recorded with less is refused with the transaction
-/// ([`DynamoError::Limit`](crate::DynamoError::Limit)), since a finish DynamoDB refused would leave an
-/// effect that ran in flight, to be run again once its claim ends.
+/// [`MAX_SENT_HASH_LEN`](txinbox_core::effects::MAX_SENT_HASH_LEN)), the destination's reference (at most
+/// [`MAX_REFERENCE_LEN`](txinbox_core::effects::MAX_REFERENCE_LEN)) and the finish's bookkeeping. An effect
+/// recorded with less is refused with the transaction ([`DynamoError::Limit`](crate::DynamoError::Limit)),
+/// since a finish DynamoDB refused would leave an effect that ran in flight, to be run again once its claim
+/// ends.
 pub const EFFECT_FINISH_ROOM: usize = 16 * 1024;
+
+// Whatever a finish writes fits the room, with 2 KiB for its bookkeeping (its state, counts, dates, tokens
+// and their attribute names).
+const _: () = assert!(
+    txinbox_core::effects::MAX_ERROR_LEN
+        + txinbox_core::effects::MAX_REFERENCE_LEN
+        + txinbox_core::effects::MAX_SENT_HASH_LEN
+        + 2 * 1024
+        <= EFFECT_FINISH_ROOM
+);
 
 /// How the store behaves.
 #[derive(Clone, Debug)]
