@@ -308,6 +308,19 @@ async fn a_lease_or_duration_that_panics_is_a_lost_lease_not_a_crash() {
     }
 }
 
+/// [`long_visibility`] without a dead-letter queue: a message is kept however often it is received (an SQS
+/// queue without a redrive policy). Its clock stands still ([`MemoryQueue::freeze_clock`]).
+fn without_dead_letters() -> MemoryQueue {
+    let q = MemoryQueue::new(
+        QueueOptions::default()
+            .visibility_timeout(Duration::from_secs(3600))
+            .wait(Duration::from_millis(20))
+            .max_receive_count(None),
+    );
+    q.freeze_clock();
+    q
+}
+
 /// A processor every call of which panics before settling (a message that trips a bug each time), counting
 /// its calls.
 struct AlwaysPanics(Arc<AtomicU32>);
@@ -329,15 +342,7 @@ impl<D: Delivery> Processor<D> for AlwaysPanics {
 /// cut it off). Each hand-back is still one more receive toward the queue's maximum receive count.
 #[tokio::test(flavor = "current_thread")]
 async fn a_message_that_panics_again_is_handed_back_after_a_growing_delay() {
-    // No dead-letter queue: the message is kept however often it is received (an SQS queue without a redrive
-    // policy).
-    let q = MemoryQueue::new(
-        QueueOptions::default()
-            .visibility_timeout(Duration::from_secs(3600))
-            .wait(Duration::from_millis(20))
-            .max_receive_count(None),
-    );
-    q.freeze_clock();
+    let q = without_dead_letters();
     q.send(OutgoingMessage::new(b"{}".to_vec()));
     let calls = Arc::new(AtomicU32::new(0));
     let opts =
@@ -410,13 +415,7 @@ async fn a_panic_while_the_worker_stops_hands_the_delivery_back_at_once() {
         }
     }
 
-    let q = MemoryQueue::new(
-        QueueOptions::default()
-            .visibility_timeout(Duration::from_secs(3600))
-            .wait(Duration::from_millis(20))
-            .max_receive_count(None),
-    );
-    q.freeze_clock();
+    let q = without_dead_letters();
     q.send(OutgoingMessage::new(b"{}".to_vec()));
     let (calls, stop) = (
         Arc::new(AtomicU32::new(0)),
