@@ -10,7 +10,7 @@ use std::time::Duration;
 use txinbox_core::broker::mem::{MemoryQueue, OutgoingMessage, QueueOptions, QueueState};
 use txinbox_core::{
     BrokerError, CancellationToken, DeadLetter, Delivery, Handled, Handler, HandlerError, Lease,
-    Message, OutcomeKind, ReceivedMessage, Worker, WorkerOptions,
+    Message, Outcome, OutcomeKind, ReceivedMessage, Worker, WorkerOptions,
 };
 use txinbox_lab::lab::{lab_message, lab_processor, LabEvent, Target};
 use txinbox_lab::labdb::LabDb;
@@ -658,5 +658,68 @@ async fn a_handler_that_ignores_a_failed_statement_on_sqlite() {
         || Box::pin(txinbox_testkit::sqlite_store()),
         "applied",
     )
+    .await;
+}
+
+/// Two messages of one business key, the first with an empty tenant (`ce-tenantid: ""`) and the second with
+/// none: the stores keep them in one tenant, so the second is a business duplicate of the first. In one batch
+/// it gets the result reference its holder committed, as it does one after the other (seen failing so on
+/// SQLite and PostgreSQL: `result_reference: None` in the batch, the batch taking the two tenants for two).
+async fn an_empty_tenant_and_none_hold_one_business_key_in_a_batch<DB: LabDb>(
+    fresh: impl Fn() -> BoxStore<DB>,
+) {
+    let with_empty_tenant = {
+        let mut m = event("evt-t1", 8, 8);
+        m.attributes.insert("ce-tenantid".into(), String::new());
+        m
+    };
+    let pair = || vec![with_empty_tenant.clone(), event("evt-t2", 8, 8)];
+    for as_batch in [false, true] {
+        let store = fresh().await;
+        DB::create_tables(&store).await.unwrap();
+        let handler = Counting {
+            calls: Arc::default(),
+            fail: &[],
+        };
+        let p = lab_processor(store.clone(), handler);
+        let out = if as_batch {
+            let deliveries = pair().into_iter().map(NoopDelivery).collect();
+            p.process_batch(deliveries, &CancellationToken::new()).await
+        } else {
+            let mut out = Vec::new();
+            for m in pair() {
+                out.push(p.process_one(NoopDelivery(m)).await);
+            }
+            out
+        };
+        match &out[..] {
+            [Outcome::Applied {
+                result_reference: Some(task),
+            }, Outcome::BusinessDuplicate {
+                holder_message_id,
+                result_reference,
+            }] => assert_eq!(
+                (holder_message_id.as_str(), result_reference.as_deref()),
+                ("evt-t1", Some(task.as_str())),
+                "in a batch: {as_batch}"
+            ),
+            other => panic!("in a batch: {as_batch}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_empty_tenant_and_none_hold_one_business_key_in_a_batch_on_sqlite() {
+    an_empty_tenant_and_none_hold_one_business_key_in_a_batch(|| {
+        Box::pin(txinbox_testkit::sqlite_store())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_empty_tenant_and_none_hold_one_business_key_in_a_batch_on_postgres() {
+    an_empty_tenant_and_none_hold_one_business_key_in_a_batch(|| {
+        Box::pin(txinbox_testkit::pg_store(4))
+    })
     .await;
 }

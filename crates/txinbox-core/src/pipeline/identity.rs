@@ -115,6 +115,17 @@ pub struct Identity {
     pub event_time: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+impl Identity {
+    /// The business key with the tenant it is unique within, as every store keeps them: no tenant and an empty
+    /// one are the same tenant (`""`). `None` without a business key.
+    pub fn business_slot(&self) -> Option<(&str, &str)> {
+        Some((
+            self.tenant_id.as_deref().unwrap_or(""),
+            self.business_key.as_deref()?,
+        ))
+    }
+}
+
 /// A function from a message to its business key (for example
 /// `criar_tarefa_followup:oportunidade_2481:reuniao_184`).
 ///

@@ -81,14 +81,14 @@ impl<T> Again<T> {
 }
 
 /// Whether two deliveries carry the same message (consumer, source, id) or the same business key of the same
-/// tenant: the one's marker, committed, holds the other.
+/// tenant (no tenant and an empty one being one, as in the stores): the one's marker, committed, holds the
+/// other.
 fn shares(a: &Identity, b: &Identity) -> bool {
     let same_message =
         a.consumer == b.consumer && a.source == b.source && a.message_id == b.message_id;
-    let same_key = a.business_key.is_some()
-        && a.consumer == b.consumer
-        && a.business_key == b.business_key
-        && a.tenant_id == b.tenant_id;
+    let same_key = a.consumer == b.consumer
+        && a.business_slot().is_some()
+        && a.business_slot() == b.business_slot();
     same_message || same_key
 }
 
@@ -740,7 +740,8 @@ impl<S: InboxStore> Inbox<S> {
 }
 
 /// Whether `written`, a delivery of the batch whose marker went in, is the holder `h` that refused
-/// `refused`: the same message (consumer, source, id), or the same business key of the same tenant.
+/// `refused`: the same message (consumer, source, id), or the same business key of the same tenant (no tenant
+/// and an empty one being one, as in the stores).
 fn holds(written: &Identity, refused: &Identity, h: &ExistingMarker) -> bool {
     if written.message_id != h.message_id {
         return false;
@@ -748,8 +749,6 @@ fn holds(written: &Identity, refused: &Identity, h: &ExistingMarker) -> bool {
     if h.same_identity {
         written.source == refused.source && written.message_id == refused.message_id
     } else {
-        refused.business_key.is_some()
-            && written.business_key == refused.business_key
-            && written.tenant_id == refused.tenant_id
+        refused.business_slot().is_some() && written.business_slot() == refused.business_slot()
     }
 }
