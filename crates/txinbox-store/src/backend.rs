@@ -309,15 +309,11 @@ pub(crate) fn kept_time(t: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 /// Free text from outside (a destination's reference, an executor's error or request hash, a note) as the
-/// stores keep it: a NUL character, which PostgreSQL's `text` refuses (so the write failed on every try) and
-/// SQLite keeps, is U+FFFD on both.
+/// stores keep it ([`txinbox_core::store::kept_text`]): a NUL character, which PostgreSQL's `text` refuses (so
+/// the write failed on every try) and SQLite keeps, is U+FFFD on both.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn text(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains('\0') {
-        std::borrow::Cow::Owned(s.replace('\0', "\u{fffd}"))
-    } else {
-        std::borrow::Cow::Borrowed(s)
-    }
+    txinbox_core::store::kept_text(s)
 }
 
 /// The metadata column of an effect.

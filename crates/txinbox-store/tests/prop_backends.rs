@@ -10,9 +10,12 @@
 //! documented U+FFFD for a NUL; a date as both stores keep it (years 1 to 9999, to the microsecond); a
 //! time the pipeline took from the wall clock as the hour it is in.
 //!
+//! A second property holds each store to itself: deliveries decided as one batch get the outcomes the same
+//! deliveries get one after the other.
+//!
 //! PostgreSQL runs in a schema of its own for the run, dropped at the end; SQLite in memory, fresh for each
 //! case. 64 cases by default; `TXINBOX_PROP_CASES` sets another number (a longer search by hand).
-//! Below the property, a deterministic test of each disagreement it found that has no other home.
+//! Below the properties, a deterministic test of each disagreement they found that has no other home.
 
 use std::time::Duration;
 
@@ -483,16 +486,7 @@ fn sqlite_and_postgres_agree_on_hostile_operations() {
             StoreOptions::new().schema(&schema).max_connections(2),
         ))
         .unwrap_or_else(|e| panic!("PostgreSQL at TXINBOX_TEST_PG_URL is not reachable: {e}"));
-    let cases = std::env::var("TXINBOX_PROP_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(64);
-    let mut runner = TestRunner::new(Config {
-        cases,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&prop::collection::vec(op(), 1..24), |ops| {
+    let result = runner().run(&prop::collection::vec(op(), 1..24), |ops| {
         rt.block_on(run_case(&pg, &ops))
     });
     rt.block_on(async {
@@ -504,6 +498,143 @@ fn sqlite_and_postgres_agree_on_hostile_operations() {
         sqlx::Executor::execute(&mut c, format!("DROP SCHEMA \"{schema}\" CASCADE").as_str())
             .await
             .unwrap();
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Deliveries (and markers written before them) only: what a batch decides.
+fn delivery_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (prop::collection::vec(msg::<Hostile>(duration()), 1..7), opt_text::<Hostile>(), prop::collection::vec(fx::<Hostile>(prop::collection::vec(any::<u8>(), 0..16)), 0..3))
+            .prop_map(|(msgs, result_reference, effects)| Op::Deliver { msgs, batch: true, result_reference, effects }),
+        1 => (msg::<Hostile>(duration()), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
+    ]
+}
+
+/// Runs `ops` on two stores of one kind, each delivery as one batch on the first and one after the other on
+/// the second.
+async fn run_batch_case<DB: Backend>(
+    batched: &Store<DB>,
+    alone: &Store<DB>,
+    ops: &[Op],
+) -> Result<(), TestCaseError>
+where
+    Store<DB>: Ops,
+{
+    let (mut seen_batched, mut seen_alone) = (Seen::default(), Seen::default());
+    for (i, op) in ops.iter().enumerate() {
+        let one_by_one = match op.clone() {
+            Op::Deliver {
+                msgs,
+                result_reference,
+                effects,
+                ..
+            } => Op::Deliver {
+                msgs,
+                batch: false,
+                result_reference,
+                effects,
+            },
+            other => other,
+        };
+        let a = step(batched, &mut seen_batched, op).await;
+        let b = step(alone, &mut seen_alone, &one_by_one).await;
+        prop_assert_eq!(&a, &b, "step {} of {}: {:?}", i, ops.len(), op);
+    }
+    Ok(())
+}
+
+/// The property's runner: `TXINBOX_PROP_CASES` cases (64 by default), no failure files.
+fn runner() -> TestRunner {
+    let cases = std::env::var("TXINBOX_PROP_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+/// A batch decides each of its deliveries as the same deliveries one after the other would
+/// ([`WorkerOptions::batch_commit`](txinbox_core::WorkerOptions::batch_commit)): the same outcomes, result
+/// references and rejections, for generated deliveries of hostile messages (copies of one message, one
+/// business key under several ids, tenants empty and absent, markers written before with any dates), on
+/// SQLite, fresh in memory for each case. Seen failing first: a copy of a message of the same batch was
+/// answered its holder's result reference as the handler gave it (a NUL in it), where one after the other it
+/// is answered the reference as the store keeps it (U+FFFD).
+#[test]
+fn a_batch_decides_as_its_deliveries_one_after_the_other_on_sqlite() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let result = runner().run(&prop::collection::vec(delivery_op(), 1..8), |ops| {
+        rt.block_on(async {
+            let fresh = || async {
+                Store::<sqlx::Sqlite>::connect("sqlite::memory:")
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))
+            };
+            let (batched, alone) = (fresh().await?, fresh().await?);
+            let r = run_batch_case(&batched, &alone, &ops).await;
+            batched.close().await;
+            alone.close().await;
+            r
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// [`a_batch_decides_as_its_deliveries_one_after_the_other_on_sqlite`] on PostgreSQL, whose batch inserts
+/// its markers in one statement: two schemas of their own for the run, emptied before each case and dropped
+/// at the end.
+#[test]
+fn a_batch_decides_as_its_deliveries_one_after_the_other_on_postgres() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let schemas = [0, 1].map(|_| format!("t_prop_{}", uuid::Uuid::new_v4().simple()));
+    let stores = schemas.clone().map(|schema| {
+        rt.block_on(Store::<sqlx::Postgres>::connect_with(
+            &txinbox_testkit::pg_url(),
+            StoreOptions::new().schema(&schema).max_connections(2),
+        ))
+        .unwrap_or_else(|e| panic!("PostgreSQL at TXINBOX_TEST_PG_URL is not reachable: {e}"))
+    });
+    let result = runner().run(&prop::collection::vec(delivery_op(), 1..8), |ops| {
+        rt.block_on(async {
+            for store in &stores {
+                sqlx::query(
+                    "TRUNCATE txinbox_inbox, txinbox_rejections, txinbox_effects RESTART IDENTITY",
+                )
+                .execute(store.pool())
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            run_batch_case(&stores[0], &stores[1], &ops).await
+        })
+    });
+    rt.block_on(async {
+        use sqlx::Connection;
+        for store in &stores {
+            store.close().await;
+        }
+        let mut c = sqlx::PgConnection::connect(&txinbox_testkit::pg_url())
+            .await
+            .unwrap();
+        for schema in &schemas {
+            sqlx::Executor::execute(&mut c, format!("DROP SCHEMA \"{schema}\" CASCADE").as_str())
+                .await
+                .unwrap();
+        }
     });
     if let Err(e) = result {
         panic!("{e}");
@@ -606,4 +737,48 @@ async fn a_batch_row_refused_before_a_later_one_names_the_holder_it_met_on_sqlit
 #[tokio::test]
 async fn a_batch_row_refused_before_a_later_one_names_the_holder_it_met_on_postgres() {
     batch_meeting_itself!(txinbox_testkit::pg_store(2).await);
+}
+
+/// A result reference with a NUL in it is answered as every store keeps it (U+FFFD for the NUL), by the
+/// delivery that applied it and by its copy, in a batch as one after the other: in a batch the copy was
+/// answered the reference as the handler gave it, and alone as the store kept it.
+macro_rules! nul_in_a_result_reference {
+    ($fresh:expr) => {{
+        let msg = || {
+            let mut m = ReceivedMessage::new(b"{}".to_vec());
+            m.attributes.insert("ce-id".into(), "m".into());
+            m.attributes.insert("ce-source".into(), "s".into());
+            m
+        };
+        for batch in [true, false] {
+            let store = $fresh;
+            let inbox = Inbox::new(store, IdentityPolicy::new(ConsumerName::new("c").unwrap()));
+            let handler = |_tx, _m: Message<serde_json::Value>| async {
+                Ok::<_, HandlerError>(txinbox_core::Handled::reference("task\0-1"))
+            };
+            let answers: Vec<String> = process_all(inbox, handler, vec![msg(), msg()], batch)
+                .await
+                .into_iter()
+                .map(|o| format!("{o:?}"))
+                .collect();
+            assert_eq!(
+                answers,
+                [
+                    "Applied { result_reference: Some(\"task\u{fffd}-1\") }",
+                    "Duplicate { result_reference: Some(\"task\u{fffd}-1\") }"
+                ],
+                "in a batch: {batch}"
+            );
+        }
+    }};
+}
+
+#[tokio::test]
+async fn a_nul_in_a_result_reference_is_answered_as_kept_on_sqlite() {
+    nul_in_a_result_reference!(txinbox_testkit::sqlite_store().await);
+}
+
+#[tokio::test]
+async fn a_nul_in_a_result_reference_is_answered_as_kept_on_postgres() {
+    nul_in_a_result_reference!(txinbox_testkit::pg_store(2).await);
 }

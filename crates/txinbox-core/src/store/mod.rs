@@ -19,6 +19,21 @@ use crate::pipeline::identity::Identity;
 
 pub mod ops;
 
+/// Free text from outside (a handler's result reference, a destination's reference, an executor's error, a
+/// note) as every store keeps it: a NUL character, which PostgreSQL's `text` refuses, is U+FFFD.
+///
+/// ```
+/// assert_eq!(txinbox_core::store::kept_text("task\u{0}1"), "task\u{fffd}1");
+/// assert_eq!(txinbox_core::store::kept_text("task-1"), "task-1");
+/// ```
+pub fn kept_text(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.contains('\0') {
+        std::borrow::Cow::Owned(s.replace('\0', "\u{fffd}"))
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// The inbox row to insert.
 #[derive(Debug)]
 #[non_exhaustive]

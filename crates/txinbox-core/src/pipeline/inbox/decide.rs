@@ -342,11 +342,17 @@ impl<S: InboxStore> Inbox<S> {
                 created_at: now,
             });
         }
+        // The reference as every store keeps it, so that this delivery's outcome says what a copy of it, or a
+        // business duplicate, is later answered (in a batch, the copies that meet this marker are answered
+        // with this value).
+        let result_reference = handled
+            .result_reference
+            .map(|r| crate::store::kept_text(&r).into_owned());
         let recorded = match refused {
             Some(why) => Err(Failure::Refused(dead_letter("handler_permanent", why))),
             None => self
                 .store
-                .record_result(tx, identity, handled.result_reference.as_deref(), &effects)
+                .record_result(tx, identity, result_reference.as_deref(), &effects)
                 .await
                 .map_err(|e| Failure::Store("record result", e)),
         };
@@ -355,7 +361,7 @@ impl<S: InboxStore> Inbox<S> {
             return Handling::Failed(f, spent);
         }
         Handling::Done(Done {
-            result_reference: handled.result_reference,
+            result_reference,
             prepared: spent,
         })
     }
