@@ -1,6 +1,7 @@
 //! The DynamoDB store (on DynamoDB Local) and the SQLite store (in memory) give the same observable outcome
 //! for the same operations: a generated sequence of deliveries through the pipeline (one by one or as a
-//! batch: markers, result references, effects, and the rejections of collisions and business duplicates),
+//! batch, each store drawing its own: a batch decides as its deliveries one after the other would; markers,
+//! result references, effects, and the rejections of collisions and business duplicates),
 //! markers written through the store's own insert with any dates, effect claims, finishes and compensations,
 //! purges, and the operator queries the DynamoDB store answers (stats, show, rejections, effect counts,
 //! table figures, an effect by its key), with hostile values (text with NUL, control characters, U+FFFD,
@@ -170,7 +171,11 @@ fn result_reference() -> impl Strategy<Value = Option<String>> {
 enum Op {
     Deliver {
         msgs: Vec<Msg>,
+        /// As one batch on DynamoDB.
         batch: bool,
+        /// As one batch on SQLite: drawn apart from `batch`, since either store's batch decides as its
+        /// deliveries one after the other would.
+        lite_batch: bool,
         result_reference: Option<String>,
         effects: Vec<Fx>,
     },
@@ -238,15 +243,37 @@ enum Op {
 
 /// An operation: deliveries most often, and the effects' claims and finishes nearly as often (a claim that
 /// meets effects recorded, finished and compensated takes several steps).
+impl Op {
+    /// The step as SQLite takes it: a delivery as one batch or not as `lite_batch` says.
+    fn on_lite(&self) -> Op {
+        match self.clone() {
+            Op::Deliver {
+                msgs,
+                lite_batch,
+                result_reference,
+                effects,
+                ..
+            } => Op::Deliver {
+                msgs,
+                batch: lite_batch,
+                lite_batch,
+                result_reference,
+                effects,
+            },
+            other => other,
+        }
+    }
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (
             prop::collection::vec(msg::<Hostile>(keep()), 1..4),
-            any::<bool>(),
+            (any::<bool>(), any::<bool>()),
             result_reference(),
             prop_oneof![12 => prop::collection::vec(fx::<Hostile>(payload()), 0..3), 1 => many_effects()],
         )
-            .prop_map(|(msgs, batch, result_reference, effects)| Op::Deliver { msgs, batch, result_reference, effects }),
+            .prop_map(|(msgs, (batch, lite_batch), result_reference, effects)| Op::Deliver { msgs, batch, lite_batch, result_reference, effects }),
         2 => (msg::<Hostile>(keep()), time(), time()).prop_map(|(msg, processed_at, retention_until)| Op::Mark { msg, processed_at, retention_until }),
         6 => (
             prop_oneof![3 => Just("runner".to_owned()), 1 => text()],
@@ -559,6 +586,7 @@ async fn step<S: Side>(store: &S, seen: &mut Seen, op: &Op, claim: i64) -> Outco
             batch,
             result_reference,
             effects,
+            ..
         } => {
             seen.keys.extend(keys_of(msgs, effects));
             ok(store.deliver(msgs, *batch, result_reference, effects).await)
@@ -972,7 +1000,7 @@ async fn run_case(client: Client, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                     _ => 0,
                 };
-                let a = step(&lite, &mut seen_lite, op, claim).await;
+                let a = step(&lite, &mut seen_lite, &op.on_lite(), claim).await;
                 let b = step(&store, &mut seen_dyn, op, claim).await;
                 if a != b {
                     result = Err(TestCaseError::fail(format!(
