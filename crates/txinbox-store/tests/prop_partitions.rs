@@ -8,8 +8,8 @@
 //! second or a nanosecond before its end, in the middle; or none, or not RFC 3339). Some cases deliver a
 //! few copies before the conversion, whose markers stay in the frozen row-by-row table. The operations:
 //!
-//! * deliveries of copies of those events through the pipeline, one by one or as a batch, with a result
-//!   reference and effects: every copy carries its event's time written another way (another offset,
+//! * deliveries of copies of those events through the pipeline, one by one or as a batch (each layout drawing
+//!   its own), with a result reference and effects: every copy carries its event's time written another way (another offset,
 //!   fractions, lower case, spaces) and its own receive and enqueue times on either side of a boundary, so the
 //!   partition key must be derived identically from every copy; a copy may carry another payload (a
 //!   collision), and events may share a business key (a business duplicate);
@@ -325,7 +325,11 @@ enum Op {
     Deliver {
         consumer: &'static str,
         copies: Vec<Copy>,
+        /// As one batch on the partitioned layout.
         batch: bool,
+        /// As one batch on the row-by-row layout: drawn apart from `batch`, since either layout's batch
+        /// decides as its deliveries one after the other would.
+        row_batch: bool,
         reference: Option<String>,
         effects: Vec<Fx>,
     },
@@ -386,8 +390,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        10 => (consumer(), prop::collection::vec(copy(), 1..5), any::<bool>(), prop::option::of(prop::sample::select(vec!["ref-a".to_owned(), "ref-b".to_owned()])), prop::collection::vec(fx(), 0..3))
-            .prop_map(|(consumer, copies, batch, reference, effects)| Op::Deliver { consumer, copies, batch, reference, effects }),
+        10 => (consumer(), prop::collection::vec(copy(), 1..5), (any::<bool>(), any::<bool>()), prop::option::of(prop::sample::select(vec!["ref-a".to_owned(), "ref-b".to_owned()])), prop::collection::vec(fx(), 0..3))
+            .prop_map(|(consumer, copies, (batch, row_batch), reference, effects)| Op::Deliver { consumer, copies, batch, row_batch, reference, effects }),
         2 => (consumer(), any::<usize>(), any::<bool>(), prop::sample::select(vec![-2i64, -1, 1, 2]), prop::option::of(Just("ref-resent".to_owned())))
             .prop_map(|(consumer, event, same_id, shift, reference)| Op::Resend { consumer, event, same_id, shift, reference }),
         1 => (1i64..=3).prop_map(Op::Behind),
@@ -815,7 +819,7 @@ async fn deliver_both(
     p: &Pg,
     consumer: &str,
     msgs: Vec<ReceivedMessage>,
-    batch: bool,
+    (batch, row_batch): (bool, bool),
     h: &Handled,
 ) -> Result<Vec<String>, TestCaseError> {
     let layout = range(p).await;
@@ -832,7 +836,7 @@ async fn deliver_both(
         .filter(|(_, o)| o.is_none())
         .map(|(m, _)| m.clone())
         .collect();
-    let got_r = deliver(r, consumer, rest, batch, h).await;
+    let got_r = deliver(r, consumer, rest, row_batch, h).await;
     let mut got_r = got_r.into_iter();
     let mut out = Vec::new();
     for (i, (p_answer, own)) in got_p.into_iter().zip(own).enumerate() {
@@ -920,6 +924,7 @@ async fn step(
             consumer,
             copies,
             batch,
+            row_batch,
             reference,
             effects,
         } => {
@@ -934,7 +939,7 @@ async fn step(
                 }
             }
             let h = handled(reference, effects);
-            deliver_both(r, p, consumer, msgs, *batch, &h).await?;
+            deliver_both(r, p, consumer, msgs, (*batch, *row_batch), &h).await?;
             return Ok(());
         }
         Op::Resend {
@@ -1226,7 +1231,7 @@ async fn retention(
         )
     };
     for e in events {
-        deliver_both(r, p, "c", vec![copy(e)], false, &h).await?;
+        deliver_both(r, p, "c", vec![copy(e)], (false, false), &h).await?;
     }
     // The row-by-row layout keeps a marker 6 hours past its write (all of this case's): a retention 9 or more
     // hours ahead takes them all, one 2 or fewer none.
@@ -1279,7 +1284,7 @@ async fn retention(
                 "a copy within the partition's retention, against the row-by-row answer before its purge"
             );
         } else {
-            deliver_both(r, p, "c", vec![m], false, &h).await?;
+            deliver_both(r, p, "c", vec![m], (false, false), &h).await?;
         }
     }
     Ok(())
@@ -1326,6 +1331,7 @@ async fn run_case(case: &Case) -> Result<(), TestCaseError> {
                 consumer,
                 copies,
                 batch,
+                row_batch,
                 reference,
                 effects,
             } = op
@@ -1345,7 +1351,7 @@ async fn run_case(case: &Case) -> Result<(), TestCaseError> {
                     }
                 }
             }
-            let a = deliver(&r, consumer, msgs.clone(), *batch, &h).await;
+            let a = deliver(&r, consumer, msgs.clone(), *row_batch, &h).await;
             let b = deliver(&p, consumer, msgs, *batch, &h).await;
             prop_assert_eq!(a, b, "before the conversion, delivery {}", i);
         }
