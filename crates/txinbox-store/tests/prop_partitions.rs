@@ -11,8 +11,8 @@
 //! * deliveries of copies of those events through the pipeline, one by one or as a batch (each layout drawing
 //!   its own), with a result reference and effects: every copy carries its event's time written another way
 //!   (another offset, fractions, lower case, spaces) and its own receive and enqueue times on either side of a
-//!   boundary, so the partition key must be derived identically from every copy; a copy may carry another payload (a
-//!   collision), and events may share a business key (a business duplicate);
+//!   boundary, so the partition key must be derived identically from every copy; a copy may carry another
+//!   payload (a collision), and events may share a business key (a business duplicate);
 //! * copies the layouts answer differently by design: the partitioned layout refuses a copy without an event
 //!   time (`no_event_time`), one whose bucket was dropped (`retention_expired`) or lies past any partition
 //!   the maintenance makes by now (`event_time_in_future`), and releases one whose partition the maintenance
