@@ -345,9 +345,14 @@ impl<S: InboxStore> Inbox<S> {
         // The reference as every store keeps it, so that this delivery's outcome says what a copy of it, or a
         // business duplicate, is later answered (in a batch, the copies that meet this marker are answered
         // with this value).
-        let result_reference = handled
-            .result_reference
-            .map(|r| crate::store::kept_text(&r).into_owned());
+        let result_reference =
+            handled
+                .result_reference
+                .map(|r| match crate::store::kept_text(&r) {
+                    std::borrow::Cow::Owned(kept) => kept,
+                    // Kept as given: no copy.
+                    std::borrow::Cow::Borrowed(_) => r,
+                });
         let recorded = match refused {
             Some(why) => Err(Failure::Refused(dead_letter("handler_permanent", why))),
             None => self

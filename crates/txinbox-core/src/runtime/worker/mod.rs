@@ -340,7 +340,7 @@ where
             report: Arc::default(),
             consumer: consumer.clone(),
             tracker: TaskTracker::new(),
-            opts: self.opts.clone(),
+            opts: Arc::new(self.opts.clone()),
         };
         let mut receivers = vec![self.receiver];
         let loops = self.opts.get_receive_loops();

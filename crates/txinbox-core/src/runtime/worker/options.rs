@@ -277,15 +277,13 @@ impl WorkerOptions {
 
     /// How long the `delivery_count`-th delivery (1 = the first; 0, a broker that does not count, is taken
     /// for the first) of a message its processor panicked on waits before it can be received again: none for
-    /// the first, then [`panic_backoff`](Self::panic_backoff) doubling up to its maximum.
+    /// the first, then [`panic_backoff`](Self::panic_backoff) doubling up to its maximum, as the pause after
+    /// failed receives doubles ([`receive_backoff`](super::receive_backoff), without its jitter).
     pub(crate) fn panic_release_delay(&self, delivery_count: u32) -> Duration {
-        if delivery_count <= 1 {
-            return Duration::ZERO;
+        match delivery_count {
+            0 | 1 => Duration::ZERO,
+            n => super::receive_backoff(self.panic_backoff, self.panic_backoff_max, n - 1, 1.0),
         }
-        let doublings = (delivery_count - 2).min(20);
-        self.panic_backoff
-            .saturating_mul(1u32 << doublings)
-            .min(self.panic_backoff_max)
     }
 }
 

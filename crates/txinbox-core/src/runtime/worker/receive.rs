@@ -522,9 +522,9 @@ pub(super) struct Dispatch<P> {
     pub(super) report: Arc<Mutex<Tally>>,
     pub(super) consumer: String,
     pub(super) tracker: TaskTracker,
-    /// The worker's options: the delay of a hand-back after a panic
+    /// The worker's options, shared by its processing tasks: the delay of a hand-back after a panic
     /// ([`WorkerOptions::panic_backoff`](super::WorkerOptions::panic_backoff)).
-    pub(super) opts: super::WorkerOptions,
+    pub(super) opts: Arc<super::WorkerOptions>,
 }
 
 impl<P> Dispatch<P> {
