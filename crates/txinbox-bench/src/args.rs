@@ -48,6 +48,14 @@ pub struct BenchArgs {
     /// `--purge-impact 416667 --width-hours 1` is a day of ten million markers in hourly partitions).
     #[arg(long, default_value_t = 24, requires = "partitioned")]
     pub width_hours: u64,
+    /// With `--partitioned`: split each markers' partition in this many pieces (`PartitionOptions::pieces`; 0,
+    /// the default, for none), dropped one at a time `--piece-pause-ms` apart. The drop's window lasts at least
+    /// until the last piece is dropped, plus a quarter of `--seconds`.
+    #[arg(long, default_value_t = 0, requires = "partitioned")]
+    pub pieces: u32,
+    /// With `--pieces`: the maintenance's pause between two pieces (`MaintenanceOptions::piece_pause`).
+    #[arg(long, default_value_t = 5000, requires = "partitioned")]
+    pub piece_pause_ms: u64,
     /// With `--partitioned`: each cycle also runs a control, the same three windows with the maintenance's
     /// rotation in the middle one at a moment when nothing has expired (it drops nothing), so that the spread
     /// of `middle/without` there shows the drift between windows the drop's figure stands against. Odd
@@ -143,6 +151,8 @@ impl std::fmt::Debug for BenchArgs {
             .field("partitioned", &self.partitioned)
             .field("cycles", &self.cycles)
             .field("width_hours", &self.width_hours)
+            .field("pieces", &self.pieces)
+            .field("piece_pause_ms", &self.piece_pause_ms)
             .field("controls", &self.controls)
             .field("batch", &self.batch)
             .field("e2e_messages", &self.e2e_messages)

@@ -490,10 +490,22 @@ async fn options_the_layout_cannot_use_are_refused_with_one_line() {
 // Current-thread runtime: the windows capture metrics with a thread-local recorder.
 #[tokio::test(flavor = "current_thread")]
 async fn every_failure_window_holds_on_the_partitioned_layout() {
+    every_failure_window_holds(0).await;
+}
+
+// Current-thread runtime: the windows capture metrics with a thread-local recorder.
+#[tokio::test(flavor = "current_thread")]
+async fn every_failure_window_holds_on_the_partitioned_layout_in_pieces() {
+    every_failure_window_holds(4).await;
+}
+
+/// The lab's failure windows, its batch windows and the partitioned layout's own on a fresh partitioned
+/// schema whose markers' partitions are split in `pieces` pieces (0: none).
+async fn every_failure_window_holds(pieces: u32) {
     use txinbox_lab::lab::Target;
     use txinbox_lab::windows::{run_all_batch, Window};
     let target = Target::Postgres(txinbox_testkit::pg_url())
-        .partitioned()
+        .in_pieces(pieces)
         .unwrap();
     let rows = run_all_batch(&target, 10).await.unwrap();
     let mut failed = Vec::new();
@@ -1584,4 +1596,203 @@ async fn an_executor_counts_an_effect_s_age_on_the_database_s_clock() {
         "two days old by the database's clock: {seen:?}"
     );
     assert_eq!(stored, created);
+}
+
+impl Schema {
+    /// A fresh schema converted to partitions of a day split in `pieces` pieces, markers kept two days.
+    async fn in_pieces(pieces: u32) -> Self {
+        let s = Self::new().await;
+        let _ = s
+            .store
+            .partition(
+                &PartitionOptions::new()
+                    .keep(Duration::from_secs(2 * DAY as u64))
+                    .pieces(pieces),
+            )
+            .await
+            .unwrap();
+        s
+    }
+
+    /// Business key rows of `key`.
+    async fn key_rows(&self, key: &str) -> Vec<String> {
+        sqlx::query_scalar("SELECT message_id FROM txinbox_inbox_keys WHERE business_key = $1")
+            .bind(key)
+            .fetch_all(self.store.pool())
+            .await
+            .unwrap()
+    }
+
+    /// Tables named as the rotation names the markers' and business keys' partitions and their pieces, and
+    /// not attached: a drop left half done.
+    async fn detached_tables(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_class WHERE relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND relkind IN ('r', 'p') AND (relname LIKE 'txinbox_inbox_p%' OR relname LIKE 'txinbox_inbox_keys_p%') AND NOT relispartition",
+        )
+        .fetch_one(self.store.pool())
+        .await
+        .unwrap()
+    }
+}
+
+/// Partitions split in pieces by a hash of the identity: every copy of a message is decided in one piece, and
+/// business keys, which no unique index of the pieces can hold, are decided by the unique index of their own
+/// table, in the marker's transaction.
+#[tokio::test]
+async fn in_pieces_copies_and_business_keys_are_decided_as_without() {
+    let s = Schema::in_pieces(4).await;
+    let status = s.store.partition_status().await.unwrap().unwrap();
+    assert_eq!(status.pieces, 4, "{status}");
+    let pieces: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_partition_tree('txinbox_inbox') WHERE isleaf")
+            .fetch_one(s.store.pool())
+            .await
+            .unwrap();
+    assert_eq!(pieces, 4 * s.partitions("txinbox_inbox").await);
+    assert_eq!(
+        s.partitions("txinbox_inbox_keys").await,
+        s.partitions("txinbox_inbox").await
+    );
+    let now = Utc::now();
+    let a = identity("a", Some("k"));
+    assert_eq!(insert(&s.store, &a, "h", now).await, MarkerInsert::Inserted);
+    // A copy: its identity's marker, in the same piece.
+    match insert(&s.store, &a, "h", now).await {
+        MarkerInsert::Conflict(Some(h)) => assert!(h.same_identity, "{h:?}"),
+        other => panic!("{other:?}"),
+    }
+    // Another message with the key: the key's holder.
+    match insert(&s.store, &identity("b", Some("k")), "h", now).await {
+        MarkerInsert::Conflict(Some(h)) => {
+            assert!(!h.same_identity, "{h:?}");
+            assert_eq!(h.message_id, "a");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A copy of `a` with another key (another payload): refused by its identity, and the key it took for a
+    // moment is free again for the message that comes with it.
+    let tx = s.store.begin().await.unwrap();
+    let other_key = timed(&identity("a", Some("k2")), now);
+    let row = MarkerRow::new(&other_key, "h2", now, now, now + Cd::days(30), 1).origin_at(now);
+    match s.store.insert_marker(&tx, &row).await.unwrap() {
+        MarkerInsert::Conflict(Some(h)) => assert!(h.same_identity, "{h:?}"),
+        other => panic!("{other:?}"),
+    }
+    s.store.commit(tx).await.unwrap();
+    assert!(s.key_rows("k2").await.is_empty());
+    assert_eq!(
+        insert(&s.store, &identity("c", Some("k2")), "h", now).await,
+        MarkerInsert::Inserted
+    );
+    assert_eq!(s.key_rows("k").await, ["a"]);
+    assert_eq!(s.key_rows("k2").await, ["c"]);
+    // A batch: a row refused on its key names the holder it met, the next row goes in.
+    let tx = s.store.begin().await.unwrap();
+    let (keyed, plain) = (
+        timed(&identity("d", Some("k")), now),
+        timed(&identity("d", None), now),
+    );
+    let rows = [
+        MarkerRow::new(&keyed, "h", now, now, now + Cd::days(30), 1).origin_at(now),
+        MarkerRow::new(&plain, "h", now, now, now + Cd::days(30), 1).origin_at(now),
+    ];
+    let answers = s.store.insert_markers(&tx, &rows).await.unwrap();
+    s.store.commit(tx).await.unwrap();
+    match &answers[..] {
+        [MarkerInsert::Conflict(Some(h)), MarkerInsert::Inserted] => {
+            assert_eq!(h.message_id, "a", "{h:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    s.drop().await;
+}
+
+/// A partition split in pieces is dropped a piece at a time, `piece_pause` apart, then its business keys'
+/// partition; the partitions created ahead are split as the others.
+#[tokio::test]
+async fn the_rotation_drops_a_partition_a_piece_at_a_time() {
+    let s = Schema::in_pieces(3).await;
+    let origin = Utc::now();
+    let id = identity("evt-p", Some("kp"));
+    assert_eq!(
+        insert(&s.store, &id, "h", origin).await,
+        MarkerInsert::Inserted
+    );
+    let later = origin + Cd::days(5);
+    let pause = Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let p = s
+        .store
+        .rotate_partitions(later, &MaintenanceOptions::default().piece_pause(pause))
+        .await
+        .unwrap()
+        .unwrap();
+    let took = started.elapsed();
+    let dropped = p.dropped[&Table::Markers];
+    assert!(dropped >= 3, "{p:?}");
+    assert_eq!(p.pieces_dropped, 3 * dropped, "{p:?}");
+    assert!(!p.pieces_left, "{p:?}");
+    // One pause between two pieces, whichever partition they are of.
+    assert!(took >= pause * (p.pieces_dropped - 1), "{took:?} for {p:?}");
+    assert_eq!(s.markers().await, 0, "the marker went with its partition");
+    assert!(
+        s.key_rows("kp").await.is_empty(),
+        "and its business key with its own"
+    );
+    assert_eq!(
+        s.partitions("txinbox_inbox_keys").await,
+        s.partitions("txinbox_inbox").await
+    );
+    assert_eq!(s.store.partition_status().await.unwrap().unwrap().pieces, 3);
+    assert_eq!(s.detached_tables().await, 0);
+    let a = insert(&s.store, &id, "h", origin).await;
+    assert!(matches!(a, MarkerInsert::Expired(_)), "{a:?}");
+    s.drop().await;
+}
+
+/// When the pass's budget runs out between two pieces, the partition stays detached with the pieces left (its
+/// bucket already refused), and the next pass drops them.
+#[tokio::test]
+async fn pieces_left_when_the_budget_runs_out_go_at_the_next_pass() {
+    let s = Schema::in_pieces(4).await;
+    // In the oldest partition, the first the pass drops.
+    let origin = Utc::now() - Cd::days(2);
+    let id = identity("evt-b", None);
+    assert_eq!(
+        insert(&s.store, &id, "h", origin).await,
+        MarkerInsert::Inserted
+    );
+    let later = Utc::now() + Cd::days(5);
+    let short = MaintenanceOptions::default()
+        .piece_pause(Duration::from_secs(60))
+        .budget(Duration::from_secs(1));
+    let first = s
+        .store
+        .rotate_partitions(later, &short)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(first.pieces_left, "{first:?}");
+    assert_eq!(first.pieces_dropped, 1, "{first:?}");
+    assert_eq!(first.dropped[&Table::Markers], 1, "{first:?}");
+    assert_eq!(s.detached_tables().await, 1);
+    let a = insert(&s.store, &id, "h", origin).await;
+    assert!(matches!(a, MarkerInsert::Expired(_)), "{a:?}");
+    let next = s
+        .store
+        .rotate_partitions(
+            later,
+            &MaintenanceOptions::default().piece_pause(Duration::ZERO),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!next.pieces_left, "{next:?}");
+    assert!(
+        next.pieces_dropped >= 3,
+        "the first partition's last three, then the others: {next:?}"
+    );
+    assert_eq!(s.detached_tables().await, 0);
+    assert_eq!(s.markers().await, 0);
+    s.drop().await;
 }
