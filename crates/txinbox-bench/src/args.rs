@@ -62,6 +62,12 @@ pub struct BenchArgs {
     /// cycles run the control first, even ones the drop first.
     #[arg(long, requires = "partitioned")]
     pub controls: bool,
+    /// With `--partitioned`: start every window with a `CHECKPOINT`, so that each starts at the same point of
+    /// the server's checkpoint cycle (after a checkpoint, the first write of each page writes its whole image
+    /// to the WAL and the commits slow down, then recover): the drift between windows that this cycle makes
+    /// is taken out of `during/without`, for the drop's windows and the controls' alike.
+    #[arg(long, requires = "partitioned")]
+    pub checkpoint_windows: bool,
     /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64, at most 50 with a
     /// `dynamodb://` store; 1 skips the batch lines and runs the end-to-end worker without batch commit).
     #[arg(long, default_value_t = 10)]
@@ -154,6 +160,7 @@ impl std::fmt::Debug for BenchArgs {
             .field("pieces", &self.pieces)
             .field("piece_pause_ms", &self.piece_pause_ms)
             .field("controls", &self.controls)
+            .field("checkpoint_windows", &self.checkpoint_windows)
             .field("batch", &self.batch)
             .field("e2e_messages", &self.e2e_messages)
             .field("e2e_round_trip_ms", &self.e2e_round_trip_ms)

@@ -90,19 +90,26 @@ async fn cycles(
         args.piece_pause_ms
     );
     let inbox = Arc::new(bench_inbox(store)?);
+    let aligned = args.checkpoint_windows;
     let window = |tag: String| {
         let ib = inbox.clone();
-        measure(c, secs, move |t, i| {
-            let ib = ib.clone();
-            let tag = tag.clone();
-            Box::pin(async move {
-                let mut m = message(&format!("{tag}-{t}-{i}"), i);
-                // The layout places a marker by its event's CloudEvents time.
-                m.attributes
-                    .insert("ce-time".into(), Utc::now().to_rfc3339());
-                expect(&ib, m, "applied").await
+        async move {
+            if aligned {
+                checkpoint(store).await?;
+            }
+            measure(c, secs, move |t, i| {
+                let ib = ib.clone();
+                let tag = tag.clone();
+                Box::pin(async move {
+                    let mut m = message(&format!("{tag}-{t}-{i}"), i);
+                    // The layout places a marker by its event's CloudEvents time.
+                    m.attributes
+                        .insert("ce-time".into(), Utc::now().to_rfc3339());
+                    expect(&ib, m, "applied").await
+                })
             })
-        })
+            .await
+        }
     };
     for k in 0..args.cycles {
         let bucket = status.low + width * k as i32;
@@ -132,7 +139,7 @@ async fn cycles(
         // hour would see the oldest partition expire for real and drop it in the control.)
         let quiet = bucket + width + keep - chrono::Duration::seconds(1);
         if control_first {
-            control(&window, &inbox, c, secs, k, store, quiet, &maintenance).await?;
+            control(&window, &inbox, c, secs, k, store, quiet, &maintenance, aligned).await?;
         }
         let before = window(format!("before-{k}")).await?;
         // The maintenance's rotation at the moment this partition's last marker expires (it drops exactly
@@ -146,6 +153,7 @@ async fn cycles(
             store,
             at,
             &maintenance,
+            aligned,
         )
         .await?;
         let rotation = during.rotation;
@@ -184,7 +192,7 @@ async fn cycles(
             dropped_bytes,
         );
         if args.controls && !control_first {
-            control(&window, &inbox, c, secs, k, store, quiet, &maintenance).await?;
+            control(&window, &inbox, c, secs, k, store, quiet, &maintenance, aligned).await?;
         }
     }
     Ok(())
@@ -202,6 +210,7 @@ async fn control<W, F, H>(
     store: &Store<sqlx::Postgres>,
     quiet: DateTime<Utc>,
     maintenance: &txinbox_core::MaintenanceOptions,
+    aligned: bool,
 ) -> Result<(), LabError>
 where
     W: Fn(String) -> F,
@@ -217,6 +226,7 @@ where
         store,
         quiet,
         maintenance,
+        aligned,
     )
     .await?;
     let after = window(format!("control-after-{k}")).await?;
@@ -276,10 +286,14 @@ async fn drop_window<H>(
     store: &Store<sqlx::Postgres>,
     at: DateTime<Utc>,
     maintenance: &txinbox_core::MaintenanceOptions,
+    aligned: bool,
 ) -> Result<DropWindow, LabError>
 where
     H: txinbox_core::Handler<Store<sqlx::Postgres>, txinbox_core::Raw> + Send + Sync + 'static,
 {
+    if aligned {
+        checkpoint(store).await?;
+    }
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -371,6 +385,15 @@ where
         rotation: rotation
             .ok_or_else(|| LabError::Usage("the store did not rotate its partitions".into()))?,
     })
+}
+
+/// A checkpoint of the server, which a window of `--checkpoint-windows` starts with: after a checkpoint the
+/// first write of each page writes its whole image to the WAL, and the commits slow down, then recover until
+/// the next one (every few minutes under the benchmark's load); every window starts at the same point of
+/// that cycle.
+async fn checkpoint(store: &Store<sqlx::Postgres>) -> Result<(), LabError> {
+    sqlx::Executor::execute(store.pool(), "CHECKPOINT").await?;
+    Ok(())
 }
 
 /// Applies per second over all of `samples` (elapsed seconds, applies so far).
