@@ -139,7 +139,18 @@ async fn cycles(
         // hour would see the oldest partition expire for real and drop it in the control.)
         let quiet = bucket + width + keep - chrono::Duration::seconds(1);
         if control_first {
-            control(&window, &inbox, c, secs, k, store, quiet, &maintenance, aligned).await?;
+            control(
+                &window,
+                &inbox,
+                c,
+                secs,
+                k,
+                store,
+                quiet,
+                &maintenance,
+                aligned,
+            )
+            .await?;
         }
         let before = window(format!("before-{k}")).await?;
         // The maintenance's rotation at the moment this partition's last marker expires (it drops exactly
@@ -192,7 +203,18 @@ async fn cycles(
             dropped_bytes,
         );
         if args.controls && !control_first {
-            control(&window, &inbox, c, secs, k, store, quiet, &maintenance, aligned).await?;
+            control(
+                &window,
+                &inbox,
+                c,
+                secs,
+                k,
+                store,
+                quiet,
+                &maintenance,
+                aligned,
+            )
+            .await?;
         }
     }
     Ok(())
