@@ -91,6 +91,9 @@ async fn cycles(
     );
     let inbox = Arc::new(bench_inbox(store)?);
     let aligned = args.checkpoint_windows;
+    // How long a drop in pieces lasts at least (its pauses): a control's rotation span is held that long.
+    let span =
+        Duration::from_millis(args.piece_pause_ms).saturating_mul(args.pieces.saturating_sub(1));
     let window = |tag: String| {
         let ib = inbox.clone();
         async move {
@@ -149,6 +152,7 @@ async fn cycles(
                 quiet,
                 &maintenance,
                 aligned,
+                span,
             )
             .await?;
         }
@@ -165,6 +169,7 @@ async fn cycles(
             at,
             &maintenance,
             aligned,
+            std::time::Duration::ZERO,
         )
         .await?;
         let rotation = during.rotation;
@@ -213,6 +218,7 @@ async fn cycles(
                 quiet,
                 &maintenance,
                 aligned,
+                span,
             )
             .await?;
         }
@@ -221,7 +227,9 @@ async fn cycles(
 }
 
 /// A control of cycle `k`: the drop's three windows with a rotation in the middle one that drops nothing (it
-/// runs at `quiet`, when no kept partition has expired), printed as one line.
+/// runs at `quiet`, when no kept partition has expired), its span held open for `span` (the pauses of a drop
+/// in pieces) so that its in-window figures read the same part of the window as the drop's; printed as one
+/// line.
 #[allow(clippy::too_many_arguments)]
 async fn control<W, F, H>(
     window: &W,
@@ -233,6 +241,7 @@ async fn control<W, F, H>(
     quiet: DateTime<Utc>,
     maintenance: &txinbox_core::MaintenanceOptions,
     aligned: bool,
+    span: std::time::Duration,
 ) -> Result<(), LabError>
 where
     W: Fn(String) -> F,
@@ -249,6 +258,7 @@ where
         quiet,
         maintenance,
         aligned,
+        span,
     )
     .await?;
     let after = window(format!("control-after-{k}")).await?;
@@ -309,6 +319,7 @@ async fn drop_window<H>(
     at: DateTime<Utc>,
     maintenance: &txinbox_core::MaintenanceOptions,
     aligned: bool,
+    span: std::time::Duration,
 ) -> Result<DropWindow, LabError>
 where
     H: txinbox_core::Handler<Store<sqlx::Postgres>, txinbox_core::Raw> + Send + Sync + 'static,
@@ -353,6 +364,12 @@ where
     tokio::time::sleep(total / 4).await;
     let from = start.elapsed().as_secs_f64();
     let rotation = store.rotate_partitions(at, maintenance).await?;
+    // A control holds its span open as long as a drop in pieces lasts, so that its "drop slots" are the same
+    // part of its window as a drop's.
+    let held = std::time::Duration::from_secs_f64(from) + span;
+    if let Some(rest) = held.checked_sub(start.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
     let to = start.elapsed().as_secs_f64();
     let end = total.max(start.elapsed() + total / 4);
     if let Some(rest) = end.checked_sub(start.elapsed()) {
