@@ -48,26 +48,12 @@ pub struct BenchArgs {
     /// `--purge-impact 416667 --width-hours 1` is a day of ten million markers in hourly partitions).
     #[arg(long, default_value_t = 24, requires = "partitioned")]
     pub width_hours: u64,
-    /// With `--partitioned`: split each markers' partition in this many pieces (`PartitionOptions::pieces`; 0,
-    /// the default, for none), dropped one at a time `--piece-pause-ms` apart. The drop's window lasts at least
-    /// until the last piece is dropped, plus a quarter of `--seconds`.
-    #[arg(long, default_value_t = 0, requires = "partitioned")]
-    pub pieces: u32,
-    /// With `--pieces`: the maintenance's pause between two pieces (`MaintenanceOptions::piece_pause`).
-    #[arg(long, default_value_t = 5000, requires = "partitioned")]
-    pub piece_pause_ms: u64,
     /// With `--partitioned`: each cycle also runs a control, the same three windows with the maintenance's
     /// rotation in the middle one at a moment when nothing has expired (it drops nothing), so that the spread
     /// of `middle/without` there shows the drift between windows the drop's figure stands against. Odd
     /// cycles run the control first, even ones the drop first.
     #[arg(long, requires = "partitioned")]
     pub controls: bool,
-    /// With `--partitioned`: start every window with a `CHECKPOINT`, so that each starts at the same point of
-    /// the server's checkpoint cycle (after a checkpoint, the first write of each page writes its whole image
-    /// to the WAL and the commits slow down, then recover): the drift between windows that this cycle makes
-    /// is taken out of `during/without`, for the drop's windows and the controls' alike.
-    #[arg(long, requires = "partitioned")]
-    pub checkpoint_windows: bool,
     /// Messages per transaction of the batch lines and of the end-to-end worker (2 to 64, at most 50 with a
     /// `dynamodb://` store; 1 skips the batch lines and runs the end-to-end worker without batch commit).
     #[arg(long, default_value_t = 10)]
@@ -157,10 +143,7 @@ impl std::fmt::Debug for BenchArgs {
             .field("partitioned", &self.partitioned)
             .field("cycles", &self.cycles)
             .field("width_hours", &self.width_hours)
-            .field("pieces", &self.pieces)
-            .field("piece_pause_ms", &self.piece_pause_ms)
             .field("controls", &self.controls)
-            .field("checkpoint_windows", &self.checkpoint_windows)
             .field("batch", &self.batch)
             .field("e2e_messages", &self.e2e_messages)
             .field("e2e_round_trip_ms", &self.e2e_round_trip_ms)

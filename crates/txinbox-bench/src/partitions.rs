@@ -10,11 +10,8 @@
 //! drop's window the applies are also counted per 100 ms slot: `drop_slots/other_slots` is the rate in the
 //! slots the drop overlapped against the window's other slots, `window/other_slots` the whole window's rate
 //! against its slots outside the drop (the drop's cost as a share of the window, read apart from the drift
-//! between windows), `worst_10s/other_slots` the slowest 10 s of the window that overlap the rotation against
-//! those same other slots (a drop paced over a minute read by its worst 10 s, not diluted in its length), and
-//! `after_drop/before_drop` the slots after the drop against those before it (below 1 when the cost outlasts
-//! the drop). With `--pieces N` the partitions are split in N pieces, dropped `--piece-pause-ms` apart; the
-//! drop's window then lasts until a quarter of `--seconds` after the last piece. With `--controls` each cycle also runs the same three windows with a
+//! between windows), and `after_drop/before_drop` the slots after the drop against those before it (below 1
+//! when the cost outlasts the drop). With `--controls` each cycle also runs the same three windows with a
 //! rotation that drops nothing: their `middle/without` is the drift between windows on the machine, their
 //! `window/other_slots` what the in-window figure reads when nothing is dropped.
 
@@ -37,7 +34,7 @@ async fn old_partitions(
     live: DateTime<Utc>,
 ) -> Result<(i64, i64), LabError> {
     let row: (Option<i64>, Option<i64>) = sqlx::query_as(
-        "SELECT sum(pg_total_relation_size(t.relid))::bigint, sum(coalesce(s.n_dead_tup, 0))::bigint FROM pg_partition_tree('txinbox_inbox') t JOIN pg_class c ON c.oid = t.relid LEFT JOIN pg_stat_user_tables s ON s.relid = t.relid WHERE t.isleaf AND to_timestamp(substr(c.relname::text, length('txinbox_inbox_p') + 1, 15), 'YYYYMMDD\"t\"HH24MISS') < $1",
+        "SELECT sum(pg_total_relation_size(c.oid))::bigint, sum(coalesce(s.n_dead_tup, 0))::bigint FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE i.inhparent = to_regclass('txinbox_inbox') AND to_timestamp(substr(c.relname::text, length('txinbox_inbox_p') + 1), 'YYYYMMDD\"t\"HH24MISS') < $1",
     )
     .bind(live)
     .fetch_one(store.pool())
@@ -65,14 +62,7 @@ async fn cycles(
     store: &Store<sqlx::Postgres>,
 ) -> Result<(), LabError> {
     let secs = args.seconds.max(1);
-    let opts = PartitionOptions::new()
-        .width(Duration::from_secs(args.width_hours.max(1) * 3600))
-        .pieces(args.pieces);
-    // The maintenance's options as a worker would run them, the pieces' pause as given. The budget covers
-    // every piece of a partition, so that a cycle's drop is whole.
-    let maintenance = txinbox_core::MaintenanceOptions::default()
-        .piece_pause(Duration::from_millis(args.piece_pause_ms))
-        .budget(Duration::from_secs(3600));
+    let opts = PartitionOptions::new().width(Duration::from_secs(args.width_hours.max(1) * 3600));
     let _ = store.partition(&opts).await?;
     let status = store
         .partition_status()
@@ -82,37 +72,25 @@ async fn cycles(
     let keep = chrono::Duration::from_std(status.keep).unwrap_or(chrono::Duration::days(30));
     let live = txinbox_bucket(Utc::now(), width);
     println!(
-        "# purge impact, partitioned layout: {rows} expired markers per cycle, {} cycles; apply rate at c={c}, {secs}s per window; width {}s, keep {}s, {} pieces per partition, {} ms between two",
+        "# purge impact, partitioned layout: {rows} expired markers per cycle, {} cycles; apply rate at c={c}, {secs}s per window; width {}s, keep {}s",
         args.cycles,
         width.num_seconds(),
-        keep.num_seconds(),
-        args.pieces,
-        args.piece_pause_ms
+        keep.num_seconds()
     );
     let inbox = Arc::new(bench_inbox(store)?);
-    let aligned = args.checkpoint_windows;
-    // How long a drop in pieces lasts at least (its pauses): a control's rotation span is held that long.
-    let span =
-        Duration::from_millis(args.piece_pause_ms).saturating_mul(args.pieces.saturating_sub(1));
     let window = |tag: String| {
         let ib = inbox.clone();
-        async move {
-            if aligned {
-                checkpoint(store).await?;
-            }
-            measure(c, secs, move |t, i| {
-                let ib = ib.clone();
-                let tag = tag.clone();
-                Box::pin(async move {
-                    let mut m = message(&format!("{tag}-{t}-{i}"), i);
-                    // The layout places a marker by its event's CloudEvents time.
-                    m.attributes
-                        .insert("ce-time".into(), Utc::now().to_rfc3339());
-                    expect(&ib, m, "applied").await
-                })
+        measure(c, secs, move |t, i| {
+            let ib = ib.clone();
+            let tag = tag.clone();
+            Box::pin(async move {
+                let mut m = message(&format!("{tag}-{t}-{i}"), i);
+                // The layout places a marker by its event's CloudEvents time.
+                m.attributes
+                    .insert("ce-time".into(), Utc::now().to_rfc3339());
+                expect(&ib, m, "applied").await
             })
-            .await
-        }
+        })
     };
     for k in 0..args.cycles {
         let bucket = status.low + width * k as i32;
@@ -142,36 +120,13 @@ async fn cycles(
         // hour would see the oldest partition expire for real and drop it in the control.)
         let quiet = bucket + width + keep - chrono::Duration::seconds(1);
         if control_first {
-            control(
-                &window,
-                &inbox,
-                c,
-                secs,
-                k,
-                store,
-                quiet,
-                &maintenance,
-                aligned,
-                span,
-            )
-            .await?;
+            control(&window, &inbox, c, secs, k, store, quiet).await?;
         }
         let before = window(format!("before-{k}")).await?;
         // The maintenance's rotation at the moment this partition's last marker expires (it drops exactly
         // it), started a quarter into the window; applies counted per 100 ms slot.
         let at = bucket + width + keep + chrono::Duration::seconds(1);
-        let during = drop_window(
-            &inbox,
-            c,
-            secs,
-            &format!("during-{k}"),
-            store,
-            at,
-            &maintenance,
-            aligned,
-            std::time::Duration::ZERO,
-        )
-        .await?;
+        let during = drop_window(&inbox, c, secs, &format!("during-{k}"), store, at).await?;
         let rotation = during.rotation;
         let dropped = rotation.dropped.get(&Table::Markers).copied().unwrap_or(0);
         if dropped != 1 {
@@ -189,7 +144,7 @@ async fn cycles(
         .await?;
         let baseline = (before.per_sec + after.per_sec) / 2.0;
         println!(
-            "purge_impact_partitioned cycle={} markers={rows} load_seconds={load_seconds:.0} apply_before={:.0} apply_during_drop={:.0} apply_after={:.0} during/without={:.3} window/other_slots={:.3} drop_slots/other_slots={:.3} worst_10s/other_slots={:.3} after_drop/before_drop={:.2} partitions_dropped={} pieces_dropped={} drop_seconds={:.2} window_seconds={:.1} expired_left={left} old_partition_bytes empty={} loaded={} after_drop={} dead_tuples={dead}",
+            "purge_impact_partitioned cycle={} markers={rows} load_seconds={load_seconds:.0} apply_before={:.0} apply_during_drop={:.0} apply_after={:.0} during/without={:.2} window/other_slots={:.3} drop_slots/other_slots={:.2} after_drop/before_drop={:.2} partitions_dropped={} drop_seconds={:.2} expired_left={left} old_partition_bytes empty={} loaded={} after_drop={} dead_tuples={dead}",
             k + 1,
             before.per_sec,
             during.per_sec,
@@ -197,40 +152,22 @@ async fn cycles(
             during.per_sec / baseline,
             during.per_sec / during.other_slots,
             during.drop_slots / during.other_slots,
-            during.worst_10s / during.other_slots,
             during.after_before,
             dropped,
-            rotation.pieces_dropped,
             during.drop_time.as_secs_f64(),
-            during.seconds,
             empty_bytes,
             loaded_bytes,
             dropped_bytes,
         );
         if args.controls && !control_first {
-            control(
-                &window,
-                &inbox,
-                c,
-                secs,
-                k,
-                store,
-                quiet,
-                &maintenance,
-                aligned,
-                span,
-            )
-            .await?;
+            control(&window, &inbox, c, secs, k, store, quiet).await?;
         }
     }
     Ok(())
 }
 
 /// A control of cycle `k`: the drop's three windows with a rotation in the middle one that drops nothing (it
-/// runs at `quiet`, when no kept partition has expired), its span held open for `span` (the pauses of a drop
-/// in pieces) so that its in-window figures read the same part of the window as the drop's; printed as one
-/// line.
-#[allow(clippy::too_many_arguments)]
+/// runs at `quiet`, when no kept partition has expired), printed as one line.
 async fn control<W, F, H>(
     window: &W,
     inbox: &Arc<crate::fixture::BenchInbox<H>>,
@@ -239,9 +176,6 @@ async fn control<W, F, H>(
     k: u32,
     store: &Store<sqlx::Postgres>,
     quiet: DateTime<Utc>,
-    maintenance: &txinbox_core::MaintenanceOptions,
-    aligned: bool,
-    span: std::time::Duration,
 ) -> Result<(), LabError>
 where
     W: Fn(String) -> F,
@@ -249,18 +183,7 @@ where
     H: txinbox_core::Handler<Store<sqlx::Postgres>, txinbox_core::Raw> + Send + Sync + 'static,
 {
     let before = window(format!("control-before-{k}")).await?;
-    let middle = drop_window(
-        inbox,
-        c,
-        secs,
-        &format!("control-{k}"),
-        store,
-        quiet,
-        maintenance,
-        aligned,
-        span,
-    )
-    .await?;
+    let middle = drop_window(inbox, c, secs, &format!("control-{k}"), store, quiet).await?;
     let after = window(format!("control-after-{k}")).await?;
     let dropped: u32 = middle.rotation.dropped.values().sum();
     if dropped != 0 {
@@ -270,14 +193,13 @@ where
         )));
     }
     println!(
-        "purge_impact_control cycle={} apply_before={:.0} apply_middle={:.0} apply_after={:.0} middle/without={:.2} window/other_slots={:.3} worst_10s/other_slots={:.3} after_rotation/before_rotation={:.2} partitions_dropped={dropped} rotation_seconds={:.2}",
+        "purge_impact_control cycle={} apply_before={:.0} apply_middle={:.0} apply_after={:.0} middle/without={:.2} window/other_slots={:.3} after_rotation/before_rotation={:.2} partitions_dropped={dropped} rotation_seconds={:.2}",
         k + 1,
         before.per_sec,
         middle.per_sec,
         after.per_sec,
         middle.per_sec / ((before.per_sec + after.per_sec) / 2.0),
         middle.per_sec / middle.other_slots,
-        middle.worst_10s / middle.other_slots,
         middle.after_before,
         middle.drop_time.as_secs_f64(),
     );
@@ -297,19 +219,13 @@ struct DropWindow {
     after_before: f64,
     /// How long the rotation took.
     drop_time: std::time::Duration,
-    /// Applies per second in the slowest 10 s of the window that overlap the rotation.
-    worst_10s: f64,
-    /// How long the window lasted: `secs`, or longer when the rotation outlasted its three quarters.
-    seconds: f64,
     /// What it did.
     rotation: txinbox_core::runtime::maintenance::PartitionRotation,
 }
 
-/// `secs` seconds of applies at concurrency `c`, the rotation at `at` started a quarter into them (and, when
-/// the rotation outlasts the other three quarters, on until a quarter of `secs` after it); the applies counted
-/// per 100 ms slot, so that the drop's own cost is read within one window (against the slots it did not
-/// overlap), apart from the drift between windows.
-#[allow(clippy::too_many_arguments)]
+/// `secs` seconds of applies at concurrency `c`, the rotation at `at` started a quarter into them; the
+/// applies counted per 100 ms slot, so that the drop's own cost is read within one window (against the
+/// slots it did not overlap), apart from the drift between windows.
 async fn drop_window<H>(
     inbox: &Arc<crate::fixture::BenchInbox<H>>,
     c: usize,
@@ -317,16 +233,10 @@ async fn drop_window<H>(
     tag: &str,
     store: &Store<sqlx::Postgres>,
     at: DateTime<Utc>,
-    maintenance: &txinbox_core::MaintenanceOptions,
-    aligned: bool,
-    span: std::time::Duration,
 ) -> Result<DropWindow, LabError>
 where
     H: txinbox_core::Handler<Store<sqlx::Postgres>, txinbox_core::Raw> + Send + Sync + 'static,
 {
-    if aligned {
-        checkpoint(store).await?;
-    }
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -363,16 +273,11 @@ where
     let total = std::time::Duration::from_secs(secs.max(1));
     tokio::time::sleep(total / 4).await;
     let from = start.elapsed().as_secs_f64();
-    let rotation = store.rotate_partitions(at, maintenance).await?;
-    // A control holds its span open as long as a drop in pieces lasts, so that its "drop slots" are the same
-    // part of its window as a drop's.
-    let held = std::time::Duration::from_secs_f64(from) + span;
-    if let Some(rest) = held.checked_sub(start.elapsed()) {
-        tokio::time::sleep(rest).await;
-    }
+    let rotation = store
+        .rotate_partitions(at, &txinbox_core::MaintenanceOptions::default())
+        .await?;
     let to = start.elapsed().as_secs_f64();
-    let end = total.max(start.elapsed() + total / 4);
-    if let Some(rest) = end.checked_sub(start.elapsed()) {
+    if let Some(rest) = total.checked_sub(start.elapsed()) {
         tokio::time::sleep(rest).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -399,48 +304,15 @@ where
     }
     let rate = |(n, s): (u64, f64)| if s > 0.0 { n as f64 / s } else { 0.0 };
     let other = (slots[0].0 + slots[2].0, slots[0].1 + slots[2].1);
-    // The slowest 10 s of the window that overlap the rotation: a drop spread over a minute is read by its
-    // worst 10 s, not diluted in its whole length.
-    let mut worst = f64::INFINITY;
-    for (i, w0) in samples.iter().enumerate() {
-        let Some(w1) = samples[i..].iter().find(|s| s.0 >= w0.0 + 10.0) else {
-            break;
-        };
-        if w1.0 > from && w0.0 < to {
-            worst = worst.min((w1.1 - w0.1) as f64 / (w1.0 - w0.0));
-        }
-    }
-    if !worst.is_finite() {
-        worst = per_sec_of(&samples);
-    }
     Ok(DropWindow {
         per_sec,
         drop_slots: rate(slots[1]),
         other_slots: rate(other),
         after_before: rate(slots[2]) / rate(slots[0]),
-        worst_10s: worst,
         drop_time: std::time::Duration::from_secs_f64(to - from),
-        seconds: start.elapsed().as_secs_f64(),
         rotation: rotation
             .ok_or_else(|| LabError::Usage("the store did not rotate its partitions".into()))?,
     })
-}
-
-/// A checkpoint of the server, which a window of `--checkpoint-windows` starts with: after a checkpoint the
-/// first write of each page writes its whole image to the WAL, and the commits slow down, then recover until
-/// the next one (every few minutes under the benchmark's load); every window starts at the same point of
-/// that cycle.
-async fn checkpoint(store: &Store<sqlx::Postgres>) -> Result<(), LabError> {
-    sqlx::Executor::execute(store.pool(), "CHECKPOINT").await?;
-    Ok(())
-}
-
-/// Applies per second over all of `samples` (elapsed seconds, applies so far).
-fn per_sec_of(samples: &[(f64, u64)]) -> f64 {
-    match (samples.first(), samples.last()) {
-        (Some(a), Some(b)) if b.0 > a.0 => (b.1 - a.1) as f64 / (b.0 - a.0),
-        _ => 0.0,
-    }
 }
 
 /// The markers' partition of the bucket starting at `bucket` (the store's naming).

@@ -66,10 +66,6 @@ enum Command {
         /// boundary) runs too.
         #[arg(long)]
         partitioned: bool,
-        /// With `--partitioned`: split each markers' partition in N pieces (2 to 256), business keys then kept
-        /// unique in a table of their own (`txinbox inbox partition --pieces`).
-        #[arg(long, requires = "partitioned", default_value_t = 0)]
-        pieces: u32,
     },
     /// Amazon SQS operator tools.
     Sqs {
@@ -339,7 +335,6 @@ fn main() -> ExitCode {
             windows,
             batch,
             partitioned,
-            pieces,
         } => {
             // Before anything is opened (each count's own bound is its value parser's).
             let deliveries = messages.saturating_mul(copies);
@@ -349,7 +344,7 @@ fn main() -> ExitCode {
                 ));
             }
             let target = match Target::parse(&store) {
-                Ok(t) if partitioned => match t.in_pieces(pieces) {
+                Ok(t) if partitioned => match t.partitioned() {
                     Ok(t) => t,
                     Err(e) => return fail(&e),
                 },

@@ -32,11 +32,6 @@ pub struct PartitionArgs {
     /// then not recognised as a copy.
     #[arg(long)]
     pub allow_broker_time: bool,
-    /// Split each markers' partition in this many pieces by a hash of the message identity (0 for none, or 2 to
-    /// 256): the maintenance drops a partition a piece at a time, 5 s apart (`txinbox inbox purge
-    /// --piece-pause-ms`), so the filesystem frees one piece's blocks at a time. Aim for pieces of about 128 MB.
-    #[arg(long, default_value_t = 0)]
-    pub pieces: u32,
     /// Print the layout and change nothing.
     #[arg(long)]
     pub status: bool,
@@ -74,8 +69,7 @@ pub fn run(args: &PartitionArgs) -> ExitCode {
         .width(Duration::from_secs(args.width_hours.saturating_mul(3600)))
         .ahead(args.ahead)
         .keep(keep)
-        .broker_time(args.allow_broker_time)
-        .pieces(args.pieces);
+        .broker_time(args.allow_broker_time);
     if let Err(e) = opts.check() {
         return fail(&e);
     }

@@ -26,10 +26,6 @@ pub struct PurgeArgs {
     /// Milliseconds to pause between two batches (the applying transactions get the database back).
     #[arg(long, default_value_t = 50)]
     pub pause_ms: u64,
-    /// Milliseconds between two pieces of a partition dropped one at a time (a partitioned inbox converted
-    /// with `--pieces`): the filesystem frees one piece's blocks at a time.
-    #[arg(long, default_value_t = 5000)]
-    pub piece_pause_ms: u64,
     /// Longest time this pass may take, in seconds; what is left waits for the next pass (exit code 3).
     #[arg(long, default_value_t = 600)]
     pub budget_secs: u64,
@@ -166,7 +162,6 @@ async fn pass<S: MaintenanceStore>(
     let options = MaintenanceOptions::default()
         .batch(args.batch)
         .pause(Duration::from_millis(args.pause_ms))
-        .piece_pause(Duration::from_millis(args.piece_pause_ms))
         .budget(Duration::from_secs(args.budget_secs.max(1)))
         .rejections_keep(days(args.rejections_keep_days))
         .effects_keep(days(args.effects_keep_days));
@@ -239,7 +234,6 @@ mod tests {
             store: Default::default(),
             batch: 1000,
             pause_ms: 50,
-            piece_pause_ms: 5000,
             budget_secs: 5,
             rejections_keep_days: 90,
             effects_keep_days: 7,
@@ -277,7 +271,6 @@ mod tests {
             store: Default::default(),
             batch: 1000,
             pause_ms: 0,
-            piece_pause_ms: 0,
             budget_secs: 60,
             rejections_keep_days: 90,
             effects_keep_days: 7,

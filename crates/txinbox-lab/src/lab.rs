@@ -240,9 +240,8 @@ pub enum Target {
     /// A `postgres://` URL.
     Postgres(String),
     /// A `postgres://` URL, each fresh schema converted to the partitioned layout
-    /// ([`lab_partition_options`], its markers' partitions split in the given number of pieces, 0 for none)
-    /// before the run: `txinbox lab --partitioned [--pieces N]`.
-    PostgresPartitioned(String, u32),
+    /// ([`lab_partition_options`]) before the run: `txinbox lab --partitioned`.
+    PostgresPartitioned(String),
     /// A `dynamodb://TABLE` URL: the base of the fresh tables' names, and the endpoint of an emulator
     /// (`None`: the AWS configuration chain decides).
     Dynamodb {
@@ -259,10 +258,9 @@ impl std::fmt::Debug for Target {
         match self {
             Target::Sqlite(url) => f.debug_tuple("Sqlite").field(&redact_url(url)).finish(),
             Target::Postgres(url) => f.debug_tuple("Postgres").field(&redact_url(url)).finish(),
-            Target::PostgresPartitioned(url, pieces) => f
+            Target::PostgresPartitioned(url) => f
                 .debug_tuple("PostgresPartitioned")
                 .field(&redact_url(url))
-                .field(pieces)
                 .finish(),
             Target::Dynamodb { table, endpoint } => f
                 .debug_struct("Dynamodb")
@@ -301,8 +299,9 @@ impl Target {
     /// The same PostgreSQL target in the partitioned layout; other stores have none.
     pub fn partitioned(self) -> Result<Self, LabError> {
         match self {
-            Target::Postgres(url) => Ok(Target::PostgresPartitioned(url, 0)),
-            t @ Target::PostgresPartitioned(..) => Ok(t),
+            Target::Postgres(url) | Target::PostgresPartitioned(url) => {
+                Ok(Target::PostgresPartitioned(url))
+            }
             _ => Err(LabError::Usage(
                 "--partitioned needs a postgres:// store (only PostgreSQL has the partitioned layout)"
                     .into(),
@@ -310,18 +309,9 @@ impl Target {
         }
     }
 
-    /// The same PostgreSQL target in the partitioned layout, its markers' partitions split in `pieces` pieces
-    /// (`PartitionOptions::pieces`).
-    pub fn in_pieces(self, pieces: u32) -> Result<Self, LabError> {
-        match self.partitioned()? {
-            Target::PostgresPartitioned(url, _) => Ok(Target::PostgresPartitioned(url, pieces)),
-            other => Ok(other),
-        }
-    }
-
     /// Whether the target is the partitioned layout.
     pub fn is_partitioned(&self) -> bool {
-        matches!(self, Target::PostgresPartitioned(..))
+        matches!(self, Target::PostgresPartitioned(_))
     }
 }
 
@@ -441,12 +431,9 @@ pub async fn with_fresh<F: OnFresh>(target: &Target, f: F) -> Result<F::Output, 
             fresh.cleanup().await;
             r
         }
-        Target::PostgresPartitioned(url, pieces) => {
+        Target::PostgresPartitioned(url) => {
             let fresh = fresh_postgres(url, 16).await?;
-            let converted = fresh
-                .store
-                .partition(&lab_partition_options().pieces(*pieces))
-                .await;
+            let converted = fresh.store.partition(&lab_partition_options()).await;
             let r = match converted {
                 Ok(_) => match fresh.store.is_partitioned().await {
                     Ok(true) => f.run(fresh.store.clone()).await,

@@ -317,10 +317,9 @@ where
                 return Ok(None);
             }
             // A session holding a lock on this schema's marker table (the insert's, on the partitioned table
-            // too), or on its business keys' table (a partitioned layout in pieces, whose copies meet on their
-            // key first), with a lock not granted: a marker insert waiting on another transaction's row. The
-            // tables are named through the store's search_path, so the sessions of other schemas do not count.
-            sqlx::query_scalar("SELECT count(DISTINCT w.pid) FROM pg_locks w WHERE NOT w.granted AND w.pid IN (SELECT h.pid FROM pg_locks h WHERE h.granted AND h.relation IN (to_regclass('txinbox_inbox'), to_regclass('txinbox_inbox_keys')))")
+            // too) with a lock not granted: a marker insert waiting on another transaction's row. The table is
+            // named through the store's search_path, so the sessions of other schemas do not count.
+            sqlx::query_scalar("SELECT count(DISTINCT w.pid) FROM pg_locks w WHERE NOT w.granted AND w.pid IN (SELECT h.pid FROM pg_locks h WHERE h.granted AND h.relation = to_regclass('txinbox_inbox'))")
                 .fetch_one(store.pool())
                 .await
                 .map(Some)

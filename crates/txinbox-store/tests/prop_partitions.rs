@@ -3,8 +3,7 @@
 //! the property asserts the documented outcome.
 //!
 //! Each case converts a fresh schema to partitions of an hour (3 ahead, markers kept 6 hours; the inbox keeps
-//! its markers 6 hours too; each partition whole, or split in 2 or 3 pieces with business keys in their own
-//! table) beside a fresh row-by-row schema, both dropped at the end, and draws a few events
+//! its markers 6 hours too) beside a fresh row-by-row schema, both dropped at the end, and draws a few events
 //! (an id, a source, a business key, an event time near the partitions' boundaries: at a bucket's start, a
 //! second or a nanosecond before its end, in the middle; or none, or not RFC 3339). Some cases deliver a
 //! few copies before the conversion, whose markers stay in the frozen row-by-row table. The operations:
@@ -431,8 +430,6 @@ struct Case {
     behind: Option<i64>,
     ops: Vec<Op>,
     retention_at: i64,
-    /// The markers' partitions split in this many pieces (0: none), business keys then in their own table.
-    pieces: u32,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -443,15 +440,13 @@ fn case() -> impl Strategy<Value = Case> {
         prop::option::of(1i64..=3),
         prop::collection::vec(op(), 1..20),
         prop::sample::select(vec![0i64, 2, 9, 14]),
-        prop::sample::select(vec![0u32, 2, 3]),
     )
-        .prop_map(|(events, before, behind, ops, retention_at, pieces)| Case {
+        .prop_map(|(events, before, behind, ops, retention_at)| Case {
             events,
             before,
             behind,
             ops,
             retention_at,
-            pieces,
         })
 }
 
@@ -1040,7 +1035,7 @@ async fn step(
             // the conversion made goes only 7 hours after its end, so the pass drops nothing, as the
             // row-by-row purges delete nothing (every time the case wrote is within the retention).
             let now = Utc::now().min(w.s0 + chrono::Duration::seconds(WIDTH - 1));
-            let opts = maintenance();
+            let opts = MaintenanceOptions::default();
             let (ra, pa) = (
                 r.rotate_partitions(now, &opts).await,
                 p.rotate_partitions(now, &opts).await,
@@ -1248,7 +1243,9 @@ async fn retention(
         frozen.push(in_legacy_by(p, "c", e, e.id, false).await);
     }
     let at = Utc::now() + hours(ahead);
-    let rotated = p.rotate_partitions(at, &maintenance()).await;
+    let rotated = p
+        .rotate_partitions(at, &MaintenanceOptions::default())
+        .await;
     prop_assert!(
         matches!(&rotated, Ok(Some(x)) if !x.skipped),
         "{:?}",
@@ -1291,11 +1288,6 @@ async fn retention(
         }
     }
     Ok(())
-}
-
-/// The maintenance's options, its pieces dropped without a pause between them (a case compares outcomes).
-fn maintenance() -> MaintenanceOptions {
-    MaintenanceOptions::default().piece_pause(Duration::ZERO)
 }
 
 async fn connect(schema: &str) -> Pg {
@@ -1368,8 +1360,7 @@ async fn run_case(case: &Case) -> Result<(), TestCaseError> {
                 &PartitionOptions::new()
                     .width(Duration::from_secs(WIDTH as u64))
                     .ahead(AHEAD)
-                    .keep(keep())
-                    .pieces(case.pieces),
+                    .keep(keep()),
             )
             .await
             .unwrap();

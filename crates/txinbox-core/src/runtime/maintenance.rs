@@ -131,12 +131,6 @@ pub struct PartitionRotation {
     pub skipped: bool,
     /// The frozen table of the row-by-row layout was dropped (its last marker had expired).
     pub legacy_dropped: bool,
-    /// Pieces of markers' partitions dropped one at a time ([`MaintenanceOptions::piece_pause`] apart), for a
-    /// layout whose partitions are split in pieces.
-    pub pieces_dropped: u32,
-    /// A partition's pieces were left for the next pass: the pass's [`MaintenanceOptions::budget`] ran out
-    /// between two of them. The partition is already detached; nothing of it is read any more.
-    pub pieces_left: bool,
 }
 
 /// How the maintenance runs.
@@ -156,11 +150,6 @@ pub struct MaintenanceOptions {
     pub rejections_keep: Duration,
     /// How long done and compensated effects are kept (default 7 days).
     pub effects_keep: Duration,
-    /// Pause between two pieces of a markers' partition dropped one after the other (default 5 s), for a
-    /// partitioned layout whose partitions are split in pieces: the filesystem frees one piece's blocks at a
-    /// time, and the commits of the applying transactions, which wait on the same disk, get it back between
-    /// two. The pieces of one pass stop at its [`budget`](Self::budget); the next pass drops the rest.
-    pub piece_pause: Duration,
     /// Consumers whose rows left and oldest row are published as gauges after each pass (default none).
     pub consumers: Vec<String>,
     /// The shard this store is ([`crate::runtime::shards`]), added as a `shard` label to the gauges, so that
@@ -177,7 +166,6 @@ impl Default for MaintenanceOptions {
             every: Duration::from_secs(300),
             rejections_keep: Duration::from_secs(90 * 24 * 3600),
             effects_keep: Duration::from_secs(7 * 24 * 3600),
-            piece_pause: Duration::from_secs(5),
             consumers: Vec::new(),
             shard: None,
         }
@@ -213,11 +201,6 @@ impl MaintenanceOptions {
     /// Sets how long done effects are kept.
     pub fn effects_keep(mut self, d: Duration) -> Self {
         self.effects_keep = d;
-        self
-    }
-    /// Sets the pause between two pieces of a partition dropped one after the other.
-    pub fn piece_pause(mut self, d: Duration) -> Self {
-        self.piece_pause = d;
         self
     }
     /// Labels the gauges with `shard` (one maintenance per shard of a worker).

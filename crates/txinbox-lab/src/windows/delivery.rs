@@ -293,7 +293,6 @@ pub(crate) async fn run<S: LabStore>(
             let later = chrono::Utc::now() + chrono::Duration::hours(2);
             let before = rows(&store).await?;
             let purge = txinbox_core::Maintenance::new(store.clone())
-                .options(lab_maintenance())
                 .run_once_at(later, &mut |_| {})
                 .await;
             // On DynamoDB the TTL deletes expired markers, later and at no write cost: the maintenance deletes
@@ -386,7 +385,6 @@ pub(crate) async fn run<S: LabStore>(
             // new hour and drops those past their keep; the first copies' partition stays.
             q.advance((boundary - now).to_std().unwrap_or_default() + Duration::from_secs(60));
             let pass = txinbox_core::Maintenance::new(store.clone())
-                .options(lab_maintenance())
                 .run_once_at(q.now(), &mut |_| {})
                 .await;
             c.eq("maintenance error", pass.error.clone(), None);
@@ -526,10 +524,4 @@ impl txinbox_core::Lease for QuickLease {
     > {
         self.0.renew(Duration::from_secs(30))
     }
-}
-
-/// The maintenance of the windows: the pieces of a partition split in pieces dropped without a pause between
-/// them (the pause spares the commits of a loaded database's disk; the lab's partitions are small).
-fn lab_maintenance() -> txinbox_core::MaintenanceOptions {
-    txinbox_core::MaintenanceOptions::default().piece_pause(Duration::ZERO)
 }

@@ -28,10 +28,6 @@
 //! worker's clock's) is refused as bad input ([`txinbox_core::MarkerInsert::Refused`], dead-lettered
 //! `event_time_in_future`).
 //!
-//! **Pieces** ([`PartitionOptions::pieces`]): each markers' partition split in tables by a hash of the identity
-//! (the same in every copy, so a copy meets its first copy's marker in one piece), dropped one at a time so
-//! that the filesystem frees a piece's blocks at a time; business keys then unique in `txinbox_inbox_keys`.
-//!
 //! [`Store::partition`](crate::Store::partition) converts an existing inbox in one transaction: its markers
 //! stay in a frozen `txinbox_inbox_legacy` that every insert also looks up until its last marker expires (a
 //! table nothing is inserted into is read without a race); evidence and effects are copied. The repository's
@@ -52,9 +48,6 @@ const REFRESH: Duration = Duration::from_secs(10);
 #[cfg(feature = "postgres")]
 const ROTATION_LOCK: i32 = 741_823_091;
 
-/// The most pieces a markers' partition may be split in ([`PartitionOptions::pieces`]).
-const MAX_PIECES: u32 = 256;
-
 /// How the partitioned layout is laid out ([`Store::partition`](crate::Store::partition)).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -74,13 +67,6 @@ pub struct PartitionOptions {
     /// A message without an enqueue time either (a broker adapter that tells none) is still dead-lettered
     /// `no_event_time`: its receive time differs per delivery.
     pub broker_time: bool,
-    /// Split each markers' partition in this many pieces by a hash of the marker's identity (default 0: one
-    /// table per partition; else 2 to 256). The maintenance drops a partition's pieces one at a time,
-    /// [`MaintenanceOptions::piece_pause`](txinbox_core::MaintenanceOptions::piece_pause) apart, so that the
-    /// filesystem frees a piece's blocks at a time instead of the whole partition's at once. Business keys are
-    /// then kept unique in a table of their own (`txinbox_inbox_keys`, partitioned by the same buckets), one
-    /// row per marker that has one. Choose it so that a piece is about 128 MB or less.
-    pub pieces: u32,
 }
 
 impl Default for PartitionOptions {
@@ -90,7 +76,6 @@ impl Default for PartitionOptions {
             ahead: 3,
             keep: Duration::from_secs(30 * 86_400),
             broker_time: false,
-            pieces: 0,
         }
     }
 }
@@ -122,12 +107,6 @@ impl PartitionOptions {
         self
     }
 
-    /// Splits each markers' partition in `n` pieces (see [`PartitionOptions::pieces`]; 0 for none).
-    pub fn pieces(mut self, n: u32) -> Self {
-        self.pieces = n;
-        self
-    }
-
     /// Refuses options the layout cannot use, with one line.
     pub fn check(&self) -> Result<(), String> {
         let w = self.width.as_secs();
@@ -147,12 +126,6 @@ impl PartitionOptions {
             return Err(format!(
                 "partition keep {}s must be from 1 s to 10 years",
                 self.keep.as_secs()
-            ));
-        }
-        if self.pieces == 1 || self.pieces > MAX_PIECES {
-            return Err(format!(
-                "partition pieces {} must be 0 (none) or from 2 to {MAX_PIECES}",
-                self.pieces
             ));
         }
         Ok(())
@@ -201,8 +174,6 @@ pub struct PartitionStatus {
     pub legacy: bool,
     /// Messages without a CloudEvents `time` are placed by their broker time ([`PartitionOptions::broker_time`]).
     pub broker_time: bool,
-    /// Pieces of the newest markers' partition ([`PartitionOptions::pieces`]; 0 for none).
-    pub pieces: u32,
 }
 
 impl std::fmt::Display for PartitionStatus {
@@ -210,7 +181,7 @@ impl std::fmt::Display for PartitionStatus {
         let secs = |t: DateTime<Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
         write!(
             f,
-            "partitioned: width={}s keep={}s ahead={} origin={} markers from {} to {} ({} partitions) rejections {} partitions effects {} partitions{}{}",
+            "partitioned: width={}s keep={}s ahead={} origin={} markers from {} to {} ({} partitions) rejections {} partitions effects {} partitions{}",
             self.width.as_secs(),
             self.keep.as_secs(),
             self.ahead,
@@ -224,11 +195,6 @@ impl std::fmt::Display for PartitionStatus {
             self.marker_partitions,
             self.rejection_partitions,
             self.effect_partitions,
-            if self.pieces > 0 {
-                format!(" markers' partitions in {} pieces", self.pieces)
-            } else {
-                String::new()
-            },
             if self.legacy {
                 "; the row-by-row table is kept until its last marker expires"
             } else {
@@ -256,9 +222,6 @@ pub struct LayoutState {
     pub(crate) effects: bool,
     /// Whether a message without an event time is placed by its broker time (else refused).
     pub(crate) broker_time: bool,
-    /// Whether business keys are kept unique in `txinbox_inbox_keys` (a layout whose markers' partitions are
-    /// split in pieces) rather than by an index of the markers' table.
-    pub(crate) keyed: bool,
 }
 
 impl LayoutState {

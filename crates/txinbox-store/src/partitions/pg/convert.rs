@@ -7,9 +7,8 @@ use sqlx::{PgConnection, Postgres, Row};
 
 use super::insert::load;
 use super::{
-    buckets, create_in_new, default_partition, with_partition_key, BUSINESS_KEY_INDEX,
-    CREATE_INBOX, CREATE_KEYS, EFFECTS, EFFECTS_OPEN, INBOX, KEYS, LAYOUT_TABLE, PIECES,
-    REJECTIONS,
+    buckets, create_in_new, default_partition, with_partition_key, CREATE_INBOX, EFFECTS,
+    EFFECTS_OPEN, INBOX, LAYOUT_TABLE, REJECTIONS,
 };
 use crate::error::StoreError;
 use crate::partitions::{bucket_of, PartitionOptions, PartitionReport, PartitionStatus};
@@ -40,7 +39,7 @@ async fn repartition(
     sqlx::Executor::execute(&mut *conn, create.as_str()).await?;
     let mut created = 0;
     for b in buckets(low, high, width) {
-        create_in_new(&mut *conn, &new, table, b, width, 0).await?;
+        create_in_new(&mut *conn, &new, table, b, width).await?;
         created += 1;
     }
     let copied = sqlx::query(&format!("INSERT INTO {new} SELECT * FROM {table}"))
@@ -122,22 +121,9 @@ impl Store<Postgres> {
         let low = bucket_of(now - chrono::Duration::seconds(keep), width);
         let high = bucket_of(now, width) + w * (opts.ahead as i32 + 1);
         sqlx::Executor::execute(&mut *tx, CREATE_INBOX).await?;
-        let pieces = opts.pieces;
-        sqlx::Executor::execute(
-            &mut *tx,
-            if pieces > 0 {
-                CREATE_KEYS
-            } else {
-                BUSINESS_KEY_INDEX
-            },
-        )
-        .await?;
         let mut created = 0;
         for b in buckets(low, high, width) {
-            create_in_new(&mut tx, INBOX, INBOX, b, width, pieces).await?;
-            if pieces > 0 {
-                create_in_new(&mut tx, KEYS, KEYS, b, width, 0).await?;
-            }
+            create_in_new(&mut tx, INBOX, INBOX, b, width).await?;
             created += 1;
         }
         let legacy: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM txinbox_inbox_legacy)")
@@ -161,11 +147,7 @@ impl Store<Postgres> {
         )
         .await?;
         created += n;
-        let keys = (pieces > 0).then_some((KEYS, low));
-        for (tbl, low) in [(INBOX, low), (REJECTIONS, rlow), (EFFECTS, elow)]
-            .into_iter()
-            .chain(keys)
-        {
+        for (tbl, low) in [(INBOX, low), (REJECTIONS, rlow), (EFFECTS, elow)] {
             sqlx::query("INSERT INTO txinbox_partition_layout (tbl, width_secs, ahead, keep_secs, low, high, legacy, broker_time) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
                 .bind(tbl)
                 .bind(width)
@@ -199,7 +181,7 @@ impl Store<Postgres> {
         if let Some(refused) = default_partition(&mut conn).await? {
             return Err(refused);
         }
-        let r = sqlx::query(&format!("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, l.broker_time, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_effects')), {PIECES} FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'"))
+        let r = sqlx::query("SELECT l.width_secs, l.ahead, l.keep_secs, l.low, l.high, l.legacy, l.broker_time, (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_inbox')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_rejections')), (SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass('txinbox_effects')) FROM txinbox_partition_layout l WHERE l.tbl = 'txinbox_inbox'")
             .fetch_one(&mut *conn)
             .await?;
         let secs = |v: i64| Duration::from_secs(v.max(0) as u64);
@@ -214,7 +196,6 @@ impl Store<Postgres> {
             marker_partitions: r.try_get::<i64, _>(7)?.max(0) as u32,
             rejection_partitions: r.try_get::<i64, _>(8)?.max(0) as u32,
             effect_partitions: r.try_get::<i64, _>(9)?.max(0) as u32,
-            pieces: r.try_get::<i64, _>(10)?.max(0) as u32,
         }))
     }
 

@@ -14,17 +14,6 @@ const INSERT_MARKERS: &str = "INSERT INTO txinbox_inbox (consumer_name, source, 
 /// The holder of a refused marker, in its own partition.
 const HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox WHERE origin_bucket = $6 AND consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4 AND COALESCE(tenant_id, '') = COALESCE($5::text, ''))) ORDER BY same_identity DESC LIMIT 1";
 
-/// The holder of a refused marker in a layout whose business keys are in `txinbox_inbox_keys`: the marker of
-/// the identity, or the marker whose business key row holds the key, both in the bucket's partition.
-const KEYED_HOLDER: &str = "SELECT m.message_id, m.payload_hash, m.processed_at, (m.source = $2 AND m.message_id = $3) AS same_identity, m.result_reference FROM txinbox_inbox m WHERE m.origin_bucket = $6 AND m.consumer_name = $1 AND ((m.source = $2 AND m.message_id = $3) OR (m.source, m.message_id) IN (SELECT k.source, k.message_id FROM txinbox_inbox_keys k WHERE $4::text IS NOT NULL AND k.origin_bucket = $6 AND k.consumer_name = $1 AND k.business_key = $4 AND k.tenant_key = COALESCE($5::text, ''))) ORDER BY same_identity DESC LIMIT 1";
-
-/// The business keys of a batch of markers, taken in order; returns the rows whose key was free.
-const INSERT_KEYS: &str = "INSERT INTO txinbox_inbox_keys (consumer_name, tenant_key, business_key, origin_bucket, source, message_id) SELECT consumer_name, COALESCE(tenant_id, ''), business_key, origin_bucket, source, message_id FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::text[]) WITH ORDINALITY AS t(consumer_name, tenant_id, business_key, origin_bucket, source, message_id, ord) ORDER BY ord ON CONFLICT DO NOTHING RETURNING consumer_name, source, message_id";
-
-/// Gives back the business key a marker took, when the marker itself was refused (a copy of a message whose
-/// first copy had another business key): the key stays free for the message that holds it.
-const RELEASE_KEY: &str = "DELETE FROM txinbox_inbox_keys WHERE consumer_name = $1 AND tenant_key = COALESCE($2::text, '') AND business_key = $3 AND origin_bucket = $4 AND source = $5 AND message_id = $6";
-
 /// A marker of the frozen row-by-row table with this identity or business key.
 const LEGACY_HOLDER: &str = "SELECT message_id, payload_hash, processed_at, (source = $2 AND message_id = $3) AS same_identity, result_reference FROM txinbox_inbox_legacy WHERE consumer_name = $1 AND ((source = $2 AND message_id = $3) OR ($4::text IS NOT NULL AND business_key = $4 AND COALESCE(tenant_id, '') = COALESCE($5::text, ''))) ORDER BY same_identity DESC LIMIT 1";
 
@@ -38,7 +27,7 @@ pub(crate) async fn load(conn: &mut PgConnection) -> Result<Option<LayoutState>,
     if !exists {
         return Ok(None);
     }
-    let row = sqlx::query("SELECT width_secs, low, high, legacy, EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_effects'), broker_time, ahead, to_regclass('txinbox_inbox_keys') IS NOT NULL FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
+    let row = sqlx::query("SELECT width_secs, low, high, legacy, EXISTS (SELECT 1 FROM txinbox_partition_layout WHERE tbl = 'txinbox_effects'), broker_time, ahead FROM txinbox_partition_layout WHERE tbl = 'txinbox_inbox'")
         .fetch_optional(&mut *conn)
         .await?;
     Ok(match row {
@@ -51,7 +40,6 @@ pub(crate) async fn load(conn: &mut PgConnection) -> Result<Option<LayoutState>,
             effects: r.try_get(4)?,
             broker_time: r.try_get(5)?,
             ahead: r.try_get(6)?,
-            keyed: r.try_get(7)?,
         }),
     })
 }
@@ -146,99 +134,25 @@ pub(crate) async fn insert_markers(
     } else {
         vec![todo]
     };
-    let holder_sql = if state.keyed { KEYED_HOLDER } else { HOLDER };
     for todo in statements {
-        // With business keys in their own table, a row's key is taken first: a row whose key is held goes no
-        // further (its holder is read below), the others insert their markers.
-        let (todo, keyed, held) = if state.keyed {
-            take_keys(&mut *conn, rows, &buckets, todo).await?
-        } else {
-            (todo, Vec::new(), Vec::new())
-        };
         let batch: Vec<&MarkerRow<'_>> = todo.iter().map(|i| &rows[*i]).collect();
         let placed: Vec<DateTime<Utc>> = todo.iter().map(|i| buckets[*i]).collect();
-        let inserted = if batch.is_empty() {
-            Vec::new()
-        } else {
-            let returned = sqlx::query_with(INSERT_MARKERS, marker_arrays(&batch, Some(&placed))?)
-                .fetch_all(&mut *conn)
-                .await?;
-            inserted_rows(&returned, &batch)?
-        };
-        for (k, i) in todo.iter().copied().enumerate() {
-            if !inserted[k] && keyed.contains(&i) {
-                let id = rows[i].identity;
-                sqlx::query(RELEASE_KEY)
-                    .bind(id.consumer.as_str())
-                    .bind(&id.tenant_id)
-                    .bind(&id.business_key)
-                    .bind(buckets[i])
-                    .bind(&id.source)
-                    .bind(&id.message_id)
-                    .execute(&mut *conn)
-                    .await?;
-            }
-        }
+        let returned = sqlx::query_with(INSERT_MARKERS, marker_arrays(&batch, Some(&placed))?)
+            .fetch_all(&mut *conn)
+            .await?;
+        let inserted = inserted_rows(&returned, &batch)?;
         for (k, i) in todo.into_iter().enumerate() {
             out[i] = Some(if inserted[k] {
                 MarkerInsert::Inserted
             } else {
                 MarkerInsert::Conflict(
-                    holder_in(&mut *conn, holder_sql, rows[i].identity, Some(buckets[i])).await?,
+                    holder_in(&mut *conn, HOLDER, rows[i].identity, Some(buckets[i])).await?,
                 )
             });
-        }
-        for i in held {
-            out[i] = Some(MarkerInsert::Conflict(
-                holder_in(&mut *conn, holder_sql, rows[i].identity, Some(buckets[i])).await?,
-            ));
         }
     }
     Ok(out
         .into_iter()
         .map(|a| a.unwrap_or(MarkerInsert::Inserted))
         .collect())
-}
-
-/// Takes the business keys of the rows `todo` (indexes into `rows`, none meeting another) in
-/// `txinbox_inbox_keys`: returns the rows whose marker is to be inserted (without a key, or whose key was
-/// free), those of them that took a key, and those whose key another marker holds.
-async fn take_keys(
-    conn: &mut PgConnection,
-    rows: &[MarkerRow<'_>],
-    buckets: &[DateTime<Utc>],
-    todo: Vec<usize>,
-) -> Result<(Vec<usize>, Vec<usize>, Vec<usize>), sqlx::Error> {
-    let keyed: Vec<usize> = todo
-        .iter()
-        .copied()
-        .filter(|i| rows[*i].identity.business_key.is_some())
-        .collect();
-    if keyed.is_empty() {
-        return Ok((todo, Vec::new(), Vec::new()));
-    }
-    let text = |f: &dyn Fn(&MarkerRow<'_>) -> Option<String>| -> Vec<Option<String>> {
-        keyed.iter().map(|i| f(&rows[*i])).collect()
-    };
-    let returned: Vec<(String, String, String)> = sqlx::query_as(INSERT_KEYS)
-        .bind(text(&|r| Some(r.identity.consumer.as_str().to_owned())))
-        .bind(text(&|r| r.identity.tenant_id.clone()))
-        .bind(text(&|r| r.identity.business_key.clone()))
-        .bind(keyed.iter().map(|i| buckets[*i]).collect::<Vec<_>>())
-        .bind(text(&|r| Some(r.identity.source.clone())))
-        .bind(text(&|r| Some(r.identity.message_id.clone())))
-        .fetch_all(&mut *conn)
-        .await?;
-    let took = |i: usize| {
-        let id = rows[i].identity;
-        returned
-            .iter()
-            .any(|(c, s, m)| c == id.consumer.as_str() && *s == id.source && *m == id.message_id)
-    };
-    let (taken, held): (Vec<usize>, Vec<usize>) = keyed.into_iter().partition(|i| took(*i));
-    let go = todo
-        .into_iter()
-        .filter(|i| rows[*i].identity.business_key.is_none() || taken.contains(i))
-        .collect();
-    Ok((go, taken, held))
 }

@@ -45,13 +45,13 @@ pub(crate) async fn legacy_markers(
 }
 pub(crate) use rotate::rotate_partitions;
 
-/// The first of the layout's tables (markers, business keys, evidence, effects) that has a default partition, refused: the
+/// The first of the layout's tables (markers, evidence, effects) that has a default partition, refused: the
 /// layout makes none ([`StoreError::DefaultPartition`]).
 pub(crate) async fn default_partition(
     conn: &mut PgConnection,
 ) -> Result<Option<StoreError>, sqlx::Error> {
     let found: Option<(String, String)> = sqlx::query_as("SELECT t.tbl, p.partdefid::regclass::text FROM unnest($1::text[]) WITH ORDINALITY AS t(tbl, n) JOIN pg_partitioned_table p ON p.partrelid = to_regclass(t.tbl) WHERE p.partdefid <> 0 ORDER BY t.n LIMIT 1")
-        .bind([INBOX, KEYS, REJECTIONS, EFFECTS])
+        .bind([INBOX, REJECTIONS, EFFECTS])
         .fetch_optional(&mut *conn)
         .await?;
     Ok(found.map(|(table, partition)| StoreError::DefaultPartition { table, partition }))
@@ -75,7 +75,6 @@ const INBOX: &str = "txinbox_inbox";
 const REJECTIONS: &str = "txinbox_rejections";
 const EFFECTS: &str = "txinbox_effects";
 const LEGACY: &str = "txinbox_inbox_legacy";
-const KEYS: &str = "txinbox_inbox_keys";
 
 const LAYOUT_TABLE: &str = "CREATE TABLE IF NOT EXISTS txinbox_partition_layout (tbl TEXT PRIMARY KEY, width_secs BIGINT NOT NULL, ahead INTEGER NOT NULL, keep_secs BIGINT NOT NULL, low TIMESTAMPTZ NOT NULL, high TIMESTAMPTZ NOT NULL, legacy BOOLEAN NOT NULL DEFAULT FALSE, broker_time BOOLEAN NOT NULL DEFAULT FALSE)";
 
@@ -91,33 +90,10 @@ CREATE TABLE txinbox_inbox (
     origin_bucket TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (consumer_name, source, message_id, origin_bucket)
 ) PARTITION BY RANGE (origin_bucket);
+CREATE UNIQUE INDEX txinbox_inbox_tenant_business_key
+    ON txinbox_inbox (consumer_name, (COALESCE(tenant_id, '')), business_key, origin_bucket) WHERE business_key IS NOT NULL;
 CREATE INDEX txinbox_inbox_processed ON txinbox_inbox (consumer_name, processed_at);
 ";
-
-/// Business keys unique per bucket, in the markers' table: a layout without pieces.
-const BUSINESS_KEY_INDEX: &str = "CREATE UNIQUE INDEX txinbox_inbox_tenant_business_key
-    ON txinbox_inbox (consumer_name, (COALESCE(tenant_id, '')), business_key, origin_bucket) WHERE business_key IS NOT NULL";
-
-/// Business keys unique per bucket, in a table of their own: a layout whose markers' partitions are split in
-/// pieces by a hash of the identity, where a unique index on the business key cannot be (a partitioned unique
-/// index must hold every level's partition key). One row per marker with a business key, written in the
-/// marker's transaction; its partitions are the markers' buckets, made and dropped with them.
-const CREATE_KEYS: &str = "CREATE TABLE txinbox_inbox_keys (
-    consumer_name TEXT NOT NULL,
-    tenant_key TEXT NOT NULL,
-    business_key TEXT NOT NULL,
-    origin_bucket TIMESTAMPTZ NOT NULL,
-    source TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    PRIMARY KEY (consumer_name, tenant_key, business_key, origin_bucket)
-) PARTITION BY RANGE (origin_bucket)";
-
-/// The pieces of the newest markers' partition (0 for a layout without pieces): the number the rotation makes
-/// new partitions with.
-const PIECES: &str = "(SELECT count(*) FROM pg_inherits p WHERE p.inhparent = (SELECT i.inhrelid FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass('txinbox_inbox') ORDER BY c.relname DESC LIMIT 1))";
-
-/// The columns a markers' partition is split in pieces by: the identity, the same in every copy.
-const PIECE_KEY: &str = "consumer_name, source, message_id";
 
 /// The index of the effects that hold their partition back (not done), which the row-by-row layout has no
 /// use for.
@@ -160,80 +136,42 @@ fn rfc(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-/// The statements that split the table `name` (partitioned by [`PIECE_KEY`]) in `pieces` pieces.
-fn piece_tables(name: &str, pieces: u32) -> Vec<String> {
-    (0..pieces)
-        .map(|k| {
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {name} FOR VALUES WITH (MODULUS {pieces}, REMAINDER {k})",
-                piece_name(name, k)
-            )
-        })
-        .collect()
-}
-
-/// The piece `k` of the partition `name`.
-pub(crate) fn piece_name(name: &str, k: u32) -> String {
-    format!("{name}_h{k:03}")
-}
-
-/// Creates the partition of `parent` for `bucket` in a transaction that just created `parent`, split in
-/// `pieces` pieces (0 for none).
+/// Creates the partition of `parent` for `bucket` in a transaction that just created `parent`.
 async fn create_in_new(
     conn: &mut PgConnection,
     parent: &str,
     named: &str,
     bucket: DateTime<Utc>,
     width: i64,
-    pieces: u32,
 ) -> Result<(), sqlx::Error> {
-    let name = partition_name(named, bucket);
     let sql = format!(
-        "CREATE TABLE {name} PARTITION OF {parent} FOR VALUES FROM ('{}') TO ('{}'){}",
+        "CREATE TABLE {} PARTITION OF {parent} FOR VALUES FROM ('{}') TO ('{}')",
+        partition_name(named, bucket),
         rfc(bucket),
-        rfc(bucket + chrono::Duration::seconds(width)),
-        if pieces > 0 {
-            format!(" PARTITION BY HASH ({PIECE_KEY})")
-        } else {
-            String::new()
-        }
+        rfc(bucket + chrono::Duration::seconds(width))
     );
     sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
-    for piece in piece_tables(&name, pieces) {
-        sqlx::Executor::execute(&mut *conn, piece.as_str()).await?;
-    }
     Ok(())
 }
 
-/// Creates the partition of `parent` for `bucket` beside the live table, split in `pieces` pieces (0 for
-/// none): an empty table attached with `ATTACH PARTITION`, which holds only a SHARE UPDATE EXCLUSIVE lock on
-/// `parent` (inserts go on). One transaction: a table is attached with all its pieces or not at all.
+/// Creates the partition of `parent` for `bucket` beside the live table: an empty table attached with
+/// `ATTACH PARTITION`, which holds only a SHARE UPDATE EXCLUSIVE lock on `parent` (inserts go on).
 async fn attach_new(
     conn: &mut PgConnection,
     parent: &str,
     bucket: DateTime<Utc>,
     width: i64,
-    pieces: u32,
 ) -> Result<(), sqlx::Error> {
     let name = partition_name(parent, bucket);
-    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     let create = format!(
-        "CREATE TABLE IF NOT EXISTS {name} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS){}",
-        if pieces > 0 {
-            format!(" PARTITION BY HASH ({PIECE_KEY})")
-        } else {
-            String::new()
-        }
+        "CREATE TABLE IF NOT EXISTS {name} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
     );
-    sqlx::Executor::execute(&mut *tx, create.as_str()).await?;
-    for piece in piece_tables(&name, pieces) {
-        sqlx::Executor::execute(&mut *tx, piece.as_str()).await?;
-    }
+    sqlx::Executor::execute(&mut *conn, create.as_str()).await?;
     let attach = format!(
         "ALTER TABLE {parent} ATTACH PARTITION {name} FOR VALUES FROM ('{}') TO ('{}')",
         rfc(bucket),
         rfc(bucket + chrono::Duration::seconds(width))
     );
-    sqlx::Executor::execute(&mut *tx, attach.as_str()).await?;
-    tx.commit().await
+    sqlx::Executor::execute(&mut *conn, attach.as_str()).await?;
+    Ok(())
 }

@@ -8,15 +8,15 @@ use sqlx::{PgConnection, PgPool, Postgres, Row};
 use txinbox_core::runtime::maintenance::{MaintenanceOptions, PartitionRotation, Table};
 
 use super::{
-    attach_new, buckets, default_partition, partition_bucket, partition_name, EFFECTS, INBOX, KEYS,
-    PIECES, REJECTIONS,
+    attach_new, buckets, default_partition, partition_bucket, partition_name, EFFECTS, INBOX,
+    REJECTIONS,
 };
 use crate::error::StoreError;
 use crate::partitions::{bucket_of, ROTATION_LOCK};
 
 /// The partitioned tables' layouts.
 const LAYOUTS: &str =
-    "SELECT tbl, width_secs, ahead, keep_secs, low, high, legacy FROM txinbox_partition_layout ORDER BY tbl";
+    "SELECT tbl, width_secs, ahead, keep_secs, low, high, legacy FROM txinbox_partition_layout";
 
 /// Creates the partitions ahead of `now` and drops whole the ones past their retention (markers: the
 /// layout's keep; evidence: `rejections_keep`), and the frozen legacy table once its last marker
@@ -115,15 +115,6 @@ async fn rotate(
     report: &mut PartitionRotation,
 ) -> Result<(), sqlx::Error> {
     sqlx::Executor::execute(&mut *conn, "SET client_min_messages TO warning").await?;
-    let pieces: i64 = sqlx::query_scalar(&format!("SELECT {PIECES}"))
-        .fetch_one(&mut *conn)
-        .await?;
-    let mut pacer = Pacer {
-        pause: opts.piece_pause,
-        pieces: 0,
-        last: None,
-        deadline: std::time::Instant::now() + opts.budget,
-    };
     for l in layouts {
         let tbl: String = l.try_get(0)?;
         let (width, ahead, keep): (i64, i32, i64) = (l.try_get(1)?, l.try_get(2)?, l.try_get(3)?);
@@ -133,16 +124,7 @@ async fn rotate(
             INBOX => (Table::Markers, INBOX, chrono::Duration::seconds(keep)),
             REJECTIONS => (Table::Rejections, REJECTIONS, since(opts.rejections_keep)),
             EFFECTS => (Table::Effects, EFFECTS, since(opts.effects_keep)),
-            // Business keys go with their markers' buckets; the report counts the markers' partitions.
-            KEYS => (Table::Markers, KEYS, chrono::Duration::seconds(keep)),
             _ => continue,
-        };
-        let counted = parent != KEYS;
-        // New markers' partitions are split as the newest one is.
-        let split = if parent == INBOX {
-            u32::try_from(pieces).unwrap_or(0)
-        } else {
-            0
         };
         let w = chrono::Duration::seconds(width);
         // Effects finished before this have been kept long enough.
@@ -166,30 +148,20 @@ async fn rotate(
             if pending {
                 let sql = format!("ALTER TABLE {parent} DETACH PARTITION {name} FINALIZE");
                 sqlx::Executor::execute(&mut *conn, sql.as_str()).await?;
-                let gone = drop_detached(
-                    &mut *conn, table, parent, &name, b, width, cutoff, &mut pacer,
-                )
-                .await?;
-                gone.report(report);
-                if gone == Gone::Held {
+                if !drop_detached(&mut *conn, table, parent, &name, b, width, cutoff).await? {
                     attached.push(b);
                 }
             } else {
                 attached.push(b);
             }
         }
-        let orphans: Vec<String> = sqlx::query_scalar("SELECT c.relname::text FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND starts_with(c.relname::text, $1) ORDER BY c.relname")
+        let orphans: Vec<String> = sqlx::query_scalar("SELECT c.relname::text FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relkind = 'r' AND NOT c.relispartition AND starts_with(c.relname::text, $1)")
             .bind(format!("{parent}_p"))
             .fetch_all(&mut *conn)
             .await?;
         for name in orphans {
             if let Some(b) = partition_bucket(parent, &name) {
-                let gone = drop_detached(
-                    &mut *conn, table, parent, &name, b, width, cutoff, &mut pacer,
-                )
-                .await?;
-                gone.report(report);
-                if gone == Gone::Held {
+                if !drop_detached(&mut *conn, table, parent, &name, b, width, cutoff).await? {
                     attached.push(b);
                 }
             }
@@ -209,7 +181,7 @@ async fn rotate(
         let mut created = 0;
         for b in buckets(from, target, width) {
             if !attached.contains(&b) {
-                attach_new(&mut *conn, parent, b, width, split).await?;
+                attach_new(&mut *conn, parent, b, width).await?;
                 attached.push(b);
                 created += 1;
             }
@@ -220,10 +192,8 @@ async fn rotate(
             .bind(high)
             .execute(&mut *conn)
             .await?;
-        if counted {
-            report.created.insert(table, created);
-            report.ends.insert(table, high);
-        }
+        report.created.insert(table, created);
+        report.ends.insert(table, high);
         // Behind: whole partitions past their retention, oldest first. `low` moves first, so a store
         // refuses a copy of a dropped bucket before the partition goes.
         attached.sort();
@@ -254,26 +224,14 @@ async fn rotate(
             }
             let detach = format!("ALTER TABLE {parent} DETACH PARTITION {name} CONCURRENTLY");
             sqlx::Executor::execute(&mut *conn, detach.as_str()).await?;
-            let gone = drop_detached(
-                &mut *conn, table, parent, &name, b, width, cutoff, &mut pacer,
-            )
-            .await?;
-            gone.report(report);
-            match gone {
-                Gone::Dropped => dropped += 1,
-                Gone::Held => held += 1,
-                // The budget ran out between two pieces: the partition is detached (its bucket below
-                // `low`), and the next pass drops the rest of it, then the partitions after it.
-                Gone::Left => {
-                    dropped += 1;
-                    break;
-                }
+            if drop_detached(&mut *conn, table, parent, &name, b, width, cutoff).await? {
+                dropped += 1;
+            } else {
+                held += 1;
             }
         }
-        if counted {
-            report.dropped.insert(table, dropped);
-            report.held.insert(table, held);
-        }
+        report.dropped.insert(table, dropped);
+        report.held.insert(table, held);
         if table == Table::Markers {
             let legacy: bool = l.try_get(6)?;
             if legacy {
@@ -301,7 +259,6 @@ async fn rotate(
             }
         }
     }
-    report.pieces_dropped = pacer.pieces;
     Ok(())
 }
 
@@ -319,60 +276,10 @@ async fn effects_busy(
         .await
 }
 
-/// What became of a detached partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Gone {
-    /// Dropped, all of it.
-    Dropped,
-    /// Attached back: an effect in it must stay.
-    Held,
-    /// Some of its pieces dropped, the others left detached for the next pass (the budget ran out).
-    Left,
-}
-
-impl Gone {
-    fn report(self, report: &mut PartitionRotation) {
-        if self == Gone::Left {
-            report.pieces_left = true;
-        }
-    }
-}
-
-/// The pace of the pieces' drops: one at a time, `pause` apart, until `deadline`.
-struct Pacer {
-    pause: Duration,
-    /// Pieces dropped.
-    pieces: u32,
-    last: Option<std::time::Instant>,
-    deadline: std::time::Instant,
-}
-
-impl Pacer {
-    /// Waits until the next piece may go; false when that would be past the deadline (the piece waits for
-    /// the next pass).
-    async fn ready(&mut self) -> bool {
-        let Some(last) = self.last else {
-            return true;
-        };
-        let at = last + self.pause;
-        if at > self.deadline {
-            return false;
-        }
-        tokio::time::sleep_until(at.into()).await;
-        true
-    }
-
-    fn dropped(&mut self) {
-        self.last = Some(std::time::Instant::now());
-    }
-}
-
-/// Drops `name`, a partition of `parent` for `bucket` now detached. A detached table of effects is looked at
-/// once more first, and attached back if an effect keeps it: the look before the detach saw only committed
-/// rows, and `DETACH ... CONCURRENTLY` waits for the transactions that use the table, so an effect committed
-/// meanwhile into that partition is in it now, and would go with it. A table split in pieces goes a piece at a
-/// time, paced by `pacer`, then the empty table.
-#[allow(clippy::too_many_arguments)]
+/// Drops `name`, a partition of `parent` for `bucket` now detached; true when dropped. A detached table of
+/// effects is looked at once more first, and attached back if an effect keeps it: the look before the
+/// detach saw only committed rows, and `DETACH ... CONCURRENTLY` waits for the transactions that use the
+/// table, so an effect committed meanwhile into that partition is in it now, and would go with it.
 async fn drop_detached(
     conn: &mut PgConnection,
     table: Table,
@@ -381,8 +288,7 @@ async fn drop_detached(
     bucket: DateTime<Utc>,
     width: i64,
     cutoff: DateTime<Utc>,
-    pacer: &mut Pacer,
-) -> Result<Gone, sqlx::Error> {
+) -> Result<bool, sqlx::Error> {
     if table == Table::Effects && effects_busy(&mut *conn, name, cutoff).await? {
         let attach = format!(
             "ALTER TABLE {parent} ATTACH PARTITION {name} FOR VALUES FROM ('{}') TO ('{}')",
@@ -390,20 +296,8 @@ async fn drop_detached(
             super::rfc(bucket + chrono::Duration::seconds(width))
         );
         sqlx::Executor::execute(&mut *conn, attach.as_str()).await?;
-        return Ok(Gone::Held);
-    }
-    let pieces: Vec<String> = sqlx::query_scalar("SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass($1) ORDER BY c.relname")
-        .bind(name)
-        .fetch_all(&mut *conn)
-        .await?;
-    for piece in pieces {
-        if !pacer.ready().await {
-            return Ok(Gone::Left);
-        }
-        sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {piece}").as_str()).await?;
-        pacer.dropped();
-        pacer.pieces += 1;
+        return Ok(false);
     }
     sqlx::Executor::execute(&mut *conn, format!("DROP TABLE {name}").as_str()).await?;
-    Ok(Gone::Dropped)
+    Ok(true)
 }
