@@ -1,6 +1,7 @@
 //! Dates plus or minus a configured duration, for stores and runtimes: a duration too long for a date
 //! (`Duration::MAX` for "for ever", or a keep of a million years read from a settings file) gives the
-//! latest or the earliest date there is instead of overflowing.
+//! latest or the earliest date there is instead of overflowing. And the one doubling delay that every
+//! backoff of the runtimes follows.
 
 use std::time::Duration;
 
@@ -60,4 +61,22 @@ pub(crate) fn cut(text: &str, max: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+/// The `nth` (1 = the first; 0 is taken for it) of a series of delays that starts at `first` and doubles
+/// each time up to `max` (a `max` below `first` is taken as `first`), without overflowing: the series the
+/// worker's pause after failed receives, its release after a panic, an unavailable shard's release and an
+/// effect's retry all follow.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let s = |n| txinbox_core::time::doubled(Duration::from_secs(1), Duration::from_secs(60), n).as_secs();
+/// assert_eq!((1..=8).map(s).collect::<Vec<_>>(), [1, 2, 4, 8, 16, 32, 60, 60]);
+/// assert_eq!(s(0), 1);
+/// assert_eq!(s(u32::MAX), 60);
+/// ```
+pub fn doubled(first: Duration, max: Duration, nth: u32) -> Duration {
+    let doublings = nth.saturating_sub(1).min(31);
+    first.saturating_mul(1u32 << doublings).min(max.max(first))
 }

@@ -152,7 +152,8 @@ pub struct EffectOptions {
     pub max_attempts: i32,
     /// Reconciliations without an answer before an effect needs attention (default 10).
     pub max_reconciliations: i32,
-    /// First backoff; doubled each attempt up to `max_backoff` (default 1 s).
+    /// First backoff; doubled each attempt up to `max_backoff` (default 1 s; a `max_backoff` below it is
+    /// taken as it).
     pub backoff: Duration,
     /// Longest backoff (default 5 min).
     pub max_backoff: Duration,
@@ -226,12 +227,9 @@ impl EffectOptions {
         self
     }
 
+    /// The retry delay after the `n`-th attempt (1 = the first).
     pub(super) fn backoff_for(&self, n: i32) -> Duration {
-        let shift = n.clamp(1, 20) as u32 - 1;
-        self.backoff
-            .checked_mul(1u32 << shift)
-            .unwrap_or(self.max_backoff)
-            .min(self.max_backoff)
+        crate::time::doubled(self.backoff, self.max_backoff, n.max(1).unsigned_abs())
     }
 }
 

@@ -207,10 +207,11 @@ impl ShardOptions {
 
     /// The release delay of the `delivery_count`-th delivery (1 = first) of an unavailable shard's message.
     pub fn unavailable_delay(&self, delivery_count: u32) -> Duration {
-        let doublings = delivery_count.saturating_sub(1).min(20);
-        self.unavailable_backoff
-            .saturating_mul(1u32 << doublings)
-            .min(self.unavailable_backoff_max.max(self.unavailable_backoff))
+        crate::time::doubled(
+            self.unavailable_backoff,
+            self.unavailable_backoff_max,
+            delivery_count,
+        )
     }
 
     /// Sets whether every shard is required.

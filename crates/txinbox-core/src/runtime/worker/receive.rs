@@ -32,9 +32,7 @@ pub fn is_persistent_receive_error(kind: BrokerErrorKind) -> bool {
 /// The pause after the `failures`-th failed receive in a row (1 = the first): `first` doubled per failure up
 /// to `max`, then a random point between half and all of it (`unit` in `0.0..1.0` is the random draw).
 pub fn receive_backoff(first: Duration, max: Duration, failures: u32, unit: f64) -> Duration {
-    let max = max.max(first);
-    let doubled = first.saturating_mul(2u32.saturating_pow(failures.saturating_sub(1).min(31)));
-    let full = doubled.min(max);
+    let full = crate::time::doubled(first, max, failures);
     // `mul_f64` goes through seconds as a float, which rounds a pause near `Duration::MAX` above it (a panic):
     // half of it, plus a share of the other half that cannot exceed it.
     let unit = unit.clamp(0.0, 1.0);
