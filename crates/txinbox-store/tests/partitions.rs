@@ -724,6 +724,45 @@ async fn effects_leave_with_their_partition_once_every_one_is_finished() {
     s.drop().await;
 }
 
+/// A transaction that began in the bucket before the conversion's (its `now()`, which dates its evidence and
+/// its effects, just before midnight) and writes after the conversion finds a partition: the conversion makes
+/// the bucket before now's too. Empty evidence and effects tables were partitioned from now's bucket only, and
+/// such a write failed with "no partition of relation ... found for row" (seen as a test inserting an effect
+/// dated five minutes back, run just after midnight).
+#[tokio::test]
+async fn a_write_dated_just_before_the_conversions_bucket_finds_a_partition() {
+    let s = Schema::new().await;
+    let _ = s.store.partition(&PartitionOptions::new()).await.unwrap();
+    let midnight = Utc::now()
+        .date_naive()
+        .and_hms_opt(0, 0, 0)
+        .expect("midnight")
+        .and_utc();
+    let just_before = midnight - Cd::seconds(1);
+    effect_row(&s.store, "k-late", "pending", just_before, None).await;
+    sqlx::query("INSERT INTO txinbox_rejections (consumer_name, source, message_id, kind, payload_hash, conflicts_with, detail, recorded_at) VALUES ('c', 's', 'm', 'payload_collision', 'h', 'h2', 'd', $1)")
+        .bind(just_before)
+        .execute(s.store.pool())
+        .await
+        .expect("the evidence of the bucket before the conversion's has a partition");
+    for table in ["txinbox_effects", "txinbox_rejections"] {
+        let n: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE {} < $1",
+            if table == "txinbox_effects" {
+                "created_at"
+            } else {
+                "recorded_at"
+            }
+        ))
+        .bind(midnight)
+        .fetch_one(s.store.pool())
+        .await
+        .unwrap();
+        assert_eq!(n, 1, "{table}");
+    }
+    s.drop().await;
+}
+
 /// One node rotates at a time: while another session holds the rotation's lock of this schema, a pass does
 /// nothing and says so; once it is released, the pass rotates. The lock of another schema does not stop it.
 #[tokio::test]

@@ -15,10 +15,10 @@ use crate::partitions::{bucket_of, PartitionOptions, PartitionReport, PartitionS
 use crate::store::Store;
 
 /// Rebuilds `table` (an id from `{table}_id_seq` and its rows) partitioned by `column`: the new table beside
-/// it, with the same columns and defaults, partitions from its oldest row's bucket to `high`, every row
-/// copied, then put in its place with the sequence, the old table's own indexes (a unique one with `column`
-/// added to its key) and the statements of `extra`. Returns the first bucket, the partitions created and
-/// the rows copied.
+/// it, with the same columns and defaults, partitions from its oldest row's bucket (or the one before now's)
+/// to `high`, every row copied, then put in its place with the sequence, the old table's own indexes (a
+/// unique one with `column` added to its key) and the statements of `extra`. Returns the first bucket, the
+/// partitions created and the rows copied.
 #[allow(clippy::too_many_arguments)]
 async fn repartition(
     conn: &mut PgConnection,
@@ -33,7 +33,10 @@ async fn repartition(
         sqlx::query_scalar(&format!("SELECT min({column}) FROM {table}"))
             .fetch_one(&mut *conn)
             .await?;
-    let low = bucket_of(oldest.map_or(now, |o| o.min(now)), width);
+    // From the bucket before now's: a transaction that began before now's bucket (its `now()`, which dates
+    // its rows, in the one before) and writes after the conversion finds a partition for its row.
+    let since = now - chrono::Duration::seconds(width);
+    let low = bucket_of(oldest.map_or(since, |o| o.min(since)), width);
     let new = format!("{table}_new");
     let create = format!("CREATE TABLE {new} (LIKE {table} INCLUDING DEFAULTS, PRIMARY KEY (id, {column})) PARTITION BY RANGE ({column})");
     sqlx::Executor::execute(&mut *conn, create.as_str()).await?;
