@@ -55,6 +55,10 @@ pub struct RunArgs {
     /// `NAME`: the destination's 2xx may carry no reference (done without reference).
     #[arg(long = "reference-optional")]
     pub reference_optional: Vec<String>,
+    /// `NAME`: the destination's own API answers with HTML pages: a 2xx page is its answer, not a captive
+    /// portal's, a proxy's or a firewall's (with `--reference-optional`, an upsert or a compensation URL).
+    #[arg(long = "html-answers")]
+    pub html_answers: Vec<String>,
     /// `NAME=URL`: the confirmation is a lookup (`GET`; 404 = not found; a 2xx must carry the reference),
     /// with `{key}` or `{external_ref}` in the URL.
     #[arg(long = "confirm", value_parser = Pair)]
@@ -142,6 +146,7 @@ impl std::fmt::Debug for RunArgs {
             .field("key_kept_secs", &self.key_kept_secs)
             .field("reference", &self.reference)
             .field("reference_optional", &self.reference_optional)
+            .field("html_answers", &self.html_answers)
             .field("confirm", &redacted_urls(&self.confirm))
             .field("confirm_search", &redacted_urls(&self.confirm_search))
             .field(
@@ -175,6 +180,7 @@ impl std::fmt::Debug for CompensateArgs {
             .field("config", &self.config)
             .field("key_in", &self.key_in)
             .field("header", &redacted_headers(&self.header))
+            .field("html_answers", &self.html_answers)
             .field("dry_run", &self.dry_run)
             .finish()
     }
@@ -313,6 +319,7 @@ impl RunArgs {
         }
         for (flag, names) in [
             ("--reference-optional", &self.reference_optional),
+            ("--html-answers", &self.html_answers),
             ("--no-idempotency", &self.no_idempotency),
             ("--absent-list-is-empty", &self.absent_list_is_empty),
         ] {
@@ -322,6 +329,7 @@ impl RunArgs {
                 match flag {
                     "--no-idempotency" => dest.key = Some("none".into()),
                     "--reference-optional" => dest.reference_optional = true,
+                    "--html-answers" => dest.html_answers = true,
                     _ => confirm(dest).absent_list_is_empty = true,
                 }
             }
@@ -542,6 +550,10 @@ pub struct CompensateArgs {
     /// value from the environment).
     #[arg(long = "header", value_parser = Pair)]
     pub header: Vec<(String, String)>,
+    /// `NAME`: the destination's own API answers with HTML pages (as `effects run --html-answers`): a 2xx page
+    /// answered to the compensation is read as undone.
+    #[arg(long = "html-answers")]
+    pub html_answers: Vec<String>,
     /// Print each done effect of the key and the request its destination would get, and send nothing, change
     /// nothing (a compensation cannot be taken back).
     #[arg(long)]
@@ -593,6 +605,15 @@ impl CompensateArgs {
                 })?;
                 apply(dest, if flag == "--key-in" { "--key" } else { flag }, value)?;
             }
+        }
+        for name in &self.html_answers {
+            d.get_mut(name)
+                .ok_or_else(|| {
+                    format!(
+                        "--html-answers names {name:?}, which no --compensate or [effects.destinations.{name}] defines"
+                    )
+                })?
+                .html_answers = true;
         }
         if d.is_empty() {
             return Err(format!(
@@ -901,12 +922,15 @@ mod tests {
             "mail=header:PayPal-Request-Id",
             "--header",
             "mail=Authorization=env:MAIL_TOKEN",
+            "--html-answers",
+            "mail",
         ])
         .unwrap();
         let d = from_flags.args.destinations().unwrap();
         let mail = &d["mail"];
         assert_eq!(mail.key.as_deref(), Some("header:PayPal-Request-Id"));
         assert_eq!(mail.headers["Authorization"], "env:MAIL_TOKEN");
+        assert!(mail.html_answers);
         // Each builds as the runner builds it.
         for (name, dest) in &d {
             txinbox_core::http::HttpEffect::from_settings(name, dest, |_| Some("t".into()))

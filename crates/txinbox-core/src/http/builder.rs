@@ -107,6 +107,7 @@ pub struct HttpEffectBuilder {
     key: Option<Key>,
     reference: String,
     reference_optional: bool,
+    html_answers: bool,
     confirm: Option<Confirm>,
     answers: AnswerTable,
     timeout: Duration,
@@ -133,6 +134,7 @@ impl std::fmt::Debug for HttpEffectBuilder {
             .field("key", &self.key)
             .field("reference", &self.reference)
             .field("reference_optional", &self.reference_optional)
+            .field("html_answers", &self.html_answers)
             .field("confirm", &self.confirm)
             .field("answers", &self.answers)
             .field("timeout", &self.timeout)
@@ -157,6 +159,7 @@ impl HttpEffect {
             key: None,
             reference: "/id".into(),
             reference_optional: false,
+            html_answers: false,
             confirm: None,
             answers: AnswerTable::default(),
             timeout: Duration::from_secs(10),
@@ -210,6 +213,22 @@ impl HttpEffectBuilder {
     /// `.reference_optional().answer(202, Answer::Done)`; see [`AnswerTable`]).
     pub fn reference_optional(mut self) -> Self {
         self.reference_optional = true;
+        self
+    }
+
+    /// This destination's own API answers with HTML pages (a form endpoint, a web hook of an older web
+    /// application): a 2xx HTML page is read as its answer, like any other 2xx without a reference (done
+    /// under [`reference_optional`](Self::reference_optional) or for an upsert), and a compensation answered
+    /// 2xx with one is undone. Without it such a page is taken for what usually sends it, a captive portal's
+    /// sign-in page, a proxy's or a web application firewall's challenge answered in place of the API, and is
+    /// uncertain, never done.
+    ///
+    /// Set it only for a destination reached without such a middlebox: with it, a portal's page answered 200
+    /// is read as the destination's, and an effect it stopped is reported done. [`build`](Self::build) refuses it
+    /// where it would change nothing (neither a reference declared optional, nor an upsert, nor a
+    /// compensation URL).
+    pub fn html_answers(mut self) -> Self {
+        self.html_answers = true;
         self
     }
 
@@ -311,7 +330,8 @@ impl HttpEffectBuilder {
     /// `{key}` or `{external_ref}` where one effect must be found (a confirmation, an upsert's URL), an unknown
     /// placeholder in a URL or a body, a placeholder in a header's value (sent as it is), a body template that
     /// is not JSON, a JSON pointer that is not one, a header HTTP does not
-    /// allow, a confirmation by `{key}` at a destination that keeps no key.
+    /// allow, a confirmation by `{key}` at a destination that keeps no key, [`html_answers`](Self::html_answers)
+    /// where it would change nothing.
     pub fn build(self) -> Result<HttpEffect, HttpConfigError> {
         if let Some(status) = self.bad_status {
             return Err(HttpConfigError::Status { status });
@@ -363,6 +383,16 @@ impl HttpEffectBuilder {
             let t = template::Template::parse("compensation URL", c)?;
             template::check_url("compensation URL", &t)?;
         }
+        if self.html_answers
+            && !self.reference_optional
+            && !self.upsert
+            && self.compensate.is_none()
+        {
+            return Err(HttpConfigError::Conflict(
+                "html_answers reads a 2xx HTML page as the destination's answer, but this destination needs a                  reference from a JSON answer and has no compensation URL: it would change nothing (declare the                  reference optional, or drop html_answers)"
+                    .into(),
+            ));
+        }
         let mut headers = Vec::with_capacity(self.headers.len());
         for (name, value) in self.headers {
             let n =
@@ -405,6 +435,7 @@ impl HttpEffectBuilder {
             key,
             reference: self.reference,
             reference_optional: self.reference_optional,
+            html_answers: self.html_answers,
             confirm: self.confirm,
             answers: self.answers,
             timeout: self.timeout,

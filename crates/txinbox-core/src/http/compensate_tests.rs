@@ -100,3 +100,20 @@ async fn a_compensation_accepted_or_answered_by_a_page_is_not_undone() {
     }
     assert!(misread.is_empty(), "{misread:#?}");
 }
+
+// A destination whose own API answers HTML pages (`html_answers`) undoes with a page too: read as its answer.
+#[tokio::test]
+async fn a_compensation_answered_by_a_page_is_undone_where_the_api_answers_pages() {
+    let url = answering(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 48\r\nConnection: close\r\n\r\n<!DOCTYPE html><html><body>Deleted</body></html>",
+    )
+    .await;
+    let x = HttpEffect::post(format!("{url}/v1/tasks"))
+        .html_answers()
+        .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+        .build()
+        .unwrap();
+    x.compensate(&done())
+        .await
+        .expect("undone by the API's own page");
+}

@@ -20,7 +20,7 @@
 //! |---|---|---|
 //! | 2xx with the reference at [`reference`](HttpEffectBuilder::reference) (`/id`) | done | done, reference kept |
 //! | 2xx without it | **uncertain** (unless [`reference_optional`](HttpEffectBuilder::reference_optional)) | reconciled |
-//! | 2xx without it whose body is an HTML page (`text/html` markup, or an `<html>` document: a captive portal's, a proxy's or a web application firewall's page answered in place of the API) | uncertain, even optional or an upsert | reconciled |
+//! | 2xx without it whose body is an HTML page (`text/html` markup, or an `<html>` document: a captive portal's, a proxy's or a web application firewall's page answered in place of the API) | uncertain, even optional or an upsert, unless the destination's own API answers so ([`html_answers`](HttpEffectBuilder::html_answers)) | reconciled |
 //! | 202 Accepted (RFC 9110: "the processing has not been completed. The request might or might not eventually be acted upon"), reference or not | **uncertain**, unless declared done (`.answer(202, Answer::Done)`) | reconciled |
 //! | 2xx without it whose body reports an error (a non-empty top-level `errors` or `error`: GraphQL, Slack) | uncertain, even optional or an upsert | reconciled |
 //! | could not connect | not sent | pending, backoff |
@@ -121,6 +121,8 @@ pub struct HttpEffect {
     key: Key,
     reference: String,
     reference_optional: bool,
+    /// The destination's own API answers HTML pages ([`HttpEffectBuilder::html_answers`]).
+    html_answers: bool,
     confirm: Option<Confirm>,
     answers: AnswerTable,
     timeout: Duration,
@@ -139,6 +141,7 @@ impl std::fmt::Debug for HttpEffect {
             .field("key", &self.key)
             .field("reference", &self.reference)
             .field("reference_optional", &self.reference_optional)
+            .field("html_answers", &self.html_answers)
             .field("confirm", &self.confirm)
             .field("answers", &self.answers)
             .field("timeout", &self.timeout)
@@ -569,8 +572,8 @@ impl EffectExecutor for HttpEffect {
                     )),
                     // An HTML page answered 2xx (a captive portal's sign-in page, a proxy's or a web application
                     // firewall's challenge) is not this destination's API answering: nothing says the call reached
-                    // it, whatever reference_optional or an upsert would take.
-                    (None, None) if html_page(&headers, &body) => Execution::uncertain(format!(
+                    // it, whatever reference_optional or an upsert would take; unless its own API answers so.
+                    (None, None) if !self.html_answers && html_page(&headers, &body) => Execution::uncertain(format!(
                         "{} (an HTML page, not this destination's API: a proxy's, a captive portal's or a \
                          firewall's): not read as done",
                         said()
@@ -731,8 +734,9 @@ impl EffectExecutor for HttpEffect {
                     chain(&e)
                 )
             })?;
-            // An HTML page (a captive portal's, a proxy's or a firewall's) is not the destination answering.
-            if html_page(&headers, &body) {
+            // An HTML page (a captive portal's, a proxy's or a firewall's) is not the destination answering,
+            // unless its own API answers so.
+            if !self.html_answers && html_page(&headers, &body) {
                 return Err(format!(
                     "the compensation request answered {status} with an HTML page, not the destination's API: not \
                      read as undone: {}",

@@ -72,6 +72,9 @@ impl HttpEffect {
         if s.reference_optional {
             b = b.reference_optional();
         }
+        if s.html_answers {
+            b = b.html_answers();
+        }
         if let Some(t) = s.timeout_seconds {
             if t == 0 {
                 return Err(err("timeout_seconds must be at least 1".into()));

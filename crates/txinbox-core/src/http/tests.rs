@@ -45,6 +45,8 @@ fn a_rule_that_cannot_work_is_refused_with_one_line_naming_it() {
     )
     .contains("takes no confirmation"));
     assert!(err(HttpEffect::post(url).method("GET")).contains("sends a body"));
+    // Pages read as answers where every answer needs a JSON reference and nothing is compensated: no change.
+    assert!(err(HttpEffect::post(url).html_answers()).contains("would change nothing"));
     assert!(err(HttpEffect::post(url).key(Key::header("Bad Header"))).contains("Bad Header"));
     // A header's value is never shown.
     let e = err(HttpEffect::post(url).header("Authorization", "Bearer s3cret\n"));
@@ -110,6 +112,7 @@ fn the_settings_say_what_the_builder_says() {
     assert_eq!(e.key.kept_for, std::time::Duration::from_secs(3600));
     assert_eq!(e.answers.get(503), Answer::Uncertain);
     assert_eq!(e.answers.get(409), Answer::InProgress);
+    assert!(!e.html_answers);
 
     let line = |s: &HttpDestinationSettings| {
         HttpEffect::from_settings("crm", s, env)
@@ -141,6 +144,17 @@ fn the_settings_say_what_the_builder_says() {
     s.confirm.as_mut().unwrap().count_at = None;
     s.confirm.as_mut().unwrap().found_at = Some("id".into());
     assert!(line(&s).contains("found_at"));
+    s.confirm = None;
+    s.key = None;
+    s.key_kept_seconds = None;
+    s.html_answers = true;
+    assert!(line(&s).contains("would change nothing"), "{}", line(&s));
+    s.reference_optional = true;
+    assert!(
+        HttpEffect::from_settings("crm", &s, env)
+            .unwrap()
+            .html_answers
+    );
     s.url = String::new();
     assert!(line(&s).contains("url is required"));
 }

@@ -234,6 +234,34 @@ async fn the_vendors_documented_answers_are_read_as_they_mean() {
             upsert,
             "uncertain",
         ),
+        // A destination whose own API answers HTML pages (a form endpoint) says so: its page is its answer,
+        // done where the reference is optional or for an upsert; where a reference is needed, still uncertain
+        // (a page carries none).
+        (
+            "html 200, reference optional, html answers",
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8".to_owned(),
+            "<!DOCTYPE html><html><body>Thank you, your request was received</body></html>",
+            |url| keyed(url).reference_optional().html_answers(),
+            "done",
+        ),
+        (
+            "xhtml 200 to an upsert, html answers",
+            "HTTP/1.1 200 OK\r\nContent-Type: application/xhtml+xml".to_owned(),
+            "<?xml version=\"1.0\"?><html xmlns=\"http://www.w3.org/1999/xhtml\"><body>Saved</body></html>",
+            |url| upsert(url).html_answers(),
+            "done",
+        ),
+        (
+            "html 200, reference needed, html answers and a compensation",
+            "HTTP/1.1 200 OK\r\nContent-Type: text/html".to_owned(),
+            "<!DOCTYPE html><html><body>Saved</body></html>",
+            |url| {
+                keyed(url)
+                    .html_answers()
+                    .compensate_url(format!("{url}/v1/tasks/{{reference}}"))
+            },
+            "uncertain",
+        ),
         // What reference_optional is for stays done: a 204, an empty 200, JSON without an id, a short answer that
         // is not markup whatever its label, XML that is not a page.
         (

@@ -110,6 +110,10 @@ pub struct HttpDestinationSettings {
     pub reference: Option<String>,
     /// A 2xx may carry no reference (done without reference).
     pub reference_optional: bool,
+    /// The destination's own API answers 2xx with HTML pages (a form endpoint): such a page is read as its
+    /// answer, not as a captive portal's, a proxy's or a firewall's (uncertain), which it would then be taken
+    /// for too. Only with `reference_optional`, `upsert` or `compensate_url`, where it changes something.
+    pub html_answers: bool,
     /// Each request's timeout in seconds (10).
     pub timeout_seconds: Option<u64>,
     /// Seconds to wait after an uncertain call before the first confirmation. Unset: 60 for a confirmation
@@ -166,6 +170,7 @@ impl std::fmt::Debug for HttpDestinationSettings {
             .field("key_kept_seconds", &self.key_kept_seconds)
             .field("reference", &self.reference)
             .field("reference_optional", &self.reference_optional)
+            .field("html_answers", &self.html_answers)
             .field("timeout_seconds", &self.timeout_seconds)
             .field("reconcile_after_seconds", &self.reconcile_after_seconds)
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
