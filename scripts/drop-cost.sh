@@ -21,16 +21,10 @@
 set -euo pipefail
 url=${1:-postgres://postgres@127.0.0.1:5432/test}
 rows=${2:-9000000}
-command -v pgbench >/dev/null || { echo "drop-cost.sh: pgbench not found (Debian: postgresql-contrib, or postgresql 10+)" >&2; exit 1; }
-work=$(mktemp -d)
-q() { psql -q -X -tA -v ON_ERROR_STOP=1 "$url" -c "$1"; }
-cleanup() {
-  q "DROP TABLE IF EXISTS drop_cost_big, drop_cost_commits" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+name=drop-cost tables="drop_cost_big, drop_cost_commits"
+# shellcheck source=lib/pgbench.sh
+source "$(dirname "$0")/lib/pgbench.sh"
 
-q "DROP TABLE IF EXISTS drop_cost_big, drop_cost_commits" 2>/dev/null
 q "CREATE TABLE drop_cost_commits (id bigserial PRIMARY KEY, v text)"
 q "CREATE TABLE drop_cost_big AS SELECT g AS id, repeat('x', 80) AS v FROM generate_series(1, $rows) g"
 size=$(q "SELECT pg_size_pretty(pg_total_relation_size('drop_cost_big'))")

@@ -17,18 +17,12 @@ set -euo pipefail
 url=${1:-postgres://postgres@127.0.0.1:5432/test}
 secs=${2:-300}
 win=${3:-10}
-command -v pgbench >/dev/null || { echo "window-drift.sh: pgbench not found (Debian: postgresql-contrib, or postgresql 10+)" >&2; exit 1; }
 [[ $secs =~ ^[0-9]+$ && $win =~ ^[0-9]+$ ]] && ((win >= 1 && secs >= 3 * win)) \
   || { echo "window-drift.sh: seconds and window-seconds must be whole numbers, seconds at least three windows" >&2; exit 2; }
-work=$(mktemp -d)
-q() { psql -q -X -tA -v ON_ERROR_STOP=1 "$url" -c "$1"; }
-cleanup() {
-  q "DROP TABLE IF EXISTS window_drift" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+name=window-drift tables=window_drift
+# shellcheck source=lib/pgbench.sh
+source "$(dirname "$0")/lib/pgbench.sh"
 
-q "DROP TABLE IF EXISTS window_drift" 2>/dev/null
 q "CREATE TABLE window_drift (id bigserial PRIMARY KEY, v text)"
 q "CHECKPOINT"
 echo "INSERT INTO window_drift (v) VALUES ('x');" >"$work/ins.sql"
@@ -40,6 +34,7 @@ awk -v W="$win" '
   END {
     for (i = 0; i + W <= n; i += W) { s = 0; for (j = i; j < i + W; j++) s += r[j]; w[m++] = s / W }
     printf "window_drift seconds=%d windows=%d window_seconds=%d\n", n, m, W
+    if (m < 3) { print "window-drift.sh: pgbench reported fewer than three whole windows" > "/dev/stderr"; exit 1 }
     line = "triples B/mean(A,C):"; lo = 9; hi = 0
     for (i = 0; i + 2 < m; i += 3) {
       x = w[i + 1] / ((w[i] + w[i + 2]) / 2); line = line sprintf(" %.3f", x)
