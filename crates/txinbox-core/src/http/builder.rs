@@ -389,7 +389,9 @@ impl HttpEffectBuilder {
             && self.compensate.is_none()
         {
             return Err(HttpConfigError::Conflict(
-                "html_answers reads a 2xx HTML page as the destination's answer, but this destination needs a                  reference from a JSON answer and has no compensation URL: it would change nothing (declare the                  reference optional, or drop html_answers)"
+                "html_answers reads a 2xx HTML page as the destination's answer, but this destination needs a \
+                 reference from a JSON answer and has no compensation URL: it would change nothing (declare the \
+                 reference optional, or drop html_answers)"
                     .into(),
             ));
         }

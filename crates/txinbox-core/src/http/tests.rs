@@ -46,7 +46,9 @@ fn a_rule_that_cannot_work_is_refused_with_one_line_naming_it() {
     .contains("takes no confirmation"));
     assert!(err(HttpEffect::post(url).method("GET")).contains("sends a body"));
     // Pages read as answers where every answer needs a JSON reference and nothing is compensated: no change.
-    assert!(err(HttpEffect::post(url).html_answers()).contains("would change nothing"));
+    assert!(err(HttpEffect::post(url).html_answers()).contains(
+        "needs a reference from a JSON answer and has no compensation URL: it would change nothing"
+    ));
     assert!(err(HttpEffect::post(url).key(Key::header("Bad Header"))).contains("Bad Header"));
     // A header's value is never shown.
     let e = err(HttpEffect::post(url).header("Authorization", "Bearer s3cret\n"));
