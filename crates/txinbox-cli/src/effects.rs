@@ -596,24 +596,24 @@ impl CompensateArgs {
             }
             dest.compensate_url = Some(url.clone());
         }
+        // The destination a flag names, which the file or a --compensate must define.
+        fn named<'a>(
+            d: &'a mut BTreeMap<String, HttpDestinationSettings>,
+            flag: &str,
+            name: &str,
+        ) -> Result<&'a mut HttpDestinationSettings, String> {
+            d.get_mut(name).ok_or_else(|| {
+                format!("{flag} names {name:?}, which no --compensate or [effects.destinations.{name}] defines")
+            })
+        }
         for (flag, pairs) in [("--key-in", &self.key_in), ("--header", &self.header)] {
             for (name, value) in pairs {
-                let dest = d.get_mut(name).ok_or_else(|| {
-                    format!(
-                        "{flag} names {name:?}, which no --compensate or [effects.destinations.{name}] defines"
-                    )
-                })?;
+                let dest = named(&mut d, flag, name)?;
                 apply(dest, if flag == "--key-in" { "--key" } else { flag }, value)?;
             }
         }
         for name in &self.html_answers {
-            d.get_mut(name)
-                .ok_or_else(|| {
-                    format!(
-                        "--html-answers names {name:?}, which no --compensate or [effects.destinations.{name}] defines"
-                    )
-                })?
-                .html_answers = true;
+            named(&mut d, "--html-answers", name)?.html_answers = true;
         }
         if d.is_empty() {
             return Err(format!(

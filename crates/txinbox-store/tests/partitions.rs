@@ -745,19 +745,16 @@ async fn a_write_dated_just_before_the_conversions_bucket_finds_a_partition() {
         .execute(s.store.pool())
         .await
         .expect("the evidence of the bucket before the conversion's has a partition");
-    for table in ["txinbox_effects", "txinbox_rejections"] {
-        let n: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {table} WHERE {} < $1",
-            if table == "txinbox_effects" {
-                "created_at"
-            } else {
-                "recorded_at"
-            }
-        ))
-        .bind(midnight)
-        .fetch_one(s.store.pool())
-        .await
-        .unwrap();
+    for (table, dated) in [
+        ("txinbox_effects", "created_at"),
+        ("txinbox_rejections", "recorded_at"),
+    ] {
+        let n: i64 =
+            sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE {dated} < $1"))
+                .bind(midnight)
+                .fetch_one(s.store.pool())
+                .await
+                .unwrap();
         assert_eq!(n, 1, "{table}");
     }
     s.drop().await;
